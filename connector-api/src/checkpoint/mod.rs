@@ -1,0 +1,26 @@
+//! Checkpoint records and where they are kept.
+//!
+//! A checkpoint record holds the source positions to resume from and, for every sink, the committables of its
+//! pre-committed transactions. Persisting it is the commit decision of the whole checkpoint.
+
+mod local;
+mod record;
+
+use async_trait::async_trait;
+
+pub use local::LocalCheckpointStore;
+pub use record::{CheckpointRecord, SourceOffset};
+
+use crate::Result;
+
+/// Durable storage for checkpoint records.
+#[async_trait]
+pub trait CheckpointStore: Send + Sync {
+    /// Persists `record` atomically: after `Ok` it survives a crash of this process and of the machine; after an
+    /// error, either the record was not stored or it is stored whole (never partially).
+    async fn save(&self, record: &CheckpointRecord) -> Result<()>;
+
+    /// The newest intact record, or `None` for a fresh job. A damaged newest record is refused with a logged error
+    /// naming it and the previous intact one is returned.
+    async fn load_latest(&self) -> Result<Option<CheckpointRecord>>;
+}

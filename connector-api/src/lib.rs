@@ -1,0 +1,26 @@
+//! The contract every Ratchet sink implements, and the pieces that make it exactly-once.
+//!
+//! Exactly-once *effect* comes from three parts working together (see `docs/architecture.md`):
+//!
+//! 1. a replayable source whose positions (Kafka offsets) are saved in each checkpoint;
+//! 2. a sink that writes into an external transaction and commits it in two phases ([`TwoPhaseCommit`]);
+//! 3. a durable [`CheckpointStore`]: writing checkpoint N's record *is* the commit decision. Before the record is
+//!    durable every transaction of N is aborted on recovery (presumed abort); after it, every transaction of N is
+//!    committed on recovery, by whichever process restores the record.
+//!
+//! [`Driver`] runs that protocol over one or more sinks.
+#![deny(missing_docs)]
+
+pub mod checkpoint;
+mod delivery;
+mod driver;
+mod error;
+mod ids;
+mod txn;
+
+pub use checkpoint::{CheckpointRecord, CheckpointStore, LocalCheckpointStore, SourceOffset};
+pub use delivery::DeliveryGuarantee;
+pub use driver::{Driver, Restored};
+pub use error::{Error, ErrorKind, Phase, Report, Result};
+pub use ids::{CheckpointId, SinkId, SubtaskId};
+pub use txn::TwoPhaseCommit;

