@@ -82,5 +82,7 @@ pub trait TwoPhaseCommit: Send {
     ) -> Result<()>;
 
     /// Asks the external system whether the transaction behind `committable` is visible.
-    async fn is_committed(&self, committable: &Self::Committable) -> Result<bool>;
+    ///
+    /// Takes `&mut self` so that sinks holding non-`Sync` writers (Parquet, Arrow) can implement it.
+    async fn is_committed(&mut self, committable: &Self::Committable) -> Result<bool>;
 }

@@ -1,0 +1,77 @@
+//! Deterministic file names: everything a file's name says is derived from the sink, subtask, checkpoint and
+//! sequence number, so recovery can tell which files a sink instance owns and a retry reproduces the same name.
+
+use connector_api::{CheckpointId, SinkId, SubtaskId};
+
+/// The name of one output file, and of its hidden in-progress and pending stages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileName {
+    /// The sink that owns the file.
+    pub sink: SinkId,
+    /// The subtask that wrote it.
+    pub subtask: SubtaskId,
+    /// The checkpoint whose transaction it belongs to.
+    pub checkpoint: CheckpointId,
+    /// Position among the files of that checkpoint.
+    pub seq: u32,
+}
+
+impl FileName {
+    /// The visible name, e.g. `part-orders.0.0000000007.0000.parquet`.
+    pub fn visible(&self) -> String {
+        format!(
+            "{}{:010}.{:04}.parquet",
+            Self::owner_prefix(&self.sink, self.subtask),
+            self.checkpoint.0,
+            self.seq
+        )
+    }
+
+    /// The hidden name while rows are being written.
+    pub fn in_progress(&self) -> String {
+        format!(".{}.inprogress", self.visible())
+    }
+
+    /// The hidden name between pre-commit and commit.
+    pub fn pending(&self) -> String {
+        format!(".{}.pending", self.visible())
+    }
+
+    /// The prefix every file of one sink instance starts with (after the leading dot of hidden stages). The `.`
+    /// separator cannot occur in a sink id, so no instance's prefix is a prefix of another's.
+    pub fn owner_prefix(sink: &SinkId, subtask: SubtaskId) -> String {
+        format!("part-{sink}.{subtask}.")
+    }
+
+    /// Whether `name` is a hidden stage (in-progress or pending) of a file owned by `sink`/`subtask`.
+    pub fn is_owned_stage(name: &str, sink: &SinkId, subtask: SubtaskId) -> bool {
+        name.strip_prefix('.').is_some_and(|rest| {
+            rest.starts_with(&Self::owner_prefix(sink, subtask))
+                && (rest.ends_with(".inprogress") || rest.ends_with(".pending"))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stages_are_hidden_and_owned_by_their_instance_only() {
+        let name = FileName {
+            sink: SinkId::new("orders").unwrap(),
+            subtask: SubtaskId(0),
+            checkpoint: CheckpointId(7),
+            seq: 1,
+        };
+        assert_eq!(name.visible(), "part-orders.0.0000000007.0001.parquet");
+        assert!(FileName::is_owned_stage(&name.pending(), &name.sink, SubtaskId(0)));
+        assert!(FileName::is_owned_stage(&name.in_progress(), &name.sink, SubtaskId(0)));
+        assert!(!FileName::is_owned_stage(&name.visible(), &name.sink, SubtaskId(0)));
+        assert!(!FileName::is_owned_stage(&name.pending(), &name.sink, SubtaskId(1)));
+        // Sink "orders-0" subtask 1 must not claim the files of sink "orders" subtask 0, nor the reverse.
+        let dashed = FileName { sink: SinkId::new("orders-0").unwrap(), subtask: SubtaskId(1), ..name.clone() };
+        assert!(!FileName::is_owned_stage(&dashed.pending(), &name.sink, SubtaskId(0)));
+        assert!(!FileName::is_owned_stage(&name.pending(), &dashed.sink, SubtaskId(1)));
+    }
+}

@@ -1,0 +1,186 @@
+//! Endpoints of the real services, and checks that they answer.
+
+use std::collections::BTreeMap;
+use std::net::{TcpStream, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// The repository root (the workspace this crate belongs to).
+fn repo_root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("integration/ sits in the repository root")
+}
+
+/// An S3 endpoint with fixed test credentials.
+#[derive(Debug, Clone)]
+pub struct S3Endpoint {
+    /// `http://127.0.0.1:<port>`.
+    pub endpoint: String,
+    /// Region name to sign with.
+    pub region: String,
+    /// Access key id.
+    pub access_key: String,
+    /// Secret key.
+    pub secret_key: String,
+    /// A bucket tests may write into (use a random prefix per test).
+    pub bucket: String,
+}
+
+/// The `RATCHET_*` endpoints of the test services.
+///
+/// Read from the environment when `RATCHET_KAFKA_BOOTSTRAP` is set (as `scripts/test.sh` does), otherwise from
+/// `scripts/services.sh env`, so `cargo test` works on its own once the services are up. Every accessor checks
+/// that its service answers and fails the test with what to run when it does not: a test never skips silently.
+#[derive(Debug)]
+pub struct Services {
+    vars: BTreeMap<String, String>,
+}
+
+impl Services {
+    /// The endpoints, loaded once per test binary.
+    pub fn get() -> &'static Services {
+        static SERVICES: OnceLock<Services> = OnceLock::new();
+        SERVICES.get_or_init(Services::load)
+    }
+
+    fn load() -> Services {
+        let mut vars: BTreeMap<String, String> = std::env::vars()
+            .filter(|(k, _)| k.starts_with("RATCHET_"))
+            .collect();
+        if !vars.contains_key("RATCHET_KAFKA_BOOTSTRAP") {
+            let script = repo_root().join("scripts/services.sh");
+            let out = Command::new(&script)
+                .arg("env")
+                .output()
+                .unwrap_or_else(|e| panic!("cannot run {} env: {e}", script.display()));
+            assert!(
+                out.status.success(),
+                "{} env failed: {}",
+                script.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            for line in String::from_utf8_lossy(&out.stdout).lines() {
+                if let Some((k, v)) = line.trim_start_matches("export ").split_once('=') {
+                    vars.insert(k.to_string(), v.to_string());
+                }
+            }
+        }
+        Services { vars }
+    }
+
+    /// A `RATCHET_*` variable.
+    pub fn var(&self, key: &str) -> &str {
+        self.vars
+            .get(key)
+            .unwrap_or_else(|| panic!("{key} is not set; `scripts/services.sh env` prints it"))
+    }
+
+    /// The Kafka bootstrap address, after checking the broker listens.
+    pub fn kafka_bootstrap(&self) -> &str {
+        let address = self.var("RATCHET_KAFKA_BOOTSTRAP");
+        require("Kafka", address);
+        address
+    }
+
+    /// The PostgreSQL URL (`postgres://ratchet:...@127.0.0.1:<port>/ratchet`), after checking it listens.
+    pub fn pg_url(&self) -> &str {
+        let url = self.var("RATCHET_PG_URL");
+        require("PostgreSQL", host_port(url));
+        url
+    }
+
+    /// The MariaDB URL (`mysql://ratchet:...@127.0.0.1:<port>/ratchet`), after checking it listens.
+    pub fn mysql_url(&self) -> &str {
+        let url = self.var("RATCHET_MYSQL_URL");
+        require("MariaDB", host_port(url));
+        url
+    }
+
+    /// The S3 endpoint (SeaweedFS), after checking it listens.
+    pub fn s3(&self) -> S3Endpoint {
+        let endpoint = self.var("RATCHET_S3_ENDPOINT").to_string();
+        require("SeaweedFS S3", host_port(&endpoint));
+        S3Endpoint {
+            endpoint,
+            region: self.var("RATCHET_S3_REGION").into(),
+            access_key: self.var("RATCHET_S3_ACCESS_KEY").into(),
+            secret_key: self.var("RATCHET_S3_SECRET_KEY").into(),
+            bucket: self.var("RATCHET_S3_BUCKET").into(),
+        }
+    }
+
+    /// The Python interpreter of the verifiers' venv.
+    pub fn python(&self) -> PathBuf {
+        let python = PathBuf::from(self.var("RATCHET_PYTHON"));
+        assert!(
+            python.exists(),
+            "{} missing: run `scripts/services.sh up` to install the verifiers",
+            python.display()
+        );
+        python
+    }
+
+    /// Runs the independent verifier `integration/verifiers/<script>` with `args` and returns what it printed
+    /// (JSON). Fails the test with the verifier's stderr when it fails.
+    pub fn verify(&self, script: &str, args: &[&str]) -> serde_json::Value {
+        let path = repo_root().join("integration/verifiers").join(script);
+        let out = Command::new(self.python())
+            .arg(&path)
+            .args(args)
+            .envs(&self.vars)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run verifier {}: {e}", path.display()));
+        assert!(
+            out.status.success(),
+            "verifier {script} {args:?} failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "verifier {script} printed no JSON ({e}):\n{}",
+                String::from_utf8_lossy(&out.stdout)
+            )
+        })
+    }
+}
+
+/// `host:port` of a URL such as `postgres://u:p@127.0.0.1:15432/db` or `http://127.0.0.1:18333`.
+fn host_port(url: &str) -> &str {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, rest)| rest);
+    rest.split('/').next().unwrap_or(rest)
+}
+
+fn require(name: &str, address: &str) {
+    let reachable = address
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut addrs| addrs.next())
+        .is_some_and(|addr| TcpStream::connect_timeout(&addr, Duration::from_secs(2)).is_ok());
+    assert!(
+        reachable,
+        "{name} is not reachable at {address}: start the test services with `scripts/services.sh up` \
+         (scripts/test.sh does this for you)"
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_port_of_urls() {
+        assert_eq!(host_port("postgres://u:p@127.0.0.1:15432/db"), "127.0.0.1:15432");
+        assert_eq!(host_port("http://127.0.0.1:18333"), "127.0.0.1:18333");
+        assert_eq!(host_port("127.0.0.1:19092"), "127.0.0.1:19092");
+    }
+
+    #[test]
+    #[should_panic(expected = "scripts/services.sh up")]
+    fn an_unreachable_service_fails_with_what_to_run() {
+        require("Nothing", "127.0.0.1:1");
+    }
+}

@@ -1,0 +1,144 @@
+//! Configuration of the Kafka sink.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use connector_api::{Error, ErrorKind, Phase, Result};
+use rdkafka::ClientConfig;
+use serde::Deserialize;
+
+use crate::{TransactionalId, TransactionalIdPool};
+
+/// librdkafka keys the sink sets itself; setting them in `client` is refused.
+const CONTROLLED_KEYS: &[&str] = &[
+    "bootstrap.servers",
+    "transactional.id",
+    "enable.idempotence",
+    "acks",
+    "transaction.timeout.ms",
+];
+
+/// Kafka sink configuration.
+///
+/// | key | meaning | default |
+/// |---|---|---|
+/// | `bootstrap_servers` | Kafka bootstrap servers | required |
+/// | `topic` | target topic | required |
+/// | `transactional_id_prefix` | prefix of this sink's transactional ids; unique per job and sink | required |
+/// | `transactional_id_pool_size` | transactional ids per subtask | 2 |
+/// | `transaction_timeout` | `transaction.timeout.ms`: the broker aborts a transaction older than this | 10 min |
+/// | `client` | other librdkafka producer settings, passed through | none |
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaSinkConfig {
+    /// Kafka bootstrap servers.
+    pub bootstrap_servers: String,
+    /// The topic records go to.
+    pub topic: String,
+    /// Prefix of the transactional ids; two jobs or sinks must never share one.
+    pub transactional_id_prefix: String,
+    /// Transactional ids per subtask.
+    #[serde(default = "default_pool_size")]
+    pub transactional_id_pool_size: u32,
+    /// How long the broker lets a transaction stay open before aborting it.
+    #[serde(default = "default_transaction_timeout", with = "humantime_serde")]
+    pub transaction_timeout: Duration,
+    /// Other librdkafka producer settings (e.g. `compression.type`, `linger.ms`).
+    #[serde(default)]
+    pub client: BTreeMap<String, String>,
+}
+
+fn default_pool_size() -> u32 {
+    2
+}
+
+fn default_transaction_timeout() -> Duration {
+    Duration::from_secs(600)
+}
+
+impl KafkaSinkConfig {
+    /// A config with defaults for everything optional.
+    pub fn new(
+        bootstrap_servers: impl Into<String>,
+        topic: impl Into<String>,
+        transactional_id_prefix: impl Into<String>,
+    ) -> Self {
+        Self {
+            bootstrap_servers: bootstrap_servers.into(),
+            topic: topic.into(),
+            transactional_id_prefix: transactional_id_prefix.into(),
+            transactional_id_pool_size: default_pool_size(),
+            transaction_timeout: default_transaction_timeout(),
+            client: BTreeMap::new(),
+        }
+    }
+
+    /// The transactional-id pool this config describes.
+    pub fn id_pool(&self) -> Result<TransactionalIdPool> {
+        TransactionalIdPool::new(&self.transactional_id_prefix, self.transactional_id_pool_size)
+            .map_err(|message| Error::new(ErrorKind::Config, Phase::Setup, message))
+    }
+
+    /// librdkafka settings for the producer of transactional id `id`: idempotent, `acks=all`, transactional.
+    pub fn producer_config(&self, id: &TransactionalId) -> Result<ClientConfig> {
+        if let Some(key) = self.client.keys().find(|k| CONTROLLED_KEYS.contains(&k.as_str())) {
+            return Err(Error::new(
+                ErrorKind::Config,
+                Phase::Setup,
+                format!(
+                    "client setting {key:?} is controlled by the Kafka sink and cannot be overridden; remove it \
+                     (sink settings: bootstrap_servers, transactional_id_prefix, transaction_timeout)"
+                ),
+            ));
+        }
+        let timeout_ms = self.transaction_timeout.as_millis();
+        if timeout_ms == 0 || timeout_ms > i32::MAX as u128 {
+            return Err(Error::new(
+                ErrorKind::Config,
+                Phase::Setup,
+                format!("transaction_timeout {:?} is out of range", self.transaction_timeout),
+            ));
+        }
+        let mut config = ClientConfig::new();
+        for (key, value) in &self.client {
+            config.set(key, value);
+        }
+        config
+            .set("bootstrap.servers", &self.bootstrap_servers)
+            .set("transactional.id", id.as_str())
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("transaction.timeout.ms", timeout_ms.to_string());
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use connector_api::{CheckpointId, SubtaskId};
+
+    use super::*;
+
+    #[test]
+    fn controlled_keys_cannot_be_overridden() {
+        let mut config = KafkaSinkConfig::new("127.0.0.1:9092", "t", "p");
+        config.client.insert("enable.idempotence".into(), "false".into());
+        let id = config.id_pool().unwrap().for_checkpoint(SubtaskId(0), CheckpointId(1));
+        let err = config.producer_config(&id).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Config);
+        assert!(err.to_string().contains("\"enable.idempotence\" is controlled"), "{err}");
+    }
+
+    #[test]
+    fn producer_config_is_transactional_and_idempotent() {
+        let mut config = KafkaSinkConfig::new("127.0.0.1:9092", "t", "p");
+        config.client.insert("linger.ms".into(), "5".into());
+        let id = config.id_pool().unwrap().for_checkpoint(SubtaskId(0), CheckpointId(1));
+        let client = config.producer_config(&id).unwrap();
+        assert_eq!(client.get("transactional.id"), Some("p-0-1"));
+        assert_eq!(client.get("enable.idempotence"), Some("true"));
+        assert_eq!(client.get("acks"), Some("all"));
+        assert_eq!(client.get("transaction.timeout.ms"), Some("600000"));
+        assert_eq!(client.get("linger.ms"), Some("5"));
+    }
+}
