@@ -147,6 +147,23 @@ impl Services {
     }
 }
 
+impl Services {
+    /// Runs `sql` with `psql` (the PostgreSQL client, an independent reader) against the test database and returns
+    /// its unaligned, tuples-only output.
+    pub fn psql(&self, sql: &str) -> String {
+        let out = Command::new("psql")
+            .args([self.pg_url(), "-X", "-q", "-t", "-A", "-v", "ON_ERROR_STOP=1", "-c", sql])
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run psql (install postgresql-client): {e}"));
+        assert!(
+            out.status.success(),
+            "psql {sql:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+}
+
 /// `host:port` of a URL such as `postgres://u:p@127.0.0.1:15432/db` or `http://127.0.0.1:18333`.
 fn host_port(url: &str) -> &str {
     let rest = url.split_once("://").map_or(url, |(_, rest)| rest);

@@ -1,0 +1,71 @@
+//! Deterministic transaction ids for prepared transactions.
+
+use std::fmt;
+
+use connector_api::{CheckpointId, SinkId, SubtaskId};
+
+/// The global id of one sink instance's prepared transaction for one checkpoint: `ratchet.<sink>.<subtask>.<cp>`.
+///
+/// The `.` separator cannot occur in a [`SinkId`], so the id parses back unambiguously and one instance's ids are
+/// never mistaken for another's.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Xid {
+    /// The owning sink.
+    pub sink: SinkId,
+    /// The owning subtask.
+    pub subtask: SubtaskId,
+    /// The checkpoint the transaction belongs to.
+    pub checkpoint: CheckpointId,
+}
+
+const PREFIX: &str = "ratchet.";
+
+impl Xid {
+    /// The prefix shared by every xid of one sink instance (for listing what it owns).
+    pub fn owner_prefix(sink: &SinkId, subtask: SubtaskId) -> String {
+        format!("{PREFIX}{sink}.{subtask}.")
+    }
+
+    /// Parses an xid written by [`Xid`]'s `Display`; `None` for ids Ratchet did not write.
+    pub fn parse(gid: &str) -> Option<Xid> {
+        let mut parts = gid.strip_prefix(PREFIX)?.split('.');
+        let sink = SinkId::new(parts.next()?).ok()?;
+        let subtask = SubtaskId(parts.next()?.parse().ok()?);
+        let checkpoint = CheckpointId(parts.next()?.parse().ok()?);
+        parts.next().is_none().then_some(Xid {
+            sink,
+            subtask,
+            checkpoint,
+        })
+    }
+}
+
+impl fmt::Display for Xid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}{}",
+            Self::owner_prefix(&self.sink, self.subtask),
+            self.checkpoint
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_and_rejects_foreign_ids() {
+        let xid = Xid {
+            sink: SinkId::new("orders-db").unwrap(),
+            subtask: SubtaskId(2),
+            checkpoint: CheckpointId(41),
+        };
+        assert_eq!(xid.to_string(), "ratchet.orders-db.2.41");
+        assert_eq!(Xid::parse(&xid.to_string()), Some(xid));
+        for foreign in ["flink-xa-1", "ratchet.a.b.1", "ratchet.a.1.2.3", "ratchet.a.1"] {
+            assert_eq!(Xid::parse(foreign), None, "{foreign}");
+        }
+    }
+}
