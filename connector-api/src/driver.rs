@@ -22,7 +22,11 @@ trait ErasedSink: Send {
     async fn begin(&mut self, checkpoint: CheckpointId) -> Result<()>;
     async fn write(&mut self, batch: &RecordBatch) -> Result<()>;
     async fn pre_commit(&mut self, checkpoint: CheckpointId) -> Result<serde_json::Value>;
-    async fn commit(&mut self, checkpoint: CheckpointId, committables: serde_json::Value) -> Result<()>;
+    async fn commit(
+        &mut self,
+        checkpoint: CheckpointId,
+        committables: serde_json::Value,
+    ) -> Result<()>;
     async fn abort(&mut self) -> Result<()>;
     async fn recover(&mut self, restored: Option<(CheckpointId, serde_json::Value)>) -> Result<()>;
 }
@@ -58,13 +62,21 @@ impl<T: TwoPhaseCommit> ErasedSink for T {
     async fn pre_commit(&mut self, checkpoint: CheckpointId) -> Result<serde_json::Value> {
         let committable = TwoPhaseCommit::pre_commit(self, checkpoint).await?;
         serde_json::to_value(vec![committable]).map_err(|e| {
-            Error::new(ErrorKind::Fatal, Phase::PreCommit, "committable does not serialize")
-                .with_sink(TwoPhaseCommit::sink_id(self))
-                .with_checkpoint(checkpoint)
-                .with_source(e)
+            Error::new(
+                ErrorKind::Fatal,
+                Phase::PreCommit,
+                "committable does not serialize",
+            )
+            .with_sink(TwoPhaseCommit::sink_id(self))
+            .with_checkpoint(checkpoint)
+            .with_source(e)
         })
     }
-    async fn commit(&mut self, checkpoint: CheckpointId, committables: serde_json::Value) -> Result<()> {
+    async fn commit(
+        &mut self,
+        checkpoint: CheckpointId,
+        committables: serde_json::Value,
+    ) -> Result<()> {
         let committables = decode(TwoPhaseCommit::sink_id(self), checkpoint, committables)?;
         TwoPhaseCommit::commit(self, committables).await
     }
@@ -159,7 +171,11 @@ impl<S: CheckpointStore> Driver<S> {
     pub async fn write(&mut self, sink: usize, batch: &RecordBatch) -> Result<()> {
         self.ensure_started()?;
         let target = self.sinks.get_mut(sink).ok_or_else(|| {
-            Error::new(ErrorKind::Fatal, Phase::Write, format!("no sink with index {sink}"))
+            Error::new(
+                ErrorKind::Fatal,
+                Phase::Write,
+                format!("no sink with index {sink}"),
+            )
         })?;
         target.write(batch).await
     }

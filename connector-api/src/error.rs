@@ -191,11 +191,15 @@ mod tests {
     #[test]
     fn display_names_sink_checkpoint_and_txn_and_report_walks_the_chain() {
         let io = std::io::Error::other("disk full");
-        let err = Error::new(ErrorKind::Fatal, Phase::Commit, "rename of pending file failed")
-            .with_sink(&SinkId::new("files").unwrap())
-            .with_checkpoint(CheckpointId(7))
-            .with_txn("part-7-0.parquet")
-            .with_source(io);
+        let err = Error::new(
+            ErrorKind::Fatal,
+            Phase::Commit,
+            "rename of pending file failed",
+        )
+        .with_sink(&SinkId::new("files").unwrap())
+        .with_checkpoint(CheckpointId(7))
+        .with_txn("part-7-0.parquet")
+        .with_source(io);
         assert_eq!(
             err.to_string(),
             "commit failed for sink files at checkpoint 7 (txn part-7-0.parquet): rename of pending file failed"

@@ -36,7 +36,9 @@ impl SinkId {
         let id = id.into();
         let valid = !id.is_empty()
             && id.len() <= 64
-            && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
         if valid {
             Ok(Self(id))
         } else {

@@ -65,13 +65,41 @@ mod tests {
             seq: 1,
         };
         assert_eq!(name.visible(), "part-orders.0.0000000007.0001.parquet");
-        assert!(FileName::is_owned_stage(&name.pending(), &name.sink, SubtaskId(0)));
-        assert!(FileName::is_owned_stage(&name.in_progress(), &name.sink, SubtaskId(0)));
-        assert!(!FileName::is_owned_stage(&name.visible(), &name.sink, SubtaskId(0)));
-        assert!(!FileName::is_owned_stage(&name.pending(), &name.sink, SubtaskId(1)));
+        assert!(FileName::is_owned_stage(
+            &name.pending(),
+            &name.sink,
+            SubtaskId(0)
+        ));
+        assert!(FileName::is_owned_stage(
+            &name.in_progress(),
+            &name.sink,
+            SubtaskId(0)
+        ));
+        assert!(!FileName::is_owned_stage(
+            &name.visible(),
+            &name.sink,
+            SubtaskId(0)
+        ));
+        assert!(!FileName::is_owned_stage(
+            &name.pending(),
+            &name.sink,
+            SubtaskId(1)
+        ));
         // Sink "orders-0" subtask 1 must not claim the files of sink "orders" subtask 0, nor the reverse.
-        let dashed = FileName { sink: SinkId::new("orders-0").unwrap(), subtask: SubtaskId(1), ..name.clone() };
-        assert!(!FileName::is_owned_stage(&dashed.pending(), &name.sink, SubtaskId(0)));
-        assert!(!FileName::is_owned_stage(&name.pending(), &dashed.sink, SubtaskId(1)));
+        let dashed = FileName {
+            sink: SinkId::new("orders-0").unwrap(),
+            subtask: SubtaskId(1),
+            ..name.clone()
+        };
+        assert!(!FileName::is_owned_stage(
+            &dashed.pending(),
+            &name.sink,
+            SubtaskId(0)
+        ));
+        assert!(!FileName::is_owned_stage(
+            &name.pending(),
+            &dashed.sink,
+            SubtaskId(1)
+        ));
     }
 }

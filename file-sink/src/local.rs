@@ -3,7 +3,6 @@
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 
-
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 use async_trait::async_trait;
@@ -105,7 +104,10 @@ impl LocalParquetSink {
                     return Err(self.err(
                         ErrorKind::BadRecord,
                         Phase::Write,
-                        format!("batch has no field {:?} required by the sink's schema", field.name()),
+                        format!(
+                            "batch has no field {:?} required by the sink's schema",
+                            field.name()
+                        ),
                     ));
                 }
                 Ok(got) if got.data_type() != field.data_type() => {
@@ -124,7 +126,10 @@ impl LocalParquetSink {
                     return Err(self.err(
                         ErrorKind::BadRecord,
                         Phase::Write,
-                        format!("field {:?} is nullable but the sink's schema is not", field.name()),
+                        format!(
+                            "field {:?} is nullable but the sink's schema is not",
+                            field.name()
+                        ),
                     ));
                 }
                 Ok(_) => {}
@@ -156,13 +161,25 @@ impl LocalParquetSink {
             };
             let path = self.config.dir.join(name.in_progress());
             let io = |e: std::io::Error| {
-                self.err(ErrorKind::Retryable, Phase::Write, format!("cannot create {}", path.display()))
-                    .with_source(e)
+                self.err(
+                    ErrorKind::Retryable,
+                    Phase::Write,
+                    format!("cannot create {}", path.display()),
+                )
+                .with_source(e)
             };
             let file = File::create(&path).map_err(io)?;
-            let writer = ArrowWriter::try_new(file, self.config.schema.clone(), Some(self.props.clone()))
-                .map_err(|e| self.err(ErrorKind::Fatal, Phase::Write, "cannot start Parquet file").with_source(e))?;
-            self.open = Some(OpenFile { name, writer, rows: 0 });
+            let writer =
+                ArrowWriter::try_new(file, self.config.schema.clone(), Some(self.props.clone()))
+                    .map_err(|e| {
+                        self.err(ErrorKind::Fatal, Phase::Write, "cannot start Parquet file")
+                            .with_source(e)
+                    })?;
+            self.open = Some(OpenFile {
+                name,
+                writer,
+                rows: 0,
+            });
         }
         Ok(self.open.as_mut().expect("just opened"))
     }
@@ -173,16 +190,31 @@ fn sync_dir(dir: &Path) -> std::io::Result<()> {
 }
 
 /// Closes the Parquet file, fsyncs it, renames in-progress → pending and fsyncs the directory.
-fn seal(dir: &Path, open: OpenFile) -> Result<PendingFile, (String, Box<dyn std::error::Error + Send + Sync>)> {
+fn seal(
+    dir: &Path,
+    open: OpenFile,
+) -> Result<PendingFile, (String, Box<dyn std::error::Error + Send + Sync>)> {
     let OpenFile { name, writer, rows } = open;
-    let file = writer
-        .into_inner()
-        .map_err(|e| (format!("cannot finish Parquet file {}", name.in_progress()), e.into()))?;
+    let file = writer.into_inner().map_err(|e| {
+        (
+            format!("cannot finish Parquet file {}", name.in_progress()),
+            e.into(),
+        )
+    })?;
     file.sync_all()
         .map_err(|e| (format!("cannot fsync {}", name.in_progress()), e.into()))?;
-    fs::rename(dir.join(name.in_progress()), dir.join(name.pending()))
-        .map_err(|e| (format!("cannot rename {} to pending", name.in_progress()), e.into()))?;
-    sync_dir(dir).map_err(|e| (format!("cannot fsync directory {}", dir.display()), e.into()))?;
+    fs::rename(dir.join(name.in_progress()), dir.join(name.pending())).map_err(|e| {
+        (
+            format!("cannot rename {} to pending", name.in_progress()),
+            e.into(),
+        )
+    })?;
+    sync_dir(dir).map_err(|e| {
+        (
+            format!("cannot fsync directory {}", dir.display()),
+            e.into(),
+        )
+    })?;
     Ok(PendingFile {
         name: name.visible(),
         rows,
@@ -204,10 +236,16 @@ fn publish(committable: &FileCommittable) -> Result<(), String> {
                     visible.display()
                 ));
             }
-            Err(e) => return Err(format!("cannot rename {} into place: {e}", pending.display())),
+            Err(e) => {
+                return Err(format!(
+                    "cannot rename {} into place: {e}",
+                    pending.display()
+                ));
+            }
         }
     }
-    sync_dir(&committable.dir).map_err(|e| format!("cannot fsync {}: {e}", committable.dir.display()))
+    sync_dir(&committable.dir)
+        .map_err(|e| format!("cannot fsync {}: {e}", committable.dir.display()))
 }
 
 #[async_trait]
@@ -220,7 +258,11 @@ impl TwoPhaseCommit for LocalParquetSink {
 
     async fn begin(&mut self, checkpoint: CheckpointId) -> Result<()> {
         if self.open.is_some() {
-            return Err(self.err(ErrorKind::Fatal, Phase::Begin, "begin while a transaction is open"));
+            return Err(self.err(
+                ErrorKind::Fatal,
+                Phase::Begin,
+                "begin while a transaction is open",
+            ));
         }
         self.checkpoint = Some(checkpoint);
         Ok(())
@@ -237,10 +279,14 @@ impl TwoPhaseCommit for LocalParquetSink {
         let sink = self.config.sink.clone();
         let open = self.open_file(checkpoint)?;
         open.writer.write(batch).map_err(|e| {
-            Error::new(ErrorKind::MustAbort, Phase::Write, format!("cannot write to {}", open.name.in_progress()))
-                .with_sink(&sink)
-                .with_checkpoint(checkpoint)
-                .with_source(e)
+            Error::new(
+                ErrorKind::MustAbort,
+                Phase::Write,
+                format!("cannot write to {}", open.name.in_progress()),
+            )
+            .with_sink(&sink)
+            .with_checkpoint(checkpoint)
+            .with_source(e)
         })?;
         open.rows += batch.num_rows() as u64;
         Ok(())
@@ -251,7 +297,10 @@ impl TwoPhaseCommit for LocalParquetSink {
             return Err(self.err(
                 ErrorKind::Fatal,
                 Phase::PreCommit,
-                format!("pre_commit of checkpoint {checkpoint} but the open transaction is {:?}", self.checkpoint),
+                format!(
+                    "pre_commit of checkpoint {checkpoint} but the open transaction is {:?}",
+                    self.checkpoint
+                ),
             ));
         }
         let mut files = Vec::new();
@@ -263,9 +312,9 @@ impl TwoPhaseCommit for LocalParquetSink {
             match sealed {
                 Ok(file) => files.push(file),
                 Err((message, source)) => {
-                    return Err(self.err(ErrorKind::MustAbort, Phase::PreCommit, message).with_source(
-                        std::io::Error::other(source),
-                    ));
+                    return Err(self
+                        .err(ErrorKind::MustAbort, Phase::PreCommit, message)
+                        .with_source(std::io::Error::other(source)));
                 }
             }
         }
@@ -280,7 +329,11 @@ impl TwoPhaseCommit for LocalParquetSink {
     async fn commit(&mut self, committables: Vec<FileCommittable>) -> Result<()> {
         for committable in committables {
             let checkpoint = committable.checkpoint;
-            let txn = committable.files.first().map(|f| f.name.clone()).unwrap_or_default();
+            let txn = committable
+                .files
+                .first()
+                .map(|f| f.name.clone())
+                .unwrap_or_default();
             tokio::task::spawn_blocking(move || publish(&committable))
                 .await
                 .expect("publish task panicked")
@@ -303,7 +356,11 @@ impl TwoPhaseCommit for LocalParquetSink {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => {
                     return Err(self
-                        .err(ErrorKind::Retryable, Phase::Abort, format!("cannot delete {}", path.display()))
+                        .err(
+                            ErrorKind::Retryable,
+                            Phase::Abort,
+                            format!("cannot delete {}", path.display()),
+                        )
                         .with_source(e));
                 }
             }
@@ -312,7 +369,10 @@ impl TwoPhaseCommit for LocalParquetSink {
         Ok(())
     }
 
-    async fn recover(&mut self, restored: Option<(CheckpointId, Vec<FileCommittable>)>) -> Result<()> {
+    async fn recover(
+        &mut self,
+        restored: Option<(CheckpointId, Vec<FileCommittable>)>,
+    ) -> Result<()> {
         self.abort().await?;
         if let Some((_, committables)) = restored {
             self.commit(committables).await?;
@@ -321,16 +381,24 @@ impl TwoPhaseCommit for LocalParquetSink {
         // checkpoint that never became durable: presumed abort.
         let dir = self.config.dir.clone();
         let entries = fs::read_dir(&dir).map_err(|e| {
-            self.err(ErrorKind::Retryable, Phase::Recover, format!("cannot list {}", dir.display()))
-                .with_source(e)
+            self.err(
+                ErrorKind::Retryable,
+                Phase::Recover,
+                format!("cannot list {}", dir.display()),
+            )
+            .with_source(e)
         })?;
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
             if FileName::is_owned_stage(&name, &self.config.sink, self.config.subtask) {
                 tracing::info!(sink = %self.config.sink, file = %name, "recover: deleting uncommitted file");
                 fs::remove_file(entry.path()).map_err(|e| {
-                    self.err(ErrorKind::Retryable, Phase::Recover, format!("cannot delete {name}"))
-                        .with_source(e)
+                    self.err(
+                        ErrorKind::Retryable,
+                        Phase::Recover,
+                        format!("cannot delete {name}"),
+                    )
+                    .with_source(e)
                 })?;
             }
         }
@@ -340,11 +408,13 @@ impl TwoPhaseCommit for LocalParquetSink {
     async fn is_committed(&mut self, committable: &FileCommittable) -> Result<bool> {
         Ok(committable.files.iter().all(|f| {
             committable.dir.join(&f.name).exists()
-                && !committable.dir.join(format!(".{}.pending", f.name)).exists()
+                && !committable
+                    .dir
+                    .join(format!(".{}.pending", f.name))
+                    .exists()
         }))
     }
 }
-
 
 #[cfg(test)]
 mod tests {
@@ -399,7 +469,11 @@ mod tests {
                 .unwrap();
             for batch in reader {
                 let batch = batch.unwrap();
-                let col = batch.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+                let col = batch
+                    .column(0)
+                    .as_any()
+                    .downcast_ref::<Int64Array>()
+                    .unwrap();
                 ids.extend(col.values().iter().copied());
             }
         }
@@ -450,11 +524,21 @@ mod tests {
         assert_eq!(hidden(dir.path()).len(), 3);
 
         let mut restarted = sink(dir.path());
-        restarted.recover(Some((CheckpointId(1), vec![durable.clone()]))).await.unwrap();
+        restarted
+            .recover(Some((CheckpointId(1), vec![durable.clone()])))
+            .await
+            .unwrap();
         assert_eq!(visible_ids(dir.path()), (0..5).collect::<Vec<_>>());
-        assert!(hidden(dir.path()).is_empty(), "left behind: {:?}", hidden(dir.path()));
+        assert!(
+            hidden(dir.path()).is_empty(),
+            "left behind: {:?}",
+            hidden(dir.path())
+        );
         // Recovering again (a crash during recovery) changes nothing.
-        restarted.recover(Some((CheckpointId(1), vec![durable]))).await.unwrap();
+        restarted
+            .recover(Some((CheckpointId(1), vec![durable])))
+            .await
+            .unwrap();
         assert_eq!(visible_ids(dir.path()), (0..5).collect::<Vec<_>>());
     }
 
@@ -488,6 +572,9 @@ mod tests {
         .unwrap();
         let err = sink.write(&wrong).await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::BadRecord);
-        assert!(err.to_string().contains("field \"id\" has type Utf8"), "{err}");
+        assert!(
+            err.to_string().contains("field \"id\" has type Utf8"),
+            "{err}"
+        );
     }
 }

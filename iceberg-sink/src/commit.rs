@@ -32,7 +32,13 @@ pub fn last_committed_checkpoint(table: &Table, sink: &SinkId) -> Option<Checkpo
     ancestors_of(&metadata, current).find_map(|snapshot| {
         let props = &snapshot.summary().additional_properties;
         (props.get(SINK_PROPERTY).map(String::as_str) == Some(sink.as_str()))
-            .then(|| props.get(CHECKPOINT_PROPERTY)?.parse().ok().map(CheckpointId))
+            .then(|| {
+                props
+                    .get(CHECKPOINT_PROPERTY)?
+                    .parse()
+                    .ok()
+                    .map(CheckpointId)
+            })
             .flatten()
     })
 }
@@ -53,7 +59,11 @@ pub async fn commit_checkpoint(
     checkpoint: CheckpointId,
     files: Vec<DataFile>,
 ) -> Result<CommitOutcome> {
-    let context = |e: Error| e.with_sink(sink).with_checkpoint(checkpoint).with_txn(table.to_string());
+    let context = |e: Error| {
+        e.with_sink(sink)
+            .with_checkpoint(checkpoint)
+            .with_txn(table.to_string())
+    };
     let current = catalog
         .load_table(table)
         .await

@@ -7,7 +7,10 @@ use connector_api::{Phase, Result};
 use iceberg::io::LocalFsStorageFactory;
 use iceberg::{Catalog, CatalogBuilder};
 use iceberg_catalog_rest::RestCatalogBuilder;
-use iceberg_catalog_sql::{SQL_CATALOG_PROP_BIND_STYLE, SQL_CATALOG_PROP_URI, SQL_CATALOG_PROP_WAREHOUSE, SqlCatalogBuilder};
+use iceberg_catalog_sql::{
+    SQL_CATALOG_PROP_BIND_STYLE, SQL_CATALOG_PROP_URI, SQL_CATALOG_PROP_WAREHOUSE,
+    SqlCatalogBuilder,
+};
 use serde::Deserialize;
 
 use crate::error::iceberg_error;
@@ -45,21 +48,34 @@ impl CatalogConfig {
     pub async fn open(&self, name: &str) -> Result<Arc<dyn Catalog>> {
         let catalog: Arc<dyn Catalog> = match self {
             CatalogConfig::Sql { uri, warehouse } => {
-                let bind_style = if uri.starts_with("sqlite:") { "QMark" } else { "DollarNumeric" };
+                let bind_style = if uri.starts_with("sqlite:") {
+                    "QMark"
+                } else {
+                    "DollarNumeric"
+                };
                 let props = HashMap::from([
                     (SQL_CATALOG_PROP_URI.to_string(), uri.clone()),
                     (SQL_CATALOG_PROP_WAREHOUSE.to_string(), warehouse.clone()),
-                    (SQL_CATALOG_PROP_BIND_STYLE.to_string(), bind_style.to_string()),
+                    (
+                        SQL_CATALOG_PROP_BIND_STYLE.to_string(),
+                        bind_style.to_string(),
+                    ),
                 ]);
                 Arc::new(
                     SqlCatalogBuilder::default()
                         .with_storage_factory(Arc::new(LocalFsStorageFactory))
                         .load(name, props)
                         .await
-                        .map_err(|e| iceberg_error(Phase::Setup, format!("cannot open SQL catalog {uri}"), e))?,
+                        .map_err(|e| {
+                            iceberg_error(Phase::Setup, format!("cannot open SQL catalog {uri}"), e)
+                        })?,
                 )
             }
-            CatalogConfig::Rest { uri, warehouse, props } => {
+            CatalogConfig::Rest {
+                uri,
+                warehouse,
+                props,
+            } => {
                 let mut props = props.clone();
                 props.insert("uri".into(), uri.clone());
                 props.insert("warehouse".into(), warehouse.clone());
@@ -67,7 +83,13 @@ impl CatalogConfig {
                     RestCatalogBuilder::default()
                         .load(name, props)
                         .await
-                        .map_err(|e| iceberg_error(Phase::Setup, format!("cannot open REST catalog {uri}"), e))?,
+                        .map_err(|e| {
+                            iceberg_error(
+                                Phase::Setup,
+                                format!("cannot open REST catalog {uri}"),
+                                e,
+                            )
+                        })?,
                 )
             }
         };

@@ -9,7 +9,9 @@ use arrow_schema::{DataType, Field, Schema as ArrowSchema};
 use connector_api::{CheckpointId, ErrorKind, SinkId};
 use iceberg::spec::{NestedField, PrimitiveType, Schema, Type};
 use iceberg::{NamespaceIdent, TableCreation, TableIdent};
-use iceberg_sink::{CatalogConfig, CommitOutcome, commit_checkpoint, last_committed_checkpoint, write_data_files};
+use iceberg_sink::{
+    CatalogConfig, CommitOutcome, commit_checkpoint, last_committed_checkpoint, write_data_files,
+};
 use integration::Services;
 
 fn batch(ids: std::ops::Range<i64>) -> RecordBatch {
@@ -40,7 +42,10 @@ async fn one_snapshot_per_checkpoint_and_recommit_is_a_no_op() {
     };
     let catalog = config.open("ratchet").await.unwrap();
     let namespace = NamespaceIdent::new("demo".into());
-    catalog.create_namespace(&namespace, HashMap::new()).await.unwrap();
+    catalog
+        .create_namespace(&namespace, HashMap::new())
+        .await
+        .unwrap();
     let schema = Schema::builder()
         .with_fields(vec![
             NestedField::required(1, "id", Type::Primitive(PrimitiveType::Long)).into(),
@@ -48,23 +53,47 @@ async fn one_snapshot_per_checkpoint_and_recommit_is_a_no_op() {
         ])
         .build()
         .unwrap();
-    let creation = TableCreation::builder().name("events".into()).schema(schema).build();
+    let creation = TableCreation::builder()
+        .name("events".into())
+        .schema(schema)
+        .build();
     let table = catalog.create_table(&namespace, creation).await.unwrap();
     let ident = TableIdent::new(namespace, "events".into());
     let sink = SinkId::new("lake").unwrap();
 
-    let files = write_data_files(&table, "lake-0-1", &[batch(0..50), batch(50..80)]).await.unwrap();
-    let outcome = commit_checkpoint(catalog.as_ref(), &ident, &sink, CheckpointId(1), files.clone()).await.unwrap();
+    let files = write_data_files(&table, "lake-0-1", &[batch(0..50), batch(50..80)])
+        .await
+        .unwrap();
+    let outcome = commit_checkpoint(
+        catalog.as_ref(),
+        &ident,
+        &sink,
+        CheckpointId(1),
+        files.clone(),
+    )
+    .await
+    .unwrap();
     assert_eq!(outcome, CommitOutcome::Committed);
     // A repeated commit (crash after the catalog accepted it) is recognised from the table's history.
-    let again = commit_checkpoint(catalog.as_ref(), &ident, &sink, CheckpointId(1), files).await.unwrap();
+    let again = commit_checkpoint(catalog.as_ref(), &ident, &sink, CheckpointId(1), files)
+        .await
+        .unwrap();
     assert_eq!(again, CommitOutcome::AlreadyCommitted);
     let table = catalog.load_table(&ident).await.unwrap();
-    assert_eq!(last_committed_checkpoint(&table, &sink), Some(CheckpointId(1)));
+    assert_eq!(
+        last_committed_checkpoint(&table, &sink),
+        Some(CheckpointId(1))
+    );
 
     let seen = services.verify(
         "iceberg_sql_table.py",
-        &["ratchet", &format!("sqlite:///{}", db.display()), &warehouse, "demo.events", "id"],
+        &[
+            "ratchet",
+            &format!("sqlite:///{}", db.display()),
+            &warehouse,
+            "demo.events",
+            "id",
+        ],
     );
     assert_eq!(seen["rows"], 80);
     assert_eq!(seen["ids"].as_array().unwrap().len(), 80);
@@ -83,16 +112,29 @@ async fn a_batch_missing_a_column_is_refused_naming_it() {
     };
     let catalog = config.open("ratchet").await.unwrap();
     let namespace = NamespaceIdent::new("demo".into());
-    catalog.create_namespace(&namespace, HashMap::new()).await.unwrap();
+    catalog
+        .create_namespace(&namespace, HashMap::new())
+        .await
+        .unwrap();
     let schema = Schema::builder()
-        .with_fields(vec![NestedField::required(1, "amount", Type::Primitive(PrimitiveType::Long)).into()])
+        .with_fields(vec![
+            NestedField::required(1, "amount", Type::Primitive(PrimitiveType::Long)).into(),
+        ])
         .build()
         .unwrap();
     let table = catalog
-        .create_table(&namespace, TableCreation::builder().name("t".into()).schema(schema).build())
+        .create_table(
+            &namespace,
+            TableCreation::builder()
+                .name("t".into())
+                .schema(schema)
+                .build(),
+        )
         .await
         .unwrap();
-    let err = write_data_files(&table, "p", &[batch(0..1)]).await.unwrap_err();
+    let err = write_data_files(&table, "p", &[batch(0..1)])
+        .await
+        .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::BadRecord);
     assert!(err.to_string().contains("no column \"amount\""), "{err}");
 }

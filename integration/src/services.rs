@@ -152,7 +152,17 @@ impl Services {
     /// its unaligned, tuples-only output.
     pub fn psql(&self, sql: &str) -> String {
         let out = Command::new("psql")
-            .args([self.pg_url(), "-X", "-q", "-t", "-A", "-v", "ON_ERROR_STOP=1", "-c", sql])
+            .args([
+                self.pg_url(),
+                "-X",
+                "-q",
+                "-t",
+                "-A",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-c",
+                sql,
+            ])
             .output()
             .unwrap_or_else(|e| panic!("cannot run psql (install postgresql-client): {e}"));
         assert!(
@@ -190,7 +200,10 @@ mod tests {
 
     #[test]
     fn host_port_of_urls() {
-        assert_eq!(host_port("postgres://u:p@127.0.0.1:15432/db"), "127.0.0.1:15432");
+        assert_eq!(
+            host_port("postgres://u:p@127.0.0.1:15432/db"),
+            "127.0.0.1:15432"
+        );
         assert_eq!(host_port("http://127.0.0.1:18333"), "127.0.0.1:18333");
         assert_eq!(host_port("127.0.0.1:19092"), "127.0.0.1:19092");
     }

@@ -9,7 +9,7 @@ use crate::Xid;
 /// The table whose rows record which checkpoints' transactions committed.
 const MARKER_TABLE: &str = "ratchet_commits";
 /// Advisory lock key serializing the marker table's creation.
-const MARKER_TABLE_LOCK: i64 = 0x7261_7463_6865_74;
+const MARKER_TABLE_LOCK: i64 = 0x0072_6174_6368_6574; // "ratchet" in ASCII
 
 /// What `commit_prepared` found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,7 +75,14 @@ impl PgPreparedTransactions {
         let max: String = client
             .query_one("SHOW max_prepared_transactions", &[])
             .await
-            .map_err(|e| pg_error(Phase::Setup, None, "cannot read max_prepared_transactions", e))?
+            .map_err(|e| {
+                pg_error(
+                    Phase::Setup,
+                    None,
+                    "cannot read max_prepared_transactions",
+                    e,
+                )
+            })?
             .get(0);
         if max.trim() == "0" {
             return Err(Error::new(
@@ -98,7 +105,14 @@ impl PgPreparedTransactions {
                  COMMIT;"
             ))
             .await
-            .map_err(|e| pg_error(Phase::Setup, None, "cannot create the commit marker table", e))?;
+            .map_err(|e| {
+                pg_error(
+                    Phase::Setup,
+                    None,
+                    "cannot create the commit marker table",
+                    e,
+                )
+            })?;
         Ok(Self { client })
     }
 
@@ -115,7 +129,9 @@ impl PgPreparedTransactions {
             .map_err(|e| pg_error(Phase::Begin, Some(xid), "BEGIN failed", e))?;
         self.client
             .execute(
-                &format!("INSERT INTO {MARKER_TABLE} (sink, subtask, checkpoint) VALUES ($1, $2, $3)"),
+                &format!(
+                    "INSERT INTO {MARKER_TABLE} (sink, subtask, checkpoint) VALUES ($1, $2, $3)"
+                ),
                 &[
                     &xid.sink.as_str(),
                     &(xid.subtask.0 as i32),
@@ -143,7 +159,11 @@ impl PgPreparedTransactions {
     /// (by an operator, or by a recovery that did not know the checkpoint was durable) and its rows are lost; the
     /// message names the checkpoint so the range can be replayed.
     pub async fn commit_prepared(&self, xid: &Xid) -> Result<CommitOutcome> {
-        match self.client.batch_execute(&format!("COMMIT PREPARED '{xid}'")).await {
+        match self
+            .client
+            .batch_execute(&format!("COMMIT PREPARED '{xid}'"))
+            .await
+        {
             Ok(()) => Ok(CommitOutcome::Committed),
             Err(e) if e.code() == Some(&SqlState::UNDEFINED_OBJECT) => {
                 if self.is_committed(xid).await? {
@@ -161,16 +181,30 @@ impl PgPreparedTransactions {
                     .with_source(e))
                 }
             }
-            Err(e) => Err(pg_error(Phase::Commit, Some(xid), "COMMIT PREPARED failed", e)),
+            Err(e) => Err(pg_error(
+                Phase::Commit,
+                Some(xid),
+                "COMMIT PREPARED failed",
+                e,
+            )),
         }
     }
 
     /// `ROLLBACK PREPARED`; a transaction that is not prepared (any more) is left alone.
     pub async fn rollback_prepared(&self, xid: &Xid) -> Result<()> {
-        match self.client.batch_execute(&format!("ROLLBACK PREPARED '{xid}'")).await {
+        match self
+            .client
+            .batch_execute(&format!("ROLLBACK PREPARED '{xid}'"))
+            .await
+        {
             Ok(()) => Ok(()),
             Err(e) if e.code() == Some(&SqlState::UNDEFINED_OBJECT) => Ok(()),
-            Err(e) => Err(pg_error(Phase::Abort, Some(xid), "ROLLBACK PREPARED failed", e)),
+            Err(e) => Err(pg_error(
+                Phase::Abort,
+                Some(xid),
+                "ROLLBACK PREPARED failed",
+                e,
+            )),
         }
     }
 

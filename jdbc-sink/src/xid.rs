@@ -64,7 +64,12 @@ mod tests {
         };
         assert_eq!(xid.to_string(), "ratchet.orders-db.2.41");
         assert_eq!(Xid::parse(&xid.to_string()), Some(xid));
-        for foreign in ["flink-xa-1", "ratchet.a.b.1", "ratchet.a.1.2.3", "ratchet.a.1"] {
+        for foreign in [
+            "flink-xa-1",
+            "ratchet.a.b.1",
+            "ratchet.a.1.2.3",
+            "ratchet.a.1",
+        ] {
             assert_eq!(Xid::parse(foreign), None, "{foreign}");
         }
     }

@@ -25,25 +25,50 @@ async fn prepared_rows_become_visible_only_at_commit_from_another_session() {
         checkpoint: CheckpointId(1),
     };
 
-    let writer = PgPreparedTransactions::connect(services.pg_url()).await.unwrap();
+    let writer = PgPreparedTransactions::connect(services.pg_url())
+        .await
+        .unwrap();
     writer.begin(&xid).await.unwrap();
     writer
         .client()
-        .execute(&format!("INSERT INTO {table} SELECT generate_series(1, 100)"), &[])
+        .execute(
+            &format!("INSERT INTO {table} SELECT generate_series(1, 100)"),
+            &[],
+        )
         .await
         .unwrap();
     writer.prepare(&xid).await.unwrap();
     drop(writer); // the writing session ends: the prepared transaction lives on in the server
 
     assert_eq!(services.psql(&format!("SELECT count(*) FROM {table}")), "0");
-    let committer = PgPreparedTransactions::connect(services.pg_url()).await.unwrap();
-    assert_eq!(committer.list_prepared(&sink, SubtaskId(0)).await.unwrap(), vec![xid.clone()]);
+    let committer = PgPreparedTransactions::connect(services.pg_url())
+        .await
+        .unwrap();
+    assert_eq!(
+        committer.list_prepared(&sink, SubtaskId(0)).await.unwrap(),
+        vec![xid.clone()]
+    );
     assert!(!committer.is_committed(&xid).await.unwrap());
 
-    assert_eq!(committer.commit_prepared(&xid).await.unwrap(), CommitOutcome::Committed);
-    assert_eq!(committer.commit_prepared(&xid).await.unwrap(), CommitOutcome::AlreadyCommitted);
-    assert_eq!(services.psql(&format!("SELECT count(*) FROM {table}")), "100");
-    assert!(committer.list_prepared(&sink, SubtaskId(0)).await.unwrap().is_empty());
+    assert_eq!(
+        committer.commit_prepared(&xid).await.unwrap(),
+        CommitOutcome::Committed
+    );
+    assert_eq!(
+        committer.commit_prepared(&xid).await.unwrap(),
+        CommitOutcome::AlreadyCommitted
+    );
+    assert_eq!(
+        services.psql(&format!("SELECT count(*) FROM {table}")),
+        "100"
+    );
+    assert!(
+        committer
+            .list_prepared(&sink, SubtaskId(0))
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
 
 #[tokio::test]
@@ -56,7 +81,9 @@ async fn committing_a_rolled_back_transaction_is_a_loud_error() {
         subtask: SubtaskId(1),
         checkpoint: CheckpointId(7),
     };
-    let pg = PgPreparedTransactions::connect(services.pg_url()).await.unwrap();
+    let pg = PgPreparedTransactions::connect(services.pg_url())
+        .await
+        .unwrap();
     pg.begin(&xid).await.unwrap();
     pg.client()
         .execute(&format!("INSERT INTO {table} VALUES (1)"), &[])
@@ -69,6 +96,9 @@ async fn committing_a_rolled_back_transaction_is_a_loud_error() {
     let err = pg.commit_prepared(&xid).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Fatal);
     let message = err.to_string();
-    assert!(message.contains("at checkpoint 7") && message.contains("never committed"), "{message}");
+    assert!(
+        message.contains("at checkpoint 7") && message.contains("never committed"),
+        "{message}"
+    );
     assert_eq!(services.psql(&format!("SELECT count(*) FROM {table}")), "0");
 }

@@ -75,13 +75,20 @@ impl KafkaSinkConfig {
 
     /// The transactional-id pool this config describes.
     pub fn id_pool(&self) -> Result<TransactionalIdPool> {
-        TransactionalIdPool::new(&self.transactional_id_prefix, self.transactional_id_pool_size)
-            .map_err(|message| Error::new(ErrorKind::Config, Phase::Setup, message))
+        TransactionalIdPool::new(
+            &self.transactional_id_prefix,
+            self.transactional_id_pool_size,
+        )
+        .map_err(|message| Error::new(ErrorKind::Config, Phase::Setup, message))
     }
 
     /// librdkafka settings for the producer of transactional id `id`: idempotent, `acks=all`, transactional.
     pub fn producer_config(&self, id: &TransactionalId) -> Result<ClientConfig> {
-        if let Some(key) = self.client.keys().find(|k| CONTROLLED_KEYS.contains(&k.as_str())) {
+        if let Some(key) = self
+            .client
+            .keys()
+            .find(|k| CONTROLLED_KEYS.contains(&k.as_str()))
+        {
             return Err(Error::new(
                 ErrorKind::Config,
                 Phase::Setup,
@@ -96,7 +103,10 @@ impl KafkaSinkConfig {
             return Err(Error::new(
                 ErrorKind::Config,
                 Phase::Setup,
-                format!("transaction_timeout {:?} is out of range", self.transaction_timeout),
+                format!(
+                    "transaction_timeout {:?} is out of range",
+                    self.transaction_timeout
+                ),
             ));
         }
         let mut config = ClientConfig::new();
@@ -122,18 +132,30 @@ mod tests {
     #[test]
     fn controlled_keys_cannot_be_overridden() {
         let mut config = KafkaSinkConfig::new("127.0.0.1:9092", "t", "p");
-        config.client.insert("enable.idempotence".into(), "false".into());
-        let id = config.id_pool().unwrap().for_checkpoint(SubtaskId(0), CheckpointId(1));
+        config
+            .client
+            .insert("enable.idempotence".into(), "false".into());
+        let id = config
+            .id_pool()
+            .unwrap()
+            .for_checkpoint(SubtaskId(0), CheckpointId(1));
         let err = config.producer_config(&id).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Config);
-        assert!(err.to_string().contains("\"enable.idempotence\" is controlled"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("\"enable.idempotence\" is controlled"),
+            "{err}"
+        );
     }
 
     #[test]
     fn producer_config_is_transactional_and_idempotent() {
         let mut config = KafkaSinkConfig::new("127.0.0.1:9092", "t", "p");
         config.client.insert("linger.ms".into(), "5".into());
-        let id = config.id_pool().unwrap().for_checkpoint(SubtaskId(0), CheckpointId(1));
+        let id = config
+            .id_pool()
+            .unwrap()
+            .for_checkpoint(SubtaskId(0), CheckpointId(1));
         let client = config.producer_config(&id).unwrap();
         assert_eq!(client.get("transactional.id"), Some("p-0-1"));
         assert_eq!(client.get("enable.idempotence"), Some("true"));

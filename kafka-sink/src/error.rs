@@ -39,8 +39,12 @@ pub fn classify(error: &KafkaError) -> ErrorKind {
             | RDKafkaErrorCode::CoordinatorLoadInProgress
             | RDKafkaErrorCode::CoordinatorNotAvailable,
         ) => ErrorKind::Retryable,
-        Some(RDKafkaErrorCode::ProducerFenced | RDKafkaErrorCode::InvalidProducerEpoch) => ErrorKind::Fenced,
-        Some(RDKafkaErrorCode::MessageSizeTooLarge | RDKafkaErrorCode::InvalidRecord) => ErrorKind::BadRecord,
+        Some(RDKafkaErrorCode::ProducerFenced | RDKafkaErrorCode::InvalidProducerEpoch) => {
+            ErrorKind::Fenced
+        }
+        Some(RDKafkaErrorCode::MessageSizeTooLarge | RDKafkaErrorCode::InvalidRecord) => {
+            ErrorKind::BadRecord
+        }
         _ => ErrorKind::Fatal,
     }
 }

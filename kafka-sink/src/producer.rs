@@ -26,9 +26,13 @@ pub async fn open_transactional_producer(
     id: &TransactionalId,
 ) -> Result<FutureProducer> {
     let producer: FutureProducer = config.producer_config(id)?.create().map_err(|e| {
-        Error::new(classify(&e), Phase::Setup, "cannot create the Kafka producer")
-            .with_txn(id.as_str())
-            .with_source(e)
+        Error::new(
+            classify(&e),
+            Phase::Setup,
+            "cannot create the Kafka producer",
+        )
+        .with_txn(id.as_str())
+        .with_source(e)
     })?;
     let initializing = producer.clone();
     tokio::task::spawn_blocking(move || initializing.init_transactions(INIT_TIMEOUT))

@@ -77,19 +77,36 @@ mod tests {
     fn ids_cycle_through_a_bounded_pool() {
         let pool = TransactionalIdPool::new("orders-sink", 2).unwrap();
         let ids: Vec<_> = (1..=5)
-            .map(|c| pool.for_checkpoint(SubtaskId(3), CheckpointId(c)).to_string())
+            .map(|c| {
+                pool.for_checkpoint(SubtaskId(3), CheckpointId(c))
+                    .to_string()
+            })
             .collect();
         assert_eq!(
             ids,
-            ["orders-sink-3-1", "orders-sink-3-0", "orders-sink-3-1", "orders-sink-3-0", "orders-sink-3-1"]
+            [
+                "orders-sink-3-1",
+                "orders-sink-3-0",
+                "orders-sink-3-1",
+                "orders-sink-3-0",
+                "orders-sink-3-1"
+            ]
         );
         assert_eq!(pool.all(SubtaskId(3)).len(), 2);
     }
 
     #[test]
     fn refuses_bad_prefixes_and_sizes() {
-        assert!(TransactionalIdPool::new("", 2).unwrap_err().contains("transactional_id_prefix"));
+        assert!(
+            TransactionalIdPool::new("", 2)
+                .unwrap_err()
+                .contains("transactional_id_prefix")
+        );
         assert!(TransactionalIdPool::new("a b", 2).is_err());
-        assert!(TransactionalIdPool::new("ok", 0).unwrap_err().contains("pool_size"));
+        assert!(
+            TransactionalIdPool::new("ok", 0)
+                .unwrap_err()
+                .contains("pool_size")
+        );
     }
 }

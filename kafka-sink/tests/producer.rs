@@ -18,7 +18,10 @@ fn unique(name: &str) -> String {
 
 fn values(topic: &str) -> Vec<String> {
     let services = Services::get();
-    let seen = services.verify("kafka_read_committed.py", &[services.kafka_bootstrap(), topic]);
+    let seen = services.verify(
+        "kafka_read_committed.py",
+        &[services.kafka_bootstrap(), topic],
+    );
     seen["records"]
         .as_array()
         .unwrap()
@@ -32,33 +35,49 @@ async fn committed_records_are_visible_and_a_zombie_is_fenced() {
     let services = Services::get();
     let topic = unique("kafka-sink-producer");
     let config = KafkaSinkConfig::new(services.kafka_bootstrap(), &topic, unique("ratchet-test"));
-    let id = config.id_pool().unwrap().for_checkpoint(SubtaskId(0), CheckpointId(1));
+    let id = config
+        .id_pool()
+        .unwrap()
+        .for_checkpoint(SubtaskId(0), CheckpointId(1));
 
     let zombie = open_transactional_producer(&config, &id).await.unwrap();
     zombie.begin_transaction().unwrap();
     zombie
-        .send(FutureRecord::to(&topic).key("k").payload("committed"), Duration::from_secs(30))
+        .send(
+            FutureRecord::to(&topic).key("k").payload("committed"),
+            Duration::from_secs(30),
+        )
         .await
         .unwrap();
     zombie.commit_transaction(Duration::from_secs(30)).unwrap();
 
     zombie.begin_transaction().unwrap();
     zombie
-        .send(FutureRecord::to(&topic).key("k").payload("zombie"), Duration::from_secs(30))
+        .send(
+            FutureRecord::to(&topic).key("k").payload("zombie"),
+            Duration::from_secs(30),
+        )
         .await
         .unwrap();
 
     // A new instance on the same id bumps the epoch: the zombie's open transaction is aborted, its commit fenced.
     let successor = open_transactional_producer(&config, &id).await.unwrap();
-    let fenced = zombie.commit_transaction(Duration::from_secs(30)).unwrap_err();
+    let fenced = zombie
+        .commit_transaction(Duration::from_secs(30))
+        .unwrap_err();
     assert_eq!(classify(&fenced), ErrorKind::Fenced, "{fenced}");
 
     successor.begin_transaction().unwrap();
     successor
-        .send(FutureRecord::to(&topic).key("k").payload("successor"), Duration::from_secs(30))
+        .send(
+            FutureRecord::to(&topic).key("k").payload("successor"),
+            Duration::from_secs(30),
+        )
         .await
         .unwrap();
-    successor.commit_transaction(Duration::from_secs(30)).unwrap();
+    successor
+        .commit_transaction(Duration::from_secs(30))
+        .unwrap();
 
     assert_eq!(values(&topic), ["committed", "successor"]);
 }

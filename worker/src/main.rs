@@ -1,1 +1,23 @@
-fn main() {}
+//! `ratchet`: the standalone Kafka-to-sink worker.
+#![deny(missing_docs)]
+
+mod cli;
+mod demo;
+mod source;
+mod summary;
+
+use clap::Parser;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match cli::Cli::parse().command {
+        cli::Command::Demo(args) => demo::run(args).await,
+    }
+}

@@ -62,7 +62,9 @@ impl LocalCheckpointStore {
 
     fn save_blocking(&self, record: &CheckpointRecord) -> std::io::Result<()> {
         let target = self.path_of(record.id);
-        let tmp = self.dir.join(format!(".checkpoint-{:020}.tmp", record.id.0));
+        let tmp = self
+            .dir
+            .join(format!(".checkpoint-{:020}.tmp", record.id.0));
         let mut file = File::create(&tmp)?;
         file.write_all(&record.encode())?;
         file.sync_all()?;

@@ -57,8 +57,9 @@ impl CheckpointRecord {
 
     /// Decodes and verifies a record; the error says what is wrong with it.
     pub(crate) fn decode(bytes: &[u8]) -> Result<Self, String> {
-        let envelope: Envelope = serde_json::from_slice(bytes)
-            .map_err(|e| format!("not a complete checkpoint document (truncated or damaged): {e}"))?;
+        let envelope: Envelope = serde_json::from_slice(bytes).map_err(|e| {
+            format!("not a complete checkpoint document (truncated or damaged): {e}")
+        })?;
         if envelope.format != FORMAT_NAME {
             return Err(format!("unknown format {:?}", envelope.format));
         }
