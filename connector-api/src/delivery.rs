@@ -1,14 +1,25 @@
-//! The delivery guarantee a sink runs with, chosen per sink in its config.
+//! Delivery guarantees, chosen per sink in its config, and the adapter that gives any two-phase sink the weaker
+//! ones.
 
+use std::time::Duration;
+
+use arrow_array::RecordBatch;
+use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
+
+use crate::{CheckpointId, Committer, Result, SinkId, TwoPhaseCommit};
 
 /// What a sink promises about each source record after crashes and restarts.
 ///
 /// | guarantee | how | cost | failure mode |
 /// |---|---|---|---|
-/// | `ExactlyOnce` | two-phase commit tied to the checkpoint record | output becomes visible about one checkpoint interval later; external transactions stay open that long | none, as long as a transaction is committed before the external system's transaction timeout expires |
-/// | `AtLeastOnce` | flush at each checkpoint, no transaction; source positions saved after the flush | lowest latency: records are visible as soon as they are written | after a crash, records written since the last checkpoint are written again: duplicates |
-/// | `AtMostOnce` | source positions saved before the records are written | no replay work at all | after a crash, records read but not yet written are lost |
+/// | `ExactlyOnce` | the sink's transaction is committed only after the checkpoint record holding it is durable; recovery commits the restored checkpoint's transactions and aborts the rest | output becomes visible about one checkpoint interval after it was read; external transactions stay open that long, so their timeout must outlast the checkpoint interval plus a restart | none, as long as transactions are committed before the external system's transaction timeout expires |
+/// | `AtLeastOnce` | the transaction is committed at the checkpoint, *before* the checkpoint record is written | no dependence on transaction timeouts across restarts; nothing to recover | a crash between that commit and the durable record replays the checkpoint's records: duplicates |
+/// | `AtMostOnce` | the checkpoint record (the new source positions) is written before the transaction is committed, and recovery never commits | no replay work after a crash | a crash between the durable record and the commit loses that checkpoint's records |
+///
+/// In this release the weaker guarantees run on each sink's transactional machinery through [`GuaranteedSink`]:
+/// they change when data becomes visible relative to the checkpoint record and what recovery does, not yet the
+/// cost of writing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum DeliveryGuarantee {
@@ -19,4 +30,122 @@ pub enum DeliveryGuarantee {
     AtLeastOnce,
     /// Every record becomes visible at most once; a crash can lose the records since the last checkpoint.
     AtMostOnce,
+}
+
+/// Any two-phase sink run with a chosen [`DeliveryGuarantee`].
+///
+/// - `ExactlyOnce`: passes everything through.
+/// - `AtLeastOnce`: `pre_commit` also commits, and the checkpoint record holds nothing for the sink (`None`).
+/// - `AtMostOnce`: commit happens after the record as usual, but `recover` aborts the restored transactions
+///   instead of committing them.
+pub struct GuaranteedSink<S> {
+    inner: S,
+    guarantee: DeliveryGuarantee,
+}
+
+impl<S: TwoPhaseCommit> GuaranteedSink<S> {
+    /// Runs `inner` with `guarantee`.
+    pub fn new(inner: S, guarantee: DeliveryGuarantee) -> Self {
+        Self { inner, guarantee }
+    }
+
+    /// The guarantee this sink runs with.
+    pub fn guarantee(&self) -> DeliveryGuarantee {
+        self.guarantee
+    }
+}
+
+/// The committer of a [`GuaranteedSink`]: commits the `Some` committables, `None` means nothing to commit.
+#[derive(Clone)]
+pub struct GuaranteedCommitter<C>(C);
+
+#[async_trait]
+impl<C: Committer> Committer for GuaranteedCommitter<C> {
+    type Committable = Option<C::Committable>;
+
+    async fn commit(&self, committables: Vec<Self::Committable>) -> Result<()> {
+        let committables: Vec<_> = committables.into_iter().flatten().collect();
+        if committables.is_empty() {
+            return Ok(());
+        }
+        self.0.commit(committables).await
+    }
+
+    async fn is_committed(&self, committable: &Self::Committable) -> Result<bool> {
+        match committable {
+            Some(c) => self.0.is_committed(c).await,
+            None => Ok(true),
+        }
+    }
+}
+
+#[async_trait]
+impl<S: TwoPhaseCommit> TwoPhaseCommit for GuaranteedSink<S> {
+    type Committable = Option<S::Committable>;
+    type Committer = GuaranteedCommitter<S::Committer>;
+
+    fn sink_id(&self) -> &SinkId {
+        self.inner.sink_id()
+    }
+
+    fn committer(&self) -> Self::Committer {
+        GuaranteedCommitter(self.inner.committer())
+    }
+
+    fn transaction_timeout(&self) -> Option<Duration> {
+        // Only exactly-once keeps a transaction open across a restart.
+        match self.guarantee {
+            DeliveryGuarantee::ExactlyOnce => self.inner.transaction_timeout(),
+            _ => None,
+        }
+    }
+
+    fn committable_version(&self) -> u32 {
+        self.inner.committable_version()
+    }
+
+    fn decode_committable(
+        &self,
+        version: u32,
+        value: serde_json::Value,
+    ) -> Result<Self::Committable> {
+        match value {
+            serde_json::Value::Null => Ok(None),
+            value => self.inner.decode_committable(version, value).map(Some),
+        }
+    }
+
+    async fn begin(&mut self, checkpoint: CheckpointId) -> Result<()> {
+        self.inner.begin(checkpoint).await
+    }
+
+    async fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+        self.inner.write(batch).await
+    }
+
+    async fn pre_commit(&mut self, checkpoint: CheckpointId) -> Result<Self::Committable> {
+        let committable = self.inner.pre_commit(checkpoint).await?;
+        if self.guarantee == DeliveryGuarantee::AtLeastOnce {
+            self.inner.committer().commit(vec![committable]).await?;
+            return Ok(None);
+        }
+        Ok(Some(committable))
+    }
+
+    async fn abort(&mut self) -> Result<()> {
+        self.inner.abort().await
+    }
+
+    async fn recover(
+        &mut self,
+        restored: Option<(CheckpointId, Vec<Self::Committable>)>,
+    ) -> Result<()> {
+        let restored = match self.guarantee {
+            DeliveryGuarantee::ExactlyOnce => restored
+                .map(|(id, committables)| (id, committables.into_iter().flatten().collect())),
+            // At-least-once committed at pre-commit; at-most-once never commits on recovery.
+            DeliveryGuarantee::AtLeastOnce | DeliveryGuarantee::AtMostOnce => None,
+        };
+        self.inner.recover(restored).await
+    }
 }

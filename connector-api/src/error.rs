@@ -27,6 +27,8 @@ pub enum ErrorKind {
     BadRecord,
     /// Anything else: stop the job. Unclassified errors are fatal.
     Fatal,
+    /// A violated invariant inside Ratchet: stop the job and report it.
+    Bug,
 }
 
 /// The protocol step that failed.
@@ -102,6 +104,24 @@ impl Error {
     pub fn with_checkpoint(mut self, checkpoint: CheckpointId) -> Self {
         self.checkpoint = Some(checkpoint);
         self
+    }
+
+    /// Names the sink unless the error already names one.
+    pub fn or_sink(self, sink: &SinkId) -> Self {
+        if self.sink.is_some() {
+            self
+        } else {
+            self.with_sink(sink)
+        }
+    }
+
+    /// Names the checkpoint unless the error already names one.
+    pub fn or_checkpoint(self, checkpoint: CheckpointId) -> Self {
+        if self.checkpoint.is_some() {
+            self
+        } else {
+            self.with_checkpoint(checkpoint)
+        }
     }
 
     /// Names the external transaction (transactional id, file, upload id, xid).

@@ -16,11 +16,15 @@ mod delivery;
 mod driver;
 mod error;
 mod ids;
+mod retry;
 mod txn;
 
-pub use checkpoint::{CheckpointRecord, CheckpointStore, LocalCheckpointStore, SourceOffset};
-pub use delivery::DeliveryGuarantee;
-pub use driver::{Driver, Restored};
+pub use checkpoint::{
+    CheckpointRecord, CheckpointStore, LocalCheckpointStore, PgCheckpointStore, SourceOffset,
+};
+pub use delivery::{DeliveryGuarantee, GuaranteedCommitter, GuaranteedSink};
+pub use driver::{Driver, DriverConfig, FaultInjector, FaultPoint, Restored, committables_in};
 pub use error::{Error, ErrorKind, Phase, Report, Result};
 pub use ids::{CheckpointId, SinkId, SubtaskId};
-pub use txn::TwoPhaseCommit;
+pub use retry::{Attempts, RetryPolicy};
+pub use txn::{Committer, TwoPhaseCommit};

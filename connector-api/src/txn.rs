@@ -1,23 +1,53 @@
 //! The two-phase-commit contract every sink implements.
 
 use std::fmt::Debug;
+use std::time::Duration;
 
 use arrow_array::RecordBatch;
 use async_trait::async_trait;
 use serde::{Serialize, de::DeserializeOwned};
 
-use crate::{CheckpointId, Result, SinkId};
+use crate::{CheckpointId, Error, ErrorKind, Phase, Result, SinkId};
+
+/// The commit half of a sink: makes pre-committed transactions visible, and probes whether they are.
+///
+/// Split from [`TwoPhaseCommit`] so that the driver can commit checkpoint N on its own task while the sink
+/// already writes checkpoint N+1. A committer is cheap to clone and shares the sink's connections.
+#[async_trait]
+pub trait Committer: Send + Sync + 'static {
+    /// What one pre-committed transaction is identified by (the sink's committable).
+    type Committable: Send + Sync + 'static;
+
+    /// Makes the given pre-committed transactions visible. Called only after the checkpoint record that holds
+    /// them is durable, possibly by a different process than the one that pre-committed them.
+    ///
+    /// # Idempotence
+    /// Committing an already-committed transaction succeeds.
+    ///
+    /// # Errors
+    /// Never swallowed: the checkpoint is decided, so the driver retries [`Retryable`](ErrorKind::Retryable)
+    /// errors and stops on others; an outcome that cannot be known is an error carrying the checkpoint and the
+    /// transaction. A transaction the external system already aborted (its timeout expired) is a
+    /// [`Fatal`](ErrorKind::Fatal) error naming the lost checkpoint.
+    async fn commit(&self, committables: Vec<Self::Committable>) -> Result<()>;
+
+    /// Asks the external system whether the transaction behind `committable` is visible.
+    async fn is_committed(&self, committable: &Self::Committable) -> Result<bool>;
+}
 
 /// A sink that writes into an external transaction and commits it in two phases, tied to checkpoints.
 ///
 /// One instance serves one subtask of one sink. The [`Driver`](crate::Driver) calls, per checkpoint `N`:
-/// `begin(N)`, `write(..)`*, `pre_commit(N)`, then (after the checkpoint record holding the committable is durable)
-/// `commit(..)`. On start it calls `recover(..)` once, before the first `begin`.
+/// `begin(N)`, `write(..)`*, `pre_commit(N)`, then, once the checkpoint record holding the committable is durable,
+/// [`Committer::commit`] (on its own task, overlapping `begin(N+1)` and its writes). On start it calls `recover(..)`
+/// once, before the first `begin`.
 ///
 /// # Contract
 /// - After `pre_commit` returns, the transaction survives the death of this process and can be committed by *any*
 ///   process from the [`Committable`](Self::Committable) alone; until then it can still be aborted.
-/// - Nothing written becomes visible to readers of the external system before `commit`.
+/// - Nothing written becomes visible to readers of the external system before commit.
+/// - After `recover`, an older instance of the same sink and subtask (a zombie) can no longer make anything
+///   visible: the sink fences it.
 ///
 /// # Idempotence
 /// `commit` and `recover` may run more than once for the same committables (a crash after commit but before the
@@ -26,28 +56,80 @@ use crate::{CheckpointId, Result, SinkId};
 /// # Cancel safety
 /// None of the methods is cancel safe: a future dropped mid-call leaves the transaction in an unknown state, which
 /// only `recover` resolves.
+///
+/// The trait is object safe: `Box<dyn TwoPhaseCommit<Committable = C, Committer = K>>` works.
 #[async_trait]
-pub trait TwoPhaseCommit: Send {
+pub trait TwoPhaseCommit: Send + 'static {
     /// Everything needed to finish a pre-committed transaction from another process: a serde value stored in the
     /// checkpoint record.
     type Committable: Serialize + DeserializeOwned + Clone + Debug + Send + Sync + 'static;
 
+    /// The commit half of this sink.
+    type Committer: Committer<Committable = Self::Committable> + Clone;
+
     /// The sink this instance belongs to.
     fn sink_id(&self) -> &SinkId;
+
+    /// A committer sharing this instance's connections.
+    fn committer(&self) -> Self::Committer;
+
+    /// The external system's transaction timeout, where it has one: a transaction older than this is aborted by
+    /// the external system. The driver refuses to start when checkpoint interval + maximum restart time exceeds it.
+    fn transaction_timeout(&self) -> Option<Duration> {
+        None
+    }
+
+    /// The version of the committable format this release writes. Raise it when the format changes, and teach
+    /// [`decode_committable`](Self::decode_committable) to read the older versions.
+    fn committable_version(&self) -> u32 {
+        1
+    }
+
+    /// Reads a committable written with format `version` (by this release or an older one).
+    ///
+    /// # Errors
+    /// [`Fatal`](ErrorKind::Fatal) for a version this release cannot read (written by a newer release).
+    fn decode_committable(
+        &self,
+        version: u32,
+        value: serde_json::Value,
+    ) -> Result<Self::Committable> {
+        let current = self.committable_version();
+        if version != current {
+            return Err(Error::new(
+                ErrorKind::Fatal,
+                Phase::Recover,
+                format!(
+                    "the checkpoint holds committables of format version {version}, this release reads version \
+                     {current}: restore with the release that wrote the checkpoint"
+                ),
+            )
+            .with_sink(self.sink_id()));
+        }
+        serde_json::from_value(value).map_err(|e| {
+            Error::new(
+                ErrorKind::Fatal,
+                Phase::Recover,
+                "the checkpoint holds a committable this sink cannot read",
+            )
+            .with_sink(self.sink_id())
+            .with_source(e)
+        })
+    }
 
     /// Opens a transaction for checkpoint `checkpoint` in the external system.
     ///
     /// # Errors
-    /// [`ErrorKind::Retryable`](crate::ErrorKind::Retryable) when the external system is unreachable;
-    /// [`ErrorKind::Fenced`](crate::ErrorKind::Fenced) when another instance owns the transaction handle.
+    /// [`ErrorKind::Retryable`] when the external system is unreachable;
+    /// [`ErrorKind::Fenced`] when a newer instance owns the transaction handle.
     async fn begin(&mut self, checkpoint: CheckpointId) -> Result<()>;
 
-    /// Writes a batch into the open transaction. May buffer; bounded memory, and it awaits (backpressure) rather
-    /// than buffer without limit.
+    /// Writes a batch into the open transaction. May buffer; memory is bounded, and it awaits (backpressure)
+    /// rather than buffer without limit.
     ///
     /// # Errors
-    /// [`ErrorKind::BadRecord`](crate::ErrorKind::BadRecord) for input that cannot be written, naming the field;
-    /// [`ErrorKind::MustAbort`](crate::ErrorKind::MustAbort) when the transaction was lost.
+    /// [`ErrorKind::BadRecord`] for input that cannot be written, naming the field;
+    /// [`ErrorKind::MustAbort`] when the transaction was lost.
     async fn write(&mut self, batch: &RecordBatch) -> Result<()>;
 
     /// Flushes everything written for `checkpoint` and prepares the transaction; returns what commits it.
@@ -56,23 +138,17 @@ pub trait TwoPhaseCommit: Send {
     /// Any error here leaves checkpoint `checkpoint` undecided: the driver aborts it everywhere and replays.
     async fn pre_commit(&mut self, checkpoint: CheckpointId) -> Result<Self::Committable>;
 
-    /// Makes the given pre-committed transactions visible. Called only after the checkpoint record that holds them
-    /// is durable.
-    ///
-    /// # Idempotence
-    /// Committing an already-committed transaction succeeds.
-    ///
-    /// # Errors
-    /// A failure here must not be swallowed: the transaction is decided (committed) and the driver retries or
-    /// stops; an outcome that cannot be known is an error carrying the checkpoint and the transaction.
-    async fn commit(&mut self, committables: Vec<Self::Committable>) -> Result<()>;
+    /// Makes the given pre-committed transactions visible: [`Committer::commit`] on this instance's committer.
+    async fn commit(&mut self, committables: Vec<Self::Committable>) -> Result<()> {
+        self.committer().commit(committables).await
+    }
 
     /// Discards the open transaction, if any (everything written since `begin`).
     async fn abort(&mut self) -> Result<()>;
 
     /// Resolves what crashed attempts left behind, before the first `begin`: commits `restored` (the committables
     /// of the last durable checkpoint, `None` on a fresh start) and aborts every other transaction this instance
-    /// owns, including ones begun after that checkpoint.
+    /// owns, including ones begun after that checkpoint. Fences older instances of the same sink and subtask.
     ///
     /// # Idempotence
     /// Running it twice with the same input has the effect of running it once.
@@ -82,7 +158,7 @@ pub trait TwoPhaseCommit: Send {
     ) -> Result<()>;
 
     /// Asks the external system whether the transaction behind `committable` is visible.
-    ///
-    /// Takes `&mut self` so that sinks holding non-`Sync` writers (Parquet, Arrow) can implement it.
-    async fn is_committed(&mut self, committable: &Self::Committable) -> Result<bool>;
+    async fn is_committed(&mut self, committable: &Self::Committable) -> Result<bool> {
+        self.committer().is_committed(committable).await
+    }
 }

@@ -12,17 +12,20 @@ pub struct FileName {
     pub subtask: SubtaskId,
     /// The checkpoint whose transaction it belongs to.
     pub checkpoint: CheckpointId,
+    /// The owner epoch of the instance that wrote it (see the crate docs on fencing).
+    pub epoch: u64,
     /// Position among the files of that checkpoint.
     pub seq: u32,
 }
 
 impl FileName {
-    /// The visible name, e.g. `part-orders.0.0000000007.0000.parquet`.
+    /// The visible name, e.g. `part-orders.0.0000000007.3.0000.parquet` (checkpoint 7, epoch 3, first file).
     pub fn visible(&self) -> String {
         format!(
-            "{}{:010}.{:04}.parquet",
+            "{}{:010}.{}.{:04}.parquet",
             Self::owner_prefix(&self.sink, self.subtask),
             self.checkpoint.0,
+            self.epoch,
             self.seq
         )
     }
@@ -62,9 +65,10 @@ mod tests {
             sink: SinkId::new("orders").unwrap(),
             subtask: SubtaskId(0),
             checkpoint: CheckpointId(7),
+            epoch: 3,
             seq: 1,
         };
-        assert_eq!(name.visible(), "part-orders.0.0000000007.0001.parquet");
+        assert_eq!(name.visible(), "part-orders.0.0000000007.3.0001.parquet");
         assert!(FileName::is_owned_stage(
             &name.pending(),
             &name.sink,

@@ -23,12 +23,20 @@
 //! | after the record is durable, before or during commit | renames the pending file into place |
 //! | after commit | nothing: the file is visible and the record says so; the commit is not repeated twice |
 //!
-//! File names are `part-<sink>.<subtask>.<checkpoint>.<seq>.parquet`, deterministic, so a retried commit can never
-//! create a second visible copy.
+//! File names are `part-<sink>.<subtask>.<checkpoint>.<epoch>.<seq>.parquet`, deterministic, so a retried commit
+//! can never create a second visible copy.
+//!
+//! # Fencing
+//! `recover` raises an owner epoch kept in `.ratchet-owner-<sink>.<subtask>`; an older instance (a zombie) writes
+//! under its own epoch's file names, so it never touches the current instance's files, and its committer refuses
+//! to publish once the epoch moved on.
 #![deny(missing_docs)]
 
 mod layout;
 mod local;
+mod owner;
 
 pub use layout::FileName;
-pub use local::{FileCommittable, LocalParquetSink, LocalParquetSinkConfig, PendingFile};
+pub use local::{
+    FileCommittable, LocalCommitter, LocalParquetSink, LocalParquetSinkConfig, PendingFile,
+};

@@ -7,7 +7,7 @@ use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 use async_trait::async_trait;
 use connector_api::{
-    CheckpointId, Error, ErrorKind, Phase, Result, SinkId, SubtaskId, TwoPhaseCommit,
+    CheckpointId, Committer, Error, ErrorKind, Phase, Result, SinkId, SubtaskId, TwoPhaseCommit,
 };
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
@@ -15,6 +15,7 @@ use parquet::file::properties::WriterProperties;
 use serde::{Deserialize, Serialize};
 
 use crate::FileName;
+use crate::owner::OwnerFile;
 
 /// Configuration of a [`LocalParquetSink`].
 #[derive(Debug, Clone)]
@@ -60,8 +61,22 @@ struct OpenFile {
 pub struct LocalParquetSink {
     config: LocalParquetSinkConfig,
     props: WriterProperties,
+    owner: OwnerFile,
+    /// The owner epoch this instance holds since `recover` (0 before).
+    epoch: u64,
     checkpoint: Option<CheckpointId>,
     open: Option<OpenFile>,
+    /// The pre-committed files of the current checkpoint, until the next `begin` (for `abort`).
+    prepared: Option<FileCommittable>,
+}
+
+/// Commits a [`LocalParquetSink`]'s files: renames pending files into place, unless a newer instance of the same
+/// sink and subtask has recovered since this committer was made (then it is fenced).
+#[derive(Debug, Clone)]
+pub struct LocalCommitter {
+    sink: SinkId,
+    owner: OwnerFile,
+    epoch: u64,
 }
 
 impl LocalParquetSink {
@@ -79,11 +94,15 @@ impl LocalParquetSink {
         let props = WriterProperties::builder()
             .set_compression(Compression::ZSTD(ZstdLevel::default()))
             .build();
+        let owner = OwnerFile::new(&config.dir, &config.sink, config.subtask);
         Ok(Self {
             config,
             props,
+            owner,
+            epoch: 0,
             checkpoint: None,
             open: None,
+            prepared: None,
         })
     }
 
@@ -157,6 +176,7 @@ impl LocalParquetSink {
                 sink: self.config.sink.clone(),
                 subtask: self.config.subtask,
                 checkpoint,
+                epoch: self.epoch,
                 seq: 0,
             };
             let path = self.config.dir.join(name.in_progress());
@@ -249,29 +269,112 @@ fn publish(committable: &FileCommittable) -> Result<(), String> {
 }
 
 #[async_trait]
+impl Committer for LocalCommitter {
+    type Committable = FileCommittable;
+
+    async fn commit(&self, committables: Vec<FileCommittable>) -> Result<()> {
+        for committable in committables {
+            let checkpoint = committable.checkpoint;
+            let txn = committable
+                .files
+                .first()
+                .map(|f| f.name.clone())
+                .unwrap_or_default();
+            let context = |e: Error| {
+                e.with_sink(&self.sink)
+                    .with_checkpoint(checkpoint)
+                    .with_txn(txn.clone())
+            };
+            let current = self.owner.read().map_err(|e| {
+                context(
+                    Error::new(
+                        ErrorKind::Retryable,
+                        Phase::Commit,
+                        "cannot read the owner epoch",
+                    )
+                    .with_source(e),
+                )
+            })?;
+            if current > self.epoch {
+                return Err(context(Error::new(
+                    ErrorKind::Fenced,
+                    Phase::Commit,
+                    format!(
+                        "a newer instance of this sink (owner epoch {current}, this one holds {}) has recovered;                          this instance is a zombie and must stop",
+                        self.epoch
+                    ),
+                )));
+            }
+            tokio::task::spawn_blocking(move || publish(&committable))
+                .await
+                .expect("publish task panicked")
+                .map_err(|message| context(Error::new(ErrorKind::Fatal, Phase::Commit, message)))?;
+        }
+        Ok(())
+    }
+
+    async fn is_committed(&self, committable: &FileCommittable) -> Result<bool> {
+        Ok(committable.files.iter().all(|f| {
+            committable.dir.join(&f.name).exists()
+                && !committable
+                    .dir
+                    .join(format!(".{}.pending", f.name))
+                    .exists()
+        }))
+    }
+}
+
+impl LocalParquetSink {
+    /// Deletes `path` if it exists.
+    fn remove(&self, phase: Phase, path: &Path) -> Result<()> {
+        match fs::remove_file(path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(self
+                .err(
+                    ErrorKind::Retryable,
+                    phase,
+                    format!("cannot delete {}", path.display()),
+                )
+                .with_source(e)),
+        }
+    }
+}
+
+#[async_trait]
 impl TwoPhaseCommit for LocalParquetSink {
     type Committable = FileCommittable;
+    type Committer = LocalCommitter;
 
     fn sink_id(&self) -> &SinkId {
         &self.config.sink
     }
 
+    fn committer(&self) -> LocalCommitter {
+        LocalCommitter {
+            sink: self.config.sink.clone(),
+            owner: self.owner.clone(),
+            epoch: self.epoch,
+        }
+    }
+
     async fn begin(&mut self, checkpoint: CheckpointId) -> Result<()> {
         if self.open.is_some() {
             return Err(self.err(
-                ErrorKind::Fatal,
+                ErrorKind::Bug,
                 Phase::Begin,
                 "begin while a transaction is open",
             ));
         }
         self.checkpoint = Some(checkpoint);
+        self.prepared = None;
         Ok(())
     }
 
     async fn write(&mut self, batch: &RecordBatch) -> Result<()> {
         let checkpoint = self
             .checkpoint
-            .ok_or_else(|| self.err(ErrorKind::Fatal, Phase::Write, "write before begin"))?;
+            .ok_or_else(|| self.err(ErrorKind::Bug, Phase::Write, "write before begin"))?;
         self.check_schema(batch)?;
         if batch.num_rows() == 0 {
             return Ok(());
@@ -295,7 +398,7 @@ impl TwoPhaseCommit for LocalParquetSink {
     async fn pre_commit(&mut self, checkpoint: CheckpointId) -> Result<FileCommittable> {
         if self.checkpoint != Some(checkpoint) {
             return Err(self.err(
-                ErrorKind::Fatal,
+                ErrorKind::Bug,
                 Phase::PreCommit,
                 format!(
                     "pre_commit of checkpoint {checkpoint} but the open transaction is {:?}",
@@ -318,51 +421,28 @@ impl TwoPhaseCommit for LocalParquetSink {
                 }
             }
         }
-        self.checkpoint = None;
-        Ok(FileCommittable {
+        let committable = FileCommittable {
             checkpoint,
             dir: self.config.dir.clone(),
             files,
-        })
+        };
+        self.prepared = Some(committable.clone());
+        Ok(committable)
     }
 
-    async fn commit(&mut self, committables: Vec<FileCommittable>) -> Result<()> {
-        for committable in committables {
-            let checkpoint = committable.checkpoint;
-            let txn = committable
-                .files
-                .first()
-                .map(|f| f.name.clone())
-                .unwrap_or_default();
-            tokio::task::spawn_blocking(move || publish(&committable))
-                .await
-                .expect("publish task panicked")
-                .map_err(|message| {
-                    Error::new(ErrorKind::Fatal, Phase::Commit, message)
-                        .with_sink(&self.config.sink)
-                        .with_checkpoint(checkpoint)
-                        .with_txn(txn)
-                })?;
-        }
-        Ok(())
-    }
-
+    /// Deletes the open in-progress file and the current checkpoint's pending files (if pre-committed).
     async fn abort(&mut self) -> Result<()> {
         if let Some(open) = self.open.take() {
             let path = self.config.dir.join(open.name.in_progress());
             drop(open);
-            match fs::remove_file(&path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    return Err(self
-                        .err(
-                            ErrorKind::Retryable,
-                            Phase::Abort,
-                            format!("cannot delete {}", path.display()),
-                        )
-                        .with_source(e));
-                }
+            self.remove(Phase::Abort, &path)?;
+        }
+        if let Some(prepared) = self.prepared.take() {
+            for file in &prepared.files {
+                self.remove(
+                    Phase::Abort,
+                    &prepared.dir.join(format!(".{}.pending", file.name)),
+                )?;
             }
         }
         self.checkpoint = None;
@@ -373,9 +453,20 @@ impl TwoPhaseCommit for LocalParquetSink {
         &mut self,
         restored: Option<(CheckpointId, Vec<FileCommittable>)>,
     ) -> Result<()> {
-        self.abort().await?;
+        self.open = None;
+        self.prepared = None;
+        self.checkpoint = None;
+        // Fence every older instance first: from here on, their committers refuse to publish.
+        self.epoch = self.owner.bump().map_err(|e| {
+            self.err(
+                ErrorKind::Retryable,
+                Phase::Recover,
+                "cannot raise the owner epoch",
+            )
+            .with_source(e)
+        })?;
         if let Some((_, committables)) = restored {
-            self.commit(committables).await?;
+            self.committer().commit(committables).await?;
         }
         // The restored files are visible now, so every hidden stage this instance still owns belongs to a
         // checkpoint that never became durable: presumed abort.
@@ -392,27 +483,10 @@ impl TwoPhaseCommit for LocalParquetSink {
             let name = entry.file_name().to_string_lossy().into_owned();
             if FileName::is_owned_stage(&name, &self.config.sink, self.config.subtask) {
                 tracing::info!(sink = %self.config.sink, file = %name, "recover: deleting uncommitted file");
-                fs::remove_file(entry.path()).map_err(|e| {
-                    self.err(
-                        ErrorKind::Retryable,
-                        Phase::Recover,
-                        format!("cannot delete {name}"),
-                    )
-                    .with_source(e)
-                })?;
+                self.remove(Phase::Recover, &entry.path())?;
             }
         }
         Ok(())
-    }
-
-    async fn is_committed(&mut self, committable: &FileCommittable) -> Result<bool> {
-        Ok(committable.files.iter().all(|f| {
-            committable.dir.join(&f.name).exists()
-                && !committable
-                    .dir
-                    .join(format!(".{}.pending", f.name))
-                    .exists()
-        }))
     }
 }
 
@@ -504,7 +578,7 @@ mod tests {
         sink.commit(vec![committable.clone()]).await.unwrap();
         assert_eq!(visible_ids(dir.path()), (0..10).collect::<Vec<_>>());
         assert!(sink.is_committed(&committable).await.unwrap());
-        assert!(hidden(dir.path()).is_empty());
+        assert_eq!(hidden(dir.path()), [".ratchet-owner-files.0"]);
     }
 
     #[tokio::test]
@@ -529,10 +603,10 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(visible_ids(dir.path()), (0..5).collect::<Vec<_>>());
-        assert!(
-            hidden(dir.path()).is_empty(),
-            "left behind: {:?}",
-            hidden(dir.path())
+        assert_eq!(
+            hidden(dir.path()),
+            [".ratchet-owner-files.0"],
+            "left behind"
         );
         // Recovering again (a crash during recovery) changes nothing.
         restarted
@@ -557,7 +631,47 @@ mod tests {
         other.pre_commit(CheckpointId(1)).await.unwrap();
 
         sink(dir.path()).recover(None).await.unwrap();
-        assert_eq!(hidden(dir.path()).len(), 1);
+        assert!(
+            hidden(dir.path()).iter().any(|n| n.ends_with(".pending")),
+            "{:?}",
+            hidden(dir.path())
+        );
+    }
+
+    #[tokio::test]
+    async fn a_zombie_cannot_publish_after_a_newer_instance_recovered() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut zombie = sink(dir.path());
+        zombie.recover(None).await.unwrap();
+        zombie.begin(CheckpointId(1)).await.unwrap();
+        zombie.write(&batch(0..3)).await.unwrap();
+        let committable = zombie.pre_commit(CheckpointId(1)).await.unwrap();
+
+        let mut successor = sink(dir.path());
+        successor.recover(None).await.unwrap();
+
+        let err = zombie.commit(vec![committable]).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Fenced, "{err}");
+        assert!(visible_ids(dir.path()).is_empty());
+    }
+
+    #[tokio::test]
+    async fn abort_after_pre_commit_deletes_the_pending_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sink = sink(dir.path());
+        sink.recover(None).await.unwrap();
+        sink.begin(CheckpointId(1)).await.unwrap();
+        sink.write(&batch(0..3)).await.unwrap();
+        sink.pre_commit(CheckpointId(1)).await.unwrap();
+        sink.abort().await.unwrap();
+        assert!(
+            hidden(dir.path())
+                .iter()
+                .all(|n| n.starts_with(".ratchet-owner")),
+            "{:?}",
+            hidden(dir.path())
+        );
+        assert!(visible_ids(dir.path()).is_empty());
     }
 
     #[tokio::test]

@@ -1,5 +1,6 @@
-//! Test support for Ratchet against the real services that `scripts/services.sh up` starts, and the independent
-//! verifiers (Python readers that never use Ratchet code) tests check results with.
+//! Ratchet's conformance harness ([`conformance`]), the reference sink that proves it ([`reference`]), and test
+//! support against the real services that `scripts/services.sh up` starts, with the independent verifiers (Python
+//! readers that never use Ratchet code) tests check results with.
 //!
 //! ```no_run
 //! let services = integration::Services::get();
@@ -8,6 +9,8 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod conformance;
+pub mod reference;
 mod services;
 
 pub use services::{S3Endpoint, Services};

@@ -3,7 +3,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
-use connector_api::{Driver, LocalCheckpointStore, Report, SinkId, SubtaskId};
+use connector_api::{Driver, DriverConfig, LocalCheckpointStore, Report, SinkId, SubtaskId};
 use file_sink::{LocalParquetSink, LocalParquetSinkConfig};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -43,7 +43,7 @@ pub async fn run(args: DemoArgs) -> Result<()> {
         dir: args.out.clone(),
         schema: record_schema(),
     })?;
-    let mut driver = Driver::new(store);
+    let mut driver = Driver::new(store, DriverConfig::default());
     let parquet = driver.add_sink(sink)?;
     let restored = driver.start().await.map_err(report)?;
     match restored.checkpoint {
@@ -62,8 +62,10 @@ pub async fn run(args: DemoArgs) -> Result<()> {
             .checkpoint(source.positions())
             .await
             .map_err(report)?;
-        println!("checkpoint {id}: {} records committed", batch.num_rows());
+        println!("checkpoint {id}: {} records, decided (commit runs while the next checkpoint is written)", batch.num_rows());
     }
+
+    driver.close().await.map_err(report)?;
 
     let summary = summarize(&args.out)?;
     println!("\nvisible files in {}:", args.out.display());

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
 
+use super::record::newest_intact;
 use super::{CheckpointRecord, CheckpointStore};
 use crate::{CheckpointId, Error, ErrorKind, Phase, Result};
 
@@ -65,11 +66,27 @@ impl LocalCheckpointStore {
         let tmp = self
             .dir
             .join(format!(".checkpoint-{:020}.tmp", record.id.0));
+        let bytes = record.encode();
         let mut file = File::create(&tmp)?;
-        file.write_all(&record.encode())?;
+        file.write_all(&bytes)?;
         file.sync_all()?;
         drop(file);
-        fs::rename(&tmp, &target)?;
+        // A hard link creates the target atomically and only if it does not exist: the decision for a checkpoint
+        // is never overwritten, not even by a zombie racing this instance.
+        let linked = fs::hard_link(&tmp, &target);
+        fs::remove_file(&tmp)?;
+        match linked {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                if fs::read(&target)? != bytes {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::AlreadyExists,
+                        AlreadyDecided,
+                    ));
+                }
+            }
+            Err(e) => return Err(e),
+        }
         File::open(&self.dir)?.sync_all()?;
         for old in self.ids()?.into_iter().skip(self.retain) {
             fs::remove_file(self.path_of(old))?;
@@ -86,47 +103,27 @@ impl LocalCheckpointStore {
             )
             .with_source(e)
         };
-        let ids = self.ids().map_err(io_error)?;
-        let mut damaged = Vec::new();
-        for id in &ids {
-            let path = self.path_of(*id);
+        let mut candidates = Vec::new();
+        for id in self.ids().map_err(io_error)? {
+            let path = self.path_of(id);
             let bytes = fs::read(&path).map_err(io_error)?;
-            match CheckpointRecord::decode(&bytes) {
-                Ok(record) if record.id == *id => {
-                    if !damaged.is_empty() {
-                        tracing::error!(
-                            damaged = ?damaged,
-                            using = %path.display(),
-                            "refused damaged checkpoint record(s); resuming from the previous intact one"
-                        );
-                    }
-                    return Ok(Some(record));
-                }
-                Ok(record) => damaged.push(format!(
-                    "{}: holds checkpoint {} instead of {id}",
-                    path.display(),
-                    record.id
-                )),
-                Err(reason) => damaged.push(format!("{}: {reason}", path.display())),
-            }
+            candidates.push((id, path.display().to_string(), bytes));
         }
-        if damaged.is_empty() {
-            Ok(None)
-        } else {
-            // Starting fresh would replay the source from the beginning and duplicate everything: refuse.
-            Err(Error::new(
-                ErrorKind::Fatal,
-                Phase::Checkpoint,
-                format!(
-                    "every checkpoint record in {} is damaged ({}); restore one from backup or remove the \
-                     directory to start the job from scratch",
-                    self.dir.display(),
-                    damaged.join("; ")
-                ),
-            ))
-        }
+        newest_intact(&self.dir.display().to_string(), candidates)
     }
 }
+
+/// A different record for the same checkpoint id is already stored.
+#[derive(Debug)]
+struct AlreadyDecided;
+
+impl std::fmt::Display for AlreadyDecided {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a different record for this checkpoint is already stored")
+    }
+}
+
+impl std::error::Error for AlreadyDecided {}
 
 #[async_trait]
 impl CheckpointStore for LocalCheckpointStore {
@@ -138,6 +135,19 @@ impl CheckpointStore for LocalCheckpointStore {
             .await
             .expect("checkpoint save task panicked")
             .map_err(|e| {
+                if e.get_ref().is_some_and(|inner| inner.is::<AlreadyDecided>()) {
+                    return Error::new(
+                        ErrorKind::Fenced,
+                        Phase::Checkpoint,
+                        format!(
+                            "{} already holds a different record for this checkpoint: another instance of this job \
+                             (a zombie, or a second worker using the same checkpoint directory) decided it first; \
+                             this instance must stop",
+                            self.dir.display()
+                        ),
+                    )
+                    .with_checkpoint(id);
+                }
                 Error::new(
                     ErrorKind::Retryable,
                     Phase::Checkpoint,
@@ -188,6 +198,19 @@ mod tests {
             store.ids().unwrap(),
             vec![CheckpointId(5), CheckpointId(4), CheckpointId(3)]
         );
+    }
+
+    #[tokio::test]
+    async fn a_checkpoint_decision_is_never_overwritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalCheckpointStore::open(dir.path(), 3).unwrap();
+        store.save(&record(1)).await.unwrap();
+        store.save(&record(1)).await.unwrap(); // a retried save of the same record
+        let mut other = record(1);
+        other.positions[0].next_offset = 99;
+        let err = store.save(&other).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Fenced, "{err}");
+        assert_eq!(store.load_latest().await.unwrap(), Some(record(1)));
     }
 
     #[tokio::test]

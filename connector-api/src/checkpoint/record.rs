@@ -80,6 +80,46 @@ impl CheckpointRecord {
     }
 }
 
+/// Picks the newest intact record among `candidates` (id, where it is stored, encoded bytes), newest first.
+///
+/// A damaged record (undecodable, bad checksum, holding another id) is skipped with an error log naming it; if
+/// every candidate is damaged the store refuses to start fresh, since that would replay the source from the
+/// beginning and duplicate everything.
+pub(crate) fn newest_intact(
+    store: &str,
+    candidates: impl IntoIterator<Item = (CheckpointId, String, Vec<u8>)>,
+) -> crate::Result<Option<CheckpointRecord>> {
+    let mut damaged = Vec::new();
+    for (id, location, bytes) in candidates {
+        match CheckpointRecord::decode(&bytes) {
+            Ok(record) if record.id == id => {
+                if !damaged.is_empty() {
+                    tracing::error!(damaged = ?damaged, using = %location,
+                        "refused damaged checkpoint record(s); resuming from the previous intact one");
+                }
+                return Ok(Some(record));
+            }
+            Ok(record) => damaged.push(format!(
+                "{location}: holds checkpoint {} instead of {id}",
+                record.id
+            )),
+            Err(reason) => damaged.push(format!("{location}: {reason}")),
+        }
+    }
+    if damaged.is_empty() {
+        return Ok(None);
+    }
+    Err(crate::Error::new(
+        crate::ErrorKind::Fatal,
+        crate::Phase::Checkpoint,
+        format!(
+            "every checkpoint record in {store} is damaged ({}); restore one from backup, or delete them to start \
+             the job from scratch (replaying the source from the beginning)",
+            damaged.join("; ")
+        ),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,119 @@
+//! The conformance harness: proves, for any [`TwoPhaseCommit`] sink, that crashes at any protocol step lose
+//! nothing and duplicate nothing.
+//!
+//! A sink author supplies a [`ConformanceTarget`]: a factory for sink instances writing into an isolated
+//! destination per scenario run, and an *independent* reader of what is visible there (a read_committed Kafka
+//! consumer, psql, pyarrow, pyiceberg; never the sink's own code). [`run_conformance`] then runs every
+//! [`Scenario`] through the real [`Driver`](connector_api::Driver) with a durable local checkpoint store, two
+//! sinks side by side (`a` and `b`), crashing where the scenario says and replaying the source from the restored
+//! positions after each crash, and checks:
+//!
+//! - after every restart, each sink shows exactly the records of the restored checkpoint, each once (nothing
+//!   from a checkpoint that was not durable);
+//! - at the end, each sink shows every source record exactly once.
+//!
+//! It prints a scenario × outcome table and returns a [`Report`].
+//!
+//! ```no_run
+//! use async_trait::async_trait;
+//! use connector_api::{Result, SinkId};
+//! use integration::conformance::{Conformance, ConformanceTarget, run_conformance};
+//! use integration::reference::{ReferenceSink, ReferenceSystem};
+//!
+//! struct MyTarget(ReferenceSystem);
+//!
+//! #[async_trait]
+//! impl ConformanceTarget for MyTarget {
+//!     type Sink = ReferenceSink;
+//!     async fn create_sink(&self, run: &str, sink: &SinkId) -> Result<ReferenceSink> {
+//!         Ok(self.0.sink(run, sink))
+//!     }
+//!     async fn visible_ids(&self, run: &str, sink: &SinkId) -> Result<Vec<i64>> {
+//!         Ok(self.0.visible(run, sink))
+//!     }
+//! }
+//!
+//! # async fn demo() {
+//! let report = run_conformance("reference", &MyTarget(ReferenceSystem::new()), &Conformance::default()).await;
+//! report.assert_passed();
+//! # }
+//! ```
+//!
+//! A crash here is in-process: the driver stops at the injected [`FaultPoint`](connector_api::FaultPoint) without
+//! aborting or cleaning up anything and every sink instance is dropped, like a killed process (an in-flight
+//! commit task is cancelled). `ratchet`'s own tests add real `kill -9` runs on top.
+
+mod engine;
+mod report;
+mod source;
+
+use async_trait::async_trait;
+use connector_api::{Result, SinkId, TwoPhaseCommit};
+
+pub use engine::{CrashAt, Scenario};
+pub use report::{Report, ReportRow};
+pub use source::conformance_schema;
+
+/// A sink under test and an independent reader of its destination.
+#[async_trait]
+pub trait ConformanceTarget: Send + Sync {
+    /// The sink type.
+    type Sink: TwoPhaseCommit;
+
+    /// A new instance of sink `sink` writing into the destination of scenario run `run` (a directory, topic,
+    /// table or prefix derived from `run`, isolated from every other run). Called for the first start, for every
+    /// restart, and for zombies: instances of one run and sink share one destination. Batches have the schema
+    /// [`conformance_schema`].
+    async fn create_sink(&self, run: &str, sink: &SinkId) -> Result<Self::Sink>;
+
+    /// The `id` of every record visible in that destination to an ordinary reader, one entry per visible copy.
+    async fn visible_ids(&self, run: &str, sink: &SinkId) -> Result<Vec<i64>>;
+}
+
+/// How large the runs are.
+#[derive(Debug, Clone)]
+pub struct Conformance {
+    /// Source records per scenario (ids `0..records`).
+    pub records: i64,
+    /// Largest batch; sizes are drawn from `0..=max_batch`, so empty batches and empty checkpoints occur.
+    pub max_batch: i64,
+    /// Batches written per checkpoint.
+    pub batches_per_checkpoint: u32,
+    /// Seed of batch sizes and of the randomized runs.
+    pub seed: u64,
+    /// How many seeded randomized runs (random crash points over a longer run) to add.
+    pub random_runs: u32,
+    /// Records of each randomized run.
+    pub random_records: i64,
+}
+
+impl Default for Conformance {
+    fn default() -> Self {
+        Self {
+            records: 400,
+            max_batch: 40,
+            batches_per_checkpoint: 3,
+            seed: 0x5EED,
+            random_runs: 2,
+            random_records: 1_500,
+        }
+    }
+}
+
+/// Runs every scenario against `target`, prints the scenario × outcome table, and returns the report.
+pub async fn run_conformance<T: ConformanceTarget>(
+    name: &str,
+    target: &T,
+    config: &Conformance,
+) -> Report {
+    let mut rows = Vec::new();
+    for scenario in Scenario::all(config) {
+        rows.push(engine::run(target, &scenario, config).await);
+    }
+    let report = Report {
+        target: name.to_string(),
+        rows,
+    };
+    println!("{report}");
+    report
+}

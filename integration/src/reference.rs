@@ -1,0 +1,305 @@
+//! A reference sink over an in-memory transactional system, existing only to prove the conformance harness: the
+//! correct sink passes it, and each [`Broken`] variant must make it fail.
+//!
+//! The in-memory system is modelled on Kafka's transactions: each sink instance writes through one of two
+//! transaction slots (`checkpoint % 2`, like a transactional-id pool), an open or prepared transaction stays on its
+//! slot until committed or aborted, a `begin` on a slot that still holds a transaction continues it (like reusing a
+//! transactional id whose transaction was never aborted), and `recover` raises the sink's epoch, fencing older
+//! instances.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arrow_array::{Int64Array, RecordBatch};
+use async_trait::async_trait;
+use connector_api::{
+    CheckpointId, Committer, Error, ErrorKind, Phase, Result, SinkId, TwoPhaseCommit,
+};
+use serde::{Deserialize, Serialize};
+
+/// A deliberate bug, to show the harness catches it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Broken {
+    /// `commit` of an already-committed transaction makes its rows visible again.
+    NonIdempotentCommit,
+    /// `recover` commits the restored transactions but leaves other lingering ones open.
+    RecoverForgetsAbort,
+    /// `pre_commit` does not flush the client-side buffer into the transaction (those rows are lost).
+    PreCommitNoFlush,
+    /// Nothing checks the epoch: a zombie instance can still write and commit.
+    ZombieNotFenced,
+}
+
+#[derive(Debug, Default)]
+struct Txn {
+    checkpoint: u64,
+    rows: Vec<i64>,
+    prepared: bool,
+}
+
+#[derive(Debug, Default)]
+struct SinkState {
+    epoch: u64,
+    slots: HashMap<u64, Txn>,
+    committed: HashMap<u64, Vec<i64>>,
+    visible: Vec<i64>,
+}
+
+/// The in-memory "external system": committed rows per (run, sink), transactions, epochs.
+#[derive(Clone, Default)]
+pub struct ReferenceSystem {
+    state: Arc<Mutex<HashMap<(String, SinkId), SinkState>>>,
+    broken: Option<Broken>,
+    transaction_timeout: Option<Duration>,
+}
+
+impl ReferenceSystem {
+    /// A correct system.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A system whose sinks have `bug`.
+    pub fn broken(bug: Broken) -> Self {
+        Self {
+            broken: Some(bug),
+            ..Self::default()
+        }
+    }
+
+    /// A system whose sinks declare `timeout` as their transaction timeout (for the driver's timeout budget).
+    pub fn with_transaction_timeout(mut self, timeout: Duration) -> Self {
+        self.transaction_timeout = Some(timeout);
+        self
+    }
+
+    /// A new sink instance for `sink` in run `run`.
+    pub fn sink(&self, run: &str, sink: &SinkId) -> ReferenceSink {
+        ReferenceSink {
+            system: self.clone(),
+            key: (run.to_string(), sink.clone()),
+            epoch: 0,
+            current: None,
+            buffer: Vec::new(),
+        }
+    }
+
+    /// Ids visible for `sink` in run `run`, one entry per visible copy.
+    pub fn visible(&self, run: &str, sink: &SinkId) -> Vec<i64> {
+        let state = self.state.lock().expect("reference state");
+        state
+            .get(&(run.to_string(), sink.clone()))
+            .map(|s| s.visible.clone())
+            .unwrap_or_default()
+    }
+
+    fn with<R>(&self, key: &(String, SinkId), f: impl FnOnce(&mut SinkState) -> R) -> R {
+        let mut state = self.state.lock().expect("reference state");
+        f(state.entry(key.clone()).or_default())
+    }
+
+    fn is(&self, bug: Broken) -> bool {
+        self.broken == Some(bug)
+    }
+}
+
+/// What commits one reference transaction.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReferenceCommittable {
+    /// The checkpoint of the transaction.
+    pub checkpoint: u64,
+}
+
+/// One instance of a reference sink.
+pub struct ReferenceSink {
+    system: ReferenceSystem,
+    key: (String, SinkId),
+    epoch: u64,
+    current: Option<u64>,
+    /// Rows written but not yet flushed into the transaction (a client-side buffer).
+    buffer: Vec<i64>,
+}
+
+/// Commits reference transactions; fenced when a newer instance recovered.
+#[derive(Clone)]
+pub struct ReferenceCommitter {
+    system: ReferenceSystem,
+    key: (String, SinkId),
+    epoch: u64,
+}
+
+fn fenced(key: &(String, SinkId), phase: Phase) -> Error {
+    Error::new(
+        ErrorKind::Fenced,
+        phase,
+        "a newer instance recovered this sink",
+    )
+    .with_sink(&key.1)
+}
+
+fn slot(checkpoint: u64) -> u64 {
+    checkpoint % 2
+}
+
+#[async_trait]
+impl Committer for ReferenceCommitter {
+    type Committable = ReferenceCommittable;
+
+    async fn commit(&self, committables: Vec<ReferenceCommittable>) -> Result<()> {
+        let system = &self.system;
+        system.with(&self.key, |state| {
+            if state.epoch != self.epoch && !system.is(Broken::ZombieNotFenced) {
+                return Err(fenced(&self.key, Phase::Commit));
+            }
+            for c in committables {
+                if let Some(rows) = state.committed.get(&c.checkpoint) {
+                    if system.is(Broken::NonIdempotentCommit) {
+                        let rows = rows.clone();
+                        state.visible.extend(rows);
+                    }
+                    continue;
+                }
+                let matches = state
+                    .slots
+                    .get(&slot(c.checkpoint))
+                    .is_some_and(|t| t.checkpoint == c.checkpoint && t.prepared);
+                if !matches {
+                    return Err(Error::new(
+                        ErrorKind::Fatal,
+                        Phase::Commit,
+                        "the prepared transaction is gone (aborted?): its rows are lost",
+                    )
+                    .with_sink(&self.key.1)
+                    .with_checkpoint(CheckpointId(c.checkpoint)));
+                }
+                let txn = state
+                    .slots
+                    .remove(&slot(c.checkpoint))
+                    .expect("checked above");
+                state.visible.extend(txn.rows.iter().copied());
+                state.committed.insert(c.checkpoint, txn.rows);
+            }
+            Ok(())
+        })
+    }
+
+    async fn is_committed(&self, committable: &ReferenceCommittable) -> Result<bool> {
+        Ok(self.system.with(&self.key, |state| {
+            state.committed.contains_key(&committable.checkpoint)
+        }))
+    }
+}
+
+impl ReferenceSink {
+    fn check_epoch(&self, state: &SinkState, phase: Phase) -> Result<()> {
+        if state.epoch != self.epoch && !self.system.is(Broken::ZombieNotFenced) {
+            return Err(fenced(&self.key, phase));
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl TwoPhaseCommit for ReferenceSink {
+    type Committable = ReferenceCommittable;
+    type Committer = ReferenceCommitter;
+
+    fn sink_id(&self) -> &SinkId {
+        &self.key.1
+    }
+
+    fn transaction_timeout(&self) -> Option<Duration> {
+        self.system.transaction_timeout
+    }
+
+    fn committer(&self) -> ReferenceCommitter {
+        ReferenceCommitter {
+            system: self.system.clone(),
+            key: self.key.clone(),
+            epoch: self.epoch,
+        }
+    }
+
+    async fn begin(&mut self, checkpoint: CheckpointId) -> Result<()> {
+        let system = self.system.clone();
+        system.with(&self.key, |state| {
+            self.check_epoch(state, Phase::Begin)?;
+            // A transaction still on the slot is continued: only recovery's abort clears a lingering one.
+            let txn = state.slots.entry(slot(checkpoint.0)).or_default();
+            txn.checkpoint = checkpoint.0;
+            txn.prepared = false;
+            Ok::<_, Error>(())
+        })?;
+        self.current = Some(checkpoint.0);
+        self.buffer.clear();
+        Ok(())
+    }
+
+    async fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+        let ids = batch
+            .column_by_name("id")
+            .and_then(|c| c.as_any().downcast_ref::<Int64Array>())
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::BadRecord,
+                    Phase::Write,
+                    "batch has no Int64 column \"id\"",
+                )
+            })?;
+        let system = self.system.clone();
+        system.with(&self.key, |state| self.check_epoch(state, Phase::Write))?;
+        self.buffer.extend(ids.values().iter().copied());
+        Ok(())
+    }
+
+    async fn pre_commit(&mut self, checkpoint: CheckpointId) -> Result<ReferenceCommittable> {
+        let rows = std::mem::take(&mut self.buffer);
+        let system = self.system.clone();
+        system.with(&self.key, |state| {
+            self.check_epoch(state, Phase::PreCommit)?;
+            let txn = state.slots.entry(slot(checkpoint.0)).or_default();
+            if !system.is(Broken::PreCommitNoFlush) {
+                txn.rows.extend(rows);
+            }
+            txn.checkpoint = checkpoint.0;
+            txn.prepared = true;
+            Ok::<_, Error>(())
+        })?;
+        Ok(ReferenceCommittable {
+            checkpoint: checkpoint.0,
+        })
+    }
+
+    async fn abort(&mut self) -> Result<()> {
+        self.buffer.clear();
+        if let Some(checkpoint) = self.current.take() {
+            self.system.with(&self.key, |state| {
+                if state.epoch == self.epoch {
+                    state.slots.remove(&slot(checkpoint));
+                }
+            });
+        }
+        Ok(())
+    }
+
+    async fn recover(
+        &mut self,
+        restored: Option<(CheckpointId, Vec<ReferenceCommittable>)>,
+    ) -> Result<()> {
+        self.buffer.clear();
+        self.current = None;
+        self.epoch = self.system.with(&self.key, |state| {
+            state.epoch += 1;
+            state.epoch
+        });
+        if let Some((_, committables)) = restored {
+            self.committer().commit(committables).await?;
+        }
+        if !self.system.is(Broken::RecoverForgetsAbort) {
+            // Everything still on a slot belongs to a checkpoint that never became durable.
+            self.system.with(&self.key, |state| state.slots.clear());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,223 @@
+//! The driver's own guarantees, on the reference sink: delivery guarantees behave as documented under a crash,
+//! a failed checkpoint write aborts everywhere, the timeout budget is enforced, committable versions are checked.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow_array::{Int64Array, RecordBatch, StringArray};
+use async_trait::async_trait;
+use connector_api::{
+    CheckpointId, CheckpointRecord, CheckpointStore, DeliveryGuarantee, Driver, DriverConfig,
+    Error, ErrorKind, FaultPoint, GuaranteedSink, LocalCheckpointStore, Phase, Result, RetryPolicy,
+    SinkId, SourceOffset, committables_in,
+};
+use integration::conformance::conformance_schema;
+use integration::reference::{ReferenceSink, ReferenceSystem};
+
+const RUN: &str = "driver-test";
+
+fn sink_id() -> SinkId {
+    SinkId::new("s").unwrap()
+}
+
+fn rows(ids: std::ops::Range<i64>) -> RecordBatch {
+    let payloads: Vec<String> = ids.clone().map(|i| format!("r{i}")).collect();
+    RecordBatch::try_new(
+        conformance_schema(),
+        vec![
+            Arc::new(Int64Array::from_iter_values(ids)),
+            Arc::new(StringArray::from_iter_values(payloads)),
+        ],
+    )
+    .unwrap()
+}
+
+fn at(next: i64) -> Vec<SourceOffset> {
+    vec![SourceOffset {
+        topic: "t".into(),
+        partition: 0,
+        next_offset: next,
+    }]
+}
+
+fn quick() -> DriverConfig {
+    DriverConfig {
+        retry: RetryPolicy {
+            max_attempts: 2,
+            initial_backoff: Duration::from_millis(1),
+            max_backoff: Duration::from_millis(1),
+        },
+        ..DriverConfig::default()
+    }
+}
+
+fn sorted(mut ids: Vec<i64>) -> Vec<i64> {
+    ids.sort_unstable();
+    ids
+}
+
+/// Runs the first checkpoint (id 2: the start consumed id 1) over 0..10 cleanly, then the second (id 3) over
+/// 10..20 crashing at `crash`, restarts, replays from
+/// the restored position to 30, and returns what is visible.
+async fn crash_and_replay(guarantee: DeliveryGuarantee, crash: FaultPoint) -> Vec<i64> {
+    let system = ReferenceSystem::new();
+    let dir = tempfile::tempdir().unwrap();
+    let store = || LocalCheckpointStore::open(dir.path(), 3).unwrap();
+    let fault = crash.clone();
+    let mut driver =
+        Driver::new(store(), quick()).with_fault_injector(Arc::new(move |cp, point| {
+            cp == CheckpointId(3) && *point == fault
+        }));
+    driver
+        .add_sink(GuaranteedSink::new(system.sink(RUN, &sink_id()), guarantee))
+        .unwrap();
+    driver.start().await.unwrap();
+    driver.write(0, &rows(0..10)).await.unwrap();
+    driver.checkpoint(at(10)).await.unwrap();
+    driver.write(0, &rows(10..20)).await.unwrap();
+    let crashed = match driver.checkpoint(at(20)).await {
+        Err(e) => e,
+        Ok(_) => driver.finish_commit().await.unwrap_err(),
+    };
+    assert!(crashed.to_string().contains("injected crash"), "{crashed}");
+    drop(driver);
+
+    let mut driver = Driver::new(store(), quick());
+    driver
+        .add_sink(GuaranteedSink::new(system.sink(RUN, &sink_id()), guarantee))
+        .unwrap();
+    let restored = driver.start().await.unwrap();
+    let from = restored.positions[0].next_offset;
+    driver.write(0, &rows(from..30)).await.unwrap();
+    driver.checkpoint(at(30)).await.unwrap();
+    driver.close().await.unwrap();
+    sorted(system.visible(RUN, &sink_id()))
+}
+
+#[tokio::test]
+async fn at_least_once_repeats_but_never_loses() {
+    let seen = crash_and_replay(
+        DeliveryGuarantee::AtLeastOnce,
+        FaultPoint::AfterPreCommit { sink: sink_id() },
+    )
+    .await;
+    let expected: Vec<i64> = sorted((0..30).chain(10..20).collect());
+    assert_eq!(
+        seen, expected,
+        "records 10..20 were committed at pre-commit, then replayed"
+    );
+}
+
+#[tokio::test]
+async fn at_most_once_loses_but_never_repeats() {
+    let seen = crash_and_replay(
+        DeliveryGuarantee::AtMostOnce,
+        FaultPoint::AfterRecordDurable,
+    )
+    .await;
+    let expected: Vec<i64> = (0..10).chain(20..30).collect();
+    assert_eq!(
+        seen, expected,
+        "records 10..20 were decided but never committed"
+    );
+}
+
+#[tokio::test]
+async fn exactly_once_neither_loses_nor_repeats() {
+    for crash in [
+        FaultPoint::AfterPreCommit { sink: sink_id() },
+        FaultPoint::AfterRecordDurable,
+    ] {
+        let seen = crash_and_replay(DeliveryGuarantee::ExactlyOnce, crash.clone()).await;
+        assert_eq!(seen, (0..30).collect::<Vec<_>>(), "crash {crash}");
+    }
+}
+
+/// A store that fails, non-retryably, to save any record that decides transactions.
+struct BrokenStore(LocalCheckpointStore);
+
+#[async_trait]
+impl CheckpointStore for BrokenStore {
+    async fn save(&self, record: &CheckpointRecord) -> Result<()> {
+        if record.committables.is_empty() {
+            return self.0.save(record).await; // the start record
+        }
+        Err(Error::new(ErrorKind::Fatal, Phase::Checkpoint, "disk gone").with_checkpoint(record.id))
+    }
+    async fn load_latest(&self) -> Result<Option<CheckpointRecord>> {
+        self.0.load_latest().await
+    }
+}
+
+#[tokio::test]
+async fn a_checkpoint_record_that_cannot_be_written_aborts_the_checkpoint_everywhere() {
+    let system = ReferenceSystem::new();
+    let dir = tempfile::tempdir().unwrap();
+    let mut driver = Driver::new(
+        BrokenStore(LocalCheckpointStore::open(dir.path(), 3).unwrap()),
+        quick(),
+    );
+    let a = SinkId::new("a").unwrap();
+    let b = SinkId::new("b").unwrap();
+    driver.add_sink(system.sink(RUN, &a)).unwrap();
+    driver.add_sink(system.sink(RUN, &b)).unwrap();
+    driver.start().await.unwrap();
+    driver.write(0, &rows(0..5)).await.unwrap();
+    driver.write(1, &rows(0..5)).await.unwrap();
+    let err = driver.checkpoint(at(5)).await.unwrap_err();
+    assert!(
+        err.to_string().contains("checkpoint 2") && err.to_string().contains("disk gone"),
+        "{err}"
+    );
+    // Presumed abort: both pre-committed transactions were discarded, and the driver refuses more work.
+    let mut recovered = system.sink(RUN, &a);
+    connector_api::TwoPhaseCommit::recover(&mut recovered, None)
+        .await
+        .unwrap();
+    assert!(system.visible(RUN, &a).is_empty() && system.visible(RUN, &b).is_empty());
+    let refused = driver.write(0, &rows(5..6)).await.unwrap_err();
+    assert!(refused.to_string().contains("restart the job"), "{refused}");
+}
+
+#[tokio::test]
+async fn start_refuses_a_budget_the_transaction_timeout_cannot_cover() {
+    let system = ReferenceSystem::new().with_transaction_timeout(Duration::from_secs(60));
+    let dir = tempfile::tempdir().unwrap();
+    let config = DriverConfig {
+        checkpoint_interval: Duration::from_secs(30),
+        max_restart_time: Duration::from_secs(60),
+        ..quick()
+    };
+    let mut driver = Driver::new(LocalCheckpointStore::open(dir.path(), 3).unwrap(), config);
+    driver.add_sink(system.sink(RUN, &sink_id())).unwrap();
+    let err = driver.start().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Config);
+    assert!(
+        err.to_string().contains("sink s") && err.to_string().contains("checkpoint_interval"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn committables_of_a_newer_format_are_refused_with_the_version() {
+    let sink: ReferenceSink = ReferenceSystem::new().sink(RUN, &sink_id());
+    let record = CheckpointRecord {
+        id: CheckpointId(4),
+        positions: at(1),
+        committables: BTreeMap::from([(
+            sink_id(),
+            serde_json::json!({"version": 2, "committables": [{"checkpoint": 4}]}),
+        )]),
+    };
+    let err = committables_in(&sink, &record).unwrap_err();
+    assert!(err.to_string().contains("format version 2"), "{err}");
+    let current = CheckpointRecord {
+        committables: BTreeMap::from([(
+            sink_id(),
+            serde_json::json!({"version": 1, "committables": [{"checkpoint": 4}]}),
+        )]),
+        ..record
+    };
+    assert_eq!(committables_in(&sink, &current).unwrap().unwrap().len(), 1);
+}

@@ -1,0 +1,99 @@
+//! The harness proves itself: the reference sink passes every scenario, and each deliberately broken variant
+//! fails at least one, in the scenario that targets its bug.
+
+use async_trait::async_trait;
+use connector_api::{Result, SinkId};
+use integration::conformance::{Conformance, ConformanceTarget, Report, run_conformance};
+use integration::reference::{Broken, ReferenceSink, ReferenceSystem};
+
+struct Reference(ReferenceSystem);
+
+#[async_trait]
+impl ConformanceTarget for Reference {
+    type Sink = ReferenceSink;
+
+    async fn create_sink(&self, run: &str, sink: &SinkId) -> Result<ReferenceSink> {
+        Ok(self.0.sink(run, sink))
+    }
+
+    async fn visible_ids(&self, run: &str, sink: &SinkId) -> Result<Vec<i64>> {
+        Ok(self.0.visible(run, sink))
+    }
+}
+
+async fn run(system: ReferenceSystem, name: &str) -> Report {
+    let config = Conformance {
+        random_runs: 4,
+        ..Conformance::default()
+    };
+    run_conformance(name, &Reference(system), &config).await
+}
+
+fn failed(report: &Report) -> Vec<String> {
+    report
+        .failures()
+        .iter()
+        .map(|r| r.scenario.clone())
+        .collect()
+}
+
+#[tokio::test]
+async fn the_reference_sink_passes_every_scenario() {
+    let report = run(ReferenceSystem::new(), "reference").await;
+    report.assert_passed();
+    assert!(
+        report.rows.iter().map(|r| r.crashes).sum::<u32>() >= 8,
+        "{report}"
+    );
+}
+
+#[tokio::test]
+async fn a_non_idempotent_commit_is_caught() {
+    let report = run(
+        ReferenceSystem::broken(Broken::NonIdempotentCommit),
+        "non-idempotent-commit",
+    )
+    .await;
+    let failed = failed(&report);
+    assert!(
+        failed.contains(&"crash-after-commit".to_string()),
+        "{report}"
+    );
+    assert!(failed.contains(&"commit-twice".to_string()), "{report}");
+}
+
+#[tokio::test]
+async fn a_recovery_that_forgets_lingering_transactions_is_caught() {
+    let report = run(
+        ReferenceSystem::broken(Broken::RecoverForgetsAbort),
+        "recover-forgets-abort",
+    )
+    .await;
+    assert!(
+        failed(&report).contains(&"crash-after-first-pre-commit".to_string()),
+        "{report}"
+    );
+}
+
+#[tokio::test]
+async fn a_pre_commit_that_does_not_flush_is_caught() {
+    let report = run(
+        ReferenceSystem::broken(Broken::PreCommitNoFlush),
+        "pre-commit-no-flush",
+    )
+    .await;
+    assert!(
+        failed(&report).contains(&"happy-path".to_string()),
+        "{report}"
+    );
+}
+
+#[tokio::test]
+async fn an_unfenced_zombie_is_caught() {
+    let report = run(
+        ReferenceSystem::broken(Broken::ZombieNotFenced),
+        "zombie-not-fenced",
+    )
+    .await;
+    assert_eq!(failed(&report), ["zombie"], "{report}");
+}
