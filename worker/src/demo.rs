@@ -62,7 +62,10 @@ pub async fn run(args: DemoArgs) -> Result<()> {
             .checkpoint(source.positions())
             .await
             .map_err(report)?;
-        println!("checkpoint {id}: {} records, decided (commit runs while the next checkpoint is written)", batch.num_rows());
+        println!(
+            "checkpoint {id}: {} records, decided (commit runs while the next checkpoint is written)",
+            batch.num_rows()
+        );
     }
 
     driver.close().await.map_err(report)?;

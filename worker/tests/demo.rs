@@ -80,5 +80,12 @@ fn killed_mid_run_and_restarted_writes_every_record_exactly_once() {
     );
     assert_eq!(seen["rows"], RECORDS, "{seen}");
     assert_eq!(seen["distinct"], RECORDS, "{seen}");
-    assert_eq!(seen["hidden"], serde_json::json!([]), "{seen}");
+    // Only the owner-epoch file stays hidden: no in-progress or pending file is left behind.
+    let hidden: Vec<&str> = seen["hidden"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(hidden, [".ratchet-owner-demo-parquet.0"], "{seen}");
 }
