@@ -79,10 +79,20 @@ impl Attempts {
     /// Whether to try again after `error`: `true` (after sleeping the backoff) for a retryable error with
     /// attempts left, `false` otherwise.
     pub async fn retry(&mut self, what: &str, error: &crate::Error) -> bool {
-        if !error.is_retryable() || self.tries >= self.policy.max_attempts {
+        if !error.is_retryable() {
             return false;
         }
-        tracing::warn!(what, attempt = self.tries, backoff = ?self.backoff, error = %crate::Report(error),
+        let report = crate::Report(error).to_string();
+        self.again(what, true, report).await
+    }
+
+    /// [`Attempts::retry`] for errors of other types: `transient` says whether the error is worth retrying,
+    /// `error` (its description) is logged.
+    pub async fn again(&mut self, what: &str, transient: bool, error: String) -> bool {
+        if !transient || self.tries >= self.policy.max_attempts {
+            return false;
+        }
+        tracing::warn!(what, attempt = self.tries, backoff = ?self.backoff, error = %error,
             "transient failure, retrying");
         tokio::time::sleep(self.backoff).await;
         self.backoff = (self.backoff * 2).min(self.policy.max_backoff);

@@ -1,5 +1,7 @@
-//! Deterministic file names: everything a file's name says is derived from the sink, subtask, checkpoint and
-//! sequence number, so recovery can tell which files a sink instance owns and a retry reproduces the same name.
+//! Deterministic file names: everything a file's name says is derived from the sink, subtask, checkpoint, the
+//! writing instance's owner epoch and a sequence number, so recovery can tell which files a sink instance owns, a
+//! retried commit reproduces the same name, and a zombie (an older epoch) never writes to a path the current
+//! instance uses.
 
 use connector_api::{CheckpointId, SinkId, SubtaskId};
 
@@ -14,20 +16,34 @@ pub struct FileName {
     pub checkpoint: CheckpointId,
     /// The owner epoch of the instance that wrote it (see the crate docs on fencing).
     pub epoch: u64,
-    /// Position among the files of that checkpoint.
+    /// Position among the files of that checkpoint (and partition).
     pub seq: u32,
+    /// The partition directory, relative (`country=de/dt=2026-11-29`), or empty.
+    pub partition: String,
+    /// File extension without the dot (`parquet`, `jsonl`, `csv`).
+    pub extension: &'static str,
 }
 
 impl FileName {
-    /// The visible name, e.g. `part-orders.0.0000000007.3.0000.parquet` (checkpoint 7, epoch 3, first file).
+    /// The visible file name, e.g. `part-orders.0.0000000007.3.0000.parquet` (checkpoint 7, epoch 3, first file).
     pub fn visible(&self) -> String {
         format!(
-            "{}{:010}.{}.{:04}.parquet",
+            "{}{:010}.{}.{:04}.{}",
             Self::owner_prefix(&self.sink, self.subtask),
             self.checkpoint.0,
             self.epoch,
-            self.seq
+            self.seq,
+            self.extension
         )
+    }
+
+    /// The visible path relative to the sink's base: `<partition>/<visible name>`.
+    pub fn relative_path(&self) -> String {
+        if self.partition.is_empty() {
+            self.visible()
+        } else {
+            format!("{}/{}", self.partition, self.visible())
+        }
     }
 
     /// The hidden name while rows are being written.
@@ -46,12 +62,17 @@ impl FileName {
         format!("part-{sink}.{subtask}.")
     }
 
+    /// Whether the file name `name` (no directory) is a file of `sink`/`subtask`, visible or a hidden stage.
+    pub fn is_owned(name: &str, sink: &SinkId, subtask: SubtaskId) -> bool {
+        name.trim_start_matches('.')
+            .starts_with(&Self::owner_prefix(sink, subtask))
+    }
+
     /// Whether `name` is a hidden stage (in-progress or pending) of a file owned by `sink`/`subtask`.
     pub fn is_owned_stage(name: &str, sink: &SinkId, subtask: SubtaskId) -> bool {
-        name.strip_prefix('.').is_some_and(|rest| {
-            rest.starts_with(&Self::owner_prefix(sink, subtask))
-                && (rest.ends_with(".inprogress") || rest.ends_with(".pending"))
-        })
+        name.starts_with('.')
+            && Self::is_owned(name, sink, subtask)
+            && (name.ends_with(".inprogress") || name.ends_with(".pending"))
     }
 }
 
@@ -59,16 +80,26 @@ impl FileName {
 mod tests {
     use super::*;
 
-    #[test]
-    fn stages_are_hidden_and_owned_by_their_instance_only() {
-        let name = FileName {
+    fn name() -> FileName {
+        FileName {
             sink: SinkId::new("orders").unwrap(),
             subtask: SubtaskId(0),
             checkpoint: CheckpointId(7),
             epoch: 3,
             seq: 1,
-        };
+            partition: "country=de".into(),
+            extension: "parquet",
+        }
+    }
+
+    #[test]
+    fn stages_are_hidden_and_owned_by_their_instance_only() {
+        let name = name();
         assert_eq!(name.visible(), "part-orders.0.0000000007.3.0001.parquet");
+        assert_eq!(
+            name.relative_path(),
+            "country=de/part-orders.0.0000000007.3.0001.parquet"
+        );
         assert!(FileName::is_owned_stage(
             &name.pending(),
             &name.sink,

@@ -1,66 +1,68 @@
-//! The conformance harness on the local-filesystem Parquet sink, verified from Python: pyarrow reads only the
-//! visible files.
+//! The conformance harness on the file sink, on local disk and on SeaweedFS S3, verified from Python (pyarrow and
+//! boto3 read only what is visible), including that nothing staged is left once recovery has run.
 
-use std::path::PathBuf;
+mod common;
 
 use async_trait::async_trait;
-use connector_api::{Result, SinkId, SubtaskId};
-use file_sink::{LocalParquetSink, LocalParquetSinkConfig};
-use integration::Services;
-use integration::conformance::{
-    Conformance, ConformanceTarget, conformance_schema, run_conformance,
-};
+use common::{Place, config};
+use connector_api::{Result, SinkId};
+use file_sink::FileSink;
+use integration::conformance::{Conformance, ConformanceTarget, run_conformance};
 
-struct LocalFiles {
-    base: PathBuf,
-}
+struct Files(Place);
 
-impl LocalFiles {
-    fn dir(&self, run: &str, sink: &SinkId) -> PathBuf {
-        self.base.join(run).join(sink.as_str())
-    }
+fn sub(run: &str, sink: &SinkId) -> String {
+    format!("{run}/{sink}")
 }
 
 #[async_trait]
-impl ConformanceTarget for LocalFiles {
-    type Sink = LocalParquetSink;
+impl ConformanceTarget for Files {
+    type Sink = FileSink;
 
-    async fn create_sink(&self, run: &str, sink: &SinkId) -> Result<LocalParquetSink> {
-        LocalParquetSink::new(LocalParquetSinkConfig {
-            sink: sink.clone(),
-            subtask: SubtaskId(0),
-            dir: self.dir(run, sink),
-            schema: conformance_schema(),
-        })
+    async fn create_sink(&self, run: &str, sink: &SinkId) -> Result<FileSink> {
+        FileSink::new(config(&self.0, &sub(run, sink), sink)).await
     }
 
     async fn visible_ids(&self, run: &str, sink: &SinkId) -> Result<Vec<i64>> {
-        let dir = self.dir(run, sink).display().to_string();
-        let seen = tokio::task::spawn_blocking(move || {
-            Services::get().verify("parquet_ids.py", &[&dir, "id"])
-        })
-        .await
-        .expect("verifier task");
-        Ok(seen["ids"]
-            .as_array()
-            .expect("ids array")
-            .iter()
-            .map(|v| v.as_i64().expect("integer id"))
-            .collect())
+        let (place, sub) = (self.0.clone(), sub(run, sink));
+        Ok(
+            tokio::task::spawn_blocking(move || place.read(&sub, "id").0)
+                .await
+                .unwrap(),
+        )
+    }
+
+    async fn leftovers(&self, run: &str, sink: &SinkId) -> Result<Vec<String>> {
+        let (place, sub) = (self.0.clone(), sub(run, sink));
+        Ok(
+            tokio::task::spawn_blocking(move || place.read(&sub, "id").2)
+                .await
+                .unwrap(),
+        )
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn local_parquet_sink_passes_the_conformance_harness() {
-    let base = tempfile::tempdir().unwrap();
-    let target = LocalFiles {
-        base: base.path().to_path_buf(),
-    };
+async fn local_files_pass_the_conformance_harness() {
+    let (place, _dir) = Place::local();
     run_conformance(
-        "file-sink (local Parquet)",
-        &target,
+        "file-sink on local disk",
+        &Files(place),
         &Conformance::default(),
     )
     .await
     .assert_passed();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_files_pass_the_conformance_harness() {
+    let place = Place::s3("conformance");
+    let config = Conformance {
+        records: 200,
+        random_records: 600,
+        ..Conformance::default()
+    };
+    run_conformance("file-sink on SeaweedFS S3", &Files(place), &config)
+        .await
+        .assert_passed();
 }

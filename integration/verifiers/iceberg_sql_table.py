@@ -8,6 +8,7 @@ with snapshots oldest first. Reads only what the table's current metadata refere
 """
 
 import json
+import os
 import sys
 
 from pyiceberg.catalog.sql import SqlCatalog
@@ -35,3 +36,7 @@ if __name__ == "__main__":
     if len(sys.argv) not in (5, 6):
         raise SystemExit(__doc__)
     main(*sys.argv[1:5], sys.argv[5] if len(sys.argv) == 6 else None)
+    # pyarrow's thread pools can abort the interpreter at shutdown ("terminate called without an active
+    # exception", about 1 run in 40 here); the result is complete and flushed, so leave without that teardown.
+    sys.stdout.flush()
+    os._exit(0)

@@ -4,7 +4,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
 use connector_api::{Driver, DriverConfig, LocalCheckpointStore, Report, SinkId, SubtaskId};
-use file_sink::{LocalParquetSink, LocalParquetSinkConfig};
+use file_sink::{FileSink, FileSinkConfig, StorageConfig};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -37,12 +37,16 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     }
 
     let store = LocalCheckpointStore::open(&args.state, 5)?;
-    let sink = LocalParquetSink::new(LocalParquetSinkConfig {
-        sink: SinkId::new("demo-parquet").map_err(anyhow::Error::msg)?,
-        subtask: SubtaskId(0),
-        dir: args.out.clone(),
-        schema: record_schema(),
-    })?;
+    let sink = FileSink::new(FileSinkConfig::new(
+        SinkId::new("demo-parquet").map_err(anyhow::Error::msg)?,
+        SubtaskId(0),
+        record_schema(),
+        StorageConfig::Local {
+            path: args.out.clone(),
+        },
+    ))
+    .await
+    .map_err(report)?;
     let mut driver = Driver::new(store, DriverConfig::default());
     let parquet = driver.add_sink(sink)?;
     let restored = driver.start().await.map_err(report)?;

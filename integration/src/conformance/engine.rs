@@ -191,10 +191,31 @@ async fn run_scenario<T: ConformanceTarget>(
         }
         _ => job.run_to_end(stats).await?,
     }
+    // A final recovery: whatever crashed attempts and zombies left behind must be gone afterwards.
+    let (driver, _) = job.start(stats).await?;
+    driver
+        .close()
+        .await
+        .map_err(|e| format!("close after the final recovery: {}", ErrorReport(&e)))?;
     for sink in sinks() {
         job.expect_visible(&sink, records, "at the end").await?;
+        let leftovers = target
+            .leftovers(run, &sink)
+            .await
+            .map_err(|e| format!("reading leftovers of sink {sink}: {}", ErrorReport(&e)))?;
+        if !leftovers.is_empty() {
+            return Err(format!(
+                "sink {sink} left behind after recovery: {}",
+                head_str(&leftovers)
+            ));
+        }
     }
     Ok(())
+}
+
+fn head_str(items: &[String]) -> String {
+    let shown: Vec<&str> = items.iter().take(5).map(String::as_str).collect();
+    format!("{} ({} in all)", shown.join(", "), items.len())
 }
 
 struct Job<'a, T> {

@@ -10,7 +10,8 @@
 //!
 //! - after every restart, each sink shows exactly the records of the restored checkpoint, each once (nothing
 //!   from a checkpoint that was not durable);
-//! - at the end, each sink shows every source record exactly once.
+//! - at the end, after one more restart (a final recovery), each sink shows every source record exactly once and
+//!   [`ConformanceTarget::leftovers`] reports nothing left behind.
 //!
 //! It prints a scenario × outcome table and returns a [`Report`].
 //!
@@ -68,6 +69,13 @@ pub trait ConformanceTarget: Send + Sync {
 
     /// The `id` of every record visible in that destination to an ordinary reader, one entry per visible copy.
     async fn visible_ids(&self, run: &str, sink: &SinkId) -> Result<Vec<i64>>;
+
+    /// What the sink left in that destination that recovery should have removed (staged files, open multipart
+    /// uploads, lingering transactions), one description each. Checked after a final recovery at the end of every
+    /// scenario; the default reports nothing.
+    async fn leftovers(&self, _run: &str, _sink: &SinkId) -> Result<Vec<String>> {
+        Ok(Vec::new())
+    }
 }
 
 /// How large the runs are.

@@ -1,0 +1,332 @@
+//! The file sink: partitioned, rolling files in one format, staged per checkpoint and published at commit.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+use async_trait::async_trait;
+use connector_api::{
+    CheckpointId, Committer, Error, ErrorKind, Phase, Result, SinkId, TwoPhaseCommit,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::FileName;
+use crate::config::{FileSinkConfig, FormatConfig};
+use crate::format::FormatWriter;
+use crate::partition;
+use crate::schema::check_schema;
+use crate::storage::{Backend, OpenFile, StagedFile};
+
+/// What commits one checkpoint's files: every sealed file, with where it waits. Enough for any process to finish
+/// the commit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileCommittable {
+    /// The checkpoint the files belong to.
+    pub checkpoint: CheckpointId,
+    /// The sealed files (none when the checkpoint wrote no rows).
+    pub files: Vec<StagedFile>,
+}
+
+/// Exactly-once files on local disk or S3. See the crate docs for the protocol and the failure table.
+pub struct FileSink {
+    config: FileSinkConfig,
+    backend: Arc<Backend>,
+    /// The owner epoch this instance holds since `recover` (0 before).
+    epoch: u64,
+    checkpoint: Option<CheckpointId>,
+    /// Open files by partition directory.
+    open: BTreeMap<String, OpenFile>,
+    /// Files sealed in the current checkpoint (rolled, or at pre-commit).
+    sealed: Vec<StagedFile>,
+    /// Next sequence number per partition in the current checkpoint.
+    next_seq: BTreeMap<String, u32>,
+}
+
+/// Publishes a [`FileSink`]'s files, unless a newer instance of the same sink and subtask has recovered since
+/// this committer was made (then it is fenced).
+#[derive(Clone)]
+pub struct FileCommitter {
+    sink: SinkId,
+    backend: Arc<Backend>,
+    epoch: u64,
+}
+
+impl FileSink {
+    /// A sink for `config`; connects to the storage (an S3 bucket is checked with HeadBucket).
+    pub async fn new(config: FileSinkConfig) -> Result<Self> {
+        if let FormatConfig::Csv = config.format
+            && let Some(field) = config
+                .schema
+                .fields()
+                .iter()
+                .find(|f| f.data_type().is_nested())
+        {
+            return Err(Error::new(
+                ErrorKind::Config,
+                Phase::Setup,
+                format!(
+                    "CSV cannot hold the nested field {:?}; use json_lines or parquet",
+                    field.name()
+                ),
+            )
+            .with_sink(&config.sink));
+        }
+        let backend = Backend::open(&config.storage, &config.sink, config.subtask)
+            .await
+            .map_err(|e| e.or_sink(&config.sink))?;
+        Ok(Self {
+            config,
+            backend: Arc::new(backend),
+            epoch: 0,
+            checkpoint: None,
+            open: BTreeMap::new(),
+            sealed: Vec::new(),
+            next_seq: BTreeMap::new(),
+        })
+    }
+
+    fn err(&self, kind: ErrorKind, phase: Phase, message: impl Into<String>) -> Error {
+        let err = Error::new(kind, phase, message).with_sink(&self.config.sink);
+        match self.checkpoint {
+            Some(checkpoint) => err.with_checkpoint(checkpoint),
+            None => err,
+        }
+    }
+
+    fn context(&self, e: Error) -> Error {
+        let e = e.or_sink(&self.config.sink);
+        match self.checkpoint {
+            Some(checkpoint) => e.or_checkpoint(checkpoint),
+            None => e,
+        }
+    }
+
+    fn open_file(&mut self, checkpoint: CheckpointId, partition: &str) -> Result<&mut OpenFile> {
+        if !self.open.contains_key(partition) {
+            let seq = self.next_seq.entry(partition.to_string()).or_insert(0);
+            let name = FileName {
+                sink: self.config.sink.clone(),
+                subtask: self.config.subtask,
+                checkpoint,
+                epoch: self.epoch,
+                seq: *seq,
+                partition: partition.to_string(),
+                extension: self.config.format.extension(),
+            };
+            *seq += 1;
+            let staging_path = self
+                .backend
+                .staging_path(&name)
+                .map_err(|e| self.context(e))?;
+            let file = File::create(&staging_path).map_err(|e| {
+                self.err(
+                    ErrorKind::Retryable,
+                    Phase::Write,
+                    format!("cannot create {}", staging_path.display()),
+                )
+                .with_source(e)
+            })?;
+            let (writer, written) =
+                FormatWriter::new(&self.config.format, &self.config.schema, file).map_err(|e| {
+                    self.err(ErrorKind::Fatal, Phase::Write, "cannot start a file")
+                        .with_source(e)
+                })?;
+            let open = OpenFile {
+                name,
+                writer,
+                written,
+                rows: 0,
+                staging_path,
+                upload: None,
+            };
+            self.open.insert(partition.to_string(), open);
+        }
+        Ok(self.open.get_mut(partition).expect("just opened"))
+    }
+
+    fn should_roll(&self, open: &OpenFile) -> bool {
+        let rolling = &self.config.rolling;
+        open.rows >= rolling.max_records
+            || open.written.get() + open.writer.buffered_bytes() >= rolling.max_bytes
+    }
+
+    async fn seal(&mut self, partition: &str) -> Result<()> {
+        if let Some(open) = self.open.remove(partition) {
+            let staged = self.backend.seal(open).await.map_err(|e| self.context(e))?;
+            self.sealed.push(staged);
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Committer for FileCommitter {
+    type Committable = FileCommittable;
+
+    async fn commit(&self, committables: Vec<FileCommittable>) -> Result<()> {
+        for committable in committables {
+            let checkpoint = committable.checkpoint;
+            let context = |e: Error| e.or_sink(&self.sink).or_checkpoint(checkpoint);
+            let current = self.backend.read_epoch().await.map_err(context)?;
+            if current > self.epoch {
+                return Err(context(Error::new(
+                    ErrorKind::Fenced,
+                    Phase::Commit,
+                    format!(
+                        "a newer instance of this sink (owner epoch {current}, this one holds {}) has recovered; \
+                         this instance is a zombie and must stop",
+                        self.epoch
+                    ),
+                )));
+            }
+            for file in &committable.files {
+                self.backend
+                    .publish(file)
+                    .await
+                    .map_err(|e| context(e).with_txn(file.location()))?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn is_committed(&self, committable: &FileCommittable) -> Result<bool> {
+        for file in &committable.files {
+            if !self.backend.is_published(file).await? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+}
+
+#[async_trait]
+impl TwoPhaseCommit for FileSink {
+    type Committable = FileCommittable;
+    type Committer = FileCommitter;
+
+    fn sink_id(&self) -> &SinkId {
+        &self.config.sink
+    }
+
+    fn committer(&self) -> FileCommitter {
+        FileCommitter {
+            sink: self.config.sink.clone(),
+            backend: self.backend.clone(),
+            epoch: self.epoch,
+        }
+    }
+
+    async fn begin(&mut self, checkpoint: CheckpointId) -> Result<()> {
+        if !self.open.is_empty() {
+            return Err(self.err(ErrorKind::Bug, Phase::Begin, "begin while files are open"));
+        }
+        self.checkpoint = Some(checkpoint);
+        self.sealed.clear();
+        self.next_seq.clear();
+        Ok(())
+    }
+
+    async fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+        let checkpoint = self
+            .checkpoint
+            .ok_or_else(|| self.err(ErrorKind::Bug, Phase::Write, "write before begin"))?;
+        check_schema(&self.config.schema, batch)
+            .map_err(|m| self.err(ErrorKind::BadRecord, Phase::Write, m))?;
+        if batch.num_rows() == 0 {
+            return Ok(());
+        }
+        let parts = partition::split(&self.config.partition, batch)
+            .map_err(|m| self.err(ErrorKind::BadRecord, Phase::Write, m))?;
+        for (dir, part) in parts {
+            let backend = self.backend.clone();
+            let open = self.open_file(checkpoint, &dir)?;
+            open.writer.write(&part).map_err(|e| {
+                Error::new(
+                    ErrorKind::MustAbort,
+                    Phase::Write,
+                    format!("cannot encode rows into {}", open.name.visible()),
+                )
+                .with_source(std::io::Error::other(e))
+            })?;
+            open.rows += part.num_rows() as u64;
+            backend
+                .after_write(open)
+                .await
+                .map_err(|e| self.context(e))?;
+            if self.should_roll(&self.open[&dir]) {
+                self.seal(&dir).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn pre_commit(&mut self, checkpoint: CheckpointId) -> Result<FileCommittable> {
+        if self.checkpoint != Some(checkpoint) {
+            return Err(self.err(
+                ErrorKind::Bug,
+                Phase::PreCommit,
+                format!(
+                    "pre_commit of checkpoint {checkpoint} but the open transaction is {:?}",
+                    self.checkpoint
+                ),
+            ));
+        }
+        let partitions: Vec<String> = self.open.keys().cloned().collect();
+        for dir in partitions {
+            self.seal(&dir).await?;
+        }
+        Ok(FileCommittable {
+            checkpoint,
+            files: self.sealed.clone(),
+        })
+    }
+
+    /// Throws away the open files and the current checkpoint's sealed files (if pre-committed but not committed).
+    async fn abort(&mut self) -> Result<()> {
+        let open = std::mem::take(&mut self.open);
+        for (_, file) in open {
+            self.backend
+                .discard_open(file)
+                .await
+                .map_err(|e| self.context(e))?;
+        }
+        for staged in std::mem::take(&mut self.sealed) {
+            self.backend
+                .discard_staged(&staged)
+                .await
+                .map_err(|e| self.context(e))?;
+        }
+        self.checkpoint = None;
+        Ok(())
+    }
+
+    async fn recover(
+        &mut self,
+        restored: Option<(CheckpointId, Vec<FileCommittable>)>,
+    ) -> Result<()> {
+        self.open.clear();
+        self.sealed.clear();
+        self.checkpoint = None;
+        // Fence every older instance first: from here on their committers refuse to publish.
+        self.epoch = self
+            .backend
+            .bump_epoch()
+            .await
+            .map_err(|e| self.context(e))?;
+        if let Some((_, committables)) = restored {
+            self.committer().commit(committables).await?;
+        }
+        // The restored files are visible now, so every stage this instance still owns belongs to a checkpoint that
+        // never became durable: presumed abort.
+        for removed in self
+            .backend
+            .remove_owned_stages()
+            .await
+            .map_err(|e| self.context(e))?
+        {
+            tracing::info!(sink = %self.config.sink, %removed, "recover: removed uncommitted file");
+        }
+        Ok(())
+    }
+}

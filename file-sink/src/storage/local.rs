@@ -1,0 +1,238 @@
+//! Local filesystem: hidden in-progress file → fsynced hidden pending file → atomic rename into place.
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use connector_api::{Error, ErrorKind, Phase, Result, SinkId, SubtaskId};
+
+use super::{OpenFile, StagedFile};
+use crate::FileName;
+
+pub(crate) struct LocalBackend {
+    base: PathBuf,
+    sink: SinkId,
+    subtask: SubtaskId,
+}
+
+fn io(kind: ErrorKind, phase: Phase, message: String) -> impl FnOnce(std::io::Error) -> Error {
+    move |e| Error::new(kind, phase, message).with_source(e)
+}
+
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+fn pending_of(visible: &Path) -> PathBuf {
+    let name = visible.file_name().unwrap_or_default().to_string_lossy();
+    visible.with_file_name(format!(".{name}.pending"))
+}
+
+fn remove_if_exists(path: &Path) -> std::io::Result<bool> {
+    match fs::remove_file(path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+impl LocalBackend {
+    pub(crate) fn new(base: PathBuf, sink: SinkId, subtask: SubtaskId) -> Result<Self> {
+        fs::create_dir_all(&base).map_err(io(
+            ErrorKind::Config,
+            Phase::Setup,
+            format!("cannot create output directory {}", base.display()),
+        ))?;
+        Ok(Self {
+            base,
+            sink,
+            subtask,
+        })
+    }
+
+    fn owner_path(&self) -> PathBuf {
+        self.base
+            .join(format!(".ratchet-owner-{}.{}", self.sink, self.subtask))
+    }
+
+    pub(crate) fn staging_path(&self, name: &FileName) -> Result<PathBuf> {
+        let dir = self.base.join(&name.partition);
+        fs::create_dir_all(&dir).map_err(io(
+            ErrorKind::Retryable,
+            Phase::Write,
+            format!("cannot create directory {}", dir.display()),
+        ))?;
+        Ok(dir.join(name.in_progress()))
+    }
+
+    pub(crate) async fn seal(&self, open: OpenFile) -> Result<StagedFile> {
+        let visible = self.base.join(open.name.relative_path());
+        let OpenFile {
+            writer,
+            rows,
+            staging_path,
+            ..
+        } = open;
+        tokio::task::spawn_blocking(move || {
+            let file = writer.finish().map_err(|e| {
+                Error::new(
+                    ErrorKind::MustAbort,
+                    Phase::PreCommit,
+                    format!("cannot finish {}", staging_path.display()),
+                )
+                .with_source(std::io::Error::other(e))
+            })?;
+            let fail = |what: &str| {
+                io(
+                    ErrorKind::MustAbort,
+                    Phase::PreCommit,
+                    format!("cannot {what} {}", staging_path.display()),
+                )
+            };
+            file.sync_all().map_err(fail("fsync"))?;
+            let bytes = file.metadata().map_err(fail("stat"))?.len();
+            drop(file);
+            fs::rename(&staging_path, pending_of(&visible)).map_err(fail("rename to pending"))?;
+            sync_dir(visible.parent().expect("file has a directory"))
+                .map_err(fail("fsync the directory of"))?;
+            Ok(StagedFile::Local {
+                path: visible,
+                rows,
+                bytes,
+            })
+        })
+        .await
+        .expect("seal task panicked")
+    }
+
+    pub(crate) fn discard_open(&self, open: OpenFile) -> Result<()> {
+        let path = open.staging_path.clone();
+        drop(open);
+        remove_if_exists(&path).map(|_| ()).map_err(io(
+            ErrorKind::Retryable,
+            Phase::Abort,
+            format!("cannot delete {}", path.display()),
+        ))
+    }
+
+    pub(crate) async fn publish(&self, staged: &StagedFile) -> Result<()> {
+        let StagedFile::Local { path, .. } = staged else {
+            unreachable!("checked by Backend::publish")
+        };
+        let visible = path.clone();
+        tokio::task::spawn_blocking(move || {
+            let pending = pending_of(&visible);
+            match fs::rename(&pending, &visible) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && visible.exists() => return Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    return Err(Error::new(
+                        ErrorKind::Fatal,
+                        Phase::Commit,
+                        format!(
+                            "neither {} nor {} exists: the pre-committed file was lost (deleted outside Ratchet?); \
+                             replay the source from the previous checkpoint",
+                            pending.display(),
+                            visible.display()
+                        ),
+                    )
+                    .with_source(e));
+                }
+                Err(e) => {
+                    return Err(io(ErrorKind::Retryable, Phase::Commit, format!("cannot rename {} into place", pending.display()))(e));
+                }
+            }
+            sync_dir(visible.parent().expect("file has a directory"))
+                .map_err(io(ErrorKind::Retryable, Phase::Commit, format!("cannot fsync the directory of {}", visible.display())))
+        })
+        .await
+        .expect("publish task panicked")
+    }
+
+    pub(crate) fn is_published(&self, staged: &StagedFile) -> bool {
+        let StagedFile::Local { path, .. } = staged else {
+            return false;
+        };
+        path.exists() && !pending_of(path).exists()
+    }
+
+    pub(crate) fn discard_staged(&self, staged: &StagedFile) -> Result<()> {
+        let StagedFile::Local { path, .. } = staged else {
+            return Ok(());
+        };
+        let pending = pending_of(path);
+        remove_if_exists(&pending).map(|_| ()).map_err(io(
+            ErrorKind::Retryable,
+            Phase::Abort,
+            format!("cannot delete {}", pending.display()),
+        ))
+    }
+
+    pub(crate) fn read_epoch(&self) -> Result<u64> {
+        let path = self.owner_path();
+        match fs::read_to_string(&path) {
+            Ok(text) => text.trim().parse().map_err(|e| {
+                Error::new(
+                    ErrorKind::Fatal,
+                    Phase::Recover,
+                    format!("{} holds {text:?}, not an owner epoch: remove it only if no instance of this sink runs", path.display()),
+                )
+                .with_source(e)
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+            Err(e) => Err(io(ErrorKind::Retryable, Phase::Recover, format!("cannot read {}", path.display()))(e)),
+        }
+    }
+
+    pub(crate) fn bump_epoch(&self) -> Result<u64> {
+        let epoch = self.read_epoch()? + 1;
+        let path = self.owner_path();
+        let tmp = path.with_extension("tmp");
+        let write = || -> std::io::Result<()> {
+            let mut file = File::create(&tmp)?;
+            file.write_all(epoch.to_string().as_bytes())?;
+            file.sync_all()?;
+            fs::rename(&tmp, &path)?;
+            sync_dir(&self.base)
+        };
+        write().map_err(io(
+            ErrorKind::Retryable,
+            Phase::Recover,
+            format!("cannot write {}", path.display()),
+        ))?;
+        Ok(epoch)
+    }
+
+    /// Deletes every hidden in-progress or pending file of this instance under the base directory.
+    pub(crate) fn remove_owned_stages(&self) -> Result<Vec<String>> {
+        let mut removed = Vec::new();
+        let mut dirs = vec![self.base.clone()];
+        while let Some(dir) = dirs.pop() {
+            let entries = fs::read_dir(&dir).map_err(io(
+                ErrorKind::Retryable,
+                Phase::Recover,
+                format!("cannot list {}", dir.display()),
+            ))?;
+            for entry in entries {
+                let entry = entry.map_err(io(
+                    ErrorKind::Retryable,
+                    Phase::Recover,
+                    format!("cannot list {}", dir.display()),
+                ))?;
+                let path = entry.path();
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                    dirs.push(path);
+                } else if FileName::is_owned_stage(&name, &self.sink, self.subtask) {
+                    remove_if_exists(&path).map_err(io(
+                        ErrorKind::Retryable,
+                        Phase::Recover,
+                        format!("cannot delete {}", path.display()),
+                    ))?;
+                    removed.push(path.display().to_string());
+                }
+            }
+        }
+        Ok(removed)
+    }
+}

@@ -1,0 +1,236 @@
+//! Storage backends: where open files are staged, how a sealed file waits for commit, and how commit makes it
+//! visible. Every operation is idempotent where the protocol may repeat it.
+
+mod local;
+mod s3;
+
+use std::path::PathBuf;
+
+use connector_api::{Error, ErrorKind, Phase, Result, SinkId, SubtaskId};
+use serde::{Deserialize, Serialize};
+
+pub(crate) use local::LocalBackend;
+pub(crate) use s3::S3Backend;
+
+use crate::FileName;
+use crate::config::StorageConfig;
+use crate::format::{FormatWriter, WrittenBytes};
+
+/// One uploaded part of a multipart upload.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UploadedPart {
+    /// Part number, from 1.
+    pub number: i32,
+    /// The ETag S3 returned for it.
+    pub etag: String,
+}
+
+/// A sealed file waiting for commit: everything needed to make it visible, from any process.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum StagedFile {
+    /// A local file: `.<name>.pending` next to `path`, renamed to `path` at commit.
+    Local {
+        /// The visible path.
+        path: PathBuf,
+        /// Rows in the file.
+        rows: u64,
+        /// Bytes in the file.
+        bytes: u64,
+    },
+    /// An S3 multipart upload, invisible until completed at commit.
+    Multipart {
+        /// Bucket.
+        bucket: String,
+        /// The visible key.
+        key: String,
+        /// The upload id.
+        upload_id: String,
+        /// Every part, in order.
+        parts: Vec<UploadedPart>,
+        /// Rows in the file.
+        rows: u64,
+        /// Bytes in the file.
+        bytes: u64,
+    },
+    /// A small file put whole under a staging key, copied into place and deleted at commit.
+    Staged {
+        /// Bucket.
+        bucket: String,
+        /// Where it waits.
+        staging_key: String,
+        /// The visible key.
+        key: String,
+        /// Its ETag.
+        etag: String,
+        /// Rows in the file.
+        rows: u64,
+        /// Bytes in the file.
+        bytes: u64,
+    },
+}
+
+impl StagedFile {
+    /// Rows in the file.
+    pub fn rows(&self) -> u64 {
+        match self {
+            StagedFile::Local { rows, .. }
+            | StagedFile::Multipart { rows, .. }
+            | StagedFile::Staged { rows, .. } => *rows,
+        }
+    }
+
+    /// Where the file becomes visible (a path or `s3://bucket/key`).
+    pub fn location(&self) -> String {
+        match self {
+            StagedFile::Local { path, .. } => path.display().to_string(),
+            StagedFile::Multipart { bucket, key, .. } | StagedFile::Staged { bucket, key, .. } => {
+                format!("s3://{bucket}/{key}")
+            }
+        }
+    }
+}
+
+/// S3 multipart progress of an open file.
+pub(crate) struct Upload {
+    pub(crate) key: String,
+    pub(crate) upload_id: String,
+    pub(crate) parts: Vec<UploadedPart>,
+    /// Bytes of the staging file already uploaded as parts.
+    pub(crate) uploaded: u64,
+}
+
+/// A file being written: the encoder, its local staging file, and (S3) the upload so far.
+pub(crate) struct OpenFile {
+    pub(crate) name: FileName,
+    pub(crate) writer: FormatWriter,
+    pub(crate) written: WrittenBytes,
+    pub(crate) rows: u64,
+    pub(crate) staging_path: PathBuf,
+    pub(crate) upload: Option<Upload>,
+}
+
+/// The backend a sink writes to.
+pub(crate) enum Backend {
+    Local(LocalBackend),
+    S3(S3Backend),
+}
+
+impl Backend {
+    pub(crate) async fn open(
+        config: &StorageConfig,
+        sink: &SinkId,
+        subtask: SubtaskId,
+    ) -> Result<Self> {
+        Ok(match config {
+            StorageConfig::Local { path } => {
+                Backend::Local(LocalBackend::new(path.clone(), sink.clone(), subtask)?)
+            }
+            StorageConfig::S3(s3) => {
+                Backend::S3(S3Backend::connect(s3, sink.clone(), subtask).await?)
+            }
+        })
+    }
+
+    /// The local file an open file's bytes are staged in (created by the caller).
+    pub(crate) fn staging_path(&self, name: &FileName) -> Result<PathBuf> {
+        match self {
+            Backend::Local(b) => b.staging_path(name),
+            Backend::S3(b) => b.staging_path(name),
+        }
+    }
+
+    /// After rows were written: S3 uploads the full parts the staging file holds.
+    pub(crate) async fn after_write(&self, open: &mut OpenFile) -> Result<()> {
+        match self {
+            Backend::Local(_) => Ok(()),
+            Backend::S3(b) => b.upload_full_parts(open).await,
+        }
+    }
+
+    /// Closes the file and makes its bytes durable in staging; afterwards any process can publish it.
+    pub(crate) async fn seal(&self, open: OpenFile) -> Result<StagedFile> {
+        match self {
+            Backend::Local(b) => b.seal(open).await,
+            Backend::S3(b) => b.seal(open).await,
+        }
+    }
+
+    /// Throws an open file away.
+    pub(crate) async fn discard_open(&self, open: OpenFile) -> Result<()> {
+        match self {
+            Backend::Local(b) => b.discard_open(open),
+            Backend::S3(b) => b.discard_open(open).await,
+        }
+    }
+
+    /// Makes a sealed file visible. Publishing an already-visible file succeeds.
+    pub(crate) async fn publish(&self, staged: &StagedFile) -> Result<()> {
+        match (self, staged) {
+            (Backend::Local(b), StagedFile::Local { .. }) => b.publish(staged).await,
+            (Backend::S3(b), StagedFile::Multipart { .. } | StagedFile::Staged { .. }) => {
+                b.publish(staged).await
+            }
+            _ => Err(mismatch(staged)),
+        }
+    }
+
+    /// Whether a sealed file is visible (and no longer staged).
+    pub(crate) async fn is_published(&self, staged: &StagedFile) -> Result<bool> {
+        match (self, staged) {
+            (Backend::Local(b), StagedFile::Local { .. }) => Ok(b.is_published(staged)),
+            (Backend::S3(b), StagedFile::Multipart { .. } | StagedFile::Staged { .. }) => {
+                b.is_published(staged).await
+            }
+            _ => Err(mismatch(staged)),
+        }
+    }
+
+    /// Throws a sealed, unpublished file away.
+    pub(crate) async fn discard_staged(&self, staged: &StagedFile) -> Result<()> {
+        match (self, staged) {
+            (Backend::Local(b), StagedFile::Local { .. }) => b.discard_staged(staged),
+            (Backend::S3(b), StagedFile::Multipart { .. } | StagedFile::Staged { .. }) => {
+                b.discard_staged(staged).await
+            }
+            _ => Err(mismatch(staged)),
+        }
+    }
+
+    /// The owner epoch (0 before any instance recovered).
+    pub(crate) async fn read_epoch(&self) -> Result<u64> {
+        match self {
+            Backend::Local(b) => b.read_epoch(),
+            Backend::S3(b) => b.read_epoch().await.map(|(epoch, _)| epoch),
+        }
+    }
+
+    /// Raises the owner epoch by one, durably; returns the new epoch.
+    pub(crate) async fn bump_epoch(&self) -> Result<u64> {
+        match self {
+            Backend::Local(b) => b.bump_epoch(),
+            Backend::S3(b) => b.bump_epoch().await,
+        }
+    }
+
+    /// Removes every staged or in-progress file (and, on S3, open multipart upload and spill file) this instance
+    /// owns; returns what it removed. Called by recovery after the restored files are published.
+    pub(crate) async fn remove_owned_stages(&self) -> Result<Vec<String>> {
+        match self {
+            Backend::Local(b) => b.remove_owned_stages(),
+            Backend::S3(b) => b.remove_owned_stages().await,
+        }
+    }
+}
+
+fn mismatch(staged: &StagedFile) -> Error {
+    Error::new(
+        ErrorKind::Config,
+        Phase::Commit,
+        format!(
+            "the checkpoint holds a file for another storage backend ({}); the sink's storage setting changed \
+             since the checkpoint was taken: restore with the old setting",
+            staged.location()
+        ),
+    )
+}

@@ -1,0 +1,782 @@
+//! S3: no object is visible before commit.
+//!
+//! An open file's bytes are staged in a local spill file (memory stays bounded whatever the file size); every full
+//! part (`part_size`, at least 5 MiB) is uploaded as it fills, into a multipart upload started on the first part.
+//! `seal` (pre-commit) uploads the remaining bytes as the last part and records key, upload id and part ETags; a
+//! file smaller than one part instead goes whole with one PutObject under `<prefix>/_ratchet-staging/`. Commit
+//! completes the upload with `If-None-Match: *` (or copies the staged object into place and deletes it); an object
+//! already complete is success, verified with HEAD (size, and the multipart ETag's part count).
+//! Recovery aborts every multipart upload and deletes every staged object and spill file this instance owns that
+//! the restored checkpoint did not publish.
+
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use aws_sdk_s3::Client;
+use aws_sdk_s3::config::http::HttpResponse;
+use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
+use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_s3::primitives::ByteStream;
+use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
+use connector_api::{Error, ErrorKind, Phase, Result, RetryPolicy, SinkId, SubtaskId};
+
+use super::{OpenFile, StagedFile, Upload, UploadedPart};
+use crate::FileName;
+use crate::config::{MIN_PART_SIZE, S3Config};
+
+/// Staged small files live under this directory of the prefix; readers should skip `_`-prefixed directories, as
+/// Hive, Spark and Trino do.
+const STAGING_DIR: &str = "_ratchet-staging";
+/// Owner-epoch objects live here.
+const OWNER_DIR: &str = "_ratchet";
+/// Local spill files start with this.
+const SPILL_PREFIX: &str = ".ratchet-spill-";
+
+pub(crate) struct S3Backend {
+    client: Client,
+    bucket: String,
+    prefix: String,
+    part_size: u64,
+    spill_dir: PathBuf,
+    sink: SinkId,
+    subtask: SubtaskId,
+    retry: RetryPolicy,
+}
+
+/// What an S3 call failed with, as the driver needs it. `403`, a missing bucket and other client errors are
+/// permanent and name the bucket and key; throttling, `5xx` and transport failures are retryable.
+fn s3_error<E>(
+    op: &str,
+    bucket: &str,
+    key: &str,
+    phase: Phase,
+    e: SdkError<E, HttpResponse>,
+) -> Error
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    let status = e.raw_response().map(|r| r.status().as_u16());
+    let code = e.code().unwrap_or("").to_string();
+    let kind = if transient(&e) {
+        ErrorKind::Retryable
+    } else {
+        ErrorKind::Fatal
+    };
+    let hint = match (status, code.as_str()) {
+        (Some(403), _) | (_, "AccessDenied") => {
+            ": access denied; check the credentials and the bucket policy"
+        }
+        (_, "NoSuchBucket") => ": the bucket does not exist; create it or fix `bucket`",
+        _ => "",
+    };
+    let status = status.map_or("no response".to_string(), |s| format!("HTTP {s}"));
+    Error::new(
+        kind,
+        phase,
+        format!("S3 {op} of s3://{bucket}/{key} failed ({status} {code}){hint}"),
+    )
+    .with_txn(format!("s3://{bucket}/{key}"))
+    .with_source(e)
+}
+
+fn status_of<E>(e: &SdkError<E, HttpResponse>) -> Option<u16> {
+    e.raw_response().map(|r| r.status().as_u16())
+}
+
+/// Throttling, `5xx` and transport failures: worth retrying.
+fn transient<E: ProvideErrorMetadata>(e: &SdkError<E, HttpResponse>) -> bool {
+    matches!(
+        e,
+        SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) | SdkError::ResponseError(_)
+    ) || matches!(status_of(e), Some(429 | 500..=599))
+        || matches!(
+            e.code(),
+            Some("SlowDown" | "RequestTimeout" | "InternalError" | "ServiceUnavailable")
+        )
+}
+
+/// Percent-encodes a key for `x-amz-copy-source` (everything but unreserved characters and `/`).
+fn encode_copy_source(bucket: &str, key: &str) -> String {
+    let mut out = format!("{bucket}/");
+    for b in key.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~' | b'/') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// FNV-1a, to keep spill file names of different partitions apart.
+fn fnv(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+impl S3Backend {
+    pub(crate) async fn connect(
+        config: &S3Config,
+        sink: SinkId,
+        subtask: SubtaskId,
+    ) -> Result<Self> {
+        if config.part_size < MIN_PART_SIZE {
+            return Err(Error::new(
+                ErrorKind::Config,
+                Phase::Setup,
+                format!(
+                    "part_size {} is below S3's minimum of {MIN_PART_SIZE} bytes",
+                    config.part_size
+                ),
+            )
+            .with_sink(&sink));
+        }
+        let mut loader = aws_config::defaults(BehaviorVersion::latest());
+        if let Some(region) = &config.region {
+            loader = loader.region(Region::new(region.clone()));
+        }
+        if let Some(endpoint) = &config.endpoint {
+            loader = loader.endpoint_url(endpoint);
+        }
+        match (&config.access_key_id, &config.secret_access_key) {
+            (Some(id), Some(secret)) => {
+                loader = loader.credentials_provider(Credentials::new(
+                    id,
+                    secret,
+                    None,
+                    None,
+                    "ratchet-config",
+                ));
+            }
+            (None, None) => {}
+            _ => {
+                return Err(Error::new(
+                    ErrorKind::Config,
+                    Phase::Setup,
+                    "set both access_key_id and secret_access_key, or neither (to use the AWS credential chain)",
+                )
+                .with_sink(&sink));
+            }
+        }
+        let shared = loader.load().await;
+        let mut builder =
+            aws_sdk_s3::config::Builder::from(&shared).force_path_style(config.force_path_style);
+        if shared.region().is_none() {
+            builder = builder.region(Region::new("us-east-1"));
+        }
+        let spill_dir = config.spill_dir.clone().unwrap_or_else(std::env::temp_dir);
+        std::fs::create_dir_all(&spill_dir).map_err(|e| {
+            Error::new(
+                ErrorKind::Config,
+                Phase::Setup,
+                format!("cannot create spill_dir {}", spill_dir.display()),
+            )
+            .with_source(e)
+        })?;
+        let backend = Self {
+            client: Client::from_conf(builder.build()),
+            bucket: config.bucket.clone(),
+            prefix: config.prefix.trim_matches('/').to_string(),
+            part_size: config.part_size as u64,
+            spill_dir,
+            sink,
+            subtask,
+            retry: RetryPolicy::default(),
+        };
+        // Fail at start, not at the first checkpoint, on a wrong bucket or credentials.
+        backend
+            .client
+            .head_bucket()
+            .bucket(&backend.bucket)
+            .send()
+            .await
+            .map_err(|e| {
+                s3_error("HeadBucket", &backend.bucket, "", Phase::Setup, e)
+                    .with_sink(&backend.sink)
+            })?;
+        Ok(backend)
+    }
+
+    /// Runs one S3 call, retrying transient failures with backoff; other errors come back as they are, for the
+    /// caller to inspect (412, 404) or report.
+    async fn send<T, E, F, Fut>(
+        &self,
+        op: &str,
+        mut call: F,
+    ) -> std::result::Result<T, SdkError<E, HttpResponse>>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, SdkError<E, HttpResponse>>>,
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    {
+        let mut attempts = self.retry.attempts();
+        loop {
+            match call().await {
+                Err(e)
+                    if attempts
+                        .again(op, transient(&e), format!("{:?}", e.code()))
+                        .await => {}
+                outcome => return outcome,
+            }
+        }
+    }
+
+    fn key(&self, relative: &str) -> String {
+        if self.prefix.is_empty() {
+            relative.to_string()
+        } else {
+            format!("{}/{relative}", self.prefix)
+        }
+    }
+
+    fn owner_key(&self) -> String {
+        self.key(&format!("{OWNER_DIR}/owner-{}.{}", self.sink, self.subtask))
+    }
+
+    pub(crate) fn staging_path(&self, name: &FileName) -> Result<PathBuf> {
+        Ok(self.spill_dir.join(format!(
+            "{SPILL_PREFIX}{:016x}-{}",
+            fnv(&name.partition),
+            name.visible()
+        )))
+    }
+
+    async fn read_range(&self, path: &std::path::Path, offset: u64, len: u64) -> Result<Vec<u8>> {
+        let path = path.to_path_buf();
+        tokio::task::spawn_blocking(move || {
+            let file = std::fs::File::open(&path)?;
+            let mut buf = vec![0; len as usize];
+            file.read_exact_at(&mut buf, offset)?;
+            Ok::<_, std::io::Error>(buf)
+        })
+        .await
+        .expect("read task panicked")
+        .map_err(|e| {
+            Error::new(
+                ErrorKind::MustAbort,
+                Phase::Write,
+                "cannot read the spill file",
+            )
+            .with_source(e)
+        })
+    }
+
+    async fn upload_part(
+        &self,
+        name: &FileName,
+        spill: &Path,
+        upload: &mut Option<Upload>,
+        len: u64,
+    ) -> Result<()> {
+        let key = self.key(&name.relative_path());
+        if upload.is_none() {
+            let created = self
+                .send("CreateMultipartUpload", || {
+                    self.client
+                        .create_multipart_upload()
+                        .bucket(&self.bucket)
+                        .key(&key)
+                        .send()
+                })
+                .await
+                .map_err(|e| {
+                    s3_error("CreateMultipartUpload", &self.bucket, &key, Phase::Write, e)
+                })?;
+            let upload_id = created.upload_id().unwrap_or_default().to_string();
+            *upload = Some(Upload {
+                key: key.clone(),
+                upload_id,
+                parts: Vec::new(),
+                uploaded: 0,
+            });
+        }
+        let upload = upload.as_mut().expect("created above");
+        let bytes = self.read_range(spill, upload.uploaded, len).await?;
+        let number = upload.parts.len() as i32 + 1;
+        let done = self
+            .send("UploadPart", || {
+                self.client
+                    .upload_part()
+                    .bucket(&self.bucket)
+                    .key(&upload.key)
+                    .upload_id(&upload.upload_id)
+                    .part_number(number)
+                    .body(ByteStream::from(bytes.clone()))
+                    .send()
+            })
+            .await
+            .map_err(|e| {
+                s3_error("UploadPart", &self.bucket, &upload.key, Phase::Write, e)
+                    .with_txn(upload.upload_id.clone())
+            })?;
+        upload.parts.push(UploadedPart {
+            number,
+            etag: done.e_tag().unwrap_or_default().to_string(),
+        });
+        upload.uploaded += len;
+        Ok(())
+    }
+
+    /// Uploads every full part the spill file holds beyond what is uploaded.
+    pub(crate) async fn upload_full_parts(&self, open: &mut OpenFile) -> Result<()> {
+        self.upload_ready(
+            &open.name,
+            &open.staging_path,
+            &mut open.upload,
+            open.written.get(),
+        )
+        .await
+    }
+
+    async fn upload_ready(
+        &self,
+        name: &FileName,
+        spill: &Path,
+        upload: &mut Option<Upload>,
+        written: u64,
+    ) -> Result<()> {
+        loop {
+            let uploaded = upload.as_ref().map_or(0, |u| u.uploaded);
+            if written - uploaded < self.part_size {
+                return Ok(());
+            }
+            self.upload_part(name, spill, upload, self.part_size)
+                .await?;
+        }
+    }
+
+    pub(crate) async fn seal(&self, open: OpenFile) -> Result<StagedFile> {
+        let OpenFile {
+            name,
+            writer,
+            written,
+            rows,
+            staging_path,
+            mut upload,
+        } = open;
+        // Finish the encoding (Parquet footer) into the spill file.
+        tokio::task::spawn_blocking(move || writer.finish().map(drop))
+            .await
+            .expect("finish task panicked")
+            .map_err(|e| {
+                Error::new(
+                    ErrorKind::MustAbort,
+                    Phase::PreCommit,
+                    format!("cannot finish {}", name.visible()),
+                )
+                .with_source(std::io::Error::other(e))
+            })?;
+        let total = written.get();
+        let key = self.key(&name.relative_path());
+        let staged = if upload.is_none() && total < MIN_PART_SIZE as u64 {
+            let staging_key = self.key(&format!("{STAGING_DIR}/{}", name.relative_path()));
+            let body = self.read_range(&staging_path, 0, total).await?;
+            let put = self
+                .send("PutObject", || {
+                    self.client
+                        .put_object()
+                        .bucket(&self.bucket)
+                        .key(&staging_key)
+                        .body(ByteStream::from(body.clone()))
+                        .send()
+                })
+                .await
+                .map_err(|e| {
+                    s3_error("PutObject", &self.bucket, &staging_key, Phase::PreCommit, e)
+                })?;
+            StagedFile::Staged {
+                bucket: self.bucket.clone(),
+                staging_key,
+                key,
+                etag: put.e_tag().unwrap_or_default().to_string(),
+                rows,
+                bytes: total,
+            }
+        } else {
+            self.upload_ready(&name, &staging_path, &mut upload, total)
+                .await?;
+            let uploaded = upload.as_ref().map_or(0, |u| u.uploaded);
+            if total > uploaded || upload.is_none() {
+                self.upload_part(&name, &staging_path, &mut upload, total - uploaded)
+                    .await?;
+            }
+            let upload = upload.expect("at least one part uploaded");
+            StagedFile::Multipart {
+                bucket: self.bucket.clone(),
+                key: upload.key,
+                upload_id: upload.upload_id,
+                parts: upload.parts,
+                rows,
+                bytes: total,
+            }
+        };
+        let _ = std::fs::remove_file(&staging_path);
+        Ok(staged)
+    }
+
+    pub(crate) async fn discard_open(&self, open: OpenFile) -> Result<()> {
+        let OpenFile {
+            staging_path,
+            upload,
+            ..
+        } = open;
+        let _ = std::fs::remove_file(&staging_path);
+        if let Some(upload) = upload {
+            self.abort_upload(&upload.key, &upload.upload_id, Phase::Abort)
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn abort_upload(&self, key: &str, upload_id: &str, phase: Phase) -> Result<()> {
+        match self
+            .client
+            .abort_multipart_upload()
+            .bucket(&self.bucket)
+            .key(key)
+            .upload_id(upload_id)
+            .send()
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if status_of(&e) == Some(404) => Ok(()),
+            Err(e) => Err(
+                s3_error("AbortMultipartUpload", &self.bucket, key, phase, e)
+                    .with_txn(upload_id.to_string()),
+            ),
+        }
+    }
+
+    /// HEAD of `key`: `(size, etag)`, or `None` when absent.
+    async fn head(&self, key: &str) -> Result<Option<(u64, String)>> {
+        match self
+            .client
+            .head_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .send()
+            .await
+        {
+            Ok(head) => Ok(Some((
+                head.content_length().unwrap_or(0) as u64,
+                head.e_tag()
+                    .unwrap_or_default()
+                    .trim_matches('"')
+                    .to_string(),
+            ))),
+            Err(e) if status_of(&e) == Some(404) => Ok(None),
+            Err(e) => Err(s3_error("HeadObject", &self.bucket, key, Phase::Commit, e)),
+        }
+    }
+
+    pub(crate) async fn publish(&self, staged: &StagedFile) -> Result<()> {
+        match staged {
+            StagedFile::Multipart {
+                key,
+                upload_id,
+                parts,
+                bytes,
+                ..
+            } => {
+                let completed = CompletedMultipartUpload::builder()
+                    .set_parts(Some(
+                        parts
+                            .iter()
+                            .map(|p| {
+                                CompletedPart::builder()
+                                    .part_number(p.number)
+                                    .e_tag(&p.etag)
+                                    .build()
+                            })
+                            .collect(),
+                    ))
+                    .build();
+                let outcome = self
+                    .send("CompleteMultipartUpload", || {
+                        self.client
+                            .complete_multipart_upload()
+                            .bucket(&self.bucket)
+                            .key(key)
+                            .upload_id(upload_id)
+                            .multipart_upload(completed.clone())
+                            .if_none_match("*")
+                            .send()
+                    })
+                    .await;
+                match outcome {
+                    Ok(_) => Ok(()),
+                    // 412: the key exists (completed before); 404: the upload is gone (completed before, or lost).
+                    Err(e) if matches!(status_of(&e), Some(412 | 404)) => {
+                        let suffix = format!("-{}", parts.len());
+                        match self.head(key).await? {
+                            Some((size, etag)) if size == *bytes && (etag.ends_with(&suffix) || parts.len() == 1) => Ok(()),
+                            Some((size, etag)) => Err(Error::new(
+                                ErrorKind::Fatal,
+                                Phase::Commit,
+                                format!(
+                                    "s3://{}/{key} exists but is not this file (size {size} vs {bytes}, ETag {etag}): \
+                                     something else wrote the key; not overwriting it",
+                                    self.bucket
+                                ),
+                            )
+                            .with_txn(upload_id.clone())),
+                            None => Err(s3_error("CompleteMultipartUpload", &self.bucket, key, Phase::Commit, e)
+                                .with_txn(upload_id.clone())),
+                        }
+                    }
+                    Err(e) => Err(s3_error(
+                        "CompleteMultipartUpload",
+                        &self.bucket,
+                        key,
+                        Phase::Commit,
+                        e,
+                    )
+                    .with_txn(upload_id.clone())),
+                }
+            }
+            StagedFile::Staged {
+                staging_key,
+                key,
+                etag,
+                bytes,
+                ..
+            } => {
+                let expected = etag.trim_matches('"');
+                match self.head(key).await? {
+                    Some((size, found)) if size == *bytes && found == expected => {}
+                    Some((size, found)) => {
+                        return Err(Error::new(
+                            ErrorKind::Fatal,
+                            Phase::Commit,
+                            format!(
+                                "s3://{}/{key} exists but is not this file (size {size} vs {bytes}, ETag {found} vs \
+                                 {expected}): not overwriting it",
+                                self.bucket
+                            ),
+                        ));
+                    }
+                    None => {
+                        let source = encode_copy_source(&self.bucket, staging_key);
+                        self.send("CopyObject", || {
+                            self.client
+                                .copy_object()
+                                .bucket(&self.bucket)
+                                .key(key)
+                                .copy_source(&source)
+                                .if_none_match("*")
+                                .send()
+                        })
+                        .await
+                        .map_err(|e| {
+                            s3_error("CopyObject", &self.bucket, staging_key, Phase::Commit, e)
+                        })?;
+                    }
+                }
+                self.delete(staging_key, Phase::Commit).await
+            }
+            StagedFile::Local { .. } => unreachable!("checked by Backend::publish"),
+        }
+    }
+
+    async fn delete(&self, key: &str, phase: Phase) -> Result<()> {
+        self.send("DeleteObject", || {
+            self.client
+                .delete_object()
+                .bucket(&self.bucket)
+                .key(key)
+                .send()
+        })
+        .await
+        .map(drop)
+        .map_err(|e| s3_error("DeleteObject", &self.bucket, key, phase, e))
+    }
+
+    pub(crate) async fn is_published(&self, staged: &StagedFile) -> Result<bool> {
+        match staged {
+            StagedFile::Multipart { key, bytes, .. } | StagedFile::Staged { key, bytes, .. } => {
+                Ok(self
+                    .head(key)
+                    .await?
+                    .is_some_and(|(size, _)| size == *bytes))
+            }
+            StagedFile::Local { .. } => Ok(false),
+        }
+    }
+
+    pub(crate) async fn discard_staged(&self, staged: &StagedFile) -> Result<()> {
+        match staged {
+            StagedFile::Multipart { key, upload_id, .. } => {
+                self.abort_upload(key, upload_id, Phase::Abort).await
+            }
+            StagedFile::Staged { staging_key, .. } => self.delete(staging_key, Phase::Abort).await,
+            StagedFile::Local { .. } => Ok(()),
+        }
+    }
+
+    /// The owner epoch and the owner object's ETag (for compare-and-swap).
+    pub(crate) async fn read_epoch(&self) -> Result<(u64, Option<String>)> {
+        let key = self.owner_key();
+        match self
+            .client
+            .get_object()
+            .bucket(&self.bucket)
+            .key(&key)
+            .send()
+            .await
+        {
+            Ok(object) => {
+                let etag = object.e_tag().map(str::to_string);
+                let body = object.body.collect().await.map_err(|e| {
+                    Error::new(
+                        ErrorKind::Retryable,
+                        Phase::Recover,
+                        format!("cannot read s3://{}/{key}", self.bucket),
+                    )
+                    .with_source(e)
+                })?;
+                let text = String::from_utf8_lossy(&body.into_bytes())
+                    .trim()
+                    .to_string();
+                let epoch = text.parse().map_err(|e| {
+                    Error::new(
+                        ErrorKind::Fatal,
+                        Phase::Recover,
+                        format!("s3://{}/{key} holds {text:?}, not an epoch", self.bucket),
+                    )
+                    .with_source(e)
+                })?;
+                Ok((epoch, etag))
+            }
+            Err(e) if status_of(&e) == Some(404) => Ok((0, None)),
+            Err(e) => Err(s3_error("GetObject", &self.bucket, &key, Phase::Recover, e)),
+        }
+    }
+
+    /// Raises the owner epoch with a conditional write (If-Match the old ETag, or If-None-Match when new), so two
+    /// instances recovering at once cannot both take the same epoch.
+    pub(crate) async fn bump_epoch(&self) -> Result<u64> {
+        let key = self.owner_key();
+        for _ in 0..10 {
+            let (epoch, etag) = self.read_epoch().await?;
+            let next = epoch + 1;
+            let put = self
+                .client
+                .put_object()
+                .bucket(&self.bucket)
+                .key(&key)
+                .body(ByteStream::from(next.to_string().into_bytes()));
+            let put = match &etag {
+                Some(etag) => put.if_match(etag),
+                None => put.if_none_match("*"),
+            };
+            match put.send().await {
+                Ok(_) => return Ok(next),
+                Err(e) if matches!(status_of(&e), Some(412 | 409)) => continue,
+                Err(e) => return Err(s3_error("PutObject", &self.bucket, &key, Phase::Recover, e)),
+            }
+        }
+        Err(Error::new(
+            ErrorKind::Retryable,
+            Phase::Recover,
+            format!(
+                "s3://{}/{key} kept changing: other instances of this sink are recovering at the same time",
+                self.bucket
+            ),
+        ))
+    }
+
+    fn owns_key(&self, key: &str) -> bool {
+        let name = key.rsplit('/').next().unwrap_or(key);
+        FileName::is_owned(name, &self.sink, self.subtask)
+    }
+
+    pub(crate) async fn remove_owned_stages(&self) -> Result<Vec<String>> {
+        let mut removed = Vec::new();
+        let scope = if self.prefix.is_empty() {
+            String::new()
+        } else {
+            format!("{}/", self.prefix)
+        };
+        // Open multipart uploads under the prefix.
+        let (mut key_marker, mut upload_marker) = (None::<String>, None::<String>);
+        loop {
+            let page = self
+                .client
+                .list_multipart_uploads()
+                .bucket(&self.bucket)
+                .prefix(&scope)
+                .set_key_marker(key_marker.clone())
+                .set_upload_id_marker(upload_marker.clone())
+                .send()
+                .await
+                .map_err(|e| {
+                    s3_error(
+                        "ListMultipartUploads",
+                        &self.bucket,
+                        &scope,
+                        Phase::Recover,
+                        e,
+                    )
+                })?;
+            for upload in page.uploads() {
+                let (Some(key), Some(id)) = (upload.key(), upload.upload_id()) else {
+                    continue;
+                };
+                if self.owns_key(key) {
+                    self.abort_upload(key, id, Phase::Recover).await?;
+                    removed.push(format!(
+                        "multipart upload {id} of s3://{}/{key}",
+                        self.bucket
+                    ));
+                }
+            }
+            if page.is_truncated() != Some(true) {
+                break;
+            }
+            key_marker = page.next_key_marker().map(str::to_string);
+            upload_marker = page.next_upload_id_marker().map(str::to_string);
+        }
+        // Staged small files.
+        let staging = self.key(&format!("{STAGING_DIR}/"));
+        let mut token = None::<String>;
+        loop {
+            let page = self
+                .client
+                .list_objects_v2()
+                .bucket(&self.bucket)
+                .prefix(&staging)
+                .set_continuation_token(token.clone())
+                .send()
+                .await
+                .map_err(|e| {
+                    s3_error("ListObjectsV2", &self.bucket, &staging, Phase::Recover, e)
+                })?;
+            for object in page.contents() {
+                let Some(key) = object.key() else { continue };
+                if self.owns_key(key) {
+                    self.delete(key, Phase::Recover).await?;
+                    removed.push(format!("staged object s3://{}/{key}", self.bucket));
+                }
+            }
+            match page.next_continuation_token() {
+                Some(next) if page.is_truncated() == Some(true) => token = Some(next.to_string()),
+                _ => break,
+            }
+        }
+        // Local spill files of crashed attempts.
+        if let Ok(entries) = std::fs::read_dir(&self.spill_dir) {
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let owned = name
+                    .strip_prefix(SPILL_PREFIX)
+                    .and_then(|rest| rest.split_once('-'))
+                    .is_some_and(|(_, file)| FileName::is_owned(file, &self.sink, self.subtask));
+                if owned && std::fs::remove_file(entry.path()).is_ok() {
+                    removed.push(format!("spill file {}", entry.path().display()));
+                }
+            }
+        }
+        Ok(removed)
+    }
+}
