@@ -21,18 +21,10 @@ fn record(id: u64) -> CheckpointRecord {
     }
 }
 
-fn unique_job() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("job-{}-{nanos}", std::process::id())
-}
-
 #[tokio::test]
 async fn shared_store_keeps_decisions_and_falls_back_from_damage() {
     let services = Services::get();
-    let job = unique_job();
+    let job = integration::unique_name("job");
     let worker_a = PgCheckpointStore::connect(services.pg_url(), &job, 3)
         .await
         .unwrap();

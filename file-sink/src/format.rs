@@ -73,7 +73,7 @@ impl FormatWriter {
     ) -> Result<(Self, WrittenBytes), parquet::errors::ParquetError> {
         let written = Arc::new(AtomicU64::new(0));
         let target = BufWriter::with_capacity(
-            256 * 1024,
+            1024 * 1024,
             CountingFile {
                 file,
                 written: written.clone(),

@@ -14,3 +14,11 @@ pub mod reference;
 mod services;
 
 pub use services::{S3Endpoint, Services};
+
+/// A name no other test run uses: `<prefix>-<pid>-<nanoseconds>`, for topics, tables, prefixes and directories.
+pub fn unique_name(prefix: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{prefix}-{}-{nanos}", std::process::id())
+}

@@ -5,14 +5,14 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arrow_array::{Int64Array, RecordBatch, StringArray};
+use arrow_array::RecordBatch;
 use async_trait::async_trait;
 use connector_api::{
     CheckpointId, CheckpointRecord, CheckpointStore, DeliveryGuarantee, Driver, DriverConfig,
     Error, ErrorKind, FaultPoint, GuaranteedSink, LocalCheckpointStore, Phase, Result, RetryPolicy,
     SinkId, SourceOffset, committables_in,
 };
-use integration::conformance::conformance_schema;
+use integration::conformance::conformance_batch;
 use integration::reference::{ReferenceSink, ReferenceSystem};
 
 const RUN: &str = "driver-test";
@@ -22,15 +22,7 @@ fn sink_id() -> SinkId {
 }
 
 fn rows(ids: std::ops::Range<i64>) -> RecordBatch {
-    let payloads: Vec<String> = ids.clone().map(|i| format!("r{i}")).collect();
-    RecordBatch::try_new(
-        conformance_schema(),
-        vec![
-            Arc::new(Int64Array::from_iter_values(ids)),
-            Arc::new(StringArray::from_iter_values(payloads)),
-        ],
-    )
-    .unwrap()
+    conformance_batch(ids)
 }
 
 fn at(next: i64) -> Vec<SourceOffset> {

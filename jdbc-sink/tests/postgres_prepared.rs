@@ -5,20 +5,12 @@ use connector_api::{CheckpointId, ErrorKind, SinkId, SubtaskId};
 use integration::Services;
 use jdbc_sink::{CommitOutcome, PgPreparedTransactions, Xid};
 
-fn unique(name: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("{name}_{}_{nanos}", std::process::id())
-}
-
 #[tokio::test]
 async fn prepared_rows_become_visible_only_at_commit_from_another_session() {
     let services = Services::get();
-    let table = unique("jdbc_prepared");
+    let table = integration::unique_name("jdbc_prepared").replace('-', "_");
     services.psql(&format!("CREATE TABLE {table} (id bigint PRIMARY KEY)"));
-    let sink = SinkId::new(unique("pg")).unwrap();
+    let sink = SinkId::new(integration::unique_name("pg")).unwrap();
     let xid = Xid {
         sink: sink.clone(),
         subtask: SubtaskId(0),
@@ -74,10 +66,10 @@ async fn prepared_rows_become_visible_only_at_commit_from_another_session() {
 #[tokio::test]
 async fn committing_a_rolled_back_transaction_is_a_loud_error() {
     let services = Services::get();
-    let table = unique("jdbc_rolled_back");
+    let table = integration::unique_name("jdbc_rolled_back").replace('-', "_");
     services.psql(&format!("CREATE TABLE {table} (id bigint)"));
     let xid = Xid {
-        sink: SinkId::new(unique("pg")).unwrap(),
+        sink: SinkId::new(integration::unique_name("pg")).unwrap(),
         subtask: SubtaskId(1),
         checkpoint: CheckpointId(7),
     };

@@ -8,14 +8,6 @@ use integration::Services;
 use kafka_sink::{KafkaSinkConfig, classify, open_transactional_producer};
 use rdkafka::producer::{FutureRecord, Producer};
 
-fn unique(name: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("{name}-{}-{nanos}", std::process::id())
-}
-
 fn values(topic: &str) -> Vec<String> {
     let services = Services::get();
     let seen = services.verify(
@@ -33,8 +25,12 @@ fn values(topic: &str) -> Vec<String> {
 #[tokio::test]
 async fn committed_records_are_visible_and_a_zombie_is_fenced() {
     let services = Services::get();
-    let topic = unique("kafka-sink-producer");
-    let config = KafkaSinkConfig::new(services.kafka_bootstrap(), &topic, unique("ratchet-test"));
+    let topic = integration::unique_name("kafka-sink-producer");
+    let config = KafkaSinkConfig::new(
+        services.kafka_bootstrap(),
+        &topic,
+        integration::unique_name("ratchet-test"),
+    );
     let id = config
         .id_pool()
         .unwrap()

@@ -19,11 +19,7 @@ fn killed_mid_run_and_restarted_writes_every_record_exactly_once() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
     let state = dir.path().join("checkpoints");
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    let topic = format!("ratchet-demo-test-{}-{nanos}", std::process::id());
+    let topic = integration::unique_name("ratchet-demo-test");
     let common = |cmd: &mut Command| {
         cmd.args([
             "demo",

@@ -26,12 +26,8 @@ impl Place {
     }
 
     pub fn s3(test: &str) -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
         Place::S3 {
-            prefix: format!("file-sink-tests/{test}-{}-{nanos}", std::process::id()),
+            prefix: format!("file-sink-tests/{}", integration::unique_name(test)),
         }
     }
 

@@ -8,7 +8,7 @@ use connector_api::{
     Report as ErrorReport, RetryPolicy, SinkId, TwoPhaseCommit,
 };
 
-use super::source::{Rng, batch, positions, resume_offset};
+use super::source::{Rng, conformance_batch as batch, positions, resume_offset};
 use super::{Conformance, ConformanceTarget, ReportRow};
 
 /// Where a scenario crashes.
@@ -137,10 +137,7 @@ pub(super) async fn run<T: ConformanceTarget>(
     config: &Conformance,
 ) -> ReportRow {
     let name = scenario.name();
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    let run = format!("{name}-{}-{nanos}", std::process::id());
+    let run = crate::unique_name(&name);
     let mut stats = Stats::default();
     let outcome = run_scenario(target, scenario, config, &run, &mut stats).await;
     ReportRow {

@@ -18,8 +18,8 @@ pub fn conformance_schema() -> SchemaRef {
     ]))
 }
 
-/// A batch holding records `ids`.
-pub(crate) fn batch(ids: std::ops::Range<i64>) -> RecordBatch {
+/// A batch of [`conformance_schema`] holding records `ids` (payload `record-<id>`).
+pub fn conformance_batch(ids: std::ops::Range<i64>) -> RecordBatch {
     let payloads: Vec<String> = ids.clone().map(|i| format!("record-{i}")).collect();
     RecordBatch::try_new(
         conformance_schema(),
