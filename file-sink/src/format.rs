@@ -14,25 +14,27 @@ use parquet::file::properties::WriterProperties;
 
 use crate::config::{FormatConfig, ParquetCompression};
 
-/// A file that counts the bytes that reached it (below any buffering), readable from another handle meanwhile.
-pub(crate) struct CountingFile {
-    file: File,
-    written: Arc<AtomicU64>,
+/// A writer that counts the bytes passed through it.
+pub(crate) struct Counting<W> {
+    inner: W,
+    count: Arc<AtomicU64>,
 }
 
-impl Write for CountingFile {
+impl<W: Write> Write for Counting<W> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.file.write(buf)?;
-        self.written.fetch_add(n as u64, Ordering::Release);
+        let n = self.inner.write(buf)?;
+        self.count.fetch_add(n as u64, Ordering::Release);
         Ok(n)
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
-        self.file.flush()
+        self.inner.flush()
     }
 }
 
-type Target = BufWriter<CountingFile>;
+/// Encoded bytes are counted above the buffer (for rolling by size), flushed bytes below it (what the staging
+/// file holds, readable from another handle meanwhile).
+type Target = Counting<BufWriter<Counting<File>>>;
 
 /// Writes batches of one schema in one format into a local file.
 pub(crate) enum FormatWriter {
@@ -41,13 +43,22 @@ pub(crate) enum FormatWriter {
     Csv(Box<arrow::csv::Writer<Target>>),
 }
 
-/// How many bytes have reached the file (shared with the writer).
+/// Byte counts of an open file (shared with its writer).
 #[derive(Clone)]
-pub(crate) struct WrittenBytes(Arc<AtomicU64>);
+pub(crate) struct WrittenBytes {
+    encoded: Arc<AtomicU64>,
+    flushed: Arc<AtomicU64>,
+}
 
 impl WrittenBytes {
-    pub(crate) fn get(&self) -> u64 {
-        self.0.load(Ordering::Acquire)
+    /// Bytes the encoder produced so far (some may still sit in the write buffer).
+    pub(crate) fn encoded(&self) -> u64 {
+        self.encoded.load(Ordering::Acquire)
+    }
+
+    /// Bytes that reached the staging file.
+    pub(crate) fn flushed(&self) -> u64 {
+        self.flushed.load(Ordering::Acquire)
     }
 }
 
@@ -71,14 +82,20 @@ impl FormatWriter {
         schema: &SchemaRef,
         file: File,
     ) -> Result<(Self, WrittenBytes), parquet::errors::ParquetError> {
-        let written = Arc::new(AtomicU64::new(0));
-        let target = BufWriter::with_capacity(
-            1024 * 1024,
-            CountingFile {
-                file,
-                written: written.clone(),
-            },
-        );
+        let written = WrittenBytes {
+            encoded: Arc::new(AtomicU64::new(0)),
+            flushed: Arc::new(AtomicU64::new(0)),
+        };
+        let target = Counting {
+            inner: BufWriter::with_capacity(
+                1024 * 1024,
+                Counting {
+                    inner: file,
+                    count: written.flushed.clone(),
+                },
+            ),
+            count: written.encoded.clone(),
+        };
         let writer = match format {
             FormatConfig::Parquet {
                 compression,
@@ -93,7 +110,7 @@ impl FormatWriter {
             }
             FormatConfig::Csv => FormatWriter::Csv(Box::new(arrow::csv::Writer::new(target))),
         };
-        Ok((writer, WrittenBytes(written)))
+        Ok((writer, written))
     }
 
     /// Encodes `batch`.
@@ -127,7 +144,7 @@ impl FormatWriter {
             }
             FormatWriter::Csv(w) => w.into_inner(),
         };
-        let counting = target.into_inner().map_err(|e| e.into_error())?;
-        Ok(counting.file)
+        let file = target.inner.into_inner().map_err(|e| e.into_error())?;
+        Ok(file.inner)
     }
 }

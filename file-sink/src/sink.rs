@@ -148,7 +148,7 @@ impl FileSink {
     fn should_roll(&self, open: &OpenFile) -> bool {
         let rolling = &self.config.rolling;
         open.rows >= rolling.max_records
-            || open.written.get() + open.writer.buffered_bytes() >= rolling.max_bytes
+            || open.written.encoded() + open.writer.buffered_bytes() >= rolling.max_bytes
     }
 
     async fn seal(&mut self, partition: &str) -> Result<()> {

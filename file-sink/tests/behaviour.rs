@@ -118,6 +118,26 @@ async fn partitions_by_field_and_rolls_by_record_count() {
 }
 
 #[tokio::test]
+async fn rolls_by_size() {
+    let (place, _dir) = Place::local();
+    let mut config = config(&place, "sized", &sink_id());
+    config.format = FormatConfig::JsonLines;
+    config.rolling = RollingPolicy {
+        max_bytes: 4096,
+        ..RollingPolicy::default()
+    };
+    // 20 batches of 10 rows of ~130 bytes: a file passes 4 KiB every few batches.
+    let batches: Vec<RecordBatch> = (0..20).map(|i| rows(i * 10..(i + 1) * 10, 100)).collect();
+    write_and_commit(config, &batches).await;
+    let (ids, files, _) = place.read("sized", "id");
+    assert_eq!(sorted(ids), (0..200).collect::<Vec<_>>());
+    assert!(
+        files.len() >= 5,
+        "expected several size-rolled files: {files:?}"
+    );
+}
+
+#[tokio::test]
 async fn a_batch_with_the_wrong_schema_is_refused_naming_the_field() {
     let (place, _dir) = Place::local();
     let mut sink = FileSink::new(config(&place, "bad", &sink_id()))

@@ -324,7 +324,7 @@ impl S3Backend {
             &open.name,
             &open.staging_path,
             &mut open.upload,
-            open.written.get(),
+            open.written.flushed(),
         )
         .await
     }
@@ -367,7 +367,7 @@ impl S3Backend {
                 )
                 .with_source(std::io::Error::other(e))
             })?;
-        let total = written.get();
+        let total = written.flushed();
         let key = self.key(&name.relative_path());
         let staged = if upload.is_none() && total < MIN_PART_SIZE as u64 {
             let staging_key = self.key(&format!("{STAGING_DIR}/{}", name.relative_path()));
