@@ -76,12 +76,12 @@ fn kill_myself() -> ! {
 async fn child_job(place: Place, checkpoints: PathBuf, step: String) {
     let point = step.clone();
     let injector = Arc::new(move |checkpoint: CheckpointId, fault: &FaultPoint| {
-        let hit = match (point.as_str(), fault) {
-            ("after-pre-commit", FaultPoint::AfterPreCommit { .. }) => true,
-            ("after-record-durable", FaultPoint::AfterRecordDurable) => true,
-            ("after-commit", FaultPoint::AfterCommit { .. }) => true,
-            _ => false,
-        };
+        let hit = matches!(
+            (point.as_str(), fault),
+            ("after-pre-commit", FaultPoint::AfterPreCommit { .. })
+                | ("after-record-durable", FaultPoint::AfterRecordDurable)
+                | ("after-commit", FaultPoint::AfterCommit { .. })
+        );
         if hit && checkpoint.0 == CRASH_CHECKPOINT {
             kill_myself();
         }
