@@ -1,0 +1,317 @@
+//! Finishing a transaction at the protocol level, from any process: librdkafka cannot resume another process's
+//! transaction, and `init_transactions` on its transactional id would abort it. The transaction coordinator
+//! describes a transaction by its transactional id (DescribeTransactions, KIP-664: state, producer id, epoch,
+//! partitions), and EndTxn with that producer id and epoch commits (or aborts) it, exactly as the producer that
+//! began it would have.
+//!
+//! The wire format comes from the `kafka-protocol` crate; this module only frames requests over TCP.
+
+use std::time::Duration;
+
+use bytes::{Buf, BufMut, BytesMut};
+use connector_api::{Error, ErrorKind, Phase, Result};
+use kafka_protocol::messages::{
+    ApiKey, ApiVersionsRequest, ApiVersionsResponse, DescribeTransactionsRequest, EndTxnRequest,
+    FindCoordinatorRequest, ProducerId, RequestHeader, ResponseHeader, TransactionalId,
+};
+use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// How long one request may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Kafka error codes this module acts on.
+mod code {
+    pub const NONE: i16 = 0;
+    pub const COORDINATOR_LOAD_IN_PROGRESS: i16 = 14;
+    pub const COORDINATOR_NOT_AVAILABLE: i16 = 15;
+    pub const NOT_COORDINATOR: i16 = 16;
+    pub const INVALID_PRODUCER_EPOCH: i16 = 47;
+    pub const INVALID_TXN_STATE: i16 = 48;
+    pub const CONCURRENT_TRANSACTIONS: i16 = 51;
+    pub const PRODUCER_FENCED: i16 = 90;
+    pub const TRANSACTIONAL_ID_NOT_FOUND: i16 = 105;
+}
+
+/// What the coordinator says about one transactional id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransactionDescription {
+    /// `Empty`, `Ongoing`, `PrepareCommit`, `PrepareAbort`, `CompleteCommit`, `CompleteAbort`, `Dead`, or
+    /// `PrepareEpochFence`.
+    pub state: String,
+    /// The producer id that owns the transactional id.
+    pub producer_id: i64,
+    /// Its current epoch.
+    pub producer_epoch: i16,
+    /// `transaction.timeout.ms` of the transaction.
+    pub timeout_ms: i32,
+    /// When the ongoing transaction started (ms since the epoch), or -1.
+    pub start_time_ms: i64,
+    /// The partitions in the transaction.
+    pub partitions: Vec<(String, i32)>,
+}
+
+/// One connection to one broker.
+struct Connection {
+    stream: TcpStream,
+    address: String,
+    correlation: i32,
+}
+
+fn protocol_error(address: &str, what: &str, e: impl std::fmt::Display) -> Error {
+    Error::new(
+        ErrorKind::Retryable,
+        Phase::Commit,
+        format!("Kafka {what} with {address} failed: {e}"),
+    )
+}
+
+impl Connection {
+    async fn open(address: &str) -> Result<Self> {
+        let stream = tokio::time::timeout(REQUEST_TIMEOUT, TcpStream::connect(address))
+            .await
+            .map_err(|_| protocol_error(address, "connect", "timed out"))?
+            .map_err(|e| protocol_error(address, "connect", e))?;
+        Ok(Self {
+            stream,
+            address: address.to_string(),
+            correlation: 0,
+        })
+    }
+
+    /// Sends `request` at `version` and reads its response.
+    async fn send<R: Request>(&mut self, version: i16, request: &R) -> Result<R::Response> {
+        self.correlation += 1;
+        let header = RequestHeader::default()
+            .with_request_api_key(R::KEY)
+            .with_request_api_version(version)
+            .with_correlation_id(self.correlation)
+            .with_client_id(Some(StrBytes::from_static_str("ratchet")));
+        let mut body = BytesMut::new();
+        header
+            .encode(&mut body, R::header_version(version))
+            .and_then(|()| request.encode(&mut body, version))
+            .map_err(|e| {
+                Error::new(
+                    ErrorKind::Bug,
+                    Phase::Commit,
+                    format!("cannot encode request: {e}"),
+                )
+            })?;
+        let mut frame = BytesMut::with_capacity(body.len() + 4);
+        frame.put_i32(body.len() as i32);
+        frame.extend_from_slice(&body);
+        let address = self.address.clone();
+        let exchange = async {
+            self.stream.write_all(&frame).await?;
+            let length = self.stream.read_i32().await?;
+            let mut response = vec![0u8; length.max(0) as usize];
+            self.stream.read_exact(&mut response).await?;
+            Ok::<_, std::io::Error>(response)
+        };
+        let response = tokio::time::timeout(REQUEST_TIMEOUT, exchange)
+            .await
+            .map_err(|_| protocol_error(&address, "request", "timed out"))?
+            .map_err(|e| protocol_error(&address, "request", e))?;
+        let mut bytes = bytes::Bytes::from(response);
+        let header = ResponseHeader::decode(&mut bytes, R::Response::header_version(version))
+            .map_err(|e| protocol_error(&address, "response header", e))?;
+        if header.correlation_id != self.correlation {
+            return Err(protocol_error(
+                &address,
+                "response",
+                "correlation id mismatch",
+            ));
+        }
+        let decoded = R::Response::decode(&mut bytes, version)
+            .map_err(|e| protocol_error(&address, "response", e))?;
+        if bytes.has_remaining() {
+            tracing::debug!(left = bytes.remaining(), "response had trailing bytes");
+        }
+        Ok(decoded)
+    }
+
+    /// The highest version of `key` both sides support, at most `ours`.
+    async fn version(&mut self, key: ApiKey, ours: i16) -> Result<i16> {
+        let versions: ApiVersionsResponse = self.send(0, &ApiVersionsRequest::default()).await?;
+        let theirs = versions
+            .api_keys
+            .iter()
+            .find(|k| k.api_key == key as i16)
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Fatal,
+                    Phase::Setup,
+                    format!(
+                        "the broker at {} does not support {key:?}; Kafka 3.0 or later is needed",
+                        self.address
+                    ),
+                )
+            })?;
+        Ok(ours.min(theirs.max_version))
+    }
+}
+
+/// The address of the transaction coordinator of `transactional_id`.
+async fn coordinator(bootstrap: &str, transactional_id: &str) -> Result<String> {
+    let first = bootstrap.split(',').next().unwrap_or(bootstrap).trim();
+    let mut connection = Connection::open(first).await?;
+    let version = connection.version(ApiKey::FindCoordinator, 4).await?;
+    for attempt in 0..20 {
+        let key = StrBytes::from_string(transactional_id.to_string());
+        // Version 4 (KIP-699) takes a list of keys; older versions a single one.
+        let request = if version >= 4 {
+            FindCoordinatorRequest::default()
+                .with_key_type(1)
+                .with_coordinator_keys(vec![key])
+        } else {
+            FindCoordinatorRequest::default()
+                .with_key_type(1)
+                .with_key(key)
+        };
+        let response = connection.send(version, &request).await?;
+        let (error, host, port) = match response.coordinators.first() {
+            Some(c) if version >= 4 => (c.error_code, c.host.to_string(), c.port),
+            _ => (
+                response.error_code,
+                response.host.to_string(),
+                response.port,
+            ),
+        };
+        match error {
+            code::NONE => return Ok(format!("{host}:{port}")),
+            code::COORDINATOR_NOT_AVAILABLE | code::COORDINATOR_LOAD_IN_PROGRESS
+                if attempt < 19 =>
+            {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            other => {
+                return Err(Error::new(
+                    ErrorKind::Retryable,
+                    Phase::Commit,
+                    format!("FindCoordinator for {transactional_id} returned error code {other}"),
+                )
+                .with_txn(transactional_id));
+            }
+        }
+    }
+    unreachable!("the last attempt returns")
+}
+
+/// Describes the transaction state of `transactional_id` (DescribeTransactions).
+pub async fn describe_transaction(
+    bootstrap: &str,
+    transactional_id: &str,
+) -> Result<TransactionDescription> {
+    let address = coordinator(bootstrap, transactional_id).await?;
+    let mut connection = Connection::open(&address).await?;
+    let request =
+        DescribeTransactionsRequest::default().with_transactional_ids(vec![TransactionalId(
+            StrBytes::from_string(transactional_id.to_string()),
+        )]);
+    let response = connection.send(0, &request).await?;
+    let state = response
+        .transaction_states
+        .into_iter()
+        .next()
+        .ok_or_else(|| {
+            Error::new(
+                ErrorKind::Bug,
+                Phase::Commit,
+                "DescribeTransactions returned no state",
+            )
+            .with_txn(transactional_id)
+        })?;
+    match state.error_code {
+        code::NONE => {}
+        code::TRANSACTIONAL_ID_NOT_FOUND => {
+            return Err(Error::new(
+                ErrorKind::Fatal,
+                Phase::Commit,
+                "the broker does not know this transactional id (expired after transactional.id.expiration.ms?)",
+            )
+            .with_txn(transactional_id));
+        }
+        other => {
+            return Err(Error::new(
+                ErrorKind::Retryable,
+                Phase::Commit,
+                format!("DescribeTransactions returned error code {other}"),
+            )
+            .with_txn(transactional_id));
+        }
+    }
+    Ok(TransactionDescription {
+        state: state.transaction_state.to_string(),
+        producer_id: state.producer_id.0,
+        producer_epoch: state.producer_epoch,
+        timeout_ms: state.transaction_timeout_ms,
+        start_time_ms: state.transaction_start_time_ms,
+        partitions: state
+            .topics
+            .into_iter()
+            .flat_map(|t| {
+                let topic = t.topic.to_string();
+                t.partitions.into_iter().map(move |p| (topic.clone(), p))
+            })
+            .collect(),
+    })
+}
+
+/// Commits (`commit = true`) or aborts the transaction of `transactional_id` owned by `producer_id` at
+/// `producer_epoch` (EndTxn), on behalf of the producer that began it.
+///
+/// # Idempotence
+/// Ending a transaction that already completed the same way succeeds (the coordinator accepts the retry).
+///
+/// # Errors
+/// [`Fenced`](ErrorKind::Fenced) when the producer id or epoch no longer own the transactional id (another producer
+/// initialised it); [`Fatal`](ErrorKind::Fatal) when the transaction already ended the other way (the broker
+/// aborted it after its timeout); [`Retryable`](ErrorKind::Retryable) for coordinator moves and concurrent
+/// transaction completion.
+pub async fn end_transaction(
+    bootstrap: &str,
+    transactional_id: &str,
+    producer_id: i64,
+    producer_epoch: i16,
+    commit: bool,
+) -> Result<()> {
+    let address = coordinator(bootstrap, transactional_id).await?;
+    let mut connection = Connection::open(&address).await?;
+    let version = connection.version(ApiKey::EndTxn, 5).await?;
+    let request = EndTxnRequest::default()
+        .with_transactional_id(TransactionalId(StrBytes::from_string(
+            transactional_id.to_string(),
+        )))
+        .with_producer_id(ProducerId(producer_id))
+        .with_producer_epoch(producer_epoch)
+        .with_committed(commit);
+    let response = connection.send(version, &request).await?;
+    let txn = format!("{transactional_id} (producer id {producer_id}, epoch {producer_epoch})");
+    match response.error_code {
+        code::NONE => Ok(()),
+        code::INVALID_PRODUCER_EPOCH | code::PRODUCER_FENCED => Err(Error::new(
+            ErrorKind::Fenced,
+            Phase::Commit,
+            "the producer epoch no longer owns the transactional id: another producer initialised it, or the broker \
+             aborted the transaction (its timeout expired) and bumped the epoch",
+        )
+        .with_txn(txn)),
+        code::NOT_COORDINATOR | code::COORDINATOR_NOT_AVAILABLE | code::COORDINATOR_LOAD_IN_PROGRESS
+        | code::CONCURRENT_TRANSACTIONS => Err(Error::new(
+            ErrorKind::Retryable,
+            Phase::Commit,
+            format!("EndTxn returned retriable error code {}", response.error_code),
+        )
+        .with_txn(txn)),
+        code::INVALID_TXN_STATE => Err(Error::new(
+            ErrorKind::Fatal,
+            Phase::Commit,
+            "EndTxn refused: the transaction is no longer open for this producer (the broker aborted it after its \
+             transaction.timeout.ms, or it was ended the other way)",
+        )
+        .with_txn(txn)),
+        other => Err(Error::new(ErrorKind::Fatal, Phase::Commit, format!("EndTxn returned error code {other}")).with_txn(txn)),
+    }
+}

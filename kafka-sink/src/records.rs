@@ -1,0 +1,257 @@
+//! Turning Arrow rows into Kafka records: key and value from columns (bytes or strings) or the whole row as JSON,
+//! an explicit partition column, and a topic per record from a column.
+
+use arrow_array::cast::AsArray;
+use arrow_array::{Array, ArrayRef, RecordBatch};
+use arrow_schema::DataType;
+use serde::Deserialize;
+
+/// How rows become records.
+///
+/// | key | meaning | default |
+/// |---|---|---|
+/// | `key_column` | column whose value (Utf8 or Binary) is the record key; none = no key | none |
+/// | `value_column` | column whose value is the record value; none = the whole row as a JSON object | none |
+/// | `partition_column` | Int32 column with an explicit partition; none = partitioned by key | none |
+/// | `topic_column` | Utf8 column naming each record's topic; none = the sink's `topic` | none |
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecordMapping {
+    /// Key column.
+    #[serde(default)]
+    pub key_column: Option<String>,
+    /// Value column (none: the row as JSON).
+    #[serde(default)]
+    pub value_column: Option<String>,
+    /// Partition column.
+    #[serde(default)]
+    pub partition_column: Option<String>,
+    /// Topic column.
+    #[serde(default)]
+    pub topic_column: Option<String>,
+}
+
+/// One record, borrowed from a batch where possible.
+pub(crate) struct Record<'a> {
+    pub(crate) topic: Option<&'a str>,
+    pub(crate) key: Option<&'a [u8]>,
+    pub(crate) value: Vec<u8>,
+    pub(crate) partition: Option<i32>,
+}
+
+fn column<'a>(batch: &'a RecordBatch, name: &str, what: &str) -> Result<&'a ArrayRef, String> {
+    batch.column_by_name(name).ok_or_else(|| {
+        format!(
+            "{what} {name:?} is not in the batch (columns: {:?})",
+            batch
+                .schema()
+                .fields()
+                .iter()
+                .map(|f| f.name())
+                .collect::<Vec<_>>()
+        )
+    })
+}
+
+fn bytes_at<'a>(array: &'a ArrayRef, row: usize, name: &str) -> Result<Option<&'a [u8]>, String> {
+    if array.is_null(row) {
+        return Ok(None);
+    }
+    Ok(Some(match array.data_type() {
+        DataType::Utf8 => array.as_string::<i32>().value(row).as_bytes(),
+        DataType::LargeUtf8 => array.as_string::<i64>().value(row).as_bytes(),
+        DataType::Binary => array.as_binary::<i32>().value(row),
+        DataType::LargeBinary => array.as_binary::<i64>().value(row),
+        other => {
+            return Err(format!(
+                "column {name:?} has type {other}; key and value columns must be strings or binary"
+            ));
+        }
+    }))
+}
+
+impl RecordMapping {
+    /// The records of `batch`, in row order. Errors name the column and row.
+    pub(crate) fn records<'a>(&self, batch: &'a RecordBatch) -> Result<Vec<Record<'a>>, String> {
+        let key = self
+            .key_column
+            .as_deref()
+            .map(|c| column(batch, c, "key_column"))
+            .transpose()?;
+        let value = self
+            .value_column
+            .as_deref()
+            .map(|c| column(batch, c, "value_column"))
+            .transpose()?;
+        let partition = self
+            .partition_column
+            .as_deref()
+            .map(|c| column(batch, c, "partition_column"))
+            .transpose()?;
+        let topic = self
+            .topic_column
+            .as_deref()
+            .map(|c| column(batch, c, "topic_column"))
+            .transpose()?;
+        let json_rows = match value {
+            Some(_) => None,
+            None => Some(json_rows(batch)?),
+        };
+        if let Some(p) = partition
+            && p.data_type() != &DataType::Int32
+        {
+            return Err(format!(
+                "partition_column has type {}; it must be Int32",
+                p.data_type()
+            ));
+        }
+        if let Some(t) = topic
+            && t.data_type() != &DataType::Utf8
+        {
+            return Err(format!(
+                "topic_column has type {}; it must be Utf8",
+                t.data_type()
+            ));
+        }
+        let mut records = Vec::with_capacity(batch.num_rows());
+        for row in 0..batch.num_rows() {
+            let key = match key {
+                Some(k) => bytes_at(k, row, self.key_column.as_deref().unwrap_or_default())?,
+                None => None,
+            };
+            let value = match (value, &json_rows) {
+                (Some(v), _) => bytes_at(v, row, self.value_column.as_deref().unwrap_or_default())?
+                    .ok_or_else(|| {
+                        format!("row {row}: value column {:?} is null", self.value_column)
+                    })?
+                    .to_vec(),
+                (None, Some(rows)) => rows[row].clone(),
+                (None, None) => unreachable!("json rows exist when there is no value column"),
+            };
+            let partition = partition
+                .map(|p| {
+                    let p = p.as_primitive::<arrow_array::types::Int32Type>();
+                    if p.is_null(row) {
+                        Err(format!("row {row}: partition column is null"))
+                    } else {
+                        Ok(p.value(row))
+                    }
+                })
+                .transpose()?;
+            let topic = topic
+                .map(|t| {
+                    let t = t.as_string::<i32>();
+                    if t.is_null(row) {
+                        Err(format!("row {row}: topic column is null"))
+                    } else {
+                        Ok(t.value(row))
+                    }
+                })
+                .transpose()?;
+            records.push(Record {
+                topic,
+                key,
+                value,
+                partition,
+            });
+        }
+        Ok(records)
+    }
+}
+
+/// Every row of `batch` as a JSON object.
+fn json_rows(batch: &RecordBatch) -> Result<Vec<Vec<u8>>, String> {
+    let mut out = Vec::new();
+    let mut writer = arrow::json::LineDelimitedWriter::new(&mut out);
+    writer
+        .write(batch)
+        .map_err(|e| format!("cannot encode rows as JSON: {e}"))?;
+    writer
+        .finish()
+        .map_err(|e| format!("cannot encode rows as JSON: {e}"))?;
+    drop(writer);
+    let rows: Vec<Vec<u8>> = out
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(<[u8]>::to_vec)
+        .collect();
+    if rows.len() != batch.num_rows() {
+        return Err(format!(
+            "JSON encoding produced {} rows for {}",
+            rows.len(),
+            batch.num_rows()
+        ));
+    }
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow_array::{Int32Array, Int64Array, StringArray};
+    use arrow_schema::{Field, Schema};
+
+    use super::*;
+
+    fn batch() -> RecordBatch {
+        RecordBatch::try_new(
+            Arc::new(Schema::new(vec![
+                Field::new("id", DataType::Int64, false),
+                Field::new("k", DataType::Utf8, true),
+                Field::new("p", DataType::Int32, false),
+            ])),
+            vec![
+                Arc::new(Int64Array::from(vec![1, 2])),
+                Arc::new(StringArray::from(vec![Some("a"), None])),
+                Arc::new(Int32Array::from(vec![0, 1])),
+            ],
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn rows_become_json_records_with_keys_and_partitions() {
+        let mapping = RecordMapping {
+            key_column: Some("k".into()),
+            partition_column: Some("p".into()),
+            ..RecordMapping::default()
+        };
+        let batch = batch();
+        let records = mapping.records(&batch).unwrap();
+        assert_eq!(records[0].key, Some(&b"a"[..]));
+        assert_eq!(records[1].key, None);
+        assert_eq!(records[1].partition, Some(1));
+        assert_eq!(
+            String::from_utf8(records[0].value.clone()).unwrap(),
+            r#"{"id":1,"k":"a","p":0}"#
+        );
+    }
+
+    #[test]
+    fn a_missing_or_mistyped_column_is_named() {
+        let batch = batch();
+        let missing = RecordMapping {
+            key_column: Some("nope".into()),
+            ..RecordMapping::default()
+        };
+        assert!(
+            missing
+                .records(&batch)
+                .err()
+                .unwrap()
+                .contains("key_column \"nope\"")
+        );
+        let mistyped = RecordMapping {
+            value_column: Some("id".into()),
+            ..RecordMapping::default()
+        };
+        assert!(
+            mistyped
+                .records(&batch)
+                .err()
+                .unwrap()
+                .contains("column \"id\" has type Int64")
+        );
+    }
+}

@@ -1,0 +1,483 @@
+//! The exactly-once Kafka sink: one Kafka transaction per checkpoint, on a bounded pool of transactional ids.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arrow_array::RecordBatch;
+use async_trait::async_trait;
+use connector_api::{
+    CheckpointId, Committer, Error, ErrorKind, Phase, Result, SinkId, SubtaskId, TwoPhaseCommit,
+};
+use rdkafka::error::KafkaError;
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
+use rdkafka::types::RDKafkaErrorCode;
+use serde::{Deserialize, Serialize};
+
+use crate::coordinator::{describe_transaction, end_transaction};
+use crate::probe::visible_in_log;
+use crate::records::RecordMapping;
+use crate::{
+    KafkaSinkConfig, TransactionalId, TransactionalIdPool, classify, open_transactional_producer,
+};
+
+/// How long librdkafka's transactional calls (commit, abort) may block.
+const TXN_TIMEOUT: Duration = Duration::from_secs(60);
+/// At most this many records in flight before `write` waits for deliveries (backpressure).
+const MAX_IN_FLIGHT: usize = 100_000;
+
+/// The offsets one partition received in a transaction.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionRange {
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: i32,
+    /// First offset written.
+    pub first_offset: i64,
+    /// Last offset written.
+    pub last_offset: i64,
+}
+
+/// A pre-committed Kafka transaction: the transactional id and the producer id and epoch that own it, which is all
+/// EndTxn needs to commit it from another process, and the offsets it wrote (named when it is lost).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KafkaCommittable {
+    /// The checkpoint.
+    pub checkpoint: CheckpointId,
+    /// The transactional id.
+    pub transactional_id: String,
+    /// The producer id owning it.
+    pub producer_id: i64,
+    /// The producer epoch of the transaction.
+    pub producer_epoch: i16,
+    /// What the transaction wrote (empty: an empty transaction, nothing to commit on the broker).
+    pub ranges: Vec<PartitionRange>,
+}
+
+/// Producers of this instance by transactional id, shared with its committer.
+type Producers = Arc<Mutex<HashMap<String, FutureProducer>>>;
+
+/// Exactly-once Kafka sink. See the crate docs for the protocol and the failure table.
+pub struct KafkaSink {
+    config: KafkaSinkConfig,
+    mapping: RecordMapping,
+    sink: SinkId,
+    subtask: SubtaskId,
+    pool: TransactionalIdPool,
+    producers: Producers,
+    current: Option<(CheckpointId, TransactionalId)>,
+    /// Deliveries not yet confirmed, with their topic (`None`: the sink's topic).
+    in_flight: VecDeque<(Option<String>, DeliveryFuture)>,
+    ranges: BTreeMap<(String, i32), (i64, i64)>,
+}
+
+/// Commits a [`KafkaSink`]'s transactions: through this process's producer when it still holds the transaction,
+/// otherwise at the protocol level (EndTxn with the recorded producer id and epoch).
+#[derive(Clone)]
+pub struct KafkaCommitter {
+    bootstrap: String,
+    sink: SinkId,
+    producers: Producers,
+}
+
+fn kafka_error(phase: Phase, message: &str, e: KafkaError) -> Error {
+    Error::new(classify(&e), phase, message).with_source(e)
+}
+
+impl KafkaSink {
+    /// A sink for `config`; producers connect on first use.
+    pub fn new(
+        config: KafkaSinkConfig,
+        mapping: RecordMapping,
+        sink: SinkId,
+        subtask: SubtaskId,
+    ) -> Result<Self> {
+        let pool = config.id_pool()?;
+        Ok(Self {
+            config,
+            mapping,
+            sink,
+            subtask,
+            pool,
+            producers: Arc::new(Mutex::new(HashMap::new())),
+            current: None,
+            in_flight: VecDeque::new(),
+            ranges: BTreeMap::new(),
+        })
+    }
+
+    fn err(&self, kind: ErrorKind, phase: Phase, message: impl Into<String>) -> Error {
+        let e = Error::new(kind, phase, message).with_sink(&self.sink);
+        match &self.current {
+            Some((checkpoint, id)) => e.with_checkpoint(*checkpoint).with_txn(id.to_string()),
+            None => e,
+        }
+    }
+
+    fn producer(&self, id: &TransactionalId) -> Option<FutureProducer> {
+        self.producers
+            .lock()
+            .expect("producers")
+            .get(id.as_str())
+            .cloned()
+    }
+
+    /// Opens (init_transactions: fencing older holders of the id) the producer for `id`.
+    async fn open(&self, id: &TransactionalId) -> Result<FutureProducer> {
+        let producer = open_transactional_producer(&self.config, id)
+            .await
+            .map_err(|e| e.or_sink(&self.sink))?;
+        self.producers
+            .lock()
+            .expect("producers")
+            .insert(id.to_string(), producer.clone());
+        Ok(producer)
+    }
+
+    async fn await_delivery(
+        &mut self,
+        (topic, delivery): (Option<String>, DeliveryFuture),
+    ) -> Result<()> {
+        match delivery.await {
+            Ok(Ok(delivered)) => {
+                let topic = topic.unwrap_or_else(|| self.config.topic.clone());
+                let entry = self
+                    .ranges
+                    .entry((topic, delivered.partition))
+                    .or_insert((delivered.offset, delivered.offset));
+                entry.0 = entry.0.min(delivered.offset);
+                entry.1 = entry.1.max(delivered.offset);
+                Ok(())
+            }
+            Ok(Err((e, _))) => Err(self
+                .err(
+                    ErrorKind::MustAbort,
+                    Phase::Write,
+                    "a record was not delivered",
+                )
+                .with_source(e)),
+            Err(_) => Err(self.err(
+                ErrorKind::MustAbort,
+                Phase::Write,
+                "the producer dropped a delivery",
+            )),
+        }
+    }
+}
+
+#[async_trait]
+impl Committer for KafkaCommitter {
+    type Committable = KafkaCommittable;
+
+    async fn commit(&self, committables: Vec<KafkaCommittable>) -> Result<()> {
+        for c in committables {
+            let context = |e: Error| {
+                e.or_sink(&self.sink)
+                    .or_checkpoint(c.checkpoint)
+                    .with_txn(c.transactional_id.clone())
+            };
+            let local = self
+                .producers
+                .lock()
+                .expect("producers")
+                .get(&c.transactional_id)
+                .cloned();
+            if let Some(producer) = local {
+                // This process began the transaction: finish it through librdkafka's own state machine.
+                let outcome =
+                    tokio::task::spawn_blocking(move || producer.commit_transaction(TXN_TIMEOUT))
+                        .await
+                        .expect("commit task panicked");
+                match outcome {
+                    Ok(()) => continue,
+                    // The producer is not in a transaction (committed before, e.g. by a retried commit): fall
+                    // through to the coordinator, which knows.
+                    Err(KafkaError::Transaction(e)) if e.code() == RDKafkaErrorCode::State => {}
+                    Err(e) => {
+                        return Err(context(kafka_error(
+                            Phase::Commit,
+                            "commit_transaction failed",
+                            e,
+                        )));
+                    }
+                }
+            }
+            if c.ranges.is_empty() {
+                continue; // an empty transaction has nothing on the broker to commit
+            }
+            commit_remote(&self.bootstrap, &c).await.map_err(context)?;
+        }
+        Ok(())
+    }
+
+    async fn is_committed(&self, c: &KafkaCommittable) -> Result<bool> {
+        let Some(range) = c.ranges.first() else {
+            return Ok(true);
+        };
+        let now = describe_transaction(&self.bootstrap, &c.transactional_id).await?;
+        if completed_commit_of(&now, c) {
+            return Ok(true);
+        }
+        if now.producer_id == c.producer_id && now.producer_epoch == c.producer_epoch {
+            return Ok(false); // still ours and not committed
+        }
+        visible_in_log(&self.bootstrap, range).await
+    }
+}
+
+/// Whether the coordinator's description shows `c`'s transaction committed (epoch unchanged with transaction
+/// protocol v1, bumped by one with v2, KIP-890).
+fn completed_commit_of(now: &crate::TransactionDescription, c: &KafkaCommittable) -> bool {
+    now.producer_id == c.producer_id
+        && (now.producer_epoch == c.producer_epoch || now.producer_epoch == c.producer_epoch + 1)
+        && (now.state == "CompleteCommit"
+            || (now.state == "Empty" && now.producer_epoch == c.producer_epoch + 1))
+}
+
+/// Commits `c` at the protocol level, idempotently; a transaction the broker aborted is a loud, fatal error.
+async fn commit_remote(bootstrap: &str, c: &KafkaCommittable) -> Result<()> {
+    let now = describe_transaction(bootstrap, &c.transactional_id).await?;
+    if completed_commit_of(&now, c) {
+        return Ok(());
+    }
+    let ours = now.producer_id == c.producer_id && now.producer_epoch == c.producer_epoch;
+    if ours && (now.state == "Ongoing" || now.state == "PrepareCommit") {
+        return end_transaction(
+            bootstrap,
+            &c.transactional_id,
+            c.producer_id,
+            c.producer_epoch,
+            true,
+        )
+        .await;
+    }
+    // The id has moved on (re-initialised since): the log itself says whether the records committed.
+    if !ours
+        && let Some(range) = c.ranges.first()
+        && visible_in_log(bootstrap, range).await?
+    {
+        return Ok(());
+    }
+    let lost: Vec<String> = c
+        .ranges
+        .iter()
+        .map(|r| {
+            format!(
+                "{}/{} offsets {}..={}",
+                r.topic, r.partition, r.first_offset, r.last_offset
+            )
+        })
+        .collect();
+    Err(Error::new(
+        ErrorKind::Fatal,
+        Phase::Commit,
+        format!(
+            "the transaction of this durable checkpoint is no longer committable (coordinator: state {}, producer \
+             {} epoch {}; expected producer {} epoch {}): the broker aborted it, most likely because \
+             transaction.timeout.ms expired before recovery. Its records are LOST: {}. Replay them from the source \
+             positions of the previous checkpoint, and raise transaction_timeout or shorten restarts",
+            now.state,
+            now.producer_id,
+            now.producer_epoch,
+            c.producer_id,
+            c.producer_epoch,
+            lost.join(", ")
+        ),
+    ))
+}
+
+#[async_trait]
+impl TwoPhaseCommit for KafkaSink {
+    type Committable = KafkaCommittable;
+    type Committer = KafkaCommitter;
+
+    fn sink_id(&self) -> &SinkId {
+        &self.sink
+    }
+
+    fn committer(&self) -> KafkaCommitter {
+        KafkaCommitter {
+            bootstrap: self.config.bootstrap_servers.clone(),
+            sink: self.sink.clone(),
+            producers: self.producers.clone(),
+        }
+    }
+
+    fn transaction_timeout(&self) -> Option<Duration> {
+        Some(self.config.transaction_timeout)
+    }
+
+    async fn begin(&mut self, checkpoint: CheckpointId) -> Result<()> {
+        let id = self.pool.for_checkpoint(self.subtask, checkpoint);
+        let producer = match self.producer(&id) {
+            Some(p) => p,
+            None => self.open(&id).await?,
+        };
+        self.current = Some((checkpoint, id));
+        self.ranges.clear();
+        producer.begin_transaction().map_err(|e| {
+            self.err(classify(&e), Phase::Begin, "begin_transaction failed")
+                .with_source(e)
+        })
+    }
+
+    async fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+        let (_, id) = self
+            .current
+            .clone()
+            .ok_or_else(|| self.err(ErrorKind::Bug, Phase::Write, "write before begin"))?;
+        let producer = self
+            .producer(&id)
+            .ok_or_else(|| self.err(ErrorKind::Bug, Phase::Write, "no producer"))?;
+        let records = self
+            .mapping
+            .records(batch)
+            .map_err(|m| self.err(ErrorKind::BadRecord, Phase::Write, m))?;
+        let default_topic = self.config.topic.clone();
+        for record in records {
+            let topic = record.topic.unwrap_or(&default_topic);
+            let mut future = FutureRecord::to(topic).payload(&record.value);
+            if let Some(key) = record.key {
+                future = future.key(key);
+            }
+            if let Some(partition) = record.partition {
+                future = future.partition(partition);
+            }
+            loop {
+                match producer.send_result(future) {
+                    Ok(delivery) => {
+                        self.in_flight
+                            .push_back((record.topic.map(str::to_string), delivery));
+                        break;
+                    }
+                    Err((e, returned))
+                        if e.rdkafka_error_code() == Some(RDKafkaErrorCode::QueueFull) =>
+                    {
+                        future = returned;
+                        let Some(oldest) = self.in_flight.pop_front() else {
+                            return Err(self
+                                .err(ErrorKind::Retryable, Phase::Write, "producer queue full")
+                                .with_source(e));
+                        };
+                        self.await_delivery(oldest).await?;
+                    }
+                    Err((e, _)) => {
+                        return Err(self
+                            .err(classify(&e), Phase::Write, "cannot send a record")
+                            .with_source(e));
+                    }
+                }
+            }
+            while self.in_flight.len() > MAX_IN_FLIGHT {
+                let oldest = self.in_flight.pop_front().expect("non-empty");
+                self.await_delivery(oldest).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn pre_commit(&mut self, checkpoint: CheckpointId) -> Result<KafkaCommittable> {
+        let (current, id) = self
+            .current
+            .clone()
+            .ok_or_else(|| self.err(ErrorKind::Bug, Phase::PreCommit, "no transaction"))?;
+        if current != checkpoint {
+            return Err(self.err(
+                ErrorKind::Bug,
+                Phase::PreCommit,
+                format!("pre_commit of {checkpoint} but {current} is open"),
+            ));
+        }
+        while let Some(delivery) = self.in_flight.pop_front() {
+            self.await_delivery(delivery).await?;
+        }
+        let ranges: Vec<PartitionRange> = self
+            .ranges
+            .iter()
+            .map(|((topic, partition), (first, last))| PartitionRange {
+                topic: topic.clone(),
+                partition: *partition,
+                first_offset: *first,
+                last_offset: *last,
+            })
+            .collect();
+        let (producer_id, producer_epoch) = if ranges.is_empty() {
+            (-1, -1)
+        } else {
+            let described = describe_transaction(&self.config.bootstrap_servers, id.as_str())
+                .await
+                .map_err(|e| e.or_sink(&self.sink).or_checkpoint(checkpoint))?;
+            if described.state != "Ongoing" {
+                return Err(self.err(
+                    ErrorKind::MustAbort,
+                    Phase::PreCommit,
+                    format!(
+                        "the coordinator reports the transaction as {}, not Ongoing",
+                        described.state
+                    ),
+                ));
+            }
+            (described.producer_id, described.producer_epoch)
+        };
+        Ok(KafkaCommittable {
+            checkpoint,
+            transactional_id: id.to_string(),
+            producer_id,
+            producer_epoch,
+            ranges,
+        })
+    }
+
+    async fn abort(&mut self) -> Result<()> {
+        let Some((_, id)) = self.current.take() else {
+            return Ok(());
+        };
+        self.in_flight.clear();
+        if let Some(producer) = self.producer(&id) {
+            let outcome = tokio::task::spawn_blocking(move || {
+                // Flush first: librdkafka drops unsent records instead of aborting them otherwise.
+                let _ = producer.flush(TXN_TIMEOUT);
+                producer.abort_transaction(TXN_TIMEOUT)
+            })
+            .await
+            .expect("abort task panicked");
+            match outcome {
+                Ok(()) => {}
+                Err(KafkaError::Transaction(e)) if e.code() == RDKafkaErrorCode::State => {}
+                Err(e) => {
+                    return Err(kafka_error(Phase::Abort, "abort_transaction failed", e)
+                        .or_sink(&self.sink));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn recover(
+        &mut self,
+        restored: Option<(CheckpointId, Vec<KafkaCommittable>)>,
+    ) -> Result<()> {
+        self.current = None;
+        self.in_flight.clear();
+        self.producers.lock().expect("producers").clear();
+        // First finish the restored transactions (they must not be aborted by the fencing below)...
+        if let Some((checkpoint, committables)) = restored {
+            for c in committables.iter().filter(|c| !c.ranges.is_empty()) {
+                commit_remote(&self.config.bootstrap_servers, c)
+                    .await
+                    .map_err(|e| {
+                        e.or_sink(&self.sink)
+                            .or_checkpoint(checkpoint)
+                            .with_txn(c.transactional_id.clone())
+                    })?;
+            }
+        }
+        // ...then fence every id of the pool: init_transactions aborts whatever a crashed attempt or a zombie left
+        // open, so read_committed consumers are never stuck behind the last stable offset.
+        for id in self.pool.all(self.subtask) {
+            let _fenced_and_ready = self.open(&id).await?;
+        }
+        Ok(())
+    }
+}

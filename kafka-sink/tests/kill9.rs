@@ -1,0 +1,182 @@
+//! Real `kill -9` at the dangerous moments against the real broker: a child process runs a job writing to Kafka
+//! and sends itself SIGKILL at a protocol step; the parent recovers (a new driver and sink) and an independent
+//! read_committed consumer (confluent-kafka) must then see exactly the restored checkpoint's records, each once,
+//! with no transaction left open. Then the dead child's producer id is revived as a zombie and must be fenced.
+
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+
+use connector_api::{
+    CheckpointId, Driver, DriverConfig, FaultPoint, LocalCheckpointStore, SinkId, SourceOffset,
+    SubtaskId,
+};
+use integration::Services;
+use integration::conformance::conformance_batch;
+use kafka_sink::{KafkaSink, KafkaSinkConfig, RecordMapping};
+
+/// Set in the child: `<topic>;<checkpoint dir>;<step>`.
+const CHILD: &str = "RATCHET_KAFKA_KILL9_CHILD";
+const ROWS: i64 = 500;
+/// The checkpoint the child dies in (the start consumes id 1; 2 and 3 complete first).
+const CRASH_CHECKPOINT: u64 = 4;
+const STEPS: [&str; 4] = [
+    "after-write",
+    "after-pre-commit",
+    "after-record-durable",
+    "after-commit",
+];
+
+fn sink_id() -> SinkId {
+    SinkId::new("kafka").unwrap()
+}
+
+fn sink(topic: &str) -> KafkaSink {
+    let config = KafkaSinkConfig::new(Services::get().kafka_bootstrap(), topic, topic);
+    KafkaSink::new(config, RecordMapping::default(), sink_id(), SubtaskId(0)).unwrap()
+}
+
+fn at(next: i64) -> Vec<SourceOffset> {
+    vec![SourceOffset {
+        topic: "source".into(),
+        partition: 0,
+        next_offset: next,
+    }]
+}
+
+fn kill_myself() -> ! {
+    let _ = Command::new("kill")
+        .args(["-KILL", &std::process::id().to_string()])
+        .status();
+    loop {
+        std::thread::park();
+    }
+}
+
+async fn child_job(topic: String, checkpoints: PathBuf, step: String) {
+    let point = step.clone();
+    let injector = Arc::new(move |checkpoint: CheckpointId, fault: &FaultPoint| {
+        let hit = matches!(
+            (point.as_str(), fault),
+            ("after-pre-commit", FaultPoint::AfterPreCommit { .. })
+                | ("after-record-durable", FaultPoint::AfterRecordDurable)
+                | ("after-commit", FaultPoint::AfterCommit { .. })
+        );
+        if hit && checkpoint.0 == CRASH_CHECKPOINT {
+            kill_myself();
+        }
+        false
+    });
+    let mut driver = Driver::new(
+        LocalCheckpointStore::open(&checkpoints, 3).unwrap(),
+        DriverConfig::default(),
+    )
+    .with_fault_injector(injector);
+    driver.add_sink(sink(&topic)).unwrap();
+    driver.start().await.unwrap();
+    let mut next = 0;
+    loop {
+        let checkpoint = driver.current_checkpoint().0;
+        driver
+            .write(0, &conformance_batch(next..next + ROWS))
+            .await
+            .unwrap();
+        next += ROWS;
+        if step == "after-write" && checkpoint == CRASH_CHECKPOINT {
+            kill_myself();
+        }
+        driver.checkpoint(at(next)).await.unwrap();
+        driver.finish_commit().await.unwrap();
+    }
+}
+
+/// Entry point of the child process (does nothing in a normal test run).
+#[tokio::test]
+async fn child_process_entry_point() {
+    let Ok(spec) = std::env::var(CHILD) else {
+        return;
+    };
+    let parts: Vec<&str> = spec.splitn(3, ';').collect();
+    child_job(
+        parts[0].to_string(),
+        PathBuf::from(parts[1]),
+        parts[2].to_string(),
+    )
+    .await;
+}
+
+fn read(topic: &str) -> (Vec<i64>, serde_json::Value) {
+    let services = Services::get();
+    let seen = services.verify(
+        "kafka_read_committed.py",
+        &[services.kafka_bootstrap(), topic],
+    );
+    let mut ids: Vec<i64> = seen["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            serde_json::from_str::<serde_json::Value>(r["value"].as_str().unwrap()).unwrap()["id"]
+                .as_i64()
+                .unwrap()
+        })
+        .collect();
+    ids.sort_unstable();
+    (ids, seen["partitions"].clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_at_every_step_then_recovery_shows_each_record_once() {
+    if std::env::var(CHILD).is_ok() {
+        return;
+    }
+    for step in STEPS {
+        let topic = integration::unique_name(&format!("kill9-{step}"));
+        let state = tempfile::tempdir().unwrap();
+        let status = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "child_process_entry_point",
+                "--nocapture",
+                "--test-threads",
+                "1",
+            ])
+            .env(CHILD, format!("{topic};{};{step}", state.path().display()))
+            .status()
+            .unwrap();
+        assert_eq!(
+            status.signal(),
+            Some(9),
+            "{step}: the child should die by SIGKILL, got {status}"
+        );
+
+        let mut driver = Driver::new(
+            LocalCheckpointStore::open(state.path(), 3).unwrap(),
+            DriverConfig::default(),
+        );
+        driver.add_sink(sink(&topic)).unwrap();
+        let restored = driver.start().await.unwrap();
+        driver.close().await.unwrap();
+        let upto = restored.positions[0].next_offset;
+        let durable = if step == "after-record-durable" || step == "after-commit" {
+            3
+        } else {
+            2
+        };
+        assert_eq!(upto, durable * ROWS, "{step}: restored position");
+
+        let (ids, partitions) = read(&topic);
+        assert_eq!(
+            ids,
+            (0..upto).collect::<Vec<_>>(),
+            "{step}: every restored record exactly once"
+        );
+        for (partition, offsets) in partitions.as_object().unwrap() {
+            assert_eq!(
+                offsets["lso"], offsets["high_watermark"],
+                "{step}: partition {partition} is held by an open transaction"
+            );
+        }
+    }
+}
