@@ -21,7 +21,9 @@
 //! - `recover` commits the restored transactions first, then calls `init_transactions` on every id of the pool:
 //!   that fences zombies and aborts whatever a crashed attempt left open, so read_committed readers are never
 //!   stuck behind the last stable offset.
-//! - The sink declares `transaction_timeout` to the driver's timeout budget.
+//! - The sink declares `transaction_timeout` to the driver's timeout budget (checkpoint interval + restart time
+//!   must fit in it), and `recover` refuses a `transaction_timeout` above the broker's
+//!   `transaction.max.timeout.ms`, read from the broker ([`broker_max_transaction_timeout`]).
 //!
 //! # Failure table
 //! | crash point | broker state | recovery |
@@ -33,6 +35,7 @@
 //! | the broker aborted it first (`transaction.timeout.ms` expired) | `CompleteAbort` | stops with an error naming the checkpoint and the lost topic/partition/offset ranges; never pretends |
 #![deny(missing_docs)]
 
+mod broker;
 mod config;
 mod coordinator;
 mod error;
@@ -42,6 +45,7 @@ mod records;
 mod sink;
 mod txn_id;
 
+pub use broker::broker_max_transaction_timeout;
 pub use config::KafkaSinkConfig;
 pub use coordinator::{TransactionDescription, describe_transaction, end_transaction};
 pub use error::classify;

@@ -14,6 +14,7 @@ use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
 use rdkafka::types::RDKafkaErrorCode;
 use serde::{Deserialize, Serialize};
 
+use crate::broker::{broker_max_transaction_timeout, check_transaction_timeout};
 use crate::coordinator::{describe_transaction, end_transaction};
 use crate::probe::visible_in_log;
 use crate::records::RecordMapping;
@@ -461,6 +462,11 @@ impl TwoPhaseCommit for KafkaSink {
         self.current = None;
         self.in_flight.clear();
         self.producers.lock().expect("producers").clear();
+        let broker_max = broker_max_transaction_timeout(&self.config.bootstrap_servers)
+            .await
+            .map_err(|e| e.or_sink(&self.sink))?;
+        check_transaction_timeout(self.config.transaction_timeout, broker_max)
+            .map_err(|e| e.or_sink(&self.sink))?;
         // First finish the restored transactions (they must not be aborted by the fencing below)...
         if let Some((checkpoint, committables)) = restored {
             for c in committables.iter().filter(|c| !c.ranges.is_empty()) {

@@ -77,3 +77,12 @@ async fn committed_records_are_visible_and_a_zombie_is_fenced() {
 
     assert_eq!(values(&topic), ["committed", "successor"]);
 }
+
+#[tokio::test]
+async fn the_broker_maximum_transaction_timeout_is_read_from_the_broker() {
+    let max = kafka_sink::broker_max_transaction_timeout(Services::get().kafka_bootstrap())
+        .await
+        .unwrap();
+    // scripts/services.sh sets transaction.max.timeout.ms=900000.
+    assert_eq!(max, Duration::from_secs(900));
+}
