@@ -6,10 +6,9 @@
 //! `RATCHET_BENCH_RECORDS` sets records per run on local disk (default 50 million; S3 runs use 40% of it); the
 //! runs cycle through a pool of 128 batches of 8192 rows, so memory stays small whatever the count.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arrow_array::{Int64Array, RecordBatch, StringArray};
+use arrow_array::RecordBatch;
 use aws_sdk_s3::primitives::ByteStream;
 use connector_api::{
     DeliveryGuarantee, Driver, DriverConfig, GuaranteedSink, LocalCheckpointStore, SinkId,
@@ -17,7 +16,7 @@ use connector_api::{
 };
 use file_sink::{FileSink, FileSinkConfig, S3Config, StorageConfig};
 use integration::Services;
-use integration::conformance::conformance_schema;
+use integration::conformance::{conformance_batch_with, conformance_schema};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
@@ -26,26 +25,14 @@ const BATCH_ROWS: i64 = 8192;
 const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
 
 fn batch(start: i64) -> RecordBatch {
-    let ids = start..start + BATCH_ROWS;
-    let payloads: Vec<String> = ids
-        .clone()
-        .map(|i| {
-            format!(
-                "order-{i:012}-customer-{:08}-amount-{:06}-padding-{}",
-                i % 99_991,
-                i % 100_000,
-                "x".repeat(40)
-            )
-        })
-        .collect();
-    RecordBatch::try_new(
-        conformance_schema(),
-        vec![
-            Arc::new(Int64Array::from_iter_values(ids)),
-            Arc::new(StringArray::from_iter_values(payloads)),
-        ],
-    )
-    .unwrap()
+    conformance_batch_with(start..start + BATCH_ROWS, |i| {
+        format!(
+            "order-{i:012}-customer-{:08}-amount-{:06}-padding-{}",
+            i % 99_991,
+            i % 100_000,
+            "x".repeat(40)
+        )
+    })
 }
 
 #[derive(Clone, Copy)]

@@ -12,21 +12,10 @@ use connector_api::{CheckpointId, ErrorKind, SinkId, SubtaskId, TwoPhaseCommit};
 use file_sink::{
     FileSink, FileSinkConfig, FormatConfig, PartitionConfig, RollingPolicy, StorageConfig,
 };
-use integration::conformance::conformance_schema;
+use integration::conformance::conformance_batch_with;
 
 fn rows(ids: std::ops::Range<i64>, payload_len: usize) -> RecordBatch {
-    let payloads: Vec<String> = ids
-        .clone()
-        .map(|i| format!("{i:0>width$}", width = payload_len))
-        .collect();
-    RecordBatch::try_new(
-        conformance_schema(),
-        vec![
-            Arc::new(Int64Array::from_iter_values(ids)),
-            Arc::new(StringArray::from_iter_values(payloads)),
-        ],
-    )
-    .unwrap()
+    conformance_batch_with(ids, |i| format!("{i:0>payload_len$}"))
 }
 
 fn sink_id() -> SinkId {

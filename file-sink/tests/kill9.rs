@@ -5,18 +5,14 @@
 
 mod common;
 
-use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
-use std::process::Command;
-use std::sync::Arc;
 
-use arrow_array::{Int64Array, RecordBatch, StringArray};
+use arrow_array::RecordBatch;
 use common::{Place, config};
-use connector_api::{
-    CheckpointId, Driver, DriverConfig, FaultPoint, LocalCheckpointStore, SinkId, SourceOffset,
-};
+use connector_api::{Driver, DriverConfig, LocalCheckpointStore, SinkId, SourceOffset};
 use file_sink::{FileSink, FileSinkConfig, FormatConfig};
-use integration::conformance::conformance_schema;
+use integration::conformance::conformance_batch_with;
+use integration::crash::{KILL_STEPS, durable_before, kill_at, kill_self, run_killed_child};
 
 /// Set in the child: `<local|s3>;<local dir or S3 prefix>;<checkpoint dir>;<step>`.
 const CHILD: &str = "RATCHET_KILL9_CHILD";
@@ -27,27 +23,12 @@ const BATCHES: i64 = 3;
 /// The checkpoint the child dies in (the start consumes id 1; 2 and 3 complete first).
 const CRASH_CHECKPOINT: u64 = 4;
 
-const STEPS: [&str; 4] = [
-    "after-write",
-    "after-pre-commit",
-    "after-record-durable",
-    "after-commit",
-];
-
 fn sink_id() -> SinkId {
     SinkId::new("killed").unwrap()
 }
 
 fn rows(ids: std::ops::Range<i64>) -> RecordBatch {
-    let payloads: Vec<String> = ids.clone().map(|i| format!("{i:0>1000}")).collect();
-    RecordBatch::try_new(
-        conformance_schema(),
-        vec![
-            Arc::new(Int64Array::from_iter_values(ids)),
-            Arc::new(StringArray::from_iter_values(payloads)),
-        ],
-    )
-    .unwrap()
+    conformance_batch_with(ids, |i| format!("{i:0>1000}"))
 }
 
 fn sink_config(place: &Place) -> FileSinkConfig {
@@ -64,29 +45,9 @@ fn at(next: i64) -> Vec<SourceOffset> {
     }]
 }
 
-fn kill_myself() -> ! {
-    let pid = std::process::id().to_string();
-    let _ = Command::new("kill").args(["-KILL", &pid]).status();
-    loop {
-        std::thread::park();
-    }
-}
-
 /// The child's job: checkpoints of `BATCHES` x `ROWS` records until it kills itself at `step` of checkpoint 4.
 async fn child_job(place: Place, checkpoints: PathBuf, step: String) {
-    let point = step.clone();
-    let injector = Arc::new(move |checkpoint: CheckpointId, fault: &FaultPoint| {
-        let hit = matches!(
-            (point.as_str(), fault),
-            ("after-pre-commit", FaultPoint::AfterPreCommit { .. })
-                | ("after-record-durable", FaultPoint::AfterRecordDurable)
-                | ("after-commit", FaultPoint::AfterCommit { .. })
-        );
-        if hit && checkpoint.0 == CRASH_CHECKPOINT {
-            kill_myself();
-        }
-        false
-    });
+    let injector = kill_at(&step, CRASH_CHECKPOINT);
     let mut driver = Driver::new(
         LocalCheckpointStore::open(&checkpoints, 3).unwrap(),
         DriverConfig::default(),
@@ -104,7 +65,7 @@ async fn child_job(place: Place, checkpoints: PathBuf, step: String) {
             next += ROWS;
         }
         if step == "after-write" && checkpoint == CRASH_CHECKPOINT {
-            kill_myself();
+            kill_self();
         }
         driver.checkpoint(at(next)).await.unwrap();
         driver.finish_commit().await.unwrap();
@@ -128,7 +89,7 @@ async fn child_process_entry_point() {
 }
 
 async fn kill_at_every_step(place: Place, label: &str) {
-    for step in STEPS {
+    for step in KILL_STEPS {
         let state = tempfile::tempdir().unwrap();
         // Each step gets its own destination within the place.
         let place = match &place {
@@ -141,24 +102,10 @@ async fn kill_at_every_step(place: Place, label: &str) {
             Place::Local(dir) => ("local", dir.display().to_string()),
             Place::S3 { prefix } => ("s3", prefix.clone()),
         };
-        let status = Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "child_process_entry_point",
-                "--nocapture",
-                "--test-threads",
-                "1",
-            ])
-            .env(
-                CHILD,
-                format!("{kind};{location};{};{step}", state.path().display()),
-            )
-            .status()
-            .unwrap();
-        assert_eq!(
-            status.signal(),
-            Some(9),
-            "{label} {step}: the child should die by SIGKILL, got {status}"
+        run_killed_child(
+            "child_process_entry_point",
+            CHILD,
+            &format!("{kind};{location};{};{step}", state.path().display()),
         );
 
         if step != "after-commit" {
@@ -183,14 +130,10 @@ async fn kill_at_every_step(place: Place, label: &str) {
         let restored = driver.start().await.unwrap();
         driver.close().await.unwrap();
         let upto = restored.positions.first().map_or(0, |p| p.next_offset);
-        let expected_checkpoints = if step == "after-record-durable" || step == "after-commit" {
-            3
-        } else {
-            2
-        };
+        let durable = durable_before(step, CRASH_CHECKPOINT) as i64;
         assert_eq!(
             upto,
-            expected_checkpoints * BATCHES * ROWS,
+            durable * BATCHES * ROWS,
             "{label} {step}: restored position"
         );
 

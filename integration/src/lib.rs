@@ -10,6 +10,7 @@
 #![deny(missing_docs)]
 
 pub mod conformance;
+pub mod crash;
 pub mod reference;
 mod services;
 

@@ -6,16 +6,15 @@
 //! `RATCHET_BENCH_SECONDS` sets the length of each run (default 20).
 
 use std::collections::VecDeque;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arrow_array::{Int64Array, RecordBatch, StringArray};
+use arrow_array::{RecordBatch, StringArray};
 use connector_api::{
     DeliveryGuarantee, Driver, DriverConfig, GuaranteedSink, LocalCheckpointStore, SinkId,
     SourceOffset, SubtaskId,
 };
 use integration::Services;
-use integration::conformance::conformance_schema;
+use integration::conformance::conformance_batch_with;
 use kafka_sink::{KafkaSink, KafkaSinkConfig, RecordMapping};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -32,26 +31,14 @@ const CLIENT: &[(&str, &str)] = &[
 ];
 
 fn batch(start: i64) -> RecordBatch {
-    let ids = start..start + BATCH_ROWS;
-    let payloads: Vec<String> = ids
-        .clone()
-        .map(|i| {
-            format!(
-                r#"{{"order":{i},"customer":{},"amount":{},"note":"{}"}}"#,
-                i % 99_991,
-                i % 100_000,
-                "x".repeat(40)
-            )
-        })
-        .collect();
-    RecordBatch::try_new(
-        conformance_schema(),
-        vec![
-            Arc::new(Int64Array::from_iter_values(ids)),
-            Arc::new(StringArray::from_iter_values(payloads)),
-        ],
-    )
-    .unwrap()
+    conformance_batch_with(start..start + BATCH_ROWS, |i| {
+        format!(
+            r#"{{"order":{i},"customer":{},"amount":{},"note":"{}"}}"#,
+            i % 99_991,
+            i % 100_000,
+            "x".repeat(40)
+        )
+    })
 }
 
 async fn create_topic(bootstrap: &str, topic: &str) {

@@ -3,17 +3,12 @@
 //! read_committed consumer (confluent-kafka) must then see exactly the restored checkpoint's records, each once,
 //! with no transaction left open. Then the dead child's producer id is revived as a zombie and must be fenced.
 
-use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
-use std::process::Command;
-use std::sync::Arc;
 
-use connector_api::{
-    CheckpointId, Driver, DriverConfig, FaultPoint, LocalCheckpointStore, SinkId, SourceOffset,
-    SubtaskId,
-};
+use connector_api::{Driver, DriverConfig, LocalCheckpointStore, SinkId, SourceOffset, SubtaskId};
 use integration::Services;
 use integration::conformance::conformance_batch;
+use integration::crash::{KILL_STEPS, durable_before, kill_at, kill_self, run_killed_child};
 use kafka_sink::{KafkaSink, KafkaSinkConfig, RecordMapping};
 
 /// Set in the child: `<topic>;<checkpoint dir>;<step>`.
@@ -21,12 +16,6 @@ const CHILD: &str = "RATCHET_KAFKA_KILL9_CHILD";
 const ROWS: i64 = 500;
 /// The checkpoint the child dies in (the start consumes id 1; 2 and 3 complete first).
 const CRASH_CHECKPOINT: u64 = 4;
-const STEPS: [&str; 4] = [
-    "after-write",
-    "after-pre-commit",
-    "after-record-durable",
-    "after-commit",
-];
 
 fn sink_id() -> SinkId {
     SinkId::new("kafka").unwrap()
@@ -45,29 +34,8 @@ fn at(next: i64) -> Vec<SourceOffset> {
     }]
 }
 
-fn kill_myself() -> ! {
-    let _ = Command::new("kill")
-        .args(["-KILL", &std::process::id().to_string()])
-        .status();
-    loop {
-        std::thread::park();
-    }
-}
-
 async fn child_job(topic: String, checkpoints: PathBuf, step: String) {
-    let point = step.clone();
-    let injector = Arc::new(move |checkpoint: CheckpointId, fault: &FaultPoint| {
-        let hit = matches!(
-            (point.as_str(), fault),
-            ("after-pre-commit", FaultPoint::AfterPreCommit { .. })
-                | ("after-record-durable", FaultPoint::AfterRecordDurable)
-                | ("after-commit", FaultPoint::AfterCommit { .. })
-        );
-        if hit && checkpoint.0 == CRASH_CHECKPOINT {
-            kill_myself();
-        }
-        false
-    });
+    let injector = kill_at(&step, CRASH_CHECKPOINT);
     let mut driver = Driver::new(
         LocalCheckpointStore::open(&checkpoints, 3).unwrap(),
         DriverConfig::default(),
@@ -84,7 +52,7 @@ async fn child_job(topic: String, checkpoints: PathBuf, step: String) {
             .unwrap();
         next += ROWS;
         if step == "after-write" && checkpoint == CRASH_CHECKPOINT {
-            kill_myself();
+            kill_self();
         }
         driver.checkpoint(at(next)).await.unwrap();
         driver.finish_commit().await.unwrap();
@@ -131,24 +99,13 @@ async fn kill_9_at_every_step_then_recovery_shows_each_record_once() {
     if std::env::var(CHILD).is_ok() {
         return;
     }
-    for step in STEPS {
+    for step in KILL_STEPS {
         let topic = integration::unique_name(&format!("kill9-{step}"));
         let state = tempfile::tempdir().unwrap();
-        let status = Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "child_process_entry_point",
-                "--nocapture",
-                "--test-threads",
-                "1",
-            ])
-            .env(CHILD, format!("{topic};{};{step}", state.path().display()))
-            .status()
-            .unwrap();
-        assert_eq!(
-            status.signal(),
-            Some(9),
-            "{step}: the child should die by SIGKILL, got {status}"
+        run_killed_child(
+            "child_process_entry_point",
+            CHILD,
+            &format!("{topic};{};{step}", state.path().display()),
         );
 
         let mut driver = Driver::new(
@@ -159,11 +116,7 @@ async fn kill_9_at_every_step_then_recovery_shows_each_record_once() {
         let restored = driver.start().await.unwrap();
         driver.close().await.unwrap();
         let upto = restored.positions[0].next_offset;
-        let durable = if step == "after-record-durable" || step == "after-commit" {
-            3
-        } else {
-            2
-        };
+        let durable = durable_before(step, CRASH_CHECKPOINT) as i64;
         assert_eq!(upto, durable * ROWS, "{step}: restored position");
 
         let (ids, partitions) = read(&topic);

@@ -53,7 +53,7 @@ use connector_api::{Result, SinkId, TwoPhaseCommit};
 
 pub use engine::{CrashAt, Scenario};
 pub use report::{Report, ReportRow};
-pub use source::{conformance_batch, conformance_schema};
+pub use source::{conformance_batch, conformance_batch_with, conformance_schema};
 
 /// A sink under test and an independent reader of its destination.
 #[async_trait]

@@ -20,7 +20,16 @@ pub fn conformance_schema() -> SchemaRef {
 
 /// A batch of [`conformance_schema`] holding records `ids` (payload `record-<id>`).
 pub fn conformance_batch(ids: std::ops::Range<i64>) -> RecordBatch {
-    let payloads: Vec<String> = ids.clone().map(|i| format!("record-{i}")).collect();
+    conformance_batch_with(ids, |i| format!("record-{i}"))
+}
+
+/// A batch of [`conformance_schema`] holding records `ids` with payloads from `payload` (to control record size
+/// in benchmarks and size-dependent tests).
+pub fn conformance_batch_with(
+    ids: std::ops::Range<i64>,
+    payload: impl Fn(i64) -> String,
+) -> RecordBatch {
+    let payloads: Vec<String> = ids.clone().map(payload).collect();
     RecordBatch::try_new(
         conformance_schema(),
         vec![

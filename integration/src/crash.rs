@@ -1,0 +1,69 @@
+//! Real crashes for tests: a child process (the test binary itself) runs a job and sends itself SIGKILL at a
+//! protocol step, so nothing in it gets to clean up; the parent then recovers and checks the external system.
+
+use std::os::unix::process::ExitStatusExt;
+use std::process::Command;
+use std::sync::Arc;
+
+use connector_api::{CheckpointId, FaultInjector, FaultPoint};
+
+/// The steps a child can be killed at: after the checkpoint's batches were written (the job loop's to handle),
+/// after pre-commit, after the checkpoint record is durable, after commit.
+pub const KILL_STEPS: [&str; 4] = [
+    "after-write",
+    "after-pre-commit",
+    "after-record-durable",
+    "after-commit",
+];
+
+/// Sends SIGKILL to this process.
+pub fn kill_self() -> ! {
+    let _ = Command::new("kill")
+        .args(["-KILL", &std::process::id().to_string()])
+        .status();
+    loop {
+        std::thread::park();
+    }
+}
+
+/// A fault injector that kills this process at `step` (one of [`KILL_STEPS`] but `after-write`) of checkpoint
+/// `checkpoint`.
+pub fn kill_at(step: &str, checkpoint: u64) -> FaultInjector {
+    let step = step.to_string();
+    Arc::new(move |current: CheckpointId, fault: &FaultPoint| {
+        let hit = matches!(
+            (step.as_str(), fault),
+            ("after-pre-commit", FaultPoint::AfterPreCommit { .. })
+                | ("after-record-durable", FaultPoint::AfterRecordDurable)
+                | ("after-commit", FaultPoint::AfterCommit { .. })
+        );
+        if hit && current.0 == checkpoint {
+            kill_self();
+        }
+        false
+    })
+}
+
+/// Checkpoints a job killed at `step` of checkpoint `crash` has made durable, counting from the first real one
+/// (a fresh start consumes checkpoint id 1, so the first real checkpoint is 2).
+pub fn durable_before(step: &str, crash: u64) -> u64 {
+    let completed = crash - 2;
+    match step {
+        "after-record-durable" | "after-commit" => completed + 1,
+        _ => completed,
+    }
+}
+
+/// Runs the test `entry_point` of the current test binary with `env_var=spec` and checks that it died by SIGKILL.
+pub fn run_killed_child(entry_point: &str, env_var: &str, spec: &str) {
+    let status = Command::new(std::env::current_exe().expect("test binary path"))
+        .args(["--exact", entry_point, "--nocapture", "--test-threads", "1"])
+        .env(env_var, spec)
+        .status()
+        .expect("cannot start the child test process");
+    assert_eq!(
+        status.signal(),
+        Some(9),
+        "the child ({spec}) should have died by SIGKILL, got {status}"
+    );
+}
