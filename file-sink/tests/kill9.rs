@@ -9,10 +9,10 @@ use std::path::PathBuf;
 
 use arrow_array::RecordBatch;
 use common::{Place, config};
-use connector_api::{Driver, DriverConfig, LocalCheckpointStore, SinkId, SourceOffset};
+use connector_api::{Driver, DriverConfig, LocalCheckpointStore, SinkId};
 use file_sink::{FileSink, FileSinkConfig, FormatConfig};
 use integration::conformance::conformance_batch_with;
-use integration::crash::{KILL_STEPS, durable_before, kill_at, kill_self, run_killed_child};
+use integration::crash::{KILL_STEPS, durable_before, run_killed_child, run_until_killed};
 
 /// Set in the child: `<local|s3>;<local dir or S3 prefix>;<checkpoint dir>;<step>`.
 const CHILD: &str = "RATCHET_KILL9_CHILD";
@@ -37,39 +37,16 @@ fn sink_config(place: &Place) -> FileSinkConfig {
     config
 }
 
-fn at(next: i64) -> Vec<SourceOffset> {
-    vec![SourceOffset {
-        topic: "t".into(),
-        partition: 0,
-        next_offset: next,
-    }]
-}
-
 /// The child's job: checkpoints of `BATCHES` x `ROWS` records until it kills itself at `step` of checkpoint 4.
 async fn child_job(place: Place, checkpoints: PathBuf, step: String) {
-    let injector = kill_at(&step, CRASH_CHECKPOINT);
     let mut driver = Driver::new(
         LocalCheckpointStore::open(&checkpoints, 3).unwrap(),
         DriverConfig::default(),
-    )
-    .with_fault_injector(injector);
+    );
     driver
         .add_sink(FileSink::new(sink_config(&place)).await.unwrap())
         .unwrap();
-    driver.start().await.unwrap();
-    let mut next = 0;
-    loop {
-        let checkpoint = driver.current_checkpoint().0;
-        for _ in 0..BATCHES {
-            driver.write(0, &rows(next..next + ROWS)).await.unwrap();
-            next += ROWS;
-        }
-        if step == "after-write" && checkpoint == CRASH_CHECKPOINT {
-            kill_self();
-        }
-        driver.checkpoint(at(next)).await.unwrap();
-        driver.finish_commit().await.unwrap();
-    }
+    run_until_killed(driver, &step, CRASH_CHECKPOINT, BATCHES, ROWS, rows).await
 }
 
 /// Entry point of the child process (does nothing in a normal test run).

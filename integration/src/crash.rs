@@ -67,3 +67,42 @@ pub fn run_killed_child(entry_point: &str, env_var: &str, spec: &str) {
         "the child ({spec}) should have died by SIGKILL, got {status}"
     );
 }
+
+/// The child's job: starts `driver` (whose sink index 0 is the sink under test) with a [`kill_at`] injector for
+/// `step` of checkpoint `crash`, then writes checkpoints of `batches` batches made by `batch` from consecutive id
+/// ranges of `rows`, until it kills itself (at `after-write`, once checkpoint `crash` is written).
+pub async fn run_until_killed<S: connector_api::CheckpointStore>(
+    driver: connector_api::Driver<S>,
+    step: &str,
+    crash: u64,
+    batches: i64,
+    rows: i64,
+    batch: impl Fn(std::ops::Range<i64>) -> arrow_array::RecordBatch,
+) -> ! {
+    let mut driver = driver.with_fault_injector(kill_at(step, crash));
+    driver.start().await.expect("child start");
+    let mut next = 0;
+    loop {
+        let checkpoint = driver.current_checkpoint().0;
+        for _ in 0..batches {
+            driver
+                .write(0, &batch(next..next + rows))
+                .await
+                .expect("child write");
+            next += rows;
+        }
+        if step == "after-write" && checkpoint == crash {
+            kill_self();
+        }
+        let positions = vec![connector_api::SourceOffset {
+            topic: "source".into(),
+            partition: 0,
+            next_offset: next,
+        }];
+        driver
+            .checkpoint(positions)
+            .await
+            .expect("child checkpoint");
+        driver.finish_commit().await.expect("child commit");
+    }
+}

@@ -5,10 +5,10 @@
 
 use std::path::PathBuf;
 
-use connector_api::{Driver, DriverConfig, LocalCheckpointStore, SinkId, SourceOffset, SubtaskId};
+use connector_api::{Driver, DriverConfig, LocalCheckpointStore, SinkId, SubtaskId};
 use integration::Services;
 use integration::conformance::conformance_batch;
-use integration::crash::{KILL_STEPS, durable_before, kill_at, kill_self, run_killed_child};
+use integration::crash::{KILL_STEPS, durable_before, run_killed_child, run_until_killed};
 use kafka_sink::{KafkaSink, KafkaSinkConfig, RecordMapping};
 
 /// Set in the child: `<topic>;<checkpoint dir>;<step>`.
@@ -26,37 +26,13 @@ fn sink(topic: &str) -> KafkaSink {
     KafkaSink::new(config, RecordMapping::default(), sink_id(), SubtaskId(0)).unwrap()
 }
 
-fn at(next: i64) -> Vec<SourceOffset> {
-    vec![SourceOffset {
-        topic: "source".into(),
-        partition: 0,
-        next_offset: next,
-    }]
-}
-
 async fn child_job(topic: String, checkpoints: PathBuf, step: String) {
-    let injector = kill_at(&step, CRASH_CHECKPOINT);
     let mut driver = Driver::new(
         LocalCheckpointStore::open(&checkpoints, 3).unwrap(),
         DriverConfig::default(),
-    )
-    .with_fault_injector(injector);
+    );
     driver.add_sink(sink(&topic)).unwrap();
-    driver.start().await.unwrap();
-    let mut next = 0;
-    loop {
-        let checkpoint = driver.current_checkpoint().0;
-        driver
-            .write(0, &conformance_batch(next..next + ROWS))
-            .await
-            .unwrap();
-        next += ROWS;
-        if step == "after-write" && checkpoint == CRASH_CHECKPOINT {
-            kill_self();
-        }
-        driver.checkpoint(at(next)).await.unwrap();
-        driver.finish_commit().await.unwrap();
-    }
+    run_until_killed(driver, &step, CRASH_CHECKPOINT, 1, ROWS, conformance_batch).await
 }
 
 /// Entry point of the child process (does nothing in a normal test run).
