@@ -3,7 +3,7 @@
 usage: kafka_read_committed.py BOOTSTRAP TOPIC
 
 Reads every partition from the beginning up to its last stable offset (LSO) with confluent-kafka (librdkafka's
-own client, no Ratchet code). Prints {"records": [{"partition", "offset", "key", "value"}...],
+own client, no Ratchet code). Prints {"records": [{"partition", "offset", "key", "value", "headers"}...],
 "partitions": {p: {"lso": .., "high_watermark": ..}}}. An LSO below the high watermark means an open transaction
 is holding readers back.
 """
@@ -58,6 +58,7 @@ def main(bootstrap: str, topic: str) -> None:
             "offset": msg.offset(),
             "key": msg.key().decode("utf-8", "replace") if msg.key() is not None else None,
             "value": msg.value().decode("utf-8", "replace") if msg.value() is not None else None,
+            "headers": {k: (v.decode("utf-8", "replace") if v is not None else None) for k, v in (msg.headers() or [])},
         })
         if msg.offset() + 1 >= lso[msg.partition()]:
             done.add(msg.partition())

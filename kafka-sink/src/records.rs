@@ -14,6 +14,7 @@ use serde::Deserialize;
 /// | `value_column` | column whose value is the record value; none = the whole row as a JSON object | none |
 /// | `partition_column` | Int32 column with an explicit partition; none = partitioned by key | none |
 /// | `topic_column` | Utf8 column naming each record's topic; none = the sink's `topic` | none |
+/// | `header_columns` | columns (Utf8 or Binary) sent as record headers named after the column; nulls are omitted | none |
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RecordMapping {
@@ -29,6 +30,9 @@ pub struct RecordMapping {
     /// Topic column.
     #[serde(default)]
     pub topic_column: Option<String>,
+    /// Header columns.
+    #[serde(default)]
+    pub header_columns: Vec<String>,
 }
 
 /// One record, borrowed from a batch where possible.
@@ -37,6 +41,8 @@ pub(crate) struct Record<'a> {
     pub(crate) key: Option<&'a [u8]>,
     pub(crate) value: Vec<u8>,
     pub(crate) partition: Option<i32>,
+    /// (header name, value) pairs.
+    pub(crate) headers: Vec<(&'a str, &'a [u8])>,
 }
 
 fn column<'a>(batch: &'a RecordBatch, name: &str, what: &str) -> Result<&'a ArrayRef, String> {
@@ -72,7 +78,7 @@ fn bytes_at<'a>(array: &'a ArrayRef, row: usize, name: &str) -> Result<Option<&'
 
 impl RecordMapping {
     /// The records of `batch`, in row order. Errors name the column and row.
-    pub(crate) fn records<'a>(&self, batch: &'a RecordBatch) -> Result<Vec<Record<'a>>, String> {
+    pub(crate) fn records<'a>(&'a self, batch: &'a RecordBatch) -> Result<Vec<Record<'a>>, String> {
         let key = self
             .key_column
             .as_deref()
@@ -93,6 +99,11 @@ impl RecordMapping {
             .as_deref()
             .map(|c| column(batch, c, "topic_column"))
             .transpose()?;
+        let headers = self
+            .header_columns
+            .iter()
+            .map(|c| column(batch, c, "header_columns entry").map(|array| (c.as_str(), array)))
+            .collect::<Result<Vec<_>, _>>()?;
         let json_rows = match value {
             Some(_) => None,
             None => Some(json_rows(batch)?),
@@ -148,11 +159,18 @@ impl RecordMapping {
                     }
                 })
                 .transpose()?;
+            let mut row_headers = Vec::with_capacity(headers.len());
+            for (name, array) in &headers {
+                if let Some(bytes) = bytes_at(array, row, name)? {
+                    row_headers.push((*name, bytes));
+                }
+            }
             records.push(Record {
                 topic,
                 key,
                 value,
                 partition,
+                headers: row_headers,
             });
         }
         Ok(records)
@@ -215,10 +233,16 @@ mod tests {
         let mapping = RecordMapping {
             key_column: Some("k".into()),
             partition_column: Some("p".into()),
+            header_columns: vec!["k".into()],
             ..RecordMapping::default()
         };
         let batch = batch();
         let records = mapping.records(&batch).unwrap();
+        assert_eq!(records[0].headers, vec![("k", &b"a"[..])]);
+        assert!(
+            records[1].headers.is_empty(),
+            "a null header value is omitted"
+        );
         assert_eq!(records[0].key, Some(&b"a"[..]));
         assert_eq!(records[1].key, None);
         assert_eq!(records[1].partition, Some(1));

@@ -10,6 +10,7 @@ use connector_api::{
     CheckpointId, Committer, Error, ErrorKind, Phase, Result, SinkId, SubtaskId, TwoPhaseCommit,
 };
 use rdkafka::error::KafkaError;
+use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
 use rdkafka::types::RDKafkaErrorCode;
 use serde::{Deserialize, Serialize};
@@ -62,7 +63,7 @@ type Producers = Arc<Mutex<HashMap<String, FutureProducer>>>;
 /// Exactly-once Kafka sink. See the crate docs for the protocol and the failure table.
 pub struct KafkaSink {
     config: KafkaSinkConfig,
-    mapping: RecordMapping,
+    mapping: Arc<RecordMapping>,
     sink: SinkId,
     subtask: SubtaskId,
     pool: TransactionalIdPool,
@@ -97,7 +98,7 @@ impl KafkaSink {
         let pool = config.id_pool()?;
         Ok(Self {
             config,
-            mapping,
+            mapping: Arc::new(mapping),
             sink,
             subtask,
             pool,
@@ -331,8 +332,8 @@ impl TwoPhaseCommit for KafkaSink {
         let producer = self
             .producer(&id)
             .ok_or_else(|| self.err(ErrorKind::Bug, Phase::Write, "no producer"))?;
-        let records = self
-            .mapping
+        let mapping = self.mapping.clone();
+        let records = mapping
             .records(batch)
             .map_err(|m| self.err(ErrorKind::BadRecord, Phase::Write, m))?;
         let default_topic = self.config.topic.clone();
@@ -344,6 +345,18 @@ impl TwoPhaseCommit for KafkaSink {
             }
             if let Some(partition) = record.partition {
                 future = future.partition(partition);
+            }
+            if !record.headers.is_empty() {
+                let headers = record.headers.iter().fold(
+                    OwnedHeaders::new_with_capacity(record.headers.len()),
+                    |h, (key, value)| {
+                        h.insert(Header {
+                            key,
+                            value: Some(*value),
+                        })
+                    },
+                );
+                future = future.headers(headers);
             }
             loop {
                 match producer.send_result(future) {
