@@ -25,6 +25,10 @@
 //!   must fit in it), and `recover` refuses a `transaction_timeout` above the broker's
 //!   `transaction.max.timeout.ms`, read from the broker ([`broker_max_transaction_timeout`]).
 //!
+//! - Kafka-to-Kafka ([`KafkaToKafka`]): when the source is the same cluster, the consumed offsets go into the
+//!   same transaction (`send_offsets_to_transaction` with the consumer group metadata), so no external checkpoint
+//!   store is needed.
+//!
 //! # Failure table
 //! | crash point | broker state | recovery |
 //! |---|---|---|
@@ -39,6 +43,7 @@ mod broker;
 mod config;
 mod coordinator;
 mod error;
+mod kafka_to_kafka;
 mod probe;
 mod producer;
 mod records;
@@ -49,6 +54,7 @@ pub use broker::broker_max_transaction_timeout;
 pub use config::KafkaSinkConfig;
 pub use coordinator::{TransactionDescription, describe_transaction, end_transaction};
 pub use error::classify;
+pub use kafka_to_kafka::{KafkaToKafka, PipelineHook, PipelineStats, PipelineStep};
 pub use producer::open_transactional_producer;
 pub use records::RecordMapping;
 pub use sink::{KafkaCommittable, KafkaCommitter, KafkaSink, PartitionRange};
