@@ -27,6 +27,7 @@ const CONTROLLED_KEYS: &[&str] = &[
 /// | `transactional_id_prefix` | prefix of this sink's transactional ids; unique per job and sink | required |
 /// | `transactional_id_pool_size` | transactional ids per subtask | 2 |
 /// | `transaction_timeout` | `transaction.timeout.ms`: the broker aborts a transaction older than this | 10 min |
+/// | `job` | the job's name: with the sink id, the owner of the prefix in the prefix registry | none (the sink id alone) |
 /// | `client` | other librdkafka producer settings, passed through | none |
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -43,6 +44,10 @@ pub struct KafkaSinkConfig {
     /// How long the broker lets a transaction stay open before aborting it.
     #[serde(default = "default_transaction_timeout", with = "humantime_serde")]
     pub transaction_timeout: Duration,
+    /// The job's name; `<job>/<sink id>` owns the prefix in the prefix registry, so two jobs configured with the
+    /// same prefix are told apart (set it when sink ids can repeat across jobs).
+    #[serde(default)]
+    pub job: Option<String>,
     /// Other librdkafka producer settings (e.g. `compression.type`, `linger.ms`).
     #[serde(default)]
     pub client: BTreeMap<String, String>,
@@ -69,6 +74,7 @@ impl KafkaSinkConfig {
             transactional_id_prefix: transactional_id_prefix.into(),
             transactional_id_pool_size: default_pool_size(),
             transaction_timeout: default_transaction_timeout(),
+            job: None,
             client: BTreeMap::new(),
         }
     }

@@ -22,6 +22,7 @@ use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
 use connector_api::SubtaskId;
 
+use crate::registry::claim_prefix;
 use crate::{KafkaSinkConfig, classify, open_transactional_producer};
 
 /// A step of one transaction, for fault injection in tests.
@@ -80,6 +81,17 @@ impl KafkaToKafka {
     /// Any producer or consumer failure stops the run; what was not committed is replayed by the next run.
     pub async fn run(&self) -> Result<PipelineStats> {
         let id = self.sink.id_pool()?.all(SubtaskId(0)).remove(0);
+        let owner = format!(
+            "{}/kafka-to-kafka:{}",
+            self.sink.job.as_deref().unwrap_or("-"),
+            self.group_id
+        );
+        claim_prefix(
+            &self.sink.bootstrap_servers,
+            &self.sink.transactional_id_prefix,
+            &owner,
+        )
+        .await?;
         let producer = open_transactional_producer(&self.sink, &id).await?;
         let consumer: StreamConsumer = ClientConfig::new()
             .set("bootstrap.servers", &self.sink.bootstrap_servers)

@@ -18,6 +18,8 @@
 //! - Idempotence: a transaction the coordinator reports as `CompleteCommit` for the same producer id (epoch equal,
 //!   or one higher under transaction protocol v2, KIP-890) is done; if the id has moved on since, a
 //!   read_committed probe of the recorded offsets asks the log itself.
+//! - At start the sink claims its transactional-id prefix in a registry topic ([`claim_prefix`]) and refuses to
+//!   run when another job holds it.
 //! - `recover` commits the restored transactions first, then calls `init_transactions` on every id of the pool:
 //!   that fences zombies and aborts whatever a crashed attempt left open, so read_committed readers are never
 //!   stuck behind the last stable offset.
@@ -47,6 +49,7 @@ mod kafka_to_kafka;
 mod probe;
 mod producer;
 mod records;
+mod registry;
 mod sink;
 mod txn_id;
 
@@ -57,5 +60,6 @@ pub use error::classify;
 pub use kafka_to_kafka::{KafkaToKafka, PipelineHook, PipelineStats, PipelineStep};
 pub use producer::open_transactional_producer;
 pub use records::RecordMapping;
+pub use registry::{PREFIX_REGISTRY_TOPIC, claim_prefix};
 pub use sink::{KafkaCommittable, KafkaCommitter, KafkaSink, PartitionRange};
 pub use txn_id::{TransactionalId, TransactionalIdPool};

@@ -19,6 +19,7 @@ use crate::broker::{broker_max_transaction_timeout, check_transaction_timeout};
 use crate::coordinator::{describe_transaction, end_transaction};
 use crate::probe::visible_in_log;
 use crate::records::RecordMapping;
+use crate::registry::claim_prefix;
 use crate::{
     KafkaSinkConfig, TransactionalId, TransactionalIdPool, classify, open_transactional_producer,
 };
@@ -480,6 +481,17 @@ impl TwoPhaseCommit for KafkaSink {
             .map_err(|e| e.or_sink(&self.sink))?;
         check_transaction_timeout(self.config.transaction_timeout, broker_max)
             .map_err(|e| e.or_sink(&self.sink))?;
+        let owner = match &self.config.job {
+            Some(job) => format!("{job}/{}", self.sink),
+            None => self.sink.to_string(),
+        };
+        claim_prefix(
+            &self.config.bootstrap_servers,
+            &self.config.transactional_id_prefix,
+            &owner,
+        )
+        .await
+        .map_err(|e| e.or_sink(&self.sink))?;
         // First finish the restored transactions (they must not be aborted by the fencing below)...
         if let Some((checkpoint, committables)) = restored {
             for c in committables.iter().filter(|c| !c.ranges.is_empty()) {

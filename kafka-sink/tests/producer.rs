@@ -86,3 +86,32 @@ async fn the_broker_maximum_transaction_timeout_is_read_from_the_broker() {
     // scripts/services.sh sets transaction.max.timeout.ms=900000.
     assert_eq!(max, Duration::from_secs(900));
 }
+
+#[tokio::test]
+async fn a_prefix_held_by_another_job_is_refused_at_start() {
+    use connector_api::{SinkId, TwoPhaseCommit};
+    use kafka_sink::{KafkaSink, RecordMapping};
+
+    let bootstrap = Services::get().kafka_bootstrap();
+    let prefix = integration::unique_name("shared-prefix");
+    let sink_for = |job: &str| {
+        let mut config = KafkaSinkConfig::new(bootstrap, &prefix, &prefix);
+        config.job = Some(job.to_string());
+        KafkaSink::new(
+            config,
+            RecordMapping::default(),
+            SinkId::new("out").unwrap(),
+            SubtaskId(0),
+        )
+        .unwrap()
+    };
+    sink_for("billing").recover(None).await.unwrap();
+    sink_for("billing").recover(None).await.unwrap(); // the same job restarting is fine
+    let err = sink_for("fraud").recover(None).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+    let message = err.to_string();
+    assert!(
+        message.contains("already used by \"billing/out\""),
+        "{message}"
+    );
+}
