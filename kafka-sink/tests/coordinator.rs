@@ -153,3 +153,57 @@ async fn a_transaction_the_broker_already_aborted_cannot_be_committed() {
         "aborted records must stay invisible"
     );
 }
+
+#[tokio::test]
+async fn recovering_a_checkpoint_whose_transaction_the_broker_aborted_names_the_lost_records() {
+    use connector_api::{CheckpointId, Committer, SinkId, SubtaskId, TwoPhaseCommit};
+    use kafka_sink::{KafkaCommittable, KafkaSink, KafkaSinkConfig, PartitionRange, RecordMapping};
+
+    let bootstrap = Services::get().kafka_bootstrap();
+    let tid = integration::unique_name("coordinator-lost");
+    let topic = integration::unique_name("coordinator-lost");
+    orphan_transaction(&tid, &topic, 2_000);
+    let described = describe_transaction(bootstrap, &tid).await.unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while describe_transaction(bootstrap, &tid).await.unwrap().state != "CompleteAbort" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the broker never aborted the expired transaction"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    // The durable checkpoint 7 says: commit this transaction. It is gone: recovery must say so, loudly.
+    let committable = KafkaCommittable {
+        checkpoint: CheckpointId(7),
+        transactional_id: tid.clone(),
+        producer_id: described.producer_id,
+        producer_epoch: described.producer_epoch,
+        ranges: vec![PartitionRange {
+            topic: topic.clone(),
+            partition: 0,
+            first_offset: 0,
+            last_offset: 2,
+        }],
+    };
+    let sink = KafkaSink::new(
+        KafkaSinkConfig::new(bootstrap, &topic, integration::unique_name("lost-prefix")),
+        RecordMapping::default(),
+        SinkId::new("lost").unwrap(),
+        SubtaskId(0),
+    )
+    .unwrap();
+    let committer = sink.committer();
+    let err = committer
+        .commit(vec![committable.clone()])
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Fatal, "{err}");
+    let message = err.to_string();
+    assert!(
+        message.contains("at checkpoint 7")
+            && message.contains("LOST")
+            && message.contains(&format!("{topic}/0 offsets 0..=2")),
+        "{message}"
+    );
+    assert!(!committer.is_committed(&committable).await.unwrap());
+}
