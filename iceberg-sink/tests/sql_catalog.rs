@@ -8,7 +8,7 @@ use arrow_array::{Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema as ArrowSchema};
 use connector_api::{CheckpointId, ErrorKind, SinkId};
 use iceberg::spec::{NestedField, PrimitiveType, Schema, Type};
-use iceberg::{NamespaceIdent, TableCreation, TableIdent};
+use iceberg::{Catalog, NamespaceIdent, TableCreation, TableIdent};
 use iceberg_sink::{
     CatalogConfig, CommitOutcome, commit_checkpoint, last_committed_checkpoint, write_data_files,
 };
@@ -30,12 +30,11 @@ fn batch(ids: std::ops::Range<i64>) -> RecordBatch {
     .unwrap()
 }
 
-#[tokio::test]
-async fn one_snapshot_per_checkpoint_and_recommit_is_a_no_op() {
-    let services = Services::get();
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("catalog.db");
-    let warehouse = format!("file://{}", dir.path().join("warehouse").display());
+/// A SQLite SQL catalog with a local warehouse in `dir` and a `demo` namespace: (catalog, namespace, catalog URI
+/// for pyiceberg, warehouse).
+async fn catalog(dir: &std::path::Path) -> (Arc<dyn Catalog>, NamespaceIdent, String, String) {
+    let db = dir.join("catalog.db");
+    let warehouse = format!("file://{}", dir.join("warehouse").display());
     let config = CatalogConfig::Sql {
         uri: format!("sqlite://{}?mode=rwc", db.display()),
         warehouse: warehouse.clone(),
@@ -46,6 +45,19 @@ async fn one_snapshot_per_checkpoint_and_recommit_is_a_no_op() {
         .create_namespace(&namespace, HashMap::new())
         .await
         .unwrap();
+    (
+        catalog,
+        namespace,
+        format!("sqlite:///{}", db.display()),
+        warehouse,
+    )
+}
+
+#[tokio::test]
+async fn one_snapshot_per_checkpoint_and_recommit_is_a_no_op() {
+    let services = Services::get();
+    let dir = tempfile::tempdir().unwrap();
+    let (catalog, namespace, catalog_uri, warehouse) = catalog(dir.path()).await;
     let schema = Schema::builder()
         .with_fields(vec![
             NestedField::required(1, "id", Type::Primitive(PrimitiveType::Long)).into(),
@@ -87,13 +99,7 @@ async fn one_snapshot_per_checkpoint_and_recommit_is_a_no_op() {
 
     let seen = services.verify(
         "iceberg_sql_table.py",
-        &[
-            "ratchet",
-            &format!("sqlite:///{}", db.display()),
-            &warehouse,
-            "demo.events",
-            "id",
-        ],
+        &["ratchet", &catalog_uri, &warehouse, "demo.events", "id"],
     );
     assert_eq!(seen["rows"], 80);
     assert_eq!(seen["ids"].as_array().unwrap().len(), 80);
@@ -106,16 +112,7 @@ async fn one_snapshot_per_checkpoint_and_recommit_is_a_no_op() {
 #[tokio::test]
 async fn a_batch_missing_a_column_is_refused_naming_it() {
     let dir = tempfile::tempdir().unwrap();
-    let config = CatalogConfig::Sql {
-        uri: format!("sqlite://{}?mode=rwc", dir.path().join("c.db").display()),
-        warehouse: format!("file://{}", dir.path().join("wh").display()),
-    };
-    let catalog = config.open("ratchet").await.unwrap();
-    let namespace = NamespaceIdent::new("demo".into());
-    catalog
-        .create_namespace(&namespace, HashMap::new())
-        .await
-        .unwrap();
+    let (catalog, namespace, _, _) = catalog(dir.path()).await;
     let schema = Schema::builder()
         .with_fields(vec![
             NestedField::required(1, "amount", Type::Primitive(PrimitiveType::Long)).into(),

@@ -65,6 +65,23 @@ fn visible(topic: &str) -> (Vec<String>, serde_json::Value) {
     (values, seen["partitions"]["0"].clone())
 }
 
+/// Waits until the broker's timeout sweep has aborted the transaction of `tid` (the coordinator says so, not a
+/// guess).
+async fn wait_until_broker_aborted(bootstrap: &str, tid: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let now = describe_transaction(bootstrap, tid).await.unwrap();
+        if now.state == "CompleteAbort" {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the broker never aborted the expired transaction: {now:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
 #[tokio::test]
 async fn a_dead_producers_transaction_is_committed_from_another_process() {
     let bootstrap = Services::get().kafka_bootstrap();
@@ -125,19 +142,7 @@ async fn a_transaction_the_broker_already_aborted_cannot_be_committed() {
     let described = describe_transaction(bootstrap, &tid).await.unwrap();
     assert_eq!(described.state, "Ongoing", "{described:?}");
 
-    // Wait until the broker's timeout sweep has aborted it (the coordinator says so, not a guess).
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    loop {
-        let now = describe_transaction(bootstrap, &tid).await.unwrap();
-        if now.state == "CompleteAbort" || now.state == "Empty" {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the broker never aborted the expired transaction: {now:?}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
+    wait_until_broker_aborted(bootstrap, &tid).await;
     let err = end_transaction(
         bootstrap,
         &tid,
@@ -164,14 +169,7 @@ async fn recovering_a_checkpoint_whose_transaction_the_broker_aborted_names_the_
     let topic = integration::unique_name("coordinator-lost");
     orphan_transaction(&tid, &topic, 2_000);
     let described = describe_transaction(bootstrap, &tid).await.unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while describe_transaction(bootstrap, &tid).await.unwrap().state != "CompleteAbort" {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the broker never aborted the expired transaction"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
+    wait_until_broker_aborted(bootstrap, &tid).await;
     // The durable checkpoint 7 says: commit this transaction. It is gone: recovery must say so, loudly.
     let committable = KafkaCommittable {
         checkpoint: CheckpointId(7),
