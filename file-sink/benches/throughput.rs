@@ -82,6 +82,15 @@ fn props() -> WriterProperties {
         .build()
 }
 
+/// Source positions after `next` records.
+fn at(next: i64) -> Vec<SourceOffset> {
+    vec![SourceOffset {
+        topic: "bench".into(),
+        partition: 0,
+        next_offset: next,
+    }]
+}
+
 /// The batches of one run: `rounds` passes over the pool.
 fn stream(pool: &[RecordBatch], rounds: usize) -> impl Iterator<Item = &RecordBatch> {
     (0..rounds).flat_map(move |_| pool.iter())
@@ -121,25 +130,11 @@ async fn run_driver(
         driver.write(0, batch).await.unwrap();
         next += batch.num_rows() as i64;
         if last.elapsed() >= CHECKPOINT_INTERVAL {
-            driver
-                .checkpoint(vec![SourceOffset {
-                    topic: "bench".into(),
-                    partition: 0,
-                    next_offset: next,
-                }])
-                .await
-                .unwrap();
+            driver.checkpoint(at(next)).await.unwrap();
             last = Instant::now();
         }
     }
-    driver
-        .checkpoint(vec![SourceOffset {
-            topic: "bench".into(),
-            partition: 0,
-            next_offset: next,
-        }])
-        .await
-        .unwrap();
+    driver.checkpoint(at(next)).await.unwrap();
     driver.close().await.unwrap();
     started.elapsed().as_secs_f64()
 }

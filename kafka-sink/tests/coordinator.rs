@@ -65,6 +65,21 @@ fn visible(topic: &str) -> (Vec<String>, serde_json::Value) {
     (values, seen["partitions"]["0"].clone())
 }
 
+/// A transaction left open by a SIGKILLed producer (timeout `timeout_ms`): its transactional id, topic and
+/// description, checked to be `Ongoing`.
+async fn orphaned(
+    name: &str,
+    timeout_ms: u32,
+) -> (String, String, kafka_sink::TransactionDescription) {
+    let bootstrap = Services::get().kafka_bootstrap();
+    let tid = integration::unique_name(name);
+    let topic = integration::unique_name(name);
+    orphan_transaction(&tid, &topic, timeout_ms);
+    let described = describe_transaction(bootstrap, &tid).await.unwrap();
+    assert_eq!(described.state, "Ongoing", "{described:?}");
+    (tid, topic, described)
+}
+
 /// Waits until the broker's timeout sweep has aborted the transaction of `tid` (the coordinator says so, not a
 /// guess).
 async fn wait_until_broker_aborted(bootstrap: &str, tid: &str) {
@@ -85,12 +100,7 @@ async fn wait_until_broker_aborted(bootstrap: &str, tid: &str) {
 #[tokio::test]
 async fn a_dead_producers_transaction_is_committed_from_another_process() {
     let bootstrap = Services::get().kafka_bootstrap();
-    let tid = integration::unique_name("coordinator-commit");
-    let topic = integration::unique_name("coordinator-commit");
-    orphan_transaction(&tid, &topic, 120_000);
-
-    let described = describe_transaction(bootstrap, &tid).await.unwrap();
-    assert_eq!(described.state, "Ongoing", "{described:?}");
+    let (tid, topic, described) = orphaned("coordinator-commit", 120_000).await;
     assert_eq!(
         described.partitions,
         vec![(topic.clone(), 0)],
@@ -136,11 +146,7 @@ async fn a_dead_producers_transaction_is_committed_from_another_process() {
 #[tokio::test]
 async fn a_transaction_the_broker_already_aborted_cannot_be_committed() {
     let bootstrap = Services::get().kafka_bootstrap();
-    let tid = integration::unique_name("coordinator-expired");
-    let topic = integration::unique_name("coordinator-expired");
-    orphan_transaction(&tid, &topic, 2_000);
-    let described = describe_transaction(bootstrap, &tid).await.unwrap();
-    assert_eq!(described.state, "Ongoing", "{described:?}");
+    let (tid, topic, described) = orphaned("coordinator-expired", 2_000).await;
 
     wait_until_broker_aborted(bootstrap, &tid).await;
     let err = end_transaction(
@@ -165,10 +171,7 @@ async fn recovering_a_checkpoint_whose_transaction_the_broker_aborted_names_the_
     use kafka_sink::{KafkaCommittable, KafkaSink, KafkaSinkConfig, PartitionRange, RecordMapping};
 
     let bootstrap = Services::get().kafka_bootstrap();
-    let tid = integration::unique_name("coordinator-lost");
-    let topic = integration::unique_name("coordinator-lost");
-    orphan_transaction(&tid, &topic, 2_000);
-    let described = describe_transaction(bootstrap, &tid).await.unwrap();
+    let (tid, topic, described) = orphaned("coordinator-lost", 2_000).await;
     wait_until_broker_aborted(bootstrap, &tid).await;
     // The durable checkpoint 7 says: commit this transaction. It is gone: recovery must say so, loudly.
     let committable = KafkaCommittable {
