@@ -23,8 +23,12 @@ pub enum ErrorKind {
     MustAbort,
     /// Another instance took over this sink's transactions; this instance must stop writing at once.
     Fenced,
-    /// Input that cannot be written (schema mismatch, value out of range); names the record.
+    /// Input that cannot be written (schema mismatch, value out of range); names the record. Only returned when
+    /// nothing of the refused batch entered the transaction, so the caller may dead-letter or drop it.
     BadRecord,
+    /// The step's outcome is unknown (a reply was lost after the request may have taken effect). Retry the step if
+    /// it is idempotent; otherwise stop *without* aborting anything and let recovery find out what happened.
+    InDoubt,
     /// Anything else: stop the job. Unclassified errors are fatal.
     Fatal,
     /// A violated invariant inside Ratchet: stop the job and report it.

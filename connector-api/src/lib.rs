@@ -20,10 +20,13 @@ mod retry;
 mod txn;
 
 pub use checkpoint::{
-    CheckpointRecord, CheckpointStore, LocalCheckpointStore, PgCheckpointStore, SourceOffset,
+    CheckpointRecord, CheckpointStore, Claim, ClaimGuard, Loaded, LocalCheckpointStore, OwnerEpoch,
+    PgCheckpointStore, SourceOffset,
 };
 pub use delivery::{DeliveryGuarantee, GuaranteedCommitter, GuaranteedSink};
-pub use driver::{Driver, DriverConfig, FaultInjector, FaultPoint, Restored, committables_in};
+pub use driver::{
+    Driver, DriverConfig, FaultAction, FaultInjector, FaultPoint, Faults, Restored, committables_in,
+};
 pub use error::{Error, ErrorKind, Phase, Report, Result};
 pub use ids::{CheckpointId, SinkId, SubtaskId};
 pub use retry::{Attempts, RetryPolicy};

@@ -44,6 +44,18 @@ impl RetryPolicy {
         }
     }
 
+    /// The longest [`RetryPolicy::run`] can take when each attempt takes at most `attempt`: every attempt plus
+    /// every backoff between them.
+    pub fn worst_case(&self, attempt: Duration) -> Duration {
+        let mut total = attempt * self.max_attempts;
+        let mut backoff = self.initial_backoff;
+        for _ in 1..self.max_attempts {
+            total += backoff;
+            backoff = (backoff * 2).min(self.max_backoff);
+        }
+        total
+    }
+
     /// The attempt counter behind [`RetryPolicy::run`], for calls that borrow mutably and so cannot go through a
     /// closure:
     ///
@@ -130,6 +142,20 @@ mod tests {
             .await;
         assert_eq!(result.unwrap(), 7);
         assert_eq!(calls.load(Ordering::SeqCst), 3);
+    }
+
+    #[test]
+    fn worst_case_adds_every_attempt_and_backoff() {
+        let policy = RetryPolicy {
+            max_attempts: 4,
+            initial_backoff: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(3),
+        };
+        // 4 attempts of 10 s, backoffs 1 + 2 + 3.
+        assert_eq!(
+            policy.worst_case(Duration::from_secs(10)),
+            Duration::from_secs(46)
+        );
     }
 
     #[tokio::test]

@@ -7,7 +7,7 @@
 //! transactional id whose transaction was never aborted), and `recover` raises the sink's epoch, fencing older
 //! instances.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -29,6 +29,9 @@ pub enum Broken {
     PreCommitNoFlush,
     /// Nothing checks the epoch: a zombie instance can still write and commit.
     ZombieNotFenced,
+    /// `recover` notes the restored checkpoint as recovered *before* committing it, and a later `recover` of the
+    /// same checkpoint skips the commit: a crash inside recovery loses it.
+    RecoverCommitsOnlyOnce,
 }
 
 #[derive(Debug, Default)]
@@ -44,6 +47,8 @@ struct SinkState {
     slots: HashMap<u64, Txn>,
     committed: HashMap<u64, Vec<i64>>,
     visible: Vec<i64>,
+    /// Checkpoints a recovery started on (only [`Broken::RecoverCommitsOnlyOnce`] reads it).
+    recovering: HashSet<u64>,
 }
 
 /// The in-memory "external system": committed rows per (run, sink), transactions, epochs.
@@ -293,9 +298,17 @@ impl TwoPhaseCommit for ReferenceSink {
             state.epoch += 1;
             state.epoch
         });
-        if let Some((_, committables)) = restored {
-            self.committer().commit(committables).await?;
+        if let Some((checkpoint, committables)) = restored {
+            let first_time = self
+                .system
+                .with(&self.key, |state| state.recovering.insert(checkpoint.0));
+            // A round trip to the external system: a crash inside recovery lands here.
+            tokio::task::yield_now().await;
+            if first_time || !self.system.is(Broken::RecoverCommitsOnlyOnce) {
+                self.committer().commit(committables).await?;
+            }
         }
+        tokio::task::yield_now().await;
         if !self.system.is(Broken::RecoverForgetsAbort) {
             // Everything still on a slot belongs to a checkpoint that never became durable.
             self.system.with(&self.key, |state| state.slots.clear());

@@ -8,9 +8,9 @@ use std::time::Duration;
 use arrow_array::RecordBatch;
 use async_trait::async_trait;
 use connector_api::{
-    CheckpointId, CheckpointRecord, CheckpointStore, DeliveryGuarantee, Driver, DriverConfig,
-    Error, ErrorKind, FaultPoint, GuaranteedSink, LocalCheckpointStore, Phase, Result, RetryPolicy,
-    SinkId, SourceOffset, committables_in,
+    CheckpointId, CheckpointRecord, CheckpointStore, Claim, DeliveryGuarantee, Driver,
+    DriverConfig, Error, ErrorKind, FaultPoint, GuaranteedSink, Loaded, LocalCheckpointStore,
+    OwnerEpoch, Phase, Result, RetryPolicy, SinkId, SourceOffset, TwoPhaseCommit, committables_in,
 };
 use integration::conformance::conformance_batch;
 use integration::reference::{ReferenceSink, ReferenceSystem};
@@ -57,10 +57,9 @@ async fn crash_and_replay(guarantee: DeliveryGuarantee, crash: FaultPoint) -> Ve
     let dir = tempfile::tempdir().unwrap();
     let store = || LocalCheckpointStore::open(dir.path(), 3).unwrap();
     let fault = crash.clone();
-    let mut driver =
-        Driver::new(store(), quick()).with_fault_injector(Arc::new(move |cp, point| {
-            cp == CheckpointId(3) && *point == fault
-        }));
+    let mut driver = Driver::new(store(), quick()).with_fault_injector(Arc::new(
+        move |cp: CheckpointId, point: &FaultPoint| cp == CheckpointId(3) && *point == fault,
+    ));
     driver
         .add_sink(GuaranteedSink::new(system.sink(RUN, &sink_id()), guarantee))
         .unwrap();
@@ -126,19 +125,25 @@ async fn exactly_once_neither_loses_nor_repeats() {
     }
 }
 
-/// A store that fails, non-retryably, to save any record that decides transactions.
+/// A store that fails, non-retryably and without storing, to save any record that decides transactions.
 struct BrokenStore(LocalCheckpointStore);
 
 #[async_trait]
 impl CheckpointStore for BrokenStore {
-    async fn save(&self, record: &CheckpointRecord) -> Result<()> {
+    async fn claim(&self) -> Result<Claim> {
+        self.0.claim().await
+    }
+    async fn save(&self, owner: OwnerEpoch, record: &CheckpointRecord) -> Result<()> {
         if record.committables.is_empty() {
-            return self.0.save(record).await; // the start record
+            return self.0.save(owner, record).await; // the start record
         }
         Err(Error::new(ErrorKind::Fatal, Phase::Checkpoint, "disk gone").with_checkpoint(record.id))
     }
-    async fn load_latest(&self) -> Result<Option<CheckpointRecord>> {
-        self.0.load_latest().await
+    async fn mark_committed(&self, owner: OwnerEpoch, checkpoint: CheckpointId) -> Result<()> {
+        self.0.mark_committed(owner, checkpoint).await
+    }
+    async fn load(&self) -> Result<Loaded> {
+        self.0.load().await
     }
 }
 
@@ -179,6 +184,7 @@ async fn start_refuses_a_budget_the_transaction_timeout_cannot_cover() {
     let config = DriverConfig {
         checkpoint_interval: Duration::from_secs(30),
         max_restart_time: Duration::from_secs(60),
+        max_recovery_time: Duration::from_secs(10),
         ..quick()
     };
     let mut driver = Driver::new(LocalCheckpointStore::open(dir.path(), 3).unwrap(), config);
@@ -212,4 +218,100 @@ async fn committables_of_a_newer_format_are_refused_with_the_version() {
         ..record
     };
     assert_eq!(committables_in(&sink, &current).unwrap().unwrap().len(), 1);
+}
+
+/// A reference sink that records what each `recover` was asked to commit.
+struct Recording {
+    inner: ReferenceSink,
+    seen: Arc<std::sync::Mutex<Vec<Option<CheckpointId>>>>,
+}
+
+#[async_trait]
+impl TwoPhaseCommit for Recording {
+    type Committable = <ReferenceSink as TwoPhaseCommit>::Committable;
+    type Committer = <ReferenceSink as TwoPhaseCommit>::Committer;
+    fn sink_id(&self) -> &SinkId {
+        self.inner.sink_id()
+    }
+    fn committer(&self) -> Self::Committer {
+        self.inner.committer()
+    }
+    async fn begin(&mut self, checkpoint: CheckpointId) -> Result<()> {
+        self.inner.begin(checkpoint).await
+    }
+    async fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+        self.inner.write(batch).await
+    }
+    async fn pre_commit(&mut self, checkpoint: CheckpointId) -> Result<Self::Committable> {
+        self.inner.pre_commit(checkpoint).await
+    }
+    async fn abort(&mut self) -> Result<()> {
+        self.inner.abort().await
+    }
+    async fn recover(
+        &mut self,
+        restored: Option<(CheckpointId, Vec<Self::Committable>)>,
+    ) -> Result<()> {
+        self.seen
+            .lock()
+            .unwrap()
+            .push(restored.as_ref().map(|(id, _)| *id));
+        self.inner.recover(restored).await
+    }
+}
+
+/// A job stopped cleanly is noted committed through its last checkpoint, so the next start does not ask the sinks
+/// to commit it again (they may have forgotten it: a Kafka transactional id expires); a job that died before its
+/// last commit finished is asked to commit.
+#[tokio::test]
+async fn a_cleanly_stopped_job_is_not_committed_again_on_restart() {
+    let system = ReferenceSystem::new();
+    let dir = tempfile::tempdir().unwrap();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let start = |faults: Option<connector_api::FaultInjector>| {
+        let mut driver = Driver::new(LocalCheckpointStore::open(dir.path(), 3).unwrap(), quick());
+        if let Some(faults) = faults {
+            driver = driver.with_fault_injector(faults);
+        }
+        driver
+            .add_sink(Recording {
+                inner: system.sink(RUN, &sink_id()),
+                seen: seen.clone(),
+            })
+            .unwrap();
+        driver
+    };
+    let mut driver = start(None);
+    driver.start().await.unwrap();
+    driver.write(0, &rows(0..10)).await.unwrap();
+    let decided = driver.checkpoint(at(10)).await.unwrap();
+    driver.close().await.unwrap();
+    let loaded = LocalCheckpointStore::open(dir.path(), 3)
+        .unwrap()
+        .load()
+        .await
+        .unwrap();
+    assert_eq!(loaded.committed_through, Some(decided));
+
+    // Restarted: nothing to commit. Then a crash after the next record is durable, before its commit.
+    let mut driver = start(Some(Arc::new(|_: CheckpointId, point: &FaultPoint| {
+        *point == FaultPoint::AfterRecordDurable
+    })));
+    driver.start().await.unwrap();
+    driver.write(0, &rows(10..20)).await.unwrap();
+    let crashed = driver.checkpoint(at(20)).await.unwrap_err();
+    drop(driver);
+    let mut driver = start(None);
+    let restored = driver.start().await.unwrap();
+    driver.close().await.unwrap();
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        [None, None, restored.checkpoint],
+        "recover was asked to commit: {seen:?} ({crashed})"
+    );
+    assert_eq!(
+        sorted(system.visible(RUN, &sink_id())),
+        (0..20).collect::<Vec<_>>()
+    );
 }

@@ -3,7 +3,7 @@
 
 use async_trait::async_trait;
 use connector_api::{Result, SinkId};
-use integration::conformance::{Conformance, ConformanceTarget, Report, run_conformance};
+use integration::conformance::{Conformance, ConformanceTarget, Report, StoreBug, run_conformance};
 use integration::reference::{Broken, ReferenceSink, ReferenceSystem};
 
 struct Reference(ReferenceSystem);
@@ -27,6 +27,15 @@ async fn run(system: ReferenceSystem, name: &str) -> Report {
         ..Conformance::default()
     };
     run_conformance(name, &Reference(system), &config).await
+}
+
+async fn run_with_store(bug: StoreBug, name: &str) -> Report {
+    let config = Conformance {
+        random_runs: 0,
+        store_bug: Some(bug),
+        ..Conformance::default()
+    };
+    run_conformance(name, &Reference(ReferenceSystem::new()), &config).await
 }
 
 fn failed(report: &Report) -> Vec<String> {
@@ -60,6 +69,36 @@ async fn a_non_idempotent_commit_is_caught() {
         "{report}"
     );
     assert!(failed.contains(&"commit-twice".to_string()), "{report}");
+    // Recovery that really runs twice over one record commits it twice.
+    assert!(failed.contains(&"recover-twice".to_string()), "{report}");
+    assert!(
+        failed.contains(&"crash-between-recoveries".to_string()),
+        "{report}"
+    );
+}
+
+#[tokio::test]
+async fn a_recovery_that_notes_progress_before_committing_is_caught() {
+    let report = run(
+        ReferenceSystem::broken(Broken::RecoverCommitsOnlyOnce),
+        "recover-commits-only-once",
+    )
+    .await;
+    assert_eq!(failed(&report), ["crash-inside-recover"], "{report}");
+}
+
+#[tokio::test]
+async fn a_store_without_fencing_is_caught() {
+    let report = run_with_store(StoreBug::NoFencing, "store-without-fencing").await;
+    let failed = failed(&report);
+    assert!(failed.contains(&"two-starters".to_string()), "{report}");
+    assert!(failed.contains(&"zombie-saves".to_string()), "{report}");
+}
+
+#[tokio::test]
+async fn a_driver_that_aborts_a_checkpoint_whose_save_outcome_is_unknown_is_caught() {
+    let report = run_with_store(StoreBug::ReportsStoredAsFailed, "stored-reported-as-failed").await;
+    assert_eq!(failed(&report), ["save-in-doubt"], "{report}");
 }
 
 #[tokio::test]

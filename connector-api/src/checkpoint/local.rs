@@ -1,24 +1,92 @@
-//! A checkpoint store in a local directory: one file per checkpoint, written atomically.
+//! A checkpoint store in a local directory: one file per checkpoint, written atomically, owned through claims.
 
-use std::fs::{self, File};
+use std::fs::{self, File, TryLockError};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
 use super::record::newest_intact;
-use super::{CheckpointRecord, CheckpointStore};
+use super::{CheckpointRecord, CheckpointStore, Claim, ClaimGuard, Loaded, OwnerEpoch};
 use crate::{CheckpointId, Error, ErrorKind, Phase, Result};
 
-/// Keeps checkpoint records as `checkpoint-<id>.json` files in one directory.
+/// How long `claim` and `save` wait for the directory lock (held by another process for a few milliseconds at a
+/// time, or for as long as a process holding it is paused).
+const LOCK_WAIT: Duration = Duration::from_secs(30);
+const OWNER_FILE: &str = "owner-epoch";
+const COMMITTED_FILE: &str = "committed-through";
+const LOCK_FILE: &str = ".lock";
+
+/// Keeps the checkpoint records of one subtask as `checkpoint-<id>.json` files in one directory.
 ///
-/// `save` writes a hidden temporary file, fsyncs it, renames it into place and fsyncs the directory, so a record
-/// is either absent or complete after any crash. Each record carries a CRC-32; the newest `retain` records are
-/// kept so a damaged newest record can fall back to the previous one.
+/// Every mutation (`claim`, `save`, `mark_committed`) runs under an exclusive lock on `<dir>/.lock` (`flock`,
+/// released by the kernel when a process dies), so a claim and a save never interleave: a save checks the owner
+/// epoch in `<dir>/owner-epoch` and links its record into place in one critical section. A claim keeps the lock
+/// as its [`ClaimGuard`] until recovery is over. Files are written under a
+/// unique temporary name (process id and a counter), fsynced, then renamed (epoch, committed mark) or hard-linked
+/// (records: a link never replaces an existing decision), and the directory is fsynced. Each record carries a
+/// CRC-32; the newest `retain` records are kept so a damaged newest record can fall back to the previous one.
+///
+/// Give each subtask of each job its own directory.
 #[derive(Debug, Clone)]
 pub struct LocalCheckpointStore {
     dir: PathBuf,
     retain: usize,
+}
+
+/// The outcome of an I/O sequence whose failure may or may not have taken effect.
+enum SaveError {
+    /// Refused: nothing stored, and it never will be (newer claim, or a different decision).
+    Fenced(String),
+    /// Failed before anything became visible.
+    NotStored(std::io::Error),
+    /// Failed after the record was linked into place: it may or may not survive a crash.
+    InDoubt(std::io::Error),
+}
+
+fn unique_tmp(dir: &Path, what: &str) -> PathBuf {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    dir.join(format!(".{what}.{}.{n}.tmp", std::process::id()))
+}
+
+/// Writes `bytes` to a new unique temporary file in `dir` and fsyncs it.
+fn write_tmp(dir: &Path, what: &str, bytes: &[u8]) -> std::io::Result<PathBuf> {
+    let tmp = unique_tmp(dir, what);
+    let mut file = File::create_new(&tmp)?;
+    file.write_all(bytes)?;
+    file.sync_all()?;
+    Ok(tmp)
+}
+
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// Reads a number from a small file; `None` when the file does not exist.
+fn read_number(path: &Path) -> std::io::Result<Option<u64>> {
+    match fs::read_to_string(path) {
+        Ok(text) => text.trim().parse().map(Some).map_err(|e| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("{} holds {text:?}, not a number: {e}", path.display()),
+            )
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Replaces the number in `path` atomically (unique temp file, rename, directory fsync).
+fn write_number(dir: &Path, path: &Path, value: u64) -> std::io::Result<()> {
+    let tmp = write_tmp(dir, "number", value.to_string().as_bytes())?;
+    if let Err(e) = fs::rename(&tmp, path) {
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
+    sync_dir(dir)
 }
 
 impl LocalCheckpointStore {
@@ -61,40 +129,154 @@ impl LocalCheckpointStore {
         Ok(ids)
     }
 
-    fn save_blocking(&self, record: &CheckpointRecord) -> std::io::Result<()> {
-        let target = self.path_of(record.id);
-        let tmp = self
-            .dir
-            .join(format!(".checkpoint-{:020}.tmp", record.id.0));
-        let bytes = record.encode();
-        let mut file = File::create(&tmp)?;
-        file.write_all(&bytes)?;
-        file.sync_all()?;
-        drop(file);
-        // A hard link creates the target atomically and only if it does not exist: the decision for a checkpoint
-        // is never overwritten, not even by a zombie racing this instance.
-        let linked = fs::hard_link(&tmp, &target);
-        fs::remove_file(&tmp)?;
-        match linked {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                if fs::read(&target)? != bytes {
-                    return Err(std::io::Error::new(
-                        std::io::ErrorKind::AlreadyExists,
-                        AlreadyDecided,
+    /// Takes the directory's exclusive lock, waiting up to [`LOCK_WAIT`]; released when the file is dropped.
+    fn lock(&self) -> Result<File> {
+        let path = self.dir.join(LOCK_FILE);
+        let unavailable = |e: std::io::Error| {
+            Error::new(
+                ErrorKind::Retryable,
+                Phase::Checkpoint,
+                format!("cannot lock {}", path.display()),
+            )
+            .with_source(e)
+        };
+        let file = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(unavailable)?;
+        let deadline = Instant::now() + LOCK_WAIT;
+        loop {
+            match file.try_lock() {
+                Ok(()) => return Ok(file),
+                Err(TryLockError::Error(e)) => return Err(unavailable(e)),
+                Err(TryLockError::WouldBlock) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(TryLockError::WouldBlock) => {
+                    return Err(Error::new(
+                        ErrorKind::Retryable,
+                        Phase::Checkpoint,
+                        format!(
+                            "{} stayed locked for {LOCK_WAIT:?}: another process of this job holds it (paused?); \
+                             stop it, or wait",
+                            path.display()
+                        ),
                     ));
                 }
             }
-            Err(e) => return Err(e),
         }
-        File::open(&self.dir)?.sync_all()?;
-        for old in self.ids()?.into_iter().skip(self.retain) {
-            fs::remove_file(self.path_of(old))?;
+    }
+
+    fn owner_epoch(&self) -> std::io::Result<OwnerEpoch> {
+        Ok(OwnerEpoch(
+            read_number(&self.dir.join(OWNER_FILE))?.unwrap_or(0),
+        ))
+    }
+
+    /// Raises the epoch under the lock and keeps the lock as the claim guard.
+    fn claim_blocking(&self) -> Result<Claim> {
+        let lock = self.lock()?;
+        let io = |e: std::io::Error| {
+            Error::new(
+                ErrorKind::Retryable,
+                Phase::Checkpoint,
+                format!("cannot claim the checkpoint store {}", self.dir.display()),
+            )
+            .with_source(e)
+        };
+        let next = OwnerEpoch(self.owner_epoch().map_err(io)?.0 + 1);
+        write_number(&self.dir, &self.dir.join(OWNER_FILE), next.0).map_err(io)?;
+        Ok(Claim {
+            epoch: next,
+            guard: ClaimGuard::new(lock),
+        })
+    }
+
+    fn save_blocking(&self, owner: OwnerEpoch, record: &CheckpointRecord) -> Result<(), SaveError> {
+        let _lock = self.lock().map_err(|e| {
+            SaveError::NotStored(std::io::Error::other(crate::Report(&e).to_string()))
+        })?;
+        let current = self.owner_epoch().map_err(SaveError::NotStored)?;
+        if current != owner {
+            return Err(SaveError::Fenced(format!(
+                "the subtask was claimed by owner epoch {current} since this instance claimed epoch {owner}: \
+                 another instance of this job (a replacement, or a second worker on the same checkpoint \
+                 directory) owns it now; this instance must stop"
+            )));
         }
+        let target = self.path_of(record.id);
+        let bytes = record.encode();
+        let tmp = write_tmp(&self.dir, "checkpoint", &bytes).map_err(SaveError::NotStored)?;
+        // A hard link creates the target atomically and only if it does not exist: the decision for a checkpoint
+        // is never overwritten.
+        let linked = fs::hard_link(&tmp, &target);
+        let _ = fs::remove_file(&tmp);
+        match linked {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                // An identical record is a retried save (possibly of an attempt whose outcome was in doubt).
+                match fs::read(&target) {
+                    Ok(stored) if stored == bytes => {}
+                    Ok(_) => {
+                        return Err(SaveError::Fenced(
+                            "a different record for this checkpoint is already stored: another instance of this \
+                             job decided it first; this instance must stop"
+                                .into(),
+                        ));
+                    }
+                    Err(e) => return Err(SaveError::InDoubt(e)),
+                }
+            }
+            Err(e) => return Err(SaveError::NotStored(e)),
+        }
+        sync_dir(&self.dir).map_err(SaveError::InDoubt)?;
+        self.prune();
         Ok(())
     }
 
-    fn load_latest_blocking(&self) -> Result<Option<CheckpointRecord>> {
+    /// Removes records beyond the newest `retain`. Failures are logged: pruning never fails a save.
+    fn prune(&self) {
+        let outcome = self.ids().and_then(|ids| {
+            ids.into_iter()
+                .skip(self.retain)
+                .try_for_each(|old| fs::remove_file(self.path_of(old)))
+        });
+        if let Err(e) = outcome {
+            tracing::warn!(dir = %self.dir.display(), error = %e,
+                "cannot prune old checkpoint records; they are kept until the next save");
+        }
+    }
+
+    fn mark_committed_blocking(&self, owner: OwnerEpoch, checkpoint: CheckpointId) -> Result<()> {
+        let _lock = self.lock()?;
+        let path = self.dir.join(COMMITTED_FILE);
+        let io = |e: std::io::Error| {
+            Error::new(
+                ErrorKind::Retryable,
+                Phase::Checkpoint,
+                format!("cannot update {}", path.display()),
+            )
+            .with_checkpoint(checkpoint)
+            .with_source(e)
+        };
+        let current = self.owner_epoch().map_err(io)?;
+        if current != owner {
+            return Err(Error::new(
+                ErrorKind::Fenced,
+                Phase::Checkpoint,
+                format!("owner epoch {current} claimed the subtask since epoch {owner}"),
+            )
+            .with_checkpoint(checkpoint));
+        }
+        if read_number(&path).map_err(io)?.unwrap_or(0) >= checkpoint.0 {
+            return Ok(());
+        }
+        write_number(&self.dir, &path, checkpoint.0).map_err(io)
+    }
+
+    fn load_blocking(&self) -> Result<Loaded> {
         let io_error = |e: std::io::Error| {
             Error::new(
                 ErrorKind::Retryable,
@@ -103,66 +285,80 @@ impl LocalCheckpointStore {
             )
             .with_source(e)
         };
-        let mut candidates = Vec::new();
-        for id in self.ids().map_err(io_error)? {
+        let ids = self.ids().map_err(io_error)?;
+        let mut candidates = Vec::with_capacity(ids.len());
+        for &id in &ids {
             let path = self.path_of(id);
-            let bytes = fs::read(&path).map_err(io_error)?;
-            candidates.push((id, path.display().to_string(), bytes));
+            match fs::read(&path) {
+                Ok(bytes) => candidates.push((id, path.display().to_string(), bytes)),
+                // Pruned by a concurrent save between listing and reading.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io_error(e)),
+            }
         }
-        newest_intact(&self.dir.display().to_string(), candidates)
+        let committed_through = read_number(&self.dir.join(COMMITTED_FILE))
+            .map_err(io_error)?
+            .map(CheckpointId);
+        Ok(Loaded {
+            record: newest_intact(&self.dir.display().to_string(), candidates)?,
+            highest_id: ids.first().copied(),
+            committed_through,
+        })
+    }
+
+    async fn blocking<T: Send + 'static>(&self, f: impl FnOnce(&Self) -> T + Send + 'static) -> T {
+        let store = self.clone();
+        tokio::task::spawn_blocking(move || f(&store))
+            .await
+            .expect("checkpoint store task panicked")
     }
 }
-
-/// A different record for the same checkpoint id is already stored.
-#[derive(Debug)]
-struct AlreadyDecided;
-
-impl std::fmt::Display for AlreadyDecided {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("a different record for this checkpoint is already stored")
-    }
-}
-
-impl std::error::Error for AlreadyDecided {}
 
 #[async_trait]
 impl CheckpointStore for LocalCheckpointStore {
-    async fn save(&self, record: &CheckpointRecord) -> Result<()> {
-        let store = self.clone();
-        let record = record.clone();
-        let id = record.id;
-        tokio::task::spawn_blocking(move || store.save_blocking(&record))
-            .await
-            .expect("checkpoint save task panicked")
-            .map_err(|e| {
-                if e.get_ref().is_some_and(|inner| inner.is::<AlreadyDecided>()) {
-                    return Error::new(
-                        ErrorKind::Fenced,
-                        Phase::Checkpoint,
-                        format!(
-                            "{} already holds a different record for this checkpoint: another instance of this job \
-                             (a zombie, or a second worker using the same checkpoint directory) decided it first; \
-                             this instance must stop",
-                            self.dir.display()
-                        ),
-                    )
-                    .with_checkpoint(id);
-                }
-                Error::new(
-                    ErrorKind::Retryable,
-                    Phase::Checkpoint,
-                    format!("cannot persist checkpoint record in {}", self.dir.display()),
-                )
-                .with_checkpoint(id)
-                .with_source(e)
-            })
+    async fn claim(&self) -> Result<Claim> {
+        self.blocking(Self::claim_blocking).await
     }
 
-    async fn load_latest(&self) -> Result<Option<CheckpointRecord>> {
-        let store = self.clone();
-        tokio::task::spawn_blocking(move || store.load_latest_blocking())
+    async fn save(&self, owner: OwnerEpoch, record: &CheckpointRecord) -> Result<()> {
+        let id = record.id;
+        let dir = self.dir.display().to_string();
+        let record = record.clone();
+        let outcome = self
+            .blocking(move |store| store.save_blocking(owner, &record))
+            .await;
+        outcome.map_err(|e| {
+            let (kind, message, source) = match e {
+                SaveError::Fenced(why) => (ErrorKind::Fenced, format!("{dir}: {why}"), None),
+                SaveError::NotStored(e) => (
+                    ErrorKind::Retryable,
+                    format!("cannot persist the checkpoint record in {dir}"),
+                    Some(e),
+                ),
+                SaveError::InDoubt(e) => (
+                    ErrorKind::InDoubt,
+                    format!(
+                        "the checkpoint record was linked into {dir} but could not be made durable: it may or may \
+                         not survive a crash"
+                    ),
+                    Some(e),
+                ),
+            };
+            let error = Error::new(kind, Phase::Checkpoint, message).with_checkpoint(id);
+            match source {
+                Some(source) => error.with_source(source),
+                None => error,
+            }
+        })
+    }
+
+    async fn mark_committed(&self, owner: OwnerEpoch, checkpoint: CheckpointId) -> Result<()> {
+        self.blocking(move |store| store.mark_committed_blocking(owner, checkpoint))
             .await
-            .expect("checkpoint load task panicked")
+    }
+
+    async fn load(&self) -> Result<Loaded> {
+        self.blocking(Self::load_blocking).await
     }
 }
 
@@ -185,15 +381,23 @@ mod tests {
         }
     }
 
+    async fn claimed(dir: &Path) -> (LocalCheckpointStore, OwnerEpoch) {
+        let store = LocalCheckpointStore::open(dir, 3).unwrap();
+        let owner = store.claim().await.unwrap().epoch;
+        (store, owner)
+    }
+
     #[tokio::test]
     async fn keeps_the_newest_records_and_loads_the_latest() {
         let dir = tempfile::tempdir().unwrap();
-        let store = LocalCheckpointStore::open(dir.path(), 3).unwrap();
-        assert_eq!(store.load_latest().await.unwrap(), None);
+        let (store, owner) = claimed(dir.path()).await;
+        assert_eq!(store.load().await.unwrap(), Loaded::default());
         for id in 1..=5 {
-            store.save(&record(id)).await.unwrap();
+            store.save(owner, &record(id)).await.unwrap();
         }
-        assert_eq!(store.load_latest().await.unwrap(), Some(record(5)));
+        let loaded = store.load().await.unwrap();
+        assert_eq!(loaded.record, Some(record(5)));
+        assert_eq!(loaded.highest_id, Some(CheckpointId(5)));
         assert_eq!(
             store.ids().unwrap(),
             vec![CheckpointId(5), CheckpointId(4), CheckpointId(3)]
@@ -203,36 +407,116 @@ mod tests {
     #[tokio::test]
     async fn a_checkpoint_decision_is_never_overwritten() {
         let dir = tempfile::tempdir().unwrap();
-        let store = LocalCheckpointStore::open(dir.path(), 3).unwrap();
-        store.save(&record(1)).await.unwrap();
-        store.save(&record(1)).await.unwrap(); // a retried save of the same record
+        let (store, owner) = claimed(dir.path()).await;
+        store.save(owner, &record(1)).await.unwrap();
+        store.save(owner, &record(1)).await.unwrap(); // a retried save
         let mut other = record(1);
         other.positions[0].next_offset = 99;
-        let err = store.save(&other).await.unwrap_err();
+        let err = store.save(owner, &other).await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Fenced, "{err}");
-        assert_eq!(store.load_latest().await.unwrap(), Some(record(1)));
+        assert_eq!(store.load().await.unwrap().record, Some(record(1)));
     }
 
     #[tokio::test]
-    async fn a_truncated_newest_record_falls_back_to_the_previous_one() {
+    async fn a_newer_claim_fences_every_save_of_the_older_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let (old, old_owner) = claimed(dir.path()).await;
+        old.save(old_owner, &record(1)).await.unwrap();
+        let (new, new_owner) = claimed(dir.path()).await;
+        assert!(new_owner > old_owner);
+        let err = old.save(old_owner, &record(2)).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Fenced, "{err}");
+        assert!(err.to_string().contains("claimed"), "{err}");
+        let err = old
+            .mark_committed(old_owner, CheckpointId(1))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Fenced, "{err}");
+        new.save(new_owner, &record(2)).await.unwrap();
+        assert_eq!(new.load().await.unwrap().record, Some(record(2)));
+    }
+
+    #[tokio::test]
+    async fn concurrent_claims_get_distinct_epochs() {
+        let dir = tempfile::tempdir().unwrap();
+        let claims = (0..16).map(|_| {
+            let store = LocalCheckpointStore::open(dir.path(), 3).unwrap();
+            tokio::spawn(async move { store.claim().await.unwrap().epoch })
+        });
+        let mut epochs = Vec::new();
+        for claim in claims {
+            epochs.push(claim.await.unwrap().0);
+        }
+        epochs.sort_unstable();
+        assert_eq!(epochs, (1..=16).collect::<Vec<_>>());
+    }
+
+    #[tokio::test]
+    async fn a_claim_waits_while_another_claim_guard_is_held() {
         let dir = tempfile::tempdir().unwrap();
         let store = LocalCheckpointStore::open(dir.path(), 3).unwrap();
-        store.save(&record(1)).await.unwrap();
-        store.save(&record(2)).await.unwrap();
+        let first = store.claim().await.unwrap();
+        let second = tokio::spawn({
+            let store = store.clone();
+            async move { store.claim().await.unwrap().epoch }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            !second.is_finished(),
+            "a claim overtook a recovery in progress"
+        );
+        drop(first.guard);
+        assert_eq!(second.await.unwrap(), OwnerEpoch(first.epoch.0 + 1));
+    }
+
+    #[tokio::test]
+    async fn the_committed_mark_only_rises() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, owner) = claimed(dir.path()).await;
+        store.mark_committed(owner, CheckpointId(4)).await.unwrap();
+        store.mark_committed(owner, CheckpointId(3)).await.unwrap();
+        assert_eq!(
+            store.load().await.unwrap().committed_through,
+            Some(CheckpointId(4))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_truncated_newest_record_falls_back_and_its_id_stays_taken() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, owner) = claimed(dir.path()).await;
+        store.save(owner, &record(1)).await.unwrap();
+        store.save(owner, &record(2)).await.unwrap();
         let newest = store.path_of(CheckpointId(2));
         let bytes = fs::read(&newest).unwrap();
         fs::write(&newest, &bytes[..bytes.len() - 10]).unwrap();
-        assert_eq!(store.load_latest().await.unwrap(), Some(record(1)));
+        let loaded = store.load().await.unwrap();
+        assert_eq!(loaded.record, Some(record(1)));
+        assert_eq!(loaded.highest_id, Some(CheckpointId(2)));
     }
 
     #[tokio::test]
     async fn refuses_to_start_fresh_when_every_record_is_damaged() {
         let dir = tempfile::tempdir().unwrap();
-        let store = LocalCheckpointStore::open(dir.path(), 3).unwrap();
-        store.save(&record(1)).await.unwrap();
+        let (store, owner) = claimed(dir.path()).await;
+        store.save(owner, &record(1)).await.unwrap();
         fs::write(store.path_of(CheckpointId(1)), b"{").unwrap();
-        let err = store.load_latest().await.unwrap_err();
+        let err = store.load().await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Fatal);
         assert!(err.to_string().contains("every checkpoint record"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn leaves_no_temporary_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, owner) = claimed(dir.path()).await;
+        store.save(owner, &record(1)).await.unwrap();
+        store.mark_committed(owner, CheckpointId(1)).await.unwrap();
+        let tmp: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.ends_with(".tmp"))
+            .collect();
+        assert!(tmp.is_empty(), "{tmp:?}");
     }
 }

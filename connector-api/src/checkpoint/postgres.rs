@@ -1,25 +1,50 @@
-//! A checkpoint store in a PostgreSQL table, shared by several workers.
+//! A checkpoint store in PostgreSQL tables, shared by every worker of a job.
 
 use async_trait::async_trait;
-use tokio_postgres::{Client, NoTls};
+use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod};
+use tokio_postgres::NoTls;
 
 use super::record::newest_intact;
-use super::{CheckpointRecord, CheckpointStore};
-use crate::{Error, ErrorKind, Phase, Result};
+use super::{CheckpointRecord, CheckpointStore, Claim, ClaimGuard, Loaded, OwnerEpoch};
+use crate::{CheckpointId, Error, ErrorKind, Phase, Result, SubtaskId};
 
-/// Serializes creation of the table between workers starting at once.
+/// How long a claim waits for another instance's claim guard (PostgreSQL `lock_timeout`).
+const LOCK_WAIT: &str = "30s";
+
+/// Serializes creation of the tables between workers starting at once.
 const CREATE_LOCK: i64 = 0x0072_6174_6368_6563; // "ratchec"
 
-/// Keeps checkpoint records in `ratchet_checkpoints(job, id, record, saved_at)`, one row per checkpoint of a job.
+const CREATE_TABLES: &str = "
+    CREATE TABLE IF NOT EXISTS ratchet_checkpoint_owners (
+        job text NOT NULL, subtask integer NOT NULL, epoch bigint NOT NULL, committed_through bigint,
+        claimed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (job, subtask));
+    CREATE TABLE IF NOT EXISTS ratchet_checkpoint_records (
+        job text NOT NULL, subtask integer NOT NULL, id bigint NOT NULL, record bytea NOT NULL,
+        owner_epoch bigint NOT NULL, saved_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (job, subtask, id));";
+
+/// Keeps the checkpoint records of one subtask of a job in `ratchet_checkpoint_records`, with its claim in
+/// `ratchet_checkpoint_owners` (one row per job and subtask: owner epoch, committed mark).
 ///
-/// Several workers (of one job, or of many jobs, each with its own `job` name) can share one database. A record
-/// is inserted, never updated: the first record stored for a checkpoint id wins, and a different record for the
-/// same id is refused with [`Fenced`](ErrorKind::Fenced), so a zombie worker can never overwrite a decision.
-/// The row holds the same checksummed document as the local store; damaged rows are refused and the previous
-/// intact one is used. The newest `retain` rows of a job are kept.
+/// - `claim` raises the owner row's epoch and commits (`INSERT .. ON CONFLICT DO UPDATE .. RETURNING`), then, on a
+///   connection of its own, opens a transaction that share-locks the owner row (`SELECT .. FOR SHARE`) if the
+///   epoch is still its own: that open transaction is the [`ClaimGuard`]. It blocks the next claim's `UPDATE`,
+///   not saves (which share-lock the row too, and are fenced by the committed epoch anyway). Dropping the guard closes the connection, which
+///   ends the transaction; so does the death of the process. Claims wait at most [`LOCK_WAIT`] for another
+///   claimer's guard (`lock_timeout`).
+/// - `save` runs one transaction: `SELECT epoch .. FOR SHARE` on the owner row (a concurrent claim waits for it,
+///   and it waits for a concurrent claim), refuse unless the epoch is ours, insert the record unless its id is
+///   taken, and refuse a different record under a taken id. A lost reply to `COMMIT` is
+///   [`InDoubt`](ErrorKind::InDoubt); a retried save of the identical record then succeeds.
+/// - Connections come from a small pool that replaces closed connections, so a restarted server or a dropped
+///   connection costs one failed attempt, not the rest of the run.
+/// - The newest `retain` records are kept; pruning runs after the save and its failure is only logged.
+///
+/// Several jobs can share the database: each names itself with `job`.
 pub struct PgCheckpointStore {
-    client: Client,
+    config: tokio_postgres::Config,
+    pool: Pool,
     job: String,
+    subtask: i32,
     retain: i64,
 }
 
@@ -32,111 +57,307 @@ fn pg_error(message: &str, e: tokio_postgres::Error) -> Error {
     Error::new(kind, Phase::Checkpoint, message).with_source(e)
 }
 
+fn pool_error(e: PoolError) -> Error {
+    Error::new(
+        ErrorKind::Retryable,
+        Phase::Checkpoint,
+        "cannot get a connection to the PostgreSQL checkpoint store",
+    )
+    .with_source(e)
+}
+
 impl PgCheckpointStore {
-    /// Connects to `url` and creates the table if needed; records are kept under `job`.
-    pub async fn connect(url: &str, job: &str, retain: usize) -> Result<Self> {
-        let (client, connection) = tokio_postgres::connect(url, NoTls).await.map_err(|e| {
+    /// Connects to `url` (a libpq URL or key-value string) and creates the tables if needed; records are kept
+    /// under `job` and `subtask`.
+    ///
+    /// # Errors
+    /// [`Config`](ErrorKind::Config) for a malformed URL; [`Retryable`](ErrorKind::Retryable) when the server
+    /// cannot be reached.
+    pub async fn connect(url: &str, job: &str, subtask: SubtaskId, retain: usize) -> Result<Self> {
+        let config: tokio_postgres::Config = url.parse().map_err(|e| {
             Error::new(
-                ErrorKind::Retryable,
+                ErrorKind::Config,
                 Phase::Setup,
-                "cannot connect to the PostgreSQL checkpoint store",
+                "the PostgreSQL checkpoint store URL is malformed",
             )
             .with_source(e)
         })?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::warn!(error = %e, "checkpoint store connection ended");
-            }
-        });
+        let manager = Manager::from_config(
+            config.clone(),
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager).max_size(2).build().map_err(|e| {
+            Error::new(
+                ErrorKind::Bug,
+                Phase::Setup,
+                "cannot build the connection pool",
+            )
+            .with_source(e)
+        })?;
+        let client = pool.get().await.map_err(pool_error)?;
         client
             .batch_execute(&format!(
-                "BEGIN;
-                 SELECT pg_advisory_xact_lock({CREATE_LOCK});
-                 CREATE TABLE IF NOT EXISTS ratchet_checkpoints (
-                     job text NOT NULL, id bigint NOT NULL, record bytea NOT NULL,
-                     saved_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (job, id));
-                 COMMIT;"
+                "BEGIN; SELECT pg_advisory_xact_lock({CREATE_LOCK}); {CREATE_TABLES} COMMIT;"
             ))
             .await
-            .map_err(|e| pg_error("cannot create table ratchet_checkpoints", e))?;
+            .map_err(|e| pg_error("cannot create the checkpoint tables", e))?;
+        let subtask = i32::try_from(subtask.0).map_err(|_| {
+            Error::new(
+                ErrorKind::Config,
+                Phase::Setup,
+                format!("subtask {subtask} is out of range"),
+            )
+        })?;
         Ok(Self {
-            client,
+            config,
+            pool,
             job: job.to_string(),
+            subtask,
             retain: retain.max(2) as i64,
         })
     }
-}
 
-#[async_trait]
-impl CheckpointStore for PgCheckpointStore {
-    async fn save(&self, record: &CheckpointRecord) -> Result<()> {
-        let id = record.id.0 as i64;
-        let bytes = record.encode();
-        let inserted = self
-            .client
-            .execute(
-                "INSERT INTO ratchet_checkpoints (job, id, record) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
-                &[&self.job, &id, &bytes],
+    fn fenced(&self, current: Option<i64>, owner: OwnerEpoch) -> Error {
+        Error::new(
+            ErrorKind::Fenced,
+            Phase::Checkpoint,
+            format!(
+                "job {:?} subtask {} is owned by epoch {} since this instance claimed epoch {owner}: another \
+                 worker took it over; this one must stop",
+                self.job,
+                self.subtask,
+                current.map_or("none".to_string(), |e| e.to_string())
+            ),
+        )
+    }
+
+    /// The insert transaction; `Err` before `COMMIT` means not stored.
+    async fn insert(&self, owner: OwnerEpoch, id: i64, bytes: &[u8]) -> Result<()> {
+        let mut client = self.pool.get().await.map_err(pool_error)?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(|e| pg_error("cannot begin the checkpoint transaction", e))?;
+        let current: Option<i64> = tx
+            .query_opt(
+                "SELECT epoch FROM ratchet_checkpoint_owners WHERE job = $1 AND subtask = $2 FOR SHARE",
+                &[&self.job, &self.subtask],
             )
             .await
-            .map_err(|e| pg_error("cannot insert the checkpoint record", e).with_checkpoint(record.id))?;
+            .map_err(|e| pg_error("cannot read the owner epoch", e))?
+            .map(|row| row.get(0));
+        if current != Some(owner.0 as i64) {
+            return Err(self.fenced(current, owner));
+        }
+        let inserted = tx
+            .execute(
+                "INSERT INTO ratchet_checkpoint_records (job, subtask, id, record, owner_epoch) \
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+                &[&self.job, &self.subtask, &id, &bytes, &(owner.0 as i64)],
+            )
+            .await
+            .map_err(|e| pg_error("cannot insert the checkpoint record", e))?;
         if inserted == 0 {
-            let stored: Vec<u8> = self
-                .client
+            let stored: Vec<u8> = tx
                 .query_one(
-                    "SELECT record FROM ratchet_checkpoints WHERE job = $1 AND id = $2",
-                    &[&self.job, &id],
+                    "SELECT record FROM ratchet_checkpoint_records WHERE job = $1 AND subtask = $2 AND id = $3",
+                    &[&self.job, &self.subtask, &id],
                 )
                 .await
-                .map_err(|e| {
-                    pg_error("cannot read back the checkpoint record", e).with_checkpoint(record.id)
-                })?
+                .map_err(|e| pg_error("cannot read back the checkpoint record", e))?
                 .get(0);
             if stored != bytes {
                 return Err(Error::new(
                     ErrorKind::Fenced,
                     Phase::Checkpoint,
                     format!(
-                        "job {:?} already has a different record for this checkpoint: another worker of this job \
-                         (a zombie, or a second worker with the same job name) decided it first; this one must stop",
-                        self.job
+                        "job {:?} subtask {} already has a different record for this checkpoint: another worker \
+                         decided it first; this one must stop",
+                        self.job, self.subtask
                     ),
-                )
-                .with_checkpoint(record.id));
+                ));
             }
         }
-        self.client
-            .execute(
-                "DELETE FROM ratchet_checkpoints WHERE job = $1 AND id <= $2::bigint - $3::bigint",
-                &[&self.job, &id, &self.retain],
+        tx.commit().await.map_err(|e| {
+            Error::new(
+                ErrorKind::InDoubt,
+                Phase::Checkpoint,
+                "COMMIT of the checkpoint record got no answer: the record may or may not be stored",
+            )
+            .with_source(e)
+        })
+    }
+
+    /// Deletes records beyond the newest `retain`; failures are logged, never returned.
+    async fn prune(&self, newest: i64) {
+        let outcome = match self.pool.get().await {
+            Ok(client) => client
+                .execute(
+                    "DELETE FROM ratchet_checkpoint_records \
+                     WHERE job = $1 AND subtask = $2 AND id <= $3::bigint - $4::bigint",
+                    &[&self.job, &self.subtask, &newest, &self.retain],
+                )
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        if let Err(e) = outcome {
+            tracing::warn!(job = %self.job, subtask = self.subtask, error = %e,
+                "cannot prune old checkpoint records; they are kept until the next save");
+        }
+    }
+}
+
+#[async_trait]
+impl CheckpointStore for PgCheckpointStore {
+    async fn claim(&self) -> Result<Claim> {
+        let busy = |what: &str, e: tokio_postgres::Error| {
+            if e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) {
+                Error::new(
+                    ErrorKind::Retryable,
+                    Phase::Checkpoint,
+                    format!(
+                        "job {:?} subtask {}: another worker has been recovering it for {LOCK_WAIT} (or is paused \
+                         while recovering); stop it, or wait",
+                        self.job, self.subtask
+                    ),
+                )
+                .with_source(e)
+            } else {
+                pg_error(what, e)
+            }
+        };
+        let epoch = {
+            let mut client = self.pool.get().await.map_err(pool_error)?;
+            let tx = client
+                .transaction()
+                .await
+                .map_err(|e| pg_error("cannot begin the claim", e))?;
+            tx.batch_execute(&format!("SET LOCAL lock_timeout = '{LOCK_WAIT}'"))
+                .await
+                .map_err(|e| pg_error("cannot set lock_timeout", e))?;
+            let epoch: i64 = tx
+                .query_one(
+                    "INSERT INTO ratchet_checkpoint_owners AS o (job, subtask, epoch) VALUES ($1, $2, 1) \
+                     ON CONFLICT (job, subtask) DO UPDATE SET epoch = o.epoch + 1, claimed_at = now() \
+                     RETURNING epoch",
+                    &[&self.job, &self.subtask],
+                )
+                .await
+                .map_err(|e| busy("cannot claim the subtask", e))?
+                .get(0);
+            tx.commit()
+                .await
+                .map_err(|e| pg_error("cannot commit the claim", e))?;
+            epoch
+        };
+        let (guard, connection) = self.config.connect(NoTls).await.map_err(|e| {
+            Error::new(
+                ErrorKind::Retryable,
+                Phase::Checkpoint,
+                "cannot open the claim guard's connection",
+            )
+            .with_source(e)
+        })?;
+        tokio::spawn(connection);
+        guard
+            .batch_execute(&format!("BEGIN; SET LOCAL lock_timeout = '{LOCK_WAIT}'"))
+            .await
+            .map_err(|e| pg_error("cannot begin the claim guard", e))?;
+        let current: i64 = guard
+            .query_one(
+                "SELECT epoch FROM ratchet_checkpoint_owners WHERE job = $1 AND subtask = $2 FOR SHARE",
+                &[&self.job, &self.subtask],
             )
             .await
-            .map_err(|e| {
-                pg_error("cannot prune old checkpoint records", e).with_checkpoint(record.id)
-            })?;
+            .map_err(|e| busy("cannot lock the owner row", e))?
+            .get(0);
+        let epoch = OwnerEpoch(epoch as u64);
+        if current != epoch.0 as i64 {
+            return Err(self.fenced(Some(current), epoch));
+        }
+        Ok(Claim {
+            epoch,
+            guard: ClaimGuard::new(guard),
+        })
+    }
+
+    async fn save(&self, owner: OwnerEpoch, record: &CheckpointRecord) -> Result<()> {
+        let id = record.id.0 as i64;
+        self.insert(owner, id, &record.encode())
+            .await
+            .map_err(|e| e.with_checkpoint(record.id))?;
+        self.prune(id).await;
         Ok(())
     }
 
-    async fn load_latest(&self) -> Result<Option<CheckpointRecord>> {
-        let rows = self
-            .client
+    async fn mark_committed(&self, owner: OwnerEpoch, checkpoint: CheckpointId) -> Result<()> {
+        let client = self.pool.get().await.map_err(pool_error)?;
+        let updated = client
+            .execute(
+                "UPDATE ratchet_checkpoint_owners \
+                 SET committed_through = GREATEST(coalesce(committed_through, 0), $3) \
+                 WHERE job = $1 AND subtask = $2 AND epoch = $4",
+                &[
+                    &self.job,
+                    &self.subtask,
+                    &(checkpoint.0 as i64),
+                    &(owner.0 as i64),
+                ],
+            )
+            .await
+            .map_err(|e| pg_error("cannot update the committed mark", e))?;
+        if updated == 0 {
+            return Err(self.fenced(None, owner).with_checkpoint(checkpoint));
+        }
+        Ok(())
+    }
+
+    async fn load(&self) -> Result<Loaded> {
+        let client = self.pool.get().await.map_err(pool_error)?;
+        let rows = client
             .query(
-                "SELECT id, record FROM ratchet_checkpoints WHERE job = $1 ORDER BY id DESC",
-                &[&self.job],
+                "SELECT id, record FROM ratchet_checkpoint_records WHERE job = $1 AND subtask = $2 \
+                 ORDER BY id DESC",
+                &[&self.job, &self.subtask],
             )
             .await
             .map_err(|e| pg_error("cannot read checkpoint records", e))?;
-        let candidates = rows.iter().map(|row| {
-            let id: i64 = row.get(0);
-            (
-                crate::CheckpointId(id as u64),
-                format!("ratchet_checkpoints(job={:?}, id={id})", self.job),
-                row.get::<_, Vec<u8>>(1),
+        let committed_through: Option<i64> = client
+            .query_opt(
+                "SELECT committed_through FROM ratchet_checkpoint_owners WHERE job = $1 AND subtask = $2",
+                &[&self.job, &self.subtask],
             )
-        });
-        newest_intact(
-            &format!("ratchet_checkpoints (job {:?})", self.job),
-            candidates,
-        )
+            .await
+            .map_err(|e| pg_error("cannot read the committed mark", e))?
+            .and_then(|row| row.get(0));
+        let candidates: Vec<_> = rows
+            .iter()
+            .map(|row| {
+                let id: i64 = row.get(0);
+                (
+                    CheckpointId(id as u64),
+                    format!(
+                        "ratchet_checkpoint_records(job={:?}, subtask={}, id={id})",
+                        self.job, self.subtask
+                    ),
+                    row.get::<_, Vec<u8>>(1),
+                )
+            })
+            .collect();
+        let highest_id = candidates.first().map(|(id, _, _)| *id);
+        let store = format!(
+            "ratchet_checkpoint_records (job {:?}, subtask {})",
+            self.job, self.subtask
+        );
+        Ok(Loaded {
+            record: newest_intact(&store, candidates)?,
+            highest_id,
+            committed_through: committed_through.map(|c| CheckpointId(c as u64)),
+        })
     }
 }

@@ -1,14 +1,25 @@
 //! The driver: runs the checkpoint protocol over one or more sinks.
 //!
 //! Checkpoint `N`: `pre_commit` every sink → wait for checkpoint `N-1`'s commit to finish → persist the checkpoint
-//! record (the commit decision) → start committing `N` on a background task → `begin(N+1)` and return, so the
-//! caller writes `N+1` while `N` commits. A failure before the record is durable aborts `N` in every sink
-//! (presumed abort); after it, `N` is decided, and if its commit fails, recovery on the next start commits it.
+//! record (the commit decision), conditional on this instance's claim → start committing `N` on a background task
+//! (which notes "committed through N" in the store when done) → `begin(N+1)` and return, so the caller writes `N+1`
+//! while `N` commits. A failure before the record is durable aborts `N` in every sink (presumed abort); after it,
+//! `N` is decided, and if its commit fails, recovery on the next start commits it.
 //!
-//! On start the driver checks the timeout budget, loads the last record, recovers every sink from it (commit its
-//! committables, abort everything else), durably consumes one checkpoint id (a record with the restored positions
-//! and no transactions) so that no checkpoint id is ever reused by a later attempt, and hands back the source
-//! positions to resume from.
+//! On start the driver checks the timeout budget, *claims* the subtask in the checkpoint store (fencing every older
+//! instance's saves, and holding off newer claims while it recovers), loads the last record, recovers every sink
+//! from it (commit its committables unless the store notes them committed, abort everything else), releases the
+//! claim guard, durably consumes one checkpoint id (a record with the restored positions and no transactions) so
+//! that no checkpoint id is ever reused by a later attempt, and hands back the source positions to resume from.
+//!
+//! # What the driver does about an error
+//! | error | before the record is durable | saving the record | after the record is durable |
+//! |---|---|---|---|
+//! | [`Fenced`](ErrorKind::Fenced) | stop, abort nothing (a newer owner may need it) | stop, abort nothing | stop |
+//! | [`InDoubt`](ErrorKind::InDoubt) | abort and stop | retry the save; if still unknown, stop *without* aborting: recovery reads what is stored | retry (commits are idempotent), then stop |
+//! | [`Retryable`](ErrorKind::Retryable) | retry begin / recover; a write or pre_commit error aborts and stops | retry; if never stored, abort and stop | retry the commit; then stop (recovery commits) |
+//! | [`BadRecord`](ErrorKind::BadRecord) | the batch was refused whole: the driver stays usable | - | - |
+//! | any other | abort and stop | abort and stop | stop (recovery commits) |
 //!
 //! After any error except [`ErrorKind::BadRecord`], the driver refuses further work: restart the job (build a new
 //! driver and call [`Driver::start`]) so recovery resolves what the failure left.
@@ -18,39 +29,62 @@ mod erased;
 mod fault;
 
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use arrow_array::RecordBatch;
 use tokio::task::JoinHandle;
 
 pub use erased::committables_in;
-pub use fault::{FaultInjector, FaultPoint};
+pub use fault::{FaultAction, FaultInjector, FaultPoint, Faults};
 
+use self::budget::Budget;
 use self::erased::{ErasedSink, PendingCommit};
 use crate::{
-    CheckpointId, CheckpointRecord, CheckpointStore, Error, ErrorKind, Phase, Result, RetryPolicy,
-    SourceOffset, TwoPhaseCommit,
+    CheckpointId, CheckpointRecord, CheckpointStore, Error, ErrorKind, OwnerEpoch, Phase, Report,
+    Result, RetryPolicy, SourceOffset, TwoPhaseCommit,
 };
 
 /// How the driver runs checkpoints.
 #[derive(Debug, Clone)]
 pub struct DriverConfig {
-    /// How often the caller checkpoints (the driver does not time checkpoints itself; it uses this for the
-    /// timeout budget).
+    /// How often the caller checkpoints. The driver does not time checkpoints itself: the caller calls
+    /// [`Driver::checkpoint`]; the driver uses this for the timeout budget.
     pub checkpoint_interval: Duration,
-    /// The longest a crashed job may take to restart and recover (for the timeout budget).
+    /// The longest a crashed job may take to be restarted (for the timeout budget).
     pub max_restart_time: Duration,
+    /// The longest recovery may take once the job restarted (for the timeout budget).
+    pub max_recovery_time: Duration,
+    /// The longest one sink or store call may take before it fails by itself (for the timeout budget: with
+    /// `retry`, it bounds the wait for a commit and for a save).
+    pub max_call_time: Duration,
     /// Retries of transient failures in begin, commit, recover and checkpoint-store calls.
     pub retry: RetryPolicy,
 }
 
 impl Default for DriverConfig {
-    /// 10 s checkpoint interval, 5 min restart budget, default retries.
+    /// 10 s checkpoint interval, 60 s restart and 60 s recovery budget, 15 s per call, default retries: a budget
+    /// of about 8.5 min, inside the Kafka sink's default 10 min transaction timeout.
     fn default() -> Self {
         Self {
             checkpoint_interval: Duration::from_secs(10),
-            max_restart_time: Duration::from_secs(300),
+            max_restart_time: Duration::from_secs(60),
+            max_recovery_time: Duration::from_secs(60),
+            max_call_time: Duration::from_secs(15),
             retry: RetryPolicy::default(),
+        }
+    }
+}
+
+impl DriverConfig {
+    fn budget(&self) -> Budget {
+        Budget {
+            checkpoint_interval: self.checkpoint_interval,
+            wait: self.retry.worst_case(self.max_call_time),
+            max_restart_time: self.max_restart_time,
+            max_recovery_time: self.max_recovery_time,
         }
     }
 }
@@ -62,6 +96,8 @@ pub struct Restored {
     pub checkpoint: Option<CheckpointId>,
     /// Where to resume reading the source (empty for a fresh job: start from the beginning).
     pub positions: Vec<SourceOffset>,
+    /// The claim this instance holds: every record it saves is conditional on it.
+    pub owner: OwnerEpoch,
 }
 
 /// Runs checkpoints over a set of sinks and a checkpoint store.
@@ -71,10 +107,11 @@ pub struct Restored {
 /// Dropping a driver without `close` behaves like a crash: an in-flight commit is cancelled, and the next start
 /// recovers it.
 pub struct Driver<S> {
-    store: S,
+    store: Arc<S>,
     config: DriverConfig,
     sinks: Vec<Box<dyn ErasedSink>>,
     current: CheckpointId,
+    owner: Option<OwnerEpoch>,
     state: State,
     committing: Option<(CheckpointId, JoinHandle<Result<()>>)>,
     faults: Option<FaultInjector>,
@@ -92,17 +129,18 @@ impl<S: CheckpointStore> Driver<S> {
     /// A driver persisting records in `store`.
     pub fn new(store: S, config: DriverConfig) -> Self {
         Self {
-            store,
+            store: Arc::new(store),
             config,
             sinks: Vec::new(),
             current: CheckpointId(1),
+            owner: None,
             state: State::Created,
             committing: None,
             faults: None,
         }
     }
 
-    /// Crashes the driver where `faults` says so (for the conformance harness).
+    /// Crashes or pauses the driver where `faults` says so (for the conformance harness).
     pub fn with_fault_injector(mut self, faults: FaultInjector) -> Self {
         self.faults = Some(faults);
         self
@@ -133,9 +171,14 @@ impl<S: CheckpointStore> Driver<S> {
         self.current
     }
 
-    /// Checks the timeout budget, loads the last durable record, recovers every sink from it (commit its
-    /// committables, abort everything else), opens the next checkpoint's transactions, and returns the positions
-    /// to resume from.
+    /// Checks the timeout budget, claims the subtask in the store, loads the last durable record, recovers every
+    /// sink from it (commit its committables, abort everything else), opens the next checkpoint's transactions, and
+    /// returns the positions to resume from.
+    ///
+    /// # Errors
+    /// [`Fenced`](ErrorKind::Fenced) when a newer instance claimed the subtask meanwhile: this instance must stop.
+    /// [`Retryable`](ErrorKind::Retryable) after the retries when the store is unreachable or another instance is
+    /// recovering: start again later. A sink's recovery error as the sink reports it.
     pub async fn start(&mut self) -> Result<Restored> {
         if self.state != State::Created {
             return Err(Error::new(
@@ -144,53 +187,77 @@ impl<S: CheckpointStore> Driver<S> {
                 "start called twice",
             ));
         }
+        let budget = self.config.budget();
         for sink in &self.sinks {
-            budget::check(
-                sink.sink_id(),
-                sink.transaction_timeout(),
-                self.config.checkpoint_interval,
-                self.config.max_restart_time,
-            )?;
+            budget.check(sink.sink_id(), sink.transaction_timeout())?;
         }
+        let outcome = self.claim_and_recover().await;
+        if let Err(e) = &outcome {
+            self.fail(e);
+        }
+        outcome
+    }
+
+    async fn claim_and_recover(&mut self) -> Result<Restored> {
         let retry = self.config.retry;
-        let record = retry
-            .run("load checkpoint", || self.store.load_latest())
-            .await?;
+        let claim = retry.run("claim", || self.store.claim()).await?;
+        let owner = claim.epoch;
+        let loaded = retry.run("load checkpoint", || self.store.load()).await?;
+        let record = loaded.record;
         let checkpoint = record.as_ref().map(|r| r.id);
-        for sink in &mut self.sinks {
-            let restored = record.as_ref().and_then(|r| {
-                r.committables
-                    .get(sink.sink_id())
-                    .map(|v| (r.id, v.clone()))
-            });
-            let id = sink.sink_id().clone();
+        // Each start consumes a checkpoint id durably, above every id present (a damaged newest record included),
+        // so no id is ever used twice: a crashed attempt may have begun (and, at-least-once, even committed) the
+        // checkpoint after the restored one, and a sink that recognises replays by checkpoint id must never mistake
+        // the new attempt's data for it.
+        let start_id = loaded
+            .highest_id
+            .max(checkpoint)
+            .map_or(CheckpointId(1), CheckpointId::next);
+        self.current = start_id;
+        self.inject(FaultPoint::AfterLoad).await?;
+        // A checkpoint the store notes as committed is not committed again: the external system may have forgotten
+        // the transaction since (a Kafka transactional id expires), and recovery only has to abort leftovers.
+        let already_committed = checkpoint.is_some() && loaded.committed_through >= checkpoint;
+        for i in 0..self.sinks.len() {
+            let id = self.sinks[i].sink_id().clone();
+            let restored = record
+                .as_ref()
+                .filter(|_| !already_committed)
+                .and_then(|r| r.committables.get(&id).map(|v| (r.id, v.clone())));
+            let interrupt = FaultPoint::DuringRecover { sink: id.clone() };
+            if self.fault_action(&interrupt).await == FaultAction::Crash {
+                // Run the recovery up to its first suspension, then abandon it: a crash inside recover.
+                let _ = first_poll(self.sinks[i].recover(restored)).await;
+                return Err(crash_error(&interrupt));
+            }
             let mut attempts = retry.attempts();
             loop {
-                match sink.recover(restored.clone()).await {
+                match self.sinks[i].recover(restored.clone()).await {
                     Err(e) if attempts.retry("recover", &e).await => {}
                     outcome => break outcome.map_err(|e| e.or_sink(&id))?,
                 }
             }
+            self.inject(FaultPoint::AfterRecover { sink: id }).await?;
         }
-        // Each start consumes a checkpoint id durably, so no id is ever used twice: a crashed attempt may have begun
-        // (and, at-least-once, even committed) the checkpoint after the restored one, and a sink that recognises
-        // replays by checkpoint id must never mistake the new attempt's data for it.
+        drop(claim.guard);
+        if let Some(checkpoint) = checkpoint.filter(|_| !already_committed) {
+            note_committed(&*self.store, owner, checkpoint).await;
+        }
         let positions = record.map(|r| r.positions).unwrap_or_default();
         let start = CheckpointRecord {
-            id: checkpoint.map_or(CheckpointId(1), CheckpointId::next),
+            id: start_id,
             positions: positions.clone(),
             committables: BTreeMap::new(),
         };
-        retry
-            .run("save start record", || self.store.save(&start))
-            .await
-            .map_err(|e| e.or_checkpoint(start.id))?;
+        self.owner = Some(owner);
+        save_decision(&*self.store, retry, owner, &start).await?;
         self.current = start.id.next();
         self.begin_all().await?;
         self.state = State::Running;
         Ok(Restored {
             checkpoint,
             positions,
+            owner,
         })
     }
 
@@ -227,9 +294,11 @@ impl<S: CheckpointStore> Driver<S> {
     /// and is awaited by the next `checkpoint` or by [`Driver::close`].
     ///
     /// # Errors
-    /// A failure before the record is durable aborts the checkpoint in every sink: restart and replay from the
-    /// last durable checkpoint. A failed commit of the *previous* checkpoint is reported here (the record of that
-    /// checkpoint stays the newest, so recovery commits it on restart).
+    /// A failure before the record is durable aborts the checkpoint in every sink (unless this instance was
+    /// fenced: then it aborts nothing): restart and replay from the last durable checkpoint. A save whose outcome
+    /// stays unknown is [`InDoubt`](ErrorKind::InDoubt) and aborts nothing: restart, and recovery commits or
+    /// aborts the checkpoint according to what the store holds. A failed commit of the *previous* checkpoint is
+    /// reported here (the record of that checkpoint stays the newest, so recovery commits it on restart).
     pub async fn checkpoint(&mut self, positions: Vec<SourceOffset>) -> Result<CheckpointId> {
         self.ensure_running()?;
         let id = self.current;
@@ -248,7 +317,8 @@ impl<S: CheckpointStore> Driver<S> {
                         .await);
                 }
             }
-            self.inject(FaultPoint::AfterPreCommit { sink: sink_id })?;
+            self.inject(FaultPoint::AfterPreCommit { sink: sink_id })
+                .await?;
         }
         // Record N replaces record N-1 as the newest: N-1 must be committed everywhere before that.
         if let Err(e) = self.finish_commit().await {
@@ -260,15 +330,21 @@ impl<S: CheckpointStore> Driver<S> {
             committables,
         };
         let retry = self.config.retry;
-        if let Err(e) = retry
-            .run("save checkpoint", || self.store.save(&record))
-            .await
-        {
-            return Err(self.abort_checkpoint(e.or_checkpoint(id)).await);
+        let owner = self.owner.expect("a running driver holds a claim");
+        if let Err(e) = save_decision(&*self.store, retry, owner, &record).await {
+            return Err(match e.kind() {
+                // The record may be the decision already, or a newer owner may need the transactions.
+                ErrorKind::InDoubt | ErrorKind::Fenced => {
+                    self.fail(&e);
+                    e
+                }
+                _ => self.abort_checkpoint(e).await,
+            });
         }
         // Checkpoint `id` is decided: committed, whatever happens next.
-        self.inject(FaultPoint::AfterRecordDurable)?;
+        self.inject(FaultPoint::AfterRecordDurable).await?;
         let faults = self.faults.clone();
+        let store = self.store.clone();
         let task = tokio::spawn(async move {
             for commit in pending {
                 let sink = commit.sink_id().clone();
@@ -277,10 +353,13 @@ impl<S: CheckpointStore> Driver<S> {
                     .await
                     .map_err(|e| e.or_sink(&sink).or_checkpoint(id))?;
                 let point = FaultPoint::AfterCommit { sink };
-                if faults.as_ref().is_some_and(|f| f(id, &point)) {
+                if let Some(faults) = &faults
+                    && faults.at(id, &point).await == FaultAction::Crash
+                {
                     return Err(crash_error(&point));
                 }
             }
+            note_committed(&*store, owner, id).await;
             Ok(())
         });
         self.committing = Some((id, task));
@@ -309,8 +388,8 @@ impl<S: CheckpointStore> Driver<S> {
         outcome
     }
 
-    /// Finishes the last commit and aborts the open transactions (records written since the last checkpoint are
-    /// discarded: checkpoint first to keep them).
+    /// Finishes the last commit (noting it committed in the store) and aborts the open transactions (records
+    /// written since the last checkpoint are discarded: checkpoint first to keep them).
     pub async fn close(mut self) -> Result<()> {
         self.ensure_running()?;
         self.finish_commit().await?;
@@ -347,25 +426,32 @@ impl<S: CheckpointStore> Driver<S> {
     }
 
     /// Presumed abort: discards the current checkpoint in every sink, stops the driver, and returns `cause`.
-    /// Abort failures are logged, not returned: `cause` is what to report, and recovery aborts what is left.
+    /// A fenced instance aborts nothing: what it holds may be what the newer owner recovers. Abort failures are
+    /// logged, not returned: `cause` is what to report, and recovery aborts what is left.
     async fn abort_checkpoint(&mut self, cause: Error) -> Error {
         self.fail(&cause);
+        if cause.kind() == ErrorKind::Fenced {
+            return cause;
+        }
         let current = self.current;
         for sink in &mut self.sinks {
             if let Err(e) = sink.abort().await {
-                tracing::error!(sink = %sink.sink_id(), checkpoint = %current, error = %crate::Report(&e),
+                tracing::error!(sink = %sink.sink_id(), checkpoint = %current, error = %Report(&e),
                     "abort after a failed checkpoint failed; recovery will abort the transaction");
             }
         }
         cause
     }
 
-    fn inject(&mut self, point: FaultPoint) -> Result<()> {
-        if self
-            .faults
-            .as_ref()
-            .is_some_and(|f| f(self.current, &point))
-        {
+    async fn fault_action(&self, point: &FaultPoint) -> FaultAction {
+        match &self.faults {
+            Some(faults) => faults.at(self.current, point).await,
+            None => FaultAction::Continue,
+        }
+    }
+
+    async fn inject(&mut self, point: FaultPoint) -> Result<()> {
+        if self.fault_action(&point).await == FaultAction::Crash {
             let e = crash_error(&point);
             self.fail(&e);
             return Err(e);
@@ -375,7 +461,7 @@ impl<S: CheckpointStore> Driver<S> {
 
     fn fail(&mut self, cause: &Error) {
         if self.state == State::Running || self.state == State::Created {
-            self.state = State::Failed(crate::Report(cause).to_string());
+            self.state = State::Failed(Report(cause).to_string());
         }
     }
 
@@ -404,6 +490,73 @@ impl<S> Drop for Driver<S> {
             task.abort();
         }
     }
+}
+
+/// Saves a decision record, retrying transient and unknown outcomes (saving the identical record again is
+/// idempotent).
+///
+/// # Errors
+/// [`InDoubt`](ErrorKind::InDoubt) when some attempt's outcome was unknown and no later attempt settled it: the
+/// caller must not abort. [`Fenced`](ErrorKind::Fenced) as the store reports it. Otherwise the record was
+/// definitely not stored.
+async fn save_decision<S: CheckpointStore + ?Sized>(
+    store: &S,
+    retry: RetryPolicy,
+    owner: OwnerEpoch,
+    record: &CheckpointRecord,
+) -> Result<()> {
+    let mut attempts = retry.attempts();
+    let mut in_doubt = false;
+    loop {
+        let e = match store.save(owner, record).await {
+            Ok(()) => return Ok(()),
+            Err(e) => e.or_checkpoint(record.id),
+        };
+        in_doubt |= e.kind() == ErrorKind::InDoubt;
+        let transient = matches!(e.kind(), ErrorKind::Retryable | ErrorKind::InDoubt);
+        if attempts
+            .again("save checkpoint record", transient, Report(&e).to_string())
+            .await
+        {
+            continue;
+        }
+        if in_doubt && e.kind() != ErrorKind::Fenced {
+            return Err(Error::new(
+                ErrorKind::InDoubt,
+                Phase::Checkpoint,
+                "whether the checkpoint record was stored is unknown, and retries did not settle it; stopping \
+                 without aborting anything: restart the job, and recovery commits the checkpoint if its record is \
+                 stored, or aborts it",
+            )
+            .with_checkpoint(record.id)
+            .with_source(e));
+        }
+        return Err(e);
+    }
+}
+
+/// Notes `checkpoint` committed in the store; a failure only means the next recovery asks the sinks again.
+async fn note_committed<S: CheckpointStore + ?Sized>(
+    store: &S,
+    owner: OwnerEpoch,
+    checkpoint: CheckpointId,
+) {
+    if let Err(e) = store.mark_committed(owner, checkpoint).await {
+        tracing::warn!(%checkpoint, error = %Report(&e),
+            "cannot note the checkpoint as committed; the next recovery will ask the sinks whether it is");
+    }
+}
+
+/// Polls `future` once: its output if it finished, `None` if it suspended (and is then dropped).
+async fn first_poll<F: Future>(future: F) -> Option<F::Output> {
+    let mut future = std::pin::pin!(future);
+    std::future::poll_fn(|cx| {
+        Poll::Ready(match future.as_mut().poll(cx) {
+            Poll::Ready(output) => Some(output),
+            Poll::Pending => None,
+        })
+    })
+    .await
 }
 
 fn crash_error(point: &FaultPoint) -> Error {

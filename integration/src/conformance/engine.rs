@@ -4,16 +4,25 @@
 use std::sync::{Arc, Mutex};
 
 use connector_api::{
-    CheckpointId, Committer, Driver, DriverConfig, FaultPoint, LocalCheckpointStore,
-    Report as ErrorReport, RetryPolicy, SinkId, TwoPhaseCommit,
+    CheckpointId, CheckpointStore, Committer, Driver, DriverConfig, ErrorKind,
+    LocalCheckpointStore, Report as ErrorReport, RetryPolicy, SinkId, TwoPhaseCommit,
 };
 
+use super::faults::{Armed, HarnessFaults, Pause};
 use super::source::{Rng, conformance_batch as batch, positions, resume_offset};
+use super::store::HarnessStore;
 use super::{Conformance, ConformanceTarget, ReportRow};
 
 /// Where a scenario crashes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CrashAt {
+    /// At start, after sink `a` recovered and before sink `b` did.
+    BetweenRecoveries,
+    /// At start, inside sink `b`'s recover (after its first external call).
+    InsideRecover,
+    /// At start, after both sinks recovered, before the start record is saved: the next start recovers the same
+    /// record again.
+    AfterRecovery,
     /// After the checkpoint's batches were written, before `checkpoint` is called.
     AfterWrite,
     /// After sink `a` pre-committed (sink `b` has not).
@@ -35,9 +44,21 @@ pub enum Scenario {
     HappyPath,
     /// One crash at a step of the job's second checkpoint.
     Crash(CrashAt),
-    /// A crash after the record is durable, then a restart that recovers and dies again at once: recovery runs
-    /// twice over the same record.
+    /// A crash after the record is durable, then a restart that recovers and dies before saving its start record:
+    /// recovery runs twice over the same record (the harness checks that both restarts restored the same one).
     RecoverTwice,
+    /// Two instances start at once and the second overtakes the first's slow recovery: the first pauses after
+    /// loading the last record (as if stopped with SIGSTOP) until the second has decided a checkpoint, which the
+    /// second holds uncommitted until the first's start is over. Nothing may be lost or doubled, and the instance
+    /// that lost the claim may not decide a checkpoint.
+    TwoStarters,
+    /// An instance pauses after pre-committing checkpoint 3 (before saving its record); a new instance starts and
+    /// recovers, and is held just before saving its own start record while the paused one resumes and tries to
+    /// save and commit. The zombie may not decide anything, and nothing may be lost or doubled.
+    ZombieSaves,
+    /// Saving checkpoint 3's record stores it but reports an unknown outcome, on every attempt: the driver must
+    /// stop without aborting, and recovery must commit the checkpoint.
+    SaveInDoubt,
     /// After the job completes, a new instance recovers the last checkpoint (committing it again) and its
     /// committer commits the same committables once more.
     CommitTwice,
@@ -64,7 +85,12 @@ impl Scenario {
             Scenario::Crash(CrashAt::AfterRecordDurable),
             Scenario::Crash(CrashAt::BetweenCommits),
             Scenario::Crash(CrashAt::AfterCommit),
+            Scenario::Crash(CrashAt::BetweenRecoveries),
+            Scenario::Crash(CrashAt::InsideRecover),
             Scenario::RecoverTwice,
+            Scenario::TwoStarters,
+            Scenario::ZombieSaves,
+            Scenario::SaveInDoubt,
             Scenario::CommitTwice,
             Scenario::Zombie,
             Scenario::Abort,
@@ -81,6 +107,9 @@ impl Scenario {
             Scenario::HappyPath => "happy-path".into(),
             Scenario::Crash(at) => format!("crash-{}", crash_name(*at)),
             Scenario::RecoverTwice => "recover-twice".into(),
+            Scenario::TwoStarters => "two-starters".into(),
+            Scenario::ZombieSaves => "zombie-saves".into(),
+            Scenario::SaveInDoubt => "save-in-doubt".into(),
             Scenario::CommitTwice => "commit-twice".into(),
             Scenario::Zombie => "zombie".into(),
             Scenario::Abort => "abort".into(),
@@ -91,6 +120,9 @@ impl Scenario {
 
 fn crash_name(at: CrashAt) -> &'static str {
     match at {
+        CrashAt::BetweenRecoveries => "between-recoveries",
+        CrashAt::InsideRecover => "inside-recover",
+        CrashAt::AfterRecovery => "after-recovery",
         CrashAt::AfterWrite => "after-write",
         CrashAt::AfterFirstPreCommit => "after-first-pre-commit",
         CrashAt::AfterLastPreCommit => "after-last-pre-commit",
@@ -100,34 +132,22 @@ fn crash_name(at: CrashAt) -> &'static str {
     }
 }
 
-/// The crashes still to inject: (checkpoint, step). Shared with the driver's fault injector.
-type Armed = Arc<Mutex<Vec<(u64, CrashAt)>>>;
-
 /// Counters of one scenario run.
 #[derive(Default)]
-struct Stats {
-    crashes: u32,
-    starts: u32,
-    checkpoints: u64,
+pub(super) struct Stats {
+    pub(super) crashes: u32,
+    pub(super) starts: u32,
+    pub(super) checkpoints: u64,
+    /// The checkpoint each start restores (loaded just before it starts).
+    pub(super) restored: Vec<Option<CheckpointId>>,
 }
 
-fn sinks() -> [SinkId; 2] {
+/// The two sinks every scenario runs side by side.
+pub(super) fn sinks() -> [SinkId; 2] {
     [
         SinkId::new("a").expect("valid"),
         SinkId::new("b").expect("valid"),
     ]
-}
-
-fn fault_matches(point: &FaultPoint, at: CrashAt) -> bool {
-    let [a, b] = sinks();
-    match (point, at) {
-        (FaultPoint::AfterPreCommit { sink }, CrashAt::AfterFirstPreCommit) => *sink == a,
-        (FaultPoint::AfterPreCommit { sink }, CrashAt::AfterLastPreCommit) => *sink == b,
-        (FaultPoint::AfterRecordDurable, CrashAt::AfterRecordDurable) => true,
-        (FaultPoint::AfterCommit { sink }, CrashAt::BetweenCommits) => *sink == a,
-        (FaultPoint::AfterCommit { sink }, CrashAt::AfterCommit) => *sink == b,
-        _ => false,
-    }
 }
 
 /// Runs one scenario; never panics on the target's misbehaviour, reports it.
@@ -156,25 +176,40 @@ async fn run_scenario<T: ConformanceTarget>(
     run: &str,
     stats: &mut Stats,
 ) -> Result<(), String> {
+    // Checkpoint 3 is the second one a fresh job takes (its start consumes id 1): one committed checkpoint
+    // precedes the crash. A restart after a crash at 3's durable record takes id 4 for its start record.
     let (records, armed, random) = match scenario {
-        // Checkpoint 3 is the second one a fresh job takes (its start consumes id 1): one committed checkpoint
-        // precedes the crash.
+        Scenario::Crash(
+            at @ (CrashAt::BetweenRecoveries | CrashAt::InsideRecover | CrashAt::AfterRecovery),
+        ) => (
+            config.records,
+            vec![(3, CrashAt::AfterRecordDurable), (4, *at)],
+            None,
+        ),
         Scenario::Crash(at) => (config.records, vec![(3, *at)], None),
-        Scenario::RecoverTwice => (config.records, vec![(3, CrashAt::AfterRecordDurable)], None),
+        Scenario::RecoverTwice => (
+            config.records,
+            vec![
+                (3, CrashAt::AfterRecordDurable),
+                (4, CrashAt::AfterRecovery),
+            ],
+            None,
+        ),
         Scenario::Random { seed } => (config.random_records, Vec::new(), Some(Rng::new(*seed))),
         _ => (config.records, Vec::new(), None),
     };
     let store_dir =
         tempfile::tempdir().map_err(|e| format!("cannot create a checkpoint directory: {e}"))?;
+    let local =
+        LocalCheckpointStore::open(store_dir.path(), 3).map_err(|e| ErrorReport(&e).to_string())?;
     let job = Job {
         target,
         run,
         config,
         records,
-        store_dir: store_dir.path().to_path_buf(),
+        store: HarnessStore::new(local, config.store_bug),
         armed: Arc::new(Mutex::new(armed)),
         random,
-        recover_twice: matches!(scenario, Scenario::RecoverTwice),
     };
     match scenario {
         Scenario::Zombie => zombie(&job, stats).await?,
@@ -186,10 +221,25 @@ async fn run_scenario<T: ConformanceTarget>(
             job.run_to_end(stats).await?;
             commit_twice(&job).await?;
         }
+        Scenario::TwoStarters => super::overlap::two_starters(&job, stats).await?,
+        Scenario::ZombieSaves => super::overlap::zombie_saves(&job, stats).await?,
+        Scenario::SaveInDoubt => {
+            job.store.in_doubt_at(3);
+            job.run_to_end(stats).await?;
+        }
+        Scenario::RecoverTwice => {
+            job.run_to_end(stats).await?;
+            let restarts = &stats.restored[1..];
+            if restarts.len() < 2 || restarts[0].is_none() || restarts[0] != restarts[1] {
+                return Err(format!(
+                    "recovery did not run twice over the same record: restarts restored {restarts:?}"
+                ));
+            }
+        }
         _ => job.run_to_end(stats).await?,
     }
     // A final recovery: whatever crashed attempts and zombies left behind must be gone afterwards.
-    let (driver, _) = job.start(stats).await?;
+    let (driver, _) = job.start(stats).await?.ok_or("the final start crashed")?;
     driver
         .close()
         .await
@@ -215,20 +265,27 @@ fn head_str(items: &[String]) -> String {
     format!("{} ({} in all)", shown.join(", "), items.len())
 }
 
-struct Job<'a, T> {
-    target: &'a T,
-    run: &'a str,
-    config: &'a Conformance,
-    records: i64,
-    store_dir: std::path::PathBuf,
-    armed: Armed,
-    random: Option<Rng>,
-    recover_twice: bool,
+pub(super) struct Job<'a, T> {
+    pub(super) target: &'a T,
+    pub(super) run: &'a str,
+    pub(super) config: &'a Conformance,
+    pub(super) records: i64,
+    pub(super) store: HarnessStore,
+    pub(super) armed: Armed,
+    pub(super) random: Option<Rng>,
 }
+
+/// A started driver and the source position it resumes from.
+pub(super) type Started = (Driver<HarnessStore>, i64);
 
 impl<T: ConformanceTarget> Job<'_, T> {
     /// Checks that `sink` shows records `0..upto`, each exactly once.
-    async fn expect_visible(&self, sink: &SinkId, upto: i64, when: &str) -> Result<(), String> {
+    pub(super) async fn expect_visible(
+        &self,
+        sink: &SinkId,
+        upto: i64,
+        when: &str,
+    ) -> Result<(), String> {
         let mut ids = self
             .target
             .visible_ids(self.run, sink)
@@ -267,10 +324,8 @@ impl<T: ConformanceTarget> Job<'_, T> {
         ))
     }
 
-    fn driver(&self) -> Result<Driver<LocalCheckpointStore>, String> {
-        let store = LocalCheckpointStore::open(&self.store_dir, 3)
-            .map_err(|e| ErrorReport(&e).to_string())?;
-        let armed = self.armed.clone();
+    /// A driver over the job's store with both sinks added, crashing where armed and pausing at `pauses`.
+    pub(super) async fn driver(&self, pauses: Vec<Pause>) -> Result<Driver<HarnessStore>, String> {
         let config = DriverConfig {
             retry: RetryPolicy {
                 max_attempts: 3,
@@ -279,44 +334,43 @@ impl<T: ConformanceTarget> Job<'_, T> {
             },
             ..DriverConfig::default()
         };
-        Ok(Driver::new(store, config).with_fault_injector(Arc::new(
-            move |checkpoint: CheckpointId, point: &FaultPoint| {
-                let mut armed = armed.lock().expect("armed crashes");
-                match armed
-                    .iter()
-                    .position(|(cp, at)| *cp == checkpoint.0 && fault_matches(point, *at))
-                {
-                    Some(i) => {
-                        armed.remove(i);
-                        true
-                    }
-                    None => false,
-                }
-            },
-        )))
-    }
-
-    /// Starts a driver with fresh instances of both sinks and checks what is visible right after recovery.
-    async fn start(
-        &self,
-        stats: &mut Stats,
-    ) -> Result<(Driver<LocalCheckpointStore>, i64), String> {
-        let mut driver = self.driver()?;
+        let faults = HarnessFaults {
+            armed: self.armed.clone(),
+            pauses: Mutex::new(pauses),
+        };
+        let mut driver =
+            Driver::new(self.store.clone(), config).with_fault_injector(Arc::new(faults));
         for sink in sinks() {
-            let instance = self
-                .target
-                .create_sink(self.run, &sink)
-                .await
-                .map_err(|e| format!("creating sink {sink}: {}", ErrorReport(&e)))?;
             driver
-                .add_sink(instance)
+                .add_sink(self.sink(&sink).await?)
                 .map_err(|e| ErrorReport(&e).to_string())?;
         }
+        Ok(driver)
+    }
+
+    /// Starts `driver` and checks what is visible right after recovery. `None`: an armed crash fired during the
+    /// start (the caller restarts).
+    pub(super) async fn start_driver(
+        &self,
+        mut driver: Driver<HarnessStore>,
+        stats: &mut Stats,
+    ) -> Result<Option<Started>, String> {
         stats.starts += 1;
-        let restored = driver
-            .start()
+        let loaded = self
+            .store
+            .load()
             .await
-            .map_err(|e| format!("start #{}: {}", stats.starts, ErrorReport(&e)))?;
+            .map_err(|e| format!("loading the checkpoint store: {}", ErrorReport(&e)))?;
+        stats.restored.push(loaded.record.map(|r| r.id));
+        let crashes_before = self.armed_len();
+        let restored = match driver.start().await {
+            Ok(restored) => restored,
+            Err(_) if self.armed_len() < crashes_before => {
+                stats.crashes += 1;
+                return Ok(None);
+            }
+            Err(e) => return Err(format!("start #{}: {}", stats.starts, ErrorReport(&e))),
+        };
         let offset = resume_offset(&restored.positions);
         if stats.starts > 1 {
             let when = format!(
@@ -328,35 +382,50 @@ impl<T: ConformanceTarget> Job<'_, T> {
                 self.expect_visible(&sink, offset, &when).await?;
             }
         }
-        Ok((driver, offset))
+        Ok(Some((driver, offset)))
+    }
+
+    /// Starts a driver with fresh instances of both sinks; see [`Job::start_driver`].
+    pub(super) async fn start(&self, stats: &mut Stats) -> Result<Option<Started>, String> {
+        let driver = self.driver(Vec::new()).await?;
+        self.start_driver(driver, stats).await
+    }
+
+    /// Writes the next checkpoint's batches (seeded sizes) into both sinks from `next`; returns the new position.
+    pub(super) async fn write_checkpoint(
+        &self,
+        driver: &mut Driver<HarnessStore>,
+        batches: &mut Rng,
+        mut next: i64,
+    ) -> Result<i64, String> {
+        let checkpoint = driver.current_checkpoint().0;
+        for _ in 0..self.config.batches_per_checkpoint {
+            let size = batches.below(self.config.max_batch as u64 + 1) as i64;
+            let end = (next + size).min(self.records);
+            let rows = batch(next..end);
+            for index in 0..2 {
+                driver.write(index, &rows).await.map_err(|e| {
+                    format!("write at checkpoint {checkpoint}: {}", ErrorReport(&e))
+                })?;
+            }
+            next = end;
+        }
+        Ok(next)
     }
 
     /// Runs the job from its last durable checkpoint to the end of the source, restarting after every crash.
-    async fn run_to_end(&self, stats: &mut Stats) -> Result<(), String> {
+    pub(super) async fn run_to_end(&self, stats: &mut Stats) -> Result<(), String> {
         let mut batches = Rng::new(self.config.seed ^ 0xBA7C);
         let mut random = self.random.clone();
-        let mut recover_again = self.recover_twice;
         'attempt: loop {
-            let (mut driver, mut next) = self.start(stats).await?;
-            if stats.crashes > 0 && recover_again {
-                // Die right after recovery: the next start recovers the same record again.
-                recover_again = false;
-                drop(driver);
+            let Some((mut driver, mut next)) = self.start(stats).await? else {
                 continue 'attempt;
-            }
+            };
             while next < self.records {
                 let checkpoint = driver.current_checkpoint().0;
-                for _ in 0..self.config.batches_per_checkpoint {
-                    let size = batches.below(self.config.max_batch as u64 + 1) as i64;
-                    let end = (next + size).min(self.records);
-                    let rows = batch(next..end);
-                    for index in 0..2 {
-                        driver.write(index, &rows).await.map_err(|e| {
-                            format!("write at checkpoint {checkpoint}: {}", ErrorReport(&e))
-                        })?;
-                    }
-                    next = end;
-                }
+                next = self
+                    .write_checkpoint(&mut driver, &mut batches, next)
+                    .await?;
                 if let Some(rng) = random.as_mut()
                     && rng.below(4) == 0
                 {
@@ -392,15 +461,19 @@ impl<T: ConformanceTarget> Job<'_, T> {
                     }
                     Err(e) => Err(e),
                 };
+                let crashed = self.armed_len() < crashes_before;
                 if let Err(e) = outcome {
-                    if self.armed_len() < crashes_before {
+                    if crashed
+                        || (e.kind() == ErrorKind::InDoubt && self.store.take_fired())
+                        || (self.config.store_bug.is_some() && self.store.take_fired())
+                    {
                         stats.crashes += 1;
                         drop(driver);
                         continue 'attempt;
                     }
                     return Err(format!("checkpoint {checkpoint}: {}", ErrorReport(&e)));
                 }
-                if self.armed_len() < crashes_before {
+                if crashed {
                     // A commit-side crash point fired inside the commit task after it succeeded.
                     stats.crashes += 1;
                     drop(driver);
@@ -430,7 +503,7 @@ impl<T: ConformanceTarget> Job<'_, T> {
         }
     }
 
-    async fn sink(&self, sink: &SinkId) -> Result<T::Sink, String> {
+    pub(super) async fn sink(&self, sink: &SinkId) -> Result<T::Sink, String> {
         self.target
             .create_sink(self.run, sink)
             .await
@@ -461,7 +534,7 @@ async fn zombie<T: ConformanceTarget>(job: &Job<'_, T>, stats: &mut Stats) -> Re
         .map_err(|e| format!("zombie write: {}", ErrorReport(&e)))?;
 
     // The new instance recovers; then the zombie tries to finish its transaction while the job writes.
-    let (mut driver, next) = job.start(stats).await?;
+    let (mut driver, next) = job.start(stats).await?.ok_or("the start crashed")?;
     zombie_finish(&mut zombie, 1).await;
     let end = (next + 25).min(job.records);
     for index in 0..2 {
@@ -526,13 +599,12 @@ async fn abort_then_run<T: ConformanceTarget>(job: &Job<'_, T>) -> Result<(), St
 /// A new instance recovers the last durable checkpoint (committing it again), then its committer commits the same
 /// committables once more: both must be no-ops.
 async fn commit_twice<T: ConformanceTarget>(job: &Job<'_, T>) -> Result<(), String> {
-    use connector_api::CheckpointStore;
-    let store =
-        LocalCheckpointStore::open(&job.store_dir, 3).map_err(|e| ErrorReport(&e).to_string())?;
-    let record = store
-        .load_latest()
+    let record = job
+        .store
+        .load()
         .await
         .map_err(|e| ErrorReport(&e).to_string())?
+        .record
         .ok_or("no durable checkpoint after a completed run")?;
     for sink in sinks() {
         let mut instance = job.sink(&sink).await?;

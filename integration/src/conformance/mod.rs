@@ -45,8 +45,11 @@
 //! commit task is cancelled). `ratchet`'s own tests add real `kill -9` runs on top.
 
 mod engine;
+mod faults;
+mod overlap;
 mod report;
 mod source;
+mod store;
 
 use async_trait::async_trait;
 use connector_api::{Result, SinkId, TwoPhaseCommit};
@@ -54,6 +57,7 @@ use connector_api::{Result, SinkId, TwoPhaseCommit};
 pub use engine::{CrashAt, Scenario};
 pub use report::{Report, ReportRow};
 pub use source::{conformance_batch, conformance_batch_with, conformance_schema};
+pub use store::StoreBug;
 
 /// A sink under test and an independent reader of its destination.
 #[async_trait]
@@ -93,6 +97,8 @@ pub struct Conformance {
     pub random_runs: u32,
     /// Records of each randomized run.
     pub random_records: i64,
+    /// A deliberately broken checkpoint store, to prove the harness (`None` for every real run).
+    pub store_bug: Option<StoreBug>,
 }
 
 impl Default for Conformance {
@@ -104,6 +110,7 @@ impl Default for Conformance {
             seed: 0x5EED,
             random_runs: 2,
             random_records: 1_500,
+            store_bug: None,
         }
     }
 }
