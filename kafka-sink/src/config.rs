@@ -25,7 +25,7 @@ const CONTROLLED_KEYS: &[&str] = &[
 /// | `bootstrap_servers` | Kafka bootstrap servers | required |
 /// | `topic` | target topic | required |
 /// | `transactional_id_prefix` | prefix of this sink's transactional ids; unique per job and sink | required |
-/// | `transactional_id_pool_size` | transactional ids per subtask | 2 |
+/// | `transactional_id_pool_size` | transactional ids per subtask (2 to 16: checkpoint N commits while N+1 is written) | 2 |
 /// | `transaction_timeout` | `transaction.timeout.ms`: the broker aborts a transaction older than this | 10 min |
 /// | `job` | the job's name: with the sink id, the owner of the prefix in the prefix registry | none (the sink id alone) |
 /// | `client` | other librdkafka producer settings, passed through | none |
@@ -77,6 +77,14 @@ impl KafkaSinkConfig {
             job: None,
             client: BTreeMap::new(),
         }
+    }
+
+    /// The largest record the producer accepts: `message.max.bytes` from `client`, or librdkafka's default.
+    pub fn max_message_bytes(&self) -> usize {
+        self.client
+            .get("message.max.bytes")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1_000_000)
     }
 
     /// The transactional-id pool this config describes.

@@ -200,10 +200,32 @@ async fn coordinator(bootstrap: &str, transactional_id: &str) -> Result<String> 
 }
 
 /// Describes the transaction state of `transactional_id` (DescribeTransactions).
+///
+/// # Errors
+/// [`Fatal`](ErrorKind::Fatal) when the broker does not know the id (it expired after
+/// `transactional.id.expiration.ms`, or never existed); see [`find_transaction`] to tell that case apart.
 pub async fn describe_transaction(
     bootstrap: &str,
     transactional_id: &str,
 ) -> Result<TransactionDescription> {
+    find_transaction(bootstrap, transactional_id)
+        .await?
+        .ok_or_else(|| {
+            Error::new(
+                ErrorKind::Fatal,
+                Phase::Commit,
+                "the broker does not know this transactional id (expired after transactional.id.expiration.ms?)",
+            )
+            .with_txn(transactional_id)
+        })
+}
+
+/// Describes the transaction state of `transactional_id`; `None` when the broker does not know the id
+/// (`TRANSACTIONAL_ID_NOT_FOUND`: it expired after `transactional.id.expiration.ms`, or never existed).
+pub async fn find_transaction(
+    bootstrap: &str,
+    transactional_id: &str,
+) -> Result<Option<TransactionDescription>> {
     let address = coordinator(bootstrap, transactional_id).await?;
     let mut connection = Connection::open(&address).await?;
     let request =
@@ -225,14 +247,7 @@ pub async fn describe_transaction(
         })?;
     match state.error_code {
         code::NONE => {}
-        code::TRANSACTIONAL_ID_NOT_FOUND => {
-            return Err(Error::new(
-                ErrorKind::Fatal,
-                Phase::Commit,
-                "the broker does not know this transactional id (expired after transactional.id.expiration.ms?)",
-            )
-            .with_txn(transactional_id));
-        }
+        code::TRANSACTIONAL_ID_NOT_FOUND => return Ok(None),
         other => {
             return Err(Error::new(
                 ErrorKind::Retryable,
@@ -242,7 +257,7 @@ pub async fn describe_transaction(
             .with_txn(transactional_id));
         }
     }
-    Ok(TransactionDescription {
+    Ok(Some(TransactionDescription {
         state: state.transaction_state.to_string(),
         producer_id: state.producer_id.0,
         producer_epoch: state.producer_epoch,
@@ -256,7 +271,7 @@ pub async fn describe_transaction(
                 t.partitions.into_iter().map(move |p| (topic.clone(), p))
             })
             .collect(),
-    })
+    }))
 }
 
 /// Commits (`commit = true`) or aborts the transaction of `transactional_id` owned by `producer_id` at

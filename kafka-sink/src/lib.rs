@@ -46,6 +46,7 @@ mod config;
 mod coordinator;
 mod error;
 mod kafka_to_kafka;
+mod outcome;
 mod probe;
 mod producer;
 mod records;
@@ -55,7 +56,9 @@ mod txn_id;
 
 pub use broker::broker_max_transaction_timeout;
 pub use config::KafkaSinkConfig;
-pub use coordinator::{TransactionDescription, describe_transaction, end_transaction};
+pub use coordinator::{
+    TransactionDescription, describe_transaction, end_transaction, find_transaction,
+};
 pub use error::classify;
 pub use kafka_to_kafka::{KafkaToKafka, PipelineHook, PipelineStats, PipelineStep};
 pub use producer::open_transactional_producer;

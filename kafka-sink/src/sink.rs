@@ -16,7 +16,8 @@ use rdkafka::types::RDKafkaErrorCode;
 use serde::{Deserialize, Serialize};
 
 use crate::broker::{broker_max_transaction_timeout, check_transaction_timeout};
-use crate::coordinator::{describe_transaction, end_transaction};
+use crate::coordinator::{describe_transaction, end_transaction, find_transaction};
+use crate::outcome::{CommitStep, commit_step};
 use crate::probe::visible_in_log;
 use crate::records::RecordMapping;
 use crate::registry::claim_prefix;
@@ -218,49 +219,39 @@ impl Committer for KafkaCommitter {
         let Some(range) = c.ranges.first() else {
             return Ok(true);
         };
-        let now = describe_transaction(&self.bootstrap, &c.transactional_id).await?;
-        if completed_commit_of(&now, c) {
-            return Ok(true);
+        let now = find_transaction(&self.bootstrap, &c.transactional_id).await?;
+        match commit_step(now.as_ref(), c) {
+            CommitStep::AlreadyCommitted => Ok(true),
+            CommitStep::EndTxn | CommitStep::Lost => Ok(false),
+            CommitStep::AskTheLog => visible_in_log(&self.bootstrap, range).await,
         }
-        if now.producer_id == c.producer_id && now.producer_epoch == c.producer_epoch {
-            return Ok(false); // still ours and not committed
-        }
-        visible_in_log(&self.bootstrap, range).await
     }
-}
-
-/// Whether the coordinator's description shows `c`'s transaction committed (epoch unchanged with transaction
-/// protocol v1, bumped by one with v2, KIP-890).
-fn completed_commit_of(now: &crate::TransactionDescription, c: &KafkaCommittable) -> bool {
-    now.producer_id == c.producer_id
-        && (now.producer_epoch == c.producer_epoch || now.producer_epoch == c.producer_epoch + 1)
-        && (now.state == "CompleteCommit"
-            || (now.state == "Empty" && now.producer_epoch == c.producer_epoch + 1))
 }
 
 /// Commits `c` at the protocol level, idempotently; a transaction the broker aborted is a loud, fatal error.
 async fn commit_remote(bootstrap: &str, c: &KafkaCommittable) -> Result<()> {
-    let now = describe_transaction(bootstrap, &c.transactional_id).await?;
-    if completed_commit_of(&now, c) {
-        return Ok(());
-    }
-    let ours = now.producer_id == c.producer_id && now.producer_epoch == c.producer_epoch;
-    if ours && (now.state == "Ongoing" || now.state == "PrepareCommit") {
-        return end_transaction(
-            bootstrap,
-            &c.transactional_id,
-            c.producer_id,
-            c.producer_epoch,
-            true,
-        )
-        .await;
-    }
-    // The id has moved on (re-initialised since): the log itself says whether the records committed.
-    if !ours
-        && let Some(range) = c.ranges.first()
-        && visible_in_log(bootstrap, range).await?
-    {
-        return Ok(());
+    let now = find_transaction(bootstrap, &c.transactional_id).await?;
+    match commit_step(now.as_ref(), c) {
+        CommitStep::AlreadyCommitted => return Ok(()),
+        CommitStep::EndTxn => {
+            return end_transaction(
+                bootstrap,
+                &c.transactional_id,
+                c.producer_id,
+                c.producer_epoch,
+                true,
+            )
+            .await;
+        }
+        CommitStep::AskTheLog => {
+            // The id has moved on (re-initialised, or expired): the log itself says whether our records committed.
+            if let Some(range) = c.ranges.first()
+                && visible_in_log(bootstrap, range).await?
+            {
+                return Ok(());
+            }
+        }
+        CommitStep::Lost => {}
     }
     let lost: Vec<String> = c
         .ranges
@@ -272,17 +263,23 @@ async fn commit_remote(bootstrap: &str, c: &KafkaCommittable) -> Result<()> {
             )
         })
         .collect();
+    let coordinator = match &now {
+        Some(now) => format!(
+            "coordinator: state {}, producer {} epoch {}",
+            now.state, now.producer_id, now.producer_epoch
+        ),
+        None => "the coordinator no longer knows the transactional id: it expired after \
+                 transactional.id.expiration.ms"
+            .to_string(),
+    };
     Err(Error::new(
         ErrorKind::Fatal,
         Phase::Commit,
         format!(
-            "the transaction of this durable checkpoint is no longer committable (coordinator: state {}, producer \
-             {} epoch {}; expected producer {} epoch {}): the broker aborted it, most likely because \
+            "the transaction of this durable checkpoint is no longer committable ({coordinator}; expected producer \
+             {} epoch {}) and its records are not in the log: the broker aborted it, most likely because \
              transaction.timeout.ms expired before recovery. Its records are LOST: {}. Replay them from the source \
              positions of the previous checkpoint, and raise transaction_timeout or shorten restarts",
-            now.state,
-            now.producer_id,
-            now.producer_epoch,
             c.producer_id,
             c.producer_epoch,
             lost.join(", ")
@@ -337,7 +334,33 @@ impl TwoPhaseCommit for KafkaSink {
         let records = mapping
             .records(batch)
             .map_err(|m| self.err(ErrorKind::BadRecord, Phase::Write, m))?;
+        // Validated whole before anything is sent: a refused batch must not leave a prefix in the transaction.
+        let max = self.config.max_message_bytes();
+        if let Some((row, size)) = records
+            .iter()
+            .map(|r| {
+                r.value.len()
+                    + r.key.map_or(0, <[u8]>::len)
+                    + r.headers
+                        .iter()
+                        .map(|(k, v)| k.len() + v.len())
+                        .sum::<usize>()
+            })
+            .enumerate()
+            .find(|(_, size)| *size > max)
+        {
+            return Err(self.err(
+                ErrorKind::BadRecord,
+                Phase::Write,
+                format!(
+                    "row {row} of the batch makes a record of {size} bytes, above message.max.bytes ({max}): the \
+                     batch was refused whole; shrink the record or raise message.max.bytes in `client` (and the \
+                     topic's max.message.bytes)"
+                ),
+            ));
+        }
         let default_topic = self.config.topic.clone();
+        let mut sent = 0usize;
         for record in records {
             let topic = record.topic.unwrap_or(&default_topic);
             let mut future = FutureRecord::to(topic).payload(&record.value);
@@ -364,6 +387,7 @@ impl TwoPhaseCommit for KafkaSink {
                     Ok(delivery) => {
                         self.in_flight
                             .push_back((record.topic.map(str::to_string), delivery));
+                        sent += 1;
                         break;
                     }
                     Err((e, returned))
@@ -378,8 +402,13 @@ impl TwoPhaseCommit for KafkaSink {
                         self.await_delivery(oldest).await?;
                     }
                     Err((e, _)) => {
+                        // Once part of the batch is in the transaction, the batch cannot be refused whole.
+                        let kind = match classify(&e) {
+                            ErrorKind::BadRecord if sent > 0 => ErrorKind::MustAbort,
+                            kind => kind,
+                        };
                         return Err(self
-                            .err(classify(&e), Phase::Write, "cannot send a record")
+                            .err(kind, Phase::Write, "cannot send a record")
                             .with_source(e));
                     }
                 }

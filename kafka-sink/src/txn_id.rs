@@ -46,9 +46,11 @@ impl TransactionalIdPool {
                 "transactional_id_prefix {prefix:?} is invalid: use 1 to 200 ASCII letters, digits, '.', '_' or '-'"
             ));
         }
-        if size == 0 || size > 16 {
+        if !(2..=16).contains(&size) {
             return Err(format!(
-                "transactional_id_pool_size {size} is out of range: use 1 to 16 (2 lets commit overlap writing)"
+                "transactional_id_pool_size {size} is out of range: use 2 to 16. Checkpoint N commits on its own \
+                 task while checkpoint N+1 is written, so two consecutive checkpoints need two transactional ids \
+                 (one id would be one producer in two transactions at once)"
             ));
         }
         Ok(Self { prefix, size })
@@ -103,10 +105,13 @@ mod tests {
                 .contains("transactional_id_prefix")
         );
         assert!(TransactionalIdPool::new("a b", 2).is_err());
-        assert!(
-            TransactionalIdPool::new("ok", 0)
-                .unwrap_err()
-                .contains("pool_size")
-        );
+        for size in [0, 1, 17] {
+            assert!(
+                TransactionalIdPool::new("ok", size)
+                    .unwrap_err()
+                    .contains("pool_size"),
+                "{size}"
+            );
+        }
     }
 }

@@ -9,11 +9,10 @@ import sys
 import uuid
 
 
-def kafka() -> str:
+def kafka(bootstrap: str) -> str:
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient
 
-    bootstrap = os.environ["RATCHET_KAFKA_BOOTSTRAP"]
     admin = AdminClient({"bootstrap.servers": bootstrap})  # keep a reference: the future dies with its client
     cluster = admin.describe_cluster(request_timeout=10).result(timeout=15)
     # Ready means the transaction coordinator works, not just that the port is open.
@@ -92,12 +91,12 @@ def s3(create_bucket: bool) -> str:
 
 def main(argv: list[str]) -> int:
     if not argv:
-        print("usage: probe.py kafka|postgres|mariadb|s3 [--create-bucket]", file=sys.stderr)
+        print("usage: probe.py kafka [bootstrap]|postgres|mariadb|s3 [--create-bucket]", file=sys.stderr)
         return 2
     what = argv[0]
     try:
         if what == "kafka":
-            out = kafka()
+            out = kafka(argv[1] if len(argv) > 1 else os.environ["RATCHET_KAFKA_BOOTSTRAP"])
         elif what == "postgres":
             out = postgres()
         elif what == "mariadb":

@@ -83,5 +83,123 @@ fn killed_mid_run_and_restarted_writes_every_record_exactly_once() {
         .iter()
         .map(|v| v.as_str().unwrap())
         .collect();
-    assert_eq!(hidden, [".ratchet-owner-demo-parquet.0"], "{seen}");
+    assert_eq!(
+        hidden,
+        [
+            ".ratchet-owner-demo-parquet.0",
+            ".ratchet-owner-demo-parquet.0.lock"
+        ],
+        "{seen}"
+    );
+}
+
+fn signal(child: &std::process::Child, signal: &str) {
+    let status = Command::new("kill")
+        .args([signal, &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill {signal} failed");
+}
+
+/// Whether a process holds the exclusive lock on `path` (`flock -n` from util-linux fails then).
+fn locked(path: &std::path::Path) -> bool {
+    !Command::new("flock")
+        .args(["-n", "-E", "75"])
+        .arg(path)
+        .arg("true")
+        .status()
+        .unwrap()
+        .success()
+}
+
+/// The overlap a user meets in production: a run paused with SIGSTOP, a replacement started on the same state and
+/// output that runs to the end, then the paused run resumed with SIGCONT. The resumed run must be fenced (it may
+/// decide nothing), and every record must be visible exactly once, read back with pyarrow.
+#[test]
+fn a_paused_run_resumed_after_its_replacement_finished_is_fenced() {
+    let services = Services::get();
+    let bootstrap = services.kafka_bootstrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let state = dir.path().join("checkpoints");
+    let topic = integration::unique_name("ratchet-demo-overlap");
+    let demo = |records: u64| {
+        let mut cmd = ratchet();
+        cmd.args([
+            "demo",
+            "--bootstrap",
+            bootstrap,
+            "--topic",
+            &topic,
+            "--checkpoint-every",
+            "500",
+            "--records",
+            &records.to_string(),
+        ])
+        .arg("--out")
+        .arg(&out)
+        .arg("--state")
+        .arg(&state);
+        cmd
+    };
+
+    let mut paused = demo(RECORDS)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(paused.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.starts_with("checkpoint 3:") {
+        line.clear();
+        assert!(
+            stdout.read_line(&mut line).unwrap() > 0,
+            "the first run ended before its third checkpoint"
+        );
+    }
+    // Pause it outside the checkpoint store's short critical sections (a process paused inside one holds off its
+    // replacement until it resumes, by design).
+    loop {
+        signal(&paused, "-STOP");
+        if !locked(&state.join(".lock")) {
+            break;
+        }
+        signal(&paused, "-CONT");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+
+    let replacement = demo(0).output().unwrap();
+    assert!(
+        replacement.status.success(),
+        "the replacement failed:\n{}",
+        String::from_utf8_lossy(&replacement.stderr)
+    );
+
+    signal(&paused, "-CONT");
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut paused.stderr.take().unwrap(), &mut stderr).unwrap();
+    let status = paused.wait().unwrap();
+    assert!(
+        !status.success(),
+        "the resumed run finished as if it still owned the job:\n{rest}"
+    );
+    assert!(
+        stderr.contains("claimed") || stderr.contains("newer instance"),
+        "the resumed run did not stop as fenced:\n{stderr}"
+    );
+
+    let last = demo(0).output().unwrap();
+    assert!(
+        last.status.success(),
+        "a start after the overlap failed:\n{}",
+        String::from_utf8_lossy(&last.stderr)
+    );
+    let seen = services.verify(
+        "parquet_dir.py",
+        &[out.to_str().unwrap(), "partition", "offset"],
+    );
+    assert_eq!(seen["rows"], RECORDS, "{seen}");
+    assert_eq!(seen["distinct"], RECORDS, "{seen}");
 }

@@ -1,15 +1,14 @@
 //! A checkpoint store in a local directory: one file per checkpoint, written atomically, owned through claims.
 
-use std::fs::{self, File, TryLockError};
-use std::io::Write;
+use std::fs::{self, File};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 
 use super::record::newest_intact;
 use super::{CheckpointRecord, CheckpointStore, Claim, ClaimGuard, Loaded, OwnerEpoch};
+use crate::local_fs::{lock_exclusive, read_number, replace_file, sync_dir, write_unique_tmp};
 use crate::{CheckpointId, Error, ErrorKind, Phase, Result};
 
 /// How long `claim` and `save` wait for the directory lock (held by another process for a few milliseconds at a
@@ -44,49 +43,6 @@ enum SaveError {
     NotStored(std::io::Error),
     /// Failed after the record was linked into place: it may or may not survive a crash.
     InDoubt(std::io::Error),
-}
-
-fn unique_tmp(dir: &Path, what: &str) -> PathBuf {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    dir.join(format!(".{what}.{}.{n}.tmp", std::process::id()))
-}
-
-/// Writes `bytes` to a new unique temporary file in `dir` and fsyncs it.
-fn write_tmp(dir: &Path, what: &str, bytes: &[u8]) -> std::io::Result<PathBuf> {
-    let tmp = unique_tmp(dir, what);
-    let mut file = File::create_new(&tmp)?;
-    file.write_all(bytes)?;
-    file.sync_all()?;
-    Ok(tmp)
-}
-
-fn sync_dir(dir: &Path) -> std::io::Result<()> {
-    File::open(dir)?.sync_all()
-}
-
-/// Reads a number from a small file; `None` when the file does not exist.
-fn read_number(path: &Path) -> std::io::Result<Option<u64>> {
-    match fs::read_to_string(path) {
-        Ok(text) => text.trim().parse().map(Some).map_err(|e| {
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!("{} holds {text:?}, not a number: {e}", path.display()),
-            )
-        }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e),
-    }
-}
-
-/// Replaces the number in `path` atomically (unique temp file, rename, directory fsync).
-fn write_number(dir: &Path, path: &Path, value: u64) -> std::io::Result<()> {
-    let tmp = write_tmp(dir, "number", value.to_string().as_bytes())?;
-    if let Err(e) = fs::rename(&tmp, path) {
-        let _ = fs::remove_file(&tmp);
-        return Err(e);
-    }
-    sync_dir(dir)
 }
 
 impl LocalCheckpointStore {
@@ -132,41 +88,14 @@ impl LocalCheckpointStore {
     /// Takes the directory's exclusive lock, waiting up to [`LOCK_WAIT`]; released when the file is dropped.
     fn lock(&self) -> Result<File> {
         let path = self.dir.join(LOCK_FILE);
-        let unavailable = |e: std::io::Error| {
+        lock_exclusive(&path, LOCK_WAIT).map_err(|e| {
             Error::new(
                 ErrorKind::Retryable,
                 Phase::Checkpoint,
                 format!("cannot lock {}", path.display()),
             )
             .with_source(e)
-        };
-        let file = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(unavailable)?;
-        let deadline = Instant::now() + LOCK_WAIT;
-        loop {
-            match file.try_lock() {
-                Ok(()) => return Ok(file),
-                Err(TryLockError::Error(e)) => return Err(unavailable(e)),
-                Err(TryLockError::WouldBlock) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-                Err(TryLockError::WouldBlock) => {
-                    return Err(Error::new(
-                        ErrorKind::Retryable,
-                        Phase::Checkpoint,
-                        format!(
-                            "{} stayed locked for {LOCK_WAIT:?}: another process of this job holds it (paused?); \
-                             stop it, or wait",
-                            path.display()
-                        ),
-                    ));
-                }
-            }
-        }
+        })
     }
 
     fn owner_epoch(&self) -> std::io::Result<OwnerEpoch> {
@@ -187,7 +116,12 @@ impl LocalCheckpointStore {
             .with_source(e)
         };
         let next = OwnerEpoch(self.owner_epoch().map_err(io)?.0 + 1);
-        write_number(&self.dir, &self.dir.join(OWNER_FILE), next.0).map_err(io)?;
+        replace_file(
+            &self.dir,
+            &self.dir.join(OWNER_FILE),
+            next.0.to_string().as_bytes(),
+        )
+        .map_err(io)?;
         Ok(Claim {
             epoch: next,
             guard: ClaimGuard::new(lock),
@@ -208,7 +142,8 @@ impl LocalCheckpointStore {
         }
         let target = self.path_of(record.id);
         let bytes = record.encode();
-        let tmp = write_tmp(&self.dir, "checkpoint", &bytes).map_err(SaveError::NotStored)?;
+        let tmp =
+            write_unique_tmp(&self.dir, "checkpoint", &bytes).map_err(SaveError::NotStored)?;
         // A hard link creates the target atomically and only if it does not exist: the decision for a checkpoint
         // is never overwritten.
         let linked = fs::hard_link(&tmp, &target);
@@ -273,7 +208,7 @@ impl LocalCheckpointStore {
         if read_number(&path).map_err(io)?.unwrap_or(0) >= checkpoint.0 {
             return Ok(());
         }
-        write_number(&self.dir, &path, checkpoint.0).map_err(io)
+        replace_file(&self.dir, &path, checkpoint.0.to_string().as_bytes()).map_err(io)
     }
 
     fn load_blocking(&self) -> Result<Loaded> {

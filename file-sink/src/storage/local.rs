@@ -1,9 +1,9 @@
 //! Local filesystem: hidden in-progress file → fsynced hidden pending file → atomic rename into place.
 
-use std::fs::{self, File};
-use std::io::Write;
+use std::fs;
 use std::path::{Path, PathBuf};
 
+use connector_api::local_fs::{lock_exclusive, read_number, replace_file, sync_dir};
 use connector_api::{Error, ErrorKind, Phase, Result, SinkId, SubtaskId};
 
 use super::{OpenFile, StagedFile};
@@ -19,9 +19,8 @@ fn io(kind: ErrorKind, phase: Phase, message: String) -> impl FnOnce(std::io::Er
     move |e| Error::new(kind, phase, message).with_source(e)
 }
 
-fn sync_dir(dir: &Path) -> std::io::Result<()> {
-    File::open(dir)?.sync_all()
-}
+/// How long raising the owner epoch waits for another instance doing the same.
+const OWNER_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 fn pending_of(visible: &Path) -> PathBuf {
     let name = visible.file_name().unwrap_or_default().to_string_lossy();
@@ -168,38 +167,48 @@ impl LocalBackend {
         ))
     }
 
-    pub(crate) fn read_epoch(&self) -> Result<u64> {
-        let path = self.owner_path();
-        match fs::read_to_string(&path) {
-            Ok(text) => text.trim().parse().map_err(|e| {
-                Error::new(
-                    ErrorKind::Fatal,
-                    Phase::Recover,
-                    format!("{} holds {text:?}, not an owner epoch: remove it only if no instance of this sink runs", path.display()),
-                )
-                .with_source(e)
-            }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
-            Err(e) => Err(io(ErrorKind::Retryable, Phase::Recover, format!("cannot read {}", path.display()))(e)),
-        }
+    fn owner_lock_path(&self) -> PathBuf {
+        self.base.join(format!(
+            ".ratchet-owner-{}.{}.lock",
+            self.sink, self.subtask
+        ))
     }
 
-    pub(crate) fn bump_epoch(&self) -> Result<u64> {
-        let epoch = self.read_epoch()? + 1;
+    pub(crate) fn read_epoch(&self) -> Result<u64> {
         let path = self.owner_path();
-        let tmp = path.with_extension("tmp");
-        let write = || -> std::io::Result<()> {
-            let mut file = File::create(&tmp)?;
-            file.write_all(epoch.to_string().as_bytes())?;
-            file.sync_all()?;
-            fs::rename(&tmp, &path)?;
-            sync_dir(&self.base)
+        read_number(&path).map(Option::unwrap_or_default).map_err(|e| {
+            let kind = if e.kind() == std::io::ErrorKind::InvalidData {
+                ErrorKind::Fatal
+            } else {
+                ErrorKind::Retryable
+            };
+            Error::new(
+                kind,
+                Phase::Recover,
+                format!(
+                    "cannot read the owner epoch in {} (remove it only if no instance of this sink runs)",
+                    path.display()
+                ),
+            )
+            .with_source(e)
+        })
+    }
+
+    /// Raises this subtask's owner epoch by one under an exclusive lock on its own lock file, so two instances
+    /// recovering at once never take the same epoch; written atomically under a unique temporary name.
+    pub(crate) fn bump_epoch(&self) -> Result<u64> {
+        let path = self.owner_path();
+        let failed = |e: std::io::Error| {
+            Error::new(
+                ErrorKind::Retryable,
+                Phase::Recover,
+                format!("cannot raise the owner epoch in {}", path.display()),
+            )
+            .with_source(e)
         };
-        write().map_err(io(
-            ErrorKind::Retryable,
-            Phase::Recover,
-            format!("cannot write {}", path.display()),
-        ))?;
+        let _lock = lock_exclusive(&self.owner_lock_path(), OWNER_LOCK_WAIT).map_err(failed)?;
+        let epoch = self.read_epoch()? + 1;
+        replace_file(&self.base, &path, epoch.to_string().as_bytes()).map_err(failed)?;
         Ok(epoch)
     }
 
@@ -234,5 +243,40 @@ impl LocalBackend {
             }
         }
         Ok(removed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn concurrent_recoveries_of_one_subtask_take_distinct_epochs() {
+        let dir = tempfile::tempdir().unwrap();
+        let sink = SinkId::new("s").unwrap();
+        let threads: Vec<_> = (0..8)
+            .map(|i| {
+                // Two subtasks, four instances each: epochs are per subtask and never repeat.
+                let backend =
+                    LocalBackend::new(dir.path().to_path_buf(), sink.clone(), SubtaskId(i % 2))
+                        .unwrap();
+                std::thread::spawn(move || (i % 2, backend.bump_epoch().unwrap()))
+            })
+            .collect();
+        let mut epochs: Vec<(u32, u64)> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        epochs.sort_unstable();
+        assert_eq!(
+            epochs,
+            [
+                (0, 1),
+                (0, 2),
+                (0, 3),
+                (0, 4),
+                (1, 1),
+                (1, 2),
+                (1, 3),
+                (1, 4)
+            ]
+        );
     }
 }

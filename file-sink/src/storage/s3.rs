@@ -109,6 +109,31 @@ fn encode_copy_source(bucket: &str, key: &str) -> String {
 }
 
 /// FNV-1a, to keep spill file names of different partitions apart.
+/// What a HEAD of the visible key says after CompleteMultipartUpload answered 412 (the key exists) or 404 (the
+/// upload is gone): whether our upload completed before (a retried commit, or recovery after a crash mid-commit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Completion {
+    /// The key holds our file: same size, and a multipart ETag of the same part count (`<md5>-<parts>`; a
+    /// single-part upload may carry a plain ETag).
+    Ours,
+    /// The key holds something else: never overwritten.
+    Foreign,
+    /// No object: the upload is gone without having completed (lost).
+    Absent,
+}
+
+fn multipart_completion(head: Option<&(u64, String)>, bytes: u64, parts: usize) -> Completion {
+    match head {
+        None => Completion::Absent,
+        Some((size, etag))
+            if *size == bytes && (etag.ends_with(&format!("-{parts}")) || parts == 1) =>
+        {
+            Completion::Ours
+        }
+        Some(_) => Completion::Foreign,
+    }
+}
+
 fn fnv(text: &str) -> u64 {
     text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
@@ -448,7 +473,7 @@ impl S3Backend {
         }
     }
 
-    /// HEAD of `key`: `(size, etag)`, or `None` when absent.
+    /// HEAD of `key`: `(size, etag)` (the ETag without quotes), or `None` when absent.
     async fn head(&self, key: &str) -> Result<Option<(u64, String)>> {
         match self
             .client
@@ -508,10 +533,10 @@ impl S3Backend {
                     Ok(_) => Ok(()),
                     // 412: the key exists (completed before); 404: the upload is gone (completed before, or lost).
                     Err(e) if matches!(status_of(&e), Some(412 | 404)) => {
-                        let suffix = format!("-{}", parts.len());
-                        match self.head(key).await? {
-                            Some((size, etag)) if size == *bytes && (etag.ends_with(&suffix) || parts.len() == 1) => Ok(()),
-                            Some((size, etag)) => Err(Error::new(
+                        let head = self.head(key).await?;
+                        match (multipart_completion(head.as_ref(), *bytes, parts.len()), head) {
+                            (Completion::Ours, _) => Ok(()),
+                            (Completion::Foreign, Some((size, etag))) => Err(Error::new(
                                 ErrorKind::Fatal,
                                 Phase::Commit,
                                 format!(
@@ -521,7 +546,7 @@ impl S3Backend {
                                 ),
                             )
                             .with_txn(upload_id.clone())),
-                            None => Err(s3_error("CompleteMultipartUpload", &self.bucket, key, Phase::Commit, e)
+                            _ => Err(s3_error("CompleteMultipartUpload", &self.bucket, key, Phase::Commit, e)
                                 .with_txn(upload_id.clone())),
                         }
                     }
@@ -778,5 +803,33 @@ impl S3Backend {
             }
         }
         Ok(removed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_completed_upload_is_recognised_by_size_and_part_count() {
+        let head = |size: u64, etag: &str| Some((size, etag.to_string()));
+        assert_eq!(
+            multipart_completion(head(100, "abc-3").as_ref(), 100, 3),
+            Completion::Ours
+        );
+        assert_eq!(
+            multipart_completion(head(100, "abc").as_ref(), 100, 1),
+            Completion::Ours
+        );
+        // Another writer's object under our key: different size, or a different part count.
+        assert_eq!(
+            multipart_completion(head(99, "abc-3").as_ref(), 100, 3),
+            Completion::Foreign
+        );
+        assert_eq!(
+            multipart_completion(head(100, "abc-2").as_ref(), 100, 3),
+            Completion::Foreign
+        );
+        assert_eq!(multipart_completion(None, 100, 3), Completion::Absent);
     }
 }

@@ -1,0 +1,162 @@
+//! Restarting after the broker forgot the job's transactional ids (`transactional.id.expiration.ms`; 7 days by
+//! default, 5 s on the `kafka_expiring` broker that scripts/services.sh starts). A job stopped cleanly restarts
+//! with nothing lost or doubled; a checkpoint that was decided but never committed, whose transaction the broker
+//! aborted and then forgot, stops recovery loudly, naming the lost offsets. Read back with the independent
+//! read_committed verifier.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use connector_api::{
+    CheckpointId, Driver, DriverConfig, ErrorKind, FaultPoint, LocalCheckpointStore, Report,
+    RetryPolicy, SinkId, SourceOffset, SubtaskId,
+};
+use integration::Services;
+use integration::conformance::conformance_batch;
+use kafka_sink::{
+    KafkaSink, KafkaSinkConfig, RecordMapping, TransactionalIdPool, find_transaction,
+};
+
+fn bootstrap() -> &'static str {
+    Services::get().kafka_expiring_bootstrap()
+}
+
+fn sink(topic: &str, prefix: &str, timeout: Duration) -> KafkaSink {
+    let mut config = KafkaSinkConfig::new(bootstrap(), topic, prefix);
+    config.transaction_timeout = timeout;
+    KafkaSink::new(
+        config,
+        RecordMapping::default(),
+        SinkId::new("expiring").unwrap(),
+        SubtaskId(0),
+    )
+    .unwrap()
+}
+
+fn driver(
+    state: &std::path::Path,
+    topic: &str,
+    prefix: &str,
+    timeout: Duration,
+) -> Driver<LocalCheckpointStore> {
+    let config = DriverConfig {
+        checkpoint_interval: Duration::from_millis(100),
+        max_restart_time: Duration::ZERO,
+        max_recovery_time: Duration::ZERO,
+        max_call_time: Duration::ZERO,
+        // No retries: the budget then fits the 2 s transaction timeout of the lost-checkpoint test.
+        retry: RetryPolicy {
+            max_attempts: 1,
+            initial_backoff: Duration::ZERO,
+            max_backoff: Duration::ZERO,
+        },
+    };
+    let mut driver = Driver::new(LocalCheckpointStore::open(state, 3).unwrap(), config);
+    driver.add_sink(sink(topic, prefix, timeout)).unwrap();
+    driver
+}
+
+fn at(next: i64) -> Vec<SourceOffset> {
+    vec![SourceOffset {
+        topic: "source".into(),
+        partition: 0,
+        next_offset: next,
+    }]
+}
+
+fn visible_ids(topic: &str) -> Vec<i64> {
+    let seen = Services::get().verify("kafka_read_committed.py", &[bootstrap(), topic]);
+    let mut ids: Vec<i64> = seen["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            serde_json::from_str::<serde_json::Value>(r["value"].as_str().unwrap()).unwrap()["id"]
+                .as_i64()
+                .unwrap()
+        })
+        .collect();
+    ids.sort_unstable();
+    ids
+}
+
+/// Waits until the broker has forgotten every transactional id of the pool.
+async fn wait_until_expired(prefix: &str) {
+    let pool = TransactionalIdPool::new(prefix, 2).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    for id in pool.all(SubtaskId(0)) {
+        loop {
+            let now = find_transaction(bootstrap(), id.as_str()).await.unwrap();
+            if now.is_none() {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{id} never expired: {now:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_cleanly_stopped_job_restarts_after_its_transactional_ids_expired() {
+    let topic = integration::unique_name("expiry-clean");
+    let prefix = integration::unique_name("expiry-clean");
+    let state = tempfile::tempdir().unwrap();
+    let timeout = Duration::from_secs(60);
+
+    let mut first = driver(state.path(), &topic, &prefix, timeout);
+    first.start().await.unwrap();
+    first.write(0, &conformance_batch(0..50)).await.unwrap();
+    first.checkpoint(at(50)).await.unwrap();
+    first.close().await.unwrap();
+    wait_until_expired(&prefix).await;
+
+    let mut second = driver(state.path(), &topic, &prefix, timeout);
+    let restored = second
+        .start()
+        .await
+        .unwrap_or_else(|e| panic!("restart after expiry: {}", Report(&e)));
+    assert_eq!(restored.positions, at(50));
+    second.write(0, &conformance_batch(50..80)).await.unwrap();
+    second.checkpoint(at(80)).await.unwrap();
+    second.close().await.unwrap();
+    assert_eq!(visible_ids(&topic), (0..80).collect::<Vec<_>>());
+}
+
+#[tokio::test]
+async fn a_decided_checkpoint_whose_transaction_was_aborted_and_forgotten_stops_loudly() {
+    let topic = integration::unique_name("expiry-lost");
+    let prefix = integration::unique_name("expiry-lost");
+    let state = tempfile::tempdir().unwrap();
+    let timeout = Duration::from_secs(2);
+
+    let mut first = driver(state.path(), &topic, &prefix, timeout).with_fault_injector(Arc::new(
+        |checkpoint: CheckpointId, point: &FaultPoint| {
+            checkpoint == CheckpointId(3) && *point == FaultPoint::AfterRecordDurable
+        },
+    ));
+    first.start().await.unwrap();
+    first.write(0, &conformance_batch(0..20)).await.unwrap();
+    first.checkpoint(at(20)).await.unwrap();
+    first.write(0, &conformance_batch(20..40)).await.unwrap();
+    // Checkpoint 3 is decided, and the process dies before committing it.
+    first.checkpoint(at(40)).await.unwrap_err();
+    drop(first);
+    // The broker aborts the transaction after 2 s and forgets the ids 5 s later.
+    wait_until_expired(&prefix).await;
+
+    let mut second = driver(state.path(), &topic, &prefix, timeout);
+    let err = second.start().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Fatal, "{}", Report(&err));
+    let message = err.to_string();
+    assert!(
+        message.contains("at checkpoint 3")
+            && message.contains("LOST")
+            && message.contains("expired")
+            && message.contains(&format!("{topic}/0 offsets")),
+        "{message}"
+    );
+    assert_eq!(visible_ids(&topic), (0..20).collect::<Vec<_>>());
+}
