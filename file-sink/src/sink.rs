@@ -52,6 +52,18 @@ pub struct FileCommitter {
     epoch: u64,
 }
 
+/// The error of an instance whose owner epoch `held` was overtaken by a newer instance's `current`.
+fn zombie(phase: Phase, current: u64, held: u64) -> Error {
+    Error::new(
+        ErrorKind::Fenced,
+        phase,
+        format!(
+            "a newer instance of this sink (owner epoch {current}, this one holds {held}) has recovered; this \
+             instance is a zombie and must stop"
+        ),
+    )
+}
+
 impl FileSink {
     /// A sink for `config`; connects to the storage (an S3 bucket is checked with HeadBucket).
     pub async fn new(config: FileSinkConfig) -> Result<Self> {
@@ -145,6 +157,17 @@ impl FileSink {
         Ok(self.open.get_mut(partition).expect("just opened"))
     }
 
+    /// A newer instance's recovery removes this instance's stages (files, uploads) from under it: when a storage
+    /// call fails and the owner epoch moved on, report that (`Fenced`) rather than "file not found".
+    async fn fenced_or(&mut self, e: Error) -> Error {
+        match self.backend.read_epoch().await {
+            Ok(current) if current > self.epoch => {
+                self.context(zombie(e.phase(), current, self.epoch).with_source(e))
+            }
+            _ => e,
+        }
+    }
+
     fn should_roll(&self, open: &OpenFile) -> bool {
         let rolling = &self.config.rolling;
         open.rows >= rolling.max_records
@@ -172,15 +195,7 @@ impl Committer for FileCommitter {
                 // Checked before every file: a zombie stops at the first file after a newer instance recovered.
                 let current = self.backend.read_epoch().await.map_err(context)?;
                 if current > self.epoch {
-                    return Err(context(Error::new(
-                        ErrorKind::Fenced,
-                        Phase::Commit,
-                        format!(
-                            "a newer instance of this sink (owner epoch {current}, this one holds {}) has \
-                             recovered; this instance is a zombie and must stop",
-                            self.epoch
-                        ),
-                    )));
+                    return Err(context(zombie(Phase::Commit, current, self.epoch)));
                 }
                 self.backend
                     .publish(file)
@@ -251,12 +266,14 @@ impl TwoPhaseCommit for FileSink {
                 .with_source(std::io::Error::other(e))
             })?;
             open.rows += part.num_rows() as u64;
-            backend
-                .after_write(open)
-                .await
-                .map_err(|e| self.context(e))?;
-            if self.should_roll(&self.open[&dir]) {
-                self.seal(&dir).await?;
+            if let Err(e) = backend.after_write(open).await {
+                let e = self.context(e);
+                return Err(self.fenced_or(e).await);
+            }
+            if self.should_roll(&self.open[&dir])
+                && let Err(e) = self.seal(&dir).await
+            {
+                return Err(self.fenced_or(e).await);
             }
         }
         Ok(())
@@ -275,7 +292,9 @@ impl TwoPhaseCommit for FileSink {
         }
         let partitions: Vec<String> = self.open.keys().cloned().collect();
         for dir in partitions {
-            self.seal(&dir).await?;
+            if let Err(e) = self.seal(&dir).await {
+                return Err(self.fenced_or(e).await);
+            }
         }
         Ok(FileCommittable {
             checkpoint,

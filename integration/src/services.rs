@@ -131,6 +131,26 @@ impl Services {
         python
     }
 
+    /// What a read_committed consumer (the independent verifier `kafka_read_committed.py`) sees in `topic` on the
+    /// broker at `bootstrap`: the `id` field of every record's JSON value, sorted, one entry per visible copy, and
+    /// the verifier's per-partition offsets (`lso`, `high_watermark`).
+    pub fn kafka_ids(&self, bootstrap: &str, topic: &str) -> (Vec<i64>, serde_json::Value) {
+        let seen = self.verify("kafka_read_committed.py", &[bootstrap, topic]);
+        let mut ids: Vec<i64> = seen["records"]
+            .as_array()
+            .expect("the verifier lists records")
+            .iter()
+            .map(|r| {
+                let value = r["value"].as_str().expect("a record value");
+                serde_json::from_str::<serde_json::Value>(value).expect("a JSON record")["id"]
+                    .as_i64()
+                    .expect("an id field")
+            })
+            .collect();
+        ids.sort_unstable();
+        (ids, seen["partitions"].clone())
+    }
+
     /// Runs the independent verifier `integration/verifiers/<script>` with `args` and returns what it printed
     /// (JSON). Fails the test with the verifier's stderr when it fails.
     pub fn verify(&self, script: &str, args: &[&str]) -> serde_json::Value {

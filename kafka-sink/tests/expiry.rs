@@ -65,19 +65,7 @@ fn at(next: i64) -> Vec<SourceOffset> {
 }
 
 fn visible_ids(topic: &str) -> Vec<i64> {
-    let seen = Services::get().verify("kafka_read_committed.py", &[bootstrap(), topic]);
-    let mut ids: Vec<i64> = seen["records"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| {
-            serde_json::from_str::<serde_json::Value>(r["value"].as_str().unwrap()).unwrap()["id"]
-                .as_i64()
-                .unwrap()
-        })
-        .collect();
-    ids.sort_unstable();
-    ids
+    Services::get().kafka_ids(bootstrap(), topic).0
 }
 
 /// Waits until the broker has forgotten every transactional id of the pool.

@@ -52,22 +52,7 @@ async fn child_process_entry_point() {
 
 fn read(topic: &str) -> (Vec<i64>, serde_json::Value) {
     let services = Services::get();
-    let seen = services.verify(
-        "kafka_read_committed.py",
-        &[services.kafka_bootstrap(), topic],
-    );
-    let mut ids: Vec<i64> = seen["records"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| {
-            serde_json::from_str::<serde_json::Value>(r["value"].as_str().unwrap()).unwrap()["id"]
-                .as_i64()
-                .unwrap()
-        })
-        .collect();
-    ids.sort_unstable();
-    (ids, seen["partitions"].clone())
+    services.kafka_ids(services.kafka_bootstrap(), topic)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

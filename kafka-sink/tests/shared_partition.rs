@@ -27,23 +27,9 @@ fn sink(topic: &str, prefix: &str, subtask: u32, timeout: Duration) -> KafkaSink
 }
 
 fn visible_ids(topic: &str) -> Vec<i64> {
-    let services = Services::get();
-    let seen = services.verify(
-        "kafka_read_committed.py",
-        &[services.kafka_bootstrap(), topic],
-    );
-    let mut ids: Vec<i64> = seen["records"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| {
-            serde_json::from_str::<serde_json::Value>(r["value"].as_str().unwrap()).unwrap()["id"]
-                .as_i64()
-                .unwrap()
-        })
-        .collect();
-    ids.sort_unstable();
-    ids
+    Services::get()
+        .kafka_ids(Services::get().kafka_bootstrap(), topic)
+        .0
 }
 
 /// Subtask 0 writes ids 0..5, subtask 1 writes 100..105 and pre-commits, subtask 0 writes 5..10 and pre-commits:

@@ -8,38 +8,52 @@ use integration::Services;
 
 const RECORDS: u64 = 20_000;
 
-fn ratchet() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_ratchet"))
+/// One demo pipeline: a topic, an output directory and a checkpoint directory, 500 records per checkpoint.
+struct Demo {
+    _dir: tempfile::TempDir,
+    out: std::path::PathBuf,
+    state: std::path::PathBuf,
+    topic: String,
+}
+
+impl Demo {
+    fn new(name: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        Self {
+            out: dir.path().join("out"),
+            state: dir.path().join("checkpoints"),
+            topic: integration::unique_name(name),
+            _dir: dir,
+        }
+    }
+
+    /// `ratchet demo` on this pipeline, producing `records` first.
+    fn command(&self, records: u64) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ratchet"));
+        cmd.args(["demo", "--bootstrap", Services::get().kafka_bootstrap()])
+            .args(["--topic", &self.topic, "--checkpoint-every", "500"])
+            .args(["--records", &records.to_string()])
+            .arg("--out")
+            .arg(&self.out)
+            .arg("--state")
+            .arg(&self.state);
+        cmd
+    }
+
+    /// What pyarrow reads back from the output.
+    fn read(&self) -> serde_json::Value {
+        Services::get().verify(
+            "parquet_dir.py",
+            &[self.out.to_str().unwrap(), "partition", "offset"],
+        )
+    }
 }
 
 #[test]
 fn killed_mid_run_and_restarted_writes_every_record_exactly_once() {
-    let services = Services::get();
-    let bootstrap = services.kafka_bootstrap();
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("out");
-    let state = dir.path().join("checkpoints");
-    let topic = integration::unique_name("ratchet-demo-test");
-    let common = |cmd: &mut Command| {
-        cmd.args([
-            "demo",
-            "--bootstrap",
-            bootstrap,
-            "--topic",
-            &topic,
-            "--checkpoint-every",
-            "500",
-        ])
-        .arg("--out")
-        .arg(&out)
-        .arg("--state")
-        .arg(&state);
-    };
-
-    let mut first = ratchet();
-    common(&mut first);
+    let demo = Demo::new("ratchet-demo-test");
+    let mut first = demo.command(RECORDS);
     let mut child = first
-        .args(["--records", &RECORDS.to_string()])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -60,9 +74,7 @@ fn killed_mid_run_and_restarted_writes_every_record_exactly_once() {
         "the demo finished or failed before its third checkpoint"
     );
 
-    let mut second = ratchet();
-    common(&mut second);
-    let output = second.args(["--records", "0"]).output().unwrap();
+    let output = demo.command(0).output().unwrap();
     assert!(
         output.status.success(),
         "restart failed:\n{}",
@@ -70,10 +82,7 @@ fn killed_mid_run_and_restarted_writes_every_record_exactly_once() {
     );
     assert!(String::from_utf8_lossy(&output.stdout).contains("resuming after durable checkpoint"));
 
-    let seen = services.verify(
-        "parquet_dir.py",
-        &[out.to_str().unwrap(), "partition", "offset"],
-    );
+    let seen = demo.read();
     assert_eq!(seen["rows"], RECORDS, "{seen}");
     assert_eq!(seen["distinct"], RECORDS, "{seen}");
     // Only the owner-epoch file stays hidden: no in-progress or pending file is left behind.
@@ -117,33 +126,10 @@ fn locked(path: &std::path::Path) -> bool {
 /// decide nothing), and every record must be visible exactly once, read back with pyarrow.
 #[test]
 fn a_paused_run_resumed_after_its_replacement_finished_is_fenced() {
-    let services = Services::get();
-    let bootstrap = services.kafka_bootstrap();
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("out");
-    let state = dir.path().join("checkpoints");
-    let topic = integration::unique_name("ratchet-demo-overlap");
-    let demo = |records: u64| {
-        let mut cmd = ratchet();
-        cmd.args([
-            "demo",
-            "--bootstrap",
-            bootstrap,
-            "--topic",
-            &topic,
-            "--checkpoint-every",
-            "500",
-            "--records",
-            &records.to_string(),
-        ])
-        .arg("--out")
-        .arg(&out)
-        .arg("--state")
-        .arg(&state);
-        cmd
-    };
-
-    let mut paused = demo(RECORDS)
+    let demo = Demo::new("ratchet-demo-overlap");
+    let state = demo.state.clone();
+    let mut paused = demo
+        .command(RECORDS)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -168,7 +154,7 @@ fn a_paused_run_resumed_after_its_replacement_finished_is_fenced() {
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
 
-    let replacement = demo(0).output().unwrap();
+    let replacement = demo.command(0).output().unwrap();
     assert!(
         replacement.status.success(),
         "the replacement failed:\n{}",
@@ -190,16 +176,13 @@ fn a_paused_run_resumed_after_its_replacement_finished_is_fenced() {
         "the resumed run did not stop as fenced:\n{stderr}"
     );
 
-    let last = demo(0).output().unwrap();
+    let last = demo.command(0).output().unwrap();
     assert!(
         last.status.success(),
         "a start after the overlap failed:\n{}",
         String::from_utf8_lossy(&last.stderr)
     );
-    let seen = services.verify(
-        "parquet_dir.py",
-        &[out.to_str().unwrap(), "partition", "offset"],
-    );
+    let seen = demo.read();
     assert_eq!(seen["rows"], RECORDS, "{seen}");
     assert_eq!(seen["distinct"], RECORDS, "{seen}");
 }
