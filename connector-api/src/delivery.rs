@@ -21,7 +21,7 @@ use crate::{CheckpointId, Committer, Result, SinkId, TwoPhaseCommit};
 /// they change when data becomes visible relative to the checkpoint record and what recovery does, not yet the
 /// cost of writing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
+#[serde(rename_all = "kebab-case")]
 pub enum DeliveryGuarantee {
     /// Every record becomes visible exactly once, one checkpoint interval after it was read.
     #[default]

@@ -17,6 +17,7 @@ mod driver;
 mod error;
 mod ids;
 pub mod local_fs;
+mod registry;
 mod retry;
 mod txn;
 
@@ -26,9 +27,11 @@ pub use checkpoint::{
 };
 pub use delivery::{DeliveryGuarantee, GuaranteedCommitter, GuaranteedSink};
 pub use driver::{
-    Driver, DriverConfig, FaultAction, FaultInjector, FaultPoint, Faults, Restored, committables_in,
+    Driver, DriverConfig, FaultAction, FaultInjector, FaultPoint, Faults, Restored, SinkHandle,
+    committables_in,
 };
 pub use error::{Error, ErrorKind, Phase, Report, Result};
 pub use ids::{CheckpointId, SinkId, SubtaskId};
+pub use registry::{DynSink, SinkContext, SinkFactory, SinkRegistry, SinkSpec, parse_settings};
 pub use retry::{Attempts, RetryPolicy};
 pub use txn::{Committer, TwoPhaseCommit};

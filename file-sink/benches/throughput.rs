@@ -119,7 +119,7 @@ async fn run_driver(
         LocalCheckpointStore::open(state.path(), 3).unwrap(),
         DriverConfig::default(),
     );
-    driver
+    let handle = driver
         .add_sink(GuaranteedSink::new(sink, guarantee))
         .unwrap();
     let started = Instant::now();
@@ -127,7 +127,7 @@ async fn run_driver(
     let mut last = Instant::now();
     let mut next = 0;
     for batch in stream(pool, rounds) {
-        driver.write(0, batch).await.unwrap();
+        driver.write(handle, batch).await.unwrap();
         next += batch.num_rows() as i64;
         if last.elapsed() >= CHECKPOINT_INTERVAL {
             driver.checkpoint(at(next)).await.unwrap();

@@ -43,10 +43,10 @@ async fn child_job(place: Place, checkpoints: PathBuf, step: String) {
         LocalCheckpointStore::open(&checkpoints, 3).unwrap(),
         DriverConfig::default(),
     );
-    driver
+    let sink = driver
         .add_sink(FileSink::new(sink_config(&place)).await.unwrap())
         .unwrap();
-    run_until_killed(driver, &step, CRASH_CHECKPOINT, BATCHES, ROWS, rows).await
+    run_until_killed(driver, sink, &step, CRASH_CHECKPOINT, BATCHES, ROWS, rows).await
 }
 
 /// Entry point of the child process (does nothing in a normal test run).

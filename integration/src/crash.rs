@@ -71,13 +71,14 @@ pub fn run_killed_child(entry_point: &str, env_var: &str, spec: &str) {
     );
 }
 
-/// The child's job: starts `driver` (whose sink index 0 is the sink under test) with a [`kill_at`] injector for
+/// The child's job: starts `driver` (whose sink `sink` is the sink under test) with a [`kill_at`] injector for
 /// `step` of checkpoint `crash`, then writes checkpoints of `batches` batches made by `batch` from consecutive id
 /// ranges of `rows`, until it kills itself (at `after-write`, once checkpoint `crash` is written; at
 /// `while-committing`, once the first batch after checkpoint `crash` is written). Commits overlap the next
 /// checkpoint's writes, as in production: the loop never waits for them.
 pub async fn run_until_killed<S: connector_api::CheckpointStore>(
     driver: connector_api::Driver<S>,
+    sink: connector_api::SinkHandle,
     step: &str,
     crash: u64,
     batches: i64,
@@ -91,7 +92,7 @@ pub async fn run_until_killed<S: connector_api::CheckpointStore>(
         let checkpoint = driver.current_checkpoint().0;
         for _ in 0..batches {
             driver
-                .write(0, &batch(next..next + rows))
+                .write(sink, &batch(next..next + rows))
                 .await
                 .expect("child write");
             next += rows;
@@ -110,7 +111,7 @@ pub async fn run_until_killed<S: connector_api::CheckpointStore>(
             .expect("child checkpoint");
         if step == "while-committing" && checkpoint == crash {
             driver
-                .write(0, &batch(next..next + rows))
+                .write(sink, &batch(next..next + rows))
                 .await
                 .expect("child write");
             kill_self();

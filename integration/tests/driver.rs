@@ -60,13 +60,13 @@ async fn crash_and_replay(guarantee: DeliveryGuarantee, crash: FaultPoint) -> Ve
     let mut driver = Driver::new(store(), quick()).with_fault_injector(Arc::new(
         move |cp: CheckpointId, point: &FaultPoint| cp == CheckpointId(3) && *point == fault,
     ));
-    driver
+    let sink = driver
         .add_sink(GuaranteedSink::new(system.sink(RUN, &sink_id()), guarantee))
         .unwrap();
     driver.start().await.unwrap();
-    driver.write(0, &rows(0..10)).await.unwrap();
+    driver.write(sink, &rows(0..10)).await.unwrap();
     driver.checkpoint(at(10)).await.unwrap();
-    driver.write(0, &rows(10..20)).await.unwrap();
+    driver.write(sink, &rows(10..20)).await.unwrap();
     let crashed = match driver.checkpoint(at(20)).await {
         Err(e) => e,
         Ok(_) => driver.finish_commit().await.unwrap_err(),
@@ -75,12 +75,12 @@ async fn crash_and_replay(guarantee: DeliveryGuarantee, crash: FaultPoint) -> Ve
     drop(driver);
 
     let mut driver = Driver::new(store(), quick());
-    driver
+    let sink = driver
         .add_sink(GuaranteedSink::new(system.sink(RUN, &sink_id()), guarantee))
         .unwrap();
     let restored = driver.start().await.unwrap();
     let from = restored.positions[0].next_offset;
-    driver.write(0, &rows(from..30)).await.unwrap();
+    driver.write(sink, &rows(from..30)).await.unwrap();
     driver.checkpoint(at(30)).await.unwrap();
     driver.close().await.unwrap();
     sorted(system.visible(RUN, &sink_id()))
@@ -157,11 +157,11 @@ async fn a_checkpoint_record_that_cannot_be_written_aborts_the_checkpoint_everyw
     );
     let a = SinkId::new("a").unwrap();
     let b = SinkId::new("b").unwrap();
-    driver.add_sink(system.sink(RUN, &a)).unwrap();
-    driver.add_sink(system.sink(RUN, &b)).unwrap();
+    let sink_a = driver.add_sink(system.sink(RUN, &a)).unwrap();
+    let sink_b = driver.add_sink(system.sink(RUN, &b)).unwrap();
     driver.start().await.unwrap();
-    driver.write(0, &rows(0..5)).await.unwrap();
-    driver.write(1, &rows(0..5)).await.unwrap();
+    driver.write(sink_a, &rows(0..5)).await.unwrap();
+    driver.write(sink_b, &rows(0..5)).await.unwrap();
     let err = driver.checkpoint(at(5)).await.unwrap_err();
     assert!(
         err.to_string().contains("checkpoint 2") && err.to_string().contains("disk gone"),
@@ -173,7 +173,7 @@ async fn a_checkpoint_record_that_cannot_be_written_aborts_the_checkpoint_everyw
         .await
         .unwrap();
     assert!(system.visible(RUN, &a).is_empty() && system.visible(RUN, &b).is_empty());
-    let refused = driver.write(0, &rows(5..6)).await.unwrap_err();
+    let refused = driver.write(sink_a, &rows(5..6)).await.unwrap_err();
     assert!(refused.to_string().contains("restart the job"), "{refused}");
 }
 
@@ -273,17 +273,17 @@ async fn a_cleanly_stopped_job_is_not_committed_again_on_restart() {
         if let Some(faults) = faults {
             driver = driver.with_fault_injector(faults);
         }
-        driver
+        let sink = driver
             .add_sink(Recording {
                 inner: system.sink(RUN, &sink_id()),
                 seen: seen.clone(),
             })
             .unwrap();
-        driver
+        (driver, sink)
     };
-    let mut driver = start(None);
+    let (mut driver, sink) = start(None);
     driver.start().await.unwrap();
-    driver.write(0, &rows(0..10)).await.unwrap();
+    driver.write(sink, &rows(0..10)).await.unwrap();
     let decided = driver.checkpoint(at(10)).await.unwrap();
     driver.close().await.unwrap();
     let loaded = LocalCheckpointStore::open(dir.path(), 3)
@@ -294,14 +294,14 @@ async fn a_cleanly_stopped_job_is_not_committed_again_on_restart() {
     assert_eq!(loaded.committed_through, Some(decided));
 
     // Restarted: nothing to commit. Then a crash after the next record is durable, before its commit.
-    let mut driver = start(Some(Arc::new(|_: CheckpointId, point: &FaultPoint| {
+    let (mut driver, sink) = start(Some(Arc::new(|_: CheckpointId, point: &FaultPoint| {
         *point == FaultPoint::AfterRecordDurable
     })));
     driver.start().await.unwrap();
-    driver.write(0, &rows(10..20)).await.unwrap();
+    driver.write(sink, &rows(10..20)).await.unwrap();
     let crashed = driver.checkpoint(at(20)).await.unwrap_err();
     drop(driver);
-    let mut driver = start(None);
+    let (mut driver, _) = start(None);
     let restored = driver.start().await.unwrap();
     driver.close().await.unwrap();
     let seen = seen.lock().unwrap().clone();
@@ -310,6 +310,74 @@ async fn a_cleanly_stopped_job_is_not_committed_again_on_restart() {
         [None, None, restored.checkpoint],
         "recover was asked to commit: {seen:?} ({crashed})"
     );
+    assert_eq!(
+        sorted(system.visible(RUN, &sink_id())),
+        (0..20).collect::<Vec<_>>()
+    );
+}
+
+/// Runs checkpoint 2 over 0..10 to completion, then decides checkpoint 3 over 10..20 and, if `commit_it`, commits
+/// it; otherwise crashes right after its record is durable. Then truncates record 3. Returns the directory.
+async fn damaged_newest_record(system: &ReferenceSystem, commit_it: bool) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let mut driver = Driver::new(LocalCheckpointStore::open(dir.path(), 3).unwrap(), quick())
+        .with_fault_injector(Arc::new(move |cp: CheckpointId, point: &FaultPoint| {
+            !commit_it && cp == CheckpointId(3) && *point == FaultPoint::AfterRecordDurable
+        }));
+    let sink = driver.add_sink(system.sink(RUN, &sink_id())).unwrap();
+    driver.start().await.unwrap();
+    driver.write(sink, &rows(0..10)).await.unwrap();
+    driver.checkpoint(at(10)).await.unwrap();
+    driver.finish_commit().await.unwrap();
+    driver.write(sink, &rows(10..20)).await.unwrap();
+    let decided = driver.checkpoint(at(20)).await;
+    if commit_it {
+        decided.unwrap();
+        driver.close().await.unwrap();
+    } else {
+        decided.unwrap_err();
+    }
+    let path = dir.path().join(format!("checkpoint-{:020}.json", 3));
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
+    dir
+}
+
+/// A damaged newest record that was never committed falls back to the previous one, and the start after it takes
+/// an id above the damaged one (reusing the damaged id would be refused as a different decision, forever).
+#[tokio::test]
+async fn a_start_after_a_damaged_uncommitted_record_resumes_from_the_previous_one() {
+    let system = ReferenceSystem::new();
+    let dir = damaged_newest_record(&system, false).await;
+    for attempt in 0..2 {
+        let mut driver = Driver::new(LocalCheckpointStore::open(dir.path(), 3).unwrap(), quick());
+        let sink = driver.add_sink(system.sink(RUN, &sink_id())).unwrap();
+        let restored = driver.start().await.unwrap();
+        assert_eq!(restored.positions, at(10), "attempt {attempt}");
+        assert!(driver.current_checkpoint() > CheckpointId(3));
+        if attempt == 1 {
+            driver.write(sink, &rows(10..20)).await.unwrap();
+            driver.checkpoint(at(20)).await.unwrap();
+        }
+        driver.close().await.unwrap();
+    }
+    assert_eq!(
+        sorted(system.visible(RUN, &sink_id())),
+        (0..20).collect::<Vec<_>>()
+    );
+}
+
+/// A damaged newest record that the store notes as committed is not silently skipped: falling back would write
+/// its records a second time.
+#[tokio::test]
+async fn a_damaged_committed_record_refuses_to_start() {
+    let system = ReferenceSystem::new();
+    let dir = damaged_newest_record(&system, true).await;
+    let mut driver = Driver::new(LocalCheckpointStore::open(dir.path(), 3).unwrap(), quick());
+    driver.add_sink(system.sink(RUN, &sink_id())).unwrap();
+    let err = driver.start().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Fatal, "{err}");
+    assert!(err.to_string().contains("checkpoint 3"), "{err}");
     assert_eq!(
         sorted(system.visible(RUN, &sink_id())),
         (0..20).collect::<Vec<_>>()

@@ -91,7 +91,7 @@ async fn run_driver(
         LocalCheckpointStore::open(state.path(), 3).unwrap(),
         DriverConfig::default(),
     );
-    driver
+    let handle = driver
         .add_sink(GuaranteedSink::new(sink(&bootstrap, &topic), guarantee))
         .unwrap();
     driver.start().await.unwrap();
@@ -100,7 +100,7 @@ async fn run_driver(
     let mut next = 0;
     let mut latencies = Vec::new();
     for batch in pool.iter().cycle() {
-        driver.write(0, batch).await.unwrap();
+        driver.write(handle, batch).await.unwrap();
         next += batch.num_rows() as i64;
         if last.elapsed() >= CHECKPOINT_INTERVAL {
             let begun = Instant::now();

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use connector_api::{
     CheckpointId, Driver, DriverConfig, ErrorKind, FaultPoint, LocalCheckpointStore, Report,
-    RetryPolicy, SinkId, SourceOffset, SubtaskId,
+    RetryPolicy, SinkHandle, SinkId, SourceOffset, SubtaskId,
 };
 use integration::Services;
 use integration::conformance::conformance_batch;
@@ -56,6 +56,11 @@ fn driver(
     driver
 }
 
+/// The handle of the job's only sink.
+fn only(driver: &Driver<LocalCheckpointStore>) -> SinkHandle {
+    driver.handle_of(&SinkId::new("expiring").unwrap()).unwrap()
+}
+
 fn at(next: i64) -> Vec<SourceOffset> {
     vec![SourceOffset {
         topic: "source".into(),
@@ -96,7 +101,10 @@ async fn a_cleanly_stopped_job_restarts_after_its_transactional_ids_expired() {
 
     let mut first = driver(state.path(), &topic, &prefix, timeout);
     first.start().await.unwrap();
-    first.write(0, &conformance_batch(0..50)).await.unwrap();
+    first
+        .write(only(&first), &conformance_batch(0..50))
+        .await
+        .unwrap();
     first.checkpoint(at(50)).await.unwrap();
     first.close().await.unwrap();
     wait_until_expired(&prefix).await;
@@ -107,7 +115,10 @@ async fn a_cleanly_stopped_job_restarts_after_its_transactional_ids_expired() {
         .await
         .unwrap_or_else(|e| panic!("restart after expiry: {}", Report(&e)));
     assert_eq!(restored.positions, at(50));
-    second.write(0, &conformance_batch(50..80)).await.unwrap();
+    second
+        .write(only(&second), &conformance_batch(50..80))
+        .await
+        .unwrap();
     second.checkpoint(at(80)).await.unwrap();
     second.close().await.unwrap();
     assert_eq!(visible_ids(&topic), (0..80).collect::<Vec<_>>());
@@ -126,9 +137,15 @@ async fn a_decided_checkpoint_whose_transaction_was_aborted_and_forgotten_stops_
         },
     ));
     first.start().await.unwrap();
-    first.write(0, &conformance_batch(0..20)).await.unwrap();
+    first
+        .write(only(&first), &conformance_batch(0..20))
+        .await
+        .unwrap();
     first.checkpoint(at(20)).await.unwrap();
-    first.write(0, &conformance_batch(20..40)).await.unwrap();
+    first
+        .write(only(&first), &conformance_batch(20..40))
+        .await
+        .unwrap();
     // Checkpoint 3 is decided, and the process dies before committing it.
     first.checkpoint(at(40)).await.unwrap_err();
     drop(first);

@@ -31,8 +31,17 @@ async fn child_job(topic: String, checkpoints: PathBuf, step: String) {
         LocalCheckpointStore::open(&checkpoints, 3).unwrap(),
         DriverConfig::default(),
     );
-    driver.add_sink(sink(&topic)).unwrap();
-    run_until_killed(driver, &step, CRASH_CHECKPOINT, 1, ROWS, conformance_batch).await
+    let sink = driver.add_sink(sink(&topic)).unwrap();
+    run_until_killed(
+        driver,
+        sink,
+        &step,
+        CRASH_CHECKPOINT,
+        1,
+        ROWS,
+        conformance_batch,
+    )
+    .await
 }
 
 /// Entry point of the child process (does nothing in a normal test run).

@@ -20,7 +20,7 @@ struct RecordEntry {
 
 /// One sink's pre-committed transaction, ready to commit on the driver's commit task.
 #[async_trait]
-pub(super) trait PendingCommit: Send + Sync {
+pub(crate) trait PendingCommit: Send + Sync {
     fn sink_id(&self) -> &SinkId;
     async fn commit(&self) -> Result<()>;
 }
@@ -48,7 +48,7 @@ where
 
 /// What the driver needs of a sink, with committables as JSON.
 #[async_trait]
-pub(super) trait ErasedSink: Send {
+pub(crate) trait ErasedSink: Send {
     fn sink_id(&self) -> &SinkId;
     fn transaction_timeout(&self) -> Option<Duration>;
     async fn begin(&mut self, checkpoint: CheckpointId) -> Result<()>;

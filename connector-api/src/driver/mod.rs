@@ -37,15 +37,22 @@ use std::time::Duration;
 use arrow_array::RecordBatch;
 use tokio::task::JoinHandle;
 
+pub(crate) use erased::ErasedSink;
 pub use erased::committables_in;
 pub use fault::{FaultAction, FaultInjector, FaultPoint, Faults};
 
 use self::budget::Budget;
-use self::erased::{ErasedSink, PendingCommit};
+use self::erased::PendingCommit;
 use crate::{
-    CheckpointId, CheckpointRecord, CheckpointStore, Error, ErrorKind, OwnerEpoch, Phase, Report,
-    Result, RetryPolicy, SourceOffset, TwoPhaseCommit,
+    CheckpointId, CheckpointRecord, CheckpointStore, DynSink, Error, ErrorKind, OwnerEpoch, Phase,
+    Report, Result, RetryPolicy, SourceOffset, TwoPhaseCommit,
 };
+
+/// A sink added to a [`Driver`]: what [`Driver::write`] takes to say which sink a batch goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SinkHandle {
+    index: usize,
+}
 
 /// How the driver runs checkpoints.
 #[derive(Debug, Clone)]
@@ -146,9 +153,21 @@ impl<S: CheckpointStore> Driver<S> {
         self
     }
 
-    /// Adds a sink before [`Driver::start`]; returns its index for [`Driver::write`]. Sink ids must be unique.
-    pub fn add_sink<T: TwoPhaseCommit>(&mut self, sink: T) -> Result<usize> {
-        let id = TwoPhaseCommit::sink_id(&sink).clone();
+    /// Adds a sink (run exactly-once) before [`Driver::start`]; returns its handle for [`Driver::write`]. Sink ids
+    /// must be unique within a job. Wrap it in a [`GuaranteedSink`](crate::GuaranteedSink), or add a
+    /// [`DynSink`], for another delivery guarantee.
+    pub fn add_sink<T: TwoPhaseCommit>(&mut self, sink: T) -> Result<SinkHandle> {
+        self.add_dyn_sink(DynSink(Box::new(sink)))
+    }
+
+    /// Adds a sink of any type (built by a [`SinkRegistry`](crate::SinkRegistry), or by [`DynSink::new`]) before
+    /// [`Driver::start`]; returns its handle for [`Driver::write`].
+    ///
+    /// # Errors
+    /// [`Config`](ErrorKind::Config) when another sink of the job has the same id; [`Bug`](ErrorKind::Bug) after
+    /// `start`.
+    pub fn add_dyn_sink(&mut self, sink: DynSink) -> Result<SinkHandle> {
+        let id = sink.sink_id().clone();
         if self.state != State::Created {
             return Err(
                 Error::new(ErrorKind::Bug, Phase::Setup, "add_sink after start").with_sink(&id),
@@ -162,8 +181,18 @@ impl<S: CheckpointStore> Driver<S> {
             )
             .with_sink(&id));
         }
-        self.sinks.push(Box::new(sink));
-        Ok(self.sinks.len() - 1)
+        self.sinks.push(sink.0);
+        Ok(SinkHandle {
+            index: self.sinks.len() - 1,
+        })
+    }
+
+    /// The handle of the sink with id `sink`, if it was added.
+    pub fn handle_of(&self, sink: &crate::SinkId) -> Option<SinkHandle> {
+        self.sinks
+            .iter()
+            .position(|s| s.sink_id() == sink)
+            .map(|index| SinkHandle { index })
     }
 
     /// The checkpoint whose transactions are open.
@@ -205,6 +234,22 @@ impl<S: CheckpointStore> Driver<S> {
         let loaded = retry.run("load checkpoint", || self.store.load()).await?;
         let record = loaded.record;
         let checkpoint = record.as_ref().map(|r| r.id);
+        if let Some(committed) = loaded.committed_through
+            && Some(committed) > checkpoint
+        {
+            // The newest records are damaged, and one of them was committed: resuming from an older one would
+            // write that checkpoint's records a second time.
+            return Err(Error::new(
+                ErrorKind::Fatal,
+                Phase::Recover,
+                format!(
+                    "checkpoint {committed} was committed, but its record is damaged or missing (the newest intact \
+                     one is {}): falling back would write its records twice. Restore the record from a backup, or \
+                     move the source positions past it by hand",
+                    checkpoint.map_or("none".to_string(), |c| c.to_string())
+                ),
+            ));
+        }
         // Each start consumes a checkpoint id durably, above every id present (a damaged newest record included),
         // so no id is ever used twice: a crashed attempt may have begun (and, at-least-once, even committed) the
         // checkpoint after the restored one, and a sink that recognises replays by checkpoint id must never mistake
@@ -261,19 +306,19 @@ impl<S: CheckpointStore> Driver<S> {
         })
     }
 
-    /// Writes `batch` to the sink at index `sink` (from [`Driver::add_sink`]).
+    /// Writes `batch` to `sink` (a handle from [`Driver::add_sink`] of this driver).
     ///
     /// # Errors
     /// A [`BadRecord`](ErrorKind::BadRecord) error leaves the driver usable (the batch was refused whole, so the
     /// caller can dead-letter it); any other error stops the driver.
-    pub async fn write(&mut self, sink: usize, batch: &RecordBatch) -> Result<()> {
+    pub async fn write(&mut self, sink: SinkHandle, batch: &RecordBatch) -> Result<()> {
         self.ensure_running()?;
         let current = self.current;
-        let target = self.sinks.get_mut(sink).ok_or_else(|| {
+        let target = self.sinks.get_mut(sink.index).ok_or_else(|| {
             Error::new(
                 ErrorKind::Bug,
                 Phase::Write,
-                format!("no sink with index {sink}"),
+                "a sink handle of another driver",
             )
         })?;
         let id = target.sink_id().clone();

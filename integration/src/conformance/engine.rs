@@ -403,8 +403,11 @@ impl<T: ConformanceTarget> Job<'_, T> {
             let size = batches.below(self.config.max_batch as u64 + 1) as i64;
             let end = (next + size).min(self.records);
             let rows = batch(next..end);
-            for index in 0..2 {
-                driver.write(index, &rows).await.map_err(|e| {
+            for sink in sinks() {
+                let handle = driver
+                    .handle_of(&sink)
+                    .ok_or("a sink of the job is missing")?;
+                driver.write(handle, &rows).await.map_err(|e| {
                     format!("write at checkpoint {checkpoint}: {}", ErrorReport(&e))
                 })?;
             }
@@ -537,9 +540,12 @@ async fn zombie<T: ConformanceTarget>(job: &Job<'_, T>, stats: &mut Stats) -> Re
     let (mut driver, next) = job.start(stats).await?.ok_or("the start crashed")?;
     zombie_finish(&mut zombie, 1).await;
     let end = (next + 25).min(job.records);
-    for index in 0..2 {
+    for sink in sinks() {
+        let handle = driver
+            .handle_of(&sink)
+            .ok_or("a sink of the job is missing")?;
         driver
-            .write(index, &batch(next..end))
+            .write(handle, &batch(next..end))
             .await
             .map_err(|e| ErrorReport(&e).to_string())?;
     }

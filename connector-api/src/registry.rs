@@ -1,0 +1,259 @@
+//! One way to build any sink: a `[[sinks]]` entry of a job file names its `type`, its `id` and its `delivery`
+//! guarantee next to the sink's own settings, and a [`SinkRegistry`] turns it into a [`DynSink`] the driver takes,
+//! without code per sink in the job.
+//!
+//! ```toml
+//! [[sinks]]
+//! type = "kafka"
+//! id = "orders-out"
+//! delivery = "exactly-once"
+//! bootstrap_servers = "127.0.0.1:19092"
+//! topic = "orders-copy"
+//! transactional_id_prefix = "orders-job-out"
+//!
+//! [[sinks]]
+//! type = "file"
+//! id = "orders-archive"
+//! delivery = "at-least-once"
+//! storage = { kind = "local", path = "/data/orders" }
+//! ```
+//!
+//! Each sink crate exports a [`SinkFactory`] for its `type`; the sink's settings are its serde config with
+//! `deny_unknown_fields`, so a misspelt key is refused naming the sink.
+
+use std::collections::BTreeMap;
+
+use arrow_schema::SchemaRef;
+use async_trait::async_trait;
+use serde::Deserialize;
+
+use crate::driver::ErasedSink;
+use crate::{
+    DeliveryGuarantee, Error, ErrorKind, GuaranteedSink, Phase, Result, SinkId, SubtaskId,
+    TwoPhaseCommit,
+};
+
+/// One `[[sinks]]` entry: the keys every sink has, and the sink's own settings.
+#[derive(Debug, Clone, Deserialize)]
+pub struct SinkSpec {
+    /// Which factory builds it (`kafka`, `file`, ...).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The sink's id in the job: scopes everything it owns in the external system.
+    pub id: SinkId,
+    /// Its delivery guarantee (`exactly-once` by default).
+    #[serde(default)]
+    pub delivery: DeliveryGuarantee,
+    /// Everything else: the sink's own config, read by its factory.
+    #[serde(flatten)]
+    pub settings: serde_json::Map<String, serde_json::Value>,
+}
+
+/// What a factory gets besides the sink's own settings.
+#[derive(Debug, Clone)]
+pub struct SinkContext {
+    /// The sink's id.
+    pub sink: SinkId,
+    /// The subtask this instance serves.
+    pub subtask: SubtaskId,
+    /// The schema of the batches it will be given.
+    pub schema: SchemaRef,
+}
+
+/// A sink of any type, with its delivery guarantee applied, ready for
+/// [`Driver::add_dyn_sink`](crate::Driver::add_dyn_sink).
+pub struct DynSink(pub(crate) Box<dyn ErasedSink>);
+
+impl DynSink {
+    /// Wraps `sink`, run with `delivery`.
+    pub fn new<T: TwoPhaseCommit>(sink: T, delivery: DeliveryGuarantee) -> Self {
+        match delivery {
+            DeliveryGuarantee::ExactlyOnce => Self(Box::new(sink)),
+            weaker => Self(Box::new(GuaranteedSink::new(sink, weaker))),
+        }
+    }
+
+    /// The sink's id.
+    pub fn sink_id(&self) -> &SinkId {
+        self.0.sink_id()
+    }
+}
+
+impl std::fmt::Debug for DynSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("DynSink").field(self.sink_id()).finish()
+    }
+}
+
+/// Builds the sinks of one `type` from their settings.
+#[async_trait]
+pub trait SinkFactory: Send + Sync {
+    /// The `type` in a job file.
+    fn kind(&self) -> &'static str;
+
+    /// Builds one instance for `context` from `settings` (the entry's keys other than `type`, `id` and
+    /// `delivery`), run with `delivery`.
+    ///
+    /// # Errors
+    /// [`Config`](ErrorKind::Config) naming the key for settings that do not parse; whatever connecting reports.
+    async fn build(
+        &self,
+        settings: serde_json::Value,
+        delivery: DeliveryGuarantee,
+        context: SinkContext,
+    ) -> Result<DynSink>;
+}
+
+/// Reads a sink's settings into its config type, refusing unknown keys with the sink named.
+pub fn parse_settings<T: serde::de::DeserializeOwned>(
+    sink: &SinkId,
+    kind: &str,
+    settings: serde_json::Value,
+) -> Result<T> {
+    serde_json::from_value(settings).map_err(|e| {
+        Error::new(
+            ErrorKind::Config,
+            Phase::Setup,
+            format!("the settings of this {kind} sink are invalid: {e}"),
+        )
+        .with_sink(sink)
+    })
+}
+
+/// The factories a job can use, by `type`.
+#[derive(Default)]
+pub struct SinkRegistry {
+    factories: BTreeMap<&'static str, Box<dyn SinkFactory>>,
+}
+
+impl SinkRegistry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds `factory` for its [`kind`](SinkFactory::kind); a later one for the same kind replaces it.
+    pub fn register(&mut self, factory: impl SinkFactory + 'static) -> &mut Self {
+        self.factories.insert(factory.kind(), Box::new(factory));
+        self
+    }
+
+    /// The registered kinds.
+    pub fn kinds(&self) -> Vec<&'static str> {
+        self.factories.keys().copied().collect()
+    }
+
+    /// Builds the instance of `spec` for `subtask`, given batches of `schema`.
+    ///
+    /// # Errors
+    /// [`Config`](ErrorKind::Config) for an unknown `type` (naming the known ones) or invalid settings.
+    pub async fn build(
+        &self,
+        spec: &SinkSpec,
+        subtask: SubtaskId,
+        schema: SchemaRef,
+    ) -> Result<DynSink> {
+        let factory = self.factories.get(spec.kind.as_str()).ok_or_else(|| {
+            Error::new(
+                ErrorKind::Config,
+                Phase::Setup,
+                format!(
+                    "unknown sink type {:?}; known types: {}",
+                    spec.kind,
+                    self.kinds().join(", ")
+                ),
+            )
+            .with_sink(&spec.id)
+        })?;
+        let context = SinkContext {
+            sink: spec.id.clone(),
+            subtask,
+            schema,
+        };
+        factory
+            .build(
+                serde_json::Value::Object(spec.settings.clone()),
+                spec.delivery,
+                context,
+            )
+            .await
+            .map_err(|e| e.or_sink(&spec.id))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Nothing;
+
+    #[async_trait]
+    impl SinkFactory for Nothing {
+        fn kind(&self) -> &'static str {
+            "nothing"
+        }
+        async fn build(
+            &self,
+            settings: serde_json::Value,
+            _: DeliveryGuarantee,
+            context: SinkContext,
+        ) -> Result<DynSink> {
+            #[derive(Deserialize)]
+            #[serde(deny_unknown_fields)]
+            struct Settings {
+                size: u32,
+            }
+            let parsed: Settings = parse_settings(&context.sink, "nothing", settings)?;
+            Err(Error::new(
+                ErrorKind::Bug,
+                Phase::Setup,
+                format!("parsed size {}", parsed.size),
+            ))
+        }
+    }
+
+    fn spec(toml_text: &str) -> SinkSpec {
+        toml::from_str(toml_text).unwrap()
+    }
+
+    #[tokio::test]
+    async fn unknown_types_and_keys_are_refused_naming_the_sink() {
+        let mut registry = SinkRegistry::new();
+        registry.register(Nothing);
+        let schema = std::sync::Arc::new(arrow_schema::Schema::empty());
+
+        let err = registry
+            .build(
+                &spec("type = \"nope\"\nid = \"s\""),
+                SubtaskId(0),
+                schema.clone(),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Config);
+        assert!(err.to_string().contains("known types: nothing"), "{err}");
+
+        let err = registry
+            .build(
+                &spec("type = \"nothing\"\nid = \"s\"\nsise = 3"),
+                SubtaskId(0),
+                schema.clone(),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Config);
+        assert!(
+            err.to_string().contains("sink s") && err.to_string().contains("sise"),
+            "{err}"
+        );
+
+        let parsed = spec("type = \"nothing\"\nid = \"s\"\ndelivery = \"at-least-once\"\nsize = 3");
+        assert_eq!(parsed.delivery, DeliveryGuarantee::AtLeastOnce);
+        let err = registry
+            .build(&parsed, SubtaskId(0), schema)
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Bug, "{err}");
+        assert!(err.to_string().contains("parsed size 3"), "{err}");
+    }
+}
