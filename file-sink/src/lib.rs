@@ -38,6 +38,7 @@
 #![deny(missing_docs)]
 
 mod config;
+mod factory;
 mod format;
 mod layout;
 mod partition;
@@ -49,6 +50,7 @@ pub use config::{
     FileSinkConfig, FormatConfig, MIN_PART_SIZE, ParquetCompression, PartitionConfig,
     RollingPolicy, S3Config, StorageConfig, TimeGranularity, TimePartition,
 };
+pub use factory::{FileSinkFactory, FileSinkSettings};
 pub use layout::FileName;
 pub use sink::{FileCommittable, FileCommitter, FileSink};
 pub use storage::{StagedFile, UploadedPart};

@@ -60,11 +60,11 @@ fn sink(bootstrap: &str, topic: &str) -> KafkaSink {
     for (k, v) in CLIENT {
         config.client.insert(k.to_string(), v.to_string());
     }
-    let mapping = RecordMapping {
+    config.records = RecordMapping {
         value_column: Some("payload".into()),
         ..RecordMapping::default()
     };
-    KafkaSink::new(config, mapping, SinkId::new("bench").unwrap(), SubtaskId(0)).unwrap()
+    KafkaSink::new(config, SinkId::new("bench").unwrap(), SubtaskId(0)).unwrap()
 }
 
 fn at(next: i64) -> Vec<SourceOffset> {

@@ -7,7 +7,7 @@ use connector_api::{Error, ErrorKind, Phase, Result};
 use rdkafka::ClientConfig;
 use serde::Deserialize;
 
-use crate::{TransactionalId, TransactionalIdPool};
+use crate::{RecordMapping, TransactionalId, TransactionalIdPool};
 
 /// librdkafka keys the sink sets itself; setting them in `client` is refused.
 const CONTROLLED_KEYS: &[&str] = &[
@@ -28,8 +28,9 @@ const CONTROLLED_KEYS: &[&str] = &[
 /// | `transactional_id_pool_size` | transactional ids per subtask (2 to 16: checkpoint N commits while N+1 is written) | 2 |
 /// | `transaction_timeout` | `transaction.timeout.ms`: the broker aborts a transaction older than this | 10 min |
 /// | `job` | the job's name: with the sink id, the owner of the prefix in the prefix registry | none (the sink id alone) |
-/// | `client` | other librdkafka producer settings, passed through | none |
-#[derive(Debug, Clone, Deserialize)]
+/// | `client` | other librdkafka producer settings, passed through (values of keys naming a password or secret are redacted in `Debug`) | none |
+/// | `records` | how rows become records ([`RecordMapping`]) | the row as a JSON value, no key |
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KafkaSinkConfig {
     /// Kafka bootstrap servers.
@@ -51,6 +52,47 @@ pub struct KafkaSinkConfig {
     /// Other librdkafka producer settings (e.g. `compression.type`, `linger.ms`).
     #[serde(default)]
     pub client: BTreeMap<String, String>,
+    /// How rows become records.
+    #[serde(default)]
+    pub records: RecordMapping,
+}
+
+/// Whether a librdkafka setting holds a secret (`sasl.password`, `ssl.key.password`, `ssl.keystore.password`,
+/// `sasl.oauthbearer.client.secret`, ...).
+fn is_secret(key: &str) -> bool {
+    key.contains("password") || key.contains("secret")
+}
+
+impl std::fmt::Debug for KafkaSinkConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let client: BTreeMap<&str, &str> = self
+            .client
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.as_str(),
+                    if is_secret(k) {
+                        "<redacted>"
+                    } else {
+                        v.as_str()
+                    },
+                )
+            })
+            .collect();
+        f.debug_struct("KafkaSinkConfig")
+            .field("bootstrap_servers", &self.bootstrap_servers)
+            .field("topic", &self.topic)
+            .field("transactional_id_prefix", &self.transactional_id_prefix)
+            .field(
+                "transactional_id_pool_size",
+                &self.transactional_id_pool_size,
+            )
+            .field("transaction_timeout", &self.transaction_timeout)
+            .field("job", &self.job)
+            .field("client", &client)
+            .field("records", &self.records)
+            .finish()
+    }
 }
 
 fn default_pool_size() -> u32 {
@@ -76,6 +118,7 @@ impl KafkaSinkConfig {
             transaction_timeout: default_transaction_timeout(),
             job: None,
             client: BTreeMap::new(),
+            records: RecordMapping::default(),
         }
     }
 
@@ -159,6 +202,21 @@ mod tests {
             err.to_string()
                 .contains("\"enable.idempotence\" is controlled"),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn secrets_in_client_settings_are_redacted_in_debug() {
+        let mut config = KafkaSinkConfig::new("b:9092", "t", "p");
+        config
+            .client
+            .insert("sasl.password".into(), "hunter2-secret-value".into());
+        config.client.insert("linger.ms".into(), "5".into());
+        let shown = format!("{config:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(
+            shown.contains("<redacted>") && shown.contains("linger.ms"),
+            "{shown}"
         );
     }
 

@@ -45,6 +45,7 @@ mod broker;
 mod config;
 mod coordinator;
 mod error;
+mod factory;
 mod kafka_to_kafka;
 mod outcome;
 mod probe;
@@ -60,6 +61,7 @@ pub use coordinator::{
     TransactionDescription, describe_transaction, end_transaction, find_transaction,
 };
 pub use error::classify;
+pub use factory::KafkaSinkFactory;
 pub use kafka_to_kafka::{KafkaToKafka, PipelineHook, PipelineStats, PipelineStep};
 pub use producer::open_transactional_producer;
 pub use records::RecordMapping;

@@ -90,17 +90,15 @@ fn kafka_error(phase: Phase, message: &str, e: KafkaError) -> Error {
 }
 
 impl KafkaSink {
-    /// A sink for `config`; producers connect on first use.
-    pub fn new(
-        config: KafkaSinkConfig,
-        mapping: RecordMapping,
-        sink: SinkId,
-        subtask: SubtaskId,
-    ) -> Result<Self> {
+    /// A sink for `config`, as subtask `subtask` of sink `sink`; producers connect on first use.
+    ///
+    /// # Errors
+    /// [`Config`](ErrorKind::Config) for an invalid transactional-id prefix or pool size.
+    pub fn new(config: KafkaSinkConfig, sink: SinkId, subtask: SubtaskId) -> Result<Self> {
         let pool = config.id_pool()?;
         Ok(Self {
+            mapping: Arc::new(config.records.clone()),
             config,
-            mapping: Arc::new(mapping),
             sink,
             subtask,
             pool,

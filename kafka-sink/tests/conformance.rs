@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use connector_api::{Result, SinkId, SubtaskId};
 use integration::Services;
 use integration::conformance::{Conformance, ConformanceTarget, run_conformance};
-use kafka_sink::{KafkaSink, KafkaSinkConfig, RecordMapping};
+use kafka_sink::{KafkaSink, KafkaSinkConfig};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -41,7 +41,7 @@ impl ConformanceTarget for Kafka {
             )
             .await;
         let config = KafkaSinkConfig::new(&self.bootstrap, &topic, &topic);
-        KafkaSink::new(config, RecordMapping::default(), sink.clone(), SubtaskId(0))
+        KafkaSink::new(config, sink.clone(), SubtaskId(0))
     }
 
     async fn visible_ids(&self, run: &str, sink: &SinkId) -> Result<Vec<i64>> {

@@ -168,7 +168,7 @@ async fn a_transaction_the_broker_already_aborted_cannot_be_committed() {
 #[tokio::test]
 async fn recovering_a_checkpoint_whose_transaction_the_broker_aborted_names_the_lost_records() {
     use connector_api::{CheckpointId, Committer, SinkId, SubtaskId, TwoPhaseCommit};
-    use kafka_sink::{KafkaCommittable, KafkaSink, KafkaSinkConfig, PartitionRange, RecordMapping};
+    use kafka_sink::{KafkaCommittable, KafkaSink, KafkaSinkConfig, PartitionRange};
 
     let bootstrap = Services::get().kafka_bootstrap();
     let (tid, topic, described) = orphaned("coordinator-lost", 2_000).await;
@@ -188,7 +188,6 @@ async fn recovering_a_checkpoint_whose_transaction_the_broker_aborted_names_the_
     };
     let sink = KafkaSink::new(
         KafkaSinkConfig::new(bootstrap, &topic, integration::unique_name("lost-prefix")),
-        RecordMapping::default(),
         SinkId::new("lost").unwrap(),
         SubtaskId(0),
     )

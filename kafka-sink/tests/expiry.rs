@@ -13,9 +13,7 @@ use connector_api::{
 };
 use integration::Services;
 use integration::conformance::conformance_batch;
-use kafka_sink::{
-    KafkaSink, KafkaSinkConfig, RecordMapping, TransactionalIdPool, find_transaction,
-};
+use kafka_sink::{KafkaSink, KafkaSinkConfig, TransactionalIdPool, find_transaction};
 
 fn bootstrap() -> &'static str {
     Services::get().kafka_expiring_bootstrap()
@@ -24,13 +22,7 @@ fn bootstrap() -> &'static str {
 fn sink(topic: &str, prefix: &str, timeout: Duration) -> KafkaSink {
     let mut config = KafkaSinkConfig::new(bootstrap(), topic, prefix);
     config.transaction_timeout = timeout;
-    KafkaSink::new(
-        config,
-        RecordMapping::default(),
-        SinkId::new("expiring").unwrap(),
-        SubtaskId(0),
-    )
-    .unwrap()
+    KafkaSink::new(config, SinkId::new("expiring").unwrap(), SubtaskId(0)).unwrap()
 }
 
 fn driver(

@@ -9,7 +9,7 @@ use connector_api::{Driver, DriverConfig, LocalCheckpointStore, SinkId, SubtaskI
 use integration::Services;
 use integration::conformance::conformance_batch;
 use integration::crash::{KILL_STEPS, durable_before, run_killed_child, run_until_killed};
-use kafka_sink::{KafkaSink, KafkaSinkConfig, RecordMapping};
+use kafka_sink::{KafkaSink, KafkaSinkConfig};
 
 /// Set in the child: `<topic>;<checkpoint dir>;<step>`.
 const CHILD: &str = "RATCHET_KAFKA_KILL9_CHILD";
@@ -23,7 +23,7 @@ fn sink_id() -> SinkId {
 
 fn sink(topic: &str) -> KafkaSink {
     let config = KafkaSinkConfig::new(Services::get().kafka_bootstrap(), topic, topic);
-    KafkaSink::new(config, RecordMapping::default(), sink_id(), SubtaskId(0)).unwrap()
+    KafkaSink::new(config, sink_id(), SubtaskId(0)).unwrap()
 }
 
 async fn child_job(topic: String, checkpoints: PathBuf, step: String) {

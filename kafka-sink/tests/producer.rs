@@ -90,20 +90,14 @@ async fn the_broker_maximum_transaction_timeout_is_read_from_the_broker() {
 #[tokio::test]
 async fn a_prefix_held_by_another_job_is_refused_at_start() {
     use connector_api::{SinkId, TwoPhaseCommit};
-    use kafka_sink::{KafkaSink, RecordMapping};
+    use kafka_sink::KafkaSink;
 
     let bootstrap = Services::get().kafka_bootstrap();
     let prefix = integration::unique_name("shared-prefix");
     let sink_for = |job: &str| {
         let mut config = KafkaSinkConfig::new(bootstrap, &prefix, &prefix);
         config.job = Some(job.to_string());
-        KafkaSink::new(
-            config,
-            RecordMapping::default(),
-            SinkId::new("out").unwrap(),
-            SubtaskId(0),
-        )
-        .unwrap()
+        KafkaSink::new(config, SinkId::new("out").unwrap(), SubtaskId(0)).unwrap()
     };
     sink_for("billing").recover(None).await.unwrap();
     sink_for("billing").recover(None).await.unwrap(); // the same job restarting is fine

@@ -35,13 +35,9 @@ async fn key_value_partition_and_header_columns_map_to_the_record() {
         header_columns: vec!["source".into()],
         ..RecordMapping::default()
     };
-    let mut sink = KafkaSink::new(
-        KafkaSinkConfig::new(bootstrap, &topic, &topic),
-        mapping,
-        SinkId::new("records").unwrap(),
-        SubtaskId(0),
-    )
-    .unwrap();
+    let mut config = KafkaSinkConfig::new(bootstrap, &topic, &topic);
+    config.records = mapping;
+    let mut sink = KafkaSink::new(config, SinkId::new("records").unwrap(), SubtaskId(0)).unwrap();
     let batch = RecordBatch::try_new(
         Arc::new(Schema::new(vec![
             Field::new("order", DataType::Utf8, false),

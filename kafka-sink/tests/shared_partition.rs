@@ -10,20 +10,14 @@ use std::time::Duration;
 use connector_api::{CheckpointId, Committer, ErrorKind, SinkId, SubtaskId, TwoPhaseCommit};
 use integration::Services;
 use integration::conformance::conformance_batch;
-use kafka_sink::{KafkaCommittable, KafkaSink, KafkaSinkConfig, RecordMapping, find_transaction};
+use kafka_sink::{KafkaCommittable, KafkaSink, KafkaSinkConfig, find_transaction};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
 fn sink(topic: &str, prefix: &str, subtask: u32, timeout: Duration) -> KafkaSink {
     let mut config = KafkaSinkConfig::new(Services::get().kafka_bootstrap(), topic, prefix);
     config.transaction_timeout = timeout;
-    KafkaSink::new(
-        config,
-        RecordMapping::default(),
-        SinkId::new("shared").unwrap(),
-        SubtaskId(subtask),
-    )
-    .unwrap()
+    KafkaSink::new(config, SinkId::new("shared").unwrap(), SubtaskId(subtask)).unwrap()
 }
 
 fn visible_ids(topic: &str) -> Vec<i64> {
