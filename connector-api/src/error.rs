@@ -1,5 +1,23 @@
-//! The error every sink returns to the driver. The driver decides from [`ErrorKind`] alone whether to retry,
-//! abort and replay, or stop; sink crates map their client errors into a kind at their boundary.
+//! The error every sink returns to the driver, and what the driver does about it.
+//!
+//! Sink crates map their client errors into an [`ErrorKind`] at their boundary, and say in which protocol
+//! [`Phase`] it happened. The driver decides what to do from (kind, phase) alone, in one place, [`action`]:
+//!
+//! | kind \ phase | setup, recover | begin | write | pre_commit | checkpoint (saving the record) | commit |
+//! |---|---|---|---|---|---|---|
+//! | `Config` | stop | stop | stop | stop | stop | stop |
+//! | `Retryable` | retry, then stop | retry, then stop | abort and replay | abort and replay | retry, then abort and replay | retry, then stop |
+//! | `InDoubt` | retry, then stop | retry, then stop | abort and replay | abort and replay | retry, then stop without aborting | retry, then stop |
+//! | `MustAbort` | stop | abort and replay | abort and replay | abort and replay | abort and replay | stop |
+//! | `Fenced` | stop without aborting | stop without aborting | stop without aborting | stop without aborting | stop without aborting | stop without aborting |
+//! | `BadRecord` | stop | abort and replay | dead-letter (the batch was refused whole) | abort and replay | abort and replay | stop |
+//! | `Fatal`, `Bug` | stop | abort and replay | abort and replay | abort and replay | abort and replay | stop |
+//!
+//! "Abort and replay" discards the open checkpoint in every sink and stops the driver: the next start replays from
+//! the last durable checkpoint. "Stop" after the record is durable leaves the decision standing: the next start's
+//! recovery commits it. "Stop without aborting" is for an instance that lost its claim, or a decision whose
+//! outcome is unknown: recovery, by whoever owns the job, decides. "Dead-letter" leaves the driver usable; the
+//! caller routes the batch (or stops, as it is configured).
 //!
 //! Convention: the message never repeats the source's text; [`Error::source`](std::error::Error::source) carries it.
 //! Print errors with [`Report`] (or `{:#}` through anyhow) to see the whole chain.
@@ -33,6 +51,49 @@ pub enum ErrorKind {
     Fatal,
     /// A violated invariant inside Ratchet: stop the job and report it.
     Bug,
+}
+
+/// What the driver does about an error; see the table in the module docs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Try the same step again after a backoff (the step is idempotent); when retries run out, the action of the
+    /// same error without retry applies ([`action_after_retries`]).
+    Retry,
+    /// Discard the open checkpoint in every sink and stop; the next start replays it.
+    AbortAndReplay,
+    /// Stop; what is decided stays decided, and the next start's recovery finishes it.
+    Stop,
+    /// Stop and abort nothing: another instance owns the job, or the outcome is unknown.
+    StopWithoutAbort,
+    /// The batch was refused whole and nothing else changed: the caller dead-letters it (or stops), and the
+    /// driver stays usable.
+    DeadLetter,
+}
+
+/// What the driver does about an error of `kind` in `phase`: the table in the module docs.
+pub fn action(kind: ErrorKind, phase: Phase) -> Action {
+    use Phase::{Abort, Begin, Checkpoint, Commit, PreCommit, Recover, Setup, Write};
+    match (kind, phase) {
+        (ErrorKind::Fenced, _) => Action::StopWithoutAbort,
+        (ErrorKind::Config, _) => Action::Stop,
+        (
+            ErrorKind::Retryable | ErrorKind::InDoubt,
+            Setup | Recover | Begin | Checkpoint | Commit | Abort,
+        ) => Action::Retry,
+        (ErrorKind::BadRecord, Write) => Action::DeadLetter,
+        (_, Setup | Recover | Commit | Abort) => Action::Stop,
+        (_, Begin | Write | PreCommit | Checkpoint) => Action::AbortAndReplay,
+    }
+}
+
+/// What the driver does about an error of `kind` in `phase` once retrying it is over (or not allowed).
+pub fn action_after_retries(kind: ErrorKind, phase: Phase) -> Action {
+    match (action(kind, phase), kind, phase) {
+        (Action::Retry, ErrorKind::InDoubt, Phase::Checkpoint) => Action::StopWithoutAbort,
+        (Action::Retry, _, Phase::Checkpoint) => Action::AbortAndReplay,
+        (Action::Retry, _, _) => Action::Stop,
+        (other, _, _) => other,
+    }
 }
 
 /// The protocol step that failed.
@@ -134,6 +195,30 @@ impl Error {
         self
     }
 
+    /// Names the external transaction unless the error already names one (which is the more precise).
+    pub fn or_txn(self, txn: impl Into<String>) -> Self {
+        if self.txn.is_some() {
+            self
+        } else {
+            self.with_txn(txn)
+        }
+    }
+
+    /// Sets the protocol step: for helpers shared by several steps, the caller knows which one it is in.
+    pub fn at_phase(mut self, phase: Phase) -> Self {
+        self.phase = phase;
+        self
+    }
+
+    /// Attaches an already boxed underlying cause.
+    pub fn with_boxed_source(
+        mut self,
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
+    ) -> Self {
+        self.source = Some(source);
+        self
+    }
+
     /// Attaches the underlying cause.
     pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
         self.source = Some(Box::new(source));
@@ -165,9 +250,14 @@ impl Error {
         self.txn.as_deref()
     }
 
-    /// Whether retrying the same step may succeed.
+    /// What the driver does about this error ([`action`]).
+    pub fn action(&self) -> Action {
+        action(self.kind, self.phase)
+    }
+
+    /// Whether retrying the same step may succeed ([`Action::Retry`]).
     pub fn is_retryable(&self) -> bool {
-        self.kind == ErrorKind::Retryable
+        self.action() == Action::Retry
     }
 }
 
@@ -211,6 +301,42 @@ impl fmt::Display for Report<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_action_table_holds_for_the_dangerous_cells() {
+        use Action::*;
+        assert_eq!(
+            action(ErrorKind::Fenced, Phase::PreCommit),
+            StopWithoutAbort
+        );
+        assert_eq!(
+            action(ErrorKind::Fenced, Phase::Checkpoint),
+            StopWithoutAbort
+        );
+        assert_eq!(action(ErrorKind::InDoubt, Phase::Checkpoint), Retry);
+        assert_eq!(
+            action_after_retries(ErrorKind::InDoubt, Phase::Checkpoint),
+            StopWithoutAbort
+        );
+        assert_eq!(
+            action_after_retries(ErrorKind::Retryable, Phase::Checkpoint),
+            AbortAndReplay
+        );
+        assert_eq!(action(ErrorKind::Retryable, Phase::Commit), Retry);
+        assert_eq!(
+            action_after_retries(ErrorKind::Retryable, Phase::Commit),
+            Stop
+        );
+        assert_eq!(action(ErrorKind::Fatal, Phase::Commit), Stop);
+        assert_eq!(action(ErrorKind::BadRecord, Phase::Write), DeadLetter);
+        assert_eq!(
+            action(ErrorKind::BadRecord, Phase::PreCommit),
+            AbortAndReplay
+        );
+        assert_eq!(action(ErrorKind::Retryable, Phase::Write), AbortAndReplay);
+        assert_eq!(action(ErrorKind::MustAbort, Phase::Write), AbortAndReplay);
+        assert_eq!(action(ErrorKind::Config, Phase::Begin), Stop);
+    }
 
     #[test]
     fn display_names_sink_checkpoint_and_txn_and_report_walks_the_chain() {

@@ -26,13 +26,16 @@ impl fmt::Display for CheckpointId {
 /// The stable name of one sink in a job. It scopes everything the sink owns in the external system (file prefixes,
 /// transactional ids, xids), so two sinks, or two jobs, must never share one.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
+#[serde(try_from = "String", into = "String")]
 pub struct SinkId(String);
 
 impl SinkId {
     /// A sink id: 1 to 64 characters of ASCII letters, digits, `-` and `_`, so it can be embedded in file names,
     /// object keys, Kafka transactional ids and XA xids unquoted.
-    pub fn new(id: impl Into<String>) -> Result<Self, String> {
+    ///
+    /// # Errors
+    /// [`Config`](crate::ErrorKind::Config) naming the id and the rule.
+    pub fn new(id: impl Into<String>) -> crate::Result<Self> {
         let id = id.into();
         let valid = !id.is_empty()
             && id.len() <= 64
@@ -42,8 +45,10 @@ impl SinkId {
         if valid {
             Ok(Self(id))
         } else {
-            Err(format!(
-                "invalid sink id {id:?}: use 1 to 64 ASCII letters, digits, '-' or '_'"
+            Err(crate::Error::new(
+                crate::ErrorKind::Config,
+                crate::Phase::Setup,
+                format!("invalid sink id {id:?}: use 1 to 64 ASCII letters, digits, '-' or '_'"),
             ))
         }
     }
@@ -51,6 +56,20 @@ impl SinkId {
     /// The id as a string.
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+}
+
+impl TryFrom<String> for SinkId {
+    type Error = crate::Error;
+
+    fn try_from(id: String) -> crate::Result<Self> {
+        Self::new(id)
+    }
+}
+
+impl From<SinkId> for String {
+    fn from(id: SinkId) -> String {
+        id.0
     }
 }
 
@@ -79,8 +98,10 @@ mod tests {
     fn sink_id_rejects_characters_that_cannot_be_embedded() {
         assert!(SinkId::new("orders_eu-1").is_ok());
         for bad in ["", "a/b", "a b", "ä", &"x".repeat(65)] {
-            let err = SinkId::new(bad).unwrap_err();
+            let err = SinkId::new(bad).unwrap_err().to_string();
             assert!(err.contains("invalid sink id"), "{err}");
+            let parsed: Result<SinkId, _> = serde_json::from_value(serde_json::json!(bad));
+            assert!(parsed.is_err(), "{bad:?} deserialized");
         }
     }
 }

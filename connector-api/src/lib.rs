@@ -14,7 +14,7 @@
 pub mod checkpoint;
 mod delivery;
 mod driver;
-mod error;
+pub mod error;
 mod ids;
 pub mod local_fs;
 mod registry;
@@ -28,9 +28,9 @@ pub use checkpoint::{
 pub use delivery::{DeliveryGuarantee, GuaranteedCommitter, GuaranteedSink};
 pub use driver::{
     Driver, DriverConfig, FaultAction, FaultInjector, FaultPoint, Faults, Restored, SinkHandle,
-    committables_in,
+    StreamEvent, committables_in,
 };
-pub use error::{Error, ErrorKind, Phase, Report, Result};
+pub use error::{Action, Error, ErrorKind, Phase, Report, Result, action, action_after_retries};
 pub use ids::{CheckpointId, SinkId, SubtaskId};
 pub use registry::{DynSink, SinkContext, SinkFactory, SinkRegistry, SinkSpec, parse_settings};
 pub use retry::{Attempts, RetryPolicy};

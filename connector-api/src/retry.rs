@@ -1,35 +1,61 @@
-//! Retrying transient failures with exponential backoff.
+//! Retrying steps whose error says so ([`Action::Retry`](crate::Action::Retry)): exponential backoff with jitter,
+//! bounded in attempts and in total waiting time, from the `backon` crate. This is the only retry layer for the
+//! protocol's steps: a sink's client calls are not retried again around it (the AWS SDK keeps its own standard
+//! retries, configured, for single HTTP requests).
 
 use std::future::Future;
 use std::time::Duration;
 
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
+
 use crate::Result;
 
-/// How transient ([`Retryable`](crate::ErrorKind::Retryable)) errors are retried. Other kinds are never retried.
+/// How retryable errors are retried. Errors whose [`action`](crate::action) is not `Retry` are never retried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryPolicy {
     /// Attempts in all, the first included (1 = no retry).
     pub max_attempts: u32,
-    /// Wait before the second attempt; doubled after each failure.
+    /// Wait before the second attempt; doubled after each failure, with jitter.
     pub initial_backoff: Duration,
-    /// Upper bound of the wait.
+    /// Upper bound of one wait.
     pub max_backoff: Duration,
+    /// Upper bound of all waits together: retrying stops once the next wait would pass it.
+    pub max_total_backoff: Duration,
 }
 
 impl Default for RetryPolicy {
-    /// 8 attempts, 100 ms doubling to 10 s: about 30 s of trying in all.
+    /// 8 attempts, 100 ms doubling to 10 s, at most 30 s of waiting in all.
     fn default() -> Self {
         Self {
             max_attempts: 8,
             initial_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(10),
+            max_total_backoff: Duration::from_secs(30),
         }
     }
 }
 
 impl RetryPolicy {
-    /// Runs `attempt` until it succeeds, fails with a non-retryable error, or runs out of attempts (then the last
-    /// error is returned). Each retry is logged with `what`.
+    /// No retries at all.
+    pub const NEVER: RetryPolicy = RetryPolicy {
+        max_attempts: 1,
+        initial_backoff: Duration::ZERO,
+        max_backoff: Duration::ZERO,
+        max_total_backoff: Duration::ZERO,
+    };
+
+    fn backoff(&self) -> ExponentialBackoff {
+        ExponentialBuilder::default()
+            .with_min_delay(self.initial_backoff)
+            .with_max_delay(self.max_backoff)
+            .with_max_times(self.max_attempts.saturating_sub(1) as usize)
+            .with_total_delay(Some(self.max_total_backoff))
+            .with_jitter()
+            .build()
+    }
+
+    /// Runs `attempt` until it succeeds, fails with an error that is not to be retried, or runs out of attempts
+    /// or time (then the last error is returned). Each retry is logged with `what`.
     pub async fn run<T, F, Fut>(&self, what: &str, mut attempt: F) -> Result<T>
     where
         F: FnMut() -> Fut,
@@ -45,15 +71,16 @@ impl RetryPolicy {
     }
 
     /// The longest [`RetryPolicy::run`] can take when each attempt takes at most `attempt`: every attempt plus
-    /// every backoff between them.
+    /// the waits between them (at most `max_total_backoff`).
     pub fn worst_case(&self, attempt: Duration) -> Duration {
-        let mut total = attempt * self.max_attempts;
+        let mut waits = Duration::ZERO;
         let mut backoff = self.initial_backoff;
         for _ in 1..self.max_attempts {
-            total += backoff;
+            // Jitter adds up to one more backoff to each wait.
+            waits += (backoff * 2).min(self.max_backoff * 2);
             backoff = (backoff * 2).min(self.max_backoff);
         }
-        total
+        attempt * self.max_attempts + waits.min(self.max_total_backoff)
     }
 
     /// The attempt counter behind [`RetryPolicy::run`], for calls that borrow mutably and so cannot go through a
@@ -72,9 +99,8 @@ impl RetryPolicy {
     /// ```
     pub fn attempts(&self) -> Attempts {
         Attempts {
-            policy: *self,
+            backoff: self.backoff(),
             tries: 1,
-            backoff: self.initial_backoff,
         }
     }
 }
@@ -82,32 +108,23 @@ impl RetryPolicy {
 /// Attempts made so far under a [`RetryPolicy`].
 #[derive(Debug)]
 pub struct Attempts {
-    policy: RetryPolicy,
+    backoff: ExponentialBackoff,
     tries: u32,
-    backoff: Duration,
 }
 
 impl Attempts {
-    /// Whether to try again after `error`: `true` (after sleeping the backoff) for a retryable error with
-    /// attempts left, `false` otherwise.
+    /// Whether to try again after `error`: `true` (after sleeping the next backoff) when the error's action is
+    /// [`Retry`](crate::Action::Retry) and attempts and time are left, `false` otherwise.
     pub async fn retry(&mut self, what: &str, error: &crate::Error) -> bool {
         if !error.is_retryable() {
             return false;
         }
-        let report = crate::Report(error).to_string();
-        self.again(what, true, report).await
-    }
-
-    /// [`Attempts::retry`] for errors of other types: `transient` says whether the error is worth retrying,
-    /// `error` (its description) is logged.
-    pub async fn again(&mut self, what: &str, transient: bool, error: String) -> bool {
-        if !transient || self.tries >= self.policy.max_attempts {
+        let Some(wait) = self.backoff.next() else {
             return false;
-        }
-        tracing::warn!(what, attempt = self.tries, backoff = ?self.backoff, error = %error,
+        };
+        tracing::warn!(what, attempt = self.tries, backoff = ?wait, error = %crate::Report(error),
             "transient failure, retrying");
-        tokio::time::sleep(self.backoff).await;
-        self.backoff = (self.backoff * 2).min(self.policy.max_backoff);
+        tokio::time::sleep(wait).await;
         self.tries += 1;
         true
     }
@@ -125,6 +142,7 @@ mod tests {
             max_attempts,
             initial_backoff: Duration::from_millis(1),
             max_backoff: Duration::from_millis(2),
+            max_total_backoff: Duration::from_secs(1),
         }
     }
 
@@ -145,17 +163,46 @@ mod tests {
     }
 
     #[test]
-    fn worst_case_adds_every_attempt_and_backoff() {
+    fn worst_case_adds_every_attempt_and_the_bounded_waits() {
         let policy = RetryPolicy {
             max_attempts: 4,
             initial_backoff: Duration::from_secs(1),
             max_backoff: Duration::from_secs(3),
+            max_total_backoff: Duration::from_secs(100),
         };
-        // 4 attempts of 10 s, backoffs 1 + 2 + 3.
+        // 4 attempts of 10 s; waits of at most 2 + 4 + 6 s with jitter.
         assert_eq!(
             policy.worst_case(Duration::from_secs(10)),
-            Duration::from_secs(46)
+            Duration::from_secs(52)
         );
+        let bounded = RetryPolicy {
+            max_total_backoff: Duration::from_secs(5),
+            ..policy
+        };
+        assert_eq!(
+            bounded.worst_case(Duration::from_secs(10)),
+            Duration::from_secs(45)
+        );
+    }
+
+    #[tokio::test]
+    async fn stops_once_the_total_backoff_is_spent() {
+        let calls = AtomicU32::new(0);
+        let policy = RetryPolicy {
+            max_attempts: 100,
+            initial_backoff: Duration::from_millis(20),
+            max_backoff: Duration::from_millis(20),
+            max_total_backoff: Duration::from_millis(100),
+        };
+        policy
+            .run("test", || async {
+                calls.fetch_add(1, Ordering::SeqCst);
+                Err::<(), _>(Error::new(ErrorKind::Retryable, Phase::Commit, "down"))
+            })
+            .await
+            .unwrap_err();
+        let calls = calls.load(Ordering::SeqCst);
+        assert!((2..=10).contains(&calls), "{calls} attempts");
     }
 
     #[tokio::test]

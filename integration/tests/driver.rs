@@ -39,6 +39,7 @@ fn quick() -> DriverConfig {
             max_attempts: 2,
             initial_backoff: Duration::from_millis(1),
             max_backoff: Duration::from_millis(1),
+            max_total_backoff: std::time::Duration::from_secs(1),
         },
         ..DriverConfig::default()
     }
@@ -381,5 +382,32 @@ async fn a_damaged_committed_record_refuses_to_start() {
     assert_eq!(
         sorted(system.visible(RUN, &sink_id())),
         (0..20).collect::<Vec<_>>()
+    );
+}
+
+/// A job built on `futures` streams forwards batches and checkpoint barriers in one call.
+#[tokio::test]
+async fn a_stream_of_batches_and_barriers_is_forwarded_in_one_call() {
+    use connector_api::StreamEvent;
+    let system = ReferenceSystem::new();
+    let dir = tempfile::tempdir().unwrap();
+    let mut driver = Driver::new(LocalCheckpointStore::open(dir.path(), 3).unwrap(), quick());
+    let sink = driver.add_sink(system.sink(RUN, &sink_id())).unwrap();
+    driver.start().await.unwrap();
+    let events = futures::stream::iter((0..5).flat_map(|i| {
+        [
+            Ok(StreamEvent::Batch {
+                sink,
+                batch: rows(i * 10..i * 10 + 10),
+            }),
+            Ok(StreamEvent::Checkpoint(at(i * 10 + 10))),
+        ]
+    }));
+    let last = driver.forward(events).await.unwrap();
+    driver.close().await.unwrap();
+    assert_eq!(last, Some(CheckpointId(6)));
+    assert_eq!(
+        sorted(system.visible(RUN, &sink_id())),
+        (0..50).collect::<Vec<_>>()
     );
 }

@@ -136,7 +136,6 @@ impl KafkaSinkConfig {
             &self.transactional_id_prefix,
             self.transactional_id_pool_size,
         )
-        .map_err(|message| Error::new(ErrorKind::Config, Phase::Setup, message))
     }
 
     /// librdkafka settings for the producer of transactional id `id`: idempotent, `acks=all`, transactional.

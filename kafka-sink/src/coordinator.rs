@@ -4,12 +4,17 @@
 //! partitions), and EndTxn with that producer id and epoch commits (or aborts) it, exactly as the producer that
 //! began it would have.
 //!
-//! The wire format comes from the `kafka-protocol` crate; this module only frames requests over TCP.
+//! The wire format and the error codes come from the `kafka-protocol` crate; this module only frames requests
+//! over TCP. Errors say [`Phase::Commit`]; a caller in another step sets its own with
+//! [`Error::at_phase`](connector_api::Error::at_phase). The reads (FindCoordinator, DescribeTransactions) are
+//! idempotent and retried here through the shared [`RetryPolicy`]; EndTxn is retried by the driver's commit step.
 
+use std::fmt;
 use std::time::Duration;
 
 use bytes::{Buf, BufMut, BytesMut};
-use connector_api::{Error, ErrorKind, Phase, Result};
+use connector_api::{Error, ErrorKind, Phase, Result, RetryPolicy};
+use kafka_protocol::error::{ParseResponseErrorCode, ResponseError};
 use kafka_protocol::messages::{
     ApiKey, ApiVersionsRequest, ApiVersionsResponse, DescribeTransactionsRequest, EndTxnRequest,
     FindCoordinatorRequest, ProducerId, RequestHeader, ResponseHeader, TransactionalId,
@@ -21,25 +26,67 @@ use tokio::net::TcpStream;
 /// How long one request may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Kafka error codes this module acts on.
-mod code {
-    pub const NONE: i16 = 0;
-    pub const COORDINATOR_LOAD_IN_PROGRESS: i16 = 14;
-    pub const COORDINATOR_NOT_AVAILABLE: i16 = 15;
-    pub const NOT_COORDINATOR: i16 = 16;
-    pub const INVALID_PRODUCER_EPOCH: i16 = 47;
-    pub const INVALID_TXN_STATE: i16 = 48;
-    pub const CONCURRENT_TRANSACTIONS: i16 = 51;
-    pub const PRODUCER_FENCED: i16 = 90;
-    pub const TRANSACTIONAL_ID_NOT_FOUND: i16 = 105;
+/// Retries of the idempotent reads while the coordinator loads or moves.
+const READ_RETRY: RetryPolicy = RetryPolicy {
+    max_attempts: 20,
+    initial_backoff: Duration::from_millis(100),
+    max_backoff: Duration::from_secs(1),
+    max_total_backoff: Duration::from_secs(15),
+};
+
+/// The transaction coordinator's state of a transactional id (`TransactionState` in the broker).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TransactionState {
+    /// No transaction since the producer initialised the id.
+    Empty,
+    /// A transaction is open.
+    Ongoing,
+    /// EndTxn(commit) was accepted; markers are being written.
+    PrepareCommit,
+    /// EndTxn(abort) was accepted, or the broker aborts a timed-out transaction.
+    PrepareAbort,
+    /// The last transaction committed.
+    CompleteCommit,
+    /// The last transaction aborted.
+    CompleteAbort,
+    /// The id is being expired.
+    Dead,
+    /// A newer producer is fencing the current one.
+    PrepareEpochFence,
+    /// A state this release does not know.
+    Other(String),
+}
+
+impl TransactionState {
+    fn parse(state: &str) -> Self {
+        match state {
+            "Empty" => Self::Empty,
+            "Ongoing" => Self::Ongoing,
+            "PrepareCommit" => Self::PrepareCommit,
+            "PrepareAbort" => Self::PrepareAbort,
+            "CompleteCommit" => Self::CompleteCommit,
+            "CompleteAbort" => Self::CompleteAbort,
+            "Dead" => Self::Dead,
+            "PrepareEpochFence" => Self::PrepareEpochFence,
+            other => Self::Other(other.to_string()),
+        }
+    }
+}
+
+impl fmt::Display for TransactionState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Other(state) => f.write_str(state),
+            known => write!(f, "{known:?}"),
+        }
+    }
 }
 
 /// What the coordinator says about one transactional id.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TransactionDescription {
-    /// `Empty`, `Ongoing`, `PrepareCommit`, `PrepareAbort`, `CompleteCommit`, `CompleteAbort`, `Dead`, or
-    /// `PrepareEpochFence`.
-    pub state: String,
+    /// The transaction's state.
+    pub state: TransactionState,
     /// The producer id that owns the transactional id.
     pub producer_id: i64,
     /// Its current epoch.
@@ -52,6 +99,32 @@ pub struct TransactionDescription {
     pub partitions: Vec<(String, i32)>,
 }
 
+/// A transport or framing failure talking to `address`: retryable, with the cause attached.
+fn protocol_error(
+    address: &str,
+    what: &str,
+    source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+) -> Error {
+    Error::new(
+        ErrorKind::Retryable,
+        Phase::Commit,
+        format!("Kafka {what} with {address} failed"),
+    )
+    .with_boxed_source(source.into())
+}
+
+/// A broker's answer `error` to `request` about `transactional_id`: retryable when Kafka says so.
+fn response_error(request: &str, transactional_id: &str, error: ResponseError) -> Error {
+    let kind = if error.is_retriable() {
+        ErrorKind::Retryable
+    } else {
+        ErrorKind::Fatal
+    };
+    Error::new(kind, Phase::Commit, format!("{request} was refused"))
+        .with_txn(transactional_id)
+        .with_source(error)
+}
+
 /// One connection to one broker.
 struct Connection {
     stream: TcpStream,
@@ -59,19 +132,11 @@ struct Connection {
     correlation: i32,
 }
 
-fn protocol_error(address: &str, what: &str, e: impl std::fmt::Display) -> Error {
-    Error::new(
-        ErrorKind::Retryable,
-        Phase::Commit,
-        format!("Kafka {what} with {address} failed: {e}"),
-    )
-}
-
 impl Connection {
     async fn open(address: &str) -> Result<Self> {
         let stream = tokio::time::timeout(REQUEST_TIMEOUT, TcpStream::connect(address))
             .await
-            .map_err(|_| protocol_error(address, "connect", "timed out"))?
+            .map_err(|e| protocol_error(address, "connect", e))?
             .map_err(|e| protocol_error(address, "connect", e))?;
         Ok(Self {
             stream,
@@ -93,11 +158,8 @@ impl Connection {
             .encode(&mut body, R::header_version(version))
             .and_then(|()| request.encode(&mut body, version))
             .map_err(|e| {
-                Error::new(
-                    ErrorKind::Bug,
-                    Phase::Commit,
-                    format!("cannot encode request: {e}"),
-                )
+                Error::new(ErrorKind::Bug, Phase::Commit, "cannot encode a request")
+                    .with_boxed_source(e.into())
             })?;
         let mut frame = BytesMut::with_capacity(body.len() + 4);
         frame.put_i32(body.len() as i32);
@@ -112,7 +174,7 @@ impl Connection {
         };
         let response = tokio::time::timeout(REQUEST_TIMEOUT, exchange)
             .await
-            .map_err(|_| protocol_error(&address, "request", "timed out"))?
+            .map_err(|e| protocol_error(&address, "request", e))?
             .map_err(|e| protocol_error(&address, "request", e))?;
         let mut bytes = bytes::Bytes::from(response);
         let header = ResponseHeader::decode(&mut bytes, R::Response::header_version(version))
@@ -121,7 +183,10 @@ impl Connection {
             return Err(protocol_error(
                 &address,
                 "response",
-                "correlation id mismatch",
+                format!(
+                    "correlation id {} instead of {}",
+                    header.correlation_id, self.correlation
+                ),
             ));
         }
         let decoded = R::Response::decode(&mut bytes, version)
@@ -153,50 +218,43 @@ impl Connection {
     }
 }
 
-/// The address of the transaction coordinator of `transactional_id`.
+/// The address of the transaction coordinator of `transactional_id`, retried while it loads or moves.
 async fn coordinator(bootstrap: &str, transactional_id: &str) -> Result<String> {
+    READ_RETRY
+        .run("FindCoordinator", || {
+            find_coordinator(bootstrap, transactional_id)
+        })
+        .await
+}
+
+async fn find_coordinator(bootstrap: &str, transactional_id: &str) -> Result<String> {
     let first = bootstrap.split(',').next().unwrap_or(bootstrap).trim();
     let mut connection = Connection::open(first).await?;
     let version = connection.version(ApiKey::FindCoordinator, 4).await?;
-    for attempt in 0..20 {
-        let key = StrBytes::from_string(transactional_id.to_string());
-        // Version 4 (KIP-699) takes a list of keys; older versions a single one.
-        let request = if version >= 4 {
-            FindCoordinatorRequest::default()
-                .with_key_type(1)
-                .with_coordinator_keys(vec![key])
-        } else {
-            FindCoordinatorRequest::default()
-                .with_key_type(1)
-                .with_key(key)
-        };
-        let response = connection.send(version, &request).await?;
-        let (error, host, port) = match response.coordinators.first() {
-            Some(c) if version >= 4 => (c.error_code, c.host.to_string(), c.port),
-            _ => (
-                response.error_code,
-                response.host.to_string(),
-                response.port,
-            ),
-        };
-        match error {
-            code::NONE => return Ok(format!("{host}:{port}")),
-            code::COORDINATOR_NOT_AVAILABLE | code::COORDINATOR_LOAD_IN_PROGRESS
-                if attempt < 19 =>
-            {
-                tokio::time::sleep(Duration::from_millis(250)).await;
-            }
-            other => {
-                return Err(Error::new(
-                    ErrorKind::Retryable,
-                    Phase::Commit,
-                    format!("FindCoordinator for {transactional_id} returned error code {other}"),
-                )
-                .with_txn(transactional_id));
-            }
-        }
+    let key = StrBytes::from_string(transactional_id.to_string());
+    // Version 4 (KIP-699) takes a list of keys; older versions a single one.
+    let request = if version >= 4 {
+        FindCoordinatorRequest::default()
+            .with_key_type(1)
+            .with_coordinator_keys(vec![key])
+    } else {
+        FindCoordinatorRequest::default()
+            .with_key_type(1)
+            .with_key(key)
+    };
+    let response = connection.send(version, &request).await?;
+    let (error, host, port) = match response.coordinators.first() {
+        Some(c) if version >= 4 => (c.error_code, c.host.to_string(), c.port),
+        _ => (
+            response.error_code,
+            response.host.to_string(),
+            response.port,
+        ),
+    };
+    match error.err() {
+        None => Ok(format!("{host}:{port}")),
+        Some(e) => Err(response_error("FindCoordinator", transactional_id, e)),
     }
-    unreachable!("the last attempt returns")
 }
 
 /// Describes the transaction state of `transactional_id` (DescribeTransactions).
@@ -226,6 +284,17 @@ pub async fn find_transaction(
     bootstrap: &str,
     transactional_id: &str,
 ) -> Result<Option<TransactionDescription>> {
+    READ_RETRY
+        .run("DescribeTransactions", || {
+            describe_once(bootstrap, transactional_id)
+        })
+        .await
+}
+
+async fn describe_once(
+    bootstrap: &str,
+    transactional_id: &str,
+) -> Result<Option<TransactionDescription>> {
     let address = coordinator(bootstrap, transactional_id).await?;
     let mut connection = Connection::open(&address).await?;
     let request =
@@ -245,20 +314,13 @@ pub async fn find_transaction(
             )
             .with_txn(transactional_id)
         })?;
-    match state.error_code {
-        code::NONE => {}
-        code::TRANSACTIONAL_ID_NOT_FOUND => return Ok(None),
-        other => {
-            return Err(Error::new(
-                ErrorKind::Retryable,
-                Phase::Commit,
-                format!("DescribeTransactions returned error code {other}"),
-            )
-            .with_txn(transactional_id));
-        }
+    match state.error_code.err() {
+        None => {}
+        Some(ResponseError::TransactionalIdNotFound) => return Ok(None),
+        Some(e) => return Err(response_error("DescribeTransactions", transactional_id, e)),
     }
     Ok(Some(TransactionDescription {
-        state: state.transaction_state.to_string(),
+        state: TransactionState::parse(&state.transaction_state),
         producer_id: state.producer_id.0,
         producer_epoch: state.producer_epoch,
         timeout_ms: state.transaction_timeout_ms,
@@ -304,29 +366,31 @@ pub async fn end_transaction(
         .with_committed(commit);
     let response = connection.send(version, &request).await?;
     let txn = format!("{transactional_id} (producer id {producer_id}, epoch {producer_epoch})");
-    match response.error_code {
-        code::NONE => Ok(()),
-        code::INVALID_PRODUCER_EPOCH | code::PRODUCER_FENCED => Err(Error::new(
+    match response.error_code.err() {
+        None => Ok(()),
+        Some(e @ (ResponseError::InvalidProducerEpoch | ResponseError::ProducerFenced)) => Err(Error::new(
             ErrorKind::Fenced,
             Phase::Commit,
             "the producer epoch no longer owns the transactional id: another producer initialised it, or the broker \
              aborted the transaction (its timeout expired) and bumped the epoch",
         )
-        .with_txn(txn)),
-        code::NOT_COORDINATOR | code::COORDINATOR_NOT_AVAILABLE | code::COORDINATOR_LOAD_IN_PROGRESS
-        | code::CONCURRENT_TRANSACTIONS => Err(Error::new(
+        .with_txn(txn)
+        .with_source(e)),
+        Some(e @ ResponseError::ConcurrentTransactions) => Err(Error::new(
             ErrorKind::Retryable,
             Phase::Commit,
-            format!("EndTxn returned retriable error code {}", response.error_code),
+            "EndTxn raced another completion of the same transaction",
         )
-        .with_txn(txn)),
-        code::INVALID_TXN_STATE => Err(Error::new(
+        .with_txn(txn)
+        .with_source(e)),
+        Some(e @ ResponseError::InvalidTxnState) => Err(Error::new(
             ErrorKind::Fatal,
             Phase::Commit,
             "EndTxn refused: the transaction is no longer open for this producer (the broker aborted it after its \
              transaction.timeout.ms, or it was ended the other way)",
         )
-        .with_txn(txn)),
-        other => Err(Error::new(ErrorKind::Fatal, Phase::Commit, format!("EndTxn returned error code {other}")).with_txn(txn)),
+        .with_txn(txn)
+        .with_source(e)),
+        Some(e) => Err(response_error("EndTxn", transactional_id, e).with_txn(txn)),
     }
 }

@@ -58,7 +58,8 @@ mod txn_id;
 pub use broker::broker_max_transaction_timeout;
 pub use config::KafkaSinkConfig;
 pub use coordinator::{
-    TransactionDescription, describe_transaction, end_transaction, find_transaction,
+    TransactionDescription, TransactionState, describe_transaction, end_transaction,
+    find_transaction,
 };
 pub use error::classify;
 pub use factory::KafkaSinkFactory;

@@ -1,8 +1,8 @@
 //! What the coordinator's description of a transactional id says about one pre-committed transaction: the pure
 //! decision behind committing a dead producer's transaction and probing whether it committed.
 
-use crate::TransactionDescription;
 use crate::sink::KafkaCommittable;
+use crate::{TransactionDescription, TransactionState};
 
 /// The next step to commit (or judge) a pre-committed transaction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,10 +35,16 @@ pub(crate) fn commit_step(
     }
     let same = now.producer_epoch == c.producer_epoch;
     let next = now.producer_epoch == c.producer_epoch.wrapping_add(1);
-    match now.state.as_str() {
-        "CompleteCommit" if same || next => CommitStep::AlreadyCommitted,
-        "Ongoing" | "PrepareCommit" if same => CommitStep::EndTxn,
-        "PrepareAbort" | "CompleteAbort" | "Empty" if same => CommitStep::Lost,
+    match now.state {
+        TransactionState::CompleteCommit if same || next => CommitStep::AlreadyCommitted,
+        TransactionState::Ongoing | TransactionState::PrepareCommit if same => CommitStep::EndTxn,
+        TransactionState::PrepareAbort
+        | TransactionState::CompleteAbort
+        | TransactionState::Empty
+            if same =>
+        {
+            CommitStep::Lost
+        }
         _ => CommitStep::AskTheLog,
     }
 }
@@ -65,9 +71,13 @@ mod tests {
         }
     }
 
-    fn described(state: &str, producer_id: i64, producer_epoch: i16) -> TransactionDescription {
+    fn described(
+        state: TransactionState,
+        producer_id: i64,
+        producer_epoch: i16,
+    ) -> TransactionDescription {
         TransactionDescription {
-            state: state.into(),
+            state,
             producer_id,
             producer_epoch,
             timeout_ms: 60_000,
@@ -79,20 +89,22 @@ mod tests {
     #[test]
     fn decides_from_the_transaction_description() {
         let c = committable();
-        let step =
-            |state: &str, id: i64, epoch: i16| commit_step(Some(&described(state, id, epoch)), &c);
-        assert_eq!(step("CompleteCommit", 42, 5), CommitStep::AlreadyCommitted);
-        assert_eq!(step("CompleteCommit", 42, 6), CommitStep::AlreadyCommitted); // protocol v2
+        use TransactionState::*;
+        let step = |state: TransactionState, id: i64, epoch: i16| {
+            commit_step(Some(&described(state, id, epoch)), &c)
+        };
+        assert_eq!(step(CompleteCommit, 42, 5), CommitStep::AlreadyCommitted);
+        assert_eq!(step(CompleteCommit, 42, 6), CommitStep::AlreadyCommitted); // protocol v2
         // Re-initialised after our transaction ended, either way: not evidence.
-        assert_eq!(step("Empty", 42, 6), CommitStep::AskTheLog);
-        assert_eq!(step("Ongoing", 42, 5), CommitStep::EndTxn);
-        assert_eq!(step("PrepareCommit", 42, 5), CommitStep::EndTxn);
-        assert_eq!(step("CompleteAbort", 42, 5), CommitStep::Lost);
-        assert_eq!(step("PrepareAbort", 42, 5), CommitStep::Lost);
+        assert_eq!(step(Empty, 42, 6), CommitStep::AskTheLog);
+        assert_eq!(step(Ongoing, 42, 5), CommitStep::EndTxn);
+        assert_eq!(step(PrepareCommit, 42, 5), CommitStep::EndTxn);
+        assert_eq!(step(CompleteAbort, 42, 5), CommitStep::Lost);
+        assert_eq!(step(PrepareAbort, 42, 5), CommitStep::Lost);
         // Re-initialised since (a newer epoch or another producer id): the log decides.
-        assert_eq!(step("Empty", 42, 9), CommitStep::AskTheLog);
-        assert_eq!(step("CompleteCommit", 77, 0), CommitStep::AskTheLog);
-        assert_eq!(step("Ongoing", 42, 6), CommitStep::AskTheLog);
+        assert_eq!(step(Empty, 42, 9), CommitStep::AskTheLog);
+        assert_eq!(step(CompleteCommit, 77, 0), CommitStep::AskTheLog);
+        assert_eq!(step(Ongoing, 42, 6), CommitStep::AskTheLog);
         // Expired: the broker forgot the id.
         assert_eq!(commit_step(None, &c), CommitStep::AskTheLog);
     }

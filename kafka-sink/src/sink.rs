@@ -22,7 +22,8 @@ use crate::probe::visible_in_log;
 use crate::records::RecordMapping;
 use crate::registry::claim_prefix;
 use crate::{
-    KafkaSinkConfig, TransactionalId, TransactionalIdPool, classify, open_transactional_producer,
+    KafkaSinkConfig, TransactionState, TransactionalId, TransactionalIdPool, classify,
+    open_transactional_producer,
 };
 
 /// How long librdkafka's transactional calls (commit, abort) may block.
@@ -177,7 +178,7 @@ impl Committer for KafkaCommitter {
             let context = |e: Error| {
                 e.or_sink(&self.sink)
                     .or_checkpoint(c.checkpoint)
-                    .with_txn(c.transactional_id.clone())
+                    .or_txn(c.transactional_id.clone())
             };
             let local = self
                 .producers
@@ -449,8 +450,12 @@ impl TwoPhaseCommit for KafkaSink {
         } else {
             let described = describe_transaction(&self.config.bootstrap_servers, id.as_str())
                 .await
-                .map_err(|e| e.or_sink(&self.sink).or_checkpoint(checkpoint))?;
-            if described.state != "Ongoing" {
+                .map_err(|e| {
+                    e.at_phase(Phase::PreCommit)
+                        .or_sink(&self.sink)
+                        .or_checkpoint(checkpoint)
+                })?;
+            if described.state != TransactionState::Ongoing {
                 return Err(self.err(
                     ErrorKind::MustAbort,
                     Phase::PreCommit,
@@ -525,9 +530,10 @@ impl TwoPhaseCommit for KafkaSink {
                 commit_remote(&self.config.bootstrap_servers, c)
                     .await
                     .map_err(|e| {
-                        e.or_sink(&self.sink)
+                        e.at_phase(Phase::Recover)
+                            .or_sink(&self.sink)
                             .or_checkpoint(checkpoint)
-                            .with_txn(c.transactional_id.clone())
+                            .or_txn(c.transactional_id.clone())
                     })?;
             }
         }

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use connector_api::{CheckpointId, SubtaskId};
+use connector_api::{CheckpointId, Error, ErrorKind, Phase, Result, SubtaskId};
 
 /// One transactional id: `<prefix>-<subtask>-<slot>`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -34,7 +34,11 @@ pub struct TransactionalIdPool {
 
 impl TransactionalIdPool {
     /// A pool of `size` ids per subtask under `prefix` (letters, digits, `.`, `_`, `-`; at most 200 characters).
-    pub fn new(prefix: impl Into<String>, size: u32) -> Result<Self, String> {
+    ///
+    /// # Errors
+    /// [`Config`](ErrorKind::Config) naming the setting.
+    pub fn new(prefix: impl Into<String>, size: u32) -> Result<Self> {
+        let invalid = |message: String| Error::new(ErrorKind::Config, Phase::Setup, message);
         let prefix = prefix.into();
         if prefix.is_empty()
             || prefix.len() > 200
@@ -42,16 +46,16 @@ impl TransactionalIdPool {
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
         {
-            return Err(format!(
+            return Err(invalid(format!(
                 "transactional_id_prefix {prefix:?} is invalid: use 1 to 200 ASCII letters, digits, '.', '_' or '-'"
-            ));
+            )));
         }
         if !(2..=16).contains(&size) {
-            return Err(format!(
+            return Err(invalid(format!(
                 "transactional_id_pool_size {size} is out of range: use 2 to 16. Checkpoint N commits on its own \
                  task while checkpoint N+1 is written, so two consecutive checkpoints need two transactional ids \
                  (one id would be one producer in two transactions at once)"
-            ));
+            )));
         }
         Ok(Self { prefix, size })
     }
@@ -102,6 +106,7 @@ mod tests {
         assert!(
             TransactionalIdPool::new("", 2)
                 .unwrap_err()
+                .to_string()
                 .contains("transactional_id_prefix")
         );
         assert!(TransactionalIdPool::new("a b", 2).is_err());
@@ -109,6 +114,7 @@ mod tests {
             assert!(
                 TransactionalIdPool::new("ok", size)
                     .unwrap_err()
+                    .to_string()
                     .contains("pool_size"),
                 "{size}"
             );

@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 
 use connector_api::ErrorKind;
 use integration::Services;
-use kafka_sink::{describe_transaction, end_transaction};
+use kafka_sink::{TransactionState, describe_transaction, end_transaction};
 
 /// A producer that begins a transaction, sends three records, flushes, says so, and waits to be killed.
 const ORPHAN: &str = r#"
@@ -76,7 +76,7 @@ async fn orphaned(
     let topic = integration::unique_name(name);
     orphan_transaction(&tid, &topic, timeout_ms);
     let described = describe_transaction(bootstrap, &tid).await.unwrap();
-    assert_eq!(described.state, "Ongoing", "{described:?}");
+    assert_eq!(described.state, TransactionState::Ongoing, "{described:?}");
     (tid, topic, described)
 }
 
@@ -86,7 +86,7 @@ async fn wait_until_broker_aborted(bootstrap: &str, tid: &str) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {
         let now = describe_transaction(bootstrap, tid).await.unwrap();
-        if now.state == "CompleteAbort" {
+        if now.state == TransactionState::CompleteAbort {
             return;
         }
         assert!(
@@ -127,7 +127,7 @@ async fn a_dead_producers_transaction_is_committed_from_another_process() {
     assert_eq!(values, ["orphan-0", "orphan-1", "orphan-2"]);
     assert_eq!(offsets["lso"], offsets["high_watermark"], "{offsets}");
     let after = describe_transaction(bootstrap, &tid).await.unwrap();
-    assert_eq!(after.state, "CompleteCommit", "{after:?}");
+    assert_eq!(after.state, TransactionState::CompleteCommit, "{after:?}");
 
     // A repeated EndTxn(commit) for the completed transaction (a retried commit) is accepted by the coordinator
     // and changes nothing.

@@ -37,11 +37,7 @@ fn driver(
         max_recovery_time: Duration::ZERO,
         max_call_time: Duration::ZERO,
         // No retries: the budget then fits the 2 s transaction timeout of the lost-checkpoint test.
-        retry: RetryPolicy {
-            max_attempts: 1,
-            initial_backoff: Duration::ZERO,
-            max_backoff: Duration::ZERO,
-        },
+        retry: RetryPolicy::NEVER,
     };
     let mut driver = Driver::new(LocalCheckpointStore::open(state, 3).unwrap(), config);
     driver.add_sink(sink(topic, prefix, timeout)).unwrap();

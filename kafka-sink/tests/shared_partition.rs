@@ -10,7 +10,9 @@ use std::time::Duration;
 use connector_api::{CheckpointId, Committer, ErrorKind, SinkId, SubtaskId, TwoPhaseCommit};
 use integration::Services;
 use integration::conformance::conformance_batch;
-use kafka_sink::{KafkaCommittable, KafkaSink, KafkaSinkConfig, find_transaction};
+use kafka_sink::{
+    KafkaCommittable, KafkaSink, KafkaSinkConfig, TransactionState, find_transaction,
+};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
@@ -82,7 +84,10 @@ async fn wait_until_broker_aborted(tid: &str) {
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
         let now = find_transaction(bootstrap, tid).await.unwrap();
-        if now.as_ref().is_some_and(|d| d.state == "CompleteAbort") {
+        if now
+            .as_ref()
+            .is_some_and(|d| d.state == TransactionState::CompleteAbort)
+        {
             return;
         }
         assert!(

@@ -5,6 +5,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result};
 use connector_api::{Driver, DriverConfig, LocalCheckpointStore, Report, SinkId, SubtaskId};
 use file_sink::{FileSink, FileSinkConfig, StorageConfig};
+use kafka_source::{KafkaSource, record_schema};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -12,7 +13,6 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
 
 use crate::cli::DemoArgs;
-use crate::source::{KafkaSource, record_schema};
 use crate::summary::summarize;
 
 /// How long the source waits for more records before checkpointing what it has.
@@ -38,7 +38,7 @@ pub async fn run(args: DemoArgs) -> Result<()> {
 
     let store = LocalCheckpointStore::open(&args.state, 5)?;
     let sink = FileSink::new(FileSinkConfig::new(
-        SinkId::new("demo-parquet").map_err(anyhow::Error::msg)?,
+        SinkId::new("demo-parquet")?,
         SubtaskId(0),
         record_schema(),
         StorageConfig::Local {

@@ -3,7 +3,6 @@
 
 mod cli;
 mod demo;
-mod source;
 mod summary;
 
 use clap::Parser;

@@ -13,13 +13,8 @@
 //! that no checkpoint id is ever reused by a later attempt, and hands back the source positions to resume from.
 //!
 //! # What the driver does about an error
-//! | error | before the record is durable | saving the record | after the record is durable |
-//! |---|---|---|---|
-//! | [`Fenced`](ErrorKind::Fenced) | stop, abort nothing (a newer owner may need it) | stop, abort nothing | stop |
-//! | [`InDoubt`](ErrorKind::InDoubt) | abort and stop | retry the save; if still unknown, stop *without* aborting: recovery reads what is stored | retry (commits are idempotent), then stop |
-//! | [`Retryable`](ErrorKind::Retryable) | retry begin / recover; a write or pre_commit error aborts and stops | retry; if never stored, abort and stop | retry the commit; then stop (recovery commits) |
-//! | [`BadRecord`](ErrorKind::BadRecord) | the batch was refused whole: the driver stays usable | - | - |
-//! | any other | abort and stop | abort and stop | stop (recovery commits) |
+//! One table, in [`crate::error`]: [`action`](crate::action) of the error's kind and phase decides retry,
+//! abort-and-replay, stop, stop-without-aborting or dead-letter, and the driver follows it everywhere.
 //!
 //! After any error except [`ErrorKind::BadRecord`], the driver refuses further work: restart the job (build a new
 //! driver and call [`Driver::start`]) so recovery resolves what the failure left.
@@ -27,6 +22,7 @@
 mod budget;
 mod erased;
 mod fault;
+mod stream;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -40,12 +36,13 @@ use tokio::task::JoinHandle;
 pub(crate) use erased::ErasedSink;
 pub use erased::committables_in;
 pub use fault::{FaultAction, FaultInjector, FaultPoint, Faults};
+pub use stream::StreamEvent;
 
 use self::budget::Budget;
 use self::erased::PendingCommit;
 use crate::{
-    CheckpointId, CheckpointRecord, CheckpointStore, DynSink, Error, ErrorKind, OwnerEpoch, Phase,
-    Report, Result, RetryPolicy, SourceOffset, TwoPhaseCommit,
+    Action, CheckpointId, CheckpointRecord, CheckpointStore, DynSink, Error, ErrorKind, OwnerEpoch,
+    Phase, Report, Result, RetryPolicy, SourceOffset, TwoPhaseCommit, action_after_retries,
 };
 
 /// A sink added to a [`Driver`]: what [`Driver::write`] takes to say which sink a batch goes to.
@@ -327,7 +324,7 @@ impl<S: CheckpointStore> Driver<S> {
             .await
             .map_err(|e| e.or_sink(&id).or_checkpoint(current));
         if let Err(e) = &result
-            && e.kind() != ErrorKind::BadRecord
+            && e.action() != Action::DeadLetter
         {
             self.fail(e);
         }
@@ -377,14 +374,9 @@ impl<S: CheckpointStore> Driver<S> {
         let retry = self.config.retry;
         let owner = self.owner.expect("a running driver holds a claim");
         if let Err(e) = save_decision(&*self.store, retry, owner, &record).await {
-            return Err(match e.kind() {
-                // The record may be the decision already, or a newer owner may need the transactions.
-                ErrorKind::InDoubt | ErrorKind::Fenced => {
-                    self.fail(&e);
-                    e
-                }
-                _ => self.abort_checkpoint(e).await,
-            });
+            // An unknown outcome or a lost claim stops without aborting: the record may be the decision already,
+            // or a newer owner may need the transactions.
+            return Err(self.abort_checkpoint(e).await);
         }
         // Checkpoint `id` is decided: committed, whatever happens next.
         self.inject(FaultPoint::AfterRecordDurable).await?;
@@ -470,12 +462,13 @@ impl<S: CheckpointStore> Driver<S> {
         Ok(())
     }
 
-    /// Presumed abort: discards the current checkpoint in every sink, stops the driver, and returns `cause`.
-    /// A fenced instance aborts nothing: what it holds may be what the newer owner recovers. Abort failures are
-    /// logged, not returned: `cause` is what to report, and recovery aborts what is left.
+    /// Presumed abort: discards the current (undecided) checkpoint in every sink, stops the driver, and returns
+    /// `cause`, unless the error table says to stop without aborting (a fenced instance: what it holds may be what
+    /// the newer owner recovers; a save whose outcome is unknown: the record may be the decision). Abort failures
+    /// are logged, not returned: `cause` is what to report, and recovery aborts what is left.
     async fn abort_checkpoint(&mut self, cause: Error) -> Error {
         self.fail(&cause);
-        if cause.kind() == ErrorKind::Fenced {
+        if action_after_retries(cause.kind(), cause.phase()) == Action::StopWithoutAbort {
             return cause;
         }
         let current = self.current;
@@ -558,11 +551,7 @@ async fn save_decision<S: CheckpointStore + ?Sized>(
             Err(e) => e.or_checkpoint(record.id),
         };
         in_doubt |= e.kind() == ErrorKind::InDoubt;
-        let transient = matches!(e.kind(), ErrorKind::Retryable | ErrorKind::InDoubt);
-        if attempts
-            .again("save checkpoint record", transient, Report(&e).to_string())
-            .await
-        {
+        if attempts.retry("save checkpoint record", &e).await {
             continue;
         }
         if in_doubt && e.kind() != ErrorKind::Fenced {

@@ -14,11 +14,12 @@ use std::path::{Path, PathBuf};
 
 use aws_sdk_s3::Client;
 use aws_sdk_s3::config::http::HttpResponse;
+use aws_sdk_s3::config::retry::RetryConfig;
 use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
-use connector_api::{Error, ErrorKind, Phase, Result, RetryPolicy, SinkId, SubtaskId};
+use connector_api::{Error, ErrorKind, Phase, Result, SinkId, SubtaskId};
 
 use super::{OpenFile, StagedFile, Upload, UploadedPart};
 use crate::FileName;
@@ -27,6 +28,9 @@ use crate::config::{MIN_PART_SIZE, S3Config};
 /// Staged small files live under this directory of the prefix; readers should skip `_`-prefixed directories, as
 /// Hive, Spark and Trino do.
 const STAGING_DIR: &str = "_ratchet-staging";
+/// Attempts of one S3 request by the SDK's standard retry mode.
+const S3_MAX_ATTEMPTS: u32 = 5;
+
 /// Owner-epoch objects live here.
 const OWNER_DIR: &str = "_ratchet";
 /// Local spill files start with this.
@@ -40,7 +44,6 @@ pub(crate) struct S3Backend {
     spill_dir: PathBuf,
     sink: SinkId,
     subtask: SubtaskId,
-    retry: RetryPolicy,
 }
 
 /// What an S3 call failed with, as the driver needs it. `403`, a missing bucket and other client errors are
@@ -185,8 +188,11 @@ impl S3Backend {
             }
         }
         let shared = loader.load().await;
-        let mut builder =
-            aws_sdk_s3::config::Builder::from(&shared).force_path_style(config.force_path_style);
+        // The SDK retries single requests on throttling, 5xx and transport errors (its standard mode, configured
+        // here); the driver's retry layer retries protocol steps. Nothing else wraps S3 calls in retries.
+        let mut builder = aws_sdk_s3::config::Builder::from(&shared)
+            .force_path_style(config.force_path_style)
+            .retry_config(RetryConfig::standard().with_max_attempts(S3_MAX_ATTEMPTS));
         if shared.region().is_none() {
             builder = builder.region(Region::new("us-east-1"));
         }
@@ -207,7 +213,6 @@ impl S3Backend {
             spill_dir,
             sink,
             subtask,
-            retry: RetryPolicy::default(),
         };
         // Fail at start, not at the first checkpoint, on a wrong bucket or credentials.
         backend
@@ -221,30 +226,6 @@ impl S3Backend {
                     .with_sink(&backend.sink)
             })?;
         Ok(backend)
-    }
-
-    /// Runs one S3 call, retrying transient failures with backoff; other errors come back as they are, for the
-    /// caller to inspect (412, 404) or report.
-    async fn send<T, E, F, Fut>(
-        &self,
-        op: &str,
-        mut call: F,
-    ) -> std::result::Result<T, SdkError<E, HttpResponse>>
-    where
-        F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = std::result::Result<T, SdkError<E, HttpResponse>>>,
-        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
-    {
-        let mut attempts = self.retry.attempts();
-        loop {
-            match call().await {
-                Err(e)
-                    if attempts
-                        .again(op, transient(&e), format!("{:?}", e.code()))
-                        .await => {}
-                outcome => return outcome,
-            }
-        }
     }
 
     fn key(&self, relative: &str) -> String {
@@ -297,13 +278,11 @@ impl S3Backend {
         let key = self.key(&name.relative_path());
         if upload.is_none() {
             let created = self
-                .send("CreateMultipartUpload", || {
-                    self.client
-                        .create_multipart_upload()
-                        .bucket(&self.bucket)
-                        .key(&key)
-                        .send()
-                })
+                .client
+                .create_multipart_upload()
+                .bucket(&self.bucket)
+                .key(&key)
+                .send()
                 .await
                 .map_err(|e| {
                     s3_error("CreateMultipartUpload", &self.bucket, &key, Phase::Write, e)
@@ -320,16 +299,14 @@ impl S3Backend {
         let bytes = self.read_range(spill, upload.uploaded, len).await?;
         let number = upload.parts.len() as i32 + 1;
         let done = self
-            .send("UploadPart", || {
-                self.client
-                    .upload_part()
-                    .bucket(&self.bucket)
-                    .key(&upload.key)
-                    .upload_id(&upload.upload_id)
-                    .part_number(number)
-                    .body(ByteStream::from(bytes.clone()))
-                    .send()
-            })
+            .client
+            .upload_part()
+            .bucket(&self.bucket)
+            .key(&upload.key)
+            .upload_id(&upload.upload_id)
+            .part_number(number)
+            .body(ByteStream::from(bytes.clone()))
+            .send()
             .await
             .map_err(|e| {
                 s3_error("UploadPart", &self.bucket, &upload.key, Phase::Write, e)
@@ -398,14 +375,12 @@ impl S3Backend {
             let staging_key = self.key(&format!("{STAGING_DIR}/{}", name.relative_path()));
             let body = self.read_range(&staging_path, 0, total).await?;
             let put = self
-                .send("PutObject", || {
-                    self.client
-                        .put_object()
-                        .bucket(&self.bucket)
-                        .key(&staging_key)
-                        .body(ByteStream::from(body.clone()))
-                        .send()
-                })
+                .client
+                .put_object()
+                .bucket(&self.bucket)
+                .key(&staging_key)
+                .body(ByteStream::from(body.clone()))
+                .send()
                 .await
                 .map_err(|e| {
                     s3_error("PutObject", &self.bucket, &staging_key, Phase::PreCommit, e)
@@ -518,16 +493,14 @@ impl S3Backend {
                     ))
                     .build();
                 let outcome = self
-                    .send("CompleteMultipartUpload", || {
-                        self.client
-                            .complete_multipart_upload()
-                            .bucket(&self.bucket)
-                            .key(key)
-                            .upload_id(upload_id)
-                            .multipart_upload(completed.clone())
-                            .if_none_match("*")
-                            .send()
-                    })
+                    .client
+                    .complete_multipart_upload()
+                    .bucket(&self.bucket)
+                    .key(key)
+                    .upload_id(upload_id)
+                    .multipart_upload(completed.clone())
+                    .if_none_match("*")
+                    .send()
                     .await;
                 match outcome {
                     Ok(_) => Ok(()),
@@ -583,19 +556,17 @@ impl S3Backend {
                     }
                     None => {
                         let source = encode_copy_source(&self.bucket, staging_key);
-                        self.send("CopyObject", || {
-                            self.client
-                                .copy_object()
-                                .bucket(&self.bucket)
-                                .key(key)
-                                .copy_source(&source)
-                                .if_none_match("*")
-                                .send()
-                        })
-                        .await
-                        .map_err(|e| {
-                            s3_error("CopyObject", &self.bucket, staging_key, Phase::Commit, e)
-                        })?;
+                        self.client
+                            .copy_object()
+                            .bucket(&self.bucket)
+                            .key(key)
+                            .copy_source(&source)
+                            .if_none_match("*")
+                            .send()
+                            .await
+                            .map_err(|e| {
+                                s3_error("CopyObject", &self.bucket, staging_key, Phase::Commit, e)
+                            })?;
                     }
                 }
                 self.delete(staging_key, Phase::Commit).await
@@ -605,16 +576,14 @@ impl S3Backend {
     }
 
     async fn delete(&self, key: &str, phase: Phase) -> Result<()> {
-        self.send("DeleteObject", || {
-            self.client
-                .delete_object()
-                .bucket(&self.bucket)
-                .key(key)
-                .send()
-        })
-        .await
-        .map(drop)
-        .map_err(|e| s3_error("DeleteObject", &self.bucket, key, phase, e))
+        self.client
+            .delete_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .send()
+            .await
+            .map(drop)
+            .map_err(|e| s3_error("DeleteObject", &self.bucket, key, phase, e))
     }
 
     pub(crate) async fn is_published(&self, staged: &StagedFile) -> Result<bool> {

@@ -331,6 +331,7 @@ impl<T: ConformanceTarget> Job<'_, T> {
                 max_attempts: 3,
                 initial_backoff: std::time::Duration::from_millis(10),
                 max_backoff: std::time::Duration::from_millis(50),
+                max_total_backoff: std::time::Duration::from_secs(1),
             },
             ..DriverConfig::default()
         };
