@@ -28,7 +28,7 @@ pub use checkpoint::{
 pub use delivery::{DeliveryGuarantee, GuaranteedCommitter, GuaranteedSink};
 pub use driver::{
     Driver, DriverConfig, FaultAction, FaultInjector, FaultPoint, Faults, Restored, SinkHandle,
-    StreamEvent, committables_in,
+    Step, StreamEvent, committables_in,
 };
 pub use error::{Action, Error, ErrorKind, Phase, Report, Result, action, action_after_retries};
 pub use ids::{CheckpointId, SinkId, SubtaskId};

@@ -32,7 +32,10 @@ pub enum StorageConfig {
 /// | `force_path_style` | path-style addressing (`http://host/bucket/key`), needed by most S3-compatible stores | `false` |
 /// | `part_size` | multipart part size in bytes, at least 5 MiB | 8 MiB |
 /// | `spill_dir` | local directory for the staged bytes of open files (memory stays bounded) | the system temp dir |
-#[derive(Debug, Clone, Deserialize)]
+///
+/// The secret key is redacted in `Debug` output and never appears in an error; leave both keys out to take them
+/// from the environment (`AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY`) through the AWS chain.
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct S3Config {
     /// Bucket name.
@@ -61,6 +64,25 @@ pub struct S3Config {
     /// Where open files are staged locally before upload.
     #[serde(default)]
     pub spill_dir: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for S3Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("S3Config")
+            .field("bucket", &self.bucket)
+            .field("prefix", &self.prefix)
+            .field("endpoint", &self.endpoint)
+            .field("region", &self.region)
+            .field("access_key_id", &self.access_key_id)
+            .field(
+                "secret_access_key",
+                &self.secret_access_key.as_ref().map(|_| "<redacted>"),
+            )
+            .field("force_path_style", &self.force_path_style)
+            .field("part_size", &self.part_size)
+            .field("spill_dir", &self.spill_dir)
+            .finish()
+    }
 }
 
 /// The S3 minimum part size (except the last part).
@@ -232,5 +254,24 @@ impl FileSinkConfig {
             partition: PartitionConfig::default(),
             rolling: RollingPolicy::default(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_secret_key_is_redacted_in_debug() {
+        let config: StorageConfig = serde_json::from_value(serde_json::json!({
+            "kind": "s3", "bucket": "b", "access_key_id": "AKIA", "secret_access_key": "very-secret-value"
+        }))
+        .unwrap();
+        let shown = format!("{config:?}");
+        assert!(!shown.contains("very-secret-value"), "{shown}");
+        assert!(
+            shown.contains("<redacted>") && shown.contains("AKIA"),
+            "{shown}"
+        );
     }
 }

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use arrow_array::RecordBatch;
 use common::{Place, config};
-use connector_api::{Driver, DriverConfig, LocalCheckpointStore, SinkId};
+use connector_api::{Driver, DriverConfig, LocalCheckpointStore, SinkId, Step};
 use file_sink::{FileSink, FileSinkConfig, FormatConfig};
 use integration::conformance::conformance_batch_with;
 use integration::crash::{KILL_STEPS, durable_before, run_killed_child, run_until_killed};
@@ -46,7 +46,16 @@ async fn child_job(place: Place, checkpoints: PathBuf, step: String) {
     let sink = driver
         .add_sink(FileSink::new(sink_config(&place)).await.unwrap())
         .unwrap();
-    run_until_killed(driver, sink, &step, CRASH_CHECKPOINT, BATCHES, ROWS, rows).await
+    run_until_killed(
+        driver,
+        sink,
+        Step::parse(&step).expect("a kill step"),
+        CRASH_CHECKPOINT,
+        BATCHES,
+        ROWS,
+        rows,
+    )
+    .await
 }
 
 /// Entry point of the child process (does nothing in a normal test run).
@@ -70,7 +79,7 @@ async fn kill_at_every_step(place: Place, label: &str) {
         let state = tempfile::tempdir().unwrap();
         // Each step gets its own destination within the place.
         let place = match &place {
-            Place::Local(dir) => Place::Local(dir.join(step)),
+            Place::Local(dir) => Place::Local(dir.join(step.name())),
             Place::S3 { prefix } => Place::S3 {
                 prefix: format!("{prefix}/{step}"),
             },
@@ -85,7 +94,7 @@ async fn kill_at_every_step(place: Place, label: &str) {
             &format!("{kind};{location};{};{step}", state.path().display()),
         );
 
-        if step != "after-commit" {
+        if step != Step::AfterCommit {
             // The crash left staged data behind: the test below is about recovery cleaning it up.
             let before = place.clone();
             let (_, _, strays) = tokio::task::spawn_blocking(move || before.read("job", "id"))

@@ -5,18 +5,18 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::Command;
 use std::sync::Arc;
 
-use connector_api::{CheckpointId, FaultInjector, FaultPoint};
+use connector_api::{CheckpointId, FaultInjector, FaultPoint, SinkHandle, Step};
 
 /// The steps a child can be killed at: after the checkpoint's batches were written (the job loop's to handle),
 /// after pre-commit, after the checkpoint record is durable, after commit (on the commit task, while the job loop
 /// already writes the next checkpoint), and while committing (the job loop kills the process right after writing
 /// the next checkpoint's first batch, with the commit just started on its task).
-pub const KILL_STEPS: [&str; 5] = [
-    "after-write",
-    "after-pre-commit",
-    "after-record-durable",
-    "after-commit",
-    "while-committing",
+pub const KILL_STEPS: [Step; 5] = [
+    Step::AfterWrite,
+    Step::AfterPreCommit,
+    Step::AfterRecordDurable,
+    Step::AfterCommit,
+    Step::WhileCommitting,
 ];
 
 /// Sends SIGKILL to this process.
@@ -31,16 +31,9 @@ pub fn kill_self() -> ! {
 
 /// A fault injector that kills this process at `step` (one of [`KILL_STEPS`] but `after-write` and
 /// `while-committing`, which the job loop handles) of checkpoint `checkpoint`.
-pub fn kill_at(step: &str, checkpoint: u64) -> FaultInjector {
-    let step = step.to_string();
+pub fn kill_at(step: Step, checkpoint: u64) -> FaultInjector {
     Arc::new(move |current: CheckpointId, fault: &FaultPoint| {
-        let hit = matches!(
-            (step.as_str(), fault),
-            ("after-pre-commit", FaultPoint::AfterPreCommit { .. })
-                | ("after-record-durable", FaultPoint::AfterRecordDurable)
-                | ("after-commit", FaultPoint::AfterCommit { .. })
-        );
-        if hit && current.0 == checkpoint {
+        if fault.step() == step && current.0 == checkpoint {
             kill_self();
         }
         false
@@ -49,10 +42,10 @@ pub fn kill_at(step: &str, checkpoint: u64) -> FaultInjector {
 
 /// Checkpoints a job killed at `step` of checkpoint `crash` has made durable, counting from the first real one
 /// (a fresh start consumes checkpoint id 1, so the first real checkpoint is 2).
-pub fn durable_before(step: &str, crash: u64) -> u64 {
+pub fn durable_before(step: Step, crash: u64) -> u64 {
     let completed = crash - 2;
     match step {
-        "after-record-durable" | "after-commit" | "while-committing" => completed + 1,
+        Step::AfterRecordDurable | Step::AfterCommit | Step::WhileCommitting => completed + 1,
         _ => completed,
     }
 }
@@ -78,8 +71,8 @@ pub fn run_killed_child(entry_point: &str, env_var: &str, spec: &str) {
 /// checkpoint's writes, as in production: the loop never waits for them.
 pub async fn run_until_killed<S: connector_api::CheckpointStore>(
     driver: connector_api::Driver<S>,
-    sink: connector_api::SinkHandle,
-    step: &str,
+    sink: SinkHandle,
+    step: Step,
     crash: u64,
     batches: i64,
     rows: i64,
@@ -97,7 +90,7 @@ pub async fn run_until_killed<S: connector_api::CheckpointStore>(
                 .expect("child write");
             next += rows;
         }
-        if step == "after-write" && checkpoint == crash {
+        if step == Step::AfterWrite && checkpoint == crash {
             kill_self();
         }
         let positions = vec![connector_api::SourceOffset {
@@ -109,7 +102,7 @@ pub async fn run_until_killed<S: connector_api::CheckpointStore>(
             .checkpoint(positions)
             .await
             .expect("child checkpoint");
-        if step == "while-committing" && checkpoint == crash {
+        if step == Step::WhileCommitting && checkpoint == crash {
             driver
                 .write(sink, &batch(next..next + rows))
                 .await

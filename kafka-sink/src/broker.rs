@@ -14,10 +14,10 @@ fn admin_error(message: &str, e: rdkafka::error::KafkaError) -> Error {
     Error::new(ErrorKind::Retryable, Phase::Setup, message.to_string()).with_source(e)
 }
 
-/// The broker's `transaction.max.timeout.ms` (read from one broker of the cluster).
-pub async fn broker_max_transaction_timeout(bootstrap: &str) -> Result<Duration> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
+/// The broker's `transaction.max.timeout.ms` (read from one broker of the cluster reached with `connection`,
+/// [`KafkaSinkConfig::connection`](crate::KafkaSinkConfig::connection)).
+pub async fn broker_max_transaction_timeout(connection: &ClientConfig) -> Result<Duration> {
+    let admin: AdminClient<DefaultClientContext> = connection
         .create()
         .map_err(|e| admin_error("cannot create a Kafka admin client", e))?;
     let metadata = admin

@@ -9,6 +9,17 @@ use serde::Deserialize;
 
 use crate::{RecordMapping, TransactionalId, TransactionalIdPool};
 
+/// Prefixes of `client` settings that say how to reach the cluster (security, sockets): every client the sink
+/// makes (producers, the commit probe, the prefix registry, admin requests) gets them.
+const CONNECTION_PREFIXES: &[&str] = &[
+    "security.protocol",
+    "ssl.",
+    "sasl.",
+    "socket.",
+    "client.dns.lookup",
+    "broker.address.family",
+];
+
 /// librdkafka keys the sink sets itself; setting them in `client` is refused.
 const CONTROLLED_KEYS: &[&str] = &[
     "bootstrap.servers",
@@ -138,6 +149,42 @@ impl KafkaSinkConfig {
         )
     }
 
+    /// The one place every Kafka client of this sink starts from: the bootstrap servers and the `client` settings
+    /// that say how to reach the cluster (security, sockets). Producers add the rest of `client` on top.
+    pub fn connection(&self) -> ClientConfig {
+        let mut config = ClientConfig::new();
+        config.set("bootstrap.servers", &self.bootstrap_servers);
+        for (key, value) in &self.client {
+            if CONNECTION_PREFIXES.iter().any(|p| key.starts_with(p)) {
+                config.set(key, value);
+            }
+        }
+        config
+    }
+
+    /// Refuses settings the sink cannot honour: a cluster reached other than over PLAINTEXT. librdkafka would
+    /// connect, but the protocol-level commit path (DescribeTransactions and EndTxn, which commit a dead process's
+    /// transaction at recovery) speaks PLAINTEXT only in this release; TLS and SASL for it are planned.
+    ///
+    /// # Errors
+    /// [`Config`](ErrorKind::Config) naming the setting.
+    pub fn validate(&self) -> Result<()> {
+        if let Some(protocol) = self.client.get("security.protocol")
+            && !protocol.eq_ignore_ascii_case("plaintext")
+        {
+            return Err(Error::new(
+                ErrorKind::Config,
+                Phase::Setup,
+                format!(
+                    "client security.protocol={protocol} is not supported yet: the sink commits a dead process's \
+                     transaction at the protocol level, which speaks PLAINTEXT only in this release (TLS and SASL \
+                     are planned); use a PLAINTEXT listener"
+                ),
+            ));
+        }
+        self.id_pool().map(drop)
+    }
+
     /// librdkafka settings for the producer of transactional id `id`: idempotent, `acks=all`, transactional.
     pub fn producer_config(&self, id: &TransactionalId) -> Result<ClientConfig> {
         if let Some(key) = self
@@ -165,7 +212,7 @@ impl KafkaSinkConfig {
                 ),
             ));
         }
-        let mut config = ClientConfig::new();
+        let mut config = self.connection();
         for (key, value) in &self.client {
             config.set(key, value);
         }
@@ -216,6 +263,29 @@ mod tests {
         assert!(
             shown.contains("<redacted>") && shown.contains("linger.ms"),
             "{shown}"
+        );
+    }
+
+    #[test]
+    fn every_client_gets_the_connection_settings_and_secure_clusters_are_refused_for_now() {
+        let mut config = KafkaSinkConfig::new("b:9092", "t", "p");
+        config
+            .client
+            .insert("socket.timeout.ms".into(), "5000".into());
+        config.client.insert("linger.ms".into(), "5".into());
+        let connection = config.connection();
+        assert_eq!(connection.get("bootstrap.servers"), Some("b:9092"));
+        assert_eq!(connection.get("socket.timeout.ms"), Some("5000"));
+        assert_eq!(connection.get("linger.ms"), None);
+        config.validate().unwrap();
+        config
+            .client
+            .insert("security.protocol".into(), "SASL_SSL".into());
+        let err = config.validate().unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Config);
+        assert!(
+            err.to_string().contains("security.protocol=SASL_SSL"),
+            "{err}"
         );
     }
 

@@ -12,32 +12,24 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use connector_api::{Error, ErrorKind, Phase, Result};
+use connector_api::{Error, ErrorKind, Phase, Result, Step};
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Headers, OwnedHeaders};
 use rdkafka::producer::{FutureRecord, Producer};
 use rdkafka::types::RDKafkaErrorCode;
-use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+use rdkafka::{Message, Offset, TopicPartitionList};
 
 use connector_api::SubtaskId;
 
 use crate::registry::claim_prefix;
 use crate::{KafkaSinkConfig, classify, open_transactional_producer};
 
-/// A step of one transaction, for fault injection in tests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PipelineStep {
-    /// The records were produced (and flushed), the offsets not yet sent.
-    AfterProduce,
-    /// The offsets were sent to the transaction, the commit not yet made.
-    AfterOffsets,
-    /// The transaction committed.
-    AfterCommit,
-}
-
-/// Called at each [`PipelineStep`] with the transaction's number (from 1).
-pub type PipelineHook = Arc<dyn Fn(u64, PipelineStep) + Send + Sync>;
+/// Called, for fault injection in tests, at each step of a transaction with the transaction's number (from 1):
+/// [`Step::AfterWrite`] once the records are produced and flushed (the offsets not yet sent),
+/// [`Step::AfterPreCommit`] once the offsets are in the transaction (the commit not yet made), and
+/// [`Step::AfterCommit`] once it committed.
+pub type PipelineHook = Arc<dyn Fn(u64, Step) + Send + Sync>;
 
 /// A Kafka-to-Kafka pipeline.
 #[derive(Clone)]
@@ -87,14 +79,15 @@ impl KafkaToKafka {
             self.group_id
         );
         claim_prefix(
-            &self.sink.bootstrap_servers,
+            &self.sink.connection(),
             &self.sink.transactional_id_prefix,
             &owner,
         )
         .await?;
         let producer = open_transactional_producer(&self.sink, &id).await?;
-        let consumer: StreamConsumer = ClientConfig::new()
-            .set("bootstrap.servers", &self.sink.bootstrap_servers)
+        let consumer: StreamConsumer = self
+            .sink
+            .connection()
             .set("group.id", &self.group_id)
             .set("enable.auto.commit", "false")
             .set("auto.offset.reset", "earliest")
@@ -180,7 +173,7 @@ impl KafkaToKafka {
                     })?
                     .map_err(|(e, _)| failed(Phase::Write, "a record was not delivered", e))?;
             }
-            self.at(number, PipelineStep::AfterProduce);
+            self.at(number, Step::AfterWrite);
             let mut offsets = TopicPartitionList::new();
             for ((topic, partition), offset) in &next {
                 offsets
@@ -198,14 +191,14 @@ impl KafkaToKafka {
             blocking(move || sending.send_offsets_to_transaction(&offsets, &group, TXN_TIMEOUT))
                 .await
                 .map_err(|e| failed(Phase::PreCommit, "send_offsets_to_transaction failed", e))?;
-            self.at(number, PipelineStep::AfterOffsets);
+            self.at(number, Step::AfterPreCommit);
             let committing = producer.clone();
             blocking(move || committing.commit_transaction(TXN_TIMEOUT))
                 .await
                 .map_err(|e| failed(Phase::Commit, "commit_transaction failed", e))?;
             stats.transactions += 1;
             stats.records += copied;
-            self.at(number, PipelineStep::AfterCommit);
+            self.at(number, Step::AfterCommit);
         }
     }
 
@@ -250,7 +243,7 @@ impl KafkaToKafka {
             .map_err(|e| failed(Phase::Setup, "cannot assign the source partitions", e))
     }
 
-    fn at(&self, number: u64, step: PipelineStep) {
+    fn at(&self, number: u64, step: Step) {
         if let Some(hook) = &self.hook {
             hook(number, step);
         }

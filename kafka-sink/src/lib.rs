@@ -27,6 +27,13 @@
 //!   must fit in it), and `recover` refuses a `transaction_timeout` above the broker's
 //!   `transaction.max.timeout.ms`, read from the broker ([`broker_max_transaction_timeout`]).
 //!
+//! - Every client the sink makes (transactional producers, the log probe, the prefix registry, admin requests,
+//!   Kafka-to-Kafka's consumer) starts from [`KafkaSinkConfig::connection`]: the bootstrap servers and the
+//!   connection settings of `client` (`security.protocol`, `ssl.*`, `sasl.*`, `socket.*`). The protocol-level
+//!   commit path (DescribeTransactions, EndTxn) speaks PLAINTEXT only in this release, so a sink configured for
+//!   TLS or SASL is refused at construction with that reason ([`KafkaSinkConfig::validate`]); TLS and SASL for
+//!   it are planned.
+//!
 //! - Kafka-to-Kafka ([`KafkaToKafka`]): when the source is the same cluster, the consumed offsets go into the
 //!   same transaction (`send_offsets_to_transaction` with the consumer group metadata), so no external checkpoint
 //!   store is needed.
@@ -63,7 +70,7 @@ pub use coordinator::{
 };
 pub use error::classify;
 pub use factory::KafkaSinkFactory;
-pub use kafka_to_kafka::{KafkaToKafka, PipelineHook, PipelineStats, PipelineStep};
+pub use kafka_to_kafka::{KafkaToKafka, PipelineHook, PipelineStats};
 pub use producer::open_transactional_producer;
 pub use records::RecordMapping;
 pub use registry::{PREFIX_REGISTRY_TOPIC, claim_prefix};

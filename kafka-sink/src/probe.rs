@@ -24,10 +24,13 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
 /// # Errors
 /// [`Retryable`](ErrorKind::Retryable) when the answer does not come in time (for instance while the transaction
 /// is still open and holds the last stable offset below `range`).
-pub(crate) async fn visible_in_log(bootstrap: &str, range: &PartitionRange) -> Result<bool> {
-    let bootstrap = bootstrap.to_string();
+pub(crate) async fn visible_in_log(
+    connection: &ClientConfig,
+    range: &PartitionRange,
+) -> Result<bool> {
+    let connection = connection.clone();
     let range = range.clone();
-    tokio::task::spawn_blocking(move || probe(&bootstrap, &range))
+    tokio::task::spawn_blocking(move || probe(&connection, &range))
         .await
         .expect("probe task panicked")
 }
@@ -60,7 +63,7 @@ fn verdict(first: i64, seen: Seen) -> Option<bool> {
     }
 }
 
-fn probe(bootstrap: &str, range: &PartitionRange) -> Result<bool> {
+fn probe(connection: &ClientConfig, range: &PartitionRange) -> Result<bool> {
     let where_ = format!(
         "{}/{} offsets {}..={}",
         range.topic, range.partition, range.first_offset, range.last_offset
@@ -73,8 +76,8 @@ fn probe(bootstrap: &str, range: &PartitionRange) -> Result<bool> {
         )
         .with_source(e)
     };
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
+    let consumer: BaseConsumer = connection
+        .clone()
         .set("group.id", "ratchet-commit-probe")
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")

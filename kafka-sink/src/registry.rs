@@ -26,9 +26,8 @@ fn setup_error(message: &str, e: rdkafka::error::KafkaError) -> Error {
 }
 
 /// Creates the registry topic if it does not exist (compacted, one partition).
-async fn ensure_topic(bootstrap: &str) -> Result<()> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
+async fn ensure_topic(connection: &ClientConfig) -> Result<()> {
+    let admin: AdminClient<DefaultClientContext> = connection
         .create()
         .map_err(|e| setup_error("cannot create a Kafka admin client", e))?;
     let brokers = admin
@@ -58,9 +57,9 @@ async fn ensure_topic(bootstrap: &str) -> Result<()> {
 }
 
 /// The owner registered for `prefix`, reading the whole registry (it is small: one record per prefix).
-fn registered_owner(bootstrap: &str, prefix: &str) -> Result<Option<String>> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
+fn registered_owner(connection: &ClientConfig, prefix: &str) -> Result<Option<String>> {
+    let consumer: BaseConsumer = connection
+        .clone()
         .set("group.id", "ratchet-prefix-registry-reader")
         .set("enable.auto.commit", "false")
         .set("isolation.level", "read_committed")
@@ -110,11 +109,12 @@ fn registered_owner(bootstrap: &str, prefix: &str) -> Result<Option<String>> {
     Ok(owner)
 }
 
-/// Registers `owner` as the user of `prefix`, or refuses when another owner holds it.
-pub async fn claim_prefix(bootstrap: &str, prefix: &str, owner: &str) -> Result<()> {
-    ensure_topic(bootstrap).await?;
-    let (server, key) = (bootstrap.to_string(), prefix.to_string());
-    let current = tokio::task::spawn_blocking(move || registered_owner(&server, &key))
+/// Registers `owner` as the user of `prefix` on the cluster reached with `connection`
+/// ([`KafkaSinkConfig::connection`](crate::KafkaSinkConfig::connection)), or refuses when another owner holds it.
+pub async fn claim_prefix(connection: &ClientConfig, prefix: &str, owner: &str) -> Result<()> {
+    ensure_topic(connection).await?;
+    let (reader, key) = (connection.clone(), prefix.to_string());
+    let current = tokio::task::spawn_blocking(move || registered_owner(&reader, &key))
         .await
         .expect("registry read panicked")?;
     match current {
@@ -131,8 +131,8 @@ pub async fn claim_prefix(bootstrap: &str, prefix: &str, owner: &str) -> Result<
             ),
         )),
         None => {
-            let producer: FutureProducer = ClientConfig::new()
-                .set("bootstrap.servers", bootstrap)
+            let producer: FutureProducer = connection
+                .clone()
                 .set("enable.idempotence", "true")
                 .create()
                 .map_err(|e| setup_error("cannot create the registry writer", e))?;

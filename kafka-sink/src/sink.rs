@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use connector_api::{
     CheckpointId, Committer, Error, ErrorKind, Phase, Result, SinkId, SubtaskId, TwoPhaseCommit,
 };
+use rdkafka::ClientConfig;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
@@ -82,6 +83,8 @@ pub struct KafkaSink {
 #[derive(Clone)]
 pub struct KafkaCommitter {
     bootstrap: String,
+    /// How the log probe reaches the cluster ([`KafkaSinkConfig::connection`]).
+    connection: ClientConfig,
     sink: SinkId,
     producers: Producers,
 }
@@ -96,6 +99,7 @@ impl KafkaSink {
     /// # Errors
     /// [`Config`](ErrorKind::Config) for an invalid transactional-id prefix or pool size.
     pub fn new(config: KafkaSinkConfig, sink: SinkId, subtask: SubtaskId) -> Result<Self> {
+        config.validate().map_err(|e| e.with_sink(&sink))?;
         let pool = config.id_pool()?;
         Ok(Self {
             mapping: Arc::new(config.records.clone()),
@@ -209,7 +213,9 @@ impl Committer for KafkaCommitter {
             if c.ranges.is_empty() {
                 continue; // an empty transaction has nothing on the broker to commit
             }
-            commit_remote(&self.bootstrap, &c).await.map_err(context)?;
+            commit_remote(&self.bootstrap, &self.connection, &c)
+                .await
+                .map_err(context)?;
         }
         Ok(())
     }
@@ -222,13 +228,17 @@ impl Committer for KafkaCommitter {
         match commit_step(now.as_ref(), c) {
             CommitStep::AlreadyCommitted => Ok(true),
             CommitStep::EndTxn | CommitStep::Lost => Ok(false),
-            CommitStep::AskTheLog => visible_in_log(&self.bootstrap, range).await,
+            CommitStep::AskTheLog => visible_in_log(&self.connection, range).await,
         }
     }
 }
 
 /// Commits `c` at the protocol level, idempotently; a transaction the broker aborted is a loud, fatal error.
-async fn commit_remote(bootstrap: &str, c: &KafkaCommittable) -> Result<()> {
+async fn commit_remote(
+    bootstrap: &str,
+    connection: &ClientConfig,
+    c: &KafkaCommittable,
+) -> Result<()> {
     let now = find_transaction(bootstrap, &c.transactional_id).await?;
     match commit_step(now.as_ref(), c) {
         CommitStep::AlreadyCommitted => return Ok(()),
@@ -245,7 +255,7 @@ async fn commit_remote(bootstrap: &str, c: &KafkaCommittable) -> Result<()> {
         CommitStep::AskTheLog => {
             // The id has moved on (re-initialised, or expired): the log itself says whether our records committed.
             if let Some(range) = c.ranges.first()
-                && visible_in_log(bootstrap, range).await?
+                && visible_in_log(connection, range).await?
             {
                 return Ok(());
             }
@@ -298,6 +308,7 @@ impl TwoPhaseCommit for KafkaSink {
     fn committer(&self) -> KafkaCommitter {
         KafkaCommitter {
             bootstrap: self.config.bootstrap_servers.clone(),
+            connection: self.config.connection(),
             sink: self.sink.clone(),
             producers: self.producers.clone(),
         }
@@ -508,7 +519,8 @@ impl TwoPhaseCommit for KafkaSink {
         self.current = None;
         self.in_flight.clear();
         self.producers.lock().expect("producers").clear();
-        let broker_max = broker_max_transaction_timeout(&self.config.bootstrap_servers)
+        let connection = self.config.connection();
+        let broker_max = broker_max_transaction_timeout(&connection)
             .await
             .map_err(|e| e.or_sink(&self.sink))?;
         check_transaction_timeout(self.config.transaction_timeout, broker_max)
@@ -517,17 +529,13 @@ impl TwoPhaseCommit for KafkaSink {
             Some(job) => format!("{job}/{}", self.sink),
             None => self.sink.to_string(),
         };
-        claim_prefix(
-            &self.config.bootstrap_servers,
-            &self.config.transactional_id_prefix,
-            &owner,
-        )
-        .await
-        .map_err(|e| e.or_sink(&self.sink))?;
+        claim_prefix(&connection, &self.config.transactional_id_prefix, &owner)
+            .await
+            .map_err(|e| e.or_sink(&self.sink))?;
         // First finish the restored transactions (they must not be aborted by the fencing below)...
         if let Some((checkpoint, committables)) = restored {
             for c in committables.iter().filter(|c| !c.ranges.is_empty()) {
-                commit_remote(&self.config.bootstrap_servers, c)
+                commit_remote(&self.config.bootstrap_servers, &connection, c)
                     .await
                     .map_err(|e| {
                         e.at_phase(Phase::Recover)

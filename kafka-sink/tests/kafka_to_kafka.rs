@@ -6,9 +6,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use connector_api::Step;
 use integration::Services;
 use integration::crash::{kill_self, run_killed_child};
-use kafka_sink::{KafkaSinkConfig, KafkaToKafka, PipelineStep};
+use kafka_sink::{KafkaSinkConfig, KafkaToKafka};
 use rdkafka::ClientConfig;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
@@ -34,11 +35,7 @@ async fn child_process_entry_point() {
         return;
     };
     let parts: Vec<&str> = spec.splitn(3, ';').collect();
-    let step = match parts[2] {
-        "after-produce" => PipelineStep::AfterProduce,
-        "after-offsets" => PipelineStep::AfterOffsets,
-        _ => PipelineStep::AfterCommit,
-    };
+    let step = Step::parse(parts[2]).expect("a kill step");
     let mut pipeline = pipeline(parts[0], parts[1]);
     pipeline.hook = Some(Arc::new(move |number, at| {
         if number == 3 && at == step {
@@ -55,7 +52,7 @@ async fn killed_mid_transaction_then_resumed_copies_every_record_once() {
     }
     let services = Services::get();
     let bootstrap = services.kafka_bootstrap();
-    for step in ["after-produce", "after-offsets", "after-commit"] {
+    for step in [Step::AfterWrite, Step::AfterPreCommit, Step::AfterCommit] {
         let source = integration::unique_name(&format!("k2k-source-{step}"));
         let target = integration::unique_name(&format!("k2k-target-{step}"));
         let producer: FutureProducer = ClientConfig::new()

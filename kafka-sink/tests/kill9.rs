@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use connector_api::{Driver, DriverConfig, LocalCheckpointStore, SinkId, SubtaskId};
+use connector_api::{Driver, DriverConfig, LocalCheckpointStore, SinkId, Step, SubtaskId};
 use integration::Services;
 use integration::conformance::conformance_batch;
 use integration::crash::{KILL_STEPS, durable_before, run_killed_child, run_until_killed};
@@ -35,7 +35,7 @@ async fn child_job(topic: String, checkpoints: PathBuf, step: String) {
     run_until_killed(
         driver,
         sink,
-        &step,
+        Step::parse(&step).expect("a kill step"),
         CRASH_CHECKPOINT,
         1,
         ROWS,

@@ -80,7 +80,8 @@ async fn committed_records_are_visible_and_a_zombie_is_fenced() {
 
 #[tokio::test]
 async fn the_broker_maximum_transaction_timeout_is_read_from_the_broker() {
-    let max = kafka_sink::broker_max_transaction_timeout(Services::get().kafka_bootstrap())
+    let connection = KafkaSinkConfig::new(Services::get().kafka_bootstrap(), "t", "p").connection();
+    let max = kafka_sink::broker_max_transaction_timeout(&connection)
         .await
         .unwrap();
     // scripts/services.sh sets transaction.max.timeout.ms=900000.

@@ -7,7 +7,69 @@ use async_trait::async_trait;
 
 use crate::{CheckpointId, SinkId};
 
-/// A step of the protocol at which a fault can be injected.
+/// The named steps of the protocol where a crash can land: one vocabulary for the driver's fault points, the
+/// conformance harness's scenarios, the real `kill -9` runs (`integration::crash`) and the Kafka-to-Kafka pipeline's
+/// hook. Names are kebab-case (`after-pre-commit`), for test specs and reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Step {
+    /// At start, after the claim and the load of the last record.
+    AfterLoad,
+    /// At start, inside a sink's recover.
+    DuringRecover,
+    /// At start, after a sink recovered.
+    AfterRecover,
+    /// After a checkpoint's records were written (for Kafka-to-Kafka: produced and flushed), before pre-commit.
+    AfterWrite,
+    /// After a sink pre-committed (for Kafka-to-Kafka: the offsets are in the transaction), before the decision.
+    AfterPreCommit,
+    /// After the checkpoint record is durable, before any commit.
+    AfterRecordDurable,
+    /// After a sink committed.
+    AfterCommit,
+    /// While a commit runs on its task and the next checkpoint is being written.
+    WhileCommitting,
+}
+
+impl Step {
+    /// Every step, in protocol order.
+    pub const ALL: [Step; 8] = [
+        Step::AfterLoad,
+        Step::DuringRecover,
+        Step::AfterRecover,
+        Step::AfterWrite,
+        Step::AfterPreCommit,
+        Step::AfterRecordDurable,
+        Step::AfterCommit,
+        Step::WhileCommitting,
+    ];
+
+    /// The step's kebab-case name.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Step::AfterLoad => "after-load",
+            Step::DuringRecover => "during-recover",
+            Step::AfterRecover => "after-recover",
+            Step::AfterWrite => "after-write",
+            Step::AfterPreCommit => "after-pre-commit",
+            Step::AfterRecordDurable => "after-record-durable",
+            Step::AfterCommit => "after-commit",
+            Step::WhileCommitting => "while-committing",
+        }
+    }
+
+    /// The step named `name`.
+    pub fn parse(name: &str) -> Option<Step> {
+        Step::ALL.into_iter().find(|s| s.name() == name)
+    }
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A step of the protocol at which the driver asks its [`Faults`] what to do, with the sink concerned.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FaultPoint {
     /// At start, after the claim and the load of the last record, before any sink recovers.
@@ -38,15 +100,36 @@ pub enum FaultPoint {
     },
 }
 
+impl FaultPoint {
+    /// The step this point is at.
+    pub fn step(&self) -> Step {
+        match self {
+            FaultPoint::AfterLoad => Step::AfterLoad,
+            FaultPoint::DuringRecover { .. } => Step::DuringRecover,
+            FaultPoint::AfterRecover { .. } => Step::AfterRecover,
+            FaultPoint::AfterPreCommit { .. } => Step::AfterPreCommit,
+            FaultPoint::AfterRecordDurable => Step::AfterRecordDurable,
+            FaultPoint::AfterCommit { .. } => Step::AfterCommit,
+        }
+    }
+
+    /// The sink concerned, for the points that are about one sink.
+    pub fn sink(&self) -> Option<&SinkId> {
+        match self {
+            FaultPoint::DuringRecover { sink }
+            | FaultPoint::AfterRecover { sink }
+            | FaultPoint::AfterPreCommit { sink }
+            | FaultPoint::AfterCommit { sink } => Some(sink),
+            FaultPoint::AfterLoad | FaultPoint::AfterRecordDurable => None,
+        }
+    }
+}
+
 impl fmt::Display for FaultPoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            FaultPoint::AfterLoad => f.write_str("after the claim and load"),
-            FaultPoint::DuringRecover { sink } => write!(f, "during recover of {sink}"),
-            FaultPoint::AfterRecover { sink } => write!(f, "after recover of {sink}"),
-            FaultPoint::AfterPreCommit { sink } => write!(f, "after pre_commit of {sink}"),
-            FaultPoint::AfterRecordDurable => f.write_str("after the checkpoint record is durable"),
-            FaultPoint::AfterCommit { sink } => write!(f, "after commit of {sink}"),
+        match self.sink() {
+            Some(sink) => write!(f, "{} of {sink}", self.step()),
+            None => write!(f, "{}", self.step()),
         }
     }
 }
@@ -88,3 +171,25 @@ where
 
 /// A shared fault injector, for [`Driver::with_fault_injector`](crate::Driver::with_fault_injector).
 pub type FaultInjector = Arc<dyn Faults>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn step_names_round_trip_and_points_know_their_step() {
+        for step in Step::ALL {
+            assert_eq!(Step::parse(step.name()), Some(step));
+        }
+        assert_eq!(Step::parse("after-nothing"), None);
+        let sink = SinkId::new("a").unwrap();
+        let point = FaultPoint::AfterPreCommit { sink: sink.clone() };
+        assert_eq!(point.step(), Step::AfterPreCommit);
+        assert_eq!(point.sink(), Some(&sink));
+        assert_eq!(point.to_string(), "after-pre-commit of a");
+        assert_eq!(
+            FaultPoint::AfterRecordDurable.to_string(),
+            "after-record-durable"
+        );
+    }
+}

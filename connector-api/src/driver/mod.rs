@@ -35,7 +35,7 @@ use tokio::task::JoinHandle;
 
 pub(crate) use erased::ErasedSink;
 pub use erased::committables_in;
-pub use fault::{FaultAction, FaultInjector, FaultPoint, Faults};
+pub use fault::{FaultAction, FaultInjector, FaultPoint, Faults, Step};
 pub use stream::StreamEvent;
 
 use self::budget::Budget;

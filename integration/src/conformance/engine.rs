@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use connector_api::{
     CheckpointId, CheckpointStore, Committer, Driver, DriverConfig, ErrorKind,
-    LocalCheckpointStore, Report as ErrorReport, RetryPolicy, SinkId, TwoPhaseCommit,
+    LocalCheckpointStore, Report as ErrorReport, RetryPolicy, SinkId, Step, TwoPhaseCommit,
 };
 
 use super::faults::{Armed, HarnessFaults, Pause};
@@ -13,7 +13,8 @@ use super::source::{Rng, conformance_batch as batch, positions, resume_offset};
 use super::store::HarnessStore;
 use super::{Conformance, ConformanceTarget, ReportRow};
 
-/// Where a scenario crashes.
+/// Where a scenario crashes: a [`Step`] of the protocol, at sink `a` or `b` where the step is about one sink
+/// ([`CrashAt::point`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CrashAt {
     /// At start, after sink `a` recovered and before sink `b` did.
@@ -114,6 +115,23 @@ impl Scenario {
             Scenario::Zombie => "zombie".into(),
             Scenario::Abort => "abort".into(),
             Scenario::Random { seed } => format!("random-{seed:x}"),
+        }
+    }
+}
+
+impl CrashAt {
+    /// The protocol step, and which of the two sinks (`a` = 0, `b` = 1) when the step is about one.
+    pub fn point(self) -> (Step, Option<usize>) {
+        match self {
+            CrashAt::BetweenRecoveries => (Step::AfterRecover, Some(0)),
+            CrashAt::InsideRecover => (Step::DuringRecover, Some(1)),
+            CrashAt::AfterRecovery => (Step::AfterRecover, Some(1)),
+            CrashAt::AfterWrite => (Step::AfterWrite, None),
+            CrashAt::AfterFirstPreCommit => (Step::AfterPreCommit, Some(0)),
+            CrashAt::AfterLastPreCommit => (Step::AfterPreCommit, Some(1)),
+            CrashAt::AfterRecordDurable => (Step::AfterRecordDurable, None),
+            CrashAt::BetweenCommits => (Step::AfterCommit, Some(0)),
+            CrashAt::AfterCommit => (Step::AfterCommit, Some(1)),
         }
     }
 }

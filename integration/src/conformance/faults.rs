@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use connector_api::{CheckpointId, FaultAction, FaultPoint, Faults, SinkId};
+use connector_api::{CheckpointId, FaultAction, FaultPoint, Faults};
 use tokio::sync::Notify;
 
 use super::engine::{CrashAt, sinks};
@@ -15,19 +15,8 @@ pub(super) type Armed = Arc<Mutex<Vec<(u64, CrashAt)>>>;
 
 /// Whether `point` is where `at` crashes.
 fn fault_matches(point: &FaultPoint, at: CrashAt) -> bool {
-    let [a, b] = sinks();
-    let is = |sink: &SinkId, expected: &SinkId| sink == expected;
-    match (point, at) {
-        (FaultPoint::AfterRecover { sink }, CrashAt::BetweenRecoveries) => is(sink, &a),
-        (FaultPoint::DuringRecover { sink }, CrashAt::InsideRecover) => is(sink, &b),
-        (FaultPoint::AfterRecover { sink }, CrashAt::AfterRecovery) => is(sink, &b),
-        (FaultPoint::AfterPreCommit { sink }, CrashAt::AfterFirstPreCommit) => is(sink, &a),
-        (FaultPoint::AfterPreCommit { sink }, CrashAt::AfterLastPreCommit) => is(sink, &b),
-        (FaultPoint::AfterRecordDurable, CrashAt::AfterRecordDurable) => true,
-        (FaultPoint::AfterCommit { sink }, CrashAt::BetweenCommits) => is(sink, &a),
-        (FaultPoint::AfterCommit { sink }, CrashAt::AfterCommit) => is(sink, &b),
-        _ => false,
-    }
+    let (step, which) = at.point();
+    point.step() == step && which.is_none_or(|i| point.sink() == Some(&sinks()[i]))
 }
 
 /// Pauses an instance once at `point`: tells `reached`, then waits for `release` (at most `max_wait`, so a
