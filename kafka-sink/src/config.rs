@@ -185,8 +185,11 @@ impl KafkaSinkConfig {
         self.id_pool().map(drop)
     }
 
-    /// librdkafka settings for the producer of transactional id `id`: idempotent, `acks=all`, transactional.
-    pub fn producer_config(&self, id: &TransactionalId) -> Result<ClientConfig> {
+    /// librdkafka settings of a producer without transactions: idempotent, `acks=all`, every `client` setting.
+    ///
+    /// # Errors
+    /// [`Config`](ErrorKind::Config) when `client` sets a key the sink controls.
+    pub fn idempotent_producer_config(&self) -> Result<ClientConfig> {
         if let Some(key) = self
             .client
             .keys()
@@ -201,6 +204,23 @@ impl KafkaSinkConfig {
                 ),
             ));
         }
+        let mut config = self.connection();
+        for (key, value) in &self.client {
+            config.set(key, value);
+        }
+        config
+            .set("bootstrap.servers", &self.bootstrap_servers)
+            .set("enable.idempotence", "true")
+            .set("acks", "all");
+        Ok(config)
+    }
+
+    /// librdkafka settings for the producer of transactional id `id`: idempotent, `acks=all`, transactional.
+    ///
+    /// # Errors
+    /// [`Config`](ErrorKind::Config) for a controlled key in `client` or a `transaction_timeout` out of range.
+    pub fn producer_config(&self, id: &TransactionalId) -> Result<ClientConfig> {
+        let mut config = self.idempotent_producer_config()?;
         let timeout_ms = self.transaction_timeout.as_millis();
         if timeout_ms == 0 || timeout_ms > i32::MAX as u128 {
             return Err(Error::new(
@@ -212,15 +232,8 @@ impl KafkaSinkConfig {
                 ),
             ));
         }
-        let mut config = self.connection();
-        for (key, value) in &self.client {
-            config.set(key, value);
-        }
         config
-            .set("bootstrap.servers", &self.bootstrap_servers)
             .set("transactional.id", id.as_str())
-            .set("enable.idempotence", "true")
-            .set("acks", "all")
             .set("transaction.timeout.ms", timeout_ms.to_string());
         Ok(config)
     }

@@ -3,13 +3,14 @@
 use async_trait::async_trait;
 use connector_api::{DeliveryGuarantee, DynSink, Result, SinkContext, SinkFactory, parse_settings};
 
-use crate::{KafkaSink, KafkaSinkConfig};
+use crate::{KafkaAtLeastOnceSink, KafkaSink, KafkaSinkConfig};
 
 /// Builds [`KafkaSink`]s from their settings (the keys of [`KafkaSinkConfig`]).
 ///
-/// At-least-once and at-most-once still run through a Kafka transaction per checkpoint (committed at pre-commit,
-/// or after the record, by [`GuaranteedSink`](connector_api::GuaranteedSink)); a plain idempotent producer for
-/// them is planned, not built.
+/// At-least-once builds a [`KafkaAtLeastOnceSink`]: no transactions at all, records acknowledged before the
+/// checkpoint record is saved. At-most-once still runs through a Kafka transaction per checkpoint, committed after
+/// the record and never by recovery ([`GuaranteedSink`](connector_api::GuaranteedSink)): without a transaction the
+/// records would be visible before their positions are durable, and a replay would write them twice.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct KafkaSinkFactory;
 
@@ -26,6 +27,11 @@ impl SinkFactory for KafkaSinkFactory {
         context: SinkContext,
     ) -> Result<DynSink> {
         let config: KafkaSinkConfig = parse_settings(&context.sink, self.kind(), settings)?;
+        if delivery == DeliveryGuarantee::AtLeastOnce {
+            // The sink is at-least-once by itself: nothing for the adapter to change.
+            let sink = KafkaAtLeastOnceSink::new(config, context.sink)?;
+            return Ok(DynSink::new(sink, DeliveryGuarantee::ExactlyOnce));
+        }
         let sink = KafkaSink::new(config, context.sink, context.subtask)?;
         Ok(DynSink::new(sink, delivery))
     }

@@ -23,8 +23,8 @@
 //! - `recover` commits the restored transactions first, then calls `init_transactions` on every id of the pool:
 //!   that fences zombies and aborts whatever a crashed attempt left open, so read_committed readers are never
 //!   stuck behind the last stable offset.
-//! - The sink declares `transaction_timeout` to the driver's timeout budget (checkpoint interval + restart time
-//!   must fit in it), and `recover` refuses a `transaction_timeout` above the broker's
+//! - The sink declares `transaction_timeout` to the driver's timeout budget (checkpoint interval, commit waits, restart
+//!   and recovery must fit in it), and `recover` refuses a `transaction_timeout` above the broker's
 //!   `transaction.max.timeout.ms`, read from the broker ([`broker_max_transaction_timeout`]).
 //!
 //! - Every client the sink makes (transactional producers, the log probe, the prefix registry, admin requests,
@@ -48,6 +48,7 @@
 //! | the broker aborted it first (`transaction.timeout.ms` expired) | `CompleteAbort` | stops with an error naming the checkpoint and the lost topic/partition/offset ranges; never pretends |
 #![deny(missing_docs)]
 
+mod at_least_once;
 mod broker;
 mod config;
 mod coordinator;
@@ -59,9 +60,11 @@ mod probe;
 mod producer;
 mod records;
 mod registry;
+mod sender;
 mod sink;
 mod txn_id;
 
+pub use at_least_once::{FlushedRecords, KafkaAtLeastOnceSink, NothingToCommit};
 pub use broker::broker_max_transaction_timeout;
 pub use config::KafkaSinkConfig;
 pub use coordinator::{

@@ -1,6 +1,6 @@
 //! The exactly-once Kafka sink: one Kafka transaction per checkpoint, on a bounded pool of transactional ids.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -11,8 +11,7 @@ use connector_api::{
 };
 use rdkafka::ClientConfig;
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{FutureProducer, Producer};
 use rdkafka::types::RDKafkaErrorCode;
 use serde::{Deserialize, Serialize};
 
@@ -20,8 +19,8 @@ use crate::broker::{broker_max_transaction_timeout, check_transaction_timeout};
 use crate::coordinator::{describe_transaction, end_transaction, find_transaction};
 use crate::outcome::{CommitStep, commit_step};
 use crate::probe::visible_in_log;
-use crate::records::RecordMapping;
 use crate::registry::claim_prefix;
+use crate::sender::RecordSender;
 use crate::{
     KafkaSinkConfig, TransactionState, TransactionalId, TransactionalIdPool, classify,
     open_transactional_producer,
@@ -29,8 +28,6 @@ use crate::{
 
 /// How long librdkafka's transactional calls (commit, abort) may block.
 const TXN_TIMEOUT: Duration = Duration::from_secs(60);
-/// At most this many records in flight before `write` waits for deliveries (backpressure).
-const MAX_IN_FLIGHT: usize = 100_000;
 
 /// The offsets one partition received in a transaction.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -67,15 +64,12 @@ type Producers = Arc<Mutex<HashMap<String, FutureProducer>>>;
 /// Exactly-once Kafka sink. See the crate docs for the protocol and the failure table.
 pub struct KafkaSink {
     config: KafkaSinkConfig,
-    mapping: Arc<RecordMapping>,
     sink: SinkId,
     subtask: SubtaskId,
     pool: TransactionalIdPool,
     producers: Producers,
     current: Option<(CheckpointId, TransactionalId)>,
-    /// Deliveries not yet confirmed, with their topic (`None`: the sink's topic).
-    in_flight: VecDeque<(Option<String>, DeliveryFuture)>,
-    ranges: BTreeMap<(String, i32), (i64, i64)>,
+    sender: RecordSender,
 }
 
 /// Commits a [`KafkaSink`]'s transactions: through this process's producer when it still holds the transaction,
@@ -102,15 +96,17 @@ impl KafkaSink {
         config.validate().map_err(|e| e.with_sink(&sink))?;
         let pool = config.id_pool()?;
         Ok(Self {
-            mapping: Arc::new(config.records.clone()),
+            sender: RecordSender::new(
+                config.records.clone(),
+                &config.topic,
+                config.max_message_bytes(),
+            ),
             config,
             sink,
             subtask,
             pool,
             producers: Arc::new(Mutex::new(HashMap::new())),
             current: None,
-            in_flight: VecDeque::new(),
-            ranges: BTreeMap::new(),
         })
     }
 
@@ -118,6 +114,15 @@ impl KafkaSink {
         let e = Error::new(kind, phase, message).with_sink(&self.sink);
         match &self.current {
             Some((checkpoint, id)) => e.with_checkpoint(*checkpoint).with_txn(id.to_string()),
+            None => e,
+        }
+    }
+
+    /// Adds this sink, the open checkpoint and its transactional id to an error that lacks them.
+    fn context(&self, e: Error) -> Error {
+        let e = e.or_sink(&self.sink);
+        match &self.current {
+            Some((checkpoint, id)) => e.or_checkpoint(*checkpoint).or_txn(id.to_string()),
             None => e,
         }
     }
@@ -140,36 +145,6 @@ impl KafkaSink {
             .expect("producers")
             .insert(id.to_string(), producer.clone());
         Ok(producer)
-    }
-
-    async fn await_delivery(
-        &mut self,
-        (topic, delivery): (Option<String>, DeliveryFuture),
-    ) -> Result<()> {
-        match delivery.await {
-            Ok(Ok(delivered)) => {
-                let topic = topic.unwrap_or_else(|| self.config.topic.clone());
-                let entry = self
-                    .ranges
-                    .entry((topic, delivered.partition))
-                    .or_insert((delivered.offset, delivered.offset));
-                entry.0 = entry.0.min(delivered.offset);
-                entry.1 = entry.1.max(delivered.offset);
-                Ok(())
-            }
-            Ok(Err((e, _))) => Err(self
-                .err(
-                    ErrorKind::MustAbort,
-                    Phase::Write,
-                    "a record was not delivered",
-                )
-                .with_source(e)),
-            Err(_) => Err(self.err(
-                ErrorKind::MustAbort,
-                Phase::Write,
-                "the producer dropped a delivery",
-            )),
-        }
     }
 }
 
@@ -325,7 +300,7 @@ impl TwoPhaseCommit for KafkaSink {
             None => self.open(&id).await?,
         };
         self.current = Some((checkpoint, id));
-        self.ranges.clear();
+        self.sender.clear();
         producer.begin_transaction().map_err(|e| {
             self.err(classify(&e), Phase::Begin, "begin_transaction failed")
                 .with_source(e)
@@ -340,95 +315,8 @@ impl TwoPhaseCommit for KafkaSink {
         let producer = self
             .producer(&id)
             .ok_or_else(|| self.err(ErrorKind::Bug, Phase::Write, "no producer"))?;
-        let mapping = self.mapping.clone();
-        let records = mapping
-            .records(batch)
-            .map_err(|m| self.err(ErrorKind::BadRecord, Phase::Write, m))?;
-        // Validated whole before anything is sent: a refused batch must not leave a prefix in the transaction.
-        let max = self.config.max_message_bytes();
-        if let Some((row, size)) = records
-            .iter()
-            .map(|r| {
-                r.value.len()
-                    + r.key.map_or(0, <[u8]>::len)
-                    + r.headers
-                        .iter()
-                        .map(|(k, v)| k.len() + v.len())
-                        .sum::<usize>()
-            })
-            .enumerate()
-            .find(|(_, size)| *size > max)
-        {
-            return Err(self.err(
-                ErrorKind::BadRecord,
-                Phase::Write,
-                format!(
-                    "row {row} of the batch makes a record of {size} bytes, above message.max.bytes ({max}): the \
-                     batch was refused whole; shrink the record or raise message.max.bytes in `client` (and the \
-                     topic's max.message.bytes)"
-                ),
-            ));
-        }
-        let default_topic = self.config.topic.clone();
-        let mut sent = 0usize;
-        for record in records {
-            let topic = record.topic.unwrap_or(&default_topic);
-            let mut future = FutureRecord::to(topic).payload(&record.value);
-            if let Some(key) = record.key {
-                future = future.key(key);
-            }
-            if let Some(partition) = record.partition {
-                future = future.partition(partition);
-            }
-            if !record.headers.is_empty() {
-                let headers = record.headers.iter().fold(
-                    OwnedHeaders::new_with_capacity(record.headers.len()),
-                    |h, (key, value)| {
-                        h.insert(Header {
-                            key,
-                            value: Some(*value),
-                        })
-                    },
-                );
-                future = future.headers(headers);
-            }
-            loop {
-                match producer.send_result(future) {
-                    Ok(delivery) => {
-                        self.in_flight
-                            .push_back((record.topic.map(str::to_string), delivery));
-                        sent += 1;
-                        break;
-                    }
-                    Err((e, returned))
-                        if e.rdkafka_error_code() == Some(RDKafkaErrorCode::QueueFull) =>
-                    {
-                        future = returned;
-                        let Some(oldest) = self.in_flight.pop_front() else {
-                            return Err(self
-                                .err(ErrorKind::Retryable, Phase::Write, "producer queue full")
-                                .with_source(e));
-                        };
-                        self.await_delivery(oldest).await?;
-                    }
-                    Err((e, _)) => {
-                        // Once part of the batch is in the transaction, the batch cannot be refused whole.
-                        let kind = match classify(&e) {
-                            ErrorKind::BadRecord if sent > 0 => ErrorKind::MustAbort,
-                            kind => kind,
-                        };
-                        return Err(self
-                            .err(kind, Phase::Write, "cannot send a record")
-                            .with_source(e));
-                    }
-                }
-            }
-            while self.in_flight.len() > MAX_IN_FLIGHT {
-                let oldest = self.in_flight.pop_front().expect("non-empty");
-                self.await_delivery(oldest).await?;
-            }
-        }
-        Ok(())
+        let sent = self.sender.send(&producer, batch).await;
+        sent.map_err(|e| self.context(e))
     }
 
     async fn pre_commit(&mut self, checkpoint: CheckpointId) -> Result<KafkaCommittable> {
@@ -443,19 +331,8 @@ impl TwoPhaseCommit for KafkaSink {
                 format!("pre_commit of {checkpoint} but {current} is open"),
             ));
         }
-        while let Some(delivery) = self.in_flight.pop_front() {
-            self.await_delivery(delivery).await?;
-        }
-        let ranges: Vec<PartitionRange> = self
-            .ranges
-            .iter()
-            .map(|((topic, partition), (first, last))| PartitionRange {
-                topic: topic.clone(),
-                partition: *partition,
-                first_offset: *first,
-                last_offset: *last,
-            })
-            .collect();
+        let flushed = self.sender.flush().await;
+        let ranges = flushed.map_err(|e| self.context(e.at_phase(Phase::PreCommit)))?;
         let (producer_id, producer_epoch) = if ranges.is_empty() {
             (-1, -1)
         } else {
@@ -491,7 +368,7 @@ impl TwoPhaseCommit for KafkaSink {
         let Some((_, id)) = self.current.take() else {
             return Ok(());
         };
-        self.in_flight.clear();
+        self.sender.clear();
         if let Some(producer) = self.producer(&id) {
             let outcome = tokio::task::spawn_blocking(move || {
                 // Flush first: librdkafka drops unsent records instead of aborting them otherwise.
@@ -517,7 +394,7 @@ impl TwoPhaseCommit for KafkaSink {
         restored: Option<(CheckpointId, Vec<KafkaCommittable>)>,
     ) -> Result<()> {
         self.current = None;
-        self.in_flight.clear();
+        self.sender.clear();
         self.producers.lock().expect("producers").clear();
         let connection = self.config.connection();
         let broker_max = broker_max_transaction_timeout(&connection)

@@ -1,0 +1,151 @@
+//! The Kafka sink at-least-once, without transactions: cheaper than running the transactional sink with the weaker
+//! guarantee. Records go out through an idempotent producer as they are written (visible at once to every reader);
+//! `pre_commit` waits until every one is acknowledged (`acks=all`), so once the checkpoint record is durable,
+//! nothing before its positions can be lost. A crash between a write and the next durable record replays those
+//! records: duplicates, never loss. No transactional id, no AddPartitionsToTxn, no EndTxn, no transaction markers,
+//! and nothing for recovery to do.
+
+use std::time::Duration;
+
+use arrow_array::RecordBatch;
+use async_trait::async_trait;
+use connector_api::{
+    CheckpointId, Committer, Error, ErrorKind, Phase, Result, SinkId, TwoPhaseCommit,
+};
+use rdkafka::producer::FutureProducer;
+use serde::{Deserialize, Serialize};
+
+use crate::sender::RecordSender;
+use crate::{KafkaSinkConfig, PartitionRange, classify};
+
+/// What one at-least-once checkpoint wrote: already visible, nothing to commit. Kept in the checkpoint record
+/// for operators.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlushedRecords {
+    /// The checkpoint.
+    pub checkpoint: CheckpointId,
+    /// The offsets written, per partition.
+    pub ranges: Vec<PartitionRange>,
+}
+
+/// The commit half of [`KafkaAtLeastOnceSink`]: there is nothing to commit.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NothingToCommit;
+
+#[async_trait]
+impl Committer for NothingToCommit {
+    type Committable = FlushedRecords;
+
+    async fn commit(&self, _: Vec<FlushedRecords>) -> Result<()> {
+        Ok(())
+    }
+
+    async fn is_committed(&self, _: &FlushedRecords) -> Result<bool> {
+        Ok(true)
+    }
+}
+
+/// At-least-once Kafka sink without transactions; see the module docs.
+pub struct KafkaAtLeastOnceSink {
+    config: KafkaSinkConfig,
+    sink: SinkId,
+    producer: Option<FutureProducer>,
+    checkpoint: Option<CheckpointId>,
+    sender: RecordSender,
+}
+
+impl KafkaAtLeastOnceSink {
+    /// A sink for `config` (its transactional settings are not used); the producer connects on first use.
+    ///
+    /// # Errors
+    /// [`Config`](ErrorKind::Config) for settings the sink cannot honour.
+    pub fn new(config: KafkaSinkConfig, sink: SinkId) -> Result<Self> {
+        config.validate().map_err(|e| e.with_sink(&sink))?;
+        Ok(Self {
+            sender: RecordSender::new(
+                config.records.clone(),
+                &config.topic,
+                config.max_message_bytes(),
+            ),
+            config,
+            sink,
+            producer: None,
+            checkpoint: None,
+        })
+    }
+
+    fn context(&self, e: Error) -> Error {
+        let e = e.or_sink(&self.sink);
+        match self.checkpoint {
+            Some(checkpoint) => e.or_checkpoint(checkpoint),
+            None => e,
+        }
+    }
+}
+
+#[async_trait]
+impl TwoPhaseCommit for KafkaAtLeastOnceSink {
+    type Committable = FlushedRecords;
+    type Committer = NothingToCommit;
+
+    fn sink_id(&self) -> &SinkId {
+        &self.sink
+    }
+
+    fn committer(&self) -> NothingToCommit {
+        NothingToCommit
+    }
+
+    async fn begin(&mut self, checkpoint: CheckpointId) -> Result<()> {
+        if self.producer.is_none() {
+            let producer = self
+                .config
+                .idempotent_producer_config()
+                .and_then(|c| {
+                    c.create().map_err(|e| {
+                        Error::new(classify(&e), Phase::Begin, "cannot create the producer")
+                            .with_source(e)
+                    })
+                })
+                .map_err(|e| self.context(e))?;
+            self.producer = Some(producer);
+        }
+        self.checkpoint = Some(checkpoint);
+        Ok(())
+    }
+
+    async fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+        let producer = self.producer.clone().ok_or_else(|| {
+            self.context(Error::new(
+                ErrorKind::Bug,
+                Phase::Write,
+                "write before begin",
+            ))
+        })?;
+        let sent = self.sender.send(&producer, batch).await;
+        sent.map_err(|e| self.context(e))
+    }
+
+    async fn pre_commit(&mut self, checkpoint: CheckpointId) -> Result<FlushedRecords> {
+        let flushed = self.sender.flush().await;
+        let ranges = flushed.map_err(|e| self.context(e.at_phase(Phase::PreCommit)))?;
+        Ok(FlushedRecords { checkpoint, ranges })
+    }
+
+    /// Records already sent cannot be taken back (at-least-once): only forgets what is in flight.
+    async fn abort(&mut self) -> Result<()> {
+        self.sender.clear();
+        self.checkpoint = None;
+        Ok(())
+    }
+
+    async fn recover(&mut self, _: Option<(CheckpointId, Vec<FlushedRecords>)>) -> Result<()> {
+        self.sender.clear();
+        self.checkpoint = None;
+        Ok(())
+    }
+
+    fn transaction_timeout(&self) -> Option<Duration> {
+        None
+    }
+}
