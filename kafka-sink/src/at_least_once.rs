@@ -60,6 +60,7 @@ impl KafkaAtLeastOnceSink {
     /// # Errors
     /// [`Config`](ErrorKind::Config) for settings the sink cannot honour.
     pub fn new(config: KafkaSinkConfig, sink: SinkId) -> Result<Self> {
+        let config = config.resolve_env().map_err(|e| e.with_sink(&sink))?;
         config.validate().map_err(|e| e.with_sink(&sink))?;
         Ok(Self {
             sender: RecordSender::new(

@@ -40,6 +40,7 @@ const CONTROLLED_KEYS: &[&str] = &[
 /// | `transaction_timeout` | `transaction.timeout.ms`: the broker aborts a transaction older than this | 10 min |
 /// | `job` | the job's name: with the sink id, the owner of the prefix in the prefix registry | none (the sink id alone) |
 /// | `client` | other librdkafka producer settings, passed through (values of keys naming a password or secret are redacted in `Debug`) | none |
+/// | `client_env` | librdkafka settings read from environment variables at start, `{ "sasl.password" = "KAFKA_PASSWORD" }` | none |
 /// | `records` | how rows become records ([`RecordMapping`]) | the row as a JSON value, no key |
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -63,6 +64,10 @@ pub struct KafkaSinkConfig {
     /// Other librdkafka producer settings (e.g. `compression.type`, `linger.ms`).
     #[serde(default)]
     pub client: BTreeMap<String, String>,
+    /// librdkafka settings whose values are read from environment variables when the sink is built (setting →
+    /// variable name), so that secrets such as `sasl.password` stay out of job files.
+    #[serde(default)]
+    pub client_env: BTreeMap<String, String>,
     /// How rows become records.
     #[serde(default)]
     pub records: RecordMapping,
@@ -101,6 +106,7 @@ impl std::fmt::Debug for KafkaSinkConfig {
             .field("transaction_timeout", &self.transaction_timeout)
             .field("job", &self.job)
             .field("client", &client)
+            .field("client_env", &self.client_env)
             .field("records", &self.records)
             .finish()
     }
@@ -129,6 +135,7 @@ impl KafkaSinkConfig {
             transaction_timeout: default_transaction_timeout(),
             job: None,
             client: BTreeMap::new(),
+            client_env: BTreeMap::new(),
             records: RecordMapping::default(),
         }
     }
@@ -160,6 +167,31 @@ impl KafkaSinkConfig {
             }
         }
         config
+    }
+
+    /// Moves the `client_env` settings into `client`, reading each variable now.
+    ///
+    /// # Errors
+    /// [`Config`](ErrorKind::Config) naming the setting and the variable when the variable is not set, or when
+    /// `client` sets the same key.
+    pub fn resolve_env(mut self) -> Result<Self> {
+        for (key, variable) in std::mem::take(&mut self.client_env) {
+            let config_error =
+                |message: String| Error::new(ErrorKind::Config, Phase::Setup, message);
+            if self.client.contains_key(&key) {
+                return Err(config_error(format!(
+                    "client setting {key:?} is set both in `client` and in `client_env`; keep one"
+                )));
+            }
+            let value = std::env::var(&variable).map_err(|_| {
+                config_error(format!(
+                    "client_env reads {key:?} from the environment variable {variable}, which is not set (or not \
+                     UTF-8)"
+                ))
+            })?;
+            self.client.insert(key, value);
+        }
+        Ok(self)
     }
 
     /// Refuses settings the sink cannot honour: a cluster reached other than over PLAINTEXT. librdkafka would
@@ -260,6 +292,28 @@ mod tests {
         assert!(
             err.to_string()
                 .contains("\"enable.idempotence\" is controlled"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn client_settings_come_from_the_environment_and_stay_redacted() {
+        let home = std::env::var("HOME").expect("HOME is set for tests");
+        let mut config = KafkaSinkConfig::new("b:9092", "t", "p");
+        config
+            .client_env
+            .insert("sasl.password".into(), "HOME".into());
+        let resolved = config.clone().resolve_env().unwrap();
+        assert_eq!(resolved.client["sasl.password"], home);
+        assert!(!format!("{resolved:?}").contains(&home), "{resolved:?}");
+
+        config.client_env.insert(
+            "ssl.key.password".into(),
+            "RATCHET_SURELY_UNSET_VARIABLE".into(),
+        );
+        let err = config.resolve_env().unwrap_err().to_string();
+        assert!(
+            err.contains("RATCHET_SURELY_UNSET_VARIABLE") && err.contains("ssl.key.password"),
             "{err}"
         );
     }

@@ -72,21 +72,16 @@ impl KafkaToKafka {
     /// # Errors
     /// Any producer or consumer failure stops the run; what was not committed is replayed by the next run.
     pub async fn run(&self) -> Result<PipelineStats> {
-        let id = self.sink.id_pool()?.all(SubtaskId(0)).remove(0);
+        let sink = self.sink.clone().resolve_env()?;
+        let id = sink.id_pool()?.all(SubtaskId(0)).remove(0);
         let owner = format!(
             "{}/kafka-to-kafka:{}",
-            self.sink.job.as_deref().unwrap_or("-"),
+            sink.job.as_deref().unwrap_or("-"),
             self.group_id
         );
-        claim_prefix(
-            &self.sink.connection(),
-            &self.sink.transactional_id_prefix,
-            &owner,
-        )
-        .await?;
-        let producer = open_transactional_producer(&self.sink, &id).await?;
-        let consumer: StreamConsumer = self
-            .sink
+        claim_prefix(&sink.connection(), &sink.transactional_id_prefix, &owner).await?;
+        let producer = open_transactional_producer(&sink, &id).await?;
+        let consumer: StreamConsumer = sink
             .connection()
             .set("group.id", &self.group_id)
             .set("enable.auto.commit", "false")
@@ -114,7 +109,7 @@ impl KafkaToKafka {
                             .map_err(|e| failed(Phase::Write, "the source consumer failed", e))?,
                     };
                 last_record = Instant::now();
-                let mut record = FutureRecord::to(&self.sink.topic);
+                let mut record = FutureRecord::to(&sink.topic);
                 if let Some(key) = message.key() {
                     record = record.key(key);
                 }

@@ -93,6 +93,7 @@ impl KafkaSink {
     /// # Errors
     /// [`Config`](ErrorKind::Config) for an invalid transactional-id prefix or pool size.
     pub fn new(config: KafkaSinkConfig, sink: SinkId, subtask: SubtaskId) -> Result<Self> {
+        let config = config.resolve_env().map_err(|e| e.with_sink(&sink))?;
         config.validate().map_err(|e| e.with_sink(&sink))?;
         let pool = config.id_pool()?;
         Ok(Self {
