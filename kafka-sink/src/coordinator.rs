@@ -6,14 +6,15 @@
 //!
 //! The wire format and the error codes come from the `kafka-protocol` crate; this module only frames requests
 //! over TCP. Errors say [`Phase::Commit`]; a caller in another step sets its own with
-//! [`Error::at_phase`](connector_api::Error::at_phase). The reads (FindCoordinator, DescribeTransactions) are
-//! idempotent and retried here through the shared [`RetryPolicy`]; EndTxn is retried by the driver's commit step.
+//! [`Error::at_phase`](connector_api::Error::at_phase). Nothing here retries: a retryable error (the coordinator
+//! loads or moves) goes back to the step that knows whether a retry is safe. The driver retries commit and
+//! recover, which are idempotent; the sink's pre-commit retries its one DescribeTransactions itself.
 
 use std::fmt;
 use std::time::Duration;
 
 use bytes::{Buf, BufMut, BytesMut};
-use connector_api::{Error, ErrorKind, Phase, Result, RetryPolicy};
+use connector_api::{Error, ErrorKind, Phase, Result};
 use kafka_protocol::error::{ParseResponseErrorCode, ResponseError};
 use kafka_protocol::messages::{
     ApiKey, ApiVersionsRequest, ApiVersionsResponse, DescribeTransactionsRequest, EndTxnRequest,
@@ -25,14 +26,6 @@ use tokio::net::TcpStream;
 
 /// How long one request may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Retries of the idempotent reads while the coordinator loads or moves.
-const READ_RETRY: RetryPolicy = RetryPolicy {
-    max_attempts: 20,
-    initial_backoff: Duration::from_millis(100),
-    max_backoff: Duration::from_secs(1),
-    max_total_backoff: Duration::from_secs(15),
-};
 
 /// The transaction coordinator's state of a transactional id (`TransactionState` in the broker).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -218,16 +211,8 @@ impl Connection {
     }
 }
 
-/// The address of the transaction coordinator of `transactional_id`, retried while it loads or moves.
+/// The address of the transaction coordinator of `transactional_id`.
 async fn coordinator(bootstrap: &str, transactional_id: &str) -> Result<String> {
-    READ_RETRY
-        .run("FindCoordinator", || {
-            find_coordinator(bootstrap, transactional_id)
-        })
-        .await
-}
-
-async fn find_coordinator(bootstrap: &str, transactional_id: &str) -> Result<String> {
     let first = bootstrap.split(',').next().unwrap_or(bootstrap).trim();
     let mut connection = Connection::open(first).await?;
     let version = connection.version(ApiKey::FindCoordinator, 4).await?;
@@ -280,18 +265,10 @@ pub async fn describe_transaction(
 
 /// Describes the transaction state of `transactional_id`; `None` when the broker does not know the id
 /// (`TRANSACTIONAL_ID_NOT_FOUND`: it expired after `transactional.id.expiration.ms`, or never existed).
+///
+/// # Errors
+/// [`Retryable`](ErrorKind::Retryable) while the coordinator loads or moves, and for transport failures.
 pub async fn find_transaction(
-    bootstrap: &str,
-    transactional_id: &str,
-) -> Result<Option<TransactionDescription>> {
-    READ_RETRY
-        .run("DescribeTransactions", || {
-            describe_once(bootstrap, transactional_id)
-        })
-        .await
-}
-
-async fn describe_once(
     bootstrap: &str,
     transactional_id: &str,
 ) -> Result<Option<TransactionDescription>> {

@@ -7,7 +7,8 @@ use std::time::Duration;
 use arrow_array::RecordBatch;
 use async_trait::async_trait;
 use connector_api::{
-    CheckpointId, Committer, Error, ErrorKind, Phase, Result, SinkId, SubtaskId, TwoPhaseCommit,
+    CheckpointId, Committer, Error, ErrorKind, Phase, Result, RetryPolicy, SinkId, SubtaskId,
+    TwoPhaseCommit,
 };
 use rdkafka::ClientConfig;
 use rdkafka::error::KafkaError;
@@ -337,7 +338,13 @@ impl TwoPhaseCommit for KafkaSink {
         let (producer_id, producer_epoch) = if ranges.is_empty() {
             (-1, -1)
         } else {
-            let described = describe_transaction(&self.config.bootstrap_servers, id.as_str())
+            // The driver does not retry a pre-commit (it aborts and replays): retry the one idempotent read here,
+            // while the coordinator loads or moves.
+            let bootstrap = &self.config.bootstrap_servers;
+            let described = RetryPolicy::default()
+                .run("DescribeTransactions", || {
+                    describe_transaction(bootstrap, id.as_str())
+                })
                 .await
                 .map_err(|e| {
                     e.at_phase(Phase::PreCommit)

@@ -53,9 +53,10 @@ pub enum Scenario {
     /// second holds uncommitted until the first's start is over. Nothing may be lost or doubled, and the instance
     /// that lost the claim may not decide a checkpoint.
     TwoStarters,
-    /// An instance pauses after pre-committing checkpoint 3 (before saving its record); a new instance starts and
-    /// recovers, and is held just before saving its own start record while the paused one resumes and tries to
-    /// save and commit. The zombie may not decide anything, and nothing may be lost or doubled.
+    /// An instance pauses after pre-committing checkpoint 3 (before saving its record); a new instance starts,
+    /// recovers, and is held at the end of its recovery while the paused one resumes and tries to save and commit
+    /// (with a fencing store that save waits for the new instance's claim guard, then is refused). The zombie may
+    /// not decide anything, and nothing may be lost or doubled.
     ZombieSaves,
     /// Saving checkpoint 3's record stores it but reports an unknown outcome, on every attempt: the driver must
     /// stop without aborting, and recovery must commit the checkpoint.
