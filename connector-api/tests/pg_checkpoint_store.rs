@@ -32,6 +32,57 @@ async fn store(job: &str) -> PgCheckpointStore {
         .unwrap()
 }
 
+/// Whether every connection of `job` (by `application_name`) is encrypted, and how many there are, as the server
+/// sees them (`pg_stat_ssl`, read with psql).
+fn encrypted_connections(job: &str) -> String {
+    Services::get().psql(&format!(
+        "SELECT bool_and(s.ssl)::text || ' ' || count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
+         WHERE a.application_name = '{job}'"
+    ))
+}
+
+#[tokio::test]
+async fn sslmode_verify_full_encrypts_and_checks_the_server_and_disable_does_not_encrypt() {
+    let services = Services::get();
+    let (cert, key) = services.tls_client_identity();
+    let ca = services.var("RATCHET_TLS_CA");
+    let job = integration::unique_name("tls-job");
+    let url = format!(
+        "{}?application_name={job}&sslmode=verify-full&sslrootcert={ca}&sslcert={cert}&sslkey={key}",
+        services.pg_url()
+    );
+    let tls = PgCheckpointStore::connect(&url, &job, SubtaskId(0), 3)
+        .await
+        .unwrap();
+    let claim = tls.claim().await.unwrap();
+    tls.save(claim.epoch, &record(1)).await.unwrap();
+    assert_eq!(tls.load().await.unwrap().record, Some(record(1)));
+    // The pool's connections and the claim guard's: all TLS.
+    let seen = encrypted_connections(&job);
+    assert!(seen.starts_with("true ") && seen != "true 0", "{seen}");
+    drop(claim);
+
+    // The server's certificate is checked: without the test CA (system trust store only) verify-full refuses.
+    let untrusted = format!("{}?sslmode=verify-full", services.pg_url());
+    let err = PgCheckpointStore::connect(&untrusted, &job, SubtaskId(0), 3)
+        .await
+        .err()
+        .expect("a server certificate from an unknown CA must be refused");
+    let report = connector_api::Report(&err).to_string();
+    assert!(report.to_lowercase().contains("certificate"), "{report}");
+
+    let plain_job = integration::unique_name("plain-job");
+    let plain = format!(
+        "{}?application_name={plain_job}&sslmode=disable",
+        services.pg_url()
+    );
+    let store = PgCheckpointStore::connect(&plain, &plain_job, SubtaskId(0), 3)
+        .await
+        .unwrap();
+    let _claim = store.claim().await.unwrap();
+    assert!(encrypted_connections(&plain_job).starts_with("false "));
+}
+
 #[tokio::test]
 async fn shared_store_keeps_decisions_and_falls_back_from_damage() {
     let services = Services::get();

@@ -93,6 +93,33 @@ impl Services {
         address
     }
 
+    /// The SASL_SSL listener of the test broker (`scripts/services.sh` generates its CA and certificates) and the
+    /// librdkafka settings that reach it with SASL `mechanism` (`PLAIN`, `SCRAM-SHA-256`, `SCRAM-SHA-512`), the
+    /// broker's certificate checked against the test CA, after checking it listens.
+    pub fn kafka_sasl_ssl(&self, mechanism: &str) -> (&str, BTreeMap<String, String>) {
+        let address = self.var("RATCHET_KAFKA_SASL_SSL_BOOTSTRAP");
+        require("Kafka (SASL_SSL listener)", address);
+        let settings = [
+            ("security.protocol", "SASL_SSL"),
+            ("ssl.ca.location", self.var("RATCHET_TLS_CA")),
+            ("sasl.mechanism", mechanism),
+            ("sasl.username", self.var("RATCHET_KAFKA_SASL_USERNAME")),
+            ("sasl.password", self.var("RATCHET_KAFKA_SASL_PASSWORD")),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        (address, settings)
+    }
+
+    /// The test client certificate and key (PEM) the SASL_SSL listener and PostgreSQL accept.
+    pub fn tls_client_identity(&self) -> (&str, &str) {
+        (
+            self.var("RATCHET_TLS_CLIENT_CERT"),
+            self.var("RATCHET_TLS_CLIENT_KEY"),
+        )
+    }
+
     /// The PostgreSQL URL (`postgres://ratchet:...@127.0.0.1:<port>/ratchet`), after checking it listens.
     pub fn pg_url(&self) -> &str {
         let url = self.var("RATCHET_PG_URL");

@@ -7,18 +7,9 @@ use connector_api::{Error, ErrorKind, Phase, Result};
 use rdkafka::ClientConfig;
 use serde::Deserialize;
 
-use crate::{RecordMapping, TransactionalId, TransactionalIdPool};
+use kafka_connection::{KafkaConnection, redacted};
 
-/// Prefixes of `client` settings that say how to reach the cluster (security, sockets): every client the sink
-/// makes (producers, the commit probe, the prefix registry, admin requests) gets them.
-const CONNECTION_PREFIXES: &[&str] = &[
-    "security.protocol",
-    "ssl.",
-    "sasl.",
-    "socket.",
-    "client.dns.lookup",
-    "broker.address.family",
-];
+use crate::{RecordMapping, TransactionalId, TransactionalIdPool};
 
 /// librdkafka keys the sink sets itself; setting them in `client` is refused.
 const CONTROLLED_KEYS: &[&str] = &[
@@ -73,28 +64,9 @@ pub struct KafkaSinkConfig {
     pub records: RecordMapping,
 }
 
-/// Whether a librdkafka setting holds a secret (`sasl.password`, `ssl.key.password`, `ssl.keystore.password`,
-/// `sasl.oauthbearer.client.secret`, ...).
-fn is_secret(key: &str) -> bool {
-    key.contains("password") || key.contains("secret")
-}
-
 impl std::fmt::Debug for KafkaSinkConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let client: BTreeMap<&str, &str> = self
-            .client
-            .iter()
-            .map(|(k, v)| {
-                (
-                    k.as_str(),
-                    if is_secret(k) {
-                        "<redacted>"
-                    } else {
-                        v.as_str()
-                    },
-                )
-            })
-            .collect();
+        let client = redacted(&self.client);
         f.debug_struct("KafkaSinkConfig")
             .field("bootstrap_servers", &self.bootstrap_servers)
             .field("topic", &self.topic)
@@ -156,17 +128,13 @@ impl KafkaSinkConfig {
         )
     }
 
-    /// The one place every Kafka client of this sink starts from: the bootstrap servers and the `client` settings
-    /// that say how to reach the cluster (security, sockets). Producers add the rest of `client` on top.
-    pub fn connection(&self) -> ClientConfig {
-        let mut config = ClientConfig::new();
-        config.set("bootstrap.servers", &self.bootstrap_servers);
-        for (key, value) in &self.client {
-            if CONNECTION_PREFIXES.iter().any(|p| key.starts_with(p)) {
-                config.set(key, value);
-            }
-        }
-        config
+    /// How every client of this sink reaches the cluster: the bootstrap servers and the connection settings of
+    /// `client` (security, sockets), for librdkafka and for the protocol-level client alike. Reads the TLS files.
+    ///
+    /// # Errors
+    /// [`Config`](ErrorKind::Config) naming the setting or file that cannot be honoured (see [`KafkaConnection`]).
+    pub fn kafka_connection(&self) -> Result<KafkaConnection> {
+        KafkaConnection::new(&self.bootstrap_servers, &self.client)
     }
 
     /// Moves the `client_env` settings into `client`, reading each variable now.
@@ -194,26 +162,13 @@ impl KafkaSinkConfig {
         Ok(self)
     }
 
-    /// Refuses settings the sink cannot honour: a cluster reached other than over PLAINTEXT. librdkafka would
-    /// connect, but the protocol-level commit path (DescribeTransactions and EndTxn, which commit a dead process's
-    /// transaction at recovery) speaks PLAINTEXT only in this release; TLS and SASL for it are planned.
+    /// Refuses settings the sink cannot honour: connection settings not every client can follow (see
+    /// [`KafkaConnection::new`]), an invalid transactional-id prefix or pool size.
     ///
     /// # Errors
     /// [`Config`](ErrorKind::Config) naming the setting.
     pub fn validate(&self) -> Result<()> {
-        if let Some(protocol) = self.client.get("security.protocol")
-            && !protocol.eq_ignore_ascii_case("plaintext")
-        {
-            return Err(Error::new(
-                ErrorKind::Config,
-                Phase::Setup,
-                format!(
-                    "client security.protocol={protocol} is not supported yet: the sink commits a dead process's \
-                     transaction at the protocol level, which speaks PLAINTEXT only in this release (TLS and SASL \
-                     are planned); use a PLAINTEXT listener"
-                ),
-            ));
-        }
+        self.kafka_connection()?;
         self.id_pool().map(drop)
     }
 
@@ -236,7 +191,7 @@ impl KafkaSinkConfig {
                 ),
             ));
         }
-        let mut config = self.connection();
+        let mut config = ClientConfig::new();
         for (key, value) in &self.client {
             config.set(key, value);
         }
@@ -334,13 +289,13 @@ mod tests {
     }
 
     #[test]
-    fn every_client_gets_the_connection_settings_and_secure_clusters_are_refused_for_now() {
+    fn every_client_gets_the_connection_settings_and_unsupported_ones_are_refused() {
         let mut config = KafkaSinkConfig::new("b:9092", "t", "p");
         config
             .client
             .insert("socket.timeout.ms".into(), "5000".into());
         config.client.insert("linger.ms".into(), "5".into());
-        let connection = config.connection();
+        let connection = config.kafka_connection().unwrap().client_config();
         assert_eq!(connection.get("bootstrap.servers"), Some("b:9092"));
         assert_eq!(connection.get("socket.timeout.ms"), Some("5000"));
         assert_eq!(connection.get("linger.ms"), None);
@@ -348,10 +303,13 @@ mod tests {
         config
             .client
             .insert("security.protocol".into(), "SASL_SSL".into());
+        config
+            .client
+            .insert("sasl.mechanism".into(), "OAUTHBEARER".into());
         let err = config.validate().unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Config);
         assert!(
-            err.to_string().contains("security.protocol=SASL_SSL"),
+            err.to_string().contains("sasl.mechanism=OAUTHBEARER"),
             "{err}"
         );
     }

@@ -4,28 +4,22 @@
 //! partitions), and EndTxn with that producer id and epoch commits (or aborts) it, exactly as the producer that
 //! began it would have.
 //!
-//! The wire format and the error codes come from the `kafka-protocol` crate; this module only frames requests
-//! over TCP. Errors say [`Phase::Commit`]; a caller in another step sets its own with
-//! [`Error::at_phase`](connector_api::Error::at_phase). Nothing here retries: a retryable error (the coordinator
+//! The wire format and the error codes come from the `kafka-protocol` crate; connections (TCP, TLS, SASL as the
+//! sink's `client` settings say) come from [`KafkaConnection::open`]. Errors say [`Phase::Commit`]; a caller in
+//! another step sets its own with [`Error::at_phase`](connector_api::Error::at_phase). Nothing here retries: a retryable error (the coordinator
 //! loads or moves) goes back to the step that knows whether a retry is safe. The driver retries commit and
 //! recover, which are idempotent; the sink's pre-commit retries its one DescribeTransactions itself.
 
 use std::fmt;
-use std::time::Duration;
 
-use bytes::{Buf, BufMut, BytesMut};
 use connector_api::{Error, ErrorKind, Phase, Result};
+use kafka_connection::{KafkaConnection, WireConnection};
 use kafka_protocol::error::{ParseResponseErrorCode, ResponseError};
 use kafka_protocol::messages::{
-    ApiKey, ApiVersionsRequest, ApiVersionsResponse, DescribeTransactionsRequest, EndTxnRequest,
-    FindCoordinatorRequest, ProducerId, RequestHeader, ResponseHeader, TransactionalId,
+    ApiKey, DescribeTransactionsRequest, EndTxnRequest, FindCoordinatorRequest, ProducerId,
+    TransactionalId,
 };
-use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-
-/// How long one request may take.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+use kafka_protocol::protocol::StrBytes;
 
 /// The transaction coordinator's state of a transactional id (`TransactionState` in the broker).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,20 +86,6 @@ pub struct TransactionDescription {
     pub partitions: Vec<(String, i32)>,
 }
 
-/// A transport or framing failure talking to `address`: retryable, with the cause attached.
-fn protocol_error(
-    address: &str,
-    what: &str,
-    source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
-) -> Error {
-    Error::new(
-        ErrorKind::Retryable,
-        Phase::Commit,
-        format!("Kafka {what} with {address} failed"),
-    )
-    .with_boxed_source(source.into())
-}
-
 /// A broker's answer `error` to `request` about `transactional_id`: retryable when Kafka says so.
 fn response_error(request: &str, transactional_id: &str, error: ResponseError) -> Error {
     let kind = if error.is_retriable() {
@@ -118,103 +98,9 @@ fn response_error(request: &str, transactional_id: &str, error: ResponseError) -
         .with_source(error)
 }
 
-/// One connection to one broker.
-struct Connection {
-    stream: TcpStream,
-    address: String,
-    correlation: i32,
-}
-
-impl Connection {
-    async fn open(address: &str) -> Result<Self> {
-        let stream = tokio::time::timeout(REQUEST_TIMEOUT, TcpStream::connect(address))
-            .await
-            .map_err(|e| protocol_error(address, "connect", e))?
-            .map_err(|e| protocol_error(address, "connect", e))?;
-        Ok(Self {
-            stream,
-            address: address.to_string(),
-            correlation: 0,
-        })
-    }
-
-    /// Sends `request` at `version` and reads its response.
-    async fn send<R: Request>(&mut self, version: i16, request: &R) -> Result<R::Response> {
-        self.correlation += 1;
-        let header = RequestHeader::default()
-            .with_request_api_key(R::KEY)
-            .with_request_api_version(version)
-            .with_correlation_id(self.correlation)
-            .with_client_id(Some(StrBytes::from_static_str("ratchet")));
-        let mut body = BytesMut::new();
-        header
-            .encode(&mut body, R::header_version(version))
-            .and_then(|()| request.encode(&mut body, version))
-            .map_err(|e| {
-                Error::new(ErrorKind::Bug, Phase::Commit, "cannot encode a request")
-                    .with_boxed_source(e.into())
-            })?;
-        let mut frame = BytesMut::with_capacity(body.len() + 4);
-        frame.put_i32(body.len() as i32);
-        frame.extend_from_slice(&body);
-        let address = self.address.clone();
-        let exchange = async {
-            self.stream.write_all(&frame).await?;
-            let length = self.stream.read_i32().await?;
-            let mut response = vec![0u8; length.max(0) as usize];
-            self.stream.read_exact(&mut response).await?;
-            Ok::<_, std::io::Error>(response)
-        };
-        let response = tokio::time::timeout(REQUEST_TIMEOUT, exchange)
-            .await
-            .map_err(|e| protocol_error(&address, "request", e))?
-            .map_err(|e| protocol_error(&address, "request", e))?;
-        let mut bytes = bytes::Bytes::from(response);
-        let header = ResponseHeader::decode(&mut bytes, R::Response::header_version(version))
-            .map_err(|e| protocol_error(&address, "response header", e))?;
-        if header.correlation_id != self.correlation {
-            return Err(protocol_error(
-                &address,
-                "response",
-                format!(
-                    "correlation id {} instead of {}",
-                    header.correlation_id, self.correlation
-                ),
-            ));
-        }
-        let decoded = R::Response::decode(&mut bytes, version)
-            .map_err(|e| protocol_error(&address, "response", e))?;
-        if bytes.has_remaining() {
-            tracing::debug!(left = bytes.remaining(), "response had trailing bytes");
-        }
-        Ok(decoded)
-    }
-
-    /// The highest version of `key` both sides support, at most `ours`.
-    async fn version(&mut self, key: ApiKey, ours: i16) -> Result<i16> {
-        let versions: ApiVersionsResponse = self.send(0, &ApiVersionsRequest::default()).await?;
-        let theirs = versions
-            .api_keys
-            .iter()
-            .find(|k| k.api_key == key as i16)
-            .ok_or_else(|| {
-                Error::new(
-                    ErrorKind::Fatal,
-                    Phase::Setup,
-                    format!(
-                        "the broker at {} does not support {key:?}; Kafka 3.0 or later is needed",
-                        self.address
-                    ),
-                )
-            })?;
-        Ok(ours.min(theirs.max_version))
-    }
-}
-
-/// The address of the transaction coordinator of `transactional_id`.
-async fn coordinator(bootstrap: &str, transactional_id: &str) -> Result<String> {
-    let first = bootstrap.split(',').next().unwrap_or(bootstrap).trim();
-    let mut connection = Connection::open(first).await?;
+/// A connection to the transaction coordinator of `transactional_id`.
+async fn coordinator(kafka: &KafkaConnection, transactional_id: &str) -> Result<WireConnection> {
+    let mut connection = kafka.open_bootstrap().await?;
     let version = connection.version(ApiKey::FindCoordinator, 4).await?;
     let key = StrBytes::from_string(transactional_id.to_string());
     // Version 4 (KIP-699) takes a list of keys; older versions a single one.
@@ -237,7 +123,7 @@ async fn coordinator(bootstrap: &str, transactional_id: &str) -> Result<String> 
         ),
     };
     match error.err() {
-        None => Ok(format!("{host}:{port}")),
+        None => kafka.open(&format!("{host}:{port}")).await,
         Some(e) => Err(response_error("FindCoordinator", transactional_id, e)),
     }
 }
@@ -248,10 +134,10 @@ async fn coordinator(bootstrap: &str, transactional_id: &str) -> Result<String> 
 /// [`Fatal`](ErrorKind::Fatal) when the broker does not know the id (it expired after
 /// `transactional.id.expiration.ms`, or never existed); see [`find_transaction`] to tell that case apart.
 pub async fn describe_transaction(
-    bootstrap: &str,
+    kafka: &KafkaConnection,
     transactional_id: &str,
 ) -> Result<TransactionDescription> {
-    find_transaction(bootstrap, transactional_id)
+    find_transaction(kafka, transactional_id)
         .await?
         .ok_or_else(|| {
             Error::new(
@@ -269,11 +155,10 @@ pub async fn describe_transaction(
 /// # Errors
 /// [`Retryable`](ErrorKind::Retryable) while the coordinator loads or moves, and for transport failures.
 pub async fn find_transaction(
-    bootstrap: &str,
+    kafka: &KafkaConnection,
     transactional_id: &str,
 ) -> Result<Option<TransactionDescription>> {
-    let address = coordinator(bootstrap, transactional_id).await?;
-    let mut connection = Connection::open(&address).await?;
+    let mut connection = coordinator(kafka, transactional_id).await?;
     let request =
         DescribeTransactionsRequest::default().with_transactional_ids(vec![TransactionalId(
             StrBytes::from_string(transactional_id.to_string()),
@@ -325,14 +210,21 @@ pub async fn find_transaction(
 /// aborted it after its timeout); [`Retryable`](ErrorKind::Retryable) for coordinator moves and concurrent
 /// transaction completion.
 pub async fn end_transaction(
-    bootstrap: &str,
+    kafka: &KafkaConnection,
     transactional_id: &str,
     producer_id: i64,
     producer_epoch: i16,
     commit: bool,
 ) -> Result<()> {
-    let address = coordinator(bootstrap, transactional_id).await?;
-    let mut connection = Connection::open(&address).await?;
+    let mut connection = coordinator(kafka, transactional_id).await?;
+    tracing::info!(
+        transactional_id,
+        producer_id,
+        producer_epoch,
+        commit,
+        coordinator = connection.address(),
+        "ending a transaction at the protocol level (EndTxn)"
+    );
     let version = connection.version(ApiKey::EndTxn, 5).await?;
     let request = EndTxnRequest::default()
         .with_transactional_id(TransactionalId(StrBytes::from_string(

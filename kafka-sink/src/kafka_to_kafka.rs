@@ -79,10 +79,11 @@ impl KafkaToKafka {
             sink.job.as_deref().unwrap_or("-"),
             self.group_id
         );
-        claim_prefix(&sink.connection(), &sink.transactional_id_prefix, &owner).await?;
+        let connection = sink.kafka_connection()?.client_config();
+        claim_prefix(&connection, &sink.transactional_id_prefix, &owner).await?;
         let producer = open_transactional_producer(&sink, &id).await?;
-        let consumer: StreamConsumer = sink
-            .connection()
+        let consumer: StreamConsumer = connection
+            .clone()
             .set("group.id", &self.group_id)
             .set("enable.auto.commit", "false")
             .set("auto.offset.reset", "earliest")

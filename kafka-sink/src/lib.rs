@@ -28,11 +28,13 @@
 //!   `transaction.max.timeout.ms`, read from the broker ([`broker_max_transaction_timeout`]).
 //!
 //! - Every client the sink makes (transactional producers, the log probe, the prefix registry, admin requests,
-//!   Kafka-to-Kafka's consumer) starts from [`KafkaSinkConfig::connection`]: the bootstrap servers and the
-//!   connection settings of `client` (`security.protocol`, `ssl.*`, `sasl.*`, `socket.*`). The protocol-level
-//!   commit path (DescribeTransactions, EndTxn) speaks PLAINTEXT only in this release, so a sink configured for
-//!   TLS or SASL is refused at construction with that reason ([`KafkaSinkConfig::validate`]); TLS and SASL for
-//!   it are planned.
+//!   Kafka-to-Kafka's consumer, and the protocol-level commit path) starts from one
+//!   [`KafkaConnection`](kafka_connection::KafkaConnection) ([`KafkaSinkConfig::kafka_connection`]): the
+//!   bootstrap servers and the connection settings of `client` (`security.protocol`, `ssl.*`, `sasl.*`,
+//!   `socket.*`). PLAINTEXT, SSL, SASL_PLAINTEXT and SASL_SSL with PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 work for
+//!   all of them (tested against a SASL_SSL listener); settings only librdkafka could follow (GSSAPI, OAUTHBEARER,
+//!   PKCS#12 key stores, encrypted keys) are refused at construction, naming the setting
+//!   ([`KafkaSinkConfig::validate`]).
 //!
 //! - Kafka-to-Kafka ([`KafkaToKafka`]): when the source is the same cluster, the consumed offsets go into the
 //!   same transaction (`send_offsets_to_transaction` with the consumer group metadata), so no external checkpoint
@@ -73,6 +75,7 @@ pub use coordinator::{
 };
 pub use error::classify;
 pub use factory::KafkaSinkFactory;
+pub use kafka_connection::KafkaConnection;
 pub use kafka_to_kafka::{KafkaToKafka, PipelineHook, PipelineStats};
 pub use producer::open_transactional_producer;
 pub use records::RecordMapping;

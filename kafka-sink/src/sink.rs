@@ -10,7 +10,7 @@ use connector_api::{
     CheckpointId, Committer, Error, ErrorKind, Phase, Result, RetryPolicy, SinkId, SubtaskId,
     TwoPhaseCommit,
 };
-use rdkafka::ClientConfig;
+use kafka_connection::KafkaConnection;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{FutureProducer, Producer};
 use rdkafka::types::RDKafkaErrorCode;
@@ -67,6 +67,8 @@ pub struct KafkaSink {
     config: KafkaSinkConfig,
     sink: SinkId,
     subtask: SubtaskId,
+    /// How every client of this sink reaches the cluster.
+    kafka: KafkaConnection,
     pool: TransactionalIdPool,
     producers: Producers,
     current: Option<(CheckpointId, TransactionalId)>,
@@ -77,9 +79,8 @@ pub struct KafkaSink {
 /// otherwise at the protocol level (EndTxn with the recorded producer id and epoch).
 #[derive(Clone)]
 pub struct KafkaCommitter {
-    bootstrap: String,
-    /// How the log probe reaches the cluster ([`KafkaSinkConfig::connection`]).
-    connection: ClientConfig,
+    /// How the protocol-level client and the log probe reach the cluster.
+    kafka: KafkaConnection,
     sink: SinkId,
     producers: Producers,
 }
@@ -95,9 +96,11 @@ impl KafkaSink {
     /// [`Config`](ErrorKind::Config) for an invalid transactional-id prefix or pool size.
     pub fn new(config: KafkaSinkConfig, sink: SinkId, subtask: SubtaskId) -> Result<Self> {
         let config = config.resolve_env().map_err(|e| e.with_sink(&sink))?;
-        config.validate().map_err(|e| e.with_sink(&sink))?;
-        let pool = config.id_pool()?;
+        let kafka = config.kafka_connection().map_err(|e| e.with_sink(&sink))?;
+        let pool = config.id_pool().map_err(|e| e.with_sink(&sink))?;
+        tracing::info!(%sink, %subtask, topic = %config.topic, connection = ?kafka, "Kafka sink configured");
         Ok(Self {
+            kafka,
             sender: RecordSender::new(
                 config.records.clone(),
                 &config.topic,
@@ -190,9 +193,7 @@ impl Committer for KafkaCommitter {
             if c.ranges.is_empty() {
                 continue; // an empty transaction has nothing on the broker to commit
             }
-            commit_remote(&self.bootstrap, &self.connection, &c)
-                .await
-                .map_err(context)?;
+            commit_remote(&self.kafka, &c).await.map_err(context)?;
         }
         Ok(())
     }
@@ -201,27 +202,23 @@ impl Committer for KafkaCommitter {
         let Some(range) = c.ranges.first() else {
             return Ok(true);
         };
-        let now = find_transaction(&self.bootstrap, &c.transactional_id).await?;
+        let now = find_transaction(&self.kafka, &c.transactional_id).await?;
         match commit_step(now.as_ref(), c) {
             CommitStep::AlreadyCommitted => Ok(true),
             CommitStep::EndTxn | CommitStep::Lost => Ok(false),
-            CommitStep::AskTheLog => visible_in_log(&self.connection, range).await,
+            CommitStep::AskTheLog => visible_in_log(&self.kafka.client_config(), range).await,
         }
     }
 }
 
 /// Commits `c` at the protocol level, idempotently; a transaction the broker aborted is a loud, fatal error.
-async fn commit_remote(
-    bootstrap: &str,
-    connection: &ClientConfig,
-    c: &KafkaCommittable,
-) -> Result<()> {
-    let now = find_transaction(bootstrap, &c.transactional_id).await?;
+async fn commit_remote(kafka: &KafkaConnection, c: &KafkaCommittable) -> Result<()> {
+    let now = find_transaction(kafka, &c.transactional_id).await?;
     match commit_step(now.as_ref(), c) {
         CommitStep::AlreadyCommitted => return Ok(()),
         CommitStep::EndTxn => {
             return end_transaction(
-                bootstrap,
+                kafka,
                 &c.transactional_id,
                 c.producer_id,
                 c.producer_epoch,
@@ -232,7 +229,7 @@ async fn commit_remote(
         CommitStep::AskTheLog => {
             // The id has moved on (re-initialised, or expired): the log itself says whether our records committed.
             if let Some(range) = c.ranges.first()
-                && visible_in_log(connection, range).await?
+                && visible_in_log(&kafka.client_config(), range).await?
             {
                 return Ok(());
             }
@@ -284,8 +281,7 @@ impl TwoPhaseCommit for KafkaSink {
 
     fn committer(&self) -> KafkaCommitter {
         KafkaCommitter {
-            bootstrap: self.config.bootstrap_servers.clone(),
-            connection: self.config.connection(),
+            kafka: self.kafka.clone(),
             sink: self.sink.clone(),
             producers: self.producers.clone(),
         }
@@ -340,10 +336,10 @@ impl TwoPhaseCommit for KafkaSink {
         } else {
             // The driver does not retry a pre-commit (it aborts and replays): retry the one idempotent read here,
             // while the coordinator loads or moves.
-            let bootstrap = &self.config.bootstrap_servers;
+            let kafka = &self.kafka;
             let described = RetryPolicy::default()
                 .run("DescribeTransactions", || {
-                    describe_transaction(bootstrap, id.as_str())
+                    describe_transaction(kafka, id.as_str())
                 })
                 .await
                 .map_err(|e| {
@@ -404,7 +400,7 @@ impl TwoPhaseCommit for KafkaSink {
         self.current = None;
         self.sender.clear();
         self.producers.lock().expect("producers").clear();
-        let connection = self.config.connection();
+        let connection = self.kafka.client_config();
         let broker_max = broker_max_transaction_timeout(&connection)
             .await
             .map_err(|e| e.or_sink(&self.sink))?;
@@ -420,14 +416,12 @@ impl TwoPhaseCommit for KafkaSink {
         // First finish the restored transactions (they must not be aborted by the fencing below)...
         if let Some((checkpoint, committables)) = restored {
             for c in committables.iter().filter(|c| !c.ranges.is_empty()) {
-                commit_remote(&self.config.bootstrap_servers, &connection, c)
-                    .await
-                    .map_err(|e| {
-                        e.at_phase(Phase::Recover)
-                            .or_sink(&self.sink)
-                            .or_checkpoint(checkpoint)
-                            .or_txn(c.transactional_id.clone())
-                    })?;
+                commit_remote(&self.kafka, c).await.map_err(|e| {
+                    e.at_phase(Phase::Recover)
+                        .or_sink(&self.sink)
+                        .or_checkpoint(checkpoint)
+                        .or_txn(c.transactional_id.clone())
+                })?;
             }
         }
         // ...then fence every id of the pool: init_transactions aborts whatever a crashed attempt or a zombie left

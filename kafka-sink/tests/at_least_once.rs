@@ -11,7 +11,7 @@ use connector_api::{
 };
 use integration::Services;
 use integration::conformance::{conformance_batch, conformance_schema};
-use kafka_sink::{KafkaSinkFactory, TransactionalIdPool, find_transaction};
+use kafka_sink::{KafkaConnection, KafkaSinkFactory, TransactionalIdPool, find_transaction};
 
 fn at(next: i64) -> Vec<SourceOffset> {
     vec![SourceOffset {
@@ -89,9 +89,12 @@ async fn at_least_once_uses_no_transaction_and_replays_but_never_loses() {
         .unwrap()
         .all(SubtaskId(0))
     {
-        let described = find_transaction(services.kafka_bootstrap(), id.as_str())
-            .await
-            .unwrap();
+        let described = find_transaction(
+            &KafkaConnection::plaintext(services.kafka_bootstrap()),
+            id.as_str(),
+        )
+        .await
+        .unwrap();
         assert_eq!(described, None, "{id} exists: a transaction was used");
     }
 }

@@ -2,6 +2,8 @@
 //! read_committed consumer (confluent-kafka): every record exactly once, and no transaction left open holding
 //! the last stable offset once recovery has run.
 
+use std::collections::BTreeMap;
+
 use async_trait::async_trait;
 use connector_api::{Result, SinkId, SubtaskId};
 use integration::Services;
@@ -12,7 +14,11 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 
 struct Kafka {
+    /// Where the sink connects, with `client` settings (TLS, SASL).
     bootstrap: String,
+    client: BTreeMap<String, String>,
+    /// The PLAINTEXT listener of the same broker, for topic creation and the independent verifier.
+    plaintext: String,
     admin: AdminClient<DefaultClientContext>,
 }
 
@@ -22,7 +28,7 @@ fn topic(run: &str, sink: &SinkId) -> String {
 
 impl Kafka {
     fn read(&self, topic: &str) -> serde_json::Value {
-        Services::get().verify("kafka_read_committed.py", &[&self.bootstrap, topic])
+        Services::get().verify("kafka_read_committed.py", &[&self.plaintext, topic])
     }
 }
 
@@ -40,7 +46,8 @@ impl ConformanceTarget for Kafka {
                 &AdminOptions::new(),
             )
             .await;
-        let config = KafkaSinkConfig::new(&self.bootstrap, &topic, &topic);
+        let mut config = KafkaSinkConfig::new(&self.bootstrap, &topic, &topic);
+        config.client = self.client.clone();
         KafkaSink::new(config, sink.clone(), SubtaskId(0))
     }
 
@@ -72,20 +79,54 @@ impl ConformanceTarget for Kafka {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kafka_sink_passes_the_conformance_harness() {
-    let bootstrap = Services::get().kafka_bootstrap().to_string();
-    let admin = ClientConfig::new()
-        .set("bootstrap.servers", &bootstrap)
-        .create()
-        .unwrap();
-    let target = Kafka { bootstrap, admin };
-    let config = Conformance {
+impl Kafka {
+    fn new(bootstrap: &str, client: BTreeMap<String, String>) -> Self {
+        let plaintext = Services::get().kafka_bootstrap().to_string();
+        let admin = ClientConfig::new()
+            .set("bootstrap.servers", &plaintext)
+            .create()
+            .unwrap();
+        Self {
+            bootstrap: bootstrap.to_string(),
+            client,
+            plaintext,
+            admin,
+        }
+    }
+}
+
+fn conformance() -> Conformance {
+    Conformance {
         records: 200,
         random_records: 500,
         ..Conformance::default()
-    };
-    run_conformance("kafka-sink on Apache Kafka 4.4", &target, &config)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_sink_passes_the_conformance_harness() {
+    let target = Kafka::new(Services::get().kafka_bootstrap(), BTreeMap::new());
+    run_conformance("kafka-sink on Apache Kafka 4.4", &target, &conformance())
         .await
         .assert_passed();
+}
+
+/// The whole harness again with every client of the sink (transactional producers, the prefix registry, the log
+/// probe, and the protocol-level client that commits a dead process's transaction at recovery) on the broker's
+/// SASL_SSL listener: TLS checked against the test CA, a client certificate, SCRAM-SHA-512.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_sink_passes_the_conformance_harness_over_sasl_ssl() {
+    let services = Services::get();
+    let (bootstrap, mut client) = services.kafka_sasl_ssl("SCRAM-SHA-512");
+    let (cert, key) = services.tls_client_identity();
+    client.insert("ssl.certificate.location".into(), cert.into());
+    client.insert("ssl.key.location".into(), key.into());
+    let target = Kafka::new(bootstrap, client);
+    run_conformance(
+        "kafka-sink on Apache Kafka 4.4 over SASL_SSL (SCRAM-SHA-512, client certificate)",
+        &target,
+        &conformance(),
+    )
+    .await
+    .assert_passed();
 }

@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 
 use connector_api::ErrorKind;
 use integration::Services;
-use kafka_sink::{TransactionState, describe_transaction, end_transaction};
+use kafka_sink::{KafkaConnection, TransactionState, describe_transaction, end_transaction};
 
 /// A producer that begins a transaction, sends three records, flushes, says so, and waits to be killed.
 const ORPHAN: &str = r#"
@@ -75,7 +75,9 @@ async fn orphaned(
     let tid = integration::unique_name(name);
     let topic = integration::unique_name(name);
     orphan_transaction(&tid, &topic, timeout_ms);
-    let described = describe_transaction(bootstrap, &tid).await.unwrap();
+    let described = describe_transaction(&KafkaConnection::plaintext(bootstrap), &tid)
+        .await
+        .unwrap();
     assert_eq!(described.state, TransactionState::Ongoing, "{described:?}");
     (tid, topic, described)
 }
@@ -85,7 +87,9 @@ async fn orphaned(
 async fn wait_until_broker_aborted(bootstrap: &str, tid: &str) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {
-        let now = describe_transaction(bootstrap, tid).await.unwrap();
+        let now = describe_transaction(&KafkaConnection::plaintext(bootstrap), tid)
+            .await
+            .unwrap();
         if now.state == TransactionState::CompleteAbort {
             return;
         }
@@ -114,7 +118,7 @@ async fn a_dead_producers_transaction_is_committed_from_another_process() {
     );
 
     end_transaction(
-        bootstrap,
+        &KafkaConnection::plaintext(bootstrap),
         &tid,
         described.producer_id,
         described.producer_epoch,
@@ -126,13 +130,15 @@ async fn a_dead_producers_transaction_is_committed_from_another_process() {
     let (values, offsets) = visible(&topic);
     assert_eq!(values, ["orphan-0", "orphan-1", "orphan-2"]);
     assert_eq!(offsets["lso"], offsets["high_watermark"], "{offsets}");
-    let after = describe_transaction(bootstrap, &tid).await.unwrap();
+    let after = describe_transaction(&KafkaConnection::plaintext(bootstrap), &tid)
+        .await
+        .unwrap();
     assert_eq!(after.state, TransactionState::CompleteCommit, "{after:?}");
 
     // A repeated EndTxn(commit) for the completed transaction (a retried commit) is accepted by the coordinator
     // and changes nothing.
     end_transaction(
-        bootstrap,
+        &KafkaConnection::plaintext(bootstrap),
         &tid,
         described.producer_id,
         described.producer_epoch,
@@ -150,7 +156,7 @@ async fn a_transaction_the_broker_already_aborted_cannot_be_committed() {
 
     wait_until_broker_aborted(bootstrap, &tid).await;
     let err = end_transaction(
-        bootstrap,
+        &KafkaConnection::plaintext(bootstrap),
         &tid,
         described.producer_id,
         described.producer_epoch,

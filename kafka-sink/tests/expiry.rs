@@ -13,7 +13,9 @@ use connector_api::{
 };
 use integration::Services;
 use integration::conformance::conformance_batch;
-use kafka_sink::{KafkaSink, KafkaSinkConfig, TransactionalIdPool, find_transaction};
+use kafka_sink::{
+    KafkaConnection, KafkaSink, KafkaSinkConfig, TransactionalIdPool, find_transaction,
+};
 
 fn bootstrap() -> &'static str {
     Services::get().kafka_expiring_bootstrap()
@@ -67,7 +69,9 @@ async fn wait_until_expired(prefix: &str) {
     let deadline = std::time::Instant::now() + Duration::from_secs(90);
     for id in pool.all(SubtaskId(0)) {
         loop {
-            let now = find_transaction(bootstrap(), id.as_str()).await.unwrap();
+            let now = find_transaction(&KafkaConnection::plaintext(bootstrap()), id.as_str())
+                .await
+                .unwrap();
             if now.is_none() {
                 break;
             }

@@ -80,7 +80,8 @@ async fn committed_records_are_visible_and_a_zombie_is_fenced() {
 
 #[tokio::test]
 async fn the_broker_maximum_transaction_timeout_is_read_from_the_broker() {
-    let connection = KafkaSinkConfig::new(Services::get().kafka_bootstrap(), "t", "p").connection();
+    let connection =
+        kafka_sink::KafkaConnection::plaintext(Services::get().kafka_bootstrap()).client_config();
     let max = kafka_sink::broker_max_transaction_timeout(&connection)
         .await
         .unwrap();

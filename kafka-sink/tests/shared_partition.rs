@@ -11,7 +11,8 @@ use connector_api::{CheckpointId, Committer, ErrorKind, SinkId, SubtaskId, TwoPh
 use integration::Services;
 use integration::conformance::conformance_batch;
 use kafka_sink::{
-    KafkaCommittable, KafkaSink, KafkaSinkConfig, TransactionState, find_transaction,
+    KafkaCommittable, KafkaConnection, KafkaSink, KafkaSinkConfig, TransactionState,
+    find_transaction,
 };
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -83,7 +84,9 @@ async fn wait_until_broker_aborted(tid: &str) {
     let bootstrap = Services::get().kafka_bootstrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
-        let now = find_transaction(bootstrap, tid).await.unwrap();
+        let now = find_transaction(&KafkaConnection::plaintext(bootstrap), tid)
+            .await
+            .unwrap();
         if now
             .as_ref()
             .is_some_and(|d| d.state == TransactionState::CompleteAbort)
@@ -136,10 +139,13 @@ async fn a_committed_transaction_is_recognised_though_another_subtask_aborted_in
     drop(zero);
     let mut restarted = sink(&topic, &prefix, 0, timeout);
     restarted.recover(None).await.unwrap();
-    let now = find_transaction(Services::get().kafka_bootstrap(), &first.transactional_id)
-        .await
-        .unwrap()
-        .unwrap();
+    let now = find_transaction(
+        &KafkaConnection::plaintext(Services::get().kafka_bootstrap()),
+        &first.transactional_id,
+    )
+    .await
+    .unwrap()
+    .unwrap();
     assert!(
         now.producer_epoch != first.producer_epoch || now.producer_id != first.producer_id,
         "the id did not move on: {now:?}"

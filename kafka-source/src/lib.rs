@@ -9,7 +9,8 @@
 //! #              sink: connector_api::SinkHandle) -> connector_api::Result<()> {
 //! use std::time::Duration;
 //! let restored = driver.start().await?;
-//! let mut source = kafka_source::KafkaSource::open("127.0.0.1:19092", "orders", &restored.positions)?;
+//! let kafka = kafka_source::KafkaConnection::plaintext("127.0.0.1:19092");
+//! let mut source = kafka_source::KafkaSource::open(&kafka, "orders", &restored.positions)?;
 //! while let Some(batch) = source.next_batch(10_000, Duration::from_millis(500)).await? {
 //!     driver.write(sink, &batch).await?;
 //!     driver.checkpoint(source.positions()).await?;
@@ -26,9 +27,10 @@ use arrow_array::RecordBatch;
 use arrow_array::builder::{Int32Builder, Int64Builder, StringBuilder};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use connector_api::{Error, ErrorKind, Phase, Result, SourceOffset};
+pub use kafka_connection::KafkaConnection;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
-use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+use rdkafka::{Message, Offset, TopicPartitionList};
 
 /// How long metadata and watermark requests may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -57,15 +59,16 @@ pub struct KafkaSource {
 }
 
 impl KafkaSource {
-    /// Assigns every partition of `topic` on the cluster at `bootstrap`, at the offsets in `restored` or from the
-    /// beginning.
+    /// Assigns every partition of `topic` on the cluster `kafka` reaches (TLS and SASL as its settings say), at the
+    /// offsets in `restored` or from the beginning.
     ///
     /// # Errors
     /// [`Retryable`](ErrorKind::Retryable) when the cluster does not answer; [`Config`](ErrorKind::Config) when
     /// the topic has no partitions (it does not exist).
-    pub fn open(bootstrap: &str, topic: &str, restored: &[SourceOffset]) -> Result<Self> {
-        let consumer: StreamConsumer = ClientConfig::new()
-            .set("bootstrap.servers", bootstrap)
+    pub fn open(kafka: &KafkaConnection, topic: &str, restored: &[SourceOffset]) -> Result<Self> {
+        let bootstrap = kafka.bootstrap_servers();
+        let consumer: StreamConsumer = kafka
+            .client_config()
             .set("group.id", format!("ratchet-{topic}"))
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")

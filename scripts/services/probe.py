@@ -29,6 +29,42 @@ def kafka(bootstrap: str) -> str:
     return f"cluster {cluster.cluster_id}, init_transactions ok"
 
 
+def kafka_secure_settings(mechanism: str) -> dict:
+    """librdkafka settings for the SASL_SSL listener with `mechanism`, from the RATCHET_* variables."""
+    return {
+        "security.protocol": "SASL_SSL",
+        "ssl.ca.location": os.environ["RATCHET_TLS_CA"],
+        "sasl.mechanism": mechanism,
+        "sasl.username": os.environ["RATCHET_KAFKA_SASL_USERNAME"],
+        "sasl.password": os.environ["RATCHET_KAFKA_SASL_PASSWORD"],
+    }
+
+
+def kafka_scram_user(bootstrap: str) -> str:
+    """Stores (or replaces) the test user's SCRAM-SHA-256 and SCRAM-SHA-512 credentials, over `bootstrap`."""
+    from confluent_kafka.admin import AdminClient, ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion
+
+    user = os.environ["RATCHET_KAFKA_SASL_USERNAME"]
+    password = os.environ["RATCHET_KAFKA_SASL_PASSWORD"].encode()
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    # One request per mechanism: the broker refuses two changes to one user in a request.
+    for mechanism in (ScramMechanism.SCRAM_SHA_256, ScramMechanism.SCRAM_SHA_512):
+        upsert = UserScramCredentialUpsertion(user, ScramCredentialInfo(mechanism, 8192), password)
+        for future in admin.alter_user_scram_credentials([upsert]).values():
+            future.result(timeout=15)
+    return f"SCRAM-SHA-256 and SCRAM-SHA-512 credentials of {user} stored"
+
+
+def kafka_secure(bootstrap: str) -> str:
+    """The SASL_SSL listener accepts the test user with every mechanism (TLS verified against the test CA)."""
+    from confluent_kafka.admin import AdminClient
+
+    for mechanism in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"):
+        admin = AdminClient({"bootstrap.servers": bootstrap, **kafka_secure_settings(mechanism)})
+        admin.describe_cluster(request_timeout=10).result(timeout=15)
+    return "SASL_SSL with PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 ok"
+
+
 def postgres() -> str:
     import psycopg
 
@@ -37,7 +73,14 @@ def postgres() -> str:
         prepared = int(conn.execute("SHOW max_prepared_transactions").fetchone()[0])
     if prepared < 64:
         raise SystemExit(f"max_prepared_transactions is {prepared}, need >= 64")
-    return f"PostgreSQL {version}, max_prepared_transactions={prepared}"
+    # TLS: a verify-full connection against the test CA must work.
+    with psycopg.connect(
+        os.environ["RATCHET_PG_URL"], connect_timeout=5, sslmode="verify-full", sslrootcert=os.environ["RATCHET_TLS_CA"]
+    ) as conn:
+        ssl = conn.execute("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetchone()[0]
+    if not ssl:
+        raise SystemExit("a sslmode=verify-full connection is not encrypted")
+    return f"PostgreSQL {version}, max_prepared_transactions={prepared}, TLS ok"
 
 
 def mariadb() -> str:
@@ -91,12 +134,20 @@ def s3(create_bucket: bool) -> str:
 
 def main(argv: list[str]) -> int:
     if not argv:
-        print("usage: probe.py kafka [bootstrap]|postgres|mariadb|s3 [--create-bucket]", file=sys.stderr)
+        print(
+            "usage: probe.py kafka [bootstrap]|kafka-secure BOOTSTRAP|kafka-scram-user BOOTSTRAP|postgres|mariadb"
+            "|s3 [--create-bucket]",
+            file=sys.stderr,
+        )
         return 2
     what = argv[0]
     try:
         if what == "kafka":
             out = kafka(argv[1] if len(argv) > 1 else os.environ["RATCHET_KAFKA_BOOTSTRAP"])
+        elif what == "kafka-secure":
+            out = kafka_secure(argv[1])
+        elif what == "kafka-scram-user":
+            out = kafka_scram_user(argv[1])
         elif what == "postgres":
             out = postgres()
         elif what == "mariadb":

@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result};
 use connector_api::{Driver, DriverConfig, LocalCheckpointStore, Report, SinkId, SubtaskId};
 use file_sink::{FileSink, FileSinkConfig, StorageConfig};
-use kafka_source::{KafkaSource, record_schema};
+use kafka_source::{KafkaConnection, KafkaSource, record_schema};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -55,7 +55,8 @@ pub async fn run(args: DemoArgs) -> Result<()> {
         None => println!("fresh start: no checkpoint in {}", args.state.display()),
     }
 
-    let mut source = KafkaSource::open(&args.bootstrap, &topic, &restored.positions)?;
+    let kafka = KafkaConnection::plaintext(&args.bootstrap);
+    let mut source = KafkaSource::open(&kafka, &topic, &restored.positions)?;
     let end = source.high_watermarks()?;
     while !source.reached(&end) {
         let Some(batch) = source.next_batch(args.checkpoint_every, IDLE).await? else {

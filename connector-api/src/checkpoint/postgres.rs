@@ -2,10 +2,10 @@
 
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod};
-use tokio_postgres::NoTls;
 
 use super::record::newest_intact;
 use super::{CheckpointRecord, CheckpointStore, Claim, ClaimGuard, Loaded, OwnerEpoch};
+use crate::postgres::PgConnectOptions;
 use crate::{CheckpointId, Error, ErrorKind, Phase, Result, SubtaskId};
 
 /// How long a claim waits for another instance's claim guard (PostgreSQL `lock_timeout`).
@@ -41,7 +41,7 @@ const CREATE_TABLES: &str = "
 ///
 /// Several jobs can share the database: each names itself with `job`.
 pub struct PgCheckpointStore {
-    config: tokio_postgres::Config,
+    options: PgConnectOptions,
     pool: Pool,
     job: String,
     subtask: i32,
@@ -67,24 +67,18 @@ fn pool_error(e: PoolError) -> Error {
 }
 
 impl PgCheckpointStore {
-    /// Connects to `url` (a libpq URL or key-value string) and creates the tables if needed; records are kept
-    /// under `job` and `subtask`.
+    /// Connects to `url` (a libpq URL or key-value string with libpq's `sslmode`, `sslrootcert`, `sslcert`,
+    /// `sslkey`; the password from the URL or `PGPASSWORD`: see [`PgConnectOptions`]) and creates the tables if
+    /// needed; records are kept under `job` and `subtask`.
     ///
     /// # Errors
-    /// [`Config`](ErrorKind::Config) for a malformed URL; [`Retryable`](ErrorKind::Retryable) when the server
-    /// cannot be reached.
+    /// [`Config`](ErrorKind::Config) for a malformed URL or unusable TLS settings; [`Retryable`](ErrorKind::Retryable)
+    /// when the server cannot be reached.
     pub async fn connect(url: &str, job: &str, subtask: SubtaskId, retain: usize) -> Result<Self> {
-        let config: tokio_postgres::Config = url.parse().map_err(|e| {
-            Error::new(
-                ErrorKind::Config,
-                Phase::Setup,
-                "the PostgreSQL checkpoint store URL is malformed",
-            )
-            .with_source(e)
-        })?;
+        let options = PgConnectOptions::parse(url)?;
         let manager = Manager::from_config(
-            config.clone(),
-            NoTls,
+            options.config().clone(),
+            options.tls(),
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
@@ -112,7 +106,7 @@ impl PgCheckpointStore {
             )
         })?;
         Ok(Self {
-            config,
+            options,
             pool,
             job: job.to_string(),
             subtask,
@@ -255,15 +249,10 @@ impl CheckpointStore for PgCheckpointStore {
                 .map_err(|e| pg_error("cannot commit the claim", e))?;
             epoch
         };
-        let (guard, connection) = self.config.connect(NoTls).await.map_err(|e| {
-            Error::new(
-                ErrorKind::Retryable,
-                Phase::Checkpoint,
-                "cannot open the claim guard's connection",
-            )
-            .with_source(e)
-        })?;
-        tokio::spawn(connection);
+        let guard = self
+            .options
+            .connect(Phase::Checkpoint, "the claim guard's connection")
+            .await?;
         guard
             .batch_execute(&format!("BEGIN; SET LOCAL lock_timeout = '{LOCK_WAIT}'"))
             .await

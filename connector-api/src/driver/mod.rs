@@ -296,6 +296,8 @@ impl<S: CheckpointStore> Driver<S> {
         self.current = start.id.next();
         self.begin_all().await?;
         self.state = State::Running;
+        tracing::info!(owner = owner.0, restored = ?checkpoint, next = %self.current,
+            sinks = self.sinks.len(), "driver started: claimed the subtask and recovered every sink");
         Ok(Restored {
             checkpoint,
             positions,
@@ -379,6 +381,7 @@ impl<S: CheckpointStore> Driver<S> {
             return Err(self.abort_checkpoint(e).await);
         }
         // Checkpoint `id` is decided: committed, whatever happens next.
+        tracing::debug!(checkpoint = %id, "checkpoint record durable; committing");
         self.inject(FaultPoint::AfterRecordDurable).await?;
         let faults = self.faults.clone();
         let store = self.store.clone();
@@ -397,6 +400,7 @@ impl<S: CheckpointStore> Driver<S> {
                 }
             }
             note_committed(&*store, owner, id).await;
+            tracing::debug!(checkpoint = %id, "checkpoint committed in every sink");
             Ok(())
         });
         self.committing = Some((id, task));
