@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use connector_api::{Driver, DriverConfig, LocalCheckpointStore, Report, SinkId, SubtaskId};
 use file_sink::{FileSink, FileSinkConfig, StorageConfig};
 use kafka_sink::{KafkaSink, KafkaSinkConfig};
-use kafka_source::{KafkaConnection, KafkaSource, record_schema};
+use kafka_source::{KafkaConnection, KafkaSource, text_schema};
 
 #[tokio::main]
 async fn main() {
@@ -41,7 +41,7 @@ async fn run(bootstrap: &str, topic: &str, dir: &std::path::Path) -> connector_a
         FileSink::new(FileSinkConfig::new(
             SinkId::new("parquet")?,
             SubtaskId(0),
-            record_schema(),
+            text_schema(),
             StorageConfig::Local {
                 path: dir.join("out"),
             },
@@ -58,13 +58,10 @@ async fn run(bootstrap: &str, topic: &str, dir: &std::path::Path) -> connector_a
     let kafka = KafkaConnection::plaintext(bootstrap);
     let mut source = KafkaSource::open(&kafka, topic, &restored.positions)?;
     let end = source.high_watermarks()?;
-    // The job's own checkpoint timer. (Not a `select!` against `next_batch`: reading is not cancel safe.)
+    // The job's own checkpoint timer.
     let mut last_checkpoint = Instant::now();
     while !source.reached(&end) {
-        if let Some(batch) = source
-            .next_batch(10_000, Duration::from_millis(100))
-            .await?
-        {
+        if let Some(batch) = source.next_batch(Duration::from_millis(100)).await? {
             driver.write(files, &batch).await?;
             driver.write(copy, &batch).await?;
         }

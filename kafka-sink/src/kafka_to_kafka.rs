@@ -3,20 +3,22 @@
 //! output and the source positions atomically and no external checkpoint store is needed.
 //!
 //! Each transaction covers up to `commit_interval` of consumed records: begin → produce the records →
-//! send the consumed offsets → commit. A crash anywhere leaves the transaction open; the next start's
-//! `init_transactions` aborts it, and the consumer group resumes from the last committed offsets, which moved
-//! only together with committed output: every source record lands exactly once. One pipeline instance per group
-//! (it assigns every source partition itself).
+//! send the consumed offsets → commit. Two transactional producers (the first two ids of the pool) alternate:
+//! while transaction N flushes, sends its offsets and commits on a thread of its own, the copy loop keeps consuming
+//! into transaction N+1 on the other producer; N+1 commits only after N did, so the group's offsets only move
+//! forward. Records are copied with librdkafka's own delivery thread and no future per record: a failed delivery
+//! makes the commit fail. A crash anywhere leaves the open transactions open; the next start's
+//! `init_transactions` on both ids aborts them, and the consumer group resumes from the last committed offsets,
+//! which moved only together with committed output: every source record lands exactly once. One pipeline instance
+//! per group (it assigns every source partition itself).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use connector_api::{Error, ErrorKind, Phase, Result, Step};
-use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Headers, OwnedHeaders};
-use rdkafka::producer::{FutureRecord, Producer};
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Message, Offset, TopicPartitionList};
 
@@ -47,6 +49,8 @@ pub struct KafkaToKafka {
     pub max_records_per_transaction: u64,
     /// Stop after no record arrived for this long (None: run until an error).
     pub stop_when_idle: Option<Duration>,
+    /// Stop once this many records are committed (None: no limit).
+    pub stop_after_records: Option<u64>,
     /// Fault-injection hook (tests).
     pub hook: Option<PipelineHook>,
 }
@@ -62,8 +66,23 @@ pub struct PipelineStats {
 
 const TXN_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How long one consumer poll waits, so that deadlines are noticed.
+const POLL: Duration = Duration::from_millis(100);
+
 fn failed(phase: Phase, message: &str, e: KafkaError) -> Error {
     Error::new(classify(&e), phase, message).with_source(e)
+}
+
+/// The producer the pipeline copies with: librdkafka's own delivery thread, no future per record (a failed
+/// delivery fails the transaction's commit).
+type Copier = ThreadedProducer<DefaultProducerContext>;
+
+/// One transaction handed to the commit thread: its producer, its number and the source offsets it covers.
+struct Closing {
+    producer: Copier,
+    number: u64,
+    offsets: TopicPartitionList,
+    records: u64,
 }
 
 impl KafkaToKafka {
@@ -73,7 +92,6 @@ impl KafkaToKafka {
     /// Any producer or consumer failure stops the run; what was not committed is replayed by the next run.
     pub async fn run(&self) -> Result<PipelineStats> {
         let sink = self.sink.clone().resolve_env()?;
-        let id = sink.id_pool()?.all(SubtaskId(0)).remove(0);
         let owner = format!(
             "{}/kafka-to-kafka:{}",
             sink.job.as_deref().unwrap_or("-"),
@@ -81,8 +99,13 @@ impl KafkaToKafka {
         );
         let connection = sink.kafka_connection()?.client_config();
         claim_prefix(&connection, &sink.transactional_id_prefix, &owner).await?;
-        let producer = open_transactional_producer(&sink, &id).await?;
-        let consumer: StreamConsumer = connection
+        // Two producers from the pool alternate: one commits while the other takes the next records.
+        let ids = sink.id_pool()?.all(SubtaskId(0));
+        let mut producers = Vec::with_capacity(2);
+        for id in ids.iter().take(2) {
+            producers.push(open_transactional_producer::<Copier, _>(&sink, id).await?);
+        }
+        let consumer: BaseConsumer = connection
             .clone()
             .set("group.id", &self.group_id)
             .set("enable.auto.commit", "false")
@@ -91,64 +114,59 @@ impl KafkaToKafka {
             .create()
             .map_err(|e| failed(Phase::Setup, "cannot create the source consumer", e))?;
         self.assign_from_committed(&consumer)?;
+        let pipeline = self.clone();
+        tokio::task::spawn_blocking(move || pipeline.copy(&consumer, producers, &sink.topic))
+            .await
+            .map_err(|e| {
+                Error::new(ErrorKind::Bug, Phase::Write, "the copy thread panicked").with_source(e)
+            })?
+    }
+
+    /// The copy loop, on a blocking thread: fill transaction N+1 on one producer while transaction N commits on
+    /// the other. N+1's commit starts only after N's finished, so the group's offsets only move forward.
+    fn copy(
+        &self,
+        consumer: &BaseConsumer,
+        producers: Vec<Copier>,
+        topic: &str,
+    ) -> Result<PipelineStats> {
         let mut stats = PipelineStats::default();
+        let mut committing: Option<std::thread::JoinHandle<Result<u64>>> = None;
         let mut last_record = Instant::now();
+        let mut number = 0u64;
+        // Records put into transactions so far (committed or committing).
+        let mut taken = 0u64;
+        let finish = |handle: std::thread::JoinHandle<Result<u64>>, stats: &mut PipelineStats| {
+            let records = handle.join().map_err(|_| {
+                Error::new(ErrorKind::Bug, Phase::Commit, "the commit thread panicked")
+            })??;
+            stats.transactions += 1;
+            stats.records += records;
+            Ok::<(), Error>(())
+        };
         loop {
+            let limit = match self.stop_after_records {
+                Some(total) if taken >= total => {
+                    if let Some(handle) = committing.take() {
+                        finish(handle, &mut stats)?;
+                    }
+                    return Ok(stats);
+                }
+                Some(total) => (total - taken).min(self.max_records_per_transaction),
+                None => self.max_records_per_transaction,
+            };
+            let producer = producers[(number % producers.len() as u64) as usize].clone();
             producer
                 .begin_transaction()
                 .map_err(|e| failed(Phase::Begin, "begin_transaction failed", e))?;
-            let number = stats.transactions + 1;
-            let mut next: BTreeMap<(String, i32), i64> = BTreeMap::new();
-            let mut copied = 0u64;
-            let mut in_flight = Vec::new();
-            let deadline = Instant::now() + self.commit_interval;
-            while Instant::now() < deadline && copied < self.max_records_per_transaction {
-                let message =
-                    match tokio::time::timeout(Duration::from_millis(100), consumer.recv()).await {
-                        Err(_) => continue,
-                        Ok(message) => message
-                            .map_err(|e| failed(Phase::Write, "the source consumer failed", e))?,
-                    };
-                last_record = Instant::now();
-                let mut record = FutureRecord::to(&sink.topic);
-                if let Some(key) = message.key() {
-                    record = record.key(key);
-                }
-                if let Some(payload) = message.payload() {
-                    record = record.payload(payload);
-                }
-                if let Some(headers) = message.headers() {
-                    let copied = headers
-                        .iter()
-                        .fold(OwnedHeaders::new(), |h, header| h.insert(header));
-                    record = record.headers(copied);
-                }
-                loop {
-                    match producer.send_result(record) {
-                        Ok(delivery) => {
-                            in_flight.push(delivery);
-                            break;
-                        }
-                        Err((e, returned))
-                            if e.rdkafka_error_code() == Some(RDKafkaErrorCode::QueueFull) =>
-                        {
-                            record = returned;
-                            producer.poll(Duration::from_millis(10));
-                        }
-                        Err((e, _)) => return Err(failed(Phase::Write, "cannot send a record", e)),
-                    }
-                }
-                next.insert(
-                    (message.topic().to_string(), message.partition()),
-                    message.offset() + 1,
-                );
-                copied += 1;
-            }
-            if next.is_empty() {
-                let idle = producer.clone();
-                blocking(move || idle.abort_transaction(TXN_TIMEOUT))
-                    .await
+            let (offsets, copied) = self.fill(consumer, &producer, topic, limit)?;
+            if copied == 0 {
+                producer
+                    .abort_transaction(TXN_TIMEOUT)
                     .map_err(|e| failed(Phase::Abort, "abort_transaction failed", e))?;
+                if let Some(handle) = committing.take() {
+                    finish(handle, &mut stats)?;
+                }
                 if self
                     .stop_when_idle
                     .is_some_and(|idle| last_record.elapsed() >= idle)
@@ -157,24 +175,11 @@ impl KafkaToKafka {
                 }
                 continue;
             }
-            for delivery in in_flight.drain(..) {
-                delivery
-                    .await
-                    .map_err(|_| {
-                        Error::new(
-                            ErrorKind::MustAbort,
-                            Phase::Write,
-                            "the producer dropped a delivery",
-                        )
-                    })?
-                    .map_err(|(e, _)| failed(Phase::Write, "a record was not delivered", e))?;
-            }
-            self.at(number, Step::AfterWrite);
-            let mut offsets = TopicPartitionList::new();
-            for ((topic, partition), offset) in &next {
-                offsets
-                    .add_partition_offset(topic, *partition, Offset::Offset(*offset))
-                    .map_err(|e| failed(Phase::PreCommit, "bad offset", e))?;
+            last_record = Instant::now();
+            number += 1;
+            taken += copied;
+            if let Some(handle) = committing.take() {
+                finish(handle, &mut stats)?;
             }
             let group = consumer.group_metadata().ok_or_else(|| {
                 Error::new(
@@ -183,25 +188,127 @@ impl KafkaToKafka {
                     "the consumer has no group metadata yet",
                 )
             })?;
-            let sending = producer.clone();
-            blocking(move || sending.send_offsets_to_transaction(&offsets, &group, TXN_TIMEOUT))
-                .await
-                .map_err(|e| failed(Phase::PreCommit, "send_offsets_to_transaction failed", e))?;
-            self.at(number, Step::AfterPreCommit);
-            let committing = producer.clone();
-            blocking(move || committing.commit_transaction(TXN_TIMEOUT))
-                .await
-                .map_err(|e| failed(Phase::Commit, "commit_transaction failed", e))?;
-            stats.transactions += 1;
-            stats.records += copied;
-            self.at(number, Step::AfterCommit);
+            let closing = Closing {
+                producer,
+                number,
+                offsets,
+                records: copied,
+            };
+            let pipeline = self.clone();
+            committing = Some(
+                std::thread::Builder::new()
+                    .name("kafka-to-kafka-commit".into())
+                    .spawn(move || pipeline.commit(closing, &group))
+                    .map_err(|e| {
+                        Error::new(
+                            ErrorKind::Retryable,
+                            Phase::Commit,
+                            "cannot start the commit thread",
+                        )
+                        .with_source(e)
+                    })?,
+            );
         }
+    }
+
+    /// Copies records into the open transaction of `producer` for up to `commit_interval` (from the first record)
+    /// or `limit` records; returns the source offsets to commit with them and how many.
+    fn fill(
+        &self,
+        consumer: &BaseConsumer,
+        producer: &Copier,
+        topic: &str,
+        limit: u64,
+    ) -> Result<(TopicPartitionList, u64)> {
+        let mut next: Vec<(i32, i64)> = Vec::new();
+        let mut copied = 0u64;
+        let mut deadline: Option<Instant> = None;
+        while copied < limit {
+            let wait = match deadline {
+                None => POLL,
+                Some(deadline) => match deadline.checked_duration_since(Instant::now()) {
+                    Some(left) if !left.is_zero() => left.min(POLL),
+                    _ => break,
+                },
+            };
+            let Some(message) = consumer.poll(wait) else {
+                if deadline.is_none() {
+                    break;
+                }
+                continue;
+            };
+            let message =
+                message.map_err(|e| failed(Phase::Write, "the source consumer failed", e))?;
+            deadline.get_or_insert_with(|| Instant::now() + self.commit_interval);
+            let mut record = BaseRecord::<[u8], [u8]>::to(topic);
+            if let Some(key) = message.key() {
+                record = record.key(key);
+            }
+            if let Some(payload) = message.payload() {
+                record = record.payload(payload);
+            }
+            if let Some(headers) = message.headers() {
+                record = record.headers(headers.detach());
+            }
+            loop {
+                match producer.send(record) {
+                    Ok(()) => break,
+                    Err((e, returned))
+                        if e.rdkafka_error_code() == Some(RDKafkaErrorCode::QueueFull) =>
+                    {
+                        record = returned;
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    Err((e, _)) => return Err(failed(Phase::Write, "cannot send a record", e)),
+                }
+            }
+            let partition = message.partition();
+            match next.iter_mut().find(|(p, _)| *p == partition) {
+                Some(entry) => entry.1 = message.offset() + 1,
+                None => next.push((partition, message.offset() + 1)),
+            }
+            copied += 1;
+        }
+        let mut offsets = TopicPartitionList::new();
+        for (partition, offset) in next {
+            offsets
+                .add_partition_offset(&self.source_topic, partition, Offset::Offset(offset))
+                .map_err(|e| failed(Phase::PreCommit, "bad offset", e))?;
+        }
+        Ok((offsets, copied))
+    }
+
+    /// Flushes transaction `closing`, sends its source offsets into it and commits it; returns its record count.
+    fn commit(&self, closing: Closing, group: &ConsumerGroupMetadata) -> Result<u64> {
+        let Closing {
+            producer,
+            number,
+            offsets,
+            records,
+        } = closing;
+        producer.flush(TXN_TIMEOUT).map_err(|e| {
+            failed(
+                Phase::PreCommit,
+                "flushing the transaction's records failed",
+                e,
+            )
+        })?;
+        self.at(number, Step::AfterWrite);
+        producer
+            .send_offsets_to_transaction(&offsets, group, TXN_TIMEOUT)
+            .map_err(|e| failed(Phase::PreCommit, "send_offsets_to_transaction failed", e))?;
+        self.at(number, Step::AfterPreCommit);
+        producer
+            .commit_transaction(TXN_TIMEOUT)
+            .map_err(|e| failed(Phase::Commit, "commit_transaction failed", e))?;
+        self.at(number, Step::AfterCommit);
+        Ok(records)
     }
 
     /// Assigns every partition of the source topic at the group's committed offset (the beginning when none).
     /// Assignment instead of a group subscription: a restarted pipeline does not wait for the dead instance's
     /// session to expire, and the transactional id's epoch fences the dead instance's producer.
-    fn assign_from_committed(&self, consumer: &StreamConsumer) -> Result<()> {
+    fn assign_from_committed(&self, consumer: &BaseConsumer) -> Result<()> {
         let metadata = consumer
             .fetch_metadata(Some(&self.source_topic), TXN_TIMEOUT)
             .map_err(|e| failed(Phase::Setup, "cannot read the source topic's metadata", e))?;
@@ -244,13 +351,4 @@ impl KafkaToKafka {
             hook(number, step);
         }
     }
-}
-
-/// Runs a blocking librdkafka call on the blocking pool.
-async fn blocking<T: Send + 'static>(
-    call: impl FnOnce() -> std::result::Result<T, KafkaError> + Send + 'static,
-) -> std::result::Result<T, KafkaError> {
-    tokio::task::spawn_blocking(call)
-        .await
-        .expect("librdkafka call panicked")
 }

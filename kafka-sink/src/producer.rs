@@ -3,7 +3,8 @@
 use std::time::Duration;
 
 use connector_api::{Error, Phase, Result};
-use rdkafka::producer::{FutureProducer, Producer};
+use rdkafka::config::FromClientConfig;
+use rdkafka::producer::{Producer, ProducerContext};
 
 use crate::{KafkaSinkConfig, TransactionalId, classify};
 
@@ -11,7 +12,8 @@ use crate::{KafkaSinkConfig, TransactionalId, classify};
 /// to be aborted).
 const INIT_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Creates the producer for transactional id `id` and calls `init_transactions`.
+/// Creates the producer (any kind: `FutureProducer` for the sink, `ThreadedProducer` for Kafka-to-Kafka) for
+/// transactional id `id` and calls `init_transactions`.
 ///
 /// # Details
 /// `init_transactions` bumps the id's producer epoch: an older producer with the same id is fenced (its next
@@ -21,11 +23,15 @@ const INIT_TIMEOUT: Duration = Duration::from_secs(60);
 /// # Errors
 /// [`Config`](connector_api::ErrorKind::Config) for bad settings; otherwise classified by [`classify`] with the
 /// transactional id attached.
-pub async fn open_transactional_producer(
+pub async fn open_transactional_producer<P, C>(
     config: &KafkaSinkConfig,
     id: &TransactionalId,
-) -> Result<FutureProducer> {
-    let producer: FutureProducer = config.producer_config(id)?.create().map_err(|e| {
+) -> Result<P>
+where
+    P: Producer<C> + FromClientConfig + Send + 'static,
+    C: ProducerContext + 'static,
+{
+    let producer: P = config.producer_config(id)?.create().map_err(|e| {
         Error::new(
             classify(&e),
             Phase::Setup,
@@ -34,14 +40,12 @@ pub async fn open_transactional_producer(
         .with_txn(id.as_str())
         .with_source(e)
     })?;
-    let initializing = producer.clone();
-    tokio::task::spawn_blocking(move || initializing.init_transactions(INIT_TIMEOUT))
+    tokio::task::spawn_blocking(move || producer.init_transactions(INIT_TIMEOUT).map(|()| producer))
         .await
         .expect("init_transactions task panicked")
         .map_err(|e| {
             Error::new(classify(&e), Phase::Setup, "init_transactions failed")
                 .with_txn(id.as_str())
                 .with_source(e)
-        })?;
-    Ok(producer)
+        })
 }

@@ -142,7 +142,7 @@ impl KafkaSink {
 
     /// Opens (init_transactions: fencing older holders of the id) the producer for `id`.
     async fn open(&self, id: &TransactionalId) -> Result<FutureProducer> {
-        let producer = open_transactional_producer(&self.config, id)
+        let producer: FutureProducer = open_transactional_producer(&self.config, id)
             .await
             .map_err(|e| e.or_sink(&self.sink))?;
         self.producers

@@ -24,6 +24,7 @@ fn pipeline(source: &str, target: &str) -> KafkaToKafka {
         commit_interval: Duration::from_millis(500),
         max_records_per_transaction: 500,
         stop_when_idle: Some(Duration::from_secs(5)),
+        stop_after_records: None,
         hook: None,
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use connector_api::{CheckpointId, ErrorKind, SubtaskId};
 use integration::Services;
 use kafka_sink::{KafkaSinkConfig, classify, open_transactional_producer};
-use rdkafka::producer::{FutureRecord, Producer};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 
 fn values(topic: &str) -> Vec<String> {
     let services = Services::get();
@@ -36,7 +36,7 @@ async fn committed_records_are_visible_and_a_zombie_is_fenced() {
         .unwrap()
         .for_checkpoint(SubtaskId(0), CheckpointId(1));
 
-    let zombie = open_transactional_producer(&config, &id).await.unwrap();
+    let zombie: FutureProducer = open_transactional_producer(&config, &id).await.unwrap();
     zombie.begin_transaction().unwrap();
     zombie
         .send(
@@ -57,7 +57,7 @@ async fn committed_records_are_visible_and_a_zombie_is_fenced() {
         .unwrap();
 
     // A new instance on the same id bumps the epoch: the zombie's open transaction is aborted, its commit fenced.
-    let successor = open_transactional_producer(&config, &id).await.unwrap();
+    let successor: FutureProducer = open_transactional_producer(&config, &id).await.unwrap();
     let fenced = zombie
         .commit_transaction(Duration::from_secs(30))
         .unwrap_err();

@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result};
 use connector_api::{Driver, DriverConfig, LocalCheckpointStore, Report, SinkId, SubtaskId};
 use file_sink::{FileSink, FileSinkConfig, StorageConfig};
-use kafka_source::{KafkaConnection, KafkaSource, record_schema};
+use kafka_source::{KafkaConnection, KafkaSource, KafkaSourceOptions, text_schema};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -40,7 +40,7 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     let sink = FileSink::new(FileSinkConfig::new(
         SinkId::new("demo-parquet")?,
         SubtaskId(0),
-        record_schema(),
+        text_schema(),
         StorageConfig::Local {
             path: args.out.clone(),
         },
@@ -56,10 +56,15 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     }
 
     let kafka = KafkaConnection::plaintext(&args.bootstrap);
-    let mut source = KafkaSource::open(&kafka, &topic, &restored.positions)?;
+    // One batch per checkpoint: at most `checkpoint_every` records.
+    let options = KafkaSourceOptions {
+        batch_rows: args.checkpoint_every,
+        ..KafkaSourceOptions::default()
+    };
+    let mut source = KafkaSource::open_with(&kafka, &topic, &restored.positions, options)?;
     let end = source.high_watermarks()?;
     while !source.reached(&end) {
-        let Some(batch) = source.next_batch(args.checkpoint_every, IDLE).await? else {
+        let Some(batch) = source.next_batch(IDLE).await? else {
             continue;
         };
         driver.write(parquet, &batch).await.map_err(report)?;

@@ -1,0 +1,264 @@
+//! Decoding Kafka records into Arrow columns, in bulk: one builder per column, appended to record by record on the
+//! consumer thread, finished once per batch.
+
+use std::sync::Arc;
+
+use arrow_array::builder::{
+    ArrayBuilder, BinaryBuilder, Int32Builder, Int64Builder, StringBuilder,
+};
+use arrow_array::{ArrayRef, RecordBatch};
+use arrow_json::reader::{Decoder, ReaderBuilder};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use connector_api::{Error, ErrorKind, Phase, Result};
+
+/// How record values become rows.
+#[derive(Debug, Clone)]
+pub enum Decoding {
+    /// One row per record: `topic`, `partition`, `offset`, `key` and `value` as UTF-8 strings ([`text_schema`]).
+    /// A key or value that is not UTF-8 is a [`BadRecord`](ErrorKind::BadRecord).
+    Text,
+    /// As [`Text`](Self::Text), key and value as raw bytes ([`binary_schema`]): nothing is refused.
+    Binary,
+    /// Each value is one JSON object, decoded into `schema` (arrow-json); fields not in the schema are ignored,
+    /// a value that does not fit is a [`BadRecord`](ErrorKind::BadRecord) naming the record.
+    Json(SchemaRef),
+}
+
+impl Decoding {
+    /// The schema of the batches this decoding produces.
+    pub fn schema(&self) -> SchemaRef {
+        match self {
+            Self::Text => text_schema(),
+            Self::Binary => binary_schema(),
+            Self::Json(schema) => schema.clone(),
+        }
+    }
+}
+
+fn raw_schema(payload: DataType) -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("topic", DataType::Utf8, false),
+        Field::new("partition", DataType::Int32, false),
+        Field::new("offset", DataType::Int64, false),
+        Field::new("key", payload.clone(), true),
+        Field::new("value", payload, true),
+    ]))
+}
+
+/// Schema of [`Decoding::Text`] batches: one row per Kafka record, key and value as UTF-8 strings.
+pub fn text_schema() -> SchemaRef {
+    raw_schema(DataType::Utf8)
+}
+
+/// Schema of [`Decoding::Binary`] batches: one row per Kafka record, key and value as bytes.
+pub fn binary_schema() -> SchemaRef {
+    raw_schema(DataType::Binary)
+}
+
+/// Where a record came from, for error messages.
+#[derive(Clone, Copy)]
+pub(crate) struct RecordAt<'a> {
+    pub(crate) topic: &'a str,
+    pub(crate) partition: i32,
+    pub(crate) offset: i64,
+}
+
+fn bad_record(at: RecordAt<'_>, what: &str) -> Error {
+    Error::new(
+        ErrorKind::BadRecord,
+        Phase::Write,
+        format!("record {}/{}@{} {what}", at.topic, at.partition, at.offset),
+    )
+}
+
+/// `bytes` as UTF-8, or a [`BadRecord`](ErrorKind::BadRecord) naming the record and `what`.
+fn text<'b>(at: RecordAt<'_>, bytes: Option<&'b [u8]>, what: &str) -> Result<Option<&'b str>> {
+    bytes
+        .map(std::str::from_utf8)
+        .transpose()
+        .map_err(|e| bad_record(at, &format!("has a {what} that is not UTF-8")).with_source(e))
+}
+
+/// Key and value columns of the raw decodings.
+pub(crate) enum Payload {
+    Text {
+        keys: StringBuilder,
+        values: StringBuilder,
+    },
+    Binary {
+        keys: BinaryBuilder,
+        values: BinaryBuilder,
+    },
+}
+
+/// The columns of one batch under construction.
+pub(crate) enum BatchBuilder {
+    Raw {
+        topics: StringBuilder,
+        partitions: Int32Builder,
+        offsets: Int64Builder,
+        payload: Payload,
+        schema: SchemaRef,
+    },
+    Json {
+        decoder: Decoder,
+        rows: usize,
+        schema: SchemaRef,
+    },
+}
+
+impl BatchBuilder {
+    /// Builders for up to `capacity` rows (they grow beyond it if needed).
+    pub(crate) fn new(decoding: &Decoding, capacity: usize) -> Result<Self> {
+        let raw = |payload| Self::Raw {
+            topics: StringBuilder::with_capacity(capacity, capacity * 16),
+            partitions: Int32Builder::with_capacity(capacity),
+            offsets: Int64Builder::with_capacity(capacity),
+            payload,
+            schema: decoding.schema(),
+        };
+        Ok(match decoding {
+            Decoding::Text => raw(Payload::Text {
+                keys: StringBuilder::with_capacity(capacity, capacity * 16),
+                values: StringBuilder::with_capacity(capacity, capacity * 128),
+            }),
+            Decoding::Binary => raw(Payload::Binary {
+                keys: BinaryBuilder::with_capacity(capacity, capacity * 16),
+                values: BinaryBuilder::with_capacity(capacity, capacity * 128),
+            }),
+            Decoding::Json(schema) => Self::Json {
+                decoder: ReaderBuilder::new(schema.clone())
+                    .with_batch_size(capacity.max(1))
+                    .build_decoder()
+                    .map_err(|e| {
+                        Error::new(
+                            ErrorKind::Config,
+                            Phase::Setup,
+                            "the JSON schema of the Kafka source is not decodable",
+                        )
+                        .with_source(e)
+                    })?,
+                rows: 0,
+                schema: schema.clone(),
+            },
+        })
+    }
+
+    /// Rows appended so far.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Self::Raw { offsets, .. } => offsets.len(),
+            Self::Json { rows, .. } => *rows,
+        }
+    }
+
+    /// Appends one record.
+    ///
+    /// # Errors
+    /// [`BadRecord`](ErrorKind::BadRecord) naming the record when its key or value cannot be decoded; the builder
+    /// is then unusable (the caller drops the batch).
+    pub(crate) fn append(
+        &mut self,
+        at: RecordAt<'_>,
+        key: Option<&[u8]>,
+        value: Option<&[u8]>,
+    ) -> Result<()> {
+        match self {
+            Self::Raw {
+                topics,
+                partitions,
+                offsets,
+                payload,
+                ..
+            } => {
+                match payload {
+                    Payload::Text { keys, values } => {
+                        keys.append_option(text(at, key, "key")?);
+                        values.append_option(text(at, value, "value")?);
+                    }
+                    Payload::Binary { keys, values } => {
+                        keys.append_option(key);
+                        values.append_option(value);
+                    }
+                }
+                topics.append_value(at.topic);
+                partitions.append_value(at.partition);
+                offsets.append_value(at.offset);
+            }
+            Self::Json { decoder, rows, .. } => {
+                let value = value.ok_or_else(|| bad_record(at, "has no value (a tombstone)"))?;
+                let read = decoder.decode(value).map_err(|e| {
+                    bad_record(at, "has a value that does not fit the JSON schema").with_source(e)
+                })?;
+                // A value holding less (or more) than one whole JSON object would run into the next record.
+                if read != value.len() || decoder.has_partial_record() || decoder.len() != *rows + 1
+                {
+                    return Err(bad_record(
+                        at,
+                        "has a value that is not exactly one JSON object",
+                    ));
+                }
+                *rows += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// The batch of every row appended.
+    pub(crate) fn finish(self) -> Result<RecordBatch> {
+        let bug = |e: arrow_schema::ArrowError| {
+            Error::new(
+                ErrorKind::Bug,
+                Phase::Write,
+                "the batch does not match its schema",
+            )
+            .with_source(e)
+        };
+        match self {
+            Self::Raw {
+                mut topics,
+                mut partitions,
+                mut offsets,
+                payload,
+                schema,
+            } => {
+                let (keys, values): (ArrayRef, ArrayRef) = match payload {
+                    Payload::Text {
+                        mut keys,
+                        mut values,
+                    } => (Arc::new(keys.finish()), Arc::new(values.finish())),
+                    Payload::Binary {
+                        mut keys,
+                        mut values,
+                    } => (Arc::new(keys.finish()), Arc::new(values.finish())),
+                };
+                RecordBatch::try_new(
+                    schema,
+                    vec![
+                        Arc::new(topics.finish()),
+                        Arc::new(partitions.finish()),
+                        Arc::new(offsets.finish()),
+                        keys,
+                        values,
+                    ],
+                )
+                .map_err(bug)
+            }
+            Self::Json {
+                mut decoder,
+                schema,
+                ..
+            } => Ok(decoder
+                .flush()
+                .map_err(|e| {
+                    Error::new(
+                        ErrorKind::BadRecord,
+                        Phase::Write,
+                        "a batch of JSON records does not fit the schema",
+                    )
+                    .with_source(e)
+                })?
+                .unwrap_or_else(|| RecordBatch::new_empty(schema))),
+        }
+    }
+}

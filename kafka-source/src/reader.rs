@@ -1,0 +1,102 @@
+//! The consumer thread: polls librdkafka, decodes records into Arrow builders in bulk, and hands finished batches
+//! with the positions they reach to the source through a bounded channel (backpressure: when the job falls behind,
+//! the thread blocks and librdkafka's prefetch queue, bounded by `queued.max.messages.kbytes`, fills and stops).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use arrow_array::RecordBatch;
+use connector_api::{Error, ErrorKind, Phase, Result};
+use rdkafka::Message;
+use rdkafka::consumer::BaseConsumer;
+use tokio::sync::mpsc;
+
+use crate::decode::{BatchBuilder, Decoding, RecordAt};
+
+/// How long one poll waits, so that the thread notices a closed source promptly.
+const POLL: Duration = Duration::from_millis(100);
+
+/// One decoded batch and, per partition it read from, the offset after its last record.
+pub(crate) struct Chunk {
+    pub(crate) batch: RecordBatch,
+    pub(crate) next: Vec<(i32, i64)>,
+}
+
+/// What the consumer thread needs.
+pub(crate) struct Reader {
+    pub(crate) consumer: Arc<BaseConsumer>,
+    pub(crate) decoding: Decoding,
+    pub(crate) batch_rows: usize,
+    pub(crate) max_batch_wait: Duration,
+    pub(crate) closed: Arc<AtomicBool>,
+}
+
+impl Reader {
+    /// Runs until the source is dropped or a record or the consumer fails (the error is the last item sent).
+    pub(crate) fn run(self, chunks: mpsc::Sender<Result<Chunk>>) {
+        while !self.closed.load(Ordering::Relaxed) {
+            let chunk = match self.read_chunk() {
+                Ok(None) => continue,
+                Ok(Some(chunk)) => Ok(chunk),
+                Err(e) => Err(e),
+            };
+            let failed = chunk.is_err();
+            if chunks.blocking_send(chunk).is_err() || failed {
+                return;
+            }
+        }
+    }
+
+    /// Reads up to `batch_rows` records, shipping a partial batch `max_batch_wait` after its first record. `None`
+    /// when nothing arrived within one poll.
+    fn read_chunk(&self) -> Result<Option<Chunk>> {
+        let mut builder = BatchBuilder::new(&self.decoding, self.batch_rows)?;
+        let mut next: Vec<(i32, i64)> = Vec::new();
+        let mut deadline: Option<Instant> = None;
+        while builder.len() < self.batch_rows && !self.closed.load(Ordering::Relaxed) {
+            let wait = match deadline {
+                None => POLL,
+                Some(deadline) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        break;
+                    }
+                    left.min(POLL)
+                }
+            };
+            let Some(message) = self.consumer.poll(wait) else {
+                if deadline.is_none() {
+                    return Ok(None);
+                }
+                continue;
+            };
+            let message = message.map_err(|e| {
+                Error::new(
+                    ErrorKind::Retryable,
+                    Phase::Write,
+                    "the Kafka consumer failed",
+                )
+                .with_source(e)
+            })?;
+            let at = RecordAt {
+                topic: message.topic(),
+                partition: message.partition(),
+                offset: message.offset(),
+            };
+            builder.append(at, message.key(), message.payload())?;
+            match next.iter_mut().find(|(p, _)| *p == at.partition) {
+                Some(entry) => entry.1 = at.offset + 1,
+                None => next.push((at.partition, at.offset + 1)),
+            }
+            deadline.get_or_insert_with(|| Instant::now() + self.max_batch_wait);
+        }
+        if builder.len() == 0 {
+            return Ok(None);
+        }
+        Ok(Some(Chunk {
+            batch: builder.finish()?,
+            next,
+        }))
+    }
+}

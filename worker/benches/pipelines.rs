@@ -1,0 +1,444 @@
+//! End-to-end pipelines against their limits, in one run: each exactly-once job next to the plain job that does
+//! the same work with no commit protocol, on the same input topic, each in a process of its own so that CPU time
+//! and peak RSS are its own.
+//!
+//! | exactly-once job | its limit |
+//! |---|---|
+//! | Kafka -> Kafka, `KafkaToKafka` (offsets in the transaction) | plain copy: consumer + idempotent producer |
+//! | Kafka -> Parquet files, `KafkaSource` + `Driver` + `FileSink` | consume + the same Parquet with `ArrowWriter` |
+//! | Kafka -> Kafka, `KafkaSource` + `Driver` + `KafkaSink` | plain copy |
+//!
+//! Run: `scripts/services.sh up && cargo bench -p worker --bench pipelines` (see docs/benchmarks.md).
+//! `RATCHET_BENCH_RECORDS` lists the input sizes (default `1000000,5000000`). Input: one partition of ~100-byte
+//! JSON values with keys, produced once per size. Checkpoints and transactions every 1 s.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow_array::RecordBatch;
+use arrow_array::builder::{ArrayBuilder, Int32Builder, Int64Builder, StringBuilder};
+use connector_api::{Driver, DriverConfig, LocalCheckpointStore, SinkId, SubtaskId};
+use file_sink::{FileSink, FileSinkConfig, StorageConfig};
+use integration::Services;
+use kafka_sink::{KafkaSink, KafkaSinkConfig, KafkaToKafka, RecordMapping};
+use kafka_source::{KafkaConnection, KafkaSource, KafkaSourceOptions, text_schema};
+use nix::sys::resource::{UsageWho, getrusage};
+use parquet::arrow::ArrowWriter;
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::properties::WriterProperties;
+use rdkafka::ClientConfig;
+use rdkafka::Message;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+
+/// Producer settings of every job, so they all send the same way.
+const PRODUCER: &[(&str, &str)] = &[
+    ("linger.ms", "5"),
+    ("batch.size", "1000000"),
+    ("compression.type", "lz4"),
+];
+const CHECKPOINT: Duration = Duration::from_secs(1);
+const JOB: &str = "RATCHET_BENCH_JOB";
+
+/// The jobs, each paired with its limit.
+const JOBS: &[(&str, &str, &str)] = &[
+    (
+        "k2k-plain",
+        "Kafka -> Kafka, plain copy (limit)",
+        "k2k-plain",
+    ),
+    (
+        "k2k-eo",
+        "Kafka -> Kafka, KafkaToKafka exactly-once",
+        "k2k-plain",
+    ),
+    (
+        "parquet-plain",
+        "Kafka -> Parquet, consume + ArrowWriter (limit)",
+        "parquet-plain",
+    ),
+    (
+        "parquet-eo",
+        "Kafka -> Parquet, source + driver + FileSink exactly-once",
+        "parquet-plain",
+    ),
+    (
+        "driver-kafka-eo",
+        "Kafka -> Kafka, source + driver + KafkaSink exactly-once",
+        "k2k-plain",
+    ),
+];
+
+/// What one job measured in its own process.
+#[derive(Debug, Clone, Copy)]
+struct Measured {
+    records: u64,
+    seconds: f64,
+    cpu_seconds: f64,
+    peak_rss_mb: f64,
+}
+
+fn main() {
+    if let Ok(job) = std::env::var(JOB) {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let measured = runtime.block_on(child(&job));
+        println!(
+            "RESULT {} {} {} {}",
+            measured.records, measured.seconds, measured.cpu_seconds, measured.peak_rss_mb
+        );
+        return;
+    }
+    let sizes: Vec<u64> = std::env::var("RATCHET_BENCH_RECORDS")
+        .unwrap_or_else(|_| "1000000,5000000".into())
+        .split(',')
+        .map(|s| {
+            s.trim()
+                .parse()
+                .expect("RATCHET_BENCH_RECORDS: record counts")
+        })
+        .collect();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let mut rows = Vec::new();
+    for records in sizes {
+        let topic = integration::unique_name(&format!("bench-input-{records}"));
+        runtime.block_on(fill_input(&topic, records));
+        let mut results: BTreeMap<&str, Measured> = BTreeMap::new();
+        for (job, _, _) in JOBS {
+            let measured = spawn(job, &topic, records);
+            eprintln!("{records} records, {job}: {measured:?}");
+            results.insert(job, measured);
+        }
+        rows.push((records, results));
+    }
+    println!(
+        "\n| records | job | seconds | records/s | CPU s per M records | peak RSS MB | records/s vs limit | CPU vs limit |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    for (records, results) in &rows {
+        for (job, title, limit) in JOBS {
+            let m = results[job];
+            let l = results[limit];
+            let rate = m.records as f64 / m.seconds;
+            let cpu = m.cpu_seconds / (m.records as f64 / 1e6);
+            let limit_rate = l.records as f64 / l.seconds;
+            let limit_cpu = l.cpu_seconds / (l.records as f64 / 1e6);
+            println!(
+                "| {records} | {title} | {:.2} | {:.0} | {:.2} | {:.0} | {:.0}% | {:.2}x |",
+                m.seconds,
+                rate,
+                cpu,
+                m.peak_rss_mb,
+                100.0 * rate / limit_rate,
+                cpu / limit_cpu
+            );
+        }
+    }
+}
+
+/// Runs `job` in a child process (this binary again) and reads its measurement.
+fn spawn(job: &str, topic: &str, records: u64) -> Measured {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .env(JOB, job)
+        .env("RATCHET_BENCH_TOPIC", topic)
+        .env("RATCHET_BENCH_N", records.to_string())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("RESULT "))
+        .unwrap_or_else(|| {
+            panic!(
+                "job {job} failed ({}):\n{stdout}\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+    let v: Vec<f64> = line.split(' ').map(|x| x.parse().unwrap()).collect();
+    Measured {
+        records: v[0] as u64,
+        seconds: v[1],
+        cpu_seconds: v[2],
+        peak_rss_mb: v[3],
+    }
+}
+
+fn bootstrap() -> String {
+    Services::get().kafka_bootstrap().to_string()
+}
+
+async fn create_topic(topic: &str) {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .create()
+        .unwrap();
+    admin
+        .create_topics(
+            &[NewTopic::new(topic, 1, TopicReplication::Fixed(1))],
+            &AdminOptions::new(),
+        )
+        .await
+        .unwrap()
+        .into_iter()
+        .for_each(|r| {
+            r.unwrap();
+        });
+}
+
+fn producer() -> ThreadedProducer<DefaultProducerContext> {
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", bootstrap())
+        .set("enable.idempotence", "true");
+    for (k, v) in PRODUCER {
+        config.set(*k, *v);
+    }
+    config.create().unwrap()
+}
+
+/// `records` ~100-byte JSON values with keys, into a new 1-partition topic.
+async fn fill_input(topic: &str, records: u64) {
+    create_topic(topic).await;
+    let producer = producer();
+    let filler = "x".repeat(40);
+    for i in 0..records {
+        let key = i.to_string();
+        let value = format!(
+            r#"{{"order":{i},"customer":{},"amount":{},"note":"{filler}"}}"#,
+            i % 99_991,
+            i % 100_000
+        );
+        let mut record = BaseRecord::to(topic).key(&key).payload(&value);
+        while let Err((_, returned)) = producer.send(record) {
+            record = returned;
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    producer.flush(Duration::from_secs(120)).unwrap();
+}
+
+/// CPU seconds (user + system) and peak RSS (MB) of this process so far.
+fn usage() -> (f64, f64) {
+    let usage = getrusage(UsageWho::RUSAGE_SELF).unwrap();
+    let seconds = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
+    (
+        seconds(usage.user_time()) + seconds(usage.system_time()),
+        usage.max_rss() as f64 / 1024.0,
+    )
+}
+
+async fn child(job: &str) -> Measured {
+    let topic = std::env::var("RATCHET_BENCH_TOPIC").unwrap();
+    let records: u64 = std::env::var("RATCHET_BENCH_N").unwrap().parse().unwrap();
+    let out = integration::unique_name(&format!("{topic}-{job}"));
+    let dir = tempfile::tempdir().unwrap();
+    let (cpu_before, _) = usage();
+    let started = Instant::now();
+    let copied = match job {
+        "k2k-plain" => plain_copy(&topic, &out, records),
+        "k2k-eo" => kafka_to_kafka(&topic, &out, records).await,
+        "parquet-plain" => plain_parquet(&topic, dir.path(), records),
+        "parquet-eo" => driver_parquet(&topic, dir.path(), records).await,
+        "driver-kafka-eo" => driver_kafka(&topic, &out, dir.path(), records).await,
+        other => panic!("unknown job {other}"),
+    };
+    let seconds = started.elapsed().as_secs_f64();
+    let (cpu_after, peak_rss_mb) = usage();
+    assert_eq!(copied, records, "{job} copied {copied} of {records}");
+    Measured {
+        records,
+        seconds,
+        cpu_seconds: cpu_after - cpu_before,
+        peak_rss_mb,
+    }
+}
+
+fn plain_consumer(topic: &str) -> BaseConsumer {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("group.id", integration::unique_name("bench-plain"))
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("isolation.level", "read_committed")
+        .create()
+        .unwrap();
+    consumer.subscribe(&[topic]).unwrap();
+    consumer
+}
+
+/// The Kafka -> Kafka limit: poll, send, no transaction, no offsets.
+fn plain_copy(topic: &str, out: &str, records: u64) -> u64 {
+    let consumer = plain_consumer(topic);
+    let producer = producer();
+    let mut copied = 0;
+    while copied < records {
+        let Some(message) = consumer.poll(Duration::from_millis(100)) else {
+            continue;
+        };
+        let message = message.unwrap();
+        let mut record = BaseRecord::<[u8], [u8]>::to(out);
+        if let Some(key) = message.key() {
+            record = record.key(key);
+        }
+        if let Some(payload) = message.payload() {
+            record = record.payload(payload);
+        }
+        while let Err((_, returned)) = producer.send(record) {
+            record = returned;
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        copied += 1;
+    }
+    producer.flush(Duration::from_secs(60)).unwrap();
+    copied
+}
+
+async fn kafka_to_kafka(topic: &str, out: &str, records: u64) -> u64 {
+    let mut sink = KafkaSinkConfig::new(bootstrap(), out, out);
+    for (k, v) in PRODUCER {
+        sink.client.insert(k.to_string(), v.to_string());
+    }
+    let pipeline = KafkaToKafka {
+        source_topic: topic.to_string(),
+        group_id: format!("{out}-group"),
+        sink,
+        commit_interval: CHECKPOINT,
+        max_records_per_transaction: u64::MAX,
+        stop_when_idle: None,
+        stop_after_records: Some(records),
+        hook: None,
+    };
+    pipeline.run().await.unwrap().records
+}
+
+fn writer_properties() -> WriterProperties {
+    // The file sink's defaults: zstd, 128 Ki-row row groups.
+    WriterProperties::builder()
+        .set_compression(Compression::ZSTD(ZstdLevel::default()))
+        .set_max_row_group_row_count(Some(128 * 1024))
+        .build()
+}
+
+/// The Kafka -> Parquet limit: poll, build the same Arrow columns, `ArrowWriter` into one file per second.
+fn plain_parquet(topic: &str, dir: &std::path::Path, records: u64) -> u64 {
+    let consumer = plain_consumer(topic);
+    let schema = text_schema();
+    let mut copied = 0u64;
+    let mut file_number = 0;
+    while copied < records {
+        file_number += 1;
+        let file = File::create(dir.join(format!("part-{file_number}.parquet"))).unwrap();
+        let mut writer =
+            ArrowWriter::try_new(file, schema.clone(), Some(writer_properties())).unwrap();
+        let opened = Instant::now();
+        while copied < records && opened.elapsed() < CHECKPOINT {
+            let mut topics = StringBuilder::new();
+            let mut partitions = Int32Builder::new();
+            let mut offsets = Int64Builder::new();
+            let mut keys = StringBuilder::new();
+            let mut values = StringBuilder::new();
+            while offsets.len() < 8192 && copied < records {
+                let Some(message) = consumer.poll(Duration::from_millis(100)) else {
+                    break;
+                };
+                let message = message.unwrap();
+                topics.append_value(message.topic());
+                partitions.append_value(message.partition());
+                offsets.append_value(message.offset());
+                keys.append_option(message.key().map(|k| std::str::from_utf8(k).unwrap()));
+                values.append_option(message.payload().map(|v| std::str::from_utf8(v).unwrap()));
+                copied += 1;
+            }
+            let batch = RecordBatch::try_new(
+                schema.clone(),
+                vec![
+                    Arc::new(topics.finish()),
+                    Arc::new(partitions.finish()),
+                    Arc::new(offsets.finish()),
+                    Arc::new(keys.finish()),
+                    Arc::new(values.finish()),
+                ],
+            )
+            .unwrap();
+            writer.write(&batch).unwrap();
+        }
+        writer.into_inner().unwrap().sync_all().unwrap();
+    }
+    copied
+}
+
+/// Reads `records` from `topic` through the source into the driver's sinks, checkpointing every second.
+async fn drive(
+    topic: &str,
+    records: u64,
+    mut driver: Driver<LocalCheckpointStore>,
+    sink: connector_api::SinkHandle,
+) -> u64 {
+    let restored = driver.start().await.unwrap();
+    let kafka = KafkaConnection::plaintext(bootstrap());
+    let mut source = KafkaSource::open_with(
+        &kafka,
+        topic,
+        &restored.positions,
+        KafkaSourceOptions::default(),
+    )
+    .unwrap();
+    let mut copied = 0u64;
+    let mut last = Instant::now();
+    while copied < records {
+        if let Some(batch) = source.next_batch(Duration::from_millis(100)).await.unwrap() {
+            copied += batch.num_rows() as u64;
+            driver.write(sink, &batch).await.unwrap();
+        }
+        if last.elapsed() >= CHECKPOINT {
+            driver.checkpoint(source.positions()).await.unwrap();
+            last = Instant::now();
+        }
+    }
+    driver.checkpoint(source.positions()).await.unwrap();
+    driver.close().await.unwrap();
+    copied
+}
+
+async fn driver_parquet(topic: &str, dir: &std::path::Path, records: u64) -> u64 {
+    let store = LocalCheckpointStore::open(&dir.join("state"), 3).unwrap();
+    let sink = FileSink::new(FileSinkConfig::new(
+        SinkId::new("parquet").unwrap(),
+        SubtaskId(0),
+        text_schema(),
+        StorageConfig::Local {
+            path: dir.join("out"),
+        },
+    ))
+    .await
+    .unwrap();
+    let mut driver = Driver::new(store, DriverConfig::default());
+    let handle = driver.add_sink(sink).unwrap();
+    drive(topic, records, driver, handle).await
+}
+
+async fn driver_kafka(topic: &str, out: &str, dir: &std::path::Path, records: u64) -> u64 {
+    let store = LocalCheckpointStore::open(&dir.join("state"), 3).unwrap();
+    let mut config = KafkaSinkConfig::new(bootstrap(), out, out);
+    for (k, v) in PRODUCER {
+        config.client.insert(k.to_string(), v.to_string());
+    }
+    config.records = RecordMapping {
+        key_column: Some("key".into()),
+        value_column: Some("value".into()),
+        ..RecordMapping::default()
+    };
+    let sink = KafkaSink::new(config, SinkId::new("kafka").unwrap(), SubtaskId(0)).unwrap();
+    let mut driver = Driver::new(store, DriverConfig::default());
+    let handle = driver.add_sink(sink).unwrap();
+    drive(topic, records, driver, handle).await
+}
