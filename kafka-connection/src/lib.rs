@@ -14,5 +14,7 @@
 mod settings;
 mod wire;
 
-pub use settings::{CONNECTION_PREFIXES, KafkaConnection, SASL_MECHANISMS, is_secret, redacted};
+pub use settings::{
+    CONNECTION_PREFIXES, CONSUMER_DEFAULTS, KafkaConnection, SASL_MECHANISMS, is_secret, redacted,
+};
 pub use wire::WireConnection;

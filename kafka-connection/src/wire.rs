@@ -52,6 +52,8 @@ pub struct WireConnection {
     stream: Box<dyn Io>,
     address: String,
     correlation: i32,
+    /// The broker's ApiVersions answer, asked once per connection.
+    versions: Option<ApiVersionsResponse>,
 }
 
 impl KafkaConnection {
@@ -111,6 +113,7 @@ impl KafkaConnection {
             stream,
             address: address.to_string(),
             correlation: 0,
+            versions: None,
         };
         if let Some(sasl) = &self.wire.sasl {
             connection.authenticate(sasl).await?;
@@ -286,12 +289,16 @@ impl WireConnection {
         Ok(decoded)
     }
 
-    /// The highest version of `key` both sides support, at most `ours`.
+    /// The highest version of `key` both sides support, at most `ours` (ApiVersions is asked once per
+    /// connection).
     ///
     /// # Errors
     /// [`Fatal`](ErrorKind::Fatal) when the broker does not support `key` at all.
     pub async fn version(&mut self, key: ApiKey, ours: i16) -> Result<i16> {
-        let versions: ApiVersionsResponse = self.send(0, &ApiVersionsRequest::default()).await?;
+        if self.versions.is_none() {
+            self.versions = Some(self.send(0, &ApiVersionsRequest::default()).await?);
+        }
+        let versions = self.versions.as_ref().expect("asked above");
         let theirs = versions
             .api_keys
             .iter()

@@ -10,7 +10,11 @@
 //! loads or moves) goes back to the step that knows whether a retry is safe. The driver retries commit and
 //! recover, which are idempotent; the sink's pre-commit retries its one DescribeTransactions itself.
 
+use std::collections::HashMap;
 use std::fmt;
+use std::sync::Arc;
+
+use tokio::sync::Mutex;
 
 use connector_api::{Error, ErrorKind, Phase, Result};
 use kafka_connection::{KafkaConnection, WireConnection};
@@ -98,6 +102,126 @@ fn response_error(request: &str, transactional_id: &str, error: ResponseError) -
         .with_source(error)
 }
 
+/// Talks to transaction coordinators, keeping the connection to each transactional id's coordinator open between
+/// calls: a pre-commit's DescribeTransactions then costs one round trip instead of two TCP (and TLS, SASL)
+/// handshakes, FindCoordinator and version negotiation. Clones share the connections.
+///
+/// A call that fails drops its connection (the coordinator may have moved, or the connection broke), so the next
+/// call finds the coordinator again.
+#[derive(Clone)]
+pub struct CoordinatorClient {
+    kafka: KafkaConnection,
+    open: Arc<Mutex<HashMap<String, WireConnection>>>,
+}
+
+impl std::fmt::Debug for CoordinatorClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CoordinatorClient")
+            .field("kafka", &self.kafka)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CoordinatorClient {
+    /// A client reaching the cluster through `kafka`; connections open on first use.
+    pub fn new(kafka: KafkaConnection) -> Self {
+        Self {
+            kafka,
+            open: Arc::default(),
+        }
+    }
+
+    /// Runs `call` on a connection to the coordinator of `transactional_id`: the one kept from an earlier call,
+    /// or a new one. The connection is kept only if `call` succeeds.
+    async fn with_coordinator<T>(
+        &self,
+        transactional_id: &str,
+        call: impl AsyncFnOnce(&mut WireConnection) -> Result<T>,
+    ) -> Result<T> {
+        let kept = self.open.lock().await.remove(transactional_id);
+        let mut connection = match kept {
+            Some(connection) => connection,
+            None => coordinator(&self.kafka, transactional_id).await?,
+        };
+        let outcome = call(&mut connection).await;
+        if outcome.is_ok() {
+            self.open
+                .lock()
+                .await
+                .insert(transactional_id.to_string(), connection);
+        }
+        outcome
+    }
+
+    /// Describes the transaction state of `transactional_id` (DescribeTransactions).
+    ///
+    /// # Errors
+    /// [`Fatal`](ErrorKind::Fatal) when the broker does not know the id (it expired after
+    /// `transactional.id.expiration.ms`, or never existed); see [`find_transaction`](Self::find_transaction)
+    /// to tell that case apart.
+    pub async fn describe_transaction(
+        &self,
+        transactional_id: &str,
+    ) -> Result<TransactionDescription> {
+        self.find_transaction(transactional_id)
+            .await?
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Fatal,
+                    Phase::Commit,
+                    "the broker does not know this transactional id (expired after transactional.id.expiration.ms?)",
+                )
+                .with_txn(transactional_id)
+            })
+    }
+
+    /// Describes the transaction state of `transactional_id`; `None` when the broker does not know the id
+    /// (`TRANSACTIONAL_ID_NOT_FOUND`: it expired after `transactional.id.expiration.ms`, or never existed).
+    ///
+    /// # Errors
+    /// [`Retryable`](ErrorKind::Retryable) while the coordinator loads or moves, and for transport failures.
+    pub async fn find_transaction(
+        &self,
+        transactional_id: &str,
+    ) -> Result<Option<TransactionDescription>> {
+        self.with_coordinator(transactional_id, async |connection| {
+            describe(connection, transactional_id).await
+        })
+        .await
+    }
+
+    /// Commits (`commit = true`) or aborts the transaction of `transactional_id` owned by `producer_id` at
+    /// `producer_epoch` (EndTxn), on behalf of the producer that began it.
+    ///
+    /// # Idempotence
+    /// Ending a transaction that already completed the same way succeeds (the coordinator accepts the retry).
+    ///
+    /// # Errors
+    /// [`Fenced`](ErrorKind::Fenced) when the producer id or epoch no longer own the transactional id (another
+    /// producer initialised it); [`Fatal`](ErrorKind::Fatal) when the transaction already ended the other way (the
+    /// broker aborted it after its timeout); [`Retryable`](ErrorKind::Retryable) for coordinator moves and
+    /// concurrent transaction completion.
+    pub async fn end_transaction(
+        &self,
+        transactional_id: &str,
+        producer_id: i64,
+        producer_epoch: i16,
+        commit: bool,
+    ) -> Result<()> {
+        self.with_coordinator(transactional_id, async |connection| {
+            end(
+                connection,
+                transactional_id,
+                producer_id,
+                producer_epoch,
+                commit,
+            )
+            .await
+        })
+        .await
+    }
+}
+
 /// A connection to the transaction coordinator of `transactional_id`.
 async fn coordinator(kafka: &KafkaConnection, transactional_id: &str) -> Result<WireConnection> {
     let mut connection = kafka.open_bootstrap().await?;
@@ -128,37 +252,53 @@ async fn coordinator(kafka: &KafkaConnection, transactional_id: &str) -> Result<
     }
 }
 
-/// Describes the transaction state of `transactional_id` (DescribeTransactions).
+/// [`CoordinatorClient::describe_transaction`] on a fresh connection.
 ///
 /// # Errors
-/// [`Fatal`](ErrorKind::Fatal) when the broker does not know the id (it expired after
-/// `transactional.id.expiration.ms`, or never existed); see [`find_transaction`] to tell that case apart.
+/// As [`CoordinatorClient::describe_transaction`].
 pub async fn describe_transaction(
     kafka: &KafkaConnection,
     transactional_id: &str,
 ) -> Result<TransactionDescription> {
-    find_transaction(kafka, transactional_id)
-        .await?
-        .ok_or_else(|| {
-            Error::new(
-                ErrorKind::Fatal,
-                Phase::Commit,
-                "the broker does not know this transactional id (expired after transactional.id.expiration.ms?)",
-            )
-            .with_txn(transactional_id)
-        })
+    CoordinatorClient::new(kafka.clone())
+        .describe_transaction(transactional_id)
+        .await
 }
 
-/// Describes the transaction state of `transactional_id`; `None` when the broker does not know the id
-/// (`TRANSACTIONAL_ID_NOT_FOUND`: it expired after `transactional.id.expiration.ms`, or never existed).
+/// [`CoordinatorClient::find_transaction`] on a fresh connection.
 ///
 /// # Errors
-/// [`Retryable`](ErrorKind::Retryable) while the coordinator loads or moves, and for transport failures.
+/// As [`CoordinatorClient::find_transaction`].
 pub async fn find_transaction(
     kafka: &KafkaConnection,
     transactional_id: &str,
 ) -> Result<Option<TransactionDescription>> {
-    let mut connection = coordinator(kafka, transactional_id).await?;
+    CoordinatorClient::new(kafka.clone())
+        .find_transaction(transactional_id)
+        .await
+}
+
+/// [`CoordinatorClient::end_transaction`] on a fresh connection.
+///
+/// # Errors
+/// As [`CoordinatorClient::end_transaction`].
+pub async fn end_transaction(
+    kafka: &KafkaConnection,
+    transactional_id: &str,
+    producer_id: i64,
+    producer_epoch: i16,
+    commit: bool,
+) -> Result<()> {
+    CoordinatorClient::new(kafka.clone())
+        .end_transaction(transactional_id, producer_id, producer_epoch, commit)
+        .await
+}
+
+/// DescribeTransactions of `transactional_id` on its coordinator's `connection`.
+async fn describe(
+    connection: &mut WireConnection,
+    transactional_id: &str,
+) -> Result<Option<TransactionDescription>> {
     let request =
         DescribeTransactionsRequest::default().with_transactional_ids(vec![TransactionalId(
             StrBytes::from_string(transactional_id.to_string()),
@@ -198,25 +338,14 @@ pub async fn find_transaction(
     }))
 }
 
-/// Commits (`commit = true`) or aborts the transaction of `transactional_id` owned by `producer_id` at
-/// `producer_epoch` (EndTxn), on behalf of the producer that began it.
-///
-/// # Idempotence
-/// Ending a transaction that already completed the same way succeeds (the coordinator accepts the retry).
-///
-/// # Errors
-/// [`Fenced`](ErrorKind::Fenced) when the producer id or epoch no longer own the transactional id (another producer
-/// initialised it); [`Fatal`](ErrorKind::Fatal) when the transaction already ended the other way (the broker
-/// aborted it after its timeout); [`Retryable`](ErrorKind::Retryable) for coordinator moves and concurrent
-/// transaction completion.
-pub async fn end_transaction(
-    kafka: &KafkaConnection,
+/// EndTxn of `transactional_id` on its coordinator's `connection`.
+async fn end(
+    connection: &mut WireConnection,
     transactional_id: &str,
     producer_id: i64,
     producer_epoch: i16,
     commit: bool,
 ) -> Result<()> {
-    let mut connection = coordinator(kafka, transactional_id).await?;
     tracing::info!(
         transactional_id,
         producer_id,

@@ -97,16 +97,21 @@ impl KafkaToKafka {
             sink.job.as_deref().unwrap_or("-"),
             self.group_id
         );
-        let connection = sink.kafka_connection()?.client_config();
-        claim_prefix(&connection, &sink.transactional_id_prefix, &owner).await?;
+        let kafka = sink.kafka_connection()?;
+        claim_prefix(
+            &kafka.client_config(),
+            &sink.transactional_id_prefix,
+            &owner,
+        )
+        .await?;
         // Two producers from the pool alternate: one commits while the other takes the next records.
         let ids = sink.id_pool()?.all(SubtaskId(0));
         let mut producers = Vec::with_capacity(2);
         for id in ids.iter().take(2) {
             producers.push(open_transactional_producer::<Copier, _>(&sink, id).await?);
         }
-        let consumer: BaseConsumer = connection
-            .clone()
+        let consumer: BaseConsumer = kafka
+            .consumer_config()
             .set("group.id", &self.group_id)
             .set("enable.auto.commit", "false")
             .set("auto.offset.reset", "earliest")

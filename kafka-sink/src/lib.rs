@@ -70,8 +70,8 @@ pub use at_least_once::{FlushedRecords, KafkaAtLeastOnceSink, NothingToCommit};
 pub use broker::broker_max_transaction_timeout;
 pub use config::KafkaSinkConfig;
 pub use coordinator::{
-    TransactionDescription, TransactionState, describe_transaction, end_transaction,
-    find_transaction,
+    CoordinatorClient, TransactionDescription, TransactionState, describe_transaction,
+    end_transaction, find_transaction,
 };
 pub use error::classify;
 pub use factory::KafkaSinkFactory;

@@ -17,7 +17,7 @@ use rdkafka::types::RDKafkaErrorCode;
 use serde::{Deserialize, Serialize};
 
 use crate::broker::{broker_max_transaction_timeout, check_transaction_timeout};
-use crate::coordinator::{describe_transaction, end_transaction, find_transaction};
+use crate::coordinator::CoordinatorClient;
 use crate::outcome::{CommitStep, commit_step};
 use crate::probe::visible_in_log;
 use crate::registry::claim_prefix;
@@ -69,6 +69,8 @@ pub struct KafkaSink {
     subtask: SubtaskId,
     /// How every client of this sink reaches the cluster.
     kafka: KafkaConnection,
+    /// The protocol-level client, its coordinator connections kept between checkpoints.
+    coordinator: CoordinatorClient,
     pool: TransactionalIdPool,
     producers: Producers,
     current: Option<(CheckpointId, TransactionalId)>,
@@ -79,8 +81,10 @@ pub struct KafkaSink {
 /// otherwise at the protocol level (EndTxn with the recorded producer id and epoch).
 #[derive(Clone)]
 pub struct KafkaCommitter {
-    /// How the protocol-level client and the log probe reach the cluster.
+    /// How the log probe reaches the cluster.
     kafka: KafkaConnection,
+    /// The protocol-level client (shared with the sink).
+    coordinator: CoordinatorClient,
     sink: SinkId,
     producers: Producers,
 }
@@ -100,6 +104,7 @@ impl KafkaSink {
         let pool = config.id_pool().map_err(|e| e.with_sink(&sink))?;
         tracing::info!(%sink, %subtask, topic = %config.topic, connection = ?kafka, "Kafka sink configured");
         Ok(Self {
+            coordinator: CoordinatorClient::new(kafka.clone()),
             kafka,
             sender: RecordSender::new(
                 config.records.clone(),
@@ -193,7 +198,9 @@ impl Committer for KafkaCommitter {
             if c.ranges.is_empty() {
                 continue; // an empty transaction has nothing on the broker to commit
             }
-            commit_remote(&self.kafka, &c).await.map_err(context)?;
+            commit_remote(&self.coordinator, &self.kafka, &c)
+                .await
+                .map_err(context)?;
         }
         Ok(())
     }
@@ -202,7 +209,10 @@ impl Committer for KafkaCommitter {
         let Some(range) = c.ranges.first() else {
             return Ok(true);
         };
-        let now = find_transaction(&self.kafka, &c.transactional_id).await?;
+        let now = self
+            .coordinator
+            .find_transaction(&c.transactional_id)
+            .await?;
         match commit_step(now.as_ref(), c) {
             CommitStep::AlreadyCommitted => Ok(true),
             CommitStep::EndTxn | CommitStep::Lost => Ok(false),
@@ -212,19 +222,18 @@ impl Committer for KafkaCommitter {
 }
 
 /// Commits `c` at the protocol level, idempotently; a transaction the broker aborted is a loud, fatal error.
-async fn commit_remote(kafka: &KafkaConnection, c: &KafkaCommittable) -> Result<()> {
-    let now = find_transaction(kafka, &c.transactional_id).await?;
+async fn commit_remote(
+    coordinator: &CoordinatorClient,
+    kafka: &KafkaConnection,
+    c: &KafkaCommittable,
+) -> Result<()> {
+    let now = coordinator.find_transaction(&c.transactional_id).await?;
     match commit_step(now.as_ref(), c) {
         CommitStep::AlreadyCommitted => return Ok(()),
         CommitStep::EndTxn => {
-            return end_transaction(
-                kafka,
-                &c.transactional_id,
-                c.producer_id,
-                c.producer_epoch,
-                true,
-            )
-            .await;
+            return coordinator
+                .end_transaction(&c.transactional_id, c.producer_id, c.producer_epoch, true)
+                .await;
         }
         CommitStep::AskTheLog => {
             // The id has moved on (re-initialised, or expired): the log itself says whether our records committed.
@@ -282,6 +291,7 @@ impl TwoPhaseCommit for KafkaSink {
     fn committer(&self) -> KafkaCommitter {
         KafkaCommitter {
             kafka: self.kafka.clone(),
+            coordinator: self.coordinator.clone(),
             sink: self.sink.clone(),
             producers: self.producers.clone(),
         }
@@ -336,10 +346,10 @@ impl TwoPhaseCommit for KafkaSink {
         } else {
             // The driver does not retry a pre-commit (it aborts and replays): retry the one idempotent read here,
             // while the coordinator loads or moves.
-            let kafka = &self.kafka;
+            let coordinator = &self.coordinator;
             let described = RetryPolicy::default()
                 .run("DescribeTransactions", || {
-                    describe_transaction(kafka, id.as_str())
+                    coordinator.describe_transaction(id.as_str())
                 })
                 .await
                 .map_err(|e| {
@@ -416,12 +426,14 @@ impl TwoPhaseCommit for KafkaSink {
         // First finish the restored transactions (they must not be aborted by the fencing below)...
         if let Some((checkpoint, committables)) = restored {
             for c in committables.iter().filter(|c| !c.ranges.is_empty()) {
-                commit_remote(&self.kafka, c).await.map_err(|e| {
-                    e.at_phase(Phase::Recover)
-                        .or_sink(&self.sink)
-                        .or_checkpoint(checkpoint)
-                        .or_txn(c.transactional_id.clone())
-                })?;
+                commit_remote(&self.coordinator, &self.kafka, c)
+                    .await
+                    .map_err(|e| {
+                        e.at_phase(Phase::Recover)
+                            .or_sink(&self.sink)
+                            .or_checkpoint(checkpoint)
+                            .or_txn(c.transactional_id.clone())
+                    })?;
             }
         }
         // ...then fence every id of the pool: init_transactions aborts whatever a crashed attempt or a zombie left

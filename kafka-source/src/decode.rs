@@ -262,3 +262,42 @@ impl BatchBuilder {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn json() -> BatchBuilder {
+        let schema = Arc::new(Schema::new(vec![Field::new("a", DataType::Int64, true)]));
+        BatchBuilder::new(&Decoding::Json(schema), 8).unwrap()
+    }
+
+    fn at(offset: i64) -> RecordAt<'static> {
+        RecordAt {
+            topic: "t",
+            partition: 0,
+            offset,
+        }
+    }
+
+    #[test]
+    fn a_json_value_must_be_exactly_one_object() {
+        let mut builder = json();
+        builder.append(at(0), None, Some(br#"{"a":1}"#)).unwrap();
+        builder.append(at(1), None, Some(br#" {"a":2} "#)).unwrap();
+        for (offset, value) in [(2, &br#"{"a":3}{"a":4}"#[..]), (3, br#"{"a":"#)] {
+            let mut builder = json();
+            let err = builder.append(at(offset), None, Some(value)).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::BadRecord, "{err}");
+            assert!(err.to_string().contains(&format!("t/0@{offset}")), "{err}");
+        }
+        let batch = builder.finish().unwrap();
+        assert_eq!(batch.num_rows(), 2);
+    }
+
+    #[test]
+    fn a_tombstone_has_no_json_row() {
+        let err = json().append(at(7), Some(b"k"), None).unwrap_err();
+        assert!(err.to_string().contains("tombstone"), "{err}");
+    }
+}

@@ -127,7 +127,7 @@ impl KafkaSource {
             ));
         }
         let bootstrap = kafka.bootstrap_servers();
-        let mut config = kafka.client_config();
+        let mut config = kafka.consumer_config();
         for (key, value) in &options.client {
             config.set(key, value);
         }

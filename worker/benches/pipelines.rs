@@ -30,11 +30,11 @@ use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 use rdkafka::ClientConfig;
-use rdkafka::Message;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::{Message, Offset, TopicPartitionList};
 
 /// Producer settings of every job, so they all send the same way.
 const PRODUCER: &[(&str, &str)] = &[
@@ -262,16 +262,21 @@ async fn child(job: &str) -> Measured {
     }
 }
 
+/// The limits' consumer: the same librdkafka settings as Ratchet's consumers, the partition assigned (no group
+/// protocol), from the beginning.
 fn plain_consumer(topic: &str) -> BaseConsumer {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap())
+    let consumer: BaseConsumer = KafkaConnection::plaintext(bootstrap())
+        .consumer_config()
         .set("group.id", integration::unique_name("bench-plain"))
         .set("enable.auto.commit", "false")
-        .set("auto.offset.reset", "earliest")
         .set("isolation.level", "read_committed")
         .create()
         .unwrap();
-    consumer.subscribe(&[topic]).unwrap();
+    let mut assignment = TopicPartitionList::new();
+    assignment
+        .add_partition_offset(topic, 0, Offset::Beginning)
+        .unwrap();
+    consumer.assign(&assignment).unwrap();
     consumer
 }
 
