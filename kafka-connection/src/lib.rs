@@ -11,6 +11,7 @@
 //! Settings only one of the two could honour are refused when the connection is built, naming the setting.
 //! Secrets (`sasl.password`, ...) are redacted in `Debug` and never appear in errors.
 
+pub mod poll;
 mod settings;
 mod wire;
 

@@ -12,9 +12,9 @@ use async_trait::async_trait;
 use connector_api::{
     CheckpointId, Committer, Error, ErrorKind, Phase, Result, SinkId, TwoPhaseCommit,
 };
-use rdkafka::producer::FutureProducer;
 use serde::{Deserialize, Serialize};
 
+use crate::delivery::{DeliveryTracker, SinkProducer};
 use crate::sender::RecordSender;
 use crate::{KafkaSinkConfig, PartitionRange, classify};
 
@@ -49,7 +49,7 @@ impl Committer for NothingToCommit {
 pub struct KafkaAtLeastOnceSink {
     config: KafkaSinkConfig,
     sink: SinkId,
-    producer: Option<FutureProducer>,
+    producer: Option<SinkProducer>,
     checkpoint: Option<CheckpointId>,
     sender: RecordSender,
 }
@@ -103,13 +103,17 @@ impl TwoPhaseCommit for KafkaAtLeastOnceSink {
                 .config
                 .idempotent_producer_config()
                 .and_then(|c| {
-                    c.create().map_err(|e| {
-                        Error::new(classify(&e), Phase::Begin, "cannot create the producer")
-                            .with_source(e)
-                    })
+                    c.create_with_context(DeliveryTracker::default())
+                        .map_err(|e| {
+                            Error::new(classify(&e), Phase::Begin, "cannot create the producer")
+                                .with_source(e)
+                        })
                 })
                 .map_err(|e| self.context(e))?;
             self.producer = Some(producer);
+        }
+        if let Some(producer) = &self.producer {
+            self.sender.start(producer);
         }
         self.checkpoint = Some(checkpoint);
         Ok(())
@@ -128,20 +132,26 @@ impl TwoPhaseCommit for KafkaAtLeastOnceSink {
     }
 
     async fn pre_commit(&mut self, checkpoint: CheckpointId) -> Result<FlushedRecords> {
-        let flushed = self.sender.flush().await;
+        let producer = self.producer.clone().ok_or_else(|| {
+            self.context(Error::new(
+                ErrorKind::Bug,
+                Phase::PreCommit,
+                "pre_commit before begin",
+            ))
+        })?;
+        let flushed = self.sender.flush(&producer).await;
         let ranges = flushed.map_err(|e| self.context(e.at_phase(Phase::PreCommit)))?;
         Ok(FlushedRecords { checkpoint, ranges })
     }
 
-    /// Records already sent cannot be taken back (at-least-once): only forgets what is in flight.
+    /// Records already sent cannot be taken back (at-least-once): nothing to do; the next `begin` forgets what
+    /// was in flight.
     async fn abort(&mut self) -> Result<()> {
-        self.sender.clear();
         self.checkpoint = None;
         Ok(())
     }
 
     async fn recover(&mut self, _: Option<(CheckpointId, Vec<FlushedRecords>)>) -> Result<()> {
-        self.sender.clear();
         self.checkpoint = None;
         Ok(())
     }

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use connector_api::{Error, ErrorKind, Phase, Result, Step};
+use kafka_connection::poll::{DEADLINE_CHECK_EVERY, Polled, next_message};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
@@ -62,12 +63,12 @@ pub struct PipelineStats {
     pub records: u64,
     /// Transactions committed.
     pub transactions: u64,
+    /// From the first record read to the last commit: the time the copying itself took, without start-up
+    /// (claiming the prefix, initialising the producers) and idle time before the first record.
+    pub copying: Duration,
 }
 
 const TXN_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// How long one consumer poll waits, so that deadlines are noticed.
-const POLL: Duration = Duration::from_millis(100);
 
 fn failed(phase: Phase, message: &str, e: KafkaError) -> Error {
     Error::new(classify(&e), phase, message).with_source(e)
@@ -91,6 +92,7 @@ impl KafkaToKafka {
     /// # Errors
     /// Any producer or consumer failure stops the run; what was not committed is replayed by the next run.
     pub async fn run(&self) -> Result<PipelineStats> {
+        let started = Instant::now();
         let sink = self.sink.clone().resolve_env()?;
         let owner = format!(
             "{}/kafka-to-kafka:{}",
@@ -108,7 +110,7 @@ impl KafkaToKafka {
         let ids = sink.id_pool()?.all(SubtaskId(0));
         let mut producers = Vec::with_capacity(2);
         for id in ids.iter().take(2) {
-            producers.push(open_transactional_producer::<Copier, _>(&sink, id).await?);
+            producers.push(open_transactional_producer(&sink, id, DefaultProducerContext).await?);
         }
         let consumer: BaseConsumer = kafka
             .consumer_config()
@@ -119,6 +121,8 @@ impl KafkaToKafka {
             .create()
             .map_err(|e| failed(Phase::Setup, "cannot create the source consumer", e))?;
         self.assign_from_committed(&consumer)?;
+        tracing::info!(source = %self.source_topic, target = %sink.topic, group = %self.group_id,
+            setup = ?started.elapsed(), "Kafka-to-Kafka copying: prefix claimed, producers initialised, partitions assigned");
         let pipeline = self.clone();
         tokio::task::spawn_blocking(move || pipeline.copy(&consumer, producers, &sink.topic))
             .await
@@ -141,19 +145,23 @@ impl KafkaToKafka {
         let mut number = 0u64;
         // Records put into transactions so far (committed or committing).
         let mut taken = 0u64;
-        let finish = |handle: std::thread::JoinHandle<Result<u64>>, stats: &mut PipelineStats| {
+        let mut first_record: Option<Instant> = None;
+        let finish = |handle: std::thread::JoinHandle<Result<u64>>,
+                      stats: &mut PipelineStats,
+                      first_record: Option<Instant>| {
             let records = handle.join().map_err(|_| {
                 Error::new(ErrorKind::Bug, Phase::Commit, "the commit thread panicked")
             })??;
             stats.transactions += 1;
             stats.records += records;
+            stats.copying = first_record.map(|t| t.elapsed()).unwrap_or_default();
             Ok::<(), Error>(())
         };
         loop {
             let limit = match self.stop_after_records {
                 Some(total) if taken >= total => {
                     if let Some(handle) = committing.take() {
-                        finish(handle, &mut stats)?;
+                        finish(handle, &mut stats, first_record)?;
                     }
                     return Ok(stats);
                 }
@@ -164,13 +172,14 @@ impl KafkaToKafka {
             producer
                 .begin_transaction()
                 .map_err(|e| failed(Phase::Begin, "begin_transaction failed", e))?;
-            let (offsets, copied) = self.fill(consumer, &producer, topic, limit)?;
+            let (offsets, copied, started) = self.fill(consumer, &producer, topic, limit)?;
+            first_record = first_record.or(started);
             if copied == 0 {
                 producer
                     .abort_transaction(TXN_TIMEOUT)
                     .map_err(|e| failed(Phase::Abort, "abort_transaction failed", e))?;
                 if let Some(handle) = committing.take() {
-                    finish(handle, &mut stats)?;
+                    finish(handle, &mut stats, first_record)?;
                 }
                 if self
                     .stop_when_idle
@@ -184,7 +193,7 @@ impl KafkaToKafka {
             number += 1;
             taken += copied;
             if let Some(handle) = committing.take() {
-                finish(handle, &mut stats)?;
+                finish(handle, &mut stats, first_record)?;
             }
             let group = consumer.group_metadata().ok_or_else(|| {
                 Error::new(
@@ -217,34 +226,27 @@ impl KafkaToKafka {
     }
 
     /// Copies records into the open transaction of `producer` for up to `commit_interval` (from the first record)
-    /// or `limit` records; returns the source offsets to commit with them and how many.
+    /// or `limit` records; returns the source offsets to commit with them, how many, and when the first arrived.
     fn fill(
         &self,
         consumer: &BaseConsumer,
         producer: &Copier,
         topic: &str,
         limit: u64,
-    ) -> Result<(TopicPartitionList, u64)> {
+    ) -> Result<(TopicPartitionList, u64, Option<Instant>)> {
         let mut next: Vec<(i32, i64)> = Vec::new();
         let mut copied = 0u64;
         let mut deadline: Option<Instant> = None;
         while copied < limit {
-            let wait = match deadline {
-                None => POLL,
-                Some(deadline) => match deadline.checked_duration_since(Instant::now()) {
-                    Some(left) if !left.is_zero() => left.min(POLL),
-                    _ => break,
-                },
-            };
-            let Some(message) = consumer.poll(wait) else {
-                if deadline.is_none() {
-                    break;
-                }
-                continue;
+            let message = match next_message(consumer, deadline) {
+                Polled::Message(message) => message,
+                Polled::Nothing if deadline.is_none() => break,
+                Polled::Nothing => continue,
+                Polled::DeadlinePassed => break,
             };
             let message =
                 message.map_err(|e| failed(Phase::Write, "the source consumer failed", e))?;
-            deadline.get_or_insert_with(|| Instant::now() + self.commit_interval);
+            let until = *deadline.get_or_insert_with(|| Instant::now() + self.commit_interval);
             let mut record = BaseRecord::<[u8], [u8]>::to(topic);
             if let Some(key) = message.key() {
                 record = record.key(key);
@@ -273,6 +275,9 @@ impl KafkaToKafka {
                 None => next.push((partition, message.offset() + 1)),
             }
             copied += 1;
+            if copied.is_multiple_of(DEADLINE_CHECK_EVERY) && Instant::now() >= until {
+                break;
+            }
         }
         let mut offsets = TopicPartitionList::new();
         for (partition, offset) in next {
@@ -280,7 +285,11 @@ impl KafkaToKafka {
                 .add_partition_offset(&self.source_topic, partition, Offset::Offset(offset))
                 .map_err(|e| failed(Phase::PreCommit, "bad offset", e))?;
         }
-        Ok((offsets, copied))
+        Ok((
+            offsets,
+            copied,
+            deadline.map(|deadline| deadline - self.commit_interval),
+        ))
     }
 
     /// Flushes transaction `closing`, sends its source offsets into it and commits it; returns its record count.
@@ -291,6 +300,7 @@ impl KafkaToKafka {
             offsets,
             records,
         } = closing;
+        let closing_started = Instant::now();
         producer.flush(TXN_TIMEOUT).map_err(|e| {
             failed(
                 Phase::PreCommit,
@@ -306,6 +316,8 @@ impl KafkaToKafka {
         producer
             .commit_transaction(TXN_TIMEOUT)
             .map_err(|e| failed(Phase::Commit, "commit_transaction failed", e))?;
+        tracing::debug!(transaction = number, records, closing = ?closing_started.elapsed(),
+            "Kafka-to-Kafka transaction committed");
         self.at(number, Step::AfterCommit);
         Ok(records)
     }

@@ -54,6 +54,7 @@ mod at_least_once;
 mod broker;
 mod config;
 mod coordinator;
+mod delivery;
 mod error;
 mod factory;
 mod kafka_to_kafka;
@@ -73,6 +74,7 @@ pub use coordinator::{
     CoordinatorClient, TransactionDescription, TransactionState, describe_transaction,
     end_transaction, find_transaction,
 };
+pub use delivery::{DeliveryTracker, SinkProducer};
 pub use error::classify;
 pub use factory::KafkaSinkFactory;
 pub use kafka_connection::KafkaConnection;

@@ -3,8 +3,7 @@
 use std::time::Duration;
 
 use connector_api::{Error, Phase, Result};
-use rdkafka::config::FromClientConfig;
-use rdkafka::producer::{Producer, ProducerContext};
+use rdkafka::producer::{Producer, ProducerContext, ThreadedProducer};
 
 use crate::{KafkaSinkConfig, TransactionalId, classify};
 
@@ -12,8 +11,8 @@ use crate::{KafkaSinkConfig, TransactionalId, classify};
 /// to be aborted).
 const INIT_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Creates the producer (any kind: `FutureProducer` for the sink, `ThreadedProducer` for Kafka-to-Kafka) for
-/// transactional id `id` and calls `init_transactions`.
+/// Creates the producer for transactional id `id`, with `context` (the sinks track deliveries in theirs,
+/// Kafka-to-Kafka uses librdkafka's default) and librdkafka's own delivery thread, and calls `init_transactions`.
 ///
 /// # Details
 /// `init_transactions` bumps the id's producer epoch: an older producer with the same id is fenced (its next
@@ -23,23 +22,23 @@ const INIT_TIMEOUT: Duration = Duration::from_secs(60);
 /// # Errors
 /// [`Config`](connector_api::ErrorKind::Config) for bad settings; otherwise classified by [`classify`] with the
 /// transactional id attached.
-pub async fn open_transactional_producer<P, C>(
+pub async fn open_transactional_producer<C: ProducerContext + 'static>(
     config: &KafkaSinkConfig,
     id: &TransactionalId,
-) -> Result<P>
-where
-    P: Producer<C> + FromClientConfig + Send + 'static,
-    C: ProducerContext + 'static,
-{
-    let producer: P = config.producer_config(id)?.create().map_err(|e| {
-        Error::new(
-            classify(&e),
-            Phase::Setup,
-            "cannot create the Kafka producer",
-        )
-        .with_txn(id.as_str())
-        .with_source(e)
-    })?;
+    context: C,
+) -> Result<ThreadedProducer<C>> {
+    let producer: ThreadedProducer<C> = config
+        .producer_config(id)?
+        .create_with_context(context)
+        .map_err(|e| {
+            Error::new(
+                classify(&e),
+                Phase::Setup,
+                "cannot create the Kafka producer",
+            )
+            .with_txn(id.as_str())
+            .with_source(e)
+        })?;
     tokio::task::spawn_blocking(move || producer.init_transactions(INIT_TIMEOUT).map(|()| producer))
         .await
         .expect("init_transactions task panicked")

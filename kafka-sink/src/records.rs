@@ -5,6 +5,7 @@ use arrow_array::cast::AsArray;
 use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_schema::DataType;
 use serde::Deserialize;
+use std::borrow::Cow;
 
 /// How rows become records.
 ///
@@ -39,7 +40,8 @@ pub struct RecordMapping {
 pub(crate) struct Record<'a> {
     pub(crate) topic: Option<&'a str>,
     pub(crate) key: Option<&'a [u8]>,
-    pub(crate) value: Vec<u8>,
+    /// Borrowed from the value column, or the row serialised as JSON.
+    pub(crate) value: Cow<'a, [u8]>,
     pub(crate) partition: Option<i32>,
     /// (header name, value) pairs.
     pub(crate) headers: Vec<(&'a str, &'a [u8])>,
@@ -104,7 +106,7 @@ impl RecordMapping {
             .iter()
             .map(|c| column(batch, c, "header_columns entry").map(|array| (c.as_str(), array)))
             .collect::<Result<Vec<_>, _>>()?;
-        let json_rows = match value {
+        let mut json_rows = match value {
             Some(_) => None,
             None => Some(json_rows(batch)?),
         };
@@ -130,13 +132,14 @@ impl RecordMapping {
                 Some(k) => bytes_at(k, row, self.key_column.as_deref().unwrap_or_default())?,
                 None => None,
             };
-            let value = match (value, &json_rows) {
-                (Some(v), _) => bytes_at(v, row, self.value_column.as_deref().unwrap_or_default())?
-                    .ok_or_else(|| {
-                        format!("row {row}: value column {:?} is null", self.value_column)
-                    })?
-                    .to_vec(),
-                (None, Some(rows)) => rows[row].clone(),
+            let value = match (value, &mut json_rows) {
+                (Some(v), _) => Cow::Borrowed(
+                    bytes_at(v, row, self.value_column.as_deref().unwrap_or_default())?
+                        .ok_or_else(|| {
+                            format!("row {row}: value column {:?} is null", self.value_column)
+                        })?,
+                ),
+                (None, Some(rows)) => Cow::Owned(std::mem::take(&mut rows[row])),
                 (None, None) => unreachable!("json rows exist when there is no value column"),
             };
             let partition = partition
@@ -247,7 +250,7 @@ mod tests {
         assert_eq!(records[1].key, None);
         assert_eq!(records[1].partition, Some(1));
         assert_eq!(
-            String::from_utf8(records[0].value.clone()).unwrap(),
+            String::from_utf8(records[0].value.to_vec()).unwrap(),
             r#"{"id":1,"k":"a","p":0}"#
         );
     }

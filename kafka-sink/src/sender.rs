@@ -1,29 +1,31 @@
 //! Sending Arrow rows as Kafka records through one producer, with bounded memory: the part of writing that the
 //! transactional sink and the at-least-once sink share. Errors carry no sink context; the caller adds it.
 
-use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
+use std::time::Duration;
 
 use arrow_array::RecordBatch;
 use connector_api::{Error, ErrorKind, Phase, Result};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
+use rdkafka::producer::{BaseRecord, Producer};
 use rdkafka::types::RDKafkaErrorCode;
 
+use crate::delivery::SinkProducer;
 use crate::records::RecordMapping;
 use crate::{PartitionRange, classify};
 
-/// At most this many records in flight before sending waits for deliveries (backpressure).
-const MAX_IN_FLIGHT: usize = 100_000;
+/// How long a flush may wait for outstanding deliveries.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Records sent and not yet confirmed, and the offsets confirmed so far, per partition.
+/// How long to wait when librdkafka's queue is full (`queue.buffering.max.messages`): the backpressure.
+const QUEUE_FULL_WAIT: Duration = Duration::from_millis(1);
+
+/// Maps rows to records and sends them; the producer's [`DeliveryTracker`](crate::delivery::DeliveryTracker)
+/// collects what was delivered.
 pub(crate) struct RecordSender {
     mapping: Arc<RecordMapping>,
     default_topic: String,
     max_message_bytes: usize,
-    /// Deliveries not yet confirmed, with their topic (`None`: the default topic).
-    in_flight: VecDeque<(Option<String>, DeliveryFuture)>,
-    ranges: BTreeMap<(String, i32), (i64, i64)>,
 }
 
 impl RecordSender {
@@ -36,19 +38,23 @@ impl RecordSender {
             mapping: Arc::new(mapping),
             default_topic: default_topic.to_string(),
             max_message_bytes,
-            in_flight: VecDeque::new(),
-            ranges: BTreeMap::new(),
         }
     }
 
-    /// Sends every row of `batch` through `producer`.
+    /// Starts a new transaction (or checkpoint) on `producer`: what was delivered before is forgotten, and late
+    /// reports of earlier records are ignored.
+    pub(crate) fn start(&self, producer: &SinkProducer) {
+        producer.context().start();
+    }
+
+    /// Sends every row of `batch` through `producer`; when librdkafka's queue is full, waits for it to drain.
     ///
     /// # Errors
     /// [`BadRecord`](ErrorKind::BadRecord) naming the row when the batch cannot be mapped or a record is too large:
     /// then nothing of the batch was sent. Once part of it was sent, errors are never `BadRecord`.
     pub(crate) async fn send(
         &mut self,
-        producer: &FutureProducer,
+        producer: &SinkProducer,
         batch: &RecordBatch,
     ) -> Result<()> {
         let mapping = self.mapping.clone();
@@ -80,16 +86,18 @@ impl RecordSender {
                 ),
             ));
         }
+        let generation = producer.context().current();
         let default_topic = self.default_topic.clone();
         let mut sent = 0usize;
         for record in records {
             let topic = record.topic.unwrap_or(&default_topic);
-            let mut future = FutureRecord::to(topic).payload(&record.value);
+            let mut base = BaseRecord::<[u8], [u8], usize>::with_opaque_to(topic, generation)
+                .payload(&record.value[..]);
             if let Some(key) = record.key {
-                future = future.key(key);
+                base = base.key(key);
             }
             if let Some(partition) = record.partition {
-                future = future.partition(partition);
+                base = base.partition(partition);
             }
             if !record.headers.is_empty() {
                 let headers = record.headers.iter().fold(
@@ -101,29 +109,19 @@ impl RecordSender {
                         })
                     },
                 );
-                future = future.headers(headers);
+                base = base.headers(headers);
             }
             loop {
-                match producer.send_result(future) {
-                    Ok(delivery) => {
-                        self.in_flight
-                            .push_back((record.topic.map(str::to_string), delivery));
+                match producer.send(base) {
+                    Ok(()) => {
                         sent += 1;
                         break;
                     }
                     Err((e, returned))
                         if e.rdkafka_error_code() == Some(RDKafkaErrorCode::QueueFull) =>
                     {
-                        future = returned;
-                        let Some(oldest) = self.in_flight.pop_front() else {
-                            return Err(Error::new(
-                                ErrorKind::Retryable,
-                                Phase::Write,
-                                "producer queue full",
-                            )
-                            .with_source(e));
-                        };
-                        self.await_delivery(oldest).await?;
+                        base = returned;
+                        tokio::time::sleep(QUEUE_FULL_WAIT).await;
                     }
                     Err((e, _)) => {
                         // Once part of the batch was sent, the batch cannot be refused whole.
@@ -137,65 +135,35 @@ impl RecordSender {
                     }
                 }
             }
-            while self.in_flight.len() > MAX_IN_FLIGHT {
-                let oldest = self.in_flight.pop_front().expect("non-empty");
-                self.await_delivery(oldest).await?;
-            }
         }
         Ok(())
     }
 
-    async fn await_delivery(
-        &mut self,
-        (topic, delivery): (Option<String>, DeliveryFuture),
-    ) -> Result<()> {
-        match delivery.await {
-            Ok(Ok(delivered)) => {
-                let topic = topic.unwrap_or_else(|| self.default_topic.clone());
-                let entry = self
-                    .ranges
-                    .entry((topic, delivered.partition))
-                    .or_insert((delivered.offset, delivered.offset));
-                entry.0 = entry.0.min(delivered.offset);
-                entry.1 = entry.1.max(delivered.offset);
-                Ok(())
-            }
-            Ok(Err((e, _))) => Err(Error::new(
+    /// Waits for every delivery; returns the offsets written since [`start`](Self::start), per partition.
+    ///
+    /// # Errors
+    /// [`MustAbort`](ErrorKind::MustAbort) when a record was not delivered; [`Retryable`](ErrorKind::Retryable)
+    /// when deliveries are still outstanding after a minute.
+    pub(crate) async fn flush(&mut self, producer: &SinkProducer) -> Result<Vec<PartitionRange>> {
+        let flushing = producer.clone();
+        tokio::task::spawn_blocking(move || flushing.flush(FLUSH_TIMEOUT))
+            .await
+            .expect("flush task panicked")
+            .map_err(|e| {
+                Error::new(
+                    ErrorKind::Retryable,
+                    Phase::PreCommit,
+                    "records are still undelivered after a minute",
+                )
+                .with_source(e)
+            })?;
+        producer.context().take().map_err(|e| {
+            Error::new(
                 ErrorKind::MustAbort,
                 Phase::Write,
                 "a record was not delivered",
             )
-            .with_source(e)),
-            Err(_) => Err(Error::new(
-                ErrorKind::MustAbort,
-                Phase::Write,
-                "the producer dropped a delivery",
-            )),
-        }
-    }
-
-    /// Waits for every delivery; returns the offsets written since the last `flush` or `clear`, per partition.
-    ///
-    /// # Errors
-    /// [`MustAbort`](ErrorKind::MustAbort) when a record was not delivered.
-    pub(crate) async fn flush(&mut self) -> Result<Vec<PartitionRange>> {
-        while let Some(delivery) = self.in_flight.pop_front() {
-            self.await_delivery(delivery).await?;
-        }
-        Ok(std::mem::take(&mut self.ranges)
-            .into_iter()
-            .map(|((topic, partition), (first, last))| PartitionRange {
-                topic,
-                partition,
-                first_offset: first,
-                last_offset: last,
-            })
-            .collect())
-    }
-
-    /// Forgets what was sent (the transaction was aborted, or the sink is restarting).
-    pub(crate) fn clear(&mut self) {
-        self.in_flight.clear();
-        self.ranges.clear();
+            .with_source(e)
+        })
     }
 }

@@ -12,12 +12,13 @@ use connector_api::{
 };
 use kafka_connection::KafkaConnection;
 use rdkafka::error::KafkaError;
-use rdkafka::producer::{FutureProducer, Producer};
+use rdkafka::producer::Producer;
 use rdkafka::types::RDKafkaErrorCode;
 use serde::{Deserialize, Serialize};
 
 use crate::broker::{broker_max_transaction_timeout, check_transaction_timeout};
 use crate::coordinator::CoordinatorClient;
+use crate::delivery::{DeliveryTracker, SinkProducer};
 use crate::outcome::{CommitStep, commit_step};
 use crate::probe::visible_in_log;
 use crate::registry::claim_prefix;
@@ -60,7 +61,7 @@ pub struct KafkaCommittable {
 }
 
 /// Producers of this instance by transactional id, shared with its committer.
-type Producers = Arc<Mutex<HashMap<String, FutureProducer>>>;
+type Producers = Arc<Mutex<HashMap<String, SinkProducer>>>;
 
 /// Exactly-once Kafka sink. See the crate docs for the protocol and the failure table.
 pub struct KafkaSink {
@@ -137,7 +138,7 @@ impl KafkaSink {
         }
     }
 
-    fn producer(&self, id: &TransactionalId) -> Option<FutureProducer> {
+    fn producer(&self, id: &TransactionalId) -> Option<SinkProducer> {
         self.producers
             .lock()
             .expect("producers")
@@ -146,8 +147,8 @@ impl KafkaSink {
     }
 
     /// Opens (init_transactions: fencing older holders of the id) the producer for `id`.
-    async fn open(&self, id: &TransactionalId) -> Result<FutureProducer> {
-        let producer: FutureProducer = open_transactional_producer(&self.config, id)
+    async fn open(&self, id: &TransactionalId) -> Result<SinkProducer> {
+        let producer = open_transactional_producer(&self.config, id, DeliveryTracker::default())
             .await
             .map_err(|e| e.or_sink(&self.sink))?;
         self.producers
@@ -308,7 +309,7 @@ impl TwoPhaseCommit for KafkaSink {
             None => self.open(&id).await?,
         };
         self.current = Some((checkpoint, id));
-        self.sender.clear();
+        self.sender.start(&producer);
         producer.begin_transaction().map_err(|e| {
             self.err(classify(&e), Phase::Begin, "begin_transaction failed")
                 .with_source(e)
@@ -339,7 +340,10 @@ impl TwoPhaseCommit for KafkaSink {
                 format!("pre_commit of {checkpoint} but {current} is open"),
             ));
         }
-        let flushed = self.sender.flush().await;
+        let producer = self
+            .producer(&id)
+            .ok_or_else(|| self.err(ErrorKind::Bug, Phase::PreCommit, "no producer"))?;
+        let flushed = self.sender.flush(&producer).await;
         let ranges = flushed.map_err(|e| self.context(e.at_phase(Phase::PreCommit)))?;
         let (producer_id, producer_epoch) = if ranges.is_empty() {
             (-1, -1)
@@ -382,7 +386,6 @@ impl TwoPhaseCommit for KafkaSink {
         let Some((_, id)) = self.current.take() else {
             return Ok(());
         };
-        self.sender.clear();
         if let Some(producer) = self.producer(&id) {
             let outcome = tokio::task::spawn_blocking(move || {
                 // Flush first: librdkafka drops unsent records instead of aborting them otherwise.
@@ -408,7 +411,6 @@ impl TwoPhaseCommit for KafkaSink {
         restored: Option<(CheckpointId, Vec<KafkaCommittable>)>,
     ) -> Result<()> {
         self.current = None;
-        self.sender.clear();
         self.producers.lock().expect("producers").clear();
         let connection = self.kafka.client_config();
         let broker_max = broker_max_transaction_timeout(&connection)

@@ -6,7 +6,7 @@ use std::time::Duration;
 use connector_api::{CheckpointId, ErrorKind, SubtaskId};
 use integration::Services;
 use kafka_sink::{KafkaSinkConfig, classify, open_transactional_producer};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer};
 
 fn values(topic: &str) -> Vec<String> {
     let services = Services::get();
@@ -36,28 +36,26 @@ async fn committed_records_are_visible_and_a_zombie_is_fenced() {
         .unwrap()
         .for_checkpoint(SubtaskId(0), CheckpointId(1));
 
-    let zombie: FutureProducer = open_transactional_producer(&config, &id).await.unwrap();
+    let zombie = open_transactional_producer(&config, &id, DefaultProducerContext)
+        .await
+        .unwrap();
     zombie.begin_transaction().unwrap();
     zombie
-        .send(
-            FutureRecord::to(&topic).key("k").payload("committed"),
-            Duration::from_secs(30),
-        )
-        .await
+        .send(BaseRecord::to(&topic).key("k").payload("committed"))
+        .map_err(|(e, _)| e)
         .unwrap();
     zombie.commit_transaction(Duration::from_secs(30)).unwrap();
 
     zombie.begin_transaction().unwrap();
     zombie
-        .send(
-            FutureRecord::to(&topic).key("k").payload("zombie"),
-            Duration::from_secs(30),
-        )
-        .await
+        .send(BaseRecord::to(&topic).key("k").payload("zombie"))
+        .map_err(|(e, _)| e)
         .unwrap();
 
     // A new instance on the same id bumps the epoch: the zombie's open transaction is aborted, its commit fenced.
-    let successor: FutureProducer = open_transactional_producer(&config, &id).await.unwrap();
+    let successor = open_transactional_producer(&config, &id, DefaultProducerContext)
+        .await
+        .unwrap();
     let fenced = zombie
         .commit_transaction(Duration::from_secs(30))
         .unwrap_err();
@@ -65,11 +63,8 @@ async fn committed_records_are_visible_and_a_zombie_is_fenced() {
 
     successor.begin_transaction().unwrap();
     successor
-        .send(
-            FutureRecord::to(&topic).key("k").payload("successor"),
-            Duration::from_secs(30),
-        )
-        .await
+        .send(BaseRecord::to(&topic).key("k").payload("successor"))
+        .map_err(|(e, _)| e)
         .unwrap();
     successor
         .commit_transaction(Duration::from_secs(30))

@@ -91,15 +91,18 @@ pub(crate) enum Payload {
     },
 }
 
+/// The columns of the raw decodings.
+pub(crate) struct RawColumns {
+    topics: StringBuilder,
+    partitions: Int32Builder,
+    offsets: Int64Builder,
+    payload: Payload,
+    schema: SchemaRef,
+}
+
 /// The columns of one batch under construction.
 pub(crate) enum BatchBuilder {
-    Raw {
-        topics: StringBuilder,
-        partitions: Int32Builder,
-        offsets: Int64Builder,
-        payload: Payload,
-        schema: SchemaRef,
-    },
+    Raw(Box<RawColumns>),
     Json {
         decoder: Decoder,
         rows: usize,
@@ -110,12 +113,14 @@ pub(crate) enum BatchBuilder {
 impl BatchBuilder {
     /// Builders for up to `capacity` rows (they grow beyond it if needed).
     pub(crate) fn new(decoding: &Decoding, capacity: usize) -> Result<Self> {
-        let raw = |payload| Self::Raw {
-            topics: StringBuilder::with_capacity(capacity, capacity * 16),
-            partitions: Int32Builder::with_capacity(capacity),
-            offsets: Int64Builder::with_capacity(capacity),
-            payload,
-            schema: decoding.schema(),
+        let raw = |payload| {
+            Self::Raw(Box::new(RawColumns {
+                topics: StringBuilder::with_capacity(capacity, capacity * 16),
+                partitions: Int32Builder::with_capacity(capacity),
+                offsets: Int64Builder::with_capacity(capacity),
+                payload,
+                schema: decoding.schema(),
+            }))
         };
         Ok(match decoding {
             Decoding::Text => raw(Payload::Text {
@@ -147,7 +152,7 @@ impl BatchBuilder {
     /// Rows appended so far.
     pub(crate) fn len(&self) -> usize {
         match self {
-            Self::Raw { offsets, .. } => offsets.len(),
+            Self::Raw(raw) => raw.offsets.len(),
             Self::Json { rows, .. } => *rows,
         }
     }
@@ -164,13 +169,14 @@ impl BatchBuilder {
         value: Option<&[u8]>,
     ) -> Result<()> {
         match self {
-            Self::Raw {
-                topics,
-                partitions,
-                offsets,
-                payload,
-                ..
-            } => {
+            Self::Raw(raw) => {
+                let RawColumns {
+                    topics,
+                    partitions,
+                    offsets,
+                    payload,
+                    ..
+                } = raw.as_mut();
                 match payload {
                     Payload::Text { keys, values } => {
                         keys.append_option(text(at, key, "key")?);
@@ -215,13 +221,14 @@ impl BatchBuilder {
             .with_source(e)
         };
         match self {
-            Self::Raw {
-                mut topics,
-                mut partitions,
-                mut offsets,
-                payload,
-                schema,
-            } => {
+            Self::Raw(raw) => {
+                let RawColumns {
+                    mut topics,
+                    mut partitions,
+                    mut offsets,
+                    payload,
+                    schema,
+                } = *raw;
                 let (keys, values): (ArrayRef, ArrayRef) = match payload {
                     Payload::Text {
                         mut keys,

@@ -12,10 +12,9 @@ use rdkafka::Message;
 use rdkafka::consumer::BaseConsumer;
 use tokio::sync::mpsc;
 
-use crate::decode::{BatchBuilder, Decoding, RecordAt};
+use kafka_connection::poll::{DEADLINE_CHECK_EVERY, Polled, next_message};
 
-/// How long one poll waits, so that the thread notices a closed source promptly.
-const POLL: Duration = Duration::from_millis(100);
+use crate::decode::{BatchBuilder, Decoding, RecordAt};
 
 /// One decoded batch and, per partition it read from, the offset after its last record.
 pub(crate) struct Chunk {
@@ -55,21 +54,11 @@ impl Reader {
         let mut next: Vec<(i32, i64)> = Vec::new();
         let mut deadline: Option<Instant> = None;
         while builder.len() < self.batch_rows && !self.closed.load(Ordering::Relaxed) {
-            let wait = match deadline {
-                None => POLL,
-                Some(deadline) => {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        break;
-                    }
-                    left.min(POLL)
-                }
-            };
-            let Some(message) = self.consumer.poll(wait) else {
-                if deadline.is_none() {
-                    return Ok(None);
-                }
-                continue;
+            let message = match next_message(&self.consumer, deadline) {
+                Polled::Message(message) => message,
+                Polled::Nothing if deadline.is_none() => return Ok(None),
+                Polled::Nothing => continue,
+                Polled::DeadlinePassed => break,
             };
             let message = message.map_err(|e| {
                 Error::new(
@@ -89,7 +78,12 @@ impl Reader {
                 Some(entry) => entry.1 = at.offset + 1,
                 None => next.push((at.partition, at.offset + 1)),
             }
-            deadline.get_or_insert_with(|| Instant::now() + self.max_batch_wait);
+            let deadline = *deadline.get_or_insert_with(|| Instant::now() + self.max_batch_wait);
+            if (builder.len() as u64).is_multiple_of(DEADLINE_CHECK_EVERY)
+                && Instant::now() >= deadline
+            {
+                break;
+            }
         }
         if builder.len() == 0 {
             return Ok(None);

@@ -78,13 +78,20 @@ const JOBS: &[(&str, &str, &str)] = &[
 #[derive(Debug, Clone, Copy)]
 struct Measured {
     records: u64,
+    /// Wall time of the whole job, start-up included.
     seconds: f64,
+    /// From the first record read to the end (everything written and committed): the job's own rate.
+    in_job_seconds: f64,
     cpu_seconds: f64,
     peak_rss_mb: f64,
 }
 
 fn main() {
     if let Ok(job) = std::env::var(JOB) {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -92,8 +99,12 @@ fn main() {
             .unwrap();
         let measured = runtime.block_on(child(&job));
         println!(
-            "RESULT {} {} {} {}",
-            measured.records, measured.seconds, measured.cpu_seconds, measured.peak_rss_mb
+            "RESULT {} {} {} {} {}",
+            measured.records,
+            measured.seconds,
+            measured.in_job_seconds,
+            measured.cpu_seconds,
+            measured.peak_rss_mb
         );
         return;
     }
@@ -167,8 +178,9 @@ fn spawn(job: &str, topic: &str, records: u64) -> Measured {
     Measured {
         records: v[0] as u64,
         seconds: v[1],
-        cpu_seconds: v[2],
-        peak_rss_mb: v[3],
+        in_job_seconds: v[2],
+        cpu_seconds: v[3],
+        peak_rss_mb: v[4],
     }
 }
 
@@ -243,7 +255,7 @@ async fn child(job: &str) -> Measured {
     let dir = tempfile::tempdir().unwrap();
     let (cpu_before, _) = usage();
     let started = Instant::now();
-    let copied = match job {
+    let (copied, in_job) = match job {
         "k2k-plain" => plain_copy(&topic, &out, records),
         "k2k-eo" => kafka_to_kafka(&topic, &out, records).await,
         "parquet-plain" => plain_parquet(&topic, dir.path(), records),
@@ -257,6 +269,7 @@ async fn child(job: &str) -> Measured {
     Measured {
         records,
         seconds,
+        in_job_seconds: in_job.as_secs_f64(),
         cpu_seconds: cpu_after - cpu_before,
         peak_rss_mb,
     }
@@ -281,14 +294,16 @@ fn plain_consumer(topic: &str) -> BaseConsumer {
 }
 
 /// The Kafka -> Kafka limit: poll, send, no transaction, no offsets.
-fn plain_copy(topic: &str, out: &str, records: u64) -> u64 {
+fn plain_copy(topic: &str, out: &str, records: u64) -> (u64, Duration) {
     let consumer = plain_consumer(topic);
     let producer = producer();
     let mut copied = 0;
+    let mut first = None;
     while copied < records {
         let Some(message) = consumer.poll(Duration::from_millis(100)) else {
             continue;
         };
+        first.get_or_insert_with(Instant::now);
         let message = message.unwrap();
         let mut record = BaseRecord::<[u8], [u8]>::to(out);
         if let Some(key) = message.key() {
@@ -304,10 +319,10 @@ fn plain_copy(topic: &str, out: &str, records: u64) -> u64 {
         copied += 1;
     }
     producer.flush(Duration::from_secs(60)).unwrap();
-    copied
+    (copied, first.unwrap().elapsed())
 }
 
-async fn kafka_to_kafka(topic: &str, out: &str, records: u64) -> u64 {
+async fn kafka_to_kafka(topic: &str, out: &str, records: u64) -> (u64, Duration) {
     let mut sink = KafkaSinkConfig::new(bootstrap(), out, out);
     for (k, v) in PRODUCER {
         sink.client.insert(k.to_string(), v.to_string());
@@ -322,7 +337,8 @@ async fn kafka_to_kafka(topic: &str, out: &str, records: u64) -> u64 {
         stop_after_records: Some(records),
         hook: None,
     };
-    pipeline.run().await.unwrap().records
+    let stats = pipeline.run().await.unwrap();
+    (stats.records, stats.copying)
 }
 
 fn writer_properties() -> WriterProperties {
@@ -334,10 +350,11 @@ fn writer_properties() -> WriterProperties {
 }
 
 /// The Kafka -> Parquet limit: poll, build the same Arrow columns, `ArrowWriter` into one file per second.
-fn plain_parquet(topic: &str, dir: &std::path::Path, records: u64) -> u64 {
+fn plain_parquet(topic: &str, dir: &std::path::Path, records: u64) -> (u64, Duration) {
     let consumer = plain_consumer(topic);
     let schema = text_schema();
     let mut copied = 0u64;
+    let mut first = None;
     let mut file_number = 0;
     while copied < records {
         file_number += 1;
@@ -355,6 +372,7 @@ fn plain_parquet(topic: &str, dir: &std::path::Path, records: u64) -> u64 {
                 let Some(message) = consumer.poll(Duration::from_millis(100)) else {
                     break;
                 };
+                first.get_or_insert_with(Instant::now);
                 let message = message.unwrap();
                 topics.append_value(message.topic());
                 partitions.append_value(message.partition());
@@ -378,7 +396,7 @@ fn plain_parquet(topic: &str, dir: &std::path::Path, records: u64) -> u64 {
         }
         writer.into_inner().unwrap().sync_all().unwrap();
     }
-    copied
+    (copied, first.unwrap().elapsed())
 }
 
 /// Reads `records` from `topic` through the source into the driver's sinks, checkpointing every second.
@@ -387,7 +405,7 @@ async fn drive(
     records: u64,
     mut driver: Driver<LocalCheckpointStore>,
     sink: connector_api::SinkHandle,
-) -> u64 {
+) -> (u64, Duration) {
     let restored = driver.start().await.unwrap();
     let kafka = KafkaConnection::plaintext(bootstrap());
     let mut source = KafkaSource::open_with(
@@ -399,8 +417,10 @@ async fn drive(
     .unwrap();
     let mut copied = 0u64;
     let mut last = Instant::now();
+    let mut first = None;
     while copied < records {
         if let Some(batch) = source.next_batch(Duration::from_millis(100)).await.unwrap() {
+            first.get_or_insert_with(Instant::now);
             copied += batch.num_rows() as u64;
             driver.write(sink, &batch).await.unwrap();
         }
@@ -411,11 +431,11 @@ async fn drive(
     }
     driver.checkpoint(source.positions()).await.unwrap();
     driver.close().await.unwrap();
-    copied
+    (copied, first.unwrap().elapsed())
 }
 
-async fn driver_parquet(topic: &str, dir: &std::path::Path, records: u64) -> u64 {
-    let store = LocalCheckpointStore::open(&dir.join("state"), 3).unwrap();
+async fn driver_parquet(topic: &str, dir: &std::path::Path, records: u64) -> (u64, Duration) {
+    let store = LocalCheckpointStore::open(dir.join("state"), 3).unwrap();
     let sink = FileSink::new(FileSinkConfig::new(
         SinkId::new("parquet").unwrap(),
         SubtaskId(0),
@@ -431,8 +451,13 @@ async fn driver_parquet(topic: &str, dir: &std::path::Path, records: u64) -> u64
     drive(topic, records, driver, handle).await
 }
 
-async fn driver_kafka(topic: &str, out: &str, dir: &std::path::Path, records: u64) -> u64 {
-    let store = LocalCheckpointStore::open(&dir.join("state"), 3).unwrap();
+async fn driver_kafka(
+    topic: &str,
+    out: &str,
+    dir: &std::path::Path,
+    records: u64,
+) -> (u64, Duration) {
+    let store = LocalCheckpointStore::open(dir.join("state"), 3).unwrap();
     let mut config = KafkaSinkConfig::new(bootstrap(), out, out);
     for (k, v) in PRODUCER {
         config.client.insert(k.to_string(), v.to_string());
