@@ -3,11 +3,12 @@
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use rdkafka::ClientContext;
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
-use rdkafka::producer::{DeliveryResult, ProducerContext, ThreadedProducer};
+use rdkafka::producer::{DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 
 use crate::PartitionRange;
 
@@ -98,4 +99,47 @@ impl DeliveryTracker {
         ranges.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
         Ok(ranges)
     }
+}
+
+/// How often the wait for deliveries looks at the producer's queue.
+const DELIVERY_CHECK: Duration = Duration::from_millis(1);
+
+/// Whether every record sent through `producer` is delivered and its report served.
+fn all_delivered<C: ProducerContext + 'static>(producer: &ThreadedProducer<C>) -> bool {
+    producer.in_flight_count() == 0
+}
+
+/// Waits, on a blocking thread, until every record sent through `producer` is delivered and its report served;
+/// `false` after `timeout`.
+///
+/// Not `Producer::flush`: rdkafka's flush polls the report queue in 100 ms slices, and with a `ThreadedProducer`
+/// the producer's own thread takes the reports, so each slice ran to its end and every flush cost ~100 ms
+/// (docs/benchmarks.md).
+pub(crate) fn wait_delivered_blocking<C: ProducerContext + 'static>(
+    producer: &ThreadedProducer<C>,
+    timeout: Duration,
+) -> bool {
+    let deadline = Instant::now() + timeout;
+    while !all_delivered(producer) {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(DELIVERY_CHECK);
+    }
+    true
+}
+
+/// [`wait_delivered_blocking`] on the async runtime.
+pub(crate) async fn wait_delivered<C: ProducerContext + 'static>(
+    producer: &ThreadedProducer<C>,
+    timeout: Duration,
+) -> bool {
+    let deadline = tokio::time::Instant::now() + timeout;
+    while !all_delivered(producer) {
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(DELIVERY_CHECK).await;
+    }
+    true
 }

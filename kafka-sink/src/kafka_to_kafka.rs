@@ -25,6 +25,7 @@ use rdkafka::{Message, Offset, TopicPartitionList};
 
 use connector_api::SubtaskId;
 
+use crate::delivery::wait_delivered_blocking;
 use crate::registry::claim_prefix;
 use crate::{KafkaSinkConfig, classify, open_transactional_producer};
 
@@ -106,12 +107,14 @@ impl KafkaToKafka {
             &owner,
         )
         .await?;
-        // Two producers from the pool alternate: one commits while the other takes the next records.
+        // Two producers from the pool alternate: one commits while the other takes the next records. Their
+        // init_transactions (fencing earlier holders of the ids) run at once.
         let ids = sink.id_pool()?.all(SubtaskId(0));
-        let mut producers = Vec::with_capacity(2);
-        for id in ids.iter().take(2) {
-            producers.push(open_transactional_producer(&sink, id, DefaultProducerContext).await?);
-        }
+        let (first, second) = tokio::try_join!(
+            open_transactional_producer(&sink, &ids[0], DefaultProducerContext),
+            open_transactional_producer(&sink, &ids[1], DefaultProducerContext),
+        )?;
+        let producers = vec![first, second];
         let consumer: BaseConsumer = kafka
             .consumer_config()
             .set("group.id", &self.group_id)
@@ -301,13 +304,16 @@ impl KafkaToKafka {
             records,
         } = closing;
         let closing_started = Instant::now();
-        producer.flush(TXN_TIMEOUT).map_err(|e| {
-            failed(
+        if !wait_delivered_blocking(&producer, TXN_TIMEOUT) {
+            return Err(Error::new(
+                ErrorKind::Retryable,
                 Phase::PreCommit,
-                "flushing the transaction's records failed",
-                e,
-            )
-        })?;
+                format!(
+                    "transaction {number}: {} records are still undelivered after {TXN_TIMEOUT:?}",
+                    producer.in_flight_count()
+                ),
+            ));
+        }
         self.at(number, Step::AfterWrite);
         producer
             .send_offsets_to_transaction(&offsets, group, TXN_TIMEOUT)

@@ -10,7 +10,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer};
 use rdkafka::types::RDKafkaErrorCode;
 
-use crate::delivery::SinkProducer;
+use crate::delivery::{SinkProducer, wait_delivered};
 use crate::records::RecordMapping;
 use crate::{PartitionRange, classify};
 
@@ -145,18 +145,16 @@ impl RecordSender {
     /// [`MustAbort`](ErrorKind::MustAbort) when a record was not delivered; [`Retryable`](ErrorKind::Retryable)
     /// when deliveries are still outstanding after a minute.
     pub(crate) async fn flush(&mut self, producer: &SinkProducer) -> Result<Vec<PartitionRange>> {
-        let flushing = producer.clone();
-        tokio::task::spawn_blocking(move || flushing.flush(FLUSH_TIMEOUT))
-            .await
-            .expect("flush task panicked")
-            .map_err(|e| {
-                Error::new(
-                    ErrorKind::Retryable,
-                    Phase::PreCommit,
-                    "records are still undelivered after a minute",
-                )
-                .with_source(e)
-            })?;
+        if !wait_delivered(producer, FLUSH_TIMEOUT).await {
+            return Err(Error::new(
+                ErrorKind::Retryable,
+                Phase::PreCommit,
+                format!(
+                    "{} records are still undelivered after a minute",
+                    producer.in_flight_count()
+                ),
+            ));
+        }
         producer.context().take().map_err(|e| {
             Error::new(
                 ErrorKind::MustAbort,

@@ -4,12 +4,13 @@
 use std::sync::Arc;
 
 use arrow_array::builder::{
-    ArrayBuilder, BinaryBuilder, Int32Builder, Int64Builder, StringBuilder,
+    ArrayBuilder, BinaryBuilder, Int32Builder, Int64Builder, MapBuilder, StringBuilder,
 };
-use arrow_array::{ArrayRef, RecordBatch};
+use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_json::reader::{Decoder, ReaderBuilder};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use connector_api::{Error, ErrorKind, Phase, Result};
+use rdkafka::message::{BorrowedHeaders, Headers};
 
 /// How record values become rows.
 #[derive(Debug, Clone)]
@@ -25,7 +26,7 @@ pub enum Decoding {
 }
 
 impl Decoding {
-    /// The schema of the batches this decoding produces.
+    /// The schema of the batches this decoding produces (without a `headers` column).
     pub fn schema(&self) -> SchemaRef {
         match self {
             Self::Text => text_schema(),
@@ -33,6 +34,46 @@ impl Decoding {
             Self::Json(schema) => schema.clone(),
         }
     }
+
+    /// The schema with the [`headers_field`] appended when `headers` is set (raw decodings only).
+    ///
+    /// # Errors
+    /// [`Config`](ErrorKind::Config) when headers are asked of the JSON decoding, whose schema is declared.
+    pub fn schema_with_headers(&self, headers: bool) -> Result<SchemaRef> {
+        if !headers {
+            return Ok(self.schema());
+        }
+        if let Self::Json(_) = self {
+            return Err(Error::new(
+                ErrorKind::Config,
+                Phase::Setup,
+                "the Kafka source's `headers` column exists for the text and binary decodings; JSON values are \
+                 decoded into their declared schema only",
+            ));
+        }
+        let mut fields: Vec<Field> = self
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone())
+            .collect();
+        fields.push(headers_field());
+        Ok(Arc::new(Schema::new(fields)))
+    }
+}
+
+fn headers_builder() -> MapBuilder<StringBuilder, BinaryBuilder> {
+    MapBuilder::new(None, StringBuilder::new(), BinaryBuilder::new())
+}
+
+/// The `headers` column of the raw decodings when asked for: each record's headers, name -> value bytes (in
+/// order; a header without a value has a null value).
+pub fn headers_field() -> Field {
+    Field::new(
+        "headers",
+        headers_builder().finish().data_type().clone(),
+        false,
+    )
 }
 
 fn raw_schema(payload: DataType) -> SchemaRef {
@@ -97,6 +138,7 @@ pub(crate) struct RawColumns {
     partitions: Int32Builder,
     offsets: Int64Builder,
     payload: Payload,
+    headers: Option<MapBuilder<StringBuilder, BinaryBuilder>>,
     schema: SchemaRef,
 }
 
@@ -111,15 +153,17 @@ pub(crate) enum BatchBuilder {
 }
 
 impl BatchBuilder {
-    /// Builders for up to `capacity` rows (they grow beyond it if needed).
-    pub(crate) fn new(decoding: &Decoding, capacity: usize) -> Result<Self> {
+    /// Builders for up to `capacity` rows (they grow beyond it if needed), with a `headers` column if `headers`.
+    pub(crate) fn new(decoding: &Decoding, capacity: usize, headers: bool) -> Result<Self> {
+        let schema = decoding.schema_with_headers(headers)?;
         let raw = |payload| {
             Self::Raw(Box::new(RawColumns {
                 topics: StringBuilder::with_capacity(capacity, capacity * 16),
                 partitions: Int32Builder::with_capacity(capacity),
                 offsets: Int64Builder::with_capacity(capacity),
                 payload,
-                schema: decoding.schema(),
+                headers: headers.then(headers_builder),
+                schema: schema.clone(),
             }))
         };
         Ok(match decoding {
@@ -167,6 +211,7 @@ impl BatchBuilder {
         at: RecordAt<'_>,
         key: Option<&[u8]>,
         value: Option<&[u8]>,
+        headers: Option<&BorrowedHeaders>,
     ) -> Result<()> {
         match self {
             Self::Raw(raw) => {
@@ -175,6 +220,7 @@ impl BatchBuilder {
                     partitions,
                     offsets,
                     payload,
+                    headers: header_columns,
                     ..
                 } = raw.as_mut();
                 match payload {
@@ -186,6 +232,16 @@ impl BatchBuilder {
                         keys.append_option(key);
                         values.append_option(value);
                     }
+                }
+                if let Some(columns) = header_columns {
+                    for header in headers.into_iter().flat_map(|h| h.iter()) {
+                        columns.keys().append_value(header.key);
+                        columns.values().append_option(header.value);
+                    }
+                    columns.append(true).map_err(|e| {
+                        Error::new(ErrorKind::Bug, Phase::Write, "cannot append headers")
+                            .with_source(e)
+                    })?;
                 }
                 topics.append_value(at.topic);
                 partitions.append_value(at.partition);
@@ -227,6 +283,7 @@ impl BatchBuilder {
                     mut partitions,
                     mut offsets,
                     payload,
+                    headers,
                     schema,
                 } = *raw;
                 let (keys, values): (ArrayRef, ArrayRef) = match payload {
@@ -239,17 +296,17 @@ impl BatchBuilder {
                         mut values,
                     } => (Arc::new(keys.finish()), Arc::new(values.finish())),
                 };
-                RecordBatch::try_new(
-                    schema,
-                    vec![
-                        Arc::new(topics.finish()),
-                        Arc::new(partitions.finish()),
-                        Arc::new(offsets.finish()),
-                        keys,
-                        values,
-                    ],
-                )
-                .map_err(bug)
+                let mut columns: Vec<ArrayRef> = vec![
+                    Arc::new(topics.finish()),
+                    Arc::new(partitions.finish()),
+                    Arc::new(offsets.finish()),
+                    keys,
+                    values,
+                ];
+                if let Some(mut headers) = headers {
+                    columns.push(Arc::new(headers.finish()));
+                }
+                RecordBatch::try_new(schema, columns).map_err(bug)
             }
             Self::Json {
                 mut decoder,
@@ -276,7 +333,7 @@ mod tests {
 
     fn json() -> BatchBuilder {
         let schema = Arc::new(Schema::new(vec![Field::new("a", DataType::Int64, true)]));
-        BatchBuilder::new(&Decoding::Json(schema), 8).unwrap()
+        BatchBuilder::new(&Decoding::Json(schema), 8, false).unwrap()
     }
 
     fn at(offset: i64) -> RecordAt<'static> {
@@ -290,11 +347,17 @@ mod tests {
     #[test]
     fn a_json_value_must_be_exactly_one_object() {
         let mut builder = json();
-        builder.append(at(0), None, Some(br#"{"a":1}"#)).unwrap();
-        builder.append(at(1), None, Some(br#" {"a":2} "#)).unwrap();
+        builder
+            .append(at(0), None, Some(br#"{"a":1}"#), None)
+            .unwrap();
+        builder
+            .append(at(1), None, Some(br#" {"a":2} "#), None)
+            .unwrap();
         for (offset, value) in [(2, &br#"{"a":3}{"a":4}"#[..]), (3, br#"{"a":"#)] {
             let mut builder = json();
-            let err = builder.append(at(offset), None, Some(value)).unwrap_err();
+            let err = builder
+                .append(at(offset), None, Some(value), None)
+                .unwrap_err();
             assert_eq!(err.kind(), ErrorKind::BadRecord, "{err}");
             assert!(err.to_string().contains(&format!("t/0@{offset}")), "{err}");
         }
@@ -304,7 +367,7 @@ mod tests {
 
     #[test]
     fn a_tombstone_has_no_json_row() {
-        let err = json().append(at(7), Some(b"k"), None).unwrap_err();
+        let err = json().append(at(7), Some(b"k"), None, None).unwrap_err();
         assert!(err.to_string().contains("tombstone"), "{err}");
     }
 }

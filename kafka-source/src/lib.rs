@@ -5,7 +5,8 @@
 //! resumes exactly where the last durable checkpoint ends.
 //!
 //! A consumer thread of its own polls librdkafka and decodes records straight into Arrow column builders (raw key
-//! and value as text or bytes, or JSON values into a declared schema with arrow-json), so consumption goes on while
+//! and value as text or bytes, optionally the headers as a map column, or JSON values into a declared schema with
+//! arrow-json), so consumption goes on while
 //! the job writes, pre-commits and saves; at most `buffered_batches` decoded batches wait for the job
 //! (backpressure).
 //!
@@ -28,6 +29,6 @@ mod decode;
 mod reader;
 mod source;
 
-pub use decode::{Decoding, binary_schema, text_schema};
+pub use decode::{Decoding, binary_schema, headers_field, text_schema};
 pub use kafka_connection::KafkaConnection;
 pub use source::{KafkaSource, KafkaSourceOptions};

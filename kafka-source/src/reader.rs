@@ -27,6 +27,7 @@ pub(crate) struct Reader {
     pub(crate) consumer: Arc<BaseConsumer>,
     pub(crate) decoding: Decoding,
     pub(crate) batch_rows: usize,
+    pub(crate) headers: bool,
     pub(crate) max_batch_wait: Duration,
     pub(crate) closed: Arc<AtomicBool>,
 }
@@ -50,7 +51,7 @@ impl Reader {
     /// Reads up to `batch_rows` records, shipping a partial batch `max_batch_wait` after its first record. `None`
     /// when nothing arrived within one poll.
     fn read_chunk(&self) -> Result<Option<Chunk>> {
-        let mut builder = BatchBuilder::new(&self.decoding, self.batch_rows)?;
+        let mut builder = BatchBuilder::new(&self.decoding, self.batch_rows, self.headers)?;
         let mut next: Vec<(i32, i64)> = Vec::new();
         let mut deadline: Option<Instant> = None;
         while builder.len() < self.batch_rows && !self.closed.load(Ordering::Relaxed) {
@@ -73,7 +74,12 @@ impl Reader {
                 partition: message.partition(),
                 offset: message.offset(),
             };
-            builder.append(at, message.key(), message.payload())?;
+            let headers = if self.headers {
+                message.headers()
+            } else {
+                None
+            };
+            builder.append(at, message.key(), message.payload(), headers)?;
             match next.iter_mut().find(|(p, _)| *p == at.partition) {
                 Some(entry) => entry.1 = at.offset + 1,
                 None => next.push((at.partition, at.offset + 1)),

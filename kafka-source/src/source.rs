@@ -29,6 +29,7 @@ fn kafka_error(kind: ErrorKind, message: String, e: KafkaError) -> Error {
 /// | field | meaning | default |
 /// |---|---|---|
 /// | `decoding` | how records become rows ([`Decoding`]) | `Text` |
+/// | `headers` | text and binary decodings: add a `headers` column ([`headers_field`](crate::headers_field)) | false |
 /// | `batch_rows` | rows per batch at most | 8192 |
 /// | `max_batch_wait` | a partial batch is handed out this long after its first record | 50 ms |
 /// | `buffered_batches` | decoded batches waiting for the job at most (then the consumer thread waits) | 4 |
@@ -37,6 +38,8 @@ fn kafka_error(kind: ErrorKind, message: String, e: KafkaError) -> Error {
 pub struct KafkaSourceOptions {
     /// How records become rows.
     pub decoding: Decoding,
+    /// Add a `headers` column (text and binary decodings).
+    pub headers: bool,
     /// Rows per batch at most.
     pub batch_rows: usize,
     /// How long a partial batch waits for more records.
@@ -52,6 +55,7 @@ impl Default for KafkaSourceOptions {
     fn default() -> Self {
         Self {
             decoding: Decoding::Text,
+            headers: false,
             batch_rows: 8192,
             max_batch_wait: Duration::from_millis(50),
             buffered_batches: 4,
@@ -186,11 +190,12 @@ impl KafkaSource {
         let consumer = Arc::new(consumer);
         let closed = Arc::new(AtomicBool::new(false));
         let (sender, chunks) = mpsc::channel(options.buffered_batches);
-        let schema = options.decoding.schema();
+        let schema = options.decoding.schema_with_headers(options.headers)?;
         let reader = Reader {
             consumer: consumer.clone(),
             decoding: options.decoding,
             batch_rows: options.batch_rows,
+            headers: options.headers,
             max_batch_wait: options.max_batch_wait,
             closed: closed.clone(),
         };

@@ -239,3 +239,85 @@ async fn bytes_that_are_not_utf8_are_refused_as_text_and_kept_as_binary() {
     assert_eq!(values, [b"fine".to_vec(), vec![0xff, 0xfe, 0x00]]);
     assert_eq!(binary.positions()[0].next_offset, 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headers_come_as_a_map_column_when_asked_for() {
+    use rdkafka::message::{Header, OwnedHeaders};
+
+    let topic = topic("source-headers", 1).await;
+    let plain = producer(None);
+    let headers = OwnedHeaders::new()
+        .insert(Header {
+            key: "trace",
+            value: Some(&b"abc"[..]),
+        })
+        .insert(Header::<&[u8]> {
+            key: "empty",
+            value: None,
+        });
+    plain
+        .send(
+            BaseRecord::<[u8], [u8]>::to(&topic)
+                .payload(&b"with headers"[..])
+                .headers(headers),
+        )
+        .map_err(|(e, _)| e)
+        .unwrap();
+    send(&plain, &topic, 0, b"without");
+    plain.flush(Duration::from_secs(30)).unwrap();
+
+    let kafka = KafkaConnection::plaintext(bootstrap());
+    let options = KafkaSourceOptions {
+        headers: true,
+        ..KafkaSourceOptions::default()
+    };
+    let mut source = KafkaSource::open_with(&kafka, &topic, &[], options).unwrap();
+    assert_eq!(
+        source.schema().field_with_name("headers").unwrap(),
+        &kafka_source::headers_field()
+    );
+    let batches = read_rows(&mut source, 2).await;
+    let rows: Vec<Vec<(String, Option<Vec<u8>>)>> = batches
+        .iter()
+        .flat_map(|batch| {
+            let map = batch.column_by_name("headers").unwrap().as_map().clone();
+            (0..map.len())
+                .map(|row| {
+                    let entries = map.value(row);
+                    let keys = entries.column(0).as_string::<i32>();
+                    let values = entries.column(1).as_binary::<i32>();
+                    (0..entries.len())
+                        .map(|i| {
+                            let value = (!values.is_null(i)).then(|| values.value(i).to_vec());
+                            (keys.value(i).to_string(), value)
+                        })
+                        .collect()
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            vec![
+                ("trace".to_string(), Some(b"abc".to_vec())),
+                ("empty".to_string(), None)
+            ],
+            vec![]
+        ]
+    );
+
+    let json = KafkaSourceOptions {
+        headers: true,
+        decoding: Decoding::Json(Arc::new(Schema::new(vec![Field::new(
+            "a",
+            DataType::Int64,
+            true,
+        )]))),
+        ..KafkaSourceOptions::default()
+    };
+    let err = KafkaSource::open_with(&kafka, &topic, &[], json)
+        .err()
+        .unwrap();
+    assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+}
