@@ -2,7 +2,8 @@
 
 use connector_api::{Error, ErrorKind, Phase, Result, SinkId, SubtaskId};
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{Client, NoTls};
+use connector_api::postgres::PgConnectOptions;
+use tokio_postgres::Client;
 
 use crate::Xid;
 
@@ -58,20 +59,17 @@ pub struct PgPreparedTransactions {
 }
 
 impl PgPreparedTransactions {
-    /// Connects to `url` (`postgres://user:password@host:port/db`) and makes sure the marker table exists.
+    /// Connects to `url` (a libpq URL with `sslmode` and friends, the password from the URL or `PGPASSWORD`: see
+    /// [`PgConnectOptions`]) and makes sure the marker table exists.
     ///
     /// # Errors
-    /// [`Config`](ErrorKind::Config) when the server has `max_prepared_transactions = 0`: PREPARE TRANSACTION
-    /// would fail at the first checkpoint, so this fails at start instead, naming the setting.
+    /// [`Config`](ErrorKind::Config) for a malformed URL or unusable TLS settings, and when the server has
+    /// `max_prepared_transactions = 0`: PREPARE TRANSACTION would fail at the first checkpoint, so this fails at
+    /// start instead, naming the setting. [`Retryable`](ErrorKind::Retryable) when the server cannot be reached.
     pub async fn connect(url: &str) -> Result<Self> {
-        let (client, connection) = tokio_postgres::connect(url, NoTls)
-            .await
-            .map_err(|e| pg_error(Phase::Setup, None, "cannot connect to PostgreSQL", e))?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::warn!(error = %e, "PostgreSQL connection ended");
-            }
-        });
+        let client = PgConnectOptions::parse(url)?
+            .connect(Phase::Setup, "a connection to PostgreSQL")
+            .await?;
         let max: String = client
             .query_one("SHOW max_prepared_transactions", &[])
             .await
