@@ -1,9 +1,9 @@
 //! PostgreSQL prepared transactions (`PREPARE TRANSACTION` / `COMMIT PREPARED` / `ROLLBACK PREPARED`).
 
-use connector_api::{Error, ErrorKind, Phase, Result, SinkId, SubtaskId};
-use tokio_postgres::error::SqlState;
 use connector_api::postgres::PgConnectOptions;
+use connector_api::{Error, ErrorKind, Phase, Result, SinkId, SubtaskId};
 use tokio_postgres::Client;
+use tokio_postgres::error::SqlState;
 
 use crate::Xid;
 

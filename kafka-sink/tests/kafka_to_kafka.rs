@@ -103,3 +103,73 @@ async fn killed_mid_transaction_then_resumed_copies_every_record_once() {
         assert_eq!(values, expected, "{step}");
     }
 }
+
+/// A zombie: the first pipeline stalls after sending transaction 2's offsets (a long GC pause, a stopped VM) while
+/// a replacement starts on the same group and prefix. The replacement's `init_transactions` on both ids fences the
+/// stalled one: its commit fails, its open transaction is aborted, and the replacement resumes from the offsets of
+/// transaction 1. Every source record lands exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_pipeline_is_fenced_by_its_replacement() {
+    if std::env::var(CHILD).is_ok() {
+        return;
+    }
+    let services = Services::get();
+    let bootstrap = services.kafka_bootstrap();
+    let source = integration::unique_name("k2k-zombie-source");
+    let target = integration::unique_name("k2k-zombie-target");
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("enable.idempotence", "true")
+        .create()
+        .unwrap();
+    for i in 0..RECORDS {
+        let (key, value) = (format!("k{i}"), format!("v{i}"));
+        producer
+            .send(
+                FutureRecord::to(&source).key(&key).payload(&value),
+                Duration::from_secs(30),
+            )
+            .await
+            .unwrap();
+    }
+
+    // The zombie stalls inside transaction 2's commit until the replacement has finished.
+    let (stalled_tx, stalled_rx) = std::sync::mpsc::channel::<()>();
+    let (resume_tx, resume_rx) = std::sync::mpsc::channel::<()>();
+    let resume_rx = std::sync::Mutex::new(resume_rx);
+    let mut zombie = pipeline(&source, &target);
+    zombie.hook = Some(Arc::new(move |number, at| {
+        if number == 2 && at == Step::AfterPreCommit {
+            stalled_tx.send(()).unwrap();
+            resume_rx.lock().unwrap().recv().unwrap();
+        }
+    }));
+    let zombie_run = tokio::spawn(async move { zombie.run().await });
+    tokio::task::spawn_blocking(move || stalled_rx.recv().unwrap())
+        .await
+        .unwrap();
+
+    let replacement = pipeline(&source, &target).run().await.unwrap();
+    resume_tx.send(()).unwrap();
+    let zombie_outcome = zombie_run.await.unwrap();
+    let err = zombie_outcome.expect_err("the stalled pipeline's commit must be fenced");
+    assert_eq!(
+        err.kind(),
+        connector_api::ErrorKind::Fenced,
+        "{}",
+        connector_api::Report(&err)
+    );
+    assert!(replacement.records > 0, "{replacement:?}");
+
+    let seen = services.verify("kafka_read_committed.py", &[bootstrap, &target]);
+    let mut values: Vec<String> = seen["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["value"].as_str().unwrap().to_string())
+        .collect();
+    values.sort();
+    let mut expected: Vec<String> = (0..RECORDS).map(|i| format!("v{i}")).collect();
+    expected.sort();
+    assert_eq!(values, expected, "every source record exactly once");
+}
