@@ -85,23 +85,27 @@ async fn killed_mid_transaction_then_resumed_copies_every_record_once() {
             "{step}: the second run resumes, {stats:?}"
         );
 
-        let seen = services.verify("kafka_read_committed.py", &[bootstrap, &target]);
-        let mut values: Vec<String> = seen["records"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|r| r["value"].as_str().unwrap().to_string())
-            .collect();
-        values.sort();
-        let mut expected: Vec<String> = (0..RECORDS).map(|i| format!("v{i}")).collect();
-        expected.sort();
-        assert_eq!(
-            values.len(),
-            RECORDS,
-            "{step}: every source record exactly once"
-        );
-        assert_eq!(values, expected, "{step}");
+        assert_every_record_once(&target, &step.to_string());
     }
+}
+
+/// What the independent read_committed verifier sees in `target`: every source value exactly once.
+fn assert_every_record_once(target: &str, case: &str) {
+    let services = Services::get();
+    let seen = services.verify(
+        "kafka_read_committed.py",
+        &[services.kafka_bootstrap(), target],
+    );
+    let mut values: Vec<String> = seen["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["value"].as_str().unwrap().to_string())
+        .collect();
+    values.sort();
+    let mut expected: Vec<String> = (0..RECORDS).map(|i| format!("v{i}")).collect();
+    expected.sort();
+    assert_eq!(values, expected, "{case}: every source record exactly once");
 }
 
 /// A zombie: the first pipeline stalls after sending transaction 2's offsets (a long GC pause, a stopped VM) while
@@ -161,15 +165,5 @@ async fn a_stalled_pipeline_is_fenced_by_its_replacement() {
     );
     assert!(replacement.records > 0, "{replacement:?}");
 
-    let seen = services.verify("kafka_read_committed.py", &[bootstrap, &target]);
-    let mut values: Vec<String> = seen["records"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["value"].as_str().unwrap().to_string())
-        .collect();
-    values.sort();
-    let mut expected: Vec<String> = (0..RECORDS).map(|i| format!("v{i}")).collect();
-    expected.sort();
-    assert_eq!(values, expected, "every source record exactly once");
+    assert_every_record_once(&target, "zombie");
 }
