@@ -49,12 +49,15 @@ impl Reader {
     }
 
     /// Reads up to `batch_rows` records, shipping a partial batch `max_batch_wait` after its first record. `None`
-    /// when nothing arrived within one poll.
+    /// when nothing arrived within one poll. The builders are made on the first record, so an idle source
+    /// allocates nothing.
     fn read_chunk(&self) -> Result<Option<Chunk>> {
-        let mut builder = BatchBuilder::new(&self.decoding, self.batch_rows, self.headers)?;
+        let mut builder: Option<BatchBuilder> = None;
         let mut next: Vec<(i32, i64)> = Vec::new();
         let mut deadline: Option<Instant> = None;
-        while builder.len() < self.batch_rows && !self.closed.load(Ordering::Relaxed) {
+        while builder.as_ref().map_or(0, BatchBuilder::len) < self.batch_rows
+            && !self.closed.load(Ordering::Relaxed)
+        {
             let message = match next_message(&self.consumer, deadline) {
                 Polled::Message(message) => message,
                 Polled::Nothing if deadline.is_none() => return Ok(None),
@@ -79,6 +82,14 @@ impl Reader {
             } else {
                 None
             };
+            let builder = match &mut builder {
+                Some(builder) => builder,
+                None => builder.insert(BatchBuilder::new(
+                    &self.decoding,
+                    self.batch_rows,
+                    self.headers,
+                )?),
+            };
             builder.append(at, message.key(), message.payload(), headers)?;
             match next.iter_mut().find(|(p, _)| *p == at.partition) {
                 Some(entry) => entry.1 = at.offset + 1,
@@ -91,9 +102,9 @@ impl Reader {
                 break;
             }
         }
-        if builder.len() == 0 {
+        let Some(builder) = builder else {
             return Ok(None);
-        }
+        };
         Ok(Some(Chunk {
             batch: builder.finish()?,
             next,
