@@ -176,6 +176,13 @@ impl PgConnectOptions {
         Ok(Self { config, tls })
     }
 
+    /// The same options with `password` (for a password kept out of the URL, e.g. read from an environment
+    /// variable the job names).
+    pub fn with_password(mut self, password: &str) -> Self {
+        self.config.password(password);
+        self
+    }
+
     /// The connection settings (host, user, database, `sslmode`, ...).
     pub fn config(&self) -> &tokio_postgres::Config {
         &self.config

@@ -1,28 +1,73 @@
-//! Exactly-once relational sink over prepared (XA-style) transactions.
+//! Exactly-once relational sink: PostgreSQL and MariaDB/MySQL, through prepared (XA) transactions or idempotent
+//! upserts.
 //!
-//! This release has the PostgreSQL transaction machinery the sink stands on: deterministic transaction ids
-//! ([`Xid`]), prepare / commit-prepared / rollback-prepared with idempotent commit, listing the prepared
-//! transactions a sink instance owns, and a commit marker that answers "was this transaction committed?" even
-//! after the prepared transaction is gone ([`PgPreparedTransactions`]).
+//! [`JdbcSink`] writes Arrow batches into a table, one database transaction per checkpoint and subtask, in one of
+//! three [`WriteMode`]s: `xa` (prepared transactions, exactly once), `upsert` (`ON CONFLICT` / `ON DUPLICATE KEY`,
+//! effectively exactly once without XA) and `append` with a dedup table (PostgreSQL). Build it from a job file with
+//! [`JdbcSinkFactory`] (`type = "jdbc"`).
 //!
-//! # Mechanism
-//! Each checkpoint's rows are written in one transaction that also inserts a marker row
-//! `(sink, subtask, checkpoint)` into `ratchet_commits`, then `PREPARE TRANSACTION '<xid>'` makes it durable and
-//! detaches it from the session. Any session can `COMMIT PREPARED` it later. If the prepared transaction is gone,
-//! the marker row tells committed (row present) from rolled back (row absent). PostgreSQL needs
-//! `max_prepared_transactions > 0` (the test server runs with 128).
-//!
-//! # Failure table
-//! | crash point | state in PostgreSQL | recovery |
+//! # The xa mode
+//! | step | PostgreSQL | MariaDB / MySQL |
 //! |---|---|---|
-//! | before `PREPARE` | the session's transaction is rolled back by the server | nothing to do; replay |
-//! | after `PREPARE`, before the checkpoint record is durable | prepared, not in the record | `ROLLBACK PREPARED` |
-//! | after the record is durable, before `COMMIT PREPARED` | prepared, in the record | `COMMIT PREPARED` |
-//! | after `COMMIT PREPARED` | gone, marker row present | nothing: already committed |
+//! | `begin(N)` | `BEGIN` | `XA START '<xid>'` |
+//! | `write` | binary `COPY .. FROM STDIN` into the table | multi-row prepared `INSERT` (up to 2000 rows each) |
+//! | `pre_commit(N)` | owner check, marker row, `PREPARE TRANSACTION '<xid>'` | owner check, marker row, `XA END`, `XA PREPARE` |
+//! | `commit` (any process) | `COMMIT PREPARED '<xid>'` | `XA COMMIT '<xid>'` |
+//! | `recover` | `pg_prepared_xacts`: commit the restored ones, roll back the rest | `XA RECOVER`: the same |
+//!
+//! `<xid>` is `ratchet.<sink>.<subtask>.<checkpoint>` ([`Xid`]). The **marker row** `(sink, subtask,
+//! checkpoint)` in `ratchet_xa_commits` is written inside the transaction, so it is visible exactly when the
+//! transaction committed: committing an xid that is no longer prepared succeeds when its marker is visible
+//! (committed before) and fails naming the lost checkpoint when it is not (rolled back outside Ratchet), never by
+//! guessing.
+//!
+//! | crash point | state in the database | recovery |
+//! |---|---|---|
+//! | before `pre_commit` | an open transaction; the server rolls it back with the connection | nothing; replay |
+//! | after `pre_commit`, before the checkpoint record is durable | prepared, in no record | rolled back |
+//! | after the record is durable, before commit | prepared, in the record | committed |
+//! | after commit | gone, marker visible | nothing: already committed |
+//!
+//! # Fencing: the owner row
+//! `ratchet_sink_owners` holds one row per sink subtask with an owner epoch. `recover` raises it (after resolving
+//! prepared transactions), and every checkpoint transaction updates the row *where the epoch is still its own*
+//! just before it prepares or commits. So an older instance (a zombie resumed after its replacement recovered, or
+//! the loser of two starts) matches nothing and fails [`Fenced`](connector_api::ErrorKind::Fenced) with its
+//! transaction rolled back: it can neither prepare nor apply anything after a newer recovery. The update's row
+//! lock lasts until the transaction ends (a prepared transaction keeps it), so the epoch raise of a recovery waits
+//! for a transaction that passed its check just before; recovery then lists and resolves again (up to 15 times,
+//! `lock_timeout` each). One consequence: checkpoint N+1's pre-commit waits for checkpoint N's commit to release
+//! the row, which the driver starts right after N's record is durable (milliseconds).
+//!
+//! # Upsert and append modes
+//! One ordinary transaction per checkpoint: rows are staged (PostgreSQL: binary COPY into a session temporary
+//! table; MariaDB: multi-row `INSERT .. ON DUPLICATE KEY UPDATE`), merged with one `INSERT .. SELECT .. ON
+//! CONFLICT` per flush, and committed at pre-commit together with the owner row's `checkpoint` (the progress row,
+//! which [`JdbcCommitter::is_committed`](connector_api::Committer::is_committed) reads). Rows of a checkpoint
+//! whose record never became durable may be visible before the replay writes them again with the same effect:
+//! *effectively* exactly once. In the append mode, a dedup table of message ids written in the same transaction
+//! drops replayed rows; ids older than `retention` are deleted (a replay reaching further back would duplicate).
+//!
+//! # Row locks of prepared transactions
+//! A prepared transaction keeps the locks of the rows it wrote until it is committed, typically one checkpoint
+//! interval: another writer updating those rows (or inserting the same unique key) waits that long. After a crash
+//! it waits until recovery resolves the transaction; `pg_prepared_xacts` / `XA RECOVER` list them.
+//!
+//! # Types
+//! See the table in `columns.rs` (Arrow to SQL); unsupported Arrow types are refused at start naming the column.
 #![deny(missing_docs)]
 
+mod columns;
+mod config;
+mod database;
+mod factory;
+mod mysql;
 mod pg;
+mod sink;
 mod xid;
 
-pub use pg::{CommitOutcome, PgPreparedTransactions};
+pub use config::{ConnectionConfig, DedupConfig, Dialect, JdbcSinkConfig, WriteMode, redact_url};
+pub use database::CommitOutcome;
+pub use factory::{DEFAULT_LOCK_TIMEOUT, JdbcSinkFactory, JdbcSinkSettings};
+pub use sink::{JdbcCommittable, JdbcCommitter, JdbcSink};
 pub use xid::Xid;

@@ -4,14 +4,15 @@ use std::fmt;
 
 use connector_api::{CheckpointId, SinkId, SubtaskId};
 
-/// The global id of one sink instance's prepared transaction for one checkpoint: `ratchet.<sink>.<subtask>.<cp>`.
+/// The global id of one sink instance's prepared transaction for one checkpoint: `ratchet.<scope>.<subtask>.<cp>`.
 ///
-/// The `.` separator cannot occur in a [`SinkId`], so the id parses back unambiguously and one instance's ids are
+/// The scope is the sink's id unless the job sets another (two jobs writing into one database need different
+/// scopes). The `.` separator cannot occur in it, so the id parses back unambiguously and one instance's ids are
 /// never mistaken for another's.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Xid {
-    /// The owning sink.
-    pub sink: SinkId,
+    /// The owning sink's scope (its id unless configured).
+    pub scope: SinkId,
     /// The owning subtask.
     pub subtask: SubtaskId,
     /// The checkpoint the transaction belongs to.
@@ -22,18 +23,23 @@ const PREFIX: &str = "ratchet.";
 
 impl Xid {
     /// The prefix shared by every xid of one sink instance (for listing what it owns).
-    pub fn owner_prefix(sink: &SinkId, subtask: SubtaskId) -> String {
-        format!("{PREFIX}{sink}.{subtask}.")
+    pub fn owner_prefix(scope: &SinkId, subtask: SubtaskId) -> String {
+        format!("{PREFIX}{scope}.{subtask}.")
+    }
+
+    /// The prefix shared by every xid of one sink, all subtasks (for recovery after the subtask count changed).
+    pub fn sink_prefix(scope: &SinkId) -> String {
+        format!("{PREFIX}{scope}.")
     }
 
     /// Parses an xid written by [`Xid`]'s `Display`; `None` for ids Ratchet did not write.
     pub fn parse(gid: &str) -> Option<Xid> {
         let mut parts = gid.strip_prefix(PREFIX)?.split('.');
-        let sink = SinkId::new(parts.next()?).ok()?;
+        let scope = SinkId::new(parts.next()?).ok()?;
         let subtask = SubtaskId(parts.next()?.parse().ok()?);
         let checkpoint = CheckpointId(parts.next()?.parse().ok()?);
         parts.next().is_none().then_some(Xid {
-            sink,
+            scope,
             subtask,
             checkpoint,
         })
@@ -45,7 +51,7 @@ impl fmt::Display for Xid {
         write!(
             f,
             "{}{}",
-            Self::owner_prefix(&self.sink, self.subtask),
+            Self::owner_prefix(&self.scope, self.subtask),
             self.checkpoint
         )
     }
@@ -58,7 +64,7 @@ mod tests {
     #[test]
     fn round_trips_and_rejects_foreign_ids() {
         let xid = Xid {
-            sink: SinkId::new("orders-db").unwrap(),
+            scope: SinkId::new("orders-db").unwrap(),
             subtask: SubtaskId(2),
             checkpoint: CheckpointId(41),
         };

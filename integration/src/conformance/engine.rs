@@ -264,7 +264,7 @@ async fn run_scenario<T: ConformanceTarget>(
         .await
         .map_err(|e| format!("close after the final recovery: {}", ErrorReport(&e)))?;
     for sink in sinks() {
-        job.expect_visible(&sink, records, "at the end").await?;
+        job.expect_exactly(&sink, records, "at the end").await?;
         let leftovers = target
             .leftovers(run, &sink)
             .await
@@ -298,8 +298,52 @@ pub(super) struct Job<'a, T> {
 pub(super) type Started = (Driver<HarnessStore>, i64);
 
 impl<T: ConformanceTarget> Job<'_, T> {
-    /// Checks that `sink` shows records `0..upto`, each exactly once.
+    /// Checks what `sink` shows at an intermediate point (after a restart, after an abort): records `0..upto`,
+    /// each exactly once; for a target whose rows become visible at pre-commit
+    /// ([`Conformance::visible_at_pre_commit`]), also any later records, each at most once.
     pub(super) async fn expect_visible(
+        &self,
+        sink: &SinkId,
+        upto: i64,
+        when: &str,
+    ) -> Result<(), String> {
+        if !self.config.visible_at_pre_commit {
+            return self.expect_exactly(sink, upto, when).await;
+        }
+        let mut ids = self
+            .target
+            .visible_ids(self.run, sink)
+            .await
+            .map_err(|e| format!("reading sink {sink} {when}: {}", ErrorReport(&e)))?;
+        ids.sort_unstable();
+        let below = ids.partition_point(|id| *id < upto);
+        let expected: Vec<i64> = (0..upto).collect();
+        let mut duplicates: Vec<i64> = ids
+            .windows(2)
+            .filter(|p| p[0] == p[1])
+            .map(|p| p[0])
+            .collect();
+        duplicates.dedup();
+        let out_of_range: Vec<i64> = ids
+            .iter()
+            .copied()
+            .filter(|id| *id < 0 || *id >= self.records)
+            .collect();
+        if ids[..below] == expected[..] && duplicates.is_empty() && out_of_range.is_empty() {
+            return Ok(());
+        }
+        Err(format!(
+            "sink {sink} {when}: expected records 0..{upto} once each (and later ones at most once), saw {} rows: \
+             duplicates {:?}, not from the source {:?}, {} of 0..{upto} visible",
+            ids.len(),
+            head(&duplicates),
+            head(&out_of_range),
+            below
+        ))
+    }
+
+    /// Checks that `sink` shows records `0..upto`, each exactly once.
+    pub(super) async fn expect_exactly(
         &self,
         sink: &SinkId,
         upto: i64,

@@ -99,6 +99,11 @@ pub struct Conformance {
     pub random_records: i64,
     /// A deliberately broken checkpoint store, to prove the harness (`None` for every real run).
     pub store_bug: Option<StoreBug>,
+    /// The sink makes a checkpoint's rows visible at pre-commit, idempotently (an upsert table, an append with a
+    /// dedup table): after a restart or an abort it may already show records beyond the restored checkpoint, each
+    /// at most once, which the replay then writes again with no further effect. The end state is checked exactly
+    /// as for every sink. `false` for every transactional sink.
+    pub visible_at_pre_commit: bool,
 }
 
 impl Default for Conformance {
@@ -111,6 +116,7 @@ impl Default for Conformance {
             random_runs: 2,
             random_records: 1_500,
             store_bug: None,
+            visible_at_pre_commit: false,
         }
     }
 }

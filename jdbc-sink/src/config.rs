@@ -1,0 +1,202 @@
+//! What a JDBC sink instance is configured with.
+
+use std::time::Duration;
+
+use arrow_schema::SchemaRef;
+use connector_api::{Error, ErrorKind, Phase, Result, SinkId, SubtaskId};
+use serde::Deserialize;
+
+/// Which database a connection URL points at, from its scheme.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    /// `postgres://` or `postgresql://`.
+    Postgres,
+    /// `mysql://` or `mariadb://` (MariaDB 10.5 or newer for XA mode).
+    MySql,
+}
+
+impl Dialect {
+    /// The dialect of `url`.
+    ///
+    /// # Errors
+    /// [`Config`](ErrorKind::Config) for any other scheme.
+    pub fn of_url(url: &str) -> Result<Self> {
+        let scheme = url.split_once("://").map(|(s, _)| s).unwrap_or("");
+        match scheme {
+            "postgres" | "postgresql" => Ok(Dialect::Postgres),
+            "mysql" | "mariadb" => Ok(Dialect::MySql),
+            _ => Err(config_error(
+                "the url must start with postgres://, postgresql://, mysql:// or mariadb://",
+            )),
+        }
+    }
+}
+
+/// How rows reach the table, and so what the sink's exactly-once rests on.
+///
+/// | mode | transaction per checkpoint | visible | exactly once because |
+/// |---|---|---|---|
+/// | `xa` | prepared (`PREPARE TRANSACTION` / `XA PREPARE`) at pre-commit, committed once the checkpoint record is durable | at commit | the commit decision is the checkpoint record; recovery commits or rolls back what is prepared |
+/// | `upsert` | ordinary, committed at pre-commit | at pre-commit | replayed rows overwrite themselves (last write per key wins) |
+/// | `append` with `dedup` | ordinary, committed at pre-commit | at pre-commit | a dedup table of message ids, written in the same transaction, drops replayed rows |
+///
+/// The upsert and append modes are *effectively* exactly-once: after a crash before the checkpoint record was
+/// durable, readers may already see rows of that checkpoint; the replay writes them again with the same effect.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum WriteMode {
+    /// Prepared (XA) transactions; rows are appended (binary COPY on PostgreSQL, multi-row INSERT on MariaDB).
+    Xa,
+    /// `INSERT .. ON CONFLICT (key) DO UPDATE` / `ON DUPLICATE KEY UPDATE` in an ordinary transaction.
+    Upsert {
+        /// The key columns (a primary key or unique index on the table).
+        key: Vec<String>,
+    },
+    /// Appends, dropping rows whose message id is already in the dedup table.
+    Append {
+        /// The idempotent-consumer table.
+        dedup: DedupConfig,
+    },
+}
+
+/// The dedup table of the append mode.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct DedupConfig {
+    /// The column holding each row's message id (unique per source record).
+    pub message_id: String,
+    /// The table of seen ids (default `<table>_ratchet_dedup`).
+    #[serde(default)]
+    pub table: Option<String>,
+    /// How long a seen id is remembered; a replay of records older than this would be written again.
+    #[serde(with = "humantime_serde", default = "default_retention")]
+    pub retention: Duration,
+}
+
+fn default_retention() -> Duration {
+    Duration::from_secs(7 * 24 * 3600)
+}
+
+/// A JDBC sink instance: where it writes and how.
+#[derive(Debug, Clone)]
+pub struct JdbcSinkConfig {
+    /// The sink's id: scopes its transaction ids, markers and owner row.
+    pub sink: SinkId,
+    /// Scopes the sink's transaction ids, owner rows and markers in the database: the sink id unless set. Two
+    /// jobs writing into one database with sinks of the same id need different scopes.
+    pub scope: SinkId,
+    /// The subtask this instance serves.
+    pub subtask: SubtaskId,
+    /// The schema of the batches it is given.
+    pub schema: SchemaRef,
+    /// The connection settings.
+    pub connection: ConnectionConfig,
+    /// The target table (`name` or `schema.name`).
+    pub table: String,
+    /// How rows are written.
+    pub mode: WriteMode,
+    /// Create the table from the Arrow schema when it does not exist.
+    pub create_table: bool,
+    /// How long recovery waits for a row lock on the owner row before it looks for prepared transactions again.
+    pub lock_timeout: Duration,
+}
+
+/// Where the database is and how to log in.
+#[derive(Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ConnectionConfig {
+    /// `postgres://user@host:port/db?sslmode=verify-full&sslrootcert=ca.pem` or `mysql://user@host:port/db`.
+    /// A password may be in the URL, but prefer `password_env`.
+    pub url: String,
+    /// The environment variable holding the password (PostgreSQL also reads `PGPASSWORD` when neither is given).
+    #[serde(default)]
+    pub password_env: Option<String>,
+}
+
+impl std::fmt::Debug for ConnectionConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectionConfig")
+            .field("url", &redact_url(&self.url))
+            .field("password_env", &self.password_env)
+            .finish()
+    }
+}
+
+impl ConnectionConfig {
+    /// A connection to `url`, password from the URL (or `PGPASSWORD`).
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            password_env: None,
+        }
+    }
+
+    /// The password from `password_env`, when one is named.
+    ///
+    /// # Errors
+    /// [`Config`](ErrorKind::Config) naming the variable when it is not set.
+    pub fn password(&self) -> Result<Option<String>> {
+        match &self.password_env {
+            None => Ok(None),
+            Some(name) => std::env::var(name).map(Some).map_err(|_| {
+                config_error(format!(
+                    "password_env names {name}, which is not set: export it before starting the job"
+                ))
+            }),
+        }
+    }
+}
+
+/// `url` with any password replaced by `***`, for messages and logs.
+pub fn redact_url(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut parsed) if parsed.password().is_some() => {
+            let _ = parsed.set_password(Some("***"));
+            parsed.to_string()
+        }
+        Ok(parsed) => parsed.to_string(),
+        Err(_) => "<unparsable url>".to_string(),
+    }
+}
+
+pub(crate) fn config_error(message: impl Into<String>) -> Error {
+    Error::new(ErrorKind::Config, Phase::Setup, message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_parse_and_urls_never_show_passwords() {
+        let mode: WriteMode = serde_json::from_value(serde_json::json!({
+            "kind": "append", "dedup": {"message_id": "id", "retention": "2days"}
+        }))
+        .unwrap();
+        assert_eq!(
+            mode,
+            WriteMode::Append {
+                dedup: DedupConfig {
+                    message_id: "id".into(),
+                    table: None,
+                    retention: Duration::from_secs(2 * 86400)
+                }
+            }
+        );
+        let err = serde_json::from_value::<WriteMode>(
+            serde_json::json!({"kind": "upsert", "keys": ["id"]}),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("keys"), "{err}");
+        let shown = format!(
+            "{:?}",
+            ConnectionConfig::new("mysql://ratchet:s3cret@127.0.0.1:3306/db")
+        );
+        assert!(
+            !shown.contains("s3cret") && shown.contains("***"),
+            "{shown}"
+        );
+        assert_eq!(Dialect::of_url("mariadb://h/db").unwrap(), Dialect::MySql);
+        assert!(Dialect::of_url("jdbc:postgresql://h/db").is_err());
+    }
+}

@@ -1,0 +1,108 @@
+//! The JDBC sink in a job file: `[[sinks]]` entries with `type = "jdbc"`.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use connector_api::{
+    DeliveryGuarantee, DynSink, Result, SinkContext, SinkFactory, SinkId, parse_settings,
+};
+use serde::Deserialize;
+
+use crate::JdbcSink;
+use crate::config::{ConnectionConfig, JdbcSinkConfig, WriteMode};
+
+/// The settings of a JDBC sink in a job file.
+///
+/// | key | meaning | default |
+/// |---|---|---|
+/// | `url` | `postgres://user@host:port/db?sslmode=..` or `mysql://user@host:port/db` (no password here, ideally) | required |
+/// | `password_env` | the environment variable holding the password | none (PostgreSQL: `PGPASSWORD`) |
+/// | `table` | the target table, `name` or `schema.name` | required |
+/// | `mode` | `{ kind = "xa" }`, `{ kind = "upsert", key = ["id"] }` or `{ kind = "append", dedup = { message_id = "id", retention = "7days" } }` | xa |
+/// | `create_table` | create the table from the batches' schema when missing | false |
+/// | `scope` | scopes transaction ids, owner and marker rows in the database (unique per job and sink there) | the sink id |
+/// | `lock_timeout` | how long recovery waits for the owner row before resolving prepared transactions again | 2s |
+///
+/// ```toml
+/// [[sinks]]
+/// type = "jdbc"
+/// id = "orders-db"
+/// delivery = "exactly-once"
+/// url = "postgres://ratchet@127.0.0.1:15432/ratchet?sslmode=verify-full&sslrootcert=/etc/ratchet/ca.pem"
+/// password_env = "ORDERS_DB_PASSWORD"
+/// table = "orders"
+/// mode = { kind = "upsert", key = ["id"] }
+/// ```
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JdbcSinkSettings {
+    /// The connection URL.
+    pub url: String,
+    /// The environment variable holding the password.
+    #[serde(default)]
+    pub password_env: Option<String>,
+    /// The target table.
+    pub table: String,
+    /// How rows are written.
+    #[serde(default = "default_mode")]
+    pub mode: WriteMode,
+    /// Create the table when missing.
+    #[serde(default)]
+    pub create_table: bool,
+    /// Scopes transaction ids and Ratchet's rows in the database.
+    #[serde(default)]
+    pub scope: Option<SinkId>,
+    /// Recovery's wait for the owner row.
+    #[serde(with = "humantime_serde", default = "default_lock_timeout")]
+    pub lock_timeout: Duration,
+}
+
+fn default_mode() -> WriteMode {
+    WriteMode::Xa
+}
+
+/// Recovery's default wait for the owner row.
+pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(2);
+
+fn default_lock_timeout() -> Duration {
+    DEFAULT_LOCK_TIMEOUT
+}
+
+/// Builds [`JdbcSink`]s from [`JdbcSinkSettings`].
+///
+/// At-least-once commits each checkpoint's transaction at pre-commit ([`GuaranteedSink`](connector_api::GuaranteedSink));
+/// in xa mode that still prepares first, so it is not cheaper than exactly-once; upsert and append are already
+/// committed at pre-commit and behave the same under every guarantee except that at-most-once never replays.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct JdbcSinkFactory;
+
+#[async_trait]
+impl SinkFactory for JdbcSinkFactory {
+    fn kind(&self) -> &'static str {
+        "jdbc"
+    }
+
+    async fn build(
+        &self,
+        settings: serde_json::Value,
+        delivery: DeliveryGuarantee,
+        context: SinkContext,
+    ) -> Result<DynSink> {
+        let settings: JdbcSinkSettings = parse_settings(&context.sink, self.kind(), settings)?;
+        let config = JdbcSinkConfig {
+            scope: settings.scope.unwrap_or_else(|| context.sink.clone()),
+            sink: context.sink,
+            subtask: context.subtask,
+            schema: context.schema,
+            connection: ConnectionConfig {
+                url: settings.url,
+                password_env: settings.password_env,
+            },
+            table: settings.table,
+            mode: settings.mode,
+            create_table: settings.create_table,
+            lock_timeout: settings.lock_timeout,
+        };
+        Ok(DynSink::new(JdbcSink::new(config).await?, delivery))
+    }
+}

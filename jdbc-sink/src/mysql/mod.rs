@@ -1,0 +1,130 @@
+//! MariaDB / MySQL: `XA START` .. `XA PREPARE` / `XA COMMIT`, multi-row statements, `ON DUPLICATE KEY UPDATE`.
+
+mod coordinator;
+mod session;
+
+use connector_api::{Error, ErrorKind, Phase, Result};
+use mysql_async::{Conn, Opts, OptsBuilder};
+
+pub(crate) use coordinator::MySqlCoordinator;
+pub(crate) use session::MySqlSession;
+
+use crate::Xid;
+use crate::config::{ConnectionConfig, config_error};
+
+/// `XA PREPARE`d transactions must survive a disconnect and a server restart: MariaDB does so from 10.5 on.
+const MIN_MARIADB_FOR_XA: (u32, u32) = (10, 5);
+/// MySQL's limit on a global transaction id (gtrid).
+pub(crate) const MAX_GTRID_BYTES: usize = 64;
+/// No such XA transaction (`XAER_NOTA`).
+pub(crate) const ER_XAER_NOTA: u16 = 1397;
+/// Lock wait timeout exceeded.
+pub(crate) const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
+
+/// Connection options for `connection`: the password from `password_env` when it names one, and affected-row
+/// counts that count matched rows (the owner check must see its row even when the checkpoint is unchanged).
+pub(crate) fn options(connection: &ConnectionConfig) -> Result<Opts> {
+    let url = connection.url.replacen("mariadb://", "mysql://", 1);
+    let opts = Opts::from_url(&url).map_err(|e| {
+        config_error(format!("the MySQL/MariaDB url is malformed: {e}")).with_source(e)
+    })?;
+    let mut builder = OptsBuilder::from_opts(opts)
+        .client_found_rows(true)
+        .prefer_socket(false);
+    if let Some(password) = connection.password()? {
+        builder = builder.pass(Some(password));
+    }
+    Ok(builder.into())
+}
+
+/// Maps a MySQL client error to the driver's kind: I/O and connection trouble, deadlocks and lock waits are
+/// retryable, data the table refuses is a bad record, the rest is fatal.
+pub(crate) fn classify(e: &mysql_async::Error) -> ErrorKind {
+    match e {
+        mysql_async::Error::Io(_) | mysql_async::Error::Driver(_) => ErrorKind::Retryable,
+        mysql_async::Error::Server(server) => match server.code {
+            // deadlock, lock wait timeout, too many connections, server shutdown, lost connection
+            1213 | ER_LOCK_WAIT_TIMEOUT | 1040 | 1053 | 2006 | 2013 => ErrorKind::Retryable,
+            _ if server.state.starts_with("22") || server.state.starts_with("23") => {
+                ErrorKind::BadRecord
+            }
+            _ => ErrorKind::Fatal,
+        },
+        _ => ErrorKind::Fatal,
+    }
+}
+
+/// An error of `phase` about `what`, with the server's message and `xid`'s coordinates.
+pub(crate) fn my_error(
+    phase: Phase,
+    xid: Option<&Xid>,
+    what: &str,
+    e: mysql_async::Error,
+) -> Error {
+    let detail = match &e {
+        mysql_async::Error::Server(server) => {
+            format!(": {} (error {})", server.message, server.code)
+        }
+        other => format!(": {other}"),
+    };
+    let err = Error::new(classify(&e), phase, format!("{what}{detail}")).with_source(e);
+    match xid {
+        Some(xid) => err
+            .with_checkpoint(xid.checkpoint)
+            .with_txn(xid.to_string()),
+        None => err,
+    }
+}
+
+/// The server error code of `e`, if it is one.
+pub(crate) fn server_code(e: &mysql_async::Error) -> Option<u16> {
+    match e {
+        mysql_async::Error::Server(server) => Some(server.code),
+        _ => None,
+    }
+}
+
+/// Opens a connection.
+pub(crate) async fn connect(opts: &Opts, phase: Phase, what: &str) -> Result<Conn> {
+    Conn::new(opts.clone()).await.map_err(|e| {
+        let kind = match classify(&e) {
+            ErrorKind::BadRecord => ErrorKind::Fatal,
+            ErrorKind::Fatal if server_code(&e) == Some(1045) => ErrorKind::Config,
+            kind => kind,
+        };
+        Error::new(
+            kind,
+            phase,
+            format!(
+                "cannot open {what} at {}:{}: {e}",
+                opts.ip_or_hostname(),
+                opts.tcp_port()
+            ),
+        )
+        .with_source(e)
+    })
+}
+
+/// Parses `10.11.19-MariaDB-..` and checks XA survives disconnects there.
+pub(crate) fn check_xa_version(version: &str) -> Result<()> {
+    let mut parts = version.split(|c: char| !c.is_ascii_digit());
+    let major: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    let minor: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    if version.contains("MariaDB") && (major, minor) < MIN_MARIADB_FOR_XA {
+        return Err(config_error(format!(
+            "MariaDB {version} rolls back XA PREPAREd transactions when their connection closes, so the xa mode \
+             cannot be exactly-once there; upgrade to MariaDB 10.5 or newer, or use mode = upsert"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn old_mariadb_is_refused_for_xa() {
+        assert!(super::check_xa_version("10.4.32-MariaDB").is_err());
+        assert!(super::check_xa_version("10.11.19-MariaDB-0+deb12u1").is_ok());
+        assert!(super::check_xa_version("8.0.36").is_ok());
+    }
+}

@@ -1,0 +1,413 @@
+//! The writer's MariaDB / MySQL session: multi-row prepared INSERTs inside `XA START` .. `XA PREPARE` (xa mode)
+//! or an ordinary transaction with `ON DUPLICATE KEY UPDATE` (upsert mode).
+
+use arrow_array::RecordBatch;
+use async_trait::async_trait;
+use chrono::{Datelike, NaiveDateTime, Timelike};
+use connector_api::{Error, ErrorKind, Phase, Result};
+use mysql_async::prelude::Queryable;
+use mysql_async::{Conn, Opts, Value};
+
+use super::{MAX_GTRID_BYTES, check_xa_version, connect, my_error, server_code};
+use crate::Xid;
+use crate::columns::{Cell, Columns, TableShape, quote, quote_table};
+use crate::config::{Dialect, JdbcSinkConfig, WriteMode, config_error};
+use crate::database::{MARKERS_KEPT, MARKERS_TABLE, OWNERS_TABLE, Session};
+use crate::sink::fenced;
+
+/// Placeholders per statement at most (the protocol allows 65535).
+const MAX_PLACEHOLDERS: usize = 60_000;
+/// Rows per multi-row INSERT at most.
+const MAX_ROWS_PER_STATEMENT: usize = 2_000;
+
+/// See the module docs.
+pub(crate) struct MySqlSession {
+    opts: Opts,
+    config: JdbcSinkConfig,
+    shape: TableShape,
+    conn: Option<Conn>,
+    /// `INSERT INTO t (cols) VALUES ` and the conflict clause after the rows.
+    insert_head: String,
+    insert_tail: String,
+    rows_per_statement: usize,
+    /// The open transaction: its xid, and whether it is an XA one.
+    open: Option<Xid>,
+}
+
+fn value(cell: Cell<'_>) -> Value {
+    let datetime = |t: NaiveDateTime| {
+        Value::Date(
+            t.year() as u16,
+            t.month() as u8,
+            t.day() as u8,
+            t.hour() as u8,
+            t.minute() as u8,
+            t.second() as u8,
+            t.nanosecond() / 1_000,
+        )
+    };
+    match cell {
+        Cell::Null => Value::NULL,
+        Cell::Bool(v) => Value::Int(v.into()),
+        Cell::Int16(v) => Value::Int(v.into()),
+        Cell::Int32(v) => Value::Int(v.into()),
+        Cell::Int64(v) => Value::Int(v),
+        Cell::Float32(v) => Value::Float(v),
+        Cell::Float64(v) => Value::Double(v),
+        Cell::Text(v) => Value::Bytes(v.as_bytes().to_vec()),
+        Cell::Bytes(v) => Value::Bytes(v.to_vec()),
+        Cell::Date(d) => Value::Date(d.year() as u16, d.month() as u8, d.day() as u8, 0, 0, 0, 0),
+        Cell::Timestamp(t) => datetime(t),
+        Cell::TimestampTz(t) => datetime(t.naive_utc()),
+    }
+}
+
+impl MySqlSession {
+    /// Connects, checks the server and the table, creates what `config` asks for.
+    pub(crate) async fn connect(opts: Opts, config: JdbcSinkConfig) -> Result<Self> {
+        let d = Dialect::MySql;
+        let shape = TableShape::of(&config.schema)?;
+        let table = quote_table(d, &config.table);
+        let columns = shape.column_list(d);
+        let (key, insert_tail) = match &config.mode {
+            WriteMode::Xa => (Vec::new(), String::new()),
+            WriteMode::Upsert { key } => {
+                if key.is_empty() {
+                    return Err(config_error("mode upsert needs at least one key column"));
+                }
+                for k in key {
+                    shape.index(k, "key")?;
+                }
+                let updates: Vec<String> = shape
+                    .names
+                    .iter()
+                    .filter(|n| !key.contains(n))
+                    .map(|n| format!("{0} = VALUES({0})", quote(d, n)))
+                    .collect();
+                let tail = match updates.is_empty() {
+                    // Every column is a key: a repeated row changes nothing.
+                    true => format!(" ON DUPLICATE KEY UPDATE {0} = {0}", quote(d, &key[0])),
+                    false => format!(" ON DUPLICATE KEY UPDATE {}", updates.join(", ")),
+                };
+                (key.clone(), tail)
+            }
+            WriteMode::Append { .. } => {
+                return Err(config_error(
+                    "mode append (with a dedup table) is implemented for PostgreSQL only in this release; \
+                     on MariaDB/MySQL use mode = xa, or upsert keyed by the message id",
+                )
+                .with_sink(&config.sink));
+            }
+        };
+        let longest = Xid {
+            scope: config.scope.clone(),
+            subtask: connector_api::SubtaskId(u32::MAX),
+            checkpoint: connector_api::CheckpointId(u64::MAX),
+        };
+        if config.mode == WriteMode::Xa && longest.to_string().len() > MAX_GTRID_BYTES {
+            return Err(config_error(format!(
+                "the sink id {:?} is too long for MySQL XA transaction ids ({MAX_GTRID_BYTES} bytes with the \
+                 subtask and checkpoint): use an id of at most 24 characters",
+                config.sink.as_str()
+            )));
+        }
+        let mut conn =
+            connect(&opts, Phase::Setup, "the JDBC sink's connection to MariaDB").await?;
+        let fail = |what: &'static str| move |e| my_error(Phase::Setup, None, what, e);
+        if config.mode == WriteMode::Xa {
+            let version: String = conn
+                .query_first("SELECT VERSION()")
+                .await
+                .map_err(fail("cannot read the server version"))?
+                .unwrap_or_default();
+            check_xa_version(&version)?;
+            conn.query_drop("XA RECOVER").await.map_err(|e| {
+                let err = my_error(Phase::Setup, None, "XA RECOVER failed", e);
+                Error::new(
+                    ErrorKind::Config,
+                    Phase::Setup,
+                    format!(
+                        "{err}; the xa mode lists prepared transactions with XA RECOVER, which needs the SUPER \
+                         (MariaDB) or XA_RECOVER_ADMIN (MySQL 8) privilege: GRANT it to the sink's user"
+                    ),
+                )
+            })?;
+        }
+        let mut ddl = vec![
+            format!(
+                "CREATE TABLE IF NOT EXISTS {OWNERS_TABLE} (sink VARCHAR(255) NOT NULL, subtask INT NOT NULL, \
+                 epoch BIGINT NOT NULL, checkpoint BIGINT NULL, PRIMARY KEY (sink, subtask)) ENGINE=InnoDB"
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {MARKERS_TABLE} (sink VARCHAR(255) NOT NULL, subtask INT NOT NULL, \
+                 checkpoint BIGINT NOT NULL, committed_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), \
+                 PRIMARY KEY (sink, subtask, checkpoint)) ENGINE=InnoDB"
+            ),
+        ];
+        if config.create_table {
+            ddl.push(format!(
+                "{} ENGINE=InnoDB",
+                shape.create_table(d, &config.table, &key)
+            ));
+        }
+        for statement in ddl {
+            conn.query_drop(statement)
+                .await
+                .map_err(fail("cannot create Ratchet's tables"))?;
+        }
+        conn.query_drop(format!("SELECT {columns} FROM {table} LIMIT 0"))
+            .await
+            .map_err(|e| {
+                let hint = match server_code(&e) {
+                    Some(1146) => {
+                        " (create it, or set create_table = true to create it from the batches' schema)"
+                    }
+                    Some(1054) => " (every column of the batches must exist in the table, with the same name)",
+                    _ => "",
+                };
+                let err = my_error(
+                    Phase::Setup,
+                    None,
+                    &format!("the table {} does not fit the batches{hint}", config.table),
+                    e,
+                );
+                Error::new(ErrorKind::Config, Phase::Setup, err.to_string()).with_sink(&config.sink)
+            })?;
+        let rows_per_statement =
+            (MAX_PLACEHOLDERS / shape.names.len().max(1)).clamp(1, MAX_ROWS_PER_STATEMENT);
+        Ok(Self {
+            opts,
+            insert_head: format!("INSERT INTO {table} ({columns}) VALUES "),
+            insert_tail,
+            rows_per_statement,
+            shape,
+            config,
+            conn: Some(conn),
+            open: None,
+        })
+    }
+
+    fn error(&self, phase: Phase, xid: Option<&Xid>, what: &str, e: mysql_async::Error) -> Error {
+        my_error(phase, xid, what, e).with_sink(&self.config.sink)
+    }
+
+    fn conn(&mut self, phase: Phase) -> Result<&mut Conn> {
+        let sink = self.config.sink.clone();
+        self.conn.as_mut().ok_or_else(|| {
+            Error::new(
+                ErrorKind::Retryable,
+                phase,
+                "the connection to MariaDB was lost",
+            )
+            .with_sink(&sink)
+        })
+    }
+
+    /// Runs `statement` on the session; a connection-level failure drops the connection (and with it the open
+    /// transaction, which the server rolls back), so the next `begin` reconnects.
+    async fn run(
+        &mut self,
+        phase: Phase,
+        xid: Option<&Xid>,
+        what: &str,
+        statement: String,
+    ) -> Result<()> {
+        let result = self.conn(phase)?.query_drop(statement).await;
+        result.map_err(|e| self.lost_on(phase, xid, what, e))
+    }
+
+    fn lost_on(
+        &mut self,
+        phase: Phase,
+        xid: Option<&Xid>,
+        what: &str,
+        e: mysql_async::Error,
+    ) -> Error {
+        if matches!(e, mysql_async::Error::Io(_) | mysql_async::Error::Driver(_)) {
+            self.conn = None;
+            self.open = None;
+        }
+        self.error(phase, xid, what, e)
+    }
+
+    fn statement_for(&self, rows: usize) -> String {
+        let row = format!("({})", vec!["?"; self.shape.names.len()].join(", "));
+        let mut sql = String::with_capacity(self.insert_head.len() + rows * (row.len() + 2));
+        sql.push_str(&self.insert_head);
+        sql.push_str(&vec![row; rows].join(", "));
+        sql.push_str(&self.insert_tail);
+        sql
+    }
+
+    /// Updates the owner row where the epoch is still `epoch`; fenced (and rolled back) when it is not.
+    async fn fence(&mut self, xid: &Xid, epoch: u64) -> Result<()> {
+        let conn = self.conn(Phase::PreCommit)?;
+        let result = conn
+            .exec_drop(
+                format!("UPDATE {OWNERS_TABLE} SET checkpoint = ? WHERE sink = ? AND subtask = ? AND epoch = ?"),
+                (xid.checkpoint.0, xid.scope.as_str(), xid.subtask.0, epoch),
+            )
+            .await;
+        let matched = conn.affected_rows();
+        result
+            .map_err(|e| self.lost_on(Phase::PreCommit, Some(xid), "the owner check failed", e))?;
+        if matched == 0 {
+            self.rollback().await?;
+            return Err(fenced(xid, epoch));
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Session for MySqlSession {
+    async fn begin(&mut self, xid: &Xid) -> Result<()> {
+        if self.conn.is_none() {
+            self.conn = Some(
+                connect(
+                    &self.opts,
+                    Phase::Begin,
+                    "the JDBC sink's connection to MariaDB",
+                )
+                .await?,
+            );
+        }
+        let statement = match self.config.mode {
+            WriteMode::Xa => format!("XA START '{xid}'"),
+            _ => "START TRANSACTION".to_string(),
+        };
+        self.run(
+            Phase::Begin,
+            Some(xid),
+            "cannot open the transaction",
+            statement,
+        )
+        .await?;
+        self.open = Some(xid.clone());
+        Ok(())
+    }
+
+    async fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+        let columns = Columns::new(batch, &self.shape.types);
+        let mut start = 0;
+        while start < batch.num_rows() {
+            let rows = (batch.num_rows() - start).min(self.rows_per_statement);
+            let mut params = Vec::with_capacity(rows * columns.len());
+            for row in start..start + rows {
+                params.extend((0..columns.len()).map(|c| value(columns.cell(c, row))));
+            }
+            let statement = self.statement_for(rows);
+            let result = self.conn(Phase::Write)?.exec_drop(statement, params).await;
+            if let Err(e) = result {
+                let first = format!("{} = {}", self.shape.names[0], columns.show(0, start));
+                let what = format!(
+                    "the table {} refused a row among the {rows} starting at the row with {first}",
+                    self.config.table
+                );
+                return Err(self.lost_on(Phase::Write, self.open.clone().as_ref(), &what, e));
+            }
+            start += rows;
+        }
+        Ok(())
+    }
+
+    async fn prepare(&mut self, xid: &Xid, epoch: u64) -> Result<()> {
+        self.fence(xid, epoch).await?;
+        let conn = self.conn(Phase::PreCommit)?;
+        let marker = conn
+            .exec_drop(
+                format!("INSERT INTO {MARKERS_TABLE} (sink, subtask, checkpoint) VALUES (?, ?, ?)"),
+                (xid.scope.as_str(), xid.subtask.0, xid.checkpoint.0),
+            )
+            .await;
+        marker.map_err(|e| {
+            self.lost_on(
+                Phase::PreCommit,
+                Some(xid),
+                "cannot write the commit marker",
+                e,
+            )
+        })?;
+        if xid.checkpoint.0.is_multiple_of(100) && xid.checkpoint.0 > MARKERS_KEPT {
+            let prune = self
+                .conn(Phase::PreCommit)?
+                .exec_drop(
+                    format!("DELETE FROM {MARKERS_TABLE} WHERE sink = ? AND subtask = ? AND checkpoint < ?"),
+                    (xid.scope.as_str(), xid.subtask.0, xid.checkpoint.0 - MARKERS_KEPT),
+                )
+                .await;
+            prune.map_err(|e| {
+                self.lost_on(Phase::PreCommit, Some(xid), "cannot prune old markers", e)
+            })?;
+        }
+        self.run(
+            Phase::PreCommit,
+            Some(xid),
+            "XA END failed",
+            format!("XA END '{xid}'"),
+        )
+        .await?;
+        self.run(
+            Phase::PreCommit,
+            Some(xid),
+            "XA PREPARE failed",
+            format!("XA PREPARE '{xid}'"),
+        )
+        .await?;
+        self.open = None;
+        // MariaDB keeps a prepared transaction attached to its session (no other session can commit it, and the
+        // session can start nothing new) until the session ends: end it. The next begin reconnects.
+        if let Some(conn) = self.conn.take()
+            && let Err(e) = conn.disconnect().await
+        {
+            tracing::warn!(%xid, error = %e, "closing the session after XA PREPARE failed; the transaction is prepared");
+        }
+        Ok(())
+    }
+
+    async fn apply(&mut self, xid: &Xid, epoch: u64) -> Result<()> {
+        self.fence(xid, epoch).await?;
+        self.open = None;
+        // A lost reply leaves the outcome unknown; the replay re-applies the rows with the same effect.
+        self.run(
+            Phase::PreCommit,
+            Some(xid),
+            "COMMIT failed",
+            "COMMIT".to_string(),
+        )
+        .await
+    }
+
+    async fn rollback(&mut self) -> Result<()> {
+        let Some(xid) = self.open.take() else {
+            return Ok(());
+        };
+        if self.conn.is_none() {
+            return Ok(());
+        }
+        if self.config.mode != WriteMode::Xa {
+            return self
+                .run(
+                    Phase::Abort,
+                    Some(&xid),
+                    "ROLLBACK failed",
+                    "ROLLBACK".to_string(),
+                )
+                .await;
+        }
+        // XA END fails when the transaction already ended (XA END ran, then PREPARE failed): roll back anyway.
+        let _ended = self
+            .conn(Phase::Abort)?
+            .query_drop(format!("XA END '{xid}'"))
+            .await;
+        match self
+            .conn(Phase::Abort)?
+            .query_drop(format!("XA ROLLBACK '{xid}'"))
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(e) if server_code(&e) == Some(super::ER_XAER_NOTA) => Ok(()),
+            Err(e) => Err(self.lost_on(Phase::Abort, Some(&xid), "XA ROLLBACK failed", e)),
+        }
+    }
+}

@@ -1,0 +1,151 @@
+//! PostgreSQL: `PREPARE TRANSACTION` / `COMMIT PREPARED`, binary COPY, `INSERT .. ON CONFLICT`.
+
+mod cell;
+mod coordinator;
+mod session;
+
+use connector_api::postgres::PgConnectOptions;
+use connector_api::{Error, ErrorKind, Phase, Result};
+use tokio_postgres::Client;
+use tokio_postgres::error::SqlState;
+
+pub(crate) use coordinator::PgCoordinator;
+pub(crate) use session::PgSession;
+
+use crate::Xid;
+use crate::config::{ConnectionConfig, JdbcSinkConfig, WriteMode};
+use crate::database::{MARKERS_TABLE, OWNERS_TABLE};
+
+/// Advisory lock key serializing the creation of Ratchet's tables ("ratchet" in ASCII).
+const SETUP_LOCK: i64 = 0x0072_6174_6368_6574;
+
+/// Maps a PostgreSQL error to the driver's kind: connection, lock and serialization trouble is retryable, data the
+/// table refuses is a bad record, the rest is fatal.
+pub(crate) fn classify(e: &tokio_postgres::Error) -> ErrorKind {
+    if e.is_closed() {
+        return ErrorKind::Retryable;
+    }
+    match e.code() {
+        None => ErrorKind::Retryable,
+        Some(code) if code.code().starts_with("08") || code.code().starts_with("57") => {
+            ErrorKind::Retryable
+        }
+        Some(code)
+            if *code == SqlState::T_R_SERIALIZATION_FAILURE
+                || *code == SqlState::T_R_DEADLOCK_DETECTED
+                || *code == SqlState::LOCK_NOT_AVAILABLE
+                || *code == SqlState::TOO_MANY_CONNECTIONS =>
+        {
+            ErrorKind::Retryable
+        }
+        // Class 22 (data exception) and 23 (integrity constraint violation): the rows, not the system.
+        Some(code) if code.code().starts_with("22") || code.code().starts_with("23") => {
+            ErrorKind::BadRecord
+        }
+        Some(_) => ErrorKind::Fatal,
+    }
+}
+
+/// An error of `phase` about `what`, with the server's message and `xid`'s coordinates.
+pub(crate) fn pg_error(
+    phase: Phase,
+    xid: Option<&Xid>,
+    what: &str,
+    e: tokio_postgres::Error,
+) -> Error {
+    let detail = e
+        .as_db_error()
+        .map(|db| {
+            let mut text = format!(": {}", db.message());
+            if let Some(detail) = db.detail() {
+                text.push_str(&format!(" ({detail})"));
+            }
+            if let Some(column) = db.column() {
+                text.push_str(&format!(" [column {column}]"));
+            }
+            text
+        })
+        .unwrap_or_default();
+    let err = Error::new(classify(&e), phase, format!("{what}{detail}")).with_source(e);
+    match xid {
+        Some(xid) => err
+            .with_checkpoint(xid.checkpoint)
+            .with_txn(xid.to_string()),
+        None => err,
+    }
+}
+
+/// Connection options for `connection`, the password from `password_env` when it names one.
+pub(crate) fn options(connection: &ConnectionConfig) -> Result<PgConnectOptions> {
+    let options = PgConnectOptions::parse(&connection.url)?;
+    Ok(match connection.password()? {
+        Some(password) => options.with_password(&password),
+        None => options,
+    })
+}
+
+/// Checks that the server can do what `config`'s mode needs and creates Ratchet's tables (and the target table
+/// and dedup table when asked).
+///
+/// # Errors
+/// [`Config`](ErrorKind::Config) for `max_prepared_transactions = 0` in XA mode (naming the setting and how to
+/// change it), for a target table that is missing without `create_table`.
+pub(crate) async fn prepare_database(client: &Client, config: &JdbcSinkConfig) -> Result<()> {
+    if config.mode == WriteMode::Xa {
+        let max: String = client
+            .query_one("SHOW max_prepared_transactions", &[])
+            .await
+            .map_err(|e| {
+                pg_error(
+                    Phase::Setup,
+                    None,
+                    "cannot read max_prepared_transactions",
+                    e,
+                )
+            })?
+            .get(0);
+        if max.trim() == "0" {
+            return Err(Error::new(
+                ErrorKind::Config,
+                Phase::Setup,
+                "PostgreSQL has max_prepared_transactions = 0, so the xa mode (PREPARE TRANSACTION) cannot work; \
+                 set max_prepared_transactions to at least twice the number of sink subtasks in postgresql.conf \
+                 and restart the server, or use mode = upsert / append",
+            )
+            .with_sink(&config.sink));
+        }
+    }
+    let shape = crate::columns::TableShape::of(&config.schema)?;
+    let dialect = crate::config::Dialect::Postgres;
+    let mut ddl = format!(
+        "BEGIN;
+         SELECT pg_advisory_xact_lock({SETUP_LOCK});
+         CREATE TABLE IF NOT EXISTS {OWNERS_TABLE} (
+             sink text NOT NULL, subtask integer NOT NULL, epoch bigint NOT NULL, checkpoint bigint,
+             PRIMARY KEY (sink, subtask));
+         CREATE TABLE IF NOT EXISTS {MARKERS_TABLE} (
+             sink text NOT NULL, subtask integer NOT NULL, checkpoint bigint NOT NULL,
+             committed_at timestamptz NOT NULL DEFAULT now(),
+             PRIMARY KEY (sink, subtask, checkpoint));"
+    );
+    if config.create_table {
+        let key = match &config.mode {
+            WriteMode::Upsert { key } => key.clone(),
+            _ => Vec::new(),
+        };
+        ddl.push_str(&shape.create_table(dialect, &config.table, &key));
+        ddl.push(';');
+    }
+    if let WriteMode::Append { dedup } = &config.mode {
+        let column = shape.index(&dedup.message_id, "message_id")?;
+        ddl.push_str(&format!(
+            "CREATE TABLE IF NOT EXISTS {} (message_id {} PRIMARY KEY, seen_at timestamptz NOT NULL DEFAULT now());",
+            crate::columns::quote_table(dialect, &crate::sink::dedup_table(config, dedup)),
+            shape.types[column].ddl(dialect, true)
+        ));
+    }
+    ddl.push_str("COMMIT;");
+    client.batch_execute(&ddl).await.map_err(|e| {
+        pg_error(Phase::Setup, None, "cannot create Ratchet's tables", e).with_sink(&config.sink)
+    })
+}

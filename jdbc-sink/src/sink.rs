@@ -1,0 +1,301 @@
+//! [`JdbcSink`]: the two-phase protocol over a [`Session`] and a [`Coordinator`], for every dialect and mode.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+use async_trait::async_trait;
+use connector_api::{
+    CheckpointId, Committer, Error, ErrorKind, Phase, Result, SinkId, SubtaskId, TwoPhaseCommit,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::config::{DedupConfig, Dialect, JdbcSinkConfig, WriteMode};
+use crate::database::{Coordinator, Session};
+use crate::{Xid, mysql, pg};
+
+/// How often recovery lists and resolves prepared transactions again when the owner row stays locked.
+const CLAIM_ATTEMPTS: u32 = 15;
+
+/// What commits one checkpoint of one subtask: stored in the checkpoint record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JdbcCommittable {
+    /// The transaction's global id (`ratchet.<sink>.<subtask>.<checkpoint>`).
+    pub xid: String,
+    /// `true`: a prepared transaction that commit finishes (xa mode). `false`: applied at pre-commit (upsert and
+    /// append modes); commit has nothing left to do.
+    pub prepared: bool,
+}
+
+impl JdbcCommittable {
+    fn xid(&self) -> Result<Xid> {
+        Xid::parse(&self.xid).ok_or_else(|| {
+            Error::new(
+                ErrorKind::Fatal,
+                Phase::Recover,
+                format!(
+                    "the checkpoint holds the transaction id {:?}, which this release did not write",
+                    self.xid
+                ),
+            )
+        })
+    }
+}
+
+/// The commit half of a [`JdbcSink`]: `COMMIT PREPARED` / `XA COMMIT` on its own connection.
+#[derive(Clone)]
+pub struct JdbcCommitter {
+    sink: SinkId,
+    coordinator: Arc<dyn Coordinator>,
+}
+
+#[async_trait]
+impl Committer for JdbcCommitter {
+    type Committable = JdbcCommittable;
+
+    /// Commits every prepared transaction, oldest first; one committed before is skipped (its marker is visible).
+    ///
+    /// # Errors
+    /// [`Fatal`](ErrorKind::Fatal) for a transaction that is gone without having committed (rolled back outside
+    /// Ratchet): its checkpoint is named, its rows are lost.
+    async fn commit(&self, committables: Vec<JdbcCommittable>) -> Result<()> {
+        for committable in committables.iter().filter(|c| c.prepared) {
+            let xid = committable.xid()?;
+            let outcome = self
+                .coordinator
+                .commit_prepared(&xid)
+                .await
+                .map_err(|e| e.or_sink(&self.sink))?;
+            tracing::debug!(%xid, ?outcome, "committed");
+        }
+        Ok(())
+    }
+
+    async fn is_committed(&self, committable: &JdbcCommittable) -> Result<bool> {
+        let xid = committable.xid()?;
+        if committable.prepared {
+            return self.coordinator.is_committed(&xid).await;
+        }
+        let applied = self
+            .coordinator
+            .applied_through(&xid.scope, xid.subtask)
+            .await?;
+        Ok(applied.is_some_and(|applied| applied >= xid.checkpoint))
+    }
+}
+
+/// A relational table as an exactly-once sink; see the crate docs for the modes and the protocol.
+pub struct JdbcSink {
+    sink: SinkId,
+    scope: SinkId,
+    subtask: SubtaskId,
+    xa: bool,
+    session: Box<dyn Session>,
+    coordinator: Arc<dyn Coordinator>,
+    /// The owner epoch this instance claimed in `recover`; `None` before.
+    epoch: Option<u64>,
+}
+
+impl std::fmt::Debug for JdbcSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JdbcSink")
+            .field("sink", &self.sink)
+            .field("subtask", &self.subtask)
+            .field("xa", &self.xa)
+            .field("epoch", &self.epoch)
+            .finish()
+    }
+}
+
+impl JdbcSink {
+    /// Connects to the database of `config.connection` and checks it: that the server can prepare transactions
+    /// (xa mode), that the table fits the batches' schema (or creates it with `create_table`), and creates
+    /// Ratchet's owner and marker tables.
+    ///
+    /// # Errors
+    /// [`Config`](ErrorKind::Config) naming the setting, table or column that does not fit;
+    /// [`Retryable`](ErrorKind::Retryable) when the server cannot be reached.
+    pub async fn new(config: JdbcSinkConfig) -> Result<Self> {
+        let (session, coordinator): (Box<dyn Session>, Arc<dyn Coordinator>) =
+            match Dialect::of_url(&config.connection.url)? {
+                Dialect::Postgres => {
+                    let options = pg::options(&config.connection)?;
+                    let coordinator = pg::PgCoordinator::new(options.clone(), config.lock_timeout);
+                    let session = pg::PgSession::connect(options, config.clone()).await?;
+                    (Box::new(session), Arc::new(coordinator))
+                }
+                Dialect::MySql => {
+                    let options = mysql::options(&config.connection)?;
+                    let coordinator =
+                        mysql::MySqlCoordinator::new(options.clone(), config.lock_timeout);
+                    let session = mysql::MySqlSession::connect(options, config.clone()).await?;
+                    (Box::new(session), Arc::new(coordinator))
+                }
+            };
+        Ok(Self {
+            sink: config.sink.clone(),
+            scope: config.scope.clone(),
+            subtask: config.subtask,
+            xa: config.mode == WriteMode::Xa,
+            session,
+            coordinator,
+            epoch: None,
+        })
+    }
+
+    fn xid(&self, checkpoint: CheckpointId) -> Xid {
+        Xid {
+            scope: self.scope.clone(),
+            subtask: self.subtask,
+            checkpoint,
+        }
+    }
+
+    fn epoch(&self, phase: Phase) -> Result<u64> {
+        self.epoch.ok_or_else(|| {
+            Error::new(
+                ErrorKind::Bug,
+                phase,
+                "recover must run before the first begin (it claims the owner row)",
+            )
+            .with_sink(&self.sink)
+        })
+    }
+}
+
+#[async_trait]
+impl TwoPhaseCommit for JdbcSink {
+    type Committable = JdbcCommittable;
+    type Committer = JdbcCommitter;
+
+    fn sink_id(&self) -> &SinkId {
+        &self.sink
+    }
+
+    fn committer(&self) -> JdbcCommitter {
+        JdbcCommitter {
+            sink: self.sink.clone(),
+            coordinator: self.coordinator.clone(),
+        }
+    }
+
+    async fn begin(&mut self, checkpoint: CheckpointId) -> Result<()> {
+        self.epoch(Phase::Begin)?;
+        let xid = self.xid(checkpoint);
+        self.session.begin(&xid).await
+    }
+
+    async fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+        self.session.write(batch).await
+    }
+
+    /// xa mode: fences, writes the marker and prepares (`PREPARE TRANSACTION` / `XA PREPARE`). Upsert and
+    /// append modes: merges, fences, records the checkpoint in the owner row and commits.
+    ///
+    /// # Errors
+    /// [`Fenced`](ErrorKind::Fenced) when a newer instance of this subtask recovered (the transaction is rolled
+    /// back); any other error leaves nothing prepared or applied.
+    async fn pre_commit(&mut self, checkpoint: CheckpointId) -> Result<JdbcCommittable> {
+        let epoch = self.epoch(Phase::PreCommit)?;
+        let xid = self.xid(checkpoint);
+        if self.xa {
+            self.session.prepare(&xid, epoch).await?;
+        } else {
+            self.session.apply(&xid, epoch).await?;
+        }
+        Ok(JdbcCommittable {
+            xid: xid.to_string(),
+            prepared: self.xa,
+        })
+    }
+
+    async fn abort(&mut self) -> Result<()> {
+        self.session.rollback().await
+    }
+
+    /// Commits the restored checkpoint's prepared transactions (of any subtask: a recovery that took over a
+    /// vanished subtask passes its committables), rolls back every other prepared transaction of this subtask,
+    /// then raises the owner epoch, which fences every older instance. A transaction that passed its owner check
+    /// just before holds the owner row; the raise waits `lock_timeout` for it, then lists and resolves again.
+    async fn recover(
+        &mut self,
+        restored: Option<(CheckpointId, Vec<JdbcCommittable>)>,
+    ) -> Result<()> {
+        self.session.rollback().await?;
+        let restored: Vec<JdbcCommittable> = restored.map(|(_, c)| c).unwrap_or_default();
+        let keep: BTreeSet<String> = restored
+            .iter()
+            .filter(|c| c.prepared)
+            .map(|c| c.xid.clone())
+            .collect();
+        let committer = self.committer();
+        for attempt in 1..=CLAIM_ATTEMPTS {
+            committer
+                .commit(restored.clone())
+                .await
+                .map_err(|e| e.at_phase(Phase::Recover))?;
+            for xid in self.coordinator.list_prepared(&self.scope).await? {
+                if xid.subtask == self.subtask && !keep.contains(&xid.to_string()) {
+                    tracing::info!(%xid, "rolling back a prepared transaction no durable checkpoint holds");
+                    self.coordinator.rollback_prepared(&xid).await?;
+                }
+            }
+            if let Some(epoch) = self
+                .coordinator
+                .claim_owner(&self.scope, self.subtask)
+                .await?
+            {
+                tracing::info!(sink = %self.sink, subtask = %self.subtask, epoch, "claimed the owner row");
+                self.epoch = Some(epoch);
+                return Ok(());
+            }
+            tracing::warn!(
+                sink = %self.sink, subtask = %self.subtask, attempt,
+                "the owner row is locked by an open transaction of an older instance; resolving again"
+            );
+        }
+        Err(Error::new(
+            ErrorKind::Retryable,
+            Phase::Recover,
+            "the owner row stays locked by an open (not prepared) transaction of an older instance of this \
+             subtask: that process is alive (paused?); stop it, or find it with pg_locks / \
+             information_schema.innodb_trx",
+        )
+        .with_sink(&self.sink))
+    }
+}
+
+/// The dedup table of the append mode: as configured, or `<table>_ratchet_dedup`.
+pub(crate) fn dedup_table(config: &JdbcSinkConfig, dedup: &DedupConfig) -> String {
+    dedup
+        .table
+        .clone()
+        .unwrap_or_else(|| format!("{}_ratchet_dedup", config.table))
+}
+
+/// The error of an instance whose owner epoch is no longer the newest.
+pub(crate) fn fenced(xid: &Xid, epoch: u64) -> Error {
+    Error::new(
+        ErrorKind::Fenced,
+        Phase::PreCommit,
+        format!(
+            "a newer instance of subtask {} recovered (the owner epoch moved past {epoch}): this instance must \
+             stop; its transaction was rolled back",
+            xid.subtask
+        ),
+    )
+    .with_checkpoint(xid.checkpoint)
+    .with_txn(xid.to_string())
+}
+
+/// The error for a prepared transaction that is gone without having committed.
+pub(crate) fn lost_transaction(xid: &Xid) -> Error {
+    Error::new(
+        ErrorKind::Fatal,
+        Phase::Commit,
+        "the prepared transaction is gone and was never committed (rolled back outside Ratchet?): the rows of \
+         this checkpoint are lost; replay the source from the previous checkpoint",
+    )
+    .with_checkpoint(xid.checkpoint)
+    .with_txn(xid.to_string())
+}

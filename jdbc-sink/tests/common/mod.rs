@@ -1,0 +1,86 @@
+//! Shared by the JDBC sink's tests: the test databases, sink configs, and the independent verifier.
+#![allow(dead_code)] // each test binary uses its part
+
+use std::time::Duration;
+
+use connector_api::{SinkId, SubtaskId};
+use integration::Services;
+use integration::conformance::conformance_schema;
+use jdbc_sink::{ConnectionConfig, JdbcSinkConfig, WriteMode};
+
+/// One of the two test databases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Db {
+    Postgres,
+    MariaDb,
+}
+
+impl Db {
+    pub fn url(self) -> String {
+        let services = Services::get();
+        match self {
+            Db::Postgres => services.pg_url().to_string(),
+            Db::MariaDb => services.mysql_url().to_string(),
+        }
+    }
+
+    fn verifier_kind(self) -> &'static str {
+        match self {
+            Db::Postgres => "pg",
+            Db::MariaDb => "mysql",
+        }
+    }
+}
+
+/// A short name derived from `parts` (table names and scopes; MySQL XA ids allow 64 bytes in all).
+pub fn short_name(prefix: &str, parts: &[&str]) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in parts.join("/").bytes() {
+        hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{prefix}{:012x}", hash & 0xffff_ffff_ffff)
+}
+
+/// A sink config for the conformance schema, writing table `table` under scope `scope`.
+pub fn config(
+    db: Db,
+    sink: &SinkId,
+    subtask: u32,
+    table: &str,
+    scope: &str,
+    mode: WriteMode,
+) -> JdbcSinkConfig {
+    JdbcSinkConfig {
+        sink: sink.clone(),
+        scope: SinkId::new(scope).unwrap(),
+        subtask: SubtaskId(subtask),
+        schema: conformance_schema(),
+        connection: ConnectionConfig::new(db.url()),
+        table: table.to_string(),
+        mode,
+        create_table: true,
+        lock_timeout: Duration::from_secs(1),
+    }
+}
+
+/// What the independent verifier (psycopg / pymysql) reads: the `id` column of every committed row, and the
+/// prepared transactions of `scopes` still on the server.
+pub fn read(db: Db, table: &str, scopes: &[&str]) -> (Vec<i64>, Vec<String>) {
+    let url = db.url();
+    let mut args = vec![db.verifier_kind(), url.as_str(), table, "id"];
+    args.extend_from_slice(scopes);
+    let out = Services::get().verify("sql_table.py", &args);
+    let ids = out["ids"]
+        .as_array()
+        .expect("ids")
+        .iter()
+        .map(|v| v.as_i64().expect("integer id"))
+        .collect();
+    let prepared = out["prepared"]
+        .as_array()
+        .expect("prepared")
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect();
+    (ids, prepared)
+}
