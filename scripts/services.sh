@@ -389,8 +389,9 @@ mariadb_up() {
 CREATE DATABASE IF NOT EXISTS $DB_NAME;
 CREATE USER IF NOT EXISTS '$DB_USER'@'127.0.0.1' IDENTIFIED BY '$DB_PASSWORD';
 GRANT ALL PRIVILEGES ON $DB_NAME.* TO '$DB_USER'@'127.0.0.1';
--- XA RECOVER lists other sessions' prepared transactions only with SUPER (MariaDB 10.11).
-GRANT SUPER ON *.* TO '$DB_USER'@'127.0.0.1';
+-- XA RECOVER lists other sessions' prepared transactions only with SUPER (MariaDB 10.11); PROCESS lets the tests
+-- (and operators) see open transactions in information_schema.innodb_trx.
+GRANT SUPER, PROCESS ON *.* TO '$DB_USER'@'127.0.0.1';
 FLUSH PRIVILEGES;
 EOF
   wait_until 30 mariadb probe mariadb

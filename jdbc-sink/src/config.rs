@@ -97,7 +97,8 @@ pub struct JdbcSinkConfig {
     pub mode: WriteMode,
     /// Create the table from the Arrow schema when it does not exist.
     pub create_table: bool,
-    /// How long recovery waits for a row lock on the owner row before it looks for prepared transactions again.
+    /// The longest any statement waits for a row lock: recovery's epoch raise (then it resolves prepared
+    /// transactions again), a checkpoint's fencing update or a write (then the checkpoint is aborted and replayed).
     pub lock_timeout: Duration,
 }
 

@@ -21,7 +21,7 @@ use crate::config::{ConnectionConfig, JdbcSinkConfig, WriteMode};
 /// | `mode` | `{ kind = "xa" }`, `{ kind = "upsert", key = ["id"] }` or `{ kind = "append", dedup = { message_id = "id", retention = "7days" } }` | xa |
 /// | `create_table` | create the table from the batches' schema when missing | false |
 /// | `scope` | scopes transaction ids, owner and marker rows in the database (unique per job and sink there) | the sink id |
-/// | `lock_timeout` | how long recovery waits for the owner row before resolving prepared transactions again | 2s |
+/// | `lock_timeout` | the longest any statement of the sink waits for a row lock (recovery then resolves prepared transactions again; a checkpoint is aborted and replayed) | 5s |
 ///
 /// ```toml
 /// [[sinks]]
@@ -52,7 +52,7 @@ pub struct JdbcSinkSettings {
     /// Scopes transaction ids and Ratchet's rows in the database.
     #[serde(default)]
     pub scope: Option<SinkId>,
-    /// Recovery's wait for the owner row.
+    /// The longest wait for a row lock.
     #[serde(with = "humantime_serde", default = "default_lock_timeout")]
     pub lock_timeout: Duration,
 }
@@ -61,8 +61,8 @@ fn default_mode() -> WriteMode {
     WriteMode::Xa
 }
 
-/// Recovery's default wait for the owner row.
-pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(2);
+/// The default longest wait for a row lock.
+pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
 
 fn default_lock_timeout() -> Duration {
     DEFAULT_LOCK_TIMEOUT

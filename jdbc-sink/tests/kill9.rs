@@ -82,7 +82,10 @@ async fn run_partitions(
                 let end = (*next + ROWS).min(until);
                 if end > *next {
                     driver
-                        .write(sink, &conformance_batch(id(*partition, *next)..id(*partition, end)))
+                        .write(
+                            sink,
+                            &conformance_batch(id(*partition, *next)..id(*partition, end)),
+                        )
                         .await
                         .unwrap();
                     *next = end;

@@ -62,6 +62,18 @@ fn value(cell: Cell<'_>) -> Value {
     }
 }
 
+/// A new writer connection whose statements wait at most `lock_timeout` (whole seconds, at least 1) for a row
+/// lock: the fencing update waiting for the previous checkpoint's commit, a row another writer (or a zombie's
+/// prepared transaction) holds. Past it the statement fails retryable and the checkpoint is aborted and replayed.
+async fn open(opts: &Opts, config: &JdbcSinkConfig, phase: Phase) -> Result<Conn> {
+    let mut conn = connect(opts, phase, "the JDBC sink's connection to MariaDB").await?;
+    let seconds = config.lock_timeout.as_secs().max(1);
+    conn.query_drop(format!("SET SESSION innodb_lock_wait_timeout = {seconds}"))
+        .await
+        .map_err(|e| my_error(phase, None, "cannot set innodb_lock_wait_timeout", e))?;
+    Ok(conn)
+}
+
 impl MySqlSession {
     /// Connects, checks the server and the table, creates what `config` asks for.
     pub(crate) async fn connect(opts: Opts, config: JdbcSinkConfig) -> Result<Self> {
@@ -111,8 +123,7 @@ impl MySqlSession {
                 config.sink.as_str()
             )));
         }
-        let mut conn =
-            connect(&opts, Phase::Setup, "the JDBC sink's connection to MariaDB").await?;
+        let mut conn = open(&opts, &config, Phase::Setup).await?;
         let fail = |what: &'static str| move |e| my_error(Phase::Setup, None, what, e);
         if config.mode == WriteMode::Xa {
             let version: String = conn
@@ -239,6 +250,31 @@ impl MySqlSession {
         sql
     }
 
+    /// Multi-row INSERTs of `batch`, up to `rows_per_statement` rows each.
+    async fn insert(&mut self, batch: &RecordBatch) -> Result<()> {
+        let columns = Columns::new(batch, &self.shape.types);
+        let mut start = 0;
+        while start < batch.num_rows() {
+            let rows = (batch.num_rows() - start).min(self.rows_per_statement);
+            let mut params = Vec::with_capacity(rows * columns.len());
+            for row in start..start + rows {
+                params.extend((0..columns.len()).map(|c| value(columns.cell(c, row))));
+            }
+            let statement = self.statement_for(rows);
+            let result = self.conn(Phase::Write)?.exec_drop(statement, params).await;
+            if let Err(e) = result {
+                let first = format!("{} = {}", self.shape.names[0], columns.show(0, start));
+                let what = format!(
+                    "the table {} refused a row among the {rows} starting at the row with {first}",
+                    self.config.table
+                );
+                return Err(self.lost_on(Phase::Write, self.open.clone().as_ref(), &what, e));
+            }
+            start += rows;
+        }
+        Ok(())
+    }
+
     /// Updates the owner row where the epoch is still `epoch`; fenced (and rolled back) when it is not.
     async fn fence(&mut self, xid: &Xid, epoch: u64) -> Result<()> {
         let conn = self.conn(Phase::PreCommit)?;
@@ -263,14 +299,7 @@ impl MySqlSession {
 impl Session for MySqlSession {
     async fn begin(&mut self, xid: &Xid) -> Result<()> {
         if self.conn.is_none() {
-            self.conn = Some(
-                connect(
-                    &self.opts,
-                    Phase::Begin,
-                    "the JDBC sink's connection to MariaDB",
-                )
-                .await?,
-            );
+            self.conn = Some(open(&self.opts, &self.config, Phase::Begin).await?);
         }
         let statement = match self.config.mode {
             WriteMode::Xa => format!("XA START '{xid}'"),
@@ -288,27 +317,41 @@ impl Session for MySqlSession {
     }
 
     async fn write(&mut self, batch: &RecordBatch) -> Result<()> {
-        let columns = Columns::new(batch, &self.shape.types);
-        let mut start = 0;
-        while start < batch.num_rows() {
-            let rows = (batch.num_rows() - start).min(self.rows_per_statement);
-            let mut params = Vec::with_capacity(rows * columns.len());
-            for row in start..start + rows {
-                params.extend((0..columns.len()).map(|c| value(columns.cell(c, row))));
-            }
-            let statement = self.statement_for(rows);
-            let result = self.conn(Phase::Write)?.exec_drop(statement, params).await;
-            if let Err(e) = result {
-                let first = format!("{} = {}", self.shape.names[0], columns.show(0, start));
-                let what = format!(
-                    "the table {} refused a row among the {rows} starting at the row with {first}",
-                    self.config.table
-                );
-                return Err(self.lost_on(Phase::Write, self.open.clone().as_ref(), &what, e));
-            }
-            start += rows;
+        if batch.num_rows() == 0 {
+            return Ok(());
         }
-        Ok(())
+        // A savepoint makes a refused batch refused whole, across its statements: the transaction goes on without
+        // it (the driver can dead-letter the batch), and a batch is never half written.
+        let xid = self.open.clone();
+        self.run(
+            Phase::Write,
+            xid.as_ref(),
+            "SAVEPOINT failed",
+            "SAVEPOINT ratchet_write".into(),
+        )
+        .await?;
+        match self.insert(batch).await {
+            Ok(()) => {
+                self.run(
+                    Phase::Write,
+                    xid.as_ref(),
+                    "RELEASE SAVEPOINT failed",
+                    "RELEASE SAVEPOINT ratchet_write".into(),
+                )
+                .await
+            }
+            Err(e) if e.kind() == ErrorKind::BadRecord => {
+                self.run(
+                    Phase::Write,
+                    xid.as_ref(),
+                    "ROLLBACK TO SAVEPOINT failed",
+                    "ROLLBACK TO SAVEPOINT ratchet_write".into(),
+                )
+                .await?;
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     async fn prepare(&mut self, xid: &Xid, epoch: u64) -> Result<()> {

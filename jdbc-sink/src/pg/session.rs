@@ -168,11 +168,23 @@ impl PgSession {
         Ok(session)
     }
 
+    /// A new connection whose statements wait at most `lock_timeout` for a lock: the fencing update waiting for
+    /// the previous checkpoint's commit, a row another writer (or a zombie's prepared transaction) holds. Past
+    /// it the statement fails retryable and the checkpoint is aborted and replayed, rather than hang.
     async fn connect_only(&self, phase: Phase) -> Result<Client> {
-        self.options
+        let client = self
+            .options
             .connect(phase, "the JDBC sink's connection to PostgreSQL")
             .await
-            .map_err(|e| e.with_sink(&self.config.sink))
+            .map_err(|e| e.with_sink(&self.config.sink))?;
+        client
+            .batch_execute(&format!(
+                "SET lock_timeout = {}",
+                self.config.lock_timeout.as_millis().max(1)
+            ))
+            .await
+            .map_err(|e| self.error(phase, None, "cannot set lock_timeout", e))?;
+        Ok(client)
     }
 
     /// Creates the session's staging table (upsert and append modes).
@@ -382,7 +394,28 @@ impl Session for PgSession {
         if batch.num_rows() == 0 {
             return Ok(());
         }
-        self.copy(batch).await?;
+        // A savepoint makes a refused batch refused whole: the transaction goes on without it (the driver can
+        // dead-letter the batch), and a batch is never half written.
+        let client = self.client(Phase::Write)?;
+        let fail = |what| move |e| pg_error(Phase::Write, None, what, e);
+        client
+            .batch_execute("SAVEPOINT ratchet_write")
+            .await
+            .map_err(fail("SAVEPOINT failed"))?;
+        match self.copy(batch).await {
+            Ok(()) => client
+                .batch_execute("RELEASE SAVEPOINT ratchet_write")
+                .await
+                .map_err(fail("RELEASE SAVEPOINT failed"))?,
+            Err(e) if e.kind() == ErrorKind::BadRecord => {
+                client
+                    .batch_execute("ROLLBACK TO SAVEPOINT ratchet_write")
+                    .await
+                    .map_err(fail("ROLLBACK TO SAVEPOINT failed"))?;
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        }
         if self.sql.merge.is_some() {
             self.staged += batch.num_rows() as u64;
             if self.staged >= MERGE_EVERY_ROWS {

@@ -84,3 +84,38 @@ pub fn read(db: Db, table: &str, scopes: &[&str]) -> (Vec<i64>, Vec<String>) {
         .collect();
     (ids, prepared)
 }
+
+/// Runs `statements` with the database's own command-line client (psql / mariadb), an independent session, and
+/// returns its tab-separated output.
+pub fn cli(db: Db, statements: &str) -> String {
+    match db {
+        Db::Postgres => Services::get().psql(statements),
+        Db::MariaDb => {
+            let url = url::Url::parse(&db.url()).expect("mysql url");
+            let out = std::process::Command::new("mariadb")
+                .args([
+                    "--no-defaults",
+                    "-h",
+                    url.host_str().unwrap(),
+                    "-P",
+                    &url.port().unwrap().to_string(),
+                    "-u",
+                    url.username(),
+                    &format!("-p{}", url.password().unwrap_or("")),
+                    "-N",
+                    "-B",
+                    url.path().trim_start_matches('/'),
+                    "-e",
+                    statements,
+                ])
+                .output()
+                .unwrap_or_else(|e| panic!("cannot run the mariadb client: {e}"));
+            assert!(
+                out.status.success(),
+                "mariadb {statements:?} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8_lossy(&out.stdout).trim().to_string()
+        }
+    }
+}
