@@ -215,13 +215,15 @@ impl TwoPhaseCommit for JdbcSink {
 
     /// Commits the restored checkpoint's prepared transactions (of any subtask: a recovery that took over a
     /// vanished subtask passes its committables), rolls back every other prepared transaction of this subtask,
-    /// then raises the owner epoch, which fences every older instance. A transaction that passed its owner check
+    /// then raises the owner epoch, which fences every older instance, and deletes the markers of checkpoints
+    /// after the restored one (a reset checkpoint store starts its ids again). A transaction that passed its owner check
     /// just before holds the owner row; the raise waits `lock_timeout` for it, then lists and resolves again.
     async fn recover(
         &mut self,
         restored: Option<(CheckpointId, Vec<JdbcCommittable>)>,
     ) -> Result<()> {
         self.session.rollback().await?;
+        let restored_id = restored.as_ref().map(|(id, _)| *id);
         let restored: Vec<JdbcCommittable> = restored.map(|(_, c)| c).unwrap_or_default();
         let keep: BTreeSet<String> = restored
             .iter()
@@ -242,7 +244,7 @@ impl TwoPhaseCommit for JdbcSink {
             }
             if let Some(epoch) = self
                 .coordinator
-                .claim_owner(&self.scope, self.subtask)
+                .claim_owner(&self.scope, self.subtask, restored_id)
                 .await?
             {
                 tracing::info!(sink = %self.sink, subtask = %self.subtask, epoch, "claimed the owner row");

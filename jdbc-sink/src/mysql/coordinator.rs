@@ -166,7 +166,12 @@ impl Coordinator for MySqlCoordinator {
             })
     }
 
-    async fn claim_owner(&self, sink: &SinkId, subtask: SubtaskId) -> Result<Option<u64>> {
+    async fn claim_owner(
+        &self,
+        sink: &SinkId,
+        subtask: SubtaskId,
+        restored: Option<CheckpointId>,
+    ) -> Result<Option<u64>> {
         let mut guard = self.conn(Phase::Recover).await?;
         let conn = connected(&mut guard);
         let seconds = self.lock_timeout.as_secs().max(1);
@@ -188,6 +193,17 @@ impl Coordinator for MySqlCoordinator {
                     (sink.as_str(), subtask.0),
                 )
                 .await?;
+            conn.exec_drop(
+                format!(
+                    "DELETE FROM {MARKERS_TABLE} WHERE sink = ? AND subtask = ? AND checkpoint > ?"
+                ),
+                (
+                    sink.as_str(),
+                    subtask.0,
+                    restored.map_or(-1, |c| c.0 as i64),
+                ),
+            )
+            .await?;
             conn.query_drop("COMMIT").await?;
             Ok(epoch)
         }

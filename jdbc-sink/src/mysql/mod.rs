@@ -4,6 +4,7 @@ mod coordinator;
 mod session;
 
 use connector_api::{Error, ErrorKind, Phase, Result};
+use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, OptsBuilder};
 
 pub(crate) use coordinator::MySqlCoordinator;
@@ -84,9 +85,11 @@ pub(crate) fn server_code(e: &mysql_async::Error) -> Option<u16> {
     }
 }
 
-/// Opens a connection.
+/// Opens a connection, in READ COMMITTED: InnoDB then takes no gap locks for the sink's range statements (the
+/// marker cleanup), so a prepared transaction of one subtask, holding its rows until commit, never blocks another
+/// subtask's (or sink's) markers and owner row.
 pub(crate) async fn connect(opts: &Opts, phase: Phase, what: &str) -> Result<Conn> {
-    Conn::new(opts.clone()).await.map_err(|e| {
+    let mut conn = Conn::new(opts.clone()).await.map_err(|e| {
         let kind = match classify(&e) {
             ErrorKind::BadRecord => ErrorKind::Fatal,
             ErrorKind::Fatal if server_code(&e) == Some(1045) => ErrorKind::Config,
@@ -102,7 +105,11 @@ pub(crate) async fn connect(opts: &Opts, phase: Phase, what: &str) -> Result<Con
             ),
         )
         .with_source(e)
-    })
+    })?;
+    conn.query_drop("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        .await
+        .map_err(|e| my_error(phase, None, "cannot set READ COMMITTED", e))?;
+    Ok(conn)
 }
 
 /// Parses `10.11.19-MariaDB-..` and checks XA survives disconnects there.

@@ -147,7 +147,12 @@ impl Coordinator for PgCoordinator {
             .map(|c| CheckpointId(c as u64)))
     }
 
-    async fn claim_owner(&self, sink: &SinkId, subtask: SubtaskId) -> Result<Option<u64>> {
+    async fn claim_owner(
+        &self,
+        sink: &SinkId,
+        subtask: SubtaskId,
+        restored: Option<CheckpointId>,
+    ) -> Result<Option<u64>> {
         let mut guard = self.client(Phase::Recover).await?;
         let client = connected(&mut guard);
         let fail = |e| pg_error(Phase::Recover, None, "cannot raise the owner epoch", e);
@@ -171,6 +176,19 @@ impl Coordinator for PgCoordinator {
                 ],
             )
             .await;
+        let after = restored.map_or(-1, |c| c.0 as i64);
+        let raised = match raised {
+            Ok(row) => txn
+                .execute(
+                    &format!(
+                        "DELETE FROM {MARKERS_TABLE} WHERE sink = $1 AND subtask = $2 AND checkpoint > $3"
+                    ),
+                    &[&sink.as_str(), &(subtask.0 as i32), &after],
+                )
+                .await
+                .map(|_| row),
+            Err(e) => Err(e),
+        };
         match raised {
             Ok(row) => {
                 txn.commit().await.map_err(fail)?;

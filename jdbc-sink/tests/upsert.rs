@@ -1,0 +1,125 @@
+//! The upsert mode's semantics against the real servers, read back with the databases' own clients: within a
+//! checkpoint the last row of a key wins, existing rows are updated, and on PostgreSQL a key inserted by a
+//! concurrent writer while the sink merges (which makes the `MERGE` fast path fail) is still upserted.
+
+mod common;
+
+use std::sync::Arc;
+
+use arrow_array::{Int64Array, RecordBatch, StringArray};
+use common::{Db, cli, config, short_name};
+use connector_api::{CheckpointId, SinkId, TwoPhaseCommit};
+use integration::conformance::conformance_schema;
+use jdbc_sink::{JdbcSink, WriteMode};
+
+fn rows(rows: &[(i64, &str)]) -> RecordBatch {
+    RecordBatch::try_new(
+        conformance_schema(),
+        vec![
+            Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0))),
+            Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.1))),
+        ],
+    )
+    .unwrap()
+}
+
+async fn upsert_sink(db: Db, what: &str) -> (JdbcSink, String) {
+    let unique = integration::unique_name(what);
+    let table = short_name("upsert_", &[&unique]);
+    let key_type = match db {
+        Db::Postgres => "bigint PRIMARY KEY, payload text",
+        Db::MariaDb => "BIGINT PRIMARY KEY, payload LONGTEXT",
+    };
+    cli(db, &format!("CREATE TABLE {table} (id {key_type})"));
+    cli(
+        db,
+        &format!("INSERT INTO {table} VALUES (1, 'old'), (9, 'untouched')"),
+    );
+    let mode = WriteMode::Upsert {
+        key: vec!["id".into()],
+    };
+    let scope = short_name("u", &[&unique]);
+    let mut sink = JdbcSink::new(config(
+        db,
+        &SinkId::new("upserts").unwrap(),
+        0,
+        &table,
+        &scope,
+        mode,
+    ))
+    .await
+    .unwrap();
+    sink.recover(None).await.unwrap();
+    (sink, table)
+}
+
+fn table_rows(db: Db, table: &str) -> String {
+    cli(db, &format!("SELECT id, payload FROM {table} ORDER BY id")).replace('|', "\t")
+}
+
+async fn last_write_wins(db: Db) {
+    let (mut sink, table) = upsert_sink(db, "last").await;
+    sink.begin(CheckpointId(2)).await.unwrap();
+    sink.write(&rows(&[(1, "a"), (2, "b")])).await.unwrap();
+    sink.write(&rows(&[(1, "c"), (3, "d"), (3, "e")]))
+        .await
+        .unwrap();
+    sink.pre_commit(CheckpointId(2)).await.unwrap();
+    assert_eq!(
+        table_rows(db, &table),
+        "1\tc\n2\tb\n3\te\n9\tuntouched",
+        "{db:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_row_of_a_key_wins_on_both_databases() {
+    last_write_wins(Db::Postgres).await;
+    last_write_wins(Db::MariaDb).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_inserted_concurrently_is_still_upserted_on_postgres() {
+    let (mut sink, table) = upsert_sink(Db::Postgres, "concurrent").await;
+    sink.begin(CheckpointId(2)).await.unwrap();
+    sink.write(&rows(&[(5, "sink")])).await.unwrap();
+
+    // Another writer inserts key 5 and holds its transaction open: the sink's MERGE (no match yet) waits on it,
+    // then fails with a unique violation once it commits, and the ON CONFLICT merge takes over.
+    let (other, connection) = tokio_postgres::connect(&Db::Postgres.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    other.batch_execute("BEGIN").await.unwrap();
+    other
+        .execute(&format!("INSERT INTO {table} VALUES (5, 'other')"), &[])
+        .await
+        .unwrap();
+    let merging = tokio::spawn(async move {
+        sink.pre_commit(CheckpointId(2)).await.unwrap();
+    });
+    // Commit once the sink's MERGE waits for the other writer's row lock.
+    let waiting = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'MERGE INTO \"{table}\"%'"
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while other
+        .query_one(&waiting, &[])
+        .await
+        .unwrap()
+        .get::<_, i64>(0)
+        == 0
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the sink's MERGE never waited for the other writer"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    other.batch_execute("COMMIT").await.unwrap();
+    merging.await.unwrap();
+    assert_eq!(
+        table_rows(Db::Postgres, &table),
+        "1\told\n5\tsink\n9\tuntouched"
+    );
+}
