@@ -1,5 +1,5 @@
 //! The conformance harness on the JDBC sink against the real PostgreSQL and MariaDB servers, in the xa mode
-//! (prepared transactions) and the idempotent modes (upsert; append with a dedup table on PostgreSQL), verified
+//! (prepared transactions) and the idempotent modes (upsert; append with a dedup table), verified
 //! from Python (psycopg, pymysql) reading committed rows and the servers' prepared-transaction lists.
 
 mod common;

@@ -13,7 +13,7 @@ use crate::Xid;
 use crate::columns::{Cell, Columns, TableShape, quote, quote_table};
 use crate::config::{Dialect, JdbcSinkConfig, WriteMode, config_error};
 use crate::database::{MARKERS_KEPT, MARKERS_TABLE, OWNERS_TABLE, Session};
-use crate::sink::fenced;
+use crate::sink::{dedup_table, fenced};
 
 /// Placeholders per statement at most (the protocol allows 65535).
 const MAX_PLACEHOLDERS: usize = 60_000;
@@ -32,7 +32,24 @@ pub(crate) struct MySqlSession {
     rows_per_statement: usize,
     /// The open transaction: its xid, and whether it is an XA one.
     open: Option<Xid>,
+    /// The append mode's dedup table.
+    dedup: Option<Dedup>,
 }
+
+/// The append mode: which column holds the message id, and the statements on the dedup table.
+struct Dedup {
+    column: usize,
+    /// `INSERT IGNORE INTO <dedup> (message_id) VALUES `; with `RETURNING message_id` it names the ids that were
+    /// new (MariaDB 10.5+), once each.
+    claim: String,
+    /// Deletes ids older than the retention.
+    cleanup: String,
+    create: String,
+    last_cleanup: Option<std::time::Instant>,
+}
+
+/// How often expired ids are deleted from the dedup table, at most.
+const DEDUP_CLEANUP_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
 fn value(cell: Cell<'_>) -> Value {
     let datetime = |t: NaiveDateTime| {
@@ -81,6 +98,7 @@ impl MySqlSession {
         let shape = TableShape::of(&config.schema)?;
         let table = quote_table(d, &config.table);
         let columns = shape.column_list(d);
+        let mut dedup_sql = None;
         let (key, insert_tail) = match &config.mode {
             WriteMode::Xa => (Vec::new(), String::new()),
             WriteMode::Upsert { key } => {
@@ -103,12 +121,24 @@ impl MySqlSession {
                 };
                 (key.clone(), tail)
             }
-            WriteMode::Append { .. } => {
-                return Err(config_error(
-                    "mode append (with a dedup table) is implemented for PostgreSQL only in this release; \
-                     on MariaDB/MySQL use mode = xa, or upsert keyed by the message id",
-                )
-                .with_sink(&config.sink));
+            WriteMode::Append { dedup } => {
+                let column = shape.index(&dedup.message_id, "message_id")?;
+                let seen = quote_table(d, &dedup_table(&config, dedup));
+                dedup_sql = Some(Dedup {
+                    column,
+                    claim: format!("INSERT IGNORE INTO {seen} (message_id) VALUES "),
+                    cleanup: format!(
+                        "DELETE FROM {seen} WHERE seen_at < NOW(6) - INTERVAL {} SECOND",
+                        dedup.retention.as_secs()
+                    ),
+                    create: format!(
+                        "CREATE TABLE IF NOT EXISTS {seen} (message_id {} PRIMARY KEY, \
+                         seen_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)) ENGINE=InnoDB",
+                        shape.types[column].ddl(d, true)
+                    ),
+                    last_cleanup: None,
+                });
+                (Vec::new(), String::new())
             }
         };
         let longest = Xid {
@@ -155,6 +185,9 @@ impl MySqlSession {
                  PRIMARY KEY (sink, subtask, checkpoint)) ENGINE=InnoDB"
             ),
         ];
+        if let Some(dedup) = &dedup_sql {
+            ddl.push(dedup.create.clone());
+        }
         if config.create_table {
             ddl.push(format!(
                 "{} ENGINE=InnoDB",
@@ -195,6 +228,7 @@ impl MySqlSession {
             config,
             conn: Some(conn),
             open: None,
+            dedup: dedup_sql,
         })
     }
 
@@ -256,12 +290,16 @@ impl MySqlSession {
         let mut start = 0;
         while start < batch.num_rows() {
             let rows = (batch.num_rows() - start).min(self.rows_per_statement);
-            let mut params = Vec::with_capacity(rows * columns.len());
-            for row in start..start + rows {
+            let fresh = self.fresh_rows(&columns, start..start + rows).await?;
+            if fresh.is_empty() {
+                start += rows;
+                continue;
+            }
+            let mut params = Vec::with_capacity(fresh.len() * columns.len());
+            for &row in &fresh {
                 params.extend((0..columns.len()).map(|c| value(columns.cell(c, row))));
             }
-            let statement = self.statement_for(rows);
-            let result = self.conn(Phase::Write)?.exec_drop(statement, params).await;
+            let statement = self.statement_for(fresh.len());            let result = self.conn(Phase::Write)?.exec_drop(statement, params).await;
             if let Err(e) = result {
                 let first = format!("{} = {}", self.shape.names[0], columns.show(0, start));
                 let what = format!(
@@ -273,6 +311,37 @@ impl MySqlSession {
             start += rows;
         }
         Ok(())
+    }
+
+    /// The rows of `range` to insert: all of them, or in the append mode those whose message id the dedup
+    /// table did not hold yet (recorded there in the same transaction), the first of each id.
+    async fn fresh_rows(
+        &mut self,
+        columns: &Columns<'_>,
+        range: std::ops::Range<usize>,
+    ) -> Result<Vec<usize>> {
+        let Some(dedup) = &self.dedup else {
+            return Ok(range.collect());
+        };
+        let ids: Vec<Value> = range.clone().map(|row| value(columns.cell(dedup.column, row))).collect();
+        let statement = format!(
+            "{}{} RETURNING message_id",
+            dedup.claim,
+            vec!["(?)"; ids.len()].join(", ")
+        );
+        let xid = self.open.clone();
+        let claimed: std::result::Result<Vec<Value>, _> =
+            self.conn(Phase::Write)?.exec_map(statement, ids.clone(), |(id,): (Value,)| id).await;
+        let mut new_ids =
+            claimed.map_err(|e| self.lost_on(Phase::Write, xid.as_ref(), "the dedup table refused the ids", e))?;
+        let mut fresh = Vec::with_capacity(new_ids.len());
+        for (row, id) in range.zip(ids) {
+            if let Some(found) = new_ids.iter().position(|new| *new == id) {
+                new_ids.swap_remove(found);
+                fresh.push(row);
+            }
+        }
+        Ok(fresh)
     }
 
     /// Updates the owner row where the epoch is still `epoch`; fenced (and rolled back) when it is not.
@@ -409,6 +478,16 @@ impl Session for MySqlSession {
     }
 
     async fn apply(&mut self, xid: &Xid, epoch: u64) -> Result<()> {
+        if let Some(dedup) = &self.dedup
+            && dedup.last_cleanup.is_none_or(|at| at.elapsed() >= DEDUP_CLEANUP_EVERY)
+        {
+            let cleanup = dedup.cleanup.clone();
+            self.run(Phase::PreCommit, Some(xid), "dedup table cleanup failed", cleanup)
+                .await?;
+            if let Some(dedup) = &mut self.dedup {
+                dedup.last_cleanup = Some(std::time::Instant::now());
+            }
+        }
         self.fence(xid, epoch).await?;
         self.open = None;
         // A lost reply leaves the outcome unknown; the replay re-applies the rows with the same effect.

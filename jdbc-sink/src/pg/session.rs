@@ -51,9 +51,11 @@ impl Statements {
         let table = quote_table(d, &config.table);
         let columns = shape.column_list(d);
         let probe = format!("SELECT {columns} FROM {table} LIMIT 0");
+        // work_mem: the merge sorts a flush (up to MERGE_EVERY_ROWS rows) by key; in memory rather than on disk.
         let stage = format!(
             "CREATE TEMP TABLE {STAGE} ON COMMIT DELETE ROWS AS {probe};
-             ALTER TABLE {STAGE} ADD COLUMN ratchet_seq bigint"
+             ALTER TABLE {STAGE} ADD COLUMN ratchet_seq bigint;
+             SET work_mem = '64MB'"
         );
         let copy_into =
             |target: &str| format!("COPY {target} ({columns}) FROM STDIN (FORMAT binary)");
