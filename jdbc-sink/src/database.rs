@@ -50,7 +50,7 @@ pub(crate) trait Session: Send {
     /// back), inserts the marker, and prepares the transaction under `xid`.
     async fn prepare(&mut self, xid: &Xid, epoch: u64) -> Result<()>;
 
-    /// Upsert and append modes: merges what was staged, updates the owner row at `epoch` with the checkpoint
+    /// Upsert and append modes: updates the owner row at `epoch` with the checkpoint
     /// (or fails `Fenced` and rolls back), and commits.
     async fn apply(&mut self, xid: &Xid, epoch: u64) -> Result<()>;
 

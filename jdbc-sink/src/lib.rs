@@ -42,10 +42,10 @@
 //! # Upsert and append modes
 //! One ordinary transaction per checkpoint, committed at pre-commit together with the owner row's `checkpoint`
 //! (the progress row, which [`JdbcCommitter::is_committed`](connector_api::Committer::is_committed) reads).
-//! PostgreSQL: rows go by binary COPY into a session temporary table (numbered in arrival order), merged once
-//! per flush (at pre-commit, or every 500,000 rows) keeping the last row of each key: `MERGE` on PostgreSQL 15+
-//! (no speculative insertion, ~40% cheaper for new keys), and `INSERT .. SELECT .. ON CONFLICT (key) DO UPDATE`
-//! where `MERGE` meets a key a concurrent writer inserted first (or on older servers). MariaDB: multi-row
+//! PostgreSQL: each batch is one statement whose rows arrive as binary array parameters (one per column,
+//! `unnest(..) WITH ORDINALITY`, so the last row of a key wins): `MERGE` on PostgreSQL 15+ (no speculative
+//! insertion: ~40% cheaper than `ON CONFLICT` for new keys), and `INSERT .. SELECT .. ON CONFLICT (key) DO
+//! UPDATE` where `MERGE` meets a key a concurrent writer inserted first (or on older servers). MariaDB: multi-row
 //! `INSERT .. ON DUPLICATE KEY UPDATE` (statement order makes the last row win). Rows of a checkpoint
 //! whose record never became durable may be visible before the replay writes them again with the same effect:
 //! *effectively* exactly once. In the append mode, a dedup table of message ids written in the same transaction

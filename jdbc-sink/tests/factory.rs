@@ -33,7 +33,10 @@ async fn job_file_round_trip(db: Db) {
     let password = std::env::var(PASSWORD_VARIABLE).unwrap_or_else(|_| {
         panic!("{PASSWORD_VARIABLE} is not set: run through scripts/test.sh or eval \"$(scripts/services.sh env)\"")
     });
-    let table = short_name("job_", &[&integration::unique_name("factory"), &format!("{db:?}")]);
+    let table = short_name(
+        "job_",
+        &[&integration::unique_name("factory"), &format!("{db:?}")],
+    );
     let url = match db {
         Db::Postgres => format!(
             "{}?sslmode=verify-full&sslrootcert={}",
@@ -69,7 +72,10 @@ async fn job_file_round_trip(db: Db) {
     );
     let handle = driver.add_dyn_sink(sink).unwrap();
     driver.start().await.unwrap();
-    driver.write(handle, &conformance_batch(0..25)).await.unwrap();
+    driver
+        .write(handle, &conformance_batch(0..25))
+        .await
+        .unwrap();
     let at = vec![SourceOffset {
         topic: "source".into(),
         partition: 0,

@@ -82,10 +82,9 @@ async fn the_last_row_of_a_key_wins_on_both_databases() {
 async fn a_key_inserted_concurrently_is_still_upserted_on_postgres() {
     let (mut sink, table) = upsert_sink(Db::Postgres, "concurrent").await;
     sink.begin(CheckpointId(2)).await.unwrap();
-    sink.write(&rows(&[(5, "sink")])).await.unwrap();
 
     // Another writer inserts key 5 and holds its transaction open: the sink's MERGE (no match yet) waits on it,
-    // then fails with a unique violation once it commits, and the ON CONFLICT merge takes over.
+    // then fails with a unique violation once it commits, and the ON CONFLICT statement takes over.
     let (other, connection) = tokio_postgres::connect(&Db::Postgres.url(), tokio_postgres::NoTls)
         .await
         .unwrap();
@@ -96,6 +95,7 @@ async fn a_key_inserted_concurrently_is_still_upserted_on_postgres() {
         .await
         .unwrap();
     let merging = tokio::spawn(async move {
+        sink.write(&rows(&[(5, "sink")])).await.unwrap();
         sink.pre_commit(CheckpointId(2)).await.unwrap();
     });
     // Commit once the sink's MERGE waits for the other writer's row lock.

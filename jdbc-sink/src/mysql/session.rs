@@ -299,7 +299,8 @@ impl MySqlSession {
             for &row in &fresh {
                 params.extend((0..columns.len()).map(|c| value(columns.cell(c, row))));
             }
-            let statement = self.statement_for(fresh.len());            let result = self.conn(Phase::Write)?.exec_drop(statement, params).await;
+            let statement = self.statement_for(fresh.len());
+            let result = self.conn(Phase::Write)?.exec_drop(statement, params).await;
             if let Err(e) = result {
                 let first = format!("{} = {}", self.shape.names[0], columns.show(0, start));
                 let what = format!(
@@ -323,17 +324,28 @@ impl MySqlSession {
         let Some(dedup) = &self.dedup else {
             return Ok(range.collect());
         };
-        let ids: Vec<Value> = range.clone().map(|row| value(columns.cell(dedup.column, row))).collect();
+        let ids: Vec<Value> = range
+            .clone()
+            .map(|row| value(columns.cell(dedup.column, row)))
+            .collect();
         let statement = format!(
             "{}{} RETURNING message_id",
             dedup.claim,
             vec!["(?)"; ids.len()].join(", ")
         );
         let xid = self.open.clone();
-        let claimed: std::result::Result<Vec<Value>, _> =
-            self.conn(Phase::Write)?.exec_map(statement, ids.clone(), |(id,): (Value,)| id).await;
-        let mut new_ids =
-            claimed.map_err(|e| self.lost_on(Phase::Write, xid.as_ref(), "the dedup table refused the ids", e))?;
+        let claimed: std::result::Result<Vec<Value>, _> = self
+            .conn(Phase::Write)?
+            .exec_map(statement, ids.clone(), |(id,): (Value,)| id)
+            .await;
+        let mut new_ids = claimed.map_err(|e| {
+            self.lost_on(
+                Phase::Write,
+                xid.as_ref(),
+                "the dedup table refused the ids",
+                e,
+            )
+        })?;
         let mut fresh = Vec::with_capacity(new_ids.len());
         for (row, id) in range.zip(ids) {
             if let Some(found) = new_ids.iter().position(|new| *new == id) {
@@ -479,11 +491,18 @@ impl Session for MySqlSession {
 
     async fn apply(&mut self, xid: &Xid, epoch: u64) -> Result<()> {
         if let Some(dedup) = &self.dedup
-            && dedup.last_cleanup.is_none_or(|at| at.elapsed() >= DEDUP_CLEANUP_EVERY)
+            && dedup
+                .last_cleanup
+                .is_none_or(|at| at.elapsed() >= DEDUP_CLEANUP_EVERY)
         {
             let cleanup = dedup.cleanup.clone();
-            self.run(Phase::PreCommit, Some(xid), "dedup table cleanup failed", cleanup)
-                .await?;
+            self.run(
+                Phase::PreCommit,
+                Some(xid),
+                "dedup table cleanup failed",
+                cleanup,
+            )
+            .await?;
             if let Some(dedup) = &mut self.dedup {
                 dedup.last_cleanup = Some(std::time::Instant::now());
             }

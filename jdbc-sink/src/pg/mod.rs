@@ -3,6 +3,7 @@
 mod cell;
 mod coordinator;
 mod session;
+mod statements;
 
 use connector_api::postgres::PgConnectOptions;
 use connector_api::{Error, ErrorKind, Phase, Result};

@@ -1,5 +1,5 @@
-//! The writer's PostgreSQL session: binary COPY into the table (xa mode) or into a staging table merged with one
-//! `INSERT .. SELECT` per flush (upsert and append modes).
+//! The writer's PostgreSQL session: binary COPY into the table (xa mode), or one `MERGE` / `INSERT .. SELECT`
+//! per batch from binary array parameters (upsert and append modes; see [`super::statements`]).
 
 use std::time::{Duration, Instant};
 
@@ -8,176 +8,39 @@ use async_trait::async_trait;
 use connector_api::postgres::PgConnectOptions;
 use connector_api::{Error, ErrorKind, Phase, Result};
 use futures_util::pin_mut;
-use tokio_postgres::Client;
 use tokio_postgres::binary_copy::BinaryCopyInWriter;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::types::Type;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Client, Statement};
 
 use super::cell::{PgCell, accepts};
+use super::statements::{self, BatchStatements};
 use super::{pg_error, prepare_database};
 use crate::Xid;
-use crate::columns::{Cell, Columns, TableShape, quote, quote_table};
-use crate::config::{Dialect, JdbcSinkConfig, WriteMode, config_error};
+use crate::columns::{Columns, TableShape};
+use crate::config::{JdbcSinkConfig, WriteMode, config_error};
 use crate::database::{MARKERS_KEPT, MARKERS_TABLE, OWNERS_TABLE, Session};
-use crate::sink::{dedup_table, fenced};
+use crate::sink::fenced;
 
-/// The per-session staging table of the upsert and append modes (emptied at every commit).
-const STAGE: &str = "ratchet_stage";
-/// Staged rows beyond which a write merges them into the table before staging more.
-const MERGE_EVERY_ROWS: u64 = 500_000;
 /// How often expired ids are deleted from the dedup table, at most.
 const DEDUP_CLEANUP_EVERY: Duration = Duration::from_secs(60);
-
-/// The SQL a session runs, built once from the config.
-struct Statements {
-    /// `COPY .. FROM STDIN (FORMAT binary)` into the table (xa) or the staging table.
-    copy: String,
-    /// The upsert or dedup-append `INSERT .. SELECT` from the staging table (not in xa mode).
-    merge: Option<String>,
-    /// The upsert as `MERGE` (PostgreSQL 15+): no speculative insertion, ~40% faster for new keys; it fails
-    /// (unique violation) where a concurrent writer inserted one of the keys first, and then `merge` runs.
-    fast_merge: Option<String>,
-    /// Deletes expired dedup ids (`$1`: retention in seconds), append mode only.
-    dedup_cleanup: Option<String>,
-    /// Sets up the staging table in a new session.
-    stage: Option<String>,
-    /// `SELECT <columns> FROM <table>`, for the column types.
-    probe: String,
-}
-
-impl Statements {
-    fn new(config: &JdbcSinkConfig, shape: &TableShape) -> Result<Self> {
-        let d = Dialect::Postgres;
-        let table = quote_table(d, &config.table);
-        let columns = shape.column_list(d);
-        let probe = format!("SELECT {columns} FROM {table} LIMIT 0");
-        // work_mem: the merge sorts a flush (up to MERGE_EVERY_ROWS rows) by key; in memory rather than on disk.
-        let stage = format!(
-            "CREATE TEMP TABLE {STAGE} ON COMMIT DELETE ROWS AS {probe};
-             ALTER TABLE {STAGE} ADD COLUMN ratchet_seq bigint;
-             SET work_mem = '64MB'"
-        );
-        let copy_into =
-            |target: &str| format!("COPY {target} ({columns}) FROM STDIN (FORMAT binary)");
-        // Staged rows carry their order (the later row of a key wins), numbered by the session.
-        let copy_stage =
-            format!("COPY {STAGE} ({columns}, ratchet_seq) FROM STDIN (FORMAT binary)");
-        let prefixed = |prefix: &str| {
-            shape
-                .names
-                .iter()
-                .map(|n| format!("{prefix}.{}", quote(d, n)))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        Ok(match &config.mode {
-            WriteMode::Xa => Self {
-                copy: copy_into(&table),
-                merge: None,
-                fast_merge: None,
-                dedup_cleanup: None,
-                stage: None,
-                probe,
-            },
-            WriteMode::Upsert { key } => {
-                for k in key {
-                    shape.index(k, "key")?;
-                }
-                if key.is_empty() {
-                    return Err(config_error("mode upsert needs at least one key column"));
-                }
-                let keys = key
-                    .iter()
-                    .map(|k| quote(d, k))
-                    .collect::<Vec<_>>()
-                    .join(", ");
-                let updates: Vec<String> = shape
-                    .names
-                    .iter()
-                    .filter(|n| !key.contains(n))
-                    .map(|n| format!("{0} = EXCLUDED.{0}", quote(d, n)))
-                    .collect();
-                let action = if updates.is_empty() {
-                    "DO NOTHING".to_string()
-                } else {
-                    format!("DO UPDATE SET {}", updates.join(", "))
-                };
-                let latest = format!(
-                    "SELECT DISTINCT ON ({keys}) {columns} FROM {STAGE} ORDER BY {keys}, ratchet_seq DESC"
-                );
-                let on: Vec<String> = key
-                    .iter()
-                    .map(|k| format!("t.{0} = s.{0}", quote(d, k)))
-                    .collect();
-                let matched: Vec<String> = shape
-                    .names
-                    .iter()
-                    .filter(|n| !key.contains(n))
-                    .map(|n| format!("{0} = s.{0}", quote(d, n)))
-                    .collect();
-                let when_matched = if matched.is_empty() {
-                    "DO NOTHING".to_string()
-                } else {
-                    format!("UPDATE SET {}", matched.join(", "))
-                };
-                Self {
-                    copy: copy_stage,
-                    merge: Some(format!(
-                        "INSERT INTO {table} ({columns}) {latest} ON CONFLICT ({keys}) {action}"
-                    )),
-                    fast_merge: Some(format!(
-                        "MERGE INTO {table} t USING ({latest}) s ON {} WHEN MATCHED THEN {when_matched} \
-                         WHEN NOT MATCHED THEN INSERT ({columns}) VALUES ({})",
-                        on.join(" AND "),
-                        prefixed("s")
-                    )),
-                    dedup_cleanup: None,
-                    stage: Some(stage),
-                    probe,
-                }
-            }
-            WriteMode::Append { dedup } => {
-                shape.index(&dedup.message_id, "message_id")?;
-                let id = quote(d, &dedup.message_id);
-                let seen = quote_table(d, &dedup_table(config, dedup));
-                Self {
-                    copy: copy_stage,
-                    fast_merge: None,
-                    merge: Some(format!(
-                        "WITH fresh AS (INSERT INTO {seen} (message_id) SELECT DISTINCT {id} FROM {STAGE} \
-                         ON CONFLICT DO NOTHING RETURNING message_id) \
-                         INSERT INTO {table} ({columns}) SELECT DISTINCT ON (s.{id}) {} FROM {STAGE} s \
-                         JOIN fresh f ON f.message_id = s.{id} ORDER BY s.{id}, s.ratchet_seq",
-                        prefixed("s")
-                    )),
-                    dedup_cleanup: Some(format!(
-                        "DELETE FROM {seen} WHERE seen_at < now() - make_interval(secs => $1)"
-                    )),
-                    stage: Some(stage),
-                    probe,
-                }
-            }
-        })
-    }
-}
 
 /// The writer's connection; see the module docs.
 pub(crate) struct PgSession {
     options: PgConnectOptions,
     config: JdbcSinkConfig,
     shape: TableShape,
-    sql: Statements,
+    /// The xa mode's COPY.
+    copy: String,
+    /// The upsert and append modes' per-batch statements.
+    batch: Option<BatchStatements>,
     client: Option<Client>,
+    /// `batch` prepared on `client` (primary, fallback); prepared again after a reconnect.
+    prepared: Option<(Statement, Option<Statement>)>,
     /// The table's column types, in the batch schema's order.
     types: Vec<Type>,
     /// The open transaction's id.
     open: Option<Xid>,
-    /// Rows in the staging table not merged yet.
-    staged: u64,
-    /// The order number of the next staged row.
-    next_seq: i64,
-    /// Whether the server has `MERGE` (PostgreSQL 15+).
-    has_merge: bool,
     last_dedup_cleanup: Option<Instant>,
 }
 
@@ -185,18 +48,16 @@ impl PgSession {
     /// Connects, checks the server and the table, creates what `config` asks for.
     pub(crate) async fn connect(options: PgConnectOptions, config: JdbcSinkConfig) -> Result<Self> {
         let shape = TableShape::of(&config.schema)?;
-        let sql = Statements::new(&config, &shape)?;
         let mut session = Self {
             options,
+            copy: statements::copy(&config, &shape),
             config,
             shape,
-            sql,
+            batch: None,
             client: None,
+            prepared: None,
             types: Vec::new(),
             open: None,
-            staged: 0,
-            next_seq: 0,
-            has_merge: false,
             last_dedup_cleanup: None,
         };
         let client = session.connect_only(Phase::Setup).await?;
@@ -207,8 +68,12 @@ impl PgSession {
             .await
             .map_err(|e| session.error(Phase::Setup, None, "cannot read the server version", e))?
             .get(0);
-        session.has_merge = version >= 150_000;
-        session.create_stage(&client, Phase::Setup).await?;
+        session.batch = BatchStatements::new(
+            &session.config,
+            &session.shape,
+            &session.types,
+            version >= 150_000,
+        )?;
         session.client = Some(client);
         Ok(session)
     }
@@ -232,27 +97,10 @@ impl PgSession {
         Ok(client)
     }
 
-    /// Creates the session's staging table (upsert and append modes).
-    async fn create_stage(&self, client: &Client, phase: Phase) -> Result<()> {
-        if let Some(stage) = &self.sql.stage {
-            client
-                .batch_execute(stage)
-                .await
-                .map_err(|e| self.error(phase, None, "cannot create the staging table", e))?;
-        }
-        Ok(())
-    }
-
-    /// A new connection with its staging table.
-    async fn open_connection(&self, phase: Phase) -> Result<Client> {
-        let client = self.connect_only(phase).await?;
-        self.create_stage(&client, phase).await?;
-        Ok(client)
-    }
-
     /// The table's types for the batch columns, checked against the Arrow types.
     async fn table_types(&self, client: &Client) -> Result<Vec<Type>> {
-        let statement = client.prepare(&self.sql.probe).await.map_err(|e| {
+        let probe = statements::probe(&self.config, &self.shape);
+        let statement = client.prepare(&probe).await.map_err(|e| {
             let hint = match e.code() {
                 Some(c) if *c == SqlState::UNDEFINED_TABLE => {
                     " (create it, or set create_table = true to create it from the batches' schema)"
@@ -310,29 +158,20 @@ impl PgSession {
         })
     }
 
-    /// Binary COPY of `batch` (into the staging table with each row's order number); a refused row is named by
-    /// its line, mapped back to the batch row's first column.
-    async fn copy(&mut self, batch: &RecordBatch) -> Result<()> {
-        let staging = self.sql.merge.is_some();
-        let mut types = self.types.clone();
-        if staging {
-            types.push(Type::INT8);
-        }
-        let first_seq = self.next_seq;
+    /// Binary COPY of `batch` into the table; a refused row is named by its line, mapped back to the batch
+    /// row's first column.
+    async fn copy(&self, batch: &RecordBatch) -> Result<()> {
         let client = self.client(Phase::Write)?;
         let sink = client
-            .copy_in(&self.sql.copy)
+            .copy_in(&self.copy)
             .await
             .map_err(|e| self.error(Phase::Write, None, "COPY failed to start", e))?;
-        let writer = BinaryCopyInWriter::new(sink, &types);
+        let writer = BinaryCopyInWriter::new(sink, &self.types);
         pin_mut!(writer);
         let columns = Columns::new(batch, &self.shape.types);
-        let mut cells = Vec::with_capacity(types.len());
+        let mut cells = Vec::with_capacity(columns.len());
         for row in 0..batch.num_rows() {
             cells.extend((0..columns.len()).map(|c| PgCell(columns.cell(c, row))));
-            if staging {
-                cells.push(PgCell(Cell::Int64(first_seq + row as i64)));
-            }
             if let Err(e) = writer.as_mut().write_raw(cells.drain(..)).await {
                 return Err(self.row_error(&columns, row, e));
             }
@@ -348,8 +187,82 @@ impl PgSession {
                 _ => self.error(Phase::Write, None, "COPY failed", e),
             }
         })?;
-        self.next_seq += batch.num_rows() as i64;
         Ok(())
+    }
+
+    /// The upsert or append statement for `batch`, its columns as binary arrays; when a `MERGE` meets a key a
+    /// concurrent writer inserted first, the `ON CONFLICT` statement instead (back at the write's savepoint).
+    async fn write_rows(&mut self, batch: &RecordBatch) -> Result<()> {
+        let (primary, fallback) = self.prepared_batch().await?;
+        let columns = Columns::new(batch, &self.shape.types);
+        let arrays: Vec<Vec<PgCell<'_>>> = (0..columns.len())
+            .map(|c| {
+                (0..batch.num_rows())
+                    .map(|row| PgCell(columns.cell(c, row)))
+                    .collect()
+            })
+            .collect();
+        let params: Vec<&(dyn ToSql + Sync)> =
+            arrays.iter().map(|a| a as &(dyn ToSql + Sync)).collect();
+        let client = self.client(Phase::Write)?;
+        let refused = |e| {
+            let first = format!("{} = {}", self.shape.names[0], columns.show(0, 0));
+            self.error(
+                Phase::Write,
+                self.open.as_ref(),
+                &format!(
+                    "the table {} refused a row of the batch starting at the row with {first}",
+                    self.config.table
+                ),
+                e,
+            )
+        };
+        match client.execute(&primary, &params).await {
+            Ok(_) => Ok(()),
+            Err(e)
+                if fallback.is_some()
+                    && (e.code() == Some(&SqlState::UNIQUE_VIOLATION)
+                        || e.code() == Some(&SqlState::T_R_SERIALIZATION_FAILURE)) =>
+            {
+                tracing::debug!(error = %e, "MERGE met a concurrent writer; upserting with ON CONFLICT");
+                client
+                    .batch_execute("ROLLBACK TO SAVEPOINT ratchet_write")
+                    .await
+                    .map_err(|e| {
+                        self.error(Phase::Write, None, "ROLLBACK TO SAVEPOINT failed", e)
+                    })?;
+                let fallback = fallback.expect("checked above");
+                client
+                    .execute(&fallback, &params)
+                    .await
+                    .map(|_| ())
+                    .map_err(refused)
+            }
+            Err(e) => Err(refused(e)),
+        }
+    }
+
+    /// The batch statements prepared on the current connection.
+    async fn prepared_batch(&mut self) -> Result<(Statement, Option<Statement>)> {
+        if let Some(prepared) = &self.prepared {
+            return Ok(prepared.clone());
+        }
+        let batch = self.batch.clone().ok_or_else(|| {
+            Error::new(
+                ErrorKind::Bug,
+                Phase::Write,
+                "no batch statements in xa mode",
+            )
+        })?;
+        let client = self.client(Phase::Write)?;
+        let fail = |e| self.error(Phase::Write, None, "cannot prepare the write statement", e);
+        let primary = client.prepare(&batch.primary).await.map_err(fail)?;
+        let fallback = match &batch.fallback {
+            Some(sql) => Some(client.prepare(sql).await.map_err(fail)?),
+            None => None,
+        };
+        self.prepared = Some((primary.clone(), fallback.clone()));
+        Ok((primary, fallback))
     }
 
     fn row_error(&self, columns: &Columns<'_>, row: usize, e: tokio_postgres::Error) -> Error {
@@ -365,66 +278,6 @@ impl PgSession {
             &format!("the table {} refused the row with {key}", self.config.table),
             e,
         )
-    }
-
-    async fn merge(&mut self, xid: &Xid) -> Result<()> {
-        if self.staged == 0 {
-            return Ok(());
-        }
-        if let Some(merge) = &self.sql.merge {
-            let client = self.client(Phase::PreCommit)?;
-            let fail = |what| move |e| pg_error(Phase::PreCommit, Some(xid), what, e);
-            let fast = match (&self.sql.fast_merge, self.has_merge) {
-                (Some(fast), true) => {
-                    client
-                        .batch_execute("SAVEPOINT ratchet_merge")
-                        .await
-                        .map_err(fail("SAVEPOINT failed"))?;
-                    match client.execute(fast.as_str(), &[]).await {
-                        Ok(_) => true,
-                        Err(e)
-                            if e.code() == Some(&SqlState::UNIQUE_VIOLATION)
-                                || e.code() == Some(&SqlState::T_R_SERIALIZATION_FAILURE) =>
-                        {
-                            tracing::debug!(error = %e, "MERGE met a concurrent writer; merging with ON CONFLICT");
-                            client
-                                .batch_execute("ROLLBACK TO SAVEPOINT ratchet_merge")
-                                .await
-                                .map_err(fail("ROLLBACK TO SAVEPOINT failed"))?;
-                            false
-                        }
-                        Err(e) => {
-                            return Err(fail("merging the staged rows failed")(e)
-                                .with_sink(&self.config.sink));
-                        }
-                    }
-                }
-                _ => false,
-            };
-            if !fast {
-                client.execute(merge.as_str(), &[]).await.map_err(|e| {
-                    self.error(
-                        Phase::PreCommit,
-                        Some(xid),
-                        "merging the staged rows failed",
-                        e,
-                    )
-                })?;
-            }
-            client
-                .batch_execute(&format!("TRUNCATE {STAGE}"))
-                .await
-                .map_err(|e| {
-                    self.error(
-                        Phase::PreCommit,
-                        Some(xid),
-                        "TRUNCATE of the stage failed",
-                        e,
-                    )
-                })?;
-        }
-        self.staged = 0;
-        Ok(())
     }
 
     /// Updates the owner row where the epoch is still `epoch`; fenced (and rolled back) when it is not.
@@ -466,14 +319,14 @@ impl Session for PgSession {
     async fn begin(&mut self, xid: &Xid) -> Result<()> {
         if self.client.as_ref().is_none_or(Client::is_closed) {
             self.client = None;
-            self.client = Some(self.open_connection(Phase::Begin).await?);
+            self.prepared = None;
+            self.client = Some(self.connect_only(Phase::Begin).await?);
         }
         self.client(Phase::Begin)?
             .batch_execute("BEGIN")
             .await
             .map_err(|e| self.error(Phase::Begin, Some(xid), "BEGIN failed", e))?;
         self.open = Some(xid.clone());
-        self.staged = 0;
         Ok(())
     }
 
@@ -488,9 +341,12 @@ impl Session for PgSession {
             .batch_execute("SAVEPOINT ratchet_write")
             .await
             .map_err(fail("SAVEPOINT failed"))?;
-        let copied = self.copy(batch).await;
+        let written = match self.batch {
+            None => self.copy(batch).await,
+            Some(_) => self.write_rows(batch).await,
+        };
         let client = self.client(Phase::Write)?;
-        match copied {
+        match written {
             Ok(()) => client
                 .batch_execute("RELEASE SAVEPOINT ratchet_write")
                 .await
@@ -503,17 +359,6 @@ impl Session for PgSession {
                 return Err(e);
             }
             Err(e) => return Err(e),
-        }
-        if self.sql.merge.is_some() {
-            self.staged += batch.num_rows() as u64;
-            if self.staged >= MERGE_EVERY_ROWS {
-                let xid = self.open.clone().ok_or_else(|| {
-                    Error::new(ErrorKind::Bug, Phase::Write, "write without begin")
-                })?;
-                self.merge(&xid)
-                    .await
-                    .map_err(|e| e.at_phase(Phase::Write))?;
-            }
         }
         Ok(())
     }
@@ -563,9 +408,8 @@ impl Session for PgSession {
     }
 
     async fn apply(&mut self, xid: &Xid, epoch: u64) -> Result<()> {
-        self.merge(xid).await?;
-        if let (Some(cleanup), WriteMode::Append { dedup }) =
-            (&self.sql.dedup_cleanup, &self.config.mode)
+        let cleanup = self.batch.as_ref().and_then(|b| b.dedup_cleanup.clone());
+        if let (Some(cleanup), WriteMode::Append { dedup }) = (cleanup, &self.config.mode)
             && self
                 .last_dedup_cleanup
                 .is_none_or(|at| at.elapsed() >= DEDUP_CLEANUP_EVERY)
@@ -592,7 +436,6 @@ impl Session for PgSession {
         if self.open.take().is_none() {
             return Ok(());
         }
-        self.staged = 0;
         match &self.client {
             // The transaction ended with the connection.
             None => Ok(()),

@@ -1,0 +1,168 @@
+//! The SQL of the writer's PostgreSQL session, built once per table.
+//!
+//! The upsert and append modes send each batch as one statement whose rows arrive as binary array parameters,
+//! one array per column, unpacked with `unnest(..) WITH ORDINALITY` (the ordinal keeps arrival order, so the last
+//! row of a key wins): no staging table to write and read back, and no row-by-row statements.
+
+use connector_api::Result;
+use tokio_postgres::types::Type;
+
+use crate::columns::{TableShape, quote, quote_table};
+use crate::config::{Dialect, JdbcSinkConfig, WriteMode, config_error};
+use crate::sink::dedup_table;
+
+const D: Dialect = Dialect::Postgres;
+
+/// `SELECT <columns> FROM <table> LIMIT 0`: prepared at start for the table's column types.
+pub(crate) fn probe(config: &JdbcSinkConfig, shape: &TableShape) -> String {
+    format!(
+        "SELECT {} FROM {} LIMIT 0",
+        shape.column_list(D),
+        quote_table(D, &config.table)
+    )
+}
+
+/// The xa mode's bulk path: binary COPY into the table.
+pub(crate) fn copy(config: &JdbcSinkConfig, shape: &TableShape) -> String {
+    format!(
+        "COPY {} ({}) FROM STDIN (FORMAT binary)",
+        quote_table(D, &config.table),
+        shape.column_list(D)
+    )
+}
+
+/// The statements of the upsert and append modes, one execution per batch.
+#[derive(Debug, Clone)]
+pub(crate) struct BatchStatements {
+    /// The statement to run first: `MERGE` (upsert on PostgreSQL 15+), `INSERT .. ON CONFLICT` (upsert before
+    /// 15), or the dedup append.
+    pub(crate) primary: String,
+    /// Run instead when `primary` (a `MERGE`) meets a key a concurrent writer inserted first: `MERGE` then fails
+    /// with a unique violation where `INSERT .. ON CONFLICT` waits and updates.
+    pub(crate) fallback: Option<String>,
+    /// Deletes dedup ids older than `$1` seconds (append mode).
+    pub(crate) dedup_cleanup: Option<String>,
+}
+
+impl BatchStatements {
+    /// The statements for `config`'s mode (`None` in xa mode), given the table's column `types` (in the batch
+    /// schema's order) and whether the server has `MERGE`.
+    ///
+    /// # Errors
+    /// [`Config`](connector_api::ErrorKind::Config) for key or message-id columns the batches do not have.
+    pub(crate) fn new(
+        config: &JdbcSinkConfig,
+        shape: &TableShape,
+        types: &[Type],
+        has_merge: bool,
+    ) -> Result<Option<Self>> {
+        let table = quote_table(D, &config.table);
+        let columns = shape.column_list(D);
+        let arrays: Vec<String> = types
+            .iter()
+            .enumerate()
+            .map(|(i, ty)| {
+                format!(
+                    "${}::{}.{}[]",
+                    i + 1,
+                    quote(D, ty.schema()),
+                    quote(D, ty.name())
+                )
+            })
+            .collect();
+        let rows = format!(
+            "unnest({}) WITH ORDINALITY AS s({columns}, ratchet_seq)",
+            arrays.join(", ")
+        );
+        let prefixed = |prefix: &str| {
+            shape
+                .names
+                .iter()
+                .map(|n| format!("{prefix}.{}", quote(D, n)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        Ok(Some(match &config.mode {
+            WriteMode::Xa => return Ok(None),
+            WriteMode::Upsert { key } => {
+                if key.is_empty() {
+                    return Err(config_error("mode upsert needs at least one key column"));
+                }
+                for k in key {
+                    shape.index(k, "key")?;
+                }
+                let keys = key
+                    .iter()
+                    .map(|k| quote(D, k))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                let others: Vec<&String> =
+                    shape.names.iter().filter(|n| !key.contains(n)).collect();
+                let latest = format!(
+                    "SELECT DISTINCT ON ({keys}) {columns} FROM {rows} ORDER BY {keys}, ratchet_seq DESC"
+                );
+                let on_conflict = if others.is_empty() {
+                    "DO NOTHING".to_string()
+                } else {
+                    let set: Vec<String> = others
+                        .iter()
+                        .map(|n| format!("{0} = EXCLUDED.{0}", quote(D, n)))
+                        .collect();
+                    format!("DO UPDATE SET {}", set.join(", "))
+                };
+                let insert = format!(
+                    "INSERT INTO {table} ({columns}) {latest} ON CONFLICT ({keys}) {on_conflict}"
+                );
+                if !has_merge {
+                    return Ok(Some(Self {
+                        primary: insert,
+                        fallback: None,
+                        dedup_cleanup: None,
+                    }));
+                }
+                let on: Vec<String> = key
+                    .iter()
+                    .map(|k| format!("t.{0} = s.{0}", quote(D, k)))
+                    .collect();
+                let when_matched = if others.is_empty() {
+                    "DO NOTHING".to_string()
+                } else {
+                    let set: Vec<String> = others
+                        .iter()
+                        .map(|n| format!("{0} = s.{0}", quote(D, n)))
+                        .collect();
+                    format!("UPDATE SET {}", set.join(", "))
+                };
+                Self {
+                    primary: format!(
+                        "MERGE INTO {table} t USING ({latest}) s ON {} WHEN MATCHED THEN {when_matched} \
+                         WHEN NOT MATCHED THEN INSERT ({columns}) VALUES ({})",
+                        on.join(" AND "),
+                        prefixed("s")
+                    ),
+                    fallback: Some(insert),
+                    dedup_cleanup: None,
+                }
+            }
+            WriteMode::Append { dedup } => {
+                shape.index(&dedup.message_id, "message_id")?;
+                let id = quote(D, &dedup.message_id);
+                let seen = quote_table(D, &dedup_table(config, dedup));
+                Self {
+                    primary: format!(
+                        "WITH s AS (SELECT * FROM {rows}), \
+                         fresh AS (INSERT INTO {seen} (message_id) SELECT DISTINCT {id} FROM s \
+                         ON CONFLICT DO NOTHING RETURNING message_id) \
+                         INSERT INTO {table} ({columns}) SELECT DISTINCT ON (s.{id}) {} FROM s \
+                         JOIN fresh f ON f.message_id = s.{id} ORDER BY s.{id}, s.ratchet_seq",
+                        prefixed("s")
+                    ),
+                    fallback: None,
+                    dedup_cleanup: Some(format!(
+                        "DELETE FROM {seen} WHERE seen_at < now() - make_interval(secs => $1)"
+                    )),
+                }
+            }
+        }))
+    }
+}
