@@ -94,6 +94,9 @@ pub struct JdbcSink {
     coordinator: Arc<dyn Coordinator>,
     /// The owner epoch this instance claimed in `recover`; `None` before.
     epoch: Option<u64>,
+    /// The transaction the last `pre_commit` prepared, until the next `begin` (by then its checkpoint is decided):
+    /// what `abort` rolls back when the driver abandons that checkpoint.
+    prepared: Option<Xid>,
 }
 
 impl std::fmt::Debug for JdbcSink {
@@ -140,6 +143,7 @@ impl JdbcSink {
             session,
             coordinator,
             epoch: None,
+            prepared: None,
         })
     }
 
@@ -181,6 +185,8 @@ impl TwoPhaseCommit for JdbcSink {
 
     async fn begin(&mut self, checkpoint: CheckpointId) -> Result<()> {
         self.epoch(Phase::Begin)?;
+        // The driver begins a checkpoint only once the previous one is decided: no abort can reach it any more.
+        self.prepared = None;
         let xid = self.xid(checkpoint);
         self.session.begin(&xid).await
     }
@@ -200,6 +206,7 @@ impl TwoPhaseCommit for JdbcSink {
         let xid = self.xid(checkpoint);
         if self.xa {
             self.session.prepare(&xid, epoch).await?;
+            self.prepared = Some(xid.clone());
         } else {
             self.session.apply(&xid, epoch).await?;
         }
@@ -209,8 +216,18 @@ impl TwoPhaseCommit for JdbcSink {
         })
     }
 
+    /// Rolls back the open transaction, and the one the last `pre_commit` prepared if its checkpoint was
+    /// abandoned (another sink failed its pre-commit, or the record could not be saved): it would otherwise hold
+    /// its rows and the owner row until the next recovery.
     async fn abort(&mut self) -> Result<()> {
-        self.session.rollback().await
+        self.session.rollback().await?;
+        if let Some(xid) = self.prepared.take() {
+            self.coordinator
+                .rollback_prepared(&xid)
+                .await
+                .map_err(|e| e.at_phase(Phase::Abort).or_sink(&self.sink))?;
+        }
+        Ok(())
     }
 
     /// Commits the restored checkpoint's prepared transactions (of any subtask: a recovery that took over a

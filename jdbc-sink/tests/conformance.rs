@@ -91,18 +91,21 @@ async fn postgres_upsert_passes_the_conformance_harness() {
         .assert_passed();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_dedup_append_passes_the_conformance_harness() {
-    let mode = WriteMode::Append {
+fn dedup_append() -> WriteMode {
+    WriteMode::Append {
         dedup: DedupConfig {
             message_id: "id".into(),
             table: None,
             retention: std::time::Duration::from_secs(3600),
         },
-    };
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_dedup_append_passes_the_conformance_harness() {
     let target = Table {
         db: Db::Postgres,
-        mode,
+        mode: dedup_append(),
     };
     run_conformance(
         "jdbc-sink dedup append on PostgreSQL",
@@ -111,6 +114,17 @@ async fn postgres_dedup_append_passes_the_conformance_harness() {
     )
     .await
     .assert_passed();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_dedup_append_passes_the_conformance_harness() {
+    let target = Table {
+        db: Db::MariaDb,
+        mode: dedup_append(),
+    };
+    run_conformance("jdbc-sink dedup append on MariaDB", &target, &idempotent())
+        .await
+        .assert_passed();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

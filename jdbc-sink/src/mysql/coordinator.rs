@@ -195,17 +195,22 @@ impl Coordinator for MySqlCoordinator {
                     (sink.as_str(), subtask.0),
                 )
                 .await?;
-            conn.exec_drop(
-                format!(
-                    "DELETE FROM {MARKERS_TABLE} WHERE sink = ? AND subtask = ? AND checkpoint > ?"
-                ),
-                (
-                    sink.as_str(),
-                    subtask.0,
-                    restored.map_or(-1, |c| c.0 as i64),
-                ),
-            )
-            .await?;
+            // By key, not by range: a range DELETE reads (and waits to lock) the index record after the range,
+            // which may be another subtask's marker inside its prepared transaction.
+            let stale: Vec<u64> = conn
+                .exec(
+                    format!("SELECT checkpoint FROM {MARKERS_TABLE} WHERE sink = ? AND subtask = ? AND checkpoint > ?"),
+                    (sink.as_str(), subtask.0, restored.map_or(-1, |c| c.0 as i64)),
+                )
+                .await?;
+            if !stale.is_empty() {
+                let list = stale.iter().map(u64::to_string).collect::<Vec<_>>().join(", ");
+                conn.exec_drop(
+                    format!("DELETE FROM {MARKERS_TABLE} WHERE sink = ? AND subtask = ? AND checkpoint IN ({list})"),
+                    (sink.as_str(), subtask.0),
+                )
+                .await?;
+            }
             conn.query_drop("COMMIT").await?;
             Ok(epoch)
         }

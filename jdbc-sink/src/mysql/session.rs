@@ -15,6 +15,8 @@ use crate::config::{Dialect, JdbcSinkConfig, WriteMode, config_error};
 use crate::database::{MARKERS_KEPT, MARKERS_TABLE, OWNERS_TABLE, Session};
 use crate::sink::{dedup_table, fenced};
 
+/// How long `prepare` waits for the server to let go of the session that prepared.
+const DETACH_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 /// Placeholders per statement at most (the protocol allows 65535).
 const MAX_PLACEHOLDERS: usize = 60_000;
 /// Rows per multi-row INSERT at most.
@@ -314,6 +316,53 @@ impl MySqlSession {
         Ok(())
     }
 
+    /// Ends the session that prepared `xid` and opens the next one. MariaDB keeps a prepared transaction attached
+    /// to its session (no other session can commit it, and the session can start nothing new) until the server
+    /// has finished with that session, which is some time after the client closed it: this waits (up to
+    /// [`DETACH_WAIT`]) until the old session is gone from the process list, so the commit, on another
+    /// connection, finds the transaction. Best effort: the transaction is prepared whatever happens here; a
+    /// failure leaves the reconnect to the next `begin`, and the committer asks again for a while.
+    async fn detach(&mut self, xid: &Xid) {
+        let Some(conn) = self.conn.take() else {
+            return;
+        };
+        let old = conn.id();
+        if let Err(e) = conn.disconnect().await {
+            tracing::warn!(%xid, error = %e, "closing the session after XA PREPARE failed; the transaction is prepared");
+        }
+        let mut fresh = match open(&self.opts, &self.config, Phase::PreCommit).await {
+            Ok(fresh) => fresh,
+            Err(e) => {
+                tracing::warn!(%xid, error = %connector_api::Report(&e), "reconnecting after XA PREPARE failed");
+                return;
+            }
+        };
+        let deadline = std::time::Instant::now() + DETACH_WAIT;
+        loop {
+            let alive: std::result::Result<Option<u64>, _> = fresh
+                .exec_first(
+                    "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ?",
+                    (old,),
+                )
+                .await;
+            match alive {
+                Ok(Some(0)) => break,
+                Ok(_) if std::time::Instant::now() < deadline => {
+                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                }
+                Ok(_) => {
+                    tracing::warn!(%xid, session = old, "the session that prepared is still on the server");
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(%xid, error = %e, "cannot look for the session that prepared");
+                    break;
+                }
+            }
+        }
+        self.conn = Some(fresh);
+    }
+
     /// The rows of `range` to insert: all of them, or in the append mode those whose message id the dedup
     /// table did not hold yet (recorded there in the same transaction), the first of each id.
     async fn fresh_rows(
@@ -479,13 +528,7 @@ impl Session for MySqlSession {
         )
         .await?;
         self.open = None;
-        // MariaDB keeps a prepared transaction attached to its session (no other session can commit it, and the
-        // session can start nothing new) until the session ends: end it. The next begin reconnects.
-        if let Some(conn) = self.conn.take()
-            && let Err(e) = conn.disconnect().await
-        {
-            tracing::warn!(%xid, error = %e, "closing the session after XA PREPARE failed; the transaction is prepared");
-        }
+        self.detach(xid).await;
         Ok(())
     }
 

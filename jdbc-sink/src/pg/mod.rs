@@ -85,6 +85,20 @@ pub(crate) fn options(connection: &ConnectionConfig) -> Result<PgConnectOptions>
     })
 }
 
+/// Refuses `max_prepared_transactions = 0` (the server's default), with what to change.
+fn check_max_prepared_transactions(value: &str) -> Result<()> {
+    if value.trim() == "0" {
+        return Err(Error::new(
+            ErrorKind::Config,
+            Phase::Setup,
+            "PostgreSQL has max_prepared_transactions = 0 (its default), so the xa mode (PREPARE TRANSACTION) \
+             cannot work; set max_prepared_transactions to at least twice the number of sink subtasks in \
+             postgresql.conf and restart the server, or use mode = upsert / append",
+        ));
+    }
+    Ok(())
+}
+
 /// Checks that the server can do what `config`'s mode needs and creates Ratchet's tables (and the target table
 /// and dedup table when asked).
 ///
@@ -105,16 +119,7 @@ pub(crate) async fn prepare_database(client: &Client, config: &JdbcSinkConfig) -
                 )
             })?
             .get(0);
-        if max.trim() == "0" {
-            return Err(Error::new(
-                ErrorKind::Config,
-                Phase::Setup,
-                "PostgreSQL has max_prepared_transactions = 0, so the xa mode (PREPARE TRANSACTION) cannot work; \
-                 set max_prepared_transactions to at least twice the number of sink subtasks in postgresql.conf \
-                 and restart the server, or use mode = upsert / append",
-            )
-            .with_sink(&config.sink));
-        }
+        check_max_prepared_transactions(&max).map_err(|e| e.with_sink(&config.sink))?;
     }
     let shape = crate::columns::TableShape::of(&config.schema)?;
     let dialect = crate::config::Dialect::Postgres;
@@ -149,4 +154,18 @@ pub(crate) async fn prepare_database(client: &Client, config: &JdbcSinkConfig) -
     client.batch_execute(&ddl).await.map_err(|e| {
         pg_error(Phase::Setup, None, "cannot create Ratchet's tables", e).with_sink(&config.sink)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_server_that_cannot_prepare_is_refused_with_the_fix() {
+        let err = super::check_max_prepared_transactions("0").unwrap_err();
+        assert_eq!(err.kind(), connector_api::ErrorKind::Config);
+        assert!(
+            err.to_string().contains("max_prepared_transactions"),
+            "{err}"
+        );
+        assert!(super::check_max_prepared_transactions("128").is_ok());
+    }
 }
