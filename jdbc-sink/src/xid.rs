@@ -32,6 +32,16 @@ impl Xid {
         format!("{PREFIX}{scope}.")
     }
 
+    /// `err` with the checkpoint and transaction of `xid`, when there is one.
+    pub(crate) fn locate(err: connector_api::Error, xid: Option<&Xid>) -> connector_api::Error {
+        match xid {
+            Some(xid) => err
+                .with_checkpoint(xid.checkpoint)
+                .with_txn(xid.to_string()),
+            None => err,
+        }
+    }
+
     /// Parses an xid written by [`Xid`]'s `Display`; `None` for ids Ratchet did not write.
     pub fn parse(gid: &str) -> Option<Xid> {
         let mut parts = gid.strip_prefix(PREFIX)?.split('.');

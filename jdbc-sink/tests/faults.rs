@@ -7,14 +7,10 @@
 
 mod common;
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{Db, cli, config, read, short_name};
-use connector_api::{
-    CheckpointId, Committer, Driver, DriverConfig, ErrorKind, LocalCheckpointStore, SinkHandle,
-    SinkId, SourceOffset, TwoPhaseCommit,
-};
+use common::{Db, cli, config, create_keyed_table, position, read, short_name, xa_driver};
+use connector_api::{CheckpointId, Committer, ErrorKind, SinkId, TwoPhaseCommit};
 use integration::conformance::conformance_batch as batch;
 use jdbc_sink::{JdbcSink, WriteMode};
 
@@ -28,31 +24,6 @@ fn names(what: &str, db: Db) -> (String, String) {
         short_name("fault_", &[&unique, &format!("{db:?}")]),
         short_name("f", &[&unique, &format!("{db:?}")]),
     )
-}
-
-fn position(next: i64) -> Vec<SourceOffset> {
-    vec![SourceOffset {
-        topic: "source".into(),
-        partition: 0,
-        next_offset: next,
-    }]
-}
-
-async fn driver(
-    db: Db,
-    table: &str,
-    scope: &str,
-    state: &Path,
-) -> (Driver<LocalCheckpointStore>, SinkHandle) {
-    let mut driver = Driver::new(
-        LocalCheckpointStore::open(state, 3).unwrap(),
-        DriverConfig::default(),
-    );
-    let sink = JdbcSink::new(config(db, &sink_id(), 0, table, scope, WriteMode::Xa))
-        .await
-        .unwrap();
-    let handle = driver.add_sink(sink).unwrap();
-    (driver, handle)
 }
 
 /// Kills the server session holding the sink's open (unprepared) transaction.
@@ -83,7 +54,7 @@ fn kill_writer_session(db: Db) {
 async fn lost_connection(db: Db) {
     let (table, scope) = names("lost", db);
     let state = tempfile::tempdir().unwrap();
-    let (mut job, sink) = driver(db, &table, &scope, state.path()).await;
+    let (mut job, sink) = xa_driver(db, &sink_id(), 0, &table, &scope, state.path()).await;
     job.start().await.unwrap();
     job.write(sink, &batch(0..100)).await.unwrap();
     job.checkpoint(position(100)).await.unwrap();
@@ -94,7 +65,7 @@ async fn lost_connection(db: Db) {
     assert_eq!(err.kind(), ErrorKind::Retryable, "{db:?}: {err}");
     drop(job);
 
-    let (mut job, sink) = driver(db, &table, &scope, state.path()).await;
+    let (mut job, sink) = xa_driver(db, &sink_id(), 0, &table, &scope, state.path()).await;
     let restored = job.start().await.unwrap();
     assert_eq!(
         restored.positions[0].next_offset, 100,
@@ -119,11 +90,7 @@ async fn lost_connection(db: Db) {
 async fn prepared_rows_block_other_writers(db: Db) {
     const HOLD: Duration = Duration::from_millis(800);
     let (table, scope) = names("locks", db);
-    let key_type = match db {
-        Db::Postgres => "bigint PRIMARY KEY, payload text",
-        Db::MariaDb => "BIGINT PRIMARY KEY, payload LONGTEXT",
-    };
-    cli(db, &format!("CREATE TABLE {table} (id {key_type})"));
+    create_keyed_table(db, &table);
     let mut sink = JdbcSink::new(config(db, &sink_id(), 0, &table, &scope, WriteMode::Xa))
         .await
         .unwrap();
@@ -201,11 +168,7 @@ async fn bad_input(db: Db) {
         );
     }
 
-    let key_type = match db {
-        Db::Postgres => "bigint PRIMARY KEY, payload text",
-        Db::MariaDb => "BIGINT PRIMARY KEY, payload LONGTEXT",
-    };
-    cli(db, &format!("CREATE TABLE {table} (id {key_type})"));
+    create_keyed_table(db, &table);
     let mut sink = JdbcSink::new(config(db, &sink_id(), 0, &table, &scope, WriteMode::Xa))
         .await
         .unwrap();

@@ -16,13 +16,10 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use common::{Db, config, read, short_name};
-use connector_api::{
-    Driver, DriverConfig, LocalCheckpointStore, SinkHandle, SinkId, SourceOffset, Step,
-};
+use common::{Db, read, short_name, xa_driver};
+use connector_api::{Driver, LocalCheckpointStore, SinkHandle, SinkId, SourceOffset, Step};
 use integration::conformance::conformance_batch;
 use integration::crash::kill_at;
-use jdbc_sink::{JdbcSink, WriteMode};
 
 /// Set in the child: `<pg|mysql>;<table>;<scope>;<state dir>`.
 const CHILD: &str = "RATCHET_JDBC_KILL9_CHILD";
@@ -51,7 +48,7 @@ fn db_of(kind: &str) -> Db {
     }
 }
 
-/// A driver for `subtask` over its checkpoint directory, with the JDBC sink in xa mode.
+/// A driver for `subtask` over its own checkpoint directory under `state`, with the JDBC sink in xa mode.
 async fn driver(
     db: Db,
     table: &str,
@@ -59,13 +56,8 @@ async fn driver(
     state: &Path,
     subtask: u32,
 ) -> (Driver<LocalCheckpointStore>, SinkHandle) {
-    let store = LocalCheckpointStore::open(state.join(subtask.to_string()), 3).unwrap();
-    let mut driver = Driver::new(store, DriverConfig::default());
-    let sink = JdbcSink::new(config(db, &sink_id(), subtask, table, scope, WriteMode::Xa))
-        .await
-        .unwrap();
-    let handle = driver.add_sink(sink).unwrap();
-    (driver, handle)
+    let dir = state.join(subtask.to_string());
+    xa_driver(db, &sink_id(), subtask, table, scope, &dir).await
 }
 
 /// Writes the given partitions from their positions to `until` (exclusive), `BATCHES` batches per checkpoint

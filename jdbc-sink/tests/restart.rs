@@ -7,44 +7,12 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{Db, config, read, short_name};
-use connector_api::{
-    CheckpointId, Driver, DriverConfig, FaultPoint, LocalCheckpointStore, SinkHandle, SinkId,
-    SourceOffset, Step,
-};
+use common::{Db, position, read, short_name, xa_driver};
+use connector_api::{CheckpointId, FaultPoint, SinkId, Step};
 use integration::conformance::conformance_batch as batch;
-use jdbc_sink::{JdbcSink, WriteMode};
 
-fn position(next: i64) -> Vec<SourceOffset> {
-    vec![SourceOffset {
-        topic: "source".into(),
-        partition: 0,
-        next_offset: next,
-    }]
-}
-
-async fn driver(
-    db: Db,
-    table: &str,
-    scope: &str,
-    state: &std::path::Path,
-) -> (Driver<LocalCheckpointStore>, SinkHandle) {
-    let mut driver = Driver::new(
-        LocalCheckpointStore::open(state, 3).unwrap(),
-        DriverConfig::default(),
-    );
-    let sink = JdbcSink::new(config(
-        db,
-        &SinkId::new("restarted").unwrap(),
-        0,
-        table,
-        scope,
-        WriteMode::Xa,
-    ))
-    .await
-    .unwrap();
-    let handle = driver.add_sink(sink).unwrap();
-    (driver, handle)
+fn sink_id() -> SinkId {
+    SinkId::new("restarted").unwrap()
 }
 
 fn restart_server(service: &str) {
@@ -65,7 +33,7 @@ async fn prepared_survives_a_server_restart(db: Db, service: &str) {
     let state = tempfile::tempdir().unwrap();
 
     // Checkpoint 2 commits; checkpoint 3's record is durable, then the job stops before committing it.
-    let (job, sink) = driver(db, &table, &scope, state.path()).await;
+    let (job, sink) = xa_driver(db, &sink_id(), 0, &table, &scope, state.path()).await;
     let mut job =
         job.with_fault_injector(Arc::new(|checkpoint: CheckpointId, point: &FaultPoint| {
             checkpoint.0 == 3 && point.step() == Step::AfterRecordDurable
@@ -90,7 +58,7 @@ async fn prepared_survives_a_server_restart(db: Db, service: &str) {
         "{service}: checkpoint 3's prepared transaction should survive the restart"
     );
 
-    let (mut job, _) = driver(db, &table, &scope, state.path()).await;
+    let (mut job, _) = xa_driver(db, &sink_id(), 0, &table, &scope, state.path()).await;
     let restored = job.start().await.unwrap();
     job.close().await.unwrap();
     assert_eq!(restored.positions[0].next_offset, 120);

@@ -7,7 +7,7 @@ mod common;
 use std::sync::Arc;
 
 use arrow_array::{Int64Array, RecordBatch, StringArray};
-use common::{Db, cli, config, short_name};
+use common::{Db, cli, config, create_keyed_table, short_name};
 use connector_api::{CheckpointId, SinkId, TwoPhaseCommit};
 use integration::conformance::conformance_schema;
 use jdbc_sink::{JdbcSink, WriteMode};
@@ -26,11 +26,7 @@ fn rows(rows: &[(i64, &str)]) -> RecordBatch {
 async fn upsert_sink(db: Db, what: &str) -> (JdbcSink, String) {
     let unique = integration::unique_name(what);
     let table = short_name("upsert_", &[&unique]);
-    let key_type = match db {
-        Db::Postgres => "bigint PRIMARY KEY, payload text",
-        Db::MariaDb => "BIGINT PRIMARY KEY, payload LONGTEXT",
-    };
-    cli(db, &format!("CREATE TABLE {table} (id {key_type})"));
+    create_keyed_table(db, &table);
     cli(
         db,
         &format!("INSERT INTO {table} VALUES (1, 'old'), (9, 'untouched')"),

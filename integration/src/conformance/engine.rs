@@ -310,12 +310,7 @@ impl<T: ConformanceTarget> Job<'_, T> {
         if !self.config.visible_at_pre_commit {
             return self.expect_exactly(sink, upto, when).await;
         }
-        let mut ids = self
-            .target
-            .visible_ids(self.run, sink)
-            .await
-            .map_err(|e| format!("reading sink {sink} {when}: {}", ErrorReport(&e)))?;
-        ids.sort_unstable();
+        let ids = self.sorted_ids(sink, when).await?;
         let below = ids.partition_point(|id| *id < upto);
         let expected: Vec<i64> = (0..upto).collect();
         let mut duplicates: Vec<i64> = ids
@@ -342,6 +337,17 @@ impl<T: ConformanceTarget> Job<'_, T> {
         ))
     }
 
+    /// The ids `sink` shows, sorted.
+    async fn sorted_ids(&self, sink: &SinkId, when: &str) -> Result<Vec<i64>, String> {
+        let mut ids = self
+            .target
+            .visible_ids(self.run, sink)
+            .await
+            .map_err(|e| format!("reading sink {sink} {when}: {}", ErrorReport(&e)))?;
+        ids.sort_unstable();
+        Ok(ids)
+    }
+
     /// Checks that `sink` shows records `0..upto`, each exactly once.
     pub(super) async fn expect_exactly(
         &self,
@@ -349,12 +355,7 @@ impl<T: ConformanceTarget> Job<'_, T> {
         upto: i64,
         when: &str,
     ) -> Result<(), String> {
-        let mut ids = self
-            .target
-            .visible_ids(self.run, sink)
-            .await
-            .map_err(|e| format!("reading sink {sink} {when}: {}", ErrorReport(&e)))?;
-        ids.sort_unstable();
+        let ids = self.sorted_ids(sink, when).await?;
         let expected: Vec<i64> = (0..upto).collect();
         if ids == expected {
             return Ok(());

@@ -68,13 +68,10 @@ pub(crate) fn my_error(
         }
         other => format!(": {other}"),
     };
-    let err = Error::new(classify(&e), phase, format!("{what}{detail}")).with_source(e);
-    match xid {
-        Some(xid) => err
-            .with_checkpoint(xid.checkpoint)
-            .with_txn(xid.to_string()),
-        None => err,
-    }
+    Xid::locate(
+        Error::new(classify(&e), phase, format!("{what}{detail}")).with_source(e),
+        xid,
+    )
 }
 
 /// The server error code of `e`, if it is one.

@@ -67,13 +67,10 @@ pub(crate) fn pg_error(
             text
         })
         .unwrap_or_default();
-    let err = Error::new(classify(&e), phase, format!("{what}{detail}")).with_source(e);
-    match xid {
-        Some(xid) => err
-            .with_checkpoint(xid.checkpoint)
-            .with_txn(xid.to_string()),
-        None => err,
-    }
+    Xid::locate(
+        Error::new(classify(&e), phase, format!("{what}{detail}")).with_source(e),
+        xid,
+    )
 }
 
 /// Connection options for `connection`, the password from `password_env` when it names one.

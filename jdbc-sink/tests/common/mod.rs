@@ -3,10 +3,12 @@
 
 use std::time::Duration;
 
-use connector_api::{SinkId, SubtaskId};
+use connector_api::{
+    Driver, DriverConfig, LocalCheckpointStore, SinkHandle, SinkId, SourceOffset, SubtaskId,
+};
 use integration::Services;
 use integration::conformance::conformance_schema;
-use jdbc_sink::{ConnectionConfig, JdbcSinkConfig, WriteMode};
+use jdbc_sink::{ConnectionConfig, JdbcSink, JdbcSinkConfig, WriteMode};
 
 /// One of the two test databases.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,4 +120,42 @@ pub fn cli(db: Db, statements: &str) -> String {
             String::from_utf8_lossy(&out.stdout).trim().to_string()
         }
     }
+}
+
+/// A driver over the checkpoint directory `state` with one JDBC sink in xa mode for `subtask`.
+pub async fn xa_driver(
+    db: Db,
+    sink: &SinkId,
+    subtask: u32,
+    table: &str,
+    scope: &str,
+    state: &std::path::Path,
+) -> (Driver<LocalCheckpointStore>, SinkHandle) {
+    let mut driver = Driver::new(
+        LocalCheckpointStore::open(state, 3).unwrap(),
+        DriverConfig::default(),
+    );
+    let jdbc = JdbcSink::new(config(db, sink, subtask, table, scope, WriteMode::Xa))
+        .await
+        .unwrap();
+    let handle = driver.add_sink(jdbc).unwrap();
+    (driver, handle)
+}
+
+/// The source position `next` of partition 0.
+pub fn position(next: i64) -> Vec<SourceOffset> {
+    vec![SourceOffset {
+        topic: "source".into(),
+        partition: 0,
+        next_offset: next,
+    }]
+}
+
+/// Creates `table (id <bigint> PRIMARY KEY, payload <text>)` with the database's client.
+pub fn create_keyed_table(db: Db, table: &str) {
+    let columns = match db {
+        Db::Postgres => "id bigint PRIMARY KEY, payload text",
+        Db::MariaDb => "id BIGINT PRIMARY KEY, payload LONGTEXT",
+    };
+    cli(db, &format!("CREATE TABLE {table} ({columns})"));
 }
