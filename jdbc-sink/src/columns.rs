@@ -1,20 +1,5 @@
-//! Arrow columns as SQL values: which Arrow types the sink writes, the SQL type each becomes, and per-cell access.
-//!
-//! | Arrow | PostgreSQL | MariaDB / MySQL |
-//! |---|---|---|
-//! | Boolean | `boolean` | `BOOLEAN` |
-//! | Int8, Int16, UInt8 | `smallint` | `SMALLINT` |
-//! | Int32, UInt16 | `integer` | `INT` |
-//! | Int64, UInt32 | `bigint` | `BIGINT` |
-//! | Float32 | `real` | `FLOAT` |
-//! | Float64 | `double precision` | `DOUBLE` |
-//! | Utf8, LargeUtf8, Utf8View | `text` | `LONGTEXT` (`VARCHAR(255)` for key and message-id columns) |
-//! | Binary, LargeBinary | `bytea` | `LONGBLOB` (`VARBINARY(255)` for keys) |
-//! | Date32 | `date` | `DATE` |
-//! | Timestamp(unit, None) | `timestamp` | `DATETIME(6)` |
-//! | Timestamp(unit, Some(tz)) | `timestamptz` (the instant) | `DATETIME(6)` (the instant, in UTC) |
-//!
-//! UInt64, decimals, lists, structs and the rest are refused at start, naming the column.
+//! Arrow columns as SQL values: which Arrow types the sink writes, the SQL type each becomes (the table is in the
+//! crate docs), and per-cell access.
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::{

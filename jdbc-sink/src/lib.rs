@@ -15,7 +15,7 @@
 //! | `commit` (any process) | `COMMIT PREPARED '<xid>'` | `XA COMMIT '<xid>'` |
 //! | `recover` | `pg_prepared_xacts`: commit the restored ones, roll back the rest | `XA RECOVER`: the same |
 //!
-//! `<xid>` is `ratchet.<sink>.<subtask>.<checkpoint>` ([`Xid`]). The **marker row** `(sink, subtask,
+//! `<xid>` is `ratchet.<scope>.<subtask>.<checkpoint>` ([`Xid`]; the scope is the sink id unless configured). The **marker row** `(sink, subtask,
 //! checkpoint)` in `ratchet_xa_commits` is written inside the transaction, so it is visible exactly when the
 //! transaction committed: committing an xid that is no longer prepared succeeds when its marker is visible
 //! (committed before) and fails naming the lost checkpoint when it is not (rolled back outside Ratchet), never by
@@ -66,9 +66,32 @@
 //! for 800 ms made another session's upsert of one of its keys wait 800 ms, then it went through. `lock_timeout`
 //! bounds how long the *sink* waits for anyone's locks; other writers need their own timeout. `pg_prepared_xacts`
 //! / `XA RECOVER` list the prepared transactions (`ratchet inspect` will, with the worker).
-
+//!
+//! # MariaDB specifics
+//! MariaDB keeps a prepared XA transaction attached to the session that prepared it until the server has finished
+//! closing that session: the writer closes its session after `XA PREPARE`, opens the next one and waits (up to
+//! 2 s) until the old one is gone from the process list, so the commit on another connection finds the
+//! transaction. Sessions run READ COMMITTED, and stale markers are deleted by key, so no statement waits on a gap
+//! or on the next index record held by another subtask's prepared transaction.
+//!
 //! # Types
-//! See the table in `columns.rs` (Arrow to SQL); unsupported Arrow types are refused at start naming the column.
+//! Arrow columns map to SQL types as below (the table is created with these by `create_table`; an existing
+//! table's column must accept the value, checked at start on PostgreSQL). Other Arrow types are refused at start
+//! naming the column (UInt64, decimals, lists, structs and the rest: cast them before the sink).
+//!
+//! | Arrow | PostgreSQL | MariaDB / MySQL |
+//! |---|---|---|
+//! | Boolean | `boolean` | `BOOLEAN` |
+//! | Int8, Int16, UInt8 | `smallint` | `SMALLINT` |
+//! | Int32, UInt16 | `integer` | `INT` |
+//! | Int64, UInt32 | `bigint` | `BIGINT` |
+//! | Float32 | `real` | `FLOAT` |
+//! | Float64 | `double precision` | `DOUBLE` |
+//! | Utf8, LargeUtf8, Utf8View | `text` | `LONGTEXT` (`VARCHAR(255)` for key and message-id columns) |
+//! | Binary, LargeBinary | `bytea` | `LONGBLOB` (`VARBINARY(255)` for keys) |
+//! | Date32 | `date` | `DATE` |
+//! | Timestamp(unit, None) | `timestamp` | `DATETIME(6)` |
+//! | Timestamp(unit, Some(tz)) | `timestamptz` (the instant) | `DATETIME(6)` (the instant, in UTC) |
 #![deny(missing_docs)]
 
 mod columns;
