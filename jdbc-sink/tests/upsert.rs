@@ -35,16 +35,17 @@ async fn upsert_sink(db: Db, what: &str) -> (JdbcSink, String) {
         key: vec!["id".into()],
     };
     let scope = short_name("u", &[&unique]);
-    let mut sink = JdbcSink::new(config(
+    let mut config = config(
         db,
         &SinkId::new("upserts").unwrap(),
         0,
         &table,
         &scope,
         mode,
-    ))
-    .await
-    .unwrap();
+    );
+    // Long enough for the concurrent-writer test to commit while the sink waits.
+    config.lock_timeout = std::time::Duration::from_secs(30);
+    let mut sink = JdbcSink::new(config).await.unwrap();
     sink.recover(None).await.unwrap();
     (sink, table)
 }
@@ -98,8 +99,14 @@ async fn a_key_inserted_concurrently_is_still_upserted_on_postgres() {
     let waiting = format!(
         "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'MERGE INTO \"{table}\"%'"
     );
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while other
+    // Watched from a connection of its own: pg_stat_activity is a snapshot for the rest of a transaction, and
+    // `other` is inside one.
+    let (watcher, connection) = tokio_postgres::connect(&Db::Postgres.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while watcher
         .query_one(&waiting, &[])
         .await
         .unwrap()
