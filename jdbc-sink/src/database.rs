@@ -23,6 +23,27 @@ pub(crate) const MARKERS_TABLE: &str = "ratchet_xa_commits";
 /// checkpoint is always one of the newest).
 pub(crate) const MARKERS_KEPT: u64 = 1000;
 
+/// When the append mode deletes expired ids from its dedup table: at the first checkpoint, then at most once a
+/// minute (every dialect's session keeps one).
+#[derive(Debug, Default)]
+pub(crate) struct DedupCleanup {
+    last: Option<std::time::Instant>,
+}
+
+impl DedupCleanup {
+    const EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
+    /// Whether the cleanup is due.
+    pub(crate) fn due(&self) -> bool {
+        self.last.is_none_or(|at| at.elapsed() >= Self::EVERY)
+    }
+
+    /// Notes a cleanup that succeeded.
+    pub(crate) fn done(&mut self) {
+        self.last = Some(std::time::Instant::now());
+    }
+}
+
 /// What committing a prepared transaction found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CommitOutcome {

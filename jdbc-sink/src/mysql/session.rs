@@ -12,11 +12,13 @@ use super::{MAX_GTRID_BYTES, check_xa_version, connect, my_error, server_code};
 use crate::Xid;
 use crate::columns::{Cell, Columns, TableShape, quote, quote_table};
 use crate::config::{Dialect, JdbcSinkConfig, WriteMode, config_error};
-use crate::database::{MARKERS_KEPT, MARKERS_TABLE, OWNERS_TABLE, Session};
+use crate::database::{DedupCleanup, MARKERS_KEPT, MARKERS_TABLE, OWNERS_TABLE, Session};
 use crate::sink::{dedup_table, fenced};
 
 /// How long `prepare` waits for the server to let go of the session that prepared.
 const DETACH_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+/// Expired dedup ids deleted per checkpoint at most (the rest go at the next cleanup).
+const CLEANUP_BATCH: usize = 10_000;
 /// Placeholders per statement at most (the protocol allows 65535).
 const MAX_PLACEHOLDERS: usize = 60_000;
 /// Rows per multi-row INSERT at most.
@@ -32,6 +34,8 @@ pub(crate) struct MySqlSession {
     insert_head: String,
     insert_tail: String,
     rows_per_statement: usize,
+    /// The INSERT of `rows_per_statement` rows.
+    full_statement: String,
     /// The open transaction: its xid, and whether it is an XA one.
     open: Option<Xid>,
     /// The append mode's dedup table.
@@ -44,14 +48,14 @@ struct Dedup {
     /// `INSERT IGNORE INTO <dedup> (message_id) VALUES `; with `RETURNING message_id` it names the ids that were
     /// new (MariaDB 10.5+), once each.
     claim: String,
-    /// Deletes ids older than the retention.
-    cleanup: String,
+    /// Selects (without locking) up to `CLEANUP_BATCH` ids older than the retention.
+    expired: String,
+    /// `DELETE FROM <dedup> WHERE message_id IN `: the expired ids are deleted by key. A range `DELETE` would scan
+    /// (and wait to lock) rows other subtasks' open transactions just inserted.
+    forget: String,
     create: String,
-    last_cleanup: Option<std::time::Instant>,
+    schedule: DedupCleanup,
 }
-
-/// How often expired ids are deleted from the dedup table, at most.
-const DEDUP_CLEANUP_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
 fn value(cell: Cell<'_>) -> Value {
     let datetime = |t: NaiveDateTime| {
@@ -79,6 +83,26 @@ fn value(cell: Cell<'_>) -> Value {
         Cell::Timestamp(t) => datetime(t),
         Cell::TimestampTz(t) => datetime(t.naive_utc()),
     }
+}
+
+/// The error for a statement when the connection was lost (and the transaction with it).
+fn no_connection(sink: &connector_api::SinkId, phase: Phase) -> Error {
+    Error::new(
+        ErrorKind::Retryable,
+        phase,
+        "the connection to MariaDB was lost",
+    )
+    .with_sink(sink)
+}
+
+/// `<head>(?, ..), (?, ..) .. <tail>` for `rows` rows of `columns` placeholders.
+fn insert_statement(head: &str, tail: &str, columns: usize, rows: usize) -> String {
+    let row = format!("({})", vec!["?"; columns].join(", "));
+    let mut sql = String::with_capacity(head.len() + rows * (row.len() + 2) + tail.len());
+    sql.push_str(head);
+    sql.push_str(&vec![row; rows].join(", "));
+    sql.push_str(tail);
+    sql
 }
 
 /// A new writer connection whose statements wait at most `lock_timeout` (whole seconds, at least 1) for a row
@@ -129,16 +153,17 @@ impl MySqlSession {
                 dedup_sql = Some(Dedup {
                     column,
                     claim: format!("INSERT IGNORE INTO {seen} (message_id) VALUES "),
-                    cleanup: format!(
-                        "DELETE FROM {seen} WHERE seen_at < NOW(6) - INTERVAL {} SECOND",
+                    expired: format!(
+                        "SELECT message_id FROM {seen} WHERE seen_at < NOW(6) - INTERVAL {} SECOND LIMIT {CLEANUP_BATCH}",
                         dedup.retention.as_secs()
                     ),
+                    forget: format!("DELETE FROM {seen} WHERE message_id IN "),
                     create: format!(
                         "CREATE TABLE IF NOT EXISTS {seen} (message_id {} PRIMARY KEY, \
                          seen_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)) ENGINE=InnoDB",
                         shape.types[column].ddl(d, true)
                     ),
-                    last_cleanup: None,
+                    schedule: DedupCleanup::default(),
                 });
                 (Vec::new(), String::new())
             }
@@ -221,10 +246,18 @@ impl MySqlSession {
             })?;
         let rows_per_statement =
             (MAX_PLACEHOLDERS / shape.names.len().max(1)).clamp(1, MAX_ROWS_PER_STATEMENT);
+        let insert_head = format!("INSERT INTO {table} ({columns}) VALUES ");
+        let full_statement = insert_statement(
+            &insert_head,
+            &insert_tail,
+            shape.names.len(),
+            rows_per_statement,
+        );
         Ok(Self {
             opts,
-            insert_head: format!("INSERT INTO {table} ({columns}) VALUES "),
+            insert_head,
             insert_tail,
+            full_statement,
             rows_per_statement,
             shape,
             config,
@@ -239,15 +272,8 @@ impl MySqlSession {
     }
 
     fn conn(&mut self, phase: Phase) -> Result<&mut Conn> {
-        let sink = self.config.sink.clone();
-        self.conn.as_mut().ok_or_else(|| {
-            Error::new(
-                ErrorKind::Retryable,
-                phase,
-                "the connection to MariaDB was lost",
-            )
-            .with_sink(&sink)
-        })
+        let sink = &self.config.sink;
+        self.conn.as_mut().ok_or_else(|| no_connection(sink, phase))
     }
 
     /// Runs `statement` on the session; a connection-level failure drops the connection (and with it the open
@@ -277,15 +303,6 @@ impl MySqlSession {
         self.error(phase, xid, what, e)
     }
 
-    fn statement_for(&self, rows: usize) -> String {
-        let row = format!("({})", vec!["?"; self.shape.names.len()].join(", "));
-        let mut sql = String::with_capacity(self.insert_head.len() + rows * (row.len() + 2));
-        sql.push_str(&self.insert_head);
-        sql.push_str(&vec![row; rows].join(", "));
-        sql.push_str(&self.insert_tail);
-        sql
-    }
-
     /// Multi-row INSERTs of `batch`, up to `rows_per_statement` rows each.
     async fn insert(&mut self, batch: &RecordBatch) -> Result<()> {
         let columns = Columns::new(batch, &self.shape.types);
@@ -301,8 +318,22 @@ impl MySqlSession {
             for &row in &fresh {
                 params.extend((0..columns.len()).map(|c| value(columns.cell(c, row))));
             }
-            let statement = self.statement_for(fresh.len());
-            let result = self.conn(Phase::Write)?.exec_drop(statement, params).await;
+            // The full-size statement is built once; only a shorter last one per call.
+            let statement = if fresh.len() == self.rows_per_statement {
+                std::borrow::Cow::Borrowed(self.full_statement.as_str())
+            } else {
+                let columns = self.shape.names.len();
+                std::borrow::Cow::Owned(insert_statement(
+                    &self.insert_head,
+                    &self.insert_tail,
+                    columns,
+                    fresh.len(),
+                ))
+            };
+            let result = match self.conn.as_mut() {
+                Some(conn) => conn.exec_drop(statement.as_ref(), params).await,
+                None => return Err(no_connection(&self.config.sink, Phase::Write)),
+            };
             if let Err(e) = result {
                 let first = format!("{} = {}", self.shape.names[0], columns.show(0, start));
                 let what = format!(
@@ -534,20 +565,28 @@ impl Session for MySqlSession {
 
     async fn apply(&mut self, xid: &Xid, epoch: u64) -> Result<()> {
         if let Some(dedup) = &self.dedup
-            && dedup
-                .last_cleanup
-                .is_none_or(|at| at.elapsed() >= DEDUP_CLEANUP_EVERY)
+            && dedup.schedule.due()
         {
-            let cleanup = dedup.cleanup.clone();
-            self.run(
-                Phase::PreCommit,
-                Some(xid),
-                "dedup table cleanup failed",
-                cleanup,
-            )
-            .await?;
-            if let Some(dedup) = &mut self.dedup {
-                dedup.last_cleanup = Some(std::time::Instant::now());
+            let (expired, forget) = (dedup.expired.clone(), dedup.forget.clone());
+            let conn = self.conn(Phase::PreCommit)?;
+            let cleaned: std::result::Result<usize, mysql_async::Error> = async {
+                let ids: Vec<Value> = conn.exec_map(expired, (), |(id,): (Value,)| id).await?;
+                let count = ids.len();
+                if count > 0 {
+                    let list = vec!["?"; count].join(", ");
+                    conn.exec_drop(format!("{forget}({list})"), ids).await?;
+                }
+                Ok(count)
+            }
+            .await;
+            let count = cleaned.map_err(|e| {
+                self.lost_on(Phase::PreCommit, Some(xid), "dedup table cleanup failed", e)
+            })?;
+            // A full batch means more expired ids wait: clean again at the next checkpoint.
+            if let Some(dedup) = &mut self.dedup
+                && count < CLEANUP_BATCH
+            {
+                dedup.schedule.done();
             }
         }
         self.fence(xid, epoch).await?;

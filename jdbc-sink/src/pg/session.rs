@@ -1,8 +1,6 @@
 //! The writer's PostgreSQL session: binary COPY into the table (xa mode), or one `MERGE` / `INSERT .. SELECT`
 //! per batch from binary array parameters (upsert and append modes; see [`super::statements`]).
 
-use std::time::{Duration, Instant};
-
 use arrow_array::RecordBatch;
 use async_trait::async_trait;
 use connector_api::postgres::PgConnectOptions;
@@ -19,11 +17,8 @@ use super::{pg_error, prepare_database};
 use crate::Xid;
 use crate::columns::{Columns, TableShape};
 use crate::config::{JdbcSinkConfig, WriteMode, config_error};
-use crate::database::{MARKERS_KEPT, MARKERS_TABLE, OWNERS_TABLE, Session};
+use crate::database::{DedupCleanup, MARKERS_KEPT, MARKERS_TABLE, OWNERS_TABLE, Session};
 use crate::sink::fenced;
-
-/// How often expired ids are deleted from the dedup table, at most.
-const DEDUP_CLEANUP_EVERY: Duration = Duration::from_secs(60);
 
 /// The writer's connection; see the module docs.
 pub(crate) struct PgSession {
@@ -41,7 +36,7 @@ pub(crate) struct PgSession {
     types: Vec<Type>,
     /// The open transaction's id.
     open: Option<Xid>,
-    last_dedup_cleanup: Option<Instant>,
+    dedup_cleanup: DedupCleanup,
 }
 
 impl PgSession {
@@ -58,7 +53,7 @@ impl PgSession {
             prepared: None,
             types: Vec::new(),
             open: None,
-            last_dedup_cleanup: None,
+            dedup_cleanup: DedupCleanup::default(),
         };
         let client = session.connect_only(Phase::Setup).await?;
         prepare_database(&client, &session.config).await?;
@@ -410,9 +405,7 @@ impl Session for PgSession {
     async fn apply(&mut self, xid: &Xid, epoch: u64) -> Result<()> {
         let cleanup = self.batch.as_ref().and_then(|b| b.dedup_cleanup.clone());
         if let (Some(cleanup), WriteMode::Append { dedup }) = (cleanup, &self.config.mode)
-            && self
-                .last_dedup_cleanup
-                .is_none_or(|at| at.elapsed() >= DEDUP_CLEANUP_EVERY)
+            && self.dedup_cleanup.due()
         {
             let seconds = dedup.retention.as_secs_f64();
             self.client(Phase::PreCommit)?
@@ -421,7 +414,7 @@ impl Session for PgSession {
                 .map_err(|e| {
                     self.error(Phase::PreCommit, Some(xid), "dedup table cleanup failed", e)
                 })?;
-            self.last_dedup_cleanup = Some(Instant::now());
+            self.dedup_cleanup.done();
         }
         self.fence(xid, epoch).await?;
         self.open = None;
