@@ -10,16 +10,20 @@
 //!    the position that recovery restored;
 //! 3. runs every partition to its end, and checks that every source record is in the table exactly once and no
 //!    prepared transaction of the sink is left.
+//!
+//! The upsert mode gets the same runs, killed right after a pre-commit applied its rows (before the record is
+//! durable): the replay writes them again, and every record is still there exactly once.
 
 mod common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use common::{Db, read, short_name, xa_driver};
+use common::{Db, read, short_name, sink_driver};
 use connector_api::{Driver, LocalCheckpointStore, SinkHandle, SinkId, SourceOffset, Step};
 use integration::conformance::conformance_batch;
 use integration::crash::kill_at;
+use jdbc_sink::WriteMode;
 
 /// Set in the child: `<pg|mysql>;<table>;<scope>;<state dir>`.
 const CHILD: &str = "RATCHET_JDBC_KILL9_CHILD";
@@ -48,16 +52,67 @@ fn db_of(kind: &str) -> Db {
     }
 }
 
-/// A driver for `subtask` over its own checkpoint directory under `state`, with the JDBC sink in xa mode.
+/// The sink's mode in a run, and the step the child dies at: xa right after the durable record, before
+/// `COMMIT PREPARED` / `XA COMMIT`; upsert right after its pre-commit applied the rows, before the record is durable
+/// (the replay applies them again).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Xa,
+    Upsert,
+}
+
+impl Mode {
+    fn parse(name: &str) -> Mode {
+        match name {
+            "xa" => Mode::Xa,
+            _ => Mode::Upsert,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Xa => "xa",
+            Mode::Upsert => "upsert",
+        }
+    }
+
+    fn write_mode(self) -> WriteMode {
+        match self {
+            Mode::Xa => WriteMode::Xa,
+            Mode::Upsert => WriteMode::Upsert {
+                key: vec!["id".into()],
+            },
+        }
+    }
+
+    fn kill_step(self) -> Step {
+        match self {
+            Mode::Xa => Step::AfterRecordDurable,
+            Mode::Upsert => Step::AfterPreCommit,
+        }
+    }
+}
+
+/// A driver for `subtask` over its own checkpoint directory under `state`, with the JDBC sink in `mode`.
 async fn driver(
     db: Db,
+    mode: Mode,
     table: &str,
     scope: &str,
     state: &Path,
     subtask: u32,
 ) -> (Driver<LocalCheckpointStore>, SinkHandle) {
     let dir = state.join(subtask.to_string());
-    xa_driver(db, &sink_id(), subtask, table, scope, &dir).await
+    sink_driver(
+        db,
+        &sink_id(),
+        subtask,
+        table,
+        scope,
+        &dir,
+        mode.write_mode(),
+    )
+    .await
 }
 
 /// Writes the given partitions from their positions to `until` (exclusive), `BATCHES` batches per checkpoint
@@ -111,14 +166,15 @@ async fn child_process_entry_point() {
     let Ok(spec) = std::env::var(CHILD) else {
         return;
     };
-    let parts: Vec<&str> = spec.splitn(4, ';').collect();
-    let (db, table, scope, state) = (db_of(parts[0]), parts[1], parts[2], Path::new(parts[3]));
+    let parts: Vec<&str> = spec.splitn(5, ';').collect();
+    let (db, mode, table, scope) = (db_of(parts[0]), Mode::parse(parts[1]), parts[2], parts[3]);
+    let state = Path::new(parts[4]);
     let mut subtasks = Vec::new();
     for subtask in 0..SUBTASKS {
-        let (driver, sink) = driver(db, table, scope, state, subtask).await;
+        let (driver, sink) = driver(db, mode, table, scope, state, subtask).await;
         subtasks.push(async move {
             let mut driver =
-                driver.with_fault_injector(kill_at(Step::AfterRecordDurable, CRASH_CHECKPOINT));
+                driver.with_fault_injector(kill_at(mode.kill_step(), CRASH_CHECKPOINT));
             driver.start().await.unwrap();
             let mut positions = BTreeMap::from([(subtask, 0)]);
             // Far more than the crash needs: the process dies at checkpoint 4.
@@ -129,16 +185,23 @@ async fn child_process_entry_point() {
     futures_util::future::join_all(subtasks).await;
 }
 
-async fn kill_then_restart_with(kind: &str, restart_subtasks: u32) {
+async fn kill_then_restart_with(kind: &str, mode: Mode, restart_subtasks: u32) {
     let db = db_of(kind);
-    let label = format!("{kind}, restart with {restart_subtasks} subtasks");
+    let label = format!(
+        "{kind} {}, restart with {restart_subtasks} subtasks",
+        mode.name()
+    );
     let table = short_name("kill9_", &[&label, &integration::unique_name("t")]);
     let scope = short_name("k", &[&table]);
     let state = tempfile::tempdir().unwrap();
     integration::crash::run_killed_child(
         "child_process_entry_point",
         CHILD,
-        &format!("{kind};{table};{scope};{}", state.path().display()),
+        &format!(
+            "{kind};{};{table};{scope};{}",
+            mode.name(),
+            state.path().display()
+        ),
     );
 
     let (before, prepared) = {
@@ -148,14 +211,14 @@ async fn kill_then_restart_with(kind: &str, restart_subtasks: u32) {
             .unwrap()
     };
     assert!(
-        !prepared.is_empty(),
+        mode != Mode::Xa || !prepared.is_empty(),
         "{label}: the crash after a durable record should leave its transaction prepared"
     );
 
     // Subtasks that no longer exist: recover each from its own checkpoint directory, keep its positions.
     let mut handed_over = BTreeMap::new();
     for vanished in restart_subtasks..SUBTASKS {
-        let (mut driver, _) = driver(db, &table, &scope, state.path(), vanished).await;
+        let (mut driver, _) = driver(db, mode, &table, &scope, state.path(), vanished).await;
         let restored = driver.start().await.unwrap();
         driver.close().await.unwrap();
         handed_over.extend(restored_positions(&restored.positions));
@@ -163,14 +226,15 @@ async fn kill_then_restart_with(kind: &str, restart_subtasks: u32) {
     // The remaining subtasks resume their own partitions and those handed over to them.
     let mut runs = Vec::new();
     for subtask in 0..restart_subtasks {
-        let (mut driver, sink) = driver(db, &table, &scope, state.path(), subtask).await;
+        let (mut driver, sink) = driver(db, mode, &table, &scope, state.path(), subtask).await;
         let restored = driver.start().await.unwrap();
         let mut positions = restored_positions(&restored.positions);
-        positions.entry(subtask).or_insert(0);
-        for (partition, next) in &handed_over {
-            if partition % restart_subtasks == subtask {
-                positions.insert(*partition, *next);
-            }
+        // Every partition this subtask owns now: from its own record, the vanished owner's, or the start (an
+        // owner that never checkpointed before the kill has no position to hand over).
+        for partition in (0..SUBTASKS).filter(|p| p % restart_subtasks == subtask) {
+            let handed = handed_over.get(&partition).copied();
+            let own = positions.get(&partition).copied();
+            positions.insert(partition, handed.or(own).unwrap_or(0));
         }
         runs.push(async move {
             run_partitions(&mut driver, sink, &mut positions, RECORDS).await;
@@ -204,8 +268,17 @@ async fn postgres_kill_9_before_commit_prepared_then_restart() {
     if std::env::var(CHILD).is_ok() {
         return;
     }
-    kill_then_restart_with("pg", SUBTASKS).await;
-    kill_then_restart_with("pg", 2).await;
+    kill_then_restart_with("pg", Mode::Xa, SUBTASKS).await;
+    kill_then_restart_with("pg", Mode::Xa, 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_kill_9_after_upsert_pre_commit_then_restart() {
+    if std::env::var(CHILD).is_ok() {
+        return;
+    }
+    kill_then_restart_with("pg", Mode::Upsert, SUBTASKS).await;
+    kill_then_restart_with("pg", Mode::Upsert, 2).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -213,6 +286,15 @@ async fn mariadb_kill_9_before_xa_commit_then_restart() {
     if std::env::var(CHILD).is_ok() {
         return;
     }
-    kill_then_restart_with("mysql", SUBTASKS).await;
-    kill_then_restart_with("mysql", 2).await;
+    kill_then_restart_with("mysql", Mode::Xa, SUBTASKS).await;
+    kill_then_restart_with("mysql", Mode::Xa, 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_kill_9_after_upsert_pre_commit_then_restart() {
+    if std::env::var(CHILD).is_ok() {
+        return;
+    }
+    kill_then_restart_with("mysql", Mode::Upsert, SUBTASKS).await;
+    kill_then_restart_with("mysql", Mode::Upsert, 2).await;
 }

@@ -1,6 +1,7 @@
 //! The upsert mode's semantics against the real servers, read back with the databases' own clients: within a
 //! checkpoint the last row of a key wins, existing rows are updated, and on PostgreSQL a key inserted by a
-//! concurrent writer while the sink merges (which makes the `MERGE` fast path fail) is still upserted.
+//! concurrent writer while the sink merges (which makes the `MERGE` fast path fail) is still upserted; the append
+//! mode forgets message ids older than its retention.
 
 mod common;
 
@@ -125,4 +126,57 @@ async fn a_key_inserted_concurrently_is_still_upserted_on_postgres() {
         table_rows(Db::Postgres, &table),
         "1\told\n5\tsink\n9\tuntouched"
     );
+}
+
+/// The append mode forgets message ids older than the retention: a new instance's first checkpoint deletes them
+/// from the dedup table (read back with the database's own client), and keeps the fresh ones.
+async fn expired_dedup_ids_are_forgotten(db: Db) {
+    let unique = integration::unique_name("retention");
+    let table = short_name("append_", &[&unique]);
+    let scope = short_name("r", &[&unique]);
+    let mode = WriteMode::Append {
+        dedup: jdbc_sink::DedupConfig {
+            message_id: "id".into(),
+            table: None,
+            retention: std::time::Duration::from_secs(1),
+        },
+    };
+    let sink_id = SinkId::new("appends").unwrap();
+    let open = || async {
+        let mut sink = JdbcSink::new(config(db, &sink_id, 0, &table, &scope, mode.clone()))
+            .await
+            .unwrap();
+        sink.recover(None).await.unwrap();
+        sink
+    };
+    let mut first = open().await;
+    first.begin(CheckpointId(2)).await.unwrap();
+    first.write(&rows(&[(1, "a"), (2, "b")])).await.unwrap();
+    first.pre_commit(CheckpointId(2)).await.unwrap();
+    drop(first);
+    // The ids were seen at least this long ago once the wait is over: past the 1 s retention.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let mut second = open().await;
+    second.begin(CheckpointId(3)).await.unwrap();
+    second.write(&rows(&[(3, "c")])).await.unwrap();
+    second.pre_commit(CheckpointId(3)).await.unwrap();
+    assert_eq!(
+        cli(
+            db,
+            &format!("SELECT message_id FROM {table}_ratchet_dedup ORDER BY message_id")
+        ),
+        "3",
+        "{db:?}"
+    );
+    assert_eq!(
+        table_rows(db, &table),
+        "1\ta\n2\tb\n3\tc",
+        "{db:?}: the rows stay"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_dedup_ids_are_forgotten_on_both_databases() {
+    expired_dedup_ids_are_forgotten(Db::Postgres).await;
+    expired_dedup_ids_are_forgotten(Db::MariaDb).await;
 }

@@ -131,11 +131,24 @@ pub async fn xa_driver(
     scope: &str,
     state: &std::path::Path,
 ) -> (Driver<LocalCheckpointStore>, SinkHandle) {
+    sink_driver(db, sink, subtask, table, scope, state, WriteMode::Xa).await
+}
+
+/// A driver over the checkpoint directory `state` with one JDBC sink in `mode` for `subtask`.
+pub async fn sink_driver(
+    db: Db,
+    sink: &SinkId,
+    subtask: u32,
+    table: &str,
+    scope: &str,
+    state: &std::path::Path,
+    mode: WriteMode,
+) -> (Driver<LocalCheckpointStore>, SinkHandle) {
     let mut driver = Driver::new(
         LocalCheckpointStore::open(state, 3).unwrap(),
         DriverConfig::default(),
     );
-    let jdbc = JdbcSink::new(config(db, sink, subtask, table, scope, WriteMode::Xa))
+    let jdbc = JdbcSink::new(config(db, sink, subtask, table, scope, mode))
         .await
         .unwrap();
     let handle = driver.add_sink(jdbc).unwrap();
