@@ -1,100 +1,268 @@
-//! Committing one checkpoint as one snapshot, idempotently.
+//! Committing data files as one snapshot, conditionally on the table's own record of the subtask, and raising a
+//! subtask's owner epoch (fencing).
+//!
+//! # Why commits are conditional
+//! Several subtasks, processes and stale instances commit to one table. Every commit here goes through
+//! [`GuardedCatalog`]: the metadata the snapshot is built on has been checked to (1) still carry this instance's
+//! epoch for the subtask and (2) not yet show the checkpoint. The catalog accepts the snapshot only if the main
+//! branch has not moved since that metadata (iceberg's `RefSnapshotIdMatch` requirement; the SQL catalog also
+//! swaps the metadata location atomically), and recovery's epoch raise *is* a snapshot on main. So a commit either
+//! lands on metadata it checked, or is rebuilt on fresh metadata and checked again: a zombie that planned its
+//! commit before a newer instance recovered can never land it, and a retry never lands a checkpoint twice.
+//!
+//! # Unknown outcomes
+//! A timeout or an error other than a conflict (a REST catalog's HTTP 5xx is `Unexpected` in iceberg-rust) may
+//! hide a commit that landed. The error is retryable; the next attempt starts by loading the table and checking
+//! its history, so it finds the landed snapshot instead of adding a second one. iceberg's duplicate-file check
+//! (on by default) is a second backstop.
 
-use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use connector_api::{CheckpointId, Error, ErrorKind, Phase, Result, SinkId};
+use connector_api::{CheckpointId, Error, ErrorKind, Phase, Result};
 use iceberg::spec::DataFile;
 use iceberg::table::Table;
 use iceberg::transaction::{ApplyTransactionAction, Transaction};
-use iceberg::util::snapshot::ancestors_of;
 use iceberg::{Catalog, TableIdent};
 
 use crate::error::iceberg_error;
+use crate::guarded::{Check, GuardedCatalog, Verdict};
+use crate::ledger::{SubtaskKey, SubtaskState};
 
-/// Snapshot summary key holding the sink id.
-pub const SINK_PROPERTY: &str = "ratchet.sink-id";
-/// Snapshot summary key holding the checkpoint id.
-pub const CHECKPOINT_PROPERTY: &str = "ratchet.checkpoint-id";
-
-/// What `commit_checkpoint` did.
+/// What a commit did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CommitOutcome {
     /// A new snapshot was committed.
     Committed,
-    /// The table's history already holds this checkpoint (or a later one) of this sink: nothing was done.
+    /// The table's history already holds this checkpoint (or a later one) of this subtask: nothing was done.
     AlreadyCommitted,
 }
 
-/// The newest checkpoint of `sink` in the ancestry of the table's current snapshot.
-pub fn last_committed_checkpoint(table: &Table, sink: &SinkId) -> Option<CheckpointId> {
-    let metadata = table.metadata_ref();
-    let current = metadata.current_snapshot_id()?;
-    ancestors_of(&metadata, current).find_map(|snapshot| {
-        let props = &snapshot.summary().additional_properties;
-        (props.get(SINK_PROPERTY).map(String::as_str) == Some(sink.as_str()))
-            .then(|| {
-                props
-                    .get(CHECKPOINT_PROPERTY)?
-                    .parse()
-                    .ok()
-                    .map(CheckpointId)
-            })
-            .flatten()
-    })
+/// The catalog, the table and how long one catalog commit may take before its outcome counts as unknown.
+#[derive(Debug, Clone)]
+pub struct TableTarget {
+    /// The catalog.
+    pub catalog: Arc<dyn Catalog>,
+    /// The table.
+    pub table: TableIdent,
+    /// The longest one commit (load, build, catalog update, with iceberg's own conflict retries) may take.
+    pub commit_timeout: Duration,
+    /// The table as the last commit left it: the seed of the next commit (which reloads through the guard
+    /// anyway, so a stale seed costs nothing but a rebuild).
+    seed: Arc<Mutex<Option<Table>>>,
 }
 
-/// Commits `files` as one snapshot for `checkpoint` of `sink`, unless the table already has it.
-///
-/// # Idempotence
-/// Reloads the table first; if its history holds this checkpoint, returns [`CommitOutcome::AlreadyCommitted`].
-/// iceberg's duplicate-file check is a second backstop.
-///
-/// # Errors
-/// A commit conflict (another writer committed first) is [`Retryable`](ErrorKind::Retryable): calling again
-/// reloads and re-checks.
-pub async fn commit_checkpoint(
-    catalog: &dyn Catalog,
-    table: &TableIdent,
-    sink: &SinkId,
-    checkpoint: CheckpointId,
-    files: Vec<DataFile>,
-) -> Result<CommitOutcome> {
-    let context = |e: Error| {
-        e.with_sink(sink)
-            .with_checkpoint(checkpoint)
-            .with_txn(table.to_string())
-    };
-    let current = catalog
-        .load_table(table)
-        .await
-        .map_err(|e| context(iceberg_error(Phase::Commit, "cannot load the table", e)))?;
-    if last_committed_checkpoint(&current, sink).is_some_and(|last| last >= checkpoint) {
-        return Ok(CommitOutcome::AlreadyCommitted);
+impl TableTarget {
+    /// A target for `table` in `catalog`.
+    pub fn new(catalog: Arc<dyn Catalog>, table: TableIdent, commit_timeout: Duration) -> Self {
+        Self {
+            catalog,
+            table,
+            commit_timeout,
+            seed: Arc::default(),
+        }
     }
-    let properties = HashMap::from([
-        (SINK_PROPERTY.to_string(), sink.to_string()),
-        (CHECKPOINT_PROPERTY.to_string(), checkpoint.to_string()),
-    ]);
-    let tx = Transaction::new(&current);
-    let tx = tx
-        .fast_append()
-        .add_data_files(files)
-        .set_snapshot_properties(properties)
-        .apply(tx)
-        .map_err(|e| context(iceberg_error(Phase::Commit, "cannot build the append", e)))?;
-    tx.commit(catalog).await.map_err(|e| {
-        let err = iceberg_error(Phase::Commit, "the catalog refused the snapshot", e);
-        context(if err.kind() == ErrorKind::Retryable {
-            err
-        } else {
-            Error::new(
-                ErrorKind::Fatal,
+
+    /// The table as the last commit left it, or freshly loaded.
+    pub async fn recent(&self, phase: Phase) -> Result<Table> {
+        let cached = self.seed.lock().expect("seed lock").clone();
+        match cached {
+            Some(table) => Ok(table),
+            None => self.load(phase).await,
+        }
+    }
+
+    /// Loads the table.
+    ///
+    /// # Errors
+    /// Retryable when the catalog cannot be reached; fatal when the table does not exist.
+    pub async fn load(&self, phase: Phase) -> Result<Table> {
+        match tokio::time::timeout(self.commit_timeout, self.catalog.load_table(&self.table)).await
+        {
+            Ok(loaded) => loaded
+                .map_err(|e| iceberg_error(phase, format!("cannot load table {}", self.table), e)),
+            Err(_) => Err(Error::new(
+                ErrorKind::Retryable,
+                phase,
+                format!(
+                    "loading table {} took longer than {:?}: check the catalog",
+                    self.table, self.commit_timeout
+                ),
+            )),
+        }
+    }
+
+    /// Commits `files` as one snapshot recording `checkpoint` for `key` under `epoch`, unless the table already
+    /// shows that checkpoint (or a later one) for `key`.
+    ///
+    /// # Errors
+    /// [`Fenced`](ErrorKind::Fenced) when the table shows a different epoch for the subtask (a newer instance
+    /// recovered); [`Retryable`](ErrorKind::Retryable) for conflicts that outlasted iceberg's retries and for
+    /// unknown outcomes (the next call checks the history first); [`Fatal`](ErrorKind::Fatal) when iceberg refuses
+    /// the snapshot itself (a file already in the table although its history does not show the checkpoint:
+    /// the table was rolled back or its history rewritten by hand).
+    pub async fn commit_files(
+        &self,
+        key: &SubtaskKey,
+        epoch: u64,
+        checkpoint: CheckpointId,
+        files: Vec<DataFile>,
+    ) -> Result<CommitOutcome> {
+        let context = |e: Error| {
+            e.with_checkpoint(checkpoint)
+                .with_txn(self.table.to_string())
+        };
+        let check = |table: &Table| {
+            let state = key.state(&table.metadata_ref());
+            if state.epoch != epoch {
+                Err(Verdict::Fenced(state.epoch))
+            } else if state.checkpoint.is_some_and(|last| last >= checkpoint) {
+                Err(Verdict::AlreadyCommitted)
+            } else {
+                Ok(())
+            }
+        };
+        let state = SubtaskState {
+            epoch,
+            checkpoint: Some(checkpoint),
+        };
+        match self.commit_snapshot(key, state, files, &check).await {
+            Ok(None) => Ok(CommitOutcome::Committed),
+            Ok(Some(Verdict::AlreadyCommitted)) => Ok(CommitOutcome::AlreadyCommitted),
+            Ok(Some(Verdict::Fenced(newer))) => Err(context(Error::new(
+                ErrorKind::Fenced,
                 Phase::Commit,
-                "the catalog commit failed; its outcome may be unknown: restart to let recovery reload the table \
-                 and check its history",
-            )
-            .with_source(err)
-        })
-    })?;
-    Ok(CommitOutcome::Committed)
+                format!(
+                    "subtask {} of sink {} (job {}) was recovered by a newer instance (epoch {newer}, this one \
+                     {epoch}): this instance must stop",
+                    key.subtask, key.sink, key.job
+                ),
+            ))),
+            Err(e) => Err(context(e)),
+        }
+    }
+
+    /// Raises the subtask's owner epoch with a snapshot of no data files that records it: from then on, every
+    /// commit planned by an older instance is refused. Returns the new epoch and the subtask's state before.
+    ///
+    /// Called by recovery under the checkpoint store's claim, so no other legitimate instance raises the same
+    /// subtask's epoch at the same time; a raise by a stale instance that slipped in is raised over.
+    ///
+    /// # Errors
+    /// Retryable when the catalog is unreachable, the outcome unknown, or the raise kept conflicting.
+    pub async fn raise_epoch(&self, key: &SubtaskKey) -> Result<(u64, SubtaskState)> {
+        for _ in 0..5 {
+            let table = self.load(Phase::Recover).await?;
+            let before = key.state(&table.metadata_ref());
+            let check = |table: &Table| {
+                let now = key.state(&table.metadata_ref());
+                if now.epoch == before.epoch {
+                    Ok(())
+                } else {
+                    Err(Verdict::Fenced(now.epoch))
+                }
+            };
+            let raised = SubtaskState {
+                epoch: before.epoch + 1,
+                checkpoint: before.checkpoint,
+            };
+            match self
+                .commit_snapshot(key, raised, Vec::new(), &check)
+                .await
+                .map_err(|e| e.at_phase(Phase::Recover))?
+            {
+                None => return Ok((raised.epoch, before)),
+                Some(_) => continue,
+            }
+        }
+        Err(Error::new(
+            ErrorKind::Retryable,
+            Phase::Recover,
+            format!(
+                "the epoch of subtask {} of sink {} in table {} kept changing while recovery raised it: is another \
+                 instance recovering the same subtask without the checkpoint store's claim?",
+                key.subtask, key.sink, self.table
+            ),
+        ))
+    }
+
+    /// One snapshot with `files` and the subtask's `state` (summary and table property), built only on metadata
+    /// `check` accepts. `Ok(Some(verdict))` when a check refused.
+    async fn commit_snapshot(
+        &self,
+        key: &SubtaskKey,
+        state: SubtaskState,
+        files: Vec<DataFile>,
+        check: &Check<'_>,
+    ) -> Result<Option<Verdict>> {
+        let guarded = GuardedCatalog::new(self.catalog.as_ref(), check);
+        // The first load only seeds the transaction; `commit` loads again through the guard and builds on that.
+        let table = self.recent(Phase::Commit).await?;
+        let tx = Transaction::new(&table);
+        let tx = tx
+            .fast_append()
+            .add_data_files(files)
+            .set_snapshot_properties(key.summary(state))
+            .apply(tx)
+            .and_then(|tx| {
+                let properties = tx
+                    .update_table_properties()
+                    .set(key.table_property(), state.property_value());
+                properties.apply(tx)
+            })
+            .map_err(|e| iceberg_error(Phase::Commit, "cannot build the snapshot", e))?;
+        let committed = tokio::time::timeout(self.commit_timeout, tx.commit(&guarded)).await;
+        let landed = match &committed {
+            Ok(Ok(table)) => Some(table.clone()),
+            _ => None,
+        };
+        *self.seed.lock().expect("seed lock") = landed;
+        if let Some(verdict) = guarded.verdict() {
+            return Ok(Some(verdict));
+        }
+        match committed {
+            Ok(Ok(_)) => Ok(None),
+            Ok(Err(e)) => Err(match e.kind() {
+                iceberg::ErrorKind::CatalogCommitConflicts => Error::new(
+                    ErrorKind::Retryable,
+                    Phase::Commit,
+                    format!(
+                        "table {} kept changing under the commit (other writers); retrying",
+                        self.table
+                    ),
+                )
+                .with_source(e),
+                iceberg::ErrorKind::DataInvalid | iceberg::ErrorKind::PreconditionFailed => Error::new(
+                    ErrorKind::Fatal,
+                    Phase::Commit,
+                    format!(
+                        "iceberg refused the snapshot for table {}: if it says the files are already \
+                         referenced, the table's history no longer shows the checkpoint that added them (rolled \
+                         back or rewritten): check the table before restarting",
+                        self.table
+                    ),
+                )
+                .with_source(e),
+                _ => Error::new(
+                    ErrorKind::Retryable,
+                    Phase::Commit,
+                    format!(
+                        "the commit to table {} failed with an unknown outcome; the next attempt checks the \
+                         table's history before committing again",
+                        self.table
+                    ),
+                )
+                .with_source(e),
+            }),
+            Err(_) => Err(Error::new(
+                ErrorKind::Retryable,
+                Phase::Commit,
+                format!(
+                    "the commit to table {} took longer than {:?}; its outcome is unknown, the next attempt checks \
+                     the table's history before committing again",
+                    self.table, self.commit_timeout
+                ),
+            )),
+        }
+    }
 }

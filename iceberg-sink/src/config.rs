@@ -1,16 +1,17 @@
-//! Which Iceberg catalog the sink commits to.
+//! Which catalog and table the sink commits to, and how it writes.
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
-use connector_api::{Phase, Result};
-use iceberg::io::LocalFsStorageFactory;
+use connector_api::{Error, ErrorKind, Phase, Result, SinkId, SubtaskId};
 use iceberg::{Catalog, CatalogBuilder};
 use iceberg_catalog_rest::RestCatalogBuilder;
 use iceberg_catalog_sql::{
     SQL_CATALOG_PROP_BIND_STYLE, SQL_CATALOG_PROP_URI, SQL_CATALOG_PROP_WAREHOUSE,
     SqlCatalogBuilder,
 };
+use iceberg_storage_opendal::OpenDalResolvingStorageFactory;
 use serde::Deserialize;
 
 use crate::error::iceberg_error;
@@ -19,12 +20,12 @@ use crate::error::iceberg_error;
 ///
 /// | kind | keys |
 /// |---|---|
-/// | `sql` | `uri` (`sqlite:///path/catalog.db?mode=rwc` or `postgres://...`), `warehouse` (a `file://` path) |
-/// | `rest` | `uri` (`http://host:port`), `warehouse`, `props` (passed to the REST client) |
+/// | `sql` | `uri` (`sqlite:///path/catalog.db?mode=rwc` or `postgres://user:pass@host:port/db`), `warehouse` (`file:///path` or `s3://bucket/prefix`) |
+/// | `rest` | `uri` (`http://host:port`), `warehouse` (optional: the server may pick it), `props` (passed to the REST client) |
 #[derive(Debug, Clone, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum CatalogConfig {
-    /// iceberg-rust's SQL catalog (the same tables pyiceberg's SqlCatalog reads).
+    /// iceberg-rust's SQL catalog (the same tables pyiceberg's `SqlCatalog` reads).
     Sql {
         /// Database URI.
         uri: String,
@@ -36,16 +37,79 @@ pub enum CatalogConfig {
         /// Catalog endpoint.
         uri: String,
         /// Warehouse name or location.
-        warehouse: String,
+        #[serde(default)]
+        warehouse: Option<String>,
         /// Extra client properties.
         #[serde(default)]
         props: HashMap<String, String>,
     },
 }
 
+/// Credentials and addressing for an `s3://` warehouse (data and metadata files), as in the file sink. Leave the
+/// keys out to take them from `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY`.
+#[derive(Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct S3Settings {
+    /// Endpoint URL for S3-compatible stores.
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    /// Signing region.
+    #[serde(default)]
+    pub region: Option<String>,
+    /// Access key id.
+    #[serde(default)]
+    pub access_key_id: Option<String>,
+    /// Secret access key.
+    #[serde(default)]
+    pub secret_access_key: Option<String>,
+    /// Path-style addressing (`http://host/bucket/key`), needed by most S3-compatible stores.
+    #[serde(default)]
+    pub force_path_style: bool,
+}
+
+impl std::fmt::Debug for S3Settings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("S3Settings")
+            .field("endpoint", &self.endpoint)
+            .field("region", &self.region)
+            .field("access_key_id", &self.access_key_id)
+            .field(
+                "secret_access_key",
+                &self.secret_access_key.as_ref().map(|_| "<redacted>"),
+            )
+            .field("force_path_style", &self.force_path_style)
+            .finish()
+    }
+}
+
+impl S3Settings {
+    /// The FileIO properties (`s3.*`) iceberg's OpenDAL storage reads.
+    pub fn file_io_props(&self) -> HashMap<String, String> {
+        let mut props = HashMap::new();
+        let mut put = |key: &str, value: &Option<String>| {
+            if let Some(value) = value {
+                props.insert(key.to_string(), value.clone());
+            }
+        };
+        put(iceberg::io::S3_ENDPOINT, &self.endpoint);
+        put(iceberg::io::S3_REGION, &self.region);
+        put(iceberg::io::S3_ACCESS_KEY_ID, &self.access_key_id);
+        put(iceberg::io::S3_SECRET_ACCESS_KEY, &self.secret_access_key);
+        if self.force_path_style {
+            props.insert(iceberg::io::S3_PATH_STYLE_ACCESS.to_string(), "true".into());
+        }
+        props
+    }
+}
+
 impl CatalogConfig {
-    /// Connects to the catalog.
-    pub async fn open(&self, name: &str) -> Result<Arc<dyn Catalog>> {
+    /// Connects to the catalog named `name` (the SQL catalog's `catalog_name` column; pyiceberg must use the same).
+    ///
+    /// # Errors
+    /// [`Config`](ErrorKind::Config) naming the catalog when it cannot be opened.
+    pub async fn open(&self, name: &str, s3: &S3Settings) -> Result<Arc<dyn Catalog>> {
+        let storage = Arc::new(OpenDalResolvingStorageFactory::new());
+        let mut props = s3.file_io_props();
         let catalog: Arc<dyn Catalog> = match self {
             CatalogConfig::Sql { uri, warehouse } => {
                 let bind_style = if uri.starts_with("sqlite:") {
@@ -53,46 +117,95 @@ impl CatalogConfig {
                 } else {
                     "DollarNumeric"
                 };
-                let props = HashMap::from([
-                    (SQL_CATALOG_PROP_URI.to_string(), uri.clone()),
-                    (SQL_CATALOG_PROP_WAREHOUSE.to_string(), warehouse.clone()),
-                    (
-                        SQL_CATALOG_PROP_BIND_STYLE.to_string(),
-                        bind_style.to_string(),
-                    ),
-                ]);
-                Arc::new(
-                    SqlCatalogBuilder::default()
-                        .with_storage_factory(Arc::new(LocalFsStorageFactory))
-                        .load(name, props)
-                        .await
-                        .map_err(|e| {
-                            iceberg_error(Phase::Setup, format!("cannot open SQL catalog {uri}"), e)
-                        })?,
-                )
+                props.insert(SQL_CATALOG_PROP_URI.to_string(), uri.clone());
+                props.insert(SQL_CATALOG_PROP_WAREHOUSE.to_string(), warehouse.clone());
+                props.insert(SQL_CATALOG_PROP_BIND_STYLE.to_string(), bind_style.into());
+                let catalog = SqlCatalogBuilder::default()
+                    .with_storage_factory(storage)
+                    .load(name, props)
+                    .await
+                    .map_err(|e| {
+                        setup_error(format!("cannot open SQL catalog {}", redact(uri)), e)
+                    })?;
+                Arc::new(catalog)
             }
             CatalogConfig::Rest {
                 uri,
                 warehouse,
-                props,
+                props: extra,
             } => {
-                let mut props = props.clone();
+                props.extend(extra.clone());
                 props.insert("uri".into(), uri.clone());
-                props.insert("warehouse".into(), warehouse.clone());
-                Arc::new(
-                    RestCatalogBuilder::default()
-                        .load(name, props)
-                        .await
-                        .map_err(|e| {
-                            iceberg_error(
-                                Phase::Setup,
-                                format!("cannot open REST catalog {uri}"),
-                                e,
-                            )
-                        })?,
-                )
+                if let Some(warehouse) = warehouse {
+                    props.insert("warehouse".into(), warehouse.clone());
+                }
+                let catalog = RestCatalogBuilder::default()
+                    .with_storage_factory(storage)
+                    .load(name, props)
+                    .await
+                    .map_err(|e| setup_error(format!("cannot open REST catalog {uri}"), e))?;
+                Arc::new(catalog)
             }
         };
         Ok(catalog)
     }
 }
+
+fn setup_error(message: String, e: iceberg::Error) -> Error {
+    let cause = iceberg_error(Phase::Setup, message.clone(), e);
+    Error::new(
+        ErrorKind::Config,
+        Phase::Setup,
+        format!("{message}: check the catalog's address, credentials and that it is running"),
+    )
+    .with_source(cause)
+}
+
+/// A database URI without its password, for messages.
+fn redact(uri: &str) -> String {
+    match url::Url::parse(uri) {
+        Ok(mut parsed) if parsed.password().is_some() => {
+            let _ = parsed.set_password(Some("***"));
+            parsed.to_string()
+        }
+        _ => uri.to_string(),
+    }
+}
+
+/// Everything one sink instance needs.
+#[derive(Debug, Clone)]
+pub struct IcebergSinkConfig {
+    /// The stable job identity recorded in every snapshot (must not change when the process restarts or is
+    /// replaced: it is how recovery recognises the job's snapshots).
+    pub job: SinkId,
+    /// The sink.
+    pub sink: SinkId,
+    /// The subtask this instance serves.
+    pub subtask: SubtaskId,
+    /// The Arrow schema of the batches (used to create the table when `create_table`).
+    pub schema: arrow_schema::SchemaRef,
+    /// The catalog.
+    pub catalog: CatalogConfig,
+    /// The catalog's name.
+    pub catalog_name: String,
+    /// S3 settings for an `s3://` warehouse.
+    pub s3: S3Settings,
+    /// The table, `namespace.name` (nested namespaces: `a.b.name`).
+    pub table: String,
+    /// Create the namespace and an unpartitioned table from the batches' schema when missing.
+    pub create_table: bool,
+    /// Roll to a new data file past this many bytes.
+    pub target_file_size: usize,
+    /// Commit a snapshot every this many checkpoints (1: every checkpoint); the files of the checkpoints in
+    /// between are carried in the committables.
+    pub commit_every: u32,
+    /// The longest one catalog call may take before its outcome counts as unknown.
+    pub commit_timeout: Duration,
+    /// Delete this subtask's data files that no snapshot references at recovery.
+    pub cleanup_on_recover: bool,
+}
+
+/// The default target data file size: 128 MiB.
+pub const DEFAULT_TARGET_FILE_SIZE: usize = 128 * 1024 * 1024;
+/// The default longest catalog call.
+pub const DEFAULT_COMMIT_TIMEOUT: Duration = Duration::from_secs(60);

@@ -1,9 +1,11 @@
-//! Writing Arrow batches into Parquet data files of a table (not yet visible: a snapshot makes them visible).
+//! Writing one checkpoint's Arrow batches into zstd Parquet data files of a table, following its partition spec
+//! and rolling to a new file past a target size. The files are invisible until a snapshot references them.
 
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
 use connector_api::{Error, ErrorKind, Phase, Result};
+use iceberg::arrow::RecordBatchPartitionSplitter;
 use iceberg::spec::{DataFile, DataFileFormat};
 use iceberg::table::Table;
 use iceberg::writer::base_writer::data_file_writer::DataFileWriterBuilder;
@@ -12,94 +14,188 @@ use iceberg::writer::file_writer::location_generator::{
     DefaultFileNameGenerator, DefaultLocationGenerator,
 };
 use iceberg::writer::file_writer::rolling_writer::RollingFileWriterBuilder;
+use iceberg::writer::partitioning::PartitioningWriter;
+use iceberg::writer::partitioning::fanout_writer::FanoutWriter;
 use iceberg::writer::{IcebergWriter, IcebergWriterBuilder};
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 
 use crate::error::iceberg_error;
 
+type FileWriterBuilder =
+    DataFileWriterBuilder<ParquetWriterBuilder, DefaultLocationGenerator, DefaultFileNameGenerator>;
+
+enum Layout {
+    Unpartitioned(Box<dyn IcebergWriter>),
+    Partitioned {
+        splitter: RecordBatchPartitionSplitter,
+        fanout: FanoutWriter<FileWriterBuilder>,
+    },
+}
+
+/// The data files of one checkpoint attempt, being written.
+pub struct CheckpointWriter {
+    table_schema: arrow_schema::SchemaRef,
+    layout: Layout,
+    table: String,
+}
+
+impl CheckpointWriter {
+    /// Opens writers for `table`; files are named `<file_prefix>-<n>.parquet` (under the partition's directory).
+    ///
+    /// `file_prefix` must be unique per subtask and checkpoint attempt so two attempts never write the same path.
+    pub async fn open(table: &Table, file_prefix: String, target_file_size: usize) -> Result<Self> {
+        let metadata = table.metadata();
+        let name = table.identifier().to_string();
+        let table_schema = Arc::new(
+            iceberg::arrow::schema_to_arrow_schema(metadata.current_schema()).map_err(|e| {
+                iceberg_error(
+                    Phase::Begin,
+                    format!("cannot convert the schema of {name} to Arrow"),
+                    e,
+                )
+            })?,
+        );
+        let props = WriterProperties::builder()
+            .set_compression(Compression::ZSTD(ZstdLevel::default()))
+            .build();
+        let locations = DefaultLocationGenerator::new(metadata).map_err(|e| {
+            iceberg_error(
+                Phase::Begin,
+                format!("cannot derive the data location of {name}"),
+                e,
+            )
+        })?;
+        let names = DefaultFileNameGenerator::new(file_prefix, None, DataFileFormat::Parquet);
+        let builder = DataFileWriterBuilder::new(RollingFileWriterBuilder::new(
+            ParquetWriterBuilder::new(props, metadata.current_schema().clone()),
+            target_file_size,
+            table.file_io().clone(),
+            locations,
+            names,
+        ));
+        let spec = metadata.default_partition_spec();
+        let layout = if spec.is_unpartitioned() {
+            let writer = builder
+                .build(None)
+                .await
+                .map_err(|e| iceberg_error(Phase::Begin, "cannot open a data file writer", e))?;
+            Layout::Unpartitioned(Box::new(writer))
+        } else {
+            let splitter = RecordBatchPartitionSplitter::try_new_with_computed_values(
+                metadata.current_schema().clone(),
+                spec.clone(),
+            )
+            .map_err(|e| {
+                iceberg_error(
+                    Phase::Begin,
+                    format!("cannot follow the partition spec of {name}"),
+                    e,
+                )
+            })?;
+            Layout::Partitioned {
+                splitter,
+                fanout: FanoutWriter::new(builder),
+            }
+        };
+        Ok(Self {
+            table_schema,
+            layout,
+            table: name,
+        })
+    }
+
+    /// Writes one batch.
+    ///
+    /// # Errors
+    /// [`BadRecord`](ErrorKind::BadRecord) naming the column when the batch does not fit the table's schema
+    /// (nothing of the batch is written); retryable/fatal storage errors otherwise.
+    pub async fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+        let batch = to_table_batch(&self.table, &self.table_schema, batch)?;
+        let write_error = |e| iceberg_error(Phase::Write, "cannot write a data file", e);
+        match &mut self.layout {
+            Layout::Unpartitioned(writer) => writer.write(batch).await.map_err(write_error),
+            Layout::Partitioned { splitter, fanout } => {
+                let parts = splitter.split(&batch).map_err(|e| {
+                    Error::new(
+                        ErrorKind::BadRecord,
+                        Phase::Write,
+                        format!("cannot compute the partition of a batch for {}", self.table),
+                    )
+                    .with_source(e)
+                })?;
+                for (key, part) in parts {
+                    fanout.write(key, part).await.map_err(write_error)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Closes every open file and returns the data files written.
+    pub async fn close(self) -> Result<Vec<DataFile>> {
+        let close_error = |e| iceberg_error(Phase::PreCommit, "cannot close data files", e);
+        match self.layout {
+            Layout::Unpartitioned(mut writer) => writer.close().await.map_err(close_error),
+            Layout::Partitioned { fanout, .. } => fanout.close().await.map_err(close_error),
+        }
+    }
+}
+
 /// Re-labels `batch` with the table's Arrow schema (which carries the Iceberg field ids), checking each column.
 fn to_table_batch(
+    table: &str,
     table_schema: &arrow_schema::SchemaRef,
     batch: &RecordBatch,
 ) -> Result<RecordBatch> {
+    let bad = |message: String| Error::new(ErrorKind::BadRecord, Phase::Write, message);
     let mut columns = Vec::with_capacity(table_schema.fields().len());
     for field in table_schema.fields() {
-        let column = batch.column_by_name(field.name()).ok_or_else(|| {
-            Error::new(
-                ErrorKind::BadRecord,
-                Phase::Write,
-                format!(
-                    "batch has no column {:?}, which the table's schema requires",
-                    field.name()
-                ),
-            )
-        })?;
+        let Some(column) = batch.column_by_name(field.name()) else {
+            if field.is_nullable() {
+                columns.push(arrow_array::new_null_array(
+                    field.data_type(),
+                    batch.num_rows(),
+                ));
+                continue;
+            }
+            return Err(bad(format!(
+                "the batch has no column {:?}, which table {table} requires",
+                field.name()
+            )));
+        };
         if column.data_type() != field.data_type() {
-            return Err(Error::new(
-                ErrorKind::BadRecord,
-                Phase::Write,
-                format!(
-                    "column {:?} has type {} but the table's schema says {}",
-                    field.name(),
-                    column.data_type(),
-                    field.data_type()
-                ),
-            ));
+            return Err(bad(format!(
+                "column {:?} has type {} but table {table} says {}: convert it upstream or change the table",
+                field.name(),
+                column.data_type(),
+                field.data_type()
+            )));
+        }
+        if !field.is_nullable() && column.null_count() > 0 {
+            return Err(bad(format!(
+                "column {:?} holds {} null(s) but table {table} declares it required",
+                field.name(),
+                column.null_count()
+            )));
         }
         columns.push(column.clone());
     }
+    if let Some(extra) = batch
+        .schema()
+        .fields()
+        .iter()
+        .find(|f| table_schema.field_with_name(f.name()).is_err())
+    {
+        return Err(bad(format!(
+            "the batch has a column {:?} that table {table} does not have: add it to the table or drop it upstream",
+            extra.name()
+        )));
+    }
     RecordBatch::try_new(table_schema.clone(), columns).map_err(|e| {
-        Error::new(
-            ErrorKind::BadRecord,
-            Phase::Write,
-            "batch does not fit the table's schema (nulls in a required column?)",
-        )
+        bad(format!(
+            "the batch does not fit the schema of table {table}"
+        ))
         .with_source(e)
     })
-}
-
-/// Writes `batches` into zstd-compressed Parquet data files under the table's data location, named
-/// `<file_prefix>-<n>.parquet`. The files are invisible until a snapshot references them.
-///
-/// `file_prefix` must be unique per sink, subtask and checkpoint attempt so two attempts never write the same path.
-pub async fn write_data_files(
-    table: &Table,
-    file_prefix: &str,
-    batches: &[RecordBatch],
-) -> Result<Vec<DataFile>> {
-    let metadata = table.metadata();
-    let arrow_schema = Arc::new(
-        iceberg::arrow::schema_to_arrow_schema(metadata.current_schema()).map_err(|e| {
-            iceberg_error(Phase::Write, "cannot convert the table schema to Arrow", e)
-        })?,
-    );
-    let props = WriterProperties::builder()
-        .set_compression(Compression::ZSTD(ZstdLevel::default()))
-        .build();
-    let locations = DefaultLocationGenerator::new(metadata)
-        .map_err(|e| iceberg_error(Phase::Write, "cannot derive the table's data location", e))?;
-    let names =
-        DefaultFileNameGenerator::new(file_prefix.to_string(), None, DataFileFormat::Parquet);
-    let rolling = RollingFileWriterBuilder::new_with_default_file_size(
-        ParquetWriterBuilder::new(props, metadata.current_schema().clone()),
-        table.file_io().clone(),
-        locations,
-        names,
-    );
-    let mut writer = DataFileWriterBuilder::new(rolling)
-        .build(None)
-        .await
-        .map_err(|e| iceberg_error(Phase::Write, "cannot open a data file writer", e))?;
-    for batch in batches {
-        let batch = to_table_batch(&arrow_schema, batch)?;
-        writer
-            .write(batch)
-            .await
-            .map_err(|e| iceberg_error(Phase::Write, "cannot write a data file", e))?;
-    }
-    writer
-        .close()
-        .await
-        .map_err(|e| iceberg_error(Phase::PreCommit, "cannot close data files", e))
 }

@@ -1,0 +1,163 @@
+//! Deleting data files that a subtask wrote and no snapshot references: what aborted, failed or fenced attempts
+//! left behind (never visible, but they cost storage).
+//!
+//! Only files whose name starts with the subtask's prefix ([`SubtaskKey::file_prefix`]) are candidates, and a
+//! candidate is kept when any manifest of any snapshot the table retains lists it (added, existing or deleted:
+//! a compaction or a manifest rewrite may reference this sink's files from snapshots that are not its own).
+//! Run it only under the subtask's claim, after recovery committed the restored checkpoint: the files of the
+//! newest durable checkpoint are referenced by then, and no other live instance writes with this prefix.
+
+use std::collections::HashSet;
+
+use connector_api::{Error, ErrorKind, Phase, Result};
+use futures::TryStreamExt;
+use iceberg::table::Table;
+use opendal::Operator;
+
+use crate::config::S3Settings;
+use crate::error::iceberg_error;
+use crate::ledger::SubtaskKey;
+
+/// Deletes `key`'s unreferenced data files of `table`; returns the paths deleted.
+///
+/// # Errors
+/// Retryable when the storage or a manifest cannot be read (nothing is deleted before every snapshot was read).
+pub async fn delete_unreferenced_files(
+    table: &Table,
+    key: &SubtaskKey,
+    s3: &S3Settings,
+) -> Result<Vec<String>> {
+    let data_dir = format!(
+        "{}/data/",
+        table.metadata().location().trim_end_matches('/')
+    );
+    let candidates = list_files(&data_dir, &key.file_prefix(), s3).await?;
+    if candidates.is_empty() {
+        return Ok(Vec::new());
+    }
+    let referenced = referenced_files(table).await?;
+    let mut deleted = Vec::new();
+    for path in candidates.into_iter().filter(|p| !referenced.contains(p)) {
+        table
+            .file_io()
+            .delete(&path)
+            .await
+            .map_err(|e| iceberg_error(Phase::Recover, format!("cannot delete {path}"), e))?;
+        deleted.push(path);
+    }
+    if !deleted.is_empty() {
+        tracing::info!(
+            table = %table.identifier(),
+            sink = %key.sink,
+            subtask = %key.subtask,
+            files = deleted.len(),
+            "deleted data files no snapshot references (left by aborted attempts)"
+        );
+    }
+    Ok(deleted)
+}
+
+/// Every data file path any retained snapshot's manifests list.
+async fn referenced_files(table: &Table) -> Result<HashSet<String>> {
+    let metadata = table.metadata_ref();
+    let read_error = |e| iceberg_error(Phase::Recover, "cannot read the table's manifests", e);
+    let mut manifests = HashSet::new();
+    let mut files = HashSet::new();
+    for snapshot in metadata.snapshots() {
+        let list = table
+            .manifest_list_reader(snapshot)
+            .load()
+            .await
+            .map_err(read_error)?;
+        for manifest in list.entries() {
+            if !manifests.insert(manifest.manifest_path.clone()) {
+                continue;
+            }
+            let manifest = manifest
+                .load_manifest(table.file_io())
+                .await
+                .map_err(read_error)?;
+            files.extend(
+                manifest
+                    .entries()
+                    .iter()
+                    .map(|entry| entry.data_file().file_path().to_string()),
+            );
+        }
+    }
+    Ok(files)
+}
+
+/// Full paths (with scheme) of the files under `dir` (recursively) whose name starts with `prefix`.
+async fn list_files(dir: &str, prefix: &str, s3: &S3Settings) -> Result<Vec<String>> {
+    let (operator, root, scheme_root) = operator_for(dir, s3)?;
+    let listed = operator
+        .lister_with(&root)
+        .recursive(true)
+        .await
+        .map_err(|e| storage_error(dir, e))?;
+    let entries: Vec<opendal::Entry> = listed
+        .try_collect()
+        .await
+        .map_err(|e| storage_error(dir, e))?;
+    Ok(entries
+        .into_iter()
+        .filter(|entry| entry.metadata().is_file())
+        .filter(|entry| entry.name().starts_with(prefix))
+        .map(|entry| format!("{scheme_root}{}", entry.path()))
+        .collect())
+}
+
+/// An operator for `dir` (`file:///...` or `s3://bucket/...`): (operator, path of `dir` inside it, what to put
+/// before a listed path to get the full location back).
+fn operator_for(dir: &str, s3: &S3Settings) -> Result<(Operator, String, String)> {
+    if let Some(path) = dir.strip_prefix("file://") {
+        let operator = Operator::new(opendal::services::Fs::default().root("/"))
+            .map_err(|e| storage_error(dir, e))?
+            .finish();
+        return Ok((
+            operator,
+            path.trim_start_matches('/').to_string(),
+            "file:///".into(),
+        ));
+    }
+    let (scheme, rest) = dir.split_once("://").ok_or_else(|| unsupported(dir))?;
+    if !matches!(scheme, "s3" | "s3a" | "s3n") {
+        return Err(unsupported(dir));
+    }
+    let (bucket, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let mut builder = opendal::services::S3::default().bucket(bucket).root("/");
+    if let Some(endpoint) = &s3.endpoint {
+        builder = builder.endpoint(endpoint);
+    }
+    builder = builder.region(s3.region.as_deref().unwrap_or("us-east-1"));
+    if let (Some(id), Some(secret)) = (&s3.access_key_id, &s3.secret_access_key) {
+        builder = builder.access_key_id(id).secret_access_key(secret);
+    }
+    if !s3.force_path_style {
+        builder = builder.enable_virtual_host_style();
+    }
+    let operator = Operator::new(builder)
+        .map_err(|e| storage_error(dir, e))?
+        .finish();
+    Ok((operator, path.to_string(), format!("{scheme}://{bucket}/")))
+}
+
+fn unsupported(dir: &str) -> Error {
+    Error::new(
+        ErrorKind::Config,
+        Phase::Recover,
+        format!(
+            "cannot list {dir}: the Iceberg sink cleans up file:// and s3:// warehouses only (set cleanup_on_recover = false)"
+        ),
+    )
+}
+
+fn storage_error(dir: &str, e: opendal::Error) -> Error {
+    Error::new(
+        ErrorKind::Retryable,
+        Phase::Recover,
+        format!("cannot list the table's data files under {dir}"),
+    )
+    .with_source(e)
+}

@@ -1,0 +1,132 @@
+//! The Iceberg sink in a job file: `[[sinks]]` entries with `type = "iceberg"`.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use connector_api::{
+    DeliveryGuarantee, DynSink, Result, SinkContext, SinkFactory, SinkId, parse_settings,
+};
+use serde::Deserialize;
+
+use crate::IcebergSink;
+use crate::config::{
+    CatalogConfig, DEFAULT_COMMIT_TIMEOUT, DEFAULT_TARGET_FILE_SIZE, IcebergSinkConfig, S3Settings,
+};
+
+/// The settings of an Iceberg sink in a job file.
+///
+/// | key | meaning | default |
+/// |---|---|---|
+/// | `catalog` | `{ kind = "sql", uri = "sqlite:///path/catalog.db?mode=rwc", warehouse = "file:///path" }` (or a `postgres://` uri, an `s3://` warehouse), or `{ kind = "rest", uri = "http://host:port", warehouse = ".." }` | required |
+/// | `catalog_name` | the catalog's name (pyiceberg's `SqlCatalog(name, ..)` must use the same) | `ratchet` |
+/// | `table` | `namespace.name` | required |
+/// | `create_table` | create the namespace and an unpartitioned table from the input schema when missing | false |
+/// | `job` | the job identity recorded in every snapshot; must stay the same across restarts and replacements, and differ between jobs writing the same table with the same sink id | the sink id |
+/// | `s3` | `{ endpoint, region, access_key_id, secret_access_key, force_path_style }` for an `s3://` warehouse | the AWS environment |
+/// | `target_file_size` | bytes after which a data file is closed and the next one opened | 128 MiB |
+/// | `commit_every` | commit one snapshot every this many checkpoints (fewer, larger snapshots; data becomes visible later) | 1 |
+/// | `commit_timeout` | the longest one catalog call may take before its outcome counts as unknown (then the next attempt checks the table's history first) | 60s |
+/// | `cleanup_on_recover` | delete this subtask's data files no snapshot references when recovering | true |
+///
+/// ```toml
+/// [[sinks]]
+/// type = "iceberg"
+/// id = "lake"
+/// delivery = "exactly-once"
+/// job = "orders-pipeline"
+/// catalog = { kind = "sql", uri = "sqlite:///var/lib/ratchet/catalog.db?mode=rwc", warehouse = "file:///var/lib/ratchet/warehouse" }
+/// table = "shop.orders"
+/// create_table = true
+/// ```
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IcebergSinkSettings {
+    /// The catalog.
+    pub catalog: CatalogConfig,
+    /// The catalog's name.
+    #[serde(default = "default_catalog_name")]
+    pub catalog_name: String,
+    /// The table.
+    pub table: String,
+    /// Create the table when missing.
+    #[serde(default)]
+    pub create_table: bool,
+    /// The job identity.
+    #[serde(default)]
+    pub job: Option<SinkId>,
+    /// S3 settings for an `s3://` warehouse.
+    #[serde(default)]
+    pub s3: S3Settings,
+    /// Target data file size in bytes.
+    #[serde(default = "default_target_file_size")]
+    pub target_file_size: usize,
+    /// Checkpoints per snapshot.
+    #[serde(default = "default_commit_every")]
+    pub commit_every: u32,
+    /// The longest catalog call.
+    #[serde(with = "humantime_serde", default = "default_commit_timeout")]
+    pub commit_timeout: Duration,
+    /// Delete unreferenced files of this subtask at recovery.
+    #[serde(default = "default_true")]
+    pub cleanup_on_recover: bool,
+}
+
+fn default_catalog_name() -> String {
+    "ratchet".into()
+}
+
+fn default_target_file_size() -> usize {
+    DEFAULT_TARGET_FILE_SIZE
+}
+
+fn default_commit_every() -> u32 {
+    1
+}
+
+fn default_commit_timeout() -> Duration {
+    DEFAULT_COMMIT_TIMEOUT
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// Builds [`IcebergSink`]s from [`IcebergSinkSettings`].
+///
+/// At-least-once commits each checkpoint's snapshot at pre-commit
+/// ([`GuaranteedSink`](connector_api::GuaranteedSink)): a crash before the record is durable replays rows that a
+/// snapshot already holds. At-most-once never commits a restored checkpoint.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct IcebergSinkFactory;
+
+#[async_trait]
+impl SinkFactory for IcebergSinkFactory {
+    fn kind(&self) -> &'static str {
+        "iceberg"
+    }
+
+    async fn build(
+        &self,
+        settings: serde_json::Value,
+        delivery: DeliveryGuarantee,
+        context: SinkContext,
+    ) -> Result<DynSink> {
+        let settings: IcebergSinkSettings = parse_settings(&context.sink, self.kind(), settings)?;
+        let config = IcebergSinkConfig {
+            job: settings.job.unwrap_or_else(|| context.sink.clone()),
+            sink: context.sink,
+            subtask: context.subtask,
+            schema: context.schema,
+            catalog: settings.catalog,
+            catalog_name: settings.catalog_name,
+            s3: settings.s3,
+            table: settings.table,
+            create_table: settings.create_table,
+            target_file_size: settings.target_file_size,
+            commit_every: settings.commit_every,
+            commit_timeout: settings.commit_timeout,
+            cleanup_on_recover: settings.cleanup_on_recover,
+        };
+        Ok(DynSink::new(IcebergSink::new(config).await?, delivery))
+    }
+}

@@ -1,0 +1,84 @@
+//! The conformance harness on the Iceberg sink, on the embedded default (SQLite catalog, local warehouse) and on
+//! a PostgreSQL catalog with its warehouse in S3 (SeaweedFS); every visible row is read by pyiceberg and by
+//! DuckDB's iceberg_scan, which must agree, and data files no snapshot references count as leftovers.
+
+mod common;
+
+use async_trait::async_trait;
+use common::Lake;
+use connector_api::{Error, ErrorKind, Phase, Result, SinkId};
+use iceberg_sink::IcebergSink;
+use integration::conformance::{
+    Conformance, ConformanceTarget, conformance_schema, run_conformance,
+};
+
+struct Target(Lake);
+
+impl Target {
+    async fn seen(&self, run: &str, sink: &SinkId) -> Result<common::Seen> {
+        let lake = self.0.clone();
+        let table = lake.table(&[run, sink.as_str()]);
+        let seen = tokio::task::spawn_blocking(move || lake.read(&table))
+            .await
+            .unwrap();
+        if seen.ids != seen.duckdb_ids {
+            return Err(Error::new(
+                ErrorKind::Fatal,
+                Phase::Checkpoint,
+                format!(
+                    "pyiceberg and DuckDB disagree on table {run}/{sink}: {} vs {} rows",
+                    seen.ids.len(),
+                    seen.duckdb_ids.len()
+                ),
+            ));
+        }
+        Ok(seen)
+    }
+}
+
+#[async_trait]
+impl ConformanceTarget for Target {
+    type Sink = IcebergSink;
+
+    async fn create_sink(&self, run: &str, sink: &SinkId) -> Result<IcebergSink> {
+        let table = self.0.table(&[run, sink.as_str()]);
+        IcebergSink::new(
+            self.0
+                .config("conformance", sink, 0, &table, conformance_schema()),
+        )
+        .await
+    }
+
+    async fn visible_ids(&self, run: &str, sink: &SinkId) -> Result<Vec<i64>> {
+        Ok(self.seen(run, sink).await?.ids)
+    }
+
+    async fn leftovers(&self, run: &str, sink: &SinkId) -> Result<Vec<String>> {
+        Ok(self.seen(run, sink).await?.unreferenced)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_catalog_with_local_warehouse_passes_the_conformance_harness() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = Target(Lake::sqlite_local(dir.path(), "conf"));
+    run_conformance(
+        "iceberg-sink, SQLite catalog, local warehouse",
+        &target,
+        &Conformance::default(),
+    )
+    .await
+    .assert_passed();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_catalog_with_s3_warehouse_passes_the_conformance_harness() {
+    let target = Target(Lake::postgres_s3("conf"));
+    run_conformance(
+        "iceberg-sink, PostgreSQL catalog, S3 warehouse",
+        &target,
+        &Conformance::default(),
+    )
+    .await
+    .assert_passed();
+}
