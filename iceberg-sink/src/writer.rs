@@ -27,10 +27,12 @@ type FileWriterBuilder =
 
 enum Layout {
     Unpartitioned(Box<dyn IcebergWriter>),
-    Partitioned {
-        splitter: RecordBatchPartitionSplitter,
-        fanout: FanoutWriter<FileWriterBuilder>,
-    },
+    Partitioned(Box<Partitioned>),
+}
+
+struct Partitioned {
+    splitter: RecordBatchPartitionSplitter,
+    fanout: FanoutWriter<FileWriterBuilder>,
 }
 
 /// The data files of one checkpoint attempt, being written.
@@ -93,10 +95,10 @@ impl CheckpointWriter {
                     e,
                 )
             })?;
-            Layout::Partitioned {
+            Layout::Partitioned(Box::new(Partitioned {
                 splitter,
                 fanout: FanoutWriter::new(builder),
-            }
+            }))
         };
         Ok(Self {
             table_schema,
@@ -115,7 +117,8 @@ impl CheckpointWriter {
         let write_error = |e| iceberg_error(Phase::Write, "cannot write a data file", e);
         match &mut self.layout {
             Layout::Unpartitioned(writer) => writer.write(batch).await.map_err(write_error),
-            Layout::Partitioned { splitter, fanout } => {
+            Layout::Partitioned(partitioned) => {
+                let Partitioned { splitter, fanout } = partitioned.as_mut();
                 let parts = splitter.split(&batch).map_err(|e| {
                     Error::new(
                         ErrorKind::BadRecord,
@@ -137,7 +140,9 @@ impl CheckpointWriter {
         let close_error = |e| iceberg_error(Phase::PreCommit, "cannot close data files", e);
         match self.layout {
             Layout::Unpartitioned(mut writer) => writer.close().await.map_err(close_error),
-            Layout::Partitioned { fanout, .. } => fanout.close().await.map_err(close_error),
+            Layout::Partitioned(partitioned) => {
+                partitioned.fanout.close().await.map_err(close_error)
+            }
         }
     }
 }

@@ -181,13 +181,22 @@ impl Services {
     /// Runs the independent verifier `integration/verifiers/<script>` with `args` and returns what it printed
     /// (JSON). Fails the test with the verifier's stderr when it fails.
     pub fn verify(&self, script: &str, args: &[&str]) -> serde_json::Value {
-        let path = repo_root().join("integration/verifiers").join(script);
+        self.python_script(
+            &repo_root().join("integration/verifiers").join(script),
+            args,
+        )
+    }
+
+    /// Runs the Python script at `path` in the verifiers' venv (with the services' environment) and returns what
+    /// it printed (JSON); benchmarks run their Python peers this way. Fails with the script's stderr when it fails.
+    pub fn python_script(&self, path: &std::path::Path, args: &[&str]) -> serde_json::Value {
+        let script = path.display();
         let out = Command::new(self.python())
-            .arg(&path)
+            .arg(path)
             .args(args)
             .envs(&self.vars)
             .output()
-            .unwrap_or_else(|e| panic!("cannot run verifier {}: {e}", path.display()));
+            .unwrap_or_else(|e| panic!("cannot run {script}: {e}"));
         assert!(
             out.status.success(),
             "verifier {script} {args:?} failed:\n{}",

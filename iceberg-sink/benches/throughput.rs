@@ -1,0 +1,336 @@
+//! Iceberg sink throughput and commit latency (SQLite catalog, local warehouse), at 1 s and 10 s checkpoint
+//! intervals, against two references on the same rows:
+//!
+//! - **limit**: the same Parquet data files written by the same writer (zstd, same target size), closed every
+//!   interval, with no catalog commit at all;
+//! - **peer**: pyiceberg 0.12 `table.append` of Arrow tables of the same rows (one snapshot per append), the
+//!   usual way to load a table from Python; it appends 100 000 rows per call.
+//!
+//! The sink runs the way the driver runs it: the commit of checkpoint N runs on its own task while N+1 is
+//! written; the next pre-commit waits for it. (The checkpoint store's save, a local fsync of about a
+//! millisecond, is not part of this loop.) Prints a table and the ratios (median of the runs).
+//!
+//! With `RATCHET_BENCH_SMALL_FILES=1` it instead simulates an hour of a 1 000 rows/s stream committed at 1 s and
+//! at 60 s checkpoints (3 600 and 60 commits of the same rows, run back to back) and prints the files and bytes of
+//! data and metadata the table holds afterwards.
+//!
+//! Run: `scripts/services.sh up venv && cargo bench -p iceberg-sink --bench throughput` (see docs/benchmarks.md).
+//! `RATCHET_BENCH_SECONDS` sets the length of each run (default 30: three 10 s checkpoints), `RATCHET_BENCH_RUNS`
+//! the runs per mode (default 3).
+
+use std::time::{Duration, Instant};
+
+use arrow_array::RecordBatch;
+use connector_api::{CheckpointId, Committer, SinkId, SubtaskId, TwoPhaseCommit};
+use iceberg_sink::{
+    CatalogConfig, CheckpointWriter, DEFAULT_TARGET_FILE_SIZE, IcebergSink, IcebergSinkConfig,
+    S3Settings,
+};
+use integration::Services;
+use integration::conformance::{conformance_batch_with, conformance_schema};
+
+const BATCH_ROWS: i64 = 8192;
+const PEER_ROWS_PER_APPEND: i64 = 100_000;
+
+fn batch(start: i64) -> RecordBatch {
+    conformance_batch_with(start..start + BATCH_ROWS, |i| {
+        format!("order {i} customer {} {}", i % 99_991, "x".repeat(60))
+    })
+}
+
+struct Lake {
+    _dir: tempfile::TempDir,
+    uri: String,
+    python_uri: String,
+    warehouse: String,
+}
+
+fn lake() -> Lake {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("catalog.db");
+    Lake {
+        uri: format!("sqlite://{}?mode=rwc", db.display()),
+        python_uri: format!("sqlite:///{}", db.display()),
+        warehouse: format!("file://{}", dir.path().join("warehouse").display()),
+        _dir: dir,
+    }
+}
+
+fn config(lake: &Lake) -> IcebergSinkConfig {
+    IcebergSinkConfig {
+        job: SinkId::new("bench").unwrap(),
+        sink: SinkId::new("lake").unwrap(),
+        subtask: SubtaskId(0),
+        schema: conformance_schema(),
+        catalog: CatalogConfig::Sql {
+            uri: lake.uri.clone(),
+            warehouse: lake.warehouse.clone(),
+        },
+        catalog_name: "ratchet".into(),
+        s3: S3Settings::default(),
+        table: "bench.events".into(),
+        create_table: true,
+        target_file_size: DEFAULT_TARGET_FILE_SIZE,
+        commit_every: 1,
+        commit_timeout: Duration::from_secs(60),
+        cleanup_on_recover: true,
+    }
+}
+
+struct Measured {
+    rows: i64,
+    elapsed: Duration,
+    commits_ms: Vec<f64>,
+}
+
+impl Measured {
+    fn rate(&self) -> f64 {
+        self.rows as f64 / self.elapsed.as_secs_f64()
+    }
+
+    fn quantile(&self, q: f64) -> f64 {
+        let mut sorted = self.commits_ms.clone();
+        sorted.sort_by(f64::total_cmp);
+        sorted
+            .get(((sorted.len() as f64 * q) as usize).min(sorted.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(f64::NAN)
+    }
+}
+
+/// The sink, exactly once, checkpointing every `interval`.
+async fn run_sink(interval: Duration, seconds: Duration) -> Measured {
+    let lake = lake();
+    let mut sink = IcebergSink::new(config(&lake)).await.unwrap();
+    sink.recover(None).await.unwrap();
+    let committer = sink.committer();
+    let batches: Vec<RecordBatch> = (0..4).map(|i| batch(i * BATCH_ROWS)).collect();
+    let mut rows = 0;
+    let mut commits_ms = Vec::new();
+    let mut pending: Option<tokio::task::JoinHandle<f64>> = None;
+    let start = Instant::now();
+    let mut checkpoint = 1;
+    while start.elapsed() < seconds {
+        sink.begin(CheckpointId(checkpoint)).await.unwrap();
+        let opened = Instant::now();
+        while opened.elapsed() < interval {
+            sink.write(&batches[(rows / BATCH_ROWS) as usize % 4])
+                .await
+                .unwrap();
+            rows += BATCH_ROWS;
+        }
+        let committable = sink.pre_commit(CheckpointId(checkpoint)).await.unwrap();
+        if let Some(previous) = pending.take() {
+            commits_ms.push(previous.await.unwrap());
+        }
+        let committer = committer.clone();
+        pending = Some(tokio::spawn(async move {
+            let t0 = Instant::now();
+            committer.commit(vec![committable]).await.unwrap();
+            t0.elapsed().as_secs_f64() * 1000.0
+        }));
+        checkpoint += 1;
+    }
+    if let Some(previous) = pending.take() {
+        commits_ms.push(previous.await.unwrap());
+    }
+    Measured {
+        rows,
+        elapsed: start.elapsed(),
+        commits_ms,
+    }
+}
+
+/// The same files by the same writer, closed every `interval`, never committed.
+async fn run_limit(interval: Duration, seconds: Duration) -> Measured {
+    let lake = lake();
+    let mut sink = IcebergSink::new(config(&lake)).await.unwrap();
+    sink.recover(None).await.unwrap();
+    let catalog = config(&lake)
+        .catalog
+        .open("ratchet", &S3Settings::default())
+        .await
+        .unwrap();
+    let table = catalog
+        .load_table(&iceberg::TableIdent::from_strs(["bench", "events"]).unwrap())
+        .await
+        .unwrap();
+    let batches: Vec<RecordBatch> = (0..4).map(|i| batch(i * BATCH_ROWS)).collect();
+    let mut rows = 0;
+    let start = Instant::now();
+    let mut n = 0;
+    while start.elapsed() < seconds {
+        let mut writer =
+            CheckpointWriter::open(&table, format!("limit-{n}"), DEFAULT_TARGET_FILE_SIZE)
+                .await
+                .unwrap();
+        let opened = Instant::now();
+        while opened.elapsed() < interval {
+            writer
+                .write(&batches[(rows / BATCH_ROWS) as usize % 4])
+                .await
+                .unwrap();
+            rows += BATCH_ROWS;
+        }
+        writer.close().await.unwrap();
+        n += 1;
+    }
+    Measured {
+        rows,
+        elapsed: start.elapsed(),
+        commits_ms: Vec::new(),
+    }
+}
+
+fn run_peer(seconds: Duration) -> Measured {
+    let lake = lake();
+    let out = Services::get().python_script(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/pyiceberg_append.py"),
+        &[
+            &lake.python_uri,
+            &lake.warehouse,
+            "bench.events",
+            &PEER_ROWS_PER_APPEND.to_string(),
+            &seconds.as_secs_f64().to_string(),
+        ],
+    );
+    Measured {
+        rows: out["rows"].as_i64().unwrap(),
+        elapsed: Duration::from_secs_f64(out["seconds"].as_f64().unwrap()),
+        commits_ms: vec![
+            out["append_p50_ms"].as_f64().unwrap(),
+            out["append_p99_ms"].as_f64().unwrap(),
+        ],
+    }
+}
+
+fn env_u64(key: &str, default: u64) -> u64 {
+    std::env::var(key)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn median(mut runs: Vec<Measured>) -> Measured {
+    runs.sort_by(|a, b| a.rate().total_cmp(&b.rate()));
+    runs.swap_remove(runs.len() / 2)
+}
+
+/// (files, bytes) under `dir`, recursively.
+fn files_under(dir: &std::path::Path) -> (u64, u64) {
+    let mut total = (0, 0);
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            let meta = entry.metadata().unwrap();
+            if meta.is_dir() {
+                let (n, b) = files_under(&entry.path());
+                total = (total.0 + n, total.1 + b);
+            } else {
+                total = (total.0 + 1, total.1 + meta.len());
+            }
+        }
+    }
+    total
+}
+
+/// An hour of a 1 000 rows/s stream, committed every `interval_secs` seconds: files and bytes afterwards.
+async fn small_files(interval_secs: i64) {
+    const ROWS_PER_SECOND: i64 = 1_000;
+    let lake = lake();
+    let mut sink = IcebergSink::new(config(&lake)).await.unwrap();
+    sink.recover(None).await.unwrap();
+    let committer = sink.committer();
+    let rows = ROWS_PER_SECOND * interval_secs;
+    let started = Instant::now();
+    let mut last_commit_ms = 0.0;
+    for checkpoint in 1..=(3600 / interval_secs) as u64 {
+        sink.begin(CheckpointId(checkpoint)).await.unwrap();
+        let start = (checkpoint as i64 - 1) * rows;
+        sink.write(&conformance_batch_with(start..start + rows, |i| {
+            format!("order {i} customer {} {}", i % 99_991, "x".repeat(60))
+        }))
+        .await
+        .unwrap();
+        let committable = sink.pre_commit(CheckpointId(checkpoint)).await.unwrap();
+        let t0 = Instant::now();
+        committer.commit(vec![committable]).await.unwrap();
+        last_commit_ms = t0.elapsed().as_secs_f64() * 1000.0;
+    }
+    let table_dir = std::path::Path::new(lake.warehouse.strip_prefix("file://").unwrap())
+        .join("bench")
+        .join("events");
+    let (data_files, data_bytes) = files_under(&table_dir.join("data"));
+    let metadata_dir = table_dir.join("metadata");
+    let (metadata_files, metadata_bytes) = files_under(&metadata_dir);
+    let newest_json = std::fs::read_dir(&metadata_dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".metadata.json"))
+        .map(|e| e.metadata().unwrap().len())
+        .max()
+        .unwrap_or(0);
+    println!(
+        "| {interval_secs} s | {} | {data_files} | {:.1} | {metadata_files} | {:.1} | {:.0} | {last_commit_ms:.0} | {:.0} |",
+        3600 / interval_secs,
+        data_bytes as f64 / 1e6,
+        metadata_bytes as f64 / 1e6,
+        newest_json as f64 / 1e3,
+        started.elapsed().as_secs_f64()
+    );
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    if std::env::var("RATCHET_BENCH_SMALL_FILES").is_ok() {
+        println!(
+            "| interval | snapshots | data files | data MB | metadata files | metadata MB | newest metadata.json KB | last commit ms | simulated in s |\n|---|---|---|---|---|---|---|---|---|"
+        );
+        small_files(60).await;
+        small_files(1).await;
+        return;
+    }
+    let seconds = Duration::from_secs(env_u64("RATCHET_BENCH_SECONDS", 30));
+    let runs = env_u64("RATCHET_BENCH_RUNS", 3);
+    println!("| mode | interval | rows/s | commit p50 ms | commit p99 ms |\n|---|---|---|---|---|");
+    let mut rates = std::collections::HashMap::new();
+    for interval in [Duration::from_secs(1), Duration::from_secs(10)] {
+        let mut limit = Vec::new();
+        let mut sink = Vec::new();
+        for _ in 0..runs {
+            limit.push(run_limit(interval, seconds).await);
+            sink.push(run_sink(interval, seconds).await);
+        }
+        let (limit, sink) = (median(limit), median(sink));
+        for (name, m) in [
+            ("limit (files, no commit)", &limit),
+            ("sink, exactly-once", &sink),
+        ] {
+            println!(
+                "| {name} | {} s | {:.0} | {:.1} | {:.1} |",
+                interval.as_secs(),
+                m.rate(),
+                m.quantile(0.5),
+                m.quantile(0.99)
+            );
+        }
+        rates.insert(interval.as_secs(), (limit.rate(), sink.rate()));
+    }
+    let peer = median((0..runs).map(|_| run_peer(seconds)).collect());
+    println!(
+        "| pyiceberg append ({PEER_ROWS_PER_APPEND} rows per call) | - | {:.0} | {:.1} | {:.1} |",
+        peer.rate(),
+        peer.commits_ms[0],
+        peer.commits_ms[1]
+    );
+    for (interval, (limit, sink)) in {
+        let mut sorted: Vec<_> = rates.into_iter().collect();
+        sorted.sort_by_key(|(k, _)| *k);
+        sorted
+    } {
+        println!(
+            "at {interval} s: sink / limit = {:.0}%, sink / pyiceberg = {:.1}x",
+            100.0 * sink / limit,
+            sink / peer.rate()
+        );
+    }
+}
