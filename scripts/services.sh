@@ -45,6 +45,8 @@ WEED_DEBUG_PORT=${RATCHET_WEED_DEBUG_PORT:-16060}
 S3_ACCESS_KEY=ratchet
 S3_SECRET_KEY=ratchet-secret-key
 S3_BUCKET=ratchet-test
+# SeaweedFS's Iceberg REST catalog serves one catalog per S3 Tables bucket, created at start with -tableBucket.
+ICEBERG_TABLE_BUCKET=ratchet-iceberg
 DB_USER=ratchet
 DB_PASSWORD=ratchet
 DB_NAME=ratchet
@@ -427,7 +429,7 @@ EOF
     -s3.port="$S3_PORT" -s3.port.grpc=$((S3_PORT + 10000)) -s3.port.iceberg="$ICEBERG_PORT" \
     -admin.port="$WEED_ADMIN_PORT" -admin.port.grpc=$((WEED_ADMIN_PORT + 10000)) \
     -s3.port.lance=0 -debug.port="$WEED_DEBUG_PORT" -master.telemetry=false -webdav=false -admin.ui=false \
-    -s3.config="$conf"
+    -tableBucket="$ICEBERG_TABLE_BUCKET" -s3.config="$conf"
   wait_until 120 seaweedfs probe s3 --create-bucket
 }
 # SeaweedFS can take up to 30 s to stop on SIGTERM.
@@ -461,6 +463,7 @@ export RATCHET_S3_ACCESS_KEY=$S3_ACCESS_KEY
 export RATCHET_S3_SECRET_KEY=$S3_SECRET_KEY
 export RATCHET_S3_BUCKET=$S3_BUCKET
 export RATCHET_ICEBERG_REST_URI=http://127.0.0.1:$ICEBERG_PORT
+export RATCHET_ICEBERG_REST_WAREHOUSE=s3://$ICEBERG_TABLE_BUCKET
 EOF
 }
 

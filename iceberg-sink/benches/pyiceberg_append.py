@@ -30,8 +30,8 @@ def main(uri: str, warehouse: str, table_name: str, rows: int, seconds: float) -
     catalog.create_namespace_if_not_exists(namespace)
     first = batch(0, rows)
     table = catalog.create_table_if_not_exists(table_name, schema=first.schema)
-    # Built before the clock starts, like the Rust side's batches: only the append is timed.
-    data = [first] + [batch(i * rows, rows) for i in range(1, 4)]
+    # Built before the clock starts (1M distinct rows, like the Rust side's): only the append is timed.
+    data = [first] + [batch(i * rows, rows) for i in range(1, 10)]
     latencies = []
     written = 0
     start = time.monotonic()

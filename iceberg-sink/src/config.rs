@@ -21,8 +21,8 @@ use crate::error::iceberg_error;
 /// | kind | keys |
 /// |---|---|
 /// | `sql` | `uri` (`sqlite:///path/catalog.db?mode=rwc` or `postgres://user:pass@host:port/db`), `warehouse` (`file:///path` or `s3://bucket/prefix`) |
-/// | `rest` | `uri` (`http://host:port`), `warehouse` (optional: the server may pick it), `props` (passed to the REST client) |
-#[derive(Debug, Clone, Deserialize)]
+/// | `rest` | `uri` (`http://host:port`), `warehouse` (optional: the server may pick it), `credential_env` (the environment variable holding the OAuth2 client credential `client_id:secret`), `props` (passed to the REST client, e.g. `token`, `oauth2-server-uri`, `scope`) |
+#[derive(Clone, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum CatalogConfig {
     /// iceberg-rust's SQL catalog (the same tables pyiceberg's `SqlCatalog` reads).
@@ -39,10 +39,40 @@ pub enum CatalogConfig {
         /// Warehouse name or location.
         #[serde(default)]
         warehouse: Option<String>,
+        /// The environment variable holding the OAuth2 client credential (`client_id:secret`).
+        #[serde(default)]
+        credential_env: Option<String>,
         /// Extra client properties.
         #[serde(default)]
         props: HashMap<String, String>,
     },
+}
+
+impl std::fmt::Debug for CatalogConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CatalogConfig::Sql { uri, warehouse } => f
+                .debug_struct("Sql")
+                .field("uri", &redact(uri))
+                .field("warehouse", warehouse)
+                .finish(),
+            CatalogConfig::Rest {
+                uri,
+                warehouse,
+                credential_env,
+                props,
+            } => {
+                // Values of client properties may be secrets (`credential`, `token`): only the keys are shown.
+                let keys: Vec<&String> = props.keys().collect();
+                f.debug_struct("Rest")
+                    .field("uri", uri)
+                    .field("warehouse", warehouse)
+                    .field("credential_env", credential_env)
+                    .field("props", &keys)
+                    .finish()
+            }
+        }
+    }
 }
 
 /// Credentials and addressing for an `s3://` warehouse (data and metadata files), as in the file sink. Leave the
@@ -132,9 +162,23 @@ impl CatalogConfig {
             CatalogConfig::Rest {
                 uri,
                 warehouse,
+                credential_env,
                 props: extra,
             } => {
                 props.extend(extra.clone());
+                if let Some(variable) = credential_env {
+                    let credential = std::env::var(variable).map_err(|_| {
+                        Error::new(
+                            ErrorKind::Config,
+                            Phase::Setup,
+                            format!(
+                                "credential_env names {variable:?}, which is not set: export it as \
+                                 `client_id:secret` for the REST catalog {uri}"
+                            ),
+                        )
+                    })?;
+                    props.insert("credential".into(), credential);
+                }
                 props.insert("uri".into(), uri.clone());
                 if let Some(warehouse) = warehouse {
                     props.insert("warehouse".into(), warehouse.clone());

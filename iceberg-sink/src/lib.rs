@@ -12,13 +12,19 @@
 //! | commit | one `fast_append` snapshot, summary `ratchet.job/sink/subtask/checkpoint/epoch`, table property `ratchet.<job>.<sink>.<subtask>` = `<epoch>:<checkpoint>` | the history shows the checkpoint: recovery skips it |
 //!
 //! # Why nothing lands twice or after a newer instance recovered
-//! Every commit is built on metadata checked by [`commit`](crate::TableTarget::commit_files) to carry this
-//! instance's epoch and not to show the checkpoint yet; the catalog accepts it only if the main branch did not move
-//! since, and a recovery's epoch raise moves it. See `docs/architecture.md` ("The Iceberg sink under overlap").
+//! Every commit ([`TableTarget::commit_files`]) is built on metadata checked to carry this instance's epoch and
+//! not to show the checkpoint yet; the catalog accepts it only if the main branch did not move since, and a
+//! recovery's epoch raise ([`TableTarget::raise_epoch`]) moves it. See `docs/architecture.md` ("The Iceberg sink
+//! under overlap").
 //!
 //! # Not supported by iceberg-rust 0.10 (yet)
 //! Committing delete files (no row deltas, no overwrite): so no upsert or equality deletes; orphan-file cleanup of
-//! other writers' files; custom commit conditions (worked around with [`guarded`](crate) loads).
+//! other writers' files; custom commit conditions (worked around by checking the load a commit is built on).
+//!
+//! # Small files
+//! Every commit adds a snapshot, a manifest and a metadata version; `commit_every` trades visibility latency for
+//! fewer of them (numbers in `docs/benchmarks.md`). Compact and expire snapshots with your usual Iceberg
+//! maintenance (Spark, pyiceberg); the sink's ledger survives expiry through its table property.
 #![deny(missing_docs)]
 
 mod cleanup;

@@ -1,6 +1,7 @@
 //! The conformance harness on the Iceberg sink, on the embedded default (SQLite catalog, local warehouse) and on
 //! a PostgreSQL catalog with its warehouse in S3 (SeaweedFS); every visible row is read by pyiceberg and by
-//! DuckDB's iceberg_scan, which must agree, and data files no snapshot references count as leftovers.
+//! DuckDB's iceberg_scan, which must agree, and data files no snapshot references count as leftovers. Also on
+//! SeaweedFS's REST catalog, and with one snapshot per three checkpoints.
 
 mod common;
 
@@ -12,7 +13,8 @@ use integration::conformance::{
     Conformance, ConformanceTarget, conformance_schema, run_conformance,
 };
 
-struct Target(Lake);
+/// A lake and how many checkpoints each snapshot commits.
+struct Target(Lake, u32);
 
 impl Target {
     async fn seen(&self, run: &str, sink: &SinkId) -> Result<common::Seen> {
@@ -61,7 +63,7 @@ impl ConformanceTarget for Target {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_catalog_with_local_warehouse_passes_the_conformance_harness() {
     let dir = tempfile::tempdir().unwrap();
-    let target = Target(Lake::sqlite_local(dir.path(), "conf"));
+    let target = Target(Lake::sqlite_local(dir.path(), "conf"), 1);
     run_conformance(
         "iceberg-sink, SQLite catalog, local warehouse",
         &target,
@@ -73,9 +75,36 @@ async fn sqlite_catalog_with_local_warehouse_passes_the_conformance_harness() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_catalog_with_s3_warehouse_passes_the_conformance_harness() {
-    let target = Target(Lake::postgres_s3("conf"));
+    let target = Target(Lake::postgres_s3("conf"), 1);
     run_conformance(
         "iceberg-sink, PostgreSQL catalog, S3 warehouse",
+        &target,
+        &Conformance::default(),
+    )
+    .await
+    .assert_passed();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rest_catalog_with_s3_warehouse_passes_the_conformance_harness() {
+    let target = Target(Lake::rest("conf"), 1);
+    run_conformance(
+        "iceberg-sink, REST catalog (SeaweedFS), S3 warehouse",
+        &target,
+        &Conformance::default(),
+    )
+    .await
+    .assert_passed();
+}
+
+/// One snapshot per three checkpoints: the files of the two in between ride in the committables, and recovery
+/// commits whatever the restored one carries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn committing_every_third_checkpoint_passes_the_conformance_harness() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = Target(Lake::sqlite_local(dir.path(), "every3"), 3);
+    run_conformance(
+        "iceberg-sink, one snapshot per 3 checkpoints, SQLite catalog",
         &target,
         &Conformance::default(),
     )

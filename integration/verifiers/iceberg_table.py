@@ -2,8 +2,9 @@
 
 usage: iceberg_table.py CATALOG_NAME CATALOG_URI WAREHOUSE TABLE ID_COLUMN
 
-CATALOG_URI is a SQLAlchemy URI (sqlite:////abs/path.db or postgresql+psycopg://...). An s3:// warehouse is
-read with RATCHET_S3_ENDPOINT / _REGION / _ACCESS_KEY / _SECRET_KEY from the environment. Prints
+CATALOG_URI is a SQLAlchemy URI (sqlite:////abs/path.db or postgresql+psycopg://...) of a SQL catalog, or the
+http:// URI of a REST catalog (SeaweedFS's: OAuth2 client credential RATCHET_S3_ACCESS_KEY:RATCHET_S3_SECRET_KEY).
+An s3:// warehouse is read with RATCHET_S3_ENDPOINT / _REGION / _ACCESS_KEY / _SECRET_KEY from the environment. Prints
 {"exists": bool, "ids": [sorted ID_COLUMN values per pyiceberg], "duckdb_ids": [the same per DuckDB's
 iceberg_scan of the current metadata file], "snapshots": [{"snapshot_id", "parent_id", "summary"}...],
 "properties": {...}, "unreferenced": [Ratchet's data files (named ratchet.*) under the table's data/ directory
@@ -16,6 +17,7 @@ import os
 import sys
 
 import duckdb
+from pyiceberg.catalog.rest import RestCatalog
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import NoSuchTableError
 
@@ -92,7 +94,11 @@ def referenced_files(table) -> set:
 
 
 def main(name: str, uri: str, warehouse: str, table_name: str, id_column: str) -> None:
-    catalog = SqlCatalog(name, uri=uri, warehouse=warehouse, **s3_props())
+    if uri.startswith("http"):
+        credential = f'{os.environ["RATCHET_S3_ACCESS_KEY"]}:{os.environ["RATCHET_S3_SECRET_KEY"]}'
+        catalog = RestCatalog(name, uri=uri, warehouse=warehouse, credential=credential, **s3_props())
+    else:
+        catalog = SqlCatalog(name, uri=uri, warehouse=warehouse, **s3_props())
     try:
         table = catalog.load_table(table_name)
     except NoSuchTableError:

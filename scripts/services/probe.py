@@ -129,7 +129,34 @@ def s3(create_bucket: bool) -> str:
             raise SystemExit(f"bucket {bucket} does not exist")
         client.create_bucket(Bucket=bucket)
     client.put_object(Bucket=bucket, Key="_probe/ready", Body=b"ok")
-    return f"S3 bucket {bucket} read/write ok"
+    return f"S3 bucket {bucket} read/write ok, {iceberg_rest()}"
+
+
+def iceberg_rest() -> str:
+    """The Iceberg REST catalog hands out a token for the S3 key pair and knows the table bucket."""
+    import json
+    import urllib.parse
+    import urllib.request
+
+    uri = os.environ["RATCHET_ICEBERG_REST_URI"]
+    warehouse = os.environ["RATCHET_ICEBERG_REST_WAREHOUSE"]
+    form = urllib.parse.urlencode(
+        {
+            "grant_type": "client_credentials",
+            "client_id": os.environ["RATCHET_S3_ACCESS_KEY"],
+            "client_secret": os.environ["RATCHET_S3_SECRET_KEY"],
+            "scope": "catalog",
+        }
+    ).encode()
+    with urllib.request.urlopen(f"{uri}/v1/oauth/tokens", data=form, timeout=5) as reply:
+        token = json.load(reply)["access_token"]
+    query = urllib.parse.urlencode({"warehouse": warehouse})
+    with urllib.request.urlopen(f"{uri}/v1/config?{query}", timeout=5) as reply:
+        prefix = json.load(reply)["overrides"]["prefix"]
+    listing = urllib.request.Request(f"{uri}/v1/{prefix}/namespaces", headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(listing, timeout=5):
+        pass
+    return f"Iceberg REST catalog {warehouse} ok"
 
 
 def main(argv: list[str]) -> int:

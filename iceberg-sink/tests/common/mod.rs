@@ -73,6 +73,36 @@ impl Lake {
         }
     }
 
+    /// SeaweedFS's Iceberg REST catalog (OAuth2 client credential = the S3 key pair) on its S3 Tables bucket.
+    pub fn rest(label: &str) -> Self {
+        let services = Services::get();
+        let s3 = services.s3();
+        let uri = services.var("RATCHET_ICEBERG_REST_URI").to_string();
+        let warehouse = services.var("RATCHET_ICEBERG_REST_WAREHOUSE").to_string();
+        Lake {
+            catalog: CatalogConfig::Rest {
+                uri: uri.clone(),
+                warehouse: Some(warehouse.clone()),
+                credential_env: None,
+                props: [(
+                    "credential".to_string(),
+                    format!("{}:{}", s3.access_key, s3.secret_key),
+                )]
+                .into(),
+            },
+            s3: S3Settings {
+                endpoint: Some(s3.endpoint),
+                region: Some(s3.region),
+                access_key_id: Some(s3.access_key),
+                secret_access_key: Some(s3.secret_key),
+                force_path_style: true,
+            },
+            python_uri: uri,
+            warehouse,
+            namespace: unique_namespace(label),
+        }
+    }
+
     /// `namespace.name` for a table named after `parts`.
     pub fn table(&self, parts: &[&str]) -> String {
         let name: String = parts
