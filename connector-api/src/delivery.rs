@@ -100,6 +100,10 @@ impl<S: TwoPhaseCommit> TwoPhaseCommit for GuaranteedSink<S> {
         }
     }
 
+    fn restore_committed(&self) -> bool {
+        self.inner.restore_committed()
+    }
+
     fn committable_version(&self) -> u32 {
         self.inner.committable_version()
     }

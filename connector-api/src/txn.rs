@@ -79,6 +79,17 @@ pub trait TwoPhaseCommit: Send + 'static {
         None
     }
 
+    /// Whether `recover` must be given the restored checkpoint's committables even when the checkpoint store notes
+    /// that checkpoint committed. `true` for a sink whose commit may leave a decided checkpoint's data for a later
+    /// commit to make visible (the Iceberg sink committing one snapshot every K checkpoints carries the files of
+    /// the checkpoints in between in the next committables): the newest record then still holds data that only
+    /// its recovery makes visible. Such a sink's `recover` must be idempotent for committables it already made
+    /// visible. The default, `false`, suits every sink whose commit makes everything visible: a committed
+    /// checkpoint is not handed back (the external system may have forgotten the transaction since).
+    fn restore_committed(&self) -> bool {
+        false
+    }
+
     /// The version of the committable format this release writes. Raise it when the format changes, and teach
     /// [`decode_committable`](Self::decode_committable) to read the older versions.
     fn committable_version(&self) -> u32 {

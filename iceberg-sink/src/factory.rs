@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use connector_api::{
-    DeliveryGuarantee, DynSink, Result, SinkContext, SinkFactory, SinkId, parse_settings,
+    DeliveryGuarantee, DynSink, Error, ErrorKind, Phase, Result, SinkContext, SinkFactory, SinkId,
+    parse_settings,
 };
 use serde::Deserialize;
 
@@ -112,6 +113,19 @@ impl SinkFactory for IcebergSinkFactory {
         context: SinkContext,
     ) -> Result<DynSink> {
         let settings: IcebergSinkSettings = parse_settings(&context.sink, self.kind(), settings)?;
+        if settings.commit_every > 1 && delivery != DeliveryGuarantee::ExactlyOnce {
+            // At-least-once and at-most-once keep no committable in the checkpoint record to carry files in.
+            return Err(Error::new(
+                ErrorKind::Config,
+                Phase::Setup,
+                format!(
+                    "commit_every = {} needs delivery = \"exactly-once\" (the files between commits ride in the \
+                     checkpoint records); use commit_every = 1 or a longer checkpoint interval",
+                    settings.commit_every
+                ),
+            )
+            .with_sink(&context.sink));
+        }
         let config = IcebergSinkConfig {
             job: settings.job.unwrap_or_else(|| context.sink.clone()),
             sink: context.sink,

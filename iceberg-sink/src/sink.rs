@@ -234,6 +234,11 @@ impl TwoPhaseCommit for IcebergSink {
         self.committer.clone()
     }
 
+    /// With `commit_every` > 1 a committed (noted) checkpoint may still carry files only recovery makes visible.
+    fn restore_committed(&self) -> bool {
+        self.config.commit_every > 1
+    }
+
     async fn begin(&mut self, checkpoint: CheckpointId) -> Result<()> {
         let epoch = self.committer.epoch(Phase::Begin)?;
         // The previous checkpoint is decided by now (the driver begins only after saving its record).

@@ -44,11 +44,11 @@ impl ConformanceTarget for Target {
 
     async fn create_sink(&self, run: &str, sink: &SinkId) -> Result<IcebergSink> {
         let table = self.0.table(&[run, sink.as_str()]);
-        IcebergSink::new(
-            self.0
-                .config("conformance", sink, 0, &table, conformance_schema()),
-        )
-        .await
+        let mut config = self
+            .0
+            .config("conformance", sink, 0, &table, conformance_schema());
+        config.commit_every = self.1;
+        IcebergSink::new(config).await
     }
 
     async fn visible_ids(&self, run: &str, sink: &SinkId) -> Result<Vec<i64>> {

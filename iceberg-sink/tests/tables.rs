@@ -104,6 +104,12 @@ async fn misspelt_keys_and_missing_tables_are_refused_by_name() {
         err.to_string().contains("nowhere.events") && err.to_string().contains("create_table"),
         "{err}"
     );
+    let err = build(format!(
+        "type = \"iceberg\"\nid = \"lake\"\ndelivery = \"at-least-once\"\ncommit_every = 5\n{catalog}\ntable = \"a.b\"\n"
+    ))
+    .await;
+    assert_eq!(err.kind(), ErrorKind::Config);
+    assert!(err.to_string().contains("commit_every"), "{err}");
 }
 
 fn event_schema() -> Arc<ArrowSchema> {

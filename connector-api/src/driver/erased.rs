@@ -51,6 +51,7 @@ where
 pub(crate) trait ErasedSink: Send {
     fn sink_id(&self) -> &SinkId;
     fn transaction_timeout(&self) -> Option<Duration>;
+    fn restore_committed(&self) -> bool;
     async fn begin(&mut self, checkpoint: CheckpointId) -> Result<()>;
     async fn write(&mut self, batch: &RecordBatch) -> Result<()>;
     /// Pre-commits; returns the sink's checkpoint-record entry and the commit to run once the record is durable.
@@ -70,6 +71,10 @@ impl<T: TwoPhaseCommit> ErasedSink for T {
 
     fn transaction_timeout(&self) -> Option<Duration> {
         TwoPhaseCommit::transaction_timeout(self)
+    }
+
+    fn restore_committed(&self) -> bool {
+        TwoPhaseCommit::restore_committed(self)
     }
 
     async fn begin(&mut self, checkpoint: CheckpointId) -> Result<()> {

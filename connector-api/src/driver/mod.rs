@@ -258,13 +258,15 @@ impl<S: CheckpointStore> Driver<S> {
         self.current = start_id;
         self.inject(FaultPoint::AfterLoad).await?;
         // A checkpoint the store notes as committed is not committed again: the external system may have forgotten
-        // the transaction since (a Kafka transactional id expires), and recovery only has to abort leftovers.
+        // the transaction since (a Kafka transactional id expires), and recovery only has to abort leftovers. A
+        // sink whose commits may defer visibility to a later commit asks for it anyway (`restore_committed`).
         let already_committed = checkpoint.is_some() && loaded.committed_through >= checkpoint;
         for i in 0..self.sinks.len() {
             let id = self.sinks[i].sink_id().clone();
+            let wanted = !already_committed || self.sinks[i].restore_committed();
             let restored = record
                 .as_ref()
-                .filter(|_| !already_committed)
+                .filter(|_| wanted)
                 .and_then(|r| r.committables.get(&id).map(|v| (r.id, v.clone())));
             let interrupt = FaultPoint::DuringRecover { sink: id.clone() };
             if self.fault_action(&interrupt).await == FaultAction::Crash {
