@@ -3,7 +3,7 @@
 usage: pyiceberg_append.py CATALOG_URI WAREHOUSE TABLE ROWS_PER_APPEND SECONDS
 
 Creates TABLE (id long, payload string) in a SQL catalog, appends Arrow tables of ROWS_PER_APPEND rows (the same
-row shape as the Rust benchmark) for SECONDS, and prints {"rows": n, "seconds": s, "appends": k,
+rows as the Rust benchmark) for SECONDS, and prints {"rows": n, "seconds": s, "appends": k,
 "append_p50_ms": .., "append_p99_ms": ..}.
 """
 
@@ -16,12 +16,26 @@ import pyarrow as pa
 from pyiceberg.catalog.sql import SqlCatalog
 
 
+MASK = (1 << 64) - 1
+
+
+def digest(seed: int) -> int:
+    x = ((seed * 0x9E3779B97F4A7C15) & MASK) ^ 0xD1B54A32D192ED03
+    x ^= x >> 31
+    x = (x * 0xBF58476D1CE4E5B9) & MASK
+    return x ^ (x >> 29)
+
+
+def payload(i: int) -> str:
+    hexes = "".join(f"{digest(i + k):016x}" for k in range(4))
+    return f"order {i} customer {i % 99991} {hexes}"
+
+
 def batch(start: int, rows: int) -> pa.Table:
     ids = pa.array(range(start, start + rows), type=pa.int64())
-    filler = "x" * 60
-    payload = pa.array([f"order {i} customer {i % 99991} {filler}" for i in range(start, start + rows)])
+    payload_column = pa.array([payload(i) for i in range(start, start + rows)])
     schema = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("payload", pa.string(), nullable=False)])
-    return pa.Table.from_arrays([ids, payload], schema=schema)
+    return pa.Table.from_arrays([ids, payload_column], schema=schema)
 
 
 def main(uri: str, warehouse: str, table_name: str, rows: int, seconds: float) -> None:

@@ -34,10 +34,28 @@ const BATCH_ROWS: i64 = 8192;
 const DISTINCT_BATCHES: i64 = 128;
 const PEER_ROWS_PER_APPEND: i64 = 100_000;
 
+/// About 90 bytes of text per row that compresses like real order data (a 64-hex-digit digest per row), not like
+/// repeated filler.
+fn payload(i: i64) -> String {
+    let digest = |seed: u64| {
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03;
+        x ^= x >> 31;
+        x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        x ^ (x >> 29)
+    };
+    let i = i as u64;
+    format!(
+        "order {i} customer {} {:016x}{:016x}{:016x}{:016x}",
+        i % 99_991,
+        digest(i),
+        digest(i + 1),
+        digest(i + 2),
+        digest(i + 3)
+    )
+}
+
 fn batch(start: i64) -> RecordBatch {
-    conformance_batch_with(start..start + BATCH_ROWS, |i| {
-        format!("order {i} customer {} {}", i % 99_991, "x".repeat(60))
-    })
+    conformance_batch_with(start..start + BATCH_ROWS, payload)
 }
 
 fn distinct_batches() -> Vec<RecordBatch> {
@@ -253,11 +271,9 @@ async fn small_files(interval_secs: i64) {
     for checkpoint in 1..=(3600 / interval_secs) as u64 {
         sink.begin(CheckpointId(checkpoint)).await.unwrap();
         let start = (checkpoint as i64 - 1) * rows;
-        sink.write(&conformance_batch_with(start..start + rows, |i| {
-            format!("order {i} customer {} {}", i % 99_991, "x".repeat(60))
-        }))
-        .await
-        .unwrap();
+        sink.write(&conformance_batch_with(start..start + rows, payload))
+            .await
+            .unwrap();
         let committable = sink.pre_commit(CheckpointId(checkpoint)).await.unwrap();
         let t0 = Instant::now();
         committer.commit(vec![committable]).await.unwrap();

@@ -32,6 +32,7 @@ pub(crate) struct GuardedCatalog<'a> {
     inner: &'a dyn Catalog,
     check: &'a Check<'a>,
     verdict: Mutex<Option<Verdict>>,
+    base: Mutex<Option<Table>>,
 }
 
 impl<'a> GuardedCatalog<'a> {
@@ -40,7 +41,13 @@ impl<'a> GuardedCatalog<'a> {
             inner,
             check,
             verdict: Mutex::new(None),
+            base: Mutex::new(None),
         }
+    }
+
+    /// The last load the check accepted: what a commit that succeeded was built on.
+    pub(crate) fn base(&self) -> Option<Table> {
+        self.base.lock().expect("base lock").clone()
     }
 
     /// The verdict of the load that stopped the commit, if one did.
@@ -68,6 +75,7 @@ impl Catalog for GuardedCatalog<'_> {
                 format!("ratchet stopped the commit to {table}: {verdict:?}"),
             ));
         }
+        *self.base.lock().expect("base lock") = Some(loaded.clone());
         Ok(loaded)
     }
 

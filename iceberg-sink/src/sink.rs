@@ -14,7 +14,7 @@ use iceberg::table::Table;
 use iceberg::{NamespaceIdent, TableCreation, TableIdent};
 use serde::{Deserialize, Serialize};
 
-use crate::cleanup::delete_unreferenced_files;
+use crate::cleanup::{DELETE_METADATA_AFTER_COMMIT, delete_unreferenced_files};
 use crate::commit::{CommitOutcome, TableTarget};
 use crate::config::IcebergSinkConfig;
 use crate::error::iceberg_error;
@@ -390,9 +390,15 @@ async fn create_table(
             ));
         }
     }
+    // A streaming writer commits often: keep only the last 100 metadata versions on storage (Iceberg's standard
+    // property, which `TableTarget` honours after every commit; iceberg-rust itself never deletes them).
     let creation = TableCreation::builder()
         .name(ident.name().to_string())
         .schema(iceberg_schema)
+        .properties(HashMap::from([(
+            DELETE_METADATA_AFTER_COMMIT.to_string(),
+            "true".to_string(),
+        )]))
         .build();
     if let Err(e) = catalog.create_table(namespace, creation).await
         && !catalog.table_exists(ident).await.unwrap_or(false)

@@ -336,3 +336,67 @@ async fn subtasks_committing_to_one_table_at_once_never_skip_each_other() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metadata_files_pushed_out_of_the_log_are_deleted_when_the_table_asks() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::sqlite_local(dir.path(), "retire");
+    let catalog = lake.catalog.open("ratchet", &lake.s3).await.unwrap();
+    let namespace = NamespaceIdent::new(lake.namespace.clone());
+    catalog
+        .create_namespace(&namespace, Default::default())
+        .await
+        .unwrap();
+    let schema = iceberg::arrow::arrow_schema_to_schema_auto_assign_ids(&event_schema()).unwrap();
+    let created = catalog
+        .create_table(
+            &namespace,
+            TableCreation::builder()
+                .name("events".into())
+                .schema(schema)
+                .properties(std::collections::HashMap::from([
+                    (
+                        iceberg_sink::DELETE_METADATA_AFTER_COMMIT.to_string(),
+                        "true".to_string(),
+                    ),
+                    (
+                        "write.metadata.previous-versions-max".to_string(),
+                        "2".to_string(),
+                    ),
+                ]))
+                .build(),
+        )
+        .await
+        .unwrap();
+    let table = lake.table(&["events"]);
+    let mut sink = sink_on(&lake, &table, 0, iceberg_sink::DEFAULT_TARGET_FILE_SIZE).await;
+    for checkpoint in 1..=10 {
+        sink.begin(CheckpointId(checkpoint)).await.unwrap();
+        let base = checkpoint as i64 * 100;
+        sink.write(&events(base..base + 100)).await.unwrap();
+        let committable = sink.pre_commit(CheckpointId(checkpoint)).await.unwrap();
+        sink.committer().commit(vec![committable]).await.unwrap();
+    }
+    let metadata_dir = created
+        .metadata()
+        .location()
+        .strip_prefix("file://")
+        .map(|p| std::path::Path::new(p).join("metadata"))
+        .unwrap();
+    let versions = std::fs::read_dir(&metadata_dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".metadata.json"))
+        .count();
+    // The current version and the two the log keeps (+1: the epoch raise before the first commit ran before any
+    // commit through the sink had anything to retire).
+    assert!(
+        versions <= 4,
+        "{versions} metadata versions left in {}",
+        metadata_dir.display()
+    );
+    let seen = tokio::task::spawn_blocking(move || lake.read(&table))
+        .await
+        .unwrap();
+    assert_eq!(seen.ids.len(), 1000);
+}
