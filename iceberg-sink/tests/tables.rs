@@ -13,8 +13,8 @@ use connector_api::{
     CheckpointId, Committer, Driver, DriverConfig, ErrorKind, LocalCheckpointStore, SinkId,
     SinkRegistry, SinkSpec, SubtaskId, TwoPhaseCommit,
 };
+use iceberg::TableCreation;
 use iceberg::spec::{NestedField, PrimitiveType, Schema, Transform, Type, UnboundPartitionSpec};
-use iceberg::{NamespaceIdent, TableCreation};
 use iceberg_sink::{IcebergSink, IcebergSinkFactory};
 use integration::conformance::{conformance_batch, conformance_schema};
 
@@ -161,12 +161,7 @@ async fn sink_on(lake: &Lake, table: &str, subtask: u32, target_file_size: usize
 async fn partitioned_tables_follow_their_spec_and_files_roll_by_size() {
     let dir = tempfile::tempdir().unwrap();
     let lake = Lake::sqlite_local(dir.path(), "parts");
-    let catalog = lake.catalog.open("ratchet", &lake.s3).await.unwrap();
-    let namespace = NamespaceIdent::new(lake.namespace.clone());
-    catalog
-        .create_namespace(&namespace, Default::default())
-        .await
-        .unwrap();
+    let (catalog, namespace) = lake.catalog_with_namespace().await;
     let schema = Schema::builder()
         .with_fields(vec![
             NestedField::required(1, "id", Type::Primitive(PrimitiveType::Long)).into(),
@@ -341,12 +336,7 @@ async fn subtasks_committing_to_one_table_at_once_never_skip_each_other() {
 async fn metadata_files_pushed_out_of_the_log_are_deleted_when_the_table_asks() {
     let dir = tempfile::tempdir().unwrap();
     let lake = Lake::sqlite_local(dir.path(), "retire");
-    let catalog = lake.catalog.open("ratchet", &lake.s3).await.unwrap();
-    let namespace = NamespaceIdent::new(lake.namespace.clone());
-    catalog
-        .create_namespace(&namespace, Default::default())
-        .await
-        .unwrap();
+    let (catalog, namespace) = lake.catalog_with_namespace().await;
     let schema = iceberg::arrow::arrow_schema_to_schema_auto_assign_ids(&event_schema()).unwrap();
     let created = catalog
         .create_table(

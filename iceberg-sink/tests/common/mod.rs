@@ -22,6 +22,17 @@ pub struct Lake {
     pub namespace: String,
 }
 
+/// The sink's S3 settings for the SeaweedFS test endpoint.
+fn seaweed_s3(s3: &integration::S3Endpoint) -> S3Settings {
+    S3Settings {
+        endpoint: Some(s3.endpoint.clone()),
+        region: Some(s3.region.clone()),
+        access_key_id: Some(s3.access_key.clone()),
+        secret_access_key: Some(s3.secret_key.clone()),
+        force_path_style: true,
+    }
+}
+
 /// A namespace no other test run uses.
 pub fn unique_namespace(label: &str) -> String {
     let nanos = std::time::SystemTime::now()
@@ -60,13 +71,7 @@ impl Lake {
                 uri: pg.clone(),
                 warehouse: warehouse.clone(),
             },
-            s3: S3Settings {
-                endpoint: Some(s3.endpoint),
-                region: Some(s3.region),
-                access_key_id: Some(s3.access_key),
-                secret_access_key: Some(s3.secret_key),
-                force_path_style: true,
-            },
+            s3: seaweed_s3(&s3),
             python_uri: pg.replacen("postgres://", "postgresql+psycopg://", 1),
             warehouse,
             namespace,
@@ -90,17 +95,27 @@ impl Lake {
                 )]
                 .into(),
             },
-            s3: S3Settings {
-                endpoint: Some(s3.endpoint),
-                region: Some(s3.region),
-                access_key_id: Some(s3.access_key),
-                secret_access_key: Some(s3.secret_key),
-                force_path_style: true,
-            },
+            s3: seaweed_s3(&s3),
             python_uri: uri,
             warehouse,
             namespace: unique_namespace(label),
         }
+    }
+
+    /// Opens the catalog and creates the lake's namespace (for tests that create tables themselves).
+    pub async fn catalog_with_namespace(
+        &self,
+    ) -> (
+        std::sync::Arc<dyn iceberg::Catalog>,
+        iceberg::NamespaceIdent,
+    ) {
+        let catalog = self.catalog.open("ratchet", &self.s3).await.unwrap();
+        let namespace = iceberg::NamespaceIdent::new(self.namespace.clone());
+        catalog
+            .create_namespace(&namespace, Default::default())
+            .await
+            .unwrap();
+        (catalog, namespace)
     }
 
     /// `namespace.name` for a table named after `parts`.
