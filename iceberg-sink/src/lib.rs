@@ -21,6 +21,11 @@
 //! Committing delete files (no row deltas, no overwrite): so no upsert or equality deletes; orphan-file cleanup of
 //! other writers' files; custom commit conditions (worked around by checking the load a commit is built on).
 //!
+//! # Memory
+//! Each open data file buffers its current Parquet row group (up to 1M rows) before encoding it; a partitioned
+//! table keeps one open file per partition a checkpoint touches, so memory grows with the partitions written
+//! between two checkpoints. `target_file_size` bounds each file, not the buffers.
+//!
 //! # Small files
 //! Every commit adds a snapshot, a manifest and a metadata version; `commit_every` trades visibility latency for
 //! fewer of them (numbers in `docs/benchmarks.md`). Compact and expire snapshots with your usual Iceberg
