@@ -16,9 +16,6 @@ import json
 import os
 import sys
 
-import duckdb
-from pyiceberg.catalog.rest import RestCatalog
-from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import NoSuchTableError
 
 
@@ -36,6 +33,8 @@ def s3_props() -> dict:
 
 
 def duckdb_ids(metadata_location: str, id_column: str) -> list:
+    import duckdb
+
     con = duckdb.connect()
     ext_dir = os.path.join(os.path.dirname(duckdb.__file__), "..", "duckdb_ext", "extensions")
     con.execute("SET autoinstall_known_extensions=false")
@@ -94,10 +93,15 @@ def referenced_files(table) -> set:
 
 
 def main(name: str, uri: str, warehouse: str, table_name: str, id_column: str) -> None:
+    # Imported lazily: each catalog module costs about half a second, and tests run this script often.
     if uri.startswith("http"):
+        from pyiceberg.catalog.rest import RestCatalog
+
         credential = f'{os.environ["RATCHET_S3_ACCESS_KEY"]}:{os.environ["RATCHET_S3_SECRET_KEY"]}'
         catalog = RestCatalog(name, uri=uri, warehouse=warehouse, credential=credential, **s3_props())
     else:
+        from pyiceberg.catalog.sql import SqlCatalog
+
         catalog = SqlCatalog(name, uri=uri, warehouse=warehouse, **s3_props())
     try:
         table = catalog.load_table(table_name)
