@@ -25,7 +25,7 @@ use crate::config::{
 /// | `job` | the job identity recorded in every snapshot; must stay the same across restarts and replacements, and differ between jobs writing the same table with the same sink id | the sink id |
 /// | `s3` | `{ endpoint, region, access_key_id, secret_access_key, force_path_style }` for an `s3://` warehouse | the AWS environment |
 /// | `target_file_size` | bytes after which a data file is closed and the next one opened | 128 MiB |
-/// | `commit_every` | commit one snapshot every this many checkpoints (fewer, larger snapshots; data becomes visible later) | 1 |
+/// | `commit_every` | commit one snapshot every this many checkpoints (fewer, larger snapshots; data becomes visible up to K checkpoints later, and after a clean stop only at the next start; exactly-once only) | 1 |
 /// | `commit_timeout` | the longest one catalog call may take before its outcome counts as unknown (then the next attempt checks the table's history first) | 60s |
 /// | `cleanup_on_recover` | delete this subtask's data files no snapshot references when recovering | true |
 ///
