@@ -12,6 +12,7 @@
 //! Secrets (`sasl.password`, ...) are redacted in `Debug` and never appear in errors.
 
 pub mod poll;
+mod reachable;
 mod settings;
 mod wire;
 

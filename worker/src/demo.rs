@@ -18,6 +18,9 @@ use crate::summary::summarize;
 /// How long the source waits for more records before checkpointing what it has.
 const IDLE: Duration = Duration::from_millis(500);
 
+/// How long the demo waits for the Kafka cluster to answer before it gives up with the address.
+const KAFKA_REACHABLE_WITHIN: Duration = Duration::from_secs(10);
+
 /// Runs the demo pipeline.
 pub async fn run(args: DemoArgs) -> Result<()> {
     let topic = match &args.topic {
@@ -27,6 +30,11 @@ pub async fn run(args: DemoArgs) -> Result<()> {
             SystemTime::now().duration_since(UNIX_EPOCH)?.as_secs()
         ),
     };
+    // Fail fast and say where, instead of waiting in librdkafka's reconnect loop (within the 30 s budget).
+    KafkaConnection::plaintext(&args.bootstrap)
+        .check_reachable(KAFKA_REACHABLE_WITHIN)
+        .await
+        .map_err(report)?;
     create_topic(&args.bootstrap, &topic, args.partitions).await?;
     if args.records > 0 {
         produce(&args.bootstrap, &topic, args.records).await?;
