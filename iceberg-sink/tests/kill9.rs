@@ -16,7 +16,7 @@ use std::path::Path;
 use common::Lake;
 use connector_api::{Driver, DriverConfig, LocalCheckpointStore, SinkHandle, SinkId, Step};
 use iceberg_sink::IcebergSink;
-use integration::conformance::{conformance_batch, conformance_schema};
+use integration::conformance::{conformance_batch, conformance_positions, conformance_schema};
 use integration::crash::{durable_before, run_killed_child, run_until_killed};
 
 /// Set in the child: `<step>;<state dir>`.
@@ -111,7 +111,10 @@ async fn restart_and_finish(dir: &Path, step: Step) {
             .await
             .unwrap();
         next = end;
-        driver.checkpoint(common::position(next)).await.unwrap();
+        driver
+            .checkpoint(conformance_positions(next))
+            .await
+            .unwrap();
     }
     driver.close().await.unwrap();
 }

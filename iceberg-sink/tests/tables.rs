@@ -10,13 +10,12 @@ use arrow_array::{Int64Array, RecordBatch, StringArray, TimestampMicrosecondArra
 use arrow_schema::{DataType, Field, Schema as ArrowSchema, TimeUnit};
 use common::Lake;
 use connector_api::{
-    CheckpointId, Committer, Driver, DriverConfig, ErrorKind, LocalCheckpointStore, SinkId,
-    SinkRegistry, SinkSpec, SubtaskId, TwoPhaseCommit,
+    CheckpointId, Committer, ErrorKind, SinkId, SinkRegistry, SinkSpec, SubtaskId, TwoPhaseCommit,
 };
 use iceberg::TableCreation;
 use iceberg::spec::{NestedField, PrimitiveType, Schema, Transform, Type, UnboundPartitionSpec};
 use iceberg_sink::{IcebergSink, IcebergSinkFactory};
-use integration::conformance::{conformance_batch, conformance_schema};
+use integration::conformance::{conformance_schema, run_one_checkpoint};
 
 fn registry() -> SinkRegistry {
     let mut registry = SinkRegistry::new();
@@ -48,19 +47,7 @@ async fn a_job_file_entry_writes_through_the_registry() {
         .build(&spec, SubtaskId(0), conformance_schema())
         .await
         .unwrap();
-    let state = tempfile::tempdir().unwrap();
-    let mut driver = Driver::new(
-        LocalCheckpointStore::open(state.path(), 3).unwrap(),
-        DriverConfig::default(),
-    );
-    let handle = driver.add_dyn_sink(sink).unwrap();
-    driver.start().await.unwrap();
-    driver
-        .write(handle, &conformance_batch(0..25))
-        .await
-        .unwrap();
-    driver.checkpoint(common::position(25)).await.unwrap();
-    driver.close().await.unwrap();
+    run_one_checkpoint(sink, 25).await;
 
     let seen = tokio::task::spawn_blocking(move || lake.read(&table))
         .await

@@ -93,13 +93,8 @@ pub async fn run_until_killed<S: connector_api::CheckpointStore>(
         if step == Step::AfterWrite && checkpoint == crash {
             kill_self();
         }
-        let positions = vec![connector_api::SourceOffset {
-            topic: "source".into(),
-            partition: 0,
-            next_offset: next,
-        }];
         driver
-            .checkpoint(positions)
+            .checkpoint(crate::conformance::conformance_positions(next))
             .await
             .expect("child checkpoint");
         if step == Step::WhileCommitting && checkpoint == crash {

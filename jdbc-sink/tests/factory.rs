@@ -5,12 +5,9 @@
 mod common;
 
 use common::{Db, read, short_name};
-use connector_api::{
-    Driver, DriverConfig, ErrorKind, LocalCheckpointStore, SinkRegistry, SinkSpec, SourceOffset,
-    SubtaskId,
-};
+use connector_api::{ErrorKind, SinkRegistry, SinkSpec, SubtaskId};
 use integration::Services;
-use integration::conformance::{conformance_batch, conformance_schema};
+use integration::conformance::{conformance_schema, run_one_checkpoint};
 use jdbc_sink::JdbcSinkFactory;
 
 /// The variable `scripts/services.sh env` exports with the test databases' password.
@@ -65,24 +62,7 @@ async fn job_file_round_trip(db: Db) {
     let shown = format!("{sink:?} {spec:?}");
     assert!(!shown.contains(&format!(":{password}@")), "{shown}");
 
-    let state = tempfile::tempdir().unwrap();
-    let mut driver = Driver::new(
-        LocalCheckpointStore::open(state.path(), 3).unwrap(),
-        DriverConfig::default(),
-    );
-    let handle = driver.add_dyn_sink(sink).unwrap();
-    driver.start().await.unwrap();
-    driver
-        .write(handle, &conformance_batch(0..25))
-        .await
-        .unwrap();
-    let at = vec![SourceOffset {
-        topic: "source".into(),
-        partition: 0,
-        next_offset: 25,
-    }];
-    driver.checkpoint(at).await.unwrap();
-    driver.close().await.unwrap();
+    run_one_checkpoint(sink, 25).await;
 
     let (mut ids, _) = read(db, &table, &[&table]);
     ids.sort_unstable();

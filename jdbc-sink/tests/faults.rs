@@ -9,9 +9,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Db, cli, config, create_keyed_table, position, read, short_name, xa_driver};
+use common::{Db, cli, config, create_keyed_table, read, short_name, xa_driver};
 use connector_api::{CheckpointId, Committer, ErrorKind, SinkId, TwoPhaseCommit};
-use integration::conformance::conformance_batch as batch;
+use integration::conformance::{conformance_batch as batch, conformance_positions};
 use jdbc_sink::{JdbcSink, WriteMode};
 
 fn sink_id() -> SinkId {
@@ -57,11 +57,14 @@ async fn lost_connection(db: Db) {
     let (mut job, sink) = xa_driver(db, &sink_id(), 0, &table, &scope, state.path()).await;
     job.start().await.unwrap();
     job.write(sink, &batch(0..100)).await.unwrap();
-    job.checkpoint(position(100)).await.unwrap();
+    job.checkpoint(conformance_positions(100)).await.unwrap();
     job.finish_commit().await.unwrap();
     job.write(sink, &batch(100..200)).await.unwrap();
     kill_writer_session(db);
-    let err = job.checkpoint(position(200)).await.unwrap_err();
+    let err = job
+        .checkpoint(conformance_positions(200))
+        .await
+        .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Retryable, "{db:?}: {err}");
     drop(job);
 
@@ -72,7 +75,7 @@ async fn lost_connection(db: Db) {
         "{db:?}: restored position"
     );
     job.write(sink, &batch(100..200)).await.unwrap();
-    job.checkpoint(position(200)).await.unwrap();
+    job.checkpoint(conformance_positions(200)).await.unwrap();
     job.close().await.unwrap();
 
     let (mut ids, prepared) = read(db, &table, &[&scope]);

@@ -7,9 +7,9 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{Db, position, read, short_name, xa_driver};
+use common::{Db, read, short_name, xa_driver};
 use connector_api::{CheckpointId, FaultPoint, SinkId, Step};
-use integration::conformance::conformance_batch as batch;
+use integration::conformance::{conformance_batch as batch, conformance_positions};
 
 fn sink_id() -> SinkId {
     SinkId::new("restarted").unwrap()
@@ -40,9 +40,11 @@ async fn prepared_survives_a_server_restart(db: Db, service: &str) {
         }));
     job.start().await.unwrap();
     job.write(sink, &batch(0..50)).await.unwrap();
-    job.checkpoint(position(50)).await.unwrap();
+    job.checkpoint(conformance_positions(50)).await.unwrap();
     job.write(sink, &batch(50..120)).await.unwrap();
-    job.checkpoint(position(120)).await.unwrap_err();
+    job.checkpoint(conformance_positions(120))
+        .await
+        .unwrap_err();
     drop(job);
 
     restart_server(service);

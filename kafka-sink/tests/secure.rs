@@ -8,12 +8,9 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
-use connector_api::{
-    DeliveryGuarantee, Driver, DriverConfig, ErrorKind, LocalCheckpointStore, SinkContext,
-    SinkFactory, SinkId, SourceOffset, SubtaskId,
-};
+use connector_api::{DeliveryGuarantee, ErrorKind, SinkContext, SinkFactory, SinkId, SubtaskId};
 use integration::Services;
-use integration::conformance::{conformance_batch, conformance_schema};
+use integration::conformance::{conformance_schema, run_one_checkpoint};
 use kafka_sink::{KafkaConnection, KafkaSinkConfig, KafkaSinkFactory, find_transaction};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
@@ -152,24 +149,7 @@ async fn a_password_from_the_environment_appears_in_no_debug_output_and_no_log()
         .build(settings, DeliveryGuarantee::ExactlyOnce, context)
         .await
         .unwrap();
-    let state = tempfile::tempdir().unwrap();
-    let mut driver = Driver::new(
-        LocalCheckpointStore::open(state.path(), 3).unwrap(),
-        DriverConfig::default(),
-    );
-    let handle = driver.add_dyn_sink(sink).unwrap();
-    driver.start().await.unwrap();
-    driver
-        .write(handle, &conformance_batch(0..20))
-        .await
-        .unwrap();
-    let at = vec![SourceOffset {
-        topic: "source".into(),
-        partition: 0,
-        next_offset: 20,
-    }];
-    driver.checkpoint(at).await.unwrap();
-    driver.close().await.unwrap();
+    run_one_checkpoint(sink, 20).await;
 
     let (ids, _) = services.kafka_ids(services.kafka_bootstrap(), &topic);
     assert_eq!(ids, (0..20).collect::<Vec<i64>>());

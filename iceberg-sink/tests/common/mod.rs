@@ -194,12 +194,3 @@ pub struct Seen {
     /// Ratchet's data files no snapshot references.
     pub unreferenced: Vec<String>,
 }
-
-/// The source position `next` of partition 0.
-pub fn position(next: i64) -> Vec<connector_api::SourceOffset> {
-    vec![connector_api::SourceOffset {
-        topic: "source".into(),
-        partition: 0,
-        next_offset: next,
-    }]
-}

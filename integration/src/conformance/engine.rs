@@ -9,7 +9,9 @@ use connector_api::{
 };
 
 use super::faults::{Armed, HarnessFaults, Pause};
-use super::source::{Rng, conformance_batch as batch, positions, resume_offset};
+use super::source::{
+    Rng, conformance_batch as batch, conformance_positions as positions, resume_offset,
+};
 use super::store::HarnessStore;
 use super::{Conformance, ConformanceTarget, ReportRow};
 

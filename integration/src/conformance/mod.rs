@@ -56,7 +56,34 @@ use connector_api::{Result, SinkId, TwoPhaseCommit};
 
 pub use engine::{CrashAt, Scenario};
 pub use report::{Report, ReportRow};
-pub use source::{conformance_batch, conformance_batch_with, conformance_schema};
+pub use source::{
+    conformance_batch, conformance_batch_with, conformance_positions, conformance_schema,
+};
+
+/// Runs `sink` (built through a factory or the registry) through one job with a local checkpoint store in a
+/// temporary directory: start, write the conformance records `0..records`, one checkpoint, close. For tests that
+/// show a configured sink delivers; the caller reads the destination back with its independent reader.
+///
+/// # Panics
+/// When any step fails (a test helper).
+pub async fn run_one_checkpoint(sink: connector_api::DynSink, records: i64) {
+    let state = tempfile::tempdir().expect("temporary checkpoint directory");
+    let mut driver = connector_api::Driver::new(
+        connector_api::LocalCheckpointStore::open(state.path(), 3).expect("checkpoint store"),
+        connector_api::DriverConfig::default(),
+    );
+    let handle = driver.add_dyn_sink(sink).expect("add the sink");
+    driver.start().await.expect("start");
+    driver
+        .write(handle, &conformance_batch(0..records))
+        .await
+        .expect("write");
+    driver
+        .checkpoint(conformance_positions(records))
+        .await
+        .expect("checkpoint");
+    driver.close().await.expect("close");
+}
 pub use store::StoreBug;
 
 /// A sink under test and an independent reader of its destination.

@@ -12,7 +12,7 @@ use tokio::sync::Notify;
 use super::ConformanceTarget;
 use super::engine::{Job, Stats, sinks};
 use super::faults::Pause;
-use super::source::{Rng, positions};
+use super::source::{Rng, conformance_positions as positions};
 
 /// How long a paused instance waits for the other one.
 const MAX_PAUSE: Duration = Duration::from_secs(2);

@@ -40,8 +40,9 @@ pub fn conformance_batch_with(
     .expect("batch matches schema")
 }
 
-/// Source positions after reading records `0..next`.
-pub(crate) fn positions(next: i64) -> Vec<SourceOffset> {
+/// The harness source's positions after reading records `0..next` (its one partition): what tests that run the
+/// driver by hand checkpoint at.
+pub fn conformance_positions(next: i64) -> Vec<SourceOffset> {
     vec![SourceOffset {
         topic: TOPIC.into(),
         partition: 0,

@@ -3,9 +3,7 @@
 
 use std::time::Duration;
 
-use connector_api::{
-    Driver, DriverConfig, LocalCheckpointStore, SinkHandle, SinkId, SourceOffset, SubtaskId,
-};
+use connector_api::{Driver, DriverConfig, LocalCheckpointStore, SinkHandle, SinkId, SubtaskId};
 use integration::Services;
 use integration::conformance::conformance_schema;
 use jdbc_sink::{ConnectionConfig, JdbcSink, JdbcSinkConfig, WriteMode};
@@ -153,15 +151,6 @@ pub async fn sink_driver(
         .unwrap();
     let handle = driver.add_sink(jdbc).unwrap();
     (driver, handle)
-}
-
-/// The source position `next` of partition 0.
-pub fn position(next: i64) -> Vec<SourceOffset> {
-    vec![SourceOffset {
-        topic: "source".into(),
-        partition: 0,
-        next_offset: next,
-    }]
 }
 
 /// Creates `table (id <bigint> PRIMARY KEY, payload <text>)` with the database's client.
