@@ -20,6 +20,7 @@ pub mod local_fs;
 pub mod postgres;
 mod registry;
 mod retry;
+mod suggest;
 pub mod tls;
 mod txn;
 
@@ -36,4 +37,5 @@ pub use error::{Action, Error, ErrorKind, Phase, Report, Result, action, action_
 pub use ids::{CheckpointId, SinkId, SubtaskId};
 pub use registry::{DynSink, SinkContext, SinkFactory, SinkRegistry, SinkSpec, parse_settings};
 pub use retry::{Attempts, RetryPolicy};
+pub use suggest::with_suggestion;
 pub use txn::{Committer, TwoPhaseCommit};

@@ -29,6 +29,7 @@ use serde::Deserialize;
 
 use crate::driver::ErasedSink;
 use crate::{
+    with_suggestion,
     DeliveryGuarantee, Error, ErrorKind, GuaranteedSink, Phase, Result, SinkId, SubtaskId,
     TwoPhaseCommit,
 };
@@ -114,7 +115,7 @@ pub fn parse_settings<T: serde::de::DeserializeOwned>(
         Error::new(
             ErrorKind::Config,
             Phase::Setup,
-            format!("the settings of this {kind} sink are invalid: {e}"),
+            format!("the settings of this {kind} sink are invalid: {}", with_suggestion(&e.to_string())),
         )
         .with_sink(sink)
     })
@@ -243,7 +244,9 @@ mod tests {
             .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Config);
         assert!(
-            err.to_string().contains("sink s") && err.to_string().contains("sise"),
+            err.to_string().contains("sink s")
+                && err.to_string().contains("sise")
+                && err.to_string().contains("did you mean `size`?"),
             "{err}"
         );
 

@@ -31,4 +31,4 @@ mod source;
 
 pub use decode::{Decoding, binary_schema, headers_field, text_schema};
 pub use kafka_connection::KafkaConnection;
-pub use source::{KafkaSource, KafkaSourceOptions};
+pub use source::{KafkaSource, KafkaSourceOptions, PartitionShare};

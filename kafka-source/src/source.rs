@@ -34,6 +34,7 @@ fn kafka_error(kind: ErrorKind, message: String, e: KafkaError) -> Error {
 /// | `max_batch_wait` | a partial batch is handed out this long after its first record | 50 ms |
 /// | `buffered_batches` | decoded batches waiting for the job at most (then the consumer thread waits) | 4 |
 /// | `client` | other librdkafka consumer settings (e.g. `fetch.max.bytes`, `queued.max.messages.kbytes`) | none |
+/// | `share` | read only this subtask's share of the partitions ([`PartitionShare`]) | every partition |
 #[derive(Debug, Clone)]
 pub struct KafkaSourceOptions {
     /// How records become rows.
@@ -49,6 +50,25 @@ pub struct KafkaSourceOptions {
     /// Other librdkafka consumer settings. `group.id`, `enable.auto.commit`, `enable.auto.offset.store` and
     /// `isolation.level` are the source's own.
     pub client: BTreeMap<String, String>,
+    /// Read only these partitions of the topic (`None`: all of them).
+    pub share: Option<PartitionShare>,
+}
+
+/// A fixed share of a topic's partitions: those whose number modulo `of` is `index`. A job of `of` subtasks gives
+/// subtask `index` this share, so every partition has exactly one subtask, whichever process runs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartitionShare {
+    /// The subtask, `0..of`.
+    pub index: u32,
+    /// The number of subtasks.
+    pub of: u32,
+}
+
+impl PartitionShare {
+    /// Whether `partition` is in the share.
+    pub fn contains(&self, partition: i32) -> bool {
+        u32::try_from(partition).is_ok_and(|p| p % self.of.max(1) == self.index)
+    }
 }
 
 impl Default for KafkaSourceOptions {
@@ -60,6 +80,7 @@ impl Default for KafkaSourceOptions {
             max_batch_wait: Duration::from_millis(50),
             buffered_batches: 4,
             client: BTreeMap::new(),
+            share: None,
         }
     }
 }
@@ -99,6 +120,9 @@ impl KafkaSource {
     /// Assigns every partition of `topic` on the cluster `kafka` reaches (TLS and SASL as its settings say), at
     /// the offsets in `restored` or from the beginning, and starts the consumer thread. Offsets are never
     /// committed to Kafka: the checkpoint record is the only place they live.
+    ///
+    /// With a [`share`](KafkaSourceOptions::share), only the partitions in it are assigned (possibly none, when
+    /// there are more subtasks than partitions: the source then never hands out a batch).
     ///
     /// # Errors
     /// [`Config`](ErrorKind::Config) when the topic has no partitions (it does not exist), for a client setting
@@ -171,7 +195,11 @@ impl KafkaSource {
         }
         let mut assignment = TopicPartitionList::new();
         let mut next = BTreeMap::new();
-        for partition in partitions {
+        let share = options.share;
+        for partition in partitions
+            .into_iter()
+            .filter(|&p| share.is_none_or(|s| s.contains(p)))
+        {
             let restored = restored
                 .iter()
                 .find(|o| o.topic == topic && o.partition == partition)

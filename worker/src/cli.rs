@@ -16,6 +16,14 @@ pub struct Cli {
 /// Subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run a job file: read the Kafka source, write every record to every sink exactly once (or as each sink's
+    /// `delivery` says), checkpoint every `checkpoint_interval`. Start more processes on the same job file (with
+    /// the PostgreSQL store) to share the subtasks. SIGTERM/SIGINT finishes the checkpoint and exits 0.
+    Run(RunArgs),
+    /// Check a job file without running it: every key, the sinks' settings (each sink is built for subtask 0,
+    /// which connects to its server), the transaction-timeout budget, the Kafka cluster, the source topic and the
+    /// checkpoint store.
+    CheckConfig(CheckArgs),
     /// Demo pipeline: produce records to Kafka, then consume them and write them exactly once to local Parquet
     /// files through checkpoints; print what was written. Re-running with the same --topic and --state resumes
     /// from the last durable checkpoint without writing anything twice.
@@ -50,4 +58,24 @@ pub struct DemoArgs {
     /// Directory for checkpoint records.
     #[arg(long, default_value = ".ratchet/demo/checkpoints")]
     pub state: PathBuf,
+}
+
+/// Arguments of `ratchet run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The job file (TOML; see docs/worker.md). `RATCHET__<SECTION>__<KEY>` variables override its values.
+    #[arg(long, short)]
+    pub config: PathBuf,
+    /// Stop gracefully (as on SIGTERM) once every subtask of this process has read nothing for this long, e.g.
+    /// `5s`: for batch-like runs, demos and benchmarks.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub exit_when_idle: Option<std::time::Duration>,
+}
+
+/// Arguments of `ratchet check-config`.
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// The job file.
+    #[arg(long, short)]
+    pub config: PathBuf,
 }

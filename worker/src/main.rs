@@ -1,8 +1,16 @@
 //! `ratchet`: the standalone Kafka-to-sink worker.
 #![deny(missing_docs)]
 
+mod check;
 mod cli;
+mod config;
 mod demo;
+mod lease;
+mod overrides;
+mod run;
+mod sinks;
+mod store;
+mod subtask;
 mod summary;
 
 use clap::Parser;
@@ -18,5 +26,7 @@ async fn main() -> anyhow::Result<()> {
         .init();
     match cli::Cli::parse().command {
         cli::Command::Demo(args) => demo::run(args).await,
+        cli::Command::Run(args) => run::run(args).await,
+        cli::Command::CheckConfig(args) => check::run(args).await,
     }
 }

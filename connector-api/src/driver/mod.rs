@@ -197,6 +197,20 @@ impl<S: CheckpointStore> Driver<S> {
         self.current
     }
 
+    /// Checks every added sink's transaction timeout against the longest a pre-committed transaction may wait for
+    /// its commit under this configuration (checkpoint interval, retries, restart and recovery time). `start` does
+    /// this first; `ratchet check-config` does it without starting.
+    ///
+    /// # Errors
+    /// [`Config`](ErrorKind::Config) naming the sink and every term of the budget.
+    pub fn check_budget(&self) -> Result<()> {
+        let budget = self.config.budget();
+        for sink in &self.sinks {
+            budget.check(sink.sink_id(), sink.transaction_timeout())?;
+        }
+        Ok(())
+    }
+
     /// Checks the timeout budget, claims the subtask in the store, loads the last durable record, recovers every
     /// sink from it (commit its committables, abort everything else), opens the next checkpoint's transactions, and
     /// returns the positions to resume from.
@@ -213,10 +227,7 @@ impl<S: CheckpointStore> Driver<S> {
                 "start called twice",
             ));
         }
-        let budget = self.config.budget();
-        for sink in &self.sinks {
-            budget.check(sink.sink_id(), sink.transaction_timeout())?;
-        }
+        self.check_budget()?;
         let outcome = self.claim_and_recover().await;
         if let Err(e) = &outcome {
             self.fail(e);
@@ -487,10 +498,15 @@ impl<S: CheckpointStore> Driver<S> {
         cause
     }
 
-    async fn fault_action(&self, point: &FaultPoint) -> FaultAction {
-        match &self.faults {
-            Some(faults) => faults.at(self.current, point).await,
-            None => FaultAction::Continue,
+    /// What the fault injector says at `point`. Borrows nothing of the driver across the wait, so a driver's
+    /// futures stay `Send` (the sinks are `Send`, not `Sync`) and a job can run it on a spawned task.
+    fn fault_action(&self, point: &FaultPoint) -> impl Future<Output = FaultAction> + use<S> {
+        let (faults, current, point) = (self.faults.clone(), self.current, point.clone());
+        async move {
+            match faults {
+                Some(faults) => faults.at(current, &point).await,
+                None => FaultAction::Continue,
+            }
         }
     }
 

@@ -1,0 +1,409 @@
+//! The job file of `ratchet run` and `ratchet check-config`: TOML, every section refusing unknown keys (with the
+//! nearest valid key suggested), secrets and other values overridable from the environment
+//! ([`crate::overrides`]). The full reference is `docs/worker.md`.
+//!
+//! ```toml
+//! [job]
+//! name = "orders"              # scopes the checkpoint records, leases and everything the sinks own
+//! subtasks = 3                 # fixed; subtask i reads the partitions p with p % subtasks == i
+//! checkpoint_interval = "1s"
+//!
+//! [source]
+//! bootstrap_servers = "127.0.0.1:19092"
+//! topic = "orders"
+//! decoding = { kind = "json", fields = [ { name = "order_id", type = "int64", nullable = false } ] }
+//!
+//! [store]
+//! kind = "postgres"            # or "local" (the default: one process)
+//! url = "postgresql://ratchet@127.0.0.1:15432/ratchet"
+//!
+//! [[sinks]]
+//! type = "file"
+//! id = "archive"
+//! storage = { kind = "local", path = "/data/orders" }
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use connector_api::{DriverConfig, SinkSpec, with_suggestion};
+use kafka_source::{Decoding, KafkaConnection, KafkaSourceOptions};
+use serde::Deserialize;
+
+/// A whole job file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobConfig {
+    /// Name, subtasks, timing.
+    pub job: JobSection,
+    /// The Kafka topic read.
+    pub source: SourceConfig,
+    /// Where checkpoint records live (a local directory when absent).
+    #[serde(default)]
+    pub store: StoreConfig,
+    /// Where the records go: every sink gets every record.
+    pub sinks: Vec<SinkSpec>,
+}
+
+/// `[job]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSection {
+    /// The job's name: checkpoint records and leases are kept under it; letters, digits, `-`, `_`, `.`.
+    pub name: String,
+    /// How many subtasks the job has (fixed for the job's life: each owns a share of the partitions and its
+    /// own checkpoint records).
+    #[serde(default = "one")]
+    pub subtasks: u32,
+    /// How often each subtask checkpoints (when it wrote something since the last checkpoint).
+    #[serde(default = "ten_seconds", with = "humantime_serde")]
+    pub checkpoint_interval: Duration,
+    /// How long a process's claim on a subtask lasts without renewal (PostgreSQL store): a killed or paused
+    /// process's subtasks are taken over by another process within about this long plus one renewal period.
+    #[serde(default = "ten_seconds", with = "humantime_serde")]
+    pub lease: Duration,
+    /// A subtask that fails is restarted (recovering from its checkpoint) this many times in a row with a
+    /// warning, then the job stops with the error.
+    #[serde(default = "five")]
+    pub max_restarts: u32,
+    /// The longest a crashed job may take to be restarted (for the sinks' transaction-timeout budget).
+    #[serde(default = "one_minute", with = "humantime_serde")]
+    pub max_restart_time: Duration,
+}
+
+fn one() -> u32 {
+    1
+}
+fn five() -> u32 {
+    5
+}
+fn ten_seconds() -> Duration {
+    Duration::from_secs(10)
+}
+fn one_minute() -> Duration {
+    Duration::from_secs(60)
+}
+
+/// `[source]`: one Kafka topic, read with `isolation.level=read_committed` from the checkpointed positions.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceConfig {
+    /// Kafka bootstrap servers.
+    pub bootstrap_servers: String,
+    /// The topic.
+    pub topic: String,
+    /// How records become rows (`text` by default).
+    #[serde(default)]
+    pub decoding: DecodingConfig,
+    /// Add a `headers` column (text and binary decodings).
+    #[serde(default)]
+    pub headers: bool,
+    /// Rows per batch at most.
+    #[serde(default)]
+    pub batch_rows: Option<usize>,
+    /// librdkafka settings: connection (`security.protocol`, `ssl.*`, `sasl.*`) and consumer tuning.
+    #[serde(default)]
+    pub client: BTreeMap<String, String>,
+}
+
+/// `decoding = { kind = ... }`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum DecodingConfig {
+    /// `topic`, `partition`, `offset`, `key`, `value`; key and value as UTF-8 text.
+    #[default]
+    Text,
+    /// The same with key and value as bytes.
+    Binary,
+    /// Each value a JSON object decoded into the declared fields.
+    Json {
+        /// The columns, in order.
+        fields: Vec<FieldConfig>,
+    },
+}
+
+/// One declared column of the JSON decoding.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FieldConfig {
+    /// The JSON key and column name.
+    pub name: String,
+    /// Its type.
+    #[serde(rename = "type")]
+    pub column_type: ColumnType,
+    /// Whether it may be null or absent (default true).
+    #[serde(default = "yes")]
+    pub nullable: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// Column types of the JSON decoding.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ColumnType {
+    /// UTF-8 text.
+    String,
+    /// 32-bit integer.
+    Int32,
+    /// 64-bit integer.
+    Int64,
+    /// 64-bit float.
+    Float64,
+    /// true / false.
+    Boolean,
+    /// Days since 1970-01-01, or an ISO date.
+    Date,
+    /// Microseconds since the epoch, or an RFC 3339 timestamp; UTC.
+    TimestampMicros,
+}
+
+impl ColumnType {
+    fn data_type(self) -> DataType {
+        match self {
+            Self::String => DataType::Utf8,
+            Self::Int32 => DataType::Int32,
+            Self::Int64 => DataType::Int64,
+            Self::Float64 => DataType::Float64,
+            Self::Boolean => DataType::Boolean,
+            Self::Date => DataType::Date32,
+            Self::TimestampMicros => DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+        }
+    }
+}
+
+/// `[store]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum StoreConfig {
+    /// A directory on this machine (`<path>/subtask-<n>`): one process runs every subtask.
+    Local {
+        /// The directory.
+        #[serde(default = "default_state_dir")]
+        path: PathBuf,
+    },
+    /// PostgreSQL tables shared by every process of the job: the only store that scales out.
+    Postgres {
+        /// libpq URL; the password from the URL, `PGPASSWORD`, or an override
+        /// (`RATCHET__STORE__URL`).
+        url: String,
+    },
+}
+
+fn default_state_dir() -> PathBuf {
+    PathBuf::from(".ratchet/state")
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self::Local {
+            path: default_state_dir(),
+        }
+    }
+}
+
+impl JobConfig {
+    /// Reads `path`, applies the `RATCHET__...` overrides from the environment, and checks what can be checked
+    /// without connecting anywhere.
+    ///
+    /// # Errors
+    /// The file and, for a key that does not parse, its line and the nearest valid key.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the job file {}", path.display()))?;
+        Self::parse(&text, std::env::vars())
+            .with_context(|| format!("job file {} is invalid", path.display()))
+    }
+
+    /// Parses job-file `text` with the overrides among `env`.
+    ///
+    /// # Errors
+    /// As [`load`](Self::load).
+    pub fn parse(text: &str, env: impl IntoIterator<Item = (String, String)>) -> Result<Self> {
+        let mut table: toml::Table = toml::from_str(text)
+            .map_err(|e| anyhow::anyhow!("{}", with_suggestion(&e.to_string())))?;
+        crate::overrides::apply(&mut table, env)?;
+        let config: Self = table
+            .try_into()
+            .map_err(|e: toml::de::Error| anyhow::anyhow!("{}", with_suggestion(&e.to_string())))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<()> {
+        let name = &self.job.name;
+        if name.is_empty()
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        {
+            bail!(
+                "[job] name {name:?} must be non-empty and use only letters, digits, '-', '_' and '.': it names \
+                 the checkpoint records and everything the sinks own"
+            );
+        }
+        if self.job.subtasks == 0 || self.job.subtasks > 1024 {
+            bail!(
+                "[job] subtasks = {} is out of range: use 1 to 1024 (usually the topic's partition count or a divisor of it)",
+                self.job.subtasks
+            );
+        }
+        if self.job.checkpoint_interval < Duration::from_millis(100) {
+            bail!("[job] checkpoint_interval must be at least 100ms");
+        }
+        if self.job.lease < Duration::from_secs(2) {
+            bail!("[job] lease must be at least 2s (it is renewed every lease/5)");
+        }
+        if self.sinks.is_empty() {
+            bail!("the job has no [[sinks]]: add at least one");
+        }
+        Ok(())
+    }
+
+    /// The Kafka connection of the source.
+    ///
+    /// # Errors
+    /// A connection setting that cannot be honoured, named.
+    pub fn kafka(&self) -> Result<KafkaConnection> {
+        KafkaConnection::new(&self.source.bootstrap_servers, &self.source.client)
+            .map_err(|e| anyhow::anyhow!("[source] {}", connector_api::Report(&e)))
+    }
+
+    /// The decoding and the schema every sink is given.
+    pub fn decoding(&self) -> Decoding {
+        match &self.source.decoding {
+            DecodingConfig::Text => Decoding::Text,
+            DecodingConfig::Binary => Decoding::Binary,
+            DecodingConfig::Json { fields } => Decoding::Json(json_schema(fields)),
+        }
+    }
+
+    /// The schema of the batches every sink receives.
+    ///
+    /// # Errors
+    /// Headers asked of the JSON decoding.
+    pub fn schema(&self) -> Result<SchemaRef> {
+        self.decoding()
+            .schema_with_headers(self.source.headers)
+            .map_err(|e| anyhow::anyhow!("[source] {}", connector_api::Report(&e)))
+    }
+
+    /// The source options for one subtask (its share of the partitions is set by the caller).
+    pub fn source_options(&self) -> KafkaSourceOptions {
+        let mut options = KafkaSourceOptions {
+            decoding: self.decoding(),
+            headers: self.source.headers,
+            client: self
+                .source
+                .client
+                .iter()
+                .filter(|(k, _)| !is_connection_setting(k))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            ..KafkaSourceOptions::default()
+        };
+        if let Some(rows) = self.source.batch_rows {
+            options.batch_rows = rows;
+        }
+        options
+    }
+
+    /// The driver configuration of every subtask.
+    pub fn driver_config(&self) -> DriverConfig {
+        DriverConfig {
+            checkpoint_interval: self.job.checkpoint_interval,
+            max_restart_time: self.job.max_restart_time,
+            ..DriverConfig::default()
+        }
+    }
+}
+
+/// Connection settings are the connection's, not the consumer's (they reach librdkafka through the connection).
+fn is_connection_setting(key: &str) -> bool {
+    ["security.", "ssl.", "sasl.", "enable.ssl"]
+        .iter()
+        .any(|p| key.starts_with(p))
+}
+
+fn json_schema(fields: &[FieldConfig]) -> SchemaRef {
+    Arc::new(Schema::new(
+        fields
+            .iter()
+            .map(|f| Field::new(&f.name, f.column_type.data_type(), f.nullable))
+            .collect::<Vec<_>>(),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+[job]
+name = "orders"
+subtasks = 3
+checkpoint_interval = "1s"
+
+[source]
+bootstrap_servers = "127.0.0.1:19092"
+topic = "orders"
+decoding = { kind = "json", fields = [ { name = "id", type = "int64", nullable = false } ] }
+
+[store]
+kind = "postgres"
+url = "postgresql://ratchet@127.0.0.1:15432/ratchet"
+
+[[sinks]]
+type = "file"
+id = "archive"
+storage = { kind = "local", path = "/tmp/x" }
+"#;
+
+    fn no_env() -> Vec<(String, String)> {
+        Vec::new()
+    }
+
+    #[test]
+    fn a_complete_file_parses() {
+        let job = JobConfig::parse(MINIMAL, no_env()).unwrap();
+        assert_eq!(job.job.subtasks, 3);
+        assert_eq!(job.job.checkpoint_interval, Duration::from_secs(1));
+        assert_eq!(job.job.lease, Duration::from_secs(10));
+        assert!(matches!(job.store, StoreConfig::Postgres { .. }));
+        let schema = job.schema().unwrap();
+        assert_eq!(schema.field(0).data_type(), &DataType::Int64);
+        assert!(!schema.field(0).is_nullable());
+    }
+
+    #[test]
+    fn a_misspelt_key_names_the_line_and_the_nearest_key() {
+        let text = MINIMAL.replace("checkpoint_interval", "checkpoint_intervall");
+        let err = format!("{:#}", JobConfig::parse(&text, no_env()).unwrap_err());
+        assert!(err.contains("line 5"), "{err}");
+        assert!(
+            err.contains("did you mean `checkpoint_interval`?"),
+            "{err}"
+        );
+        let text = MINIMAL.replace("type = \"int64\"", "type = \"int46\"");
+        let err = format!("{:#}", JobConfig::parse(&text, no_env()).unwrap_err());
+        assert!(err.contains("int46") && err.contains("int64"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_are_refused_with_what_to_do() {
+        let err = JobConfig::parse(&MINIMAL.replace("subtasks = 3", "subtasks = 0"), no_env())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("subtasks = 0"), "{err}");
+        let err = JobConfig::parse(&MINIMAL.replace("\"orders\"\nsub", "\"a b\"\nsub"), no_env())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("name \"a b\""), "{err}");
+    }
+}

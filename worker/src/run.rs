@@ -1,0 +1,369 @@
+//! `ratchet run --config job.toml`: this process's share of a job's subtasks, kept in line with the leases, until
+//! a signal stops it.
+//!
+//! Every `lease / 5` the process renews its leases ([`crate::lease`]) and reconciles: it starts the subtasks it
+//! holds up to its quota, stops gracefully (checkpoint, commit, close) those above its quota and then releases
+//! them, and stops those whose lease it lost. A subtask that fails is restarted with a warning (its recovery
+//! resolves what the failure left), up to `max_restarts` times in a row without a checkpoint in between; then the
+//! job stops with the error.
+//!
+//! SIGTERM or SIGINT: every subtask finishes its checkpoint and commits, the process leaves the job (its leases
+//! go to the others at once) and exits 0. A second signal exits at once with status 130: nothing checkpointed is
+//! lost (the next owner's recovery commits it), what was written since is replayed.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::IsTerminal;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use connector_api::Report;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::cli::RunArgs;
+use crate::config::{JobConfig, StoreConfig};
+use crate::lease::{Assignment, Leases, LocalLease, PgLeases};
+use crate::subtask::{self, Ended, Progress, Stop, SubtaskContext};
+
+/// How long the source's Kafka cluster may take to answer at start before the job stops naming it.
+pub const KAFKA_REACHABLE_WITHIN: Duration = Duration::from_secs(15);
+
+struct Running {
+    stop: watch::Sender<Stop>,
+    task: JoinHandle<connector_api::Result<Ended>>,
+    progress: Arc<Progress>,
+    /// Stopping to give the subtask to another process: release the lease once stopped.
+    handing_over: bool,
+}
+
+/// The process's subtasks and what it knows about them.
+struct Process {
+    job: Arc<JobConfig>,
+    base: SubtaskContext,
+    leases: Box<dyn Leases>,
+    running: BTreeMap<u32, Running>,
+    /// Consecutive failures without a checkpoint, and when the subtask may start again.
+    failures: BTreeMap<u32, (u32, Instant)>,
+    /// Records and checkpoints of runs that ended.
+    finished: (u64, u64),
+    assignment: Assignment,
+}
+
+/// Runs the job in `args.config` until a signal, `--exit-when-idle`, or an error that restarts do not cure.
+///
+/// # Errors
+/// A job file or server problem at start (named), or a subtask that keeps failing.
+pub async fn run(args: RunArgs) -> Result<()> {
+    let job = Arc::new(JobConfig::load(&args.config)?);
+    let kafka = job.kafka()?;
+    kafka
+        .check_reachable(KAFKA_REACHABLE_WITHIN)
+        .await
+        .map_err(|e| anyhow::anyhow!("[source] {}", Report(&e)))?;
+    let leases: Box<dyn Leases> = match &job.store {
+        StoreConfig::Local { path } => Box::new(LocalLease::take(
+            path,
+            &job.job.name,
+            job.job.subtasks,
+        )?),
+        StoreConfig::Postgres { url } => Box::new(
+            PgLeases::join(
+                url,
+                &job.job.name,
+                member_id(),
+                job.job.subtasks,
+                job.job.lease,
+            )
+            .await?,
+        ),
+    };
+    let started = std::time::Instant::now();
+    let base = SubtaskContext {
+        job: job.clone(),
+        registry: Arc::new(crate::sinks::registry()),
+        kafka,
+        progress: Arc::new(Progress::default()),
+        started,
+    };
+    let mut process = Process {
+        job: job.clone(),
+        base,
+        leases,
+        running: BTreeMap::new(),
+        failures: BTreeMap::new(),
+        finished: (0, 0),
+        assignment: Assignment::default(),
+    };
+    tracing::info!(job = %job.job.name, subtasks = job.job.subtasks, "job starting");
+    let mut terminate = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
+    let mut interrupt = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
+    let mut tick = tokio::time::interval(job.job.lease / 5);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let outcome = loop {
+        tokio::select! {
+            _ = terminate.recv() => break Ok("SIGTERM"),
+            _ = interrupt.recv() => break Ok("SIGINT"),
+            _ = tick.tick() => {
+                if let Err(e) = process.reconcile().await {
+                    break Err(e);
+                }
+                process.show_progress();
+                if let Some(idle) = args.exit_when_idle
+                    && process.idle_for(idle)
+                {
+                    break Ok("--exit-when-idle");
+                }
+            }
+        }
+    };
+    let why = match &outcome {
+        Ok(why) => why.to_string(),
+        Err(e) => format!("error: {e:#}"),
+    };
+    tracing::info!(reason = %why, "stopping: finishing every subtask's checkpoint (a second SIGTERM/SIGINT stops at once)");
+    tokio::select! {
+        stopped = process.stop_all() => stopped?,
+        _ = terminate.recv() => fast_exit(),
+        _ = interrupt.recv() => fast_exit(),
+    }
+    eprintln!(
+        "{} records, {} checkpoints in this process",
+        process.totals().0,
+        process.totals().1
+    );
+    outcome.map(|_| ())
+}
+
+fn fast_exit() -> ! {
+    eprintln!(
+        "second signal: exiting now; checkpointed records are safe (the next start commits them), later ones are \
+         replayed"
+    );
+    std::process::exit(130)
+}
+
+/// A process id unique across machines and restarts: host, pid, start time.
+fn member_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "host".into());
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{host}-{}-{nanos}", std::process::id())
+}
+
+impl Process {
+    /// Reaps ended subtasks, renews the leases and starts or stops subtasks to match them.
+    async fn reconcile(&mut self) -> Result<()> {
+        self.reap().await?;
+        let assignment = match self.leases.renew().await {
+            Ok(assignment) => assignment,
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"),
+                    "cannot renew the leases; running subtasks go on (the store's claims fence them if another \
+                     process takes them over), retrying");
+                return Ok(());
+            }
+        };
+        if assignment.members != self.assignment.members || assignment.held != self.assignment.held
+        {
+            tracing::info!(members = assignment.members, quota = assignment.quota,
+                held = ?assignment.held, "leases");
+        }
+        // Lost leases: another process may be taking these over; stop them (a final checkpoint is fenced if it
+        // already claimed them).
+        for (subtask, running) in &mut self.running {
+            if !assignment.held.contains(subtask) && *running.stop.borrow() == Stop::No {
+                tracing::warn!(subtask, "lease lost; stopping the subtask here");
+                let _ = running.stop.send(Stop::Graceful);
+            }
+        }
+        // Keep the running ones first, then the others, up to the quota; hand over the rest.
+        let (running, idle): (Vec<u32>, Vec<u32>) = assignment
+            .held
+            .iter()
+            .partition(|s| self.running.contains_key(s));
+        let keep: BTreeSet<u32> = running
+            .iter()
+            .chain(&idle)
+            .copied()
+            .take(assignment.quota)
+            .collect();
+        for subtask in assignment.held.iter().filter(|s| !keep.contains(s)) {
+            match self.running.get_mut(subtask) {
+                Some(running) if !running.handing_over => {
+                    tracing::info!(subtask, "over this process's quota: handing the subtask over");
+                    running.handing_over = true;
+                    let _ = running.stop.send(Stop::Graceful);
+                }
+                Some(_) => {}
+                None => self.leases.release(*subtask).await?,
+            }
+        }
+        let now = Instant::now();
+        for subtask in keep {
+            let waiting = self
+                .failures
+                .get(&subtask)
+                .is_some_and(|(_, after)| *after > now);
+            if !self.running.contains_key(&subtask) && !waiting {
+                self.start(subtask);
+            }
+        }
+        self.assignment = assignment;
+        Ok(())
+    }
+
+    fn start(&mut self, subtask: u32) {
+        let (stop, stopped) = watch::channel(Stop::No);
+        let progress = Arc::new(Progress::default());
+        progress.last_record_ms.store(
+            self.base.started.elapsed().as_millis() as u64,
+            Ordering::Relaxed,
+        );
+        let context = SubtaskContext {
+            progress: progress.clone(),
+            ..self.base.clone()
+        };
+        let task = tokio::spawn(async move { subtask::run(&context, subtask, stopped).await });
+        self.running.insert(
+            subtask,
+            Running {
+                stop,
+                task,
+                progress,
+                handing_over: false,
+            },
+        );
+    }
+
+    /// Collects the subtasks that ended: releases handed-over leases, schedules restarts of failed ones, and fails
+    /// the job when one keeps failing.
+    async fn reap(&mut self) -> Result<()> {
+        let ended: Vec<u32> = self
+            .running
+            .iter()
+            .filter(|(_, r)| r.task.is_finished())
+            .map(|(s, _)| *s)
+            .collect();
+        for subtask in ended {
+            let running = self.running.remove(&subtask).expect("listed above");
+            let checkpoints = running.progress.checkpoints.load(Ordering::Relaxed);
+            self.finished.0 += running.progress.records.load(Ordering::Relaxed);
+            self.finished.1 += checkpoints;
+            let outcome = running
+                .task
+                .await
+                .unwrap_or_else(|e| Err(panicked(subtask, e)));
+            match outcome {
+                Ok(Ended::Stopped) => {
+                    self.failures.remove(&subtask);
+                    if running.handing_over {
+                        self.leases.release(subtask).await?;
+                        tracing::info!(subtask, "subtask handed over");
+                    }
+                }
+                Ok(Ended::TakenOver) => {
+                    self.failures.remove(&subtask);
+                }
+                Err(e) => {
+                    let previous = if checkpoints > 0 {
+                        0
+                    } else {
+                        self.failures.get(&subtask).map_or(0, |(n, _)| *n)
+                    };
+                    let failures = previous + 1;
+                    if failures > self.job.job.max_restarts {
+                        anyhow::bail!(
+                            "subtask {subtask} failed {failures} times in a row without a checkpoint; the last \
+                             error: {}",
+                            Report(&e)
+                        );
+                    }
+                    let backoff = Duration::from_secs(u64::from(failures).min(10));
+                    tracing::warn!(subtask, attempt = failures, max = self.job.job.max_restarts,
+                        error = %Report(&e), "subtask failed; restarting it in {backoff:?} (recovery resolves what it left)");
+                    self.failures
+                        .insert(subtask, (failures, Instant::now() + backoff));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops every subtask gracefully, waits for them, and leaves the job.
+    async fn stop_all(&mut self) -> Result<()> {
+        for running in self.running.values() {
+            let _ = running.stop.send(Stop::Graceful);
+        }
+        let mut first_error = None;
+        for (subtask, running) in std::mem::take(&mut self.running) {
+            self.finished.0 += running.progress.records.load(Ordering::Relaxed);
+            self.finished.1 += running.progress.checkpoints.load(Ordering::Relaxed);
+            let outcome = running
+                .task
+                .await
+                .unwrap_or_else(|e| Err(panicked(subtask, e)));
+            if let Err(e) = outcome {
+                tracing::error!(subtask, error = %Report(&e), "subtask failed while stopping; the next start recovers it");
+                first_error.get_or_insert(anyhow::anyhow!(
+                    "subtask {subtask} failed while stopping: {}",
+                    Report(&e)
+                ));
+            }
+        }
+        if let Err(e) = self.leases.leave().await {
+            tracing::warn!(error = %format!("{e:#}"), "cannot leave the job; the leases expire by themselves");
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    fn totals(&self) -> (u64, u64) {
+        self.running.values().fold(self.finished, |(r, c), run| {
+            (
+                r + run.progress.records.load(Ordering::Relaxed),
+                c + run.progress.checkpoints.load(Ordering::Relaxed),
+            )
+        })
+    }
+
+    /// Whether every subtask this process should run is running and none read a record for `idle`.
+    fn idle_for(&self, idle: Duration) -> bool {
+        let now = self.base.started.elapsed().as_millis() as u64;
+        !self.running.is_empty()
+            && self.running.len() >= self.assignment.quota
+            && self.running.values().all(|r| {
+                now.saturating_sub(r.progress.last_record_ms.load(Ordering::Relaxed))
+                    >= idle.as_millis() as u64
+            })
+    }
+
+    /// A live progress line on a terminal.
+    fn show_progress(&self) {
+        if !std::io::stderr().is_terminal() {
+            return;
+        }
+        let (records, checkpoints) = self.totals();
+        eprint!(
+            "\r{}: {records} records, {checkpoints} checkpoints, subtasks {:?} of {}, {} process(es)   ",
+            self.job.job.name,
+            self.running.keys().collect::<Vec<_>>(),
+            self.job.job.subtasks,
+            self.assignment.members
+        );
+    }
+}
+
+fn panicked(subtask: u32, e: tokio::task::JoinError) -> connector_api::Error {
+    connector_api::Error::new(
+        connector_api::ErrorKind::Bug,
+        connector_api::Phase::Setup,
+        format!("subtask {subtask} panicked"),
+    )
+    .with_source(e)
+}

@@ -1,0 +1,163 @@
+//! One subtask of a job, run by whichever process holds its lease: claim and recover it through the driver, read
+//! its share of the partitions from the restored positions, write every batch to every sink, checkpoint every
+//! `checkpoint_interval`, and stop when told, after a last checkpoint. (Stopping at once needs nothing here: the
+//! process exits, and the next owner's recovery resolves what was in flight.)
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use connector_api::{
+    Driver, Error, ErrorKind, Phase, Result, SinkHandle, SinkRegistry, SubtaskId,
+};
+use kafka_source::{KafkaConnection, KafkaSource, PartitionShare};
+use tokio::sync::watch;
+use tokio::time::{Instant, sleep_until};
+
+use crate::config::JobConfig;
+use crate::store::SubtaskStore;
+
+/// How long the loop waits for a batch before looking at the clock and the stop signal again.
+const POLL: Duration = Duration::from_millis(100);
+
+/// How a running subtask is asked to stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// Keep running.
+    No,
+    /// Checkpoint what was written (commit it), then close: for a graceful shutdown and for handing the subtask
+    /// to another process.
+    Graceful,
+}
+
+/// How a subtask run ended without an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// Stopped as asked.
+    Stopped,
+    /// Another process claimed the subtask (this one's saves were fenced): it is that process's now.
+    TakenOver,
+}
+
+/// Counters of one subtask run, read by the progress line, the idle check and the restart policy.
+#[derive(Debug, Default)]
+pub struct Progress {
+    /// Records read and written to every sink.
+    pub records: AtomicU64,
+    /// Checkpoints decided.
+    pub checkpoints: AtomicU64,
+    /// When a record was last read, or the run started (milliseconds since the process started).
+    pub last_record_ms: AtomicU64,
+}
+
+/// What a subtask needs to run.
+#[derive(Clone)]
+pub struct SubtaskContext {
+    /// The job file.
+    pub job: Arc<JobConfig>,
+    /// The sink factories.
+    pub registry: Arc<SinkRegistry>,
+    /// The source's Kafka connection.
+    pub kafka: KafkaConnection,
+    /// This run's counters.
+    pub progress: Arc<Progress>,
+    /// When the process started (for `last_record_ms`).
+    pub started: std::time::Instant,
+}
+
+/// Runs subtask `index` until `stop` says so, another process takes it over (a claim or a sink fenced this one:
+/// [`Ended::TakenOver`]), or an error.
+///
+/// # Errors
+/// Whatever the store, a sink or the source reports; the driver has then stopped, and running the subtask again
+/// recovers what the failure left.
+pub async fn run(context: &SubtaskContext, index: u32, stop: watch::Receiver<Stop>) -> Result<Ended> {
+    match run_until_stopped(context, index, stop).await {
+        Err(e) if e.kind() == ErrorKind::Fenced => {
+            tracing::warn!(subtask = index, error = %connector_api::Report(&e),
+                "another process took this subtask over; stopping it here");
+            Ok(Ended::TakenOver)
+        }
+        outcome => outcome,
+    }
+}
+
+async fn run_until_stopped(
+    context: &SubtaskContext,
+    index: u32,
+    mut stop: watch::Receiver<Stop>,
+) -> Result<Ended> {
+    let job = &context.job;
+    let subtask = SubtaskId(index);
+    let schema = job.schema().map_err(config_error)?;
+    let store = SubtaskStore::open(&job.store, &job.job.name, subtask).await?;
+    let mut driver = Driver::new(store, job.driver_config());
+    let mut sinks: Vec<SinkHandle> = Vec::with_capacity(job.sinks.len());
+    for spec in &job.sinks {
+        let sink = context.registry.build(spec, subtask, schema.clone()).await?;
+        sinks.push(driver.add_dyn_sink(sink)?);
+    }
+    let restored = driver.start().await?;
+    tracing::info!(subtask = index, owner = restored.owner.0, resumed_after = ?restored.checkpoint,
+        "subtask claimed and recovered");
+    let mut options = job.source_options();
+    options.share = Some(PartitionShare {
+        index,
+        of: job.job.subtasks,
+    });
+    let mut source = tokio::task::block_in_place(|| {
+        KafkaSource::open_with(&context.kafka, &job.source.topic, &restored.positions, options)
+    })?;
+    let interval = job.job.checkpoint_interval;
+    let mut next_checkpoint = Instant::now() + interval;
+    let mut written = false;
+    loop {
+        let asked = *stop.borrow_and_update();
+        match asked {
+            Stop::No => {}
+            Stop::Graceful => {
+                if written {
+                    checkpoint(&mut driver, &source, context).await?;
+                }
+                driver.close().await?;
+                tracing::info!(subtask = index, "subtask stopped after its last checkpoint");
+                return Ok(Ended::Stopped);
+            }
+        }
+        tokio::select! {
+            _ = stop.changed() => {}
+            () = sleep_until(next_checkpoint) => {
+                if written {
+                    checkpoint(&mut driver, &source, context).await?;
+                    written = false;
+                }
+                next_checkpoint = Instant::now() + interval;
+            }
+            batch = source.next_batch(POLL) => {
+                if let Some(batch) = batch? {
+                    for &sink in &sinks {
+                        driver.write(sink, &batch).await?;
+                    }
+                    written = true;
+                    context.progress.records.fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
+                    context.progress.last_record_ms.store(
+                        context.started.elapsed().as_millis() as u64, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+}
+
+async fn checkpoint(
+    driver: &mut Driver<SubtaskStore>,
+    source: &KafkaSource,
+    context: &SubtaskContext,
+) -> Result<()> {
+    driver.checkpoint(source.positions()).await?;
+    context.progress.checkpoints.fetch_add(1, Ordering::Relaxed);
+    Ok(())
+}
+
+fn config_error(e: anyhow::Error) -> Error {
+    Error::new(ErrorKind::Config, Phase::Setup, format!("{e:#}"))
+}
