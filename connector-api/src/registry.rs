@@ -29,9 +29,8 @@ use serde::Deserialize;
 
 use crate::driver::ErasedSink;
 use crate::{
-    with_suggestion,
     DeliveryGuarantee, Error, ErrorKind, GuaranteedSink, Phase, Result, SinkId, SubtaskId,
-    TwoPhaseCommit,
+    TwoPhaseCommit, with_suggestion,
 };
 
 /// One `[[sinks]]` entry: the keys every sink has, and the sink's own settings.
@@ -115,7 +114,10 @@ pub fn parse_settings<T: serde::de::DeserializeOwned>(
         Error::new(
             ErrorKind::Config,
             Phase::Setup,
-            format!("the settings of this {kind} sink are invalid: {}", with_suggestion(&e.to_string())),
+            format!(
+                "the settings of this {kind} sink are invalid: {}",
+                with_suggestion(&e.to_string())
+            ),
         )
         .with_sink(sink)
     })

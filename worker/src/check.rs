@@ -54,12 +54,18 @@ pub async fn run(args: CheckArgs) -> Result<()> {
                 Some(store)
             }
             Err(e) => {
-                report("checkpoint store".into(), Err(anyhow::anyhow!("{}", Report(&e))));
+                report(
+                    "checkpoint store".into(),
+                    Err(anyhow::anyhow!("{}", Report(&e))),
+                );
                 None
             }
         },
         Err(e) => {
-            report("checkpoint store".into(), Err(anyhow::anyhow!("{}", Report(&e))));
+            report(
+                "checkpoint store".into(),
+                Err(anyhow::anyhow!("{}", Report(&e))),
+            );
             None
         }
     };
@@ -89,7 +95,8 @@ pub async fn run(args: CheckArgs) -> Result<()> {
                     driver
                         .check_budget()
                         .map(|()| {
-                            "every sink's transaction outlives the worst-case wait for its commit".into()
+                            "every sink's transaction outlives the worst-case wait for its commit"
+                                .into()
                         })
                         .map_err(|e| anyhow::anyhow!("{}", Report(&e))),
                 );
@@ -114,11 +121,7 @@ async fn check_source(job: &JobConfig) -> Result<String> {
     let partitions = tokio::task::spawn_blocking(move || -> Result<usize> {
         let consumer: BaseConsumer = kafka.consumer_config().create()?;
         let metadata = consumer.fetch_metadata(Some(&topic), Duration::from_secs(15))?;
-        Ok(metadata
-            .topics()
-            .iter()
-            .map(|t| t.partitions().len())
-            .sum())
+        Ok(metadata.topics().iter().map(|t| t.partitions().len()).sum())
     })
     .await??;
     if partitions == 0 {

@@ -386,10 +386,7 @@ storage = { kind = "local", path = "/tmp/x" }
         let text = MINIMAL.replace("checkpoint_interval", "checkpoint_intervall");
         let err = format!("{:#}", JobConfig::parse(&text, no_env()).unwrap_err());
         assert!(err.contains("line 5"), "{err}");
-        assert!(
-            err.contains("did you mean `checkpoint_interval`?"),
-            "{err}"
-        );
+        assert!(err.contains("did you mean `checkpoint_interval`?"), "{err}");
         let text = MINIMAL.replace("type = \"int64\"", "type = \"int46\"");
         let err = format!("{:#}", JobConfig::parse(&text, no_env()).unwrap_err());
         assert!(err.contains("int46") && err.contains("int64"), "{err}");
@@ -401,9 +398,12 @@ storage = { kind = "local", path = "/tmp/x" }
             .unwrap_err()
             .to_string();
         assert!(err.contains("subtasks = 0"), "{err}");
-        let err = JobConfig::parse(&MINIMAL.replace("\"orders\"\nsub", "\"a b\"\nsub"), no_env())
-            .unwrap_err()
-            .to_string();
+        let err = JobConfig::parse(
+            &MINIMAL.replace("\"orders\"\nsub", "\"a b\"\nsub"),
+            no_env(),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("name \"a b\""), "{err}");
     }
 }

@@ -118,23 +118,33 @@ mod tests {
         )
         .unwrap();
         assert_eq!(table["job"]["subtasks"].as_integer(), Some(4));
-        assert_eq!(table["store"]["url"].as_str(), Some("postgresql://u:123@h/db"));
+        assert_eq!(
+            table["store"]["url"].as_str(),
+            Some("postgresql://u:123@h/db")
+        );
         assert_eq!(table["sinks"][1]["password"].as_str(), Some("123"));
         assert!(table["sinks"][0].get("password").is_none());
     }
 
     #[test]
     fn bad_paths_and_values_name_the_variable() {
-        let mut table: Table = toml::from_str("[job]\nsubtasks = 1\n[[sinks]]\nid = \"a\"\n").unwrap();
+        let mut table: Table =
+            toml::from_str("[job]\nsubtasks = 1\n[[sinks]]\nid = \"a\"\n").unwrap();
         let err = format!(
             "{:#}",
             apply(&mut table, vars(&[("RATCHET__SINKS__3__ID", "x")])).unwrap_err()
         );
-        assert!(err.contains("RATCHET__SINKS__3__ID") && err.contains("out of range"), "{err}");
+        assert!(
+            err.contains("RATCHET__SINKS__3__ID") && err.contains("out of range"),
+            "{err}"
+        );
         let err = format!(
             "{:#}",
             apply(&mut table, vars(&[("RATCHET__JOB__SUBTASKS", "four")])).unwrap_err()
         );
-        assert!(err.contains("RATCHET__JOB__SUBTASKS") && err.contains("integer"), "{err}");
+        assert!(
+            err.contains("RATCHET__JOB__SUBTASKS") && err.contains("integer"),
+            "{err}"
+        );
     }
 }

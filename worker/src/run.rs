@@ -65,11 +65,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
         .await
         .map_err(|e| anyhow::anyhow!("[source] {}", Report(&e)))?;
     let leases: Box<dyn Leases> = match &job.store {
-        StoreConfig::Local { path } => Box::new(LocalLease::take(
-            path,
-            &job.job.name,
-            job.job.subtasks,
-        )?),
+        StoreConfig::Local { path } => {
+            Box::new(LocalLease::take(path, &job.job.name, job.job.subtasks)?)
+        }
         StoreConfig::Postgres { url } => Box::new(
             PgLeases::join(
                 url,
@@ -197,7 +195,10 @@ impl Process {
         for subtask in assignment.held.iter().filter(|s| !keep.contains(s)) {
             match self.running.get_mut(subtask) {
                 Some(running) if !running.handing_over => {
-                    tracing::info!(subtask, "over this process's quota: handing the subtask over");
+                    tracing::info!(
+                        subtask,
+                        "over this process's quota: handing the subtask over"
+                    );
                     running.handing_over = true;
                     let _ = running.stop.send(Stop::Graceful);
                 }

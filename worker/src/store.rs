@@ -17,7 +17,7 @@ pub enum SubtaskStore {
     /// `<path>/subtask-<n>`.
     Local(LocalCheckpointStore),
     /// The `(job, subtask)` rows of the shared tables.
-    Postgres(PgCheckpointStore),
+    Postgres(Box<PgCheckpointStore>),
 }
 
 impl SubtaskStore {
@@ -31,16 +31,16 @@ impl SubtaskStore {
                 path.join(job).join(format!("subtask-{}", subtask.0)),
                 RETAIN,
             )?),
-            StoreConfig::Postgres { url } => {
-                Self::Postgres(PgCheckpointStore::connect(url, job, subtask, RETAIN).await?)
-            }
+            StoreConfig::Postgres { url } => Self::Postgres(Box::new(
+                PgCheckpointStore::connect(url, job, subtask, RETAIN).await?,
+            )),
         })
     }
 
     fn inner(&self) -> &dyn CheckpointStore {
         match self {
             Self::Local(store) => store,
-            Self::Postgres(store) => store,
+            Self::Postgres(store) => store.as_ref(),
         }
     }
 }

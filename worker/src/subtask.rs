@@ -7,9 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use connector_api::{
-    Driver, Error, ErrorKind, Phase, Result, SinkHandle, SinkRegistry, SubtaskId,
-};
+use connector_api::{Driver, Error, ErrorKind, Phase, Result, SinkHandle, SinkRegistry, SubtaskId};
 use kafka_source::{KafkaConnection, KafkaSource, PartitionShare};
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
@@ -71,7 +69,11 @@ pub struct SubtaskContext {
 /// # Errors
 /// Whatever the store, a sink or the source reports; the driver has then stopped, and running the subtask again
 /// recovers what the failure left.
-pub async fn run(context: &SubtaskContext, index: u32, stop: watch::Receiver<Stop>) -> Result<Ended> {
+pub async fn run(
+    context: &SubtaskContext,
+    index: u32,
+    stop: watch::Receiver<Stop>,
+) -> Result<Ended> {
     match run_until_stopped(context, index, stop).await {
         Err(e) if e.kind() == ErrorKind::Fenced => {
             tracing::warn!(subtask = index, error = %connector_api::Report(&e),
@@ -94,7 +96,10 @@ async fn run_until_stopped(
     let mut driver = Driver::new(store, job.driver_config());
     let mut sinks: Vec<SinkHandle> = Vec::with_capacity(job.sinks.len());
     for spec in &job.sinks {
-        let sink = context.registry.build(spec, subtask, schema.clone()).await?;
+        let sink = context
+            .registry
+            .build(spec, subtask, schema.clone())
+            .await?;
         sinks.push(driver.add_dyn_sink(sink)?);
     }
     let restored = driver.start().await?;
@@ -106,7 +111,12 @@ async fn run_until_stopped(
         of: job.job.subtasks,
     });
     let mut source = tokio::task::block_in_place(|| {
-        KafkaSource::open_with(&context.kafka, &job.source.topic, &restored.positions, options)
+        KafkaSource::open_with(
+            &context.kafka,
+            &job.source.topic,
+            &restored.positions,
+            options,
+        )
     })?;
     let interval = job.job.checkpoint_interval;
     let mut next_checkpoint = Instant::now() + interval;

@@ -1,0 +1,342 @@
+//! A job for `ratchet run` tests: a source topic of JSON records `{"id": n}`, and three sinks of different kinds
+//! (local Parquet files, a Kafka topic, a PostgreSQL table through prepared transactions), with the checkpoint
+//! store in PostgreSQL; worker processes started from the built binary; every sink read back by its independent
+//! verifier (pyarrow, a read_committed confluent-kafka consumer, psycopg).
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use integration::Services;
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+
+/// One job: its files, names and the records produced so far.
+pub struct Job {
+    pub dir: tempfile::TempDir,
+    pub name: String,
+    pub topic: String,
+    pub copy_topic: String,
+    pub table: String,
+    pub config: PathBuf,
+    pub produced: u64,
+    producer: FutureProducer,
+    workers: usize,
+}
+
+impl Job {
+    /// Creates the source topic (`partitions`) and writes a job file of `subtasks` subtasks, `lease`, 500 ms
+    /// checkpoints.
+    pub async fn new(prefix: &str, partitions: i32, subtasks: u32, lease: &str) -> Self {
+        let services = Services::get();
+        let name = integration::unique_name(prefix).replace('-', "_");
+        let topic = format!("{name}-in");
+        let copy_topic = format!("{name}-copy");
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", services.kafka_bootstrap())
+            .create()
+            .unwrap();
+        for result in admin
+            .create_topics(
+                &[
+                    NewTopic::new(&topic, partitions, TopicReplication::Fixed(1)),
+                    NewTopic::new(&copy_topic, 3, TopicReplication::Fixed(1)),
+                ],
+                &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))),
+            )
+            .await
+            .unwrap()
+        {
+            result.unwrap();
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("job.toml");
+        let text = format!(
+            r#"
+[job]
+name = "{name}"
+subtasks = {subtasks}
+checkpoint_interval = "500ms"
+lease = "{lease}"
+
+[source]
+bootstrap_servers = "{bootstrap}"
+topic = "{topic}"
+decoding = {{ kind = "json", fields = [ {{ name = "id", type = "int64", nullable = false }} ] }}
+
+[store]
+kind = "postgres"
+url = "{pg}"
+
+[[sinks]]
+type = "file"
+id = "archive"
+storage = {{ kind = "local", path = "{out}" }}
+
+[[sinks]]
+type = "kafka"
+id = "copy"
+bootstrap_servers = "{bootstrap}"
+topic = "{copy_topic}"
+transactional_id_prefix = "{copy_topic}"
+
+[[sinks]]
+type = "jdbc"
+id = "db"
+url = "{pg}"
+table = "{name}"
+scope = "{name}"
+create_table = true
+"#,
+            bootstrap = services.kafka_bootstrap(),
+            pg = services.pg_url(),
+            out = dir.path().join("out").display(),
+        );
+        std::fs::write(&config, text).unwrap();
+        let producer = ClientConfig::new()
+            .set("bootstrap.servers", services.kafka_bootstrap())
+            .set("enable.idempotence", "true")
+            .set("linger.ms", "5")
+            .create()
+            .unwrap();
+        Self {
+            dir,
+            table: name.clone(),
+            name,
+            topic,
+            copy_topic,
+            config,
+            produced: 0,
+            producer,
+            workers: 0,
+        }
+    }
+
+    /// Produces the next `count` ids (durably acknowledged before returning).
+    pub async fn produce(&mut self, count: u64) {
+        let mut deliveries = Vec::with_capacity(count as usize);
+        for id in self.produced..self.produced + count {
+            let value = format!(r#"{{"id":{id}}}"#);
+            let key = id.to_string();
+            let delivery = self
+                .producer
+                .send_result(FutureRecord::to(&self.topic).key(&key).payload(&value))
+                .map_err(|(e, _)| e)
+                .unwrap();
+            deliveries.push(delivery);
+        }
+        for delivery in deliveries {
+            delivery.await.unwrap().map_err(|(e, _)| e).unwrap();
+        }
+        self.produced += count;
+    }
+
+    /// Starts a `ratchet run` process on the job file; its output goes to `worker-<n>.log` in the job's directory.
+    pub fn spawn_worker(&mut self, extra: &[&str]) -> Worker {
+        self.workers += 1;
+        let log_path = self.dir.path().join(format!("worker-{}.log", self.workers));
+        let log = std::fs::File::create(&log_path).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_ratchet"))
+            .arg("run")
+            .arg("--config")
+            .arg(&self.config)
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .env("RUST_BACKTRACE", "0")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        Worker {
+            child: Some(child),
+            log: log_path,
+        }
+    }
+
+    /// What every sink's independent reader sees: (files, kafka, table) ids, sorted.
+    pub fn read_back(&self) -> (Vec<i64>, Vec<i64>, Vec<i64>) {
+        let services = Services::get();
+        let files = services.verify(
+            "visible_ids.py",
+            &[
+                "local",
+                &self.dir.path().join("out").display().to_string(),
+                "id",
+            ],
+        );
+        let strays = files["strays"].as_array().unwrap();
+        assert!(strays.is_empty(), "the file sink left {strays:?}");
+        let (kafka, partitions) = services.kafka_ids(services.kafka_bootstrap(), &self.copy_topic);
+        for (p, offsets) in partitions.as_object().unwrap() {
+            assert_eq!(
+                offsets["lso"], offsets["high_watermark"],
+                "partition {p} of {} has an open transaction",
+                self.copy_topic
+            );
+        }
+        let table = services.verify(
+            "sql_table.py",
+            &["pg", services.pg_url(), &self.table, "id", &self.name],
+        );
+        let prepared = table["prepared"].as_array().unwrap();
+        assert!(
+            prepared.is_empty(),
+            "prepared transactions left: {prepared:?}"
+        );
+        let ids = |v: &serde_json::Value| {
+            let mut ids: Vec<i64> = v
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|i| i.as_i64().unwrap())
+                .collect();
+            ids.sort_unstable();
+            ids
+        };
+        (ids(&files["ids"]), kafka, ids(&table["ids"]))
+    }
+
+    /// Waits (polling the read_committed verifier) until the Kafka copy holds every produced record, at most
+    /// `within`.
+    pub fn wait_delivered(&self, within: Duration) {
+        let services = Services::get();
+        let deadline = Instant::now() + within;
+        loop {
+            let (ids, _) = services.kafka_ids(services.kafka_bootstrap(), &self.copy_topic);
+            if ids.len() as u64 >= self.produced {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "only {} of {} records reached {} within {within:?}",
+                ids.len(),
+                self.produced,
+                self.copy_topic
+            );
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
+
+    /// Asserts every sink holds every produced id exactly once.
+    pub fn assert_exactly_once(&self) {
+        let expected: Vec<i64> = (0..self.produced as i64).collect();
+        let (files, kafka, table) = self.read_back();
+        for (sink, ids) in [("files", files), ("kafka", kafka), ("table", table)] {
+            assert_eq!(
+                ids.len(),
+                expected.len(),
+                "{sink}: {} rows for {} records",
+                ids.len(),
+                expected.len()
+            );
+            assert!(
+                ids == expected,
+                "{sink}: ids differ from 0..{}",
+                self.produced
+            );
+        }
+    }
+
+    /// The leases of the job in the store: (subtask, member) pairs.
+    pub fn leases(&self) -> Vec<(i32, String)> {
+        Services::get()
+            .psql(&format!(
+                "SELECT subtask, member FROM ratchet_subtask_leases WHERE job = '{}' AND expires_at > now() \
+                 ORDER BY subtask",
+                self.name
+            ))
+            .lines()
+            .filter_map(|l| l.split_once('|'))
+            .map(|(s, m)| (s.parse().unwrap(), m.to_string()))
+            .collect()
+    }
+
+    /// Waits until `subtasks` leases are held by `members` distinct processes.
+    pub fn wait_spread(&self, subtasks: usize, members: usize, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let leases = self.leases();
+            let mut holders: Vec<&String> = leases.iter().map(|(_, m)| m).collect();
+            holders.sort();
+            holders.dedup();
+            if leases.len() == subtasks && holders.len() == members {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "leases not spread over {members} processes within {within:?}: {leases:?}"
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+}
+
+/// A running `ratchet run` process.
+pub struct Worker {
+    pub child: Option<Child>,
+    pub log: PathBuf,
+}
+
+impl Worker {
+    fn pid(&self) -> nix::unistd::Pid {
+        nix::unistd::Pid::from_raw(self.child.as_ref().unwrap().id() as i32)
+    }
+
+    /// Sends `signal`.
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(self.pid(), signal).unwrap();
+    }
+
+    /// SIGKILL, and reaps it.
+    pub fn kill9(&mut self) {
+        self.signal(nix::sys::signal::Signal::SIGKILL);
+        self.child.take().unwrap().wait().unwrap();
+    }
+
+    /// SIGTERM, then waits for the exit (at most `within`) and asserts it was clean.
+    pub fn stop(&mut self, within: Duration) {
+        self.signal(nix::sys::signal::Signal::SIGTERM);
+        self.wait_exit(within);
+    }
+
+    /// Waits for the exit (at most `within`) and asserts it was clean.
+    pub fn wait_exit(&mut self, within: Duration) {
+        let mut child = self.child.take().unwrap();
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                assert!(
+                    status.success(),
+                    "worker exited with {status}:\n{}",
+                    self.log_text()
+                );
+                return;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!(
+                    "worker did not exit within {within:?}:\n{}",
+                    self.log_text()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// What it logged.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
