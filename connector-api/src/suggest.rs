@@ -10,7 +10,7 @@
 /// ```
 pub fn with_suggestion(message: &str) -> String {
     match nearest_expected(message) {
-        Some(key) => format!("{message} (did you mean `{key}`?)"),
+        Some(key) => format!("{} (did you mean `{key}`?)", message.trim_end()),
         None => message.to_string(),
     }
 }

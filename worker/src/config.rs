@@ -226,12 +226,14 @@ impl JobConfig {
     /// # Errors
     /// As [`load`](Self::load).
     pub fn parse(text: &str, env: impl IntoIterator<Item = (String, String)>) -> Result<Self> {
-        let mut table: toml::Table = toml::from_str(text)
-            .map_err(|e| anyhow::anyhow!("{}", with_suggestion(&e.to_string())))?;
-        crate::overrides::apply(&mut table, env)?;
-        let config: Self = table
-            .try_into()
-            .map_err(|e: toml::de::Error| anyhow::anyhow!("{}", with_suggestion(&e.to_string())))?;
+        let explain = |e: toml::de::Error| anyhow::anyhow!("{}", with_suggestion(&e.to_string()));
+        let mut table: toml::Table = toml::from_str(text).map_err(explain)?;
+        let config: Self = if crate::overrides::apply(&mut table, env)? == 0 {
+            // From the text, so that an error names its line.
+            toml::from_str(text).map_err(explain)?
+        } else {
+            table.try_into().map_err(explain)?
+        };
         config.validate()?;
         Ok(config)
     }

@@ -11,17 +11,18 @@ use toml::{Table, Value};
 /// The prefix of override variables.
 pub const PREFIX: &str = "RATCHET__";
 
-/// Applies every `RATCHET__...` variable of `env` to `table`.
+/// Applies every `RATCHET__...` variable of `env` to `table`; returns how many there were.
 ///
 /// # Errors
 /// A path that goes through a value that is not a table or array, an array index out of range, or a value that
 /// should be TOML and is not; each names the variable.
-pub fn apply(table: &mut Table, env: impl IntoIterator<Item = (String, String)>) -> Result<()> {
+pub fn apply(table: &mut Table, env: impl IntoIterator<Item = (String, String)>) -> Result<usize> {
     let mut overrides: Vec<(String, String)> = env
         .into_iter()
         .filter(|(name, _)| name.starts_with(PREFIX))
         .collect();
     overrides.sort();
+    let applied = overrides.len();
     for (name, value) in overrides {
         let path: Vec<String> = name[PREFIX.len()..]
             .split("__")
@@ -30,7 +31,7 @@ pub fn apply(table: &mut Table, env: impl IntoIterator<Item = (String, String)>)
         set(table, &path, &value).with_context(|| format!("environment override {name}"))?;
         tracing::info!(variable = %name, "job file value overridden from the environment");
     }
-    Ok(())
+    Ok(applied)
 }
 
 fn set(table: &mut Table, path: &[String], value: &str) -> Result<()> {
