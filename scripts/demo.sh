@@ -1,15 +1,13 @@
 #!/usr/bin/env bash
-# The main job on a demo pipeline: starts Kafka (scripts/services.sh up kafka), builds the `ratchet` worker, then
-#   produce 10,000 records to a new topic -> consume them -> write them exactly once to Parquet files
-# through checkpoints, and print what was written. Extra arguments go to `ratchet demo` (see `ratchet demo --help`);
-# run it again with `--topic <the topic> --records 0` and the same --out/--state to see it resume without
-# writing anything twice.
+# The main job on a demo pipeline: starts Kafka and PostgreSQL (scripts/services.sh), builds the `ratchet` worker,
+# then `ratchet demo`: a generator produces 20,000 orders to a new topic while `ratchet run` writes them exactly
+# once to Parquet files, an Iceberg table (SQLite catalog), a PostgreSQL table and a Kafka topic; the worker is
+# killed with SIGKILL mid-run and restarted, and every sink is read back and compared with the input.
+# Extra arguments go to `ratchet demo` (see `ratchet demo --help`).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/ratchet-target}
-scripts/services.sh up kafka
+scripts/services.sh up kafka postgres
 eval "$(scripts/services.sh env)"
-run=.ratchet/demo/$(date +%Y%m%d-%H%M%S)
-cargo run --quiet --locked -p worker --bin ratchet -- demo --out "$run/out" --state "$run/checkpoints" "$@"
-echo "output: $run/out   checkpoints: $run/checkpoints"
+cargo run --quiet --locked -p worker --bin ratchet -- demo "$@"

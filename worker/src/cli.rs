@@ -24,9 +24,9 @@ pub enum Command {
     /// which connects to its server), the transaction-timeout budget, the Kafka cluster, the source topic and the
     /// checkpoint store.
     CheckConfig(CheckArgs),
-    /// Demo pipeline: produce records to Kafka, then consume them and write them exactly once to local Parquet
-    /// files through checkpoints; print what was written. Re-running with the same --topic and --state resumes
-    /// from the last durable checkpoint without writing anything twice.
+    /// Demo: a generator produces orders to Kafka while `ratchet run` writes them to Parquet files, an Iceberg
+    /// table, PostgreSQL and a Kafka topic at once; the worker is killed with SIGKILL mid-run and restarted; then
+    /// every sink is read back and compared with the input. Needs `scripts/services.sh up kafka postgres`.
     Demo(DemoArgs),
 }
 
@@ -34,30 +34,21 @@ pub enum Command {
 #[derive(Debug, Args)]
 pub struct DemoArgs {
     /// Kafka bootstrap servers.
+    #[arg(long, env = "RATCHET_KAFKA_BOOTSTRAP", default_value = "127.0.0.1:19092")]
+    pub bootstrap: String,
+    /// The PostgreSQL database of the database sink (libpq URL).
     #[arg(
         long,
-        env = "RATCHET_KAFKA_BOOTSTRAP",
-        default_value = "127.0.0.1:19092"
+        env = "RATCHET_PG_URL",
+        default_value = "postgres://ratchet:ratchet@127.0.0.1:15432/ratchet"
     )]
-    pub bootstrap: String,
-    /// Topic to use; a new one named ratchet-demo-<time> when absent.
-    #[arg(long)]
-    pub topic: Option<String>,
-    /// Records to produce before consuming (0: produce none, only consume what the topic holds).
-    #[arg(long, default_value_t = 10_000)]
+    pub pg_url: String,
+    /// Orders the generator produces.
+    #[arg(long, default_value_t = 20_000)]
     pub records: u64,
-    /// Partitions of a newly created topic.
-    #[arg(long, default_value_t = 3)]
-    pub partitions: i32,
-    /// Records per checkpoint.
-    #[arg(long, default_value_t = 2_500)]
-    pub checkpoint_every: usize,
-    /// Directory for the Parquet output.
-    #[arg(long, default_value = ".ratchet/demo/out")]
-    pub out: PathBuf,
-    /// Directory for checkpoint records.
-    #[arg(long, default_value = ".ratchet/demo/checkpoints")]
-    pub state: PathBuf,
+    /// Where the job file, logs, checkpoints, files and warehouse go (default .ratchet/demo/<time>).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
 }
 
 /// Arguments of `ratchet run`.

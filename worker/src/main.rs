@@ -11,7 +11,6 @@ mod run;
 mod sinks;
 mod store;
 mod subtask;
-mod summary;
 
 use clap::Parser;
 
