@@ -34,7 +34,11 @@ pub enum Command {
 #[derive(Debug, Args)]
 pub struct DemoArgs {
     /// Kafka bootstrap servers.
-    #[arg(long, env = "RATCHET_KAFKA_BOOTSTRAP", default_value = "127.0.0.1:19092")]
+    #[arg(
+        long,
+        env = "RATCHET_KAFKA_BOOTSTRAP",
+        default_value = "127.0.0.1:19092"
+    )]
     pub bootstrap: String,
     /// The PostgreSQL database of the database sink (libpq URL).
     #[arg(

@@ -28,7 +28,10 @@ fn the_demo_proves_exactly_once_in_all_four_sinks_across_a_sigkill() {
         "demo failed:\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(stdout.contains("killed the worker with SIGKILL"), "{stdout}");
+    assert!(
+        stdout.contains("killed the worker with SIGKILL"),
+        "{stdout}"
+    );
     for sink in ["files", "iceberg", "postgres", "kafka"] {
         let line = stdout
             .lines()
@@ -56,7 +59,11 @@ fn the_demo_proves_exactly_once_in_all_four_sinks_across_a_sigkill() {
 
     let files = services.verify(
         "visible_ids.py",
-        &["local", &dir.path().join("files").display().to_string(), "id"],
+        &[
+            "local",
+            &dir.path().join("files").display().to_string(),
+            "id",
+        ],
     );
     assert_eq!(sorted(&files["ids"]), expected, "files");
     assert_eq!(files["strays"], serde_json::json!([]), "files left behind");
@@ -73,7 +80,11 @@ fn the_demo_proves_exactly_once_in_all_four_sinks_across_a_sigkill() {
     );
     assert_eq!(sorted(&lake["ids"]), expected, "iceberg (pyiceberg)");
     assert_eq!(sorted(&lake["duckdb_ids"]), expected, "iceberg (DuckDB)");
-    assert_eq!(lake["unreferenced"], serde_json::json!([]), "iceberg files left behind");
+    assert_eq!(
+        lake["unreferenced"],
+        serde_json::json!([]),
+        "iceberg files left behind"
+    );
 
     let table = services.verify(
         "sql_table.py",
@@ -86,11 +97,18 @@ fn the_demo_proves_exactly_once_in_all_four_sinks_across_a_sigkill() {
         ],
     );
     assert_eq!(sorted(&table["ids"]), expected, "postgres");
-    assert_eq!(table["prepared"], serde_json::json!([]), "prepared left behind");
+    assert_eq!(
+        table["prepared"],
+        serde_json::json!([]),
+        "prepared left behind"
+    );
 
     let (kafka, partitions) = services.kafka_ids(services.kafka_bootstrap(), &setting(3, "topic"));
     assert_eq!(kafka, expected, "kafka");
     for (p, offsets) in partitions.as_object().unwrap() {
-        assert_eq!(offsets["lso"], offsets["high_watermark"], "open transaction on partition {p}");
+        assert_eq!(
+            offsets["lso"], offsets["high_watermark"],
+            "open transaction on partition {p}"
+        );
     }
 }

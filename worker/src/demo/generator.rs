@@ -72,7 +72,11 @@ pub async fn produce(
                 (id * 7919) % 100_000
             );
             let delivery = producer
-                .send_result(FutureRecord::to(&topic).key(&id.to_string()).payload(&value))
+                .send_result(
+                    FutureRecord::to(&topic)
+                        .key(&id.to_string())
+                        .payload(&value),
+                )
                 .map_err(|(e, _)| anyhow::anyhow!("cannot enqueue order {id}: {e}"))?;
             deliveries.push((id, delivery));
         }

@@ -102,7 +102,9 @@ pub async fn run(args: DemoArgs) -> Result<()> {
         args.records
     );
     generating.await.context("the generator panicked")??;
-    println!("restarting the worker on the same job file; it recovers, catches up and stops when idle");
+    println!(
+        "restarting the worker on the same job file; it recovers, catches up and stops when idle"
+    );
     let mut worker = spawn_worker(
         &config,
         &dir.join("worker-2.log"),
@@ -116,7 +118,10 @@ pub async fn run(args: DemoArgs) -> Result<()> {
         );
     }
 
-    println!("\nreading every sink back and comparing with the {} ids produced:", args.records);
+    println!(
+        "\nreading every sink back and comparing with the {} ids produced:",
+        args.records
+    );
     let verdicts = readback::read_all(&dir, &args, &names).await?;
     println!(
         "{:<10} {:<34} {:>8} {:>8} {:>8} {:>10}  verdict",

@@ -210,17 +210,29 @@ fn kafka_ids(bootstrap: &str, topic: &str) -> Result<Vec<i64>> {
             < *end
     }) {
         if Instant::now() > deadline {
-            bail!("could not read {topic} to its end within 60 s (an open transaction holds it back?)");
+            bail!(
+                "could not read {topic} to its end within 60 s (an open transaction holds it back?)"
+            );
         }
         let Some(message) = consumer.poll(Duration::from_millis(500)) else {
             continue;
         };
         let message = message?;
         positions.insert(message.partition(), message.offset() + 1);
-        let value: serde_json::Value = serde_json::from_slice(message.payload().unwrap_or_default())
-            .with_context(|| format!("record {topic}/{}@{} is not JSON", message.partition(), message.offset()))?;
+        let value: serde_json::Value =
+            serde_json::from_slice(message.payload().unwrap_or_default()).with_context(|| {
+                format!(
+                    "record {topic}/{}@{} is not JSON",
+                    message.partition(),
+                    message.offset()
+                )
+            })?;
         ids.push(value["id"].as_i64().with_context(|| {
-            format!("record {topic}/{}@{} has no id", message.partition(), message.offset())
+            format!(
+                "record {topic}/{}@{} has no id",
+                message.partition(),
+                message.offset()
+            )
         })?);
     }
     Ok(ids)

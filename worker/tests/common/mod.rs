@@ -1,7 +1,8 @@
-//! A job for `ratchet run` tests: a source topic of JSON records `{"id": n}`, and three sinks of different kinds
-//! (local Parquet files, a Kafka topic, a PostgreSQL table through prepared transactions), with the checkpoint
-//! store in PostgreSQL; worker processes started from the built binary; every sink read back by its independent
-//! verifier (pyarrow, a read_committed confluent-kafka consumer, psycopg).
+//! A job for `ratchet run` tests: a source topic of JSON records `{"id": n}`, and four sinks of different kinds
+//! (local Parquet files, a Kafka topic, a PostgreSQL table through prepared transactions, an Iceberg table in a
+//! SQL catalog on PostgreSQL), with the checkpoint store in PostgreSQL; worker processes started from the built
+//! binary; every sink read back by its independent verifier (pyarrow, a read_committed confluent-kafka consumer,
+//! psycopg, pyiceberg and DuckDB).
 #![allow(dead_code)]
 
 use std::path::PathBuf;
@@ -90,10 +91,18 @@ url = "{pg}"
 table = "{name}"
 scope = "{name}"
 create_table = true
+
+[[sinks]]
+type = "iceberg"
+id = "lake"
+catalog = {{ kind = "sql", uri = "{pg}", warehouse = "file://{warehouse}" }}
+table = "{name}.orders"
+create_table = true
 "#,
             bootstrap = services.kafka_bootstrap(),
             pg = services.pg_url(),
             out = dir.path().join("out").display(),
+            warehouse = dir.path().join("warehouse").display(),
         );
         std::fs::write(&config, text).unwrap();
         let producer = ClientConfig::new()
@@ -156,8 +165,10 @@ create_table = true
         }
     }
 
-    /// What every sink's independent reader sees: (files, kafka, table) ids, sorted.
-    pub fn read_back(&self) -> (Vec<i64>, Vec<i64>, Vec<i64>) {
+    /// What every sink's independent reader sees, ids sorted, by sink; asserts nothing is left behind (hidden
+    /// files, open or prepared transactions, unreferenced Iceberg files) and that DuckDB reads the Iceberg table
+    /// as pyiceberg does.
+    pub fn read_back(&self) -> Vec<(&'static str, Vec<i64>)> {
         let services = Services::get();
         let files = services.verify(
             "visible_ids.py",
@@ -196,7 +207,34 @@ create_table = true
             ids.sort_unstable();
             ids
         };
-        (ids(&files["ids"]), kafka, ids(&table["ids"]))
+        let lake = services.verify(
+            "iceberg_table.py",
+            &[
+                "ratchet",
+                &services
+                    .pg_url()
+                    .replacen("postgres://", "postgresql+psycopg://", 1),
+                &format!("file://{}", self.dir.path().join("warehouse").display()),
+                &format!("{}.orders", self.name),
+                "id",
+            ],
+        );
+        assert_eq!(
+            lake["unreferenced"],
+            serde_json::json!([]),
+            "Iceberg files left behind"
+        );
+        assert_eq!(
+            ids(&lake["ids"]),
+            ids(&lake["duckdb_ids"]),
+            "pyiceberg and DuckDB disagree"
+        );
+        vec![
+            ("files", ids(&files["ids"])),
+            ("kafka", kafka),
+            ("table", ids(&table["ids"])),
+            ("iceberg", ids(&lake["ids"])),
+        ]
     }
 
     /// Waits (polling the read_committed verifier) until the Kafka copy holds every produced record, at most
@@ -223,8 +261,7 @@ create_table = true
     /// Asserts every sink holds every produced id exactly once.
     pub fn assert_exactly_once(&self) {
         let expected: Vec<i64> = (0..self.produced as i64).collect();
-        let (files, kafka, table) = self.read_back();
-        for (sink, ids) in [("files", files), ("kafka", kafka), ("table", table)] {
+        for (sink, ids) in self.read_back() {
             assert_eq!(
                 ids.len(),
                 expected.len(),
