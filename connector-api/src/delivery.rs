@@ -152,4 +152,16 @@ impl<S: TwoPhaseCommit> TwoPhaseCommit for GuaranteedSink<S> {
         };
         self.inner.recover(restored).await
     }
+
+    async fn inspect(
+        &mut self,
+        restored: Option<(CheckpointId, Vec<Self::Committable>)>,
+    ) -> Result<crate::ExternalView> {
+        let restored = match self.guarantee {
+            DeliveryGuarantee::ExactlyOnce => restored
+                .map(|(id, committables)| (id, committables.into_iter().flatten().collect())),
+            DeliveryGuarantee::AtLeastOnce | DeliveryGuarantee::AtMostOnce => None,
+        };
+        self.inner.inspect(restored).await
+    }
 }

@@ -16,6 +16,7 @@ mod delivery;
 mod driver;
 pub mod error;
 mod ids;
+mod inspect;
 pub mod local_fs;
 pub mod postgres;
 mod registry;
@@ -35,6 +36,7 @@ pub use driver::{
 };
 pub use error::{Action, Error, ErrorKind, Phase, Report, Result, action, action_after_retries};
 pub use ids::{CheckpointId, SinkId, SubtaskId};
+pub use inspect::{ExternalView, Inspection, OpenTransaction, Resolution, SinkInspection};
 pub use registry::{DynSink, SinkContext, SinkFactory, SinkRegistry, SinkSpec, parse_settings};
 pub use retry::{Attempts, RetryPolicy};
 pub use suggest::with_suggestion;

@@ -68,6 +68,22 @@ impl FileName {
             .starts_with(&Self::owner_prefix(sink, subtask))
     }
 
+    /// The visible name a hidden stage's name `name` publishes as (`.x.pending` → `x`).
+    pub fn visible_of_stage(name: &str) -> &str {
+        let name = name.strip_prefix('.').unwrap_or(name);
+        name.strip_suffix(".pending")
+            .or_else(|| name.strip_suffix(".inprogress"))
+            .unwrap_or(name)
+    }
+
+    /// The checkpoint in the name of a file (visible or a stage) of `sink`/`subtask`.
+    pub fn checkpoint_of(name: &str, sink: &SinkId, subtask: SubtaskId) -> Option<CheckpointId> {
+        let rest = name
+            .trim_start_matches('.')
+            .strip_prefix(&Self::owner_prefix(sink, subtask))?;
+        rest.split('.').next()?.parse().ok().map(CheckpointId)
+    }
+
     /// Whether `name` is a hidden stage (in-progress or pending) of a file owned by `sink`/`subtask`.
     pub fn is_owned_stage(name: &str, sink: &SinkId, subtask: SubtaskId) -> bool {
         name.starts_with('.')
@@ -90,6 +106,24 @@ mod tests {
             partition: "country=de".into(),
             extension: "parquet",
         }
+    }
+
+    #[test]
+    fn stages_name_their_visible_file_and_checkpoint() {
+        let name = name();
+        assert_eq!(FileName::visible_of_stage(&name.pending()), name.visible());
+        assert_eq!(
+            FileName::visible_of_stage(&name.in_progress()),
+            name.visible()
+        );
+        assert_eq!(
+            FileName::checkpoint_of(&name.pending(), &name.sink, SubtaskId(0)),
+            Some(CheckpointId(7))
+        );
+        assert_eq!(
+            FileName::checkpoint_of(&name.pending(), &name.sink, SubtaskId(1)),
+            None
+        );
     }
 
     #[test]

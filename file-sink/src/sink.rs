@@ -1,13 +1,14 @@
 //! The file sink: partitioned, rolling files in one format, staged per checkpoint and published at commit.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
 use async_trait::async_trait;
 use connector_api::{
-    CheckpointId, Committer, Error, ErrorKind, Phase, Result, SinkId, TwoPhaseCommit,
+    CheckpointId, Committer, Error, ErrorKind, ExternalView, OpenTransaction, Phase, Resolution,
+    Result, SinkId, TwoPhaseCommit,
 };
 use serde::{Deserialize, Serialize};
 
@@ -319,6 +320,48 @@ impl TwoPhaseCommit for FileSink {
         }
         self.checkpoint = None;
         Ok(())
+    }
+
+    /// The subtask's hidden stages (local pending and in-progress files; S3 open multipart uploads, staged
+    /// objects and spill files) with their age: recovery publishes those the restored checkpoint holds and removes
+    /// the rest.
+    async fn inspect(
+        &mut self,
+        restored: Option<(CheckpointId, Vec<FileCommittable>)>,
+    ) -> Result<ExternalView> {
+        let keep: BTreeSet<String> = restored
+            .into_iter()
+            .flat_map(|(_, committables)| committables)
+            .flat_map(|c| c.files)
+            .map(|f| f.file_name())
+            .collect();
+        let stages = self
+            .backend
+            .owned_stages()
+            .await
+            .map_err(|e| self.context(e))?;
+        let transactions = stages
+            .into_iter()
+            .map(|stage| OpenTransaction {
+                checkpoint: FileName::checkpoint_of(
+                    &stage.file,
+                    &self.config.sink,
+                    self.config.subtask,
+                ),
+                resolution: if keep.contains(&stage.file) {
+                    Resolution::Commit
+                } else {
+                    Resolution::Abort
+                },
+                state: stage.kind.to_string(),
+                name: stage.location,
+                age: stage.age,
+            })
+            .collect();
+        Ok(ExternalView {
+            transactions,
+            last_committed: None,
+        })
     }
 
     async fn recover(

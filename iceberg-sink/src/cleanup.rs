@@ -18,11 +18,11 @@ use crate::config::S3Settings;
 use crate::error::iceberg_error;
 use crate::ledger::SubtaskKey;
 
-/// Deletes `key`'s unreferenced data files of `table`; returns the paths deleted.
+/// `key`'s data files of `table` that no manifest of any retained snapshot lists. Read-only.
 ///
 /// # Errors
-/// Retryable when the storage or a manifest cannot be read (nothing is deleted before every snapshot was read).
-pub async fn delete_unreferenced_files(
+/// Retryable when the storage or a manifest cannot be read.
+pub async fn unreferenced_files(
     table: &Table,
     key: &SubtaskKey,
     s3: &S3Settings,
@@ -36,8 +36,23 @@ pub async fn delete_unreferenced_files(
         return Ok(Vec::new());
     }
     let referenced = referenced_files(table).await?;
+    Ok(candidates
+        .into_iter()
+        .filter(|p| !referenced.contains(p))
+        .collect())
+}
+
+/// Deletes `key`'s unreferenced data files of `table` ([`unreferenced_files`]); returns the paths deleted.
+///
+/// # Errors
+/// Retryable when the storage or a manifest cannot be read (nothing is deleted before every snapshot was read).
+pub async fn delete_unreferenced_files(
+    table: &Table,
+    key: &SubtaskKey,
+    s3: &S3Settings,
+) -> Result<Vec<String>> {
     let mut deleted = Vec::new();
-    for path in candidates.into_iter().filter(|p| !referenced.contains(p)) {
+    for path in unreferenced_files(table, key, s3).await? {
         table
             .file_io()
             .delete(&path)

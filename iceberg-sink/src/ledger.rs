@@ -55,6 +55,16 @@ impl SubtaskKey {
         format!("{}.", self.table_property())
     }
 
+    /// The checkpoint in the name of one of this subtask's data files (`<prefix>e<epoch>.c<checkpoint>-<n>...`,
+    /// after any directory).
+    pub fn checkpoint_of_file(&self, path: &str) -> Option<CheckpointId> {
+        let name = path.rsplit('/').next()?;
+        let rest = name.strip_prefix(&self.file_prefix())?;
+        let (_, after) = rest.split_once(".c")?;
+        let digits: String = after.chars().take_while(char::is_ascii_digit).collect();
+        digits.parse().ok().map(CheckpointId)
+    }
+
     /// The snapshot summary properties recording `state` for this subtask.
     pub fn summary(&self, state: SubtaskState) -> HashMap<String, String> {
         let mut summary = HashMap::from([
@@ -146,5 +156,8 @@ mod tests {
             subtask: SubtaskId(subtask),
         };
         assert!(!key(10).file_prefix().starts_with(&key(1).file_prefix()));
+        let file = format!("s3://b/t/data/{}e3.c42-00001.parquet", key(1).file_prefix());
+        assert_eq!(key(1).checkpoint_of_file(&file), Some(CheckpointId(42)));
+        assert_eq!(key(10).checkpoint_of_file(&file), None);
     }
 }

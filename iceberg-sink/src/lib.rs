@@ -42,7 +42,7 @@ mod ledger;
 mod sink;
 mod writer;
 
-pub use cleanup::{DELETE_METADATA_AFTER_COMMIT, delete_unreferenced_files};
+pub use cleanup::{DELETE_METADATA_AFTER_COMMIT, delete_unreferenced_files, unreferenced_files};
 pub use commit::{CommitOutcome, TableTarget};
 pub use config::{
     CatalogConfig, DEFAULT_COMMIT_TIMEOUT, DEFAULT_TARGET_FILE_SIZE, IcebergSinkConfig, S3Settings,

@@ -1,20 +1,21 @@
 //! The Iceberg sink: data files per checkpoint, one snapshot per commit, fenced and idempotent in the table.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use arrow_array::RecordBatch;
 use async_trait::async_trait;
 use connector_api::{
-    CheckpointId, Committer, Error, ErrorKind, Phase, Result, SinkId, TwoPhaseCommit,
+    CheckpointId, Committer, Error, ErrorKind, ExternalView, OpenTransaction, Phase, Resolution,
+    Result, SinkId, TwoPhaseCommit,
 };
 use iceberg::spec::{DataFile, deserialize_data_file_from_json, serialize_data_file_to_json};
 use iceberg::table::Table;
 use iceberg::{NamespaceIdent, TableCreation, TableIdent};
 use serde::{Deserialize, Serialize};
 
-use crate::cleanup::{DELETE_METADATA_AFTER_COMMIT, delete_unreferenced_files};
+use crate::cleanup::{DELETE_METADATA_AFTER_COMMIT, delete_unreferenced_files, unreferenced_files};
 use crate::commit::{CommitOutcome, TableTarget};
 use crate::config::IcebergSinkConfig;
 use crate::error::iceberg_error;
@@ -309,6 +310,53 @@ impl TwoPhaseCommit for IcebergSink {
             }
         }
         Ok(())
+    }
+
+    /// The table's record of the subtask (last committed checkpoint and epoch, from the snapshot ledger) and its
+    /// data files that no snapshot references: recovery commits those the restored checkpoint holds (unless the
+    /// table already shows that checkpoint) and deletes the rest.
+    async fn inspect(
+        &mut self,
+        restored: Option<(CheckpointId, Vec<IcebergCommittable>)>,
+    ) -> Result<ExternalView> {
+        let table = self.committer.target.load(Phase::Recover).await?;
+        let state = self.key.state(&table.metadata_ref());
+        let pending: BTreeSet<String> = restored
+            .into_iter()
+            .flat_map(|(_, committables)| committables)
+            .filter(|c| Some(c.checkpoint) > state.checkpoint)
+            .flat_map(|c| c.files)
+            .map(|f| f.path)
+            .collect();
+        let transactions = unreferenced_files(&table, &self.key, &self.config.s3)
+            .await?
+            .into_iter()
+            .map(|path| OpenTransaction {
+                checkpoint: self.key.checkpoint_of_file(&path),
+                state: "data file no snapshot references".into(),
+                age: None,
+                resolution: if pending.contains(&path) {
+                    Resolution::Commit
+                } else {
+                    Resolution::Abort
+                },
+                name: path,
+            })
+            .collect();
+        Ok(ExternalView {
+            transactions,
+            last_committed: Some(match state.checkpoint {
+                Some(checkpoint) => format!(
+                    "table {} shows checkpoint {checkpoint} (owner epoch {})",
+                    table.identifier(),
+                    state.epoch
+                ),
+                None => format!(
+                    "table {} shows no checkpoint of this subtask",
+                    table.identifier()
+                ),
+            }),
+        })
     }
 
     /// Raises the subtask's epoch in the table (fencing older instances), commits the restored checkpoint's

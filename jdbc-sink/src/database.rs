@@ -79,6 +79,15 @@ pub(crate) trait Session: Send {
     async fn rollback(&mut self) -> Result<()>;
 }
 
+/// A prepared transaction found in the database.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prepared {
+    /// Its global id.
+    pub xid: Xid,
+    /// How long ago it was prepared, when the database says (PostgreSQL does, MariaDB's `XA RECOVER` does not).
+    pub age: Option<std::time::Duration>,
+}
+
 /// Operations on prepared transactions and the owner row, from a connection of their own.
 #[async_trait]
 pub(crate) trait Coordinator: Send + Sync {
@@ -93,7 +102,7 @@ pub(crate) trait Coordinator: Send + Sync {
     async fn rollback_prepared(&self, xid: &Xid) -> Result<()>;
 
     /// Every prepared transaction of `sink` in this database (all subtasks), oldest checkpoint first.
-    async fn list_prepared(&self, sink: &SinkId) -> Result<Vec<Xid>>;
+    async fn list_prepared(&self, sink: &SinkId) -> Result<Vec<Prepared>>;
 
     /// Whether `xid`'s transaction committed (its marker is visible).
     async fn is_committed(&self, xid: &Xid) -> Result<bool>;

@@ -6,12 +6,13 @@ use std::sync::Arc;
 use arrow_array::RecordBatch;
 use async_trait::async_trait;
 use connector_api::{
-    CheckpointId, Committer, Error, ErrorKind, Phase, Result, SinkId, SubtaskId, TwoPhaseCommit,
+    CheckpointId, Committer, Error, ErrorKind, ExternalView, OpenTransaction, Phase, Resolution,
+    Result, SinkId, SubtaskId, TwoPhaseCommit,
 };
 use serde::{Deserialize, Serialize};
 
 use crate::config::{DedupConfig, Dialect, JdbcSinkConfig, WriteMode};
-use crate::database::{Coordinator, Session};
+use crate::database::{Coordinator, Prepared, Session};
 use crate::{Xid, mysql, pg};
 
 /// How often recovery lists and resolves prepared transactions again when the owner row stays locked.
@@ -235,6 +236,45 @@ impl TwoPhaseCommit for JdbcSink {
     /// then raises the owner epoch, which fences every older instance, and deletes the markers of checkpoints
     /// after the restored one (a reset checkpoint store starts its ids again). A transaction that passed its owner check
     /// just before holds the owner row; the raise waits `lock_timeout` for it, then lists and resolves again.
+    /// The subtask's prepared transactions (`pg_prepared_xacts` with their age, or MariaDB's `XA RECOVER`):
+    /// recovery commits those the restored checkpoint holds and rolls back the rest.
+    async fn inspect(
+        &mut self,
+        restored: Option<(CheckpointId, Vec<JdbcCommittable>)>,
+    ) -> Result<ExternalView> {
+        let keep: BTreeSet<String> = restored
+            .into_iter()
+            .flat_map(|(_, c)| c)
+            .filter(|c| c.prepared)
+            .map(|c| c.xid)
+            .collect();
+        let transactions = self
+            .coordinator
+            .list_prepared(&self.scope)
+            .await?
+            .into_iter()
+            .filter(|p| p.xid.subtask == self.subtask)
+            .map(|Prepared { xid, age }| {
+                let name = xid.to_string();
+                OpenTransaction {
+                    resolution: if keep.contains(&name) {
+                        Resolution::Commit
+                    } else {
+                        Resolution::Abort
+                    },
+                    name,
+                    checkpoint: Some(xid.checkpoint),
+                    state: "prepared".into(),
+                    age,
+                }
+            })
+            .collect();
+        Ok(ExternalView {
+            transactions,
+            last_committed: None,
+        })
+    }
+
     async fn recover(
         &mut self,
         restored: Option<(CheckpointId, Vec<JdbcCommittable>)>,
@@ -253,7 +293,7 @@ impl TwoPhaseCommit for JdbcSink {
                 .commit(restored.clone())
                 .await
                 .map_err(|e| e.at_phase(Phase::Recover))?;
-            for xid in self.coordinator.list_prepared(&self.scope).await? {
+            for Prepared { xid, .. } in self.coordinator.list_prepared(&self.scope).await? {
                 if xid.subtask == self.subtask && !keep.contains(&xid.to_string()) {
                     tracing::info!(%xid, "rolling back a prepared transaction no durable checkpoint holds");
                     self.coordinator.rollback_prepared(&xid).await?;

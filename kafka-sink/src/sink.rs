@@ -7,8 +7,8 @@ use std::time::Duration;
 use arrow_array::RecordBatch;
 use async_trait::async_trait;
 use connector_api::{
-    CheckpointId, Committer, Error, ErrorKind, Phase, Result, RetryPolicy, SinkId, SubtaskId,
-    TwoPhaseCommit,
+    CheckpointId, Committer, Error, ErrorKind, ExternalView, OpenTransaction, Phase, Resolution,
+    Result, RetryPolicy, SinkId, SubtaskId, TwoPhaseCommit,
 };
 use kafka_connection::KafkaConnection;
 use rdkafka::error::KafkaError;
@@ -404,6 +404,69 @@ impl TwoPhaseCommit for KafkaSink {
             }
         }
         Ok(())
+    }
+
+    /// The open transactions of the subtask's transactional ids (DescribeTransactions): recovery commits the one
+    /// the restored checkpoint holds (same producer id and epoch) and `init_transactions` aborts the others.
+    async fn inspect(
+        &mut self,
+        restored: Option<(CheckpointId, Vec<KafkaCommittable>)>,
+    ) -> Result<ExternalView> {
+        let restored: Vec<KafkaCommittable> = restored.into_iter().flat_map(|(_, c)| c).collect();
+        let mut transactions = Vec::new();
+        for id in self.pool.all(self.subtask) {
+            let Some(described) = self
+                .coordinator
+                .find_transaction(id.as_str())
+                .await
+                .map_err(|e| e.or_sink(&self.sink))?
+            else {
+                continue;
+            };
+            let open = matches!(
+                described.state,
+                TransactionState::Ongoing
+                    | TransactionState::PrepareCommit
+                    | TransactionState::PrepareAbort
+                    | TransactionState::PrepareEpochFence
+            );
+            if !open {
+                continue;
+            }
+            let held = restored.iter().find(|c| {
+                c.transactional_id == id.as_str()
+                    && c.producer_id == described.producer_id
+                    && c.producer_epoch == described.producer_epoch
+            });
+            let started = u64::try_from(described.start_time_ms).ok();
+            let age = started.and_then(|ms| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH + Duration::from_millis(ms))
+                    .ok()
+            });
+            transactions.push(OpenTransaction {
+                name: id.as_str().to_string(),
+                checkpoint: held.map(|c| c.checkpoint),
+                state: format!(
+                    "{:?} (producer id {} epoch {}, {} partition(s), timeout {} ms)",
+                    described.state,
+                    described.producer_id,
+                    described.producer_epoch,
+                    described.partitions.len(),
+                    described.timeout_ms
+                ),
+                age,
+                resolution: if held.is_some() {
+                    Resolution::Commit
+                } else {
+                    Resolution::Abort
+                },
+            });
+        }
+        Ok(ExternalView {
+            transactions,
+            last_committed: None,
+        })
     }
 
     async fn recover(

@@ -24,6 +24,13 @@ pub enum Command {
     /// which connects to its server), the transaction-timeout budget, the Kafka cluster, the source topic and the
     /// checkpoint store.
     CheckConfig(CheckArgs),
+    /// List, per subtask, the checkpoint store's view and every transaction each sink holds open in its external
+    /// system (Kafka transactions, prepared transactions, staged files and uploads, the Iceberg table's ledger),
+    /// with its age against its timeout and what recovery will do with it. Read-only; works with the job down.
+    Inspect(OperateArgs),
+    /// Do what `inspect` says recovery will do, without starting the job: claim and recover every subtask
+    /// (commit decided checkpoints, abort everything else), then stop. Refused while the job runs.
+    Resolve(OperateArgs),
     /// Demo: a generator produces orders to Kafka while `ratchet run` writes them to Parquet files, an Iceberg
     /// table, PostgreSQL and a Kafka topic at once; the worker is killed with SIGKILL mid-run and restarted; then
     /// every sink is read back and compared with the input. Needs `scripts/services.sh up kafka postgres`.
@@ -70,6 +77,14 @@ pub struct RunArgs {
 /// Arguments of `ratchet check-config`.
 #[derive(Debug, Args)]
 pub struct CheckArgs {
+    /// The job file.
+    #[arg(long, short)]
+    pub config: PathBuf,
+}
+
+/// Arguments of `ratchet inspect` and `ratchet resolve`.
+#[derive(Debug, Args)]
+pub struct OperateArgs {
     /// The job file.
     #[arg(long, short)]
     pub config: PathBuf,

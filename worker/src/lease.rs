@@ -123,6 +123,24 @@ impl PgLeases {
         Ok(slot.as_ref().expect("connected above"))
     }
 
+    /// The other processes of the job whose membership has not expired.
+    ///
+    /// # Errors
+    /// The database cannot be reached.
+    pub async fn other_live_members(&self) -> Result<Vec<String>> {
+        let mut slot = self.client.lock().await;
+        let client = self.connected(&mut slot).await?;
+        let rows = client
+            .query(
+                "SELECT member FROM ratchet_worker_members
+                 WHERE job = $1 AND member <> $2 AND expires_at > now() ORDER BY member",
+                &[&self.job, &self.member],
+            )
+            .await
+            .context("cannot list the job's live processes")?;
+        Ok(rows.iter().map(|row| row.get(0)).collect())
+    }
+
     async fn renew_on(&self, client: &tokio_postgres::Client) -> Result<Assignment> {
         let subtasks = i32::try_from(self.subtasks).context("subtasks out of range")?;
         client

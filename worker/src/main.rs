@@ -5,7 +5,9 @@ mod check;
 mod cli;
 mod config;
 mod demo;
+mod drill;
 mod lease;
+mod operate;
 mod overrides;
 mod run;
 mod sinks;
@@ -27,5 +29,7 @@ async fn main() -> anyhow::Result<()> {
         cli::Command::Demo(args) => demo::run(args).await,
         cli::Command::Run(args) => run::run(args).await,
         cli::Command::CheckConfig(args) => check::run(args).await,
+        cli::Command::Inspect(args) => operate::inspect(args).await,
+        cli::Command::Resolve(args) => operate::resolve(args).await,
     }
 }

@@ -86,6 +86,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         kafka,
         progress: Arc::new(Progress::default()),
         started,
+        drill: crate::drill::from_env()?,
     };
     let mut process = Process {
         job: job.clone(),

@@ -61,6 +61,8 @@ pub struct SubtaskContext {
     pub progress: Arc<Progress>,
     /// When the process started (for `last_record_ms`).
     pub started: std::time::Instant,
+    /// A crash drill ([`crate::drill`]).
+    pub drill: Option<connector_api::FaultInjector>,
 }
 
 /// Runs subtask `index` until `stop` says so, another process takes it over (a claim or a sink fenced this one:
@@ -94,6 +96,9 @@ async fn run_until_stopped(
     let schema = job.schema().map_err(config_error)?;
     let store = SubtaskStore::open(&job.store, &job.job.name, subtask).await?;
     let mut driver = Driver::new(store, job.driver_config());
+    if let Some(drill) = &context.drill {
+        driver = driver.with_fault_injector(drill.clone());
+    }
     let mut sinks: Vec<SinkHandle> = Vec::with_capacity(job.sinks.len());
     for spec in &job.sinks {
         let sink = context

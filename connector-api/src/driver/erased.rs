@@ -61,6 +61,10 @@ pub(crate) trait ErasedSink: Send {
     ) -> Result<(serde_json::Value, Box<dyn PendingCommit>)>;
     async fn abort(&mut self) -> Result<()>;
     async fn recover(&mut self, restored: Option<(CheckpointId, serde_json::Value)>) -> Result<()>;
+    async fn inspect(
+        &mut self,
+        restored: Option<(CheckpointId, serde_json::Value)>,
+    ) -> Result<crate::ExternalView>;
 }
 
 #[async_trait]
@@ -122,6 +126,17 @@ impl<T: TwoPhaseCommit> ErasedSink for T {
             Some((id, value)) => Some((id, decode_entry(self, id, value)?)),
         };
         TwoPhaseCommit::recover(self, restored).await
+    }
+
+    async fn inspect(
+        &mut self,
+        restored: Option<(CheckpointId, serde_json::Value)>,
+    ) -> Result<crate::ExternalView> {
+        let restored = match restored {
+            None => None,
+            Some((id, value)) => Some((id, decode_entry(self, id, value)?)),
+        };
+        TwoPhaseCommit::inspect(self, restored).await
     }
 }
 

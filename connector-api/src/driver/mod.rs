@@ -197,6 +197,46 @@ impl<S: CheckpointStore> Driver<S> {
         self.current
     }
 
+    /// Reads, without claiming or changing anything, what the store holds for this subtask and what every sink
+    /// holds open in its external system, with what recovery would do with each transaction. Before
+    /// [`start`](Self::start) only; works while the job is down (and while it runs, as a snapshot).
+    ///
+    /// # Errors
+    /// The store cannot be read, or the driver was started. A sink that cannot be read is reported in its entry.
+    pub async fn inspect(&mut self) -> Result<crate::Inspection> {
+        if self.state != State::Created {
+            return Err(Error::new(
+                ErrorKind::Bug,
+                Phase::Setup,
+                "inspect runs before start",
+            ));
+        }
+        let store = self
+            .config
+            .retry
+            .run("load checkpoint", || self.store.load())
+            .await?;
+        let checkpoint = store.record.as_ref().map(|r| r.id);
+        let already_committed = checkpoint.is_some() && store.committed_through >= checkpoint;
+        let mut sinks = Vec::with_capacity(self.sinks.len());
+        for sink in &mut self.sinks {
+            let id = sink.sink_id().clone();
+            let wanted = !already_committed || sink.restore_committed();
+            let restored = store
+                .record
+                .as_ref()
+                .filter(|_| wanted)
+                .and_then(|r| r.committables.get(&id).map(|v| (r.id, v.clone())));
+            let view = sink.inspect(restored).await.map_err(|e| e.or_sink(&id));
+            sinks.push(crate::SinkInspection {
+                sink: id,
+                timeout: sink.transaction_timeout(),
+                view,
+            });
+        }
+        Ok(crate::Inspection { store, sinks })
+    }
+
     /// Checks every added sink's transaction timeout against the longest a pre-committed transaction may wait for
     /// its commit under this configuration (checkpoint interval, retries, restart and recovery time). `start` does
     /// this first; `ratchet check-config` does it without starting.

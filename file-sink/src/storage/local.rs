@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use connector_api::local_fs::{lock_exclusive, read_number, replace_file, sync_dir};
 use connector_api::{Error, ErrorKind, Phase, Result, SinkId, SubtaskId};
 
-use super::{OpenFile, StagedFile};
+use super::{OpenFile, Stage, StageHandle, StagedFile, age_since};
 use crate::FileName;
 
 pub(crate) struct LocalBackend {
@@ -213,36 +213,57 @@ impl LocalBackend {
     }
 
     /// Deletes every hidden in-progress or pending file of this instance under the base directory.
-    pub(crate) fn remove_owned_stages(&self) -> Result<Vec<String>> {
-        let mut removed = Vec::new();
+    pub(crate) fn owned_stages(&self) -> Result<Vec<Stage>> {
+        let mut stages = Vec::new();
         let mut dirs = vec![self.base.clone()];
         while let Some(dir) = dirs.pop() {
-            let entries = fs::read_dir(&dir).map_err(io(
-                ErrorKind::Retryable,
-                Phase::Recover,
-                format!("cannot list {}", dir.display()),
-            ))?;
-            for entry in entries {
-                let entry = entry.map_err(io(
+            let listing = || {
+                io(
                     ErrorKind::Retryable,
                     Phase::Recover,
                     format!("cannot list {}", dir.display()),
-                ))?;
+                )
+            };
+            let entries = match fs::read_dir(&dir) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                entries => entries.map_err(listing())?,
+            };
+            for entry in entries {
+                let entry = entry.map_err(listing())?;
                 let path = entry.path();
                 let name = entry.file_name().to_string_lossy().into_owned();
                 if entry.file_type().is_ok_and(|t| t.is_dir()) {
                     dirs.push(path);
                 } else if FileName::is_owned_stage(&name, &self.sink, self.subtask) {
-                    remove_if_exists(&path).map_err(io(
-                        ErrorKind::Retryable,
-                        Phase::Recover,
-                        format!("cannot delete {}", path.display()),
-                    ))?;
-                    removed.push(path.display().to_string());
+                    let kind = if name.ends_with(".pending") {
+                        "pending file"
+                    } else {
+                        "in-progress file"
+                    };
+                    stages.push(Stage {
+                        kind,
+                        location: path.display().to_string(),
+                        file: FileName::visible_of_stage(&name).to_string(),
+                        age: entry
+                            .metadata()
+                            .ok()
+                            .and_then(|m| m.modified().ok())
+                            .and_then(age_since),
+                        handle: StageHandle::Path(path),
+                    });
                 }
             }
         }
-        Ok(removed)
+        Ok(stages)
+    }
+
+    pub(crate) fn remove_stage(&self, path: &Path) -> Result<()> {
+        remove_if_exists(path).map_err(io(
+            ErrorKind::Retryable,
+            Phase::Recover,
+            format!("cannot delete {}", path.display()),
+        ))?;
+        Ok(())
     }
 }
 

@@ -80,6 +80,12 @@ impl StagedFile {
         }
     }
 
+    /// The visible file's name (the last component of its path or key).
+    pub fn file_name(&self) -> String {
+        let location = self.location();
+        location.rsplit('/').next().unwrap_or(&location).to_string()
+    }
+
     /// Where the file becomes visible (a path or `s3://bucket/key`).
     pub fn location(&self) -> String {
         match self {
@@ -213,14 +219,69 @@ impl Backend {
         }
     }
 
-    /// Removes every staged or in-progress file (and, on S3, open multipart upload and spill file) this instance
-    /// owns; returns what it removed. Called by recovery after the restored files are published.
-    pub(crate) async fn remove_owned_stages(&self) -> Result<Vec<String>> {
+    /// Every staged or in-progress file (and, on S3, open multipart upload, staged object and spill file) this
+    /// instance's sink and subtask own. Read-only.
+    pub(crate) async fn owned_stages(&self) -> Result<Vec<Stage>> {
         match self {
-            Backend::Local(b) => b.remove_owned_stages(),
-            Backend::S3(b) => b.remove_owned_stages().await,
+            Backend::Local(b) => b.owned_stages(),
+            Backend::S3(b) => b.owned_stages().await,
         }
     }
+
+    /// Removes every stage [`owned_stages`](Self::owned_stages) lists; returns what it removed. Called by recovery
+    /// after the restored files are published.
+    pub(crate) async fn remove_owned_stages(&self) -> Result<Vec<String>> {
+        let mut removed = Vec::new();
+        for stage in self.owned_stages().await? {
+            match (self, &stage.handle) {
+                (Backend::Local(b), StageHandle::Path(path)) => b.remove_stage(path)?,
+                (Backend::S3(b), handle) => b.remove_stage(handle).await?,
+                (Backend::Local(_), _) => continue,
+            }
+            removed.push(format!("{} {}", stage.kind, stage.location));
+        }
+        Ok(removed)
+    }
+}
+
+/// Something one sink instance staged that no visible file covers yet: what recovery publishes (when the restored
+/// checkpoint holds it) or removes.
+#[derive(Debug, Clone)]
+pub(crate) struct Stage {
+    /// What it is: `pending file`, `in-progress file`, `multipart upload`, `staged object`, `spill file`.
+    pub(crate) kind: &'static str,
+    /// Where it is.
+    pub(crate) location: String,
+    /// The name of the visible file it would become.
+    pub(crate) file: String,
+    /// How old it is, when the storage says.
+    pub(crate) age: Option<std::time::Duration>,
+    /// How to remove it.
+    pub(crate) handle: StageHandle,
+}
+
+/// How a [`Stage`] is removed.
+#[derive(Debug, Clone)]
+pub(crate) enum StageHandle {
+    /// A local file (a hidden stage, or an S3 spill file).
+    Path(PathBuf),
+    /// An open S3 multipart upload.
+    Upload {
+        /// The key it completes into.
+        key: String,
+        /// Its id.
+        upload_id: String,
+    },
+    /// A small file staged under `_ratchet-staging/`.
+    Object {
+        /// Its key.
+        key: String,
+    },
+}
+
+/// The time since `modified`, if in the past.
+pub(crate) fn age_since(modified: std::time::SystemTime) -> Option<std::time::Duration> {
+    std::time::SystemTime::now().duration_since(modified).ok()
 }
 
 fn mismatch(staged: &StagedFile) -> Error {

@@ -21,7 +21,7 @@ use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
 use connector_api::{Error, ErrorKind, Phase, Result, SinkId, SubtaskId};
 
-use super::{OpenFile, StagedFile, Upload, UploadedPart};
+use super::{OpenFile, Stage, StageHandle, StagedFile, Upload, UploadedPart, age_since};
 use crate::FileName;
 use crate::config::{MIN_PART_SIZE, S3Config};
 
@@ -685,12 +685,17 @@ impl S3Backend {
         FileName::is_owned(name, &self.sink, self.subtask)
     }
 
-    pub(crate) async fn remove_owned_stages(&self) -> Result<Vec<String>> {
-        let mut removed = Vec::new();
+    pub(crate) async fn owned_stages(&self) -> Result<Vec<Stage>> {
+        let mut stages = Vec::new();
         let scope = if self.prefix.is_empty() {
             String::new()
         } else {
             format!("{}/", self.prefix)
+        };
+        let last = |key: &str| key.rsplit('/').next().unwrap_or(key).to_string();
+        let age = |t: Option<&aws_sdk_s3::primitives::DateTime>| {
+            t.and_then(|t| std::time::SystemTime::try_from(*t).ok())
+                .and_then(age_since)
         };
         // Open multipart uploads under the prefix.
         let (mut key_marker, mut upload_marker) = (None::<String>, None::<String>);
@@ -718,11 +723,16 @@ impl S3Backend {
                     continue;
                 };
                 if self.owns_key(key) {
-                    self.abort_upload(key, id, Phase::Recover).await?;
-                    removed.push(format!(
-                        "multipart upload {id} of s3://{}/{key}",
-                        self.bucket
-                    ));
+                    stages.push(Stage {
+                        kind: "multipart upload",
+                        location: format!("{id} of s3://{}/{key}", self.bucket),
+                        file: last(key),
+                        age: age(upload.initiated()),
+                        handle: StageHandle::Upload {
+                            key: key.to_string(),
+                            upload_id: id.to_string(),
+                        },
+                    });
                 }
             }
             if page.is_truncated() != Some(true) {
@@ -749,8 +759,15 @@ impl S3Backend {
             for object in page.contents() {
                 let Some(key) = object.key() else { continue };
                 if self.owns_key(key) {
-                    self.delete(key, Phase::Recover).await?;
-                    removed.push(format!("staged object s3://{}/{key}", self.bucket));
+                    stages.push(Stage {
+                        kind: "staged object",
+                        location: format!("s3://{}/{key}", self.bucket),
+                        file: last(key),
+                        age: age(object.last_modified()),
+                        handle: StageHandle::Object {
+                            key: key.to_string(),
+                        },
+                    });
                 }
             }
             match page.next_continuation_token() {
@@ -762,16 +779,42 @@ impl S3Backend {
         if let Ok(entries) = std::fs::read_dir(&self.spill_dir) {
             for entry in entries.flatten() {
                 let name = entry.file_name().to_string_lossy().into_owned();
-                let owned = name
+                let Some((_, file)) = name
                     .strip_prefix(SPILL_PREFIX)
                     .and_then(|rest| rest.split_once('-'))
-                    .is_some_and(|(_, file)| FileName::is_owned(file, &self.sink, self.subtask));
-                if owned && std::fs::remove_file(entry.path()).is_ok() {
-                    removed.push(format!("spill file {}", entry.path().display()));
+                else {
+                    continue;
+                };
+                if FileName::is_owned(file, &self.sink, self.subtask) {
+                    stages.push(Stage {
+                        kind: "spill file",
+                        location: entry.path().display().to_string(),
+                        file: file.to_string(),
+                        age: entry
+                            .metadata()
+                            .ok()
+                            .and_then(|m| m.modified().ok())
+                            .and_then(age_since),
+                        handle: StageHandle::Path(entry.path()),
+                    });
                 }
             }
         }
-        Ok(removed)
+        Ok(stages)
+    }
+
+    pub(crate) async fn remove_stage(&self, handle: &StageHandle) -> Result<()> {
+        match handle {
+            StageHandle::Upload { key, upload_id } => {
+                self.abort_upload(key, upload_id, Phase::Recover).await
+            }
+            StageHandle::Object { key } => self.delete(key, Phase::Recover).await,
+            // A spill file another attempt already removed is fine.
+            StageHandle::Path(path) => {
+                let _ = std::fs::remove_file(path);
+                Ok(())
+            }
+        }
     }
 }
 

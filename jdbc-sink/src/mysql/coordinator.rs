@@ -10,7 +10,7 @@ use tokio::sync::{Mutex, MutexGuard};
 
 use super::{ER_LOCK_WAIT_TIMEOUT, ER_XAER_NOTA, connect, my_error, server_code};
 use crate::Xid;
-use crate::database::{CommitOutcome, Coordinator, MARKERS_TABLE, OWNERS_TABLE};
+use crate::database::{CommitOutcome, Coordinator, MARKERS_TABLE, OWNERS_TABLE, Prepared};
 use crate::sink::lost_transaction;
 
 /// How often an unknown xid without a marker is asked about before it counts as lost, and the first pause
@@ -110,7 +110,7 @@ impl Coordinator for MySqlCoordinator {
         }
     }
 
-    async fn list_prepared(&self, sink: &SinkId) -> Result<Vec<Xid>> {
+    async fn list_prepared(&self, sink: &SinkId) -> Result<Vec<Prepared>> {
         let mut guard = self.conn(Phase::Recover).await?;
         let rows: Vec<Row> = match connected(&mut guard).query("XA RECOVER").await {
             Ok(rows) => rows,
@@ -131,7 +131,11 @@ impl Coordinator for MySqlCoordinator {
             .filter(|xid| &xid.scope == sink)
             .collect();
         xids.sort_by_key(|xid| (xid.checkpoint, xid.subtask));
-        Ok(xids)
+        // XA RECOVER says nothing of when a transaction was prepared.
+        Ok(xids
+            .into_iter()
+            .map(|xid| Prepared { xid, age: None })
+            .collect())
     }
 
     async fn is_committed(&self, xid: &Xid) -> Result<bool> {

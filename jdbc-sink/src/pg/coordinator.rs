@@ -11,7 +11,7 @@ use tokio_postgres::error::SqlState;
 
 use super::pg_error;
 use crate::Xid;
-use crate::database::{CommitOutcome, Coordinator, MARKERS_TABLE, OWNERS_TABLE};
+use crate::database::{CommitOutcome, Coordinator, MARKERS_TABLE, OWNERS_TABLE, Prepared};
 use crate::sink::lost_transaction;
 
 /// See the module docs. Reconnects when its connection was lost.
@@ -92,23 +92,28 @@ impl Coordinator for PgCoordinator {
         }
     }
 
-    async fn list_prepared(&self, sink: &SinkId) -> Result<Vec<Xid>> {
+    async fn list_prepared(&self, sink: &SinkId) -> Result<Vec<Prepared>> {
         let mut guard = self.client(Phase::Recover).await?;
         let pattern = format!("{}%", Xid::sink_prefix(sink).replace('_', "\\_"));
         let rows = connected(&mut guard)
             .query(
-                "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() AND gid LIKE $1",
+                "SELECT gid, extract(epoch FROM now() - prepared)::float8 FROM pg_prepared_xacts
+                 WHERE database = current_database() AND gid LIKE $1",
                 &[&pattern],
             )
             .await
             .map_err(|e| pg_error(Phase::Recover, None, "cannot list prepared transactions", e))?;
-        let mut xids: Vec<Xid> = rows
+        let mut prepared: Vec<Prepared> = rows
             .iter()
-            .filter_map(|row| Xid::parse(row.get::<_, &str>(0)))
-            .filter(|xid| &xid.scope == sink)
+            .filter_map(|row| {
+                let xid = Xid::parse(row.get::<_, &str>(0))?;
+                let age = std::time::Duration::try_from_secs_f64(row.get::<_, f64>(1)).ok();
+                Some(Prepared { xid, age })
+            })
+            .filter(|p| &p.xid.scope == sink)
             .collect();
-        xids.sort_by_key(|xid| (xid.checkpoint, xid.subtask));
-        Ok(xids)
+        prepared.sort_by_key(|p| (p.xid.checkpoint, p.xid.subtask));
+        Ok(prepared)
     }
 
     async fn is_committed(&self, xid: &Xid) -> Result<bool> {

@@ -145,6 +145,11 @@ create_table = true
 
     /// Starts a `ratchet run` process on the job file; its output goes to `worker-<n>.log` in the job's directory.
     pub fn spawn_worker(&mut self, extra: &[&str]) -> Worker {
+        self.spawn_worker_with_env(extra, &[])
+    }
+
+    /// [`spawn_worker`](Self::spawn_worker) with extra environment variables.
+    pub fn spawn_worker_with_env(&mut self, extra: &[&str], env: &[(&str, &str)]) -> Worker {
         self.workers += 1;
         let log_path = self.dir.path().join(format!("worker-{}.log", self.workers));
         let log = std::fs::File::create(&log_path).unwrap();
@@ -155,6 +160,7 @@ create_table = true
             .args(extra)
             .env("RUST_LOG", "info")
             .env("RUST_BACKTRACE", "0")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -163,6 +169,16 @@ create_table = true
             child: Some(child),
             log: log_path,
         }
+    }
+
+    /// Runs `ratchet <command> --config <the job file>` to completion.
+    pub fn ratchet(&self, command: &str) -> std::process::Output {
+        Command::new(env!("CARGO_BIN_EXE_ratchet"))
+            .args([command, "--config"])
+            .arg(&self.config)
+            .env("RUST_BACKTRACE", "0")
+            .output()
+            .unwrap()
     }
 
     /// What every sink's independent reader sees, ids sorted, by sink; asserts nothing is left behind (hidden
@@ -361,6 +377,11 @@ impl Worker {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// Whether it has exited, and how.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.as_mut().unwrap().try_wait().unwrap()
     }
 
     /// What it logged.

@@ -1,0 +1,201 @@
+//! Operator tools for a job that is down (or, for `inspect`, running): `ratchet inspect` lists what every subtask
+//! left in the checkpoint store and in every sink's external system, with what recovery will do; `ratchet resolve`
+//! does it (claims and recovers every subtask, then stops) without starting the job.
+
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+use connector_api::{Driver, Inspection, Report, SubtaskId};
+
+use crate::cli::OperateArgs;
+use crate::config::{JobConfig, StoreConfig};
+use crate::lease::{Leases, LocalLease, PgLeases};
+use crate::store::SubtaskStore;
+
+/// A driver for `subtask` with every sink of the job, not started.
+async fn driver_for(job: &JobConfig, subtask: u32) -> Result<Driver<SubtaskStore>> {
+    let id = SubtaskId(subtask);
+    let store = SubtaskStore::open(&job.store, &job.job.name, id)
+        .await
+        .map_err(|e| anyhow::anyhow!("checkpoint store: {}", Report(&e)))?;
+    let mut driver = Driver::new(store, job.driver_config());
+    let registry = crate::sinks::registry();
+    let schema = job.schema()?;
+    for spec in &job.sinks {
+        let sink = registry
+            .build(spec, id, schema.clone())
+            .await
+            .map_err(|e| anyhow::anyhow!("{}", Report(&e)))?;
+        driver
+            .add_dyn_sink(sink)
+            .map_err(|e| anyhow::anyhow!("{}", Report(&e)))?;
+    }
+    Ok(driver)
+}
+
+/// `ratchet inspect`: prints every subtask's view.
+///
+/// # Errors
+/// The job file, the store or a sink that cannot be built.
+pub async fn inspect(args: OperateArgs) -> Result<()> {
+    let job = JobConfig::load(&args.config)?;
+    println!(
+        "job {:?}: {} subtask(s), {} sink(s)",
+        job.job.name,
+        job.job.subtasks,
+        job.sinks.len()
+    );
+    let (mut commits, mut aborts) = (0, 0);
+    for subtask in 0..job.job.subtasks {
+        let mut driver = driver_for(&job, subtask).await?;
+        let inspection = driver
+            .inspect()
+            .await
+            .map_err(|e| anyhow::anyhow!("subtask {subtask}: {}", Report(&e)))?;
+        let (c, a) = print_subtask(subtask, &inspection);
+        commits += c;
+        aborts += a;
+    }
+    println!(
+        "\nrecovery (`ratchet resolve`, or the next start of each subtask) will commit {commits} and abort {aborts} \
+         transaction(s)"
+    );
+    Ok(())
+}
+
+/// Prints one subtask; returns (to commit, to abort).
+fn print_subtask(subtask: u32, inspection: &Inspection) -> (usize, usize) {
+    let store = &inspection.store;
+    let decided = match (&store.record, store.committed_through) {
+        (None, _) => "no checkpoint yet".to_string(),
+        (Some(record), Some(done)) if done >= record.id => {
+            format!("last checkpoint {}, committed in every sink", record.id)
+        }
+        (Some(record), done) => format!(
+            "last checkpoint {} is decided and not yet noted committed everywhere (committed through {}): \
+             recovery commits it",
+            record.id,
+            done.map_or("none".to_string(), |d| d.to_string())
+        ),
+    };
+    println!("\nsubtask {subtask}: checkpoint store: {decided}");
+    let (mut commits, mut aborts) = (0, 0);
+    for sink in &inspection.sinks {
+        match &sink.view {
+            Err(e) => println!("  sink {}: cannot be read: {}", sink.sink, Report(e)),
+            Ok(view) => {
+                let ledger = view
+                    .last_committed
+                    .as_deref()
+                    .map_or(String::new(), |l| format!(" ({l})"));
+                if view.transactions.is_empty() {
+                    println!("  sink {}: nothing pending{ledger}", sink.sink);
+                    continue;
+                }
+                println!("  sink {}:{ledger}", sink.sink);
+                for txn in &view.transactions {
+                    let age = match (txn.age, sink.timeout) {
+                        (Some(age), Some(timeout)) => format!(
+                            "age {} of its {} timeout",
+                            humantime::format_duration(round(age)),
+                            humantime::format_duration(timeout)
+                        ),
+                        (Some(age), None) => {
+                            format!(
+                                "age {} (no timeout)",
+                                humantime::format_duration(round(age))
+                            )
+                        }
+                        (None, _) => "age unknown".to_string(),
+                    };
+                    let checkpoint = txn
+                        .checkpoint
+                        .map_or(String::new(), |c| format!(", checkpoint {c}"));
+                    println!(
+                        "    {}: {}{checkpoint}, {age} -> {}",
+                        txn.name, txn.state, txn.resolution
+                    );
+                    match txn.resolution {
+                        connector_api::Resolution::Commit => commits += 1,
+                        connector_api::Resolution::Abort => aborts += 1,
+                    }
+                }
+            }
+        }
+    }
+    (commits, aborts)
+}
+
+fn round(age: Duration) -> Duration {
+    Duration::from_millis(age.as_millis() as u64 / 100 * 100)
+}
+
+/// `ratchet resolve`: recovers every subtask of a job that is down, then stops.
+///
+/// # Errors
+/// The job is running (it resolves its own transactions), or a recovery fails (named).
+pub async fn resolve(args: OperateArgs) -> Result<()> {
+    let job = JobConfig::load(&args.config)?;
+    // Hold the job the way a worker does, so that no worker starts meanwhile on the local store, and refuse when
+    // one runs.
+    let leases: Box<dyn Leases> = match &job.store {
+        StoreConfig::Local { path } => {
+            Box::new(LocalLease::take(path, &job.job.name, job.job.subtasks)?)
+        }
+        StoreConfig::Postgres { url } => {
+            let leases = PgLeases::join(
+                url,
+                &job.job.name,
+                format!("resolve-{}", std::process::id()),
+                job.job.subtasks,
+                job.job.lease,
+            )
+            .await?;
+            let running = leases.other_live_members().await?;
+            if !running.is_empty() {
+                let _ = leases.leave().await;
+                bail!(
+                    "job {:?} is running in {} process(es) ({}): a running job resolves its own transactions; \
+                     stop it first to resolve by hand",
+                    job.job.name,
+                    running.len(),
+                    running.join(", ")
+                );
+            }
+            Box::new(leases)
+        }
+    };
+    let mut outcome = Ok(());
+    for subtask in 0..job.job.subtasks {
+        let mut driver = driver_for(&job, subtask).await?;
+        match driver.start().await {
+            Ok(restored) => {
+                driver
+                    .close()
+                    .await
+                    .map_err(|e| anyhow::anyhow!("subtask {subtask}: {}", Report(&e)))?;
+                println!(
+                    "subtask {subtask}: recovered (claim epoch {}): {}",
+                    restored.owner,
+                    restored.checkpoint.map_or(
+                        "no checkpoint; every open transaction aborted".to_string(),
+                        |c| format!(
+                            "checkpoint {c} committed in every sink, every other open transaction aborted"
+                        )
+                    )
+                );
+            }
+            Err(e) => {
+                println!("subtask {subtask}: recovery failed: {}", Report(&e));
+                outcome = Err(anyhow::anyhow!(
+                    "subtask {subtask} could not be recovered: {}",
+                    Report(&e)
+                ));
+            }
+        }
+    }
+    if let Err(e) = leases.leave().await {
+        tracing::warn!(error = %format!("{e:#}"), "cannot leave the job; its lease rows expire by themselves");
+    }
+    outcome
+}
