@@ -31,8 +31,8 @@ pub use checkpoint::{
 };
 pub use delivery::{DeliveryGuarantee, GuaranteedCommitter, GuaranteedSink};
 pub use driver::{
-    Driver, DriverConfig, FaultAction, FaultInjector, FaultPoint, Faults, Restored, SinkHandle,
-    Step, StreamEvent, committables_in,
+    COMMIT_SECONDS, Driver, DriverConfig, FaultAction, FaultInjector, FaultPoint, Faults, Restored,
+    SinkHandle, Step, StreamEvent, committables_in,
 };
 pub use error::{Action, Error, ErrorKind, Phase, Report, Result, action, action_after_retries};
 pub use ids::{CheckpointId, SinkId, SubtaskId};

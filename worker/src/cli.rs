@@ -8,6 +8,10 @@ use clap::{Args, Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(name = "ratchet", version, about)]
 pub struct Cli {
+    /// Log format on stderr: `text`, or `json` (one object per line, for log collectors). The level comes from
+    /// `RUST_LOG` (default `info`).
+    #[arg(long, global = true, default_value = "text", value_parser = ["text", "json"])]
+    pub log_format: String,
     /// What to run.
     #[command(subcommand)]
     pub command: Command,
@@ -72,6 +76,9 @@ pub struct RunArgs {
     /// `5s`: for batch-like runs, demos and benchmarks.
     #[arg(long, value_parser = humantime::parse_duration)]
     pub exit_when_idle: Option<std::time::Duration>,
+    /// Serve Prometheus metrics on this address (`GET /metrics`), e.g. `127.0.0.1:9898`; see docs/worker.md.
+    #[arg(long)]
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 /// Arguments of `ratchet check-config`.

@@ -13,21 +13,27 @@ mod run;
 mod sinks;
 mod store;
 mod subtask;
+mod telemetry;
 
 use clap::Parser;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    match cli::Cli::parse().command {
+    let cli = cli::Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let json = cli.log_format == "json";
+    if json {
+        logs.json().init();
+    } else {
+        logs.init();
+    }
+    match cli.command {
         cli::Command::Demo(args) => demo::run(args).await,
-        cli::Command::Run(args) => run::run(args).await,
+        cli::Command::Run(args) => run::run(args, !json).await,
         cli::Command::CheckConfig(args) => check::run(args).await,
         cli::Command::Inspect(args) => operate::inspect(args).await,
         cli::Command::Resolve(args) => operate::resolve(args).await,

@@ -51,14 +51,19 @@ struct Process {
     /// Records and checkpoints of runs that ended.
     finished: (u64, u64),
     assignment: Assignment,
+    /// Show a live progress line (text logs on a terminal).
+    progress_line: bool,
 }
 
 /// Runs the job in `args.config` until a signal, `--exit-when-idle`, or an error that restarts do not cure.
 ///
 /// # Errors
 /// A job file or server problem at start (named), or a subtask that keeps failing.
-pub async fn run(args: RunArgs) -> Result<()> {
+pub async fn run(args: RunArgs, progress_line: bool) -> Result<()> {
     let job = Arc::new(JobConfig::load(&args.config)?);
+    if let Some(listen) = args.metrics_listen {
+        crate::telemetry::serve(listen, &job.job.name)?;
+    }
     let kafka = job.kafka()?;
     kafka
         .check_reachable(KAFKA_REACHABLE_WITHIN)
@@ -96,6 +101,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         failures: BTreeMap::new(),
         finished: (0, 0),
         assignment: Assignment::default(),
+        progress_line: progress_line && std::io::stderr().is_terminal(),
     };
     tracing::info!(job = %job.job.name, subtasks = job.job.subtasks, "job starting");
     let mut terminate = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
@@ -111,6 +117,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
                     break Err(e);
                 }
                 process.show_progress();
+                metrics::gauge!(crate::telemetry::SUBTASKS_RUNNING).set(process.running.len() as f64);
                 if let Some(idle) = args.exit_when_idle
                     && process.idle_for(idle)
                 {
@@ -129,11 +136,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
         _ = terminate.recv() => fast_exit(),
         _ = interrupt.recv() => fast_exit(),
     }
-    eprintln!(
-        "{} records, {} checkpoints in this process",
-        process.totals().0,
-        process.totals().1
-    );
+    let (records, checkpoints) = process.totals();
+    tracing::info!(records, checkpoints, "stopped");
     outcome.map(|_| ())
 }
 
@@ -287,6 +291,8 @@ impl Process {
                             Report(&e)
                         );
                     }
+                    metrics::counter!(crate::telemetry::RESTARTS, "subtask" => subtask.to_string())
+                        .increment(1);
                     let backoff = Duration::from_secs(u64::from(failures).min(10));
                     tracing::warn!(subtask, attempt = failures, max = self.job.job.max_restarts,
                         error = %Report(&e), "subtask failed; restarting it in {backoff:?} (recovery resolves what it left)");
@@ -347,7 +353,7 @@ impl Process {
 
     /// A live progress line on a terminal.
     fn show_progress(&self) {
-        if !std::io::stderr().is_terminal() {
+        if !self.progress_line {
             return;
         }
         let (records, checkpoints) = self.totals();

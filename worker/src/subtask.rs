@@ -18,6 +18,9 @@ use crate::store::SubtaskStore;
 /// How long the loop waits for a batch before looking at the clock and the stop signal again.
 const POLL: Duration = Duration::from_millis(100);
 
+/// How often the consumer lag is measured (one watermark request per partition).
+const LAG_EVERY: Duration = Duration::from_secs(5);
+
 /// How a running subtask is asked to stop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stop {
@@ -124,6 +127,9 @@ async fn run_until_stopped(
         )
     })?;
     let interval = job.job.checkpoint_interval;
+    let label = index.to_string();
+    let sink_labels: Vec<String> = job.sinks.iter().map(|s| s.id.to_string()).collect();
+    let mut lag_measured: Option<Instant> = None;
     let mut next_checkpoint = Instant::now() + interval;
     let mut written = false;
     loop {
@@ -132,29 +138,44 @@ async fn run_until_stopped(
             Stop::No => {}
             Stop::Graceful => {
                 if written {
-                    checkpoint(&mut driver, &source, context).await?;
+                    checkpoint(&mut driver, &source, context, &label).await?;
                 }
                 driver.close().await?;
                 tracing::info!(subtask = index, "subtask stopped after its last checkpoint");
                 return Ok(Ended::Stopped);
             }
         }
+        let pending = driver
+            .commit_in_flight()
+            .map_or(0.0, |(_, age)| age.as_secs_f64());
+        metrics::gauge!(crate::telemetry::PENDING_COMMIT_AGE, "subtask" => label.clone())
+            .set(pending);
         tokio::select! {
             _ = stop.changed() => {}
             () = sleep_until(next_checkpoint) => {
                 if written {
-                    checkpoint(&mut driver, &source, context).await?;
+                    checkpoint(&mut driver, &source, context, &label).await?;
                     written = false;
+                }
+                if lag_measured.is_none_or(|at| at.elapsed() >= LAG_EVERY) {
+                    measure_lag(&source, &label);
+                    lag_measured = Some(Instant::now());
                 }
                 next_checkpoint = Instant::now() + interval;
             }
             batch = source.next_batch(POLL) => {
                 if let Some(batch) = batch? {
-                    for &sink in &sinks {
+                    let rows = batch.num_rows() as u64;
+                    for (&sink, id) in sinks.iter().zip(&sink_labels) {
                         driver.write(sink, &batch).await?;
+                        metrics::counter!(crate::telemetry::RECORDS_OUT, "subtask" => label.clone(), "sink" => id.clone())
+                            .increment(rows);
                     }
                     written = true;
-                    context.progress.records.fetch_add(batch.num_rows() as u64, Ordering::Relaxed);
+                    metrics::counter!(crate::telemetry::RECORDS_IN, "subtask" => label.clone()).increment(rows);
+                    metrics::counter!(crate::telemetry::BYTES_IN, "subtask" => label.clone())
+                        .increment(batch.get_array_memory_size() as u64);
+                    context.progress.records.fetch_add(rows, Ordering::Relaxed);
                     context.progress.last_record_ms.store(
                         context.started.elapsed().as_millis() as u64, Ordering::Relaxed);
                 }
@@ -167,10 +188,33 @@ async fn checkpoint(
     driver: &mut Driver<SubtaskStore>,
     source: &KafkaSource,
     context: &SubtaskContext,
+    label: &str,
 ) -> Result<()> {
+    let started = Instant::now();
     driver.checkpoint(source.positions()).await?;
+    metrics::histogram!(crate::telemetry::CHECKPOINT_SECONDS, "subtask" => label.to_string())
+        .record(started.elapsed().as_secs_f64());
+    metrics::counter!(crate::telemetry::CHECKPOINTS, "subtask" => label.to_string()).increment(1);
     context.progress.checkpoints.fetch_add(1, Ordering::Relaxed);
     Ok(())
+}
+
+/// Sets the consumer-lag gauge of every partition of the source; a failure only skips this measurement.
+fn measure_lag(source: &KafkaSource, label: &str) {
+    let highs = match tokio::task::block_in_place(|| source.high_watermarks()) {
+        Ok(highs) => highs,
+        Err(e) => {
+            tracing::debug!(error = %connector_api::Report(&e), "cannot measure the consumer lag");
+            return;
+        }
+    };
+    for position in source.positions() {
+        if let Some(high) = highs.get(&position.partition) {
+            metrics::gauge!(crate::telemetry::CONSUMER_LAG, "subtask" => label.to_string(),
+                "partition" => position.partition.to_string())
+            .set((high - position.next_offset).max(0) as f64);
+        }
+    }
 }
 
 fn config_error(e: anyhow::Error) -> Error {

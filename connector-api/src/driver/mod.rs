@@ -45,6 +45,10 @@ use crate::{
     Phase, Report, Result, RetryPolicy, SourceOffset, TwoPhaseCommit, action_after_retries,
 };
 
+/// Histogram of one sink's commit of one checkpoint (seconds, label `sink`), from the checkpoint record being
+/// durable to the sink's commit returning: the latency until the checkpoint is visible there.
+pub const COMMIT_SECONDS: &str = "ratchet_commit_seconds";
+
 /// A sink added to a [`Driver`]: what [`Driver::write`] takes to say which sink a batch goes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SinkHandle {
@@ -117,7 +121,9 @@ pub struct Driver<S> {
     current: CheckpointId,
     owner: Option<OwnerEpoch>,
     state: State,
-    committing: Option<(CheckpointId, JoinHandle<Result<()>>)>,
+    /// The decided checkpoint whose commit runs on a background task, when its record became durable, and the
+    /// task.
+    committing: Option<(CheckpointId, std::time::Instant, JoinHandle<Result<()>>)>,
     faults: Option<FaultInjector>,
 }
 
@@ -441,10 +447,13 @@ impl<S: CheckpointStore> Driver<S> {
         let task = tokio::spawn(async move {
             for commit in pending {
                 let sink = commit.sink_id().clone();
+                let started = std::time::Instant::now();
                 retry
                     .run("commit", || commit.commit())
                     .await
                     .map_err(|e| e.or_sink(&sink).or_checkpoint(id))?;
+                metrics::histogram!(COMMIT_SECONDS, "sink" => sink.to_string())
+                    .record(started.elapsed().as_secs_f64());
                 let point = FaultPoint::AfterCommit { sink };
                 if let Some(faults) = &faults
                     && faults.at(id, &point).await == FaultAction::Crash
@@ -456,16 +465,25 @@ impl<S: CheckpointStore> Driver<S> {
             tracing::debug!(checkpoint = %id, "checkpoint committed in every sink");
             Ok(())
         });
-        self.committing = Some((id, task));
+        self.committing = Some((id, std::time::Instant::now(), task));
         self.current = id.next();
         self.begin_all().await?;
         Ok(id)
     }
 
+    /// The decided checkpoint whose commit is still running, and how long ago its record became durable: what an
+    /// operator watches as "pending" (it grows when a sink's commit hangs).
+    pub fn commit_in_flight(&self) -> Option<(CheckpointId, Duration)> {
+        self.committing
+            .as_ref()
+            .filter(|(_, _, task)| !task.is_finished())
+            .map(|(id, since, _)| (*id, since.elapsed()))
+    }
+
     /// Waits for the last checkpoint's commit to finish. [`Driver::checkpoint`] and [`Driver::close`] do this
     /// themselves; call it to know that everything checkpointed so far is visible.
     pub async fn finish_commit(&mut self) -> Result<()> {
-        let Some((id, task)) = self.committing.take() else {
+        let Some((id, _, task)) = self.committing.take() else {
             return Ok(());
         };
         let outcome = match task.await {
@@ -586,7 +604,7 @@ impl<S: CheckpointStore> Driver<S> {
 
 impl<S> Drop for Driver<S> {
     fn drop(&mut self) {
-        if let Some((_, task)) = self.committing.take() {
+        if let Some((_, _, task)) = self.committing.take() {
             task.abort();
         }
     }

@@ -1,0 +1,60 @@
+//! The worker's metrics, served in Prometheus's text format on `--metrics-listen` (`GET /metrics`), every series
+//! labelled with the job's name:
+//!
+//! | metric | type | labels | meaning |
+//! |---|---|---|---|
+//! | `ratchet_records_in_total` | counter | `subtask` | records read from Kafka and handed to the sinks |
+//! | `ratchet_records_out_total` | counter | `subtask`, `sink` | rows written into a sink's open transaction |
+//! | `ratchet_bytes_in_total` | counter | `subtask` | Arrow bytes of the decoded batches |
+//! | `ratchet_checkpoints_total` | counter | `subtask` | checkpoints decided (record durable) |
+//! | `ratchet_checkpoint_seconds` | histogram | `subtask` | pre-commit of every sink + saving the record |
+//! | `ratchet_commit_seconds` | histogram | `sink` | one sink's commit of one decided checkpoint |
+//! | `ratchet_pending_commit_age_seconds` | gauge | `subtask` | age of the decided checkpoint still committing (0: none) |
+//! | `ratchet_consumer_lag` | gauge | `subtask`, `partition` | high watermark minus the next offset to read |
+//! | `ratchet_subtask_restarts_total` | counter | `subtask` | subtask runs that failed and were restarted |
+//! | `ratchet_subtasks_running` | gauge | | subtasks this process runs |
+
+use std::net::SocketAddr;
+
+use anyhow::{Context, Result};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+
+/// Records read.
+pub const RECORDS_IN: &str = "ratchet_records_in_total";
+/// Rows written per sink.
+pub const RECORDS_OUT: &str = "ratchet_records_out_total";
+/// Decoded bytes read.
+pub const BYTES_IN: &str = "ratchet_bytes_in_total";
+/// Checkpoints decided.
+pub const CHECKPOINTS: &str = "ratchet_checkpoints_total";
+/// Checkpoint duration.
+pub const CHECKPOINT_SECONDS: &str = "ratchet_checkpoint_seconds";
+/// Age of the commit in flight.
+pub const PENDING_COMMIT_AGE: &str = "ratchet_pending_commit_age_seconds";
+/// Consumer lag per partition.
+pub const CONSUMER_LAG: &str = "ratchet_consumer_lag";
+/// Subtask restarts.
+pub const RESTARTS: &str = "ratchet_subtask_restarts_total";
+/// Subtasks running here.
+pub const SUBTASKS_RUNNING: &str = "ratchet_subtasks_running";
+
+/// Seconds buckets from 1 ms to 2 min.
+const BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0,
+];
+
+/// Serves the metrics on `listen`, labelled `job = <job>`.
+///
+/// # Errors
+/// The address cannot be bound (named).
+pub fn serve(listen: SocketAddr, job: &str) -> Result<()> {
+    PrometheusBuilder::new()
+        .with_http_listener(listen)
+        .add_global_label("job", job)
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), BUCKETS)
+        .context("invalid histogram buckets")?
+        .install()
+        .with_context(|| format!("cannot serve metrics on {listen}"))?;
+    tracing::info!(%listen, "Prometheus metrics on http://{listen}/metrics");
+    Ok(())
+}

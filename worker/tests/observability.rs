@@ -1,0 +1,109 @@
+//! What an operator watches and does: the Prometheus endpoint counts records in and out, checkpoints and commit
+//! latency, and shows the consumer lag; logs come as JSON lines on request; SIGTERM finishes the checkpoint,
+//! commits and exits 0, with every record read so far visible exactly once in every sink.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::Job;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `GET /metrics` (HTTP/1.0, so the server closes the connection after the body).
+fn scrape(port: u16) -> Option<String> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
+}
+
+/// The sum of the samples of `metric` (whatever their labels) in `body`.
+fn total(body: &str, metric: &str) -> f64 {
+    body.lines()
+        .filter(|l| l.starts_with(metric) && !l.starts_with('#'))
+        .filter(|l| l[metric.len()..].starts_with(['{', ' ']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_json_logs_and_a_graceful_stop() {
+    let mut job = Job::new("observe", 2, 2, "3s").await;
+    job.produce(3000).await;
+    let port = free_port();
+    let mut worker = job.spawn_worker(&[
+        "--metrics-listen",
+        &format!("127.0.0.1:{port}"),
+        "--log-format",
+        "json",
+    ]);
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let body = loop {
+        if let Some(body) = scrape(port)
+            && total(&body, "ratchet_records_in_total") >= 3000.0
+            && total(&body, "ratchet_commit_seconds_count") >= 4.0
+        {
+            break body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the metrics never showed 3000 records and committed checkpoints:\n{}",
+            scrape(port).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert_eq!(total(&body, "ratchet_records_in_total"), 3000.0, "{body}");
+    // Four sinks, each given every record.
+    assert_eq!(total(&body, "ratchet_records_out_total"), 12000.0, "{body}");
+    assert!(total(&body, "ratchet_checkpoints_total") >= 1.0, "{body}");
+    assert!(body.contains("ratchet_checkpoint_seconds_bucket"), "{body}");
+    assert!(body.contains("sink=\"lake\""), "{body}");
+    assert!(body.contains("job=\"observe"), "{body}");
+    assert!(
+        body.contains("ratchet_pending_commit_age_seconds"),
+        "{body}"
+    );
+    assert!(body.contains("ratchet_subtasks_running"), "{body}");
+
+    // Records that arrive after the last checkpoint are checkpointed by the graceful stop.
+    job.produce(500).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while scrape(port).is_none_or(|b| total(&b, "ratchet_records_in_total") < 3500.0) {
+        assert!(
+            Instant::now() < deadline,
+            "the last records were never read"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    worker.stop(Duration::from_secs(60));
+    let log = worker.log_text();
+    let lines: Vec<&str> = log.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(!lines.is_empty());
+    for line in &lines {
+        let parsed: serde_json::Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("not a JSON log line ({e}): {line}"));
+        assert!(
+            parsed["level"].is_string() && parsed["fields"].is_object(),
+            "{line}"
+        );
+    }
+    assert!(
+        log.contains("subtask stopped after its last checkpoint"),
+        "{log}"
+    );
+    job.assert_exactly_once();
+}
