@@ -48,8 +48,8 @@ struct Process {
     running: BTreeMap<u32, Running>,
     /// Consecutive failures without a checkpoint, and when the subtask may start again.
     failures: BTreeMap<u32, (u32, Instant)>,
-    /// Records and checkpoints of runs that ended.
-    finished: (u64, u64),
+    /// Counters of the runs that ended.
+    finished: Totals,
     assignment: Assignment,
     /// Show a live progress line (text logs on a terminal).
     progress_line: bool,
@@ -89,7 +89,7 @@ pub async fn run(args: RunArgs, progress_line: bool) -> Result<()> {
         job: job.clone(),
         registry: Arc::new(crate::sinks::registry()),
         kafka,
-        progress: Arc::new(Progress::default()),
+        progress: Arc::new(Progress::starting_at(0)),
         started,
         drill: crate::drill::from_env()?,
     };
@@ -99,7 +99,7 @@ pub async fn run(args: RunArgs, progress_line: bool) -> Result<()> {
         leases,
         running: BTreeMap::new(),
         failures: BTreeMap::new(),
-        finished: (0, 0),
+        finished: Totals::default(),
         assignment: Assignment::default(),
         progress_line: progress_line && std::io::stderr().is_terminal(),
     };
@@ -136,9 +136,62 @@ pub async fn run(args: RunArgs, progress_line: bool) -> Result<()> {
         _ = terminate.recv() => fast_exit(),
         _ = interrupt.recv() => fast_exit(),
     }
-    let (records, checkpoints) = process.totals();
-    tracing::info!(records, checkpoints, "stopped");
+    let totals = process.totals();
+    let (cpu_seconds, peak_rss_kb) = own_usage();
+    let origin = std::time::SystemTime::now() - started.elapsed();
+    let unix_ms = |ms: Option<u64>| {
+        ms.and_then(|ms| (origin + Duration::from_millis(ms)).duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_millis() as u64)
+    };
+    tracing::info!(
+        records = totals.records,
+        checkpoints = totals.checkpoints,
+        first_record_unix_ms = unix_ms(totals.first_record_ms),
+        last_record_unix_ms = unix_ms(totals.last_record_ms),
+        cpu_seconds,
+        peak_rss_kb,
+        "stopped"
+    );
     outcome.map(|_| ())
+}
+
+/// What this process's runs did, summed.
+#[derive(Debug, Clone, Copy, Default)]
+struct Totals {
+    records: u64,
+    checkpoints: u64,
+    /// The first record read (ms since the process started).
+    first_record_ms: Option<u64>,
+    /// The last record read (ms since the process started).
+    last_record_ms: Option<u64>,
+}
+
+impl Totals {
+    fn add(&mut self, run: &Progress) {
+        self.records += run.records.load(Ordering::Relaxed);
+        self.checkpoints += run.checkpoints.load(Ordering::Relaxed);
+        let first = run.first_record_ms.load(Ordering::Relaxed);
+        if first != u64::MAX {
+            self.first_record_ms = Some(self.first_record_ms.map_or(first, |f| f.min(first)));
+            let last = run.last_record_ms.load(Ordering::Relaxed);
+            self.last_record_ms = Some(self.last_record_ms.map_or(last, |l| l.max(last)));
+        }
+    }
+}
+
+/// CPU seconds (user + system) and peak RSS (KiB) of this process so far.
+fn own_usage() -> (f64, i64) {
+    use nix::sys::resource::{UsageWho, getrusage};
+    match getrusage(UsageWho::RUSAGE_SELF) {
+        Ok(usage) => {
+            let seconds = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
+            (
+                seconds(usage.user_time()) + seconds(usage.system_time()),
+                usage.max_rss(),
+            )
+        }
+        Err(_) => (0.0, 0),
+    }
 }
 
 fn fast_exit() -> ! {
@@ -227,11 +280,9 @@ impl Process {
 
     fn start(&mut self, subtask: u32) {
         let (stop, stopped) = watch::channel(Stop::No);
-        let progress = Arc::new(Progress::default());
-        progress.last_record_ms.store(
+        let progress = Arc::new(Progress::starting_at(
             self.base.started.elapsed().as_millis() as u64,
-            Ordering::Relaxed,
-        );
+        ));
         let context = SubtaskContext {
             progress: progress.clone(),
             ..self.base.clone()
@@ -260,8 +311,7 @@ impl Process {
         for subtask in ended {
             let running = self.running.remove(&subtask).expect("listed above");
             let checkpoints = running.progress.checkpoints.load(Ordering::Relaxed);
-            self.finished.0 += running.progress.records.load(Ordering::Relaxed);
-            self.finished.1 += checkpoints;
+            self.finished.add(&running.progress);
             let outcome = running
                 .task
                 .await
@@ -311,8 +361,7 @@ impl Process {
         }
         let mut first_error = None;
         for (subtask, running) in std::mem::take(&mut self.running) {
-            self.finished.0 += running.progress.records.load(Ordering::Relaxed);
-            self.finished.1 += running.progress.checkpoints.load(Ordering::Relaxed);
+            self.finished.add(&running.progress);
             let outcome = running
                 .task
                 .await
@@ -331,13 +380,12 @@ impl Process {
         first_error.map_or(Ok(()), Err)
     }
 
-    fn totals(&self) -> (u64, u64) {
-        self.running.values().fold(self.finished, |(r, c), run| {
-            (
-                r + run.progress.records.load(Ordering::Relaxed),
-                c + run.progress.checkpoints.load(Ordering::Relaxed),
-            )
-        })
+    fn totals(&self) -> Totals {
+        let mut totals = self.finished;
+        for run in self.running.values() {
+            totals.add(&run.progress);
+        }
+        totals
     }
 
     /// Whether every subtask this process should run is running and none read a record for `idle`.
@@ -346,7 +394,7 @@ impl Process {
         !self.running.is_empty()
             && self.running.len() >= self.assignment.quota
             && self.running.values().all(|r| {
-                now.saturating_sub(r.progress.last_record_ms.load(Ordering::Relaxed))
+                now.saturating_sub(r.progress.last_activity_ms.load(Ordering::Relaxed))
                     >= idle.as_millis() as u64
             })
     }
@@ -356,7 +404,11 @@ impl Process {
         if !self.progress_line {
             return;
         }
-        let (records, checkpoints) = self.totals();
+        let Totals {
+            records,
+            checkpoints,
+            ..
+        } = self.totals();
         eprint!(
             "\r{}: {records} records, {checkpoints} checkpoints, subtasks {:?} of {}, {} process(es)   ",
             self.job.job.name,

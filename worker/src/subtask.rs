@@ -41,14 +41,32 @@ pub enum Ended {
 }
 
 /// Counters of one subtask run, read by the progress line, the idle check and the restart policy.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Progress {
     /// Records read and written to every sink.
     pub records: AtomicU64,
     /// Checkpoints decided.
     pub checkpoints: AtomicU64,
-    /// When a record was last read, or the run started (milliseconds since the process started).
+    /// When a record was last read, or the run started (milliseconds since the process started): for the idle
+    /// check.
+    pub last_activity_ms: AtomicU64,
+    /// When this run read its first record (milliseconds since the process started; `u64::MAX`: none yet).
+    pub first_record_ms: AtomicU64,
+    /// When this run read its last record so far (milliseconds since the process started; 0: none yet).
     pub last_record_ms: AtomicU64,
+}
+
+impl Progress {
+    /// The counters of a run starting `now` (milliseconds since the process started).
+    pub fn starting_at(now: u64) -> Self {
+        Self {
+            records: AtomicU64::new(0),
+            checkpoints: AtomicU64::new(0),
+            last_activity_ms: AtomicU64::new(now),
+            first_record_ms: AtomicU64::new(u64::MAX),
+            last_record_ms: AtomicU64::new(0),
+        }
+    }
 }
 
 /// What a subtask needs to run.
@@ -62,7 +80,7 @@ pub struct SubtaskContext {
     pub kafka: KafkaConnection,
     /// This run's counters.
     pub progress: Arc<Progress>,
-    /// When the process started (for `last_record_ms`).
+    /// When the process started (the origin of [`Progress`]'s times).
     pub started: std::time::Instant,
     /// A crash drill ([`crate::drill`]).
     pub drill: Option<connector_api::FaultInjector>,
@@ -176,8 +194,10 @@ async fn run_until_stopped(
                     metrics::counter!(crate::telemetry::BYTES_IN, "subtask" => label.clone())
                         .increment(batch.get_array_memory_size() as u64);
                     context.progress.records.fetch_add(rows, Ordering::Relaxed);
-                    context.progress.last_record_ms.store(
-                        context.started.elapsed().as_millis() as u64, Ordering::Relaxed);
+                    let now = context.started.elapsed().as_millis() as u64;
+                    context.progress.last_activity_ms.store(now, Ordering::Relaxed);
+                    context.progress.first_record_ms.fetch_min(now, Ordering::Relaxed);
+                    context.progress.last_record_ms.store(now, Ordering::Relaxed);
                 }
             }
         }

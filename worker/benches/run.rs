@@ -1,0 +1,276 @@
+//! `ratchet run` end to end: Kafka into each sink kind through the worker binary, exactly-once next to
+//! at-least-once, the two Ratchet-free limits of the same work, and 1 vs 3 worker processes sharing a job.
+//!
+//! Run: `scripts/services.sh up && cargo bench -p worker --bench run` (see docs/benchmarks.md, "ratchet run").
+//! `RATCHET_BENCH_RECORDS` sets the input size (default 1000000). Input: ~100-byte JSON values with keys in a new
+//! 3-partition topic, read as text (`topic`, `partition`, `offset`, `key`, `value`). Every job: 3 subtasks, 1 s
+//! checkpoints, `--exit-when-idle 3s`; the rate counts from the first record read to the last (the worker's final
+//! log line), CPU time and peak RSS are the worker process's own (`getrusage`, start-up and the idle wait
+//! included).
+
+mod limits;
+
+use std::path::Path;
+use std::process::Command;
+
+use integration::Services;
+use limits::{PRODUCER, bootstrap, fill_input, plain_copy, plain_parquet, usage};
+
+const JOB: &str = "RATCHET_BENCH_JOB";
+const PARTITIONS: i32 = 3;
+
+/// What one worker process reported when it stopped.
+#[derive(Debug, Clone, Copy, Default)]
+struct Stopped {
+    records: u64,
+    first_ms: u64,
+    last_ms: u64,
+    cpu_seconds: f64,
+    peak_rss_mb: f64,
+}
+
+/// One measured job: records/s, CPU seconds per million records, peak RSS (largest process).
+#[derive(Debug, Clone, Copy)]
+struct Rate {
+    records_per_second: f64,
+    cpu_per_million: f64,
+    peak_rss_mb: f64,
+}
+
+impl Rate {
+    fn of(runs: &[Stopped]) -> Self {
+        let records: u64 = runs.iter().map(|r| r.records).sum();
+        let first = runs.iter().filter(|r| r.records > 0).map(|r| r.first_ms).min().unwrap_or(0);
+        let last = runs.iter().map(|r| r.last_ms).max().unwrap_or(0);
+        let seconds = (last.saturating_sub(first)).max(1) as f64 / 1000.0;
+        Self {
+            records_per_second: records as f64 / seconds,
+            cpu_per_million: runs.iter().map(|r| r.cpu_seconds).sum::<f64>() / (records as f64 / 1e6),
+            peak_rss_mb: runs.iter().map(|r| r.peak_rss_mb).fold(0.0, f64::max),
+        }
+    }
+}
+
+fn main() {
+    if let Ok(job) = std::env::var(JOB) {
+        limit_child(&job);
+        return;
+    }
+    let records: u64 = std::env::var("RATCHET_BENCH_RECORDS")
+        .map(|r| r.parse().expect("RATCHET_BENCH_RECORDS: a record count"))
+        .unwrap_or(1_000_000);
+    let services = Services::get();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let topic = integration::unique_name("bench-run-input");
+    runtime.block_on(fill_input(&topic, records, PARTITIONS));
+
+    let mut rows = Vec::new();
+    for (kind, title) in [
+        ("file", "Parquet files (local)"),
+        ("kafka", "Kafka topic"),
+        ("jdbc", "PostgreSQL table (xa)"),
+        ("iceberg", "Iceberg table (SQLite catalog, local)"),
+    ] {
+        let mut pair = Vec::new();
+        for delivery in ["exactly-once", "at-least-once"] {
+            let dir = tempfile::tempdir().unwrap();
+            let job = write_job(dir.path(), &topic, kind, delivery, Store::Local, services);
+            let rate = Rate::of(&run_workers(&job, 1));
+            eprintln!("{kind} {delivery}: {rate:?}");
+            pair.push(rate);
+        }
+        rows.push((title, pair[0], pair[1]));
+    }
+    let mut scaling = Vec::new();
+    for processes in [1, 3] {
+        let dir = tempfile::tempdir().unwrap();
+        let job = write_job(dir.path(), &topic, "file", "exactly-once", Store::Postgres, services);
+        let rate = Rate::of(&run_workers(&job, processes));
+        eprintln!("{processes} process(es): {rate:?}");
+        scaling.push((processes, rate));
+    }
+    let k2k_limit = limit("k2k-plain", &topic, records);
+    let parquet_limit = limit("parquet-plain", &topic, records);
+
+    println!("\n{records} records, 3 partitions, 3 subtasks, 1 s checkpoints, one `ratchet run` process:\n");
+    println!(
+        "| sink | exactly-once records/s | at-least-once records/s | EO vs ALO | EO CPU s per M records | ALO CPU s per M records | EO peak RSS MB |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for (title, eo, alo) in &rows {
+        println!(
+            "| {title} | {:.0} | {:.0} | {:.0}% | {:.2} | {:.2} | {:.0} |",
+            eo.records_per_second,
+            alo.records_per_second,
+            100.0 * eo.records_per_second / alo.records_per_second,
+            eo.cpu_per_million,
+            alo.cpu_per_million,
+            eo.peak_rss_mb
+        );
+    }
+    println!("\n| job | records/s | vs its limit | CPU s per M records |");
+    println!("|---|---|---|---|");
+    let files_eo = rows[0].1;
+    let kafka_eo = rows[1].1;
+    for (title, rate, limit) in [
+        ("Kafka -> Parquet, plain consume + ArrowWriter (limit)", parquet_limit, parquet_limit),
+        ("Kafka -> Parquet, `ratchet run` exactly-once", files_eo, parquet_limit),
+        ("Kafka -> Kafka, plain copy (limit)", k2k_limit, k2k_limit),
+        ("Kafka -> Kafka, `ratchet run` exactly-once", kafka_eo, k2k_limit),
+    ] {
+        println!(
+            "| {title} | {:.0} | {:.0}% | {:.2} |",
+            rate.records_per_second,
+            100.0 * rate.records_per_second / limit.records_per_second,
+            rate.cpu_per_million
+        );
+    }
+    println!("\n| processes (PostgreSQL store, Parquet files, exactly-once) | records/s | vs 1 process | CPU s per M records | peak RSS MB (largest) |");
+    println!("|---|---|---|---|---|");
+    let one = scaling[0].1.records_per_second;
+    for (processes, rate) in &scaling {
+        println!(
+            "| {processes} | {:.0} | {:.0}% | {:.2} | {:.0} |",
+            rate.records_per_second,
+            100.0 * rate.records_per_second / one,
+            rate.cpu_per_million,
+            rate.peak_rss_mb
+        );
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Store {
+    Local,
+    Postgres,
+}
+
+/// Writes a job file for one sink of `kind` run with `delivery`; returns its path.
+fn write_job(
+    dir: &Path,
+    topic: &str,
+    kind: &str,
+    delivery: &str,
+    store: Store,
+    services: &Services,
+) -> std::path::PathBuf {
+    let name = integration::unique_name("bench-run").replace('-', "_");
+    let client: Vec<String> = PRODUCER.iter().map(|(k, v)| format!("\"{k}\" = \"{v}\"")).collect();
+    let sink = match kind {
+        "file" => format!(
+            "storage = {{ kind = \"local\", path = \"{}\" }}\nformat = {{ kind = \"parquet\", compression = \"zstd\" }}",
+            dir.join("out").display()
+        ),
+        "kafka" => format!(
+            "bootstrap_servers = \"{}\"\ntopic = \"{name}-out\"\ntransactional_id_prefix = \"{name}\"\n\
+             records = {{ key_column = \"key\", value_column = \"value\" }}\nclient = {{ {} }}",
+            bootstrap(),
+            client.join(", ")
+        ),
+        "jdbc" => format!(
+            "url = \"{}\"\ntable = \"{name}\"\nscope = \"{name}\"\ncreate_table = true",
+            services.pg_url()
+        ),
+        "iceberg" => format!(
+            "catalog = {{ kind = \"sql\", uri = \"sqlite://{dir}/catalog.db?mode=rwc\", warehouse = \"file://{dir}/warehouse\" }}\n\
+             table = \"bench.{name}\"\ncreate_table = true",
+            dir = dir.display()
+        ),
+        other => panic!("unknown sink kind {other}"),
+    };
+    let store = match store {
+        Store::Local => format!("kind = \"local\"\npath = \"{}\"", dir.join("state").display()),
+        Store::Postgres => format!("kind = \"postgres\"\nurl = \"{}\"", services.pg_url()),
+    };
+    let text = format!(
+        "[job]\nname = \"{name}\"\nsubtasks = {PARTITIONS}\ncheckpoint_interval = \"1s\"\nlease = \"5s\"\n\n\
+         [source]\nbootstrap_servers = \"{bootstrap}\"\ntopic = \"{topic}\"\n\n[store]\n{store}\n\n\
+         [[sinks]]\ntype = \"{kind}\"\nid = \"out\"\ndelivery = \"{delivery}\"\n{sink}\n",
+        bootstrap = bootstrap()
+    );
+    let path = dir.join("job.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Runs `processes` workers on `job` until each is idle for 3 s; returns what each reported.
+fn run_workers(job: &Path, processes: usize) -> Vec<Stopped> {
+    let children: Vec<_> = (0..processes)
+        .map(|_| {
+            Command::new(env!("CARGO_BIN_EXE_ratchet"))
+                .args(["--log-format", "json", "run", "--exit-when-idle", "3s", "--config"])
+                .arg(job)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    children
+        .into_iter()
+        .map(|child| {
+            let out = child.wait_with_output().unwrap();
+            let log = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "worker failed:\n{log}");
+            stopped_line(&log)
+        })
+        .collect()
+}
+
+/// The worker's final `stopped` event.
+fn stopped_line(log: &str) -> Stopped {
+    let fields = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .map(|v| v["fields"].clone())
+        .filter(|f| f["message"] == "stopped")
+        .last()
+        .unwrap_or_else(|| panic!("no `stopped` line in:\n{log}"));
+    Stopped {
+        records: fields["records"].as_u64().unwrap(),
+        first_ms: fields["first_record_unix_ms"].as_u64().unwrap(),
+        last_ms: fields["last_record_unix_ms"].as_u64().unwrap(),
+        cpu_seconds: fields["cpu_seconds"].as_f64().unwrap(),
+        peak_rss_mb: fields["peak_rss_kb"].as_f64().unwrap() / 1024.0,
+    }
+}
+
+/// Runs a limit in a child process (this binary again) for its own CPU time and RSS.
+fn limit(job: &str, topic: &str, records: u64) -> Rate {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .env(JOB, job)
+        .env("RATCHET_BENCH_TOPIC", topic)
+        .env("RATCHET_BENCH_N", records.to_string())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("RESULT "))
+        .unwrap_or_else(|| panic!("limit {job} failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr)));
+    let v: Vec<f64> = line.split(' ').map(|x| x.parse().unwrap()).collect();
+    Rate {
+        records_per_second: v[0] / v[1],
+        cpu_per_million: v[2] / (v[0] / 1e6),
+        peak_rss_mb: v[3],
+    }
+}
+
+fn limit_child(job: &str) {
+    let topic = std::env::var("RATCHET_BENCH_TOPIC").unwrap();
+    let records: u64 = std::env::var("RATCHET_BENCH_N").unwrap().parse().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (cpu_before, _) = usage();
+    let (copied, in_job) = match job {
+        "k2k-plain" => plain_copy(&topic, &integration::unique_name("bench-run-plain"), records),
+        "parquet-plain" => plain_parquet(&topic, dir.path(), records),
+        other => panic!("unknown limit {other}"),
+    };
+    let (cpu_after, rss) = usage();
+    assert_eq!(copied, records);
+    println!(
+        "RESULT {copied} {} {} {rss}",
+        in_job.as_secs_f64(),
+        cpu_after - cpu_before
+    );
+}
