@@ -3,9 +3,7 @@
 
 use std::sync::Arc;
 
-use arrow_array::builder::{
-    ArrayBuilder, BinaryBuilder, Int32Builder, Int64Builder, MapBuilder, StringBuilder,
-};
+use arrow_array::builder::{BinaryBuilder, Int32Builder, Int64Builder, MapBuilder, StringBuilder};
 use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_json::reader::{Decoder, ReaderBuilder};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
@@ -104,7 +102,8 @@ pub(crate) struct RecordAt<'a> {
     pub(crate) offset: i64,
 }
 
-fn bad_record(at: RecordAt<'_>, what: &str) -> Error {
+/// A [`BadRecord`](ErrorKind::BadRecord) naming the record at `at` and what is wrong with it.
+pub(crate) fn bad_record(at: RecordAt<'_>, what: &str) -> Error {
     Error::new(
         ErrorKind::BadRecord,
         Phase::Write,
@@ -193,19 +192,12 @@ impl BatchBuilder {
         })
     }
 
-    /// Rows appended so far.
-    pub(crate) fn len(&self) -> usize {
-        match self {
-            Self::Raw(raw) => raw.offsets.len(),
-            Self::Json { rows, .. } => *rows,
-        }
-    }
-
     /// Appends one record.
     ///
     /// # Errors
-    /// [`BadRecord`](ErrorKind::BadRecord) naming the record when its key or value cannot be decoded; the builder
-    /// is then unusable (the caller drops the batch).
+    /// [`BadRecord`](ErrorKind::BadRecord) naming the record when its key or value cannot be decoded. The raw
+    /// decodings then appended nothing of it (the builder goes on); the JSON decoder is unusable afterwards (the
+    /// reader sorts the batch out record by record, [`crate::reject`]).
     pub(crate) fn append(
         &mut self,
         at: RecordAt<'_>,
@@ -225,8 +217,10 @@ impl BatchBuilder {
                 } = raw.as_mut();
                 match payload {
                     Payload::Text { keys, values } => {
-                        keys.append_option(text(at, key, "key")?);
-                        values.append_option(text(at, value, "value")?);
+                        // Both checked before either is appended: a bad record leaves the columns as they were.
+                        let (key, value) = (text(at, key, "key")?, text(at, value, "value")?);
+                        keys.append_option(key);
+                        values.append_option(value);
                     }
                     Payload::Binary { keys, values } => {
                         keys.append_option(key);

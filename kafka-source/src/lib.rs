@@ -27,8 +27,10 @@
 
 mod decode;
 mod reader;
+mod reject;
 mod source;
 
 pub use decode::{Decoding, binary_schema, headers_field, text_schema};
 pub use kafka_connection::KafkaConnection;
+pub use reject::RejectedRecord;
 pub use source::{KafkaSource, KafkaSourceOptions, PartitionShare};

@@ -15,10 +15,13 @@ use tokio::sync::mpsc;
 use kafka_connection::poll::{DEADLINE_CHECK_EVERY, Polled, next_message};
 
 use crate::decode::{BatchBuilder, Decoding, RecordAt};
+use crate::reject::{RawRecords, RejectedRecord};
 
-/// One decoded batch and, per partition it read from, the offset after its last record.
+/// One decoded batch, the records of it that did not decode (set aside when diverting), and per partition it read
+/// from, the offset after its last record.
 pub(crate) struct Chunk {
     pub(crate) batch: RecordBatch,
+    pub(crate) rejected: Vec<RejectedRecord>,
     pub(crate) next: Vec<(i32, i64)>,
 }
 
@@ -30,6 +33,8 @@ pub(crate) struct Reader {
     pub(crate) headers: bool,
     pub(crate) max_batch_wait: Duration,
     pub(crate) closed: Arc<AtomicBool>,
+    /// Set records that do not decode aside instead of failing.
+    pub(crate) divert: bool,
 }
 
 impl Reader {
@@ -55,9 +60,13 @@ impl Reader {
         let mut builder: Option<BatchBuilder> = None;
         let mut next: Vec<(i32, i64)> = Vec::new();
         let mut deadline: Option<Instant> = None;
-        while builder.as_ref().map_or(0, BatchBuilder::len) < self.batch_rows
-            && !self.closed.load(Ordering::Relaxed)
-        {
+        // JSON: the raw records, to sort a batch that fails out record by record.
+        let mut raw = matches!(self.decoding, Decoding::Json(_)).then(RawRecords::default);
+        let mut json_failed = false;
+        let mut rejected = Vec::new();
+        let mut topic = String::new();
+        let mut records = 0;
+        while records < self.batch_rows && !self.closed.load(Ordering::Relaxed) {
             let message = match next_message(&self.consumer, deadline) {
                 Polled::Message(message) => message,
                 Polled::Nothing if deadline.is_none() => return Ok(None),
@@ -77,6 +86,9 @@ impl Reader {
                 partition: message.partition(),
                 offset: message.offset(),
             };
+            if topic.is_empty() {
+                topic = at.topic.to_string();
+            }
             let headers = if self.headers {
                 message.headers()
             } else {
@@ -90,23 +102,53 @@ impl Reader {
                     self.headers,
                 )?),
             };
-            builder.append(at, message.key(), message.payload(), headers)?;
+            if let Some(raw) = &mut raw {
+                raw.push(at, message.key(), message.payload());
+            }
+            if !json_failed {
+                match builder.append(at, message.key(), message.payload(), headers) {
+                    Ok(()) => {}
+                    Err(_) if raw.is_some() => json_failed = true,
+                    Err(e) if self.divert => rejected.push(RejectedRecord::new(
+                        at,
+                        message.key(),
+                        message.payload(),
+                        &e,
+                    )),
+                    Err(e) => return Err(e),
+                }
+            }
+            records += 1;
             match next.iter_mut().find(|(p, _)| *p == at.partition) {
                 Some(entry) => entry.1 = at.offset + 1,
                 None => next.push((at.partition, at.offset + 1)),
             }
             let deadline = *deadline.get_or_insert_with(|| Instant::now() + self.max_batch_wait);
-            if (builder.len() as u64).is_multiple_of(DEADLINE_CHECK_EVERY)
-                && Instant::now() >= deadline
-            {
+            if (records as u64).is_multiple_of(DEADLINE_CHECK_EVERY) && Instant::now() >= deadline {
                 break;
             }
         }
         let Some(builder) = builder else {
             return Ok(None);
         };
+        let finished = if json_failed {
+            None
+        } else {
+            Some(builder.finish())
+        };
+        let batch = match (finished, &raw) {
+            (Some(Ok(batch)), _) => batch,
+            (Some(Err(e)), None) => return Err(e),
+            (_, Some(raw)) => {
+                let (batch, bad) = raw.sort(&topic, &self.decoding, self.divert)?;
+                rejected.extend(bad);
+                batch
+            }
+            (None, None) => unreachable!("only the JSON decoding defers failures"),
+        };
         Ok(Some(Chunk {
-            batch: builder.finish()?,
+            batch,
+            rejected,
             next,
         }))
     }

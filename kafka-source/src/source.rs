@@ -14,6 +14,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 
+use crate::RejectedRecord;
 use crate::decode::Decoding;
 use crate::reader::{Chunk, Reader};
 
@@ -35,6 +36,7 @@ fn kafka_error(kind: ErrorKind, message: String, e: KafkaError) -> Error {
 /// | `buffered_batches` | decoded batches waiting for the job at most (then the consumer thread waits) | 4 |
 /// | `client` | other librdkafka consumer settings (e.g. `fetch.max.bytes`, `queued.max.messages.kbytes`) | none |
 /// | `share` | read only this subtask's share of the partitions ([`PartitionShare`]) | every partition |
+/// | `divert_bad_records` | set records that do not decode aside ([`KafkaSource::take_rejected`]) instead of failing | false |
 #[derive(Debug, Clone)]
 pub struct KafkaSourceOptions {
     /// How records become rows.
@@ -52,6 +54,8 @@ pub struct KafkaSourceOptions {
     pub client: BTreeMap<String, String>,
     /// Read only these partitions of the topic (`None`: all of them).
     pub share: Option<PartitionShare>,
+    /// Set records that do not decode aside for a dead-letter destination instead of failing.
+    pub divert_bad_records: bool,
 }
 
 /// A fixed share of a topic's partitions: those whose number modulo `of` is `index`. A job of `of` subtasks gives
@@ -81,6 +85,7 @@ impl Default for KafkaSourceOptions {
             buffered_batches: 4,
             client: BTreeMap::new(),
             share: None,
+            divert_bad_records: false,
         }
     }
 }
@@ -100,6 +105,8 @@ pub struct KafkaSource {
     closed: Arc<AtomicBool>,
     /// Next offset to hand out, per partition.
     next: BTreeMap<i32, i64>,
+    /// Records of the batches handed out that did not decode, not yet taken.
+    rejected: Vec<RejectedRecord>,
 }
 
 impl Drop for KafkaSource {
@@ -226,6 +233,7 @@ impl KafkaSource {
             headers: options.headers,
             max_batch_wait: options.max_batch_wait,
             closed: closed.clone(),
+            divert: options.divert_bad_records,
         };
         std::thread::Builder::new()
             .name(format!("kafka-source-{topic}"))
@@ -245,6 +253,7 @@ impl KafkaSource {
             chunks,
             closed,
             next,
+            rejected: Vec::new(),
         })
     }
 
@@ -299,7 +308,8 @@ impl KafkaSource {
     ///
     /// # Errors
     /// [`BadRecord`](ErrorKind::BadRecord) naming the topic, partition and offset of a record that cannot be
-    /// decoded (nothing of its batch was handed out); [`Retryable`](ErrorKind::Retryable) for consumer errors.
+    /// decoded (nothing of its batch was handed out), unless such records are diverted; a batch may then hold no
+    /// rows at all (every record of it refused) and still move the positions; [`Retryable`](ErrorKind::Retryable) for consumer errors.
     /// After an error the consumer thread has stopped: reopen the source from the last checkpoint's positions
     /// (restart the job) before reading on.
     pub async fn next_batch(&mut self, idle: Duration) -> Result<Option<RecordBatch>> {
@@ -317,6 +327,14 @@ impl KafkaSource {
         for (partition, next) in chunk.next {
             self.next.insert(partition, next);
         }
+        self.rejected.extend(chunk.rejected);
         Ok(Some(chunk.batch))
+    }
+
+    /// The records of the batches handed out so far that did not decode (with
+    /// [`divert_bad_records`](KafkaSourceOptions::divert_bad_records)), oldest first; [`positions`](Self::positions)
+    /// already cover them, so the job writes them to its dead-letter destination in the same checkpoint.
+    pub fn take_rejected(&mut self) -> Vec<RejectedRecord> {
+        std::mem::take(&mut self.rejected)
     }
 }

@@ -40,12 +40,18 @@ struct Rate {
 impl Rate {
     fn of(runs: &[Stopped]) -> Self {
         let records: u64 = runs.iter().map(|r| r.records).sum();
-        let first = runs.iter().filter(|r| r.records > 0).map(|r| r.first_ms).min().unwrap_or(0);
+        let first = runs
+            .iter()
+            .filter(|r| r.records > 0)
+            .map(|r| r.first_ms)
+            .min()
+            .unwrap_or(0);
         let last = runs.iter().map(|r| r.last_ms).max().unwrap_or(0);
         let seconds = (last.saturating_sub(first)).max(1) as f64 / 1000.0;
         Self {
             records_per_second: records as f64 / seconds,
-            cpu_per_million: runs.iter().map(|r| r.cpu_seconds).sum::<f64>() / (records as f64 / 1e6),
+            cpu_per_million: runs.iter().map(|r| r.cpu_seconds).sum::<f64>()
+                / (records as f64 / 1e6),
             peak_rss_mb: runs.iter().map(|r| r.peak_rss_mb).fold(0.0, f64::max),
         }
     }
@@ -84,7 +90,14 @@ fn main() {
     let mut scaling = Vec::new();
     for processes in [1, 3] {
         let dir = tempfile::tempdir().unwrap();
-        let job = write_job(dir.path(), &topic, "file", "exactly-once", Store::Postgres, services);
+        let job = write_job(
+            dir.path(),
+            &topic,
+            "file",
+            "exactly-once",
+            Store::Postgres,
+            services,
+        );
         let rate = Rate::of(&run_workers(&job, processes));
         eprintln!("{processes} process(es): {rate:?}");
         scaling.push((processes, rate));
@@ -92,7 +105,9 @@ fn main() {
     let k2k_limit = limit("k2k-plain", &topic, records);
     let parquet_limit = limit("parquet-plain", &topic, records);
 
-    println!("\n{records} records, 3 partitions, 3 subtasks, 1 s checkpoints, one `ratchet run` process:\n");
+    println!(
+        "\n{records} records, 3 partitions, 3 subtasks, 1 s checkpoints, one `ratchet run` process:\n"
+    );
     println!(
         "| sink | exactly-once records/s | at-least-once records/s | EO vs ALO | EO CPU s per M records | ALO CPU s per M records | EO peak RSS MB |"
     );
@@ -113,10 +128,22 @@ fn main() {
     let files_eo = rows[0].1;
     let kafka_eo = rows[1].1;
     for (title, rate, limit) in [
-        ("Kafka -> Parquet, plain consume + ArrowWriter (limit)", parquet_limit, parquet_limit),
-        ("Kafka -> Parquet, `ratchet run` exactly-once", files_eo, parquet_limit),
+        (
+            "Kafka -> Parquet, plain consume + ArrowWriter (limit)",
+            parquet_limit,
+            parquet_limit,
+        ),
+        (
+            "Kafka -> Parquet, `ratchet run` exactly-once",
+            files_eo,
+            parquet_limit,
+        ),
         ("Kafka -> Kafka, plain copy (limit)", k2k_limit, k2k_limit),
-        ("Kafka -> Kafka, `ratchet run` exactly-once", kafka_eo, k2k_limit),
+        (
+            "Kafka -> Kafka, `ratchet run` exactly-once",
+            kafka_eo,
+            k2k_limit,
+        ),
     ] {
         println!(
             "| {title} | {:.0} | {:.0}% | {:.2} |",
@@ -125,7 +152,9 @@ fn main() {
             rate.cpu_per_million
         );
     }
-    println!("\n| processes (PostgreSQL store, Parquet files, exactly-once) | records/s | vs 1 process | CPU s per M records | peak RSS MB (largest) |");
+    println!(
+        "\n| processes (PostgreSQL store, Parquet files, exactly-once) | records/s | vs 1 process | CPU s per M records | peak RSS MB (largest) |"
+    );
     println!("|---|---|---|---|---|");
     let one = scaling[0].1.records_per_second;
     for (processes, rate) in &scaling {
@@ -155,7 +184,10 @@ fn write_job(
     services: &Services,
 ) -> std::path::PathBuf {
     let name = integration::unique_name("bench-run").replace('-', "_");
-    let client: Vec<String> = PRODUCER.iter().map(|(k, v)| format!("\"{k}\" = \"{v}\"")).collect();
+    let client: Vec<String> = PRODUCER
+        .iter()
+        .map(|(k, v)| format!("\"{k}\" = \"{v}\""))
+        .collect();
     let sink = match kind {
         "file" => format!(
             "storage = {{ kind = \"local\", path = \"{}\" }}\nformat = {{ kind = \"parquet\", compression = \"zstd\" }}",
@@ -179,7 +211,10 @@ fn write_job(
         other => panic!("unknown sink kind {other}"),
     };
     let store = match store {
-        Store::Local => format!("kind = \"local\"\npath = \"{}\"", dir.join("state").display()),
+        Store::Local => format!(
+            "kind = \"local\"\npath = \"{}\"",
+            dir.join("state").display()
+        ),
         Store::Postgres => format!("kind = \"postgres\"\nurl = \"{}\"", services.pg_url()),
     };
     let text = format!(
@@ -198,7 +233,14 @@ fn run_workers(job: &Path, processes: usize) -> Vec<Stopped> {
     let children: Vec<_> = (0..processes)
         .map(|_| {
             Command::new(env!("CARGO_BIN_EXE_ratchet"))
-                .args(["--log-format", "json", "run", "--exit-when-idle", "3s", "--config"])
+                .args([
+                    "--log-format",
+                    "json",
+                    "run",
+                    "--exit-when-idle",
+                    "3s",
+                    "--config",
+                ])
                 .arg(job)
                 .stdout(std::process::Stdio::null())
                 .stderr(std::process::Stdio::piped())
@@ -221,10 +263,10 @@ fn run_workers(job: &Path, processes: usize) -> Vec<Stopped> {
 fn stopped_line(log: &str) -> Stopped {
     let fields = log
         .lines()
+        .rev()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .map(|v| v["fields"].clone())
-        .filter(|f| f["message"] == "stopped")
-        .last()
+        .find(|f| f["message"] == "stopped")
         .unwrap_or_else(|| panic!("no `stopped` line in:\n{log}"));
     Stopped {
         records: fields["records"].as_u64().unwrap(),
@@ -247,7 +289,12 @@ fn limit(job: &str, topic: &str, records: u64) -> Rate {
     let line = stdout
         .lines()
         .find_map(|l| l.strip_prefix("RESULT "))
-        .unwrap_or_else(|| panic!("limit {job} failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr)));
+        .unwrap_or_else(|| {
+            panic!(
+                "limit {job} failed:\n{stdout}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
     let v: Vec<f64> = line.split(' ').map(|x| x.parse().unwrap()).collect();
     Rate {
         records_per_second: v[0] / v[1],
@@ -262,7 +309,11 @@ fn limit_child(job: &str) {
     let dir = tempfile::tempdir().unwrap();
     let (cpu_before, _) = usage();
     let (copied, in_job) = match job {
-        "k2k-plain" => plain_copy(&topic, &integration::unique_name("bench-run-plain"), records),
+        "k2k-plain" => plain_copy(
+            &topic,
+            &integration::unique_name("bench-run-plain"),
+            records,
+        ),
         "parquet-plain" => plain_parquet(&topic, dir.path(), records),
         other => panic!("unknown limit {other}"),
     };

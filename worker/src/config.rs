@@ -47,6 +47,20 @@ pub struct JobConfig {
     pub store: StoreConfig,
     /// Where the records go: every sink gets every record.
     pub sinks: Vec<SinkSpec>,
+    /// Where records that cannot be decoded or written go instead of stopping the job (absent: they stop it).
+    #[serde(default)]
+    pub dead_letter: Option<DeadLetterConfig>,
+}
+
+/// `[dead_letter]`: a Kafka topic on the source's cluster ([`crate::dead_letter`]).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeadLetterConfig {
+    /// The topic.
+    pub topic: String,
+    /// Transactional-id prefix of its producers (default `<job>-dead-letter`).
+    #[serde(default)]
+    pub transactional_id_prefix: Option<String>,
 }
 
 /// `[job]`.
@@ -265,6 +279,16 @@ impl JobConfig {
         if self.sinks.is_empty() {
             bail!("the job has no [[sinks]]: add at least one");
         }
+        if let Some(sink) = self
+            .sinks
+            .iter()
+            .find(|s| s.id.as_str() == crate::dead_letter::SINK_ID)
+        {
+            bail!(
+                "sink id {:?} is reserved for the dead-letter topic: rename that [[sinks]] entry",
+                sink.id.to_string()
+            );
+        }
         Ok(())
     }
 
@@ -327,7 +351,7 @@ impl JobConfig {
 }
 
 /// Connection settings are the connection's, not the consumer's (they reach librdkafka through the connection).
-fn is_connection_setting(key: &str) -> bool {
+pub fn is_connection_setting(key: &str) -> bool {
     ["security.", "ssl.", "sasl.", "enable.ssl"]
         .iter()
         .any(|p| key.starts_with(p))

@@ -4,6 +4,7 @@
 mod check;
 mod cli;
 mod config;
+mod dead_letter;
 mod demo;
 mod drill;
 mod lease;

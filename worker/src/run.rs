@@ -140,8 +140,12 @@ pub async fn run(args: RunArgs, progress_line: bool) -> Result<()> {
     let (cpu_seconds, peak_rss_kb) = own_usage();
     let origin = std::time::SystemTime::now() - started.elapsed();
     let unix_ms = |ms: Option<u64>| {
-        ms.and_then(|ms| (origin + Duration::from_millis(ms)).duration_since(std::time::UNIX_EPOCH).ok())
-            .map_or(0, |d| d.as_millis() as u64)
+        ms.and_then(|ms| {
+            (origin + Duration::from_millis(ms))
+                .duration_since(std::time::UNIX_EPOCH)
+                .ok()
+        })
+        .map_or(0, |d| d.as_millis() as u64)
     };
     tracing::info!(
         records = totals.records,
@@ -326,6 +330,14 @@ impl Process {
                 }
                 Ok(Ended::TakenOver) => {
                     self.failures.remove(&subtask);
+                }
+                Err(e) if e.kind() == connector_api::ErrorKind::BadRecord => {
+                    // Deterministic: a restart would read the same record again.
+                    anyhow::bail!(
+                        "subtask {subtask} stopped on a record it cannot decode or write (configure [dead_letter] \
+                         to set such records aside): {}",
+                        Report(&e)
+                    );
                 }
                 Err(e) => {
                     let previous = if checkpoints > 0 {

@@ -3,12 +3,17 @@
 //! `checkpoint_interval`, and stop when told, after a last checkpoint. (Stopping at once needs nothing here: the
 //! process exits, and the next owner's recovery resolves what was in flight.)
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use connector_api::{Driver, Error, ErrorKind, Phase, Result, SinkHandle, SinkRegistry, SubtaskId};
-use kafka_source::{KafkaConnection, KafkaSource, PartitionShare};
+use arrow_array::RecordBatch;
+use connector_api::{
+    Driver, Error, ErrorKind, Phase, Result, SinkHandle, SinkId, SinkRegistry, SubtaskId,
+};
+use kafka_source::{KafkaConnection, KafkaSource, PartitionShare, RejectedRecord};
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
 
@@ -120,14 +125,24 @@ async fn run_until_stopped(
     if let Some(drill) = &context.drill {
         driver = driver.with_fault_injector(drill.clone());
     }
-    let mut sinks: Vec<SinkHandle> = Vec::with_capacity(job.sinks.len());
+    let mut sinks = Vec::with_capacity(job.sinks.len());
     for spec in &job.sinks {
         let sink = context
             .registry
             .build(spec, subtask, schema.clone())
             .await?;
-        sinks.push(driver.add_dyn_sink(sink)?);
+        sinks.push((driver.add_dyn_sink(sink)?, spec.id.clone()));
     }
+    let dead_letter = match &job.dead_letter {
+        Some(config) => Some(driver.add_dyn_sink(crate::dead_letter::sink(job, config, subtask)?)?),
+        None => None,
+    };
+    let outputs = Outputs {
+        sinks,
+        dead_letter,
+        topic: job.source.topic.clone(),
+        label: index.to_string(),
+    };
     let restored = driver.start().await?;
     tracing::info!(subtask = index, owner = restored.owner.0, resumed_after = ?restored.checkpoint,
         "subtask claimed and recovered");
@@ -136,6 +151,7 @@ async fn run_until_stopped(
         index,
         of: job.job.subtasks,
     });
+    options.divert_bad_records = outputs.dead_letter.is_some();
     let mut source = tokio::task::block_in_place(|| {
         KafkaSource::open_with(
             &context.kafka,
@@ -145,8 +161,7 @@ async fn run_until_stopped(
         )
     })?;
     let interval = job.job.checkpoint_interval;
-    let label = index.to_string();
-    let sink_labels: Vec<String> = job.sinks.iter().map(|s| s.id.to_string()).collect();
+    let label = outputs.label.clone();
     let mut lag_measured: Option<Instant> = None;
     let mut next_checkpoint = Instant::now() + interval;
     let mut written = false;
@@ -184,15 +199,9 @@ async fn run_until_stopped(
             batch = source.next_batch(POLL) => {
                 if let Some(batch) = batch? {
                     let rows = batch.num_rows() as u64;
-                    for (&sink, id) in sinks.iter().zip(&sink_labels) {
-                        driver.write(sink, &batch).await?;
-                        metrics::counter!(crate::telemetry::RECORDS_OUT, "subtask" => label.clone(), "sink" => id.clone())
-                            .increment(rows);
-                    }
+                    let rejected = source.take_rejected();
+                    outputs.deliver(&mut driver, &batch, &rejected).await?;
                     written = true;
-                    metrics::counter!(crate::telemetry::RECORDS_IN, "subtask" => label.clone()).increment(rows);
-                    metrics::counter!(crate::telemetry::BYTES_IN, "subtask" => label.clone())
-                        .increment(batch.get_array_memory_size() as u64);
                     context.progress.records.fetch_add(rows, Ordering::Relaxed);
                     let now = context.started.elapsed().as_millis() as u64;
                     context.progress.last_activity_ms.store(now, Ordering::Relaxed);
@@ -202,6 +211,96 @@ async fn run_until_stopped(
             }
         }
     }
+}
+
+/// Where a subtask's batches go.
+struct Outputs {
+    /// The job's sinks.
+    sinks: Vec<(SinkHandle, SinkId)>,
+    /// The dead-letter sink, when the job has one.
+    dead_letter: Option<SinkHandle>,
+    /// The source topic (for dead letters).
+    topic: String,
+    /// The subtask, as a metrics label.
+    label: String,
+}
+
+impl Outputs {
+    /// Writes `batch` to every sink, and the source's `rejected` records and the rows a sink refuses to the
+    /// dead-letter sink (when there is one; otherwise a refused batch stops the subtask, the record named).
+    async fn deliver(
+        &self,
+        driver: &mut Driver<SubtaskStore>,
+        batch: &RecordBatch,
+        rejected: &[RejectedRecord],
+    ) -> Result<()> {
+        if let Some(dead_letter) = self.dead_letter
+            && !rejected.is_empty()
+        {
+            driver
+                .write(dead_letter, &crate::dead_letter::from_rejected(rejected)?)
+                .await?;
+            self.count_dead_letters(rejected.len());
+        }
+        let rows = batch.num_rows() as u64;
+        if rows == 0 {
+            return Ok(());
+        }
+        for (sink, id) in &self.sinks {
+            match self.dead_letter {
+                None => driver.write(*sink, batch).await?,
+                Some(dead_letter) => {
+                    let mut refused = Vec::new();
+                    write_or_refuse(driver, *sink, batch.clone(), &mut refused).await?;
+                    if !refused.is_empty() {
+                        let letters =
+                            crate::dead_letter::from_refused_rows(&refused, id, &self.topic)?;
+                        driver.write(dead_letter, &letters).await?;
+                        self.count_dead_letters(refused.len());
+                    }
+                }
+            }
+            metrics::counter!(crate::telemetry::RECORDS_OUT, "subtask" => self.label.clone(), "sink" => id.to_string())
+                .increment(rows);
+        }
+        metrics::counter!(crate::telemetry::RECORDS_IN, "subtask" => self.label.clone())
+            .increment(rows);
+        metrics::counter!(crate::telemetry::BYTES_IN, "subtask" => self.label.clone())
+            .increment(batch.get_array_memory_size() as u64);
+        Ok(())
+    }
+
+    fn count_dead_letters(&self, letters: usize) {
+        tracing::warn!(subtask = %self.label, letters, "records sent to the dead-letter topic");
+        metrics::counter!(crate::telemetry::DEAD_LETTERS, "subtask" => self.label.clone())
+            .increment(letters as u64);
+    }
+}
+
+/// Writes `batch` to `sink`; when the sink refuses it ([`BadRecord`](ErrorKind::BadRecord): refused whole, the
+/// transaction unchanged), splits it in halves until the refused rows are single, writes the rest, and collects
+/// the refused rows with why in `refused`.
+fn write_or_refuse<'a>(
+    driver: &'a mut Driver<SubtaskStore>,
+    sink: SinkHandle,
+    batch: RecordBatch,
+    refused: &'a mut Vec<(RecordBatch, String)>,
+) -> Pin<Box<dyn Future<Output = Result<()>> + Send + 'a>> {
+    Box::pin(async move {
+        match driver.write(sink, &batch).await {
+            Err(e) if e.kind() == ErrorKind::BadRecord => {
+                let rows = batch.num_rows();
+                if rows == 1 {
+                    refused.push((batch, connector_api::Report(&e).to_string()));
+                    return Ok(());
+                }
+                let half = rows / 2;
+                write_or_refuse(driver, sink, batch.slice(0, half), refused).await?;
+                write_or_refuse(driver, sink, batch.slice(half, rows - half), refused).await
+            }
+            outcome => outcome,
+        }
+    })
 }
 
 async fn checkpoint(

@@ -12,6 +12,7 @@
 //! | `ratchet_pending_commit_age_seconds` | gauge | `subtask` | age of the decided checkpoint still committing (0: none) |
 //! | `ratchet_consumer_lag` | gauge | `subtask`, `partition` | high watermark minus the next offset to read |
 //! | `ratchet_subtask_restarts_total` | counter | `subtask` | subtask runs that failed and were restarted |
+//! | `ratchet_dead_letters_total` | counter | `subtask` | records sent to the dead-letter topic |
 //! | `ratchet_subtasks_running` | gauge | | subtasks this process runs |
 
 use std::net::SocketAddr;
@@ -33,6 +34,8 @@ pub const CHECKPOINT_SECONDS: &str = "ratchet_checkpoint_seconds";
 pub const PENDING_COMMIT_AGE: &str = "ratchet_pending_commit_age_seconds";
 /// Consumer lag per partition.
 pub const CONSUMER_LAG: &str = "ratchet_consumer_lag";
+/// Records sent to the dead-letter topic.
+pub const DEAD_LETTERS: &str = "ratchet_dead_letters_total";
 /// Subtask restarts.
 pub const RESTARTS: &str = "ratchet_subtask_restarts_total";
 /// Subtasks running here.

@@ -32,6 +32,17 @@ impl Job {
     /// Creates the source topic (`partitions`) and writes a job file of `subtasks` subtasks, `lease`, 500 ms
     /// checkpoints.
     pub async fn new(prefix: &str, partitions: i32, subtasks: u32, lease: &str) -> Self {
+        Self::with_sections(prefix, partitions, subtasks, lease, |_| String::new()).await
+    }
+
+    /// [`new`](Self::new), with more of the job file after the sinks: `extra` gets the job's name.
+    pub async fn with_sections(
+        prefix: &str,
+        partitions: i32,
+        subtasks: u32,
+        lease: &str,
+        extra: impl Fn(&str) -> String,
+    ) -> Self {
         let services = Services::get();
         let name = integration::unique_name(prefix).replace('-', "_");
         let topic = format!("{name}-in");
@@ -103,7 +114,7 @@ create_table = true
             pg = services.pg_url(),
             out = dir.path().join("out").display(),
             warehouse = dir.path().join("warehouse").display(),
-        );
+        ) + &extra(&name);
         std::fs::write(&config, text).unwrap();
         let producer = ClientConfig::new()
             .set("bootstrap.servers", services.kafka_bootstrap())
@@ -141,6 +152,18 @@ create_table = true
             delivery.await.unwrap().map_err(|(e, _)| e).unwrap();
         }
         self.produced += count;
+    }
+
+    /// Produces `values` as they are (records that are not `{"id": n}`), acknowledged before returning.
+    pub async fn produce_raw(&mut self, values: &[&str]) {
+        for value in values {
+            let delivery = self
+                .producer
+                .send_result(FutureRecord::<str, str>::to(&self.topic).payload(value))
+                .map_err(|(e, _)| e)
+                .unwrap();
+            delivery.await.unwrap().map_err(|(e, _)| e).unwrap();
+        }
     }
 
     /// Starts a `ratchet run` process on the job file; its output goes to `worker-<n>.log` in the job's directory.
