@@ -13,6 +13,7 @@
 //! per group (it assigns every source partition itself).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use connector_api::{Error, ErrorKind, Phase, Result, Step};
@@ -55,6 +56,9 @@ pub struct KafkaToKafka {
     pub stop_after_records: Option<u64>,
     /// Fault-injection hook (tests).
     pub hook: Option<PipelineHook>,
+    /// Set it to stop gracefully: the open transaction is committed (with its offsets) and `run` returns, within
+    /// about `commit_interval`.
+    pub stop: Option<Arc<AtomicBool>>,
 }
 
 /// What a run did.
@@ -161,6 +165,16 @@ impl KafkaToKafka {
             Ok::<(), Error>(())
         };
         loop {
+            if self
+                .stop
+                .as_ref()
+                .is_some_and(|s| s.load(Ordering::Relaxed))
+            {
+                if let Some(handle) = committing.take() {
+                    finish(handle, &mut stats, first_record)?;
+                }
+                return Ok(stats);
+            }
             let limit = match self.stop_after_records {
                 Some(total) if taken >= total => {
                     if let Some(handle) = committing.take() {

@@ -8,6 +8,8 @@ use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_json::reader::{Decoder, ReaderBuilder};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use connector_api::{Error, ErrorKind, Phase, Result};
+
+use crate::avro::AvroDecoding;
 use rdkafka::message::{BorrowedHeaders, Headers};
 
 /// How record values become rows.
@@ -21,6 +23,9 @@ pub enum Decoding {
     /// Each value is one JSON object, decoded into `schema` (arrow-json); fields not in the schema are ignored,
     /// a value that does not fit is a [`BadRecord`](ErrorKind::BadRecord) naming the record.
     Json(SchemaRef),
+    /// Each value is one Avro record of the declared schema in Confluent or single-object framing (arrow-avro); a
+    /// value that does not decode is a [`BadRecord`](ErrorKind::BadRecord) naming the record.
+    Avro(AvroDecoding),
 }
 
 impl Decoding {
@@ -30,7 +35,14 @@ impl Decoding {
             Self::Text => text_schema(),
             Self::Binary => binary_schema(),
             Self::Json(schema) => schema.clone(),
+            Self::Avro(avro) => avro.schema(),
         }
+    }
+
+    /// Whether a bad record may only show when the batch is finished, leaving the decoder unusable: the reader then
+    /// sorts the batch out record by record ([`crate::reject`]).
+    pub(crate) fn defers_failures(&self) -> bool {
+        matches!(self, Self::Json(_) | Self::Avro(_))
     }
 
     /// The schema with the [`headers_field`] appended when `headers` is set (raw decodings only).
@@ -41,12 +53,12 @@ impl Decoding {
         if !headers {
             return Ok(self.schema());
         }
-        if let Self::Json(_) = self {
+        if self.defers_failures() {
             return Err(Error::new(
                 ErrorKind::Config,
                 Phase::Setup,
-                "the Kafka source's `headers` column exists for the text and binary decodings; JSON values are \
-                 decoded into their declared schema only",
+                "the Kafka source's `headers` column exists for the text and binary decodings; JSON and Avro \
+                 values are decoded into their declared schema only",
             ));
         }
         let mut fields: Vec<Field> = self
@@ -149,6 +161,10 @@ pub(crate) enum BatchBuilder {
         rows: usize,
         schema: SchemaRef,
     },
+    Avro {
+        decoder: arrow_avro::reader::Decoder,
+        schema: SchemaRef,
+    },
 }
 
 impl BatchBuilder {
@@ -188,6 +204,17 @@ impl BatchBuilder {
                     })?,
                 rows: 0,
                 schema: schema.clone(),
+            },
+            Decoding::Avro(avro) => Self::Avro {
+                decoder: avro.decoder(capacity).map_err(|e| {
+                    Error::new(
+                        ErrorKind::Config,
+                        Phase::Setup,
+                        "the Avro schema of the Kafka source is not decodable",
+                    )
+                    .with_source(e)
+                })?,
+                schema: avro.schema(),
             },
         })
     }
@@ -256,6 +283,22 @@ impl BatchBuilder {
                 }
                 *rows += 1;
             }
+            Self::Avro { decoder, .. } => {
+                let value = value.ok_or_else(|| bad_record(at, "has no value (a tombstone)"))?;
+                let read = decoder.decode(value).map_err(|e| {
+                    bad_record(
+                        at,
+                        "has a value that is not an Avro record of the declared schema",
+                    )
+                    .with_source(e)
+                })?;
+                if read != value.len() {
+                    return Err(bad_record(
+                        at,
+                        "has a value that is not exactly one framed Avro record of the declared schema",
+                    ));
+                }
+            }
         }
         Ok(())
     }
@@ -313,6 +356,20 @@ impl BatchBuilder {
                         ErrorKind::BadRecord,
                         Phase::Write,
                         "a batch of JSON records does not fit the schema",
+                    )
+                    .with_source(e)
+                })?
+                .unwrap_or_else(|| RecordBatch::new_empty(schema))),
+            Self::Avro {
+                mut decoder,
+                schema,
+            } => Ok(decoder
+                .flush()
+                .map_err(|e| {
+                    Error::new(
+                        ErrorKind::BadRecord,
+                        Phase::Write,
+                        "a batch of Avro records does not decode",
                     )
                     .with_source(e)
                 })?

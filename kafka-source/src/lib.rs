@@ -25,11 +25,13 @@
 //! ```
 #![deny(missing_docs)]
 
+mod avro;
 mod decode;
 mod reader;
 mod reject;
 mod source;
 
+pub use avro::{AvroDecoding, AvroFraming};
 pub use decode::{Decoding, binary_schema, headers_field, text_schema};
 pub use kafka_connection::KafkaConnection;
 pub use reject::RejectedRecord;

@@ -60,8 +60,8 @@ impl Reader {
         let mut builder: Option<BatchBuilder> = None;
         let mut next: Vec<(i32, i64)> = Vec::new();
         let mut deadline: Option<Instant> = None;
-        // JSON: the raw records, to sort a batch that fails out record by record.
-        let mut raw = matches!(self.decoding, Decoding::Json(_)).then(RawRecords::default);
+        // JSON and Avro: the raw records, to sort a batch that fails out record by record.
+        let mut raw = self.decoding.defers_failures().then(RawRecords::default);
         let mut json_failed = false;
         let mut rejected = Vec::new();
         let mut topic = String::new();
@@ -144,7 +144,7 @@ impl Reader {
                 rejected.extend(bad);
                 batch
             }
-            (None, None) => unreachable!("only the JSON decoding defers failures"),
+            (None, None) => unreachable!("only the JSON and Avro decodings defer failures"),
         };
         Ok(Some(Chunk {
             batch,

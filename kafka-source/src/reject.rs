@@ -111,7 +111,8 @@ impl RawRecords {
             let outcome = match alone.append(at, key, value, None) {
                 Err(e) => Err(e),
                 Ok(()) => alone.finish().map(|_| ()).map_err(|e| {
-                    bad_record(at, "has a value that does not fit the JSON schema").with_source(e)
+                    bad_record(at, "has a value that does not fit the declared schema")
+                        .with_source(e)
                 }),
             };
             match outcome {
@@ -186,10 +187,68 @@ mod tests {
             rejected[1].reason
         );
         assert!(
-            rejected[1].reason.contains("JSON schema"),
+            rejected[1].reason.contains("declared schema"),
             "{}",
             rejected[1].reason
         );
+    }
+
+    #[test]
+    fn a_failed_avro_batch_is_sorted_too() {
+        use std::collections::HashMap;
+
+        use arrow_array::Int64Array;
+        use arrow_avro::schema::{FingerprintStrategy, SCHEMA_METADATA_KEY};
+        use arrow_avro::writer::WriterBuilder;
+        use arrow_avro::writer::format::AvroSoeFormat;
+
+        use crate::{AvroDecoding, AvroFraming};
+
+        let avro = r#"{"type":"record","name":"R","fields":[{"name":"id","type":"long"}]}"#;
+        let encode = |id: i64| {
+            let metadata = HashMap::from([(SCHEMA_METADATA_KEY.to_string(), avro.to_string())]);
+            let schema =
+                Schema::new_with_metadata(vec![Field::new("id", DataType::Int64, false)], metadata);
+            let batch = RecordBatch::try_new(
+                Arc::new(schema.clone()),
+                vec![Arc::new(Int64Array::from(vec![id]))],
+            )
+            .unwrap();
+            let mut writer = WriterBuilder::new(schema)
+                .with_fingerprint_strategy(FingerprintStrategy::Id(9))
+                .build::<_, AvroSoeFormat>(Vec::new())
+                .unwrap();
+            writer.write(&batch).unwrap();
+            writer.finish().unwrap();
+            writer.into_inner()
+        };
+        let decoding = Decoding::Avro(
+            AvroDecoding::new(avro, AvroFraming::Confluent { schema_id: 9 }).unwrap(),
+        );
+        let mut raw = RawRecords::default();
+        let at = |offset| RecordAt {
+            topic: "orders",
+            partition: 0,
+            offset,
+        };
+        let unknown_id = [0u8, 0, 0, 0, 8, 2];
+        for (offset, value) in [
+            (0, encode(1)),
+            (1, b"not avro".to_vec()),
+            (2, unknown_id.to_vec()),
+            (3, encode(4)),
+        ] {
+            raw.push(at(offset), None, Some(&value));
+        }
+        let (batch, rejected) = raw.sort("orders", &decoding, true).unwrap();
+        let ids: Vec<i64> = batch
+            .column(0)
+            .as_primitive::<Int64Type>()
+            .values()
+            .to_vec();
+        assert_eq!(ids, [1, 4]);
+        let offsets: Vec<i64> = rejected.iter().map(|r| r.offset).collect();
+        assert_eq!(offsets, [1, 2]);
     }
 
     #[test]

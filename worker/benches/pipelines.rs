@@ -224,6 +224,7 @@ async fn kafka_to_kafka(topic: &str, out: &str, records: u64) -> (u64, Duration)
         stop_when_idle: None,
         stop_after_records: Some(records),
         hook: None,
+        stop: None,
     };
     let stats = pipeline.run().await.unwrap();
     (stats.records, stats.copying)

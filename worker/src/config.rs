@@ -31,7 +31,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use connector_api::{DriverConfig, SinkSpec, with_suggestion};
-use kafka_source::{Decoding, KafkaConnection, KafkaSourceOptions};
+use kafka_source::{AvroDecoding, AvroFraming, Decoding, KafkaConnection, KafkaSourceOptions};
 use serde::Deserialize;
 
 /// A whole job file.
@@ -87,6 +87,10 @@ pub struct JobSection {
     /// The longest a crashed job may take to be restarted (for the sinks' transaction-timeout budget).
     #[serde(default = "one_minute", with = "humantime_serde")]
     pub max_restart_time: Duration,
+    /// Copy Kafka to Kafka with the source offsets inside each transaction ([`crate::fast_path`]): one exactly-once
+    /// Kafka sink on the source's cluster, one subtask, no checkpoint store.
+    #[serde(default)]
+    pub kafka_to_kafka: bool,
 }
 
 fn one() -> u32 {
@@ -138,6 +142,26 @@ pub enum DecodingConfig {
         /// The columns, in order.
         fields: Vec<FieldConfig>,
     },
+    /// Each value one Avro record of the declared writer schema; the columns follow the schema's fields.
+    Avro {
+        /// The writer schema (Avro schema JSON).
+        schema: String,
+        /// How values frame the Avro body.
+        framing: AvroFramingConfig,
+        /// The schema's id in the registry (`framing = "confluent"`).
+        #[serde(default)]
+        schema_id: Option<u32>,
+    },
+}
+
+/// `framing` of the Avro decoding.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AvroFramingConfig {
+    /// Confluent Schema Registry's wire format: `0x00`, the 4-byte schema id, the body.
+    Confluent,
+    /// Avro's single-object encoding: `0xC3 0x01`, the schema's Rabin fingerprint, the body.
+    SingleObject,
 }
 
 /// One declared column of the JSON decoding.
@@ -279,6 +303,10 @@ impl JobConfig {
         if self.sinks.is_empty() {
             bail!("the job has no [[sinks]]: add at least one");
         }
+        self.schema()?;
+        if self.job.kafka_to_kafka {
+            crate::fast_path::check(self)?;
+        }
         if let Some(sink) = self
             .sinks
             .iter()
@@ -301,29 +329,54 @@ impl JobConfig {
             .map_err(|e| anyhow::anyhow!("[source] {}", connector_api::Report(&e)))
     }
 
-    /// The decoding and the schema every sink is given.
-    pub fn decoding(&self) -> Decoding {
-        match &self.source.decoding {
+    /// How the source decodes records.
+    ///
+    /// # Errors
+    /// An Avro schema that does not parse, or Confluent framing without `schema_id`.
+    pub fn decoding(&self) -> Result<Decoding> {
+        Ok(match &self.source.decoding {
             DecodingConfig::Text => Decoding::Text,
             DecodingConfig::Binary => Decoding::Binary,
             DecodingConfig::Json { fields } => Decoding::Json(json_schema(fields)),
-        }
+            DecodingConfig::Avro {
+                schema,
+                framing,
+                schema_id,
+            } => {
+                let framing = match (framing, schema_id) {
+                    (AvroFramingConfig::Confluent, Some(schema_id)) => AvroFraming::Confluent {
+                        schema_id: *schema_id,
+                    },
+                    (AvroFramingConfig::Confluent, None) => bail!(
+                        "[source] decoding: framing = \"confluent\" needs schema_id, the declared schema's id in \
+                         the schema registry"
+                    ),
+                    (AvroFramingConfig::SingleObject, _) => AvroFraming::SingleObject,
+                };
+                Decoding::Avro(AvroDecoding::new(schema, framing).map_err(|e| {
+                    anyhow::anyhow!("[source] decoding: {}", connector_api::Report(&e))
+                })?)
+            }
+        })
     }
 
     /// The schema of the batches every sink receives.
     ///
     /// # Errors
-    /// Headers asked of the JSON decoding.
+    /// As [`decoding`](Self::decoding); headers asked of a decoding with a declared schema.
     pub fn schema(&self) -> Result<SchemaRef> {
-        self.decoding()
+        self.decoding()?
             .schema_with_headers(self.source.headers)
             .map_err(|e| anyhow::anyhow!("[source] {}", connector_api::Report(&e)))
     }
 
     /// The source options for one subtask (its share of the partitions is set by the caller).
-    pub fn source_options(&self) -> KafkaSourceOptions {
+    ///
+    /// # Errors
+    /// As [`decoding`](Self::decoding).
+    pub fn source_options(&self) -> Result<KafkaSourceOptions> {
         let mut options = KafkaSourceOptions {
-            decoding: self.decoding(),
+            decoding: self.decoding()?,
             headers: self.source.headers,
             client: self
                 .source
@@ -337,7 +390,7 @@ impl JobConfig {
         if let Some(rows) = self.source.batch_rows {
             options.batch_rows = rows;
         }
-        options
+        Ok(options)
     }
 
     /// The driver configuration of every subtask.
@@ -416,6 +469,16 @@ storage = { kind = "local", path = "/tmp/x" }
         let text = MINIMAL.replace("type = \"int64\"", "type = \"int46\"");
         let err = format!("{:#}", JobConfig::parse(&text, no_env()).unwrap_err());
         assert!(err.contains("int46") && err.contains("int64"), "{err}");
+    }
+
+    #[test]
+    fn the_fast_path_is_refused_where_it_cannot_copy_exactly_once() {
+        let text = MINIMAL.replace("subtasks = 3", "subtasks = 3\nkafka_to_kafka = true");
+        let err = format!("{:#}", JobConfig::parse(&text, no_env()).unwrap_err());
+        assert!(
+            err.contains("kafka_to_kafka") && err.contains("exactly-once Kafka sink"),
+            "{err}"
+        );
     }
 
     #[test]

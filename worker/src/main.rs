@@ -7,6 +7,7 @@ mod config;
 mod dead_letter;
 mod demo;
 mod drill;
+mod fast_path;
 mod lease;
 mod operate;
 mod overrides;

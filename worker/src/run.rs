@@ -69,6 +69,9 @@ pub async fn run(args: RunArgs, progress_line: bool) -> Result<()> {
         .check_reachable(KAFKA_REACHABLE_WITHIN)
         .await
         .map_err(|e| anyhow::anyhow!("[source] {}", Report(&e)))?;
+    if job.job.kafka_to_kafka {
+        return crate::fast_path::run(&job, &args).await;
+    }
     let leases: Box<dyn Leases> = match &job.store {
         StoreConfig::Local { path } => {
             Box::new(LocalLease::take(path, &job.job.name, job.job.subtasks)?)
@@ -198,7 +201,8 @@ fn own_usage() -> (f64, i64) {
     }
 }
 
-fn fast_exit() -> ! {
+/// Exits at once on a second signal.
+pub fn fast_exit() -> ! {
     eprintln!(
         "second signal: exiting now; checkpointed records are safe (the next start commits them), later ones are \
          replayed"

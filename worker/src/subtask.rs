@@ -146,7 +146,7 @@ async fn run_until_stopped(
     let restored = driver.start().await?;
     tracing::info!(subtask = index, owner = restored.owner.0, resumed_after = ?restored.checkpoint,
         "subtask claimed and recovered");
-    let mut options = job.source_options();
+    let mut options = job.source_options().map_err(config_error)?;
     options.share = Some(PartitionShare {
         index,
         of: job.job.subtasks,

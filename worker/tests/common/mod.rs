@@ -35,6 +35,29 @@ impl Job {
         Self::with_sections(prefix, partitions, subtasks, lease, |_| String::new()).await
     }
 
+    /// [`new`](Self::new) with the source's `decoding` (a TOML inline table) instead of JSON `{"id": n}`.
+    pub async fn with_decoding(
+        prefix: &str,
+        partitions: i32,
+        subtasks: u32,
+        lease: &str,
+        decoding: &str,
+    ) -> Self {
+        let job = Self::new(prefix, partitions, subtasks, lease).await;
+        let text = std::fs::read_to_string(&job.config).unwrap();
+        let json = text
+            .lines()
+            .find(|l| l.starts_with("decoding = "))
+            .unwrap()
+            .to_string();
+        std::fs::write(
+            &job.config,
+            text.replace(&json, &format!("decoding = {decoding}")),
+        )
+        .unwrap();
+        job
+    }
+
     /// [`new`](Self::new), with more of the job file after the sinks: `extra` gets the job's name.
     pub async fn with_sections(
         prefix: &str,
@@ -140,6 +163,25 @@ create_table = true
         let mut deliveries = Vec::with_capacity(count as usize);
         for id in self.produced..self.produced + count {
             let value = format!(r#"{{"id":{id}}}"#);
+            let key = id.to_string();
+            let delivery = self
+                .producer
+                .send_result(FutureRecord::to(&self.topic).key(&key).payload(&value))
+                .map_err(|(e, _)| e)
+                .unwrap();
+            deliveries.push(delivery);
+        }
+        for delivery in deliveries {
+            delivery.await.unwrap().map_err(|(e, _)| e).unwrap();
+        }
+        self.produced += count;
+    }
+
+    /// Produces the next `count` ids with `encode` making each value (acknowledged before returning).
+    pub async fn produce_encoded(&mut self, count: u64, encode: impl Fn(i64) -> Vec<u8>) {
+        let mut deliveries = Vec::with_capacity(count as usize);
+        for id in self.produced..self.produced + count {
+            let value = encode(id as i64);
             let key = id.to_string();
             let delivery = self
                 .producer
