@@ -136,6 +136,7 @@ fn round(age: Duration) -> Duration {
 /// The job is running (it resolves its own transactions), or a recovery fails (named).
 pub async fn resolve(args: OperateArgs) -> Result<()> {
     let job = JobConfig::load(&args.config)?;
+    crate::store::check_subtask_count(&job.store, &job.job.name, job.job.subtasks).await?;
     // Hold the job the way a worker does, so that no worker starts meanwhile on the local store, and refuse when
     // one runs.
     let leases: Box<dyn Leases> = match &job.store {

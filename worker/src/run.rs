@@ -72,6 +72,7 @@ pub async fn run(args: RunArgs, progress_line: bool) -> Result<()> {
     if job.job.kafka_to_kafka {
         return crate::fast_path::run(&job, &args).await;
     }
+    crate::store::check_subtask_count(&job.store, &job.job.name, job.job.subtasks).await?;
     let leases: Box<dyn Leases> = match &job.store {
         StoreConfig::Local { path } => {
             Box::new(LocalLease::take(path, &job.job.name, job.job.subtasks)?)
