@@ -285,6 +285,7 @@ impl BatchBuilder {
             }
             Self::Avro { decoder, .. } => {
                 let value = value.ok_or_else(|| bad_record(at, "has no value (a tombstone)"))?;
+                let room = decoder.capacity();
                 let read = decoder.decode(value).map_err(|e| {
                     bad_record(
                         at,
@@ -292,7 +293,9 @@ impl BatchBuilder {
                     )
                     .with_source(e)
                 })?;
-                if read != value.len() {
+                // Exactly one row from exactly this value: an empty value or a bare framing prefix adds no row
+                // (and a prefix would take the next record's bytes as its body).
+                if read != value.len() || decoder.capacity() + 1 != room {
                     return Err(bad_record(
                         at,
                         "has a value that is not exactly one framed Avro record of the declared schema",
@@ -349,33 +352,31 @@ impl BatchBuilder {
                 mut decoder,
                 schema,
                 ..
-            } => Ok(decoder
-                .flush()
-                .map_err(|e| {
-                    Error::new(
-                        ErrorKind::BadRecord,
-                        Phase::Write,
-                        "a batch of JSON records does not fit the schema",
-                    )
-                    .with_source(e)
-                })?
-                .unwrap_or_else(|| RecordBatch::new_empty(schema))),
+            } => flushed(decoder.flush(), "JSON", schema),
             Self::Avro {
                 mut decoder,
                 schema,
-            } => Ok(decoder
-                .flush()
-                .map_err(|e| {
-                    Error::new(
-                        ErrorKind::BadRecord,
-                        Phase::Write,
-                        "a batch of Avro records does not decode",
-                    )
-                    .with_source(e)
-                })?
-                .unwrap_or_else(|| RecordBatch::new_empty(schema))),
+            } => flushed(decoder.flush(), "Avro", schema),
         }
     }
+}
+
+/// A flushed batch of a declared-schema decoding (an empty one when nothing was appended); a failure is a
+/// [`BadRecord`](ErrorKind::BadRecord) of the batch, which the reader then sorts out record by record.
+fn flushed<E: std::error::Error + Send + Sync + 'static>(
+    batch: std::result::Result<Option<RecordBatch>, E>,
+    format: &str,
+    schema: SchemaRef,
+) -> Result<RecordBatch> {
+    let batch = batch.map_err(|e| {
+        Error::new(
+            ErrorKind::BadRecord,
+            Phase::Write,
+            format!("a batch of {format} records does not fit the declared schema"),
+        )
+        .with_source(e)
+    })?;
+    Ok(batch.unwrap_or_else(|| RecordBatch::new_empty(schema)))
 }
 
 #[cfg(test)]

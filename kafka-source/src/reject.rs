@@ -14,7 +14,7 @@ use connector_api::{Report, Result};
 
 use crate::decode::{BatchBuilder, Decoding, RecordAt, bad_record};
 
-/// A record the source could not decode, with everything a dead-letter record needs.
+/// A record the source could not decode, with everything a dead-letter record needs (not its headers).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RejectedRecord {
     /// Its topic.
@@ -232,11 +232,14 @@ mod tests {
             offset,
         };
         let unknown_id = [0u8, 0, 0, 0, 8, 2];
+        let bare_prefix = [0u8, 0, 0, 0, 9];
         for (offset, value) in [
             (0, encode(1)),
             (1, b"not avro".to_vec()),
             (2, unknown_id.to_vec()),
-            (3, encode(4)),
+            (3, bare_prefix.to_vec()),
+            (4, Vec::new()),
+            (5, encode(6)),
         ] {
             raw.push(at(offset), None, Some(&value));
         }
@@ -246,9 +249,9 @@ mod tests {
             .as_primitive::<Int64Type>()
             .values()
             .to_vec();
-        assert_eq!(ids, [1, 4]);
+        assert_eq!(ids, [1, 6]);
         let offsets: Vec<i64> = rejected.iter().map(|r| r.offset).collect();
-        assert_eq!(offsets, [1, 2]);
+        assert_eq!(offsets, [1, 2, 3, 4]);
     }
 
     #[test]

@@ -17,14 +17,15 @@
 mod limits;
 
 use std::collections::BTreeMap;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use connector_api::{Driver, DriverConfig, LocalCheckpointStore, SinkId, SubtaskId};
 use file_sink::{FileSink, FileSinkConfig, StorageConfig};
 use kafka_sink::{KafkaSink, KafkaSinkConfig, KafkaToKafka, RecordMapping};
 use kafka_source::{KafkaConnection, KafkaSource, KafkaSourceOptions, text_schema};
-use limits::{CHECKPOINT, PRODUCER, bootstrap, fill_input, plain_copy, plain_parquet, usage};
+use limits::{
+    CHECKPOINT, PRODUCER, bootstrap, fill_input, plain_copy, plain_parquet, run_child, usage,
+};
 
 const JOB: &str = "RATCHET_BENCH_JOB";
 
@@ -156,24 +157,7 @@ fn main() {
 
 /// Runs `job` in a child process (this binary again) and reads its measurement.
 fn spawn(job: &str, topic: &str, records: u64) -> Measured {
-    let out = Command::new(std::env::current_exe().unwrap())
-        .env(JOB, job)
-        .env("RATCHET_BENCH_TOPIC", topic)
-        .env("RATCHET_BENCH_N", records.to_string())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let line = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("RESULT "))
-        .unwrap_or_else(|| {
-            panic!(
-                "job {job} failed ({}):\n{stdout}\n{}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            )
-        });
-    let v: Vec<f64> = line.split(' ').map(|x| x.parse().unwrap()).collect();
+    let v = run_child(JOB, job, topic, records);
     Measured {
         records: v[0] as u64,
         seconds: v[1],

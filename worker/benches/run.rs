@@ -14,7 +14,7 @@ use std::path::Path;
 use std::process::Command;
 
 use integration::Services;
-use limits::{PRODUCER, bootstrap, fill_input, plain_copy, plain_parquet, usage};
+use limits::{PRODUCER, bootstrap, fill_input, plain_copy, plain_parquet, run_child, usage};
 
 const JOB: &str = "RATCHET_BENCH_JOB";
 const PARTITIONS: i32 = 3;
@@ -279,23 +279,7 @@ fn stopped_line(log: &str) -> Stopped {
 
 /// Runs a limit in a child process (this binary again) for its own CPU time and RSS.
 fn limit(job: &str, topic: &str, records: u64) -> Rate {
-    let out = Command::new(std::env::current_exe().unwrap())
-        .env(JOB, job)
-        .env("RATCHET_BENCH_TOPIC", topic)
-        .env("RATCHET_BENCH_N", records.to_string())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let line = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("RESULT "))
-        .unwrap_or_else(|| {
-            panic!(
-                "limit {job} failed:\n{stdout}\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            )
-        });
-    let v: Vec<f64> = line.split(' ').map(|x| x.parse().unwrap()).collect();
+    let v = run_child(JOB, job, topic, records);
     Rate {
         records_per_second: v[0] / v[1],
         cpu_per_million: v[2] / (v[0] / 1e6),

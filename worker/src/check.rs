@@ -27,6 +27,15 @@ pub async fn run(args: CheckArgs) -> Result<()> {
         job.job.checkpoint_interval
     );
     let mut problems = 0;
+    let counted =
+        crate::store::check_subtask_count(&job.store, &job.job.name, job.job.subtasks, false)
+            .await
+            .map(|()| {
+                format!(
+                    "{} subtask(s), as the store records (or a fresh job)",
+                    job.job.subtasks
+                )
+            });
     let mut report = |what: String, outcome: Result<String>| match outcome {
         Ok(detail) => println!("ok    {what}: {detail}"),
         Err(e) => {
@@ -38,6 +47,7 @@ pub async fn run(args: CheckArgs) -> Result<()> {
         format!("Kafka source {}", job.source.bootstrap_servers),
         check_source(&job).await,
     );
+    report("subtask count".into(), counted);
     let store = SubtaskStore::open(&job.store, &job.job.name, SubtaskId(0)).await;
     let store = match store {
         Ok(store) => match store.load().await {

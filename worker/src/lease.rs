@@ -18,6 +18,7 @@
 
 use std::collections::BTreeSet;
 use std::fs::File;
+use std::future::Future;
 use std::path::Path;
 use std::time::Duration;
 
@@ -223,20 +224,47 @@ impl PgLeases {
     }
 }
 
+impl PgLeases {
+    /// `call` bounded to half a lease: a database that does not answer (a lost route, a hung server) must not
+    /// hold the process, which also handles signals and restarts, for longer than that.
+    async fn bounded<T>(&self, what: &str, call: impl Future<Output = Result<T>>) -> Result<T> {
+        let limit = Duration::from_secs_f64(self.lease_secs / 2.0);
+        tokio::time::timeout(limit, call)
+            .await
+            .map_err(|_| anyhow::anyhow!("{what}: the database did not answer within {limit:?}"))?
+    }
+}
+
 #[async_trait]
 impl Leases for PgLeases {
     async fn renew(&self) -> Result<Assignment> {
-        let mut slot = self.client.lock().await;
-        let client = self.connected(&mut slot).await?;
-        let outcome = self.renew_on(client).await;
-        if outcome.is_err() {
-            // Reconnect next time: the connection may be what failed.
-            *slot = None;
-        }
-        outcome
+        self.bounded("renewing the leases", async {
+            let mut slot = self.client.lock().await;
+            let outcome = match self.connected(&mut slot).await {
+                Ok(client) => self.renew_on(client).await,
+                Err(e) => Err(e),
+            };
+            if outcome.is_err() {
+                // Reconnect next time: the connection may be what failed.
+                *slot = None;
+            }
+            outcome
+        })
+        .await
     }
 
     async fn release(&self, subtask: u32) -> Result<()> {
+        self.bounded("releasing a lease", self.release_now(subtask))
+            .await
+    }
+
+    async fn leave(&self) -> Result<()> {
+        self.bounded("leaving the job", self.leave_now()).await
+    }
+}
+
+impl PgLeases {
+    async fn release_now(&self, subtask: u32) -> Result<()> {
         let mut slot = self.client.lock().await;
         let client = self.connected(&mut slot).await?;
         client
@@ -249,7 +277,7 @@ impl Leases for PgLeases {
         Ok(())
     }
 
-    async fn leave(&self) -> Result<()> {
+    async fn leave_now(&self) -> Result<()> {
         let mut slot = self.client.lock().await;
         let client = self.connected(&mut slot).await?;
         client

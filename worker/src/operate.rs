@@ -136,9 +136,7 @@ fn round(age: Duration) -> Duration {
 /// The job is running (it resolves its own transactions), or a recovery fails (named).
 pub async fn resolve(args: OperateArgs) -> Result<()> {
     let job = JobConfig::load(&args.config)?;
-    crate::store::check_subtask_count(&job.store, &job.job.name, job.job.subtasks).await?;
-    // Hold the job the way a worker does, so that no worker starts meanwhile on the local store, and refuse when
-    // one runs.
+    // Hold the job the way a worker does (the local lock, or every lease), and refuse when a worker runs.
     let leases: Box<dyn Leases> = match &job.store {
         StoreConfig::Local { path } => {
             Box::new(LocalLease::take(path, &job.job.name, job.job.subtasks)?)
@@ -166,6 +164,10 @@ pub async fn resolve(args: OperateArgs) -> Result<()> {
             Box::new(leases)
         }
     };
+    // Hold every subtask's lease while resolving (the only member's quota is all of them), so a worker starting
+    // meanwhile waits for them instead of recovering the same subtasks.
+    leases.renew().await?;
+    crate::store::check_subtask_count(&job.store, &job.job.name, job.job.subtasks, true).await?;
     let mut outcome = Ok(());
     for subtask in 0..job.job.subtasks {
         let mut driver = driver_for(&job, subtask).await?;

@@ -72,7 +72,6 @@ pub async fn run(args: RunArgs, progress_line: bool) -> Result<()> {
     if job.job.kafka_to_kafka {
         return crate::fast_path::run(&job, &args).await;
     }
-    crate::store::check_subtask_count(&job.store, &job.job.name, job.job.subtasks).await?;
     let leases: Box<dyn Leases> = match &job.store {
         StoreConfig::Local { path } => {
             Box::new(LocalLease::take(path, &job.job.name, job.job.subtasks)?)
@@ -88,6 +87,8 @@ pub async fn run(args: RunArgs, progress_line: bool) -> Result<()> {
             .await?,
         ),
     };
+    // Under the local lock, so two fresh starts with different counts cannot both record theirs.
+    crate::store::check_subtask_count(&job.store, &job.job.name, job.job.subtasks, true).await?;
     let started = std::time::Instant::now();
     let base = SubtaskContext {
         job: job.clone(),
@@ -172,12 +173,17 @@ struct Totals {
     first_record_ms: Option<u64>,
     /// The last record read (ms since the process started).
     last_record_ms: Option<u64>,
+    /// The last record read or run started (ms since the process started).
+    last_activity_ms: u64,
 }
 
 impl Totals {
     fn add(&mut self, run: &Progress) {
         self.records += run.records.load(Ordering::Relaxed);
         self.checkpoints += run.checkpoints.load(Ordering::Relaxed);
+        self.last_activity_ms = self
+            .last_activity_ms
+            .max(run.last_activity_ms.load(Ordering::Relaxed));
         let first = run.first_record_ms.load(Ordering::Relaxed);
         if first != u64::MAX {
             self.first_record_ms = Some(self.first_record_ms.map_or(first, |f| f.min(first)));
@@ -270,7 +276,7 @@ impl Process {
                     let _ = running.stop.send(Stop::Graceful);
                 }
                 Some(_) => {}
-                None => self.leases.release(*subtask).await?,
+                None => self.release(*subtask).await,
             }
         }
         let now = Instant::now();
@@ -285,6 +291,14 @@ impl Process {
         }
         self.assignment = assignment;
         Ok(())
+    }
+
+    /// Releases `subtask`'s lease; a failure only delays the hand-over until the lease expires.
+    async fn release(&self, subtask: u32) {
+        if let Err(e) = self.leases.release(subtask).await {
+            tracing::warn!(subtask, error = %format!("{e:#}"),
+                "cannot release the lease; the other processes take the subtask when it expires");
+        }
     }
 
     fn start(&mut self, subtask: u32) {
@@ -329,7 +343,7 @@ impl Process {
                 Ok(Ended::Stopped) => {
                     self.failures.remove(&subtask);
                     if running.handing_over {
-                        self.leases.release(subtask).await?;
+                        self.release(subtask).await;
                         tracing::info!(subtask, "subtask handed over");
                     }
                 }
@@ -405,9 +419,13 @@ impl Process {
         totals
     }
 
-    /// Whether every subtask this process should run is running and none read a record for `idle`.
+    /// Whether every subtask this process should run is running and none read a record for `idle` (or, with a
+    /// quota of none, nothing ran here for `idle`).
     fn idle_for(&self, idle: Duration) -> bool {
         let now = self.base.started.elapsed().as_millis() as u64;
+        if self.running.is_empty() && self.assignment.members > 0 && self.assignment.quota == 0 {
+            return now.saturating_sub(self.finished.last_activity_ms) >= idle.as_millis() as u64;
+        }
         !self.running.is_empty()
             && self.running.len() >= self.assignment.quota
             && self.running.values().all(|r| {

@@ -73,14 +73,18 @@ const CREATE_LOCK: i64 = 0x0072_6174_6a6f_6273; // "ratjobs"
 ///
 /// # Errors
 /// The count differs (named, with what to do), or the store cannot be read.
+///
+/// With `record` off (for `check-config`) nothing is written. Take the job's local lock first: two fresh starts
+/// with different counts must not both record theirs.
 pub async fn check_subtask_count(
     config: &StoreConfig,
     job: &str,
     subtasks: u32,
+    record: bool,
 ) -> anyhow::Result<()> {
     let recorded = match config {
-        StoreConfig::Local { path } => local_subtask_count(&path.join(job), subtasks)?,
-        StoreConfig::Postgres { url } => pg_subtask_count(url, job, subtasks).await?,
+        StoreConfig::Local { path } => local_subtask_count(&path.join(job), subtasks, record)?,
+        StoreConfig::Postgres { url } => pg_subtask_count(url, job, subtasks, record).await?,
     };
     match recorded {
         Some(recorded) if recorded != subtasks => anyhow::bail!(
@@ -94,7 +98,11 @@ pub async fn check_subtask_count(
 
 /// The count recorded in `<dir>/subtasks`, or inferred from the `subtask-<n>` directories of a job that ran before
 /// the count was recorded; records `subtasks` for a fresh job.
-fn local_subtask_count(dir: &std::path::Path, subtasks: u32) -> anyhow::Result<Option<u32>> {
+fn local_subtask_count(
+    dir: &std::path::Path,
+    subtasks: u32,
+    record: bool,
+) -> anyhow::Result<Option<u32>> {
     use anyhow::Context;
     let file = dir.join("subtasks");
     if let Some(n) = connector_api::local_fs::read_number(&file)
@@ -114,10 +122,12 @@ fn local_subtask_count(dir: &std::path::Path, subtasks: u32) -> anyhow::Result<O
                 .ok()
         })
         .max();
-    if let Some(highest) = highest
-        && highest >= subtasks
-    {
+    // A job from before the count was recorded: its subtask directories say how many it had.
+    if let Some(highest) = highest {
         return Ok(Some(highest + 1));
+    }
+    if !record {
+        return Ok(None);
     }
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     connector_api::local_fs::replace_file(dir, &file, subtasks.to_string().as_bytes())
@@ -126,7 +136,12 @@ fn local_subtask_count(dir: &std::path::Path, subtasks: u32) -> anyhow::Result<O
 }
 
 /// The same in PostgreSQL: `ratchet_jobs`, or the highest subtask in `ratchet_checkpoint_owners`.
-async fn pg_subtask_count(url: &str, job: &str, subtasks: u32) -> anyhow::Result<Option<u32>> {
+async fn pg_subtask_count(
+    url: &str,
+    job: &str,
+    subtasks: u32,
+    record: bool,
+) -> anyhow::Result<Option<u32>> {
     use anyhow::Context;
     let client = connector_api::postgres::PgConnectOptions::parse(url)
         .map_err(|e| anyhow::anyhow!("[store] url: {}", connector_api::Report(&e)))?
@@ -149,19 +164,21 @@ async fn pg_subtask_count(url: &str, job: &str, subtasks: u32) -> anyhow::Result
     {
         return Ok(Some(row.get::<_, i32>(0) as u32));
     }
+    // A job from before the count was recorded: its claim rows say how many subtasks it had.
     let highest: Option<i32> = client
-        .query_opt(
-            "SELECT max(subtask) FROM ratchet_checkpoint_owners WHERE job = $1",
+        .query_one(
+            "SELECT CASE WHEN to_regclass('ratchet_checkpoint_owners') IS NULL THEN NULL
+                    ELSE (SELECT max(subtask) FROM ratchet_checkpoint_owners WHERE job = $1) END",
             &[&job],
         )
         .await
-        .ok()
-        .flatten()
-        .and_then(|row| row.get(0));
-    if let Some(highest) = highest
-        && highest as u32 >= subtasks
-    {
+        .context("cannot read the job's claim rows")?
+        .get(0);
+    if let Some(highest) = highest {
         return Ok(Some(highest as u32 + 1));
+    }
+    if !record {
+        return Ok(None);
     }
     client
         .execute(

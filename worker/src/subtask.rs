@@ -237,9 +237,11 @@ impl Outputs {
         if let Some(dead_letter) = self.dead_letter
             && !rejected.is_empty()
         {
+            let letters = crate::dead_letter::from_rejected(rejected)?;
             driver
-                .write(dead_letter, &crate::dead_letter::from_rejected(rejected)?)
-                .await?;
+                .write(dead_letter, &letters)
+                .await
+                .map_err(refused_dead_letter)?;
             self.count_dead_letters(rejected.len());
         }
         let rows = batch.num_rows() as u64;
@@ -255,7 +257,10 @@ impl Outputs {
                     if !refused.is_empty() {
                         let letters =
                             crate::dead_letter::from_refused_rows(&refused, id, &self.topic)?;
-                        driver.write(dead_letter, &letters).await?;
+                        driver
+                            .write(dead_letter, &letters)
+                            .await
+                            .map_err(refused_dead_letter)?;
                         self.count_dead_letters(refused.len());
                     }
                 }
@@ -275,6 +280,20 @@ impl Outputs {
         metrics::counter!(crate::telemetry::DEAD_LETTERS, "subtask" => self.label.clone())
             .increment(letters as u64);
     }
+}
+
+/// A dead letter the dead-letter topic refuses (too large for `message.max.bytes`, ...) stops the job: it is not
+/// the bad input's fault, and there is nowhere else to put it.
+fn refused_dead_letter(e: Error) -> Error {
+    if e.kind() != ErrorKind::BadRecord {
+        return e;
+    }
+    Error::new(
+        ErrorKind::Fatal,
+        Phase::Write,
+        "the dead-letter topic refused a dead letter (is the record larger than its message.max.bytes?)",
+    )
+    .with_source(e)
 }
 
 /// Writes `batch` to `sink`; when the sink refuses it ([`BadRecord`](ErrorKind::BadRecord): refused whole, the

@@ -3,6 +3,8 @@
 //! pyiceberg and DuckDB, psycopg, a read_committed confluent-kafka consumer) must agree, with nothing hidden,
 //! prepared or open left behind.
 
+mod common;
+
 use std::process::Command;
 
 use integration::Services;
@@ -46,16 +48,7 @@ fn the_demo_proves_exactly_once_in_all_four_sinks_across_a_sigkill() {
     let sinks = job["sinks"].as_array().unwrap();
     let setting = |i: usize, key: &str| sinks[i][key].as_str().unwrap().to_string();
     let expected: Vec<i64> = (0..RECORDS).collect();
-    let sorted = |v: &serde_json::Value| {
-        let mut ids: Vec<i64> = v
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|i| i.as_i64().unwrap())
-            .collect();
-        ids.sort_unstable();
-        ids
-    };
+    let sorted = common::sorted_ids;
 
     let files = services.verify(
         "visible_ids.py",

@@ -1,6 +1,7 @@
 //! What an operator watches and does: the Prometheus endpoint counts records in and out, checkpoints and commit
 //! latency, and shows the consumer lag; logs come as JSON lines on request; SIGTERM finishes the checkpoint,
-//! commits and exits 0, with every record read so far visible exactly once in every sink.
+//! commits and exits 0, with every record read so far visible exactly once in every sink; a second SIGTERM exits at
+//! once (130), and the next run loses nothing that was checkpointed.
 
 mod common;
 
@@ -105,5 +106,66 @@ async fn metrics_json_logs_and_a_graceful_stop() {
         log.contains("subtask stopped after its last checkpoint"),
         "{log}"
     );
+    job.assert_exactly_once();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_signal_exits_at_once_and_loses_nothing_checkpointed() {
+    use integration::Services;
+
+    let mut job = Job::new("second-signal", 2, 2, "3s").await;
+    job.produce(2000).await;
+    let port = free_port();
+    let mut worker = job.spawn_worker(&["--metrics-listen", &format!("127.0.0.1:{port}")]);
+    job.wait_delivered(Duration::from_secs(90));
+    // Hold the subtasks' claim rows, so the next checkpoint record cannot be saved: the graceful stop is stuck in
+    // its last checkpoint until the second signal.
+    let db = connector_api::postgres::PgConnectOptions::parse(Services::get().pg_url())
+        .unwrap()
+        .connect(connector_api::Phase::Setup, "the test's lock")
+        .await
+        .unwrap();
+    db.batch_execute("BEGIN").await.unwrap();
+    db.query(
+        "SELECT 1 FROM ratchet_checkpoint_owners WHERE job = $1 FOR UPDATE",
+        &[&job.name],
+    )
+    .await
+    .unwrap();
+    job.produce(2000).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while scrape(port).is_none_or(|b| total(&b, "ratchet_records_in_total") < 4000.0) {
+        assert!(Instant::now() < deadline, "the new records were never read");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    worker.signal(nix::sys::signal::Signal::SIGTERM);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !worker.log_text().contains("stopping: finishing") {
+        assert!(
+            Instant::now() < deadline,
+            "SIGTERM not handled:\n{}",
+            worker.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    worker.signal(nix::sys::signal::Signal::SIGTERM);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = worker.exited() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no fast exit:\n{}",
+            worker.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    worker.child = None;
+    assert_eq!(status.code(), Some(130), "{}", worker.log_text());
+    db.batch_execute("ROLLBACK").await.unwrap();
+    // The next run commits what the interrupted one decided and reads the rest again.
+    let mut worker = job.spawn_worker(&["--exit-when-idle", "3s"]);
+    worker.wait_exit(Duration::from_secs(120));
     job.assert_exactly_once();
 }

@@ -1,5 +1,6 @@
 //! What `ratchet run` refuses before it touches anything: a Kafka cluster that does not answer (reported within
-//! 30 s, naming the address and what to check, by `run` and by `check-config`), and a job whose subtask count
+//! 30 s, naming the address and what to check, by `run`, `check-config` and `demo`, instead of a silent wait in
+//! librdkafka's reconnect loop), and a job whose subtask count
 //! changed since its checkpoints were written (partitions would move to subtasks without their positions).
 
 mod common;
@@ -40,17 +41,22 @@ storage = {{ kind = "local", path = "{out}" }}
 }
 
 #[test]
-fn an_unreachable_kafka_is_reported_within_30_s_by_run_and_check_config() {
+fn an_unreachable_kafka_is_reported_within_30_s_by_run_check_config_and_demo() {
     let dir = tempfile::tempdir().unwrap();
     let config = job_file(dir.path(), "127.0.0.1:1");
-    for command in ["run", "check-config"] {
+    let demo_dir = dir.path().join("demo");
+    for command in ["run", "check-config", "demo"] {
         let started = Instant::now();
-        let out = Command::new(env!("CARGO_BIN_EXE_ratchet"))
-            .args([command, "--config"])
-            .arg(&config)
-            .env("RUST_BACKTRACE", "0")
-            .output()
-            .unwrap();
+        let mut ratchet = Command::new(env!("CARGO_BIN_EXE_ratchet"));
+        ratchet.arg(command).env("RUST_BACKTRACE", "0");
+        if command == "demo" {
+            ratchet
+                .args(["--bootstrap", "127.0.0.1:1", "--dir"])
+                .arg(&demo_dir);
+        } else {
+            ratchet.arg("--config").arg(&config);
+        }
+        let out = ratchet.output().unwrap();
         let took = started.elapsed();
         let said = format!(
             "{}{}",

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 use std::fs::File;
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -207,4 +208,27 @@ pub fn plain_parquet(topic: &str, dir: &std::path::Path, records: u64) -> (u64, 
         writer.into_inner().unwrap().sync_all().unwrap();
     }
     (copied, first.unwrap().elapsed())
+}
+
+/// Runs this benchmark binary again with `variable=job` (its child mode, so the job's CPU time and RSS are its
+/// own) on `records` of `topic`, and returns the numbers of the `RESULT` line it prints.
+pub fn run_child(variable: &str, job: &str, topic: &str, records: u64) -> Vec<f64> {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .env(variable, job)
+        .env("RATCHET_BENCH_TOPIC", topic)
+        .env("RATCHET_BENCH_N", records.to_string())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("RESULT "))
+        .unwrap_or_else(|| {
+            panic!(
+                "job {job} failed ({}):\n{stdout}\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+    line.split(' ').map(|x| x.parse().unwrap()).collect()
 }

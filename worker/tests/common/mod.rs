@@ -158,23 +158,10 @@ create_table = true
         }
     }
 
-    /// Produces the next `count` ids (durably acknowledged before returning).
+    /// Produces the next `count` ids as JSON `{"id": n}` (acknowledged before returning).
     pub async fn produce(&mut self, count: u64) {
-        let mut deliveries = Vec::with_capacity(count as usize);
-        for id in self.produced..self.produced + count {
-            let value = format!(r#"{{"id":{id}}}"#);
-            let key = id.to_string();
-            let delivery = self
-                .producer
-                .send_result(FutureRecord::to(&self.topic).key(&key).payload(&value))
-                .map_err(|(e, _)| e)
-                .unwrap();
-            deliveries.push(delivery);
-        }
-        for delivery in deliveries {
-            delivery.await.unwrap().map_err(|(e, _)| e).unwrap();
-        }
-        self.produced += count;
+        self.produce_encoded(count, |id| format!(r#"{{"id":{id}}}"#).into_bytes())
+            .await;
     }
 
     /// Produces the next `count` ids with `encode` making each value (acknowledged before returning).
@@ -278,16 +265,7 @@ create_table = true
             prepared.is_empty(),
             "prepared transactions left: {prepared:?}"
         );
-        let ids = |v: &serde_json::Value| {
-            let mut ids: Vec<i64> = v
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|i| i.as_i64().unwrap())
-                .collect();
-            ids.sort_unstable();
-            ids
-        };
+        let ids = sorted_ids;
         let lake = services.verify(
             "iceberg_table.py",
             &[
@@ -462,4 +440,16 @@ impl Drop for Worker {
             let _ = child.wait();
         }
     }
+}
+
+/// The ids of a verifier's JSON list, sorted.
+pub fn sorted_ids(ids: &serde_json::Value) -> Vec<i64> {
+    let mut ids: Vec<i64> = ids
+        .as_array()
+        .expect("a list of ids")
+        .iter()
+        .map(|i| i.as_i64().expect("an integer id"))
+        .collect();
+    ids.sort_unstable();
+    ids
 }
