@@ -31,23 +31,6 @@ pub trait Committer: Send + Sync + 'static {
     /// [`Fatal`](ErrorKind::Fatal) error naming the lost checkpoint.
     async fn commit(&self, committables: Vec<Self::Committable>) -> Result<()>;
 
-    /// Lists, read-only, what this instance's subtask holds open in the external system (prepared or open
-    /// transactions, staged files, open uploads) and what [`recover`](Self::recover) would do with each given
-    /// `restored` (the same argument recovery would get). Callable before recovery and while the job is down;
-    /// changes nothing, fences nothing. For `ratchet inspect`.
-    ///
-    /// The default lists nothing: a sink that keeps nothing outside the process between checkpoints.
-    ///
-    /// # Errors
-    /// The external system cannot be read.
-    async fn inspect(
-        &mut self,
-        restored: Option<(CheckpointId, Vec<Self::Committable>)>,
-    ) -> Result<crate::ExternalView> {
-        let _ = restored;
-        Ok(crate::ExternalView::default())
-    }
-
     /// Asks the external system whether the transaction behind `committable` is visible.
     async fn is_committed(&self, committable: &Self::Committable) -> Result<bool>;
 }
