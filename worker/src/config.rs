@@ -482,6 +482,30 @@ storage = { kind = "local", path = "/tmp/x" }
     }
 
     #[test]
+    fn the_job_file_in_docs_worker_md_parses() {
+        let doc = include_str!("../../docs/worker.md");
+        let example = doc
+            .split("```toml\n")
+            .nth(1)
+            .and_then(|rest| rest.split("```").next())
+            .expect("docs/worker.md opens with a TOML example");
+        let job = JobConfig::parse(example, no_env()).unwrap();
+        assert_eq!(job.job.name, "orders");
+        assert!(job.dead_letter.is_some());
+        let avro = doc
+            .split("```toml\n")
+            .find(|block| block.starts_with("decoding = { kind = \"avro\""))
+            .and_then(|block| block.split("```").next())
+            .expect("docs/worker.md shows an Avro decoding");
+        let text = MINIMAL.replace(
+            "decoding = { kind = \"json\", fields = [ { name = \"id\", type = \"int64\", nullable = false } ] }",
+            avro.trim(),
+        );
+        let job = JobConfig::parse(&text, no_env()).unwrap();
+        assert_eq!(job.schema().unwrap().field(0).name(), "id");
+    }
+
+    #[test]
     fn bad_values_are_refused_with_what_to_do() {
         let err = JobConfig::parse(&MINIMAL.replace("subtasks = 3", "subtasks = 0"), no_env())
             .unwrap_err()
