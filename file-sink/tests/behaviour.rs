@@ -8,7 +8,7 @@ use std::sync::Arc;
 use arrow_array::{Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema};
 use common::{Place, config};
-use connector_api::{CheckpointId, ErrorKind, SinkId, SubtaskId, TwoPhaseCommit};
+use connector_api::{CheckpointId, ErrorKind, Resolution, SinkId, SubtaskId, TwoPhaseCommit};
 use file_sink::{
     FileSink, FileSinkConfig, FormatConfig, PartitionConfig, RollingPolicy, StorageConfig,
 };
@@ -179,6 +179,40 @@ async fn s3_multipart_file_survives_a_crash_between_pre_commit_and_commit() {
     let (ids, _, strays) = place.read("big", "id");
     assert!(ids.is_empty(), "nothing may be visible before commit");
     assert_eq!(strays.len(), 2, "two open multipart uploads: {strays:?}");
+
+    // What `ratchet inspect` shows before recovery: the decided checkpoint's upload to complete, the crashed one's
+    // (and its local spill file) to abort.
+    let mut inspector = FileSink::new(config.clone()).await.unwrap();
+    let view = inspector
+        .inspect(Some((CheckpointId(2), vec![durable.clone()])))
+        .await
+        .unwrap();
+    let uploads: Vec<_> = view
+        .transactions
+        .iter()
+        .filter(|t| t.state == "multipart upload")
+        .collect();
+    assert_eq!(uploads.len(), 2, "{view:?}");
+    for upload in &uploads {
+        let expected = match upload.checkpoint {
+            Some(CheckpointId(2)) => Resolution::Commit,
+            Some(CheckpointId(3)) => Resolution::Abort,
+            other => panic!("an upload of checkpoint {other:?}: {view:?}"),
+        };
+        assert_eq!(upload.resolution, expected, "{upload:?}");
+        assert!(
+            upload.age.is_some(),
+            "S3 says when an upload began: {upload:?}"
+        );
+    }
+    for other in view
+        .transactions
+        .iter()
+        .filter(|t| t.state != "multipart upload")
+    {
+        assert_eq!(other.state, "spill file", "{other:?}");
+        assert_eq!(other.resolution, Resolution::Abort, "{other:?}");
+    }
 
     let mut restarted = FileSink::new(config).await.unwrap();
     restarted
