@@ -14,6 +14,14 @@ pub enum Resolution {
     Abort,
 }
 
+impl Resolution {
+    /// What recovery does with a transaction: commit it when the restored checkpoint holds it, abort it otherwise
+    /// (presumed abort).
+    pub fn held_by_restored(held: bool) -> Self {
+        if held { Self::Commit } else { Self::Abort }
+    }
+}
+
 impl std::fmt::Display for Resolution {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {

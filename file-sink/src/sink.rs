@@ -348,11 +348,7 @@ impl TwoPhaseCommit for FileSink {
                     &self.config.sink,
                     self.config.subtask,
                 ),
-                resolution: if keep.contains(&stage.file) {
-                    Resolution::Commit
-                } else {
-                    Resolution::Abort
-                },
+                resolution: Resolution::held_by_restored(keep.contains(&stage.file)),
                 state: stage.kind.to_string(),
                 name: stage.location,
                 age: stage.age,

@@ -335,11 +335,7 @@ impl TwoPhaseCommit for IcebergSink {
                 checkpoint: self.key.checkpoint_of_file(&path),
                 state: "data file no snapshot references".into(),
                 age: None,
-                resolution: if pending.contains(&path) {
-                    Resolution::Commit
-                } else {
-                    Resolution::Abort
-                },
+                resolution: Resolution::held_by_restored(pending.contains(&path)),
                 name: path,
             })
             .collect();

@@ -257,11 +257,7 @@ impl TwoPhaseCommit for JdbcSink {
             .map(|Prepared { xid, age }| {
                 let name = xid.to_string();
                 OpenTransaction {
-                    resolution: if keep.contains(&name) {
-                        Resolution::Commit
-                    } else {
-                        Resolution::Abort
-                    },
+                    resolution: Resolution::held_by_restored(keep.contains(&name)),
                     name,
                     checkpoint: Some(xid.checkpoint),
                     state: "prepared".into(),

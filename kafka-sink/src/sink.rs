@@ -456,11 +456,7 @@ impl TwoPhaseCommit for KafkaSink {
                     described.timeout_ms
                 ),
                 age,
-                resolution: if held.is_some() {
-                    Resolution::Commit
-                } else {
-                    Resolution::Abort
-                },
+                resolution: Resolution::held_by_restored(held.is_some()),
             });
         }
         Ok(ExternalView {
