@@ -56,8 +56,8 @@ async fn run(bootstrap: &str, topic: &str, dir: &std::path::Path) -> connector_a
 
     let restored = driver.start().await?;
     let kafka = KafkaConnection::plaintext(bootstrap);
-    let mut source = KafkaSource::open(&kafka, topic, &restored.positions)?;
-    let end = source.high_watermarks()?;
+    let mut source = KafkaSource::open(&kafka, topic, &restored.positions).await?;
+    let end = source.watermarks()?;
     // The job's own checkpoint timer.
     let mut last_checkpoint = Instant::now();
     while !source.reached(&end) {

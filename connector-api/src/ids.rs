@@ -37,12 +37,7 @@ impl SinkId {
     /// [`Config`](crate::ErrorKind::Config) naming the id and the rule.
     pub fn new(id: impl Into<String>) -> crate::Result<Self> {
         let id = id.into();
-        let valid = !id.is_empty()
-            && id.len() <= 64
-            && id
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-        if valid {
+        if embeddable(&id) {
             Ok(Self(id))
         } else {
             Err(crate::Error::new(
@@ -79,6 +74,116 @@ impl fmt::Display for SinkId {
     }
 }
 
+/// The stable name of a job: scopes everything its sinks own in external systems (with each sink's id, see
+/// [`SinkScope`]), so two jobs never touch each other's transactions, files, ledger entries or markers, even where
+/// their sinks have the same ids and write to the same table, topic or directory.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct JobId(String);
+
+impl JobId {
+    /// A job id: 1 to 64 ASCII letters, digits, `-` and `_` (as a [`SinkId`]).
+    ///
+    /// # Errors
+    /// [`Config`](crate::ErrorKind::Config) naming the id and the rule.
+    pub fn new(id: impl Into<String>) -> crate::Result<Self> {
+        let id = id.into();
+        if embeddable(&id) {
+            Ok(Self(id))
+        } else {
+            Err(crate::Error::new(
+                crate::ErrorKind::Config,
+                crate::Phase::Setup,
+                format!(
+                    "invalid job name {id:?} for scoping what its sinks own: use 1 to 64 ASCII letters, digits, \
+                     '-' or '_'"
+                ),
+            ))
+        }
+    }
+
+    /// The id as a string.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for JobId {
+    type Error = crate::Error;
+
+    fn try_from(id: String) -> crate::Result<Self> {
+        Self::new(id)
+    }
+}
+
+impl From<JobId> for String {
+    fn from(id: JobId) -> String {
+        id.0
+    }
+}
+
+impl fmt::Display for JobId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// 1 to 64 ASCII letters, digits, `-` and `_`.
+fn embeddable(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// The name under which one sink of one job keeps its state in an external system: Kafka transactional-id
+/// prefixes, file and staging names, prepared-transaction ids and their owner and marker rows.
+///
+/// `<job>~<sink>` for a job-scoped sink: `~` occurs in neither id, so two (job, sink) pairs never share a scope, and
+/// a scope never contains `.` (the separator of the names built from it). The sink id alone for a sink configured
+/// without a job (and for jobs started before sinks were scoped by their job: their names stay as they were), or
+/// an explicit scope a sink's settings give.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SinkScope(String);
+
+impl SinkScope {
+    /// The scope of `sink` in `job` (`None`: the sink id alone).
+    pub fn new(job: Option<&JobId>, sink: &SinkId) -> Self {
+        match job {
+            Some(job) => Self(format!("{job}~{sink}")),
+            None => Self(sink.to_string()),
+        }
+    }
+
+    /// Reads a scope back from a name built with it: a sink id, or `<job>~<sink>`.
+    pub fn parse(text: &str) -> Option<Self> {
+        let valid = match text.split_once('~') {
+            Some((job, sink)) => embeddable(job) && embeddable(sink),
+            None => embeddable(text),
+        };
+        valid.then(|| Self(text.to_string()))
+    }
+
+    /// The scope as a string.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<SinkId> for SinkScope {
+    /// An explicit scope from a sink's settings.
+    fn from(id: SinkId) -> Self {
+        Self(id.0)
+    }
+}
+
+impl fmt::Display for SinkScope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// The index of one parallel instance (task) of a sink.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
@@ -102,6 +207,30 @@ mod tests {
             assert!(err.contains("invalid sink id"), "{err}");
             let parsed: Result<SinkId, _> = serde_json::from_value(serde_json::json!(bad));
             assert!(parsed.is_err(), "{bad:?} deserialized");
+            assert!(JobId::new(bad).is_err(), "{bad:?}");
+        }
+        assert!(JobId::new("orders.eu").is_err());
+    }
+
+    #[test]
+    fn scopes_of_different_jobs_and_sinks_never_coincide_and_parse_back() {
+        let job = |id: &str| JobId::new(id).unwrap();
+        let sink = |id: &str| SinkId::new(id).unwrap();
+        let eu = SinkScope::new(Some(&job("orders-eu")), &sink("lake"));
+        let us = SinkScope::new(Some(&job("orders-us")), &sink("lake"));
+        assert_eq!(eu.as_str(), "orders-eu~lake");
+        assert_ne!(eu, us);
+        // `a~b-c` can only be job `a`, sink `b-c`: no other pair spells it.
+        assert_ne!(
+            SinkScope::new(Some(&job("a-b")), &sink("c")),
+            SinkScope::new(Some(&job("a")), &sink("b-c"))
+        );
+        assert_eq!(SinkScope::new(None, &sink("lake")).as_str(), "lake");
+        for scope in [eu, SinkScope::new(None, &sink("lake"))] {
+            assert_eq!(SinkScope::parse(scope.as_str()), Some(scope.clone()));
+        }
+        for bad in ["", "a~", "~b", "a~b~c", "a.b", "a b"] {
+            assert_eq!(SinkScope::parse(bad), None, "{bad:?}");
         }
     }
 }

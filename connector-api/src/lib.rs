@@ -35,7 +35,7 @@ pub use driver::{
     SinkHandle, Step, StreamEvent, committables_in,
 };
 pub use error::{Action, Error, ErrorKind, Phase, Report, Result, action, action_after_retries};
-pub use ids::{CheckpointId, SinkId, SubtaskId};
+pub use ids::{CheckpointId, JobId, SinkId, SinkScope, SubtaskId};
 pub use inspect::{ExternalView, Inspection, OpenTransaction, Resolution, SinkInspection};
 pub use registry::{DynSink, SinkContext, SinkFactory, SinkRegistry, SinkSpec, parse_settings};
 pub use retry::{Attempts, RetryPolicy};

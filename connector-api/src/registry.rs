@@ -29,8 +29,8 @@ use serde::Deserialize;
 
 use crate::driver::ErasedSink;
 use crate::{
-    DeliveryGuarantee, Error, ErrorKind, GuaranteedSink, Phase, Result, SinkId, SubtaskId,
-    TwoPhaseCommit, with_suggestion,
+    DeliveryGuarantee, Error, ErrorKind, GuaranteedSink, JobId, Phase, Result, SinkId, SinkScope,
+    SubtaskId, TwoPhaseCommit, with_suggestion,
 };
 
 /// One `[[sinks]]` entry: the keys every sink has, and the sink's own settings.
@@ -52,12 +52,25 @@ pub struct SinkSpec {
 /// What a factory gets besides the sink's own settings.
 #[derive(Debug, Clone)]
 pub struct SinkContext {
+    /// The job the sink belongs to, when what it owns is scoped by the job ([`SinkScope`]): everything the sink
+    /// keeps in its external system is then named after the job and the sink, so two jobs never interfere. `None`
+    /// for sinks without a job, and for jobs the worker first ran before sinks were scoped by their job (their names
+    /// stay as they were: the sink id alone). A sink's own `job`/`scope`/prefix setting overrides it.
+    pub job: Option<JobId>,
     /// The sink's id.
     pub sink: SinkId,
     /// The subtask this instance serves.
     pub subtask: SubtaskId,
     /// The schema of the batches it will be given.
     pub schema: SchemaRef,
+}
+
+impl SinkContext {
+    /// Where the sink keeps its state unless its settings say otherwise: `<job>~<sink>`, or the sink id alone
+    /// without a job.
+    pub fn scope(&self) -> SinkScope {
+        SinkScope::new(self.job.as_ref(), &self.sink)
+    }
 }
 
 /// A sink of any type, with its delivery guarantee applied, ready for
@@ -146,13 +159,14 @@ impl SinkRegistry {
         self.factories.keys().copied().collect()
     }
 
-    /// Builds the instance of `spec` for `subtask`, given batches of `schema`.
+    /// Builds the instance of `spec` for `subtask` of `job` ([`SinkContext::job`]), given batches of `schema`.
     ///
     /// # Errors
     /// [`Config`](ErrorKind::Config) for an unknown `type` (naming the known ones) or invalid settings.
     pub async fn build(
         &self,
         spec: &SinkSpec,
+        job: Option<&JobId>,
         subtask: SubtaskId,
         schema: SchemaRef,
     ) -> Result<DynSink> {
@@ -169,6 +183,7 @@ impl SinkRegistry {
             .with_sink(&spec.id)
         })?;
         let context = SinkContext {
+            job: job.cloned(),
             sink: spec.id.clone(),
             subtask,
             schema,
@@ -228,6 +243,7 @@ mod tests {
         let err = registry
             .build(
                 &spec("type = \"nope\"\nid = \"s\""),
+                None,
                 SubtaskId(0),
                 schema.clone(),
             )
@@ -239,6 +255,7 @@ mod tests {
         let err = registry
             .build(
                 &spec("type = \"nothing\"\nid = \"s\"\nsise = 3"),
+                None,
                 SubtaskId(0),
                 schema.clone(),
             )
@@ -255,7 +272,7 @@ mod tests {
         let parsed = spec("type = \"nothing\"\nid = \"s\"\ndelivery = \"at-least-once\"\nsize = 3");
         assert_eq!(parsed.delivery, DeliveryGuarantee::AtLeastOnce);
         let err = registry
-            .build(&parsed, SubtaskId(0), schema)
+            .build(&parsed, None, SubtaskId(0), schema)
             .await
             .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Bug, "{err}");

@@ -15,11 +15,7 @@ use integration::Services;
 fn record(id: u64) -> CheckpointRecord {
     CheckpointRecord {
         id: CheckpointId(id),
-        positions: vec![SourceOffset {
-            topic: "orders".into(),
-            partition: 0,
-            next_offset: id as i64 * 100,
-        }],
+        positions: vec![SourceOffset::new("orders", 0, id as i64 * 100)],
         committables: BTreeMap::new(),
     }
 }

@@ -84,11 +84,7 @@ fn props() -> WriterProperties {
 
 /// Source positions after `next` records.
 fn at(next: i64) -> Vec<SourceOffset> {
-    vec![SourceOffset {
-        topic: "bench".into(),
-        partition: 0,
-        next_offset: next,
-    }]
+    vec![SourceOffset::new("bench", 0, next)]
 }
 
 /// The batches of one run: `rounds` passes over the pool.

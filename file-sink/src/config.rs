@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use arrow_schema::SchemaRef;
-use connector_api::{SinkId, SubtaskId};
+use connector_api::{SinkId, SinkScope, SubtaskId};
 use serde::Deserialize;
 
 /// Where files go.
@@ -221,8 +221,11 @@ fn default_max_records() -> u64 {
 /// Everything a [`FileSink`](crate::FileSink) instance needs.
 #[derive(Debug, Clone)]
 pub struct FileSinkConfig {
-    /// The sink's id; scopes the files it owns.
+    /// The sink's id.
     pub sink: SinkId,
+    /// Scopes the files it owns: their names, the owner-epoch file, staging objects ([`SinkScope`]; the sink id
+    /// by default, `<job>~<sink>` from a job file).
+    pub scope: SinkScope,
     /// This instance's subtask.
     pub subtask: SubtaskId,
     /// Schema every written batch must have.
@@ -238,7 +241,7 @@ pub struct FileSinkConfig {
 }
 
 impl FileSinkConfig {
-    /// A config with Parquet (zstd), no partitions and default rolling.
+    /// A config with Parquet (zstd), no partitions and default rolling, scoped by the sink id alone.
     pub fn new(
         sink: SinkId,
         subtask: SubtaskId,
@@ -246,6 +249,7 @@ impl FileSinkConfig {
         storage: StorageConfig,
     ) -> Self {
         Self {
+            scope: SinkScope::from(sink.clone()),
             sink,
             subtask,
             schema,

@@ -1,7 +1,9 @@
 //! The file sink in a job file: `[[sinks]]` entries with `type = "file"`.
 
 use async_trait::async_trait;
-use connector_api::{DeliveryGuarantee, DynSink, Result, SinkContext, SinkFactory, parse_settings};
+use connector_api::{
+    DeliveryGuarantee, DynSink, Result, SinkContext, SinkFactory, SinkId, SinkScope, parse_settings,
+};
 use serde::Deserialize;
 
 use crate::config::{FormatConfig, PartitionConfig, RollingPolicy, StorageConfig};
@@ -16,6 +18,7 @@ use crate::{FileSink, FileSinkConfig};
 /// | `format` | `{ kind = "parquet", compression = "zstd", row_group_size = .. }`, `{ kind = "json_lines" }`, `{ kind = "csv" }` | Parquet, zstd |
 /// | `partition` | `{ fields = [..], time = { field = "..", granularity = "day" } }` | none |
 /// | `rolling` | `{ max_bytes = .., max_records = .. }` | 128 MiB / 10 M rows |
+/// | `scope` | scopes the sink's file names, owner-epoch file and staging objects (unique per job and sink in one directory or prefix) | `<job>~<sink id>` (jobs first run before job scoping, and sinks built without a job: the sink id) |
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileSinkSettings {
@@ -30,6 +33,9 @@ pub struct FileSinkSettings {
     /// When files roll.
     #[serde(default)]
     pub rolling: RollingPolicy,
+    /// Scopes the files the sink owns.
+    #[serde(default)]
+    pub scope: Option<SinkId>,
 }
 
 /// Builds [`FileSink`]s from [`FileSinkSettings`].
@@ -54,6 +60,9 @@ impl SinkFactory for FileSinkFactory {
     ) -> Result<DynSink> {
         let settings: FileSinkSettings = parse_settings(&context.sink, self.kind(), settings)?;
         let config = FileSinkConfig {
+            scope: settings
+                .scope
+                .map_or_else(|| context.scope(), SinkScope::from),
             sink: context.sink,
             subtask: context.subtask,
             schema: context.schema,

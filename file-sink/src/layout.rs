@@ -1,15 +1,15 @@
-//! Deterministic file names: everything a file's name says is derived from the sink, subtask, checkpoint, the
+//! Deterministic file names: everything a file's name says is derived from the sink's scope (job and sink), subtask, checkpoint, the
 //! writing instance's owner epoch and a sequence number, so recovery can tell which files a sink instance owns, a
 //! retried commit reproduces the same name, and a zombie (an older epoch) never writes to a path the current
 //! instance uses.
 
-use connector_api::{CheckpointId, SinkId, SubtaskId};
+use connector_api::{CheckpointId, SinkScope, SubtaskId};
 
 /// The name of one output file, and of its hidden in-progress and pending stages.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileName {
-    /// The sink that owns the file.
-    pub sink: SinkId,
+    /// The scope of the sink that owns the file (`<job>~<sink>`, or the sink id: [`SinkScope`]).
+    pub scope: SinkScope,
     /// The subtask that wrote it.
     pub subtask: SubtaskId,
     /// The checkpoint whose transaction it belongs to.
@@ -29,7 +29,7 @@ impl FileName {
     pub fn visible(&self) -> String {
         format!(
             "{}{:010}.{}.{:04}.{}",
-            Self::owner_prefix(&self.sink, self.subtask),
+            Self::owner_prefix(&self.scope, self.subtask),
             self.checkpoint.0,
             self.epoch,
             self.seq,
@@ -57,15 +57,15 @@ impl FileName {
     }
 
     /// The prefix every file of one sink instance starts with (after the leading dot of hidden stages). The `.`
-    /// separator cannot occur in a sink id, so no instance's prefix is a prefix of another's.
-    pub fn owner_prefix(sink: &SinkId, subtask: SubtaskId) -> String {
-        format!("part-{sink}.{subtask}.")
+    /// separator cannot occur in a scope, so no instance's prefix is a prefix of another's.
+    pub fn owner_prefix(scope: &SinkScope, subtask: SubtaskId) -> String {
+        format!("part-{scope}.{subtask}.")
     }
 
-    /// Whether the file name `name` (no directory) is a file of `sink`/`subtask`, visible or a hidden stage.
-    pub fn is_owned(name: &str, sink: &SinkId, subtask: SubtaskId) -> bool {
+    /// Whether the file name `name` (no directory) is a file of `scope`/`subtask`, visible or a hidden stage.
+    pub fn is_owned(name: &str, scope: &SinkScope, subtask: SubtaskId) -> bool {
         name.trim_start_matches('.')
-            .starts_with(&Self::owner_prefix(sink, subtask))
+            .starts_with(&Self::owner_prefix(scope, subtask))
     }
 
     /// The visible name a hidden stage's name `name` publishes as (`.x.pending` → `x`).
@@ -76,18 +76,22 @@ impl FileName {
             .unwrap_or(name)
     }
 
-    /// The checkpoint in the name of a file (visible or a stage) of `sink`/`subtask`.
-    pub fn checkpoint_of(name: &str, sink: &SinkId, subtask: SubtaskId) -> Option<CheckpointId> {
+    /// The checkpoint in the name of a file (visible or a stage) of `scope`/`subtask`.
+    pub fn checkpoint_of(
+        name: &str,
+        scope: &SinkScope,
+        subtask: SubtaskId,
+    ) -> Option<CheckpointId> {
         let rest = name
             .trim_start_matches('.')
-            .strip_prefix(&Self::owner_prefix(sink, subtask))?;
+            .strip_prefix(&Self::owner_prefix(scope, subtask))?;
         rest.split('.').next()?.parse().ok().map(CheckpointId)
     }
 
-    /// Whether `name` is a hidden stage (in-progress or pending) of a file owned by `sink`/`subtask`.
-    pub fn is_owned_stage(name: &str, sink: &SinkId, subtask: SubtaskId) -> bool {
+    /// Whether `name` is a hidden stage (in-progress or pending) of a file owned by `scope`/`subtask`.
+    pub fn is_owned_stage(name: &str, scope: &SinkScope, subtask: SubtaskId) -> bool {
         name.starts_with('.')
-            && Self::is_owned(name, sink, subtask)
+            && Self::is_owned(name, scope, subtask)
             && (name.ends_with(".inprogress") || name.ends_with(".pending"))
     }
 }
@@ -98,7 +102,7 @@ mod tests {
 
     fn name() -> FileName {
         FileName {
-            sink: SinkId::new("orders").unwrap(),
+            scope: connector_api::SinkId::new("orders").unwrap().into(),
             subtask: SubtaskId(0),
             checkpoint: CheckpointId(7),
             epoch: 3,
@@ -117,11 +121,11 @@ mod tests {
             name.visible()
         );
         assert_eq!(
-            FileName::checkpoint_of(&name.pending(), &name.sink, SubtaskId(0)),
+            FileName::checkpoint_of(&name.pending(), &name.scope, SubtaskId(0)),
             Some(CheckpointId(7))
         );
         assert_eq!(
-            FileName::checkpoint_of(&name.pending(), &name.sink, SubtaskId(1)),
+            FileName::checkpoint_of(&name.pending(), &name.scope, SubtaskId(1)),
             None
         );
     }
@@ -136,38 +140,38 @@ mod tests {
         );
         assert!(FileName::is_owned_stage(
             &name.pending(),
-            &name.sink,
+            &name.scope,
             SubtaskId(0)
         ));
         assert!(FileName::is_owned_stage(
             &name.in_progress(),
-            &name.sink,
+            &name.scope,
             SubtaskId(0)
         ));
         assert!(!FileName::is_owned_stage(
             &name.visible(),
-            &name.sink,
+            &name.scope,
             SubtaskId(0)
         ));
         assert!(!FileName::is_owned_stage(
             &name.pending(),
-            &name.sink,
+            &name.scope,
             SubtaskId(1)
         ));
         // Sink "orders-0" subtask 1 must not claim the files of sink "orders" subtask 0, nor the reverse.
         let dashed = FileName {
-            sink: SinkId::new("orders-0").unwrap(),
+            scope: connector_api::SinkId::new("orders-0").unwrap().into(),
             subtask: SubtaskId(1),
             ..name.clone()
         };
         assert!(!FileName::is_owned_stage(
             &dashed.pending(),
-            &name.sink,
+            &name.scope,
             SubtaskId(0)
         ));
         assert!(!FileName::is_owned_stage(
             &name.pending(),
-            &dashed.sink,
+            &dashed.scope,
             SubtaskId(1)
         ));
     }

@@ -85,7 +85,7 @@ impl FileSink {
             )
             .with_sink(&config.sink));
         }
-        let backend = Backend::open(&config.storage, &config.sink, config.subtask)
+        let backend = Backend::open(&config.storage, &config.scope, config.subtask)
             .await
             .map_err(|e| e.or_sink(&config.sink))?;
         Ok(Self {
@@ -119,7 +119,7 @@ impl FileSink {
         if !self.open.contains_key(partition) {
             let seq = self.next_seq.entry(partition.to_string()).or_insert(0);
             let name = FileName {
-                sink: self.config.sink.clone(),
+                scope: self.config.scope.clone(),
                 subtask: self.config.subtask,
                 checkpoint,
                 epoch: self.epoch,
@@ -345,7 +345,7 @@ impl TwoPhaseCommit for FileSink {
             .map(|stage| OpenTransaction {
                 checkpoint: FileName::checkpoint_of(
                     &stage.file,
-                    &self.config.sink,
+                    &self.config.scope,
                     self.config.subtask,
                 ),
                 resolution: Resolution::held_by_restored(keep.contains(&stage.file)),

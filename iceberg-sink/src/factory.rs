@@ -22,7 +22,7 @@ use crate::config::{
 /// | `catalog_name` | the catalog's name (pyiceberg's `SqlCatalog(name, ..)` must use the same) | `ratchet` |
 /// | `table` | `namespace.name` | required |
 /// | `create_table` | create the namespace and an unpartitioned table from the input schema when missing | false |
-/// | `job` | the job identity recorded in every snapshot; must stay the same across restarts and replacements, and differ between jobs writing the same table with the same sink id | the sink id |
+/// | `job` | the job identity recorded in every snapshot (the ledger key, with the sink id and subtask); must stay the same across restarts and replacements, and differ between jobs writing the same table with the same sink id | the job's name (jobs first run before job scoping, and sinks built without a job: the sink id) |
 /// | `s3` | `{ endpoint, region, access_key_id, secret_access_key, force_path_style }` for an `s3://` warehouse | the AWS environment |
 /// | `target_file_size` | bytes after which a data file is closed and the next one opened | 128 MiB |
 /// | `commit_every` | commit one snapshot every this many checkpoints (fewer, larger snapshots; data becomes visible up to K checkpoints later, and after a clean stop only at the next start; exactly-once only) | 1 |
@@ -126,8 +126,14 @@ impl SinkFactory for IcebergSinkFactory {
             )
             .with_sink(&context.sink));
         }
+        let job = match (settings.job, &context.job) {
+            (Some(job), _) => job,
+            // A job id has a sink id's alphabet.
+            (None, Some(job)) => SinkId::new(job.as_str())?,
+            (None, None) => context.sink.clone(),
+        };
         let config = IcebergSinkConfig {
-            job: settings.job.unwrap_or_else(|| context.sink.clone()),
+            job,
             sink: context.sink,
             subtask: context.subtask,
             schema: context.schema,

@@ -44,7 +44,7 @@ async fn a_job_file_entry_writes_through_the_registry() {
     ))
     .unwrap();
     let sink = registry()
-        .build(&spec, SubtaskId(0), conformance_schema())
+        .build(&spec, None, SubtaskId(0), conformance_schema())
         .await
         .unwrap();
     run_one_checkpoint(sink, 25).await;
@@ -70,7 +70,7 @@ async fn misspelt_keys_and_missing_tables_are_refused_by_name() {
     let build = |body: String| async move {
         let spec: SinkSpec = toml::from_str(&body).unwrap();
         registry()
-            .build(&spec, SubtaskId(0), conformance_schema())
+            .build(&spec, None, SubtaskId(0), conformance_schema())
             .await
             .unwrap_err()
     };

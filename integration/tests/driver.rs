@@ -26,11 +26,7 @@ fn rows(ids: std::ops::Range<i64>) -> RecordBatch {
 }
 
 fn at(next: i64) -> Vec<SourceOffset> {
-    vec![SourceOffset {
-        topic: "t".into(),
-        partition: 0,
-        next_offset: next,
-    }]
+    vec![SourceOffset::new("t", 0, next)]
 }
 
 fn quick() -> DriverConfig {

@@ -220,7 +220,7 @@ async fn sink_run(
     let sink_id = SinkId::new("bench").unwrap();
     let config = JdbcSinkConfig {
         sink: sink_id.clone(),
-        scope: SinkId::new(table).unwrap(),
+        scope: SinkId::new(table).unwrap().into(),
         subtask: SubtaskId(0),
         schema: conformance_schema(),
         connection: ConnectionConfig::new(url(db)),
@@ -250,11 +250,7 @@ async fn sink_run(
             driver.write(sink, &batch(next)).await.unwrap();
             next += BATCH_ROWS;
         }
-        let at = vec![SourceOffset {
-            topic: "bench".into(),
-            partition: 0,
-            next_offset: next,
-        }];
+        let at = vec![SourceOffset::new("bench", 0, next)];
         let begun = Instant::now();
         driver.checkpoint(at).await.unwrap();
         let durable = Instant::now();

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use arrow_schema::SchemaRef;
-use connector_api::{Error, ErrorKind, Phase, Result, SinkId, SubtaskId};
+use connector_api::{Error, ErrorKind, Phase, Result, SinkId, SinkScope, SubtaskId};
 use serde::Deserialize;
 
 /// Which database a connection URL points at, from its scheme.
@@ -82,9 +82,9 @@ fn default_retention() -> Duration {
 pub struct JdbcSinkConfig {
     /// The sink's id: scopes its transaction ids, markers and owner row.
     pub sink: SinkId,
-    /// Scopes the sink's transaction ids, owner rows and markers in the database: the sink id unless set. Two
-    /// jobs writing into one database with sinks of the same id need different scopes.
-    pub scope: SinkId,
+    /// Scopes the sink's transaction ids, owner rows and markers in the database ([`SinkScope`]): jobs and sinks
+    /// writing into one database need different scopes.
+    pub scope: SinkScope,
     /// The subtask this instance serves.
     pub subtask: SubtaskId,
     /// The schema of the batches it is given.

@@ -7,7 +7,7 @@
 
 use arrow_array::RecordBatch;
 use async_trait::async_trait;
-use connector_api::{CheckpointId, Result, SinkId, SubtaskId};
+use connector_api::{CheckpointId, Result, SinkScope, SubtaskId};
 
 use crate::Xid;
 
@@ -102,7 +102,7 @@ pub(crate) trait Coordinator: Send + Sync {
     async fn rollback_prepared(&self, xid: &Xid) -> Result<()>;
 
     /// Every prepared transaction of `sink` in this database (all subtasks), oldest checkpoint first.
-    async fn list_prepared(&self, sink: &SinkId) -> Result<Vec<Prepared>>;
+    async fn list_prepared(&self, sink: &SinkScope) -> Result<Vec<Prepared>>;
 
     /// Whether `xid`'s transaction committed (its marker is visible).
     async fn is_committed(&self, xid: &Xid) -> Result<bool>;
@@ -110,7 +110,7 @@ pub(crate) trait Coordinator: Send + Sync {
     /// The last checkpoint the upsert or append mode applied for `sink`/`subtask`.
     async fn applied_through(
         &self,
-        sink: &SinkId,
+        sink: &SinkScope,
         subtask: SubtaskId,
     ) -> Result<Option<CheckpointId>>;
 
@@ -122,7 +122,7 @@ pub(crate) trait Coordinator: Send + Sync {
     /// the job takes next must be free (a job whose checkpoint store was reset starts again from id 1).
     async fn claim_owner(
         &self,
-        sink: &SinkId,
+        sink: &SinkScope,
         subtask: SubtaskId,
         restored: Option<CheckpointId>,
     ) -> Result<Option<u64>>;

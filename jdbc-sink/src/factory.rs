@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use connector_api::{
-    DeliveryGuarantee, DynSink, Result, SinkContext, SinkFactory, SinkId, parse_settings,
+    DeliveryGuarantee, DynSink, Result, SinkContext, SinkFactory, SinkId, SinkScope, parse_settings,
 };
 use serde::Deserialize;
 
@@ -20,7 +20,7 @@ use crate::config::{ConnectionConfig, JdbcSinkConfig, WriteMode};
 /// | `table` | the target table, `name` or `schema.name` | required |
 /// | `mode` | `{ kind = "xa" }`, `{ kind = "upsert", key = ["id"] }` or `{ kind = "append", dedup = { message_id = "id", retention = "7days" } }` | xa |
 /// | `create_table` | create the table from the batches' schema when missing | false |
-/// | `scope` | scopes transaction ids, owner and marker rows in the database (unique per job and sink there) | the sink id |
+/// | `scope` | scopes transaction ids, owner and marker rows in the database (unique per job and sink there) | `<job>~<sink id>` (jobs first run before job scoping, and sinks built without a job: the sink id) |
 /// | `lock_timeout` | the longest any statement of the sink waits for a row lock (recovery then resolves prepared transactions again; a checkpoint is aborted and replayed) | 5s |
 ///
 /// ```toml
@@ -90,7 +90,9 @@ impl SinkFactory for JdbcSinkFactory {
     ) -> Result<DynSink> {
         let settings: JdbcSinkSettings = parse_settings(&context.sink, self.kind(), settings)?;
         let config = JdbcSinkConfig {
-            scope: settings.scope.unwrap_or_else(|| context.sink.clone()),
+            scope: settings
+                .scope
+                .map_or_else(|| context.scope(), SinkScope::from),
             sink: context.sink,
             subtask: context.subtask,
             schema: context.schema,

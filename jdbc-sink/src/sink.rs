@@ -7,7 +7,7 @@ use arrow_array::RecordBatch;
 use async_trait::async_trait;
 use connector_api::{
     CheckpointId, Committer, Error, ErrorKind, ExternalView, OpenTransaction, Phase, Resolution,
-    Result, SinkId, SubtaskId, TwoPhaseCommit,
+    Result, SinkId, SinkScope, SubtaskId, TwoPhaseCommit,
 };
 use serde::{Deserialize, Serialize};
 
@@ -88,7 +88,7 @@ impl Committer for JdbcCommitter {
 /// A relational table as an exactly-once sink; see the crate docs for the modes and the protocol.
 pub struct JdbcSink {
     sink: SinkId,
-    scope: SinkId,
+    scope: SinkScope,
     subtask: SubtaskId,
     xa: bool,
     session: Box<dyn Session>,

@@ -2,17 +2,17 @@
 
 use std::fmt;
 
-use connector_api::{CheckpointId, SinkId, SubtaskId};
+use connector_api::{CheckpointId, SinkScope, SubtaskId};
 
 /// The global id of one sink instance's prepared transaction for one checkpoint: `ratchet.<scope>.<subtask>.<cp>`.
 ///
-/// The scope is the sink's id unless the job sets another (two jobs writing into one database need different
-/// scopes). The `.` separator cannot occur in it, so the id parses back unambiguously and one instance's ids are
+/// The scope is `<job>~<sink>` ([`SinkScope`]; the sink id alone for jobs from before job scoping), unless the
+/// sink's settings give one. The `.` separator cannot occur in it, so the id parses back unambiguously and one instance's ids are
 /// never mistaken for another's.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Xid {
     /// The owning sink's scope (its id unless configured).
-    pub scope: SinkId,
+    pub scope: SinkScope,
     /// The owning subtask.
     pub subtask: SubtaskId,
     /// The checkpoint the transaction belongs to.
@@ -23,12 +23,12 @@ const PREFIX: &str = "ratchet.";
 
 impl Xid {
     /// The prefix shared by every xid of one sink instance (for listing what it owns).
-    pub fn owner_prefix(scope: &SinkId, subtask: SubtaskId) -> String {
+    pub fn owner_prefix(scope: &SinkScope, subtask: SubtaskId) -> String {
         format!("{PREFIX}{scope}.{subtask}.")
     }
 
     /// The prefix shared by every xid of one sink, all subtasks (for recovery after the subtask count changed).
-    pub fn sink_prefix(scope: &SinkId) -> String {
+    pub fn sink_prefix(scope: &SinkScope) -> String {
         format!("{PREFIX}{scope}.")
     }
 
@@ -45,7 +45,7 @@ impl Xid {
     /// Parses an xid written by [`Xid`]'s `Display`; `None` for ids Ratchet did not write.
     pub fn parse(gid: &str) -> Option<Xid> {
         let mut parts = gid.strip_prefix(PREFIX)?.split('.');
-        let scope = SinkId::new(parts.next()?).ok()?;
+        let scope = SinkScope::parse(parts.next()?)?;
         let subtask = SubtaskId(parts.next()?.parse().ok()?);
         let checkpoint = CheckpointId(parts.next()?.parse().ok()?);
         parts.next().is_none().then_some(Xid {
@@ -74,7 +74,7 @@ mod tests {
     #[test]
     fn round_trips_and_rejects_foreign_ids() {
         let xid = Xid {
-            scope: SinkId::new("orders-db").unwrap(),
+            scope: SinkScope::from(connector_api::SinkId::new("orders-db").unwrap()),
             subtask: SubtaskId(2),
             checkpoint: CheckpointId(41),
         };

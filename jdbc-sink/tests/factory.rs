@@ -56,7 +56,7 @@ async fn job_file_round_trip(db: Db) {
     ))
     .unwrap();
     let sink = registry()
-        .build(&spec, SubtaskId(0), conformance_schema())
+        .build(&spec, None, SubtaskId(0), conformance_schema())
         .await
         .unwrap();
     let shown = format!("{sink:?} {spec:?}");
@@ -87,7 +87,7 @@ async fn misspelt_keys_and_missing_password_variables_are_refused_by_name() {
     )
     .unwrap();
     let err = registry()
-        .build(&spec, SubtaskId(0), conformance_schema())
+        .build(&spec, None, SubtaskId(0), conformance_schema())
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Config);
@@ -104,7 +104,7 @@ async fn misspelt_keys_and_missing_password_variables_are_refused_by_name() {
     )
     .unwrap();
     let err = registry()
-        .build(&spec, SubtaskId(0), conformance_schema())
+        .build(&spec, None, SubtaskId(0), conformance_schema())
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Config);

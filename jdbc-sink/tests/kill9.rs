@@ -141,11 +141,7 @@ async fn run_partitions(
         }
         let offsets = positions
             .iter()
-            .map(|(partition, next)| SourceOffset {
-                topic: "source".into(),
-                partition: *partition as i32,
-                next_offset: *next,
-            })
+            .map(|(partition, next)| SourceOffset::new("source", *partition as i32, *next))
             .collect();
         driver.checkpoint(offsets).await.unwrap();
     }

@@ -67,11 +67,7 @@ fn sink(bootstrap: &str, topic: &str) -> KafkaSink {
 }
 
 fn at(next: i64) -> Vec<SourceOffset> {
-    vec![SourceOffset {
-        topic: "bench".into(),
-        partition: 0,
-        next_offset: next,
-    }]
+    vec![SourceOffset::new("bench", 0, next)]
 }
 
 /// Runs the driver for `run` seconds; returns (records, seconds, commit latencies). With `wait_for_commit`, each

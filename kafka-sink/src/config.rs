@@ -26,10 +26,10 @@ const CONTROLLED_KEYS: &[&str] = &[
 /// |---|---|---|
 /// | `bootstrap_servers` | Kafka bootstrap servers | required |
 /// | `topic` | target topic | required |
-/// | `transactional_id_prefix` | prefix of this sink's transactional ids; unique per job and sink | required |
+/// | `transactional_id_prefix` | prefix of this sink's transactional ids; unique per job and sink | in a job file: `<job>~<sink id>` (required for jobs first run before job scoping, and for sinks built without a job) |
 /// | `transactional_id_pool_size` | transactional ids per subtask (2 to 16: checkpoint N commits while N+1 is written) | 2 |
 /// | `transaction_timeout` | `transaction.timeout.ms`: the broker aborts a transaction older than this | 10 min |
-/// | `job` | the job's name: with the sink id, the owner of the prefix in the prefix registry | none (the sink id alone) |
+/// | `job` | the job's name: with the sink id, the owner of the prefix in the prefix registry | in a job file: the job's name (none for jobs first run before job scoping: the sink id alone) |
 /// | `client` | other librdkafka producer settings, passed through (values of keys naming a password or secret are redacted in `Debug`) | none |
 /// | `client_env` | librdkafka settings read from environment variables at start, `{ "sasl.password" = "KAFKA_PASSWORD" }` | none |
 /// | `records` | how rows become records ([`RecordMapping`]) | the row as a JSON value, no key |

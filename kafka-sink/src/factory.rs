@@ -1,7 +1,11 @@
 //! The Kafka sink in a job file: `[[sinks]]` entries with `type = "kafka"`.
 
 use async_trait::async_trait;
-use connector_api::{DeliveryGuarantee, DynSink, Result, SinkContext, SinkFactory, parse_settings};
+use connector_api::{
+    DeliveryGuarantee, DynSink, JobId, Result, SinkContext, SinkFactory, SinkId, SinkScope,
+    parse_settings,
+};
+use serde_json::Value;
 
 use crate::{KafkaAtLeastOnceSink, KafkaSink, KafkaSinkConfig};
 
@@ -26,6 +30,7 @@ impl SinkFactory for KafkaSinkFactory {
         delivery: DeliveryGuarantee,
         context: SinkContext,
     ) -> Result<DynSink> {
+        let settings = with_job_defaults(settings, context.job.as_ref(), &context.sink);
         let config: KafkaSinkConfig = parse_settings(&context.sink, self.kind(), settings)?;
         if delivery == DeliveryGuarantee::AtLeastOnce {
             // The sink is at-least-once by itself: nothing for the adapter to change.
@@ -35,4 +40,18 @@ impl SinkFactory for KafkaSinkFactory {
         let sink = KafkaSink::new(config, context.sink, context.subtask)?;
         Ok(DynSink::new(sink, delivery))
     }
+}
+
+/// The Kafka sink's `settings` of a job file, completed for `job` ([`SinkContext::job`]): in a job whose sinks are
+/// scoped by the job, `transactional_id_prefix` defaults to the sink's scope (`<job>~<sink id>`) and `job` (the
+/// prefix registry's owner) to the job's name; settings that give them keep theirs. Without a job both stay as the
+/// settings say (the prefix is then required).
+pub fn with_job_defaults(mut settings: Value, job: Option<&JobId>, sink: &SinkId) -> Value {
+    if let (Some(job), Value::Object(map)) = (job, &mut settings) {
+        map.entry("transactional_id_prefix")
+            .or_insert_with(|| Value::String(SinkScope::new(Some(job), sink).to_string()));
+        map.entry("job")
+            .or_insert_with(|| Value::String(job.to_string()));
+    }
+    settings
 }

@@ -48,6 +48,7 @@
 //! | after the record is durable, before commit | transaction open, in the record | EndTxn commits it with the recorded producer id and epoch |
 //! | after commit | `CompleteCommit` | recognised as committed; nothing changes |
 //! | the broker aborted it first (`transaction.timeout.ms` expired) | `CompleteAbort` | stops with an error naming the checkpoint and the lost topic/partition/offset ranges; never pretends |
+//! | after the record is durable, then the transaction's records were removed from the log (DeleteRecords, retention, compaction) while its id moved on (re-initialised, expired) | the coordinator no longer tracks it; the records that would tell (each range's first and last) are gone; while one of them is left, it decides | stops in doubt (`InDoubt`): nothing committed, aborted or reported lost; the error names the checkpoint, the removed ranges and the log start, and says what to check (read_committed readers, the end marker in `kafka-dump-log.sh`) and what to do either way |
 #![deny(missing_docs)]
 
 mod at_least_once;
@@ -76,7 +77,7 @@ pub use coordinator::{
 };
 pub use delivery::{DeliveryTracker, SinkProducer};
 pub use error::classify;
-pub use factory::KafkaSinkFactory;
+pub use factory::{KafkaSinkFactory, with_job_defaults};
 pub use kafka_connection::KafkaConnection;
 pub use kafka_to_kafka::{KafkaToKafka, PipelineHook, PipelineStats};
 pub use producer::open_transactional_producer;

@@ -20,12 +20,12 @@ use crate::broker::{broker_max_transaction_timeout, check_transaction_timeout};
 use crate::coordinator::CoordinatorClient;
 use crate::delivery::{DeliveryTracker, SinkProducer};
 use crate::outcome::{CommitStep, commit_step};
-use crate::probe::visible_in_log;
+use crate::probe::{InLog, Removed, judge_in_log};
 use crate::registry::claim_prefix;
 use crate::sender::RecordSender;
 use crate::{
-    KafkaSinkConfig, TransactionState, TransactionalId, TransactionalIdPool, classify,
-    open_transactional_producer,
+    KafkaSinkConfig, TransactionDescription, TransactionState, TransactionalId,
+    TransactionalIdPool, classify, open_transactional_producer,
 };
 
 /// How long librdkafka's transactional calls (commit, abort) may block.
@@ -207,9 +207,9 @@ impl Committer for KafkaCommitter {
     }
 
     async fn is_committed(&self, c: &KafkaCommittable) -> Result<bool> {
-        let Some(range) = c.ranges.first() else {
+        if c.ranges.is_empty() {
             return Ok(true);
-        };
+        }
         let now = self
             .coordinator
             .find_transaction(&c.transactional_id)
@@ -217,12 +217,21 @@ impl Committer for KafkaCommitter {
         match commit_step(now.as_ref(), c) {
             CommitStep::AlreadyCommitted => Ok(true),
             CommitStep::EndTxn | CommitStep::Lost => Ok(false),
-            CommitStep::AskTheLog => visible_in_log(&self.kafka.client_config(), range).await,
+            CommitStep::AskTheLog => {
+                match judge_in_log(&self.kafka.client_config(), &c.ranges).await? {
+                    InLog::Committed => Ok(true),
+                    InLog::Aborted => Ok(false),
+                    InLog::Gone(removed) => {
+                        Err(removed_from_log(now.as_ref(), c, &removed).with_sink(&self.sink))
+                    }
+                }
+            }
         }
     }
 }
 
-/// Commits `c` at the protocol level, idempotently; a transaction the broker aborted is a loud, fatal error.
+/// Commits `c` at the protocol level, idempotently; a transaction the broker aborted is a loud, fatal error, and one
+/// whose outcome neither the coordinator nor the log can tell any more is in doubt.
 async fn commit_remote(
     coordinator: &CoordinatorClient,
     kafka: &KafkaConnection,
@@ -238,10 +247,10 @@ async fn commit_remote(
         }
         CommitStep::AskTheLog => {
             // The id has moved on (re-initialised, or expired): the log itself says whether our records committed.
-            if let Some(range) = c.ranges.first()
-                && visible_in_log(&kafka.client_config(), range).await?
-            {
-                return Ok(());
+            match judge_in_log(&kafka.client_config(), &c.ranges).await? {
+                InLog::Committed => return Ok(()),
+                InLog::Aborted => {}
+                InLog::Gone(removed) => return Err(removed_from_log(now.as_ref(), c, &removed)),
             }
         }
         CommitStep::Lost => {}
@@ -256,7 +265,25 @@ async fn commit_remote(
             )
         })
         .collect();
-    let coordinator = match &now {
+    Err(Error::new(
+        ErrorKind::Fatal,
+        Phase::Commit,
+        format!(
+            "the transaction of this durable checkpoint is no longer committable ({}; expected producer \
+             {} epoch {}) and its records are not in the log: the broker aborted it, most likely because \
+             transaction.timeout.ms expired before recovery. Its records are LOST: {}. Replay them from the source \
+             positions of the previous checkpoint, and raise transaction_timeout or shorten restarts",
+            coordinator_view(now.as_ref()),
+            c.producer_id,
+            c.producer_epoch,
+            lost.join(", ")
+        ),
+    ))
+}
+
+/// What the coordinator shows for a transactional id (`None`: it does not know the id), for messages.
+fn coordinator_view(now: Option<&TransactionDescription>) -> String {
+    match now {
         Some(now) => format!(
             "coordinator: state {}, producer {} epoch {}",
             now.state, now.producer_id, now.producer_epoch
@@ -264,20 +291,54 @@ async fn commit_remote(
         None => "the coordinator no longer knows the transactional id: it expired after \
                  transactional.id.expiration.ms"
             .to_string(),
-    };
-    Err(Error::new(
-        ErrorKind::Fatal,
+    }
+}
+
+/// The in-doubt error for `c` when the coordinator no longer tracks its transaction and the log no longer holds the
+/// records that would tell how it ended: what happened, what was not done, how to decide and what to do then.
+fn removed_from_log(
+    now: Option<&TransactionDescription>,
+    c: &KafkaCommittable,
+    removed: &[Removed],
+) -> Error {
+    let ranges: Vec<String> = removed
+        .iter()
+        .map(|r| {
+            let log_start = match r.log_start {
+                Some(offset) => format!("log start now {offset}"),
+                None => "log start unknown".to_string(),
+            };
+            format!(
+                "{}/{} offsets {}..={} ({log_start})",
+                r.range.topic, r.range.partition, r.range.first_offset, r.range.last_offset
+            )
+        })
+        .collect();
+    let checkpoint = c.checkpoint;
+    Error::new(
+        ErrorKind::InDoubt,
         Phase::Commit,
         format!(
-            "the transaction of this durable checkpoint is no longer committable ({coordinator}; expected producer \
-             {} epoch {}) and its records are not in the log: the broker aborted it, most likely because \
-             transaction.timeout.ms expired before recovery. Its records are LOST: {}. Replay them from the source \
-             positions of the previous checkpoint, and raise transaction_timeout or shorten restarts",
+            "cannot tell whether the transaction of this durable checkpoint committed: the coordinator no longer \
+             tracks it ({}; expected producer {} epoch {}), and the records that would tell were removed from the \
+             log by DeleteRecords, retention or compaction: {}. Nothing was committed, aborted or reported lost. \
+             To decide, check whether read_committed readers of the topic received these records, or, while the \
+             log segment holding the transaction's end marker (after the last offset of a range) remains, run \
+             `kafka-dump-log.sh --print-data-log --files <segment>.log` on it: the marker of producer id {} reads \
+             COMMIT or ABORT. If it committed: note checkpoint {checkpoint} as committed in the checkpoint store \
+             (local store: write {checkpoint} to the subtask's committed-through file; PostgreSQL store: set \
+             committed_through to {checkpoint} in the subtask's ratchet_checkpoint_owners row) and restart. If it \
+             aborted: its records are lost; replay them from the source positions of the previous checkpoint. \
+             Keep the topic's retention longer than a job can stay down",
+            coordinator_view(now),
             c.producer_id,
             c.producer_epoch,
-            lost.join(", ")
+            ranges.join(", "),
+            c.producer_id,
         ),
-    ))
+    )
+    .with_checkpoint(checkpoint)
+    .with_txn(c.transactional_id.clone())
 }
 
 #[async_trait]

@@ -33,7 +33,8 @@ pub struct TransactionalIdPool {
 }
 
 impl TransactionalIdPool {
-    /// A pool of `size` ids per subtask under `prefix` (letters, digits, `.`, `_`, `-`; at most 200 characters).
+    /// A pool of `size` ids per subtask under `prefix` (letters, digits, `.`, `_`, `-`, `~`; at most 200
+    /// characters; `~` is what a job-scoped default prefix, `<job>~<sink>`, has).
     ///
     /// # Errors
     /// [`Config`](ErrorKind::Config) naming the setting.
@@ -44,10 +45,10 @@ impl TransactionalIdPool {
             || prefix.len() > 200
             || !prefix
                 .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'~'))
         {
             return Err(invalid(format!(
-                "transactional_id_prefix {prefix:?} is invalid: use 1 to 200 ASCII letters, digits, '.', '_' or '-'"
+                "transactional_id_prefix {prefix:?} is invalid: use 1 to 200 ASCII letters, digits, '.', '_', '-' or '~'"
             )));
         }
         if !(2..=16).contains(&size) {

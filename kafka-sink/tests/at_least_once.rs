@@ -14,11 +14,7 @@ use integration::conformance::{conformance_batch, conformance_schema};
 use kafka_sink::{KafkaConnection, KafkaSinkFactory, TransactionalIdPool, find_transaction};
 
 fn at(next: i64) -> Vec<SourceOffset> {
-    vec![SourceOffset {
-        topic: "source".into(),
-        partition: 0,
-        next_offset: next,
-    }]
+    vec![SourceOffset::new("source", 0, next)]
 }
 
 async fn driver(
@@ -32,6 +28,7 @@ async fn driver(
         "transactional_id_prefix": topic,
     });
     let context = connector_api::SinkContext {
+        job: None,
         sink: SinkId::new("alo").unwrap(),
         subtask: SubtaskId(0),
         schema: conformance_schema(),

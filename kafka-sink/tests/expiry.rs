@@ -52,11 +52,7 @@ fn only(driver: &Driver<LocalCheckpointStore>) -> SinkHandle {
 }
 
 fn at(next: i64) -> Vec<SourceOffset> {
-    vec![SourceOffset {
-        topic: "source".into(),
-        partition: 0,
-        next_offset: next,
-    }]
+    vec![SourceOffset::new("source", 0, next)]
 }
 
 fn visible_ids(topic: &str) -> Vec<i64> {

@@ -141,6 +141,7 @@ async fn a_password_from_the_environment_appears_in_no_debug_output_and_no_log()
     assert!(!shown.contains(&password), "{shown}");
 
     let context = SinkContext {
+        job: None,
         sink: SinkId::new("secure").unwrap(),
         subtask: SubtaskId(0),
         schema: conformance_schema(),

@@ -4,6 +4,12 @@
 //! Kafka (no auto-commit, no group offsets): the checkpoint record is the only place they live, so a restart
 //! resumes exactly where the last durable checkpoint ends.
 //!
+//! Positions never move by themselves: a saved offset below the partition's log start (records removed by
+//! retention, compaction or DeleteRecords before they were read) is a gap, which stops the source or is skipped
+//! as [`GapPolicy`] says; a topic deleted and created again under the same name (a new topic id) is refused;
+//! partitions added to the topic while it runs are found within [`KafkaSourceOptions::metadata_refresh`] and read
+//! from their beginning.
+//!
 //! A consumer thread of its own polls librdkafka and decodes records straight into Arrow column builders (raw key
 //! and value as text or bytes, optionally the headers as a map column, or JSON values into a declared schema with
 //! arrow-json), so consumption goes on while
@@ -16,7 +22,7 @@
 //! use std::time::Duration;
 //! let restored = driver.start().await?;
 //! let kafka = kafka_source::KafkaConnection::plaintext("127.0.0.1:19092");
-//! let mut source = kafka_source::KafkaSource::open(&kafka, "orders", &restored.positions)?;
+//! let mut source = kafka_source::KafkaSource::open(&kafka, "orders", &restored.positions).await?;
 //! while let Some(batch) = source.next_batch(Duration::from_millis(500)).await? {
 //!     driver.write(sink, &batch).await?;
 //!     driver.checkpoint(source.positions()).await?;
@@ -27,6 +33,7 @@
 
 mod avro;
 mod decode;
+mod partitions;
 mod reader;
 mod reject;
 mod source;
@@ -34,5 +41,6 @@ mod source;
 pub use avro::{AvroDecoding, AvroFraming};
 pub use decode::{Decoding, binary_schema, headers_field, text_schema};
 pub use kafka_connection::KafkaConnection;
+pub use partitions::{Gap, GapPolicy};
 pub use reject::RejectedRecord;
-pub use source::{KafkaSource, KafkaSourceOptions, PartitionShare};
+pub use source::{KafkaSource, KafkaSourceOptions, PartitionShare, Watermarks};

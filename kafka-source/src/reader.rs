@@ -10,19 +10,23 @@ use arrow_array::RecordBatch;
 use connector_api::{Error, ErrorKind, Phase, Result};
 use rdkafka::Message;
 use rdkafka::consumer::BaseConsumer;
+use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaErrorCode;
 use tokio::sync::mpsc;
 
 use kafka_connection::poll::{DEADLINE_CHECK_EVERY, Polled, next_message};
 
 use crate::decode::{BatchBuilder, Decoding, RecordAt};
+use crate::partitions::{Assignment, Gap};
 use crate::reject::{RawRecords, RejectedRecord};
 
-/// One decoded batch, the records of it that did not decode (set aside when diverting), and per partition it read
-/// from, the offset after its last record.
+/// One decoded batch, the records of it that did not decode (set aside when diverting), per partition it read
+/// from the offset after its last record (or the log start it went on from after a gap), and the gaps it skipped.
 pub(crate) struct Chunk {
     pub(crate) batch: RecordBatch,
     pub(crate) rejected: Vec<RejectedRecord>,
     pub(crate) next: Vec<(i32, i64)>,
+    pub(crate) gaps: Vec<Gap>,
 }
 
 /// What the consumer thread needs.
@@ -35,13 +39,15 @@ pub(crate) struct Reader {
     pub(crate) closed: Arc<AtomicBool>,
     /// Set records that do not decode aside instead of failing.
     pub(crate) divert: bool,
+    /// The partitions read, kept up to date.
+    pub(crate) assignment: Assignment,
 }
 
 impl Reader {
     /// Runs until the source is dropped or a record or the consumer fails (the error is the last item sent).
-    pub(crate) fn run(self, chunks: mpsc::Sender<Result<Chunk>>) {
+    pub(crate) fn run(mut self, chunks: mpsc::Sender<Result<Chunk>>) {
         while !self.closed.load(Ordering::Relaxed) {
-            let chunk = match self.read_chunk() {
+            let chunk = match self.refresh().and_then(|()| self.read_chunk()) {
                 Ok(None) => continue,
                 Ok(Some(chunk)) => Ok(chunk),
                 Err(e) => Err(e),
@@ -53,12 +59,22 @@ impl Reader {
         }
     }
 
+    /// The periodic metadata refresh, when due.
+    fn refresh(&mut self) -> Result<()> {
+        if self.assignment.refresh_due() {
+            self.assignment.refresh(&self.consumer)?;
+        }
+        Ok(())
+    }
+
     /// Reads up to `batch_rows` records, shipping a partial batch `max_batch_wait` after its first record. `None`
     /// when nothing arrived within one poll. The builders are made on the first record, so an idle source
-    /// allocates nothing.
-    fn read_chunk(&self) -> Result<Option<Chunk>> {
+    /// allocates nothing. A gap (an offset out of range) ends the batch early; with no records it ships an empty
+    /// batch, so the positions move past the gap.
+    fn read_chunk(&mut self) -> Result<Option<Chunk>> {
         let mut builder: Option<BatchBuilder> = None;
         let mut next: Vec<(i32, i64)> = Vec::new();
+        let mut gaps: Vec<Gap> = Vec::new();
         let mut deadline: Option<Instant> = None;
         // JSON and Avro: the raw records, to sort a batch that fails out record by record.
         let mut raw = self.decoding.defers_failures().then(RawRecords::default);
@@ -73,14 +89,30 @@ impl Reader {
                 Polled::Nothing => continue,
                 Polled::DeadlinePassed => break,
             };
-            let message = message.map_err(|e| {
-                Error::new(
-                    ErrorKind::Retryable,
-                    Phase::Write,
-                    "the Kafka consumer failed",
-                )
-                .with_source(e)
-            })?;
+            let message = match message {
+                Ok(message) => message,
+                Err(KafkaError::MessageConsumption(RDKafkaErrorCode::AutoOffsetReset)) => {
+                    for &(partition, offset) in &next {
+                        self.assignment.took(partition, offset);
+                    }
+                    for gap in self.assignment.out_of_range(&self.consumer)? {
+                        match next.iter_mut().find(|(p, _)| *p == gap.partition) {
+                            Some(entry) => entry.1 = gap.log_start,
+                            None => next.push((gap.partition, gap.log_start)),
+                        }
+                        gaps.push(gap);
+                    }
+                    break;
+                }
+                Err(e) => {
+                    return Err(Error::new(
+                        ErrorKind::Retryable,
+                        Phase::Write,
+                        "the Kafka consumer failed",
+                    )
+                    .with_source(e));
+                }
+            };
             let at = RecordAt {
                 topic: message.topic(),
                 partition: message.partition(),
@@ -128,8 +160,20 @@ impl Reader {
                 break;
             }
         }
+        for &(partition, offset) in &next {
+            self.assignment.took(partition, offset);
+        }
         let Some(builder) = builder else {
-            return Ok(None);
+            if gaps.is_empty() {
+                return Ok(None);
+            }
+            let schema = self.decoding.schema_with_headers(self.headers)?;
+            return Ok(Some(Chunk {
+                batch: RecordBatch::new_empty(schema),
+                rejected,
+                next,
+                gaps,
+            }));
         };
         let finished = if json_failed {
             None
@@ -150,6 +194,7 @@ impl Reader {
             batch,
             rejected,
             next,
+            gaps,
         }))
     }
 }

@@ -1,8 +1,8 @@
 //! [`KafkaSource`]: the consumer thread's batches, handed to the job with the positions they reach.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arrow_array::RecordBatch;
@@ -11,11 +11,11 @@ use connector_api::{Error, ErrorKind, Phase, Result, SourceOffset};
 use kafka_connection::KafkaConnection;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 
 use crate::RejectedRecord;
 use crate::decode::Decoding;
+use crate::partitions::{self, Assignment, Gap, GapPolicy};
 use crate::reader::{Chunk, Reader};
 
 /// How long metadata and watermark requests may take.
@@ -37,6 +37,8 @@ fn kafka_error(kind: ErrorKind, message: String, e: KafkaError) -> Error {
 /// | `client` | other librdkafka consumer settings (e.g. `fetch.max.bytes`, `queued.max.messages.kbytes`) | none |
 /// | `share` | read only this subtask's share of the partitions ([`PartitionShare`]) | every partition |
 /// | `divert_bad_records` | set records that do not decode aside ([`KafkaSource::take_rejected`]) instead of failing | false |
+/// | `on_gap` | a saved or current position below the log start ([`GapPolicy`]) | `Fail` |
+/// | `metadata_refresh` | how often the topic's metadata is read again (new partitions, a deleted or recreated topic) | 30 s |
 #[derive(Debug, Clone)]
 pub struct KafkaSourceOptions {
     /// How records become rows.
@@ -49,13 +51,18 @@ pub struct KafkaSourceOptions {
     pub max_batch_wait: Duration,
     /// Decoded batches buffered ahead of the job.
     pub buffered_batches: usize,
-    /// Other librdkafka consumer settings. `group.id`, `enable.auto.commit`, `enable.auto.offset.store` and
-    /// `isolation.level` are the source's own.
+    /// Other librdkafka consumer settings. `group.id`, `enable.auto.commit`, `enable.auto.offset.store`,
+    /// `isolation.level` and `auto.offset.reset` are the source's own.
     pub client: BTreeMap<String, String>,
     /// Read only these partitions of the topic (`None`: all of them).
     pub share: Option<PartitionShare>,
     /// Set records that do not decode aside for a dead-letter destination instead of failing.
     pub divert_bad_records: bool,
+    /// What to do about records removed from the log before they were read.
+    pub on_gap: GapPolicy,
+    /// How often the topic's metadata is read again: partitions added since are read from their beginning, a
+    /// topic deleted or created again stops the source.
+    pub metadata_refresh: Duration,
 }
 
 /// A fixed share of a topic's partitions: those whose number modulo `of` is `index`. A job of `of` subtasks gives
@@ -86,8 +93,19 @@ impl Default for KafkaSourceOptions {
             client: BTreeMap::new(),
             share: None,
             divert_bad_records: false,
+            on_gap: GapPolicy::Fail,
+            metadata_refresh: Duration::from_secs(30),
         }
     }
+}
+
+/// Where a partition stands: its log start and end (the high watermark).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Watermarks {
+    /// The first offset still in the log.
+    pub log_start: i64,
+    /// The offset after the last record (the high watermark).
+    pub high: i64,
 }
 
 /// Reads every partition of one topic with `isolation.level=read_committed`, from restored positions, on a
@@ -103,10 +121,16 @@ pub struct KafkaSource {
     schema: SchemaRef,
     chunks: mpsc::Receiver<Result<Chunk>>,
     closed: Arc<AtomicBool>,
-    /// Next offset to hand out, per partition.
+    /// The topic's id, saved with every position.
+    topic_id: Option<String>,
+    /// Next offset to hand out, per partition that has a position (restored, or read since).
     next: BTreeMap<i32, i64>,
+    /// Every partition assigned (the consumer thread adds new ones).
+    assigned: Arc<Mutex<BTreeSet<i32>>>,
     /// Records of the batches handed out that did not decode, not yet taken.
     rejected: Vec<RejectedRecord>,
+    /// Gaps of the batches handed out, not yet taken.
+    gaps: Vec<Gap>,
 }
 
 impl Drop for KafkaSource {
@@ -120,32 +144,46 @@ impl KafkaSource {
     ///
     /// # Errors
     /// As [`open_with`](Self::open_with).
-    pub fn open(kafka: &KafkaConnection, topic: &str, restored: &[SourceOffset]) -> Result<Self> {
-        Self::open_with(kafka, topic, restored, KafkaSourceOptions::default())
+    pub async fn open(
+        kafka: &KafkaConnection,
+        topic: &str,
+        restored: &[SourceOffset],
+    ) -> Result<Self> {
+        Self::open_with(kafka, topic, restored, KafkaSourceOptions::default()).await
     }
 
     /// Assigns every partition of `topic` on the cluster `kafka` reaches (TLS and SASL as its settings say), at
-    /// the offsets in `restored` or from the beginning, and starts the consumer thread. Offsets are never
+    /// the offsets in `restored` or from the log start, and starts the consumer thread. Offsets are never
     /// committed to Kafka: the checkpoint record is the only place they live.
     ///
     /// With a [`share`](KafkaSourceOptions::share), only the partitions in it are assigned (possibly none, when
-    /// there are more subtasks than partitions: the source then never hands out a batch).
+    /// there are more subtasks than partitions: the source then never hands out a batch, unless partitions are
+    /// added later).
+    ///
+    /// A restored offset below its partition's log start is a gap, handled as
+    /// [`on_gap`](KafkaSourceOptions::on_gap) says once the consumer finds it; an offset past the log end stops
+    /// the source. Partitions added to the topic later are found by the [`metadata_refresh`] and read from their
+    /// log start.
+    ///
+    /// [`metadata_refresh`]: KafkaSourceOptions::metadata_refresh
     ///
     /// # Errors
-    /// [`Config`](ErrorKind::Config) when the topic has no partitions (it does not exist), for a client setting
-    /// the source controls, or options out of range; [`Retryable`](ErrorKind::Retryable) when the cluster does
-    /// not answer.
-    pub fn open_with(
+    /// [`Config`](ErrorKind::Config) when the topic does not exist, when it is not the topic the positions were
+    /// saved for (deleted and created again: its topic id changed, or a saved partition is gone), for a client
+    /// setting the source controls, or options out of range; [`Retryable`](ErrorKind::Retryable) when the cluster
+    /// does not answer.
+    pub async fn open_with(
         kafka: &KafkaConnection,
         topic: &str,
         restored: &[SourceOffset],
         options: KafkaSourceOptions,
     ) -> Result<Self> {
-        const OWN: [&str; 4] = [
+        const OWN: [&str; 5] = [
             "group.id",
             "enable.auto.commit",
             "enable.auto.offset.store",
             "isolation.level",
+            "auto.offset.reset",
         ];
         if let Some(key) = options.client.keys().find(|k| OWN.contains(&k.as_str())) {
             return Err(Error::new(
@@ -162,6 +200,18 @@ impl KafkaSource {
             ));
         }
         let bootstrap = kafka.bootstrap_servers();
+        let metadata = kafka
+            .topic_metadata(topic, REQUEST_TIMEOUT)
+            .await?
+            .filter(|m| !m.partitions.is_empty())
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Config,
+                    Phase::Setup,
+                    format!("topic {topic} does not exist on {bootstrap}: create it first"),
+                )
+            })?;
+        let opened = partitions::open(topic, &metadata, restored, options.share)?;
         let mut config = kafka.consumer_config();
         for (key, value) in &options.client {
             config.set(key, value);
@@ -171,6 +221,8 @@ impl KafkaSource {
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set("isolation.level", "read_committed")
+            // Never move a position by itself: an offset out of range comes back as an error (a gap).
+            .set("auto.offset.reset", "error")
             .create()
             .map_err(|e| {
                 kafka_error(
@@ -179,48 +231,26 @@ impl KafkaSource {
                     e,
                 )
             })?;
-        let metadata = consumer
-            .fetch_metadata(Some(topic), REQUEST_TIMEOUT)
-            .map_err(|e| {
-                kafka_error(
-                    ErrorKind::Retryable,
-                    format!("cannot read metadata of topic {topic} from {bootstrap}"),
-                    e,
-                )
-            })?;
-        let partitions: Vec<i32> = metadata
-            .topics()
+        let next: BTreeMap<i32, i64> = opened
+            .start
             .iter()
-            .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+            .filter_map(|(&p, offset)| offset.map(|o| (p, o)))
             .collect();
-        if partitions.is_empty() {
-            return Err(Error::new(
-                ErrorKind::Config,
-                Phase::Setup,
-                format!("topic {topic} on {bootstrap} has no partitions (does it exist?)"),
-            ));
-        }
-        let mut assignment = TopicPartitionList::new();
-        let mut next = BTreeMap::new();
-        let share = options.share;
-        for partition in partitions
-            .into_iter()
-            .filter(|&p| share.is_none_or(|s| s.contains(p)))
-        {
-            let restored = restored
-                .iter()
-                .find(|o| o.topic == topic && o.partition == partition)
-                .map(|o| o.next_offset);
-            let offset = restored.map_or(Offset::Beginning, Offset::Offset);
-            assignment
-                .add_partition_offset(topic, partition, offset)
-                .map_err(|e| {
-                    kafka_error(ErrorKind::Bug, "cannot build the assignment".into(), e)
-                })?;
-            next.insert(partition, restored.unwrap_or(0));
-        }
+        let assigned = Arc::new(Mutex::new(opened.start.keys().copied().collect()));
+        let assignment = Assignment {
+            kafka: kafka.clone(),
+            topic: topic.to_string(),
+            id: opened.id,
+            share: options.share,
+            on_gap: options.on_gap,
+            refresh_every: options.metadata_refresh,
+            fetched: opened.start,
+            assigned: assigned.clone(),
+            refreshed: std::time::Instant::now(),
+            runtime: None,
+        };
         consumer
-            .assign(&assignment)
+            .assign(&assignment.partition_list()?)
             .map_err(|e| kafka_error(ErrorKind::Retryable, "cannot assign partitions".into(), e))?;
         let consumer = Arc::new(consumer);
         let closed = Arc::new(AtomicBool::new(false));
@@ -234,6 +264,7 @@ impl KafkaSource {
             max_batch_wait: options.max_batch_wait,
             closed: closed.clone(),
             divert: options.divert_bad_records,
+            assignment,
         };
         std::thread::Builder::new()
             .name(format!("kafka-source-{topic}"))
@@ -252,8 +283,11 @@ impl KafkaSource {
             schema,
             chunks,
             closed,
+            topic_id: opened.id.map(|id| id.to_string()),
             next,
+            assigned,
             rejected: Vec::new(),
+            gaps: Vec::new(),
         })
     }
 
@@ -262,15 +296,20 @@ impl KafkaSource {
         self.schema.clone()
     }
 
-    /// The high watermark of every partition now: where "caught up" is.
+    /// The partitions being read (those of the share; partitions added to the topic join once found).
+    pub fn partitions(&self) -> BTreeSet<i32> {
+        self.assigned.lock().expect("not poisoned").clone()
+    }
+
+    /// Where every partition being read stands now: its log start and its high watermark.
     ///
     /// # Errors
     /// [`Retryable`](ErrorKind::Retryable) when the cluster does not answer.
-    pub fn high_watermarks(&self) -> Result<BTreeMap<i32, i64>> {
-        self.next
-            .keys()
-            .map(|&p| {
-                let (_, high) = self
+    pub fn watermarks(&self) -> Result<BTreeMap<i32, Watermarks>> {
+        self.partitions()
+            .into_iter()
+            .map(|p| {
+                let (log_start, high) = self
                     .consumer
                     .fetch_watermarks(&self.topic, p, REQUEST_TIMEOUT)
                     .map_err(|e| {
@@ -280,18 +319,30 @@ impl KafkaSource {
                             e,
                         )
                     })?;
-                Ok((p, high))
+                Ok((p, Watermarks { log_start, high }))
             })
             .collect()
     }
 
-    /// Whether every partition has been handed out up to `ends`.
-    pub fn reached(&self, ends: &BTreeMap<i32, i64>) -> bool {
-        ends.iter()
-            .all(|(p, end)| self.next.get(p).is_some_and(|n| n >= end))
+    /// The records of partition `partition` not handed out yet, as of `marks` (from
+    /// [`watermarks`](Self::watermarks)).
+    pub fn lag(&self, partition: i32, marks: Watermarks) -> i64 {
+        let next = self
+            .next
+            .get(&partition)
+            .copied()
+            .unwrap_or(marks.log_start)
+            .max(marks.log_start);
+        (marks.high - next).max(0)
     }
 
-    /// Where the batches handed out so far end: what a checkpoint covering them saves.
+    /// Whether every partition has been handed out up to `ends` (from [`watermarks`](Self::watermarks)).
+    pub fn reached(&self, ends: &BTreeMap<i32, Watermarks>) -> bool {
+        ends.iter().all(|(&p, &marks)| self.lag(p, marks) == 0)
+    }
+
+    /// Where the batches handed out so far end: what a checkpoint covering them saves. A partition with no
+    /// position yet (nothing read, none restored) is left out: it is read from its log start after a restart.
     pub fn positions(&self) -> Vec<SourceOffset> {
         self.next
             .iter()
@@ -299,6 +350,7 @@ impl KafkaSource {
                 topic: self.topic.clone(),
                 partition,
                 next_offset,
+                topic_id: self.topic_id.clone(),
             })
             .collect()
     }
@@ -328,6 +380,7 @@ impl KafkaSource {
             self.next.insert(partition, next);
         }
         self.rejected.extend(chunk.rejected);
+        self.gaps.extend(chunk.gaps);
         Ok(Some(chunk.batch))
     }
 
@@ -336,5 +389,11 @@ impl KafkaSource {
     /// already cover them, so the job writes them to its dead-letter destination in the same checkpoint.
     pub fn take_rejected(&mut self) -> Vec<RejectedRecord> {
         std::mem::take(&mut self.rejected)
+    }
+
+    /// The gaps the batches handed out so far skipped (with [`GapPolicy::Earliest`]), oldest first; the
+    /// positions already start after them.
+    pub fn take_gaps(&mut self) -> Vec<Gap> {
+        std::mem::take(&mut self.gaps)
     }
 }

@@ -229,6 +229,7 @@ async fn drive(
         &restored.positions,
         KafkaSourceOptions::default(),
     )
+    .await
     .unwrap();
     let mut copied = 0u64;
     let mut last = Instant::now();

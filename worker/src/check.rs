@@ -27,15 +27,18 @@ pub async fn run(args: CheckArgs) -> Result<()> {
         job.job.checkpoint_interval
     );
     let mut problems = 0;
-    let counted =
-        crate::store::check_subtask_count(&job.store, &job.job.name, job.job.subtasks, false)
-            .await
-            .map(|()| {
-                format!(
-                    "{} subtask(s), as the store records (or a fresh job)",
-                    job.job.subtasks
-                )
-            });
+    let identity =
+        crate::store::job_identity(&job.store, &job.job.name, job.job.subtasks, false).await;
+    let job_id = identity
+        .as_ref()
+        .ok()
+        .and_then(|i| i.job_id(&job.job.name).ok().flatten());
+    let counted = identity.map(|_| {
+        format!(
+            "{} subtask(s), as the store records (or a fresh job)",
+            job.job.subtasks
+        )
+    });
     let mut report = |what: String, outcome: Result<String>| match outcome {
         Ok(detail) => println!("ok    {what}: {detail}"),
         Err(e) => {
@@ -48,9 +51,16 @@ pub async fn run(args: CheckArgs) -> Result<()> {
         check_source(&job).await,
     );
     report("subtask count".into(), counted);
-    let store = SubtaskStore::open(&job.store, &job.job.name, SubtaskId(0)).await;
-    let store = match store {
-        Ok(store) => match store.load().await {
+    // Read-only: a fresh job stays fresh (no directory, no table is created).
+    let store = match SubtaskStore::open_existing(&job.store, &job.job.name, SubtaskId(0)).await {
+        Ok(None) => {
+            report(
+                "checkpoint store".into(),
+                Ok("reachable; no checkpoint of this job yet (a fresh job)".into()),
+            );
+            None
+        }
+        Ok(Some(store)) => match store.load().await {
             Ok(loaded) => {
                 report(
                     "checkpoint store".into(),
@@ -86,7 +96,10 @@ pub async fn run(args: CheckArgs) -> Result<()> {
             let mut driver = store.map(|store| Driver::new(store, job.driver_config()));
             for spec in &job.sinks {
                 let what = format!("sink {} ({}, {:?})", spec.id, spec.kind, spec.delivery);
-                match registry.build(spec, SubtaskId(0), schema.clone()).await {
+                match registry
+                    .build(spec, job_id.as_ref(), SubtaskId(0), schema.clone())
+                    .await
+                {
                     Ok(sink) => {
                         let added = driver.as_mut().map(|d| d.add_dyn_sink(sink)).transpose();
                         report(

@@ -31,7 +31,9 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use connector_api::{DriverConfig, SinkSpec, with_suggestion};
-use kafka_source::{AvroDecoding, AvroFraming, Decoding, KafkaConnection, KafkaSourceOptions};
+use kafka_source::{
+    AvroDecoding, AvroFraming, Decoding, GapPolicy, KafkaConnection, KafkaSourceOptions,
+};
 use serde::Deserialize;
 
 /// A whole job file.
@@ -126,6 +128,29 @@ pub struct SourceConfig {
     /// librdkafka settings: connection (`security.protocol`, `ssl.*`, `sasl.*`) and consumer tuning.
     #[serde(default)]
     pub client: BTreeMap<String, String>,
+    /// A position below its partition's log start (records removed before the job read them): stop (`fail`,
+    /// the default) or go on from the log start (`earliest`).
+    #[serde(default)]
+    pub on_gap: OnGap,
+    /// How often the topic's metadata is read again: partitions added while the job runs are read within this
+    /// long, a deleted or recreated topic stops the job.
+    #[serde(default = "thirty_seconds", with = "humantime_serde")]
+    pub metadata_refresh: Duration,
+}
+
+/// `on_gap`: what a subtask does when records were removed from the log before it read them.
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnGap {
+    /// Stop the subtask, naming topic, partition, the next offset and the log start.
+    #[default]
+    Fail,
+    /// Go on from the log start; logged, and counted in `ratchet_source_gap_records_total`.
+    Earliest,
+}
+
+fn thirty_seconds() -> Duration {
+    Duration::from_secs(30)
 }
 
 /// `decoding = { kind = ... }`.
@@ -303,6 +328,14 @@ impl JobConfig {
         if self.sinks.is_empty() {
             bail!("the job has no [[sinks]]: add at least one");
         }
+        if self.source.metadata_refresh < Duration::from_secs(1)
+            || self.source.metadata_refresh > Duration::from_secs(30)
+        {
+            bail!(
+                "[source] metadata_refresh = {:?} is out of range: use 1s to 30s",
+                self.source.metadata_refresh
+            );
+        }
         self.schema()?;
         if self.job.kafka_to_kafka {
             crate::fast_path::check(self)?;
@@ -385,6 +418,11 @@ impl JobConfig {
                 .filter(|(k, _)| !is_connection_setting(k))
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
+            on_gap: match self.source.on_gap {
+                OnGap::Fail => GapPolicy::Fail,
+                OnGap::Earliest => GapPolicy::Earliest,
+            },
+            metadata_refresh: self.source.metadata_refresh,
             ..KafkaSourceOptions::default()
         };
         if let Some(rows) = self.source.batch_rows {

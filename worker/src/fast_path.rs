@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Result, bail};
-use connector_api::{DeliveryGuarantee, Report, parse_settings};
+use connector_api::{DeliveryGuarantee, JobId, Report, parse_settings};
 use kafka_sink::{KafkaSinkConfig, KafkaToKafka};
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -42,14 +42,18 @@ pub fn check(job: &JobConfig) -> Result<()> {
     Ok(())
 }
 
+/// The sink's settings, with the job-scoped defaults when the job's name can scope them (the fast path keeps no
+/// checkpoint store, so no job of it predates job scoping in a way that matters: its prefix was required then).
 fn sink_config(job: &JobConfig) -> Result<KafkaSinkConfig> {
     let sink = &job.sinks[0];
-    let mut config: KafkaSinkConfig = parse_settings(
-        &sink.id,
-        "kafka",
+    let job_id = JobId::new(&job.job.name).ok();
+    let settings = kafka_sink::with_job_defaults(
         serde_json::Value::Object(sink.settings.clone()),
-    )
-    .map_err(|e| anyhow::anyhow!("{}", Report(&e)))?;
+        job_id.as_ref(),
+        &sink.id,
+    );
+    let mut config: KafkaSinkConfig = parse_settings(&sink.id, "kafka", settings)
+        .map_err(|e| anyhow::anyhow!("{}", Report(&e)))?;
     config.job.get_or_insert_with(|| job.job.name.clone());
     Ok(config)
 }

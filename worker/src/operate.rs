@@ -5,15 +5,19 @@
 use std::time::Duration;
 
 use anyhow::{Result, bail};
-use connector_api::{Driver, Inspection, Report, SubtaskId};
+use connector_api::{Driver, Inspection, JobId, Report, SubtaskId};
 
 use crate::cli::OperateArgs;
 use crate::config::{JobConfig, StoreConfig};
 use crate::lease::{Leases, LocalLease, PgLeases};
 use crate::store::SubtaskStore;
 
-/// A driver for `subtask` with every sink of the job, not started.
-async fn driver_for(job: &JobConfig, subtask: u32) -> Result<Driver<SubtaskStore>> {
+/// A driver for `subtask` with every sink of the job (scoped as `job_id` says), not started.
+async fn driver_for(
+    job: &JobConfig,
+    job_id: Option<&JobId>,
+    subtask: u32,
+) -> Result<Driver<SubtaskStore>> {
     let id = SubtaskId(subtask);
     let store = SubtaskStore::open(&job.store, &job.job.name, id)
         .await
@@ -23,7 +27,7 @@ async fn driver_for(job: &JobConfig, subtask: u32) -> Result<Driver<SubtaskStore
     let schema = job.schema()?;
     for spec in &job.sinks {
         let sink = registry
-            .build(spec, id, schema.clone())
+            .build(spec, job_id, id, schema.clone())
             .await
             .map_err(|e| anyhow::anyhow!("{}", Report(&e)))?;
         driver
@@ -45,9 +49,12 @@ pub async fn inspect(args: OperateArgs) -> Result<()> {
         job.job.subtasks,
         job.sinks.len()
     );
+    let identity =
+        crate::store::job_identity(&job.store, &job.job.name, job.job.subtasks, false).await?;
+    let job_id = identity.job_id(&job.job.name)?;
     let (mut commits, mut aborts) = (0, 0);
     for subtask in 0..job.job.subtasks {
-        let mut driver = driver_for(&job, subtask).await?;
+        let mut driver = driver_for(&job, job_id.as_ref(), subtask).await?;
         let inspection = driver
             .inspect()
             .await
@@ -167,10 +174,12 @@ pub async fn resolve(args: OperateArgs) -> Result<()> {
     // Hold every subtask's lease while resolving (the only member's quota is all of them), so a worker starting
     // meanwhile waits for them instead of recovering the same subtasks.
     leases.renew().await?;
-    crate::store::check_subtask_count(&job.store, &job.job.name, job.job.subtasks, true).await?;
+    let identity =
+        crate::store::job_identity(&job.store, &job.job.name, job.job.subtasks, true).await?;
+    let job_id = identity.job_id(&job.job.name)?;
     let mut outcome = Ok(());
     for subtask in 0..job.job.subtasks {
-        let mut driver = driver_for(&job, subtask).await?;
+        let mut driver = driver_for(&job, job_id.as_ref(), subtask).await?;
         match driver.start().await {
             Ok(restored) => {
                 driver

@@ -5,7 +5,9 @@
 //! holds up to its quota, stops gracefully (checkpoint, commit, close) those above its quota and then releases
 //! them, and stops those whose lease it lost. A subtask that fails is restarted with a warning (its recovery
 //! resolves what the failure left), up to `max_restarts` times in a row without a checkpoint in between; then the
-//! job stops with the error.
+//! job stops with the error. A configuration error (a sink's settings, a gap in the source under `on_gap = "fail"`,
+//! a recreated topic) and a record that cannot be decoded or written stop the job at once: a restart would meet
+//! them again.
 //!
 //! SIGTERM or SIGINT: every subtask finishes its checkpoint and commits, the process leaves the job (its leases
 //! go to the others at once) and exits 0. A second signal exits at once with status 130: nothing checkpointed is
@@ -88,10 +90,17 @@ pub async fn run(args: RunArgs, progress_line: bool) -> Result<()> {
         ),
     };
     // Under the local lock, so two fresh starts with different counts cannot both record theirs.
-    crate::store::check_subtask_count(&job.store, &job.job.name, job.job.subtasks, true).await?;
+    let identity =
+        crate::store::job_identity(&job.store, &job.job.name, job.job.subtasks, true).await?;
+    let job_id = identity.job_id(&job.job.name)?;
+    if identity == crate::store::Identity::Sink {
+        tracing::info!(job = %job.job.name,
+            "this job ran before sinks were scoped by their job: its sinks keep their sink-id-scoped names");
+    }
     let started = std::time::Instant::now();
     let base = SubtaskContext {
         job: job.clone(),
+        job_id,
         registry: Arc::new(crate::sinks::registry()),
         kafka,
         progress: Arc::new(Progress::starting_at(0)),
@@ -357,6 +366,10 @@ impl Process {
                          to set such records aside): {}",
                         Report(&e)
                     );
+                }
+                Err(e) if e.kind() == connector_api::ErrorKind::Config => {
+                    // A setting, or a state of the source or a sink, that a restart does not change.
+                    anyhow::bail!("subtask {subtask} cannot run: {}", Report(&e));
                 }
                 Err(e) => {
                     let previous = if checkpoints > 0 {

@@ -3,7 +3,7 @@
 
 use async_trait::async_trait;
 use connector_api::{
-    CheckpointId, CheckpointRecord, CheckpointStore, Claim, Loaded, LocalCheckpointStore,
+    CheckpointId, CheckpointRecord, CheckpointStore, Claim, JobId, Loaded, LocalCheckpointStore,
     OwnerEpoch, PgCheckpointStore, Result, SubtaskId,
 };
 
@@ -37,6 +37,30 @@ impl SubtaskStore {
         })
     }
 
+    /// Opens the store of `subtask` of `job` if it exists, creating nothing (no directory, no table): `None` when
+    /// the subtask never ran. For `check-config`.
+    ///
+    /// # Errors
+    /// As [`open`](Self::open).
+    pub async fn open_existing(
+        config: &StoreConfig,
+        job: &str,
+        subtask: SubtaskId,
+    ) -> Result<Option<Self>> {
+        Ok(match config {
+            StoreConfig::Local { path } => LocalCheckpointStore::open_existing(
+                path.join(job).join(format!("subtask-{}", subtask.0)),
+                RETAIN,
+            )?
+            .map(Self::Local),
+            StoreConfig::Postgres { url } => {
+                PgCheckpointStore::connect_existing(url, job, subtask, RETAIN)
+                    .await?
+                    .map(|store| Self::Postgres(Box::new(store)))
+            }
+        })
+    }
+
     fn inner(&self) -> &dyn CheckpointStore {
         match self {
             Self::Local(store) => store,
@@ -67,50 +91,109 @@ impl CheckpointStore for SubtaskStore {
 /// Serializes creation of the job table between processes starting at once.
 const CREATE_LOCK: i64 = 0x0072_6174_6a6f_6273; // "ratjobs"
 
-/// Refuses to run `job` with `subtasks` subtasks when its store shows another count: a partition would move to a
-/// subtask whose checkpoint records do not hold its position, and be read again from the beginning (duplicates),
-/// and the vanished subtasks' pending transactions would never be recovered. A fresh job records its count.
+/// How a job's sinks name what they own in their external systems.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Identity {
+    /// By the job's name and the sink id (`<job>~<sink>`, the Iceberg ledger's job key): two jobs never touch each
+    /// other's state, whatever their sinks' ids. Every job first run by a release with job scoping.
+    Job,
+    /// By the sink id alone, as releases before job scoping named it: kept for jobs whose store holds checkpoints
+    /// from before, so their tables, transactional ids, prepared transactions and files stay theirs.
+    Sink,
+}
+
+impl Identity {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Job => "job",
+            Self::Sink => "sink",
+        }
+    }
+
+    fn parse(text: &str) -> Option<Self> {
+        match text.trim() {
+            "job" => Some(Self::Job),
+            "sink" => Some(Self::Sink),
+            _ => None,
+        }
+    }
+
+    /// The job id every sink of `name` is built with ([`connector_api::SinkContext::job`]).
+    ///
+    /// # Errors
+    /// A job-scoped job whose name cannot be embedded in the sinks' names.
+    pub fn job_id(self, name: &str) -> anyhow::Result<Option<JobId>> {
+        match self {
+            Self::Sink => Ok(None),
+            Self::Job => JobId::new(name).map(Some).map_err(|e| {
+                anyhow::anyhow!(
+                    "[job] name {name:?} cannot scope what the sinks own (it names their transactional ids, \
+                     files and table entries): use letters, digits, '-' and '_' only, at most 64 ({})",
+                    connector_api::Report(&e)
+                )
+            }),
+        }
+    }
+}
+
+/// What the store records about `job` as a whole, checked against the job file: its subtask count must be the
+/// one recorded, and its [`Identity`]. A fresh job is recorded (with `record`) as job-scoped with `subtasks`; a job
+/// whose store holds checkpoints from before these were recorded keeps its subtask count (inferred from its
+/// checkpoint directories or claim rows) and is sink-scoped, as it was when it ran.
+///
+/// With `record` off (for `check-config`) nothing is written, not even a table. Take the job's local lock first:
+/// two fresh starts with different counts must not both record theirs.
 ///
 /// # Errors
 /// The count differs (named, with what to do), or the store cannot be read.
-///
-/// With `record` off (for `check-config`) nothing is written. Take the job's local lock first: two fresh starts
-/// with different counts must not both record theirs.
-pub async fn check_subtask_count(
+pub async fn job_identity(
     config: &StoreConfig,
     job: &str,
     subtasks: u32,
     record: bool,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Identity> {
     let recorded = match config {
-        StoreConfig::Local { path } => local_subtask_count(&path.join(job), subtasks, record)?,
-        StoreConfig::Postgres { url } => pg_subtask_count(url, job, subtasks, record).await?,
+        StoreConfig::Local { path } => local_job(&path.join(job), subtasks, record)?,
+        StoreConfig::Postgres { url } => pg_job(url, job, subtasks, record).await?,
     };
     match recorded {
-        Some(recorded) if recorded != subtasks => anyhow::bail!(
+        Some((recorded, _)) if recorded != subtasks => anyhow::bail!(
             "job {job:?} has {recorded} subtasks in its checkpoint store, the job file says {subtasks}: changing a \
              job's subtask count is not supported yet (partitions would move to subtasks that do not hold their \
-             positions and be read again). Keep subtasks = {recorded}, or give the job a new name to start over"
+             positions and be read again). Keep subtasks = {recorded}. (A job under a new name, or on an empty \
+             store, is a new job: it reads the topic from the beginning into its sinks again.)"
         ),
-        _ => Ok(()),
+        Some((_, identity)) => Ok(identity),
+        None => Ok(Identity::Job),
     }
 }
 
-/// The count recorded in `<dir>/subtasks`, or inferred from the `subtask-<n>` directories of a job that ran before
-/// the count was recorded; records `subtasks` for a fresh job.
-fn local_subtask_count(
+/// The local store's record of a job: `<dir>/subtasks` and `<dir>/identity`, or for a job from before they were
+/// recorded, its `subtask-<n>` directories (and the sink-id identity). Records a fresh job's.
+fn local_job(
     dir: &std::path::Path,
     subtasks: u32,
     record: bool,
-) -> anyhow::Result<Option<u32>> {
+) -> anyhow::Result<Option<(u32, Identity)>> {
     use anyhow::Context;
-    let file = dir.join("subtasks");
-    if let Some(n) = connector_api::local_fs::read_number(&file)
-        .with_context(|| format!("cannot read {}", file.display()))?
-    {
-        return Ok(Some(u32::try_from(n)?));
-    }
-    let highest = std::fs::read_dir(dir)
+    let count_file = dir.join("subtasks");
+    let identity_file = dir.join("identity");
+    let counted = connector_api::local_fs::read_number(&count_file)
+        .with_context(|| format!("cannot read {}", count_file.display()))?;
+    let identity = match std::fs::read_to_string(&identity_file) {
+        Ok(text) => Some(Identity::parse(&text).with_context(|| {
+            format!(
+                "{} holds {text:?}, not `job` or `sink`",
+                identity_file.display()
+            )
+        })?),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => {
+            return Err(e).with_context(|| format!("cannot read {}", identity_file.display()));
+        }
+    };
+    // A job from before the count was recorded: its subtask directories say how many it had.
+    let inferred = std::fs::read_dir(dir)
         .into_iter()
         .flatten()
         .flatten()
@@ -121,75 +204,135 @@ fn local_subtask_count(
                 .parse::<u32>()
                 .ok()
         })
-        .max();
-    // A job from before the count was recorded: its subtask directories say how many it had.
-    if let Some(highest) = highest {
-        return Ok(Some(highest + 1));
-    }
+        .max()
+        .map(|highest| highest + 1);
+    let count = match counted {
+        Some(n) => Some(u32::try_from(n)?),
+        None => inferred,
+    };
+    let found = match (count, identity) {
+        (None, _) => None,
+        (Some(count), Some(identity)) => Some((count, identity)),
+        // Ran before identities were recorded: its sinks are sink-scoped.
+        (Some(count), None) => Some((count, Identity::Sink)),
+    };
     if !record {
-        return Ok(None);
+        return Ok(found);
     }
+    let (count, identity) = found.unwrap_or((subtasks, Identity::Job));
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    connector_api::local_fs::replace_file(dir, &file, subtasks.to_string().as_bytes())
-        .with_context(|| format!("cannot write {}", file.display()))?;
-    Ok(None)
+    if counted.is_none() {
+        connector_api::local_fs::replace_file(dir, &count_file, count.to_string().as_bytes())
+            .with_context(|| format!("cannot write {}", count_file.display()))?;
+    }
+    if identity_file.metadata().is_err() {
+        connector_api::local_fs::replace_file(dir, &identity_file, identity.as_str().as_bytes())
+            .with_context(|| format!("cannot write {}", identity_file.display()))?;
+    }
+    Ok(found)
 }
 
-/// The same in PostgreSQL: `ratchet_jobs`, or the highest subtask in `ratchet_checkpoint_owners`.
-async fn pg_subtask_count(
+/// The same in PostgreSQL: `ratchet_jobs` (`subtasks`, `identity`: null for rows from before it was recorded),
+/// or for a job from before that table, the highest subtask in `ratchet_checkpoint_owners`.
+async fn pg_job(
     url: &str,
     job: &str,
     subtasks: u32,
     record: bool,
-) -> anyhow::Result<Option<u32>> {
+) -> anyhow::Result<Option<(u32, Identity)>> {
     use anyhow::Context;
     let client = connector_api::postgres::PgConnectOptions::parse(url)
         .map_err(|e| anyhow::anyhow!("[store] url: {}", connector_api::Report(&e)))?
         .connect(connector_api::Phase::Setup, "the checkpoint store")
         .await
         .map_err(|e| anyhow::anyhow!("{}", connector_api::Report(&e)))?;
-    client
-        .batch_execute(&format!(
-            "BEGIN; SELECT pg_advisory_xact_lock({CREATE_LOCK});
-             CREATE TABLE IF NOT EXISTS ratchet_jobs (
-                 job text PRIMARY KEY, subtasks integer NOT NULL, created_at timestamptz NOT NULL DEFAULT now());
-             COMMIT;"
-        ))
-        .await
-        .context("cannot create ratchet_jobs in the checkpoint store")?;
-    if let Some(row) = client
-        .query_opt("SELECT subtasks FROM ratchet_jobs WHERE job = $1", &[&job])
-        .await
-        .context("cannot read ratchet_jobs")?
-    {
-        return Ok(Some(row.get::<_, i32>(0) as u32));
+    if record {
+        client
+            .batch_execute(&format!(
+                "BEGIN; SELECT pg_advisory_xact_lock({CREATE_LOCK});
+                 CREATE TABLE IF NOT EXISTS ratchet_jobs (
+                     job text PRIMARY KEY, subtasks integer NOT NULL, created_at timestamptz NOT NULL DEFAULT now());
+                 ALTER TABLE ratchet_jobs ADD COLUMN IF NOT EXISTS identity text;
+                 COMMIT;"
+            ))
+            .await
+            .context("cannot create ratchet_jobs in the checkpoint store")?;
     }
-    // A job from before the count was recorded: its claim rows say how many subtasks it had.
-    let highest: Option<i32> = client
+    let tables: (bool, bool, bool) = client
         .query_one(
-            "SELECT CASE WHEN to_regclass('ratchet_checkpoint_owners') IS NULL THEN NULL
-                    ELSE (SELECT max(subtask) FROM ratchet_checkpoint_owners WHERE job = $1) END",
+            "SELECT to_regclass('ratchet_jobs') IS NOT NULL,
+                    EXISTS (SELECT 1 FROM information_schema.columns
+                            WHERE table_name = 'ratchet_jobs' AND column_name = 'identity'
+                              AND table_schema = current_schema()),
+                    to_regclass('ratchet_checkpoint_owners') IS NOT NULL",
+            &[],
+        )
+        .await
+        .map(|row| (row.get(0), row.get(1), row.get(2)))
+        .context("cannot look for the job tables")?;
+    let (has_jobs, has_identity, has_owners) = tables;
+    let listed = if has_jobs {
+        let query = if has_identity {
+            "SELECT subtasks, identity FROM ratchet_jobs WHERE job = $1"
+        } else {
+            "SELECT subtasks, NULL::text FROM ratchet_jobs WHERE job = $1"
+        };
+        client
+            .query_opt(query, &[&job])
+            .await
+            .context("cannot read ratchet_jobs")?
+            .map(|row| (row.get::<_, i32>(0) as u32, row.get::<_, Option<String>>(1)))
+    } else {
+        None
+    };
+    // A job from before the count was recorded: its claim rows say how many subtasks it had.
+    let inferred = if listed.is_none() && has_owners {
+        client
+            .query_one(
+                "SELECT max(subtask) FROM ratchet_checkpoint_owners WHERE job = $1",
+                &[&job],
+            )
+            .await
+            .context("cannot read the job's claim rows")?
+            .get::<_, Option<i32>>(0)
+            .map(|highest| highest as u32 + 1)
+    } else {
+        None
+    };
+    let found = match (listed, inferred) {
+        (Some((count, Some(identity))), _) => Some((
+            count,
+            Identity::parse(&identity).with_context(|| {
+                format!("ratchet_jobs holds identity {identity:?} for job {job:?}")
+            })?,
+        )),
+        // Recorded or ran before identities were: sink-scoped.
+        (Some((count, None)), _) | (None, Some(count)) => Some((count, Identity::Sink)),
+        (None, None) => None,
+    };
+    if !record {
+        return Ok(found);
+    }
+    let (count, identity) = found.unwrap_or((subtasks, Identity::Job));
+    client
+        .execute(
+            "INSERT INTO ratchet_jobs (job, subtasks, identity) VALUES ($1, $2, $3)
+             ON CONFLICT (job) DO UPDATE SET identity = coalesce(ratchet_jobs.identity, excluded.identity)",
+            &[&job, &(count as i32), &identity.as_str()],
+        )
+        .await
+        .context("cannot record the job in ratchet_jobs")?;
+    // Another process may have recorded a fresh job first: its row is the truth.
+    let row = client
+        .query_one(
+            "SELECT subtasks, identity FROM ratchet_jobs WHERE job = $1",
             &[&job],
         )
         .await
-        .context("cannot read the job's claim rows")?
-        .get(0);
-    if let Some(highest) = highest {
-        return Ok(Some(highest as u32 + 1));
-    }
-    if !record {
-        return Ok(None);
-    }
-    client
-        .execute(
-            "INSERT INTO ratchet_jobs (job, subtasks) VALUES ($1, $2) ON CONFLICT (job) DO NOTHING",
-            &[&job, &(subtasks as i32)],
-        )
-        .await
-        .context("cannot record the job's subtask count")?;
-    let row = client
-        .query_one("SELECT subtasks FROM ratchet_jobs WHERE job = $1", &[&job])
-        .await
         .context("cannot read ratchet_jobs")?;
-    Ok(Some(row.get::<_, i32>(0) as u32))
+    let identity: String = row.get(1);
+    Ok(Some((
+        row.get::<_, i32>(0) as u32,
+        Identity::parse(&identity).context("ratchet_jobs holds an unknown identity")?,
+    )))
 }

@@ -79,6 +79,8 @@ impl Progress {
 pub struct SubtaskContext {
     /// The job file.
     pub job: Arc<JobConfig>,
+    /// What the sinks are scoped by (`None`: the sink ids alone, for a job from before job scoping).
+    pub job_id: Option<connector_api::JobId>,
     /// The sink factories.
     pub registry: Arc<SinkRegistry>,
     /// The source's Kafka connection.
@@ -129,7 +131,7 @@ async fn run_until_stopped(
     for spec in &job.sinks {
         let sink = context
             .registry
-            .build(spec, subtask, schema.clone())
+            .build(spec, context.job_id.as_ref(), subtask, schema.clone())
             .await?;
         sinks.push((driver.add_dyn_sink(sink)?, spec.id.clone()));
     }
@@ -152,14 +154,13 @@ async fn run_until_stopped(
         of: job.job.subtasks,
     });
     options.divert_bad_records = outputs.dead_letter.is_some();
-    let mut source = tokio::task::block_in_place(|| {
-        KafkaSource::open_with(
-            &context.kafka,
-            &job.source.topic,
-            &restored.positions,
-            options,
-        )
-    })?;
+    let mut source = KafkaSource::open_with(
+        &context.kafka,
+        &job.source.topic,
+        &restored.positions,
+        options,
+    )
+    .await?;
     let interval = job.job.checkpoint_interval;
     let label = outputs.label.clone();
     let mut lag_measured: Option<Instant> = None;
@@ -199,6 +200,7 @@ async fn run_until_stopped(
             batch = source.next_batch(POLL) => {
                 if let Some(batch) = batch? {
                     let rows = batch.num_rows() as u64;
+                    count_gaps(source.take_gaps(), &label);
                     let rejected = source.take_rejected();
                     outputs.deliver(&mut driver, &batch, &rejected).await?;
                     written = true;
@@ -337,21 +339,31 @@ async fn checkpoint(
     Ok(())
 }
 
-/// Sets the consumer-lag gauge of every partition of the source; a failure only skips this measurement.
+/// Counts the records a gap skipped (`on_gap = "earliest"`; the source logged each).
+fn count_gaps(gaps: Vec<kafka_source::Gap>, label: &str) {
+    for gap in gaps {
+        metrics::counter!(crate::telemetry::SOURCE_GAP_RECORDS, "subtask" => label.to_string(),
+            "partition" => gap.partition.to_string())
+        .increment(gap.skipped().max(0) as u64);
+    }
+}
+
+/// Sets the consumer-lag gauge of every partition the source reads (partitions added while running included) and
+/// the partition count; a failure only skips this measurement.
 fn measure_lag(source: &KafkaSource, label: &str) {
-    let highs = match tokio::task::block_in_place(|| source.high_watermarks()) {
-        Ok(highs) => highs,
+    metrics::gauge!(crate::telemetry::SOURCE_PARTITIONS, "subtask" => label.to_string())
+        .set(source.partitions().len() as f64);
+    let marks = match tokio::task::block_in_place(|| source.watermarks()) {
+        Ok(marks) => marks,
         Err(e) => {
             tracing::debug!(error = %connector_api::Report(&e), "cannot measure the consumer lag");
             return;
         }
     };
-    for position in source.positions() {
-        if let Some(high) = highs.get(&position.partition) {
-            metrics::gauge!(crate::telemetry::CONSUMER_LAG, "subtask" => label.to_string(),
-                "partition" => position.partition.to_string())
-            .set((high - position.next_offset).max(0) as f64);
-        }
+    for (partition, marks) in marks {
+        metrics::gauge!(crate::telemetry::CONSUMER_LAG, "subtask" => label.to_string(),
+            "partition" => partition.to_string())
+        .set(source.lag(partition, marks) as f64);
     }
 }
 

@@ -11,6 +11,8 @@
 //! | `ratchet_commit_seconds` | histogram | `sink` | one sink's commit of one decided checkpoint |
 //! | `ratchet_pending_commit_age_seconds` | gauge | `subtask` | age of the decided checkpoint still committing (0: none) |
 //! | `ratchet_consumer_lag` | gauge | `subtask`, `partition` | high watermark minus the next offset to read |
+//! | `ratchet_source_partitions` | gauge | `subtask` | partitions the subtask reads (grows when the topic gets new ones) |
+//! | `ratchet_source_gap_records_total` | counter | `subtask`, `partition` | offsets removed from the log before they were read, skipped with `on_gap = "earliest"` |
 //! | `ratchet_subtask_restarts_total` | counter | `subtask` | subtask runs that failed and were restarted |
 //! | `ratchet_dead_letters_total` | counter | `subtask` | records sent to the dead-letter topic |
 //! | `ratchet_subtasks_running` | gauge | | subtasks this process runs |
@@ -34,6 +36,10 @@ pub const CHECKPOINT_SECONDS: &str = "ratchet_checkpoint_seconds";
 pub const PENDING_COMMIT_AGE: &str = "ratchet_pending_commit_age_seconds";
 /// Consumer lag per partition.
 pub const CONSUMER_LAG: &str = "ratchet_consumer_lag";
+/// Partitions a subtask reads.
+pub const SOURCE_PARTITIONS: &str = "ratchet_source_partitions";
+/// Offsets skipped over gaps (`on_gap = "earliest"`).
+pub const SOURCE_GAP_RECORDS: &str = "ratchet_source_gap_records_total";
 /// Records sent to the dead-letter topic.
 pub const DEAD_LETTERS: &str = "ratchet_dead_letters_total";
 /// Subtask restarts.

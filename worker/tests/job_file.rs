@@ -61,7 +61,7 @@ format = {{ kind = "parquet", compression = "zstd" }}
     let mut handles = Vec::new();
     for spec in &job.sinks {
         let sink = registry
-            .build(spec, SubtaskId(0), conformance_schema())
+            .build(spec, None, SubtaskId(0), conformance_schema())
             .await
             .unwrap();
         handles.push(driver.add_dyn_sink(sink).unwrap());
@@ -72,11 +72,7 @@ format = {{ kind = "parquet", compression = "zstd" }}
         for handle in &handles {
             driver.write(*handle, &batch).await.unwrap();
         }
-        let positions = vec![SourceOffset {
-            topic: "source".into(),
-            partition: 0,
-            next_offset: range.end,
-        }];
+        let positions = vec![SourceOffset::new("source", 0, range.end)];
         let decided = driver.checkpoint(positions).await.unwrap();
         assert!(decided.0 > checkpoint, "{decided}");
     }
@@ -115,7 +111,7 @@ transactional_id_prefx = "p"
     let job: JobFile = toml::from_str(text).unwrap();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let err = runtime
-        .block_on(registry().build(&job.sinks[0], SubtaskId(0), conformance_schema()))
+        .block_on(registry().build(&job.sinks[0], None, SubtaskId(0), conformance_schema()))
         .unwrap_err();
     let message = err.to_string();
     assert!(

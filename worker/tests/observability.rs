@@ -5,41 +5,9 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::Job;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// `GET /metrics` (HTTP/1.0, so the server closes the connection after the body).
-fn scrape(port: u16) -> Option<String> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream
-        .write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
-        .ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    response
-        .split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_string())
-}
-
-/// The sum of the samples of `metric` (whatever their labels) in `body`.
-fn total(body: &str, metric: &str) -> f64 {
-    body.lines()
-        .filter(|l| l.starts_with(metric) && !l.starts_with('#'))
-        .filter(|l| l[metric.len()..].starts_with(['{', ' ']))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
+use common::{Job, free_port, scrape, total};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn metrics_json_logs_and_a_graceful_stop() {

@@ -63,6 +63,25 @@ impl LocalCheckpointStore {
         })
     }
 
+    /// Opens the store in `dir` if it exists, creating nothing: `None` for a subtask that never ran here. For
+    /// read-only tools (`ratchet check-config`), which must leave a fresh job fresh.
+    ///
+    /// # Errors
+    /// [`Config`](ErrorKind::Config) when `dir` cannot be looked at.
+    pub fn open_existing(dir: impl Into<PathBuf>, retain: usize) -> Result<Option<Self>> {
+        let dir = dir.into();
+        match fs::metadata(&dir) {
+            Ok(_) => Self::open(dir, retain).map(Some),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Error::new(
+                ErrorKind::Config,
+                Phase::Setup,
+                format!("cannot look at checkpoint directory {}", dir.display()),
+            )
+            .with_source(e)),
+        }
+    }
+
     /// The directory holding the records.
     pub fn dir(&self) -> &Path {
         &self.dir
@@ -307,11 +326,7 @@ mod tests {
     fn record(id: u64) -> CheckpointRecord {
         CheckpointRecord {
             id: CheckpointId(id),
-            positions: vec![SourceOffset {
-                topic: "t".into(),
-                partition: 0,
-                next_offset: id as i64 * 10,
-            }],
+            positions: vec![SourceOffset::new("t", 0, id as i64 * 10)],
             committables: BTreeMap::new(),
         }
     }

@@ -75,6 +75,44 @@ impl PgCheckpointStore {
     /// [`Config`](ErrorKind::Config) for a malformed URL or unusable TLS settings; [`Retryable`](ErrorKind::Retryable)
     /// when the server cannot be reached.
     pub async fn connect(url: &str, job: &str, subtask: SubtaskId, retain: usize) -> Result<Self> {
+        let store = Self::with_pool(url, job, subtask, retain)?;
+        let client = store.pool.get().await.map_err(pool_error)?;
+        client
+            .batch_execute(&format!(
+                "BEGIN; SELECT pg_advisory_xact_lock({CREATE_LOCK}); {CREATE_TABLES} COMMIT;"
+            ))
+            .await
+            .map_err(|e| pg_error("cannot create the checkpoint tables", e))?;
+        Ok(store)
+    }
+
+    /// Connects to `url` like [`connect`](Self::connect), creating nothing: `None` when the database has no
+    /// checkpoint tables yet (no job ever ran there). For read-only tools (`ratchet check-config`).
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect).
+    pub async fn connect_existing(
+        url: &str,
+        job: &str,
+        subtask: SubtaskId,
+        retain: usize,
+    ) -> Result<Option<Self>> {
+        let store = Self::with_pool(url, job, subtask, retain)?;
+        let client = store.pool.get().await.map_err(pool_error)?;
+        let exists: bool = client
+            .query_one(
+                "SELECT to_regclass('ratchet_checkpoint_records') IS NOT NULL
+                    AND to_regclass('ratchet_checkpoint_owners') IS NOT NULL",
+                &[],
+            )
+            .await
+            .map_err(|e| pg_error("cannot look for the checkpoint tables", e))?
+            .get(0);
+        drop(client);
+        Ok(exists.then_some(store))
+    }
+
+    fn with_pool(url: &str, job: &str, subtask: SubtaskId, retain: usize) -> Result<Self> {
         let options = PgConnectOptions::parse(url)?;
         let manager = Manager::from_config(
             options.config().clone(),
@@ -91,13 +129,6 @@ impl PgCheckpointStore {
             )
             .with_source(e)
         })?;
-        let client = pool.get().await.map_err(pool_error)?;
-        client
-            .batch_execute(&format!(
-                "BEGIN; SELECT pg_advisory_xact_lock({CREATE_LOCK}); {CREATE_TABLES} COMMIT;"
-            ))
-            .await
-            .map_err(|e| pg_error("cannot create the checkpoint tables", e))?;
         let subtask = i32::try_from(subtask.0).map_err(|_| {
             Error::new(
                 ErrorKind::Config,

@@ -15,6 +15,23 @@ pub struct SourceOffset {
     pub partition: i32,
     /// The next offset to read (last processed offset + 1).
     pub next_offset: i64,
+    /// The topic's id in the source system, when it has one (Kafka's topic id, as its tools print it): a topic
+    /// deleted and created again under the same name gets a new one, and the offsets saved for the old topic
+    /// mean nothing there. Absent in records written before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic_id: Option<String>,
+}
+
+impl SourceOffset {
+    /// The position `next_offset` in `topic`'s `partition`, without a topic id.
+    pub fn new(topic: impl Into<String>, partition: i32, next_offset: i64) -> Self {
+        Self {
+            topic: topic.into(),
+            partition,
+            next_offset,
+            topic_id: None,
+        }
+    }
 }
 
 /// One durable checkpoint: the commit decision for every sink's transaction of checkpoint `id`.
@@ -127,11 +144,7 @@ mod tests {
     fn sample() -> CheckpointRecord {
         CheckpointRecord {
             id: CheckpointId(3),
-            positions: vec![SourceOffset {
-                topic: "orders".into(),
-                partition: 0,
-                next_offset: 42,
-            }],
+            positions: vec![SourceOffset::new("orders", 0, 42)],
             committables: BTreeMap::from([(
                 SinkId::new("files").unwrap(),
                 serde_json::json!([{"path": "a"}]),

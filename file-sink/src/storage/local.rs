@@ -4,14 +4,14 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use connector_api::local_fs::{lock_exclusive, read_number, replace_file, sync_dir};
-use connector_api::{Error, ErrorKind, Phase, Result, SinkId, SubtaskId};
+use connector_api::{Error, ErrorKind, Phase, Result, SinkScope, SubtaskId};
 
 use super::{OpenFile, Stage, StageHandle, StagedFile, age_since};
 use crate::FileName;
 
 pub(crate) struct LocalBackend {
     base: PathBuf,
-    sink: SinkId,
+    scope: SinkScope,
     subtask: SubtaskId,
 }
 
@@ -36,7 +36,7 @@ fn remove_if_exists(path: &Path) -> std::io::Result<bool> {
 }
 
 impl LocalBackend {
-    pub(crate) fn new(base: PathBuf, sink: SinkId, subtask: SubtaskId) -> Result<Self> {
+    pub(crate) fn new(base: PathBuf, scope: SinkScope, subtask: SubtaskId) -> Result<Self> {
         fs::create_dir_all(&base).map_err(io(
             ErrorKind::Config,
             Phase::Setup,
@@ -44,14 +44,14 @@ impl LocalBackend {
         ))?;
         Ok(Self {
             base,
-            sink,
+            scope,
             subtask,
         })
     }
 
     fn owner_path(&self) -> PathBuf {
         self.base
-            .join(format!(".ratchet-owner-{}.{}", self.sink, self.subtask))
+            .join(format!(".ratchet-owner-{}.{}", self.scope, self.subtask))
     }
 
     pub(crate) fn staging_path(&self, name: &FileName) -> Result<PathBuf> {
@@ -170,7 +170,7 @@ impl LocalBackend {
     fn owner_lock_path(&self) -> PathBuf {
         self.base.join(format!(
             ".ratchet-owner-{}.{}.lock",
-            self.sink, self.subtask
+            self.scope, self.subtask
         ))
     }
 
@@ -234,7 +234,7 @@ impl LocalBackend {
                 let name = entry.file_name().to_string_lossy().into_owned();
                 if entry.file_type().is_ok_and(|t| t.is_dir()) {
                     dirs.push(path);
-                } else if FileName::is_owned_stage(&name, &self.sink, self.subtask) {
+                } else if FileName::is_owned_stage(&name, &self.scope, self.subtask) {
                     let kind = if name.ends_with(".pending") {
                         "pending file"
                     } else {
@@ -274,7 +274,7 @@ mod tests {
     #[test]
     fn concurrent_recoveries_of_one_subtask_take_distinct_epochs() {
         let dir = tempfile::tempdir().unwrap();
-        let sink = SinkId::new("s").unwrap();
+        let sink = SinkScope::from(connector_api::SinkId::new("s").unwrap());
         let threads: Vec<_> = (0..8)
             .map(|i| {
                 // Two subtasks, four instances each: epochs are per subtask and never repeat.

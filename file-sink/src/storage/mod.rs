@@ -6,7 +6,7 @@ mod s3;
 
 use std::path::PathBuf;
 
-use connector_api::{Error, ErrorKind, Phase, Result, SinkId, SubtaskId};
+use connector_api::{Error, ErrorKind, Phase, Result, SinkScope, SubtaskId};
 use serde::{Deserialize, Serialize};
 
 pub(crate) use local::LocalBackend;
@@ -125,15 +125,15 @@ pub(crate) enum Backend {
 impl Backend {
     pub(crate) async fn open(
         config: &StorageConfig,
-        sink: &SinkId,
+        scope: &SinkScope,
         subtask: SubtaskId,
     ) -> Result<Self> {
         Ok(match config {
             StorageConfig::Local { path } => {
-                Backend::Local(LocalBackend::new(path.clone(), sink.clone(), subtask)?)
+                Backend::Local(LocalBackend::new(path.clone(), scope.clone(), subtask)?)
             }
             StorageConfig::S3(s3) => {
-                Backend::S3(S3Backend::connect(s3, sink.clone(), subtask).await?)
+                Backend::S3(S3Backend::connect(s3, scope.clone(), subtask).await?)
             }
         })
     }

@@ -19,7 +19,7 @@ use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
-use connector_api::{Error, ErrorKind, Phase, Result, SinkId, SubtaskId};
+use connector_api::{Error, ErrorKind, Phase, Result, SinkScope, SubtaskId};
 
 use super::{OpenFile, Stage, StageHandle, StagedFile, Upload, UploadedPart, age_since};
 use crate::FileName;
@@ -42,7 +42,7 @@ pub(crate) struct S3Backend {
     prefix: String,
     part_size: u64,
     spill_dir: PathBuf,
-    sink: SinkId,
+    scope: SinkScope,
     subtask: SubtaskId,
 }
 
@@ -146,7 +146,7 @@ fn fnv(text: &str) -> u64 {
 impl S3Backend {
     pub(crate) async fn connect(
         config: &S3Config,
-        sink: SinkId,
+        scope: SinkScope,
         subtask: SubtaskId,
     ) -> Result<Self> {
         if config.part_size < MIN_PART_SIZE {
@@ -157,8 +157,7 @@ impl S3Backend {
                     "part_size {} is below S3's minimum of {MIN_PART_SIZE} bytes",
                     config.part_size
                 ),
-            )
-            .with_sink(&sink));
+            ));
         }
         let mut loader = aws_config::defaults(BehaviorVersion::latest());
         if let Some(region) = &config.region {
@@ -183,8 +182,7 @@ impl S3Backend {
                     ErrorKind::Config,
                     Phase::Setup,
                     "set both access_key_id and secret_access_key, or neither (to use the AWS credential chain)",
-                )
-                .with_sink(&sink));
+                ));
             }
         }
         let shared = loader.load().await;
@@ -211,7 +209,7 @@ impl S3Backend {
             prefix: config.prefix.trim_matches('/').to_string(),
             part_size: config.part_size as u64,
             spill_dir,
-            sink,
+            scope,
             subtask,
         };
         // Fail at start, not at the first checkpoint, on a wrong bucket or credentials.
@@ -221,10 +219,7 @@ impl S3Backend {
             .bucket(&backend.bucket)
             .send()
             .await
-            .map_err(|e| {
-                s3_error("HeadBucket", &backend.bucket, "", Phase::Setup, e)
-                    .with_sink(&backend.sink)
-            })?;
+            .map_err(|e| s3_error("HeadBucket", &backend.bucket, "", Phase::Setup, e))?;
         Ok(backend)
     }
 
@@ -237,7 +232,10 @@ impl S3Backend {
     }
 
     fn owner_key(&self) -> String {
-        self.key(&format!("{OWNER_DIR}/owner-{}.{}", self.sink, self.subtask))
+        self.key(&format!(
+            "{OWNER_DIR}/owner-{}.{}",
+            self.scope, self.subtask
+        ))
     }
 
     pub(crate) fn staging_path(&self, name: &FileName) -> Result<PathBuf> {
@@ -682,7 +680,7 @@ impl S3Backend {
 
     fn owns_key(&self, key: &str) -> bool {
         let name = key.rsplit('/').next().unwrap_or(key);
-        FileName::is_owned(name, &self.sink, self.subtask)
+        FileName::is_owned(name, &self.scope, self.subtask)
     }
 
     pub(crate) async fn owned_stages(&self) -> Result<Vec<Stage>> {
@@ -785,7 +783,7 @@ impl S3Backend {
                 else {
                     continue;
                 };
-                if FileName::is_owned(file, &self.sink, self.subtask) {
+                if FileName::is_owned(file, &self.scope, self.subtask) {
                     stages.push(Stage {
                         kind: "spill file",
                         location: entry.path().display().to_string(),

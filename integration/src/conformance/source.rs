@@ -43,11 +43,7 @@ pub fn conformance_batch_with(
 /// The harness source's positions after reading records `0..next` (its one partition): what tests that run the
 /// driver by hand checkpoint at.
 pub fn conformance_positions(next: i64) -> Vec<SourceOffset> {
-    vec![SourceOffset {
-        topic: TOPIC.into(),
-        partition: 0,
-        next_offset: next,
-    }]
+    vec![SourceOffset::new(TOPIC, 0, next)]
 }
 
 /// Where restored positions say to resume.

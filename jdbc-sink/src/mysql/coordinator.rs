@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use connector_api::{CheckpointId, Phase, Result, SinkId, SubtaskId};
+use connector_api::{CheckpointId, Phase, Result, SinkScope, SubtaskId};
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, Row};
 use tokio::sync::{Mutex, MutexGuard};
@@ -110,7 +110,7 @@ impl Coordinator for MySqlCoordinator {
         }
     }
 
-    async fn list_prepared(&self, sink: &SinkId) -> Result<Vec<Prepared>> {
+    async fn list_prepared(&self, sink: &SinkScope) -> Result<Vec<Prepared>> {
         let mut guard = self.conn(Phase::Recover).await?;
         let rows: Vec<Row> = match connected(&mut guard).query("XA RECOVER").await {
             Ok(rows) => rows,
@@ -154,7 +154,7 @@ impl Coordinator for MySqlCoordinator {
 
     async fn applied_through(
         &self,
-        sink: &SinkId,
+        sink: &SinkScope,
         subtask: SubtaskId,
     ) -> Result<Option<CheckpointId>> {
         let mut guard = self.conn(Phase::Commit).await?;
@@ -174,7 +174,7 @@ impl Coordinator for MySqlCoordinator {
 
     async fn claim_owner(
         &self,
-        sink: &SinkId,
+        sink: &SinkScope,
         subtask: SubtaskId,
         restored: Option<CheckpointId>,
     ) -> Result<Option<u64>> {
@@ -224,9 +224,8 @@ impl Coordinator for MySqlCoordinator {
             Ok(None) => Err(connector_api::Error::new(
                 connector_api::ErrorKind::Bug,
                 Phase::Recover,
-                "the owner row vanished right after it was raised",
-            )
-            .with_sink(sink)),
+                format!("the owner row of {sink} vanished right after it was raised"),
+            )),
             Err(e) if server_code(&e) == Some(ER_LOCK_WAIT_TIMEOUT) => {
                 connected(&mut guard)
                     .query_drop("ROLLBACK")
@@ -237,10 +236,12 @@ impl Coordinator for MySqlCoordinator {
             Err(e) => {
                 // Closing the connection ends the transaction it may have left open.
                 *guard = None;
-                Err(
-                    my_error(Phase::Recover, None, "cannot raise the owner epoch", e)
-                        .with_sink(sink),
-                )
+                Err(my_error(
+                    Phase::Recover,
+                    None,
+                    &format!("cannot raise the owner epoch of {sink}"),
+                    e,
+                ))
             }
         }
     }

@@ -175,9 +175,10 @@ impl MySqlSession {
         };
         if config.mode == WriteMode::Xa && longest.to_string().len() > MAX_GTRID_BYTES {
             return Err(config_error(format!(
-                "the sink id {:?} is too long for MySQL XA transaction ids ({MAX_GTRID_BYTES} bytes with the \
-                 subtask and checkpoint): use an id of at most 24 characters",
-                config.sink.as_str()
+                "the sink's scope {:?} is too long for MySQL XA transaction ids ({MAX_GTRID_BYTES} bytes with the \
+                 subtask and checkpoint): set `scope` in the sink's settings to at most 24 characters (unique per \
+                 job and sink in this database)",
+                config.scope.as_str()
             )));
         }
         let mut conn = open(&opts, &config, Phase::Setup).await?;

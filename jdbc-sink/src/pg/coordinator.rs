@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use connector_api::postgres::PgConnectOptions;
-use connector_api::{CheckpointId, Phase, Result, SinkId, SubtaskId};
+use connector_api::{CheckpointId, Phase, Result, SinkScope, SubtaskId};
 use tokio::sync::{Mutex, MutexGuard};
 use tokio_postgres::Client;
 use tokio_postgres::error::SqlState;
@@ -92,7 +92,7 @@ impl Coordinator for PgCoordinator {
         }
     }
 
-    async fn list_prepared(&self, sink: &SinkId) -> Result<Vec<Prepared>> {
+    async fn list_prepared(&self, sink: &SinkScope) -> Result<Vec<Prepared>> {
         let mut guard = self.client(Phase::Recover).await?;
         let pattern = format!("{}%", Xid::sink_prefix(sink).replace('_', "\\_"));
         let rows = connected(&mut guard)
@@ -136,7 +136,7 @@ impl Coordinator for PgCoordinator {
 
     async fn applied_through(
         &self,
-        sink: &SinkId,
+        sink: &SinkScope,
         subtask: SubtaskId,
     ) -> Result<Option<CheckpointId>> {
         let mut guard = self.client(Phase::Commit).await?;
@@ -154,7 +154,7 @@ impl Coordinator for PgCoordinator {
 
     async fn claim_owner(
         &self,
-        sink: &SinkId,
+        sink: &SinkScope,
         subtask: SubtaskId,
         restored: Option<CheckpointId>,
     ) -> Result<Option<u64>> {
@@ -200,7 +200,7 @@ impl Coordinator for PgCoordinator {
                 Ok(Some(row.get::<_, i64>(0) as u64))
             }
             Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => Ok(None),
-            Err(e) => Err(fail(e).with_sink(sink)),
+            Err(e) => Err(fail(e)),
         }
     }
 }

@@ -52,7 +52,7 @@ pub fn config(
 ) -> JdbcSinkConfig {
     JdbcSinkConfig {
         sink: sink.clone(),
-        scope: SinkId::new(scope).unwrap(),
+        scope: SinkId::new(scope).unwrap().into(),
         subtask: SubtaskId(subtask),
         schema: conformance_schema(),
         connection: ConnectionConfig::new(db.url()),

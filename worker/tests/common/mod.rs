@@ -5,13 +5,15 @@
 //! psycopg, pyiceberg and DuckDB).
 #![allow(dead_code)]
 
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use integration::Services;
 use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, NewPartitions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
@@ -183,6 +185,83 @@ create_table = true
         self.produced += count;
     }
 
+    /// Produces the next `count` ids as JSON `{"id": n}` to `partition` (acknowledged before returning).
+    pub async fn produce_to(&mut self, partition: i32, count: u64) {
+        let mut deliveries = Vec::with_capacity(count as usize);
+        for id in self.produced..self.produced + count {
+            let value = format!(r#"{{"id":{id}}}"#);
+            let delivery = self
+                .producer
+                .send_result(
+                    FutureRecord::<str, str>::to(&self.topic)
+                        .partition(partition)
+                        .payload(&value),
+                )
+                .map_err(|(e, _)| e)
+                .unwrap();
+            deliveries.push(delivery);
+        }
+        for delivery in deliveries {
+            delivery.await.unwrap().map_err(|(e, _)| e).unwrap();
+        }
+        self.produced += count;
+    }
+
+    /// DeleteRecords on the source topic: removes `partition`'s records below offset `before` (what retention
+    /// does to the oldest segments).
+    pub async fn delete_records_before(&self, partition: i32, before: i64) {
+        let mut list = rdkafka::TopicPartitionList::new();
+        list.add_partition_offset(&self.topic, partition, rdkafka::Offset::Offset(before))
+            .unwrap();
+        let deleted = admin()
+            .delete_records(
+                &list,
+                &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))),
+            )
+            .await
+            .unwrap();
+        for element in deleted.elements() {
+            element.error().unwrap();
+        }
+    }
+
+    /// Grows the source topic to `partitions` partitions.
+    pub async fn add_partitions(&self, partitions: usize) {
+        for result in admin()
+            .create_partitions(
+                &[NewPartitions::new(&self.topic, partitions)],
+                &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))),
+            )
+            .await
+            .unwrap()
+        {
+            result.unwrap();
+        }
+        // Until the producer's metadata knows them, it refuses to send to the new partitions.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            use rdkafka::producer::Producer;
+            let known = self
+                .producer
+                .client()
+                .fetch_metadata(Some(&self.topic), Duration::from_secs(10))
+                .unwrap()
+                .topics()
+                .iter()
+                .map(|t| t.partitions().len())
+                .sum::<usize>();
+            if known >= partitions {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} still shows {known} partitions",
+                self.topic
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
     /// Produces `values` as they are (records that are not `{"id": n}`), acknowledged before returning.
     pub async fn produce_raw(&mut self, values: &[&str]) {
         for value in values {
@@ -299,18 +378,22 @@ create_table = true
     /// Waits (polling the read_committed verifier) until the Kafka copy holds every produced record, at most
     /// `within`.
     pub fn wait_delivered(&self, within: Duration) {
+        self.wait_copied(self.produced as usize, within);
+    }
+
+    /// Waits (polling the read_committed verifier) until the Kafka copy holds `records` records, at most `within`.
+    pub fn wait_copied(&self, records: usize, within: Duration) {
         let services = Services::get();
         let deadline = Instant::now() + within;
         loop {
             let (ids, _) = services.kafka_ids(services.kafka_bootstrap(), &self.copy_topic);
-            if ids.len() as u64 >= self.produced {
+            if ids.len() >= records {
                 return;
             }
             assert!(
                 Instant::now() < deadline,
-                "only {} of {} records reached {} within {within:?}",
+                "only {} of {records} records reached {} within {within:?}",
                 ids.len(),
-                self.produced,
                 self.copy_topic
             );
             std::thread::sleep(Duration::from_secs(1));
@@ -320,6 +403,11 @@ create_table = true
     /// Asserts every sink holds every produced id exactly once.
     pub fn assert_exactly_once(&self) {
         let expected: Vec<i64> = (0..self.produced as i64).collect();
+        self.assert_holds(&expected);
+    }
+
+    /// Asserts every sink holds exactly the ids `expected` (sorted), each once.
+    pub fn assert_holds(&self, expected: &[i64]) {
         for (sink, ids) in self.read_back() {
             assert_eq!(
                 ids.len(),
@@ -330,8 +418,8 @@ create_table = true
             );
             assert!(
                 ids == expected,
-                "{sink}: ids differ from 0..{}",
-                self.produced
+                "{sink}: ids differ from the {} expected ones",
+                expected.len()
             );
         }
     }
@@ -435,11 +523,59 @@ impl Worker {
 
 impl Drop for Worker {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            // The test failed: show what the worker said (its directory goes with the test's).
+            eprintln!("--- {} ---\n{}", self.log.display(), self.log_text());
+        }
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
         }
     }
+}
+
+fn admin() -> AdminClient<DefaultClientContext> {
+    ClientConfig::new()
+        .set("bootstrap.servers", Services::get().kafka_bootstrap())
+        .create()
+        .unwrap()
+}
+
+/// A port nothing listens on now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `GET <path>` from the worker's HTTP listener (HTTP/1.0, so the server closes the connection after the body):
+/// the status code and the body.
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+        .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    let status = head.split(' ').nth(1)?.parse().ok()?;
+    Some((status, body.to_string()))
+}
+
+/// `GET /metrics`: the body.
+pub fn scrape(port: u16) -> Option<String> {
+    http_get(port, "/metrics").map(|(_, body)| body)
+}
+
+/// The sum of the samples of `metric` (whatever their labels) in `body`.
+pub fn total(body: &str, metric: &str) -> f64 {
+    body.lines()
+        .filter(|l| l.starts_with(metric) && !l.starts_with('#'))
+        .filter(|l| l[metric.len()..].starts_with(['{', ' ']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 /// The ids of a verifier's JSON list, sorted.
