@@ -36,11 +36,23 @@ pub enum DeliveryGuarantee {
 ///
 /// - `ExactlyOnce`: passes everything through.
 /// - `AtLeastOnce`: `pre_commit` also commits, and the checkpoint record holds nothing for the sink (`None`).
-/// - `AtMostOnce`: commit happens after the record as usual, but `recover` aborts the restored transactions
-///   instead of committing them.
+/// - `AtMostOnce`: commit happens after the record as usual, but recovery aborts the transactions of a checkpoint
+///   decided at-most-once instead of committing them (the driver records the guarantee with each committable and
+///   hands such a checkpoint to nobody).
 pub struct GuaranteedSink<S> {
     inner: S,
     guarantee: DeliveryGuarantee,
+}
+
+impl DeliveryGuarantee {
+    /// The name a job file uses: `exactly-once`, `at-least-once`, `at-most-once`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::ExactlyOnce => "exactly-once",
+            Self::AtLeastOnce => "at-least-once",
+            Self::AtMostOnce => "at-most-once",
+        }
+    }
 }
 
 impl<S: TwoPhaseCommit> GuaranteedSink<S> {
@@ -100,8 +112,17 @@ impl<S: TwoPhaseCommit> TwoPhaseCommit for GuaranteedSink<S> {
         }
     }
 
-    fn restore_committed(&self) -> bool {
-        self.inner.restore_committed()
+    fn restore_committed(&self, committables: &[Self::Committable]) -> bool {
+        let inner: Vec<S::Committable> = committables.iter().flatten().cloned().collect();
+        self.inner.restore_committed(&inner)
+    }
+
+    fn delivery(&self) -> DeliveryGuarantee {
+        self.guarantee
+    }
+
+    async fn recorded_checkpoint(&mut self) -> Result<Option<CheckpointId>> {
+        self.inner.recorded_checkpoint().await
     }
 
     fn committable_version(&self) -> u32 {
@@ -140,16 +161,16 @@ impl<S: TwoPhaseCommit> TwoPhaseCommit for GuaranteedSink<S> {
         self.inner.abort().await
     }
 
+    /// Commits what `restored` holds, whatever this sink's guarantee is now: the driver hands over only what a
+    /// checkpoint decided under exactly-once carries (an at-least-once checkpoint committed at pre-commit and
+    /// holds nothing; recovery never commits an at-most-once checkpoint), so that a change of guarantee never
+    /// drops a decided checkpoint.
     async fn recover(
         &mut self,
         restored: Option<(CheckpointId, Vec<Self::Committable>)>,
     ) -> Result<()> {
-        let restored = match self.guarantee {
-            DeliveryGuarantee::ExactlyOnce => restored
-                .map(|(id, committables)| (id, committables.into_iter().flatten().collect())),
-            // At-least-once committed at pre-commit; at-most-once never commits on recovery.
-            DeliveryGuarantee::AtLeastOnce | DeliveryGuarantee::AtMostOnce => None,
-        };
+        let restored =
+            restored.map(|(id, committables)| (id, committables.into_iter().flatten().collect()));
         self.inner.recover(restored).await
     }
 
@@ -157,11 +178,8 @@ impl<S: TwoPhaseCommit> TwoPhaseCommit for GuaranteedSink<S> {
         &mut self,
         restored: Option<(CheckpointId, Vec<Self::Committable>)>,
     ) -> Result<crate::ExternalView> {
-        let restored = match self.guarantee {
-            DeliveryGuarantee::ExactlyOnce => restored
-                .map(|(id, committables)| (id, committables.into_iter().flatten().collect())),
-            DeliveryGuarantee::AtLeastOnce | DeliveryGuarantee::AtMostOnce => None,
-        };
+        let restored =
+            restored.map(|(id, committables)| (id, committables.into_iter().flatten().collect()));
         self.inner.inspect(restored).await
     }
 }

@@ -79,15 +79,39 @@ pub trait TwoPhaseCommit: Send + 'static {
         None
     }
 
-    /// Whether `recover` must be given the restored checkpoint's committables even when the checkpoint store notes
-    /// that checkpoint committed. `true` for a sink whose commit may leave a decided checkpoint's data for a later
-    /// commit to make visible (the Iceberg sink committing one snapshot every K checkpoints carries the files of
-    /// the checkpoints in between in the next committables): the newest record then still holds data that only
-    /// its recovery makes visible. Such a sink's `recover` must be idempotent for committables it already made
-    /// visible. The default, `false`, suits every sink whose commit makes everything visible: a committed
-    /// checkpoint is not handed back (the external system may have forgotten the transaction since).
-    fn restore_committed(&self) -> bool {
+    /// Whether `recover` must be given `committables` of the restored checkpoint even though the checkpoint store
+    /// notes that checkpoint committed: `true` when their commit left data for a later commit to make visible (the
+    /// Iceberg sink committing one snapshot every K checkpoints carries the files of the checkpoints in between
+    /// in the next committables, and marks them so). Decided from the committables, not from the sink's current
+    /// settings, so a job whose settings changed since (a lower K) still finishes what its record carries. Such a
+    /// sink's `recover` must be idempotent for committables it already made visible. The default, `false`, suits
+    /// every sink whose commit makes everything visible: a committed checkpoint is not handed back (the external
+    /// system may have forgotten the transaction since).
+    fn restore_committed(&self, committables: &[Self::Committable]) -> bool {
+        let _ = committables;
         false
+    }
+
+    /// The guarantee this instance runs with ([`GuaranteedSink`](crate::GuaranteedSink) says which; a sink that is
+    /// weaker by itself says so too). The driver records it with every committable, so that recovery follows the
+    /// guarantee a checkpoint was decided under, not the one the sink runs with after a change of settings: a
+    /// checkpoint decided exactly-once is committed whatever the sink runs with now.
+    fn delivery(&self) -> crate::DeliveryGuarantee {
+        crate::DeliveryGuarantee::ExactlyOnce
+    }
+
+    /// The newest checkpoint of this instance's subtask that the external system itself records as committed
+    /// (the Iceberg table's snapshot ledger, the JDBC sink's commit markers), for a sink that keeps such a record;
+    /// `None` otherwise. Read-only; asked before recovery. The driver refuses to start when it is above every
+    /// checkpoint the checkpoint store holds (more than one above for an at-least-once sink, which commits before
+    /// the record): the store is then not the one this sink's state was written with (a new or reset store,
+    /// another job with the same identity), and going on would skip checkpoint ids the external system already
+    /// shows, or mix two jobs' data.
+    ///
+    /// # Errors
+    /// The external system cannot be read.
+    async fn recorded_checkpoint(&mut self) -> Result<Option<CheckpointId>> {
+        Ok(None)
     }
 
     /// The version of the committable format this release writes. Raise it when the format changes, and teach

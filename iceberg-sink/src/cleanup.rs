@@ -1,11 +1,14 @@
 //! Deleting data files that a subtask wrote and no snapshot references: what aborted, failed or fenced attempts
 //! left behind (never visible, but they cost storage).
 //!
-//! Only files whose name starts with the subtask's prefix ([`SubtaskKey::file_prefix`]) are candidates, and a
-//! candidate is kept when any manifest of any snapshot the table retains lists it (added, existing or deleted:
-//! a compaction or a manifest rewrite may reference this sink's files from snapshots that are not its own).
-//! Run it only under the subtask's claim, after recovery committed the restored checkpoint: the files of the
-//! newest durable checkpoint are referenced by then, and no other live instance writes with this prefix.
+//! A file is a candidate only when its name is one of the subtask's own ([`SubtaskKey::file_stamp`]: its prefix,
+//! then `e<epoch>.c<checkpoint>-`) and carries an owner epoch at or below the caller's claim: a newer instance's
+//! files (a higher epoch) are never touched, whatever an older instance's cleanup finds. The data directory is
+//! listed first and the table loaded after, so a file committed in between is seen as referenced; a candidate is
+//! kept when any manifest of any snapshot the table retains lists it (added, existing or deleted: a compaction or
+//! a manifest rewrite may reference this sink's files from snapshots that are not its own). Locations are compared
+//! in one spelling ([`canonical`]): a manifest may say `wh//ns/t/...` where storage lists `wh/ns/t/...`. Deleting
+//! runs only while the table still shows the caller's epoch for the subtask.
 
 use std::collections::HashSet;
 
@@ -14,45 +17,73 @@ use futures::TryStreamExt;
 use iceberg::table::Table;
 use opendal::Operator;
 
+use crate::commit::TableTarget;
 use crate::config::S3Settings;
 use crate::error::iceberg_error;
 use crate::ledger::SubtaskKey;
+use crate::location::{canonical, data_location};
 
-/// `key`'s data files of `table` that no manifest of any retained snapshot lists. Read-only.
+/// `key`'s data files that no manifest of any retained snapshot lists, written under an owner epoch at most
+/// `epoch` (`None`: the epoch the table records for the subtask), with the table as loaded after the listing.
+/// Read-only.
 ///
 /// # Errors
-/// Retryable when the storage or a manifest cannot be read.
+/// Retryable when the storage, the table or a manifest cannot be read.
 pub async fn unreferenced_files(
-    table: &Table,
+    target: &TableTarget,
     key: &SubtaskKey,
+    epoch: Option<u64>,
     s3: &S3Settings,
-) -> Result<Vec<String>> {
-    let data_dir = format!(
-        "{}/data/",
-        table.metadata().location().trim_end_matches('/')
-    );
-    let candidates = list_files(&data_dir, &key.file_prefix(), s3).await?;
-    if candidates.is_empty() {
-        return Ok(Vec::new());
-    }
-    let referenced = referenced_files(table).await?;
-    Ok(candidates
+) -> Result<(Table, Vec<String>)> {
+    let before = target.load(Phase::Recover).await?;
+    let data_dir = format!("{}/", data_location(before.metadata()));
+    let listed = list_files(&data_dir, &key.file_prefix(), s3).await?;
+    // Loaded after the listing: whatever was committed before a file was listed is in this table's manifests.
+    let table = target.load(Phase::Recover).await?;
+    let bound = epoch.unwrap_or_else(|| key.state(&table.metadata_ref()).epoch);
+    let candidates: Vec<String> = listed
         .into_iter()
-        .filter(|p| !referenced.contains(p))
-        .collect())
+        .filter(|path| key.file_stamp(path).is_some_and(|(e, _)| e <= bound))
+        .collect();
+    if candidates.is_empty() {
+        return Ok((table, Vec::new()));
+    }
+    let referenced = referenced_files(&table).await?;
+    let unreferenced = candidates
+        .into_iter()
+        .filter(|p| !referenced.contains(&canonical(p)))
+        .collect();
+    Ok((table, unreferenced))
 }
 
-/// Deletes `key`'s unreferenced data files of `table` ([`unreferenced_files`]); returns the paths deleted.
+/// Deletes `key`'s unreferenced data files ([`unreferenced_files`] up to `epoch`, this instance's claim); returns
+/// the paths deleted.
 ///
 /// # Errors
-/// Retryable when the storage or a manifest cannot be read (nothing is deleted before every snapshot was read).
+/// [`Fenced`](ErrorKind::Fenced) (nothing deleted) when the table shows a newer epoch for the subtask: another
+/// instance recovered it and owns its files now. Retryable when the storage or a manifest cannot be read (nothing
+/// is deleted before every snapshot was read).
 pub async fn delete_unreferenced_files(
-    table: &Table,
+    target: &TableTarget,
     key: &SubtaskKey,
+    epoch: u64,
     s3: &S3Settings,
 ) -> Result<Vec<String>> {
+    let (table, unreferenced) = unreferenced_files(target, key, Some(epoch), s3).await?;
+    let owner = key.state(&table.metadata_ref()).epoch;
+    if owner != epoch {
+        return Err(Error::new(
+            ErrorKind::Fenced,
+            Phase::Recover,
+            format!(
+                "table {} shows owner epoch {owner} for this subtask, this instance holds {epoch}: another \
+                 instance recovered it; its files are left alone",
+                table.identifier()
+            ),
+        ));
+    }
     let mut deleted = Vec::new();
-    for path in unreferenced_files(table, key, s3).await? {
+    for path in unreferenced {
         table
             .file_io()
             .delete(&path)
@@ -112,7 +143,7 @@ pub(crate) async fn delete_retired_metadata(base: &Table, committed: &Table) {
     }
 }
 
-/// Every data file path any retained snapshot's manifests list.
+/// Every data file path any retained snapshot's manifests list, in [`canonical`] spelling.
 async fn referenced_files(table: &Table) -> Result<HashSet<String>> {
     let metadata = table.metadata_ref();
     let read_error = |e| iceberg_error(Phase::Recover, "cannot read the table's manifests", e);
@@ -136,7 +167,7 @@ async fn referenced_files(table: &Table) -> Result<HashSet<String>> {
                 manifest
                     .entries()
                     .iter()
-                    .map(|entry| entry.data_file().file_path().to_string()),
+                    .map(|entry| canonical(entry.data_file().file_path())),
             );
         }
     }

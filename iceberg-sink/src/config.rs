@@ -148,7 +148,12 @@ impl CatalogConfig {
                     "DollarNumeric"
                 };
                 props.insert(SQL_CATALOG_PROP_URI.to_string(), uri.clone());
-                props.insert(SQL_CATALOG_PROP_WAREHOUSE.to_string(), warehouse.clone());
+                // Without a trailing `/`: table locations are `<warehouse>/<namespace>/<table>`, and a manifest
+                // spelling `wh//ns/t` while storage lists `wh/ns/t` once made cleanup delete committed files.
+                props.insert(
+                    SQL_CATALOG_PROP_WAREHOUSE.to_string(),
+                    warehouse.trim_end_matches('/').to_string(),
+                );
                 props.insert(SQL_CATALOG_PROP_BIND_STYLE.to_string(), bind_style.into());
                 let catalog = SqlCatalogBuilder::default()
                     .with_storage_factory(storage)
@@ -181,7 +186,10 @@ impl CatalogConfig {
                 }
                 props.insert("uri".into(), uri.clone());
                 if let Some(warehouse) = warehouse {
-                    props.insert("warehouse".into(), warehouse.clone());
+                    props.insert(
+                        "warehouse".into(),
+                        warehouse.trim_end_matches('/').to_string(),
+                    );
                 }
                 let catalog = RestCatalogBuilder::default()
                     .with_storage_factory(storage)

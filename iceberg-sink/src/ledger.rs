@@ -55,14 +55,24 @@ impl SubtaskKey {
         format!("{}.", self.table_property())
     }
 
-    /// The checkpoint in the name of one of this subtask's data files (`<prefix>e<epoch>.c<checkpoint>-<n>...`,
-    /// after any directory).
-    pub fn checkpoint_of_file(&self, path: &str) -> Option<CheckpointId> {
+    /// The owner epoch and checkpoint in the name of one of this subtask's data files
+    /// (`<prefix>e<epoch>.c<checkpoint>-<n>...`, after any directory); `None` for any other name, including one
+    /// that merely starts with the prefix.
+    pub fn file_stamp(&self, path: &str) -> Option<(u64, CheckpointId)> {
         let name = path.rsplit('/').next()?;
-        let rest = name.strip_prefix(&self.file_prefix())?;
-        let (_, after) = rest.split_once(".c")?;
-        let digits: String = after.chars().take_while(char::is_ascii_digit).collect();
-        digits.parse().ok().map(CheckpointId)
+        let rest = name.strip_prefix(&self.file_prefix())?.strip_prefix('e')?;
+        let (epoch, rest) = rest.split_once(".c")?;
+        let (checkpoint, _) = rest.split_once('-')?;
+        let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+        if !digits(epoch) || !digits(checkpoint) {
+            return None;
+        }
+        Some((epoch.parse().ok()?, CheckpointId(checkpoint.parse().ok()?)))
+    }
+
+    /// The checkpoint in the name of one of this subtask's data files ([`file_stamp`](Self::file_stamp)).
+    pub fn checkpoint_of_file(&self, path: &str) -> Option<CheckpointId> {
+        self.file_stamp(path).map(|(_, checkpoint)| checkpoint)
     }
 
     /// The snapshot summary properties recording `state` for this subtask.
@@ -158,6 +168,26 @@ mod tests {
         assert!(!key(10).file_prefix().starts_with(&key(1).file_prefix()));
         let file = format!("s3://b/t/data/{}e3.c42-00001.parquet", key(1).file_prefix());
         assert_eq!(key(1).checkpoint_of_file(&file), Some(CheckpointId(42)));
+        assert_eq!(key(1).file_stamp(&file), Some((3, CheckpointId(42))));
         assert_eq!(key(10).checkpoint_of_file(&file), None);
+    }
+
+    #[test]
+    fn only_names_the_sink_writes_carry_a_stamp() {
+        let key = SubtaskKey {
+            job: SinkId::new("a").unwrap(),
+            sink: SinkId::new("b").unwrap(),
+            subtask: SubtaskId(0),
+        };
+        let prefix = key.file_prefix();
+        for foreign in [
+            format!("{prefix}x.1.e3.c5-00000.parquet"),
+            format!("{prefix}e.c5-00000.parquet"),
+            format!("{prefix}e3.c-00000.parquet"),
+            format!("{prefix}e3.c5.parquet"),
+            "ratchet.a.b.1.e3.c5-00000.parquet".to_string(),
+        ] {
+            assert_eq!(key.file_stamp(&foreign), None, "{foreign}");
+        }
     }
 }

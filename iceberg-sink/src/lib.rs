@@ -39,6 +39,7 @@ mod error;
 mod factory;
 mod guarded;
 mod ledger;
+mod location;
 mod sink;
 mod writer;
 

@@ -20,6 +20,7 @@ use crate::commit::{CommitOutcome, TableTarget};
 use crate::config::IcebergSinkConfig;
 use crate::error::iceberg_error;
 use crate::ledger::SubtaskKey;
+use crate::location::canonical;
 use crate::writer::CheckpointWriter;
 
 /// One data file of a pre-committed checkpoint, in a form any process can commit.
@@ -214,11 +215,15 @@ impl IcebergSink {
         })
     }
 
-    /// Deletes this subtask's data files that no snapshot of the table references (the maintenance call;
-    /// recovery runs it when `cleanup_on_recover`). Run it only while this instance owns the subtask.
+    /// Deletes this subtask's data files that no snapshot of the table references, of this instance's owner epoch
+    /// or older (the maintenance call; recovery runs it when `cleanup_on_recover`).
+    ///
+    /// # Errors
+    /// [`Fenced`](ErrorKind::Fenced), deleting nothing, when another instance recovered the subtask since;
+    /// [`Bug`](ErrorKind::Bug) before `recover`.
     pub async fn delete_unreferenced_files(&self) -> Result<Vec<String>> {
-        let table = self.committer.target.load(Phase::Recover).await?;
-        delete_unreferenced_files(&table, &self.key, &self.config.s3).await
+        let epoch = self.committer.epoch(Phase::Recover)?;
+        delete_unreferenced_files(&self.committer.target, &self.key, epoch, &self.config.s3).await
     }
 }
 
@@ -235,9 +240,18 @@ impl TwoPhaseCommit for IcebergSink {
         self.committer.clone()
     }
 
-    /// With `commit_every` > 1 a committed (noted) checkpoint may still carry files only recovery makes visible.
-    fn restore_committed(&self) -> bool {
-        self.config.commit_every > 1
+    /// A committable carried into a later commit (`commit = false`, from `commit_every` > 1 when it was written)
+    /// still holds files only its recovery makes visible, even once the store notes its checkpoint committed.
+    fn restore_committed(&self, committables: &[IcebergCommittable]) -> bool {
+        committables
+            .iter()
+            .any(|c| !c.commit && !c.files.is_empty())
+    }
+
+    /// The newest checkpoint the table's ledger shows for this subtask.
+    async fn recorded_checkpoint(&mut self) -> Result<Option<CheckpointId>> {
+        let table = self.committer.target.load(Phase::Recover).await?;
+        Ok(self.key.state(&table.metadata_ref()).checkpoint)
     }
 
     async fn begin(&mut self, checkpoint: CheckpointId) -> Result<()> {
@@ -319,23 +333,23 @@ impl TwoPhaseCommit for IcebergSink {
         &mut self,
         restored: Option<(CheckpointId, Vec<IcebergCommittable>)>,
     ) -> Result<ExternalView> {
-        let table = self.committer.target.load(Phase::Recover).await?;
+        let (table, unreferenced) =
+            unreferenced_files(&self.committer.target, &self.key, None, &self.config.s3).await?;
         let state = self.key.state(&table.metadata_ref());
         let pending: BTreeSet<String> = restored
             .into_iter()
             .flat_map(|(_, committables)| committables)
             .filter(|c| Some(c.checkpoint) > state.checkpoint)
             .flat_map(|c| c.files)
-            .map(|f| f.path)
+            .map(|f| canonical(&f.path))
             .collect();
-        let transactions = unreferenced_files(&table, &self.key, &self.config.s3)
-            .await?
+        let transactions = unreferenced
             .into_iter()
             .map(|path| OpenTransaction {
                 checkpoint: self.key.checkpoint_of_file(&path),
                 state: "data file no snapshot references".into(),
                 age: None,
-                resolution: Resolution::held_by_restored(pending.contains(&path)),
+                resolution: Resolution::held_by_restored(pending.contains(&canonical(&path))),
                 name: path,
             })
             .collect();
@@ -388,13 +402,12 @@ impl TwoPhaseCommit for IcebergSink {
                     .map_err(context)?;
             }
         }
-        let table = self.committer.target.load(Phase::Recover).await?;
         if self.config.cleanup_on_recover {
-            delete_unreferenced_files(&table, &self.key, &self.config.s3)
+            delete_unreferenced_files(&self.committer.target, &self.key, epoch, &self.config.s3)
                 .await
                 .map_err(context)?;
         }
-        self.table = Some(table);
+        self.table = Some(self.committer.target.load(Phase::Recover).await?);
         Ok(())
     }
 }

@@ -10,9 +10,7 @@ use iceberg::spec::{DataFile, DataFileFormat};
 use iceberg::table::Table;
 use iceberg::writer::base_writer::data_file_writer::DataFileWriterBuilder;
 use iceberg::writer::file_writer::ParquetWriterBuilder;
-use iceberg::writer::file_writer::location_generator::{
-    DefaultFileNameGenerator, DefaultLocationGenerator,
-};
+use iceberg::writer::file_writer::location_generator::DefaultFileNameGenerator;
 use iceberg::writer::file_writer::rolling_writer::RollingFileWriterBuilder;
 use iceberg::writer::partitioning::PartitioningWriter;
 use iceberg::writer::partitioning::fanout_writer::FanoutWriter;
@@ -21,9 +19,10 @@ use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 
 use crate::error::iceberg_error;
+use crate::location::EscapedLocations;
 
 type FileWriterBuilder =
-    DataFileWriterBuilder<ParquetWriterBuilder, DefaultLocationGenerator, DefaultFileNameGenerator>;
+    DataFileWriterBuilder<ParquetWriterBuilder, EscapedLocations, DefaultFileNameGenerator>;
 
 enum Layout {
     Unpartitioned(Box<dyn IcebergWriter>),
@@ -61,13 +60,7 @@ impl CheckpointWriter {
         let props = WriterProperties::builder()
             .set_compression(Compression::ZSTD(ZstdLevel::default()))
             .build();
-        let locations = DefaultLocationGenerator::new(metadata).map_err(|e| {
-            iceberg_error(
-                Phase::Begin,
-                format!("cannot derive the data location of {name}"),
-                e,
-            )
-        })?;
+        let locations = EscapedLocations::new(metadata);
         let names = DefaultFileNameGenerator::new(file_prefix, None, DataFileFormat::Parquet);
         let builder = DataFileWriterBuilder::new(RollingFileWriterBuilder::new(
             ParquetWriterBuilder::new(props, metadata.current_schema().clone()),

@@ -8,8 +8,8 @@ An s3:// warehouse is read with RATCHET_S3_ENDPOINT / _REGION / _ACCESS_KEY / _S
 {"exists": bool, "ids": [sorted ID_COLUMN values per pyiceberg], "duckdb_ids": [the same per DuckDB's
 iceberg_scan of the current metadata file], "snapshots": [{"snapshot_id", "parent_id", "summary"}...],
 "properties": {...}, "unreferenced": [Ratchet's data files (named ratchet.*) under the table's data/ directory
-that no manifest of any retained snapshot lists]} with snapshots oldest first. Both readers see only what the
-current metadata references.
+that no manifest of any retained snapshot lists, locations compared with repeated '/' collapsed]} with snapshots
+oldest first. Both readers see only what the current metadata references.
 """
 
 import json
@@ -57,6 +57,17 @@ def duckdb_ids(metadata_location: str, id_column: str) -> list:
     return sorted(r[0] for r in rows)
 
 
+def canonical(location: str) -> str:
+    """One spelling of a location: every run of '/' after the scheme collapsed (a manifest may say wh//ns/t where
+    storage lists wh/ns/t, both one file)."""
+    scheme, sep, rest = location.partition("://")
+    if not sep:
+        scheme, rest = "", location
+    while "//" in rest:
+        rest = rest.replace("//", "/")
+    return f"{scheme}{sep}{rest}"
+
+
 def data_files_on_storage(location: str) -> list:
     """Every file named ratchet.* under <location>/data/, as a full location."""
     data = location.rstrip("/") + "/data/"
@@ -74,11 +85,11 @@ def data_files_on_storage(location: str) -> list:
         keys = []
         for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
             keys += [o["Key"] for o in page.get("Contents", [])]
-        return [f"s3://{bucket}/{k}" for k in keys if k.rsplit("/", 1)[-1].startswith("ratchet.")]
+        return [canonical(f"s3://{bucket}/{k}") for k in keys if k.rsplit("/", 1)[-1].startswith("ratchet.")]
     root = data.removeprefix("file://")
     found = []
     for directory, _, names in os.walk(root):
-        found += ["file://" + os.path.join(directory, n) for n in names if n.startswith("ratchet.")]
+        found += [canonical("file://" + os.path.join(directory, n)) for n in names if n.startswith("ratchet.")]
     return found
 
 
@@ -88,7 +99,7 @@ def referenced_files(table) -> set:
     for snapshot in table.metadata.snapshots:
         for manifest in snapshot.manifests(io):
             for entry in manifest.fetch_manifest_entry(io, discard_deleted=False):
-                paths.add(entry.data_file.file_path)
+                paths.add(canonical(entry.data_file.file_path))
     return paths
 
 

@@ -177,6 +177,18 @@ impl TwoPhaseCommit for JdbcSink {
         &self.sink
     }
 
+    /// In xa mode, the checkpoint the owner row records (set inside each checkpoint's prepared transaction, so
+    /// visible once it committed). The upsert and append modes commit at pre-commit, before the record is durable,
+    /// and replaying into them is harmless: they report nothing.
+    async fn recorded_checkpoint(&mut self) -> Result<Option<CheckpointId>> {
+        if !self.xa {
+            return Ok(None);
+        }
+        self.coordinator
+            .applied_through(&self.scope, self.subtask)
+            .await
+    }
+
     fn committer(&self) -> JdbcCommitter {
         JdbcCommitter {
             sink: self.sink.clone(),

@@ -97,6 +97,10 @@ impl TwoPhaseCommit for KafkaAtLeastOnceSink {
         NothingToCommit
     }
 
+    fn delivery(&self) -> connector_api::DeliveryGuarantee {
+        connector_api::DeliveryGuarantee::AtLeastOnce
+    }
+
     async fn begin(&mut self, checkpoint: CheckpointId) -> Result<()> {
         if self.producer.is_none() {
             let producer = self

@@ -161,6 +161,12 @@ async fn run_until_stopped(
         options,
     )
     .await?;
+    // Idle time counts from when the subtask can read, not from its claim and recovery.
+    let now = context.started.elapsed().as_millis() as u64;
+    context
+        .progress
+        .last_activity_ms
+        .store(now, Ordering::Relaxed);
     let interval = job.job.checkpoint_interval;
     let label = outputs.label.clone();
     let mut lag_measured: Option<Instant> = None;

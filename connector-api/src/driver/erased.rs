@@ -7,15 +7,59 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    CheckpointId, CheckpointRecord, Committer, Error, ErrorKind, Phase, Result, SinkId,
-    TwoPhaseCommit,
+    CheckpointId, CheckpointRecord, Committer, DeliveryGuarantee, Error, ErrorKind, Phase, Result,
+    SinkId, TwoPhaseCommit,
 };
 
-/// A sink's entry in a checkpoint record: its committables and the format version they were written with.
+/// A sink's entry in a checkpoint record: its committables, the format version they were written with, and what
+/// recovery needs to know about them whatever the sink's settings are by then.
 #[derive(Serialize, Deserialize)]
 struct RecordEntry {
     version: u32,
+    /// The guarantee the sink ran with (entries from before it was recorded: exactly-once, the only guarantee whose
+    /// committables recovery commits, so they are never dropped).
+    #[serde(default)]
+    delivery: DeliveryGuarantee,
+    /// Whether committing these committables left data for a later commit to make visible
+    /// ([`TwoPhaseCommit::restore_committed`]): recovery needs them even once the store notes them committed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    deferred: bool,
     committables: Vec<serde_json::Value>,
+}
+
+impl RecordEntry {
+    fn parse(sink: &SinkId, checkpoint: CheckpointId, value: serde_json::Value) -> Result<Self> {
+        serde_json::from_value(value).map_err(|e| {
+            Error::new(
+                ErrorKind::Fatal,
+                Phase::Recover,
+                "the checkpoint record's entry for this sink is malformed",
+            )
+            .with_sink(sink)
+            .with_checkpoint(checkpoint)
+            .with_source(e)
+        })
+    }
+
+    /// Whether recovery hands these committables to the sink at all: only a checkpoint decided exactly-once that
+    /// holds something (at-least-once committed at pre-commit and holds nothing; recovery never commits an
+    /// at-most-once checkpoint, whose transactions are aborted with everything else).
+    fn restorable(&self) -> bool {
+        self.delivery == DeliveryGuarantee::ExactlyOnce
+            && self.committables.iter().any(|c| !c.is_null())
+    }
+}
+
+/// Whether the entry `value` of a checkpoint record holds work recovery must still do (commit), given whether the
+/// store notes the checkpoint committed: for a sink the job no longer has, whose work would be left undone.
+pub(crate) fn entry_pending(
+    sink: &SinkId,
+    checkpoint: CheckpointId,
+    value: &serde_json::Value,
+    committed: bool,
+) -> Result<bool> {
+    let entry = RecordEntry::parse(sink, checkpoint, value.clone())?;
+    Ok(entry.restorable() && (!committed || entry.deferred))
 }
 
 /// One sink's pre-committed transaction, ready to commit on the driver's commit task.
@@ -51,7 +95,8 @@ where
 pub(crate) trait ErasedSink: Send {
     fn sink_id(&self) -> &SinkId;
     fn transaction_timeout(&self) -> Option<Duration>;
-    fn restore_committed(&self) -> bool;
+    fn delivery(&self) -> DeliveryGuarantee;
+    async fn recorded_checkpoint(&mut self) -> Result<Option<CheckpointId>>;
     async fn begin(&mut self, checkpoint: CheckpointId) -> Result<()>;
     async fn write(&mut self, batch: &RecordBatch) -> Result<()>;
     /// Pre-commits; returns the sink's checkpoint-record entry and the commit to run once the record is durable.
@@ -60,10 +105,17 @@ pub(crate) trait ErasedSink: Send {
         checkpoint: CheckpointId,
     ) -> Result<(serde_json::Value, Box<dyn PendingCommit>)>;
     async fn abort(&mut self) -> Result<()>;
-    async fn recover(&mut self, restored: Option<(CheckpointId, serde_json::Value)>) -> Result<()>;
+    /// Recovers from the sink's entry of the restored record (`committed`: the store notes it committed).
+    async fn recover(
+        &mut self,
+        restored: Option<(CheckpointId, serde_json::Value)>,
+        committed: bool,
+    ) -> Result<()>;
+    /// Lists what recovery would do with the same input.
     async fn inspect(
         &mut self,
         restored: Option<(CheckpointId, serde_json::Value)>,
+        committed: bool,
     ) -> Result<crate::ExternalView>;
 }
 
@@ -77,8 +129,12 @@ impl<T: TwoPhaseCommit> ErasedSink for T {
         TwoPhaseCommit::transaction_timeout(self)
     }
 
-    fn restore_committed(&self) -> bool {
-        TwoPhaseCommit::restore_committed(self)
+    fn delivery(&self) -> DeliveryGuarantee {
+        TwoPhaseCommit::delivery(self)
+    }
+
+    async fn recorded_checkpoint(&mut self) -> Result<Option<CheckpointId>> {
+        TwoPhaseCommit::recorded_checkpoint(self).await
     }
 
     async fn begin(&mut self, checkpoint: CheckpointId) -> Result<()> {
@@ -105,6 +161,8 @@ impl<T: TwoPhaseCommit> ErasedSink for T {
         })?;
         let entry = RecordEntry {
             version: self.committable_version(),
+            delivery: TwoPhaseCommit::delivery(self),
+            deferred: TwoPhaseCommit::restore_committed(self, std::slice::from_ref(&committable)),
             committables: vec![serialized],
         };
         let entry = serde_json::to_value(entry).expect("record entry serializes");
@@ -120,41 +178,78 @@ impl<T: TwoPhaseCommit> ErasedSink for T {
         TwoPhaseCommit::abort(self).await
     }
 
-    async fn recover(&mut self, restored: Option<(CheckpointId, serde_json::Value)>) -> Result<()> {
-        let restored = match restored {
-            None => None,
-            Some((id, value)) => Some((id, decode_entry(self, id, value)?)),
-        };
+    async fn recover(
+        &mut self,
+        restored: Option<(CheckpointId, serde_json::Value)>,
+        committed: bool,
+    ) -> Result<()> {
+        let restored = restorable(self, restored, committed)?;
         TwoPhaseCommit::recover(self, restored).await
     }
 
     async fn inspect(
         &mut self,
         restored: Option<(CheckpointId, serde_json::Value)>,
+        committed: bool,
     ) -> Result<crate::ExternalView> {
-        let restored = match restored {
-            None => None,
-            Some((id, value)) => Some((id, decode_entry(self, id, value)?)),
-        };
+        let restored = restorable(self, restored, committed)?;
         TwoPhaseCommit::inspect(self, restored).await
     }
 }
 
-fn decode_entry<T: TwoPhaseCommit>(
+/// What `recover` gets from the sink's entry of the restored record, decided from the entry (the guarantee and
+/// settings the checkpoint was decided under), never from the sink's current settings: the committables of a
+/// checkpoint decided exactly-once, unless the store notes it `committed` and their commit deferred nothing.
+fn restorable<T: TwoPhaseCommit>(
     sink: &T,
-    checkpoint: CheckpointId,
-    value: serde_json::Value,
-) -> Result<Vec<T::Committable>> {
-    let entry: RecordEntry = serde_json::from_value(value).map_err(|e| {
+    restored: Option<(CheckpointId, serde_json::Value)>,
+    committed: bool,
+) -> Result<Option<(CheckpointId, Vec<T::Committable>)>> {
+    let Some((checkpoint, value)) = restored else {
+        return Ok(None);
+    };
+    let entry = RecordEntry::parse(TwoPhaseCommit::sink_id(sink), checkpoint, value)?;
+    if !entry.restorable() {
+        return Ok(None);
+    }
+    let (delivery, deferred) = (entry.delivery, entry.deferred);
+    let decoded = decode_committables(sink, checkpoint, entry);
+    if committed && !deferred {
+        // Entries written before `deferred` was recorded: the committables themselves say (a sink that cannot
+        // read them any more has nothing deferred in them).
+        return Ok(decoded
+            .ok()
+            .filter(|c| TwoPhaseCommit::restore_committed(sink, c))
+            .map(|c| (checkpoint, c)));
+    }
+    let decoded = decoded.map_err(|e| {
+        let now = TwoPhaseCommit::delivery(sink);
+        if now == delivery {
+            return e;
+        }
         Error::new(
             ErrorKind::Fatal,
             Phase::Recover,
-            "the checkpoint record's entry for this sink is malformed",
+            format!(
+                "checkpoint {checkpoint} was decided with delivery = {} and is not committed in this sink yet, \
+                 which now runs {}: it cannot finish it. Run the job (or `ratchet resolve`) once with the sink's \
+                 previous delivery to commit it, then change the setting",
+                delivery.name(),
+                now.name()
+            ),
         )
         .with_sink(TwoPhaseCommit::sink_id(sink))
         .with_checkpoint(checkpoint)
         .with_source(e)
     })?;
+    Ok(Some((checkpoint, decoded)))
+}
+
+fn decode_committables<T: TwoPhaseCommit>(
+    sink: &T,
+    checkpoint: CheckpointId,
+    entry: RecordEntry,
+) -> Result<Vec<T::Committable>> {
     entry
         .committables
         .into_iter()
@@ -169,9 +264,13 @@ pub fn committables_in<T: TwoPhaseCommit>(
     sink: &T,
     record: &CheckpointRecord,
 ) -> Result<Option<Vec<T::Committable>>> {
+    let id = TwoPhaseCommit::sink_id(sink);
     record
         .committables
-        .get(TwoPhaseCommit::sink_id(sink))
-        .map(|value| decode_entry(sink, record.id, value.clone()))
+        .get(id)
+        .map(|value| {
+            let entry = RecordEntry::parse(id, record.id, value.clone())?;
+            decode_committables(sink, record.id, entry)
+        })
         .transpose()
 }

@@ -22,6 +22,7 @@
 mod budget;
 mod erased;
 mod fault;
+mod restore;
 mod stream;
 
 use std::collections::BTreeMap;
@@ -227,13 +228,14 @@ impl<S: CheckpointStore> Driver<S> {
         let mut sinks = Vec::with_capacity(self.sinks.len());
         for sink in &mut self.sinks {
             let id = sink.sink_id().clone();
-            let wanted = !already_committed || sink.restore_committed();
             let restored = store
                 .record
                 .as_ref()
-                .filter(|_| wanted)
                 .and_then(|r| r.committables.get(&id).map(|v| (r.id, v.clone())));
-            let view = sink.inspect(restored).await.map_err(|e| e.or_sink(&id));
+            let view = sink
+                .inspect(restored, already_committed)
+                .await
+                .map_err(|e| e.or_sink(&id));
             sinks.push(crate::SinkInspection {
                 sink: id,
                 timeout: sink.transaction_timeout(),
@@ -316,24 +318,29 @@ impl<S: CheckpointStore> Driver<S> {
         self.inject(FaultPoint::AfterLoad).await?;
         // A checkpoint the store notes as committed is not committed again: the external system may have forgotten
         // the transaction since (a Kafka transactional id expires), and recovery only has to abort leftovers. A
-        // sink whose commits may defer visibility to a later commit asks for it anyway (`restore_committed`).
+        // sink whose commits may defer visibility to a later commit gets it anyway (`restore_committed`); what each
+        // sink gets is decided from its entry in the record (the guarantee it was decided under), not from the job
+        // file as it is now.
         let already_committed = checkpoint.is_some() && loaded.committed_through >= checkpoint;
+        restore::refuse_removed_sinks(&self.sinks, record.as_ref(), already_committed)?;
+        restore::refuse_sinks_ahead(&mut self.sinks, loaded.highest_id.max(checkpoint)).await?;
         for i in 0..self.sinks.len() {
             let id = self.sinks[i].sink_id().clone();
-            let wanted = !already_committed || self.sinks[i].restore_committed();
             let restored = record
                 .as_ref()
-                .filter(|_| wanted)
                 .and_then(|r| r.committables.get(&id).map(|v| (r.id, v.clone())));
             let interrupt = FaultPoint::DuringRecover { sink: id.clone() };
             if self.fault_action(&interrupt).await == FaultAction::Crash {
                 // Run the recovery up to its first suspension, then abandon it: a crash inside recover.
-                let _ = first_poll(self.sinks[i].recover(restored)).await;
+                let _ = first_poll(self.sinks[i].recover(restored, already_committed)).await;
                 return Err(crash_error(&interrupt));
             }
             let mut attempts = retry.attempts();
             loop {
-                match self.sinks[i].recover(restored.clone()).await {
+                match self.sinks[i]
+                    .recover(restored.clone(), already_committed)
+                    .await
+                {
                     Err(e) if attempts.retry("recover", &e).await => {}
                     outcome => break outcome.map_err(|e| e.or_sink(&id))?,
                 }

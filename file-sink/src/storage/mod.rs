@@ -63,6 +63,11 @@ pub enum StagedFile {
         key: String,
         /// Its ETag.
         etag: String,
+        /// SHA-256 of its content (hex), also in its metadata (`x-amz-meta-ratchet-sha256`), which the copy keeps:
+        /// how a later publish recognises its own copy whatever the copy's ETag is (not an MD5 of the content
+        /// under SSE-KMS, SSE-C or a multipart copy). Absent in committables written before it was kept.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sha256: Option<String>,
         /// Rows in the file.
         rows: u64,
         /// Bytes in the file.

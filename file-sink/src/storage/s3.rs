@@ -111,7 +111,19 @@ fn encode_copy_source(bucket: &str, key: &str) -> String {
     out
 }
 
-/// FNV-1a, to keep spill file names of different partitions apart.
+/// The metadata key (`x-amz-meta-ratchet-sha256`) holding a staged object's content SHA-256.
+const SHA256_METADATA: &str = "ratchet-sha256";
+
+/// What a HEAD of a key says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Head {
+    size: u64,
+    /// The ETag without quotes.
+    etag: String,
+    /// The content SHA-256 a staged object carries in its metadata.
+    sha256: Option<String>,
+}
+
 /// What a HEAD of the visible key says after CompleteMultipartUpload answered 412 (the key exists) or 404 (the
 /// upload is gone): whether our upload completed before (a retried commit, or recovery after a crash mid-commit).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,11 +137,11 @@ enum Completion {
     Absent,
 }
 
-fn multipart_completion(head: Option<&(u64, String)>, bytes: u64, parts: usize) -> Completion {
+fn multipart_completion(head: Option<&Head>, bytes: u64, parts: usize) -> Completion {
     match head {
         None => Completion::Absent,
-        Some((size, etag))
-            if *size == bytes && (etag.ends_with(&format!("-{parts}")) || parts == 1) =>
+        Some(head)
+            if head.size == bytes && (head.etag.ends_with(&format!("-{parts}")) || parts == 1) =>
         {
             Completion::Ours
         }
@@ -137,6 +149,35 @@ fn multipart_completion(head: Option<&(u64, String)>, bytes: u64, parts: usize) 
     }
 }
 
+/// Whether the visible key holds the copy of a staged small file: same size, and the content SHA-256 the staged
+/// object carried in its metadata (the copy keeps it). The ETag is no proof: under SSE-KMS, SSE-C, or after a
+/// multipart copy it is not an MD5 of the content, and every copy gets its own. Only a staged file from before the
+/// SHA-256 was kept is recognised by its ETag (it was written to a bucket where that worked).
+fn staged_completion(
+    head: Option<&Head>,
+    bytes: u64,
+    sha256: Option<&str>,
+    etag: &str,
+) -> Completion {
+    match (head, sha256) {
+        (None, _) => Completion::Absent,
+        (Some(head), _) if head.size != bytes => Completion::Foreign,
+        (Some(head), Some(ours)) if head.sha256.as_deref() == Some(ours) => Completion::Ours,
+        (Some(head), None) if head.etag == etag.trim_matches('"') => Completion::Ours,
+        (Some(_), _) => Completion::Foreign,
+    }
+}
+
+/// The hex SHA-256 of `bytes`.
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// FNV-1a, to keep spill file names of different partitions apart.
 fn fnv(text: &str) -> u64 {
     text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
@@ -372,11 +413,13 @@ impl S3Backend {
         let staged = if upload.is_none() && total < MIN_PART_SIZE as u64 {
             let staging_key = self.key(&format!("{STAGING_DIR}/{}", name.relative_path()));
             let body = self.read_range(&staging_path, 0, total).await?;
+            let sha256 = sha256_hex(&body);
             let put = self
                 .client
                 .put_object()
                 .bucket(&self.bucket)
                 .key(&staging_key)
+                .metadata(SHA256_METADATA, &sha256)
                 .body(ByteStream::from(body.clone()))
                 .send()
                 .await
@@ -388,6 +431,7 @@ impl S3Backend {
                 staging_key,
                 key,
                 etag: put.e_tag().unwrap_or_default().to_string(),
+                sha256: Some(sha256),
                 rows,
                 bytes: total,
             }
@@ -446,8 +490,8 @@ impl S3Backend {
         }
     }
 
-    /// HEAD of `key`: `(size, etag)` (the ETag without quotes), or `None` when absent.
-    async fn head(&self, key: &str) -> Result<Option<(u64, String)>> {
+    /// HEAD of `key`, or `None` when absent.
+    async fn head(&self, key: &str) -> Result<Option<Head>> {
         match self
             .client
             .head_object()
@@ -456,13 +500,18 @@ impl S3Backend {
             .send()
             .await
         {
-            Ok(head) => Ok(Some((
-                head.content_length().unwrap_or(0) as u64,
-                head.e_tag()
+            Ok(head) => Ok(Some(Head {
+                size: head.content_length().unwrap_or(0) as u64,
+                etag: head
+                    .e_tag()
                     .unwrap_or_default()
                     .trim_matches('"')
                     .to_string(),
-            ))),
+                sha256: head
+                    .metadata()
+                    .and_then(|m| m.get(SHA256_METADATA))
+                    .cloned(),
+            })),
             Err(e) if status_of(&e) == Some(404) => Ok(None),
             Err(e) => Err(s3_error("HeadObject", &self.bucket, key, Phase::Commit, e)),
         }
@@ -507,13 +556,13 @@ impl S3Backend {
                         let head = self.head(key).await?;
                         match (multipart_completion(head.as_ref(), *bytes, parts.len()), head) {
                             (Completion::Ours, _) => Ok(()),
-                            (Completion::Foreign, Some((size, etag))) => Err(Error::new(
+                            (Completion::Foreign, Some(found)) => Err(Error::new(
                                 ErrorKind::Fatal,
                                 Phase::Commit,
                                 format!(
-                                    "s3://{}/{key} exists but is not this file (size {size} vs {bytes}, ETag {etag}): \
+                                    "s3://{}/{key} exists but is not this file (size {} vs {bytes}, ETag {}): \
                                      something else wrote the key; not overwriting it",
-                                    self.bucket
+                                    self.bucket, found.size, found.etag
                                 ),
                             )
                             .with_txn(upload_id.clone())),
@@ -535,36 +584,65 @@ impl S3Backend {
                 staging_key,
                 key,
                 etag,
+                sha256,
                 bytes,
                 ..
             } => {
-                let expected = etag.trim_matches('"');
-                match self.head(key).await? {
-                    Some((size, found)) if size == *bytes && found == expected => {}
-                    Some((size, found)) => {
-                        return Err(Error::new(
-                            ErrorKind::Fatal,
-                            Phase::Commit,
-                            format!(
-                                "s3://{}/{key} exists but is not this file (size {size} vs {bytes}, ETag {found} vs \
-                                 {expected}): not overwriting it",
-                                self.bucket
-                            ),
-                        ));
+                let is_ours = |head: Option<&Head>| -> Result<bool> {
+                    match staged_completion(head, *bytes, sha256.as_deref(), etag) {
+                        Completion::Ours => Ok(true),
+                        Completion::Absent => Ok(false),
+                        Completion::Foreign => {
+                            let head = head.expect("a foreign object exists");
+                            Err(Error::new(
+                                ErrorKind::Fatal,
+                                Phase::Commit,
+                                format!(
+                                    "s3://{}/{key} exists but is not this file (size {} vs {bytes}, content \
+                                     SHA-256 {} vs {}): not overwriting it",
+                                    self.bucket,
+                                    head.size,
+                                    head.sha256.as_deref().unwrap_or("unknown"),
+                                    sha256.as_deref().unwrap_or("unknown"),
+                                ),
+                            ))
+                        }
                     }
-                    None => {
-                        let source = encode_copy_source(&self.bucket, staging_key);
-                        self.client
-                            .copy_object()
-                            .bucket(&self.bucket)
-                            .key(key)
-                            .copy_source(&source)
-                            .if_none_match("*")
-                            .send()
-                            .await
-                            .map_err(|e| {
-                                s3_error("CopyObject", &self.bucket, staging_key, Phase::Commit, e)
-                            })?;
+                };
+                if !is_ours(self.head(key).await?.as_ref())? {
+                    let source = encode_copy_source(&self.bucket, staging_key);
+                    let copied = self
+                        .client
+                        .copy_object()
+                        .bucket(&self.bucket)
+                        .key(key)
+                        .copy_source(&source)
+                        .if_none_match("*")
+                        .send()
+                        .await;
+                    match copied {
+                        Ok(_) => {}
+                        // 412: the key appeared since the HEAD (our own retried copy, a second committer).
+                        Err(e) if status_of(&e) == Some(412) => {
+                            if !is_ours(self.head(key).await?.as_ref())? {
+                                return Err(s3_error(
+                                    "CopyObject",
+                                    &self.bucket,
+                                    staging_key,
+                                    Phase::Commit,
+                                    e,
+                                ));
+                            }
+                        }
+                        Err(e) => {
+                            return Err(s3_error(
+                                "CopyObject",
+                                &self.bucket,
+                                staging_key,
+                                Phase::Commit,
+                                e,
+                            ));
+                        }
                     }
                 }
                 self.delete(staging_key, Phase::Commit).await
@@ -586,12 +664,21 @@ impl S3Backend {
 
     pub(crate) async fn is_published(&self, staged: &StagedFile) -> Result<bool> {
         match staged {
-            StagedFile::Multipart { key, bytes, .. } | StagedFile::Staged { key, bytes, .. } => {
-                Ok(self
-                    .head(key)
-                    .await?
-                    .is_some_and(|(size, _)| size == *bytes))
+            StagedFile::Multipart { key, bytes, .. } => {
+                Ok(self.head(key).await?.is_some_and(|h| h.size == *bytes))
             }
+            StagedFile::Staged {
+                key,
+                bytes,
+                sha256,
+                etag,
+                ..
+            } => Ok(staged_completion(
+                self.head(key).await?.as_ref(),
+                *bytes,
+                sha256.as_deref(),
+                etag,
+            ) == Completion::Ours),
             StagedFile::Local { .. } => Ok(false),
         }
     }
@@ -820,9 +907,68 @@ impl S3Backend {
 mod tests {
     use super::*;
 
+    fn head(size: u64, etag: &str) -> Option<Head> {
+        Some(Head {
+            size,
+            etag: etag.to_string(),
+            sha256: None,
+        })
+    }
+
+    #[test]
+    fn a_staged_files_copy_is_recognised_by_its_content_checksum_whatever_its_etag() {
+        let copy = |size: u64, etag: &str, sha256: &str| {
+            Some(Head {
+                size,
+                etag: etag.to_string(),
+                sha256: Some(sha256.to_string()),
+            })
+        };
+        // SSE-KMS / SSE-C / a multipart copy: the copy's ETag is not the staged object's.
+        assert_eq!(
+            staged_completion(
+                copy(10, "9f3a-1", "c0ffee").as_ref(),
+                10,
+                Some("c0ffee"),
+                "\"ab12\""
+            ),
+            Completion::Ours
+        );
+        assert_eq!(
+            staged_completion(
+                copy(10, "ab12", "beef").as_ref(),
+                10,
+                Some("c0ffee"),
+                "ab12"
+            ),
+            Completion::Foreign
+        );
+        assert_eq!(
+            staged_completion(copy(9, "x", "c0ffee").as_ref(), 10, Some("c0ffee"), "x"),
+            Completion::Foreign
+        );
+        // A same-size object someone else wrote, with no checksum: never taken for ours.
+        assert_eq!(
+            staged_completion(head(10, "ab12").as_ref(), 10, Some("c0ffee"), "ab12"),
+            Completion::Foreign
+        );
+        // A committable from before the checksum was kept: the ETag decides, as it did.
+        assert_eq!(
+            staged_completion(head(10, "ab12").as_ref(), 10, None, "\"ab12\""),
+            Completion::Ours
+        );
+        assert_eq!(
+            staged_completion(None, 10, Some("c0ffee"), "ab12"),
+            Completion::Absent
+        );
+        assert_eq!(
+            sha256_hex(b"abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+
     #[test]
     fn a_completed_upload_is_recognised_by_size_and_part_count() {
-        let head = |size: u64, etag: &str| Some((size, etag.to_string()));
         assert_eq!(
             multipart_completion(head(100, "abc-3").as_ref(), 100, 3),
             Completion::Ours

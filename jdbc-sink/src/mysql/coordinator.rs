@@ -1,9 +1,9 @@
 //! XA transactions and the owner row on MariaDB / MySQL, from a connection of their own.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use connector_api::{CheckpointId, Phase, Result, SinkScope, SubtaskId};
+use connector_api::{CheckpointId, Error, ErrorKind, Phase, Result, SinkScope, SubtaskId};
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, Row};
 use tokio::sync::{Mutex, MutexGuard};
@@ -13,11 +13,14 @@ use crate::Xid;
 use crate::database::{CommitOutcome, Coordinator, MARKERS_TABLE, OWNERS_TABLE, Prepared};
 use crate::sink::lost_transaction;
 
-/// How often an unknown xid without a marker is asked about before it counts as lost, and the first pause
-/// between (doubling: 5 ms .. 640 ms, about 1.3 s in all). The session that prepared it usually lets go within
-/// milliseconds (at-least-once commits right after the prepare).
-const NOT_FOUND_CHECKS: u32 = 9;
-const NOT_FOUND_PAUSE: Duration = Duration::from_millis(5);
+/// How long `XA COMMIT` / `XA ROLLBACK` keep asking about a transaction MariaDB still keeps attached to the session
+/// that prepared it ("unknown XID" to every other session, but listed by `XA RECOVER`) before failing retryable;
+/// the pause between attempts doubles from `FIRST_PAUSE` up to `MAX_PAUSE`. The writer ends its own session right
+/// after `XA PREPARE` (`KILL CONNECTION` when the server has not ended it), so this waits only for a session the
+/// writer could not end: a process that is paused, or one that died before the server noticed.
+const ATTACHED_WAIT: Duration = Duration::from_secs(5);
+const FIRST_PAUSE: Duration = Duration::from_millis(5);
+const MAX_PAUSE: Duration = Duration::from_millis(500);
 
 /// See the module docs. Reconnects when its connection was lost.
 pub(crate) struct MySqlCoordinator {
@@ -50,6 +53,73 @@ impl MySqlCoordinator {
         }
         Ok(guard)
     }
+
+    /// What `XA RECOVER` lists: the global transaction id (gtrid) and the length of the branch qualifier of every
+    /// prepared transaction, attached to a session or not.
+    async fn recovered(&self, phase: Phase, xid: Option<&Xid>) -> Result<Vec<(String, usize)>> {
+        let mut guard = self.conn(phase).await?;
+        let rows: Vec<Row> = match connected(&mut guard).query("XA RECOVER").await {
+            Ok(rows) => rows,
+            Err(e) => {
+                forget_if_lost(&mut guard, &e);
+                return Err(my_error(phase, xid, "XA RECOVER failed", e));
+            }
+        };
+        Ok(rows
+            .into_iter()
+            .filter_map(|row| {
+                // formatID, gtrid_length, bqual_length, data (gtrid followed by bqual)
+                let gtrid_length: usize = row.get(1)?;
+                let bqual_length: usize = row.get(2)?;
+                let data: Vec<u8> = row.get(3)?;
+                let gtrid = std::str::from_utf8(data.get(..gtrid_length)?).ok()?;
+                Some((gtrid.to_string(), bqual_length))
+            })
+            .collect())
+    }
+
+    /// Whether `xid` is prepared (`XA RECOVER` lists it), attached to a session or not.
+    async fn is_listed(&self, xid: &Xid, phase: Phase) -> Result<bool> {
+        let name = xid.to_string();
+        Ok(self
+            .recovered(phase, Some(xid))
+            .await?
+            .iter()
+            .any(|(gtrid, bqual_length)| *gtrid == name && *bqual_length == 0))
+    }
+}
+
+/// The error for a transaction that is prepared (`XA RECOVER` lists it) but that MariaDB still keeps attached to
+/// the session that prepared it, so that no other session can commit or roll it back: retryable, it is resolved
+/// once that session ends.
+fn still_attached(xid: &Xid, phase: Phase, waited: Duration) -> Error {
+    let (what, outcome) = match phase {
+        Phase::Commit => (
+            "commit",
+            "its checkpoint is decided and the transaction stays prepared: it is committed once that session \
+             ends (the commit is retried, and the next recovery commits it)",
+        ),
+        _ => (
+            "roll back",
+            "no durable checkpoint holds it and the transaction stays prepared, holding its rows and the owner \
+             row: it is rolled back once that session ends (the next recovery does)",
+        ),
+    };
+    Error::new(
+        ErrorKind::Retryable,
+        phase,
+        format!(
+            "cannot {what} the prepared transaction {xid} yet: it is still attached to the session that prepared \
+             it (XA RECOVER lists it; MariaDB answers 'unknown XID' to every other session until that session \
+             ends), waited {:.1} s; {outcome}. When the process that prepared it is gone and the server has not \
+             noticed, end its session with KILL CONNECTION <id> (an idle session of the sink's user in \
+             information_schema.PROCESSLIST; the sink logs the id when it cannot end it itself): the transaction \
+             stays prepared",
+            waited.as_secs_f64()
+        ),
+    )
+    .with_checkpoint(xid.checkpoint)
+    .with_txn(xid.to_string())
 }
 
 /// The connection of `guard`; a connection-level error drops it so the next call reconnects.
@@ -65,69 +135,86 @@ fn forget_if_lost(guard: &mut MutexGuard<'_, Option<Conn>>, e: &mysql_async::Err
 
 #[async_trait]
 impl Coordinator for MySqlCoordinator {
-    /// `XA COMMIT`. MariaDB answers "unknown xid" also for a prepared transaction still attached to a session
-    /// that is closing (the writer ends its session right after `XA PREPARE`), so "unknown and no marker" is
-    /// asked again, backing off, for about a second before the transaction counts as lost.
+    /// `XA COMMIT`. MariaDB answers "unknown XID" (`XAER_NOTA`) both for a transaction that is gone and for one
+    /// that is prepared but still attached to the session that prepared it; `XA RECOVER` tells them apart (it
+    /// lists the attached one). Listed: asked again, backing off, for up to [`ATTACHED_WAIT`], then retryable
+    /// (the checkpoint is decided: never given up). Not listed: committed before when its marker is visible,
+    /// otherwise lost.
     async fn commit_prepared(&self, xid: &Xid) -> Result<CommitOutcome> {
-        for attempt in 1..=NOT_FOUND_CHECKS {
+        let started = Instant::now();
+        let mut pause = FIRST_PAUSE;
+        loop {
             let mut guard = self.conn(Phase::Commit).await?;
-            match connected(&mut guard)
+            let unknown = match connected(&mut guard)
                 .query_drop(format!("XA COMMIT '{xid}'"))
                 .await
             {
                 Ok(()) => return Ok(CommitOutcome::Committed),
-                Err(e) if server_code(&e) == Some(ER_XAER_NOTA) => {
-                    drop(guard);
-                    if self.is_committed(xid).await? {
-                        return Ok(CommitOutcome::AlreadyCommitted);
-                    }
-                    if attempt == NOT_FOUND_CHECKS {
-                        return Err(lost_transaction(xid).with_source(e));
-                    }
-                    tokio::time::sleep(NOT_FOUND_PAUSE * 2u32.pow(attempt - 1)).await;
-                }
+                Err(e) if server_code(&e) == Some(ER_XAER_NOTA) => e,
                 Err(e) => {
                     forget_if_lost(&mut guard, &e);
                     return Err(my_error(Phase::Commit, Some(xid), "XA COMMIT failed", e));
                 }
+            };
+            drop(guard);
+            // The list first, then the marker: a transaction another session commits meanwhile leaves the list
+            // only once its commit is visible, so "not listed", then "no marker" means it is really gone.
+            if !self.is_listed(xid, Phase::Commit).await? {
+                if self.is_committed(xid).await? {
+                    return Ok(CommitOutcome::AlreadyCommitted);
+                }
+                return Err(lost_transaction(xid).with_source(unknown));
             }
+            if started.elapsed() >= ATTACHED_WAIT {
+                return Err(
+                    still_attached(xid, Phase::Commit, started.elapsed()).with_source(unknown)
+                );
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(MAX_PAUSE);
         }
-        unreachable!("the last attempt returns")
     }
 
+    /// `XA ROLLBACK`. "Unknown XID" for a transaction `XA RECOVER` does not list means it is gone (nothing to
+    /// do); for one it lists, that it is still attached to the session that prepared it: asked again for up to
+    /// [`ATTACHED_WAIT`], then retryable. It is never left prepared silently (it would hold its rows and the
+    /// owner row, and recovery would wait for the owner row in vain).
     async fn rollback_prepared(&self, xid: &Xid) -> Result<()> {
-        let mut guard = self.conn(Phase::Recover).await?;
-        match connected(&mut guard)
-            .query_drop(format!("XA ROLLBACK '{xid}'"))
-            .await
-        {
-            Ok(()) => Ok(()),
-            Err(e) if server_code(&e) == Some(ER_XAER_NOTA) => Ok(()),
-            Err(e) => {
-                forget_if_lost(&mut guard, &e);
-                Err(my_error(Phase::Recover, Some(xid), "XA ROLLBACK failed", e))
+        let started = Instant::now();
+        let mut pause = FIRST_PAUSE;
+        loop {
+            let mut guard = self.conn(Phase::Recover).await?;
+            let unknown = match connected(&mut guard)
+                .query_drop(format!("XA ROLLBACK '{xid}'"))
+                .await
+            {
+                Ok(()) => return Ok(()),
+                Err(e) if server_code(&e) == Some(ER_XAER_NOTA) => e,
+                Err(e) => {
+                    forget_if_lost(&mut guard, &e);
+                    return Err(my_error(Phase::Recover, Some(xid), "XA ROLLBACK failed", e));
+                }
+            };
+            drop(guard);
+            if !self.is_listed(xid, Phase::Recover).await? {
+                return Ok(());
             }
+            if started.elapsed() >= ATTACHED_WAIT {
+                return Err(
+                    still_attached(xid, Phase::Recover, started.elapsed()).with_source(unknown)
+                );
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(MAX_PAUSE);
         }
     }
 
     async fn list_prepared(&self, sink: &SinkScope) -> Result<Vec<Prepared>> {
-        let mut guard = self.conn(Phase::Recover).await?;
-        let rows: Vec<Row> = match connected(&mut guard).query("XA RECOVER").await {
-            Ok(rows) => rows,
-            Err(e) => {
-                forget_if_lost(&mut guard, &e);
-                return Err(my_error(Phase::Recover, None, "XA RECOVER failed", e));
-            }
-        };
-        let mut xids: Vec<Xid> = rows
-            .into_iter()
-            .filter_map(|row| {
-                // formatID, gtrid_length, bqual_length, data (gtrid followed by bqual)
-                let gtrid_length: usize = row.get(1)?;
-                let data: Vec<u8> = row.get(3)?;
-                let gtrid = std::str::from_utf8(data.get(..gtrid_length)?).ok()?;
-                Xid::parse(gtrid)
-            })
+        let mut xids: Vec<Xid> = self
+            .recovered(Phase::Recover, None)
+            .await?
+            .iter()
+            .filter_map(|(gtrid, _)| Xid::parse(gtrid))
             .filter(|xid| &xid.scope == sink)
             .collect();
         xids.sort_by_key(|xid| (xid.checkpoint, xid.subtask));
@@ -221,8 +308,8 @@ impl Coordinator for MySqlCoordinator {
         .await;
         match raised {
             Ok(Some(epoch)) => Ok(Some(epoch)),
-            Ok(None) => Err(connector_api::Error::new(
-                connector_api::ErrorKind::Bug,
+            Ok(None) => Err(Error::new(
+                ErrorKind::Bug,
                 Phase::Recover,
                 format!("the owner row of {sink} vanished right after it was raised"),
             )),
