@@ -148,6 +148,10 @@ impl<S: TwoPhaseCommit> TwoPhaseCommit for GuaranteedSink<S> {
         self.inner.write(batch).await
     }
 
+    async fn write_tombstones(&mut self, keys: &[Option<Vec<u8>>]) -> Result<bool> {
+        self.inner.write_tombstones(keys).await
+    }
+
     async fn pre_commit(&mut self, checkpoint: CheckpointId) -> Result<Self::Committable> {
         let committable = self.inner.pre_commit(checkpoint).await?;
         if self.guarantee == DeliveryGuarantee::AtLeastOnce {

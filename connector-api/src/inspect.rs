@@ -64,6 +64,9 @@ pub struct Inspection {
     pub store: Loaded,
     /// Each sink's view.
     pub sinks: Vec<SinkInspection>,
+    /// Why the next start would refuse to recover, if it would: the last checkpoint holds work of a sink the job
+    /// no longer has, or a sink's external system is ahead of the store.
+    pub refusal: Option<crate::Error>,
 }
 
 /// One sink of an [`Inspection`].

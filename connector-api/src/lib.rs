@@ -37,7 +37,9 @@ pub use driver::{
 pub use error::{Action, Error, ErrorKind, Phase, Report, Result, action, action_after_retries};
 pub use ids::{CheckpointId, JobId, SinkId, SinkScope, SubtaskId};
 pub use inspect::{ExternalView, Inspection, OpenTransaction, Resolution, SinkInspection};
-pub use registry::{DynSink, SinkContext, SinkFactory, SinkRegistry, SinkSpec, parse_settings};
+pub use registry::{
+    DynSink, SinkCheck, SinkContext, SinkFactory, SinkRegistry, SinkSpec, parse_settings,
+};
 pub use retry::{Attempts, RetryPolicy};
 pub use suggest::with_suggestion;
 pub use txn::{Committer, TwoPhaseCommit};

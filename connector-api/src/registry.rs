@@ -98,6 +98,16 @@ impl std::fmt::Debug for DynSink {
     }
 }
 
+/// What a sink's read-only check found ([`SinkFactory::check`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SinkCheck {
+    /// What was checked and found, in one line.
+    pub summary: String,
+    /// The transaction timeout a sink of these settings and delivery would declare
+    /// ([`TwoPhaseCommit::transaction_timeout`]), for the timeout budget.
+    pub transaction_timeout: Option<std::time::Duration>,
+}
+
 /// Builds the sinks of one `type` from their settings.
 #[async_trait]
 pub trait SinkFactory: Send + Sync {
@@ -115,6 +125,20 @@ pub trait SinkFactory: Send + Sync {
         delivery: DeliveryGuarantee,
         context: SinkContext,
     ) -> Result<DynSink>;
+
+    /// Checks, changing nothing anywhere, that a sink of these settings could run: the settings parse, its server
+    /// answers, and what it writes to exists (or would be created as configured). For `ratchet check-config`:
+    /// builds no sink, opens no transaction, creates no table, directory, topic or registry entry.
+    ///
+    /// # Errors
+    /// [`Config`](ErrorKind::Config) naming the key or the missing table/topic/bucket; whatever reaching the server
+    /// reports (named, with its address).
+    async fn check(
+        &self,
+        settings: serde_json::Value,
+        delivery: DeliveryGuarantee,
+        context: SinkContext,
+    ) -> Result<SinkCheck>;
 }
 
 /// Reads a sink's settings into its config type, refusing unknown keys with the sink named.
@@ -159,17 +183,35 @@ impl SinkRegistry {
         self.factories.keys().copied().collect()
     }
 
-    /// Builds the instance of `spec` for `subtask` of `job` ([`SinkContext::job`]), given batches of `schema`.
+    /// Checks `spec` for `subtask` of `job` without building it or changing anything ([`SinkFactory::check`]).
     ///
     /// # Errors
-    /// [`Config`](ErrorKind::Config) for an unknown `type` (naming the known ones) or invalid settings.
-    pub async fn build(
+    /// As [`build`](Self::build), and what the check finds.
+    pub async fn check(
         &self,
         spec: &SinkSpec,
         job: Option<&JobId>,
         subtask: SubtaskId,
         schema: SchemaRef,
-    ) -> Result<DynSink> {
+    ) -> Result<SinkCheck> {
+        let (factory, context) = self.factory(spec, job, subtask, schema)?;
+        factory
+            .check(
+                serde_json::Value::Object(spec.settings.clone()),
+                spec.delivery,
+                context,
+            )
+            .await
+            .map_err(|e| e.or_sink(&spec.id))
+    }
+
+    fn factory(
+        &self,
+        spec: &SinkSpec,
+        job: Option<&JobId>,
+        subtask: SubtaskId,
+        schema: SchemaRef,
+    ) -> Result<(&dyn SinkFactory, SinkContext)> {
         let factory = self.factories.get(spec.kind.as_str()).ok_or_else(|| {
             Error::new(
                 ErrorKind::Config,
@@ -188,6 +230,21 @@ impl SinkRegistry {
             subtask,
             schema,
         };
+        Ok((factory.as_ref(), context))
+    }
+
+    /// Builds the instance of `spec` for `subtask` of `job` ([`SinkContext::job`]), given batches of `schema`.
+    ///
+    /// # Errors
+    /// [`Config`](ErrorKind::Config) for an unknown `type` (naming the known ones) or invalid settings.
+    pub async fn build(
+        &self,
+        spec: &SinkSpec,
+        job: Option<&JobId>,
+        subtask: SubtaskId,
+        schema: SchemaRef,
+    ) -> Result<DynSink> {
+        let (factory, context) = self.factory(spec, job, subtask, schema)?;
         factory
             .build(
                 serde_json::Value::Object(spec.settings.clone()),
@@ -227,6 +284,17 @@ mod tests {
                 Phase::Setup,
                 format!("parsed size {}", parsed.size),
             ))
+        }
+        async fn check(
+            &self,
+            _: serde_json::Value,
+            _: DeliveryGuarantee,
+            _: SinkContext,
+        ) -> Result<SinkCheck> {
+            Ok(SinkCheck {
+                summary: "nothing to check".into(),
+                transaction_timeout: None,
+            })
         }
     }
 

@@ -167,6 +167,19 @@ pub trait TwoPhaseCommit: Send + 'static {
     /// [`ErrorKind::MustAbort`] when the transaction was lost.
     async fn write(&mut self, batch: &RecordBatch) -> Result<()>;
 
+    /// Writes deletions into the open transaction, for a sink that can express one: a record per key saying the
+    /// key is deleted (the Kafka sink writes a tombstone, the key with a null value). A source hands these out for
+    /// records whose value is null where its rows cannot hold them (a JSON or Avro decoding: no fields to
+    /// decode). Returns `false`, writing nothing, for a sink that cannot express a deletion (the default): the
+    /// caller skips them there, and counts them.
+    ///
+    /// # Errors
+    /// As [`write`](Self::write).
+    async fn write_tombstones(&mut self, keys: &[Option<Vec<u8>>]) -> Result<bool> {
+        let _ = keys;
+        Ok(false)
+    }
+
     /// Flushes everything written for `checkpoint` and prepares the transaction; returns what commits it.
     ///
     /// # Errors

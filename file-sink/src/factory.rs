@@ -2,7 +2,8 @@
 
 use async_trait::async_trait;
 use connector_api::{
-    DeliveryGuarantee, DynSink, Result, SinkContext, SinkFactory, SinkId, SinkScope, parse_settings,
+    DeliveryGuarantee, DynSink, Result, SinkCheck, SinkContext, SinkFactory, SinkId, SinkScope,
+    parse_settings,
 };
 use serde::Deserialize;
 
@@ -72,5 +73,27 @@ impl SinkFactory for FileSinkFactory {
             rolling: settings.rolling,
         };
         Ok(DynSink::new(FileSink::new(config).await?, delivery))
+    }
+
+    async fn check(
+        &self,
+        settings: serde_json::Value,
+        _: DeliveryGuarantee,
+        context: SinkContext,
+    ) -> Result<SinkCheck> {
+        let settings: FileSinkSettings = parse_settings(&context.sink, self.kind(), settings)?;
+        let mut config = FileSinkConfig::new(
+            context.sink.clone(),
+            context.subtask,
+            context.schema,
+            settings.storage,
+        );
+        config.format = settings.format;
+        crate::sink::check_format(&config)?;
+        let storage = crate::storage::check(&config.storage).await?;
+        Ok(SinkCheck {
+            summary: format!("settings valid; {storage}"),
+            transaction_timeout: None,
+        })
     }
 }

@@ -65,26 +65,35 @@ fn zombie(phase: Phase, current: u64, held: u64) -> Error {
     )
 }
 
+/// Refuses a format that cannot hold the schema (CSV and nested fields).
+///
+/// # Errors
+/// [`Config`](ErrorKind::Config) naming the field.
+pub(crate) fn check_format(config: &FileSinkConfig) -> Result<()> {
+    if let FormatConfig::Csv = config.format
+        && let Some(field) = config
+            .schema
+            .fields()
+            .iter()
+            .find(|f| f.data_type().is_nested())
+    {
+        return Err(Error::new(
+            ErrorKind::Config,
+            Phase::Setup,
+            format!(
+                "CSV cannot hold the nested field {:?}; use json_lines or parquet",
+                field.name()
+            ),
+        )
+        .with_sink(&config.sink));
+    }
+    Ok(())
+}
+
 impl FileSink {
     /// A sink for `config`; connects to the storage (an S3 bucket is checked with HeadBucket).
     pub async fn new(config: FileSinkConfig) -> Result<Self> {
-        if let FormatConfig::Csv = config.format
-            && let Some(field) = config
-                .schema
-                .fields()
-                .iter()
-                .find(|f| f.data_type().is_nested())
-        {
-            return Err(Error::new(
-                ErrorKind::Config,
-                Phase::Setup,
-                format!(
-                    "CSV cannot hold the nested field {:?}; use json_lines or parquet",
-                    field.name()
-                ),
-            )
-            .with_sink(&config.sink));
-        }
+        check_format(&config)?;
         let backend = Backend::open(&config.storage, &config.scope, config.subtask)
             .await
             .map_err(|e| e.or_sink(&config.sink))?;

@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use connector_api::{
-    DeliveryGuarantee, DynSink, Error, ErrorKind, Phase, Result, SinkContext, SinkFactory, SinkId,
-    parse_settings,
+    DeliveryGuarantee, DynSink, Error, ErrorKind, Phase, Result, SinkCheck, SinkContext,
+    SinkFactory, SinkId, parse_settings,
 };
 use serde::Deserialize;
 
@@ -113,40 +113,66 @@ impl SinkFactory for IcebergSinkFactory {
         context: SinkContext,
     ) -> Result<DynSink> {
         let settings: IcebergSinkSettings = parse_settings(&context.sink, self.kind(), settings)?;
-        if settings.commit_every > 1 && delivery != DeliveryGuarantee::ExactlyOnce {
-            // At-least-once and at-most-once keep no committable in the checkpoint record to carry files in.
-            return Err(Error::new(
-                ErrorKind::Config,
-                Phase::Setup,
-                format!(
-                    "commit_every = {} needs delivery = \"exactly-once\" (the files between commits ride in the \
-                     checkpoint records); use commit_every = 1 or a longer checkpoint interval",
-                    settings.commit_every
-                ),
-            )
-            .with_sink(&context.sink));
-        }
-        let job = match (settings.job, &context.job) {
-            (Some(job), _) => job,
-            // A job id has a sink id's alphabet.
-            (None, Some(job)) => SinkId::new(job.as_str())?,
-            (None, None) => context.sink.clone(),
-        };
-        let config = IcebergSinkConfig {
-            job,
-            sink: context.sink,
-            subtask: context.subtask,
-            schema: context.schema,
-            catalog: settings.catalog,
-            catalog_name: settings.catalog_name,
-            s3: settings.s3,
-            table: settings.table,
-            create_table: settings.create_table,
-            target_file_size: settings.target_file_size,
-            commit_every: settings.commit_every,
-            commit_timeout: settings.commit_timeout,
-            cleanup_on_recover: settings.cleanup_on_recover,
-        };
+        refuse_commit_every(&settings, delivery, &context)?;
+        let config = config(settings, context)?;
         Ok(DynSink::new(IcebergSink::new(config).await?, delivery))
     }
+
+    async fn check(
+        &self,
+        settings: serde_json::Value,
+        delivery: DeliveryGuarantee,
+        context: SinkContext,
+    ) -> Result<SinkCheck> {
+        let settings: IcebergSinkSettings = parse_settings(&context.sink, self.kind(), settings)?;
+        refuse_commit_every(&settings, delivery, &context)?;
+        crate::check::check(&config(settings, context)?).await
+    }
+}
+
+/// `commit_every > 1` needs exactly-once: at-least-once and at-most-once keep no committable in the checkpoint
+/// record to carry files in.
+fn refuse_commit_every(
+    settings: &IcebergSinkSettings,
+    delivery: DeliveryGuarantee,
+    context: &SinkContext,
+) -> Result<()> {
+    if settings.commit_every > 1 && delivery != DeliveryGuarantee::ExactlyOnce {
+        return Err(Error::new(
+            ErrorKind::Config,
+            Phase::Setup,
+            format!(
+                "commit_every = {} needs delivery = \"exactly-once\" (the files between commits ride in the \
+                 checkpoint records); use commit_every = 1 or a longer checkpoint interval",
+                settings.commit_every
+            ),
+        )
+        .with_sink(&context.sink));
+    }
+    Ok(())
+}
+
+/// The sink's config from its settings and the job.
+fn config(settings: IcebergSinkSettings, context: SinkContext) -> Result<IcebergSinkConfig> {
+    let job = match (settings.job, &context.job) {
+        (Some(job), _) => job,
+        // A job id has a sink id's alphabet.
+        (None, Some(job)) => SinkId::new(job.as_str())?,
+        (None, None) => context.sink.clone(),
+    };
+    Ok(IcebergSinkConfig {
+        job,
+        sink: context.sink,
+        subtask: context.subtask,
+        schema: context.schema,
+        catalog: settings.catalog,
+        catalog_name: settings.catalog_name,
+        s3: settings.s3,
+        table: settings.table,
+        create_table: settings.create_table,
+        target_file_size: settings.target_file_size,
+        commit_every: settings.commit_every,
+        commit_timeout: settings.commit_timeout,
+        cleanup_on_recover: settings.cleanup_on_recover,
+    })
 }

@@ -32,6 +32,7 @@
 //! maintenance (Spark, pyiceberg); the sink's ledger survives expiry through its table property.
 #![deny(missing_docs)]
 
+mod check;
 mod cleanup;
 mod commit;
 mod config;

@@ -159,14 +159,16 @@ impl Services {
     }
 
     /// What a read_committed consumer (the independent verifier `kafka_read_committed.py`) sees in `topic` on the
-    /// broker at `bootstrap`: the `id` field of every record's JSON value, sorted, one entry per visible copy, and
-    /// the verifier's per-partition offsets (`lso`, `high_watermark`).
+    /// broker at `bootstrap`: the `id` field of every record's JSON value, sorted, one entry per visible copy
+    /// (tombstones, records with a null value, have no id and are left out), and the verifier's per-partition
+    /// offsets (`lso`, `high_watermark`).
     pub fn kafka_ids(&self, bootstrap: &str, topic: &str) -> (Vec<i64>, serde_json::Value) {
         let seen = self.verify("kafka_read_committed.py", &[bootstrap, topic]);
         let mut ids: Vec<i64> = seen["records"]
             .as_array()
             .expect("the verifier lists records")
             .iter()
+            .filter(|r| !r["value"].is_null())
             .map(|r| {
                 let value = r["value"].as_str().expect("a record value");
                 serde_json::from_str::<serde_json::Value>(value).expect("a JSON record")["id"]

@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use connector_api::{
-    DeliveryGuarantee, DynSink, Result, SinkContext, SinkFactory, SinkId, SinkScope, parse_settings,
+    DeliveryGuarantee, DynSink, Result, SinkCheck, SinkContext, SinkFactory, SinkId, SinkScope,
+    parse_settings,
 };
 use serde::Deserialize;
 
@@ -88,23 +89,43 @@ impl SinkFactory for JdbcSinkFactory {
         delivery: DeliveryGuarantee,
         context: SinkContext,
     ) -> Result<DynSink> {
-        let settings: JdbcSinkSettings = parse_settings(&context.sink, self.kind(), settings)?;
-        let config = JdbcSinkConfig {
-            scope: settings
-                .scope
-                .map_or_else(|| context.scope(), SinkScope::from),
-            sink: context.sink,
-            subtask: context.subtask,
-            schema: context.schema,
-            connection: ConnectionConfig {
-                url: settings.url,
-                password_env: settings.password_env,
-            },
-            table: settings.table,
-            mode: settings.mode,
-            create_table: settings.create_table,
-            lock_timeout: settings.lock_timeout,
-        };
+        let config = config(
+            parse_settings(&context.sink, self.kind(), settings)?,
+            context,
+        );
         Ok(DynSink::new(JdbcSink::new(config).await?, delivery))
+    }
+
+    async fn check(
+        &self,
+        settings: serde_json::Value,
+        _: DeliveryGuarantee,
+        context: SinkContext,
+    ) -> Result<SinkCheck> {
+        let config = config(
+            parse_settings(&context.sink, self.kind(), settings)?,
+            context,
+        );
+        crate::check::check(&config).await
+    }
+}
+
+/// The sink's config from its settings and the job.
+fn config(settings: JdbcSinkSettings, context: SinkContext) -> JdbcSinkConfig {
+    JdbcSinkConfig {
+        scope: settings
+            .scope
+            .map_or_else(|| context.scope(), SinkScope::from),
+        sink: context.sink,
+        subtask: context.subtask,
+        schema: context.schema,
+        connection: ConnectionConfig {
+            url: settings.url,
+            password_env: settings.password_env,
+        },
+        table: settings.table,
+        mode: settings.mode,
+        create_table: settings.create_table,
+        lock_timeout: settings.lock_timeout,
     }
 }

@@ -68,11 +68,20 @@
 //! / `XA RECOVER` list the prepared transactions (`ratchet inspect` will, with the worker).
 //!
 //! # MariaDB specifics
-//! MariaDB keeps a prepared XA transaction attached to the session that prepared it until the server has finished
-//! closing that session: the writer closes its session after `XA PREPARE`, opens the next one and waits (up to
-//! 2 s) until the old one is gone from the process list, so the commit on another connection finds the
-//! transaction. Sessions run READ COMMITTED, and stale markers are deleted by key, so no statement waits on a gap
-//! or on the next index record held by another subtask's prepared transaction.
+//! MariaDB keeps a prepared XA transaction attached to the session that prepared it until the server has ended that
+//! session: until then every other session's `XA COMMIT` / `XA ROLLBACK` fails "unknown XID" (as for a transaction
+//! that is gone), while `XA RECOVER` lists it; and the server may end a closed session long after its client went
+//! away. So the writer closes its session after `XA PREPARE`, opens the next one, and ends the old one itself with
+//! `KILL CONNECTION` when it is still on the server (only its own: the same user, within one server run), which
+//! leaves the transaction prepared; then it waits (up to 2 s) until the old session is gone from the process list.
+//! A commit that still meets "unknown XID" asks `XA RECOVER`: not listed, the transaction committed before (its
+//! marker is visible) or is lost; listed, it is still attached (a paused process's session, or one whose client
+//! died before the server noticed) and is asked about again for up to 8 s, then the commit fails retryable naming
+//! the xid: the checkpoint stays decided and prepared, the driver retries, and recovery commits it. Rolling back a
+//! transaction still attached likewise fails retryable naming it, so recovery stops with that reason instead of
+//! waiting for the owner row it holds. `KILL CONNECTION <id>` of such a session (when its process is gone) leaves
+//! the transaction prepared. Sessions run READ COMMITTED, and stale markers are deleted by key, so no statement
+//! waits on a gap or on the next index record held by another subtask's prepared transaction.
 //!
 //! # Types
 //! Arrow columns map to SQL types as below (the table is created with these by `create_table`; an existing
@@ -94,6 +103,7 @@
 //! | Timestamp(unit, Some(tz)) | `timestamptz` (the instant) | `DATETIME(6)` (the instant, in UTC) |
 #![deny(missing_docs)]
 
+mod check;
 mod columns;
 mod config;
 mod database;

@@ -135,6 +135,19 @@ impl TwoPhaseCommit for KafkaAtLeastOnceSink {
         sent.map_err(|e| self.context(e))
     }
 
+    /// Tombstones (the key, a null value), acknowledged at pre-commit like every record.
+    async fn write_tombstones(&mut self, keys: &[Option<Vec<u8>>]) -> Result<bool> {
+        let producer = self.producer.clone().ok_or_else(|| {
+            self.context(Error::new(
+                ErrorKind::Bug,
+                Phase::Write,
+                "write before begin",
+            ))
+        })?;
+        let sent = self.sender.send_tombstones(&producer, keys).await;
+        sent.map(|()| true).map_err(|e| self.context(e))
+    }
+
     async fn pre_commit(&mut self, checkpoint: CheckpointId) -> Result<FlushedRecords> {
         let producer = self.producer.clone().ok_or_else(|| {
             self.context(Error::new(

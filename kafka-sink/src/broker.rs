@@ -1,6 +1,7 @@
 //! What the broker allows: its `transaction.max.timeout.ms`, read at start so a too-long `transaction_timeout`
 //! fails with a message instead of an InitProducerId error at the first checkpoint.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use connector_api::{Error, ErrorKind, Phase, Result};
@@ -17,6 +18,31 @@ fn admin_error(message: &str, e: rdkafka::error::KafkaError) -> Error {
 /// The broker's `transaction.max.timeout.ms` (read from one broker of the cluster reached with `connection`,
 /// [`KafkaSinkConfig::connection`](crate::KafkaSinkConfig::connection)).
 pub async fn broker_max_transaction_timeout(connection: &ClientConfig) -> Result<Duration> {
+    let configs = broker_configs(connection, &["transaction.max.timeout.ms"]).await?;
+    let value = configs.get("transaction.max.timeout.ms").ok_or_else(|| {
+        Error::new(
+            ErrorKind::Fatal,
+            Phase::Setup,
+            "the broker does not report transaction.max.timeout.ms",
+        )
+    })?;
+    let millis: u64 = value.parse().map_err(|e| {
+        Error::new(
+            ErrorKind::Fatal,
+            Phase::Setup,
+            format!("transaction.max.timeout.ms is {value:?}"),
+        )
+        .with_source(e)
+    })?;
+    Ok(Duration::from_millis(millis))
+}
+
+/// The values of `names` in the configuration of one broker of the cluster reached with `connection` (names the
+/// broker does not report are absent).
+pub(crate) async fn broker_configs(
+    connection: &ClientConfig,
+    names: &[&str],
+) -> Result<BTreeMap<String, String>> {
     let admin: AdminClient<DefaultClientContext> = connection
         .create()
         .map_err(|e| admin_error("cannot create a Kafka admin client", e))?;
@@ -59,25 +85,13 @@ pub async fn broker_max_transaction_timeout(connection: &ClientConfig) -> Result
                 format!("DescribeConfigs of broker {broker} failed: {code:?}"),
             )
         })?;
-    let value = resource
-        .get("transaction.max.timeout.ms")
-        .and_then(|entry| entry.value.as_deref())
-        .ok_or_else(|| {
-            Error::new(
-                ErrorKind::Fatal,
-                Phase::Setup,
-                "the broker does not report transaction.max.timeout.ms",
-            )
-        })?;
-    let millis: u64 = value.parse().map_err(|e| {
-        Error::new(
-            ErrorKind::Fatal,
-            Phase::Setup,
-            format!("transaction.max.timeout.ms is {value:?}"),
-        )
-        .with_source(e)
-    })?;
-    Ok(Duration::from_millis(millis))
+    Ok(names
+        .iter()
+        .filter_map(|name| {
+            let value = resource.get(name)?.value.clone()?;
+            Some((name.to_string(), value))
+        })
+        .collect())
 }
 
 /// Refuses a `transaction_timeout` above what the broker allows, naming both settings.

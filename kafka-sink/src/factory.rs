@@ -2,8 +2,8 @@
 
 use async_trait::async_trait;
 use connector_api::{
-    DeliveryGuarantee, DynSink, JobId, Result, SinkContext, SinkFactory, SinkId, SinkScope,
-    parse_settings,
+    DeliveryGuarantee, DynSink, JobId, Result, SinkCheck, SinkContext, SinkFactory, SinkId,
+    SinkScope, parse_settings,
 };
 use serde_json::Value;
 
@@ -39,6 +39,17 @@ impl SinkFactory for KafkaSinkFactory {
         }
         let sink = KafkaSink::new(config, context.sink, context.subtask)?;
         Ok(DynSink::new(sink, delivery))
+    }
+
+    async fn check(
+        &self,
+        settings: serde_json::Value,
+        delivery: DeliveryGuarantee,
+        context: SinkContext,
+    ) -> Result<SinkCheck> {
+        let settings = with_job_defaults(settings, context.job.as_ref(), &context.sink);
+        let config: KafkaSinkConfig = parse_settings(&context.sink, self.kind(), settings)?;
+        crate::check::check(config, delivery).await
     }
 }
 

@@ -53,6 +53,7 @@
 
 mod at_least_once;
 mod broker;
+mod check;
 mod config;
 mod coordinator;
 mod delivery;

@@ -12,7 +12,7 @@ use std::borrow::Cow;
 /// | key | meaning | default |
 /// |---|---|---|
 /// | `key_column` | column whose value (Utf8 or Binary) is the record key; none = no key | none |
-/// | `value_column` | column whose value is the record value; none = the whole row as a JSON object | none |
+/// | `value_column` | column whose value is the record value (a null value is a tombstone: a record with a null value); none = the whole row as a JSON object | none |
 /// | `partition_column` | Int32 column with an explicit partition; none = partitioned by key | none |
 /// | `topic_column` | Utf8 column naming each record's topic; none = the sink's `topic` | none |
 /// | `header_columns` | columns (Utf8 or Binary) sent as record headers named after the column; nulls are omitted | none |
@@ -40,8 +40,9 @@ pub struct RecordMapping {
 pub(crate) struct Record<'a> {
     pub(crate) topic: Option<&'a str>,
     pub(crate) key: Option<&'a [u8]>,
-    /// Borrowed from the value column, or the row serialised as JSON.
-    pub(crate) value: Cow<'a, [u8]>,
+    /// Borrowed from the value column, or the row serialised as JSON; `None`: a tombstone (a null value in the
+    /// value column).
+    pub(crate) value: Option<Cow<'a, [u8]>>,
     pub(crate) partition: Option<i32>,
     /// (header name, value) pairs.
     pub(crate) headers: Vec<(&'a str, &'a [u8])>,
@@ -133,13 +134,9 @@ impl RecordMapping {
                 None => None,
             };
             let value = match (value, &mut json_rows) {
-                (Some(v), _) => Cow::Borrowed(
-                    bytes_at(v, row, self.value_column.as_deref().unwrap_or_default())?
-                        .ok_or_else(|| {
-                            format!("row {row}: value column {:?} is null", self.value_column)
-                        })?,
-                ),
-                (None, Some(rows)) => Cow::Owned(std::mem::take(&mut rows[row])),
+                (Some(v), _) => bytes_at(v, row, self.value_column.as_deref().unwrap_or_default())?
+                    .map(Cow::Borrowed),
+                (None, Some(rows)) => Some(Cow::Owned(std::mem::take(&mut rows[row]))),
                 (None, None) => unreachable!("json rows exist when there is no value column"),
             };
             let partition = partition
@@ -250,9 +247,22 @@ mod tests {
         assert_eq!(records[1].key, None);
         assert_eq!(records[1].partition, Some(1));
         assert_eq!(
-            String::from_utf8(records[0].value.to_vec()).unwrap(),
+            String::from_utf8(records[0].value.as_deref().unwrap().to_vec()).unwrap(),
             r#"{"id":1,"k":"a","p":0}"#
         );
+    }
+
+    #[test]
+    fn a_null_in_the_value_column_is_a_tombstone() {
+        let mapping = RecordMapping {
+            key_column: Some("k".into()),
+            value_column: Some("k".into()),
+            ..RecordMapping::default()
+        };
+        let batch = batch();
+        let records = mapping.records(&batch).unwrap();
+        assert_eq!(records[0].value.as_deref(), Some(&b"a"[..]));
+        assert_eq!(records[1].value, None, "row 1's value is null: a tombstone");
     }
 
     #[test]

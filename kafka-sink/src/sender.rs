@@ -4,7 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use arrow_array::RecordBatch;
+use arrow_array::{BinaryArray, RecordBatch};
+use arrow_schema::{DataType, Field, Schema};
 use connector_api::{Error, ErrorKind, Phase, Result};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer};
@@ -58,6 +59,47 @@ impl RecordSender {
         batch: &RecordBatch,
     ) -> Result<()> {
         let mapping = self.mapping.clone();
+        self.send_mapped(&mapping, producer, batch).await
+    }
+
+    /// Sends a tombstone (the key, a null value) per key to the sink's topic: deletions of those keys for
+    /// compacted topics and their readers.
+    ///
+    /// # Errors
+    /// As [`send`](Self::send).
+    pub(crate) async fn send_tombstones(
+        &mut self,
+        producer: &SinkProducer,
+        keys: &[Option<Vec<u8>>],
+    ) -> Result<()> {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("key", DataType::Binary, true),
+            Field::new("value", DataType::Binary, true),
+        ]));
+        let batch = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(BinaryArray::from_iter(keys.iter().map(|k| k.as_deref()))),
+                Arc::new(BinaryArray::from_iter(keys.iter().map(|_| None::<&[u8]>))),
+            ],
+        )
+        .map_err(|e| {
+            Error::new(ErrorKind::Bug, Phase::Write, "cannot build the tombstones").with_source(e)
+        })?;
+        let mapping = RecordMapping {
+            key_column: Some("key".into()),
+            value_column: Some("value".into()),
+            ..RecordMapping::default()
+        };
+        self.send_mapped(&mapping, producer, &batch).await
+    }
+
+    async fn send_mapped(
+        &mut self,
+        mapping: &RecordMapping,
+        producer: &SinkProducer,
+        batch: &RecordBatch,
+    ) -> Result<()> {
         let records = mapping
             .records(batch)
             .map_err(|m| Error::new(ErrorKind::BadRecord, Phase::Write, m))?;
@@ -66,7 +108,7 @@ impl RecordSender {
         if let Some((row, size)) = records
             .iter()
             .map(|r| {
-                r.value.len()
+                r.value.as_ref().map_or(0, |v| v.len())
                     + r.key.map_or(0, <[u8]>::len)
                     + r.headers
                         .iter()
@@ -91,8 +133,11 @@ impl RecordSender {
         let mut sent = 0usize;
         for record in records {
             let topic = record.topic.unwrap_or(&default_topic);
-            let mut base = BaseRecord::<[u8], [u8], usize>::with_opaque_to(topic, generation)
-                .payload(&record.value[..]);
+            let mut base = BaseRecord::<[u8], [u8], usize>::with_opaque_to(topic, generation);
+            // No payload: a tombstone.
+            if let Some(value) = &record.value {
+                base = base.payload(&value[..]);
+            }
             if let Some(key) = record.key {
                 base = base.key(key);
             }

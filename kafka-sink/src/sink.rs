@@ -389,6 +389,19 @@ impl TwoPhaseCommit for KafkaSink {
         sent.map_err(|e| self.context(e))
     }
 
+    /// Tombstones (the key, a null value) into the open transaction.
+    async fn write_tombstones(&mut self, keys: &[Option<Vec<u8>>]) -> Result<bool> {
+        let (_, id) = self
+            .current
+            .clone()
+            .ok_or_else(|| self.err(ErrorKind::Bug, Phase::Write, "write before begin"))?;
+        let producer = self
+            .producer(&id)
+            .ok_or_else(|| self.err(ErrorKind::Bug, Phase::Write, "no producer"))?;
+        let sent = self.sender.send_tombstones(&producer, keys).await;
+        sent.map(|()| true).map_err(|e| self.context(e))
+    }
+
     async fn pre_commit(&mut self, checkpoint: CheckpointId) -> Result<KafkaCommittable> {
         let (current, id) = self
             .current

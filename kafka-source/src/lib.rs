@@ -37,6 +37,7 @@ mod partitions;
 mod reader;
 mod reject;
 mod source;
+mod tombstone;
 
 pub use avro::{AvroDecoding, AvroFraming};
 pub use decode::{Decoding, binary_schema, headers_field, text_schema};
@@ -44,3 +45,4 @@ pub use kafka_connection::KafkaConnection;
 pub use partitions::{Gap, GapPolicy};
 pub use reject::RejectedRecord;
 pub use source::{KafkaSource, KafkaSourceOptions, PartitionShare, Watermarks};
+pub use tombstone::Tombstone;

@@ -19,12 +19,15 @@ use kafka_connection::poll::{DEADLINE_CHECK_EVERY, Polled, next_message};
 use crate::decode::{BatchBuilder, Decoding, RecordAt};
 use crate::partitions::{Assignment, Gap};
 use crate::reject::{RawRecords, RejectedRecord};
+use crate::tombstone::Tombstone;
 
-/// One decoded batch, the records of it that did not decode (set aside when diverting), per partition it read
-/// from the offset after its last record (or the log start it went on from after a gap), and the gaps it skipped.
+/// One decoded batch, the records of it that did not decode (set aside when diverting), the tombstones of the JSON
+/// and Avro decodings (set aside: they have no fields to decode), per partition it read from the offset after its
+/// last record (or the log start it went on from after a gap), and the gaps it skipped.
 pub(crate) struct Chunk {
     pub(crate) batch: RecordBatch,
     pub(crate) rejected: Vec<RejectedRecord>,
+    pub(crate) tombstones: Vec<Tombstone>,
     pub(crate) next: Vec<(i32, i64)>,
     pub(crate) gaps: Vec<Gap>,
 }
@@ -80,6 +83,7 @@ impl Reader {
         let mut raw = self.decoding.defers_failures().then(RawRecords::default);
         let mut json_failed = false;
         let mut rejected = Vec::new();
+        let mut tombstones = Vec::new();
         let mut topic = String::new();
         let mut records = 0;
         while records < self.batch_rows && !self.closed.load(Ordering::Relaxed) {
@@ -121,6 +125,27 @@ impl Reader {
             if topic.is_empty() {
                 topic = at.topic.to_string();
             }
+            records += 1;
+            match next.iter_mut().find(|(p, _)| *p == at.partition) {
+                Some(entry) => entry.1 = at.offset + 1,
+                None => next.push((at.partition, at.offset + 1)),
+            }
+            let deadline = *deadline.get_or_insert_with(|| Instant::now() + self.max_batch_wait);
+            let past_deadline =
+                (records as u64).is_multiple_of(DEADLINE_CHECK_EVERY) && Instant::now() >= deadline;
+            if raw.is_some() && message.payload().is_none() {
+                // A tombstone of a decoding whose rows are the value's fields: a record with no row.
+                tombstones.push(Tombstone {
+                    topic: at.topic.to_string(),
+                    partition: at.partition,
+                    offset: at.offset,
+                    key: message.key().map(<[u8]>::to_vec),
+                });
+                if past_deadline {
+                    break;
+                }
+                continue;
+            }
             let headers = if self.headers {
                 message.headers()
             } else {
@@ -150,13 +175,7 @@ impl Reader {
                     Err(e) => return Err(e),
                 }
             }
-            records += 1;
-            match next.iter_mut().find(|(p, _)| *p == at.partition) {
-                Some(entry) => entry.1 = at.offset + 1,
-                None => next.push((at.partition, at.offset + 1)),
-            }
-            let deadline = *deadline.get_or_insert_with(|| Instant::now() + self.max_batch_wait);
-            if (records as u64).is_multiple_of(DEADLINE_CHECK_EVERY) && Instant::now() >= deadline {
+            if past_deadline {
                 break;
             }
         }
@@ -164,13 +183,14 @@ impl Reader {
             self.assignment.took(partition, offset);
         }
         let Some(builder) = builder else {
-            if gaps.is_empty() {
+            if gaps.is_empty() && tombstones.is_empty() {
                 return Ok(None);
             }
             let schema = self.decoding.schema_with_headers(self.headers)?;
             return Ok(Some(Chunk {
                 batch: RecordBatch::new_empty(schema),
                 rejected,
+                tombstones,
                 next,
                 gaps,
             }));
@@ -193,6 +213,7 @@ impl Reader {
         Ok(Some(Chunk {
             batch,
             rejected,
+            tombstones,
             next,
             gaps,
         }))

@@ -17,6 +17,7 @@ use crate::RejectedRecord;
 use crate::decode::Decoding;
 use crate::partitions::{self, Assignment, Gap, GapPolicy};
 use crate::reader::{Chunk, Reader};
+use crate::tombstone::Tombstone;
 
 /// How long metadata and watermark requests may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -131,6 +132,8 @@ pub struct KafkaSource {
     rejected: Vec<RejectedRecord>,
     /// Gaps of the batches handed out, not yet taken.
     gaps: Vec<Gap>,
+    /// Tombstones of the batches handed out (JSON and Avro decodings), not yet taken.
+    tombstones: Vec<Tombstone>,
 }
 
 impl Drop for KafkaSource {
@@ -288,6 +291,7 @@ impl KafkaSource {
             assigned,
             rejected: Vec::new(),
             gaps: Vec::new(),
+            tombstones: Vec::new(),
         })
     }
 
@@ -380,6 +384,7 @@ impl KafkaSource {
             self.next.insert(partition, next);
         }
         self.rejected.extend(chunk.rejected);
+        self.tombstones.extend(chunk.tombstones);
         self.gaps.extend(chunk.gaps);
         Ok(Some(chunk.batch))
     }
@@ -389,6 +394,13 @@ impl KafkaSource {
     /// already cover them, so the job writes them to its dead-letter destination in the same checkpoint.
     pub fn take_rejected(&mut self) -> Vec<RejectedRecord> {
         std::mem::take(&mut self.rejected)
+    }
+
+    /// The tombstones (records with a null value) of the batches handed out so far, oldest first, for the JSON and
+    /// Avro decodings, whose rows are the value's fields (the raw decodings carry them as rows with a null
+    /// `value`); [`positions`](Self::positions) already cover them.
+    pub fn take_tombstones(&mut self) -> Vec<Tombstone> {
+        std::mem::take(&mut self.tombstones)
     }
 
     /// The gaps the batches handed out so far skipped (with [`GapPolicy::Earliest`]), oldest first; the

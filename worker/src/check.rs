@@ -1,11 +1,10 @@
 //! `ratchet check-config`: everything `ratchet run` would check at start, without running the job, reported as
-//! one line per check and every problem at once.
-
-use std::time::Duration;
+//! one line per check and every problem at once. It writes nothing anywhere: no checkpoint directory or table, no
+//! sink table, topic, directory or registry entry; each sink is checked by its factory's read-only
+//! [`check`](connector_api::SinkFactory::check), which contacts its server.
 
 use anyhow::{Result, bail};
-use connector_api::{CheckpointStore, Driver, Report, SubtaskId};
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use connector_api::{CheckpointStore, Report, SubtaskId};
 
 use crate::cli::CheckArgs;
 use crate::config::JobConfig;
@@ -27,16 +26,18 @@ pub async fn run(args: CheckArgs) -> Result<()> {
         job.job.checkpoint_interval
     );
     let mut problems = 0;
-    let identity =
-        crate::store::job_identity(&job.store, &job.job.name, job.job.subtasks, false).await;
-    let job_id = identity
-        .as_ref()
-        .ok()
-        .and_then(|i| i.job_id(&job.job.name).ok().flatten());
-    let counted = identity.map(|_| {
+    let identity = crate::store::job_identity(&job.store, &job.job.name, job.job.subtasks, false)
+        .await
+        .and_then(|identity| Ok((identity, identity.job_id(&job.job.name)?)));
+    let job_id = identity.as_ref().ok().and_then(|(_, id)| id.clone());
+    let counted = identity.map(|(identity, _)| {
         format!(
-            "{} subtask(s), as the store records (or a fresh job)",
-            job.job.subtasks
+            "{} subtask(s), as the store records (or a fresh job); sinks scoped by {}",
+            job.job.subtasks,
+            match identity {
+                crate::store::Identity::Job => "the job's name",
+                crate::store::Identity::Sink => "their ids (a job from before job scoping)",
+            }
         )
     });
     let mut report = |what: String, outcome: Result<String>| match outcome {
@@ -50,79 +51,43 @@ pub async fn run(args: CheckArgs) -> Result<()> {
         format!("Kafka source {}", job.source.bootstrap_servers),
         check_source(&job).await,
     );
-    report("subtask count".into(), counted);
+    report("job record".into(), counted);
     // Read-only: a fresh job stays fresh (no directory, no table is created).
     let store = match SubtaskStore::open_existing(&job.store, &job.job.name, SubtaskId(0)).await {
-        Ok(None) => {
-            report(
-                "checkpoint store".into(),
-                Ok("reachable; no checkpoint of this job yet (a fresh job)".into()),
-            );
-            None
-        }
-        Ok(Some(store)) => match store.load().await {
-            Ok(loaded) => {
-                report(
-                    "checkpoint store".into(),
-                    Ok(format!(
-                        "reachable; subtask 0's last checkpoint: {}",
-                        loaded
-                            .record
-                            .map_or("none (a fresh job)".to_string(), |r| r.id.to_string())
-                    )),
-                );
-                Some(store)
-            }
-            Err(e) => {
-                report(
-                    "checkpoint store".into(),
-                    Err(anyhow::anyhow!("{}", Report(&e))),
-                );
-                None
-            }
-        },
-        Err(e) => {
-            report(
-                "checkpoint store".into(),
-                Err(anyhow::anyhow!("{}", Report(&e))),
-            );
-            None
-        }
+        Ok(None) => Ok("reachable; no checkpoint of this job yet (a fresh job)".to_string()),
+        Ok(Some(store)) => store
+            .load()
+            .await
+            .map(|loaded| {
+                format!(
+                    "reachable; subtask 0's last checkpoint: {}",
+                    loaded
+                        .record
+                        .map_or("none (a fresh job)".to_string(), |r| r.id.to_string())
+                )
+            })
+            .map_err(|e| anyhow::anyhow!("{}", Report(&e))),
+        Err(e) => Err(anyhow::anyhow!("{}", Report(&e))),
     };
+    report("checkpoint store".into(), store);
     let registry = crate::sinks::registry();
-    match (job.schema(), store) {
-        (Err(e), _) => report("source schema".into(), Err(e)),
-        (Ok(schema), store) => {
-            let mut driver = store.map(|store| Driver::new(store, job.driver_config()));
+    match job.schema() {
+        Err(e) => report("source schema".into(), Err(e)),
+        Ok(schema) => {
+            let budget = job.driver_config();
             for spec in &job.sinks {
-                let what = format!("sink {} ({}, {:?})", spec.id, spec.kind, spec.delivery);
-                match registry
-                    .build(spec, job_id.as_ref(), SubtaskId(0), schema.clone())
+                let what = format!("sink {} ({}, {})", spec.id, spec.kind, spec.delivery.name());
+                let checked = registry
+                    .check(spec, job_id.as_ref(), SubtaskId(0), schema.clone())
                     .await
-                {
-                    Ok(sink) => {
-                        let added = driver.as_mut().map(|d| d.add_dyn_sink(sink)).transpose();
-                        report(
-                            what,
-                            added
-                                .map(|_| "settings valid, server reachable".to_string())
-                                .map_err(|e| anyhow::anyhow!("{}", Report(&e))),
-                        );
-                    }
-                    Err(e) => report(what, Err(anyhow::anyhow!("{}", Report(&e)))),
-                }
-            }
-            if let Some(driver) = driver {
-                report(
-                    "transaction-timeout budget".into(),
-                    driver
-                        .check_budget()
-                        .map(|()| {
-                            "every sink's transaction outlives the worst-case wait for its commit"
-                                .into()
-                        })
-                        .map_err(|e| anyhow::anyhow!("{}", Report(&e))),
-                );
+                    .map_err(|e| anyhow::anyhow!("{}", Report(&e)));
+                let budgeted = checked.and_then(|checked| {
+                    budget
+                        .check_transaction_timeout(&spec.id, checked.transaction_timeout)
+                        .map(|()| checked.summary)
+                        .map_err(|e| anyhow::anyhow!("{}", Report(&e)))
+                });
+                report(what, budgeted);
             }
         }
     }
@@ -140,26 +105,25 @@ async fn check_source(job: &JobConfig) -> Result<String> {
         .check_reachable(KAFKA_REACHABLE_WITHIN)
         .await
         .map_err(|e| anyhow::anyhow!("{}", Report(&e)))?;
-    let topic = job.source.topic.clone();
-    let partitions = tokio::task::spawn_blocking(move || -> Result<usize> {
-        let consumer: BaseConsumer = kafka.consumer_config().create()?;
-        let metadata = consumer.fetch_metadata(Some(&topic), Duration::from_secs(15))?;
-        Ok(metadata.topics().iter().map(|t| t.partitions().len()).sum())
-    })
-    .await??;
-    if partitions == 0 {
-        bail!(
-            "topic {:?} does not exist (or has no partitions): create it first",
-            job.source.topic
-        );
-    }
+    let topic = &job.source.topic;
+    let Some(metadata) = kafka
+        .topic_metadata(topic, KAFKA_REACHABLE_WITHIN)
+        .await
+        .map_err(|e| anyhow::anyhow!("{}", Report(&e)))?
+        .filter(|m| !m.partitions.is_empty())
+    else {
+        bail!("topic {topic:?} does not exist (or has no partitions): create it first");
+    };
+    let partitions = metadata.partitions.len();
     let idle = job.job.subtasks as usize > partitions;
     Ok(format!(
-        "{brokers} broker(s); topic {:?} has {partitions} partition(s) over {} subtask(s){}",
-        job.source.topic,
+        "{brokers} broker(s); topic {topic:?} (id {}) has {partitions} partition(s) over {} subtask(s){}",
+        metadata
+            .id
+            .map_or("unknown".to_string(), |id| id.to_string()),
         job.job.subtasks,
         if idle {
-            " (more subtasks than partitions: some subtasks will read nothing)"
+            " (more subtasks than partitions: some subtasks will read nothing until partitions are added)"
         } else {
             ""
         }

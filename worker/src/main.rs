@@ -8,6 +8,7 @@ mod dead_letter;
 mod demo;
 mod drill;
 mod fast_path;
+mod health;
 mod lease;
 mod operate;
 mod overrides;

@@ -86,6 +86,9 @@ fn print_subtask(subtask: u32, inspection: &Inspection) -> (usize, usize) {
         ),
     };
     println!("\nsubtask {subtask}: checkpoint store: {decided}");
+    if let Some(refusal) = &inspection.refusal {
+        println!("  the next start refuses to recover: {}", Report(refusal));
+    }
     let (mut commits, mut aborts) = (0, 0);
     for sink in &inspection.sinks {
         match &sink.view {

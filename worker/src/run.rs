@@ -28,6 +28,7 @@ use tokio::time::Instant;
 
 use crate::cli::RunArgs;
 use crate::config::{JobConfig, StoreConfig};
+use crate::health::{Health, Status};
 use crate::lease::{Assignment, Leases, LocalLease, PgLeases};
 use crate::subtask::{self, Ended, Progress, Stop, SubtaskContext};
 
@@ -48,8 +49,10 @@ struct Process {
     base: SubtaskContext,
     leases: Box<dyn Leases>,
     running: BTreeMap<u32, Running>,
-    /// Consecutive failures without a checkpoint, and when the subtask may start again.
-    failures: BTreeMap<u32, (u32, Instant)>,
+    /// Consecutive failures without a checkpoint, when the subtask may start again, and the last error.
+    failures: BTreeMap<u32, (u32, Instant, String)>,
+    /// What `/health` and `/ready` answer from.
+    health: Arc<Health>,
     /// Counters of the runs that ended.
     finished: Totals,
     assignment: Assignment,
@@ -63,8 +66,10 @@ struct Process {
 /// A job file or server problem at start (named), or a subtask that keeps failing.
 pub async fn run(args: RunArgs, progress_line: bool) -> Result<()> {
     let job = Arc::new(JobConfig::load(&args.config)?);
+    let health = Arc::new(Health::default());
     if let Some(listen) = args.metrics_listen {
-        crate::telemetry::serve(listen, &job.job.name)?;
+        let metrics = crate::telemetry::install(&job.job.name)?;
+        crate::health::serve(listen, metrics, health.clone()).await?;
     }
     let kafka = job.kafka()?;
     kafka
@@ -113,6 +118,7 @@ pub async fn run(args: RunArgs, progress_line: bool) -> Result<()> {
         leases,
         running: BTreeMap::new(),
         failures: BTreeMap::new(),
+        health,
         finished: Totals::default(),
         assignment: Assignment::default(),
         progress_line: progress_line && std::io::stderr().is_terminal(),
@@ -274,6 +280,7 @@ impl Process {
             .copied()
             .take(assignment.quota)
             .collect();
+        let keep_for_health = keep.clone();
         for subtask in assignment.held.iter().filter(|s| !keep.contains(s)) {
             match self.running.get_mut(subtask) {
                 Some(running) if !running.handing_over => {
@@ -293,13 +300,41 @@ impl Process {
             let waiting = self
                 .failures
                 .get(&subtask)
-                .is_some_and(|(_, after)| *after > now);
+                .is_some_and(|(_, after, _)| *after > now);
             if !self.running.contains_key(&subtask) && !waiting {
                 self.start(subtask);
             }
         }
         self.assignment = assignment;
+        self.publish_health(keep_for_health);
         Ok(())
+    }
+
+    /// Tells `/health` and `/ready` what this round found.
+    fn publish_health(&self, should_run: BTreeSet<u32>) {
+        self.health.publish(Status {
+            should_run,
+            running: self
+                .running
+                .iter()
+                .filter(|(_, r)| !r.handing_over)
+                .map(|(s, r)| (*s, r.progress.clone()))
+                .collect(),
+            // A subtask running again that completed a checkpoint cycle since is not failing any more (its count
+            // stays for the restart limit until its next checkpoint).
+            failing: self
+                .failures
+                .iter()
+                .filter(|(s, _)| {
+                    self.running.get(s).is_none_or(|r| {
+                        r.progress.last_cycle_ms.load(Ordering::Relaxed) == u64::MAX
+                    })
+                })
+                .map(|(s, (n, _, e))| (*s, (*n, e.clone())))
+                .collect(),
+            interval: self.job.job.checkpoint_interval,
+            started: self.base.started,
+        });
     }
 
     /// Releases `subtask`'s lease; a failure only delays the hand-over until the lease expires.
@@ -375,7 +410,7 @@ impl Process {
                     let previous = if checkpoints > 0 {
                         0
                     } else {
-                        self.failures.get(&subtask).map_or(0, |(n, _)| *n)
+                        self.failures.get(&subtask).map_or(0, |(n, _, _)| *n)
                     };
                     let failures = previous + 1;
                     if failures > self.job.job.max_restarts {
@@ -390,8 +425,10 @@ impl Process {
                     let backoff = Duration::from_secs(u64::from(failures).min(10));
                     tracing::warn!(subtask, attempt = failures, max = self.job.job.max_restarts,
                         error = %Report(&e), "subtask failed; restarting it in {backoff:?} (recovery resolves what it left)");
-                    self.failures
-                        .insert(subtask, (failures, Instant::now() + backoff));
+                    self.failures.insert(
+                        subtask,
+                        (failures, Instant::now() + backoff, Report(&e).to_string()),
+                    );
                 }
             }
         }

@@ -336,3 +336,58 @@ async fn pg_job(
         Identity::parse(&identity).context("ratchet_jobs holds an unknown identity")?,
     )))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fresh_local_job_is_recorded_job_scoped_and_a_read_only_look_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let job = dir.path().join("orders");
+        assert_eq!(local_job(&job, 3, false).unwrap(), None);
+        assert!(
+            !job.exists(),
+            "a read-only look created the job's directory"
+        );
+        assert_eq!(local_job(&job, 3, true).unwrap(), None);
+        assert_eq!(local_job(&job, 3, false).unwrap(), Some((3, Identity::Job)));
+    }
+
+    #[test]
+    fn a_local_job_from_before_keeps_its_count_and_its_sink_id_scope() {
+        let dir = tempfile::tempdir().unwrap();
+        let job = dir.path().join("orders");
+        std::fs::create_dir_all(job.join("subtask-0")).unwrap();
+        std::fs::create_dir_all(job.join("subtask-1")).unwrap();
+        assert_eq!(
+            local_job(&job, 2, false).unwrap(),
+            Some((2, Identity::Sink))
+        );
+        assert_eq!(local_job(&job, 2, true).unwrap(), Some((2, Identity::Sink)));
+        assert_eq!(
+            std::fs::read_to_string(job.join("identity")).unwrap(),
+            "sink"
+        );
+        // Recorded from now on, whatever directories come later.
+        std::fs::create_dir_all(job.join("subtask-2")).unwrap();
+        assert_eq!(
+            local_job(&job, 2, false).unwrap(),
+            Some((2, Identity::Sink))
+        );
+    }
+
+    #[test]
+    fn a_job_name_that_cannot_scope_sinks_is_refused_only_for_job_scoped_jobs() {
+        assert!(Identity::Sink.job_id("orders.eu").unwrap().is_none());
+        let err = Identity::Job.job_id("orders.eu").unwrap_err().to_string();
+        assert!(
+            err.contains("orders.eu") && err.contains("letters, digits"),
+            "{err}"
+        );
+        assert_eq!(
+            Identity::Job.job_id("orders-eu").unwrap().unwrap().as_str(),
+            "orders-eu"
+        );
+    }
+}

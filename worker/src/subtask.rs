@@ -13,7 +13,7 @@ use arrow_array::RecordBatch;
 use connector_api::{
     Driver, Error, ErrorKind, Phase, Result, SinkHandle, SinkId, SinkRegistry, SubtaskId,
 };
-use kafka_source::{KafkaConnection, KafkaSource, PartitionShare, RejectedRecord};
+use kafka_source::{KafkaConnection, KafkaSource, PartitionShare, RejectedRecord, Tombstone};
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
 
@@ -59,6 +59,9 @@ pub struct Progress {
     pub first_record_ms: AtomicU64,
     /// When this run read its last record so far (milliseconds since the process started; 0: none yet).
     pub last_record_ms: AtomicU64,
+    /// When this run last completed its checkpoint cycle: a checkpoint, or an interval with nothing to checkpoint
+    /// (milliseconds since the process started; `u64::MAX`: still recovering). For `/ready`.
+    pub last_cycle_ms: AtomicU64,
 }
 
 impl Progress {
@@ -70,6 +73,7 @@ impl Progress {
             last_activity_ms: AtomicU64::new(now),
             first_record_ms: AtomicU64::new(u64::MAX),
             last_record_ms: AtomicU64::new(0),
+            last_cycle_ms: AtomicU64::new(u64::MAX),
         }
     }
 }
@@ -167,6 +171,7 @@ async fn run_until_stopped(
         .progress
         .last_activity_ms
         .store(now, Ordering::Relaxed);
+    context.progress.last_cycle_ms.store(now, Ordering::Relaxed);
     let interval = job.job.checkpoint_interval;
     let label = outputs.label.clone();
     let mut lag_measured: Option<Instant> = None;
@@ -197,6 +202,8 @@ async fn run_until_stopped(
                     checkpoint(&mut driver, &source, context, &label).await?;
                     written = false;
                 }
+                let now = context.started.elapsed().as_millis() as u64;
+                context.progress.last_cycle_ms.store(now, Ordering::Relaxed);
                 if lag_measured.is_none_or(|at| at.elapsed() >= LAG_EVERY) {
                     measure_lag(&source, &label);
                     lag_measured = Some(Instant::now());
@@ -208,7 +215,8 @@ async fn run_until_stopped(
                     let rows = batch.num_rows() as u64;
                     count_gaps(source.take_gaps(), &label);
                     let rejected = source.take_rejected();
-                    outputs.deliver(&mut driver, &batch, &rejected).await?;
+                    let tombstones = source.take_tombstones();
+                    outputs.deliver(&mut driver, &batch, &rejected, &tombstones).await?;
                     written = true;
                     context.progress.records.fetch_add(rows, Ordering::Relaxed);
                     let now = context.started.elapsed().as_millis() as u64;
@@ -234,14 +242,29 @@ struct Outputs {
 }
 
 impl Outputs {
-    /// Writes `batch` to every sink, and the source's `rejected` records and the rows a sink refuses to the
+    /// Writes `batch` to every sink, the source's `tombstones` to every sink that can express a deletion (the
+    /// others skip them, counted), and the source's `rejected` records and the rows a sink refuses to the
     /// dead-letter sink (when there is one; otherwise a refused batch stops the subtask, the record named).
     async fn deliver(
         &self,
         driver: &mut Driver<SubtaskStore>,
         batch: &RecordBatch,
         rejected: &[RejectedRecord],
+        tombstones: &[Tombstone],
     ) -> Result<()> {
+        if !tombstones.is_empty() {
+            let keys: Vec<Option<Vec<u8>>> = tombstones.iter().map(|t| t.key.clone()).collect();
+            for (sink, id) in &self.sinks {
+                let outcome = if driver.write_tombstones(*sink, &keys).await? {
+                    "written"
+                } else {
+                    "skipped"
+                };
+                metrics::counter!(crate::telemetry::TOMBSTONES, "subtask" => self.label.clone(),
+                    "sink" => id.to_string(), "outcome" => outcome)
+                .increment(keys.len() as u64);
+            }
+        }
         if let Some(dead_letter) = self.dead_letter
             && !rejected.is_empty()
         {
@@ -290,8 +313,8 @@ impl Outputs {
     }
 }
 
-/// A dead letter the dead-letter topic refuses (too large for `message.max.bytes`, ...) stops the job: it is not
-/// the bad input's fault, and there is nowhere else to put it.
+/// A dead letter the dead-letter topic refuses (too large for `message.max.bytes`, ...: the cause says) stops the
+/// job: it is not the bad input's fault, and there is nowhere else to put it.
 fn refused_dead_letter(e: Error) -> Error {
     if e.kind() != ErrorKind::BadRecord {
         return e;
@@ -299,7 +322,7 @@ fn refused_dead_letter(e: Error) -> Error {
     Error::new(
         ErrorKind::Fatal,
         Phase::Write,
-        "the dead-letter topic refused a dead letter (is the record larger than its message.max.bytes?)",
+        "the dead-letter topic refused a dead letter",
     )
     .with_source(e)
 }

@@ -15,12 +15,11 @@
 //! | `ratchet_source_gap_records_total` | counter | `subtask`, `partition` | offsets removed from the log before they were read, skipped with `on_gap = "earliest"` |
 //! | `ratchet_subtask_restarts_total` | counter | `subtask` | subtask runs that failed and were restarted |
 //! | `ratchet_dead_letters_total` | counter | `subtask` | records sent to the dead-letter topic |
+//! | `ratchet_tombstones_total` | counter | `subtask`, `sink`, `outcome` | tombstones of the JSON and Avro decodings (null values) `written` as deletions (Kafka sink) or `skipped` by a sink that cannot express one |
 //! | `ratchet_subtasks_running` | gauge | | subtasks this process runs |
 
-use std::net::SocketAddr;
-
 use anyhow::{Context, Result};
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 /// Records read.
 pub const RECORDS_IN: &str = "ratchet_records_in_total";
@@ -42,6 +41,8 @@ pub const SOURCE_PARTITIONS: &str = "ratchet_source_partitions";
 pub const SOURCE_GAP_RECORDS: &str = "ratchet_source_gap_records_total";
 /// Records sent to the dead-letter topic.
 pub const DEAD_LETTERS: &str = "ratchet_dead_letters_total";
+/// Tombstones written or skipped per sink.
+pub const TOMBSTONES: &str = "ratchet_tombstones_total";
 /// Subtask restarts.
 pub const RESTARTS: &str = "ratchet_subtask_restarts_total";
 /// Subtasks running here.
@@ -52,18 +53,16 @@ const BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0,
 ];
 
-/// Serves the metrics on `listen`, labelled `job = <job>`.
+/// Records every metric from now on, labelled `job = <job>`; the handle renders them for `GET /metrics`
+/// ([`crate::health::serve`]).
 ///
 /// # Errors
-/// The address cannot be bound (named).
-pub fn serve(listen: SocketAddr, job: &str) -> Result<()> {
+/// A recorder is already installed.
+pub fn install(job: &str) -> Result<PrometheusHandle> {
     PrometheusBuilder::new()
-        .with_http_listener(listen)
         .add_global_label("job", job)
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), BUCKETS)
         .context("invalid histogram buckets")?
-        .install()
-        .with_context(|| format!("cannot serve metrics on {listen}"))?;
-    tracing::info!(%listen, "Prometheus metrics on http://{listen}/metrics");
-    Ok(())
+        .install_recorder()
+        .context("cannot install the metrics recorder")
 }

@@ -202,9 +202,14 @@ create_table = true
         out = out.display(),
     );
     let state = dir.path().join("state");
+    // Names no earlier run used: the SQL table's owner rows outlive a test's directory.
+    let (name_eu, name_us) = (
+        integration::unique_name("orders-eu"),
+        integration::unique_name("orders-us"),
+    );
     // Run each twice, so each recovers (and cleans up) after the other wrote.
     for _ in 0..2 {
-        for (name, topic) in [("orders-eu", &eu), ("orders-us", &us)] {
+        for (name, topic) in [(&name_eu, &eu), (&name_us, &us)] {
             let config = job_file(dir.path(), name, topic, &lake, &state);
             assert_clean(&run_until_idle(&config));
         }
@@ -226,8 +231,8 @@ create_table = true
             services.pg_url(),
             &sql_table,
             "id",
-            "orders-eu~db",
-            "orders-us~db",
+            &format!("{name_eu}~db"),
+            &format!("{name_us}~db"),
         ],
     );
     assert_eq!(table["prepared"], serde_json::json!([]), "{table}");

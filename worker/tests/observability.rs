@@ -137,3 +137,61 @@ async fn a_second_signal_exits_at_once_and_loses_nothing_checkpointed() {
     worker.wait_exit(Duration::from_secs(120));
     job.assert_exactly_once();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn health_and_ready_follow_the_subtasks_and_a_crash_loop_is_unhealthy() {
+    use common::http_get;
+    let mut job = Job::new("health", 1, 1, "3s").await;
+    job.produce(10).await;
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut worker = job.spawn_worker(&["--metrics-listen", &listen]);
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        if let Some((200, _)) = http_get(port, "/ready") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never ready: {:?}",
+            http_get(port, "/ready")
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert_eq!(http_get(port, "/health").map(|(s, _)| s), Some(200));
+    assert_eq!(http_get(port, "/nowhere").map(|(s, _)| s), Some(404));
+    worker.stop(Duration::from_secs(60));
+
+    // The table's database stops answering: the subtask fails at every start and is restarted, in a loop.
+    let text = std::fs::read_to_string(&job.config).unwrap();
+    let jdbc = text
+        .split("[[sinks]]")
+        .find(|block| block.contains("type = \"jdbc\""))
+        .unwrap();
+    let url = jdbc
+        .lines()
+        .find(|l| l.starts_with("url = "))
+        .unwrap()
+        .to_string();
+    let dead = jdbc.replace(&url, "url = \"postgres://ratchet@127.0.0.1:1/ratchet\"");
+    std::fs::write(&job.config, text.replace(jdbc, &dead)).unwrap();
+    let _worker = job.spawn_worker(&["--metrics-listen", &listen]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let body = loop {
+        if let Some((503, body)) = http_get(port, "/health") {
+            break body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never unhealthy: {:?}",
+            http_get(port, "/health")
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(
+        body.contains("subtask 0 failed") && body.contains("db"),
+        "{body}"
+    );
+    let (status, why) = http_get(port, "/ready").unwrap();
+    assert_eq!(status, 503, "{why}");
+}

@@ -99,6 +99,7 @@ pub(crate) trait ErasedSink: Send {
     async fn recorded_checkpoint(&mut self) -> Result<Option<CheckpointId>>;
     async fn begin(&mut self, checkpoint: CheckpointId) -> Result<()>;
     async fn write(&mut self, batch: &RecordBatch) -> Result<()>;
+    async fn write_tombstones(&mut self, keys: &[Option<Vec<u8>>]) -> Result<bool>;
     /// Pre-commits; returns the sink's checkpoint-record entry and the commit to run once the record is durable.
     async fn pre_commit(
         &mut self,
@@ -143,6 +144,10 @@ impl<T: TwoPhaseCommit> ErasedSink for T {
 
     async fn write(&mut self, batch: &RecordBatch) -> Result<()> {
         TwoPhaseCommit::write(self, batch).await
+    }
+
+    async fn write_tombstones(&mut self, keys: &[Option<Vec<u8>>]) -> Result<bool> {
+        TwoPhaseCommit::write_tombstones(self, keys).await
     }
 
     async fn pre_commit(

@@ -88,6 +88,19 @@ impl Default for DriverConfig {
 }
 
 impl DriverConfig {
+    /// Checks one sink's transaction timeout against this configuration's worst-case wait for a commit, as
+    /// [`Driver::check_budget`] does for the sinks added, for a sink not built (`ratchet check-config`).
+    ///
+    /// # Errors
+    /// [`Config`](ErrorKind::Config) naming the sink and every term of the budget.
+    pub fn check_transaction_timeout(
+        &self,
+        sink: &crate::SinkId,
+        timeout: Option<Duration>,
+    ) -> Result<()> {
+        self.budget().check(sink, timeout)
+    }
+
     fn budget(&self) -> Budget {
         Budget {
             checkpoint_interval: self.checkpoint_interval,
@@ -225,6 +238,18 @@ impl<S: CheckpointStore> Driver<S> {
             .await?;
         let checkpoint = store.record.as_ref().map(|r| r.id);
         let already_committed = checkpoint.is_some() && store.committed_through >= checkpoint;
+        let refusal = match restore::refuse_removed_sinks(
+            &self.sinks,
+            store.record.as_ref(),
+            already_committed,
+        ) {
+            Err(e) => Some(e),
+            Ok(()) => {
+                restore::refuse_sinks_ahead(&mut self.sinks, store.highest_id.max(checkpoint))
+                    .await
+                    .err()
+            }
+        };
         let mut sinks = Vec::with_capacity(self.sinks.len());
         for sink in &mut self.sinks {
             let id = sink.sink_id().clone();
@@ -242,7 +267,11 @@ impl<S: CheckpointStore> Driver<S> {
                 view,
             });
         }
-        Ok(crate::Inspection { store, sinks })
+        Ok(crate::Inspection {
+            store,
+            sinks,
+            refusal,
+        })
     }
 
     /// Checks every added sink's transaction timeout against the longest a pre-committed transaction may wait for
@@ -389,6 +418,38 @@ impl<S: CheckpointStore> Driver<S> {
         let id = target.sink_id().clone();
         let result = target
             .write(batch)
+            .await
+            .map_err(|e| e.or_sink(&id).or_checkpoint(current));
+        if let Err(e) = &result
+            && e.action() != Action::DeadLetter
+        {
+            self.fail(e);
+        }
+        result
+    }
+
+    /// Writes deletions of `keys` to `sink` ([`TwoPhaseCommit::write_tombstones`]); `false` when the sink cannot
+    /// express a deletion (nothing written: the caller skips them there).
+    ///
+    /// # Errors
+    /// As [`write`](Self::write).
+    pub async fn write_tombstones(
+        &mut self,
+        sink: SinkHandle,
+        keys: &[Option<Vec<u8>>],
+    ) -> Result<bool> {
+        self.ensure_running()?;
+        let current = self.current;
+        let target = self.sinks.get_mut(sink.index).ok_or_else(|| {
+            Error::new(
+                ErrorKind::Bug,
+                Phase::Write,
+                "a sink handle of another driver",
+            )
+        })?;
+        let id = target.sink_id().clone();
+        let result = target
+            .write_tombstones(keys)
             .await
             .map_err(|e| e.or_sink(&id).or_checkpoint(current));
         if let Err(e) = &result

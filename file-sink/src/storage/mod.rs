@@ -127,6 +127,28 @@ pub(crate) enum Backend {
     S3(S3Backend),
 }
 
+/// `ratchet check-config` for `config`: the directory or bucket is there (or, locally, would be created), read-only.
+///
+/// # Errors
+/// [`Config`](ErrorKind::Config) for a local path that is not a directory; as the S3 check for a bucket.
+pub(crate) async fn check(config: &StorageConfig) -> Result<String> {
+    match config {
+        StorageConfig::Local { path } => match std::fs::metadata(path) {
+            Ok(meta) if meta.is_dir() => Ok(format!("directory {} exists", path.display())),
+            Ok(_) => Err(Error::new(
+                ErrorKind::Config,
+                Phase::Setup,
+                format!("{} is not a directory", path.display()),
+            )),
+            Err(_) => Ok(format!(
+                "directory {} does not exist yet: the first run creates it",
+                path.display()
+            )),
+        },
+        StorageConfig::S3(s3) => s3::check(s3).await,
+    }
+}
+
 impl Backend {
     pub(crate) async fn open(
         config: &StorageConfig,

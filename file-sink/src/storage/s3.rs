@@ -184,6 +184,76 @@ fn fnv(text: &str) -> u64 {
     })
 }
 
+/// An S3 client for `config`: its endpoint, region, credentials (or the AWS chain) and addressing, with the SDK's
+/// standard retries of single requests.
+async fn client(config: &S3Config) -> Result<Client> {
+    let mut loader = aws_config::defaults(BehaviorVersion::latest());
+    if let Some(region) = &config.region {
+        loader = loader.region(Region::new(region.clone()));
+    }
+    if let Some(endpoint) = &config.endpoint {
+        loader = loader.endpoint_url(endpoint);
+    }
+    match (&config.access_key_id, &config.secret_access_key) {
+        (Some(id), Some(secret)) => {
+            loader = loader.credentials_provider(Credentials::new(
+                id,
+                secret,
+                None,
+                None,
+                "ratchet-config",
+            ));
+        }
+        (None, None) => {}
+        _ => {
+            return Err(Error::new(
+                ErrorKind::Config,
+                Phase::Setup,
+                "set both access_key_id and secret_access_key, or neither (to use the AWS credential chain)",
+            ));
+        }
+    }
+    let shared = loader.load().await;
+    // The SDK retries single requests on throttling, 5xx and transport errors (its standard mode, configured
+    // here); the driver's retry layer retries protocol steps. Nothing else wraps S3 calls in retries.
+    let mut builder = aws_sdk_s3::config::Builder::from(&shared)
+        .force_path_style(config.force_path_style)
+        .retry_config(RetryConfig::standard().with_max_attempts(S3_MAX_ATTEMPTS));
+    if shared.region().is_none() {
+        builder = builder.region(Region::new("us-east-1"));
+    }
+    Ok(Client::from_conf(builder.build()))
+}
+
+/// `ratchet check-config` for an S3 storage: the bucket answers a HEAD (read-only; nothing is written).
+///
+/// # Errors
+/// As [`S3Backend::connect`]'s check of the bucket (a missing bucket, refused credentials: named).
+pub(crate) async fn check(config: &S3Config) -> Result<String> {
+    if config.part_size < MIN_PART_SIZE {
+        return Err(Error::new(
+            ErrorKind::Config,
+            Phase::Setup,
+            format!(
+                "part_size {} is below S3's minimum of {MIN_PART_SIZE} bytes",
+                config.part_size
+            ),
+        ));
+    }
+    client(config)
+        .await?
+        .head_bucket()
+        .bucket(&config.bucket)
+        .send()
+        .await
+        .map_err(|e| s3_error("HeadBucket", &config.bucket, "", Phase::Setup, e))?;
+    Ok(format!(
+        "bucket s3://{}/{} answers",
+        config.bucket,
+        config.prefix.trim_matches('/')
+    ))
+}
+
 impl S3Backend {
     pub(crate) async fn connect(
         config: &S3Config,
@@ -200,41 +270,7 @@ impl S3Backend {
                 ),
             ));
         }
-        let mut loader = aws_config::defaults(BehaviorVersion::latest());
-        if let Some(region) = &config.region {
-            loader = loader.region(Region::new(region.clone()));
-        }
-        if let Some(endpoint) = &config.endpoint {
-            loader = loader.endpoint_url(endpoint);
-        }
-        match (&config.access_key_id, &config.secret_access_key) {
-            (Some(id), Some(secret)) => {
-                loader = loader.credentials_provider(Credentials::new(
-                    id,
-                    secret,
-                    None,
-                    None,
-                    "ratchet-config",
-                ));
-            }
-            (None, None) => {}
-            _ => {
-                return Err(Error::new(
-                    ErrorKind::Config,
-                    Phase::Setup,
-                    "set both access_key_id and secret_access_key, or neither (to use the AWS credential chain)",
-                ));
-            }
-        }
-        let shared = loader.load().await;
-        // The SDK retries single requests on throttling, 5xx and transport errors (its standard mode, configured
-        // here); the driver's retry layer retries protocol steps. Nothing else wraps S3 calls in retries.
-        let mut builder = aws_sdk_s3::config::Builder::from(&shared)
-            .force_path_style(config.force_path_style)
-            .retry_config(RetryConfig::standard().with_max_attempts(S3_MAX_ATTEMPTS));
-        if shared.region().is_none() {
-            builder = builder.region(Region::new("us-east-1"));
-        }
+        let client = client(config).await?;
         let spill_dir = config.spill_dir.clone().unwrap_or_else(std::env::temp_dir);
         std::fs::create_dir_all(&spill_dir).map_err(|e| {
             Error::new(
@@ -245,7 +281,7 @@ impl S3Backend {
             .with_source(e)
         })?;
         let backend = Self {
-            client: Client::from_conf(builder.build()),
+            client,
             bucket: config.bucket.clone(),
             prefix: config.prefix.trim_matches('/').to_string(),
             part_size: config.part_size as u64,

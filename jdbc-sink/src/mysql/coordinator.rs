@@ -18,7 +18,7 @@ use crate::sink::lost_transaction;
 /// the pause between attempts doubles from `FIRST_PAUSE` up to `MAX_PAUSE`. The writer ends its own session right
 /// after `XA PREPARE` (`KILL CONNECTION` when the server has not ended it), so this waits only for a session the
 /// writer could not end: a process that is paused, or one that died before the server noticed.
-const ATTACHED_WAIT: Duration = Duration::from_secs(5);
+const ATTACHED_WAIT: Duration = Duration::from_secs(8);
 const FIRST_PAUSE: Duration = Duration::from_millis(5);
 const MAX_PAUSE: Duration = Duration::from_millis(500);
 

@@ -83,7 +83,7 @@ pub(crate) fn options(connection: &ConnectionConfig) -> Result<PgConnectOptions>
 }
 
 /// Refuses `max_prepared_transactions = 0` (the server's default), with what to change.
-fn check_max_prepared_transactions(value: &str) -> Result<()> {
+pub(crate) fn check_max_prepared_transactions(value: &str) -> Result<()> {
     if value.trim() == "0" {
         return Err(Error::new(
             ErrorKind::Config,

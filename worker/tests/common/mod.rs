@@ -225,6 +225,20 @@ create_table = true
         }
     }
 
+    /// Creates another topic on the job's cluster.
+    pub async fn create_topic(&self, topic: &str, partitions: i32) {
+        for result in admin()
+            .create_topics(
+                &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
+                &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))),
+            )
+            .await
+            .unwrap()
+        {
+            result.unwrap();
+        }
+    }
+
     /// Grows the source topic to `partitions` partitions.
     pub async fn add_partitions(&self, partitions: usize) {
         for result in admin()
@@ -259,6 +273,18 @@ create_table = true
                 self.topic
             );
             std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Produces a tombstone (a record with a null value) for each key, acknowledged before returning.
+    pub async fn produce_tombstones(&mut self, keys: &[&str]) {
+        for key in keys {
+            let delivery = self
+                .producer
+                .send_result(FutureRecord::<str, str>::to(&self.topic).key(key))
+                .map_err(|(e, _)| e)
+                .unwrap();
+            delivery.await.unwrap().map_err(|(e, _)| e).unwrap();
         }
     }
 

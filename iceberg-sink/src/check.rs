@@ -1,0 +1,112 @@
+//! `ratchet check-config` for an Iceberg sink: the catalog answers, the table is there (or would be created with
+//! `create_table`). Changes nothing: a SQL catalog is only opened through iceberg-rust once its tables exist
+//! (opening it creates them), no namespace, table or snapshot is created.
+
+use std::str::FromStr;
+
+use connector_api::{Error, ErrorKind, Phase, Result, SinkCheck};
+use iceberg::TableIdent;
+use sqlx::Connection;
+
+use crate::config::{CatalogConfig, IcebergSinkConfig};
+use crate::error::iceberg_error;
+
+/// The SQL catalog's table of tables (iceberg-rust's and pyiceberg's `SqlCatalog`).
+const CATALOG_TABLE: &str = "iceberg_tables";
+
+/// Checks `config`.
+///
+/// # Errors
+/// [`Config`](ErrorKind::Config) for a catalog that cannot be opened or a missing table without `create_table`;
+/// retryable when the catalog's database cannot be read.
+pub(crate) async fn check(config: &IcebergSinkConfig) -> Result<SinkCheck> {
+    let ident = TableIdent::from_strs(config.table.split('.')).map_err(|_| {
+        Error::new(
+            ErrorKind::Config,
+            Phase::Setup,
+            format!("table {:?} is not `namespace.name`", config.table),
+        )
+    })?;
+    let found = match &config.catalog {
+        CatalogConfig::Sql { uri, .. } if !sql_catalog_has_tables(uri).await? => None,
+        _ => {
+            let catalog = config
+                .catalog
+                .open(&config.catalog_name, &config.s3)
+                .await?;
+            let exists = catalog.table_exists(&ident).await.map_err(|e| {
+                iceberg_error(Phase::Setup, format!("cannot look up table {ident}"), e)
+            })?;
+            if exists {
+                let table = catalog.load_table(&ident).await.map_err(|e| {
+                    iceberg_error(Phase::Setup, format!("cannot load table {ident}"), e)
+                })?;
+                Some(format!(
+                    "table {ident} exists ({} snapshot(s))",
+                    table.metadata().snapshots().count()
+                ))
+            } else {
+                None
+            }
+        }
+    };
+    let table = match (found, config.create_table) {
+        (Some(found), _) => found,
+        (None, true) => format!("table {ident} does not exist yet: the first run creates it"),
+        (None, false) => {
+            return Err(Error::new(
+                ErrorKind::Config,
+                Phase::Setup,
+                format!(
+                    "table {ident} does not exist in the catalog: create it, or set create_table = true to \
+                     create an unpartitioned table from the input schema"
+                ),
+            ));
+        }
+    };
+    Ok(SinkCheck {
+        summary: format!("settings valid; the catalog answers; {table}"),
+        transaction_timeout: None,
+    })
+}
+
+/// Whether the SQL catalog at `uri` has its tables (a SQLite file that does not exist has none), read-only.
+async fn sql_catalog_has_tables(uri: &str) -> Result<bool> {
+    let unreadable = |e: sqlx::Error| {
+        Error::new(
+            ErrorKind::Retryable,
+            Phase::Setup,
+            "cannot read the SQL catalog's database",
+        )
+        .with_source(e)
+    };
+    if let Some(rest) = uri.strip_prefix("sqlite:") {
+        let path = rest.trim_start_matches("//");
+        let path = path.split('?').next().unwrap_or_default();
+        if !std::path::Path::new(path).exists() {
+            return Ok(false);
+        }
+        let options = sqlx::sqlite::SqliteConnectOptions::from_str(&format!("sqlite://{path}"))
+            .map_err(unreadable)?
+            .read_only(true);
+        let mut conn = sqlx::sqlite::SqliteConnection::connect_with(&options)
+            .await
+            .map_err(unreadable)?;
+        let count: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?",
+        )
+        .bind(CATALOG_TABLE)
+        .fetch_one(&mut conn)
+        .await
+        .map_err(unreadable)?;
+        return Ok(count > 0);
+    }
+    let mut conn = sqlx::postgres::PgConnection::connect(uri)
+        .await
+        .map_err(unreadable)?;
+    sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(CATALOG_TABLE)
+        .fetch_one(&mut conn)
+        .await
+        .map_err(unreadable)
+}

@@ -1,0 +1,110 @@
+//! `ratchet check-config` for a JDBC sink: connects, reads what the mode needs from the server and whether the
+//! table is there. Changes nothing: no table (Ratchet's or the target), no transaction.
+
+use connector_api::{Error, ErrorKind, Phase, Result, SinkCheck};
+use mysql_async::prelude::Queryable;
+
+use crate::config::{Dialect, JdbcSinkConfig, WriteMode};
+
+/// Checks `config`.
+///
+/// # Errors
+/// [`Config`](ErrorKind::Config) for a server that cannot do what the mode needs (PostgreSQL without prepared
+/// transactions, MariaDB too old for XA or without the privilege for `XA RECOVER`) or a missing table without
+/// `create_table`; retryable when the server cannot be reached (named).
+pub(crate) async fn check(config: &JdbcSinkConfig) -> Result<SinkCheck> {
+    let dialect = Dialect::of_url(&config.connection.url)?;
+    let (server, exists) = match dialect {
+        Dialect::Postgres => postgres(config).await?,
+        Dialect::MySql => mysql(config).await?,
+    };
+    let table = match (exists, config.create_table) {
+        (true, _) => format!("table {} exists", config.table),
+        (false, true) => format!(
+            "table {} does not exist yet: the first run creates it",
+            config.table
+        ),
+        (false, false) => {
+            return Err(Error::new(
+                ErrorKind::Config,
+                Phase::Setup,
+                format!(
+                    "table {} does not exist: create it, or set create_table = true",
+                    config.table
+                ),
+            ));
+        }
+    };
+    Ok(SinkCheck {
+        summary: format!("settings valid; {server} answers; {table}"),
+        transaction_timeout: None,
+    })
+}
+
+/// The server's name for messages, and whether the table exists.
+async fn postgres(config: &JdbcSinkConfig) -> Result<(String, bool)> {
+    let client = crate::pg::options(&config.connection)?
+        .connect(Phase::Setup, "the JDBC sink's PostgreSQL database")
+        .await?;
+    let read = |what: &'static str| {
+        move |e: tokio_postgres::Error| crate::pg::pg_error(Phase::Setup, None, what, e)
+    };
+    if config.mode == WriteMode::Xa {
+        let max: String = client
+            .query_one("SHOW max_prepared_transactions", &[])
+            .await
+            .map_err(read("cannot read max_prepared_transactions"))?
+            .get(0);
+        crate::pg::check_max_prepared_transactions(&max)?;
+    }
+    let exists: bool = client
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&config.table])
+        .await
+        .map_err(read("cannot look up the table"))?
+        .get(0);
+    Ok(("PostgreSQL".to_string(), exists))
+}
+
+async fn mysql(config: &JdbcSinkConfig) -> Result<(String, bool)> {
+    let opts = crate::mysql::options(&config.connection)?;
+    let mut conn = crate::mysql::connect(
+        &opts,
+        Phase::Setup,
+        "the JDBC sink's MySQL/MariaDB database",
+    )
+    .await?;
+    let read = |what: &'static str| {
+        move |e: mysql_async::Error| crate::mysql::my_error(Phase::Setup, None, what, e)
+    };
+    let version: String = conn
+        .query_first("SELECT VERSION()")
+        .await
+        .map_err(read("cannot read the server version"))?
+        .unwrap_or_default();
+    if config.mode == WriteMode::Xa {
+        crate::mysql::check_xa_version(&version)?;
+        conn.query_drop("XA RECOVER").await.map_err(|e| {
+            Error::new(
+                ErrorKind::Config,
+                Phase::Setup,
+                "XA RECOVER failed: the xa mode lists prepared transactions with it, which needs the SUPER \
+                 privilege (MySQL: XA_RECOVER_ADMIN)",
+            )
+            .with_source(e)
+        })?;
+    }
+    let (schema, name) = match config.table.split_once('.') {
+        Some((schema, name)) => (Some(schema.to_string()), name.to_string()),
+        None => (None, config.table.clone()),
+    };
+    let count: Option<u64> = conn
+        .exec_first(
+            "SELECT COUNT(*) FROM information_schema.tables \
+             WHERE table_schema = COALESCE(?, DATABASE()) AND table_name = ?",
+            (schema, name),
+        )
+        .await
+        .map_err(read("cannot look up the table"))?;
+    let _ = conn.disconnect().await;
+    Ok((format!("MySQL/MariaDB {version}"), count.unwrap_or(0) > 0))
+}
