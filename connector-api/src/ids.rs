@@ -23,110 +23,78 @@ impl fmt::Display for CheckpointId {
     }
 }
 
-/// The stable name of one sink in a job. It scopes everything the sink owns in the external system (file prefixes,
-/// transactional ids, xids), so two sinks, or two jobs, must never share one.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub struct SinkId(String);
+/// An identifier that is embedded unquoted in external names (file names, object keys, Kafka transactional ids,
+/// XA xids): 1 to 64 ASCII letters, digits, `-` and `_`, checked when made (and when deserialized).
+macro_rules! embeddable_id {
+    ($(#[$doc:meta])* $name:ident, $what:literal) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        #[serde(try_from = "String", into = "String")]
+        pub struct $name(String);
 
-impl SinkId {
-    /// A sink id: 1 to 64 characters of ASCII letters, digits, `-` and `_`, so it can be embedded in file names,
-    /// object keys, Kafka transactional ids and XA xids unquoted.
-    ///
-    /// # Errors
-    /// [`Config`](crate::ErrorKind::Config) naming the id and the rule.
-    pub fn new(id: impl Into<String>) -> crate::Result<Self> {
-        let id = id.into();
-        if embeddable(&id) {
-            Ok(Self(id))
-        } else {
-            Err(crate::Error::new(
-                crate::ErrorKind::Config,
-                crate::Phase::Setup,
-                format!("invalid sink id {id:?}: use 1 to 64 ASCII letters, digits, '-' or '_'"),
-            ))
+        impl $name {
+            #[doc = concat!("A ", $what, ": 1 to 64 ASCII letters, digits, `-` and `_`.")]
+            ///
+            /// # Errors
+            /// [`Config`](crate::ErrorKind::Config) naming the id and the rule.
+            pub fn new(id: impl Into<String>) -> crate::Result<Self> {
+                let id = id.into();
+                if embeddable(&id) {
+                    Ok(Self(id))
+                } else {
+                    Err(crate::Error::new(
+                        crate::ErrorKind::Config,
+                        crate::Phase::Setup,
+                        format!(
+                            concat!("invalid ", $what, " {:?}: use 1 to 64 ASCII letters, digits, '-' or '_'"),
+                            id
+                        ),
+                    ))
+                }
+            }
+
+            /// The id as a string.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
         }
-    }
 
-    /// The id as a string.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
+        impl TryFrom<String> for $name {
+            type Error = crate::Error;
 
-impl TryFrom<String> for SinkId {
-    type Error = crate::Error;
-
-    fn try_from(id: String) -> crate::Result<Self> {
-        Self::new(id)
-    }
-}
-
-impl From<SinkId> for String {
-    fn from(id: SinkId) -> String {
-        id.0
-    }
-}
-
-impl fmt::Display for SinkId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-/// The stable name of a job: scopes everything its sinks own in external systems (with each sink's id, see
-/// [`SinkScope`]), so two jobs never touch each other's transactions, files, ledger entries or markers, even where
-/// their sinks have the same ids and write to the same table, topic or directory.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub struct JobId(String);
-
-impl JobId {
-    /// A job id: 1 to 64 ASCII letters, digits, `-` and `_` (as a [`SinkId`]).
-    ///
-    /// # Errors
-    /// [`Config`](crate::ErrorKind::Config) naming the id and the rule.
-    pub fn new(id: impl Into<String>) -> crate::Result<Self> {
-        let id = id.into();
-        if embeddable(&id) {
-            Ok(Self(id))
-        } else {
-            Err(crate::Error::new(
-                crate::ErrorKind::Config,
-                crate::Phase::Setup,
-                format!(
-                    "invalid job name {id:?} for scoping what its sinks own: use 1 to 64 ASCII letters, digits, \
-                     '-' or '_'"
-                ),
-            ))
+            fn try_from(id: String) -> crate::Result<Self> {
+                Self::new(id)
+            }
         }
-    }
 
-    /// The id as a string.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
+        impl From<$name> for String {
+            fn from(id: $name) -> String {
+                id.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+    };
 }
 
-impl TryFrom<String> for JobId {
-    type Error = crate::Error;
+embeddable_id!(
+    /// The stable name of one sink in a job. It scopes, with the job's, everything the sink owns in the external
+    /// system (file prefixes, transactional ids, xids), so two sinks of a job must never share one.
+    SinkId,
+    "sink id"
+);
 
-    fn try_from(id: String) -> crate::Result<Self> {
-        Self::new(id)
-    }
-}
-
-impl From<JobId> for String {
-    fn from(id: JobId) -> String {
-        id.0
-    }
-}
-
-impl fmt::Display for JobId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
+embeddable_id!(
+    /// The stable name of a job: scopes everything its sinks own in external systems (with each sink's id, see
+    /// [`SinkScope`]), so two jobs never touch each other's transactions, files, ledger entries or markers, even
+    /// where their sinks have the same ids and write to the same table, topic or directory.
+    JobId,
+    "job name"
+);
 
 /// 1 to 64 ASCII letters, digits, `-` and `_`.
 fn embeddable(id: &str) -> bool {

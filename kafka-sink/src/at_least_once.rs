@@ -82,6 +82,17 @@ impl KafkaAtLeastOnceSink {
             None => e,
         }
     }
+
+    /// The producer `begin` opened, for a step of `phase`.
+    fn begun(&self, phase: Phase) -> Result<SinkProducer> {
+        self.producer.clone().ok_or_else(|| {
+            self.context(Error::new(
+                ErrorKind::Bug,
+                phase,
+                format!("{phase} before begin"),
+            ))
+        })
+    }
 }
 
 #[async_trait]
@@ -124,38 +135,20 @@ impl TwoPhaseCommit for KafkaAtLeastOnceSink {
     }
 
     async fn write(&mut self, batch: &RecordBatch) -> Result<()> {
-        let producer = self.producer.clone().ok_or_else(|| {
-            self.context(Error::new(
-                ErrorKind::Bug,
-                Phase::Write,
-                "write before begin",
-            ))
-        })?;
+        let producer = self.begun(Phase::Write)?;
         let sent = self.sender.send(&producer, batch).await;
         sent.map_err(|e| self.context(e))
     }
 
     /// Tombstones (the key, a null value), acknowledged at pre-commit like every record.
     async fn write_tombstones(&mut self, keys: &[Option<Vec<u8>>]) -> Result<bool> {
-        let producer = self.producer.clone().ok_or_else(|| {
-            self.context(Error::new(
-                ErrorKind::Bug,
-                Phase::Write,
-                "write before begin",
-            ))
-        })?;
+        let producer = self.begun(Phase::Write)?;
         let sent = self.sender.send_tombstones(&producer, keys).await;
         sent.map(|()| true).map_err(|e| self.context(e))
     }
 
     async fn pre_commit(&mut self, checkpoint: CheckpointId) -> Result<FlushedRecords> {
-        let producer = self.producer.clone().ok_or_else(|| {
-            self.context(Error::new(
-                ErrorKind::Bug,
-                Phase::PreCommit,
-                "pre_commit before begin",
-            ))
-        })?;
+        let producer = self.begun(Phase::PreCommit)?;
         let flushed = self.sender.flush(&producer).await;
         let ranges = flushed.map_err(|e| self.context(e.at_phase(Phase::PreCommit)))?;
         Ok(FlushedRecords { checkpoint, ranges })

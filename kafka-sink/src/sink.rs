@@ -121,6 +121,16 @@ impl KafkaSink {
         })
     }
 
+    /// The producer of the open transaction.
+    fn open_producer(&self) -> Result<SinkProducer> {
+        let (_, id) = self
+            .current
+            .clone()
+            .ok_or_else(|| self.err(ErrorKind::Bug, Phase::Write, "write before begin"))?;
+        self.producer(&id)
+            .ok_or_else(|| self.err(ErrorKind::Bug, Phase::Write, "no producer"))
+    }
+
     fn err(&self, kind: ErrorKind, phase: Phase, message: impl Into<String>) -> Error {
         let e = Error::new(kind, phase, message).with_sink(&self.sink);
         match &self.current {
@@ -378,26 +388,14 @@ impl TwoPhaseCommit for KafkaSink {
     }
 
     async fn write(&mut self, batch: &RecordBatch) -> Result<()> {
-        let (_, id) = self
-            .current
-            .clone()
-            .ok_or_else(|| self.err(ErrorKind::Bug, Phase::Write, "write before begin"))?;
-        let producer = self
-            .producer(&id)
-            .ok_or_else(|| self.err(ErrorKind::Bug, Phase::Write, "no producer"))?;
+        let producer = self.open_producer()?;
         let sent = self.sender.send(&producer, batch).await;
         sent.map_err(|e| self.context(e))
     }
 
     /// Tombstones (the key, a null value) into the open transaction.
     async fn write_tombstones(&mut self, keys: &[Option<Vec<u8>>]) -> Result<bool> {
-        let (_, id) = self
-            .current
-            .clone()
-            .ok_or_else(|| self.err(ErrorKind::Bug, Phase::Write, "write before begin"))?;
-        let producer = self
-            .producer(&id)
-            .ok_or_else(|| self.err(ErrorKind::Bug, Phase::Write, "no producer"))?;
+        let producer = self.open_producer()?;
         let sent = self.sender.send_tombstones(&producer, keys).await;
         sent.map(|()| true).map_err(|e| self.context(e))
     }

@@ -94,25 +94,8 @@ fn text(out: &Output) -> String {
 }
 
 async fn topic(name: &str) -> String {
-    let services = Services::get();
     let topic = integration::unique_name(name);
-    let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
-        rdkafka::ClientConfig::new()
-            .set("bootstrap.servers", services.kafka_bootstrap())
-            .create()
-            .unwrap();
-    let topics = [rdkafka::admin::NewTopic::new(
-        &topic,
-        2,
-        rdkafka::admin::TopicReplication::Fixed(1),
-    )];
-    for result in admin
-        .create_topics(&topics, &rdkafka::admin::AdminOptions::new())
-        .await
-        .unwrap()
-    {
-        result.unwrap();
-    }
+    common::create_topic(&topic, 2).await;
     topic
 }
 

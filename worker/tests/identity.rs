@@ -13,28 +13,12 @@ use std::time::Duration;
 
 use integration::Services;
 use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
 /// A topic holding `{"id": n}` for `ids`.
 async fn topic_with(prefix: &str, ids: std::ops::Range<i64>) -> String {
-    let services = Services::get();
     let topic = integration::unique_name(prefix);
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", services.kafka_bootstrap())
-        .create()
-        .unwrap();
-    for result in admin
-        .create_topics(
-            &[NewTopic::new(&topic, 1, TopicReplication::Fixed(1))],
-            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))),
-        )
-        .await
-        .unwrap()
-    {
-        result.unwrap();
-    }
+    common::create_topic(&topic, 1).await;
     produce(&topic, ids).await;
     topic
 }

@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::os::unix::process::ExitStatusExt;
 use std::time::{Duration, Instant};
 
 use common::Job;
@@ -33,23 +32,7 @@ fn sink_section<'a>(out: &'a str, id: &str) -> Vec<&'a str> {
 async fn inspect_shows_in_doubt_transactions_in_every_sink_and_resolve_settles_them() {
     let mut job = Job::new("inspect", 2, 1, "3s").await;
     job.produce(500).await;
-    let mut worker =
-        job.spawn_worker_with_env(&[], &[("RATCHET_KILL_AT", "after-record-durable:3")]);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let status = loop {
-        if let Some(status) = worker.exited() {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the drill never fired:\n{}",
-            worker.log_text()
-        );
-        job.produce(300).await;
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    assert_eq!(status.signal(), Some(9), "{}", worker.log_text());
-    worker.child = None;
+    job.run_until_drill("after-record-durable:3").await;
 
     let out = job.ratchet("inspect");
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::os::unix::process::ExitStatusExt;
 use std::time::{Duration, Instant};
 
 use common::Job;
@@ -84,23 +83,7 @@ async fn lowering_commit_every_or_weakening_delivery_keeps_the_files_a_record_ca
 async fn a_removed_sink_with_decided_work_pending_is_refused_until_resolved() {
     let mut job = Job::new("removed", 1, 1, "3s").await;
     job.produce(500).await;
-    let mut worker =
-        job.spawn_worker_with_env(&[], &[("RATCHET_KILL_AT", "after-record-durable:3")]);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let status = loop {
-        if let Some(status) = worker.exited() {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the drill never fired:\n{}",
-            worker.log_text()
-        );
-        job.produce(300).await;
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    assert_eq!(status.signal(), Some(9), "{}", worker.log_text());
-    worker.child = None;
+    job.run_until_drill("after-record-durable:3").await;
 
     let full = std::fs::read_to_string(&job.config).unwrap();
     let archive = full

@@ -17,7 +17,7 @@ async fn tombstones_reach_the_kafka_sink_and_are_skipped_by_the_others() {
         format!("\n[dead_letter]\ntopic = \"{name}-dead\"\n")
     })
     .await;
-    job.create_topic(&format!("{}-dead", job.name), 1).await;
+    common::create_topic(&format!("{}-dead", job.name), 1).await;
     job.produce(50).await;
     job.produce_tombstones(&["7", "8"]).await;
     job.produce(50).await;

@@ -406,26 +406,9 @@ impl<S: CheckpointStore> Driver<S> {
     /// A [`BadRecord`](ErrorKind::BadRecord) error leaves the driver usable (the batch was refused whole, so the
     /// caller can dead-letter it); any other error stops the driver.
     pub async fn write(&mut self, sink: SinkHandle, batch: &RecordBatch) -> Result<()> {
-        self.ensure_running()?;
-        let current = self.current;
-        let target = self.sinks.get_mut(sink.index).ok_or_else(|| {
-            Error::new(
-                ErrorKind::Bug,
-                Phase::Write,
-                "a sink handle of another driver",
-            )
-        })?;
-        let id = target.sink_id().clone();
-        let result = target
-            .write(batch)
-            .await
-            .map_err(|e| e.or_sink(&id).or_checkpoint(current));
-        if let Err(e) = &result
-            && e.action() != Action::DeadLetter
-        {
-            self.fail(e);
-        }
-        result
+        let target = self.writable(sink)?;
+        let result = target.write(batch).await;
+        self.settle_write(sink, result)
     }
 
     /// Writes deletions of `keys` to `sink` ([`TwoPhaseCommit::write_tombstones`]); `false` when the sink cannot
@@ -438,20 +421,27 @@ impl<S: CheckpointStore> Driver<S> {
         sink: SinkHandle,
         keys: &[Option<Vec<u8>>],
     ) -> Result<bool> {
+        let target = self.writable(sink)?;
+        let result = target.write_tombstones(keys).await;
+        self.settle_write(sink, result)
+    }
+
+    /// The sink behind `sink`, while the driver runs.
+    fn writable(&mut self, sink: SinkHandle) -> Result<&mut Box<dyn ErasedSink>> {
         self.ensure_running()?;
-        let current = self.current;
-        let target = self.sinks.get_mut(sink.index).ok_or_else(|| {
+        self.sinks.get_mut(sink.index).ok_or_else(|| {
             Error::new(
                 ErrorKind::Bug,
                 Phase::Write,
                 "a sink handle of another driver",
             )
-        })?;
-        let id = target.sink_id().clone();
-        let result = target
-            .write_tombstones(keys)
-            .await
-            .map_err(|e| e.or_sink(&id).or_checkpoint(current));
+        })
+    }
+
+    /// A write's outcome, located (sink, checkpoint); any error but a refused batch stops the driver.
+    fn settle_write<T>(&mut self, sink: SinkHandle, result: Result<T>) -> Result<T> {
+        let id = self.sinks[sink.index].sink_id().clone();
+        let result = result.map_err(|e| e.or_sink(&id).or_checkpoint(self.current));
         if let Err(e) = &result
             && e.action() != Action::DeadLetter
         {

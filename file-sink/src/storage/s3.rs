@@ -184,9 +184,24 @@ fn fnv(text: &str) -> u64 {
     })
 }
 
-/// An S3 client for `config`: its endpoint, region, credentials (or the AWS chain) and addressing, with the SDK's
-/// standard retries of single requests.
-async fn client(config: &S3Config) -> Result<Client> {
+/// An S3 client for `config` (its endpoint, region, credentials or the AWS chain, addressing; the SDK's standard
+/// retries of single requests), once the settings are checked and the bucket answered a HEAD: a wrong bucket or
+/// credentials fail at start, not at the first checkpoint.
+///
+/// # Errors
+/// [`Config`](ErrorKind::Config) for a part size below S3's minimum or half a key pair; the HEAD's error (a
+/// missing bucket, refused credentials: named).
+async fn checked_client(config: &S3Config) -> Result<Client> {
+    if config.part_size < MIN_PART_SIZE {
+        return Err(Error::new(
+            ErrorKind::Config,
+            Phase::Setup,
+            format!(
+                "part_size {} is below S3's minimum of {MIN_PART_SIZE} bytes",
+                config.part_size
+            ),
+        ));
+    }
     let mut loader = aws_config::defaults(BehaviorVersion::latest());
     if let Some(region) = &config.region {
         loader = loader.region(Region::new(region.clone()));
@@ -222,7 +237,14 @@ async fn client(config: &S3Config) -> Result<Client> {
     if shared.region().is_none() {
         builder = builder.region(Region::new("us-east-1"));
     }
-    Ok(Client::from_conf(builder.build()))
+    let client = Client::from_conf(builder.build());
+    client
+        .head_bucket()
+        .bucket(&config.bucket)
+        .send()
+        .await
+        .map_err(|e| s3_error("HeadBucket", &config.bucket, "", Phase::Setup, e))?;
+    Ok(client)
 }
 
 /// `ratchet check-config` for an S3 storage: the bucket answers a HEAD (read-only; nothing is written).
@@ -230,23 +252,7 @@ async fn client(config: &S3Config) -> Result<Client> {
 /// # Errors
 /// As [`S3Backend::connect`]'s check of the bucket (a missing bucket, refused credentials: named).
 pub(crate) async fn check(config: &S3Config) -> Result<String> {
-    if config.part_size < MIN_PART_SIZE {
-        return Err(Error::new(
-            ErrorKind::Config,
-            Phase::Setup,
-            format!(
-                "part_size {} is below S3's minimum of {MIN_PART_SIZE} bytes",
-                config.part_size
-            ),
-        ));
-    }
-    client(config)
-        .await?
-        .head_bucket()
-        .bucket(&config.bucket)
-        .send()
-        .await
-        .map_err(|e| s3_error("HeadBucket", &config.bucket, "", Phase::Setup, e))?;
+    checked_client(config).await?;
     Ok(format!(
         "bucket s3://{}/{} answers",
         config.bucket,
@@ -260,17 +266,7 @@ impl S3Backend {
         scope: SinkScope,
         subtask: SubtaskId,
     ) -> Result<Self> {
-        if config.part_size < MIN_PART_SIZE {
-            return Err(Error::new(
-                ErrorKind::Config,
-                Phase::Setup,
-                format!(
-                    "part_size {} is below S3's minimum of {MIN_PART_SIZE} bytes",
-                    config.part_size
-                ),
-            ));
-        }
-        let client = client(config).await?;
+        let client = checked_client(config).await?;
         let spill_dir = config.spill_dir.clone().unwrap_or_else(std::env::temp_dir);
         std::fs::create_dir_all(&spill_dir).map_err(|e| {
             Error::new(
@@ -280,7 +276,7 @@ impl S3Backend {
             )
             .with_source(e)
         })?;
-        let backend = Self {
+        Ok(Self {
             client,
             bucket: config.bucket.clone(),
             prefix: config.prefix.trim_matches('/').to_string(),
@@ -288,16 +284,7 @@ impl S3Backend {
             spill_dir,
             scope,
             subtask,
-        };
-        // Fail at start, not at the first checkpoint, on a wrong bucket or credentials.
-        backend
-            .client
-            .head_bucket()
-            .bucket(&backend.bucket)
-            .send()
-            .await
-            .map_err(|e| s3_error("HeadBucket", &backend.bucket, "", Phase::Setup, e))?;
-        Ok(backend)
+        })
     }
 
     fn key(&self, relative: &str) -> String {
@@ -656,21 +643,11 @@ impl S3Backend {
                         .if_none_match("*")
                         .send()
                         .await;
-                    match copied {
-                        Ok(_) => {}
+                    if let Err(e) = copied {
                         // 412: the key appeared since the HEAD (our own retried copy, a second committer).
-                        Err(e) if status_of(&e) == Some(412) => {
-                            if !is_ours(self.head(key).await?.as_ref())? {
-                                return Err(s3_error(
-                                    "CopyObject",
-                                    &self.bucket,
-                                    staging_key,
-                                    Phase::Commit,
-                                    e,
-                                ));
-                            }
-                        }
-                        Err(e) => {
+                        let ours =
+                            status_of(&e) == Some(412) && is_ours(self.head(key).await?.as_ref())?;
+                        if !ours {
                             return Err(s3_error(
                                 "CopyObject",
                                 &self.bucket,

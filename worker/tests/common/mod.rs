@@ -225,18 +225,26 @@ create_table = true
         }
     }
 
-    /// Creates another topic on the job's cluster.
-    pub async fn create_topic(&self, topic: &str, partitions: i32) {
-        for result in admin()
-            .create_topics(
-                &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
-                &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))),
-            )
-            .await
-            .unwrap()
-        {
-            result.unwrap();
-        }
+    /// Runs a worker with the crash drill `RATCHET_KILL_AT=<step>:<checkpoint>`, producing 300 more records every
+    /// 200 ms until it fires, and asserts the worker died by SIGKILL.
+    pub async fn run_until_drill(&mut self, at: &str) {
+        use std::os::unix::process::ExitStatusExt;
+        let mut worker = self.spawn_worker_with_env(&[], &[("RATCHET_KILL_AT", at)]);
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let status = loop {
+            if let Some(status) = worker.exited() {
+                break status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the drill never fired:\n{}",
+                worker.log_text()
+            );
+            self.produce(300).await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        assert_eq!(status.signal(), Some(9), "{}", worker.log_text());
+        worker.child = None;
     }
 
     /// Grows the source topic to `partitions` partitions.
@@ -557,6 +565,20 @@ impl Drop for Worker {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+}
+
+/// Creates `topic` with `partitions` partitions on the test cluster.
+pub async fn create_topic(topic: &str, partitions: i32) {
+    for result in admin()
+        .create_topics(
+            &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))),
+        )
+        .await
+        .unwrap()
+    {
+        result.unwrap();
     }
 }
 
