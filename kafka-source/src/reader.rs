@@ -21,9 +21,10 @@ use crate::partitions::{Assignment, Gap};
 use crate::reject::{RawRecords, RejectedRecord};
 use crate::tombstone::Tombstone;
 
-/// One decoded batch, the records of it that did not decode (set aside when diverting), the tombstones of the JSON
-/// and Avro decodings (set aside: they have no fields to decode), per partition it read from the offset after its
-/// last record (or the log start it went on from after a gap), and the gaps it skipped.
+/// One decoded batch, the records of it that did not decode (set aside when diverting), the tombstone of the JSON
+/// and Avro decodings that ended it (set aside: it has no fields to decode; it comes after every row of the batch),
+/// per partition it read from the offset after its last record (or the log start it went on from after a gap),
+/// and the gaps it skipped.
 pub(crate) struct Chunk {
     pub(crate) batch: RecordBatch,
     pub(crate) rejected: Vec<RejectedRecord>,
@@ -72,8 +73,8 @@ impl Reader {
 
     /// Reads up to `batch_rows` records, shipping a partial batch `max_batch_wait` after its first record. `None`
     /// when nothing arrived within one poll. The builders are made on the first record, so an idle source
-    /// allocates nothing. A gap (an offset out of range) ends the batch early; with no records it ships an empty
-    /// batch, so the positions move past the gap.
+    /// allocates nothing. A gap (an offset out of range) or a tombstone ends the batch early; with no rows it ships
+    /// an empty batch, so the positions move past the gap or the tombstone.
     fn read_chunk(&mut self) -> Result<Option<Chunk>> {
         let mut builder: Option<BatchBuilder> = None;
         let mut next: Vec<(i32, i64)> = Vec::new();
@@ -134,17 +135,16 @@ impl Reader {
             let past_deadline =
                 (records as u64).is_multiple_of(DEADLINE_CHECK_EVERY) && Instant::now() >= deadline;
             if raw.is_some() && message.payload().is_none() {
-                // A tombstone of a decoding whose rows are the value's fields: a record with no row.
+                // A tombstone of a decoding whose rows are the value's fields: a record with no row. It ends the
+                // chunk, so it comes after every row read before it and before every row read after it (a sink
+                // applies the chunk's rows, then its tombstone: a key deleted after an upsert stays deleted).
                 tombstones.push(Tombstone {
                     topic: at.topic.to_string(),
                     partition: at.partition,
                     offset: at.offset,
                     key: message.key().map(<[u8]>::to_vec),
                 });
-                if past_deadline {
-                    break;
-                }
-                continue;
+                break;
             }
             let headers = if self.headers {
                 message.headers()

@@ -398,7 +398,8 @@ impl KafkaSource {
 
     /// The tombstones (records with a null value) of the batches handed out so far, oldest first, for the JSON and
     /// Avro decodings, whose rows are the value's fields (the raw decodings carry them as rows with a null
-    /// `value`); [`positions`](Self::positions) already cover them.
+    /// `value`); [`positions`](Self::positions) already cover them. A tombstone ends its batch: taken after each
+    /// batch, it comes after every row of that batch and before every row of the next, as in the log.
     pub fn take_tombstones(&mut self) -> Vec<Tombstone> {
         std::mem::take(&mut self.tombstones)
     }

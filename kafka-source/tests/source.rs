@@ -333,3 +333,72 @@ async fn headers_come_as_a_map_column_when_asked_for() {
         .unwrap();
     assert_eq!(err.kind(), ErrorKind::Config, "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_tombstones_come_beside_the_batches_in_log_order() {
+    let topic = topic("source-tombstones", 1).await;
+    let plain = producer(None);
+    // rows 0, 1; a tombstone of key k1; row 2; tombstones of k2 and k3; row 3.
+    let log: [(Option<&str>, Option<&[u8]>); 7] = [
+        (Some("k0"), Some(br#"{"order":0}"#)),
+        (Some("k1"), Some(br#"{"order":1}"#)),
+        (Some("k1"), None),
+        (Some("k2"), Some(br#"{"order":2}"#)),
+        (Some("k2"), None),
+        (Some("k3"), None),
+        (Some("k3"), Some(br#"{"order":3}"#)),
+    ];
+    for (key, value) in log {
+        let mut record = BaseRecord::<str, [u8]>::to(&topic).partition(0);
+        if let Some(key) = key {
+            record = record.key(key);
+        }
+        if let Some(value) = value {
+            record = record.payload(value);
+        }
+        plain.send(record).map_err(|(e, _)| e).unwrap();
+    }
+    plain.flush(Duration::from_secs(30)).unwrap();
+    let options = KafkaSourceOptions {
+        decoding: Decoding::Json(Arc::new(Schema::new(vec![Field::new(
+            "order",
+            DataType::Int64,
+            false,
+        )]))),
+        ..KafkaSourceOptions::default()
+    };
+    let kafka = KafkaConnection::plaintext(bootstrap());
+    let mut source = KafkaSource::open_with(&kafka, &topic, &[], options)
+        .await
+        .unwrap();
+    // What a sink sees, in order: each batch's rows, then the tombstones taken after it.
+    let mut seen = Vec::new();
+    let started = Instant::now();
+    while seen.len() < log.len() {
+        assert!(started.elapsed() < WAIT, "only {seen:?}");
+        let Some(batch) = source.next_batch(Duration::from_millis(200)).await.unwrap() else {
+            continue;
+        };
+        let orders = batch.column(0).as_primitive::<Int64Type>();
+        seen.extend((0..orders.len()).map(|i| format!("row {}", orders.value(i))));
+        seen.extend(
+            source
+                .take_tombstones()
+                .into_iter()
+                .map(|t| format!("delete {}", String::from_utf8(t.key.unwrap()).unwrap())),
+        );
+    }
+    assert_eq!(
+        seen,
+        [
+            "row 0",
+            "row 1",
+            "delete k1",
+            "row 2",
+            "delete k2",
+            "delete k3",
+            "row 3"
+        ]
+    );
+    assert_eq!(source.positions()[0].next_offset, 7);
+}

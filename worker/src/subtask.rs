@@ -242,9 +242,10 @@ struct Outputs {
 }
 
 impl Outputs {
-    /// Writes `batch` to every sink, the source's `tombstones` to every sink that can express a deletion (the
-    /// others skip them, counted), and the source's `rejected` records and the rows a sink refuses to the
-    /// dead-letter sink (when there is one; otherwise a refused batch stops the subtask, the record named).
+    /// Writes `batch` to every sink, then the source's `tombstones` (which came after the batch's rows) to every
+    /// sink that can express a deletion (the others skip them, counted), and the source's `rejected` records and
+    /// the rows a sink refuses to the dead-letter sink (when there is one; otherwise a refused batch stops the
+    /// subtask, the record named).
     async fn deliver(
         &self,
         driver: &mut Driver<SubtaskStore>,
@@ -252,19 +253,30 @@ impl Outputs {
         rejected: &[RejectedRecord],
         tombstones: &[Tombstone],
     ) -> Result<()> {
-        if !tombstones.is_empty() {
-            let keys: Vec<Option<Vec<u8>>> = tombstones.iter().map(|t| t.key.clone()).collect();
-            for (sink, id) in &self.sinks {
-                let outcome = if driver.write_tombstones(*sink, &keys).await? {
-                    "written"
-                } else {
-                    "skipped"
-                };
-                metrics::counter!(crate::telemetry::TOMBSTONES, "subtask" => self.label.clone(),
-                    "sink" => id.to_string(), "outcome" => outcome)
-                .increment(keys.len() as u64);
-            }
+        self.deliver_rows(driver, batch, rejected).await?;
+        if tombstones.is_empty() {
+            return Ok(());
         }
+        let keys: Vec<Option<Vec<u8>>> = tombstones.iter().map(|t| t.key.clone()).collect();
+        for (sink, id) in &self.sinks {
+            let outcome = if driver.write_tombstones(*sink, &keys).await? {
+                "written"
+            } else {
+                "skipped"
+            };
+            metrics::counter!(crate::telemetry::TOMBSTONES, "subtask" => self.label.clone(),
+                "sink" => id.to_string(), "outcome" => outcome)
+            .increment(keys.len() as u64);
+        }
+        Ok(())
+    }
+
+    async fn deliver_rows(
+        &self,
+        driver: &mut Driver<SubtaskStore>,
+        batch: &RecordBatch,
+        rejected: &[RejectedRecord],
+    ) -> Result<()> {
         if let Some(dead_letter) = self.dead_letter
             && !rejected.is_empty()
         {
