@@ -47,7 +47,8 @@ impl Dialect {
 pub enum WriteMode {
     /// Prepared (XA) transactions; rows are appended (binary COPY on PostgreSQL, multi-row INSERT on MariaDB).
     Xa,
-    /// `INSERT .. ON CONFLICT (key) DO UPDATE` / `ON DUPLICATE KEY UPDATE` in an ordinary transaction.
+    /// `INSERT .. ON CONFLICT (key) DO UPDATE` / `ON DUPLICATE KEY UPDATE` in an ordinary transaction;
+    /// tombstones delete their key's row (the key decoding is in the crate docs, "Tombstones").
     Upsert {
         /// The key columns (a primary key or unique index on the table).
         key: Vec<String>,

@@ -67,6 +67,16 @@ pub(crate) trait Session: Send {
     /// [`Retryable`](connector_api::ErrorKind::Retryable) when the connection was lost (the transaction with it).
     async fn write(&mut self, batch: &RecordBatch) -> Result<()>;
 
+    /// Upsert mode: deletes, inside the open transaction, every row whose key columns equal a row of `keys`
+    /// (batches of the upsert key columns, in the mode's order: [`crate::keys::KeyDecoder`]'s output). Behind a
+    /// savepoint like `write`: refused whole or applied whole.
+    ///
+    /// # Errors
+    /// [`BadRecord`](connector_api::ErrorKind::BadRecord) naming the table when it refuses a deletion (a foreign
+    /// key); [`Retryable`](connector_api::ErrorKind::Retryable) when the connection was lost;
+    /// [`Bug`](connector_api::ErrorKind::Bug) outside a transaction or in another mode.
+    async fn delete(&mut self, keys: &[RecordBatch]) -> Result<()>;
+
     /// XA mode: updates the owner row at `epoch` (or fails [`Fenced`](connector_api::ErrorKind::Fenced) and rolls
     /// back), inserts the marker, and prepares the transaction under `xid`.
     async fn prepare(&mut self, xid: &Xid, epoch: u64) -> Result<()>;

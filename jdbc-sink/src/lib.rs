@@ -58,6 +58,36 @@
 //! the transaction goes on without it, so the driver can dead-letter it. A table that does not fit the batches
 //! (missing column, incompatible type) is refused at start naming the column.
 //!
+//! # Tombstones
+//! A Kafka record whose value is null deletes its key. The upsert mode applies such tombstones
+//! ([`TwoPhaseCommit::write_tombstones`](connector_api::TwoPhaseCommit::write_tombstones)) as deletes by key in
+//! the checkpoint's transaction, in order with the rows (a key upserted then deleted in one checkpoint ends
+//! deleted; one deleted then upserted again ends present), committed with them at pre-commit; a replay deletes
+//! again with the same effect. PostgreSQL: one `DELETE FROM <table> t USING unnest($1::<type>[], ..) AS s(<key
+//! columns>) WHERE t.<k> = s.<k> AND ..` per call, the keys as binary arrays like the rows; MariaDB: `DELETE FROM
+//! <table> WHERE (<k1> = ? AND ..) OR ..`, up to 1000 keys per statement. Both behind the write savepoint.
+//!
+//! Each record key (its raw bytes) is decoded into the mode's key columns, with their types from the batches'
+//! schema:
+//! - **one key column**: the key's bytes are that column's value. A Binary / LargeBinary column takes them as
+//!   they are; any other column needs UTF-8 text, which a text column takes as it is, and an integer,
+//!   floating-point, boolean (`true` / `false`), date or timestamp column parses (surrounding whitespace
+//!   ignored): the key `42` deletes the row with `id = 42`. A key that is a JSON object holding the column
+//!   (`{"id": 42}`) is accepted too.
+//! - **several key columns**: the key is a JSON object holding each of them (Kafka Connect's JSON keys, without a
+//!   schema envelope): `{"tenant": "a", "id": 42}`; other fields are ignored.
+//!
+//! In a JSON key an integer column takes an integer (or a string of one; a fraction is refused), a floating-point
+//! column a number, a text column a string, a boolean column `true` / `false`, a binary column a hex string, a
+//! date or timestamp column a string (`2024-05-01`, RFC 3339; a timestamp without an offset is UTC) or a number in
+//! the column's unit. A key that does not fit is a [`BadRecord`](connector_api::ErrorKind::BadRecord) error
+//! (phase `Write`) naming the key, the column and what the column takes, and nothing of that call is deleted
+//! (every key is decoded first; the driver stays usable, as for a refused batch). A tombstone without a key
+//! deletes nothing.
+//!
+//! The xa mode (its tables have no key) and the append mode (it only appends) cannot express a deletion:
+//! `write_tombstones` returns `false` there and the worker skips the tombstones, counted.
+//!
 //! # Row locks of prepared transactions
 //! A prepared transaction keeps the locks of the rows it wrote until it is committed: another writer inserting or
 //! upserting one of its keys (or updating a row it updated) waits until the commit. In production that is one
@@ -108,6 +138,7 @@ mod columns;
 mod config;
 mod database;
 mod factory;
+mod keys;
 mod mysql;
 mod pg;
 mod sink;

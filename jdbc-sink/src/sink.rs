@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{DedupConfig, Dialect, JdbcSinkConfig, WriteMode};
 use crate::database::{Coordinator, Prepared, Session};
+use crate::keys::KeyDecoder;
 use crate::{Xid, mysql, pg};
 
 /// How often recovery lists and resolves prepared transactions again when the owner row stays locked.
@@ -98,6 +99,9 @@ pub struct JdbcSink {
     /// The transaction the last `pre_commit` prepared, until the next `begin` (by then its checkpoint is decided):
     /// what `abort` rolls back when the driver abandons that checkpoint.
     prepared: Option<Xid>,
+    /// Upsert mode: decodes tombstone keys into the key columns. `None` in the other modes, which cannot express
+    /// a deletion.
+    keys: Option<KeyDecoder>,
 }
 
 impl std::fmt::Debug for JdbcSink {
@@ -136,7 +140,12 @@ impl JdbcSink {
                     (Box::new(session), Arc::new(coordinator))
                 }
             };
+        let keys = match &config.mode {
+            WriteMode::Upsert { key } => Some(KeyDecoder::new(&config.schema, key)?),
+            WriteMode::Xa | WriteMode::Append { .. } => None,
+        };
         Ok(Self {
+            keys,
             sink: config.sink.clone(),
             scope: config.scope.clone(),
             subtask: config.subtask,
@@ -206,6 +215,31 @@ impl TwoPhaseCommit for JdbcSink {
 
     async fn write(&mut self, batch: &RecordBatch) -> Result<()> {
         self.session.write(batch).await
+    }
+
+    /// Upsert mode: deletes the rows of `keys` inside the open transaction, after the rows written before (so a
+    /// key upserted then deleted in one checkpoint ends deleted, and one deleted then upserted ends present). Each
+    /// key is decoded into the key columns (the rule is in the crate docs, "Tombstones"); a key that is `None` (a
+    /// tombstone without a key) deletes nothing. Returns `true`, also when no key was given.
+    ///
+    /// The xa mode (its tables have no key) and the append mode (it only appends) cannot express a deletion:
+    /// `false`, nothing written.
+    ///
+    /// # Errors
+    /// [`BadRecord`](ErrorKind::BadRecord) naming the key, the key column and what it takes for a key that does
+    /// not fit, or naming the table when it refuses a deletion (a foreign key): nothing of the call is applied
+    /// (every key is decoded before anything is deleted, and the deletes run behind a savepoint).
+    async fn write_tombstones(&mut self, keys: &[Option<Vec<u8>>]) -> Result<bool> {
+        let Some(decoder) = &self.keys else {
+            return Ok(false);
+        };
+        let rows = decoder
+            .decode(keys.iter().flatten().map(Vec::as_slice))
+            .map_err(|e| e.with_sink(&self.sink))?;
+        if !rows.is_empty() {
+            self.session.delete(&rows).await?;
+        }
+        Ok(true)
     }
 
     /// xa mode: fences, writes the marker and prepares (`PREPARE TRANSACTION` / `XA PREPARE`). Upsert and

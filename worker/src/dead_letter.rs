@@ -5,10 +5,10 @@
 //! subtask's checkpoints (transactional, id `dead-letter`), so a dead letter becomes visible with the checkpoint
 //! that moved the source past its record, and a replay never writes it twice.
 //!
-//! A dead-letter record's key and value are the source record's bytes (undecodable records) or the refused row as
-//! a JSON object (rows a sink refused, found by splitting the refused batch until single rows remain; the other
-//! sinks still get the row). Headers: `ratchet.error` (why), `ratchet.sink` (the sink that refused the row; absent
-//! for decoding failures), `ratchet.source.topic`, and `ratchet.source.partition` / `ratchet.source.offset` (for
+//! A dead-letter record's key and value are the source record's bytes (undecodable records, and tombstones a sink
+//! refused: their key, a null value) or the refused row as a JSON object (rows a sink refused, found by splitting
+//! the refused batch until single rows remain; the other sinks still get the row). Headers: `ratchet.error` (why), `ratchet.sink` (the sink that refused the row or
+//! tombstone; absent for decoding failures), `ratchet.source.topic`, and `ratchet.source.partition` / `ratchet.source.offset` (for
 //! rows a sink refused, when the rows carry them: the text and binary decodings do, JSON rows do not).
 
 use std::sync::Arc;
@@ -22,7 +22,7 @@ use connector_api::{
     DeliveryGuarantee, DynSink, Error, ErrorKind, Phase, Result, SinkId, SubtaskId,
 };
 use kafka_sink::{KafkaSink, KafkaSinkConfig, RecordMapping};
-use kafka_source::RejectedRecord;
+use kafka_source::{RejectedRecord, Tombstone};
 
 use crate::config::{DeadLetterConfig, JobConfig};
 
@@ -137,6 +137,31 @@ pub fn from_rejected(records: &[RejectedRecord]) -> Result<RecordBatch> {
             topic: &r.topic,
             partition: Some(r.partition),
             offset: Some(r.offset),
+        })
+        .collect();
+    batch(&letters)
+}
+
+/// Dead letters for tombstones `sink` refused (a key it cannot read), and why: the tombstone as it was read (its
+/// key, a null value) with the sink and the source coordinates in headers.
+///
+/// # Errors
+/// Only a bug.
+pub fn from_refused_tombstones(
+    refused: &[(Tombstone, String)],
+    sink: &SinkId,
+) -> Result<RecordBatch> {
+    let sink = sink.to_string();
+    let letters: Vec<Letter<'_>> = refused
+        .iter()
+        .map(|(tombstone, error)| Letter {
+            key: tombstone.key.as_deref(),
+            value: None,
+            error,
+            sink: Some(&sink),
+            topic: &tombstone.topic,
+            partition: Some(tombstone.partition),
+            offset: Some(tombstone.offset),
         })
         .collect();
     batch(&letters)

@@ -259,16 +259,55 @@ impl Outputs {
         }
         let keys: Vec<Option<Vec<u8>>> = tombstones.iter().map(|t| t.key.clone()).collect();
         for (sink, id) in &self.sinks {
-            let outcome = if driver.write_tombstones(*sink, &keys).await? {
-                "written"
-            } else {
-                "skipped"
+            let (outcome, refused) = match driver.write_tombstones(*sink, &keys).await {
+                Ok(true) => ("written", 0),
+                Ok(false) => ("skipped", 0),
+                Err(e) if e.kind() == ErrorKind::BadRecord && self.dead_letter.is_some() => (
+                    "written",
+                    self.refuse_tombstones(driver, *sink, id, tombstones)
+                        .await?,
+                ),
+                Err(e) => return Err(e),
             };
             metrics::counter!(crate::telemetry::TOMBSTONES, "subtask" => self.label.clone(),
                 "sink" => id.to_string(), "outcome" => outcome)
-            .increment(keys.len() as u64);
+            .increment((keys.len() - refused) as u64);
         }
         Ok(())
+    }
+
+    /// A sink refused some of `tombstones` (a key it cannot read): writes them one by one, and each it refuses
+    /// goes to the dead-letter topic, naming the sink and why. Returns how many went there.
+    async fn refuse_tombstones(
+        &self,
+        driver: &mut Driver<SubtaskStore>,
+        sink: SinkHandle,
+        id: &SinkId,
+        tombstones: &[Tombstone],
+    ) -> Result<usize> {
+        let Some(dead_letter) = self.dead_letter else {
+            return Ok(0);
+        };
+        let mut refused = Vec::new();
+        for tombstone in tombstones {
+            match driver
+                .write_tombstones(sink, std::slice::from_ref(&tombstone.key))
+                .await
+            {
+                Ok(_) => {}
+                Err(e) if e.kind() == ErrorKind::BadRecord => {
+                    refused.push((tombstone.clone(), connector_api::Report(&e).to_string()));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let letters = crate::dead_letter::from_refused_tombstones(&refused, id)?;
+        driver
+            .write(dead_letter, &letters)
+            .await
+            .map_err(refused_dead_letter)?;
+        self.count_dead_letters(refused.len());
+        Ok(refused.len())
     }
 
     async fn deliver_rows(

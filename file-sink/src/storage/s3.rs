@@ -177,7 +177,7 @@ fn sha256_hex(bytes: &[u8]) -> String {
         .collect()
 }
 
-/// FNV-1a, to keep spill file names of different partitions apart.
+/// FNV-1a, to keep spill file names of different destinations and partitions apart.
 fn fnv(text: &str) -> u64 {
     text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
@@ -304,10 +304,27 @@ impl S3Backend {
 
     pub(crate) fn staging_path(&self, name: &FileName) -> Result<PathBuf> {
         Ok(self.spill_dir.join(format!(
-            "{SPILL_PREFIX}{:016x}-{}",
+            "{SPILL_PREFIX}{:016x}-{:016x}-{}",
+            self.destination_hash(),
             fnv(&name.partition),
             name.visible()
         )))
+    }
+
+    /// Keeps the spill files of sinks writing to different buckets or prefixes apart in a shared spill directory.
+    fn destination_hash(&self) -> u64 {
+        fnv(&format!("{}/{}", self.bucket, self.prefix))
+    }
+
+    /// The visible file a spill file `name` stages, when it is this destination's (or from a release whose spill
+    /// names had no destination: `<partition hash>-<visible>`).
+    fn spilled_file<'a>(&self, name: &'a str) -> Option<&'a str> {
+        let (first, rest) = name.strip_prefix(SPILL_PREFIX)?.split_once('-')?;
+        if rest.starts_with("part-") {
+            return Some(rest);
+        }
+        let (_, file) = rest.split_once('-')?;
+        (first == format!("{:016x}", self.destination_hash())).then_some(file)
     }
 
     async fn read_range(&self, path: &std::path::Path, offset: u64, len: u64) -> Result<Vec<u8>> {
@@ -877,10 +894,7 @@ impl S3Backend {
         if let Ok(entries) = std::fs::read_dir(&self.spill_dir) {
             for entry in entries.flatten() {
                 let name = entry.file_name().to_string_lossy().into_owned();
-                let Some((_, file)) = name
-                    .strip_prefix(SPILL_PREFIX)
-                    .and_then(|rest| rest.split_once('-'))
-                else {
+                let Some(file) = self.spilled_file(&name) else {
                     continue;
                 };
                 if FileName::is_owned(file, &self.scope, self.subtask) {

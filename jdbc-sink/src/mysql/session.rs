@@ -10,7 +10,7 @@ use mysql_async::{Conn, Opts, Value};
 
 use super::{MAX_GTRID_BYTES, check_xa_version, connect, my_error, server_code};
 use crate::Xid;
-use crate::columns::{Cell, Columns, TableShape, quote, quote_table};
+use crate::columns::{Cell, Columns, SqlType, TableShape, quote, quote_table};
 use crate::config::{Dialect, JdbcSinkConfig, WriteMode, config_error};
 use crate::database::{DedupCleanup, MARKERS_KEPT, MARKERS_TABLE, OWNERS_TABLE, Session};
 use crate::sink::{dedup_table, fenced};
@@ -25,6 +25,8 @@ const CLEANUP_BATCH: usize = 10_000;
 const MAX_PLACEHOLDERS: usize = 60_000;
 /// Rows per multi-row INSERT at most.
 const MAX_ROWS_PER_STATEMENT: usize = 2_000;
+/// Tombstone keys per DELETE at most.
+const MAX_KEYS_PER_DELETE: usize = 1_000;
 
 /// See the module docs.
 pub(crate) struct MySqlSession {
@@ -42,6 +44,19 @@ pub(crate) struct MySqlSession {
     open: Option<Xid>,
     /// The append mode's dedup table.
     dedup: Option<Dedup>,
+    /// The upsert mode's delete by key (tombstones).
+    delete: Option<KeyDelete>,
+}
+
+/// The upsert mode's delete by key: `DELETE FROM <table> WHERE (k1 = ? AND k2 = ?) OR (..) ..`, up to
+/// [`MAX_KEYS_PER_DELETE`] keys per statement.
+struct KeyDelete {
+    /// `DELETE FROM <table> WHERE `.
+    head: String,
+    /// `(k1 = ? AND k2 = ?)`: one key.
+    condition: String,
+    /// The key columns' SQL types, in the mode's order (the order of the decoded keys' columns).
+    types: Vec<SqlType>,
 }
 
 /// The append mode: which column holds the message id, and the statements on the dedup table.
@@ -163,6 +178,7 @@ impl MySqlSession {
         let table = quote_table(d, &config.table);
         let columns = shape.column_list(d);
         let mut dedup_sql = None;
+        let mut delete = None;
         let (key, insert_tail) = match &config.mode {
             WriteMode::Xa => (Vec::new(), String::new()),
             WriteMode::Upsert { key } => {
@@ -183,6 +199,17 @@ impl MySqlSession {
                     true => format!(" ON DUPLICATE KEY UPDATE {0} = {0}", quote(d, &key[0])),
                     false => format!(" ON DUPLICATE KEY UPDATE {}", updates.join(", ")),
                 };
+                let mut types = Vec::with_capacity(key.len());
+                for k in key {
+                    types.push(shape.types[shape.index(k, "key")?]);
+                }
+                let equal: Vec<String> =
+                    key.iter().map(|k| format!("{} = ?", quote(d, k))).collect();
+                delete = Some(KeyDelete {
+                    head: format!("DELETE FROM {table} WHERE "),
+                    condition: format!("({})", equal.join(" AND ")),
+                    types,
+                });
                 (key.clone(), tail)
             }
             WriteMode::Append { dedup } => {
@@ -303,6 +330,7 @@ impl MySqlSession {
             conn: Some(conn),
             open: None,
             dedup: dedup_sql,
+            delete,
         })
     }
 
@@ -382,6 +410,54 @@ impl MySqlSession {
                 return Err(self.lost_on(Phase::Write, self.open.clone().as_ref(), &what, e));
             }
             start += rows;
+        }
+        Ok(())
+    }
+
+    /// Deletes the rows of `keys`, up to [`MAX_KEYS_PER_DELETE`] keys per statement.
+    async fn delete_keys(&mut self, keys: &[RecordBatch]) -> Result<()> {
+        let Some(delete) = &self.delete else {
+            return Err(Error::new(
+                ErrorKind::Bug,
+                Phase::Write,
+                "tombstones reached the MariaDB session outside the upsert mode",
+            )
+            .with_sink(&self.config.sink));
+        };
+        let (head, condition, types) = (
+            delete.head.clone(),
+            delete.condition.clone(),
+            delete.types.clone(),
+        );
+        let per_statement = (MAX_PLACEHOLDERS / types.len().max(1)).clamp(1, MAX_KEYS_PER_DELETE);
+        let mut pending: Vec<(usize, usize)> = Vec::new();
+        for (b, batch) in keys.iter().enumerate() {
+            for row in 0..batch.num_rows() {
+                pending.push((b, row));
+            }
+        }
+        let columns: Vec<Columns<'_>> = keys.iter().map(|k| Columns::new(k, &types)).collect();
+        for chunk in pending.chunks(per_statement) {
+            let mut params = Vec::with_capacity(chunk.len() * types.len());
+            for &(b, row) in chunk {
+                params.extend((0..types.len()).map(|c| value(columns[b].cell(c, row))));
+            }
+            let statement = format!(
+                "{head}{}",
+                vec![condition.as_str(); chunk.len()].join(" OR ")
+            );
+            let result = match self.conn.as_mut() {
+                Some(conn) => conn.exec_drop(statement, params).await,
+                None => return Err(no_connection(&self.config.sink, Phase::Write)),
+            };
+            if let Err(e) = result {
+                let what = format!(
+                    "the table {} refused to delete the rows of {}",
+                    self.config.table,
+                    crate::keys::describe(keys, &types)
+                );
+                return Err(self.lost_on(Phase::Write, self.open.clone().as_ref(), &what, e));
+            }
         }
         Ok(())
     }
@@ -564,6 +640,53 @@ impl Session for MySqlSession {
                 self.run(
                     Phase::Write,
                     xid.as_ref(),
+                    "ROLLBACK TO SAVEPOINT failed",
+                    "ROLLBACK TO SAVEPOINT ratchet_write".into(),
+                )
+                .await?;
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn delete(&mut self, keys: &[RecordBatch]) -> Result<()> {
+        if keys.iter().all(|k| k.num_rows() == 0) {
+            return Ok(());
+        }
+        if self.conn.is_none() {
+            return Err(no_connection(&self.config.sink, Phase::Write));
+        }
+        let Some(xid) = self.open.clone() else {
+            return Err(Error::new(
+                ErrorKind::Bug,
+                Phase::Write,
+                "tombstones written outside a transaction (before begin)",
+            )
+            .with_sink(&self.config.sink));
+        };
+        // Behind a savepoint like a batch: the deletes of one call are refused whole, across their statements.
+        self.run(
+            Phase::Write,
+            Some(&xid),
+            "SAVEPOINT failed",
+            "SAVEPOINT ratchet_write".into(),
+        )
+        .await?;
+        match self.delete_keys(keys).await {
+            Ok(()) => {
+                self.run(
+                    Phase::Write,
+                    Some(&xid),
+                    "RELEASE SAVEPOINT failed",
+                    "RELEASE SAVEPOINT ratchet_write".into(),
+                )
+                .await
+            }
+            Err(e) if e.kind() == ErrorKind::BadRecord => {
+                self.run(
+                    Phase::Write,
+                    Some(&xid),
                     "ROLLBACK TO SAVEPOINT failed",
                     "ROLLBACK TO SAVEPOINT ratchet_write".into(),
                 )

@@ -12,7 +12,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Statement};
 
 use super::cell::{PgCell, accepts};
-use super::statements::{self, BatchStatements};
+use super::statements::{self, BatchStatements, KeyDelete};
 use super::{pg_error, prepare_database};
 use crate::Xid;
 use crate::columns::{Columns, TableShape};
@@ -29,6 +29,8 @@ pub(crate) struct PgSession {
     copy: String,
     /// The upsert and append modes' per-batch statements.
     batch: Option<BatchStatements>,
+    /// The upsert mode's delete by key (tombstones).
+    delete: Option<KeyDelete>,
     client: Option<Client>,
     /// `batch` prepared on `client` (primary, fallback); prepared again after a reconnect.
     prepared: Option<(Statement, Option<Statement>)>,
@@ -49,6 +51,7 @@ impl PgSession {
             config,
             shape,
             batch: None,
+            delete: None,
             client: None,
             prepared: None,
             types: Vec::new(),
@@ -69,6 +72,7 @@ impl PgSession {
             &session.types,
             version >= 150_000,
         )?;
+        session.delete = KeyDelete::new(&session.config, &session.shape, &session.types)?;
         session.client = Some(client);
         Ok(session)
     }
@@ -356,6 +360,73 @@ impl Session for PgSession {
             Err(e) => return Err(e),
         }
         Ok(())
+    }
+
+    /// One `DELETE .. USING unnest(..)` for every key, behind the write savepoint.
+    async fn delete(&mut self, keys: &[RecordBatch]) -> Result<()> {
+        let Some(delete) = &self.delete else {
+            return Err(Error::new(
+                ErrorKind::Bug,
+                Phase::Write,
+                "tombstones reached the PostgreSQL session outside the upsert mode",
+            )
+            .with_sink(&self.config.sink));
+        };
+        if keys.iter().all(|k| k.num_rows() == 0) {
+            return Ok(());
+        }
+        let client = self.client(Phase::Write)?;
+        if self.open.is_none() {
+            return Err(Error::new(
+                ErrorKind::Bug,
+                Phase::Write,
+                "tombstones written outside a transaction (before begin)",
+            )
+            .with_sink(&self.config.sink));
+        }
+        let columns: Vec<Columns<'_>> = keys
+            .iter()
+            .map(|k| Columns::new(k, &delete.types))
+            .collect();
+        let arrays: Vec<Vec<PgCell<'_>>> = (0..delete.types.len())
+            .map(|c| {
+                columns
+                    .iter()
+                    .zip(keys)
+                    .flat_map(|(cells, batch)| {
+                        (0..batch.num_rows()).map(move |row| PgCell(cells.cell(c, row)))
+                    })
+                    .collect()
+            })
+            .collect();
+        let params: Vec<&(dyn ToSql + Sync)> =
+            arrays.iter().map(|a| a as &(dyn ToSql + Sync)).collect();
+        let fail = |what| move |e| pg_error(Phase::Write, None, what, e);
+        client
+            .batch_execute("SAVEPOINT ratchet_write")
+            .await
+            .map_err(fail("SAVEPOINT failed"))?;
+        match client.execute(delete.sql.as_str(), &params).await {
+            Ok(_) => client
+                .batch_execute("RELEASE SAVEPOINT ratchet_write")
+                .await
+                .map_err(fail("RELEASE SAVEPOINT failed")),
+            Err(e) => {
+                let what = format!(
+                    "the table {} refused to delete the rows of {}",
+                    self.config.table,
+                    crate::keys::describe(keys, &delete.types)
+                );
+                let err = self.error(Phase::Write, self.open.as_ref(), &what, e);
+                if err.kind() == ErrorKind::BadRecord {
+                    client
+                        .batch_execute("ROLLBACK TO SAVEPOINT ratchet_write")
+                        .await
+                        .map_err(fail("ROLLBACK TO SAVEPOINT failed"))?;
+                }
+                Err(err)
+            }
+        }
     }
 
     async fn prepare(&mut self, xid: &Xid, epoch: u64) -> Result<()> {

@@ -7,7 +7,7 @@
 use connector_api::Result;
 use tokio_postgres::types::Type;
 
-use crate::columns::{TableShape, quote, quote_table};
+use crate::columns::{SqlType, TableShape, quote, quote_table};
 use crate::config::{Dialect, JdbcSinkConfig, WriteMode, config_error};
 use crate::sink::dedup_table;
 
@@ -163,6 +163,62 @@ impl BatchStatements {
                     )),
                 }
             }
+        }))
+    }
+}
+
+/// The upsert mode's delete by key (tombstones): one execution per call, the keys arriving as binary array
+/// parameters like the batches' rows.
+#[derive(Debug, Clone)]
+pub(crate) struct KeyDelete {
+    /// `DELETE FROM <table> t USING unnest($1::<type>[], ..) AS s(<k1>, ..) WHERE t.<k1> = s.<k1> AND ..`.
+    pub(crate) sql: String,
+    /// The key columns' SQL types, in the mode's order (the order of the decoded keys' columns).
+    pub(crate) types: Vec<SqlType>,
+}
+
+impl KeyDelete {
+    /// The delete of `config`'s upsert mode (`None` in the other modes), given the table's column `types` (in the
+    /// batch schema's order).
+    ///
+    /// # Errors
+    /// [`Config`](connector_api::ErrorKind::Config) for key columns the batches do not have.
+    pub(crate) fn new(
+        config: &JdbcSinkConfig,
+        shape: &TableShape,
+        types: &[Type],
+    ) -> Result<Option<Self>> {
+        let WriteMode::Upsert { key } = &config.mode else {
+            return Ok(None);
+        };
+        let mut arrays = Vec::with_capacity(key.len());
+        let mut key_types = Vec::with_capacity(key.len());
+        let mut on = Vec::with_capacity(key.len());
+        for (i, k) in key.iter().enumerate() {
+            let at = shape.index(k, "key")?;
+            let ty = &types[at];
+            arrays.push(format!(
+                "${}::{}.{}[]",
+                i + 1,
+                quote(D, ty.schema()),
+                quote(D, ty.name())
+            ));
+            key_types.push(shape.types[at]);
+            on.push(format!("t.{0} = s.{0}", quote(D, k)));
+        }
+        let names = key
+            .iter()
+            .map(|k| quote(D, k))
+            .collect::<Vec<_>>()
+            .join(", ");
+        Ok(Some(Self {
+            sql: format!(
+                "DELETE FROM {} t USING unnest({}) AS s({names}) WHERE {}",
+                quote_table(D, &config.table),
+                arrays.join(", "),
+                on.join(" AND ")
+            ),
+            types: key_types,
         }))
     }
 }
