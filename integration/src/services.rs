@@ -1,10 +1,11 @@
 //! Endpoints of the real services, and checks that they answer.
 
 use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::OnceLock;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 /// The repository root (the workspace this crate belongs to).
@@ -37,6 +38,54 @@ pub struct S3Endpoint {
 #[derive(Debug)]
 pub struct Services {
     vars: BTreeMap<String, String>,
+    /// Long-lived verifier interpreters (`integration/verifiers/serve.py`) not in use right now.
+    verifiers: Mutex<Vec<Verifier>>,
+}
+
+/// One `serve.py` process: requests on its stdin, responses on its stdout, a JSON object per line.
+#[derive(Debug)]
+struct Verifier {
+    child: Child,
+    requests: ChildStdin,
+    responses: BufReader<ChildStdout>,
+}
+
+impl Verifier {
+    fn spawn(python: &std::path::Path, vars: &BTreeMap<String, String>) -> Self {
+        let server = repo_root().join("integration/verifiers/serve.py");
+        let mut child = Command::new(python)
+            .arg(&server)
+            .envs(vars)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", server.display()));
+        let requests = child.stdin.take().expect("piped stdin");
+        let responses = BufReader::new(child.stdout.take().expect("piped stdout"));
+        Self {
+            child,
+            requests,
+            responses,
+        }
+    }
+
+    /// Runs `script` with `args`: (succeeded, what it printed, why it failed).
+    fn run(&mut self, script: &std::path::Path, args: &[&str]) -> (bool, String, String) {
+        let request = serde_json::json!({"path": script, "args": args}).to_string();
+        writeln!(self.requests, "{request}")
+            .and_then(|()| self.requests.flush())
+            .unwrap_or_else(|e| panic!("the verifier server is gone ({e}): {:?}", self.child.try_wait()));
+        let mut line = String::new();
+        let read = self
+            .responses
+            .read_line(&mut line)
+            .unwrap_or_else(|e| panic!("cannot read the verifier server: {e}"));
+        assert!(read > 0, "the verifier server ended: {:?}", self.child.try_wait());
+        let response: serde_json::Value = serde_json::from_str(&line)
+            .unwrap_or_else(|e| panic!("the verifier server answered {line:?}: {e}"));
+        let text = |key: &str| response[key].as_str().unwrap_or_default().to_string();
+        (response["ok"] == true, text("stdout"), text("stderr"))
+    }
 }
 
 impl Services {
@@ -68,7 +117,10 @@ impl Services {
                 }
             }
         }
-        Services { vars }
+        Services {
+            vars,
+            verifiers: Mutex::default(),
+        }
     }
 
     /// A `RATCHET_*` variable.
@@ -182,11 +234,19 @@ impl Services {
 
     /// Runs the independent verifier `integration/verifiers/<script>` with `args` and returns what it printed
     /// (JSON). Fails the test with the verifier's stderr when it fails.
+    ///
+    /// The scripts run in long-lived interpreters (`integration/verifiers/serve.py`, one per concurrent caller),
+    /// exactly as a one-shot run would execute them, without paying Python's start-up and imports every time.
     pub fn verify(&self, script: &str, args: &[&str]) -> serde_json::Value {
-        self.python_script(
-            &repo_root().join("integration/verifiers").join(script),
-            args,
-        )
+        let path = repo_root().join("integration/verifiers").join(script);
+        let idle = self.verifiers.lock().expect("verifier pool").pop();
+        let mut verifier = idle.unwrap_or_else(|| Verifier::spawn(&self.python(), &self.vars));
+        let (ok, stdout, stderr) = verifier.run(&path, args);
+        self.verifiers.lock().expect("verifier pool").push(verifier);
+        assert!(ok, "verifier {script} {args:?} failed:\n{stderr}");
+        serde_json::from_str(&stdout).unwrap_or_else(|e| {
+            panic!("verifier {script} printed no JSON ({e}):\n{stdout}")
+        })
     }
 
     /// Runs the Python script at `path` in the verifiers' venv (with the services' environment) and returns what
