@@ -74,13 +74,22 @@ impl Verifier {
         let request = serde_json::json!({"path": script, "args": args}).to_string();
         writeln!(self.requests, "{request}")
             .and_then(|()| self.requests.flush())
-            .unwrap_or_else(|e| panic!("the verifier server is gone ({e}): {:?}", self.child.try_wait()));
+            .unwrap_or_else(|e| {
+                panic!(
+                    "the verifier server is gone ({e}): {:?}",
+                    self.child.try_wait()
+                )
+            });
         let mut line = String::new();
         let read = self
             .responses
             .read_line(&mut line)
             .unwrap_or_else(|e| panic!("cannot read the verifier server: {e}"));
-        assert!(read > 0, "the verifier server ended: {:?}", self.child.try_wait());
+        assert!(
+            read > 0,
+            "the verifier server ended: {:?}",
+            self.child.try_wait()
+        );
         let response: serde_json::Value = serde_json::from_str(&line)
             .unwrap_or_else(|e| panic!("the verifier server answered {line:?}: {e}"));
         let text = |key: &str| response[key].as_str().unwrap_or_default().to_string();
@@ -244,9 +253,8 @@ impl Services {
         let (ok, stdout, stderr) = verifier.run(&path, args);
         self.verifiers.lock().expect("verifier pool").push(verifier);
         assert!(ok, "verifier {script} {args:?} failed:\n{stderr}");
-        serde_json::from_str(&stdout).unwrap_or_else(|e| {
-            panic!("verifier {script} printed no JSON ({e}):\n{stdout}")
-        })
+        serde_json::from_str(&stdout)
+            .unwrap_or_else(|e| panic!("verifier {script} printed no JSON ({e}):\n{stdout}"))
     }
 
     /// Runs the Python script at `path` in the verifiers' venv (with the services' environment) and returns what

@@ -50,6 +50,15 @@ fn sorted(mut ids: Vec<i64>) -> Vec<i64> {
 /// 10..20 crashing at `crash`, restarts, replays from
 /// the restored position to 30, and returns what is visible.
 async fn crash_and_replay(guarantee: DeliveryGuarantee, crash: FaultPoint) -> Vec<i64> {
+    crash_and_replay_with(guarantee, crash, guarantee).await
+}
+
+/// [`crash_and_replay`], restarting with the sink run under `after` (a job file changed between the runs).
+async fn crash_and_replay_with(
+    guarantee: DeliveryGuarantee,
+    crash: FaultPoint,
+    after: DeliveryGuarantee,
+) -> Vec<i64> {
     let system = ReferenceSystem::new();
     let dir = tempfile::tempdir().unwrap();
     let store = || LocalCheckpointStore::open(dir.path(), 3).unwrap();
@@ -73,7 +82,7 @@ async fn crash_and_replay(guarantee: DeliveryGuarantee, crash: FaultPoint) -> Ve
 
     let mut driver = Driver::new(store(), quick());
     let sink = driver
-        .add_sink(GuaranteedSink::new(system.sink(RUN, &sink_id()), guarantee))
+        .add_sink(GuaranteedSink::new(system.sink(RUN, &sink_id()), after))
         .unwrap();
     let restored = driver.start().await.unwrap();
     let from = restored.positions[0].next_offset;
@@ -81,6 +90,69 @@ async fn crash_and_replay(guarantee: DeliveryGuarantee, crash: FaultPoint) -> Ve
     driver.checkpoint(at(30)).await.unwrap();
     driver.close().await.unwrap();
     sorted(system.visible(RUN, &sink_id()))
+}
+
+#[tokio::test]
+async fn a_checkpoint_decided_exactly_once_is_committed_whatever_the_sink_runs_with_after() {
+    for after in [
+        DeliveryGuarantee::AtLeastOnce,
+        DeliveryGuarantee::AtMostOnce,
+    ] {
+        let seen = crash_and_replay_with(
+            DeliveryGuarantee::ExactlyOnce,
+            FaultPoint::AfterRecordDurable,
+            after,
+        )
+        .await;
+        assert_eq!(
+            seen,
+            (0..30).collect::<Vec<_>>(),
+            "checkpoint 3 was decided exactly-once; the restart ran {after:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_sink_removed_while_its_decided_checkpoint_is_pending_is_refused_by_name() {
+    let system = ReferenceSystem::new();
+    let dir = tempfile::tempdir().unwrap();
+    let store = || LocalCheckpointStore::open(dir.path(), 3).unwrap();
+    let mut driver = Driver::new(store(), quick()).with_fault_injector(Arc::new(
+        move |cp: CheckpointId, point: &FaultPoint| {
+            cp == CheckpointId(2) && *point == FaultPoint::AfterRecordDurable
+        },
+    ));
+    let sink = driver.add_sink(system.sink(RUN, &sink_id())).unwrap();
+    let kept = driver
+        .add_sink(system.sink(RUN, &SinkId::new("kept").unwrap()))
+        .unwrap();
+    driver.start().await.unwrap();
+    driver.write(sink, &rows(0..10)).await.unwrap();
+    driver.write(kept, &rows(0..10)).await.unwrap();
+    assert!(driver.checkpoint(at(10)).await.is_err(), "the crash");
+    drop(driver);
+
+    let mut without = Driver::new(store(), quick());
+    without
+        .add_sink(system.sink(RUN, &SinkId::new("kept").unwrap()))
+        .unwrap();
+    let refused = without.start().await.unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::Config, "{refused}");
+    assert!(
+        refused.to_string().contains("sink s") && refused.to_string().contains("no longer has"),
+        "{refused}"
+    );
+    // Nothing was touched: with the sink back, recovery commits the checkpoint in both.
+    let mut with = Driver::new(store(), quick());
+    with.add_sink(system.sink(RUN, &sink_id())).unwrap();
+    with.add_sink(system.sink(RUN, &SinkId::new("kept").unwrap()))
+        .unwrap();
+    with.start().await.unwrap();
+    with.close().await.unwrap();
+    assert_eq!(
+        sorted(system.visible(RUN, &sink_id())),
+        (0..10).collect::<Vec<_>>()
+    );
 }
 
 #[tokio::test]
