@@ -27,8 +27,11 @@ pub(crate) async fn check(config: &IcebergSinkConfig) -> Result<SinkCheck> {
             format!("table {:?} is not `namespace.name`", config.table),
         )
     })?;
-    let found = match &config.catalog {
-        CatalogConfig::Sql { uri, .. } if !sql_catalog_has_tables(uri).await? => None,
+    let (catalog, found) = match &config.catalog {
+        CatalogConfig::Sql { uri, .. } if !sql_catalog_has_tables(uri).await? => (
+            "the SQL catalog has no tables yet (the first run creates them)",
+            None,
+        ),
         _ => {
             let catalog = config
                 .catalog
@@ -41,12 +44,15 @@ pub(crate) async fn check(config: &IcebergSinkConfig) -> Result<SinkCheck> {
                 let table = catalog.load_table(&ident).await.map_err(|e| {
                     iceberg_error(Phase::Setup, format!("cannot load table {ident}"), e)
                 })?;
-                Some(format!(
-                    "table {ident} exists ({} snapshot(s))",
-                    table.metadata().snapshots().count()
-                ))
+                (
+                    "the catalog answers",
+                    Some(format!(
+                        "table {ident} exists ({} snapshot(s))",
+                        table.metadata().snapshots().count()
+                    )),
+                )
             } else {
-                None
+                ("the catalog answers", None)
             }
         }
     };
@@ -65,7 +71,7 @@ pub(crate) async fn check(config: &IcebergSinkConfig) -> Result<SinkCheck> {
         }
     };
     Ok(SinkCheck {
-        summary: format!("settings valid; the catalog answers; {table}"),
+        summary: format!("settings valid; {catalog}; {table}"),
         transaction_timeout: None,
     })
 }
