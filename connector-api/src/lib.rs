@@ -15,6 +15,7 @@ pub mod checkpoint;
 mod delivery;
 mod driver;
 pub mod error;
+mod fence;
 mod ids;
 mod inspect;
 pub mod local_fs;
@@ -26,8 +27,8 @@ pub mod tls;
 mod txn;
 
 pub use checkpoint::{
-    CheckpointRecord, CheckpointStore, Claim, ClaimGuard, Loaded, LocalCheckpointStore, OwnerEpoch,
-    PgCheckpointStore, SourceOffset,
+    CheckpointRecord, CheckpointStore, Claim, ClaimGuard, HeldClaim, Loaded, LocalCheckpointStore,
+    OwnerEpoch, PgCheckpointStore, PgStoreLimits, SourceOffset,
 };
 pub use delivery::{DeliveryGuarantee, GuaranteedCommitter, GuaranteedSink};
 pub use driver::{
@@ -35,6 +36,7 @@ pub use driver::{
     SinkHandle, Step, StreamEvent, committables_in,
 };
 pub use error::{Action, Error, ErrorKind, Phase, Report, Result, action, action_after_retries};
+pub use fence::ensure_claim_held;
 pub use ids::{CheckpointId, JobId, SinkId, SinkScope, SubtaskId};
 pub use inspect::{ExternalView, Inspection, OpenTransaction, Resolution, SinkInspection};
 pub use registry::{

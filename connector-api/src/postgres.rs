@@ -8,10 +8,19 @@
 //! | `sslcert`, `sslkey` | client certificate and unencrypted key (PEM), for servers that ask for one |
 //!
 //! The password comes from the URL or, when the URL has none, from `PGPASSWORD` (as with libpq), so that it can
-//! stay out of job files. It is never logged: [`tokio_postgres::Config`]'s `Debug` redacts it and errors carry
+//! stay out of job files.
+//!
+//! # A silent server is noticed
+//! libpq's defaults wait forever for a server that stops answering without closing the connection (no connect
+//! timeout, the kernel's 2 h keepalive). Unless the URL sets them, every connection gets
+//! [`CONNECT_TIMEOUT`], TCP keepalives after [`KEEPALIVE_IDLE`] (probes every [`KEEPALIVE_INTERVAL`], given up
+//! after [`KEEPALIVE_RETRIES`]) and a [`TCP_USER_TIMEOUT`] for unacknowledged data: a dead route or a hung host
+//! ends the connection with an error within about half a minute. Server-side limits for sessions that hold locks
+//! (`idle_in_transaction_session_timeout`) are set per use with [`PgConnectOptions::with_session_limits`]. It is never logged: [`tokio_postgres::Config`]'s `Debug` redacts it and errors carry
 //! no URL.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use tokio_postgres::config::SslMode;
 use tokio_postgres_rustls::MakeRustlsConnect;
@@ -21,6 +30,21 @@ use crate::{Error, ErrorKind, Phase, Result};
 
 /// The environment variable the password is read from when the URL has none.
 pub const PASSWORD_VARIABLE: &str = "PGPASSWORD";
+
+/// How long opening a connection may take (TCP, TLS and login), unless the URL sets `connect_timeout`.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Idle time before the first TCP keepalive probe, unless the URL sets `keepalives_idle`.
+pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
+/// Time between unanswered TCP keepalive probes.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+/// Unanswered keepalive probes before the connection is given up.
+pub const KEEPALIVE_RETRIES: u32 = 3;
+/// How long sent data may stay unacknowledged before the connection is given up, unless the URL sets
+/// `tcp_user_timeout`.
+pub const TCP_USER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// tokio-postgres's default keepalive idle time: a URL that leaves it there did not choose one.
+const LIBPQ_KEEPALIVE_IDLE: Duration = Duration::from_secs(2 * 60 * 60);
 
 /// How to reach one PostgreSQL database: connection settings and the TLS connector for them.
 #[derive(Clone)]
@@ -142,6 +166,19 @@ impl PgConnectOptions {
             .map_err(|e| config_error("the PostgreSQL URL is malformed").with_source(e))?;
         let (mode, server_check) = libpq.mode()?;
         config.ssl_mode(mode);
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(CONNECT_TIMEOUT);
+        }
+        if config.get_keepalives_idle() == LIBPQ_KEEPALIVE_IDLE {
+            config
+                .keepalives(true)
+                .keepalives_idle(KEEPALIVE_IDLE)
+                .keepalives_interval(KEEPALIVE_INTERVAL)
+                .keepalives_retries(KEEPALIVE_RETRIES);
+        }
+        if config.get_tcp_user_timeout().is_none() {
+            config.tcp_user_timeout(TCP_USER_TIMEOUT);
+        }
         if config.get_password().is_none()
             && let Some(password) = env(PASSWORD_VARIABLE)
         {
@@ -180,6 +217,31 @@ impl PgConnectOptions {
     /// variable the job names).
     pub fn with_password(mut self, password: &str) -> Self {
         self.config.password(password);
+        self
+    }
+
+    /// The same options for sessions that may hold locks: the server ends a session that stays idle inside a
+    /// transaction for longer than `idle_in_transaction` (PostgreSQL's `idle_in_transaction_session_timeout`), so
+    /// a client that vanished without closing its connection (a lost route, a powered-off machine, a proxy that
+    /// keeps the server side open) releases its locks within that time, not after the server's TCP keepalive
+    /// (2 h by default). `application_name` labels the session in `pg_stat_activity`, which is how a waiting
+    /// claim names who holds the lock.
+    pub fn with_session_limits(
+        mut self,
+        idle_in_transaction: Duration,
+        application_name: &str,
+    ) -> Self {
+        let setting = format!(
+            "-c idle_in_transaction_session_timeout={}",
+            idle_in_transaction.as_millis().max(1)
+        );
+        let options = match self.config.get_options() {
+            Some(existing) if !existing.is_empty() => format!("{existing} {setting}"),
+            _ => setting,
+        };
+        self.config.options(options);
+        // PostgreSQL truncates it to 63 bytes.
+        self.config.application_name(application_name);
         self
     }
 
@@ -272,6 +334,35 @@ mod tests {
             PgConnectOptions::parse_with_env("postgres://u:in-url@127.0.0.1/db", env).unwrap();
         assert_eq!(options.config().get_password(), Some(&b"in-url"[..]));
         assert!(!format!("{options:?}").contains("in-url"), "{options:?}");
+    }
+
+    #[test]
+    fn a_silent_server_is_given_up_unless_the_url_chooses_otherwise() {
+        let options = PgConnectOptions::parse("postgres://u@127.0.0.1/db").unwrap();
+        let config = options.config();
+        assert_eq!(config.get_connect_timeout(), Some(&CONNECT_TIMEOUT));
+        assert_eq!(config.get_keepalives_idle(), KEEPALIVE_IDLE);
+        assert_eq!(config.get_tcp_user_timeout(), Some(&TCP_USER_TIMEOUT));
+        let options = PgConnectOptions::parse(
+            "postgres://u@127.0.0.1/db?connect_timeout=3&keepalives_idle=60&tcp_user_timeout=7",
+        )
+        .unwrap();
+        let config = options.config();
+        assert_eq!(config.get_connect_timeout(), Some(&Duration::from_secs(3)));
+        assert_eq!(config.get_keepalives_idle(), Duration::from_secs(60));
+        assert_eq!(config.get_tcp_user_timeout(), Some(&Duration::from_secs(7)));
+        let limited =
+            PgConnectOptions::parse("postgres://u@127.0.0.1/db?options=-c%20work_mem%3D4MB")
+                .unwrap()
+                .with_session_limits(Duration::from_secs(45), "ratchet guard");
+        assert_eq!(
+            limited.config().get_options(),
+            Some("-c work_mem=4MB -c idle_in_transaction_session_timeout=45000")
+        );
+        assert_eq!(
+            limited.config().get_application_name(),
+            Some("ratchet guard")
+        );
     }
 
     #[test]

@@ -377,6 +377,7 @@ impl TwoPhaseCommit for FileSink {
         self.sealed.clear();
         self.checkpoint = None;
         // Fence every older instance first: from here on their committers refuse to publish.
+        connector_api::ensure_claim_held("raising the file sink's epoch").await?;
         self.epoch = self
             .backend
             .bump_epoch()
@@ -387,6 +388,7 @@ impl TwoPhaseCommit for FileSink {
         }
         // The restored files are visible now, so every stage this instance still owns belongs to a checkpoint that
         // never became durable: presumed abort.
+        connector_api::ensure_claim_held("removing uncommitted staged files").await?;
         for removed in self
             .backend
             .remove_owned_stages()

@@ -380,6 +380,7 @@ impl TwoPhaseCommit for IcebergSink {
         self.carried.clear();
         self.carried_checkpoints = 0;
         self.pre_committed = None;
+        connector_api::ensure_claim_held("raising the Iceberg ledger's epoch").await?;
         let (epoch, before) = self
             .committer
             .target
@@ -403,6 +404,7 @@ impl TwoPhaseCommit for IcebergSink {
             }
         }
         if self.config.cleanup_on_recover {
+            connector_api::ensure_claim_held("deleting unreferenced data files").await?;
             delete_unreferenced_files(&self.committer.target, &self.key, epoch, &self.config.s3)
                 .await
                 .map_err(context)?;

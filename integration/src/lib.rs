@@ -13,6 +13,7 @@ pub mod conformance;
 pub mod crash;
 pub mod reference;
 mod services;
+pub mod toxiproxy;
 
 pub use services::{S3Endpoint, Services};
 

@@ -188,6 +188,18 @@ impl Services {
         url
     }
 
+    /// The PostgreSQL server's `host:port` (in [`pg_url`](Self::pg_url)), for a proxy in front of it.
+    pub fn pg_host_port(&self) -> &str {
+        host_port(self.pg_url())
+    }
+
+    /// Toxiproxy's API (`scripts/services.sh up` starts it), after checking it listens.
+    pub fn toxiproxy(&self) -> crate::toxiproxy::Toxiproxy {
+        let api = self.var("RATCHET_TOXIPROXY_URL");
+        require("Toxiproxy", host_port(api));
+        crate::toxiproxy::Toxiproxy::new(api)
+    }
+
     /// The MariaDB URL (`mysql://ratchet:...@127.0.0.1:<port>/ratchet`), after checking it listens.
     pub fn mysql_url(&self) -> &str {
         let url = self.var("RATCHET_MYSQL_URL");

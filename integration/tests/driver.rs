@@ -211,6 +211,9 @@ impl CheckpointStore for BrokenStore {
     async fn mark_committed(&self, owner: OwnerEpoch, checkpoint: CheckpointId) -> Result<()> {
         self.0.mark_committed(owner, checkpoint).await
     }
+    async fn owner(&self) -> Result<Option<OwnerEpoch>> {
+        self.0.owner().await
+    }
     async fn load(&self) -> Result<Loaded> {
         self.0.load().await
     }

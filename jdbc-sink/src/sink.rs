@@ -337,10 +337,15 @@ impl TwoPhaseCommit for JdbcSink {
                 .map_err(|e| e.at_phase(Phase::Recover))?;
             for Prepared { xid, .. } in self.coordinator.list_prepared(&self.scope).await? {
                 if xid.subtask == self.subtask && !keep.contains(&xid.to_string()) {
+                    connector_api::ensure_claim_held(&format!(
+                        "rolling back prepared transaction {xid}"
+                    ))
+                    .await?;
                     tracing::info!(%xid, "rolling back a prepared transaction no durable checkpoint holds");
                     self.coordinator.rollback_prepared(&xid).await?;
                 }
             }
+            connector_api::ensure_claim_held("claiming the sink's owner row").await?;
             if let Some(epoch) = self
                 .coordinator
                 .claim_owner(&self.scope, self.subtask, restored_id)

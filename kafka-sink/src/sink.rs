@@ -572,6 +572,7 @@ impl TwoPhaseCommit for KafkaSink {
         // ...then fence every id of the pool: init_transactions aborts whatever a crashed attempt or a zombie left
         // open, so read_committed consumers are never stuck behind the last stable offset.
         for id in self.pool.all(self.subtask) {
+            connector_api::ensure_claim_held(&format!("init_transactions of {id}")).await?;
             let _fenced_and_ready = self.open(&id).await?;
         }
         Ok(())

@@ -53,7 +53,14 @@ pub async fn run(args: CheckArgs) -> Result<()> {
     );
     report("job record".into(), counted);
     // Read-only: a fresh job stays fresh (no directory, no table is created).
-    let store = match SubtaskStore::open_existing(&job.store, &job.job.name, SubtaskId(0)).await {
+    let store = match SubtaskStore::open_existing(
+        &job.store,
+        &job.job.name,
+        SubtaskId(0),
+        job.store_limits(),
+    )
+    .await
+    {
         Ok(None) => Ok("no checkpoint of this job yet (a fresh job)".to_string()),
         Ok(Some(store)) => store
             .load()

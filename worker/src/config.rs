@@ -439,6 +439,18 @@ impl JobConfig {
             ..DriverConfig::default()
         }
     }
+
+    /// The limits of a PostgreSQL checkpoint store's calls and sessions: each call within the driver's
+    /// `max_call_time`, and an orphaned claim guard ended by the server after `max_recovery_time` (recovery checks
+    /// its claim more often than that).
+    pub fn store_limits(&self) -> connector_api::PgStoreLimits {
+        let driver = self.driver_config();
+        connector_api::PgStoreLimits {
+            call: driver.max_call_time,
+            guard_idle: driver.max_recovery_time,
+            ..connector_api::PgStoreLimits::default()
+        }
+    }
 }
 
 /// Connection settings are the connection's, not the consumer's (they reach librdkafka through the connection).

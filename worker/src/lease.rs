@@ -90,22 +90,26 @@ impl PgLeases {
     ) -> Result<Self> {
         let leases = Self {
             options: PgConnectOptions::parse(url)
-                .map_err(|e| anyhow::anyhow!("[store] url: {}", connector_api::Report(&e)))?,
+                .map_err(|e| anyhow::anyhow!("[store] url: {}", connector_api::Report(&e)))?
+                .with_session_limits(lease / 2, &format!("ratchet leases {job} {member}")),
             client: tokio::sync::Mutex::new(None),
             job: job.to_string(),
             member,
             subtasks,
             lease_secs: lease.as_secs_f64(),
         };
-        let mut client = leases.client.lock().await;
-        let connected = leases.connected(&mut client).await?;
-        connected
-            .batch_execute(&format!(
-                "BEGIN; SELECT pg_advisory_xact_lock({CREATE_LOCK}); {CREATE_TABLES} COMMIT;"
-            ))
-            .await
-            .context("cannot create the lease tables in the checkpoint store's database")?;
-        drop(client);
+        leases
+            .bounded("creating the lease tables", async {
+                let mut client = leases.client.lock().await;
+                let connected = leases.connected(&mut client).await?;
+                connected
+                    .batch_execute(&format!(
+                        "BEGIN; SELECT pg_advisory_xact_lock({CREATE_LOCK}); {CREATE_TABLES} COMMIT;"
+                    ))
+                    .await
+                    .context("cannot create the lease tables in the checkpoint store's database")
+            })
+            .await?;
         Ok(leases)
     }
 
@@ -129,6 +133,11 @@ impl PgLeases {
     /// # Errors
     /// The database cannot be reached.
     pub async fn other_live_members(&self) -> Result<Vec<String>> {
+        self.bounded("listing the job's processes", self.other_live_members_now())
+            .await
+    }
+
+    async fn other_live_members_now(&self) -> Result<Vec<String>> {
         let mut slot = self.client.lock().await;
         let client = self.connected(&mut slot).await?;
         let rows = client
@@ -226,12 +235,20 @@ impl PgLeases {
 
 impl PgLeases {
     /// `call` bounded to half a lease: a database that does not answer (a lost route, a hung server) must not
-    /// hold the process, which also handles signals and restarts, for longer than that.
+    /// hold the process, which also handles signals and restarts, for longer than that. After any failure, a time-out
+    /// included, the connection is dropped and the next call opens a new one: a hung connection is never reused.
     async fn bounded<T>(&self, what: &str, call: impl Future<Output = Result<T>>) -> Result<T> {
         let limit = Duration::from_secs_f64(self.lease_secs / 2.0);
-        tokio::time::timeout(limit, call)
-            .await
-            .map_err(|_| anyhow::anyhow!("{what}: the database did not answer within {limit:?}"))?
+        let outcome = match tokio::time::timeout(limit, call).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(anyhow::anyhow!(
+                "{what}: the database did not answer within {limit:?}"
+            )),
+        };
+        if outcome.is_err() {
+            *self.client.lock().await = None;
+        }
+        outcome
     }
 }
 
@@ -240,15 +257,8 @@ impl Leases for PgLeases {
     async fn renew(&self) -> Result<Assignment> {
         self.bounded("renewing the leases", async {
             let mut slot = self.client.lock().await;
-            let outcome = match self.connected(&mut slot).await {
-                Ok(client) => self.renew_on(client).await,
-                Err(e) => Err(e),
-            };
-            if outcome.is_err() {
-                // Reconnect next time: the connection may be what failed.
-                *slot = None;
-            }
-            outcome
+            let client = self.connected(&mut slot).await?;
+            self.renew_on(client).await
         })
         .await
     }

@@ -19,7 +19,7 @@ async fn driver_for(
     subtask: u32,
 ) -> Result<Driver<SubtaskStore>> {
     let id = SubtaskId(subtask);
-    let store = SubtaskStore::open(&job.store, &job.job.name, id)
+    let store = SubtaskStore::open(&job.store, &job.job.name, id, job.store_limits())
         .await
         .map_err(|e| anyhow::anyhow!("checkpoint store: {}", Report(&e)))?;
     let mut driver = Driver::new(store, job.driver_config());
@@ -174,15 +174,40 @@ pub async fn resolve(args: OperateArgs) -> Result<()> {
             Box::new(leases)
         }
     };
-    // Hold every subtask's lease while resolving (the only member's quota is all of them), so a worker starting
-    // meanwhile waits for them instead of recovering the same subtasks.
+    // Hold every subtask's lease while resolving (the only member's quota is all of them), renewed every lease / 5
+    // for as long as it takes, so a worker starting meanwhile waits for them instead of recovering the same
+    // subtasks.
     leases.renew().await?;
     let identity =
         crate::store::job_identity(&job.store, &job.job.name, job.job.subtasks, true).await?;
     let job_id = identity.job_id(&job.job.name)?;
+    let renewing = async {
+        let mut tick = tokio::time::interval(job.job.lease / 5);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            if let Err(e) = leases.renew().await {
+                tracing::warn!(error = %format!("{e:#}"),
+                    "cannot renew the leases while resolving; a worker may start once they expire (its claim then \
+                     waits for this recovery's guard)");
+            }
+        }
+    };
+    let outcome = tokio::select! {
+        outcome = resolve_every_subtask(&job, job_id.as_ref()) => outcome,
+        never = renewing => never,
+    };
+    if let Err(e) = leases.leave().await {
+        tracing::warn!(error = %format!("{e:#}"), "cannot leave the job; its lease rows expire by themselves");
+    }
+    outcome
+}
+
+/// Claims and recovers every subtask in turn, then closes it; reports each.
+async fn resolve_every_subtask(job: &JobConfig, job_id: Option<&JobId>) -> Result<()> {
     let mut outcome = Ok(());
     for subtask in 0..job.job.subtasks {
-        let mut driver = driver_for(&job, job_id.as_ref(), subtask).await?;
+        let mut driver = driver_for(job, job_id, subtask).await?;
         match driver.start().await {
             Ok(restored) => {
                 driver
@@ -208,9 +233,6 @@ pub async fn resolve(args: OperateArgs) -> Result<()> {
                 ));
             }
         }
-    }
-    if let Err(e) = leases.leave().await {
-        tracing::warn!(error = %format!("{e:#}"), "cannot leave the job; its lease rows expire by themselves");
     }
     outcome
 }

@@ -4,7 +4,7 @@
 use async_trait::async_trait;
 use connector_api::{
     CheckpointId, CheckpointRecord, CheckpointStore, Claim, JobId, Loaded, LocalCheckpointStore,
-    OwnerEpoch, PgCheckpointStore, Result, SubtaskId,
+    OwnerEpoch, PgCheckpointStore, PgStoreLimits, Result, SubtaskId,
 };
 
 use crate::config::StoreConfig;
@@ -21,18 +21,23 @@ pub enum SubtaskStore {
 }
 
 impl SubtaskStore {
-    /// Opens the store of `subtask` of `job`.
+    /// Opens the store of `subtask` of `job`; a PostgreSQL store's calls are bounded by `limits`.
     ///
     /// # Errors
     /// A directory that cannot be created, or a database that cannot be reached (named).
-    pub async fn open(config: &StoreConfig, job: &str, subtask: SubtaskId) -> Result<Self> {
+    pub async fn open(
+        config: &StoreConfig,
+        job: &str,
+        subtask: SubtaskId,
+        limits: PgStoreLimits,
+    ) -> Result<Self> {
         Ok(match config {
             StoreConfig::Local { path } => Self::Local(LocalCheckpointStore::open(
                 path.join(job).join(format!("subtask-{}", subtask.0)),
                 RETAIN,
             )?),
             StoreConfig::Postgres { url } => Self::Postgres(Box::new(
-                PgCheckpointStore::connect(url, job, subtask, RETAIN).await?,
+                PgCheckpointStore::connect(url, job, subtask, RETAIN, limits).await?,
             )),
         })
     }
@@ -46,6 +51,7 @@ impl SubtaskStore {
         config: &StoreConfig,
         job: &str,
         subtask: SubtaskId,
+        limits: PgStoreLimits,
     ) -> Result<Option<Self>> {
         Ok(match config {
             StoreConfig::Local { path } => LocalCheckpointStore::open_existing(
@@ -54,7 +60,7 @@ impl SubtaskStore {
             )?
             .map(Self::Local),
             StoreConfig::Postgres { url } => {
-                PgCheckpointStore::connect_existing(url, job, subtask, RETAIN)
+                PgCheckpointStore::connect_existing(url, job, subtask, RETAIN, limits)
                     .await?
                     .map(|store| Self::Postgres(Box::new(store)))
             }
@@ -85,6 +91,10 @@ impl CheckpointStore for SubtaskStore {
 
     async fn load(&self) -> Result<Loaded> {
         self.inner().load().await
+    }
+
+    async fn owner(&self) -> Result<Option<OwnerEpoch>> {
+        self.inner().owner().await
     }
 }
 

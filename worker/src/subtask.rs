@@ -123,10 +123,37 @@ async fn run_until_stopped(
     index: u32,
     mut stop: watch::Receiver<Stop>,
 ) -> Result<Ended> {
+    let (mut driver, outputs) = build(context, index).await?;
+    // Claiming can wait for another process's recovery (or an orphaned claim, until the server ends it): a stop
+    // asked meanwhile drops the attempt, which is safe at any point (the next owner's recovery resolves it).
+    let restored = tokio::select! {
+        restored = driver.start() => restored?,
+        _ = stop.wait_for(|asked| *asked == Stop::Graceful) => {
+            tracing::info!(subtask = index, "stopped while claiming or recovering the subtask");
+            return Ok(Ended::Stopped);
+        }
+    };
+    tracing::info!(subtask = index, owner = restored.owner.0, resumed_after = ?restored.checkpoint,
+        "subtask claimed and recovered");
+    match serve(context, index, &mut driver, &outputs, &restored, stop).await {
+        Ok(Ended::Stopped) => {
+            driver.close().await?;
+            tracing::info!(subtask = index, "subtask stopped after its last checkpoint");
+            Ok(Ended::Stopped)
+        }
+        Err(e) if e.kind() == ErrorKind::Fenced => {
+            Err(fenced_or_expired(driver.taken_over(), e).await)
+        }
+        outcome => outcome,
+    }
+}
+
+/// The driver with every sink of the job (and the dead-letter sink), not started.
+async fn build(context: &SubtaskContext, index: u32) -> Result<(Driver<SubtaskStore>, Outputs)> {
     let job = &context.job;
     let subtask = SubtaskId(index);
     let schema = job.schema().map_err(config_error)?;
-    let store = SubtaskStore::open(&job.store, &job.job.name, subtask).await?;
+    let store = SubtaskStore::open(&job.store, &job.job.name, subtask, job.store_limits()).await?;
     let mut driver = Driver::new(store, job.driver_config());
     if let Some(drill) = &context.drill {
         driver = driver.with_fault_injector(drill.clone());
@@ -149,9 +176,44 @@ async fn run_until_stopped(
         topic: job.source.topic.clone(),
         label: index.to_string(),
     };
-    let restored = driver.start().await?;
-    tracing::info!(subtask = index, owner = restored.owner.0, resumed_after = ?restored.checkpoint,
-        "subtask claimed and recovered");
+    Ok((driver, outputs))
+}
+
+/// A sink or the store reported this instance fenced: a take-over (the store's owner epoch is newer), returned
+/// as it is; or, when the store says this process still owns the subtask, the sink's own transaction expired or
+/// was fenced by something else (a Kafka transaction the broker aborted after `transaction_timeout`): a failure,
+/// counted toward `max_restarts`, whose restart recovers it.
+async fn fenced_or_expired(taken_over: impl Future<Output = Result<bool>>, e: Error) -> Error {
+    match taken_over.await {
+        Ok(false) => Error::new(
+            ErrorKind::Fatal,
+            e.phase(),
+            "a sink reported this instance fenced, but the checkpoint store says this process still owns the \
+             subtask: nobody took it over, so the sink's transaction expired or was fenced by something else \
+             (for Kafka: the broker aborts a transaction open longer than transaction_timeout); restarting, and \
+             recovery resolves what was decided",
+        )
+        .with_source(e),
+        Ok(true) => e,
+        Err(store) => {
+            tracing::warn!(error = %connector_api::Report(&store),
+                "cannot ask the checkpoint store who owns the subtask; treating the fence as a take-over");
+            e
+        }
+    }
+}
+
+/// Reads, writes and checkpoints a started subtask until it is stopped (after a last checkpoint; the caller
+/// closes the driver) or fails.
+async fn serve(
+    context: &SubtaskContext,
+    index: u32,
+    driver: &mut Driver<SubtaskStore>,
+    outputs: &Outputs,
+    restored: &connector_api::Restored,
+    mut stop: watch::Receiver<Stop>,
+) -> Result<Ended> {
+    let job = &context.job;
     let mut options = job.source_options().map_err(config_error)?;
     options.share = Some(PartitionShare {
         index,
@@ -183,10 +245,8 @@ async fn run_until_stopped(
             Stop::No => {}
             Stop::Graceful => {
                 if written {
-                    checkpoint(&mut driver, &source, context, &label).await?;
+                    checkpoint(driver, &source, context, &label).await?;
                 }
-                driver.close().await?;
-                tracing::info!(subtask = index, "subtask stopped after its last checkpoint");
                 return Ok(Ended::Stopped);
             }
         }
@@ -199,7 +259,7 @@ async fn run_until_stopped(
             _ = stop.changed() => {}
             () = sleep_until(next_checkpoint) => {
                 if written {
-                    checkpoint(&mut driver, &source, context, &label).await?;
+                    checkpoint(driver, &source, context, &label).await?;
                     written = false;
                 }
                 let now = context.started.elapsed().as_millis() as u64;
@@ -216,7 +276,7 @@ async fn run_until_stopped(
                     count_gaps(source.take_gaps(), &label);
                     let rejected = source.take_rejected();
                     let tombstones = source.take_tombstones();
-                    outputs.deliver(&mut driver, &batch, &rejected, &tombstones).await?;
+                    outputs.deliver(driver, &batch, &rejected, &tombstones).await?;
                     written = true;
                     context.progress.records.fetch_add(rows, Ordering::Relaxed);
                     let now = context.started.elapsed().as_millis() as u64;

@@ -143,7 +143,7 @@ impl LocalCheckpointStore {
         .map_err(io)?;
         Ok(Claim {
             epoch: next,
-            guard: ClaimGuard::new(lock),
+            guard: ClaimGuard::process_bound(lock),
         })
     }
 
@@ -272,6 +272,20 @@ impl LocalCheckpointStore {
 impl CheckpointStore for LocalCheckpointStore {
     async fn claim(&self) -> Result<Claim> {
         self.blocking(Self::claim_blocking).await
+    }
+
+    async fn owner(&self) -> Result<Option<OwnerEpoch>> {
+        let epoch = self.blocking(|store| {
+            store.owner_epoch().map_err(|e| {
+                Error::new(
+                    ErrorKind::Retryable,
+                    Phase::Checkpoint,
+                    format!("cannot read {}", store.dir.join(OWNER_FILE).display()),
+                )
+                .with_source(e)
+            })
+        });
+        Ok(Some(epoch.await?).filter(|e| e.0 > 0))
     }
 
     async fn save(&self, owner: OwnerEpoch, record: &CheckpointRecord) -> Result<()> {

@@ -31,11 +31,13 @@ mod local;
 mod postgres;
 mod record;
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 pub use local::LocalCheckpointStore;
-pub use postgres::PgCheckpointStore;
+pub use postgres::{PgCheckpointStore, PgStoreLimits};
 pub use record::{CheckpointRecord, SourceOffset};
 
 use crate::{CheckpointId, Result};
@@ -51,19 +53,57 @@ impl std::fmt::Display for OwnerEpoch {
     }
 }
 
+/// Whether a claim still holds off newer claims: what recovery asks immediately before each destructive step.
+#[async_trait]
+pub trait HeldClaim: Send + Sync {
+    /// `Ok` while no newer claim of the subtask can exist: the guard's lock is still held (its database session is
+    /// alive and answers within the store's call limit) and the owner epoch is still this claim's.
+    ///
+    /// # Errors
+    /// [`Fenced`](crate::ErrorKind::Fenced) when the claim lapsed (its session was ended by the server, a restart,
+    /// a reset, or does not answer in time; or a newer epoch exists): the caller must stop without touching
+    /// anything, since another instance may own the subtask now.
+    async fn check(&self) -> Result<()>;
+}
+
+/// A claim that cannot lapse while its process lives (an exclusive file lock): the check always passes.
+struct ProcessBound<T>(T);
+
+#[async_trait]
+impl<T: Send + Sync> HeldClaim for ProcessBound<T> {
+    async fn check(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
 /// Holds off newer claims of the subtask while alive (an exclusive file lock, or a row lock in an open database
 /// transaction). Drop it when recovery is over; a process that dies releases it with its file descriptors or
-/// connections.
+/// connections. A guard held in a database session can lapse while its process lives (the server ends the
+/// session): [`check`](Self::check) says whether it still holds.
+#[derive(Clone)]
 pub struct ClaimGuard {
-    _held: Box<dyn Send + Sync>,
+    held: Arc<dyn HeldClaim>,
 }
 
 impl ClaimGuard {
-    /// A guard that releases whatever `held` holds when dropped.
-    pub fn new(held: impl Send + Sync + 'static) -> Self {
+    /// A guard whose claim is checked by `held`, released when the last clone is dropped.
+    pub fn new(held: impl HeldClaim + 'static) -> Self {
         Self {
-            _held: Box::new(held),
+            held: Arc::new(held),
         }
+    }
+
+    /// A guard that holds as long as `held` is alive, which only the death of the process ends (a file lock).
+    pub fn process_bound(held: impl Send + Sync + 'static) -> Self {
+        Self::new(ProcessBound(held))
+    }
+
+    /// Whether the claim still holds; see [`HeldClaim::check`].
+    ///
+    /// # Errors
+    /// [`Fenced`](crate::ErrorKind::Fenced) when it lapsed.
+    pub async fn check(&self) -> Result<()> {
+        self.held.check().await
     }
 }
 
@@ -128,6 +168,14 @@ pub trait CheckpointStore: Send + Sync + 'static {
     /// Notes durably that `checkpoint` (and so every earlier one) is committed in every sink, if `owner` is still
     /// the newest claim. Never lowers the mark. A failure only means a later recovery asks the sinks again.
     async fn mark_committed(&self, owner: OwnerEpoch, checkpoint: CheckpointId) -> Result<()>;
+
+    /// The subtask's newest claim, `None` if it was never claimed. Read-only: tells a process whose sink reported
+    /// it fenced whether another process took the subtask over (a newer epoch) or the sink's transaction expired
+    /// (the epoch is still its own).
+    ///
+    /// # Errors
+    /// The store cannot be read.
+    async fn owner(&self) -> Result<Option<OwnerEpoch>>;
 
     /// The newest intact record, the highest id present and the committed mark. A damaged newest record is
     /// refused with a logged error naming it, and the previous intact one is returned.

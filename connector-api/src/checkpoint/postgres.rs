@@ -1,15 +1,16 @@
 //! A checkpoint store in PostgreSQL tables, shared by every worker of a job.
 
+use std::time::Duration;
+
 use async_trait::async_trait;
-use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod};
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, PoolError, RecyclingMethod};
+use futures_util::future::BoxFuture;
+use tokio::time::Instant;
 
 use super::record::newest_intact;
-use super::{CheckpointRecord, CheckpointStore, Claim, ClaimGuard, Loaded, OwnerEpoch};
+use super::{CheckpointRecord, CheckpointStore, Claim, ClaimGuard, HeldClaim, Loaded, OwnerEpoch};
 use crate::postgres::PgConnectOptions;
 use crate::{CheckpointId, Error, ErrorKind, Phase, Result, SubtaskId};
-
-/// How long a claim waits for another instance's claim guard (PostgreSQL `lock_timeout`).
-const LOCK_WAIT: &str = "30s";
 
 /// Serializes creation of the tables between workers starting at once.
 const CREATE_LOCK: i64 = 0x0072_6174_6368_6563; // "ratchec"
@@ -22,30 +23,68 @@ const CREATE_TABLES: &str = "
         job text NOT NULL, subtask integer NOT NULL, id bigint NOT NULL, record bytea NOT NULL,
         owner_epoch bigint NOT NULL, saved_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (job, subtask, id));";
 
+/// How long the store's calls and sessions may take: every call is bounded, and a session the client lost is ended
+/// by the server. See [`PgCheckpointStore`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PgStoreLimits {
+    /// The longest one call may take, connecting included (a claim: per round, on top of `claim_round`). A call
+    /// that takes longer fails ([`InDoubt`](ErrorKind::InDoubt) for a save, [`Retryable`](ErrorKind::Retryable)
+    /// otherwise) and its connection is discarded, never reused. The server ends a pooled session that stays idle
+    /// inside a transaction this long (the client vanished mid-save), releasing its lock on the owner row.
+    pub call: Duration,
+    /// How long one round of a claim waits for the owner row's lock (PostgreSQL `lock_timeout`) before it looks up
+    /// who holds it, logs that, and waits another round.
+    pub claim_round: Duration,
+    /// The server ends a claim guard's session once it is idle inside its transaction this long
+    /// (`idle_in_transaction_session_timeout`): the longest an orphaned guard (its process lost power or network
+    /// without closing the connection) holds off the next claim, and the longest recovery may go between two
+    /// claim checks ([`crate::ensure_claim_held`]) before its claim lapses.
+    pub guard_idle: Duration,
+}
+
+impl Default for PgStoreLimits {
+    /// 15 s per call, 10 s claim rounds, 60 s guard idle time.
+    fn default() -> Self {
+        Self {
+            call: Duration::from_secs(15),
+            claim_round: Duration::from_secs(10),
+            guard_idle: Duration::from_secs(60),
+        }
+    }
+}
+
 /// Keeps the checkpoint records of one subtask of a job in `ratchet_checkpoint_records`, with its claim in
 /// `ratchet_checkpoint_owners` (one row per job and subtask: owner epoch, committed mark).
 ///
 /// - `claim` raises the owner row's epoch and commits (`INSERT .. ON CONFLICT DO UPDATE .. RETURNING`), then, on a
 ///   connection of its own, opens a transaction that share-locks the owner row (`SELECT .. FOR SHARE`) if the
 ///   epoch is still its own: that open transaction is the [`ClaimGuard`]. It blocks the next claim's `UPDATE`,
-///   not saves (which share-lock the row too, and are fenced by the committed epoch anyway). Dropping the guard closes the connection, which
-///   ends the transaction; so does the death of the process. Claims wait at most [`LOCK_WAIT`] for another
-///   claimer's guard (`lock_timeout`).
+///   not saves (which share-lock the row too, and are fenced by the committed epoch anyway). Dropping the guard
+///   closes the connection, which ends the transaction; so does the death of the process, and the server ends a
+///   guard session idle for [`PgStoreLimits::guard_idle`] (an orphan). While another session holds the lock, a
+///   claim waits in rounds of [`PgStoreLimits::claim_round`], logging who holds it (the guard's
+///   `application_name` names the job, subtask, host and process), for as long as it takes: a live holder is
+///   recovering, and an orphan is ended by the server. [`ClaimGuard::check`] asks the guard's own session
+///   whether it still holds the lock and the epoch.
 /// - `save` runs one transaction: `SELECT epoch .. FOR SHARE` on the owner row (a concurrent claim waits for it,
 ///   and it waits for a concurrent claim), refuse unless the epoch is ours, insert the record unless its id is
-///   taken, and refuse a different record under a taken id. A lost reply to `COMMIT` is
-///   [`InDoubt`](ErrorKind::InDoubt); a retried save of the identical record then succeeds.
+///   taken, and refuse a different record under a taken id. A lost reply to `COMMIT`, or a save that does not
+///   finish within [`PgStoreLimits::call`], is [`InDoubt`](ErrorKind::InDoubt); a retried save of the identical
+///   record then succeeds.
 /// - Connections come from a small pool that replaces closed connections, so a restarted server or a dropped
-///   connection costs one failed attempt, not the rest of the run.
+///   connection costs one failed attempt, not the rest of the run. A connection whose call timed out is taken out
+///   of the pool and closed. Every connection has a connect timeout, TCP keepalives and a TCP user timeout
+///   ([`crate::postgres`]).
 /// - The newest `retain` records are kept; pruning runs after the save and its failure is only logged.
 ///
 /// Several jobs can share the database: each names itself with `job`.
 pub struct PgCheckpointStore {
-    options: PgConnectOptions,
+    guard_options: PgConnectOptions,
     pool: Pool,
     job: String,
     subtask: i32,
     retain: i64,
+    limits: PgStoreLimits,
 }
 
 fn pg_error(message: &str, e: tokio_postgres::Error) -> Error {
@@ -66,23 +105,58 @@ fn pool_error(e: PoolError) -> Error {
     .with_source(e)
 }
 
+fn lock_busy(e: &tokio_postgres::Error) -> bool {
+    e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE)
+}
+
+/// This process, as the guard's `application_name` names it: host and pid.
+fn this_process() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "unknown-host".to_string());
+    format!("{host}:{}", std::process::id())
+}
+
+/// How a claim round ended without a claim.
+enum Round {
+    /// Another session holds the owner row's lock: wait another round.
+    Busy,
+    /// Any other failure, as the claim reports it.
+    Failed(Error),
+}
+
+impl From<Error> for Round {
+    fn from(e: Error) -> Self {
+        Self::Failed(e)
+    }
+}
+
 impl PgCheckpointStore {
     /// Connects to `url` (a libpq URL or key-value string with libpq's `sslmode`, `sslrootcert`, `sslcert`,
     /// `sslkey`; the password from the URL or `PGPASSWORD`: see [`PgConnectOptions`]) and creates the tables if
-    /// needed; records are kept under `job` and `subtask`.
+    /// needed; records are kept under `job` and `subtask`; every call is bounded by `limits`.
     ///
     /// # Errors
     /// [`Config`](ErrorKind::Config) for a malformed URL or unusable TLS settings; [`Retryable`](ErrorKind::Retryable)
-    /// when the server cannot be reached.
-    pub async fn connect(url: &str, job: &str, subtask: SubtaskId, retain: usize) -> Result<Self> {
-        let store = Self::with_pool(url, job, subtask, retain)?;
-        let client = store.pool.get().await.map_err(pool_error)?;
-        client
-            .batch_execute(&format!(
-                "BEGIN; SELECT pg_advisory_xact_lock({CREATE_LOCK}); {CREATE_TABLES} COMMIT;"
-            ))
-            .await
-            .map_err(|e| pg_error("cannot create the checkpoint tables", e))?;
+    /// when the server cannot be reached or does not answer within the call limit.
+    pub async fn connect(
+        url: &str,
+        job: &str,
+        subtask: SubtaskId,
+        retain: usize,
+        limits: PgStoreLimits,
+    ) -> Result<Self> {
+        let store = Self::with_pool(url, job, subtask, retain, limits)?;
+        store
+            .call("creating the checkpoint tables", ErrorKind::Retryable, |client| Box::pin(async move {
+                client
+                    .batch_execute(&format!(
+                        "BEGIN; SELECT pg_advisory_xact_lock({CREATE_LOCK}); {CREATE_TABLES} COMMIT;"
+                    ))
+                    .await
+                    .map_err(|e| pg_error("cannot create the checkpoint tables", e))
+            }))
+            .await?;
         Ok(store)
     }
 
@@ -96,27 +170,45 @@ impl PgCheckpointStore {
         job: &str,
         subtask: SubtaskId,
         retain: usize,
+        limits: PgStoreLimits,
     ) -> Result<Option<Self>> {
-        let store = Self::with_pool(url, job, subtask, retain)?;
-        let client = store.pool.get().await.map_err(pool_error)?;
-        let exists: bool = client
-            .query_one(
-                "SELECT to_regclass('ratchet_checkpoint_records') IS NOT NULL
-                    AND to_regclass('ratchet_checkpoint_owners') IS NOT NULL",
-                &[],
+        let store = Self::with_pool(url, job, subtask, retain, limits)?;
+        let exists = store
+            .call(
+                "looking for the checkpoint tables",
+                ErrorKind::Retryable,
+                |client| {
+                    Box::pin(async move {
+                        Ok(client
+                            .query_one(
+                                "SELECT to_regclass('ratchet_checkpoint_records') IS NOT NULL
+                            AND to_regclass('ratchet_checkpoint_owners') IS NOT NULL",
+                                &[],
+                            )
+                            .await
+                            .map_err(|e| pg_error("cannot look for the checkpoint tables", e))?
+                            .get::<_, bool>(0))
+                    })
+                },
             )
-            .await
-            .map_err(|e| pg_error("cannot look for the checkpoint tables", e))?
-            .get(0);
-        drop(client);
+            .await?;
         Ok(exists.then_some(store))
     }
 
-    fn with_pool(url: &str, job: &str, subtask: SubtaskId, retain: usize) -> Result<Self> {
+    fn with_pool(
+        url: &str,
+        job: &str,
+        subtask: SubtaskId,
+        retain: usize,
+        limits: PgStoreLimits,
+    ) -> Result<Self> {
         let options = PgConnectOptions::parse(url)?;
+        let pooled = options
+            .clone()
+            .with_session_limits(limits.call, &format!("ratchet store {job}/{}", subtask.0));
         let manager = Manager::from_config(
-            options.config().clone(),
-            options.tls(),
+            pooled.config().clone(),
+            pooled.tls(),
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
@@ -129,7 +221,7 @@ impl PgCheckpointStore {
             )
             .with_source(e)
         })?;
-        let subtask = i32::try_from(subtask.0).map_err(|_| {
+        let subtask_number = i32::try_from(subtask.0).map_err(|_| {
             Error::new(
                 ErrorKind::Config,
                 Phase::Setup,
@@ -137,31 +229,80 @@ impl PgCheckpointStore {
             )
         })?;
         Ok(Self {
-            options,
+            guard_options: options.with_session_limits(
+                limits.guard_idle,
+                &format!("{}{}", Self::guard_prefix(job, subtask), this_process()),
+            ),
             pool,
             job: job.to_string(),
-            subtask,
+            subtask: subtask_number,
             retain: retain.max(2) as i64,
+            limits,
         })
     }
 
+    /// The start of a claim guard's `application_name`, followed by its host and pid.
+    fn guard_prefix(job: &str, subtask: SubtaskId) -> String {
+        format!("ratchet guard {job}/{} ", subtask.0)
+    }
+
+    /// Runs `op` on a pooled connection, all of it (getting the connection included) within
+    /// [`PgStoreLimits::call`]. On time-out the connection is taken out of the pool and closed, and the call fails
+    /// with `timeout_kind` ([`InDoubt`](ErrorKind::InDoubt) where the call may have taken effect).
+    async fn call<T, F>(&self, what: &str, timeout_kind: ErrorKind, op: F) -> Result<T>
+    where
+        F: for<'c> FnOnce(&'c mut Object) -> BoxFuture<'c, Result<T>>,
+    {
+        self.call_within(self.limits.call, what, timeout_kind, op)
+            .await
+    }
+
+    async fn call_within<T, F>(
+        &self,
+        limit: Duration,
+        what: &str,
+        timeout_kind: ErrorKind,
+        op: F,
+    ) -> Result<T>
+    where
+        F: for<'c> FnOnce(&'c mut Object) -> BoxFuture<'c, Result<T>>,
+    {
+        let deadline = Instant::now() + limit;
+        let timed_out = || {
+            Error::new(
+                timeout_kind,
+                Phase::Checkpoint,
+                format!(
+                    "{what}: the PostgreSQL checkpoint store did not answer within {limit:?} (the store's call \
+                     limit, max_call_time); its connection is discarded"
+                ),
+            )
+        };
+        let mut client = match tokio::time::timeout_at(deadline, self.pool.get()).await {
+            Ok(client) => client.map_err(pool_error)?,
+            Err(_) => return Err(timed_out()),
+        };
+        match tokio::time::timeout_at(deadline, op(&mut client)).await {
+            Ok(outcome) => outcome,
+            Err(_) => {
+                drop(Object::take(client));
+                Err(timed_out())
+            }
+        }
+    }
+
     fn fenced(&self, current: Option<i64>, owner: OwnerEpoch) -> Error {
-        Error::new(
-            ErrorKind::Fenced,
-            Phase::Checkpoint,
-            format!(
-                "job {:?} subtask {} is owned by epoch {} since this instance claimed epoch {owner}: another \
-                 worker took it over; this one must stop",
-                self.job,
-                self.subtask,
-                current.map_or("none".to_string(), |e| e.to_string())
-            ),
-        )
+        fenced(&self.job, self.subtask, current, owner)
     }
 
     /// The insert transaction; `Err` before `COMMIT` means not stored.
-    async fn insert(&self, owner: OwnerEpoch, id: i64, bytes: &[u8]) -> Result<()> {
-        let mut client = self.pool.get().await.map_err(pool_error)?;
+    async fn insert(
+        client: &mut Object,
+        key: &OwnerKey,
+        owner: OwnerEpoch,
+        id: i64,
+        bytes: &[u8],
+    ) -> Result<()> {
         let tx = client
             .transaction()
             .await
@@ -169,19 +310,19 @@ impl PgCheckpointStore {
         let current: Option<i64> = tx
             .query_opt(
                 "SELECT epoch FROM ratchet_checkpoint_owners WHERE job = $1 AND subtask = $2 FOR SHARE",
-                &[&self.job, &self.subtask],
+                &[&key.job, &key.subtask],
             )
             .await
             .map_err(|e| pg_error("cannot read the owner epoch", e))?
             .map(|row| row.get(0));
         if current != Some(owner.0 as i64) {
-            return Err(self.fenced(current, owner));
+            return Err(fenced(&key.job, key.subtask, current, owner));
         }
         let inserted = tx
             .execute(
                 "INSERT INTO ratchet_checkpoint_records (job, subtask, id, record, owner_epoch) \
                  VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
-                &[&self.job, &self.subtask, &id, &bytes, &(owner.0 as i64)],
+                &[&key.job, &key.subtask, &id, &bytes, &(owner.0 as i64)],
             )
             .await
             .map_err(|e| pg_error("cannot insert the checkpoint record", e))?;
@@ -189,7 +330,7 @@ impl PgCheckpointStore {
             let stored: Vec<u8> = tx
                 .query_one(
                     "SELECT record FROM ratchet_checkpoint_records WHERE job = $1 AND subtask = $2 AND id = $3",
-                    &[&self.job, &self.subtask, &id],
+                    &[&key.job, &key.subtask, &id],
                 )
                 .await
                 .map_err(|e| pg_error("cannot read back the checkpoint record", e))?
@@ -201,7 +342,7 @@ impl PgCheckpointStore {
                     format!(
                         "job {:?} subtask {} already has a different record for this checkpoint: another worker \
                          decided it first; this one must stop",
-                        self.job, self.subtask
+                        key.job, key.subtask
                     ),
                 ));
             }
@@ -218,21 +359,229 @@ impl PgCheckpointStore {
 
     /// Deletes records beyond the newest `retain`; failures are logged, never returned.
     async fn prune(&self, newest: i64) {
-        let outcome = match self.pool.get().await {
-            Ok(client) => client
-                .execute(
-                    "DELETE FROM ratchet_checkpoint_records \
-                     WHERE job = $1 AND subtask = $2 AND id <= $3::bigint - $4::bigint",
-                    &[&self.job, &self.subtask, &newest, &self.retain],
-                )
-                .await
-                .map(|_| ())
-                .map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        };
+        let key = self.key();
+        let retain = self.retain;
+        let outcome = self
+            .call(
+                "pruning old checkpoint records",
+                ErrorKind::Retryable,
+                |client| {
+                    Box::pin(async move {
+                        client
+                            .execute(
+                                "DELETE FROM ratchet_checkpoint_records \
+                         WHERE job = $1 AND subtask = $2 AND id <= $3::bigint - $4::bigint",
+                                &[&key.job, &key.subtask, &newest, &retain],
+                            )
+                            .await
+                            .map(|_| ())
+                            .map_err(|e| pg_error("cannot prune old checkpoint records", e))
+                    })
+                },
+            )
+            .await;
         if let Err(e) = outcome {
-            tracing::warn!(job = %self.job, subtask = self.subtask, error = %e,
+            tracing::warn!(job = %self.job, subtask = self.subtask, error = %crate::Report(&e),
                 "cannot prune old checkpoint records; they are kept until the next save");
+        }
+    }
+
+    fn key(&self) -> OwnerKey {
+        OwnerKey {
+            job: self.job.clone(),
+            subtask: self.subtask,
+        }
+    }
+
+    /// One claim round: raise the epoch (waiting at most a round for the owner row's lock), then take the guard.
+    async fn claim_round(&self) -> Result<Claim, Round> {
+        let key = self.key();
+        let round = self.limits.claim_round;
+        let epoch = self
+            .call_within(
+                round + self.limits.call,
+                "claiming the subtask",
+                ErrorKind::Retryable,
+                |client| Box::pin(async move {
+                    let tx = client
+                        .transaction()
+                        .await
+                        .map_err(|e| pg_error("cannot begin the claim", e))?;
+                    tx.batch_execute(&format!("SET LOCAL lock_timeout = {}", round.as_millis()))
+                        .await
+                        .map_err(|e| pg_error("cannot set lock_timeout", e))?;
+                    let epoch = match tx
+                        .query_one(
+                            "INSERT INTO ratchet_checkpoint_owners AS o (job, subtask, epoch) VALUES ($1, $2, 1) \
+                             ON CONFLICT (job, subtask) DO UPDATE SET epoch = o.epoch + 1, claimed_at = now() \
+                             RETURNING epoch",
+                            &[&key.job, &key.subtask],
+                        )
+                        .await
+                    {
+                        Ok(row) => row.get::<_, i64>(0),
+                        Err(e) if lock_busy(&e) => return Ok(None),
+                        Err(e) => return Err(pg_error("cannot claim the subtask", e)),
+                    };
+                    tx.commit()
+                        .await
+                        .map_err(|e| pg_error("cannot commit the claim", e))?;
+                    Ok(Some(epoch))
+                }),
+            )
+            .await?;
+        let Some(epoch) = epoch else {
+            return Err(Round::Busy);
+        };
+        let epoch = OwnerEpoch(epoch as u64);
+        let limit = round + self.limits.call;
+        let guard = tokio::time::timeout(limit, self.take_guard(epoch))
+            .await
+            .map_err(|_| {
+                Error::new(
+                    ErrorKind::Retryable,
+                    Phase::Checkpoint,
+                    format!("taking the claim guard: the PostgreSQL checkpoint store did not answer within {limit:?}"),
+                )
+            })??;
+        Ok(Claim { epoch, guard })
+    }
+
+    /// Opens the guard's session and share-locks the owner row in its open transaction, if `epoch` is still the
+    /// newest.
+    async fn take_guard(&self, epoch: OwnerEpoch) -> Result<ClaimGuard, Round> {
+        let client = self
+            .guard_options
+            .connect(Phase::Checkpoint, "the claim guard's connection")
+            .await?;
+        client
+            .batch_execute(&format!(
+                "BEGIN; SET LOCAL lock_timeout = {}",
+                self.limits.claim_round.as_millis()
+            ))
+            .await
+            .map_err(|e| pg_error("cannot begin the claim guard", e))?;
+        let current: i64 = match client
+            .query_one(
+                "SELECT epoch FROM ratchet_checkpoint_owners WHERE job = $1 AND subtask = $2 FOR SHARE",
+                &[&self.job, &self.subtask],
+            )
+            .await
+        {
+            Ok(row) => row.get(0),
+            Err(e) if lock_busy(&e) => return Err(Round::Busy),
+            Err(e) => return Err(pg_error("cannot lock the owner row", e).into()),
+        };
+        if current != epoch.0 as i64 {
+            return Err(self.fenced(Some(current), epoch).into());
+        }
+        Ok(ClaimGuard::new(PgGuard {
+            client,
+            key: self.key(),
+            epoch,
+            call: self.limits.call,
+        }))
+    }
+
+    /// The sessions that hold a claim guard of this subtask, as `pg_stat_activity` shows them, for the log line of
+    /// a waiting claim. Best effort: an error is described, not returned.
+    async fn guard_holders(&self) -> String {
+        let prefix = Self::guard_prefix(&self.job, crate::SubtaskId(self.subtask as u32));
+        let outcome = self
+            .call("looking up the claim's holder", ErrorKind::Retryable, |client| Box::pin(async move {
+                client
+                    .query(
+                        "SELECT pid, application_name, coalesce(host(client_addr), 'local'), state, \
+                                coalesce(extract(epoch FROM now() - xact_start)::bigint, 0), \
+                                coalesce(extract(epoch FROM now() - state_change)::bigint, 0) \
+                         FROM pg_stat_activity \
+                         WHERE starts_with(application_name, left($1, 63)) AND pid <> pg_backend_pid()",
+                        &[&prefix],
+                    )
+                    .await
+                    .map_err(|e| pg_error("cannot read pg_stat_activity", e))
+            }))
+            .await;
+        match outcome {
+            Ok(rows) if rows.is_empty() => {
+                "no claim guard session is listed (the lock is held by a save or claim in progress)"
+                    .to_string()
+            }
+            Ok(rows) => rows
+                .iter()
+                .map(|row| {
+                    format!(
+                        "backend pid {} ({:?}) from {}, {} for {} s, in its transaction for {} s",
+                        row.get::<_, i32>(0),
+                        row.get::<_, String>(1),
+                        row.get::<_, String>(2),
+                        row.get::<_, Option<String>>(3).unwrap_or_default(),
+                        row.get::<_, i64>(5),
+                        row.get::<_, i64>(4),
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; "),
+            Err(e) => format!("unknown ({})", crate::Report(&e)),
+        }
+    }
+}
+
+/// Which owner row a store or guard works on.
+#[derive(Clone)]
+struct OwnerKey {
+    job: String,
+    subtask: i32,
+}
+
+fn fenced(job: &str, subtask: i32, current: Option<i64>, owner: OwnerEpoch) -> Error {
+    Error::new(
+        ErrorKind::Fenced,
+        Phase::Checkpoint,
+        format!(
+            "job {job:?} subtask {subtask} is owned by epoch {} since this instance claimed epoch {owner}: another \
+             worker took it over; this one must stop",
+            current.map_or("none".to_string(), |e| e.to_string())
+        ),
+    )
+}
+
+/// A claim guard: the open transaction share-locking the owner row, on a session of its own.
+struct PgGuard {
+    client: tokio_postgres::Client,
+    key: OwnerKey,
+    epoch: OwnerEpoch,
+    call: Duration,
+}
+
+#[async_trait]
+impl HeldClaim for PgGuard {
+    async fn check(&self) -> Result<()> {
+        let lapsed = |why: String| {
+            Error::new(
+                ErrorKind::Fenced,
+                Phase::Recover,
+                format!(
+                    "the claim of job {:?} subtask {} (epoch {}) lapsed: {why}; another worker may own the subtask now",
+                    self.key.job, self.key.subtask, self.epoch
+                ),
+            )
+        };
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
+            [&self.key.job, &self.key.subtask];
+        let read = self.client.query_one(
+            "SELECT epoch FROM ratchet_checkpoint_owners WHERE job = $1 AND subtask = $2",
+            &params,
+        );
+        let outcome = tokio::time::timeout(self.call, read).await;
+        match outcome {
+            Err(_) => Err(lapsed(format!(
+                "its guard session did not answer within {:?}",
+                self.call
+            ))),
+            Ok(Err(e)) => Err(lapsed("its guard session ended (the server closed it, restarted, or the connection was reset)".to_string()).with_source(e)),
+            Ok(Ok(row)) if row.get::<_, i64>(0) == self.epoch.0 as i64 => Ok(()),
+            Ok(Ok(row)) => Err(lapsed(format!("the owner epoch is {} now", row.get::<_, i64>(0)))),
         }
     }
 }
@@ -240,121 +589,109 @@ impl PgCheckpointStore {
 #[async_trait]
 impl CheckpointStore for PgCheckpointStore {
     async fn claim(&self) -> Result<Claim> {
-        let busy = |what: &str, e: tokio_postgres::Error| {
-            if e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) {
-                Error::new(
-                    ErrorKind::Retryable,
-                    Phase::Checkpoint,
-                    format!(
-                        "job {:?} subtask {}: another worker has been recovering it for {LOCK_WAIT} (or is paused \
-                         while recovering); stop it, or wait",
-                        self.job, self.subtask
-                    ),
-                )
-                .with_source(e)
-            } else {
-                pg_error(what, e)
+        let waiting_since = Instant::now();
+        loop {
+            match self.claim_round().await {
+                Ok(claim) => return Ok(claim),
+                Err(Round::Failed(e)) => return Err(e),
+                Err(Round::Busy) => {
+                    let holders = self.guard_holders().await;
+                    tracing::warn!(job = %self.job, subtask = self.subtask,
+                        waiting_s = waiting_since.elapsed().as_secs(), held_by = %holders,
+                        "another session holds this subtask's claim (recovering, paused, or orphaned: the server \
+                         ends an orphaned guard after guard_idle); waiting for it");
+                }
             }
-        };
-        let epoch = {
-            let mut client = self.pool.get().await.map_err(pool_error)?;
-            let tx = client
-                .transaction()
-                .await
-                .map_err(|e| pg_error("cannot begin the claim", e))?;
-            tx.batch_execute(&format!("SET LOCAL lock_timeout = '{LOCK_WAIT}'"))
-                .await
-                .map_err(|e| pg_error("cannot set lock_timeout", e))?;
-            let epoch: i64 = tx
-                .query_one(
-                    "INSERT INTO ratchet_checkpoint_owners AS o (job, subtask, epoch) VALUES ($1, $2, 1) \
-                     ON CONFLICT (job, subtask) DO UPDATE SET epoch = o.epoch + 1, claimed_at = now() \
-                     RETURNING epoch",
-                    &[&self.job, &self.subtask],
-                )
-                .await
-                .map_err(|e| busy("cannot claim the subtask", e))?
-                .get(0);
-            tx.commit()
-                .await
-                .map_err(|e| pg_error("cannot commit the claim", e))?;
-            epoch
-        };
-        let guard = self
-            .options
-            .connect(Phase::Checkpoint, "the claim guard's connection")
-            .await?;
-        guard
-            .batch_execute(&format!("BEGIN; SET LOCAL lock_timeout = '{LOCK_WAIT}'"))
-            .await
-            .map_err(|e| pg_error("cannot begin the claim guard", e))?;
-        let current: i64 = guard
-            .query_one(
-                "SELECT epoch FROM ratchet_checkpoint_owners WHERE job = $1 AND subtask = $2 FOR SHARE",
-                &[&self.job, &self.subtask],
-            )
-            .await
-            .map_err(|e| busy("cannot lock the owner row", e))?
-            .get(0);
-        let epoch = OwnerEpoch(epoch as u64);
-        if current != epoch.0 as i64 {
-            return Err(self.fenced(Some(current), epoch));
         }
-        Ok(Claim {
-            epoch,
-            guard: ClaimGuard::new(guard),
-        })
     }
 
     async fn save(&self, owner: OwnerEpoch, record: &CheckpointRecord) -> Result<()> {
         let id = record.id.0 as i64;
-        self.insert(owner, id, &record.encode())
-            .await
-            .map_err(|e| e.with_checkpoint(record.id))?;
+        let key = self.key();
+        let bytes = record.encode();
+        self.call(
+            "saving the checkpoint record",
+            ErrorKind::InDoubt,
+            |client| Box::pin(async move { Self::insert(client, &key, owner, id, &bytes).await }),
+        )
+        .await
+        .map_err(|e| e.with_checkpoint(record.id))?;
         self.prune(id).await;
         Ok(())
     }
 
     async fn mark_committed(&self, owner: OwnerEpoch, checkpoint: CheckpointId) -> Result<()> {
-        let client = self.pool.get().await.map_err(pool_error)?;
-        let updated = client
-            .execute(
-                "UPDATE ratchet_checkpoint_owners \
-                 SET committed_through = GREATEST(coalesce(committed_through, 0), $3) \
-                 WHERE job = $1 AND subtask = $2 AND epoch = $4",
-                &[
-                    &self.job,
-                    &self.subtask,
-                    &(checkpoint.0 as i64),
-                    &(owner.0 as i64),
-                ],
+        let key = self.key();
+        let updated = self
+            .call(
+                "noting the checkpoint committed",
+                ErrorKind::Retryable,
+                |client| {
+                    Box::pin(async move {
+                        client
+                            .execute(
+                                "UPDATE ratchet_checkpoint_owners \
+                         SET committed_through = GREATEST(coalesce(committed_through, 0), $3) \
+                         WHERE job = $1 AND subtask = $2 AND epoch = $4",
+                                &[
+                                    &key.job,
+                                    &key.subtask,
+                                    &(checkpoint.0 as i64),
+                                    &(owner.0 as i64),
+                                ],
+                            )
+                            .await
+                            .map_err(|e| pg_error("cannot update the committed mark", e))
+                    })
+                },
             )
-            .await
-            .map_err(|e| pg_error("cannot update the committed mark", e))?;
+            .await?;
         if updated == 0 {
             return Err(self.fenced(None, owner).with_checkpoint(checkpoint));
         }
         Ok(())
     }
 
+    async fn owner(&self) -> Result<Option<OwnerEpoch>> {
+        let key = self.key();
+        self.call("reading the owner epoch", ErrorKind::Retryable, |client| {
+            Box::pin(async move {
+                Ok(client
+                .query_opt(
+                    "SELECT epoch FROM ratchet_checkpoint_owners WHERE job = $1 AND subtask = $2",
+                    &[&key.job, &key.subtask],
+                )
+                .await
+                .map_err(|e| pg_error("cannot read the owner epoch", e))?
+                .map(|row| OwnerEpoch(row.get::<_, i64>(0) as u64)))
+            })
+        })
+        .await
+    }
+
     async fn load(&self) -> Result<Loaded> {
-        let client = self.pool.get().await.map_err(pool_error)?;
-        let rows = client
-            .query(
-                "SELECT id, record FROM ratchet_checkpoint_records WHERE job = $1 AND subtask = $2 \
-                 ORDER BY id DESC",
-                &[&self.job, &self.subtask],
-            )
-            .await
-            .map_err(|e| pg_error("cannot read checkpoint records", e))?;
-        let committed_through: Option<i64> = client
-            .query_opt(
-                "SELECT committed_through FROM ratchet_checkpoint_owners WHERE job = $1 AND subtask = $2",
-                &[&self.job, &self.subtask],
-            )
-            .await
-            .map_err(|e| pg_error("cannot read the committed mark", e))?
-            .and_then(|row| row.get(0));
+        let key = self.key();
+        let (rows, committed_through) = self
+            .call("loading the checkpoint records", ErrorKind::Retryable, |client| Box::pin(async move {
+                let rows = client
+                    .query(
+                        "SELECT id, record FROM ratchet_checkpoint_records WHERE job = $1 AND subtask = $2 \
+                         ORDER BY id DESC",
+                        &[&key.job, &key.subtask],
+                    )
+                    .await
+                    .map_err(|e| pg_error("cannot read checkpoint records", e))?;
+                let committed_through: Option<i64> = client
+                    .query_opt(
+                        "SELECT committed_through FROM ratchet_checkpoint_owners WHERE job = $1 AND subtask = $2",
+                        &[&key.job, &key.subtask],
+                    )
+                    .await
+                    .map_err(|e| pg_error("cannot read the committed mark", e))?
+                    .and_then(|row| row.get(0));
+                Ok((rows, committed_through))
+            }))
+            .await?;
         let candidates: Vec<_> = rows
             .iter()
             .map(|row| {

@@ -41,6 +41,7 @@ pub use stream::StreamEvent;
 
 use self::budget::Budget;
 use self::erased::PendingCommit;
+use crate::fence;
 use crate::{
     Action, CheckpointId, CheckpointRecord, CheckpointStore, DynSink, Error, ErrorKind, OwnerEpoch,
     Phase, Report, Result, RetryPolicy, SourceOffset, TwoPhaseCommit, action_after_retries,
@@ -122,6 +123,10 @@ pub struct Restored {
     pub owner: OwnerEpoch,
 }
 
+/// A decided checkpoint's commit, on its own task: `Ok(Some(e))` when every sink committed but noting it in the
+/// store failed with `e`.
+type CommitTask = JoinHandle<Result<Option<Error>>>;
+
 /// Runs checkpoints over a set of sinks and a checkpoint store.
 ///
 /// Usage: [`Driver::add_sink`] each sink, [`Driver::start`] once, then [`Driver::write`] batches and call
@@ -137,7 +142,7 @@ pub struct Driver<S> {
     state: State,
     /// The decided checkpoint whose commit runs on a background task, when its record became durable, and the
     /// task.
-    committing: Option<(CheckpointId, std::time::Instant, JoinHandle<Result<()>>)>,
+    committing: Option<(CheckpointId, std::time::Instant, CommitTask)>,
     faults: Option<FaultInjector>,
 }
 
@@ -358,6 +363,13 @@ impl<S: CheckpointStore> Driver<S> {
             let restored = record
                 .as_ref()
                 .and_then(|r| r.committables.get(&id).map(|v| (r.id, v.clone())));
+            // The claim is the fence: a recovery whose claim lapsed touches nothing (and the sinks check again
+            // before each destructive step, through `ensure_claim_held`).
+            claim
+                .guard
+                .check()
+                .await
+                .map_err(|e| e.at_phase(Phase::Recover).or_sink(&id))?;
             let interrupt = FaultPoint::DuringRecover { sink: id.clone() };
             if self.fault_action(&interrupt).await == FaultAction::Crash {
                 // Run the recovery up to its first suspension, then abandon it: a crash inside recover.
@@ -366,10 +378,8 @@ impl<S: CheckpointStore> Driver<S> {
             }
             let mut attempts = retry.attempts();
             loop {
-                match self.sinks[i]
-                    .recover(restored.clone(), already_committed)
-                    .await
-                {
+                let recovery = self.sinks[i].recover(restored.clone(), already_committed);
+                match fence::recovering_under(claim.guard.clone(), recovery).await {
                     Err(e) if attempts.retry("recover", &e).await => {}
                     outcome => break outcome.map_err(|e| e.or_sink(&id))?,
                 }
@@ -377,8 +387,11 @@ impl<S: CheckpointStore> Driver<S> {
             self.inject(FaultPoint::AfterRecover { sink: id }).await?;
         }
         drop(claim.guard);
-        if let Some(checkpoint) = checkpoint.filter(|_| !already_committed) {
-            note_committed(&*self.store, owner, checkpoint).await;
+        if let Some(checkpoint) = checkpoint.filter(|_| !already_committed)
+            && let Err(e) = note_committed(&*self.store, retry, owner, checkpoint).await
+        {
+            tracing::warn!(%checkpoint, error = %Report(&e),
+                "cannot note the recovered checkpoint as committed; the next recovery asks the sinks again");
         }
         let positions = record.map(|r| r.positions).unwrap_or_default();
         let start = CheckpointRecord {
@@ -519,9 +532,8 @@ impl<S: CheckpointStore> Driver<S> {
                     return Err(crash_error(&point));
                 }
             }
-            note_committed(&*store, owner, id).await;
             tracing::debug!(checkpoint = %id, "checkpoint committed in every sink");
-            Ok(())
+            Ok(note_committed(&*store, retry, owner, id).await.err())
         });
         self.committing = Some((id, std::time::Instant::now(), task));
         self.current = id.next();
@@ -539,10 +551,20 @@ impl<S: CheckpointStore> Driver<S> {
     }
 
     /// Waits for the last checkpoint's commit to finish. [`Driver::checkpoint`] and [`Driver::close`] do this
-    /// themselves; call it to know that everything checkpointed so far is visible.
+    /// themselves; call it to know that everything checkpointed so far is visible. A failure to note the commit in
+    /// the store (after retries) is only logged here: the next checkpoint's note covers it.
     pub async fn finish_commit(&mut self) -> Result<()> {
+        if let Some((checkpoint, e)) = self.join_commit().await? {
+            tracing::warn!(%checkpoint, error = %Report(&e),
+                "cannot note the checkpoint as committed; the next note covers it, or the next recovery asks the sinks");
+        }
+        Ok(())
+    }
+
+    /// Waits for the commit task: `Ok(Some(..))` when the commit succeeded but noting it in the store failed.
+    async fn join_commit(&mut self) -> Result<Option<(CheckpointId, Error)>> {
         let Some((id, _, task)) = self.committing.take() else {
-            return Ok(());
+            return Ok(None);
         };
         let outcome = match task.await {
             Ok(outcome) => outcome,
@@ -555,14 +577,41 @@ impl<S: CheckpointStore> Driver<S> {
         if let Err(e) = &outcome {
             self.fail(e);
         }
-        outcome
+        Ok(outcome?.map(|e| (id, e)))
+    }
+
+    /// Whether another instance claimed the subtask since this one did (the store's newest epoch is not this
+    /// instance's): tells a take-over apart from a sink that fenced this instance by itself (a Kafka transaction
+    /// the broker expired).
+    ///
+    /// # Errors
+    /// The store cannot be read; [`Bug`](ErrorKind::Bug) before [`Driver::start`] claimed the subtask.
+    ///
+    /// Borrows nothing of the driver across the wait (the driver is `Send`, not `Sync`).
+    pub fn taken_over(&self) -> impl Future<Output = Result<bool>> + Send + use<S> {
+        let (store, owner) = (self.store.clone(), self.owner);
+        async move {
+            let Some(owner) = owner else {
+                return Err(Error::new(
+                    ErrorKind::Bug,
+                    Phase::Setup,
+                    "taken_over asked before the driver claimed the subtask",
+                ));
+            };
+            Ok(store.owner().await? != Some(owner))
+        }
     }
 
     /// Finishes the last commit (noting it committed in the store) and aborts the open transactions (records
     /// written since the last checkpoint are discarded: checkpoint first to keep them).
+    ///
+    /// # Errors
+    /// A failed commit or abort; and, after the open transactions were aborted, a commit that succeeded in every
+    /// sink but could not be noted in the store after retries (nothing is lost: `ratchet inspect` shows the
+    /// checkpoint as decided and not noted committed, and the next start asks the sinks).
     pub async fn close(mut self) -> Result<()> {
         self.ensure_running()?;
-        self.finish_commit().await?;
+        let unnoted = self.join_commit().await?;
         let current = self.current;
         for sink in &mut self.sinks {
             let id = sink.sink_id().clone();
@@ -571,7 +620,16 @@ impl<S: CheckpointStore> Driver<S> {
                 .map_err(|e| e.or_sink(&id).or_checkpoint(current))?;
         }
         self.state = State::Failed("closed".into());
-        Ok(())
+        match unnoted {
+            None => Ok(()),
+            Some((checkpoint, e)) => Err(Error::new(
+                ErrorKind::Retryable,
+                Phase::Checkpoint,
+                "the last checkpoint is committed in every sink, but the checkpoint store could not note it after                  retries: nothing is lost; `ratchet inspect` shows it as decided and not noted committed, and the                  next start asks the sinks",
+            )
+            .with_checkpoint(checkpoint)
+            .with_source(e)),
+        }
     }
 
     async fn begin_all(&mut self) -> Result<()> {
@@ -707,16 +765,19 @@ async fn save_decision<S: CheckpointStore + ?Sized>(
     }
 }
 
-/// Notes `checkpoint` committed in the store; a failure only means the next recovery asks the sinks again.
+/// Notes `checkpoint` committed in the store, retrying transient failures; a failure only means the next recovery
+/// asks the sinks again.
 async fn note_committed<S: CheckpointStore + ?Sized>(
     store: &S,
+    retry: RetryPolicy,
     owner: OwnerEpoch,
     checkpoint: CheckpointId,
-) {
-    if let Err(e) = store.mark_committed(owner, checkpoint).await {
-        tracing::warn!(%checkpoint, error = %Report(&e),
-            "cannot note the checkpoint as committed; the next recovery will ask the sinks whether it is");
-    }
+) -> Result<()> {
+    retry
+        .run("note the checkpoint committed", || {
+            store.mark_committed(owner, checkpoint)
+        })
+        .await
 }
 
 /// Polls `future` once: its output if it finished, `None` if it suspended (and is then dropped).

@@ -64,7 +64,7 @@ impl CheckpointStore for HarnessStore {
         if self.bug == Some(StoreBug::NoFencing) {
             return Ok(Claim {
                 epoch: claim.epoch,
-                guard: ClaimGuard::new(()),
+                guard: ClaimGuard::process_bound(()),
             });
         }
         Ok(claim)
@@ -101,6 +101,9 @@ impl CheckpointStore for HarnessStore {
         self.inner.mark_committed(owner, checkpoint).await
     }
 
+    async fn owner(&self) -> Result<Option<OwnerEpoch>> {
+        self.inner.owner().await
+    }
     async fn load(&self) -> Result<Loaded> {
         self.inner.load().await
     }
