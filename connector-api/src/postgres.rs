@@ -110,7 +110,13 @@ impl LibpqTls {
             if kept.is_empty() {
                 parsed.set_query(None);
             } else {
-                parsed.query_pairs_mut().clear().extend_pairs(kept);
+                // Form encoding writes a space as `+`, which libpq and tokio-postgres read as a `+`
+                // (`options=-c%20work_mem%3D4MB` must stay `-c work_mem=4MB`); a `+` itself is `%2B` there.
+                let query = url::form_urlencoded::Serializer::new(String::new())
+                    .extend_pairs(kept)
+                    .finish()
+                    .replace('+', "%20");
+                parsed.set_query(Some(&query));
             }
             parsed.to_string()
         } else {

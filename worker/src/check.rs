@@ -81,7 +81,8 @@ pub async fn run(args: CheckArgs) -> Result<()> {
     match job.schema() {
         Err(e) => report("source schema".into(), Err(e)),
         Ok(schema) => {
-            let budget = job.driver_config();
+            let budget = job.driver_config().budget();
+            println!("timeout budget (each sink's transaction timeout must cover it):\n{budget}");
             for spec in &job.sinks {
                 let what = format!("sink {} ({}, {})", spec.id, spec.kind, spec.delivery.name());
                 let checked = registry
@@ -90,7 +91,7 @@ pub async fn run(args: CheckArgs) -> Result<()> {
                     .map_err(|e| anyhow::anyhow!("{}", Report(&e)));
                 let budgeted = checked.and_then(|checked| {
                     budget
-                        .check_transaction_timeout(&spec.id, checked.transaction_timeout)
+                        .check(&spec.id, checked.transaction_timeout)
                         .map(|()| checked.summary)
                         .map_err(|e| anyhow::anyhow!("{}", Report(&e)))
                 });

@@ -89,6 +89,15 @@ pub struct JobSection {
     /// The longest a crashed job may take to be restarted (for the sinks' transaction-timeout budget).
     #[serde(default = "one_minute", with = "humantime_serde")]
     pub max_restart_time: Duration,
+    /// The longest one call to the checkpoint store may take before it fails by itself (enforced: a PostgreSQL
+    /// store's call that takes longer fails and its connection is discarded), and the per-call term of the
+    /// timeout budget.
+    #[serde(default = "fifteen_seconds", with = "humantime_serde")]
+    pub max_call_time: Duration,
+    /// The longest recovery may take (a budget term); with a PostgreSQL store also how long the server keeps an
+    /// orphaned claim guard (a process that went silent while recovering) before ending its session.
+    #[serde(default = "one_minute", with = "humantime_serde")]
+    pub max_recovery_time: Duration,
     /// Copy Kafka to Kafka with the source offsets inside each transaction ([`crate::fast_path`]): one exactly-once
     /// Kafka sink on the source's cluster, one subtask, no checkpoint store.
     #[serde(default)]
@@ -103,6 +112,9 @@ fn five() -> u32 {
 }
 fn ten_seconds() -> Duration {
     Duration::from_secs(10)
+}
+fn fifteen_seconds() -> Duration {
+    Duration::from_secs(15)
 }
 fn one_minute() -> Duration {
     Duration::from_secs(60)
@@ -436,19 +448,36 @@ impl JobConfig {
         DriverConfig {
             checkpoint_interval: self.job.checkpoint_interval,
             max_restart_time: self.job.max_restart_time,
+            max_call_time: self.job.max_call_time,
+            max_recovery_time: self.job.max_recovery_time,
+            takeover_time: self.takeover_time(),
             ..DriverConfig::default()
         }
     }
 
+    /// How long other processes take to pick up a subtask of a process that went silent: with a PostgreSQL store,
+    /// its lease expires (`lease`), the others notice at their next renewal (`lease / 5`), and a claim waits for its
+    /// orphaned claim guard, which the server ends after `max_recovery_time`. Zero with a local store (one process;
+    /// its restart is `max_restart_time`).
+    pub fn takeover_time(&self) -> Duration {
+        match self.store {
+            StoreConfig::Local { .. } => Duration::ZERO,
+            StoreConfig::Postgres { .. } => {
+                self.job.lease + self.job.lease / 5 + self.job.max_recovery_time
+            }
+        }
+    }
+
     /// The limits of a PostgreSQL checkpoint store's calls and sessions: each call within the driver's
-    /// `max_call_time`, and an orphaned claim guard ended by the server after `max_recovery_time` (recovery checks
-    /// its claim more often than that).
+    /// `max_call_time` (a claim waits for a held lock in rounds of it, logging the holder after each), and an
+    /// orphaned claim guard ended by the server after `max_recovery_time` (recovery checks its claim more often
+    /// than that).
     pub fn store_limits(&self) -> connector_api::PgStoreLimits {
         let driver = self.driver_config();
         connector_api::PgStoreLimits {
             call: driver.max_call_time,
+            claim_round: driver.max_call_time,
             guard_idle: driver.max_recovery_time,
-            ..connector_api::PgStoreLimits::default()
         }
     }
 }

@@ -1,45 +1,89 @@
-//! Crash drills: `RATCHET_KILL_AT=<step>:<checkpoint>` makes the worker kill itself with SIGKILL at that protocol
-//! step of that checkpoint (in whichever subtask reaches it first), so operators and tests can rehearse recovery,
-//! `ratchet inspect` and `ratchet resolve` on a real in-doubt state. Steps: `after-pre-commit` (transactions
-//! prepared, record not saved: recovery aborts them), `after-record-durable` (decided, not committed: recovery
-//! commits them), `after-commit`. Never set it in production.
+//! Crash and pause drills, so operators and tests can rehearse recovery, `ratchet inspect` and `ratchet resolve` on
+//! a real in-doubt state, and the take-over of a process that went silent. Never set them in production.
+//!
+//! - `RATCHET_KILL_AT=<step>:<checkpoint>` makes the worker kill itself with SIGKILL at that protocol step of that
+//!   checkpoint (in whichever subtask reaches it first). Steps: `after-pre-commit` (transactions prepared, record
+//!   not saved: recovery aborts them), `after-record-durable` (decided, not committed: recovery commits them),
+//!   `after-commit`.
+//! - `RATCHET_PAUSE_AT=<step>` makes the worker stop itself with SIGSTOP the first time any subtask reaches that
+//!   step: a process that went silent without closing anything (its connections stay open, its kernel answers TCP
+//!   keepalives), like a machine that lost its network. Steps: `after-load` (it holds the subtask's claim guard,
+//!   recovery not begun), `after-recover`, `after-pre-commit`, `after-record-durable`, `after-commit`.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, Result, bail};
 use connector_api::{CheckpointId, FaultInjector, FaultPoint, Step};
+use nix::sys::signal::{Signal, raise};
 
-/// The variable.
-pub const VARIABLE: &str = "RATCHET_KILL_AT";
+/// The kill drill's variable.
+pub const KILL_VARIABLE: &str = "RATCHET_KILL_AT";
 
-/// The injector `RATCHET_KILL_AT` asks for, if set.
+/// The pause drill's variable.
+pub const PAUSE_VARIABLE: &str = "RATCHET_PAUSE_AT";
+
+/// The injector `RATCHET_KILL_AT` or `RATCHET_PAUSE_AT` asks for, if set.
 ///
 /// # Errors
-/// A value that is not `<step>:<checkpoint>` with a step the driver reaches in a running job.
+/// A value that names no step the driver reaches in a running job, or both variables set.
 pub fn from_env() -> Result<Option<FaultInjector>> {
-    let Ok(value) = std::env::var(VARIABLE) else {
-        return Ok(None);
-    };
+    match (
+        std::env::var(KILL_VARIABLE).ok(),
+        std::env::var(PAUSE_VARIABLE).ok(),
+    ) {
+        (None, None) => Ok(None),
+        (Some(kill), None) => kill_at(&kill).map(Some),
+        (None, Some(pause)) => pause_at(&pause).map(Some),
+        (Some(_), Some(_)) => bail!("set {KILL_VARIABLE} or {PAUSE_VARIABLE}, not both"),
+    }
+}
+
+fn kill_at(value: &str) -> Result<FaultInjector> {
     let (step, checkpoint) = value
         .split_once(':')
-        .with_context(|| format!("{VARIABLE}={value:?}: expected <step>:<checkpoint>"))?;
+        .with_context(|| format!("{KILL_VARIABLE}={value:?}: expected <step>:<checkpoint>"))?;
     let step = Step::parse(step)
-        .with_context(|| format!("{VARIABLE}={value:?}: unknown step {step:?}"))?;
+        .with_context(|| format!("{KILL_VARIABLE}={value:?}: unknown step {step:?}"))?;
     if !matches!(
         step,
         Step::AfterPreCommit | Step::AfterRecordDurable | Step::AfterCommit
     ) {
-        bail!("{VARIABLE}={value:?}: use after-pre-commit, after-record-durable or after-commit");
+        bail!(
+            "{KILL_VARIABLE}={value:?}: use after-pre-commit, after-record-durable or after-commit"
+        );
     }
     let checkpoint: u64 = checkpoint
         .parse()
-        .with_context(|| format!("{VARIABLE}={value:?}: the checkpoint is not a number"))?;
+        .with_context(|| format!("{KILL_VARIABLE}={value:?}: the checkpoint is not a number"))?;
     tracing::warn!(%step, checkpoint, "crash drill: this process kills itself with SIGKILL at that step");
-    let injector: FaultInjector = Arc::new(move |current: CheckpointId, point: &FaultPoint| {
+    Ok(Arc::new(move |current: CheckpointId, point: &FaultPoint| {
         if point.step() == step && current.0 == checkpoint {
-            let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+            let _ = raise(Signal::SIGKILL);
         }
         false
-    });
-    Ok(Some(injector))
+    }))
+}
+
+fn pause_at(value: &str) -> Result<FaultInjector> {
+    let step = Step::parse(value)
+        .with_context(|| format!("{PAUSE_VARIABLE}={value:?}: unknown step"))?;
+    if matches!(
+        step,
+        Step::DuringRecover | Step::AfterWrite | Step::WhileCommitting
+    ) {
+        bail!(
+            "{PAUSE_VARIABLE}={value:?}: use after-load, after-recover, after-pre-commit, after-record-durable or \
+             after-commit"
+        );
+    }
+    tracing::warn!(%step, "pause drill: this process stops itself with SIGSTOP the first time it reaches that step");
+    let fired = AtomicBool::new(false);
+    Ok(Arc::new(move |_: CheckpointId, point: &FaultPoint| {
+        if point.step() == step && !fired.swap(true, Ordering::SeqCst) {
+            tracing::warn!(%point, "pause drill: stopping this process (SIGSTOP)");
+            let _ = raise(Signal::SIGSTOP);
+        }
+        false
+    }))
 }

@@ -10,13 +10,6 @@ use std::time::{Duration, Instant};
 
 use common::Job;
 
-/// Replaces `from` by `to` in the job file.
-fn edit(job: &Job, from: &str, to: &str) {
-    let text = std::fs::read_to_string(&job.config).unwrap();
-    assert!(text.contains(from), "{from:?} not in the job file:\n{text}");
-    std::fs::write(&job.config, text.replacen(from, to, 1)).unwrap();
-}
-
 /// The ids pyiceberg reads in the job's Iceberg table (files carried for a later snapshot are in none yet).
 fn lake_ids(job: &Job) -> Vec<i64> {
     let services = integration::Services::get();
@@ -46,9 +39,7 @@ async fn lowering_commit_every_or_weakening_delivery_keeps_the_files_a_record_ca
     let mut job = Job::new("commit-every", 1, 1, "3s").await;
     let lake = "create_table = true\n";
     let table_line = format!("table = \"{}.orders\"\n", job.name);
-    edit(
-        &job,
-        &format!("{table_line}{lake}"),
+    job.edit_config(&format!("{table_line}{lake}"),
         &format!("{table_line}{lake}commit_every = 3\n"),
     );
     job.produce(100).await;
@@ -59,20 +50,18 @@ async fn lowering_commit_every_or_weakening_delivery_keeps_the_files_a_record_ca
         "nothing was carried: the test means nothing"
     );
 
-    edit(&job, "commit_every = 3\n", "commit_every = 1\n");
+    job.edit_config("commit_every = 3\n", "commit_every = 1\n");
     run_until_idle(&mut job);
     job.assert_exactly_once();
 
-    edit(&job, "commit_every = 1\n", "commit_every = 3\n");
+    job.edit_config("commit_every = 1\n", "commit_every = 3\n");
     job.produce(100).await;
     run_until_idle(&mut job);
     assert!(
         lake_ids(&job).len() < 200,
         "nothing was carried: the test means nothing"
     );
-    edit(
-        &job,
-        "commit_every = 3\n",
+    job.edit_config("commit_every = 3\n",
         "commit_every = 1\ndelivery = \"at-least-once\"\n",
     );
     run_until_idle(&mut job);

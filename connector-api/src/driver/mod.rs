@@ -1,8 +1,8 @@
 //! The driver: runs the checkpoint protocol over one or more sinks.
 //!
 //! Checkpoint `N`: `pre_commit` every sink → wait for checkpoint `N-1`'s commit to finish → persist the checkpoint
-//! record (the commit decision), conditional on this instance's claim → start committing `N` on a background task
-//! (which notes "committed through N" in the store when done) → `begin(N+1)` and return, so the caller writes `N+1`
+//! record (the commit decision), conditional on this instance's claim → start committing `N` on a background task,
+//! every sink at once (which notes "committed through N" in the store when done) → `begin(N+1)` and return, so the caller writes `N+1`
 //! while `N` commits. A failure before the record is durable aborts `N` in every sink (presumed abort); after it,
 //! `N` is decided, and if its commit fails, recovery on the next start commits it.
 //!
@@ -32,6 +32,8 @@ use std::task::Poll;
 use std::time::Duration;
 
 use arrow_array::RecordBatch;
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use tokio::task::JoinHandle;
 
 pub(crate) use erased::ErasedSink;
@@ -39,7 +41,8 @@ pub use erased::committables_in;
 pub use fault::{FaultAction, FaultInjector, FaultPoint, Faults, Step};
 pub use stream::StreamEvent;
 
-use self::budget::Budget;
+use self::budget::BudgetInputs;
+pub use self::budget::TimeoutBudget;
 use self::erased::PendingCommit;
 use crate::fence;
 use crate::{
@@ -65,10 +68,16 @@ pub struct DriverConfig {
     pub checkpoint_interval: Duration,
     /// The longest a crashed job may take to be restarted (for the timeout budget).
     pub max_restart_time: Duration,
-    /// The longest recovery may take once the job restarted (for the timeout budget).
+    /// The longest recovery may take once the job restarted: enforced (a longer recovery fails, and the next start
+    /// tries again), and a term of the timeout budget.
     pub max_recovery_time: Duration,
+    /// How long other processes take to pick up a subtask of a process that went silent (its lease expires, its
+    /// orphaned claim guard is ended): a term of the timeout budget when longer than `max_restart_time`. Zero for
+    /// a job that runs in one process.
+    pub takeover_time: Duration,
     /// The longest one sink or store call may take before it fails by itself (for the timeout budget: with
-    /// `retry`, it bounds the wait for a commit and for a save).
+    /// `retry`, it bounds the wait for a commit and for a save). A store enforces it on its own calls
+    /// ([`crate::PgStoreLimits`]).
     pub max_call_time: Duration,
     /// Retries of transient failures in begin, commit, recover and checkpoint-store calls.
     pub retry: RetryPolicy,
@@ -83,32 +92,23 @@ impl Default for DriverConfig {
             max_restart_time: Duration::from_secs(60),
             max_recovery_time: Duration::from_secs(60),
             max_call_time: Duration::from_secs(15),
+            takeover_time: Duration::ZERO,
             retry: RetryPolicy::default(),
         }
     }
 }
 
 impl DriverConfig {
-    /// Checks one sink's transaction timeout against this configuration's worst-case wait for a commit, as
-    /// [`Driver::check_budget`] does for the sinks added, for a sink not built (`ratchet check-config`).
-    ///
-    /// # Errors
-    /// [`Config`](ErrorKind::Config) naming the sink and every term of the budget.
-    pub fn check_transaction_timeout(
-        &self,
-        sink: &crate::SinkId,
-        timeout: Option<Duration>,
-    ) -> Result<()> {
-        self.budget().check(sink, timeout)
-    }
-
-    fn budget(&self) -> Budget {
-        Budget {
+    /// The timeout budget of this configuration: the longest a pre-committed transaction may wait for its
+    /// commit, term by term (`ratchet check-config` prints it).
+    pub fn budget(&self) -> TimeoutBudget {
+        TimeoutBudget::new(&BudgetInputs {
             checkpoint_interval: self.checkpoint_interval,
             wait: self.retry.worst_case(self.max_call_time),
             max_restart_time: self.max_restart_time,
+            takeover_time: self.takeover_time,
             max_recovery_time: self.max_recovery_time,
-        }
+        })
     }
 }
 
@@ -358,33 +358,25 @@ impl<S: CheckpointStore> Driver<S> {
         let already_committed = checkpoint.is_some() && loaded.committed_through >= checkpoint;
         restore::refuse_removed_sinks(&self.sinks, record.as_ref(), already_committed)?;
         restore::refuse_sinks_ahead(&mut self.sinks, loaded.highest_id.max(checkpoint)).await?;
-        for i in 0..self.sinks.len() {
-            let id = self.sinks[i].sink_id().clone();
-            let restored = record
-                .as_ref()
-                .and_then(|r| r.committables.get(&id).map(|v| (r.id, v.clone())));
-            // The claim is the fence: a recovery whose claim lapsed touches nothing (and the sinks check again
-            // before each destructive step, through `ensure_claim_held`).
-            claim
-                .guard
-                .check()
-                .await
-                .map_err(|e| e.at_phase(Phase::Recover).or_sink(&id))?;
-            let interrupt = FaultPoint::DuringRecover { sink: id.clone() };
-            if self.fault_action(&interrupt).await == FaultAction::Crash {
-                // Run the recovery up to its first suspension, then abandon it: a crash inside recover.
-                let _ = first_poll(self.sinks[i].recover(restored, already_committed)).await;
-                return Err(crash_error(&interrupt));
+        let limit = self.config.max_recovery_time;
+        match tokio::time::timeout(
+            limit,
+            self.recover_sinks(&claim.guard, record.as_ref(), already_committed),
+        )
+        .await
+        {
+            Ok(recovered) => recovered?,
+            Err(_) => {
+                return Err(Error::new(
+                    ErrorKind::Retryable,
+                    Phase::Recover,
+                    format!(
+                        "recovery did not finish within max_recovery_time ({limit:?}); stopped (recovery is \
+                         idempotent: the next start runs it again). Raise max_recovery_time if a sink's recovery \
+                         legitimately takes longer (a large backlog of prepared transactions or staged files)"
+                    ),
+                ));
             }
-            let mut attempts = retry.attempts();
-            loop {
-                let recovery = self.sinks[i].recover(restored.clone(), already_committed);
-                match fence::recovering_under(claim.guard.clone(), recovery).await {
-                    Err(e) if attempts.retry("recover", &e).await => {}
-                    outcome => break outcome.map_err(|e| e.or_sink(&id))?,
-                }
-            }
-            self.inject(FaultPoint::AfterRecover { sink: id }).await?;
         }
         drop(claim.guard);
         if let Some(checkpoint) = checkpoint.filter(|_| !already_committed)
@@ -411,6 +403,45 @@ impl<S: CheckpointStore> Driver<S> {
             positions,
             owner,
         })
+    }
+
+    /// Recovers every sink in turn from `record`, under `guard`: the claim is checked before each sink, and the
+    /// sinks check it before each destructive step.
+    async fn recover_sinks(
+        &mut self,
+        guard: &crate::ClaimGuard,
+        record: Option<&CheckpointRecord>,
+        already_committed: bool,
+    ) -> Result<()> {
+        let retry = self.config.retry;
+        for i in 0..self.sinks.len() {
+            let id = self.sinks[i].sink_id().clone();
+            let restored = record
+                .as_ref()
+                .and_then(|r| r.committables.get(&id).map(|v| (r.id, v.clone())));
+            // The claim is the fence: a recovery whose claim lapsed touches nothing (and the sinks check again
+            // before each destructive step, through `ensure_claim_held`).
+            guard
+                .check()
+                .await
+                .map_err(|e| e.at_phase(Phase::Recover).or_sink(&id))?;
+            let interrupt = FaultPoint::DuringRecover { sink: id.clone() };
+            if self.fault_action(&interrupt).await == FaultAction::Crash {
+                // Run the recovery up to its first suspension, then abandon it: a crash inside recover.
+                let _ = first_poll(self.sinks[i].recover(restored, already_committed)).await;
+                return Err(crash_error(&interrupt));
+            }
+            let mut attempts = retry.attempts();
+            loop {
+                let recovery = self.sinks[i].recover(restored.clone(), already_committed);
+                match fence::recovering_under(guard.clone(), recovery).await {
+                    Err(e) if attempts.retry("recover", &e).await => {}
+                    outcome => break outcome.map_err(|e| e.or_sink(&id))?,
+                }
+            }
+            self.inject(FaultPoint::AfterRecover { sink: id }).await?;
+        }
+        Ok(())
     }
 
     /// Writes `batch` to `sink` (a handle from [`Driver::add_sink`] of this driver).
@@ -515,14 +546,20 @@ impl<S: CheckpointStore> Driver<S> {
         self.inject(FaultPoint::AfterRecordDurable).await?;
         let faults = self.faults.clone();
         let store = self.store.clone();
+        // Every sink commits at once, each with its own retries: a slow sink never eats another's transaction
+        // timeout. A crash drill after one sink's commit abandons the others mid-flight, as a killed process would.
         let task = tokio::spawn(async move {
-            for commit in pending {
-                let sink = commit.sink_id().clone();
-                let started = std::time::Instant::now();
-                retry
-                    .run("commit", || commit.commit())
-                    .await
-                    .map_err(|e| e.or_sink(&sink).or_checkpoint(id))?;
+            let mut commits: FuturesUnordered<_> = pending
+                .into_iter()
+                .map(|commit| async move {
+                    let sink = commit.sink_id().clone();
+                    let started = std::time::Instant::now();
+                    let outcome = retry.run("commit", || commit.commit()).await;
+                    (sink, started, outcome)
+                })
+                .collect();
+            while let Some((sink, started, outcome)) = commits.next().await {
+                outcome.map_err(|e| e.or_sink(&sink).or_checkpoint(id))?;
                 metrics::histogram!(COMMIT_SECONDS, "sink" => sink.to_string())
                     .record(started.elapsed().as_secs_f64());
                 let point = FaultPoint::AfterCommit { sink };

@@ -160,6 +160,27 @@ create_table = true
         }
     }
 
+    /// Replaces the first `from` in the job file with `to` (which must be there).
+    pub fn edit_config(&self, from: &str, to: &str) {
+        let text = std::fs::read_to_string(&self.config).unwrap();
+        assert!(text.contains(from), "the job file has no {from:?}:\n{text}");
+        std::fs::write(&self.config, text.replacen(from, to, 1)).unwrap();
+    }
+
+    /// Points the checkpoint store (and the leases) at `address` (`host:port`, e.g. a proxy) instead of the
+    /// PostgreSQL server; the sinks keep the server.
+    pub fn store_through(&self, address: &str) {
+        let services = Services::get();
+        let url = services.pg_url();
+        self.edit_config(
+            &format!("[store]\nkind = \"postgres\"\nurl = \"{url}\""),
+            &format!(
+                "[store]\nkind = \"postgres\"\nurl = \"{}\"",
+                url.replace(services.pg_host_port(), address)
+            ),
+        );
+    }
+
     /// Produces the next `count` ids as JSON `{"id": n}` (acknowledged before returning).
     pub async fn produce(&mut self, count: u64) {
         self.produce_encoded(count, |id| format!(r#"{{"id":{id}}}"#).into_bytes())

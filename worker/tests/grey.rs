@@ -1,0 +1,139 @@
+//! Grey failures through the `ratchet` binary, every sink read back by its independent verifier:
+//!
+//! - a process that goes silent while holding a subtask's claim guard (the pause drill stops it with SIGSTOP after
+//!   its claim: its connections stay open and its kernel answers TCP keepalives, so the server sees an "idle in
+//!   transaction" session holding the owner row's lock, as it would for a machine that lost its network). Another
+//!   process takes the subtask over within `lease + lease / 5 + max_recovery_time` plus recovery: its claim waits,
+//!   naming the holder, until the server ends the orphan (`idle_in_transaction_session_timeout`), and the wait is
+//!   not counted as a failure;
+//! - the checkpoint store blackholed (Toxiproxy: bytes vanish, nothing is closed) for longer than the lease while
+//!   checkpoints are being saved, then healed: every call fails within `max_call_time`, hung connections are
+//!   dropped, and the job goes on; blackholed again, a SIGTERM still ends the process within a bound, and the next
+//!   run delivers the rest. Every record exactly once in every sink.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::Job;
+use integration::Services;
+
+/// The job's lease; the renewal period is a fifth of it.
+const LEASE: Duration = Duration::from_secs(3);
+/// `[job] max_recovery_time`: also how long the server keeps an orphaned claim guard.
+const GUARD_IDLE: Duration = Duration::from_secs(8);
+
+/// Waits until `what` holds, polling every 200 ms, at most `within`.
+fn wait_until(what: &str, within: Duration, mut holds: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !holds() {
+        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_process_gone_silent_holding_the_claim_is_taken_over_within_the_bound() {
+    let services = Services::get();
+    let mut job = Job::new("orphan", 2, 1, "3s").await;
+    job.edit_config(
+        "lease = \"3s\"",
+        // Claim rounds of 2 s (max_call_time): the successor logs who holds the claim while it waits.
+        "lease = \"3s\"\nmax_call_time = \"2s\"\nmax_recovery_time = \"8s\"",
+    );
+    job.produce(300).await;
+    let mut silent = job.spawn_worker_with_env(&[], &[("RATCHET_PAUSE_AT", "after-load")]);
+    let guard = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'ratchet guard {}/0 %' \
+         AND state = 'idle in transaction'",
+        job.name
+    );
+    wait_until(
+        "the paused process holds the claim guard",
+        Duration::from_secs(60),
+        || services.psql(&guard) == "1" && silent.log_text().contains("stopping this process (SIGSTOP)"),
+    );
+    let went_silent = Instant::now();
+
+    let mut successor = job.spawn_worker(&[]);
+    job.wait_delivered(Duration::from_secs(90));
+    let took = went_silent.elapsed();
+    // Lease expiry + one renewal period + the orphaned guard's idle limit + claim rounds and recovery.
+    let bound = LEASE + LEASE / 5 + GUARD_IDLE + Duration::from_secs(30);
+    assert!(
+        took < bound,
+        "the subtask of the silent process ran again after {took:?} (bound {bound:?})"
+    );
+    let log = successor.log_text();
+    assert!(
+        log.contains("another session holds this subtask's claim") && log.contains("ratchet guard"),
+        "the waiting claim did not name the holder:\n{log}"
+    );
+    assert!(
+        !log.contains("subtask failed; restarting"),
+        "waiting for the claim counted as a failure:\n{log}"
+    );
+
+    silent.kill9();
+    job.produce(300).await;
+    job.wait_delivered(Duration::from_secs(60));
+    successor.stop(Duration::from_secs(60));
+    job.assert_exactly_once();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_store_blackholed_past_the_lease_during_saves_then_healed_loses_and_doubles_nothing() {
+    let services = Services::get();
+    let proxy = services
+        .toxiproxy()
+        .proxy("store", services.pg_host_port())
+        .await;
+    let mut job = Job::new("blackhole", 2, 1, "3s").await;
+    job.store_through(proxy.address());
+    job.edit_config("lease = \"3s\"", "lease = \"3s\"\nmax_call_time = \"2s\"");
+    let mut worker = job.spawn_worker(&[]);
+    job.produce(300).await;
+    job.wait_delivered(Duration::from_secs(60));
+
+    // Checkpoints every 500 ms: the blackhole lands on saves, lease renewals and the commit marks.
+    job.produce(300).await;
+    proxy.blackhole().await;
+    job.produce(300).await;
+    tokio::time::sleep(LEASE * 3).await;
+    proxy.heal().await;
+    job.produce(300).await;
+    job.wait_delivered(Duration::from_secs(120));
+    assert!(
+        worker.exited().is_none(),
+        "the worker gave up on a store that came back:\n{}",
+        worker.log_text()
+    );
+    assert!(
+        worker.log_text().contains("did not answer within"),
+        "no call ran into its limit:\n{}",
+        worker.log_text()
+    );
+
+    // Blackholed again, a SIGTERM still ends the process (its last checkpoint cannot be saved: the next run
+    // replays it).
+    job.produce(300).await;
+    proxy.blackhole().await;
+    worker.signal(nix::sys::signal::Signal::SIGTERM);
+    let stopping = Instant::now();
+    wait_until(
+        "the worker exits after SIGTERM with its store blackholed",
+        Duration::from_secs(120),
+        || worker.exited().is_some(),
+    );
+    let took = stopping.elapsed();
+    worker.child = None;
+    proxy.heal().await;
+
+    let mut next = job.spawn_worker(&[]);
+    job.produce(300).await;
+    job.wait_delivered(Duration::from_secs(120));
+    next.stop(Duration::from_secs(60));
+    job.assert_exactly_once();
+    proxy.delete().await;
+    println!("stopped {took:?} after SIGTERM with the store blackholed");
+}
