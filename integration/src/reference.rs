@@ -57,6 +57,8 @@ pub struct ReferenceSystem {
     state: Arc<Mutex<HashMap<(String, SinkId), SinkState>>>,
     broken: Option<Broken>,
     transaction_timeout: Option<Duration>,
+    /// While set, commits never answer (a server that stopped replying without closing anything).
+    silent_commits: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl ReferenceSystem {
@@ -77,6 +79,13 @@ impl ReferenceSystem {
     pub fn with_transaction_timeout(mut self, timeout: Duration) -> Self {
         self.transaction_timeout = Some(timeout);
         self
+    }
+
+    /// While `silent`, every commit waits forever without answering, as against a server that stopped replying
+    /// (shared by every sink and committer of this system).
+    pub fn silence_commits(&self, silent: bool) {
+        self.silent_commits
+            .store(silent, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// A new sink instance for `sink` in run `run`.
@@ -153,6 +162,12 @@ impl Committer for ReferenceCommitter {
 
     async fn commit(&self, committables: Vec<ReferenceCommittable>) -> Result<()> {
         let system = &self.system;
+        if system
+            .silent_commits
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            std::future::pending::<()>().await;
+        }
         system.with(&self.key, |state| {
             if state.epoch != self.epoch && !system.is(Broken::ZombieNotFenced) {
                 return Err(fenced(&self.key, Phase::Commit));

@@ -482,3 +482,44 @@ async fn a_stream_of_batches_and_barriers_is_forwarded_in_one_call() {
         (0..50).collect::<Vec<_>>()
     );
 }
+
+#[tokio::test]
+async fn a_commit_that_never_answers_stops_the_driver_within_the_commit_term_and_recovery_commits_it() {
+    let system = ReferenceSystem::new();
+    let dir = tempfile::tempdir().unwrap();
+    let config = DriverConfig {
+        max_call_time: Duration::from_millis(200),
+        ..quick()
+    };
+    let commit_term = config.retry.worst_case(config.max_call_time);
+    let mut driver = Driver::new(
+        LocalCheckpointStore::open(dir.path(), 3).unwrap(),
+        config.clone(),
+    );
+    let sink = driver.add_sink(system.sink(RUN, &sink_id())).unwrap();
+    driver.start().await.unwrap();
+    driver.write(sink, &rows(0..10)).await.unwrap();
+    system.silence_commits(true);
+    let decided = driver.checkpoint(at(10)).await.unwrap();
+    // The commit hangs on its task; waiting for it ends within the commit term instead of forever.
+    let err = tokio::time::timeout(commit_term * 10, driver.finish_commit())
+        .await
+        .expect("the hung commit is abandoned within its term")
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InDoubt, "{err}");
+    assert!(err.to_string().contains("did not finish within"), "{err}");
+    assert!(system.visible(RUN, &sink_id()).is_empty());
+    drop(driver);
+
+    // The server answers again: the next start's recovery commits the decided checkpoint.
+    system.silence_commits(false);
+    let mut driver = Driver::new(LocalCheckpointStore::open(dir.path(), 3).unwrap(), config);
+    driver.add_sink(system.sink(RUN, &sink_id())).unwrap();
+    let restored = driver.start().await.unwrap();
+    assert_eq!(restored.checkpoint, Some(decided));
+    driver.close().await.unwrap();
+    assert_eq!(
+        sorted(system.visible(RUN, &sink_id())),
+        (0..10).collect::<Vec<_>>()
+    );
+}

@@ -75,9 +75,11 @@ pub struct DriverConfig {
     /// orphaned claim guard is ended): a term of the timeout budget when longer than `max_restart_time`. Zero for
     /// a job that runs in one process.
     pub takeover_time: Duration,
-    /// The longest one sink or store call may take before it fails by itself (for the timeout budget: with
-    /// `retry`, it bounds the wait for a commit and for a save). A store enforces it on its own calls
-    /// ([`crate::PgStoreLimits`]).
+    /// The longest one sink or store call may take, enforced: a sink's `pre_commit` is abandoned after it (the
+    /// checkpoint is aborted and replayed), its `begin` and `commit`, retries included, after the retry policy's
+    /// worst case of it (a commit abandoned so stops the driver, and recovery commits the checkpoint); a store
+    /// bounds its own calls by it ([`crate::PgStoreLimits`]). Writes are not bounded: they wait for the sink's
+    /// backpressure.
     pub max_call_time: Duration,
     /// Retries of transient failures in begin, commit, recover and checkpoint-store calls.
     pub retry: RetryPolicy,
@@ -511,7 +513,16 @@ impl<S: CheckpointStore> Driver<S> {
         let mut pending: Vec<Box<dyn PendingCommit>> = Vec::with_capacity(self.sinks.len());
         for i in 0..self.sinks.len() {
             let sink_id = self.sinks[i].sink_id().clone();
-            match self.sinks[i].pre_commit(id).await {
+            let limit = self.config.max_call_time;
+            let prepared = within(
+                limit,
+                Phase::PreCommit,
+                ErrorKind::Retryable,
+                "pre_commit (max_call_time)",
+                self.sinks[i].pre_commit(id),
+            )
+            .await;
+            match prepared {
                 Ok((entry, commit)) => {
                     committables.insert(sink_id.clone(), entry);
                     pending.push(commit);
@@ -548,13 +559,23 @@ impl<S: CheckpointStore> Driver<S> {
         let store = self.store.clone();
         // Every sink commits at once, each with its own retries: a slow sink never eats another's transaction
         // timeout. A crash drill after one sink's commit abandons the others mid-flight, as a killed process would.
+        // A commit still running after the budget's commit term stops the driver: the restart and the recovery
+        // that commits it are the budget's next terms.
+        let wait = self.config.retry.worst_case(self.config.max_call_time);
         let task = tokio::spawn(async move {
             let mut commits: FuturesUnordered<_> = pending
                 .into_iter()
                 .map(|commit| async move {
                     let sink = commit.sink_id().clone();
                     let started = std::time::Instant::now();
-                    let outcome = retry.run("commit", || commit.commit()).await;
+                    let outcome = within(
+                        wait,
+                        Phase::Commit,
+                        ErrorKind::InDoubt,
+                        "the commit, retries included (the timeout budget's commit term)",
+                        retry.run("commit", || commit.commit()),
+                    )
+                    .await;
                     (sink, started, outcome)
                 })
                 .collect();
@@ -671,16 +692,27 @@ impl<S: CheckpointStore> Driver<S> {
 
     async fn begin_all(&mut self) -> Result<()> {
         let (retry, current) = (self.config.retry, self.current);
+        let wait = retry.worst_case(self.config.max_call_time);
         for i in 0..self.sinks.len() {
             let sink = &mut self.sinks[i];
             let id = sink.sink_id().clone();
-            let mut attempts = retry.attempts();
-            let outcome = loop {
-                match sink.begin(current).await {
-                    Err(e) if attempts.retry("begin", &e).await => {}
-                    outcome => break outcome,
+            let begun = async {
+                let mut attempts = retry.attempts();
+                loop {
+                    match sink.begin(current).await {
+                        Err(e) if attempts.retry("begin", &e).await => {}
+                        outcome => break outcome,
+                    }
                 }
             };
+            let outcome = within(
+                wait,
+                Phase::Begin,
+                ErrorKind::Retryable,
+                "begin, retries included",
+                begun,
+            )
+            .await;
             if let Err(e) = outcome {
                 let e = e.or_sink(&id).or_checkpoint(current);
                 self.fail(&e);
@@ -815,6 +847,24 @@ async fn note_committed<S: CheckpointStore + ?Sized>(
             store.mark_committed(owner, checkpoint)
         })
         .await
+}
+
+/// `call` bounded by `limit`: when it does not finish in time it is dropped (like a crash at that point) and the
+/// result is an error of `kind` in `phase` saying what ran out of time.
+async fn within<T>(
+    limit: Duration,
+    phase: Phase,
+    kind: ErrorKind,
+    what: &str,
+    call: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    tokio::time::timeout(limit, call).await.unwrap_or_else(|_| {
+        Err(Error::new(
+            kind,
+            phase,
+            format!("{what} did not finish within {limit:?}; abandoned"),
+        ))
+    })
 }
 
 /// Polls `future` once: its output if it finished, `None` if it suspended (and is then dropped).
