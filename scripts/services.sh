@@ -32,6 +32,11 @@ TOXIPROXY_VERSION=v2.12.0
 KAFKA_PORT=${RATCHET_KAFKA_PORT:-19092}
 KAFKA_CONTROLLER_PORT=${RATCHET_KAFKA_CONTROLLER_PORT:-19093}
 KAFKA_SASL_SSL_PORT=${RATCHET_KAFKA_SASL_SSL_PORT:-19094}
+# A third PLAINTEXT listener that advertises Toxiproxy's address (KAFKA_PROXY_PORT, a fixed proxy the toxiproxy
+# step creates) instead of its own, so clients bootstrapped through the proxy stay behind it for every broker call.
+KAFKA_PROXIED_PORT=${RATCHET_KAFKA_PROXIED_PORT:-19095}
+KAFKA_PROXY_PORT=${RATCHET_KAFKA_PROXY_PORT:-19096}
+KAFKA_PROXY_NAME=ratchet-kafka
 KAFKA_EXPIRING_PORT=${RATCHET_KAFKA_EXPIRING_PORT:-19192}
 KAFKA_EXPIRING_CONTROLLER_PORT=${RATCHET_KAFKA_EXPIRING_CONTROLLER_PORT:-19193}
 PG_PORT=${RATCHET_PG_PORT:-15432}
@@ -197,15 +202,21 @@ tls_certs() {
   chmod 755 "$TLS"; chmod 644 "$TLS"/*.pem
 }
 
-# kafka_config NAME PORT CONTROLLER_PORT SASL_SSL_PORT [EXTRA_LINE...]: writes the server.properties of one
-# single-node KRaft broker+controller under $CACHE/NAME and prints its path. SASL_SSL_PORT "-" means PLAINTEXT only;
-# otherwise a second listener speaks SASL_SSL (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512; client certificates requested,
-# not required) with the test certificates.
+# kafka_config NAME PORT CONTROLLER_PORT SASL_SSL_PORT PROXIED [EXTRA_LINE...]: writes the server.properties of one
+# single-node KRaft broker+controller under $CACHE/NAME (as server.properties.next when it differs from the one
+# running) and prints its path. SASL_SSL_PORT "-" means PLAINTEXT only; otherwise a second listener speaks SASL_SSL
+# (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512; client certificates requested, not required) with the test certificates.
+# PROXIED "yes" adds the PROXIED listener on KAFKA_PROXIED_PORT, advertised as Toxiproxy's KAFKA_PROXY_PORT.
 kafka_config() {
-  local name=$1 port=$2 controller=$3 secure=$4; shift 4
-  local cfg=$CACHE/$name/server.properties
+  local name=$1 port=$2 controller=$3 secure=$4 proxied=$5; shift 5
+  local cfg=$CACHE/$name/server.properties.next
   local listeners="PLAINTEXT://127.0.0.1:$port" map="PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
   [[ $secure == - ]] || { listeners+=",SASL_SSL://127.0.0.1:$secure"; map+=",SASL_SSL:SASL_SSL"; }
+  local advertised=$listeners
+  if [[ $proxied == yes ]]; then
+    listeners+=",PROXIED://127.0.0.1:$KAFKA_PROXIED_PORT"; map+=",PROXIED:PLAINTEXT"
+    advertised+=",PROXIED://127.0.0.1:$KAFKA_PROXY_PORT"
+  fi
   mkdir -p "$CACHE/$name/data"
   cat >"$cfg" <<EOF
 # Written by scripts/services.sh: a single-node KRaft broker+controller for tests.
@@ -213,7 +224,7 @@ process.roles=broker,controller
 node.id=1
 controller.quorum.bootstrap.servers=127.0.0.1:$controller
 listeners=$listeners,CONTROLLER://127.0.0.1:$controller
-advertised.listeners=$listeners
+advertised.listeners=$advertised
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
 listener.security.protocol.map=$map
@@ -258,16 +269,21 @@ kafka_ready() {
   probe kafka "127.0.0.1:$2" && { [[ $3 == - ]] || probe kafka-secure "127.0.0.1:$3"; }
 }
 
-# kafka_start NAME PORT CONTROLLER_PORT SASL_SSL_PORT HEAP [EXTRA_LINE...]: formats (once) and starts one broker,
-# stores the SCRAM credentials of the test user (when it has a SASL_SSL listener), and waits until it is ready.
+# kafka_start NAME PORT CONTROLLER_PORT SASL_SSL_PORT PROXIED HEAP [EXTRA_LINE...]: formats (once) and starts one
+# broker, stores the SCRAM credentials of the test user (when it has a SASL_SSL listener), and waits until it is
+# ready. A broker already running with the same configuration is left alone; one whose configuration changed is
+# restarted.
 kafka_start() {
-  local name=$1 port=$2 controller=$3 secure=$4 heap=$5; shift 5
+  local name=$1 port=$2 controller=$3 secure=$4 proxied=$5 heap=$6; shift 6
   kafka_install
   [[ $secure == - ]] || tls_certs
-  if alive "$name" && kafka_ready "$name" "$port" "$secure" >/dev/null 2>&1; then log "$name: already up on 127.0.0.1:$port"; return 0; fi
+  local next cfg=$CACHE/$name/server.properties cp="$KAFKA_HOME/libs/*"
+  next=$(kafka_config "$name" "$port" "$controller" "$secure" "$proxied" "$@")
+  if alive "$name" && cmp -s "$next" "$cfg" && kafka_ready "$name" "$port" "$secure" >/dev/null 2>&1; then
+    rm -f "$next"; log "$name: already up on 127.0.0.1:$port"; return 0
+  fi
   alive "$name" && stop_pid "$name" TERM 30
-  local cfg cp="$KAFKA_HOME/libs/*"
-  cfg=$(kafka_config "$name" "$port" "$controller" "$secure" "$@")
+  mv "$next" "$cfg"
   local java_opts=(-Xms256m "-Xmx$heap" -XX:+UseG1GC -Djava.awt.headless=true
     -Dlog4j2.configurationFile="$HERE/kafka/log4j2.properties")
   if [[ ! -f $CACHE/$name/data/meta.properties ]]; then
@@ -293,14 +309,14 @@ kafka_state() {
   else echo "$name     $KAFKA_VERSION 127.0.0.1:$port  ${out:-not running}   DOWN"; return 1; fi
 }
 
-kafka_up() { kafka_start kafka "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT" "$KAFKA_SASL_SSL_PORT" 1g; }
+kafka_up() { kafka_start kafka "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT" "$KAFKA_SASL_SSL_PORT" yes 1g; }
 kafka_down() { stop_pid kafka TERM 60; }
 kafka_status() { kafka_state kafka "$KAFKA_PORT" "$KAFKA_SASL_SSL_PORT"; }
 
 # The second broker: transactional ids idle for 5 s are forgotten (checked every second), so a test can restart a
 # job after its ids expired, as happens after transactional.id.expiration.ms (7 days by default) in production.
 kafka_expiring_up() {
-  kafka_start kafka_expiring "$KAFKA_EXPIRING_PORT" "$KAFKA_EXPIRING_CONTROLLER_PORT" - 512m \
+  kafka_start kafka_expiring "$KAFKA_EXPIRING_PORT" "$KAFKA_EXPIRING_CONTROLLER_PORT" - no 512m \
     transactional.id.expiration.ms=5000 transaction.remove.expired.transaction.cleanup.interval.ms=1000
 }
 kafka_expiring_down() { stop_pid kafka_expiring TERM 60; }
@@ -458,13 +474,23 @@ toxiproxy_install() {
   mv "$gobin/server" "$TOXIPROXY_BIN"
 }
 toxiproxy_ready() { curl -fsS "http://127.0.0.1:$TOXIPROXY_PORT/version" >/dev/null; }
+# The fixed proxy in front of the broker's PROXIED listener (which advertises it); created or reset to no toxics.
+toxiproxy_kafka_proxy() {
+  curl -fsS -X POST "http://127.0.0.1:$TOXIPROXY_PORT/populate" -H 'Content-Type: application/json' \
+    -d "[{\"name\": \"$KAFKA_PROXY_NAME\", \"listen\": \"127.0.0.1:$KAFKA_PROXY_PORT\",
+          \"upstream\": \"127.0.0.1:$KAFKA_PROXIED_PORT\", \"enabled\": true}]" >/dev/null
+}
 toxiproxy_up() {
   toxiproxy_install
-  if alive toxiproxy && toxiproxy_ready; then log "toxiproxy: already up on 127.0.0.1:$TOXIPROXY_PORT"; return 0; fi
-  alive toxiproxy && stop_pid toxiproxy TERM 10
-  log "toxiproxy: starting $TOXIPROXY_VERSION (API on 127.0.0.1:$TOXIPROXY_PORT)"
-  start_bg toxiproxy "$TOXIPROXY_BIN" -host 127.0.0.1 -port "$TOXIPROXY_PORT"
-  wait_until 30 toxiproxy toxiproxy_ready
+  if ! { alive toxiproxy && toxiproxy_ready; }; then
+    alive toxiproxy && stop_pid toxiproxy TERM 10
+    log "toxiproxy: starting $TOXIPROXY_VERSION (API on 127.0.0.1:$TOXIPROXY_PORT)"
+    start_bg toxiproxy "$TOXIPROXY_BIN" -host 127.0.0.1 -port "$TOXIPROXY_PORT"
+    wait_until 30 toxiproxy toxiproxy_ready
+  else
+    log "toxiproxy: already up on 127.0.0.1:$TOXIPROXY_PORT"
+  fi
+  toxiproxy_kafka_proxy
 }
 toxiproxy_down() { stop_pid toxiproxy TERM 10; }
 toxiproxy_status() {
@@ -499,6 +525,8 @@ export RATCHET_S3_BUCKET=$S3_BUCKET
 export RATCHET_ICEBERG_REST_URI=http://127.0.0.1:$ICEBERG_PORT
 export RATCHET_ICEBERG_REST_WAREHOUSE=s3://$ICEBERG_TABLE_BUCKET
 export RATCHET_TOXIPROXY_URL=http://127.0.0.1:$TOXIPROXY_PORT
+export RATCHET_KAFKA_PROXIED_BOOTSTRAP=127.0.0.1:$KAFKA_PROXY_PORT
+export RATCHET_KAFKA_PROXY_NAME=$KAFKA_PROXY_NAME
 EOF
 }
 

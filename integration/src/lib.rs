@@ -11,6 +11,7 @@
 
 pub mod conformance;
 pub mod crash;
+pub mod pause;
 pub mod reference;
 mod services;
 pub mod toxiproxy;

@@ -200,6 +200,20 @@ impl Services {
         crate::toxiproxy::Toxiproxy::new(api)
     }
 
+    /// The test broker behind Toxiproxy: the bootstrap address of its listener that advertises the proxy (so every
+    /// connection a client opens stays behind it), and the proxy, healed (no toxics). One proxy for every test:
+    /// a test that breaks it must not run beside another that uses it (keep them in one test binary, one test).
+    pub async fn kafka_proxied(&self) -> (&str, crate::toxiproxy::Proxy) {
+        let bootstrap = self.var("RATCHET_KAFKA_PROXIED_BOOTSTRAP");
+        let proxy = self
+            .toxiproxy()
+            .existing(self.var("RATCHET_KAFKA_PROXY_NAME"))
+            .await;
+        proxy.heal().await;
+        require("Kafka (through Toxiproxy)", bootstrap);
+        (bootstrap, proxy)
+    }
+
     /// The MariaDB URL (`mysql://ratchet:...@127.0.0.1:<port>/ratchet`), after checking it listens.
     pub fn mysql_url(&self) -> &str {
         let url = self.var("RATCHET_MYSQL_URL");

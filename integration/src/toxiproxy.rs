@@ -65,6 +65,22 @@ impl Toxiproxy {
         serde_json::from_str(&text).unwrap_or(Value::Null)
     }
 
+    /// The proxy named `name` (one `scripts/services.sh` created, such as the Kafka broker's).
+    pub async fn existing(&self, name: &str) -> Proxy {
+        let found = self
+            .call(reqwest::Method::GET, &format!("/proxies/{name}"), None)
+            .await;
+        let address = found["listen"]
+            .as_str()
+            .unwrap_or_else(|| panic!("Toxiproxy has {found} for {name}: no listen address"))
+            .to_string();
+        Proxy {
+            toxiproxy: self.clone(),
+            name: name.to_string(),
+            address,
+        }
+    }
+
     /// A new proxy named `<prefix>-<unique>` in front of `upstream` (`host:port`), listening on 127.0.0.1 on a
     /// port the OS picks.
     pub async fn proxy(&self, prefix: &str, upstream: &str) -> Proxy {

@@ -484,7 +484,8 @@ async fn a_stream_of_batches_and_barriers_is_forwarded_in_one_call() {
 }
 
 #[tokio::test]
-async fn a_commit_that_never_answers_stops_the_driver_within_the_commit_term_and_recovery_commits_it() {
+async fn a_commit_that_never_answers_stops_the_driver_within_the_commit_term_and_recovery_commits_it()
+ {
     let system = ReferenceSystem::new();
     let dir = tempfile::tempdir().unwrap();
     let config = DriverConfig {
@@ -522,4 +523,77 @@ async fn a_commit_that_never_answers_stops_the_driver_within_the_commit_term_and
         sorted(system.visible(RUN, &sink_id())),
         (0..10).collect::<Vec<_>>()
     );
+}
+
+/// A store whose first `failures` committed marks fail (a store that drops connections now and then).
+struct FlakyMarks {
+    inner: LocalCheckpointStore,
+    failures: Arc<std::sync::atomic::AtomicU32>,
+}
+
+#[async_trait]
+impl CheckpointStore for FlakyMarks {
+    async fn claim(&self) -> Result<Claim> {
+        self.inner.claim().await
+    }
+    async fn save(&self, owner: OwnerEpoch, record: &CheckpointRecord) -> Result<()> {
+        self.inner.save(owner, record).await
+    }
+    async fn mark_committed(&self, owner: OwnerEpoch, checkpoint: CheckpointId) -> Result<()> {
+        let left = self.failures.load(std::sync::atomic::Ordering::SeqCst);
+        if left > 0 {
+            self.failures
+                .store(left - 1, std::sync::atomic::Ordering::SeqCst);
+            return Err(Error::new(
+                ErrorKind::Retryable,
+                Phase::Checkpoint,
+                "connection reset",
+            ));
+        }
+        self.inner.mark_committed(owner, checkpoint).await
+    }
+    async fn owner(&self) -> Result<Option<OwnerEpoch>> {
+        self.inner.owner().await
+    }
+    async fn load(&self) -> Result<Loaded> {
+        self.inner.load().await
+    }
+}
+
+#[tokio::test]
+async fn a_clean_stop_retries_noting_its_last_commit_and_reports_when_it_cannot() {
+    for (failures, noted) in [(1, true), (100, false)] {
+        let system = ReferenceSystem::new();
+        let dir = tempfile::tempdir().unwrap();
+        let armed = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let store = FlakyMarks {
+            inner: LocalCheckpointStore::open(dir.path(), 3).unwrap(),
+            failures: armed.clone(),
+        };
+        let mut driver = Driver::new(store, quick());
+        let sink = driver.add_sink(system.sink(RUN, &sink_id())).unwrap();
+        driver.start().await.unwrap();
+        driver.write(sink, &rows(0..10)).await.unwrap();
+        // From here on, marks fail `failures` times.
+        armed.store(failures, std::sync::atomic::Ordering::SeqCst);
+        let decided = driver.checkpoint(at(10)).await.unwrap();
+        let outcome = driver.close().await;
+        let loaded = LocalCheckpointStore::open(dir.path(), 3)
+            .unwrap()
+            .load()
+            .await
+            .unwrap();
+        assert_eq!(
+            sorted(system.visible(RUN, &sink_id())),
+            (0..10).collect::<Vec<_>>()
+        );
+        if noted {
+            outcome.unwrap();
+            assert_eq!(loaded.committed_through, Some(decided));
+        } else {
+            let err = outcome.unwrap_err();
+            assert!(err.to_string().contains("could not note it"), "{err}");
+            assert_ne!(loaded.committed_through, Some(decided));
+        }
+    }
 }

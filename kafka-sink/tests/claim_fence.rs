@@ -9,47 +9,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use connector_api::{
-    CheckpointId, Driver, DriverConfig, ErrorKind, FaultAction, FaultPoint, Faults, PgCheckpointStore,
-    PgStoreLimits, SinkId, SourceOffset, Step, SubtaskId,
+    Driver, DriverConfig, ErrorKind, PgCheckpointStore, PgStoreLimits, SinkId, SourceOffset, Step,
+    SubtaskId,
 };
 use integration::Services;
 use integration::conformance::conformance_batch;
+use integration::pause::PauseAt;
 use kafka_sink::{KafkaSink, KafkaSinkConfig};
-use tokio::sync::Notify;
 
 const ROWS: i64 = 100;
-
-/// Pauses the driver at `step` (once) until resumed, telling the test when it got there.
-struct PauseAt {
-    step: Step,
-    reached: Arc<Notify>,
-    resume: Arc<Notify>,
-    fired: std::sync::atomic::AtomicBool,
-}
-
-impl PauseAt {
-    fn new(step: Step) -> Arc<Self> {
-        Arc::new(Self {
-            step,
-            reached: Arc::new(Notify::new()),
-            resume: Arc::new(Notify::new()),
-            fired: std::sync::atomic::AtomicBool::new(false),
-        })
-    }
-}
-
-#[async_trait]
-impl Faults for PauseAt {
-    async fn at(&self, _: CheckpointId, point: &FaultPoint) -> FaultAction {
-        if point.step() == self.step && !self.fired.swap(true, std::sync::atomic::Ordering::SeqCst) {
-            self.reached.notify_one();
-            self.resume.notified().await;
-        }
-        FaultAction::Continue
-    }
-}
 
 async fn instance(job: &str, topic: &str, pause: Arc<PauseAt>) -> Driver<PgCheckpointStore> {
     let store = PgCheckpointStore::connect(
@@ -78,7 +47,7 @@ async fn a_recovery_whose_claim_lapsed_touches_nothing_of_the_next_owners_decide
     let first_pause = PauseAt::new(Step::AfterLoad);
     let mut first = instance(&job, &topic, first_pause.clone()).await;
     let first_run = tokio::spawn(async move { first.start().await.map(|_| ()) });
-    first_pause.reached.notified().await;
+    first_pause.reached().await;
 
     // Its guard's session is ended by the server.
     let killed = services.psql(&format!(
@@ -96,17 +65,20 @@ async fn a_recovery_whose_claim_lapsed_touches_nothing_of_the_next_owners_decide
         .await
         .expect("the second claim waits for nothing: the first guard is gone")
         .unwrap();
-    second.write(handle, &conformance_batch(0..ROWS)).await.unwrap();
+    second
+        .write(handle, &conformance_batch(0..ROWS))
+        .await
+        .unwrap();
     let decided = tokio::spawn(async move {
         let id = second
             .checkpoint(vec![SourceOffset::new("source", 0, ROWS)])
             .await?;
         second.close().await.map(|()| id)
     });
-    second_pause.reached.notified().await;
+    second_pause.reached().await;
 
     // The first instance resumes: its claim lapsed, so its recovery stops before fencing anything.
-    first_pause.resume.notify_one();
+    first_pause.resume();
     let err = tokio::time::timeout(Duration::from_secs(60), first_run)
         .await
         .expect("the first instance's recovery returns")
@@ -120,14 +92,18 @@ async fn a_recovery_whose_claim_lapsed_touches_nothing_of_the_next_owners_decide
     );
 
     // The second instance commits its decided checkpoint.
-    second_pause.resume.notify_one();
+    second_pause.resume();
     decided
         .await
         .unwrap()
         .expect("the decided checkpoint commits: nobody fenced its transaction");
 
     let (ids, partitions) = services.kafka_ids(services.kafka_bootstrap(), &topic);
-    assert_eq!(ids, (0..ROWS).collect::<Vec<_>>(), "every decided record once");
+    assert_eq!(
+        ids,
+        (0..ROWS).collect::<Vec<_>>(),
+        "every decided record once"
+    );
     for (partition, offsets) in partitions.as_object().unwrap() {
         assert_eq!(
             offsets["lso"], offsets["high_watermark"],

@@ -57,17 +57,19 @@ fn kill_at(value: &str) -> Result<FaultInjector> {
         .parse()
         .with_context(|| format!("{KILL_VARIABLE}={value:?}: the checkpoint is not a number"))?;
     tracing::warn!(%step, checkpoint, "crash drill: this process kills itself with SIGKILL at that step");
-    Ok(Arc::new(move |current: CheckpointId, point: &FaultPoint| {
-        if point.step() == step && current.0 == checkpoint {
-            let _ = raise(Signal::SIGKILL);
-        }
-        false
-    }))
+    Ok(Arc::new(
+        move |current: CheckpointId, point: &FaultPoint| {
+            if point.step() == step && current.0 == checkpoint {
+                let _ = raise(Signal::SIGKILL);
+            }
+            false
+        },
+    ))
 }
 
 fn pause_at(value: &str) -> Result<FaultInjector> {
-    let step = Step::parse(value)
-        .with_context(|| format!("{PAUSE_VARIABLE}={value:?}: unknown step"))?;
+    let step =
+        Step::parse(value).with_context(|| format!("{PAUSE_VARIABLE}={value:?}: unknown step"))?;
     if matches!(
         step,
         Step::DuringRecover | Step::AfterWrite | Step::WhileCommitting

@@ -510,3 +510,46 @@ fn measure_lag(source: &KafkaSource, label: &str) {
 fn config_error(e: anyhow::Error) -> Error {
     Error::new(ErrorKind::Config, Phase::Setup, format!("{e:#}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fenced() -> Error {
+        Error::new(
+            ErrorKind::Fenced,
+            Phase::Commit,
+            "producer fenced: a newer epoch",
+        )
+    }
+
+    #[tokio::test]
+    async fn a_fence_is_a_take_over_only_when_the_store_names_another_owner() {
+        let taken = fenced_or_expired(async { Ok(true) }, fenced()).await;
+        assert_eq!(taken.kind(), ErrorKind::Fenced);
+
+        // Still the owner: the sink's own transaction expired; a counted failure, restarted.
+        let expired = fenced_or_expired(async { Ok(false) }, fenced()).await;
+        assert_eq!(expired.kind(), ErrorKind::Fatal);
+        assert_eq!(expired.phase(), Phase::Commit);
+        let report = connector_api::Report(&expired).to_string();
+        assert!(
+            report.contains("still owns the subtask") && report.contains("producer fenced"),
+            "{report}"
+        );
+
+        // Unknown: treated as a take-over (the store is what fences saves anyway).
+        let unknown = fenced_or_expired(
+            async {
+                Err(Error::new(
+                    ErrorKind::Retryable,
+                    Phase::Checkpoint,
+                    "store down",
+                ))
+            },
+            fenced(),
+        )
+        .await;
+        assert_eq!(unknown.kind(), ErrorKind::Fenced);
+    }
+}

@@ -51,7 +51,12 @@ async fn a_process_gone_silent_holding_the_claim_is_taken_over_within_the_bound(
     wait_until(
         "the paused process holds the claim guard",
         Duration::from_secs(60),
-        || services.psql(&guard) == "1" && silent.log_text().contains("stopping this process (SIGSTOP)"),
+        || {
+            services.psql(&guard) == "1"
+                && silent
+                    .log_text()
+                    .contains("stopping this process (SIGSTOP)")
+        },
     );
     let went_silent = Instant::now();
 

@@ -39,7 +39,8 @@ async fn lowering_commit_every_or_weakening_delivery_keeps_the_files_a_record_ca
     let mut job = Job::new("commit-every", 1, 1, "3s").await;
     let lake = "create_table = true\n";
     let table_line = format!("table = \"{}.orders\"\n", job.name);
-    job.edit_config(&format!("{table_line}{lake}"),
+    job.edit_config(
+        &format!("{table_line}{lake}"),
         &format!("{table_line}{lake}commit_every = 3\n"),
     );
     job.produce(100).await;
@@ -61,7 +62,8 @@ async fn lowering_commit_every_or_weakening_delivery_keeps_the_files_a_record_ca
         lake_ids(&job).len() < 200,
         "nothing was carried: the test means nothing"
     );
-    job.edit_config("commit_every = 3\n",
+    job.edit_config(
+        "commit_every = 3\n",
         "commit_every = 1\ndelivery = \"at-least-once\"\n",
     );
     run_until_idle(&mut job);

@@ -120,7 +120,13 @@ impl fmt::Display for TimeoutBudget {
 mod tests {
     use super::*;
 
-    fn budget(interval: u64, wait: u64, restart: u64, takeover: u64, recovery: u64) -> TimeoutBudget {
+    fn budget(
+        interval: u64,
+        wait: u64,
+        restart: u64,
+        takeover: u64,
+        recovery: u64,
+    ) -> TimeoutBudget {
         let secs = Duration::from_secs;
         TimeoutBudget::new(&BudgetInputs {
             checkpoint_interval: secs(interval),
@@ -146,7 +152,10 @@ mod tests {
             Duration::from_secs(150 + 150 + 150 + 924 + 60)
         );
         let err = budget(10, 150, 60, 1068, 60)
-            .check(&SinkId::new("kafka").unwrap(), Some(Duration::from_secs(600)))
+            .check(
+                &SinkId::new("kafka").unwrap(),
+                Some(Duration::from_secs(600)),
+            )
             .unwrap_err();
         assert!(err.to_string().contains("take-over"), "{err}");
     }
