@@ -3,15 +3,28 @@
 //! is paused with SIGSTOP past its lease in the middle of it and woken up later. The independent readers then see
 //! every record exactly once in every sink, and nothing left behind.
 //!
+//! Grey chaos: the same job with every link behind Toxiproxy (PostgreSQL: the checkpoint store, the leases, the
+//! JDBC sink and the Iceberg catalog; Kafka: the source and the Kafka sink), hit by random faults: latency, a
+//! silent blackhole, reset connections, on either link; SIGKILL and SIGSTOP of a process; and, in the long mode,
+//! restarts of PostgreSQL and Kafka themselves. Every sink exactly once afterwards, nothing left behind.
+//!
 //! `RATCHET_CHAOS_KILLS` sets the number of kills (4 by default, as CI runs it; the long mode is hundreds: see
-//! docs/benchmarks.md, "Chaos"), `RATCHET_CHAOS_SEED` replays a run (the seed is printed).
+//! docs/benchmarks.md, "Chaos"), `RATCHET_GREY_CHAOS_FAULTS` the number of grey faults (6 by default, as CI runs
+//! it), `RATCHET_GREY_CHAOS_RESTARTS=1` adds server restarts to them (they restart the shared test servers: not
+//! in CI), `RATCHET_CHAOS_SEED` replays a run (the seed is printed). The two tests take turns (one heavy job at a
+//! time on the machine).
 
 mod common;
 
 use std::time::{Duration, Instant};
 
 use common::{Job, Worker};
+use integration::Services;
+use integration::toxiproxy::Proxy;
 use nix::sys::signal::Signal;
+
+/// One chaos test at a time: each runs a heavy job of several processes.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// A small deterministic generator (xorshift64*), so a failing run can be replayed from its seed.
 struct Rng(u64);
@@ -36,16 +49,22 @@ fn env_u64(name: &str) -> Option<u64> {
     })
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn random_sigkills_and_a_pause_leave_every_sink_exactly_once() {
-    let kills = env_u64("RATCHET_CHAOS_KILLS").unwrap_or(4);
-    let seed = env_u64("RATCHET_CHAOS_SEED").unwrap_or_else(|| {
+/// `RATCHET_CHAOS_SEED`, or a new seed.
+fn seed() -> u64 {
+    env_u64("RATCHET_CHAOS_SEED").unwrap_or_else(|| {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
             .as_nanos() as u64
             | 1
-    });
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn random_sigkills_and_a_pause_leave_every_sink_exactly_once() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let kills = env_u64("RATCHET_CHAOS_KILLS").unwrap_or(4);
+    let seed = seed();
     eprintln!("chaos: {kills} kills, RATCHET_CHAOS_SEED={seed}");
     let mut rng = Rng(seed);
     let mut job = Job::new("chaos", 4, 4, "3s").await;
@@ -95,4 +114,147 @@ async fn random_sigkills_and_a_pause_leave_every_sink_exactly_once() {
     let mut last = job.spawn_worker(&["--exit-when-idle", "2s"]);
     last.wait_exit(Duration::from_secs(120));
     job.assert_exactly_once();
+}
+
+/// A link of the job to its servers, behind a proxy.
+struct Link {
+    name: &'static str,
+    proxy: Proxy,
+}
+
+/// What the grey chaos does to the running job, one fault at a time.
+#[derive(Debug)]
+enum Fault {
+    /// Every reply on the link delayed by this many milliseconds (jittered), for a while.
+    Latency(&'static str, u64),
+    /// Bytes on the link vanish, no connection closes, for this many milliseconds.
+    Blackhole(&'static str, u64),
+    /// Every open connection on the link is closed.
+    Reset(&'static str),
+    /// A process is killed with SIGKILL and replaced.
+    Kill(usize),
+    /// A process is stopped with SIGSTOP for this many milliseconds, then continued.
+    Stop(usize, u64),
+    /// The server behind the link is restarted (`scripts/services.sh down` then `up`).
+    Restart(&'static str),
+}
+
+fn restart_service(service: &str) {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/services.sh");
+    for command in ["down", "up"] {
+        let status = std::process::Command::new(&script)
+            .args([command, service])
+            .status()
+            .unwrap();
+        assert!(
+            status.success(),
+            "services.sh {command} {service}: {status}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn random_grey_faults_on_every_link_leave_every_sink_exactly_once() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let faults = env_u64("RATCHET_GREY_CHAOS_FAULTS").unwrap_or(6);
+    let restarts = std::env::var("RATCHET_GREY_CHAOS_RESTARTS").is_ok_and(|v| v == "1");
+    let seed = seed();
+    eprintln!(
+        "grey chaos: {faults} faults (server restarts: {restarts}), RATCHET_CHAOS_SEED={seed}"
+    );
+    let mut rng = Rng(seed);
+    let services = Services::get();
+    let (kafka_bootstrap, kafka) = services.kafka_proxied().await;
+    let pg = services
+        .toxiproxy()
+        .proxy("grey-chaos-pg", services.pg_host_port())
+        .await;
+    let mut job = Job::new("grey_chaos", 4, 4, "3s").await;
+    // Every connection the workers open goes through a proxy; the test's producer and the readers do not.
+    let text = std::fs::read_to_string(&job.config).unwrap();
+    let text = text
+        .replace(services.pg_host_port(), pg.address())
+        .replace(
+            &format!("bootstrap_servers = \"{}\"", services.kafka_bootstrap()),
+            &format!("bootstrap_servers = \"{kafka_bootstrap}\""),
+        )
+        .replace(
+            "lease = \"3s\"",
+            "lease = \"3s\"\nmax_call_time = \"5s\"\nmax_recovery_time = \"30s\"\nmax_restarts = 1000",
+        );
+    std::fs::write(&job.config, text).unwrap();
+    let links = [
+        Link {
+            name: "postgres",
+            proxy: pg.clone(),
+        },
+        Link {
+            name: "kafka",
+            proxy: kafka.clone(),
+        },
+    ];
+    let mut workers: Vec<Worker> = (0..3).map(|_| job.spawn_worker(&[])).collect();
+    job.wait_spread(4, 3, Duration::from_secs(90));
+
+    let started = Instant::now();
+    let mut seen = std::collections::BTreeMap::<String, u32>::new();
+    for _ in 0..faults {
+        job.produce(200 + rng.below(800)).await;
+        let on = links[rng.below(2) as usize].name;
+        let fault = match rng.below(if restarts { 6 } else { 5 }) {
+            0 => Fault::Latency(on, 100 + rng.below(400)),
+            1 => Fault::Blackhole(on, 1000 + rng.below(7000)),
+            2 => Fault::Reset(on),
+            3 if rng.below(2) == 0 => Fault::Kill(rng.below(workers.len() as u64) as usize),
+            3 => Fault::Stop(
+                rng.below(workers.len() as u64) as usize,
+                2000 + rng.below(6000),
+            ),
+            4 => Fault::Blackhole(on, 1000 + rng.below(3000)),
+            _ => Fault::Restart(on),
+        };
+        let link = |name: &str| &links.iter().find(|l| l.name == name).expect("a link").proxy;
+        eprintln!("grey chaos: {fault:?}");
+        *seen
+            .entry(format!("{fault:?}").split('(').next().unwrap().to_string())
+            .or_default() += 1;
+        match fault {
+            Fault::Latency(name, millis) => {
+                link(name).latency(millis, millis / 4).await;
+                tokio::time::sleep(Duration::from_millis(2000 + rng.below(4000))).await;
+                link(name).heal().await;
+            }
+            Fault::Blackhole(name, millis) => {
+                link(name).blackhole().await;
+                tokio::time::sleep(Duration::from_millis(millis)).await;
+                link(name).heal().await;
+            }
+            Fault::Reset(name) => link(name).reset_connections().await,
+            Fault::Kill(victim) => {
+                workers[victim].kill9();
+                workers[victim] = job.spawn_worker(&[]);
+            }
+            Fault::Stop(victim, millis) => {
+                workers[victim].signal(Signal::SIGSTOP);
+                tokio::time::sleep(Duration::from_millis(millis)).await;
+                workers[victim].signal(Signal::SIGCONT);
+            }
+            Fault::Restart(name) => restart_service(name),
+        }
+        tokio::time::sleep(Duration::from_millis(rng.below(1500))).await;
+    }
+    job.produce(1000).await;
+    eprintln!(
+        "grey chaos: {faults} faults {seen:?} in {:?}, {} records",
+        started.elapsed(),
+        job.produced
+    );
+    job.wait_delivered(Duration::from_secs(300));
+    for worker in &mut workers {
+        worker.stop(Duration::from_secs(120));
+    }
+    let mut last = job.spawn_worker(&["--exit-when-idle", "2s"]);
+    last.wait_exit(Duration::from_secs(180));
+    job.assert_exactly_once();
+    pg.delete().await;
 }
