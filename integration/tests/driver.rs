@@ -597,3 +597,45 @@ async fn a_clean_stop_retries_noting_its_last_commit_and_reports_when_it_cannot(
         }
     }
 }
+
+#[tokio::test]
+async fn a_slow_sink_commit_does_not_hold_up_another_sinks_commit() {
+    // Two external systems: `slow` stops answering commits, `fast` does not.
+    let slow = ReferenceSystem::new();
+    let fast = ReferenceSystem::new();
+    let dir = tempfile::tempdir().unwrap();
+    let config = DriverConfig {
+        max_call_time: Duration::from_secs(30),
+        ..quick()
+    };
+    let mut driver = Driver::new(LocalCheckpointStore::open(dir.path(), 3).unwrap(), config);
+    let a = SinkId::new("a").unwrap();
+    let b = SinkId::new("b").unwrap();
+    // The slow sink comes first: commits one after another would keep the fast one waiting behind it.
+    let sink_a = driver.add_sink(slow.sink(RUN, &a)).unwrap();
+    let sink_b = driver.add_sink(fast.sink(RUN, &b)).unwrap();
+    driver.start().await.unwrap();
+    driver.write(sink_a, &rows(0..10)).await.unwrap();
+    driver.write(sink_b, &rows(0..10)).await.unwrap();
+    slow.silence_commits(true);
+    driver.checkpoint(at(10)).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while fast.visible(RUN, &b).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the fast sink's commit waited for the slow one"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(slow.visible(RUN, &a).is_empty());
+    slow.silence_commits(false);
+    // The silenced commit attempt never returns; it is abandoned at the commit term. A restart commits it.
+    drop(driver);
+    let mut driver = Driver::new(LocalCheckpointStore::open(dir.path(), 3).unwrap(), quick());
+    driver.add_sink(slow.sink(RUN, &a)).unwrap();
+    driver.add_sink(fast.sink(RUN, &b)).unwrap();
+    driver.start().await.unwrap();
+    driver.close().await.unwrap();
+    assert_eq!(sorted(slow.visible(RUN, &a)), (0..10).collect::<Vec<_>>());
+    assert_eq!(sorted(fast.visible(RUN, &b)), (0..10).collect::<Vec<_>>());
+}

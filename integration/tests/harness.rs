@@ -96,6 +96,16 @@ async fn a_store_without_fencing_is_caught() {
 }
 
 #[tokio::test]
+async fn a_recovery_that_runs_after_its_claim_lapsed_is_caught() {
+    let report = run_with_store(
+        StoreBug::LapsedClaimStillPasses,
+        "lapsed-claim-still-passes",
+    )
+    .await;
+    assert_eq!(failed(&report), ["lapsed-claim"], "{report}");
+}
+
+#[tokio::test]
 async fn a_driver_that_aborts_a_checkpoint_whose_save_outcome_is_unknown_is_caught() {
     let report = run_with_store(StoreBug::ReportsStoredAsFailed, "stored-reported-as-failed").await;
     assert_eq!(failed(&report), ["save-in-doubt"], "{report}");

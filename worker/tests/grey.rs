@@ -9,7 +9,11 @@
 //! - the checkpoint store blackholed (Toxiproxy: bytes vanish, nothing is closed) for longer than the lease while
 //!   checkpoints are being saved, then healed: every call fails within `max_call_time`, hung connections are
 //!   dropped, and the job goes on; blackholed again, a SIGTERM still ends the process within a bound, and the next
-//!   run delivers the rest. Every record exactly once in every sink.
+//!   run delivers the rest. Every record exactly once in every sink;
+//! - S3 (the file sink) and the Iceberg catalog (a SQL catalog on PostgreSQL) slow (latency on both links), with
+//!   a Kafka sink in the same job: the budget holds (check-config says so, every commit finishes, no restart),
+//!   every record once; and a lease long enough that the take-over of a silent process could outlast the Kafka
+//!   transaction timeout is refused at start-up, naming the term.
 
 mod common;
 
@@ -141,4 +145,70 @@ async fn a_store_blackholed_past_the_lease_during_saves_then_healed_loses_and_do
     job.assert_exactly_once();
     proxy.delete().await;
     println!("stopped {took:?} after SIGTERM with the store blackholed");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn slow_s3_and_a_slow_catalog_stay_within_the_budget_and_a_budget_that_cannot_is_refused() {
+    let services = Services::get();
+    let toxiproxy = services.toxiproxy();
+    let s3_server = services
+        .s3()
+        .endpoint
+        .trim_start_matches("http://")
+        .to_string();
+    let s3 = toxiproxy.proxy("slow-s3", &s3_server).await;
+    let pg = toxiproxy
+        .proxy("slow-catalog", services.pg_host_port())
+        .await;
+    let mut job = Job::new("slow", 2, 1, "3s").await;
+    job.archive_on_s3(s3.address());
+    // The Iceberg catalog, the JDBC sink and the store all reach PostgreSQL through the slow link.
+    let text = std::fs::read_to_string(&job.config).unwrap();
+    std::fs::write(
+        &job.config,
+        text.replace(services.pg_host_port(), pg.address()),
+    )
+    .unwrap();
+    s3.latency(150, 50).await;
+    pg.latency(40, 10).await;
+
+    let checked = job.ratchet("check-config");
+    let said = String::from_utf8_lossy(&checked.stdout).to_string();
+    assert!(
+        checked.status.success() && said.contains("in all"),
+        "check-config: {said}\n{}",
+        String::from_utf8_lossy(&checked.stderr)
+    );
+    let mut worker = job.spawn_worker(&[]);
+    for _ in 0..3 {
+        job.produce(300).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    job.wait_delivered(Duration::from_secs(180));
+    worker.stop(Duration::from_secs(120));
+    let log = worker.log_text();
+    assert!(
+        !log.contains("subtask failed"),
+        "a slow link made a subtask fail:\n{log}"
+    );
+    s3.heal().await;
+    pg.heal().await;
+    job.assert_exactly_once();
+
+    // A lease of 10 minutes: the take-over of a silent process (12 min + the orphaned guard) outlasts the Kafka
+    // sink's 10 min transaction timeout. Refused before anything runs.
+    job.edit_config("lease = \"3s\"", "lease = \"10m\"");
+    let checked = job.ratchet("check-config");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&checked.stdout),
+        String::from_utf8_lossy(&checked.stderr)
+    );
+    assert!(!checked.status.success(), "{said}");
+    assert!(
+        said.contains("take-over") && said.contains("sink copy"),
+        "{said}"
+    );
+    s3.delete().await;
+    pg.delete().await;
 }

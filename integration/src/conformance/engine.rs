@@ -60,6 +60,11 @@ pub enum Scenario {
     /// (with a fencing store that save waits for the new instance's claim guard, then is refused). The zombie may
     /// not decide anything, and nothing may be lost or doubled.
     ZombieSaves,
+    /// An instance pauses after claiming and loading (before recovering anything); its claim lapses while it is
+    /// paused (as a PostgreSQL guard session the server ended); a second instance claims, recovers and decides a
+    /// checkpoint, which it holds uncommitted while the first resumes. The first one's recovery must stop without
+    /// touching anything (it would abort the second's decided transactions), and nothing may be lost or doubled.
+    LapsedClaim,
     /// Saving checkpoint 3's record stores it but reports an unknown outcome, on every attempt: the driver must
     /// stop without aborting, and recovery must commit the checkpoint.
     SaveInDoubt,
@@ -94,6 +99,7 @@ impl Scenario {
             Scenario::RecoverTwice,
             Scenario::TwoStarters,
             Scenario::ZombieSaves,
+            Scenario::LapsedClaim,
             Scenario::SaveInDoubt,
             Scenario::CommitTwice,
             Scenario::Zombie,
@@ -113,6 +119,7 @@ impl Scenario {
             Scenario::RecoverTwice => "recover-twice".into(),
             Scenario::TwoStarters => "two-starters".into(),
             Scenario::ZombieSaves => "zombie-saves".into(),
+            Scenario::LapsedClaim => "lapsed-claim".into(),
             Scenario::SaveInDoubt => "save-in-doubt".into(),
             Scenario::CommitTwice => "commit-twice".into(),
             Scenario::Zombie => "zombie".into(),
@@ -244,6 +251,7 @@ async fn run_scenario<T: ConformanceTarget>(
         }
         Scenario::TwoStarters => super::overlap::two_starters(&job, stats).await?,
         Scenario::ZombieSaves => super::overlap::zombie_saves(&job, stats).await?,
+        Scenario::LapsedClaim => super::overlap::lapsed_claim(&job, stats).await?,
         Scenario::SaveInDoubt => {
             job.store.in_doubt_at(3);
             job.run_to_end(stats).await?;

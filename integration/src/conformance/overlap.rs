@@ -203,3 +203,80 @@ pub(super) async fn zombie_saves<T: ConformanceTarget>(
     }
     job.run_to_end(stats).await
 }
+
+/// See [`Scenario::LapsedClaim`](super::Scenario::LapsedClaim).
+pub(super) async fn lapsed_claim<T: ConformanceTarget>(
+    job: &Job<'_, T>,
+    stats: &mut Stats,
+) -> Result<(), String> {
+    let mut batches = Rng::new(job.config.seed ^ 0x1A95);
+    first_run(job, stats, &mut batches).await?;
+
+    let first_loaded = Arc::new(Notify::new());
+    let second_decided = Arc::new(Notify::new());
+    let first_done = Arc::new(Notify::new());
+    let first = job
+        .driver(vec![pause(
+            FaultPoint::AfterLoad,
+            None,
+            &first_loaded,
+            &second_decided,
+        )])
+        .await?;
+    let second = job
+        .driver(vec![pause(
+            FaultPoint::AfterRecordDurable,
+            None,
+            &second_decided,
+            &first_done,
+        )])
+        .await?;
+    let mut first_stats = Stats::default();
+    let mut second_stats = Stats::default();
+    let first_run = async {
+        let started = job.start_driver(first, &mut first_stats).await;
+        first_done.notify_one();
+        started
+    };
+    let second_run = async {
+        tokio::time::timeout(MAX_PAUSE, first_loaded.notified())
+            .await
+            .map_err(|_| "the first instance never reached its pause after loading".to_string())?;
+        // The first instance's claim lapses while it is paused: its lock is released, its checks fail.
+        job.store.lapse_claims();
+        let (mut driver, next) = job
+            .start_driver(second, &mut second_stats)
+            .await?
+            .ok_or("the second start crashed")?;
+        let next = job
+            .write_checkpoint(&mut driver, &mut batches, next)
+            .await?;
+        let decided = driver
+            .checkpoint(positions(next))
+            .await
+            .map_err(|e| format!("the second instance's checkpoint: {}", ErrorReport(&e)))?;
+        driver.finish_commit().await.map_err(|e| {
+            format!(
+                "the second instance's commit of checkpoint {decided}: {}",
+                ErrorReport(&e)
+            )
+        })?;
+        driver
+            .close()
+            .await
+            .map_err(|e| format!("close of the second instance: {}", ErrorReport(&e)))?;
+        Ok::<_, String>(())
+    };
+    let (first_outcome, second_outcome) = tokio::join!(first_run, second_run);
+    stats.starts += first_stats.starts + second_stats.starts;
+    stats.crashes += 1;
+    if let Ok(Some(_)) = first_outcome {
+        return Err(
+            "an instance whose claim lapsed while it was paused recovered anyway (it may have aborted what the \
+             next owner decided)"
+                .into(),
+        );
+    }
+    second_outcome?;
+    job.run_to_end(stats).await
+}

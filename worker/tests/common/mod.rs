@@ -28,6 +28,8 @@ pub struct Job {
     pub produced: u64,
     producer: FutureProducer,
     workers: usize,
+    /// Where the file sink writes when it was moved to S3 ([`archive_on_s3`](Self::archive_on_s3)): the prefix.
+    archive_s3: Option<String>,
 }
 
 impl Job {
@@ -157,6 +159,7 @@ create_table = true
             produced: 0,
             producer,
             workers: 0,
+            archive_s3: None,
         }
     }
 
@@ -179,6 +182,26 @@ create_table = true
                 url.replace(services.pg_host_port(), address)
             ),
         );
+    }
+
+    /// Moves the file sink ("archive") to the test bucket on S3, reached at `address` (`host:port`: the S3 server,
+    /// or a proxy in front of it), under a prefix of the job's name; [`read_back`](Self::read_back) reads it there.
+    pub fn archive_on_s3(&mut self, address: &str) {
+        let s3 = Services::get().s3();
+        let prefix = format!("{}-archive", self.name);
+        self.edit_config(
+            &format!(
+                "storage = {{ kind = \"local\", path = \"{}\" }}",
+                self.dir.path().join("out").display()
+            ),
+            &format!(
+                "storage = {{ kind = \"s3\", bucket = \"{}\", prefix = \"{prefix}\", region = \"{}\", \
+                 endpoint = \"http://{address}\", access_key_id = \"{}\", secret_access_key = \"{}\", \
+                 force_path_style = true }}",
+                s3.bucket, s3.region, s3.access_key, s3.secret_key
+            ),
+        );
+        self.archive_s3 = Some(prefix);
     }
 
     /// Produces the next `count` ids as JSON `{"id": n}` (acknowledged before returning).
@@ -372,14 +395,20 @@ create_table = true
     /// as pyiceberg does.
     pub fn read_back(&self) -> Vec<(&'static str, Vec<i64>)> {
         let services = Services::get();
-        let files = services.verify(
-            "visible_ids.py",
-            &[
-                "local",
-                &self.dir.path().join("out").display().to_string(),
-                "id",
-            ],
-        );
+        let files = match &self.archive_s3 {
+            Some(prefix) => services.verify(
+                "visible_ids.py",
+                &["s3", &services.s3().bucket, prefix, "id"],
+            ),
+            None => services.verify(
+                "visible_ids.py",
+                &[
+                    "local",
+                    &self.dir.path().join("out").display().to_string(),
+                    "id",
+                ],
+            ),
+        };
         let strays = files["strays"].as_array().unwrap();
         assert!(strays.is_empty(), "the file sink left {strays:?}");
         let (kafka, partitions) = services.kafka_ids(services.kafka_bootstrap(), &self.copy_topic);
