@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine or a warm one:
-#   1. scripts/services.sh up   (installs and starts Kafka, PostgreSQL, MariaDB, SeaweedFS, the Python verifiers)
+#   1. scripts/services.sh up   (installs and starts Kafka, PostgreSQL, MariaDB, SeaweedFS, Toxiproxy, the verifiers)
 #   2. cargo fmt --check, cargo clippy --workspace --all-targets -D warnings
 #   3. cargo test --workspace   (unit tests, and acceptance tests against the real services)
 #   4. the service self-checks (pytest selfcheck/: the Kafka broker's transaction behaviour)

@@ -38,9 +38,10 @@ fn driver(
         max_restart_time: Duration::ZERO,
         // Enforced: recovery (a few init_transactions) takes well under this.
         max_recovery_time: Duration::from_secs(8),
-        max_call_time: Duration::ZERO,
+        // Enforced on each sink call (pre_commit, begin, commit).
+        max_call_time: Duration::from_secs(1),
         takeover_time: Duration::ZERO,
-        // No retries: the budget (8.1 s) then fits the 10 s transaction timeout of the lost-checkpoint test.
+        // No retries: the budget (11 s) then fits the 12 s transaction timeout of the lost-checkpoint test.
         retry: RetryPolicy::NEVER,
     };
     let mut driver = Driver::new(LocalCheckpointStore::open(state, 3).unwrap(), config);
@@ -119,7 +120,7 @@ async fn a_decided_checkpoint_whose_transaction_was_aborted_and_forgotten_stops_
     let topic = integration::unique_name("expiry-lost");
     let prefix = integration::unique_name("expiry-lost");
     let state = tempfile::tempdir().unwrap();
-    let timeout = Duration::from_secs(10);
+    let timeout = Duration::from_secs(12);
 
     let mut first = driver(state.path(), &topic, &prefix, timeout).with_fault_injector(Arc::new(
         |checkpoint: CheckpointId, point: &FaultPoint| {
@@ -139,7 +140,7 @@ async fn a_decided_checkpoint_whose_transaction_was_aborted_and_forgotten_stops_
     // Checkpoint 3 is decided, and the process dies before committing it.
     first.checkpoint(at(40)).await.unwrap_err();
     drop(first);
-    // The broker aborts the transaction after 10 s and forgets the ids 5 s later.
+    // The broker aborts the transaction after 12 s and forgets the ids 5 s later.
     wait_until_expired(&prefix).await;
 
     let mut second = driver(state.path(), &topic, &prefix, timeout);

@@ -337,6 +337,18 @@ impl JobConfig {
         if self.job.lease < Duration::from_secs(2) {
             bail!("[job] lease must be at least 2s (it is renewed every lease/5)");
         }
+        if self.job.max_call_time < Duration::from_secs(1) {
+            bail!(
+                "[job] max_call_time must be at least 1s (every checkpoint store call, and a sink's pre_commit, is \
+                 abandoned after it)"
+            );
+        }
+        if self.job.max_recovery_time < Duration::from_secs(2) {
+            bail!(
+                "[job] max_recovery_time must be at least 2s (recovery is stopped after it, and an idle claim \
+                 guard ended by the server)"
+            );
+        }
         if self.sinks.is_empty() {
             bail!("the job has no [[sinks]]: add at least one");
         }
@@ -597,5 +609,28 @@ storage = { kind = "local", path = "/tmp/x" }
         .unwrap_err()
         .to_string();
         assert!(err.contains("name \"a b\""), "{err}");
+        let err = JobConfig::parse(
+            &MINIMAL.replace("subtasks = 3", "subtasks = 3\nmax_call_time = \"0s\""),
+            no_env(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("max_call_time must be at least 1s"), "{err}");
+    }
+
+    #[test]
+    fn the_store_limits_and_the_take_over_follow_the_job() {
+        let text = MINIMAL.replace(
+            "subtasks = 3",
+            "subtasks = 3\nmax_call_time = \"4s\"\nmax_recovery_time = \"20s\"",
+        );
+        let job = JobConfig::parse(&text, no_env()).unwrap();
+        let limits = job.store_limits();
+        assert_eq!(limits.call, Duration::from_secs(4));
+        assert_eq!(limits.claim_round, Duration::from_secs(4));
+        assert_eq!(limits.guard_idle, Duration::from_secs(20));
+        // PostgreSQL store: lease 10 s + a renewal period + the orphaned guard.
+        assert_eq!(job.takeover_time(), Duration::from_secs(32));
+        assert_eq!(job.driver_config().takeover_time, Duration::from_secs(32));
     }
 }

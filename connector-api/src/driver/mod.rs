@@ -79,7 +79,7 @@ pub struct DriverConfig {
     /// checkpoint is aborted and replayed), its `begin` and `commit`, retries included, after the retry policy's
     /// worst case of it (a commit abandoned so stops the driver, and recovery commits the checkpoint); a store
     /// bounds its own calls by it ([`crate::PgStoreLimits`]). Writes are not bounded: they wait for the sink's
-    /// backpressure.
+    /// backpressure. An `abort` is abandoned after it (recovery aborts what is left).
     pub max_call_time: Duration,
     /// Retries of transient failures in begin, commit, recover and checkpoint-store calls.
     pub retry: RetryPolicy,
@@ -670,12 +670,18 @@ impl<S: CheckpointStore> Driver<S> {
     pub async fn close(mut self) -> Result<()> {
         self.ensure_running()?;
         let unnoted = self.join_commit().await?;
-        let current = self.current;
+        let (current, limit) = (self.current, self.config.max_call_time);
         for sink in &mut self.sinks {
             let id = sink.sink_id().clone();
-            sink.abort()
-                .await
-                .map_err(|e| e.or_sink(&id).or_checkpoint(current))?;
+            within(
+                limit,
+                Phase::Abort,
+                ErrorKind::Retryable,
+                "abort (max_call_time)",
+                sink.abort(),
+            )
+            .await
+            .map_err(|e| e.or_sink(&id).or_checkpoint(current))?;
         }
         self.state = State::Failed("closed".into());
         match unnoted {
@@ -731,9 +737,17 @@ impl<S: CheckpointStore> Driver<S> {
         if action_after_retries(cause.kind(), cause.phase()) == Action::StopWithoutAbort {
             return cause;
         }
-        let current = self.current;
+        let (current, limit) = (self.current, self.config.max_call_time);
         for sink in &mut self.sinks {
-            if let Err(e) = sink.abort().await {
+            let aborted = within(
+                limit,
+                Phase::Abort,
+                ErrorKind::Retryable,
+                "abort (max_call_time)",
+                sink.abort(),
+            )
+            .await;
+            if let Err(e) = aborted {
                 tracing::error!(sink = %sink.sink_id(), checkpoint = %current, error = %Report(&e),
                     "abort after a failed checkpoint failed; recovery will abort the transaction");
             }
