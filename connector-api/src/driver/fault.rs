@@ -1,11 +1,13 @@
 //! Fault injection: the conformance harness crashes (or pauses) the driver at named protocol steps.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
+use std::task::Poll;
 
 use async_trait::async_trait;
 
-use crate::{CheckpointId, SinkId};
+use crate::{CheckpointId, Error, ErrorKind, Phase, SinkId};
 
 /// The named steps of the protocol where a crash can land: one vocabulary for the driver's fault points, the
 /// conformance harness's scenarios, the real `kill -9` runs (`integration::crash`) and the Kafka-to-Kafka pipeline's
@@ -171,6 +173,26 @@ where
 
 /// A shared fault injector, for [`Driver::with_fault_injector`](crate::Driver::with_fault_injector).
 pub type FaultInjector = Arc<dyn Faults>;
+
+/// Polls `future` once: its output if it finished, `None` if it suspended (and is then dropped).
+pub(super) async fn first_poll<F: Future>(future: F) -> Option<F::Output> {
+    let mut future = std::pin::pin!(future);
+    std::future::poll_fn(|cx| {
+        Poll::Ready(match future.as_mut().poll(cx) {
+            Poll::Ready(output) => Some(output),
+            Poll::Pending => None,
+        })
+    })
+    .await
+}
+
+pub(super) fn crash_error(point: &FaultPoint) -> Error {
+    Error::new(
+        ErrorKind::Fatal,
+        Phase::Checkpoint,
+        format!("injected crash {point}"),
+    )
+}
 
 #[cfg(test)]
 mod tests {
