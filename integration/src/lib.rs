@@ -1,4 +1,4 @@
-//! Ratchet's conformance harness ([`conformance`]), the reference sink that proves it ([`reference`]), and test
+//! Ratchet's conformance harness ([`conformance`]), the reference sink that proves it ([`reference`](mod@reference)), and test
 //! support against the real services that `scripts/services.sh up` starts, with the independent verifiers (Python
 //! readers that never use Ratchet code) tests check results with.
 //!

@@ -63,9 +63,10 @@
 //! ([`TwoPhaseCommit::write_tombstones`](connector_api::TwoPhaseCommit::write_tombstones)) as deletes by key in
 //! the checkpoint's transaction, in order with the rows (a key upserted then deleted in one checkpoint ends
 //! deleted; one deleted then upserted again ends present), committed with them at pre-commit; a replay deletes
-//! again with the same effect. PostgreSQL: one `DELETE FROM <table> t USING unnest($1::<type>[], ..) AS s(<key
-//! columns>) WHERE t.<k> = s.<k> AND ..` per call, the keys as binary arrays like the rows; MariaDB: `DELETE FROM
-//! <table> WHERE (<k1> = ? AND ..) OR ..`, up to 1000 keys per statement. Both behind the write savepoint.
+//! again with the same effect. PostgreSQL: one
+//! `DELETE FROM <table> t USING unnest($1::<type>[], ..) AS s(<key columns>) WHERE t.<k> = s.<k> AND ..` per call,
+//! the keys as binary arrays like the rows; MariaDB: `DELETE FROM <table> WHERE (<k1> = ? AND ..) OR ..`, up to
+//! 1000 keys per statement. Both behind the write savepoint.
 //!
 //! Each record key (its raw bytes) is decoded into the mode's key columns, with their types from the batches'
 //! schema:

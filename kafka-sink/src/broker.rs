@@ -16,7 +16,7 @@ fn admin_error(message: &str, e: rdkafka::error::KafkaError) -> Error {
 }
 
 /// The broker's `transaction.max.timeout.ms` (read from one broker of the cluster reached with `connection`,
-/// [`KafkaSinkConfig::connection`](crate::KafkaSinkConfig::connection)).
+/// [`KafkaSinkConfig::kafka_connection`](crate::KafkaSinkConfig::kafka_connection)).
 pub async fn broker_max_transaction_timeout(connection: &ClientConfig) -> Result<Duration> {
     let configs = broker_configs(connection, &["transaction.max.timeout.ms"]).await?;
     let value = configs.get("transaction.max.timeout.ms").ok_or_else(|| {

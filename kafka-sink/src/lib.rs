@@ -29,7 +29,7 @@
 //!
 //! - Every client the sink makes (transactional producers, the log probe, the prefix registry, admin requests,
 //!   Kafka-to-Kafka's consumer, and the protocol-level commit path) starts from one
-//!   [`KafkaConnection`](kafka_connection::KafkaConnection) ([`KafkaSinkConfig::kafka_connection`]): the
+//!   [`KafkaConnection`] ([`KafkaSinkConfig::kafka_connection`]): the
 //!   bootstrap servers and the connection settings of `client` (`security.protocol`, `ssl.*`, `sasl.*`,
 //!   `socket.*`). PLAINTEXT, SSL, SASL_PLAINTEXT and SASL_SSL with PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 work for
 //!   all of them (tested against a SASL_SSL listener); settings only librdkafka could follow (GSSAPI, OAUTHBEARER,

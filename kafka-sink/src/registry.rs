@@ -110,7 +110,7 @@ fn registered_owner(connection: &ClientConfig, prefix: &str) -> Result<Option<St
 }
 
 /// Registers `owner` as the user of `prefix` on the cluster reached with `connection`
-/// ([`KafkaSinkConfig::connection`](crate::KafkaSinkConfig::connection)), or refuses when another owner holds it.
+/// ([`KafkaSinkConfig::kafka_connection`](crate::KafkaSinkConfig::kafka_connection)), or refuses when another owner holds it.
 pub async fn claim_prefix(connection: &ClientConfig, prefix: &str, owner: &str) -> Result<()> {
     ensure_topic(connection).await?;
     let (reader, key) = (connection.clone(), prefix.to_string());

@@ -61,7 +61,7 @@ pub struct DemoArgs {
     /// Orders the generator produces.
     #[arg(long, default_value_t = 20_000)]
     pub records: u64,
-    /// Where the job file, logs, checkpoints, files and warehouse go (default .ratchet/demo/<time>).
+    /// Where the job file, logs, checkpoints, files and warehouse go (default `.ratchet/demo/<time>`).
     #[arg(long)]
     pub dir: Option<PathBuf>,
 }

@@ -3,31 +3,25 @@
 
 use arrow_array::RecordBatch;
 use async_trait::async_trait;
-use chrono::{Datelike, NaiveDateTime, Timelike};
+
 use connector_api::{Error, ErrorKind, Phase, Result};
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, Value};
 
 use super::{MAX_GTRID_BYTES, check_xa_version, connect, my_error, server_code};
 use crate::Xid;
-use crate::columns::{Cell, Columns, SqlType, TableShape, quote, quote_table};
+use crate::columns::{SqlType, TableShape, quote, quote_table};
 use crate::config::{Dialect, JdbcSinkConfig, WriteMode, config_error};
 use crate::database::{DedupCleanup, MARKERS_KEPT, MARKERS_TABLE, OWNERS_TABLE, Session};
 use crate::sink::{dedup_table, fenced};
 
-/// How long `prepare` waits for the server to end the session that prepared, once the writer ended it itself.
-const DETACH_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
-/// Unknown thread id (`KILL` of a session that is gone already).
-const ER_NO_SUCH_THREAD: u16 = 1094;
+mod detach;
+mod rows;
+
+use self::rows::{MAX_PLACEHOLDERS, MAX_ROWS_PER_STATEMENT, insert_statement};
+
 /// Expired dedup ids deleted per checkpoint at most (the rest go at the next cleanup).
 const CLEANUP_BATCH: usize = 10_000;
-/// Placeholders per statement at most (the protocol allows 65535).
-const MAX_PLACEHOLDERS: usize = 60_000;
-/// Rows per multi-row INSERT at most.
-const MAX_ROWS_PER_STATEMENT: usize = 2_000;
-/// Tombstone keys per DELETE at most.
-const MAX_KEYS_PER_DELETE: usize = 1_000;
-
 /// See the module docs.
 pub(crate) struct MySqlSession {
     opts: Opts,
@@ -74,34 +68,6 @@ struct Dedup {
     schedule: DedupCleanup,
 }
 
-fn value(cell: Cell<'_>) -> Value {
-    let datetime = |t: NaiveDateTime| {
-        Value::Date(
-            t.year() as u16,
-            t.month() as u8,
-            t.day() as u8,
-            t.hour() as u8,
-            t.minute() as u8,
-            t.second() as u8,
-            t.nanosecond() / 1_000,
-        )
-    };
-    match cell {
-        Cell::Null => Value::NULL,
-        Cell::Bool(v) => Value::Int(v.into()),
-        Cell::Int16(v) => Value::Int(v.into()),
-        Cell::Int32(v) => Value::Int(v.into()),
-        Cell::Int64(v) => Value::Int(v),
-        Cell::Float32(v) => Value::Float(v),
-        Cell::Float64(v) => Value::Double(v),
-        Cell::Text(v) => Value::Bytes(v.as_bytes().to_vec()),
-        Cell::Bytes(v) => Value::Bytes(v.to_vec()),
-        Cell::Date(d) => Value::Date(d.year() as u16, d.month() as u8, d.day() as u8, 0, 0, 0, 0),
-        Cell::Timestamp(t) => datetime(t),
-        Cell::TimestampTz(t) => datetime(t.naive_utc()),
-    }
-}
-
 /// The error for a statement when the connection was lost (and the transaction with it).
 fn no_connection(sink: &connector_api::SinkId, phase: Phase) -> Error {
     Error::new(
@@ -110,16 +76,6 @@ fn no_connection(sink: &connector_api::SinkId, phase: Phase) -> Error {
         "the connection to MariaDB was lost",
     )
     .with_sink(sink)
-}
-
-/// `<head>(?, ..), (?, ..) .. <tail>` for `rows` rows of `columns` placeholders.
-fn insert_statement(head: &str, tail: &str, columns: usize, rows: usize) -> String {
-    let row = format!("({})", vec!["?"; columns].join(", "));
-    let mut sql = String::with_capacity(head.len() + rows * (row.len() + 2) + tail.len());
-    sql.push_str(head);
-    sql.push_str(&vec![row; rows].join(", "));
-    sql.push_str(tail);
-    sql
 }
 
 /// A new writer connection whose statements wait at most `lock_timeout` (whole seconds, at least 1) for a row
@@ -132,42 +88,6 @@ async fn open(opts: &Opts, config: &JdbcSinkConfig, phase: Phase) -> Result<Conn
         .await
         .map_err(|e| my_error(phase, None, "cannot set innodb_lock_wait_timeout", e))?;
     Ok(conn)
-}
-
-/// Whether session `old`, which this writer just closed, is still on the server, looked up from its `fresh`
-/// connection: `None` when it is gone; `Some(true)` when it is still there and ours; `Some(false)` when the id now
-/// belongs to someone else: another user's session, or the server restarted since (connection ids only grow within
-/// one server run, so a fresh connection whose id is not above `old` means a new run, and ours is gone).
-async fn closed_session(
-    fresh: &mut Conn,
-    old: u32,
-) -> std::result::Result<Option<bool>, mysql_async::Error> {
-    let sessions: Vec<(u64, Option<String>)> = fresh
-        .exec(
-            "SELECT ID, USER FROM information_schema.PROCESSLIST WHERE ID IN (?, CONNECTION_ID())",
-            (old,),
-        )
-        .await?;
-    let me = fresh.id();
-    let user = |id: u32| {
-        sessions
-            .iter()
-            .find(|(session, _)| *session == u64::from(id))
-            .map(|(_, user)| user)
-    };
-    let Some(theirs) = user(old) else {
-        return Ok(None);
-    };
-    Ok(Some(me > old && user(me) == Some(theirs)))
-}
-
-/// Ends this writer's own session `id` with `KILL CONNECTION` (a prepared XA transaction stays prepared); a
-/// session that is gone already is fine.
-async fn kill(fresh: &mut Conn, id: u32) -> std::result::Result<(), mysql_async::Error> {
-    match fresh.query_drop(format!("KILL CONNECTION {id}")).await {
-        Err(e) if server_code(&e) == Some(ER_NO_SUCH_THREAD) => Ok(()),
-        other => other,
-    }
 }
 
 impl MySqlSession {
@@ -368,207 +288,6 @@ impl MySqlSession {
             self.open = None;
         }
         self.error(phase, xid, what, e)
-    }
-
-    /// Multi-row INSERTs of `batch`, up to `rows_per_statement` rows each.
-    async fn insert(&mut self, batch: &RecordBatch) -> Result<()> {
-        let columns = Columns::new(batch, &self.shape.types);
-        let mut start = 0;
-        while start < batch.num_rows() {
-            let rows = (batch.num_rows() - start).min(self.rows_per_statement);
-            let fresh = self.fresh_rows(&columns, start..start + rows).await?;
-            if fresh.is_empty() {
-                start += rows;
-                continue;
-            }
-            let mut params = Vec::with_capacity(fresh.len() * columns.len());
-            for &row in &fresh {
-                params.extend((0..columns.len()).map(|c| value(columns.cell(c, row))));
-            }
-            // The full-size statement is built once; only a shorter last one per call.
-            let statement = if fresh.len() == self.rows_per_statement {
-                std::borrow::Cow::Borrowed(self.full_statement.as_str())
-            } else {
-                let columns = self.shape.names.len();
-                std::borrow::Cow::Owned(insert_statement(
-                    &self.insert_head,
-                    &self.insert_tail,
-                    columns,
-                    fresh.len(),
-                ))
-            };
-            let result = match self.conn.as_mut() {
-                Some(conn) => conn.exec_drop(statement.as_ref(), params).await,
-                None => return Err(no_connection(&self.config.sink, Phase::Write)),
-            };
-            if let Err(e) = result {
-                let first = format!("{} = {}", self.shape.names[0], columns.show(0, start));
-                let what = format!(
-                    "the table {} refused a row among the {rows} starting at the row with {first}",
-                    self.config.table
-                );
-                return Err(self.lost_on(Phase::Write, self.open.clone().as_ref(), &what, e));
-            }
-            start += rows;
-        }
-        Ok(())
-    }
-
-    /// Deletes the rows of `keys`, up to [`MAX_KEYS_PER_DELETE`] keys per statement.
-    async fn delete_keys(&mut self, keys: &[RecordBatch]) -> Result<()> {
-        let Some(delete) = &self.delete else {
-            return Err(Error::new(
-                ErrorKind::Bug,
-                Phase::Write,
-                "tombstones reached the MariaDB session outside the upsert mode",
-            )
-            .with_sink(&self.config.sink));
-        };
-        let (head, condition, types) = (
-            delete.head.clone(),
-            delete.condition.clone(),
-            delete.types.clone(),
-        );
-        let per_statement = (MAX_PLACEHOLDERS / types.len().max(1)).clamp(1, MAX_KEYS_PER_DELETE);
-        let mut pending: Vec<(usize, usize)> = Vec::new();
-        for (b, batch) in keys.iter().enumerate() {
-            for row in 0..batch.num_rows() {
-                pending.push((b, row));
-            }
-        }
-        let columns: Vec<Columns<'_>> = keys.iter().map(|k| Columns::new(k, &types)).collect();
-        for chunk in pending.chunks(per_statement) {
-            let mut params = Vec::with_capacity(chunk.len() * types.len());
-            for &(b, row) in chunk {
-                params.extend((0..types.len()).map(|c| value(columns[b].cell(c, row))));
-            }
-            let statement = format!(
-                "{head}{}",
-                vec![condition.as_str(); chunk.len()].join(" OR ")
-            );
-            let result = match self.conn.as_mut() {
-                Some(conn) => conn.exec_drop(statement, params).await,
-                None => return Err(no_connection(&self.config.sink, Phase::Write)),
-            };
-            if let Err(e) = result {
-                let what = format!(
-                    "the table {} refused to delete the rows of {}",
-                    self.config.table,
-                    crate::keys::describe(keys, &types)
-                );
-                return Err(self.lost_on(Phase::Write, self.open.clone().as_ref(), &what, e));
-            }
-        }
-        Ok(())
-    }
-
-    /// Ends the session that prepared `xid` and opens the next one. MariaDB keeps a prepared transaction attached
-    /// to its session (no other session can commit or roll it back, though `XA RECOVER` lists it; the session can
-    /// start nothing new) until the server has ended that session, and the server may end it long after the
-    /// client closed it (it may learn only much later that the connection is gone). So the writer closes the
-    /// session, opens the next one, and ends the old one itself with `KILL CONNECTION` when it is still on the
-    /// server: that detaches the transaction and leaves it prepared (a killed session neither commits nor rolls
-    /// back a prepared XA transaction). Then it waits (up to [`DETACH_WAIT`]) until the old session is gone from
-    /// the process list, so the commit, on another connection, finds the transaction. Best effort: the
-    /// transaction is prepared whatever happens here; a failure leaves the reconnect to the next `begin`, and the
-    /// committer waits (a while, then fails retryable) for a session still attached.
-    async fn detach(&mut self, xid: &Xid) {
-        let Some(conn) = self.conn.take() else {
-            return;
-        };
-        let old = conn.id();
-        if let Err(e) = conn.disconnect().await {
-            tracing::warn!(%xid, session = old, error = %e, "closing the session after XA PREPARE failed; the transaction is prepared");
-        }
-        let mut fresh = match open(&self.opts, &self.config, Phase::PreCommit).await {
-            Ok(fresh) => fresh,
-            Err(e) => {
-                tracing::warn!(
-                    %xid, session = old, error = %connector_api::Report(&e),
-                    "reconnecting after XA PREPARE failed: cannot end the session that prepared; its transaction \
-                     stays prepared, and its commit waits until the server ends that session"
-                );
-                return;
-            }
-        };
-        let deadline = std::time::Instant::now() + DETACH_WAIT;
-        let mut killed = false;
-        loop {
-            match closed_session(&mut fresh, old).await {
-                // Gone, or the id is no longer ours (then ours is gone).
-                Ok(None | Some(false)) => break,
-                Ok(Some(true)) if !killed => {
-                    killed = true;
-                    if let Err(e) = kill(&mut fresh, old).await {
-                        tracing::warn!(
-                            %xid, session = old, error = %e,
-                            "cannot end the session that prepared with KILL CONNECTION; its transaction stays \
-                             prepared, and its commit waits until the server ends that session"
-                        );
-                        break;
-                    }
-                    tracing::debug!(%xid, session = old, "ended the session that prepared with KILL CONNECTION");
-                }
-                Ok(Some(true)) if std::time::Instant::now() < deadline => {
-                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-                }
-                Ok(Some(true)) => {
-                    tracing::warn!(
-                        %xid, session = old,
-                        "the session that prepared is still on the server after KILL CONNECTION; the commit waits \
-                         for it"
-                    );
-                    break;
-                }
-                Err(e) => {
-                    tracing::warn!(%xid, session = old, error = %e, "cannot look for the session that prepared");
-                    break;
-                }
-            }
-        }
-        self.conn = Some(fresh);
-    }
-
-    /// The rows of `range` to insert: all of them, or in the append mode those whose message id the dedup
-    /// table did not hold yet (recorded there in the same transaction), the first of each id.
-    async fn fresh_rows(
-        &mut self,
-        columns: &Columns<'_>,
-        range: std::ops::Range<usize>,
-    ) -> Result<Vec<usize>> {
-        let Some(dedup) = &self.dedup else {
-            return Ok(range.collect());
-        };
-        let ids: Vec<Value> = range
-            .clone()
-            .map(|row| value(columns.cell(dedup.column, row)))
-            .collect();
-        let statement = format!(
-            "{}{} RETURNING message_id",
-            dedup.claim,
-            vec!["(?)"; ids.len()].join(", ")
-        );
-        let xid = self.open.clone();
-        let claimed: std::result::Result<Vec<Value>, _> = self
-            .conn(Phase::Write)?
-            .exec_map(statement, ids.clone(), |(id,): (Value,)| id)
-            .await;
-        let mut new_ids = claimed.map_err(|e| {
-            self.lost_on(
-                Phase::Write,
-                xid.as_ref(),
-                "the dedup table refused the ids",
-                e,
-            )
-        })?;
-        let mut fresh = Vec::with_capacity(new_ids.len());
-        for (row, id) in range.zip(ids) {
-            if let Some(found) = new_ids.iter().position(|new| *new == id) {
-                new_ids.swap_remove(found);
-                fresh.push(row);
-            }
-        }
-        Ok(fresh)
     }
 
     /// Updates the owner row where the epoch is still `epoch`; fenced (and rolled back) when it is not.

@@ -1,0 +1,194 @@
+//! The write path: rows bound into multi-row prepared statements within the protocol's placeholder limit, deletes
+//! by key for tombstones, and the dedup table's fresh ids.
+
+use arrow_array::RecordBatch;
+use chrono::{Datelike, NaiveDateTime, Timelike};
+use connector_api::{Error, ErrorKind, Phase, Result};
+use mysql_async::Value;
+use mysql_async::prelude::Queryable;
+
+use super::{MySqlSession, no_connection};
+use crate::columns::{Cell, Columns};
+
+/// Placeholders per statement at most (the protocol allows 65535).
+pub(super) const MAX_PLACEHOLDERS: usize = 60_000;
+
+/// Rows per multi-row INSERT at most.
+pub(super) const MAX_ROWS_PER_STATEMENT: usize = 2_000;
+
+/// Tombstone keys per DELETE at most.
+pub(super) const MAX_KEYS_PER_DELETE: usize = 1_000;
+
+pub(super) fn value(cell: Cell<'_>) -> Value {
+    let datetime = |t: NaiveDateTime| {
+        Value::Date(
+            t.year() as u16,
+            t.month() as u8,
+            t.day() as u8,
+            t.hour() as u8,
+            t.minute() as u8,
+            t.second() as u8,
+            t.nanosecond() / 1_000,
+        )
+    };
+    match cell {
+        Cell::Null => Value::NULL,
+        Cell::Bool(v) => Value::Int(v.into()),
+        Cell::Int16(v) => Value::Int(v.into()),
+        Cell::Int32(v) => Value::Int(v.into()),
+        Cell::Int64(v) => Value::Int(v),
+        Cell::Float32(v) => Value::Float(v),
+        Cell::Float64(v) => Value::Double(v),
+        Cell::Text(v) => Value::Bytes(v.as_bytes().to_vec()),
+        Cell::Bytes(v) => Value::Bytes(v.to_vec()),
+        Cell::Date(d) => Value::Date(d.year() as u16, d.month() as u8, d.day() as u8, 0, 0, 0, 0),
+        Cell::Timestamp(t) => datetime(t),
+        Cell::TimestampTz(t) => datetime(t.naive_utc()),
+    }
+}
+
+/// `<head>(?, ..), (?, ..) .. <tail>` for `rows` rows of `columns` placeholders.
+pub(super) fn insert_statement(head: &str, tail: &str, columns: usize, rows: usize) -> String {
+    let row = format!("({})", vec!["?"; columns].join(", "));
+    let mut sql = String::with_capacity(head.len() + rows * (row.len() + 2) + tail.len());
+    sql.push_str(head);
+    sql.push_str(&vec![row; rows].join(", "));
+    sql.push_str(tail);
+    sql
+}
+
+impl MySqlSession {
+    /// Multi-row INSERTs of `batch`, up to `rows_per_statement` rows each.
+    pub(super) async fn insert(&mut self, batch: &RecordBatch) -> Result<()> {
+        let columns = Columns::new(batch, &self.shape.types);
+        let mut start = 0;
+        while start < batch.num_rows() {
+            let rows = (batch.num_rows() - start).min(self.rows_per_statement);
+            let fresh = self.fresh_rows(&columns, start..start + rows).await?;
+            if fresh.is_empty() {
+                start += rows;
+                continue;
+            }
+            let mut params = Vec::with_capacity(fresh.len() * columns.len());
+            for &row in &fresh {
+                params.extend((0..columns.len()).map(|c| value(columns.cell(c, row))));
+            }
+            // The full-size statement is built once; only a shorter last one per call.
+            let statement = if fresh.len() == self.rows_per_statement {
+                std::borrow::Cow::Borrowed(self.full_statement.as_str())
+            } else {
+                let columns = self.shape.names.len();
+                std::borrow::Cow::Owned(insert_statement(
+                    &self.insert_head,
+                    &self.insert_tail,
+                    columns,
+                    fresh.len(),
+                ))
+            };
+            let result = match self.conn.as_mut() {
+                Some(conn) => conn.exec_drop(statement.as_ref(), params).await,
+                None => return Err(no_connection(&self.config.sink, Phase::Write)),
+            };
+            if let Err(e) = result {
+                let first = format!("{} = {}", self.shape.names[0], columns.show(0, start));
+                let what = format!(
+                    "the table {} refused a row among the {rows} starting at the row with {first}",
+                    self.config.table
+                );
+                return Err(self.lost_on(Phase::Write, self.open.clone().as_ref(), &what, e));
+            }
+            start += rows;
+        }
+        Ok(())
+    }
+
+    /// Deletes the rows of `keys`, up to [`MAX_KEYS_PER_DELETE`] keys per statement.
+    pub(super) async fn delete_keys(&mut self, keys: &[RecordBatch]) -> Result<()> {
+        let Some(delete) = &self.delete else {
+            return Err(Error::new(
+                ErrorKind::Bug,
+                Phase::Write,
+                "tombstones reached the MariaDB session outside the upsert mode",
+            )
+            .with_sink(&self.config.sink));
+        };
+        let (head, condition, types) = (
+            delete.head.clone(),
+            delete.condition.clone(),
+            delete.types.clone(),
+        );
+        let per_statement = (MAX_PLACEHOLDERS / types.len().max(1)).clamp(1, MAX_KEYS_PER_DELETE);
+        let mut pending: Vec<(usize, usize)> = Vec::new();
+        for (b, batch) in keys.iter().enumerate() {
+            for row in 0..batch.num_rows() {
+                pending.push((b, row));
+            }
+        }
+        let columns: Vec<Columns<'_>> = keys.iter().map(|k| Columns::new(k, &types)).collect();
+        for chunk in pending.chunks(per_statement) {
+            let mut params = Vec::with_capacity(chunk.len() * types.len());
+            for &(b, row) in chunk {
+                params.extend((0..types.len()).map(|c| value(columns[b].cell(c, row))));
+            }
+            let statement = format!(
+                "{head}{}",
+                vec![condition.as_str(); chunk.len()].join(" OR ")
+            );
+            let result = match self.conn.as_mut() {
+                Some(conn) => conn.exec_drop(statement, params).await,
+                None => return Err(no_connection(&self.config.sink, Phase::Write)),
+            };
+            if let Err(e) = result {
+                let what = format!(
+                    "the table {} refused to delete the rows of {}",
+                    self.config.table,
+                    crate::keys::describe(keys, &types)
+                );
+                return Err(self.lost_on(Phase::Write, self.open.clone().as_ref(), &what, e));
+            }
+        }
+        Ok(())
+    }
+
+    /// The rows of `range` to insert: all of them, or in the append mode those whose message id the dedup
+    /// table did not hold yet (recorded there in the same transaction), the first of each id.
+    pub(super) async fn fresh_rows(
+        &mut self,
+        columns: &Columns<'_>,
+        range: std::ops::Range<usize>,
+    ) -> Result<Vec<usize>> {
+        let Some(dedup) = &self.dedup else {
+            return Ok(range.collect());
+        };
+        let ids: Vec<Value> = range
+            .clone()
+            .map(|row| value(columns.cell(dedup.column, row)))
+            .collect();
+        let statement = format!(
+            "{}{} RETURNING message_id",
+            dedup.claim,
+            vec!["(?)"; ids.len()].join(", ")
+        );
+        let xid = self.open.clone();
+        let claimed: std::result::Result<Vec<Value>, _> = self
+            .conn(Phase::Write)?
+            .exec_map(statement, ids.clone(), |(id,): (Value,)| id)
+            .await;
+        let mut new_ids = claimed.map_err(|e| {
+            self.lost_on(
+                Phase::Write,
+                xid.as_ref(),
+                "the dedup table refused the ids",
+                e,
+            )
+        })?;
+        let mut fresh = Vec::with_capacity(new_ids.len());
+        for (row, id) in range.zip(ids) {
+            if let Some(found) = new_ids.iter().position(|new| *new == id) {
+                new_ids.swap_remove(found);
+                fresh.push(row);
+            }
+        }
+        Ok(fresh)
+    }
+}
