@@ -3,15 +3,15 @@
 //! Sink crates map their client errors into an [`ErrorKind`] at their boundary, and say in which protocol
 //! [`Phase`] it happened. The driver decides what to do from (kind, phase) alone, in one place, [`action`]:
 //!
-//! | kind \ phase | setup, recover | begin | write | pre_commit | checkpoint (saving the record) | commit |
-//! |---|---|---|---|---|---|---|
-//! | `Config` | stop | stop | stop | stop | stop | stop |
-//! | `Retryable` | retry, then stop | retry, then stop | abort and replay | abort and replay | retry, then abort and replay | retry, then stop |
-//! | `InDoubt` | retry, then stop | retry, then stop | abort and replay | abort and replay | retry, then stop without aborting | retry, then stop |
-//! | `MustAbort` | stop | abort and replay | abort and replay | abort and replay | abort and replay | stop |
-//! | `Fenced` | stop without aborting | stop without aborting | stop without aborting | stop without aborting | stop without aborting | stop without aborting |
-//! | `BadRecord` | stop | abort and replay | dead-letter (the batch was refused whole) | abort and replay | abort and replay | stop |
-//! | `Fatal`, `Bug` | stop | abort and replay | abort and replay | abort and replay | abort and replay | stop |
+//! | kind \ phase | setup, recover | begin | write | pre_commit | checkpoint (saving the record) | commit | abort |
+//! |---|---|---|---|---|---|---|---|
+//! | `Config` | stop | stop | stop | stop | stop | stop | stop |
+//! | `Retryable` | retry, then stop | retry, then stop | abort and replay | abort and replay | retry, then abort and replay | retry, then stop | retry, then stop |
+//! | `InDoubt` | retry, then stop | retry, then stop | abort and replay | abort and replay | retry, then stop without aborting | retry, then stop | retry, then stop |
+//! | `MustAbort` | stop | abort and replay | abort and replay | abort and replay | abort and replay | stop | stop |
+//! | `Fenced` | stop without aborting | stop without aborting | stop without aborting | stop without aborting | stop without aborting | stop without aborting | stop without aborting |
+//! | `BadRecord` | stop | abort and replay | dead-letter (the batch was refused whole) | abort and replay | abort and replay | stop | stop |
+//! | `Fatal`, `Bug` | stop | abort and replay | abort and replay | abort and replay | abort and replay | stop | stop |
 //!
 //! "Abort and replay" discards the open checkpoint in every sink and stops the driver: the next start replays from
 //! the last durable checkpoint. "Stop" after the record is durable leaves the decision standing: the next start's
@@ -336,6 +336,79 @@ mod tests {
         assert_eq!(action(ErrorKind::Retryable, Phase::Write), AbortAndReplay);
         assert_eq!(action(ErrorKind::MustAbort, Phase::Write), AbortAndReplay);
         assert_eq!(action(ErrorKind::Config, Phase::Begin), Stop);
+    }
+
+    /// Every cell of the table in the module docs (what docs.rs shows) against [`action`] and
+    /// [`action_after_retries`]: the documentation cannot drift from the code.
+    #[test]
+    fn the_documented_action_table_is_the_code_cell_by_cell() {
+        let source = include_str!("error.rs");
+        let rows: Vec<Vec<String>> = source
+            .lines()
+            .filter_map(|l| l.strip_prefix("//! | "))
+            .map(|l| {
+                l.trim_end_matches(" |")
+                    .split(" | ")
+                    .map(str::to_string)
+                    .collect()
+            })
+            .collect();
+        let header = &rows[0];
+        let phases: Vec<Vec<Phase>> = header[1..]
+            .iter()
+            .map(|h| match h.as_str() {
+                "setup, recover" => vec![Phase::Setup, Phase::Recover],
+                "begin" => vec![Phase::Begin],
+                "write" => vec![Phase::Write],
+                "pre_commit" => vec![Phase::PreCommit],
+                "checkpoint (saving the record)" => vec![Phase::Checkpoint],
+                "commit" => vec![Phase::Commit],
+                "abort" => vec![Phase::Abort],
+                other => panic!("unknown column {other:?}"),
+            })
+            .collect();
+        let mut cells = 0;
+        for row in rows.iter().skip(1) {
+            let kinds: Vec<ErrorKind> = match row[0].as_str() {
+                "`Config`" => vec![ErrorKind::Config],
+                "`Retryable`" => vec![ErrorKind::Retryable],
+                "`InDoubt`" => vec![ErrorKind::InDoubt],
+                "`MustAbort`" => vec![ErrorKind::MustAbort],
+                "`Fenced`" => vec![ErrorKind::Fenced],
+                "`BadRecord`" => vec![ErrorKind::BadRecord],
+                "`Fatal`, `Bug`" => vec![ErrorKind::Fatal, ErrorKind::Bug],
+                other => panic!("unknown row {other:?}"),
+            };
+            for (cell, phases) in row[1..].iter().zip(&phases) {
+                let (first, after) = match cell.as_str() {
+                    "stop" => (Action::Stop, Action::Stop),
+                    "stop without aborting" => (Action::StopWithoutAbort, Action::StopWithoutAbort),
+                    "abort and replay" => (Action::AbortAndReplay, Action::AbortAndReplay),
+                    "dead-letter (the batch was refused whole)" => {
+                        (Action::DeadLetter, Action::DeadLetter)
+                    }
+                    "retry, then stop" => (Action::Retry, Action::Stop),
+                    "retry, then abort and replay" => (Action::Retry, Action::AbortAndReplay),
+                    "retry, then stop without aborting" => {
+                        (Action::Retry, Action::StopWithoutAbort)
+                    }
+                    other => panic!("unknown cell {other:?}"),
+                };
+                for kind in &kinds {
+                    for phase in phases {
+                        assert_eq!(action(*kind, *phase), first, "{kind:?} in {phase:?}");
+                        assert_eq!(
+                            action_after_retries(*kind, *phase),
+                            after,
+                            "{kind:?} in {phase:?} after retries"
+                        );
+                        cells += 1;
+                    }
+                }
+            }
+        }
+        // Every kind in every phase.
+        assert_eq!(cells, 8 * 8);
     }
 
     #[test]
