@@ -44,18 +44,20 @@
 //! aborting or cleaning up anything and every sink instance is dropped, like a killed process (an in-flight
 //! commit task is cancelled). `ratchet`'s own tests add real `kill -9` runs on top.
 
+mod alone;
 mod engine;
 mod faults;
 mod overlap;
 mod report;
+mod scenario;
 mod source;
 mod store;
 
 use async_trait::async_trait;
 use connector_api::{Result, SinkId, TwoPhaseCommit};
 
-pub use engine::{CrashAt, Scenario};
 pub use report::{Report, ReportRow};
+pub use scenario::{CrashAt, Scenario};
 pub use source::{
     conformance_batch, conformance_batch_with, conformance_positions, conformance_schema,
 };
