@@ -213,14 +213,16 @@ fn setup_error(message: String, e: iceberg::Error) -> Error {
     .with_source(cause)
 }
 
-/// A database URI without its password, for messages.
+/// A database URI without its password, for messages. One that does not parse as a URL (a key-value DSN may
+/// carry a password anywhere) is never shown.
 fn redact(uri: &str) -> String {
     match url::Url::parse(uri) {
         Ok(mut parsed) if parsed.password().is_some() => {
             let _ = parsed.set_password(Some("***"));
             parsed.to_string()
         }
-        _ => uri.to_string(),
+        Ok(parsed) => parsed.to_string(),
+        Err(_) => "<unparsable uri>".to_string(),
     }
 }
 
@@ -261,3 +263,20 @@ pub struct IcebergSinkConfig {
 pub const DEFAULT_TARGET_FILE_SIZE: usize = 128 * 1024 * 1024;
 /// The default longest catalog call.
 pub const DEFAULT_COMMIT_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn a_catalog_uri_never_shows_its_password() {
+        assert_eq!(
+            redact("postgres://u:hunter2@127.0.0.1/db"),
+            "postgres://u:***@127.0.0.1/db"
+        );
+        assert_eq!(
+            redact("host=127.0.0.1 password=hunter2"),
+            "<unparsable uri>"
+        );
+    }
+}

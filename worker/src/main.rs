@@ -18,10 +18,24 @@ mod store;
 mod subtask;
 mod telemetry;
 
+use std::process::ExitCode;
+
 use clap::Parser;
 
+/// Runs the command; a failure is printed as its message chain (`error: what: why: ...`), never as a backtrace
+/// (whatever `RUST_BACKTRACE` says: those are for panics), with exit status 1.
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> ExitCode {
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> anyhow::Result<()> {
     let cli = cli::Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));

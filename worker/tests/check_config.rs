@@ -2,7 +2,8 @@
 //! black-box through the binary against the real servers: on a fresh store of either kind (a local directory, a
 //! PostgreSQL database with no table) every check passes and nothing is created (no checkpoint directory or table,
 //! no sink directory, catalog or table), after which `run` works with several subtasks; a Kafka sink whose broker
-//! does not answer fails its line; a misspelt sink key stops `run` at once, without restarts.
+//! does not answer fails its line; a misspelt sink key stops `run` at once, without restarts. A failing command
+//! prints its error as a message chain, never a backtrace.
 
 mod common;
 
@@ -239,4 +240,28 @@ async fn a_misspelt_sink_key_stops_run_at_once() {
         "retried a config error: {said}"
     );
     assert!(started.elapsed() < Duration::from_secs(20), "{said}");
+}
+
+#[test]
+fn a_command_that_fails_prints_its_message_chain_never_a_backtrace() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("job.toml");
+    std::fs::write(&path, "[job]\nname = \"x\"\nsubtask = 2\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ratchet"))
+        .args(["check-config", "--config"])
+        .arg(&path)
+        .env("RUST_BACKTRACE", "1")
+        .env("RUST_LIB_BACKTRACE", "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.starts_with("error: ") && stderr.contains(&path.display().to_string()),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.to_lowercase().contains("backtrace") && !stderr.contains("Caused by"),
+        "{stderr}"
+    );
 }
