@@ -37,6 +37,7 @@
 //! instant before a new instance recovers can still publish one file of its own checkpoint.)
 #![deny(missing_docs)]
 
+mod committable;
 mod config;
 mod factory;
 mod format;
@@ -46,11 +47,11 @@ mod schema;
 mod sink;
 mod storage;
 
+pub use committable::{FileCommittable, StagedFile, UploadedPart};
 pub use config::{
     FileSinkConfig, FormatConfig, MIN_PART_SIZE, ParquetCompression, PartitionConfig,
     RollingPolicy, S3Config, StorageConfig, TimeGranularity, TimePartition,
 };
 pub use factory::{FileSinkFactory, FileSinkSettings};
 pub use layout::FileName;
-pub use sink::{FileCommittable, FileCommitter, FileSink};
-pub use storage::{StagedFile, UploadedPart};
+pub use sink::{FileCommitter, FileSink};

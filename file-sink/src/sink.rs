@@ -4,13 +4,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::sync::Arc;
 
+use crate::committable::FileCommittable;
 use arrow_array::RecordBatch;
 use async_trait::async_trait;
 use connector_api::{
     CheckpointId, Committer, Error, ErrorKind, ExternalView, OpenTransaction, Phase, Resolution,
     Result, SinkId, TwoPhaseCommit,
 };
-use serde::{Deserialize, Serialize};
 
 use crate::FileName;
 use crate::config::{FileSinkConfig, FormatConfig};
@@ -18,16 +18,6 @@ use crate::format::FormatWriter;
 use crate::partition;
 use crate::schema::check_schema;
 use crate::storage::{Backend, OpenFile, StagedFile};
-
-/// What commits one checkpoint's files: every sealed file, with where it waits. Enough for any process to finish
-/// the commit.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FileCommittable {
-    /// The checkpoint the files belong to.
-    pub checkpoint: CheckpointId,
-    /// The sealed files (none when the checkpoint wrote no rows).
-    pub files: Vec<StagedFile>,
-}
 
 /// Exactly-once files on local disk or S3. See the crate docs for the protocol and the failure table.
 pub struct FileSink {

@@ -35,6 +35,7 @@
 mod check;
 mod cleanup;
 mod commit;
+mod committable;
 mod config;
 mod error;
 mod factory;
@@ -46,6 +47,7 @@ mod writer;
 
 pub use cleanup::{DELETE_METADATA_AFTER_COMMIT, delete_unreferenced_files, unreferenced_files};
 pub use commit::{CommitOutcome, TableTarget};
+pub use committable::{IcebergCommittable, PendingFile};
 pub use config::{
     CatalogConfig, DEFAULT_COMMIT_TIMEOUT, DEFAULT_TARGET_FILE_SIZE, IcebergSinkConfig, S3Settings,
 };
@@ -54,5 +56,5 @@ pub use ledger::{
     CHECKPOINT_PROPERTY, EPOCH_PROPERTY, JOB_PROPERTY, SINK_PROPERTY, SUBTASK_PROPERTY, SubtaskKey,
     SubtaskState,
 };
-pub use sink::{IcebergCommittable, IcebergCommitter, IcebergSink, PendingFile};
+pub use sink::{IcebergCommitter, IcebergSink};
 pub use writer::CheckpointWriter;

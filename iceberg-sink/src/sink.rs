@@ -4,6 +4,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::committable::{IcebergCommittable, PendingFile};
 use arrow_array::RecordBatch;
 use async_trait::async_trait;
 use connector_api::{
@@ -13,7 +14,6 @@ use connector_api::{
 use iceberg::spec::{DataFile, deserialize_data_file_from_json, serialize_data_file_to_json};
 use iceberg::table::Table;
 use iceberg::{NamespaceIdent, TableCreation, TableIdent};
-use serde::{Deserialize, Serialize};
 
 use crate::cleanup::{DELETE_METADATA_AFTER_COMMIT, delete_unreferenced_files, unreferenced_files};
 use crate::commit::{CommitOutcome, TableTarget};
@@ -22,33 +22,6 @@ use crate::error::iceberg_error;
 use crate::ledger::SubtaskKey;
 use crate::location::canonical;
 use crate::writer::CheckpointWriter;
-
-/// One data file of a pre-committed checkpoint, in a form any process can commit.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PendingFile {
-    /// The file's location.
-    pub path: String,
-    /// The partition spec it was written for.
-    pub spec_id: i32,
-    /// iceberg's JSON form of the data file (statistics, partition values).
-    pub data_file: String,
-}
-
-/// What commits one checkpoint of one subtask: every data file not yet in the table, up to this checkpoint.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct IcebergCommittable {
-    /// The subtask that wrote the files.
-    pub subtask: u32,
-    /// The owner epoch of the instance that pre-committed it.
-    pub epoch: u64,
-    /// The checkpoint.
-    pub checkpoint: CheckpointId,
-    /// The files: this checkpoint's and those carried from earlier checkpoints not committed yet.
-    pub files: Vec<PendingFile>,
-    /// `false` when the sink commits every K checkpoints and this one is carried into a later commit: the
-    /// driver's commit of it does nothing, recovery commits it (its record is durable).
-    pub commit: bool,
-}
 
 /// The commit half of [`IcebergSink`].
 #[derive(Debug, Clone)]

@@ -136,6 +136,7 @@
 
 mod check;
 mod columns;
+mod committable;
 mod config;
 mod database;
 mod factory;
@@ -145,8 +146,9 @@ mod pg;
 mod sink;
 mod xid;
 
+pub use committable::JdbcCommittable;
 pub use config::{ConnectionConfig, DedupConfig, Dialect, JdbcSinkConfig, WriteMode, redact_url};
 pub use database::CommitOutcome;
 pub use factory::{DEFAULT_LOCK_TIMEOUT, JdbcSinkFactory, JdbcSinkSettings};
-pub use sink::{JdbcCommittable, JdbcCommitter, JdbcSink};
+pub use sink::{JdbcCommitter, JdbcSink};
 pub use xid::Xid;

@@ -3,13 +3,13 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use crate::committable::JdbcCommittable;
 use arrow_array::RecordBatch;
 use async_trait::async_trait;
 use connector_api::{
     CheckpointId, Committer, Error, ErrorKind, ExternalView, OpenTransaction, Phase, Resolution,
     Result, SinkId, SinkScope, SubtaskId, TwoPhaseCommit,
 };
-use serde::{Deserialize, Serialize};
 
 use crate::config::{DedupConfig, Dialect, JdbcSinkConfig, WriteMode};
 use crate::database::{Coordinator, Prepared, Session};
@@ -18,31 +18,6 @@ use crate::{Xid, mysql, pg};
 
 /// How often recovery lists and resolves prepared transactions again when the owner row stays locked.
 const CLAIM_ATTEMPTS: u32 = 15;
-
-/// What commits one checkpoint of one subtask: stored in the checkpoint record.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct JdbcCommittable {
-    /// The transaction's global id (`ratchet.<sink>.<subtask>.<checkpoint>`).
-    pub xid: String,
-    /// `true`: a prepared transaction that commit finishes (xa mode). `false`: applied at pre-commit (upsert and
-    /// append modes); commit has nothing left to do.
-    pub prepared: bool,
-}
-
-impl JdbcCommittable {
-    fn xid(&self) -> Result<Xid> {
-        Xid::parse(&self.xid).ok_or_else(|| {
-            Error::new(
-                ErrorKind::Fatal,
-                Phase::Recover,
-                format!(
-                    "the checkpoint holds the transaction id {:?}, which this release did not write",
-                    self.xid
-                ),
-            )
-        })
-    }
-}
 
 /// The commit half of a [`JdbcSink`]: `COMMIT PREPARED` / `XA COMMIT` on its own connection.
 #[derive(Clone)]

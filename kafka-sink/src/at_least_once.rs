@@ -7,26 +7,16 @@
 
 use std::time::Duration;
 
+use crate::committable::FlushedRecords;
 use arrow_array::RecordBatch;
 use async_trait::async_trait;
 use connector_api::{
     CheckpointId, Committer, Error, ErrorKind, Phase, Result, SinkId, TwoPhaseCommit,
 };
-use serde::{Deserialize, Serialize};
 
 use crate::delivery::{DeliveryTracker, SinkProducer};
 use crate::sender::RecordSender;
-use crate::{KafkaSinkConfig, PartitionRange, classify};
-
-/// What one at-least-once checkpoint wrote: already visible, nothing to commit. Kept in the checkpoint record
-/// for operators.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FlushedRecords {
-    /// The checkpoint.
-    pub checkpoint: CheckpointId,
-    /// The offsets written, per partition.
-    pub ranges: Vec<PartitionRange>,
-}
+use crate::{KafkaSinkConfig, classify};
 
 /// The commit half of [`KafkaAtLeastOnceSink`]: there is nothing to commit.
 #[derive(Debug, Clone, Copy, Default)]

@@ -54,6 +54,7 @@
 mod at_least_once;
 mod broker;
 mod check;
+mod committable;
 mod config;
 mod coordinator;
 mod delivery;
@@ -69,8 +70,9 @@ mod sender;
 mod sink;
 mod txn_id;
 
-pub use at_least_once::{FlushedRecords, KafkaAtLeastOnceSink, NothingToCommit};
+pub use at_least_once::{KafkaAtLeastOnceSink, NothingToCommit};
 pub use broker::broker_max_transaction_timeout;
+pub use committable::{FlushedRecords, KafkaCommittable, PartitionRange};
 pub use config::KafkaSinkConfig;
 pub use coordinator::{
     CoordinatorClient, TransactionDescription, TransactionState, describe_transaction,
@@ -84,5 +86,5 @@ pub use kafka_to_kafka::{KafkaToKafka, PipelineHook, PipelineStats};
 pub use producer::open_transactional_producer;
 pub use records::RecordMapping;
 pub use registry::{PREFIX_REGISTRY_TOPIC, claim_prefix};
-pub use sink::{KafkaCommittable, KafkaCommitter, KafkaSink, PartitionRange};
+pub use sink::{KafkaCommitter, KafkaSink};
 pub use txn_id::{TransactionalId, TransactionalIdPool};

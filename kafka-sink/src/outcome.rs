@@ -1,7 +1,7 @@
 //! What the coordinator's description of a transactional id says about one pre-committed transaction: the pure
 //! decision behind committing a dead producer's transaction and probing whether it committed.
 
-use crate::sink::KafkaCommittable;
+use crate::committable::KafkaCommittable;
 use crate::{TransactionDescription, TransactionState};
 
 /// The next step to commit (or judge) a pre-committed transaction.

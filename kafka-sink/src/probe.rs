@@ -24,7 +24,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
-use crate::sink::PartitionRange;
+use crate::committable::PartitionRange;
 
 /// How long to wait for the log to answer one read.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(30);

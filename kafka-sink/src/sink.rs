@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::committable::KafkaCommittable;
 use arrow_array::RecordBatch;
 use async_trait::async_trait;
 use connector_api::{
@@ -14,7 +15,6 @@ use kafka_connection::KafkaConnection;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::Producer;
 use rdkafka::types::RDKafkaErrorCode;
-use serde::{Deserialize, Serialize};
 
 use crate::broker::{broker_max_transaction_timeout, check_transaction_timeout};
 use crate::coordinator::CoordinatorClient;
@@ -30,35 +30,6 @@ use crate::{
 
 /// How long librdkafka's transactional calls (commit, abort) may block.
 const TXN_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// The offsets one partition received in a transaction.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PartitionRange {
-    /// Topic.
-    pub topic: String,
-    /// Partition.
-    pub partition: i32,
-    /// First offset written.
-    pub first_offset: i64,
-    /// Last offset written.
-    pub last_offset: i64,
-}
-
-/// A pre-committed Kafka transaction: the transactional id and the producer id and epoch that own it, which is all
-/// EndTxn needs to commit it from another process, and the offsets it wrote (named when it is lost).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct KafkaCommittable {
-    /// The checkpoint.
-    pub checkpoint: CheckpointId,
-    /// The transactional id.
-    pub transactional_id: String,
-    /// The producer id owning it.
-    pub producer_id: i64,
-    /// The producer epoch of the transaction.
-    pub producer_epoch: i16,
-    /// What the transaction wrote (empty: an empty transaction, nothing to commit on the broker).
-    pub ranges: Vec<PartitionRange>,
-}
 
 /// Producers of this instance by transactional id, shared with its committer.
 type Producers = Arc<Mutex<HashMap<String, SinkProducer>>>;

@@ -6,8 +6,8 @@ mod s3;
 
 use std::path::PathBuf;
 
+pub(crate) use crate::committable::{StagedFile, UploadedPart};
 use connector_api::{Error, ErrorKind, Phase, Result, SinkScope, SubtaskId};
-use serde::{Deserialize, Serialize};
 
 pub(crate) use local::LocalBackend;
 pub(crate) use s3::S3Backend;
@@ -15,65 +15,6 @@ pub(crate) use s3::S3Backend;
 use crate::FileName;
 use crate::config::StorageConfig;
 use crate::format::{FormatWriter, WrittenBytes};
-
-/// One uploaded part of a multipart upload.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct UploadedPart {
-    /// Part number, from 1.
-    pub number: i32,
-    /// The ETag S3 returned for it.
-    pub etag: String,
-}
-
-/// A sealed file waiting for commit: everything needed to make it visible, from any process.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum StagedFile {
-    /// A local file: `.<name>.pending` next to `path`, renamed to `path` at commit.
-    Local {
-        /// The visible path.
-        path: PathBuf,
-        /// Rows in the file.
-        rows: u64,
-        /// Bytes in the file.
-        bytes: u64,
-    },
-    /// An S3 multipart upload, invisible until completed at commit.
-    Multipart {
-        /// Bucket.
-        bucket: String,
-        /// The visible key.
-        key: String,
-        /// The upload id.
-        upload_id: String,
-        /// Every part, in order.
-        parts: Vec<UploadedPart>,
-        /// Rows in the file.
-        rows: u64,
-        /// Bytes in the file.
-        bytes: u64,
-    },
-    /// A small file put whole under a staging key, copied into place and deleted at commit.
-    Staged {
-        /// Bucket.
-        bucket: String,
-        /// Where it waits.
-        staging_key: String,
-        /// The visible key.
-        key: String,
-        /// Its ETag.
-        etag: String,
-        /// SHA-256 of its content (hex), also in its metadata (`x-amz-meta-ratchet-sha256`), which the copy keeps:
-        /// how a later publish recognises its own copy whatever the copy's ETag is (not an MD5 of the content
-        /// under SSE-KMS, SSE-C or a multipart copy). Absent in committables written before it was kept.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        sha256: Option<String>,
-        /// Rows in the file.
-        rows: u64,
-        /// Bytes in the file.
-        bytes: u64,
-    },
-}
 
 impl StagedFile {
     /// Rows in the file.

@@ -1,0 +1,59 @@
+//! What the Iceberg sink stores in a checkpoint record (format version 1): the persisted types, and a golden-file
+//! test that this release still reads what it wrote (`testdata/committable-v1.json`).
+
+use connector_api::CheckpointId;
+use serde::{Deserialize, Serialize};
+
+/// One data file of a pre-committed checkpoint, in a form any process can commit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingFile {
+    /// The file's location.
+    pub path: String,
+    /// The partition spec it was written for.
+    pub spec_id: i32,
+    /// iceberg's JSON form of the data file (statistics, partition values).
+    pub data_file: String,
+}
+
+/// What commits one checkpoint of one subtask: every data file not yet in the table, up to this checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IcebergCommittable {
+    /// The subtask that wrote the files.
+    pub subtask: u32,
+    /// The owner epoch of the instance that pre-committed it.
+    pub epoch: u64,
+    /// The checkpoint.
+    pub checkpoint: CheckpointId,
+    /// The files: this checkpoint's and those carried from earlier checkpoints not committed yet.
+    pub files: Vec<PendingFile>,
+    /// `false` when the sink commits every K checkpoints and this one is carried into a later commit: the
+    /// driver's commit of it does nothing, recovery commits it (its record is durable).
+    pub commit: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What this release writes, format version 1, kept as a file: if a change to the persisted types makes this
+    /// fail, raise the sink's `committable_version`, teach its `decode_committable` to read version 1, and add the
+    /// new version's golden file beside this one (checkpoints written by older releases must stay readable).
+    const V1: &str = include_str!("../testdata/committable-v1.json");
+
+    #[test]
+    fn format_version_1_still_reads_and_writes_back_the_same() {
+        let golden: Vec<IcebergCommittable> = serde_json::from_str(V1).unwrap();
+        assert_eq!(
+            serde_json::to_value(&golden).unwrap(),
+            serde_json::from_str::<serde_json::Value>(V1).unwrap()
+        );
+        let carried = &golden[0];
+        assert_eq!(
+            (carried.subtask, carried.epoch, carried.checkpoint),
+            (1, 4, CheckpointId(21))
+        );
+        assert!(!carried.commit);
+        assert!(carried.files[0].data_file.contains("record_count"));
+        assert!(golden[1].commit && golden[1].files.is_empty());
+    }
+}
