@@ -255,9 +255,18 @@ impl Error {
         action(self.kind, self.phase)
     }
 
-    /// Whether retrying the same step may succeed ([`Action::Retry`]).
+    /// Whether retrying the same step may succeed ([`Action::Retry`]): what the driver goes by, from the kind and
+    /// the phase.
     pub fn is_retryable(&self) -> bool {
         self.action() == Action::Retry
+    }
+
+    /// Whether the same *call* may succeed if repeated ([`Retryable`](ErrorKind::Retryable) or
+    /// [`InDoubt`](ErrorKind::InDoubt)), whatever the phase: for a sink retrying one idempotent call inside a step
+    /// the driver does not retry ([`RetryPolicy::run_idempotent`](crate::RetryPolicy::run_idempotent)). Whether
+    /// repeating is safe is the caller's to know.
+    pub fn is_transient(&self) -> bool {
+        matches!(self.kind, ErrorKind::Retryable | ErrorKind::InDoubt)
     }
 }
 

@@ -70,6 +70,25 @@ impl RetryPolicy {
         }
     }
 
+    /// Runs `attempt`, an idempotent call inside one protocol step, until it succeeds, fails with an error that is
+    /// not [transient](crate::Error::is_transient), or runs out of attempts or time. Unlike [`run`](Self::run) it
+    /// does not ask the driver's action table (which says, for instance, that a failed pre-commit is aborted and
+    /// replayed, not retried): the caller knows the call may be repeated, and the step's own error handling
+    /// applies to what finally comes out.
+    pub async fn run_idempotent<T, F, Fut>(&self, what: &str, mut attempt: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        let mut attempts = self.attempts();
+        loop {
+            match attempt().await {
+                Err(e) if e.is_transient() && attempts.wait(what, &e).await => {}
+                outcome => return outcome,
+            }
+        }
+    }
+
     /// The longest [`RetryPolicy::run`] can take when each attempt takes at most `attempt`: every attempt plus
     /// the waits between them (at most `max_total_backoff`).
     pub fn worst_case(&self, attempt: Duration) -> Duration {
@@ -116,9 +135,11 @@ impl Attempts {
     /// Whether to try again after `error`: `true` (after sleeping the next backoff) when the error's action is
     /// [`Retry`](crate::Action::Retry) and attempts and time are left, `false` otherwise.
     pub async fn retry(&mut self, what: &str, error: &crate::Error) -> bool {
-        if !error.is_retryable() {
-            return false;
-        }
+        error.is_retryable() && self.wait(what, error).await
+    }
+
+    /// Sleeps the next backoff after `error` and returns `true`, or `false` when attempts or time are used up.
+    async fn wait(&mut self, what: &str, error: &crate::Error) -> bool {
         let Some(wait) = self.backoff.next() else {
             return false;
         };
@@ -160,6 +181,36 @@ mod tests {
             .await;
         assert_eq!(result.unwrap(), 7);
         assert_eq!(calls.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn an_idempotent_call_is_retried_in_a_step_the_driver_does_not_retry() {
+        let calls = AtomicU32::new(0);
+        let flaky = || async {
+            if calls.fetch_add(1, Ordering::SeqCst) < 2 {
+                Err(Error::new(
+                    ErrorKind::Retryable,
+                    Phase::PreCommit,
+                    "coordinator loading",
+                ))
+            } else {
+                Ok(7)
+            }
+        };
+        // The action table: a failed pre-commit is aborted and replayed, not retried.
+        assert!(quick(5).run("test", flaky).await.is_err());
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        calls.store(0, Ordering::SeqCst);
+        assert_eq!(quick(5).run_idempotent("test", flaky).await.unwrap(), 7);
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
+        // What is not transient is never repeated.
+        calls.store(0, Ordering::SeqCst);
+        let fenced = || async {
+            calls.fetch_add(1, Ordering::SeqCst);
+            Err::<(), _>(Error::new(ErrorKind::Fenced, Phase::PreCommit, "fenced"))
+        };
+        assert!(quick(5).run_idempotent("test", fenced).await.is_err());
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
     }
 
     #[test]

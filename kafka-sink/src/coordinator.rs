@@ -6,9 +6,10 @@
 //!
 //! The wire format and the error codes come from the `kafka-protocol` crate; connections (TCP, TLS, SASL as the
 //! sink's `client` settings say) come from [`KafkaConnection::open`]. Errors say [`Phase::Commit`]; a caller in
-//! another step sets its own with [`Error::at_phase`](connector_api::Error::at_phase). Nothing here retries: a retryable error (the coordinator
-//! loads or moves) goes back to the step that knows whether a retry is safe. The driver retries commit and
-//! recover, which are idempotent; the sink's pre-commit retries its one DescribeTransactions itself.
+//! another step sets its own with [`Error::at_phase`](connector_api::Error::at_phase). Nothing here retries: a
+//! transient error (the coordinator loads or moves) goes back to the step that knows whether a retry is safe. The
+//! driver retries commit and recover, which are idempotent; the sink's pre-commit retries its one
+//! DescribeTransactions itself ([`RetryPolicy::run_idempotent`](connector_api::RetryPolicy::run_idempotent)).
 
 use std::collections::HashMap;
 use std::fmt;

@@ -395,7 +395,7 @@ impl TwoPhaseCommit for KafkaSink {
             // while the coordinator loads or moves.
             let coordinator = &self.coordinator;
             let described = RetryPolicy::default()
-                .run("DescribeTransactions", || {
+                .run_idempotent("DescribeTransactions", || {
                     coordinator.describe_transaction(id.as_str())
                 })
                 .await
