@@ -19,6 +19,7 @@ mod fence;
 mod ids;
 mod inspect;
 pub mod local_fs;
+pub mod metrics;
 pub mod postgres;
 mod registry;
 mod retry;
@@ -32,8 +33,8 @@ pub use checkpoint::{
 };
 pub use delivery::{DeliveryGuarantee, GuaranteedCommitter, GuaranteedSink};
 pub use driver::{
-    COMMIT_SECONDS, Driver, DriverConfig, FaultAction, FaultInjector, FaultPoint, Faults, Restored,
-    SinkHandle, Step, StreamEvent, TimeoutBudget, committables_in,
+    Driver, DriverConfig, FaultAction, FaultInjector, FaultPoint, Faults, Restored, SinkHandle,
+    Step, StreamEvent, TimeoutBudget, committables_in,
 };
 pub use error::{Action, Error, ErrorKind, Phase, Report, Result, action, action_after_retries};
 pub use fence::ensure_claim_held;

@@ -154,7 +154,8 @@ async fn build(context: &SubtaskContext, index: u32) -> Result<(Driver<SubtaskSt
     let subtask = SubtaskId(index);
     let schema = job.schema().map_err(config_error)?;
     let store = SubtaskStore::open(&job.store, &job.job.name, subtask, job.store_limits()).await?;
-    let mut driver = Driver::new(store, job.driver_config());
+    let mut driver = Driver::new(store, job.driver_config())
+        .with_metric_labels([("subtask", index.to_string())]);
     if let Some(drill) = &context.drill {
         driver = driver.with_fault_injector(drill.clone());
     }
@@ -245,21 +246,17 @@ async fn serve(
             Stop::No => {}
             Stop::Graceful => {
                 if written {
-                    checkpoint(driver, &source, context, &label).await?;
+                    checkpoint(driver, &source, context).await?;
                 }
                 return Ok(Ended::Stopped);
             }
         }
-        let pending = driver
-            .commit_in_flight()
-            .map_or(0.0, |(_, age)| age.as_secs_f64());
-        metrics::gauge!(crate::telemetry::PENDING_COMMIT_AGE, "subtask" => label.clone())
-            .set(pending);
+        driver.record_pending_commit_age();
         tokio::select! {
             _ = stop.changed() => {}
             () = sleep_until(next_checkpoint) => {
                 if written {
-                    checkpoint(driver, &source, context, &label).await?;
+                    checkpoint(driver, &source, context).await?;
                     written = false;
                 }
                 let now = context.started.elapsed().as_millis() as u64;
@@ -464,17 +461,14 @@ fn write_or_refuse<'a>(
     })
 }
 
+/// Checkpoints what was read up to the source's positions (the driver records the protocol's metrics) and counts
+/// it for the progress line.
 async fn checkpoint(
     driver: &mut Driver<SubtaskStore>,
     source: &KafkaSource,
     context: &SubtaskContext,
-    label: &str,
 ) -> Result<()> {
-    let started = Instant::now();
     driver.checkpoint(source.positions()).await?;
-    metrics::histogram!(crate::telemetry::CHECKPOINT_SECONDS, "subtask" => label.to_string())
-        .record(started.elapsed().as_secs_f64());
-    metrics::counter!(crate::telemetry::CHECKPOINTS, "subtask" => label.to_string()).increment(1);
     context.progress.checkpoints.fetch_add(1, Ordering::Relaxed);
     Ok(())
 }

@@ -6,10 +6,7 @@
 //! | `ratchet_records_in_total` | counter | `subtask` | records read from Kafka and handed to the sinks |
 //! | `ratchet_records_out_total` | counter | `subtask`, `sink` | rows written into a sink's open transaction |
 //! | `ratchet_bytes_in_total` | counter | `subtask` | Arrow bytes of the decoded batches |
-//! | `ratchet_checkpoints_total` | counter | `subtask` | checkpoints decided (record durable) |
-//! | `ratchet_checkpoint_seconds` | histogram | `subtask` | pre-commit of every sink + saving the record |
-//! | `ratchet_commit_seconds` | histogram | `sink` | one sink's commit of one decided checkpoint |
-//! | `ratchet_pending_commit_age_seconds` | gauge | `subtask` | age of the decided checkpoint still committing (0: none) |
+//! | `ratchet_checkpoints_total`, `ratchet_checkpoint_seconds`, `ratchet_commit_seconds`, `ratchet_pending_commit_age_seconds` | | `subtask` (and `sink`) | the protocol's metrics, recorded by the driver: [`connector_api::metrics`] |
 //! | `ratchet_consumer_lag` | gauge | `subtask`, `partition` | high watermark minus the next offset to read |
 //! | `ratchet_source_partitions` | gauge | `subtask` | partitions the subtask reads (grows when the topic gets new ones) |
 //! | `ratchet_source_gap_records_total` | counter | `subtask`, `partition` | offsets removed from the log before they were read, skipped with `on_gap = "earliest"` |
@@ -27,12 +24,6 @@ pub const RECORDS_IN: &str = "ratchet_records_in_total";
 pub const RECORDS_OUT: &str = "ratchet_records_out_total";
 /// Decoded bytes read.
 pub const BYTES_IN: &str = "ratchet_bytes_in_total";
-/// Checkpoints decided.
-pub const CHECKPOINTS: &str = "ratchet_checkpoints_total";
-/// Checkpoint duration.
-pub const CHECKPOINT_SECONDS: &str = "ratchet_checkpoint_seconds";
-/// Age of the commit in flight.
-pub const PENDING_COMMIT_AGE: &str = "ratchet_pending_commit_age_seconds";
 /// Consumer lag per partition.
 pub const CONSUMER_LAG: &str = "ratchet_consumer_lag";
 /// Partitions a subtask reads.

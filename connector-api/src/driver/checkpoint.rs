@@ -27,6 +27,7 @@ impl<S: CheckpointStore> Driver<S> {
     /// reported here (the record of that checkpoint stays the newest, so recovery commits it on restart).
     pub async fn checkpoint(&mut self, positions: Vec<SourceOffset>) -> Result<CheckpointId> {
         self.ensure_running()?;
+        let started = std::time::Instant::now();
         let id = self.current;
         let mut committables = BTreeMap::new();
         let mut pending: Vec<Box<dyn PendingCommit>> = Vec::with_capacity(self.sinks.len());
@@ -72,6 +73,9 @@ impl<S: CheckpointStore> Driver<S> {
             return Err(self.abort_checkpoint(e).await);
         }
         // Checkpoint `id` is decided: committed, whatever happens next.
+        ::metrics::histogram!(crate::metrics::CHECKPOINT_SECONDS, self.labels.clone())
+            .record(started.elapsed().as_secs_f64());
+        ::metrics::counter!(crate::metrics::CHECKPOINTS, self.labels.clone()).increment(1);
         tracing::debug!(checkpoint = %id, "checkpoint record durable; committing");
         self.inject(FaultPoint::AfterRecordDurable).await?;
         let wait = self.config.retry.worst_case(self.config.max_call_time);
@@ -82,6 +86,7 @@ impl<S: CheckpointStore> Driver<S> {
             retry,
             wait,
             (id, owner),
+            self.labels.clone(),
         );
         self.committing = Some((id, std::time::Instant::now(), task));
         self.current = id.next();

@@ -11,7 +11,7 @@ use tokio::task::JoinHandle;
 use super::checkpoint::within;
 use super::erased::PendingCommit;
 use super::fault::crash_error;
-use super::{COMMIT_SECONDS, Driver, FaultAction, FaultInjector, FaultPoint};
+use super::{Driver, FaultAction, FaultInjector, FaultPoint};
 use crate::{
     CheckpointId, CheckpointStore, Error, ErrorKind, OwnerEpoch, Phase, Report, Result, RetryPolicy,
 };
@@ -80,7 +80,8 @@ pub(super) async fn note_committed<S: CheckpointStore + ?Sized>(
 /// transaction timeout. A crash drill after one sink's commit abandons the others mid-flight, as a killed process
 /// would. A commit still running after `wait` (the budget's commit term) is abandoned `InDoubt`, which stops the
 /// driver: the restart and the recovery that commits it are the budget's next terms. Once every sink committed,
-/// notes the checkpoint committed in the store (with `owner`'s claim).
+/// notes the checkpoint committed in the store (with `owner`'s claim). Each sink's commit time is recorded in
+/// [`COMMIT_SECONDS`](crate::metrics::COMMIT_SECONDS) with `labels` and the sink.
 pub(super) fn spawn_commit<S: CheckpointStore>(
     pending: Vec<Box<dyn PendingCommit>>,
     store: Arc<S>,
@@ -88,6 +89,7 @@ pub(super) fn spawn_commit<S: CheckpointStore>(
     retry: RetryPolicy,
     wait: Duration,
     (id, owner): (CheckpointId, OwnerEpoch),
+    labels: Vec<::metrics::Label>,
 ) -> CommitTask {
     tokio::spawn(async move {
         let mut commits: FuturesUnordered<_> = pending
@@ -108,7 +110,9 @@ pub(super) fn spawn_commit<S: CheckpointStore>(
             .collect();
         while let Some((sink, started, outcome)) = commits.next().await {
             outcome.map_err(|e| e.or_sink(&sink).or_checkpoint(id))?;
-            metrics::histogram!(COMMIT_SECONDS, "sink" => sink.to_string())
+            let mut labels = labels.clone();
+            labels.push(::metrics::Label::new("sink", sink.to_string()));
+            ::metrics::histogram!(crate::metrics::COMMIT_SECONDS, labels)
                 .record(started.elapsed().as_secs_f64());
             let point = FaultPoint::AfterCommit { sink };
             if let Some(faults) = &faults

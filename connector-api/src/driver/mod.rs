@@ -57,10 +57,6 @@ use crate::{
     Result, TwoPhaseCommit,
 };
 
-/// Histogram of one sink's commit of one checkpoint (seconds, label `sink`), from the checkpoint record being
-/// durable to the sink's commit returning: the latency until the checkpoint is visible there.
-pub const COMMIT_SECONDS: &str = "ratchet_commit_seconds";
-
 /// A sink added to a [`Driver`]: what [`Driver::write`] takes to say which sink a batch goes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SinkHandle {
@@ -84,6 +80,8 @@ pub struct Driver<S> {
     /// task.
     committing: Option<(CheckpointId, std::time::Instant, CommitTask)>,
     faults: Option<FaultInjector>,
+    /// Labels of every metric this driver records ([`crate::metrics`]).
+    labels: Vec<::metrics::Label>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -106,6 +104,7 @@ impl<S: CheckpointStore> Driver<S> {
             state: State::Created,
             committing: None,
             faults: None,
+            labels: Vec::new(),
         }
     }
 
@@ -217,6 +216,28 @@ impl<S: CheckpointStore> Driver<S> {
             sinks,
             refusal,
         })
+    }
+
+    /// Labels every metric this driver records ([`crate::metrics`]) with `labels` (the worker: `subtask`).
+    pub fn with_metric_labels(
+        mut self,
+        labels: impl IntoIterator<Item = (&'static str, String)>,
+    ) -> Self {
+        self.labels = labels
+            .into_iter()
+            .map(|(key, value)| ::metrics::Label::new(key, value))
+            .collect();
+        self
+    }
+
+    /// Sets [`PENDING_COMMIT_AGE`](crate::metrics::PENDING_COMMIT_AGE) to the age of the decided checkpoint whose
+    /// commit still runs (0 when none): call it periodically, it is what an operator watches grow when a sink's
+    /// commit hangs.
+    pub fn record_pending_commit_age(&self) {
+        let age = self
+            .commit_in_flight()
+            .map_or(0.0, |(_, age)| age.as_secs_f64());
+        ::metrics::gauge!(crate::metrics::PENDING_COMMIT_AGE, self.labels.clone()).set(age);
     }
 
     /// Writes `batch` to `sink` (a handle from [`Driver::add_sink`] of this driver).
