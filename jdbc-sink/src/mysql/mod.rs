@@ -26,9 +26,8 @@ pub(crate) const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
 /// counts that count matched rows (the owner check must see its row even when the checkpoint is unchanged).
 pub(crate) fn options(connection: &ConnectionConfig) -> Result<Opts> {
     let url = connection.url.replacen("mariadb://", "mysql://", 1);
-    let opts = Opts::from_url(&url).map_err(|e| {
-        config_error(format!("the MySQL/MariaDB url is malformed: {e}")).with_source(e)
-    })?;
+    let opts = Opts::from_url(&url)
+        .map_err(|e| config_error("the MySQL/MariaDB url is malformed").with_source(e))?;
     let mut builder = OptsBuilder::from_opts(opts)
         .client_found_rows(true)
         .prefer_socket(false);
