@@ -14,8 +14,6 @@ use iceberg_catalog_sql::{
 use iceberg_storage_opendal::OpenDalResolvingStorageFactory;
 use serde::Deserialize;
 
-use crate::error::iceberg_error;
-
 /// An Iceberg catalog.
 ///
 /// | kind | keys |
@@ -203,14 +201,22 @@ impl CatalogConfig {
     }
 }
 
+/// Opening a catalog failed. A setting iceberg refuses (`DataInvalid`, `FeatureUnsupported`) is a configuration
+/// error; anything else (the server unreachable or restarting, a connection reset, a time-out, a 5xx) may pass by
+/// itself: retryable, so the subtask is restarted (up to `max_restarts`) rather than the job stopped at once.
 fn setup_error(message: String, e: iceberg::Error) -> Error {
-    let cause = iceberg_error(Phase::Setup, message.clone(), e);
+    let kind = match e.kind() {
+        iceberg::ErrorKind::DataInvalid | iceberg::ErrorKind::FeatureUnsupported => {
+            ErrorKind::Config
+        }
+        _ => ErrorKind::Retryable,
+    };
     Error::new(
-        ErrorKind::Config,
+        kind,
         Phase::Setup,
         format!("{message}: check the catalog's address, credentials and that it is running"),
     )
-    .with_source(cause)
+    .with_source(e)
 }
 
 /// A database URI without its password, for messages. One that does not parse as a URL (a key-value DSN may
