@@ -272,7 +272,33 @@ pub const DEFAULT_COMMIT_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[cfg(test)]
 mod tests {
-    use super::redact;
+    use super::*;
+
+    #[test]
+    fn a_catalog_that_cannot_be_opened_for_now_is_retried_and_a_refused_setting_is_not() {
+        let unreachable = setup_error(
+            "cannot open SQL catalog".into(),
+            iceberg::Error::new(
+                iceberg::ErrorKind::Unexpected,
+                "error communicating with database",
+            ),
+        );
+        assert_eq!(unreachable.kind(), ErrorKind::Retryable);
+        assert_eq!(
+            connector_api::Report(&unreachable)
+                .to_string()
+                .matches("cannot open SQL catalog")
+                .count(),
+            1,
+            "the message once: {}",
+            connector_api::Report(&unreachable)
+        );
+        let refused = setup_error(
+            "cannot open REST catalog".into(),
+            iceberg::Error::new(iceberg::ErrorKind::DataInvalid, "warehouse is required"),
+        );
+        assert_eq!(refused.kind(), ErrorKind::Config);
+    }
 
     #[test]
     fn a_catalog_uri_never_shows_its_password() {
