@@ -56,18 +56,13 @@ impl RetryPolicy {
 
     /// Runs `attempt` until it succeeds, fails with an error that is not to be retried, or runs out of attempts
     /// or time (then the last error is returned). Each retry is logged with `what`.
-    pub async fn run<T, F, Fut>(&self, what: &str, mut attempt: F) -> Result<T>
+    pub async fn run<T, F, Fut>(&self, what: &str, attempt: F) -> Result<T>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T>>,
     {
-        let mut attempts = self.attempts();
-        loop {
-            match attempt().await {
-                Err(e) if attempts.retry(what, &e).await => {}
-                outcome => return outcome,
-            }
-        }
+        self.run_while(what, crate::Error::is_retryable, attempt)
+            .await
     }
 
     /// Runs `attempt`, an idempotent call inside one protocol step, until it succeeds, fails with an error that is
@@ -75,7 +70,23 @@ impl RetryPolicy {
     /// does not ask the driver's action table (which says, for instance, that a failed pre-commit is aborted and
     /// replayed, not retried): the caller knows the call may be repeated, and the step's own error handling
     /// applies to what finally comes out.
-    pub async fn run_idempotent<T, F, Fut>(&self, what: &str, mut attempt: F) -> Result<T>
+    pub async fn run_idempotent<T, F, Fut>(&self, what: &str, attempt: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        self.run_while(what, crate::Error::is_transient, attempt)
+            .await
+    }
+
+    /// The loop behind [`run`](Self::run) and [`run_idempotent`](Self::run_idempotent): retries errors `retry`
+    /// accepts while attempts and time are left.
+    async fn run_while<T, F, Fut>(
+        &self,
+        what: &str,
+        retry: fn(&crate::Error) -> bool,
+        mut attempt: F,
+    ) -> Result<T>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T>>,
@@ -83,7 +94,7 @@ impl RetryPolicy {
         let mut attempts = self.attempts();
         loop {
             match attempt().await {
-                Err(e) if e.is_transient() && attempts.wait(what, &e).await => {}
+                Err(e) if retry(&e) && attempts.wait(what, &e).await => {}
                 outcome => return outcome,
             }
         }
