@@ -40,7 +40,11 @@ impl Toxiproxy {
     pub fn new(api: &str) -> Self {
         Self {
             api: api.trim_end_matches('/').to_string(),
-            http: reqwest::Client::new(),
+            // Every API call is bounded: a Toxiproxy that stops answering fails the test, it does not hang it.
+            http: reqwest::Client::builder()
+                .timeout(std::time::Duration::from_secs(10))
+                .build()
+                .expect("an HTTP client with a time-out"),
         }
     }
 
