@@ -159,6 +159,25 @@ impl Error {
         }
     }
 
+    /// A [`Config`](ErrorKind::Config) error found while setting up (a setting is wrong: the message names it and
+    /// says what to change).
+    pub fn config(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Config, Phase::Setup, message)
+    }
+
+    /// A [`Bug`](ErrorKind::Bug) in `phase`: an invariant of Ratchet's own code does not hold.
+    pub fn bug(phase: Phase, message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Bug, phase, message)
+    }
+
+    /// The same error reclassified as `kind`, keeping its message, context and source: for a caller that knows
+    /// better than the helper that raised it (a refused write that is a bad record here, a retryable failure that
+    /// is fatal once retries ran out).
+    pub fn with_kind(mut self, kind: ErrorKind) -> Self {
+        self.kind = kind;
+        self
+    }
+
     /// Names the sink the error belongs to.
     pub fn with_sink(mut self, sink: &SinkId) -> Self {
         self.sink = Some(sink.clone());
@@ -289,6 +308,25 @@ impl fmt::Display for Error {
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         self.source.as_deref().map(|e| e as _)
+    }
+}
+
+/// An infrastructure error (TLS files, PostgreSQL connections, S3 credentials) as a protocol error in
+/// [`Phase::Setup`]: [`Config`](connector_common::ErrorKind::Config) stays [`Config`](ErrorKind::Config),
+/// [`Unavailable`](connector_common::ErrorKind::Unavailable) becomes [`Retryable`](ErrorKind::Retryable). Set
+/// the phase with [`Error::at_phase`] when the call was part of another step. Message and source are kept apart.
+impl From<connector_common::Error> for Error {
+    fn from(e: connector_common::Error) -> Self {
+        let kind = match e.kind() {
+            connector_common::ErrorKind::Config => ErrorKind::Config,
+            _ => ErrorKind::Retryable,
+        };
+        let message = e.message().to_string();
+        let error = Error::new(kind, Phase::Setup, message);
+        match e.into_source() {
+            Some(source) => error.with_boxed_source(source),
+            None => error,
+        }
     }
 }
 

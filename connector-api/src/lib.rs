@@ -18,18 +18,14 @@ pub mod error;
 mod fence;
 mod ids;
 mod inspect;
-pub mod local_fs;
 pub mod metrics;
-pub mod postgres;
 mod registry;
 mod retry;
-mod suggest;
-pub mod tls;
 mod txn;
 
 pub use checkpoint::{
     CheckpointRecord, CheckpointStore, Claim, ClaimGuard, HeldClaim, Loaded, LocalCheckpointStore,
-    OwnerEpoch, PgCheckpointStore, PgStoreLimits, SourceOffset,
+    OwnerEpoch, SourceOffset,
 };
 pub use delivery::{DeliveryGuarantee, GuaranteedCommitter, GuaranteedSink};
 pub use driver::{
@@ -44,5 +40,4 @@ pub use registry::{
     DynSink, SinkCheck, SinkContext, SinkFactory, SinkRegistry, SinkSpec, parse_settings,
 };
 pub use retry::{Attempts, RetryPolicy};
-pub use suggest::with_suggestion;
 pub use txn::{Committer, TwoPhaseCommit};

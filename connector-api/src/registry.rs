@@ -30,7 +30,7 @@ use serde::Deserialize;
 use crate::driver::ErasedSink;
 use crate::{
     DeliveryGuarantee, Error, ErrorKind, GuaranteedSink, JobId, Phase, Result, SinkId, SinkScope,
-    SubtaskId, TwoPhaseCommit, with_suggestion,
+    SubtaskId, TwoPhaseCommit,
 };
 
 /// One `[[sinks]]` entry: the keys every sink has, and the sink's own settings.
@@ -153,7 +153,7 @@ pub fn parse_settings<T: serde::de::DeserializeOwned>(
             Phase::Setup,
             format!(
                 "the settings of this {kind} sink are invalid: {}",
-                with_suggestion(&e.to_string())
+                connector_common::config::with_suggestion(&e.to_string())
             ),
         )
         .with_sink(sink)

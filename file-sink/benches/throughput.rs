@@ -66,7 +66,7 @@ fn s3_storage(prefix: &str) -> StorageConfig {
         endpoint: Some(s3.endpoint),
         region: Some(s3.region),
         access_key_id: Some(s3.access_key),
-        secret_access_key: Some(s3.secret_key),
+        secret_access_key: Some(s3.secret_key.into()),
         force_path_style: true,
         part_size: file_sink::MIN_PART_SIZE,
         spill_dir: None,
@@ -149,7 +149,7 @@ async fn run_limit(storage: StorageConfig, pool: &[RecordBatch], rounds: usize) 
                 .region(aws_sdk_s3::config::Region::new(s3.region.clone().unwrap()))
                 .credentials_provider(aws_sdk_s3::config::Credentials::new(
                     s3.access_key_id.clone().unwrap(),
-                    s3.secret_access_key.clone().unwrap(),
+                    s3.secret_access_key.as_ref().unwrap().expose(),
                     None,
                     None,
                     "bench",

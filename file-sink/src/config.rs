@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use arrow_schema::SchemaRef;
 use connector_api::{SinkId, SinkScope, SubtaskId};
+use connector_common::Secret;
+use connector_common::s3::S3Credentials;
 use serde::Deserialize;
 
 /// Where files go.
@@ -35,7 +37,7 @@ pub enum StorageConfig {
 ///
 /// The secret key is redacted in `Debug` output and never appears in an error; leave both keys out to take them
 /// from the environment (`AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY`) through the AWS chain.
-#[derive(Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct S3Config {
     /// Bucket name.
@@ -52,9 +54,9 @@ pub struct S3Config {
     /// Access key id (with `secret_access_key`).
     #[serde(default)]
     pub access_key_id: Option<String>,
-    /// Secret access key.
+    /// Secret access key (never shown in `Debug` output or logs).
     #[serde(default)]
-    pub secret_access_key: Option<String>,
+    pub secret_access_key: Option<Secret<String>>,
     /// Path-style addressing.
     #[serde(default)]
     pub force_path_style: bool,
@@ -66,22 +68,16 @@ pub struct S3Config {
     pub spill_dir: Option<PathBuf>,
 }
 
-impl std::fmt::Debug for S3Config {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("S3Config")
-            .field("bucket", &self.bucket)
-            .field("prefix", &self.prefix)
-            .field("endpoint", &self.endpoint)
-            .field("region", &self.region)
-            .field("access_key_id", &self.access_key_id)
-            .field(
-                "secret_access_key",
-                &self.secret_access_key.as_ref().map(|_| "<redacted>"),
-            )
-            .field("force_path_style", &self.force_path_style)
-            .field("part_size", &self.part_size)
-            .field("spill_dir", &self.spill_dir)
-            .finish()
+impl S3Config {
+    /// The static credentials, when both keys are set.
+    ///
+    /// # Errors
+    /// [`Config`](connector_common::ErrorKind::Config) when only one of them is set.
+    pub fn credentials(&self) -> connector_common::Result<Option<S3Credentials>> {
+        S3Credentials::from_settings(
+            self.access_key_id.as_deref(),
+            self.secret_access_key.as_ref(),
+        )
     }
 }
 

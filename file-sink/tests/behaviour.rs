@@ -253,7 +253,7 @@ async fn wrong_credentials_stop_the_sink_with_access_denied() {
     let place = Place::s3("bad-credentials");
     let mut config = config(&place, "x", &sink_id());
     if let StorageConfig::S3(s3) = &mut config.storage {
-        s3.secret_access_key = Some("wrong-secret".into());
+        s3.secret_access_key = Some(String::from("wrong-secret").into());
     }
     let err = FileSink::new(config)
         .await

@@ -217,8 +217,10 @@ fn operator_for(dir: &str, s3: &S3Settings) -> Result<(Operator, String, String)
         builder = builder.endpoint(endpoint);
     }
     builder = builder.region(s3.region.as_deref().unwrap_or("us-east-1"));
-    if let (Some(id), Some(secret)) = (&s3.access_key_id, &s3.secret_access_key) {
-        builder = builder.access_key_id(id).secret_access_key(secret);
+    if let Some(pair) = s3.credentials()? {
+        builder = builder
+            .access_key_id(&pair.access_key_id)
+            .secret_access_key(pair.secret_access_key.expose());
     }
     if !s3.force_path_style {
         builder = builder.enable_virtual_host_style();

@@ -5,6 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use connector_api::{Error, ErrorKind, Phase, Result, SinkId, SubtaskId};
+use connector_common::Secret;
+use connector_common::config::redact_url;
+use connector_common::s3::S3Credentials;
 use iceberg::{Catalog, CatalogBuilder};
 use iceberg_catalog_rest::RestCatalogBuilder;
 use iceberg_catalog_sql::{
@@ -51,7 +54,7 @@ impl std::fmt::Debug for CatalogConfig {
         match self {
             CatalogConfig::Sql { uri, warehouse } => f
                 .debug_struct("Sql")
-                .field("uri", &redact(uri))
+                .field("uri", &redact_url(uri))
                 .field("warehouse", warehouse)
                 .finish(),
             CatalogConfig::Rest {
@@ -63,7 +66,7 @@ impl std::fmt::Debug for CatalogConfig {
                 // Values of client properties may be secrets (`credential`, `token`): only the keys are shown.
                 let keys: Vec<&String> = props.keys().collect();
                 f.debug_struct("Rest")
-                    .field("uri", uri)
+                    .field("uri", &redact_url(uri))
                     .field("warehouse", warehouse)
                     .field("credential_env", credential_env)
                     .field("props", &keys)
@@ -75,7 +78,7 @@ impl std::fmt::Debug for CatalogConfig {
 
 /// Credentials and addressing for an `s3://` warehouse (data and metadata files), as in the file sink. Leave the
 /// keys out to take them from `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY`.
-#[derive(Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct S3Settings {
     /// Endpoint URL for S3-compatible stores.
@@ -87,32 +90,31 @@ pub struct S3Settings {
     /// Access key id.
     #[serde(default)]
     pub access_key_id: Option<String>,
-    /// Secret access key.
+    /// Secret access key (never shown in `Debug` output or logs).
     #[serde(default)]
-    pub secret_access_key: Option<String>,
+    pub secret_access_key: Option<Secret<String>>,
     /// Path-style addressing (`http://host/bucket/key`), needed by most S3-compatible stores.
     #[serde(default)]
     pub force_path_style: bool,
 }
 
-impl std::fmt::Debug for S3Settings {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("S3Settings")
-            .field("endpoint", &self.endpoint)
-            .field("region", &self.region)
-            .field("access_key_id", &self.access_key_id)
-            .field(
-                "secret_access_key",
-                &self.secret_access_key.as_ref().map(|_| "<redacted>"),
-            )
-            .field("force_path_style", &self.force_path_style)
-            .finish()
-    }
-}
-
 impl S3Settings {
+    /// The static credentials, when both keys are set.
+    ///
+    /// # Errors
+    /// [`Config`](ErrorKind::Config) when only one of them is set.
+    pub fn credentials(&self) -> Result<Option<S3Credentials>> {
+        Ok(S3Credentials::from_settings(
+            self.access_key_id.as_deref(),
+            self.secret_access_key.as_ref(),
+        )?)
+    }
+
     /// The FileIO properties (`s3.*`) iceberg's OpenDAL storage reads.
-    pub fn file_io_props(&self) -> HashMap<String, String> {
+    ///
+    /// # Errors
+    /// [`Config`](ErrorKind::Config) when only one of the two keys is set.
+    pub fn file_io_props(&self) -> Result<HashMap<String, String>> {
         let mut props = HashMap::new();
         let mut put = |key: &str, value: &Option<String>| {
             if let Some(value) = value {
@@ -121,12 +123,20 @@ impl S3Settings {
         };
         put(iceberg::io::S3_ENDPOINT, &self.endpoint);
         put(iceberg::io::S3_REGION, &self.region);
-        put(iceberg::io::S3_ACCESS_KEY_ID, &self.access_key_id);
-        put(iceberg::io::S3_SECRET_ACCESS_KEY, &self.secret_access_key);
+        if let Some(pair) = self.credentials()? {
+            props.insert(
+                iceberg::io::S3_ACCESS_KEY_ID.to_string(),
+                pair.access_key_id,
+            );
+            props.insert(
+                iceberg::io::S3_SECRET_ACCESS_KEY.to_string(),
+                pair.secret_access_key.expose().clone(),
+            );
+        }
         if self.force_path_style {
             props.insert(iceberg::io::S3_PATH_STYLE_ACCESS.to_string(), "true".into());
         }
-        props
+        Ok(props)
     }
 }
 
@@ -137,7 +147,7 @@ impl CatalogConfig {
     /// [`Config`](ErrorKind::Config) naming the catalog when it cannot be opened.
     pub async fn open(&self, name: &str, s3: &S3Settings) -> Result<Arc<dyn Catalog>> {
         let storage = Arc::new(OpenDalResolvingStorageFactory::new());
-        let mut props = s3.file_io_props();
+        let mut props = s3.file_io_props()?;
         let catalog: Arc<dyn Catalog> = match self {
             CatalogConfig::Sql { uri, warehouse } => {
                 let bind_style = if uri.starts_with("sqlite:") {
@@ -158,7 +168,7 @@ impl CatalogConfig {
                     .load(name, props)
                     .await
                     .map_err(|e| {
-                        setup_error(format!("cannot open SQL catalog {}", redact(uri)), e)
+                        setup_error(format!("cannot open SQL catalog {}", redact_url(uri)), e)
                     })?;
                 Arc::new(catalog)
             }
@@ -176,7 +186,8 @@ impl CatalogConfig {
                             Phase::Setup,
                             format!(
                                 "credential_env names {variable:?}, which is not set: export it as \
-                                 `client_id:secret` for the REST catalog {uri}"
+                                 `client_id:secret` for the REST catalog {}",
+                                redact_url(uri)
                             ),
                         )
                     })?;
@@ -193,7 +204,9 @@ impl CatalogConfig {
                     .with_storage_factory(storage)
                     .load(name, props)
                     .await
-                    .map_err(|e| setup_error(format!("cannot open REST catalog {uri}"), e))?;
+                    .map_err(|e| {
+                        setup_error(format!("cannot open REST catalog {}", redact_url(uri)), e)
+                    })?;
                 Arc::new(catalog)
             }
         };
@@ -217,19 +230,6 @@ fn setup_error(message: String, e: iceberg::Error) -> Error {
         format!("{message}: check the catalog's address, credentials and that it is running"),
     )
     .with_source(e)
-}
-
-/// A database URI without its password, for messages. One that does not parse as a URL (a key-value DSN may
-/// carry a password anywhere) is never shown.
-fn redact(uri: &str) -> String {
-    match url::Url::parse(uri) {
-        Ok(mut parsed) if parsed.password().is_some() => {
-            let _ = parsed.set_password(Some("***"));
-            parsed.to_string()
-        }
-        Ok(parsed) => parsed.to_string(),
-        Err(_) => "<unparsable uri>".to_string(),
-    }
 }
 
 /// Everything one sink instance needs.
@@ -301,14 +301,30 @@ mod tests {
     }
 
     #[test]
-    fn a_catalog_uri_never_shows_its_password() {
-        assert_eq!(
-            redact("postgres://u:hunter2@127.0.0.1/db"),
-            "postgres://u:***@127.0.0.1/db"
+    fn catalogs_and_keys_never_show_a_secret() {
+        let sql = CatalogConfig::Sql {
+            uri: "postgres://u:hunter2@127.0.0.1/db".into(),
+            warehouse: "file:///w".into(),
+        };
+        let rest = CatalogConfig::Rest {
+            uri: "https://u:hunter2@catalog.example/api?token=hunter2".into(),
+            warehouse: None,
+            credential_env: None,
+            props: HashMap::from([("credential".into(), "hunter2".into())]),
+        };
+        let s3: S3Settings = serde_json::from_value(serde_json::json!({
+            "access_key_id": "AKIA", "secret_access_key": "hunter2"
+        }))
+        .unwrap();
+        let shown = format!("{sql:?} {rest:?} {s3:?}");
+        assert!(
+            !shown.contains("hunter2") && shown.contains("AKIA"),
+            "{shown}"
         );
-        assert_eq!(
-            redact("host=127.0.0.1 password=hunter2"),
-            "<unparsable uri>"
-        );
+        let half: S3Settings =
+            serde_json::from_value(serde_json::json!({"access_key_id": "AKIA"})).unwrap();
+        let err = half.file_io_props().unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Config);
+        assert!(err.to_string().contains("secret_access_key"), "{err}");
     }
 }

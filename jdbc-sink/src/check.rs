@@ -44,7 +44,7 @@ pub(crate) async fn check(config: &JdbcSinkConfig) -> Result<SinkCheck> {
 /// The server's name for messages, and whether the table exists.
 async fn postgres(config: &JdbcSinkConfig) -> Result<(String, bool)> {
     let client = crate::pg::options(&config.connection)?
-        .connect(Phase::Setup, "the JDBC sink's PostgreSQL database")
+        .connect("the JDBC sink's PostgreSQL database")
         .await?;
     let read = |what: &'static str| {
         move |e: tokio_postgres::Error| crate::pg::pg_error(Phase::Setup, None, what, e)

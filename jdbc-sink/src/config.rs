@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use arrow_schema::SchemaRef;
 use connector_api::{Error, ErrorKind, Phase, Result, SinkId, SinkScope, SubtaskId};
+use connector_common::config::redact_url;
 use serde::Deserialize;
 
 /// Which database a connection URL points at, from its scheme.
@@ -146,18 +147,6 @@ impl ConnectionConfig {
                 ))
             }),
         }
-    }
-}
-
-/// `url` with any password replaced by `***`, for messages and logs.
-pub fn redact_url(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut parsed) if parsed.password().is_some() => {
-            let _ = parsed.set_password(Some("***"));
-            parsed.to_string()
-        }
-        Ok(parsed) => parsed.to_string(),
-        Err(_) => "<unparsable url>".to_string(),
     }
 }
 

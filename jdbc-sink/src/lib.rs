@@ -147,7 +147,7 @@ mod sink;
 mod xid;
 
 pub use committable::JdbcCommittable;
-pub use config::{ConnectionConfig, DedupConfig, Dialect, JdbcSinkConfig, WriteMode, redact_url};
+pub use config::{ConnectionConfig, DedupConfig, Dialect, JdbcSinkConfig, WriteMode};
 pub use database::CommitOutcome;
 pub use factory::{DEFAULT_LOCK_TIMEOUT, JdbcSinkFactory, JdbcSinkSettings};
 pub use sink::{JdbcCommitter, JdbcSink};

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use connector_api::tls::{ServerCheck, TlsSettings};
 use connector_api::{Error, ErrorKind, Phase, Result};
+use connector_common::tls::{ServerCheck, TlsSettings};
 use rdkafka::ClientConfig;
 use tokio_rustls::TlsConnector;
 

@@ -9,10 +9,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use connector_api::{
-    Driver, DriverConfig, ErrorKind, PgCheckpointStore, PgStoreLimits, SinkId, SourceOffset, Step,
-    SubtaskId,
-};
+use checkpoint_postgres::{PgCheckpointStore, PgStoreLimits};
+use connector_api::{Driver, DriverConfig, ErrorKind, SinkId, SourceOffset, Step, SubtaskId};
 use integration::Services;
 use integration::conformance::conformance_batch;
 use integration::pause::PauseAt;

@@ -30,7 +30,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
-use connector_api::{DriverConfig, SinkSpec, with_suggestion};
+use connector_api::{DriverConfig, SinkSpec};
+use connector_common::config::with_suggestion;
 use kafka_source::{
     AvroDecoding, AvroFraming, Decoding, GapPolicy, KafkaConnection, KafkaSourceOptions,
 };
@@ -484,9 +485,9 @@ impl JobConfig {
     /// `max_call_time` (a claim waits for a held lock in rounds of it, logging the holder after each), and an
     /// orphaned claim guard ended by the server after `max_recovery_time` (recovery checks its claim more often
     /// than that).
-    pub fn store_limits(&self) -> connector_api::PgStoreLimits {
+    pub fn store_limits(&self) -> checkpoint_postgres::PgStoreLimits {
         let driver = self.driver_config();
-        connector_api::PgStoreLimits {
+        checkpoint_postgres::PgStoreLimits {
             call: driver.max_call_time,
             claim_round: driver.max_call_time,
             guard_idle: driver.max_recovery_time,

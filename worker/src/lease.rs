@@ -24,8 +24,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use async_trait::async_trait;
-use connector_api::Phase;
-use connector_api::postgres::PgConnectOptions;
+use connector_common::postgres::PgConnectOptions;
 
 /// What a process should run now.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -118,11 +117,7 @@ impl PgLeases {
         slot: &'a mut Option<tokio_postgres::Client>,
     ) -> Result<&'a tokio_postgres::Client> {
         if slot.as_ref().is_none_or(tokio_postgres::Client::is_closed) {
-            let client = self
-                .options
-                .connect(Phase::Setup, "the lease connection")
-                .await
-                .map_err(|e| anyhow::anyhow!("{}", connector_api::Report(&e)))?;
+            let client = self.options.connect("the lease connection").await?;
             *slot = Some(client);
         }
         Ok(slot.as_ref().expect("connected above"))
@@ -327,7 +322,7 @@ impl LocalLease {
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("cannot create the state directory {}", dir.display()))?;
         let path = dir.join("worker.lock");
-        let lock = connector_api::local_fs::lock_exclusive(&path, Duration::ZERO).with_context(
+        let lock = connector_common::fs::lock_exclusive(&path, Duration::ZERO).with_context(
             || {
                 format!(
                     "another ratchet process runs job {job:?} on the local store {} (it holds {}): the local \

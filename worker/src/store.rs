@@ -2,9 +2,10 @@
 //! subtask's rows in the shared PostgreSQL tables.
 
 use async_trait::async_trait;
+use checkpoint_postgres::{PgCheckpointStore, PgStoreLimits};
 use connector_api::{
     CheckpointId, CheckpointRecord, CheckpointStore, Claim, JobId, Loaded, LocalCheckpointStore,
-    OwnerEpoch, PgCheckpointStore, PgStoreLimits, Result, SubtaskId,
+    OwnerEpoch, Result, SubtaskId,
 };
 
 use crate::config::StoreConfig;
@@ -188,7 +189,7 @@ fn local_job(
     use anyhow::Context;
     let count_file = dir.join("subtasks");
     let identity_file = dir.join("identity");
-    let counted = connector_api::local_fs::read_number(&count_file)
+    let counted = connector_common::fs::read_number(&count_file)
         .with_context(|| format!("cannot read {}", count_file.display()))?;
     let identity = match std::fs::read_to_string(&identity_file) {
         Ok(text) => Some(Identity::parse(&text).with_context(|| {
@@ -232,11 +233,11 @@ fn local_job(
     let (count, identity) = found.unwrap_or((subtasks, Identity::Job));
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     if counted.is_none() {
-        connector_api::local_fs::replace_file(dir, &count_file, count.to_string().as_bytes())
+        connector_common::fs::replace_file(dir, &count_file, count.to_string().as_bytes())
             .with_context(|| format!("cannot write {}", count_file.display()))?;
     }
     if identity_file.metadata().is_err() {
-        connector_api::local_fs::replace_file(dir, &identity_file, identity.as_str().as_bytes())
+        connector_common::fs::replace_file(dir, &identity_file, identity.as_str().as_bytes())
             .with_context(|| format!("cannot write {}", identity_file.display()))?;
     }
     Ok(found)
@@ -251,11 +252,10 @@ async fn pg_job(
     record: bool,
 ) -> anyhow::Result<Option<(u32, Identity)>> {
     use anyhow::Context;
-    let client = connector_api::postgres::PgConnectOptions::parse(url)
-        .map_err(|e| anyhow::anyhow!("[store] url: {}", connector_api::Report(&e)))?
-        .connect(connector_api::Phase::Setup, "the checkpoint store")
-        .await
-        .map_err(|e| anyhow::anyhow!("{}", connector_api::Report(&e)))?;
+    let client = connector_common::postgres::PgConnectOptions::parse(url)
+        .context("[store] url")?
+        .connect("the checkpoint store")
+        .await?;
     if record {
         client
             .batch_execute(&format!(

@@ -88,9 +88,9 @@ async fn a_second_signal_exits_at_once_and_loses_nothing_checkpointed() {
     job.wait_delivered(Duration::from_secs(90));
     // Hold the subtasks' claim rows, so the next checkpoint record cannot be saved: the graceful stop is stuck in
     // its last checkpoint until the second signal.
-    let db = connector_api::postgres::PgConnectOptions::parse(Services::get().pg_url())
+    let db = connector_common::postgres::PgConnectOptions::parse(Services::get().pg_url())
         .unwrap()
-        .connect(connector_api::Phase::Setup, "the test's lock")
+        .connect("the test's lock")
         .await
         .unwrap();
     db.batch_execute("BEGIN").await.unwrap();

@@ -8,8 +8,8 @@ use async_trait::async_trait;
 
 use super::record::newest_intact;
 use super::{CheckpointRecord, CheckpointStore, Claim, ClaimGuard, Loaded, OwnerEpoch};
-use crate::local_fs::{lock_exclusive, read_number, replace_file, sync_dir, write_unique_tmp};
 use crate::{CheckpointId, Error, ErrorKind, Phase, Result};
+use connector_common::fs::{lock_exclusive, read_number, replace_file, sync_dir, write_unique_tmp};
 
 /// How long `claim` and `save` wait for the directory lock (held by another process for a few milliseconds at a
 /// time, or for as long as a process holding it is paused).

@@ -28,8 +28,10 @@
 //! stored.
 
 mod local;
-mod postgres;
 mod record;
+
+// The PostgreSQL store is the `checkpoint-postgres` crate: it implements [`CheckpointStore`] with
+// [`CheckpointRecord::encode`] and [`newest_intact`], as any other store would.
 
 use std::sync::Arc;
 
@@ -37,8 +39,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 pub use local::LocalCheckpointStore;
-pub use postgres::{PgCheckpointStore, PgStoreLimits};
-pub use record::{CheckpointRecord, SourceOffset};
+pub use record::{CheckpointRecord, SourceOffset, newest_intact};
 
 use crate::{CheckpointId, Result};
 
@@ -139,7 +140,7 @@ pub struct Loaded {
 
 /// Durable storage for the checkpoint records of one subtask of one job, with ownership claims.
 ///
-/// Implementations: [`LocalCheckpointStore`] (a directory, one machine) and [`PgCheckpointStore`] (a PostgreSQL
+/// Implementations: [`LocalCheckpointStore`] (a directory, one machine) and `checkpoint_postgres::PgCheckpointStore` (a PostgreSQL
 /// table shared by every worker of a job). See the module docs for the claim and unknown-outcome rules.
 #[async_trait]
 pub trait CheckpointStore: Send + Sync + 'static {

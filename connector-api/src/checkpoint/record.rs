@@ -59,8 +59,9 @@ struct Envelope {
 const FORMAT_NAME: &str = "ratchet-checkpoint";
 
 impl CheckpointRecord {
-    /// Encodes the record with a format tag, version and CRC-32 of the record's canonical JSON.
-    pub(crate) fn encode(&self) -> Vec<u8> {
+    /// Encodes the record with a format tag, version and CRC-32 of the record's canonical JSON: the bytes a
+    /// [`CheckpointStore`](super::CheckpointStore) keeps.
+    pub fn encode(&self) -> Vec<u8> {
         let record = serde_json::to_value(self).expect("checkpoint record serializes");
         let crc32 = crc32fast::hash(record.to_string().as_bytes());
         let envelope = Envelope {
@@ -101,8 +102,11 @@ impl CheckpointRecord {
 ///
 /// A damaged record (undecodable, bad checksum, holding another id) is skipped with an error log naming it; if
 /// every candidate is damaged the store refuses to start fresh, since that would replay the source from the
-/// beginning and duplicate everything.
-pub(crate) fn newest_intact(
+/// beginning and duplicate everything. Every [`CheckpointStore`](super::CheckpointStore) loads through it.
+///
+/// # Errors
+/// [`Fatal`](crate::ErrorKind::Fatal) naming each damaged record when no candidate is intact.
+pub fn newest_intact(
     store: &str,
     candidates: impl IntoIterator<Item = (CheckpointId, String, Vec<u8>)>,
 ) -> crate::Result<Option<CheckpointRecord>> {

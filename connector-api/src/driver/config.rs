@@ -24,7 +24,7 @@ pub struct DriverConfig {
     /// The longest one sink or store call may take, enforced: a sink's `pre_commit` is abandoned after it (the
     /// checkpoint is aborted and replayed), its `begin` and `commit`, retries included, after the retry policy's
     /// worst case of it (a commit abandoned so stops the driver, and recovery commits the checkpoint); a store
-    /// bounds its own calls by it ([`crate::PgStoreLimits`]). Writes are not bounded: they wait for the sink's
+    /// bounds its own calls by it (`checkpoint_postgres::PgStoreLimits`). Writes are not bounded: they wait for the sink's
     /// backpressure. An `abort` is abandoned after it (recovery aborts what is left).
     pub max_call_time: Duration,
     /// Retries of transient failures in begin, commit, recover and checkpoint-store calls.

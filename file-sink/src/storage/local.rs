@@ -3,8 +3,8 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use connector_api::local_fs::{lock_exclusive, read_number, replace_file, sync_dir};
 use connector_api::{Error, ErrorKind, Phase, Result, SinkScope, SubtaskId};
+use connector_common::fs::{lock_exclusive, read_number, replace_file, sync_dir};
 
 use super::{OpenFile, Stage, StageHandle, StagedFile, age_since};
 use crate::FileName;

@@ -45,7 +45,7 @@ impl Place {
                     endpoint: Some(s3.endpoint),
                     region: Some(s3.region),
                     access_key_id: Some(s3.access_key),
-                    secret_access_key: Some(s3.secret_key),
+                    secret_access_key: Some(s3.secret_key.into()),
                     force_path_style: true,
                     part_size: file_sink::MIN_PART_SIZE,
                     spill_dir: Some(std::env::temp_dir().join("ratchet-file-sink-tests")),

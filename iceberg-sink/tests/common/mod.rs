@@ -28,7 +28,7 @@ fn seaweed_s3(s3: &integration::S3Endpoint) -> S3Settings {
         endpoint: Some(s3.endpoint.clone()),
         region: Some(s3.region.clone()),
         access_key_id: Some(s3.access_key.clone()),
-        secret_access_key: Some(s3.secret_key.clone()),
+        secret_access_key: Some(s3.secret_key.clone().into()),
         force_path_style: true,
     }
 }

@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use connector_api::postgres::PgConnectOptions;
-use connector_api::{CheckpointId, Phase, Result, SinkScope, SubtaskId};
+use connector_api::{CheckpointId, Error, Phase, Result, SinkScope, SubtaskId};
+use connector_common::postgres::PgConnectOptions;
 use tokio::sync::{Mutex, MutexGuard};
 use tokio_postgres::Client;
 use tokio_postgres::error::SqlState;
@@ -36,8 +36,9 @@ impl PgCoordinator {
         if guard.as_ref().is_none_or(Client::is_closed) {
             *guard = Some(
                 self.options
-                    .connect(phase, "the JDBC sink's commit connection to PostgreSQL")
-                    .await?,
+                    .connect("the JDBC sink's commit connection to PostgreSQL")
+                    .await
+                    .map_err(|e| Error::from(e).at_phase(phase))?,
             );
         }
         Ok(guard)

@@ -5,8 +5,8 @@ mod coordinator;
 mod session;
 mod statements;
 
-use connector_api::postgres::PgConnectOptions;
 use connector_api::{Error, ErrorKind, Phase, Result};
+use connector_common::postgres::PgConnectOptions;
 use tokio_postgres::Client;
 use tokio_postgres::error::SqlState;
 

@@ -3,8 +3,8 @@
 
 use arrow_array::RecordBatch;
 use async_trait::async_trait;
-use connector_api::postgres::PgConnectOptions;
 use connector_api::{Error, ErrorKind, Phase, Result};
+use connector_common::postgres::PgConnectOptions;
 use futures_util::pin_mut;
 use tokio_postgres::binary_copy::BinaryCopyInWriter;
 use tokio_postgres::error::SqlState;
@@ -83,9 +83,9 @@ impl PgSession {
     async fn connect_only(&self, phase: Phase) -> Result<Client> {
         let client = self
             .options
-            .connect(phase, "the JDBC sink's connection to PostgreSQL")
+            .connect("the JDBC sink's connection to PostgreSQL")
             .await
-            .map_err(|e| e.with_sink(&self.config.sink))?;
+            .map_err(|e| Error::from(e).at_phase(phase).with_sink(&self.config.sink))?;
         client
             .batch_execute(&format!(
                 "SET lock_timeout = {}",

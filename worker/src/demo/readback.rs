@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use arrow_array::{Array, Int64Array, RecordBatch};
-use connector_api::{Phase, Report};
+use connector_api::Report;
 use futures_util::TryStreamExt;
 use iceberg::TableIdent;
 use iceberg_sink::{CatalogConfig, S3Settings};
@@ -59,20 +59,11 @@ impl Verdict {
 /// # Errors
 /// It does not.
 pub async fn check_postgres(url: &str) -> Result<()> {
-    let options = connector_api::postgres::PgConnectOptions::parse(url)
-        .map_err(|e| anyhow::anyhow!("--pg-url: {}", Report(&e)))?;
-    tokio::time::timeout(
-        Duration::from_secs(10),
-        options.connect(Phase::Setup, "PostgreSQL"),
-    )
-    .await
-    .map_err(|_| anyhow::anyhow!("PostgreSQL did not answer within 10 s"))?
-    .map_err(|e| {
-        anyhow::anyhow!(
-            "{}: is it up? (scripts/services.sh up postgres)",
-            Report(&e)
-        )
-    })?;
+    let options = connector_common::postgres::PgConnectOptions::parse(url).context("--pg-url")?;
+    tokio::time::timeout(Duration::from_secs(10), options.connect("PostgreSQL"))
+        .await
+        .map_err(|_| anyhow::anyhow!("PostgreSQL did not answer within 10 s"))?
+        .context("is PostgreSQL up? (scripts/services.sh up postgres)")?;
     Ok(())
 }
 
@@ -166,11 +157,9 @@ async fn iceberg_ids(dir: &Path, table: &str) -> Result<Vec<i64>> {
 
 /// The ids in the PostgreSQL table.
 async fn postgres_ids(url: &str, table: &str) -> Result<Vec<i64>> {
-    let client = connector_api::postgres::PgConnectOptions::parse(url)
-        .map_err(|e| anyhow::anyhow!("{}", Report(&e)))?
-        .connect(Phase::Setup, "PostgreSQL")
-        .await
-        .map_err(|e| anyhow::anyhow!("{}", Report(&e)))?;
+    let client = connector_common::postgres::PgConnectOptions::parse(url)?
+        .connect("PostgreSQL")
+        .await?;
     let rows = client
         .query(&format!("SELECT id FROM \"{table}\""), &[])
         .await

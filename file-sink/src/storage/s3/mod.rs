@@ -84,24 +84,14 @@ async fn checked_client(config: &S3Config) -> Result<Client> {
     if let Some(endpoint) = &config.endpoint {
         loader = loader.endpoint_url(endpoint);
     }
-    match (&config.access_key_id, &config.secret_access_key) {
-        (Some(id), Some(secret)) => {
-            loader = loader.credentials_provider(Credentials::new(
-                id,
-                secret,
-                None,
-                None,
-                "ratchet-config",
-            ));
-        }
-        (None, None) => {}
-        _ => {
-            return Err(Error::new(
-                ErrorKind::Config,
-                Phase::Setup,
-                "set both access_key_id and secret_access_key, or neither (to use the AWS credential chain)",
-            ));
-        }
+    if let Some(pair) = config.credentials()? {
+        loader = loader.credentials_provider(Credentials::new(
+            pair.access_key_id,
+            pair.secret_access_key.expose(),
+            None,
+            None,
+            "ratchet-config",
+        ));
     }
     let shared = loader.load().await;
     // The SDK retries single requests on throttling, 5xx and transport errors (its standard mode, configured

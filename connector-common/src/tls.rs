@@ -14,7 +14,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme};
 
-use crate::{Error, ErrorKind, Phase, Result};
+use crate::{Error, Result};
 
 /// How much of the server's certificate is checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,18 +51,24 @@ impl Default for TlsSettings {
 }
 
 fn tls_error(message: String) -> Error {
-    Error::new(ErrorKind::Config, Phase::Setup, message)
+    Error::config(message)
 }
 
-fn file_error(what: &str, path: &Path, e: impl std::fmt::Display) -> Error {
-    tls_error(format!("cannot read the {what} {}: {e}", path.display()))
+/// A file that cannot be read or parsed; the cause is the error's source, not repeated in the message.
+fn file_error(what: &str, path: &Path, e: impl std::error::Error + Send + Sync + 'static) -> Error {
+    Error::config(format!("cannot read the {what} {}", path.display())).with_source(e)
+}
+
+/// A file that was read but holds nothing usable.
+fn useless_file(what: &str, path: &Path, reason: &str) -> Error {
+    Error::config(format!("the {what} {} holds {reason}", path.display()))
 }
 
 impl TlsSettings {
     /// The rustls client configuration these settings describe (aws-lc-rs provider, TLS 1.2 and 1.3).
     ///
     /// # Errors
-    /// [`Config`](ErrorKind::Config) naming the file when a CA file, certificate or key cannot be read or holds
+    /// [`Config`](crate::ErrorKind::Config) naming the file when a CA file, certificate or key cannot be read or holds
     /// nothing usable, or when the system trust store is empty.
     pub fn client_config(&self) -> Result<ClientConfig> {
         let provider = Arc::new(aws_lc_rs::default_provider());
@@ -95,10 +101,10 @@ impl TlsSettings {
                     .and_then(|certs| certs.collect::<std::result::Result<Vec<_>, _>>())
                     .map_err(|e| file_error("client certificate", cert_file, e))?;
                 if chain.is_empty() {
-                    return Err(file_error(
+                    return Err(useless_file(
                         "client certificate",
                         cert_file,
-                        "no CERTIFICATE in it",
+                        "no CERTIFICATE",
                     ));
                 }
                 let key = PrivateKeyDer::from_pem_file(key_file).map_err(|e| {
@@ -129,11 +135,7 @@ impl TlsSettings {
                     .map_err(|e| file_error("CA file", path, e))?;
                 let (added, _) = roots.add_parsable_certificates(certs);
                 if added == 0 {
-                    return Err(file_error(
-                        "CA file",
-                        path,
-                        "no usable CA certificate in it",
-                    ));
+                    return Err(useless_file("CA file", path, "no usable CA certificate"));
                 }
             }
             None => {
@@ -260,7 +262,7 @@ mod tests {
             ..TlsSettings::default()
         };
         let err = settings.client_config().unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::Config);
+        assert_eq!(err.kind(), crate::ErrorKind::Config);
         assert!(
             err.to_string().contains("/nonexistent/ratchet-ca.pem"),
             "{err}"

@@ -1,5 +1,5 @@
-//! Connecting to PostgreSQL the one way every Ratchet component does (the checkpoint store, and the JDBC sink to
-//! come): a libpq URL with libpq's TLS parameters, and the password from the URL or the environment.
+//! Connecting to PostgreSQL the one way every Ratchet component does (the checkpoint store, the JDBC sink, the
+//! worker's leases): a libpq URL with libpq's TLS parameters, and the password from the URL or the environment.
 //!
 //! | URL parameter | meaning |
 //! |---|---|
@@ -16,7 +16,9 @@
 //! [`CONNECT_TIMEOUT`], TCP keepalives after [`KEEPALIVE_IDLE`] (probes every [`KEEPALIVE_INTERVAL`], given up
 //! after [`KEEPALIVE_RETRIES`]) and a [`TCP_USER_TIMEOUT`] for unacknowledged data: a dead route or a hung host
 //! ends the connection with an error within about half a minute. Server-side limits for sessions that hold locks
-//! (`idle_in_transaction_session_timeout`) are set per use with [`PgConnectOptions::with_session_limits`]. It is never logged: [`tokio_postgres::Config`]'s `Debug` redacts it and errors carry
+//! (`idle_in_transaction_session_timeout`) are set per use with [`PgConnectOptions::with_session_limits`].
+//!
+//! The password is never logged: [`tokio_postgres::Config`]'s `Debug` redacts it and errors carry
 //! no URL.
 
 use std::path::PathBuf;
@@ -26,7 +28,7 @@ use tokio_postgres::config::SslMode;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::tls::{ServerCheck, TlsSettings};
-use crate::{Error, ErrorKind, Phase, Result};
+use crate::{Error, Result};
 
 /// The environment variable the password is read from when the URL has none.
 pub const PASSWORD_VARIABLE: &str = "PGPASSWORD";
@@ -63,7 +65,7 @@ impl std::fmt::Debug for PgConnectOptions {
 }
 
 fn config_error(message: impl Into<String>) -> Error {
-    Error::new(ErrorKind::Config, Phase::Setup, message)
+    Error::config(message)
 }
 
 /// The TLS parameters libpq takes that tokio-postgres does not parse, taken out of the URL.
@@ -158,7 +160,7 @@ impl PgConnectOptions {
     /// string; a missing password is read from `PGPASSWORD`.
     ///
     /// # Errors
-    /// [`Config`](ErrorKind::Config) for a malformed URL, an unknown `sslmode`, `sslcert` without `sslkey`, or an
+    /// [`Config`](crate::ErrorKind::Config) for a malformed URL, an unknown `sslmode`, `sslcert` without `sslkey`, or an
     /// unreadable CA, certificate or key file (named); the URL itself is never part of the message.
     pub fn parse(url: &str) -> Result<Self> {
         Self::parse_with_env(url, |name| std::env::var(name).ok())
@@ -264,12 +266,14 @@ impl PgConnectOptions {
     /// Opens one connection and drives it on the runtime; the client fails once the connection ends.
     ///
     /// # Errors
-    /// [`Retryable`](ErrorKind::Retryable) when the server cannot be reached, TLS fails or it refuses the login
-    /// (with the driver's error attached), in `phase`.
-    pub async fn connect(&self, phase: Phase, what: &str) -> Result<tokio_postgres::Client> {
-        let (client, connection) = self.config.connect(self.tls()).await.map_err(|e| {
-            Error::new(ErrorKind::Retryable, phase, format!("cannot open {what}")).with_source(e)
-        })?;
+    /// [`Unavailable`](crate::ErrorKind::Unavailable) when the server cannot be reached, TLS fails or it
+    /// refuses the login (with the driver's error attached); `what` names the connection in the message.
+    pub async fn connect(&self, what: &str) -> Result<tokio_postgres::Client> {
+        let (client, connection) = self
+            .config
+            .connect(self.tls())
+            .await
+            .map_err(|e| Error::unavailable(format!("cannot open {what}")).with_source(e))?;
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "a PostgreSQL connection ended");

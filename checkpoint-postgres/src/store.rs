@@ -1,4 +1,4 @@
-//! A checkpoint store in PostgreSQL tables, shared by every worker of a job.
+//! The store itself: tables, saves, loads and the committed mark.
 
 use std::time::Duration;
 
@@ -7,12 +7,12 @@ use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, PoolError, Recycli
 use futures_util::future::BoxFuture;
 use tokio::time::Instant;
 
-mod claim;
-
-use super::record::newest_intact;
-use super::{CheckpointRecord, CheckpointStore, Claim, Loaded, OwnerEpoch};
-use crate::postgres::PgConnectOptions;
-use crate::{CheckpointId, Error, ErrorKind, Phase, Result, SubtaskId};
+use connector_api::checkpoint::newest_intact;
+use connector_api::{
+    CheckpointId, CheckpointRecord, CheckpointStore, Claim, Error, ErrorKind, Loaded, OwnerEpoch,
+    Phase, Result, SubtaskId,
+};
+use connector_common::postgres::PgConnectOptions;
 
 /// Serializes creation of the tables between workers starting at once.
 const CREATE_LOCK: i64 = 0x0072_6174_6368_6563; // "ratchec"
@@ -40,7 +40,7 @@ pub struct PgStoreLimits {
     /// The server ends a claim guard's session once it is idle inside its transaction this long
     /// (`idle_in_transaction_session_timeout`): the longest an orphaned guard (its process lost power or network
     /// without closing the connection) holds off the next claim, and the longest recovery may go between two
-    /// claim checks ([`crate::ensure_claim_held`]) before its claim lapses.
+    /// claim checks ([`connector_api::ensure_claim_held`]) before its claim lapses.
     pub guard_idle: Duration,
 }
 
@@ -60,13 +60,13 @@ impl Default for PgStoreLimits {
 ///
 /// - `claim` raises the owner row's epoch and commits (`INSERT .. ON CONFLICT DO UPDATE .. RETURNING`), then, on a
 ///   connection of its own, opens a transaction that share-locks the owner row (`SELECT .. FOR SHARE`) if the
-///   epoch is still its own: that open transaction is the [`ClaimGuard`](crate::ClaimGuard). It blocks the next claim's `UPDATE`,
+///   epoch is still its own: that open transaction is the [`ClaimGuard`](connector_api::ClaimGuard). It blocks the next claim's `UPDATE`,
 ///   not saves (which share-lock the row too, and are fenced by the committed epoch anyway). Dropping the guard
 ///   closes the connection, which ends the transaction; so does the death of the process, and the server ends a
 ///   guard session idle for [`PgStoreLimits::guard_idle`] (an orphan). While another session holds the lock, a
 ///   claim waits in rounds of [`PgStoreLimits::claim_round`], logging who holds it (the guard's
 ///   `application_name` names the job, subtask, host and process), for as long as it takes: a live holder is
-///   recovering, and an orphan is ended by the server. [`ClaimGuard::check`](crate::ClaimGuard::check) asks the guard's own session
+///   recovering, and an orphan is ended by the server. [`ClaimGuard::check`](connector_api::ClaimGuard::check) asks the guard's own session
 ///   whether it still holds the lock and the epoch.
 /// - `save` runs one transaction: `SELECT epoch .. FOR SHARE` on the owner row (a concurrent claim waits for it,
 ///   and it waits for a concurrent claim), refuse unless the epoch is ours, insert the record unless its id is
@@ -76,20 +76,20 @@ impl Default for PgStoreLimits {
 /// - Connections come from a small pool that replaces closed connections, so a restarted server or a dropped
 ///   connection costs one failed attempt, not the rest of the run. A connection whose call timed out is taken out
 ///   of the pool and closed. Every connection has a connect timeout, TCP keepalives and a TCP user timeout
-///   ([`crate::postgres`]).
+///   ([`connector_common::postgres`]).
 /// - The newest `retain` records are kept; pruning runs after the save and its failure is only logged.
 ///
 /// Several jobs can share the database: each names itself with `job`.
 pub struct PgCheckpointStore {
-    guard_options: PgConnectOptions,
+    pub(crate) guard_options: PgConnectOptions,
     pool: Pool,
-    job: String,
-    subtask: i32,
+    pub(crate) job: String,
+    pub(crate) subtask: i32,
     retain: i64,
-    limits: PgStoreLimits,
+    pub(crate) limits: PgStoreLimits,
 }
 
-fn pg_error(message: &str, e: tokio_postgres::Error) -> Error {
+pub(crate) fn pg_error(message: &str, e: tokio_postgres::Error) -> Error {
     let kind = if e.is_closed() || e.code().is_none() {
         ErrorKind::Retryable
     } else {
@@ -206,7 +206,7 @@ impl PgCheckpointStore {
         })?;
         Ok(Self {
             guard_options: options
-                .with_session_limits(limits.guard_idle, &claim::guard_name(job, subtask)),
+                .with_session_limits(limits.guard_idle, &crate::claim::guard_name(job, subtask)),
             pool,
             job: job.to_string(),
             subtask: subtask_number,
@@ -218,7 +218,7 @@ impl PgCheckpointStore {
     /// Runs `op` on a pooled connection, all of it (getting the connection included) within
     /// [`PgStoreLimits::call`]. On time-out the connection is taken out of the pool and closed, and the call fails
     /// with `timeout_kind` ([`InDoubt`](ErrorKind::InDoubt) where the call may have taken effect).
-    async fn call<T, F>(&self, what: &str, timeout_kind: ErrorKind, op: F) -> Result<T>
+    pub(crate) async fn call<T, F>(&self, what: &str, timeout_kind: ErrorKind, op: F) -> Result<T>
     where
         F: for<'c> FnOnce(&'c mut Object) -> BoxFuture<'c, Result<T>>,
     {
@@ -226,7 +226,7 @@ impl PgCheckpointStore {
             .await
     }
 
-    async fn call_within<T, F>(
+    pub(crate) async fn call_within<T, F>(
         &self,
         limit: Duration,
         what: &str,
@@ -260,7 +260,7 @@ impl PgCheckpointStore {
         }
     }
 
-    fn fenced(&self, current: Option<i64>, owner: OwnerEpoch) -> Error {
+    pub(crate) fn fenced(&self, current: Option<i64>, owner: OwnerEpoch) -> Error {
         fenced(&self.job, self.subtask, current, owner)
     }
 
@@ -350,12 +350,12 @@ impl PgCheckpointStore {
             )
             .await;
         if let Err(e) = outcome {
-            tracing::warn!(job = %self.job, subtask = self.subtask, error = %crate::Report(&e),
+            tracing::warn!(job = %self.job, subtask = self.subtask, error = %connector_api::Report(&e),
                 "cannot prune old checkpoint records; they are kept until the next save");
         }
     }
 
-    fn key(&self) -> OwnerKey {
+    pub(crate) fn key(&self) -> OwnerKey {
         OwnerKey {
             job: self.job.clone(),
             subtask: self.subtask,
@@ -365,9 +365,9 @@ impl PgCheckpointStore {
 
 /// Which owner row a store or guard works on.
 #[derive(Clone)]
-struct OwnerKey {
-    job: String,
-    subtask: i32,
+pub(crate) struct OwnerKey {
+    pub(crate) job: String,
+    pub(crate) subtask: i32,
 }
 
 fn fenced(job: &str, subtask: i32, current: Option<i64>, owner: OwnerEpoch) -> Error {

@@ -9,9 +9,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use checkpoint_postgres::{PgCheckpointStore, PgStoreLimits};
 use connector_api::{
-    CheckpointId, CheckpointRecord, CheckpointStore, ErrorKind, PgCheckpointStore, PgStoreLimits,
-    SourceOffset, SubtaskId,
+    CheckpointId, CheckpointRecord, CheckpointStore, ErrorKind, SourceOffset, SubtaskId,
 };
 use integration::Services;
 

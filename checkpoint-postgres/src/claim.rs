@@ -8,9 +8,11 @@ use async_trait::async_trait;
 
 use tokio::time::Instant;
 
-use super::{OwnerKey, PgCheckpointStore, pg_error};
-use crate::checkpoint::{Claim, ClaimGuard, HeldClaim, OwnerEpoch};
-use crate::{Error, ErrorKind, Phase, Result, SubtaskId};
+use connector_api::{
+    Claim, ClaimGuard, Error, ErrorKind, HeldClaim, OwnerEpoch, Phase, Result, SubtaskId,
+};
+
+use crate::store::{OwnerKey, PgCheckpointStore, pg_error};
 
 fn lock_busy(e: &tokio_postgres::Error) -> bool {
     e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE)
@@ -25,7 +27,7 @@ fn this_process() -> String {
 }
 
 /// How a claim round ended without a claim.
-pub(super) enum Round {
+pub(crate) enum Round {
     /// Another session holds the owner row's lock: wait another round.
     Busy,
     /// Any other failure, as the claim reports it.
@@ -79,7 +81,7 @@ impl HeldClaim for PgGuard {
 }
 
 /// A claim guard session's `application_name`: [`PgCheckpointStore::guard_prefix`] and this process.
-pub(super) fn guard_name(job: &str, subtask: SubtaskId) -> String {
+pub(crate) fn guard_name(job: &str, subtask: SubtaskId) -> String {
     format!(
         "{}{}",
         PgCheckpointStore::guard_prefix(job, subtask),
@@ -89,7 +91,7 @@ pub(super) fn guard_name(job: &str, subtask: SubtaskId) -> String {
 
 impl PgCheckpointStore {
     /// Claims the subtask, waiting in rounds while another session holds its claim, logging who after each round.
-    pub(super) async fn claim_waiting(&self) -> Result<Claim> {
+    pub(crate) async fn claim_waiting(&self) -> Result<Claim> {
         let waiting_since = Instant::now();
         loop {
             match self.claim_round().await {
@@ -170,8 +172,9 @@ impl PgCheckpointStore {
     async fn take_guard(&self, epoch: OwnerEpoch) -> Result<ClaimGuard, Round> {
         let client = self
             .guard_options
-            .connect(Phase::Checkpoint, "the claim guard's connection")
-            .await?;
+            .connect("the claim guard's connection")
+            .await
+            .map_err(|e| Error::from(e).at_phase(Phase::Checkpoint))?;
         client
             .batch_execute(&format!(
                 "BEGIN; SET LOCAL lock_timeout = {}",
@@ -204,7 +207,7 @@ impl PgCheckpointStore {
     /// The sessions that hold a claim guard of this subtask, as `pg_stat_activity` shows them, for the log line of
     /// a waiting claim. Best effort: an error is described, not returned.
     async fn guard_holders(&self) -> String {
-        let prefix = Self::guard_prefix(&self.job, crate::SubtaskId(self.subtask as u32));
+        let prefix = Self::guard_prefix(&self.job, SubtaskId(self.subtask as u32));
         let outcome = self
             .call("looking up the claim's holder", ErrorKind::Retryable, |client| Box::pin(async move {
                 client
@@ -240,7 +243,7 @@ impl PgCheckpointStore {
                 })
                 .collect::<Vec<_>>()
                 .join("; "),
-            Err(e) => format!("unknown ({})", crate::Report(&e)),
+            Err(e) => format!("unknown ({})", connector_api::Report(&e)),
         }
     }
 }
