@@ -19,7 +19,8 @@ use arrow_array::cast::AsArray;
 use arrow_array::types::Int64Type;
 use async_trait::async_trait;
 use connector_api::{
-    CheckpointId, Committer, Error, ErrorKind, Phase, Result, SinkId, TwoPhaseCommit,
+    CheckpointId, Committer, Error, ErrorKind, Fence, FenceOrder, Phase, RecoveryPlan, Result,
+    SinkId, SubtaskId, TwoPhaseCommit,
 };
 use integration::conformance::{Conformance, ConformanceTarget, run_conformance};
 use serde::{Deserialize, Serialize};
@@ -151,16 +152,24 @@ impl TwoPhaseCommit for LinesSink {
         Ok(())
     }
 
-    async fn recover(
+    /// What recovery will do: publish the restored files not visible yet (found by the committer's
+    /// `is_committed`), after raising the owner epoch; every other stage is deleted.
+    async fn plan_recovery(
         &mut self,
         restored: Option<(CheckpointId, Vec<Option<Staged>>)>,
-    ) -> Result<()> {
+    ) -> Result<RecoveryPlan<Option<Staged>>> {
+        let fence = Fence {
+            order: FenceOrder::BeforeCommit,
+            how: "raise the owner epoch in .owner-0".into(),
+        };
+        RecoveryPlan::checking(&self.committer(), restored, fence).await
+    }
+
+    async fn execute_recovery(&mut self, plan: RecoveryPlan<Option<Staged>>) -> Result<()> {
         self.epoch = owner_epoch(&self.dir) + 1;
         fs::write(self.dir.join(".owner-0"), self.epoch.to_string())
             .map_err(io(Phase::Recover, "cannot write the owner epoch"))?;
-        if let Some((_, committables)) = restored {
-            self.committer().commit(committables).await?;
-        }
+        self.committer().commit(plan.commit).await?;
         for entry in fs::read_dir(&self.dir).map_err(io(Phase::Recover, "cannot list"))? {
             let path = entry.map_err(io(Phase::Recover, "cannot list"))?.path();
             let name = path.file_name().unwrap_or_default().to_string_lossy();
@@ -185,7 +194,7 @@ impl Lines {
 impl ConformanceTarget for Lines {
     type Sink = LinesSink;
 
-    async fn create_sink(&self, run: &str, sink: &SinkId) -> Result<LinesSink> {
+    async fn create_sink(&self, run: &str, sink: &SinkId, _: SubtaskId) -> Result<LinesSink> {
         let dir = self.dir(run, sink);
         fs::create_dir_all(&dir).map_err(io(Phase::Setup, "cannot create the directory"))?;
         Ok(LinesSink {

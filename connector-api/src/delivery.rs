@@ -7,7 +7,7 @@ use arrow_array::RecordBatch;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use crate::{CheckpointId, Committer, Result, SinkId, TwoPhaseCommit};
+use crate::{CheckpointId, Committer, RecoveryPlan, Result, SinkId, TwoPhaseCommit};
 
 /// What a sink promises about each source record after crashes and restarts.
 ///
@@ -165,25 +165,36 @@ impl<S: TwoPhaseCommit> TwoPhaseCommit for GuaranteedSink<S> {
         self.inner.abort().await
     }
 
-    /// Commits what `restored` holds, whatever this sink's guarantee is now: the driver hands over only what a
+    /// Plans to commit what `restored` holds, whatever this sink's guarantee is now: the driver hands over only what a
     /// checkpoint decided under exactly-once carries (an at-least-once checkpoint committed at pre-commit and
     /// holds nothing; recovery never commits an at-most-once checkpoint), so that a change of guarantee never
     /// drops a decided checkpoint.
-    async fn recover(
+    async fn plan_recovery(
         &mut self,
         restored: Option<(CheckpointId, Vec<Self::Committable>)>,
-    ) -> Result<()> {
+    ) -> Result<RecoveryPlan<Self::Committable>> {
         let restored =
             restored.map(|(id, committables)| (id, committables.into_iter().flatten().collect()));
-        self.inner.recover(restored).await
+        Ok(self.inner.plan_recovery(restored).await?.map(Some))
     }
 
-    async fn inspect(
-        &mut self,
-        restored: Option<(CheckpointId, Vec<Self::Committable>)>,
-    ) -> Result<crate::ExternalView> {
-        let restored =
-            restored.map(|(id, committables)| (id, committables.into_iter().flatten().collect()));
-        self.inner.inspect(restored).await
+    async fn execute_recovery(&mut self, plan: RecoveryPlan<Self::Committable>) -> Result<()> {
+        let RecoveryPlan {
+            checkpoint,
+            commit,
+            already_committed,
+            found,
+            fence,
+            notes,
+        } = plan;
+        let inner = RecoveryPlan {
+            checkpoint,
+            commit: commit.into_iter().flatten().collect(),
+            already_committed,
+            found,
+            fence,
+            notes,
+        };
+        self.inner.execute_recovery(inner).await
     }
 }

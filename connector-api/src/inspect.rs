@@ -47,16 +47,6 @@ pub struct OpenTransaction {
     pub resolution: Resolution,
 }
 
-/// One sink's view of one subtask in its external system.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct ExternalView {
-    /// Open, prepared or staged transactions.
-    pub transactions: Vec<OpenTransaction>,
-    /// What the external system records as last committed for the subtask, when it records it (the Iceberg
-    /// sink's snapshot ledger).
-    pub last_committed: Option<String>,
-}
-
 /// One subtask as [`Driver::inspect`](crate::Driver::inspect) sees it: the checkpoint store's view and each sink's.
 #[derive(Debug)]
 pub struct Inspection {
@@ -76,6 +66,6 @@ pub struct SinkInspection {
     pub sink: SinkId,
     /// How long its external system keeps a transaction open before aborting it by itself (`None`: never).
     pub timeout: Option<Duration>,
-    /// What it holds, or why it could not be read.
-    pub view: crate::Result<ExternalView>,
+    /// What its recovery would do, or why its external system could not be read.
+    pub plan: crate::Result<crate::PlanSummary>,
 }

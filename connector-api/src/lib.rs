@@ -19,6 +19,7 @@ mod fence;
 mod ids;
 mod inspect;
 pub mod metrics;
+mod recovery;
 mod registry;
 mod retry;
 mod txn;
@@ -35,7 +36,8 @@ pub use driver::{
 pub use error::{Action, Error, ErrorKind, Phase, Report, Result, action, action_after_retries};
 pub use fence::ensure_claim_held;
 pub use ids::{CheckpointId, JobId, SinkId, SinkScope, SubtaskId};
-pub use inspect::{ExternalView, Inspection, OpenTransaction, Resolution, SinkInspection};
+pub use inspect::{Inspection, OpenTransaction, Resolution, SinkInspection};
+pub use recovery::{Fence, FenceOrder, PlanSummary, RecoveryPlan};
 pub use registry::{
     DynSink, SinkCheck, SinkContext, SinkFactory, SinkRegistry, SinkSpec, parse_settings,
 };

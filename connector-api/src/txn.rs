@@ -7,7 +7,7 @@ use arrow_array::RecordBatch;
 use async_trait::async_trait;
 use serde::{Serialize, de::DeserializeOwned};
 
-use crate::{CheckpointId, Error, ErrorKind, Phase, Result, SinkId};
+use crate::{CheckpointId, Error, ErrorKind, Phase, RecoveryPlan, Result, SinkId};
 
 /// The commit half of a sink: makes pre-committed transactions visible, and probes whether they are.
 ///
@@ -40,14 +40,28 @@ pub trait Committer: Send + Sync + 'static {
 /// One instance serves one subtask of one sink. The [`Driver`](crate::Driver) calls, per checkpoint `N`:
 /// `begin(N)`, `write(..)`*, `pre_commit(N)`, then, once the checkpoint record holding the committable is durable,
 /// [`Committer::commit`] (on its own task, overlapping `begin(N+1)` and its writes). On start it calls `recover(..)`
-/// once, before the first `begin`.
+/// once, before the first `begin` ([`plan_recovery`](Self::plan_recovery), then
+/// [`execute_recovery`](Self::execute_recovery)).
 ///
 /// # Contract
+/// What every sink must do:
 /// - After `pre_commit` returns, the transaction survives the death of this process and can be committed by *any*
 ///   process from the [`Committable`](Self::Committable) alone; until then it can still be aborted.
 /// - Nothing written becomes visible to readers of the external system before commit.
-/// - After `recover`, an older instance of the same sink and subtask (a zombie) can no longer make anything
+/// - Recovery is a [`RecoveryPlan`]: [`plan_recovery`](Self::plan_recovery) computes it read-only (it is what
+///   `ratchet inspect` shows) and [`execute_recovery`](Self::execute_recovery) carries out exactly that plan's
+///   commits. Every item the plan marks for abort is gone afterwards, and so is anything a zombie prepared
+///   after the plan was made.
+/// - After recovery, an older instance of the same sink and subtask (a zombie) can no longer make anything
 ///   visible: the sink fences it.
+/// - Recovery accepts committables of *any* subtask of the sink (a subtask taken over from another, a job
+///   rescaled) and commits them exactly once, even if that subtask's own recovery commits them too.
+/// - Recovery needs no in-memory state: a fresh instance, built from configuration alone, recovers.
+///
+/// What sinks may differ on:
+/// - the order of fence and commit ([`FenceOrder`](crate::FenceOrder)), provided nothing a zombie can still
+///   prepare survives recovery; each sink documents its order in its plan's [`Fence`](crate::Fence);
+/// - what they find and how they name it (prepared transactions, transactional ids, staged files, data files).
 ///
 /// # Idempotence
 /// `commit` and `recover` may run more than once for the same committables (a crash after commit but before the
@@ -194,32 +208,51 @@ pub trait TwoPhaseCommit: Send + 'static {
     /// Discards the open transaction, if any (everything written since `begin`).
     async fn abort(&mut self) -> Result<()>;
 
-    /// Resolves what crashed attempts left behind, before the first `begin`: commits `restored` (the committables
-    /// of the last durable checkpoint, `None` on a fresh start) and aborts every other transaction this instance
-    /// owns, including ones begun after that checkpoint. Fences older instances of the same sink and subtask.
+    /// Computes, read-only, what recovery does given `restored` (the committables of the last durable checkpoint,
+    /// `None` on a fresh start): which restored committables it commits (those the external system does not show
+    /// committed, [`RecoveryPlan::checking`]), what the subtask holds open in the external system (prepared or
+    /// open transactions, staged files, open uploads) and what happens to each, and how it fences. Callable
+    /// before recovery and while the job is down; changes nothing, fences nothing.
+    ///
+    /// A sink that keeps nothing outside the process plans with
+    /// `RecoveryPlan::checking(&self.committer(), restored, Fence::nothing())`.
+    ///
+    /// # Errors
+    /// The external system cannot be read.
+    async fn plan_recovery(
+        &mut self,
+        restored: Option<(CheckpointId, Vec<Self::Committable>)>,
+    ) -> Result<RecoveryPlan<Self::Committable>>;
+
+    /// Carries out `plan` (made by [`plan_recovery`](Self::plan_recovery) on this instance), before the first
+    /// `begin`: commits `plan.commit`, aborts every other transaction this instance's subtask owns (the plan's
+    /// aborts, and anything begun since the plan was made), and fences older instances of the same sink and
+    /// subtask, in the order the plan's fence says.
     ///
     /// # Idempotence
-    /// Running it twice with the same input has the effect of running it once.
+    /// Running it twice with the same plan has the effect of running it once.
+    async fn execute_recovery(&mut self, plan: RecoveryPlan<Self::Committable>) -> Result<()>;
+
+    /// Resolves what crashed attempts left behind: [`plan_recovery`](Self::plan_recovery), then
+    /// [`execute_recovery`](Self::execute_recovery). Not meant to be overridden.
     async fn recover(
         &mut self,
         restored: Option<(CheckpointId, Vec<Self::Committable>)>,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        let plan = self.plan_recovery(restored).await?;
+        self.execute_recovery(plan).await
+    }
 
-    /// Lists, read-only, what this instance's subtask holds open in the external system (prepared or open
-    /// transactions, staged files, open uploads) and what [`recover`](Self::recover) would do with each given
-    /// `restored` (the same argument recovery would get). Callable before recovery and while the job is down;
-    /// changes nothing, fences nothing. For `ratchet inspect`.
-    ///
-    /// The default lists nothing: a sink that keeps nothing outside the process between checkpoints.
+    /// What recovery would do given `restored`, without the committables: the plan's
+    /// [`summary`](RecoveryPlan::summary), for `ratchet inspect`. Read-only.
     ///
     /// # Errors
     /// The external system cannot be read.
     async fn inspect(
         &mut self,
         restored: Option<(CheckpointId, Vec<Self::Committable>)>,
-    ) -> Result<crate::ExternalView> {
-        let _ = restored;
-        Ok(crate::ExternalView::default())
+    ) -> Result<crate::PlanSummary> {
+        Ok(self.plan_recovery(restored).await?.summary())
     }
 
     /// Asks the external system whether the transaction behind `committable` is visible.

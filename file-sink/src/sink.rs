@@ -8,8 +8,8 @@ use crate::committable::FileCommittable;
 use arrow_array::RecordBatch;
 use async_trait::async_trait;
 use connector_api::{
-    CheckpointId, Committer, Error, ErrorKind, ExternalView, OpenTransaction, Phase, Resolution,
-    Result, SinkId, TwoPhaseCommit,
+    CheckpointId, Committer, Error, ErrorKind, Fence, FenceOrder, OpenTransaction, Phase,
+    RecoveryPlan, Resolution, Result, SinkId, TwoPhaseCommit,
 };
 
 use crate::FileName;
@@ -321,25 +321,31 @@ impl TwoPhaseCommit for FileSink {
         Ok(())
     }
 
-    /// The subtask's hidden stages (local pending and in-progress files; S3 open multipart uploads, staged
-    /// objects and spill files) with their age: recovery publishes those the restored checkpoint holds and removes
-    /// the rest.
-    async fn inspect(
+    /// Found: the subtask's hidden stages (local pending and in-progress files; S3 open multipart uploads, staged
+    /// objects and spill files) with their age. Recovery publishes the restored files not yet visible and removes
+    /// every other stage. Fence before commit: the sink's epoch is raised first, and a committer of an older
+    /// epoch refuses to publish.
+    async fn plan_recovery(
         &mut self,
         restored: Option<(CheckpointId, Vec<FileCommittable>)>,
-    ) -> Result<ExternalView> {
+    ) -> Result<RecoveryPlan<FileCommittable>> {
         let keep: BTreeSet<String> = restored
-            .into_iter()
+            .iter()
             .flat_map(|(_, committables)| committables)
-            .flat_map(|c| c.files)
+            .flat_map(|c| &c.files)
             .map(|f| f.file_name())
             .collect();
+        let fence = Fence {
+            order: FenceOrder::BeforeCommit,
+            how: "raise the sink's epoch (an older instance's committer refuses to publish)".into(),
+        };
+        let mut plan = RecoveryPlan::checking(&self.committer(), restored, fence).await?;
         let stages = self
             .backend
             .owned_stages()
             .await
             .map_err(|e| self.context(e))?;
-        let transactions = stages
+        plan.found = stages
             .into_iter()
             .map(|stage| OpenTransaction {
                 checkpoint: FileName::checkpoint_of(
@@ -353,16 +359,10 @@ impl TwoPhaseCommit for FileSink {
                 age: stage.age,
             })
             .collect();
-        Ok(ExternalView {
-            transactions,
-            last_committed: None,
-        })
+        Ok(plan)
     }
 
-    async fn recover(
-        &mut self,
-        restored: Option<(CheckpointId, Vec<FileCommittable>)>,
-    ) -> Result<()> {
+    async fn execute_recovery(&mut self, plan: RecoveryPlan<FileCommittable>) -> Result<()> {
         self.open.clear();
         self.sealed.clear();
         self.checkpoint = None;
@@ -373,9 +373,7 @@ impl TwoPhaseCommit for FileSink {
             .bump_epoch()
             .await
             .map_err(|e| self.context(e))?;
-        if let Some((_, committables)) = restored {
-            self.committer().commit(committables).await?;
-        }
+        self.committer().commit(plan.commit).await?;
         // The restored files are visible now, so every stage this instance still owns belongs to a checkpoint that
         // never became durable: presumed abort.
         connector_api::ensure_claim_held("removing uncommitted staged files").await?;

@@ -188,7 +188,7 @@ async fn s3_multipart_file_survives_a_crash_between_pre_commit_and_commit() {
         .await
         .unwrap();
     let uploads: Vec<_> = view
-        .transactions
+        .found
         .iter()
         .filter(|t| t.state == "multipart upload")
         .collect();
@@ -205,11 +205,7 @@ async fn s3_multipart_file_survives_a_crash_between_pre_commit_and_commit() {
             "S3 says when an upload began: {upload:?}"
         );
     }
-    for other in view
-        .transactions
-        .iter()
-        .filter(|t| t.state != "multipart upload")
-    {
+    for other in view.found.iter().filter(|t| t.state != "multipart upload") {
         assert_eq!(other.state, "spill file", "{other:?}");
         assert_eq!(other.resolution, Resolution::Abort, "{other:?}");
     }

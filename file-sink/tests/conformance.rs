@@ -5,7 +5,7 @@ mod common;
 
 use async_trait::async_trait;
 use common::{Place, config};
-use connector_api::{Result, SinkId};
+use connector_api::{Result, SinkId, SubtaskId};
 use file_sink::FileSink;
 use integration::conformance::{Conformance, ConformanceTarget, run_conformance};
 
@@ -19,8 +19,10 @@ fn sub(run: &str, sink: &SinkId) -> String {
 impl ConformanceTarget for Files {
     type Sink = FileSink;
 
-    async fn create_sink(&self, run: &str, sink: &SinkId) -> Result<FileSink> {
-        FileSink::new(config(&self.0, &sub(run, sink), sink)).await
+    async fn create_sink(&self, run: &str, sink: &SinkId, subtask: SubtaskId) -> Result<FileSink> {
+        let mut config = config(&self.0, &sub(run, sink), sink);
+        config.subtask = subtask;
+        FileSink::new(config).await
     }
 
     async fn visible_ids(&self, run: &str, sink: &SinkId) -> Result<Vec<i64>> {

@@ -8,8 +8,8 @@ use crate::committable::{IcebergCommittable, PendingFile};
 use arrow_array::RecordBatch;
 use async_trait::async_trait;
 use connector_api::{
-    CheckpointId, Committer, Error, ErrorKind, ExternalView, OpenTransaction, Phase, Resolution,
-    Result, SinkId, TwoPhaseCommit,
+    CheckpointId, Committer, Error, ErrorKind, Fence, FenceOrder, OpenTransaction, Phase,
+    RecoveryPlan, Resolution, Result, SinkId, SubtaskId, TwoPhaseCommit,
 };
 use iceberg::spec::{DataFile, deserialize_data_file_from_json, serialize_data_file_to_json};
 use iceberg::table::Table;
@@ -48,23 +48,42 @@ impl IcebergCommitter {
     async fn commit_files(&self, committable: &IcebergCommittable) -> Result<CommitOutcome> {
         let epoch = self.epoch(Phase::Commit)?;
         if committable.subtask != self.key.subtask.0 {
-            return Err(Error::new(
-                ErrorKind::Bug,
+            return Err(Error::bug(
                 Phase::Commit,
                 format!(
-                    "a committable of subtask {} reached the committer of subtask {}",
+                    "a committable of subtask {} reached the committer of subtask {} outside recovery",
                     committable.subtask, self.key.subtask
                 ),
             ));
         }
+        self.commit_files_as(&self.key, epoch, committable).await
+    }
+
+    /// Commits `committable`'s files as one snapshot recorded for `key` (the subtask that wrote them) under
+    /// `epoch`, unless the table already shows its checkpoint for that subtask: committed under the writer's own
+    /// key, a checkpoint taken over by another subtask's recovery is never committed twice.
+    async fn commit_files_as(
+        &self,
+        key: &SubtaskKey,
+        epoch: u64,
+        committable: &IcebergCommittable,
+    ) -> Result<CommitOutcome> {
         if committable.files.is_empty() {
             return Ok(CommitOutcome::AlreadyCommitted);
         }
         let table = self.target.recent(Phase::Commit).await?;
         let files = decode_files(&table, &committable.files)?;
         self.target
-            .commit_files(&self.key, epoch, committable.checkpoint, files)
+            .commit_files(key, epoch, committable.checkpoint, files)
             .await
+    }
+
+    /// The ledger key of the subtask that wrote `committable`.
+    fn key_of(&self, committable: &IcebergCommittable) -> SubtaskKey {
+        SubtaskKey {
+            subtask: SubtaskId(committable.subtask),
+            ..self.key.clone()
+        }
     }
 }
 
@@ -82,10 +101,11 @@ impl Committer for IcebergCommitter {
         Ok(())
     }
 
-    /// Whether the table's history shows the committable's checkpoint (or a later one) of its subtask.
+    /// Whether the table's history shows the committable's checkpoint (or a later one) of its subtask (the one
+    /// that wrote it, whichever instance asks).
     async fn is_committed(&self, committable: &IcebergCommittable) -> Result<bool> {
         let table = self.target.load(Phase::Commit).await?;
-        let state = self.key.state(&table.metadata_ref());
+        let state = self.key_of(committable).state(&table.metadata_ref());
         Ok(committable.files.is_empty()
             || state
                 .checkpoint
@@ -299,91 +319,130 @@ impl TwoPhaseCommit for IcebergSink {
         Ok(())
     }
 
-    /// The table's record of the subtask (last committed checkpoint and epoch, from the snapshot ledger) and its
-    /// data files that no snapshot references: recovery commits those the restored checkpoint holds (unless the
-    /// table already shows that checkpoint) and deletes the rest.
-    async fn inspect(
+    /// Found: the subtask's data files that no snapshot references, and those of every other subtask whose
+    /// committables `restored` holds (a takeover). Recovery commits the restored files the table does not show
+    /// yet and deletes the rest. Fence before commit: the subtask's owner epoch is raised with a snapshot of its
+    /// own (so is a taken-over subtask's), and a commit planned under an older epoch is refused. Notes: what the
+    /// ledger shows for the subtask.
+    async fn plan_recovery(
         &mut self,
         restored: Option<(CheckpointId, Vec<IcebergCommittable>)>,
-    ) -> Result<ExternalView> {
-        let (table, unreferenced) =
-            unreferenced_files(&self.committer.target, &self.key, None, &self.config.s3).await?;
-        let state = self.key.state(&table.metadata_ref());
-        let pending: BTreeSet<String> = restored
-            .into_iter()
-            .flat_map(|(_, committables)| committables)
-            .filter(|c| Some(c.checkpoint) > state.checkpoint)
-            .flat_map(|c| c.files)
+    ) -> Result<RecoveryPlan<IcebergCommittable>> {
+        let fence = Fence {
+            order: FenceOrder::BeforeCommit,
+            how: format!(
+                "raise the owner epoch of subtask {} in table {} (a snapshot of no files; an older instance's \
+                 commit is refused)",
+                self.key.subtask, self.config.table
+            ),
+        };
+        let mut plan = RecoveryPlan::checking(&self.committer, restored, fence).await?;
+        let pending: BTreeSet<String> = plan
+            .commit
+            .iter()
+            .flat_map(|c| &c.files)
             .map(|f| canonical(&f.path))
             .collect();
-        let transactions = unreferenced
-            .into_iter()
-            .map(|path| OpenTransaction {
-                checkpoint: self.key.checkpoint_of_file(&path),
-                state: "data file no snapshot references".into(),
-                age: None,
-                resolution: Resolution::held_by_restored(pending.contains(&canonical(&path))),
-                name: path,
-            })
-            .collect();
-        Ok(ExternalView {
-            transactions,
-            last_committed: Some(match state.checkpoint {
+        for key in self.recovered_keys(&plan.commit) {
+            let (table, unreferenced) =
+                unreferenced_files(&self.committer.target, &key, None, &self.config.s3).await?;
+            let state = key.state(&table.metadata_ref());
+            plan.notes.push(match state.checkpoint {
                 Some(checkpoint) => format!(
-                    "table {} shows checkpoint {checkpoint} (owner epoch {})",
+                    "table {} shows checkpoint {checkpoint} of subtask {} (owner epoch {})",
                     table.identifier(),
+                    key.subtask,
                     state.epoch
                 ),
                 None => format!(
-                    "table {} shows no checkpoint of this subtask",
-                    table.identifier()
+                    "table {} shows no checkpoint of subtask {}",
+                    table.identifier(),
+                    key.subtask
                 ),
-            }),
-        })
+            });
+            if key.subtask != self.key.subtask {
+                plan.notes.push(format!(
+                    "takes over subtask {}: raises its owner epoch, commits its restored files and deletes its \
+                     unreferenced ones",
+                    key.subtask
+                ));
+            }
+            plan.found
+                .extend(unreferenced.into_iter().map(|path| OpenTransaction {
+                    checkpoint: key.checkpoint_of_file(&path),
+                    state: format!(
+                        "data file of subtask {} no snapshot references",
+                        key.subtask
+                    ),
+                    age: None,
+                    resolution: Resolution::held_by_restored(pending.contains(&canonical(&path))),
+                    name: path,
+                }));
+        }
+        Ok(plan)
     }
 
-    /// Raises the subtask's epoch in the table (fencing older instances), commits the restored checkpoint's
-    /// files unless the table's history shows it, then deletes this subtask's unreferenced files.
-    async fn recover(
-        &mut self,
-        restored: Option<(CheckpointId, Vec<IcebergCommittable>)>,
-    ) -> Result<()> {
+    /// Raises the subtask's epoch in the table (fencing older instances), commits the plan's files, then deletes
+    /// this subtask's unreferenced files; the same for every other subtask whose committables the plan holds.
+    async fn execute_recovery(&mut self, plan: RecoveryPlan<IcebergCommittable>) -> Result<()> {
         let context = |e: Error| e.or_sink(&self.config.sink).at_phase(Phase::Recover);
         self.writer = None;
         self.carried.clear();
         self.carried_checkpoints = 0;
         self.pre_committed = None;
-        connector_api::ensure_claim_held("raising the Iceberg ledger's epoch").await?;
-        let (epoch, before) = self
-            .committer
-            .target
-            .raise_epoch(&self.key)
-            .await
-            .map_err(context)?;
-        self.committer.epoch.store(epoch, Ordering::SeqCst);
-        tracing::info!(
-            sink = %self.config.sink,
-            subtask = %self.key.subtask,
-            epoch,
-            table_shows = ?before.checkpoint,
-            "iceberg sink recovering"
-        );
-        if let Some((_, committables)) = restored {
-            for committable in &committables {
+        for key in self.recovered_keys(&plan.commit) {
+            connector_api::ensure_claim_held("raising the Iceberg ledger's epoch").await?;
+            let (epoch, before) = self
+                .committer
+                .target
+                .raise_epoch(&key)
+                .await
+                .map_err(context)?;
+            if key == self.key {
+                self.committer.epoch.store(epoch, Ordering::SeqCst);
+            }
+            tracing::info!(
+                sink = %self.config.sink,
+                subtask = %key.subtask,
+                recovering_subtask = %self.key.subtask,
+                epoch,
+                table_shows = ?before.checkpoint,
+                "iceberg sink recovering"
+            );
+            for committable in plan
+                .commit
+                .iter()
+                .filter(|c| self.committer.key_of(c) == key)
+            {
                 self.committer
-                    .commit_files(committable)
+                    .commit_files_as(&key, epoch, committable)
+                    .await
+                    .map_err(context)?;
+            }
+            if self.config.cleanup_on_recover {
+                connector_api::ensure_claim_held("deleting unreferenced data files").await?;
+                delete_unreferenced_files(&self.committer.target, &key, epoch, &self.config.s3)
                     .await
                     .map_err(context)?;
             }
         }
-        if self.config.cleanup_on_recover {
-            connector_api::ensure_claim_held("deleting unreferenced data files").await?;
-            delete_unreferenced_files(&self.committer.target, &self.key, epoch, &self.config.s3)
-                .await
-                .map_err(context)?;
-        }
         self.table = Some(self.committer.target.load(Phase::Recover).await?);
         Ok(())
+    }
+}
+
+impl IcebergSink {
+    /// The subtasks a recovery with `commit` covers: this instance's own first, then every other subtask whose
+    /// committables it holds.
+    fn recovered_keys(&self, commit: &[IcebergCommittable]) -> Vec<SubtaskKey> {
+        let mut keys = vec![self.key.clone()];
+        for committable in commit {
+            let key = self.committer.key_of(committable);
+            if !keys.contains(&key) {
+                keys.push(key);
+            }
+        }
+        keys
     }
 }
 

@@ -10,7 +10,7 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 use common::Lake;
-use connector_api::{Error, ErrorKind, Phase, Result, SinkId};
+use connector_api::{Error, ErrorKind, Phase, Result, SinkId, SubtaskId};
 use iceberg_sink::IcebergSink;
 use integration::conformance::{
     Conformance, ConformanceTarget, conformance_schema, run_conformance,
@@ -60,12 +60,17 @@ impl Target {
 impl ConformanceTarget for Target {
     type Sink = IcebergSink;
 
-    async fn create_sink(&self, run: &str, sink: &SinkId) -> Result<IcebergSink> {
+    async fn create_sink(
+        &self,
+        run: &str,
+        sink: &SinkId,
+        subtask: SubtaskId,
+    ) -> Result<IcebergSink> {
         let table = self.0.table(&[run, sink.as_str()]);
         self.2.lock().unwrap().remove(&table);
-        let mut config = self
-            .0
-            .config("conformance", sink, 0, &table, conformance_schema());
+        let mut config =
+            self.0
+                .config("conformance", sink, subtask.0, &table, conformance_schema());
         config.commit_every = self.1;
         IcebergSink::new(config).await
     }

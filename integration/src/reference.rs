@@ -14,7 +14,8 @@ use std::time::Duration;
 use arrow_array::{Int64Array, RecordBatch};
 use async_trait::async_trait;
 use connector_api::{
-    CheckpointId, Committer, Error, ErrorKind, Phase, Result, SinkId, TwoPhaseCommit,
+    CheckpointId, Committer, Error, ErrorKind, Fence, FenceOrder, OpenTransaction, Phase,
+    RecoveryPlan, Resolution, Result, SinkId, TwoPhaseCommit,
 };
 use serde::{Deserialize, Serialize};
 
@@ -32,6 +33,8 @@ pub enum Broken {
     /// `recover` notes the restored checkpoint as recovered *before* committing it, and a later `recover` of the
     /// same checkpoint skips the commit: a crash inside recovery loses it.
     RecoverCommitsOnlyOnce,
+    /// `is_committed` always answers `false`: a recovery plan never sees that its commits happened.
+    BlindIsCommitted,
 }
 
 #[derive(Debug, Default)]
@@ -205,6 +208,9 @@ impl Committer for ReferenceCommitter {
     }
 
     async fn is_committed(&self, committable: &ReferenceCommittable) -> Result<bool> {
+        if self.system.is(Broken::BlindIsCommitted) {
+            return Ok(false);
+        }
         Ok(self.system.with(&self.key, |state| {
             state.committed.contains_key(&committable.checkpoint)
         }))
@@ -303,17 +309,44 @@ impl TwoPhaseCommit for ReferenceSink {
         Ok(())
     }
 
-    async fn recover(
+    /// Found: the transactions on the slots (open or prepared). Fence before commit: the epoch is raised.
+    async fn plan_recovery(
         &mut self,
         restored: Option<(CheckpointId, Vec<ReferenceCommittable>)>,
-    ) -> Result<()> {
+    ) -> Result<RecoveryPlan<ReferenceCommittable>> {
+        let fence = Fence {
+            order: FenceOrder::BeforeCommit,
+            how: "raise the sink's epoch".into(),
+        };
+        let mut plan = RecoveryPlan::checking(&self.committer(), restored, fence).await?;
+        let held: HashSet<u64> = plan.commit.iter().map(|c| c.checkpoint).collect();
+        plan.found = self.system.with(&self.key, |state| {
+            state
+                .slots
+                .iter()
+                .map(|(slot, txn)| OpenTransaction {
+                    name: format!("slot {slot}"),
+                    checkpoint: Some(CheckpointId(txn.checkpoint)),
+                    state: if txn.prepared { "prepared" } else { "open" }.into(),
+                    age: None,
+                    resolution: Resolution::held_by_restored(
+                        txn.prepared && held.contains(&txn.checkpoint),
+                    ),
+                })
+                .collect()
+        });
+        Ok(plan)
+    }
+
+    async fn execute_recovery(&mut self, plan: RecoveryPlan<ReferenceCommittable>) -> Result<()> {
         self.buffer.clear();
         self.current = None;
         self.epoch = self.system.with(&self.key, |state| {
             state.epoch += 1;
             state.epoch
         });
-        if let Some((checkpoint, committables)) = restored {
+        if let Some(checkpoint) = plan.checkpoint {
+            let committables = plan.commit;
             let first_time = self
                 .system
                 .with(&self.key, |state| state.recovering.insert(checkpoint.0));

@@ -10,7 +10,8 @@ use async_trait::async_trait;
 use connector_api::{
     CheckpointId, CheckpointRecord, CheckpointStore, Claim, DeliveryGuarantee, Driver,
     DriverConfig, Error, ErrorKind, FaultPoint, GuaranteedSink, Loaded, LocalCheckpointStore,
-    OwnerEpoch, Phase, Result, RetryPolicy, SinkId, SourceOffset, TwoPhaseCommit, committables_in,
+    OwnerEpoch, Phase, RecoveryPlan, Result, RetryPolicy, SinkId, SourceOffset, TwoPhaseCommit,
+    committables_in,
 };
 use integration::conformance::conformance_batch;
 use integration::reference::{ReferenceSink, ReferenceSystem};
@@ -320,15 +321,18 @@ impl TwoPhaseCommit for Recording {
     async fn abort(&mut self) -> Result<()> {
         self.inner.abort().await
     }
-    async fn recover(
+    async fn plan_recovery(
         &mut self,
         restored: Option<(CheckpointId, Vec<Self::Committable>)>,
-    ) -> Result<()> {
+    ) -> Result<RecoveryPlan<Self::Committable>> {
         self.seen
             .lock()
             .unwrap()
             .push(restored.as_ref().map(|(id, _)| *id));
-        self.inner.recover(restored).await
+        self.inner.plan_recovery(restored).await
+    }
+    async fn execute_recovery(&mut self, plan: RecoveryPlan<Self::Committable>) -> Result<()> {
+        self.inner.execute_recovery(plan).await
     }
 }
 

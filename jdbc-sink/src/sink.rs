@@ -7,12 +7,12 @@ use crate::committable::JdbcCommittable;
 use arrow_array::RecordBatch;
 use async_trait::async_trait;
 use connector_api::{
-    CheckpointId, Committer, Error, ErrorKind, ExternalView, OpenTransaction, Phase, Resolution,
-    Result, SinkId, SinkScope, SubtaskId, TwoPhaseCommit,
+    CheckpointId, Committer, Error, ErrorKind, Fence, FenceOrder, OpenTransaction, Phase,
+    RecoveryPlan, Resolution, Result, SinkId, SinkScope, SubtaskId, TwoPhaseCommit,
 };
 
 use crate::config::{DedupConfig, Dialect, JdbcSinkConfig, WriteMode};
-use crate::database::{Coordinator, Prepared, Session};
+use crate::database::{Coordinator, OWNERS_TABLE, Prepared, Session};
 use crate::keys::KeyDecoder;
 use crate::{Xid, mysql, pg};
 
@@ -252,24 +252,25 @@ impl TwoPhaseCommit for JdbcSink {
         Ok(())
     }
 
-    /// Commits the restored checkpoint's prepared transactions (of any subtask: a recovery that took over a
-    /// vanished subtask passes its committables), rolls back every other prepared transaction of this subtask,
-    /// then raises the owner epoch, which fences every older instance, and deletes the markers of checkpoints
-    /// after the restored one (a reset checkpoint store starts its ids again). A transaction that passed its owner check
-    /// just before holds the owner row; the raise waits `lock_timeout` for it, then lists and resolves again.
-    /// The subtask's prepared transactions (`pg_prepared_xacts` with their age, or MariaDB's `XA RECOVER`):
-    /// recovery commits those the restored checkpoint holds and rolls back the rest.
-    async fn inspect(
+    /// Found: the subtask's prepared transactions (`pg_prepared_xacts` with their age, or MariaDB's `XA
+    /// RECOVER`); recovery commits those the restored checkpoint holds (of any subtask: a recovery that took over
+    /// a vanished subtask passes its committables) and rolls back the rest. Fence after commit: the owner epoch
+    /// is raised once the prepared transactions are resolved.
+    async fn plan_recovery(
         &mut self,
         restored: Option<(CheckpointId, Vec<JdbcCommittable>)>,
-    ) -> Result<ExternalView> {
-        let keep: BTreeSet<String> = restored
-            .into_iter()
-            .flat_map(|(_, c)| c)
-            .filter(|c| c.prepared)
-            .map(|c| c.xid)
-            .collect();
-        let transactions = self
+    ) -> Result<RecoveryPlan<JdbcCommittable>> {
+        let keep = held_xids(restored.iter().flat_map(|(_, c)| c));
+        let fence = Fence {
+            order: FenceOrder::AfterCommit,
+            how: format!(
+                "raise the owner epoch of subtask {} in {OWNERS_TABLE} (an older instance's next statement \
+                 fails its owner check)",
+                self.subtask
+            ),
+        };
+        let mut plan = RecoveryPlan::checking(&self.committer(), restored, fence).await?;
+        plan.found = self
             .coordinator
             .list_prepared(&self.scope)
             .await?
@@ -286,28 +287,22 @@ impl TwoPhaseCommit for JdbcSink {
                 }
             })
             .collect();
-        Ok(ExternalView {
-            transactions,
-            last_committed: None,
-        })
+        Ok(plan)
     }
 
-    async fn recover(
-        &mut self,
-        restored: Option<(CheckpointId, Vec<JdbcCommittable>)>,
-    ) -> Result<()> {
+    /// Commits the plan's prepared transactions, rolls back every other prepared transaction of this subtask,
+    /// then raises the owner epoch, which fences every older instance, and deletes the markers of checkpoints
+    /// after the restored one (a reset checkpoint store starts its ids again). A transaction that passed its
+    /// owner check just before holds the owner row; the raise waits `lock_timeout` for it, then lists and
+    /// resolves again.
+    async fn execute_recovery(&mut self, plan: RecoveryPlan<JdbcCommittable>) -> Result<()> {
         self.session.rollback().await?;
-        let restored_id = restored.as_ref().map(|(id, _)| *id);
-        let restored: Vec<JdbcCommittable> = restored.map(|(_, c)| c).unwrap_or_default();
-        let keep: BTreeSet<String> = restored
-            .iter()
-            .filter(|c| c.prepared)
-            .map(|c| c.xid.clone())
-            .collect();
+        let restored_id = plan.checkpoint;
+        let keep = held_xids(&plan.commit);
         let committer = self.committer();
         for attempt in 1..=CLAIM_ATTEMPTS {
             committer
-                .commit(restored.clone())
+                .commit(plan.commit.clone())
                 .await
                 .map_err(|e| e.at_phase(Phase::Recover))?;
             for Prepared { xid, .. } in self.coordinator.list_prepared(&self.scope).await? {
@@ -344,6 +339,15 @@ impl TwoPhaseCommit for JdbcSink {
         )
         .with_sink(&self.sink))
     }
+}
+
+/// The prepared transactions `committables` hold, by name.
+fn held_xids<'a>(committables: impl IntoIterator<Item = &'a JdbcCommittable>) -> BTreeSet<String> {
+    committables
+        .into_iter()
+        .filter(|c| c.prepared)
+        .map(|c| c.xid.clone())
+        .collect()
 }
 
 /// The dedup table of the append mode: as configured, or `<table>_ratchet_dedup`.

@@ -6,7 +6,7 @@ mod common;
 
 use async_trait::async_trait;
 use common::{Db, config, read, short_name};
-use connector_api::{Result, SinkId};
+use connector_api::{Result, SinkId, SubtaskId};
 use integration::conformance::{Conformance, ConformanceTarget, run_conformance};
 use jdbc_sink::{DedupConfig, JdbcSink, WriteMode};
 
@@ -26,9 +26,17 @@ fn names(run: &str, sink: &SinkId) -> (String, String) {
 impl ConformanceTarget for Table {
     type Sink = JdbcSink;
 
-    async fn create_sink(&self, run: &str, sink: &SinkId) -> Result<JdbcSink> {
+    async fn create_sink(&self, run: &str, sink: &SinkId, subtask: SubtaskId) -> Result<JdbcSink> {
         let (table, scope) = names(run, sink);
-        JdbcSink::new(config(self.db, sink, 0, &table, &scope, self.mode.clone())).await
+        JdbcSink::new(config(
+            self.db,
+            sink,
+            subtask.0,
+            &table,
+            &scope,
+            self.mode.clone(),
+        ))
+        .await
     }
 
     async fn visible_ids(&self, run: &str, sink: &SinkId) -> Result<Vec<i64>> {

@@ -11,7 +11,8 @@ use crate::committable::FlushedRecords;
 use arrow_array::RecordBatch;
 use async_trait::async_trait;
 use connector_api::{
-    CheckpointId, Committer, Error, ErrorKind, Phase, Result, SinkId, TwoPhaseCommit,
+    CheckpointId, Committer, Error, ErrorKind, Fence, Phase, RecoveryPlan, Result, SinkId,
+    TwoPhaseCommit,
 };
 
 use crate::delivery::{DeliveryTracker, SinkProducer};
@@ -151,7 +152,16 @@ impl TwoPhaseCommit for KafkaAtLeastOnceSink {
         Ok(())
     }
 
-    async fn recover(&mut self, _: Option<(CheckpointId, Vec<FlushedRecords>)>) -> Result<()> {
+    /// Nothing is held open between checkpoints (sent records are visible already): nothing to commit, abort or
+    /// fence.
+    async fn plan_recovery(
+        &mut self,
+        restored: Option<(CheckpointId, Vec<FlushedRecords>)>,
+    ) -> Result<RecoveryPlan<FlushedRecords>> {
+        RecoveryPlan::checking(&self.committer(), restored, Fence::nothing()).await
+    }
+
+    async fn execute_recovery(&mut self, _: RecoveryPlan<FlushedRecords>) -> Result<()> {
         self.checkpoint = None;
         Ok(())
     }

@@ -8,8 +8,8 @@ use crate::committable::KafkaCommittable;
 use arrow_array::RecordBatch;
 use async_trait::async_trait;
 use connector_api::{
-    CheckpointId, Committer, Error, ErrorKind, ExternalView, OpenTransaction, Phase, Resolution,
-    Result, RetryPolicy, SinkId, SubtaskId, TwoPhaseCommit,
+    CheckpointId, Committer, Error, ErrorKind, Fence, FenceOrder, OpenTransaction, Phase,
+    RecoveryPlan, Resolution, Result, RetryPolicy, SinkId, SubtaskId, TwoPhaseCommit,
 };
 use kafka_connection::KafkaConnection;
 use rdkafka::error::KafkaError;
@@ -449,15 +449,31 @@ impl TwoPhaseCommit for KafkaSink {
         Ok(())
     }
 
-    /// The open transactions of the subtask's transactional ids (DescribeTransactions): recovery commits the one
-    /// the restored checkpoint holds (same producer id and epoch) and `init_transactions` aborts the others.
-    async fn inspect(
+    /// Commits the restored transactions that are not committed yet (same producer id and epoch, at the protocol
+    /// level), then fences: `init_transactions` on every transactional id of the subtask aborts whatever a crashed
+    /// attempt or a zombie left open and bumps the epoch (fence after commit: the fence would abort the restored
+    /// transactions). Found: the open transactions of the subtask's ids (DescribeTransactions).
+    async fn plan_recovery(
         &mut self,
         restored: Option<(CheckpointId, Vec<KafkaCommittable>)>,
-    ) -> Result<ExternalView> {
-        let restored: Vec<KafkaCommittable> = restored.into_iter().flat_map(|(_, c)| c).collect();
-        let mut transactions = Vec::new();
-        for id in self.pool.all(self.subtask) {
+    ) -> Result<RecoveryPlan<KafkaCommittable>> {
+        let held_by_restored: Vec<KafkaCommittable> = restored
+            .iter()
+            .flat_map(|(_, c)| c.iter().cloned())
+            .collect();
+        let ids = self.pool.all(self.subtask);
+        let fence = Fence {
+            order: FenceOrder::AfterCommit,
+            how: format!(
+                "init_transactions on each of the subtask's {} transactional id(s) (aborts what is open, bumps \
+                 the producer epoch)",
+                ids.len()
+            ),
+        };
+        let mut plan = RecoveryPlan::checking(&self.committer(), restored, fence)
+            .await
+            .map_err(|e| e.or_sink(&self.sink))?;
+        for id in ids {
             let Some(described) = self
                 .coordinator
                 .find_transaction(id.as_str())
@@ -476,7 +492,7 @@ impl TwoPhaseCommit for KafkaSink {
             if !open {
                 continue;
             }
-            let held = restored.iter().find(|c| {
+            let held = held_by_restored.iter().find(|c| {
                 c.transactional_id == id.as_str()
                     && c.producer_id == described.producer_id
                     && c.producer_epoch == described.producer_epoch
@@ -487,7 +503,7 @@ impl TwoPhaseCommit for KafkaSink {
                     .duration_since(std::time::UNIX_EPOCH + Duration::from_millis(ms))
                     .ok()
             });
-            transactions.push(OpenTransaction {
+            plan.found.push(OpenTransaction {
                 name: id.as_str().to_string(),
                 checkpoint: held.map(|c| c.checkpoint),
                 state: format!(
@@ -502,16 +518,10 @@ impl TwoPhaseCommit for KafkaSink {
                 resolution: Resolution::held_by_restored(held.is_some()),
             });
         }
-        Ok(ExternalView {
-            transactions,
-            last_committed: None,
-        })
+        Ok(plan)
     }
 
-    async fn recover(
-        &mut self,
-        restored: Option<(CheckpointId, Vec<KafkaCommittable>)>,
-    ) -> Result<()> {
+    async fn execute_recovery(&mut self, plan: RecoveryPlan<KafkaCommittable>) -> Result<()> {
         self.current = None;
         self.producers.lock().expect("producers").clear();
         let connection = self.kafka.client_config();
@@ -528,17 +538,15 @@ impl TwoPhaseCommit for KafkaSink {
             .await
             .map_err(|e| e.or_sink(&self.sink))?;
         // First finish the restored transactions (they must not be aborted by the fencing below)...
-        if let Some((checkpoint, committables)) = restored {
-            for c in committables.iter().filter(|c| !c.ranges.is_empty()) {
-                commit_remote(&self.coordinator, &self.kafka, c)
-                    .await
-                    .map_err(|e| {
-                        e.at_phase(Phase::Recover)
-                            .or_sink(&self.sink)
-                            .or_checkpoint(checkpoint)
-                            .or_txn(c.transactional_id.clone())
-                    })?;
-            }
+        for c in plan.commit.iter().filter(|c| !c.ranges.is_empty()) {
+            commit_remote(&self.coordinator, &self.kafka, c)
+                .await
+                .map_err(|e| {
+                    e.at_phase(Phase::Recover)
+                        .or_sink(&self.sink)
+                        .or_checkpoint(c.checkpoint)
+                        .or_txn(c.transactional_id.clone())
+                })?;
         }
         // ...then fence every id of the pool: init_transactions aborts whatever a crashed attempt or a zombie left
         // open, so read_committed consumers are never stuck behind the last stable offset.

@@ -36,7 +36,7 @@ impl Kafka {
 impl ConformanceTarget for Kafka {
     type Sink = KafkaSink;
 
-    async fn create_sink(&self, run: &str, sink: &SinkId) -> Result<KafkaSink> {
+    async fn create_sink(&self, run: &str, sink: &SinkId, subtask: SubtaskId) -> Result<KafkaSink> {
         let topic = topic(run, sink);
         // Idempotent: an existing topic is fine.
         let _ = self
@@ -48,7 +48,7 @@ impl ConformanceTarget for Kafka {
             .await;
         let mut config = KafkaSinkConfig::new(&self.bootstrap, &topic, &topic);
         config.client = self.client.clone();
-        KafkaSink::new(config, sink.clone(), SubtaskId(0))
+        KafkaSink::new(config, sink.clone(), subtask)
     }
 
     async fn visible_ids(&self, run: &str, sink: &SinkId) -> Result<Vec<i64>> {

@@ -91,19 +91,11 @@ fn print_subtask(subtask: u32, inspection: &Inspection) -> (usize, usize) {
     }
     let (mut commits, mut aborts) = (0, 0);
     for sink in &inspection.sinks {
-        match &sink.view {
+        match &sink.plan {
             Err(e) => println!("  sink {}: cannot be read: {}", sink.sink, Report(e)),
-            Ok(view) => {
-                let ledger = view
-                    .last_committed
-                    .as_deref()
-                    .map_or(String::new(), |l| format!(" ({l})"));
-                if view.transactions.is_empty() {
-                    println!("  sink {}: nothing pending{ledger}", sink.sink);
-                    continue;
-                }
-                println!("  sink {}:{ledger}", sink.sink);
-                for txn in &view.transactions {
+            Ok(plan) => {
+                print_plan(&sink.sink, plan);
+                for txn in &plan.found {
                     let age = match (txn.age, sink.timeout) {
                         (Some(age), Some(timeout)) => format!(
                             "age {} of its {} timeout",
@@ -134,6 +126,34 @@ fn print_subtask(subtask: u32, inspection: &Inspection) -> (usize, usize) {
         }
     }
     (commits, aborts)
+}
+
+/// The plan's head: what recovery commits, how it fences, the sink's notes.
+fn print_plan(sink: &connector_api::SinkId, plan: &connector_api::PlanSummary) {
+    let commits = match (plan.checkpoint, plan.commits) {
+        (None, _) => "no checkpoint to restore".to_string(),
+        (Some(checkpoint), 0) => format!(
+            "checkpoint {checkpoint}: nothing left to commit ({} committable(s) already visible)",
+            plan.already_committed
+        ),
+        (Some(checkpoint), n) => format!(
+            "checkpoint {checkpoint}: commits {n} committable(s) ({} already visible)",
+            plan.already_committed
+        ),
+    };
+    let how = &plan.fence.how;
+    let fence = match plan.fence.order {
+        connector_api::FenceOrder::BeforeCommit => format!("fences before committing: {how}"),
+        connector_api::FenceOrder::AfterCommit => format!("fences after committing: {how}"),
+        connector_api::FenceOrder::Nothing => how.clone(),
+    };
+    println!("  sink {sink}: {commits}; {fence}");
+    for note in &plan.notes {
+        println!("    note: {note}");
+    }
+    if plan.found.is_empty() {
+        println!("    nothing pending");
+    }
 }
 
 fn round(age: Duration) -> Duration {

@@ -117,7 +117,7 @@ pub(crate) trait ErasedSink: Send {
         &mut self,
         restored: Option<(CheckpointId, serde_json::Value)>,
         committed: bool,
-    ) -> Result<crate::ExternalView>;
+    ) -> Result<crate::PlanSummary>;
 }
 
 #[async_trait]
@@ -196,7 +196,7 @@ impl<T: TwoPhaseCommit> ErasedSink for T {
         &mut self,
         restored: Option<(CheckpointId, serde_json::Value)>,
         committed: bool,
-    ) -> Result<crate::ExternalView> {
+    ) -> Result<crate::PlanSummary> {
         let restored = restorable(self, restored, committed)?;
         TwoPhaseCommit::inspect(self, restored).await
     }

@@ -201,14 +201,14 @@ impl<S: CheckpointStore> Driver<S> {
                 .record
                 .as_ref()
                 .and_then(|r| r.committables.get(&id).map(|v| (r.id, v.clone())));
-            let view = sink
+            let plan = sink
                 .inspect(restored, already_committed)
                 .await
                 .map_err(|e| e.or_sink(&id));
             sinks.push(crate::SinkInspection {
                 sink: id,
                 timeout: sink.transaction_timeout(),
-                view,
+                plan,
             });
         }
         Ok(crate::Inspection {

@@ -6,8 +6,9 @@
 use std::sync::{Arc, Mutex};
 
 use connector_api::{
-    CheckpointId, CheckpointStore, Driver, DriverConfig, ErrorKind, LocalCheckpointStore,
-    Report as ErrorReport, RetryPolicy, SinkId,
+    CheckpointId, CheckpointRecord, CheckpointStore, Driver, DriverConfig, ErrorKind,
+    LocalCheckpointStore, PlanSummary, Report as ErrorReport, RetryPolicy, SinkId, SubtaskId,
+    TwoPhaseCommit, committables_in,
 };
 
 use super::alone::{abort_then_run, commit_twice, zombie};
@@ -27,6 +28,8 @@ pub(super) struct Stats {
     pub(super) checkpoints: u64,
     /// The checkpoint each start restores (loaded just before it starts).
     pub(super) restored: Vec<Option<CheckpointId>>,
+    /// Restarts whose recovery was checked against the plan inspect made before it.
+    pub(super) plans_checked: u32,
 }
 
 /// The two sinks every scenario runs side by side.
@@ -52,6 +55,7 @@ pub(super) async fn run<T: ConformanceTarget>(
         crashes: stats.crashes,
         starts: stats.starts,
         checkpoints: stats.checkpoints,
+        plans_checked: stats.plans_checked,
         outcome,
     }
 }
@@ -100,6 +104,7 @@ async fn run_scenario<T: ConformanceTarget>(
     };
     match scenario {
         Scenario::Zombie => zombie(&job, stats).await?,
+        Scenario::ForeignSubtaskHandover => super::handover::foreign_subtask(&job).await?,
         Scenario::Abort => {
             abort_then_run(&job).await?;
             job.run_to_end(stats).await?;
@@ -295,7 +300,13 @@ impl<T: ConformanceTarget> Job<'_, T> {
             .load()
             .await
             .map_err(|e| format!("loading the checkpoint store: {}", ErrorReport(&e)))?;
-        stats.restored.push(loaded.record.map(|r| r.id));
+        stats.restored.push(loaded.record.as_ref().map(|r| r.id));
+        // Inspect matches recover: the plan made before a restart is what its recovery does.
+        let planned = if stats.starts > 1 {
+            Some(self.plans("before a restart").await?)
+        } else {
+            None
+        };
         let crashes_before = self.armed_len();
         let restored = match driver.start().await {
             Ok(restored) => restored,
@@ -315,6 +326,17 @@ impl<T: ConformanceTarget> Job<'_, T> {
             for sink in sinks() {
                 self.expect_visible(&sink, offset, &when).await?;
             }
+        }
+        if let Some(planned) = planned {
+            let after = self
+                .replans(
+                    &planned,
+                    loaded.record.as_ref(),
+                    driver.current_checkpoint(),
+                )
+                .await?;
+            plans_carried_out(&planned, &after)?;
+            stats.plans_checked += 1;
         }
         Ok(Some((driver, offset)))
     }
@@ -440,12 +462,128 @@ impl<T: ConformanceTarget> Job<'_, T> {
         }
     }
 
+    /// A new instance of subtask 0 of `sink`.
     pub(super) async fn sink(&self, sink: &SinkId) -> Result<T::Sink, String> {
-        self.target
-            .create_sink(self.run, sink)
-            .await
-            .map_err(|e| format!("creating sink {sink}: {}", ErrorReport(&e)))
+        self.subtask_sink(sink, SubtaskId(0)).await
     }
+
+    /// A new instance of `subtask` of `sink`.
+    pub(super) async fn subtask_sink(
+        &self,
+        sink: &SinkId,
+        subtask: SubtaskId,
+    ) -> Result<T::Sink, String> {
+        self.target
+            .create_sink(self.run, sink, subtask)
+            .await
+            .map_err(|e| {
+                format!(
+                    "creating subtask {subtask} of sink {sink}: {}",
+                    ErrorReport(&e)
+                )
+            })
+    }
+
+    /// Each sink's plan for the same restored checkpoint as `planned` (read from `record`, the record the restart
+    /// recovered), made by a fresh instance after the recovery: what the recovery left undone. Items of the
+    /// checkpoint the started driver has `begun` since are its own, not leftovers, and are left out.
+    async fn replans(
+        &self,
+        planned: &[(SinkId, PlanSummary)],
+        record: Option<&CheckpointRecord>,
+        begun: CheckpointId,
+    ) -> Result<Vec<(SinkId, PlanSummary)>, String> {
+        let mut after = Vec::new();
+        for (sink, before) in planned {
+            let mut probe = self.sink(sink).await?;
+            let restored = match (before.checkpoint, record) {
+                (Some(_), Some(record)) => committables_in(&probe, record)
+                    .map_err(|e| format!("sink {sink}: {}", ErrorReport(&e)))?
+                    .map(|c| (record.id, c)),
+                _ => None,
+            };
+            let mut plan = probe
+                .plan_recovery(restored)
+                .await
+                .map_err(|e| {
+                    format!(
+                        "planning again after recovery, sink {sink}: {}",
+                        ErrorReport(&e)
+                    )
+                })?
+                .summary();
+            plan.found.retain(|t| t.checkpoint != Some(begun));
+            after.push((sink.clone(), plan));
+        }
+        Ok(after)
+    }
+
+    /// Each sink's recovery plan as `ratchet inspect` computes it: a driver over the job's store with fresh
+    /// instances, inspected (read-only, nothing started).
+    async fn plans(&self, when: &str) -> Result<Vec<(SinkId, PlanSummary)>, String> {
+        let mut driver = Driver::new(self.store.clone(), DriverConfig::default());
+        for sink in sinks() {
+            driver
+                .add_sink(self.sink(&sink).await?)
+                .map_err(|e| ErrorReport(&e).to_string())?;
+        }
+        let inspection = driver
+            .inspect()
+            .await
+            .map_err(|e| format!("inspect {when}: {}", ErrorReport(&e)))?;
+        inspection
+            .sinks
+            .into_iter()
+            .map(|s| match s.plan {
+                Ok(plan) => Ok((s.sink, plan)),
+                Err(e) => Err(format!(
+                    "inspect {when}, sink {}: {}",
+                    s.sink,
+                    ErrorReport(&e)
+                )),
+            })
+            .collect()
+    }
+}
+
+/// Checks that recovery did what `planned` said, from the plans made right after it (`after`): nothing of the
+/// restored checkpoint left to commit, and nothing found open (every planned abort is gone, and every planned
+/// commit is no longer pending).
+fn plans_carried_out(
+    planned: &[(SinkId, PlanSummary)],
+    after: &[(SinkId, PlanSummary)],
+) -> Result<(), String> {
+    for ((sink, before), (_, after)) in planned.iter().zip(after) {
+        let left = &after.found;
+        if after.commits > 0 {
+            return Err(format!(
+                "sink {sink}: inspect planned {} commit(s) of checkpoint {:?}; after recovery {} are still not \
+                 visible",
+                before.commits, before.checkpoint, after.commits
+            ));
+        }
+        if !left.is_empty() {
+            let names: Vec<String> = left
+                .iter()
+                .map(|t| format!("{} ({})", t.name, t.state))
+                .collect();
+            let planned: Vec<String> = before
+                .found
+                .iter()
+                .map(|t| format!("{} -> {:?}", t.name, t.resolution))
+                .collect();
+            return Err(format!(
+                "sink {sink}: after recovery it still holds {}; inspect had planned {}",
+                head_str(&names),
+                if planned.is_empty() {
+                    "nothing".to_string()
+                } else {
+                    head_str(&planned)
+                }
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn head(ids: &[i64]) -> Vec<i64> {

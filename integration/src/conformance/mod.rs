@@ -11,13 +11,21 @@
 //! - after every restart, each sink shows exactly the records of the restored checkpoint, each once (nothing
 //!   from a checkpoint that was not durable);
 //! - at the end, after one more restart (a final recovery), each sink shows every source record exactly once and
-//!   [`ConformanceTarget::leftovers`] reports nothing left behind.
+//!   [`ConformanceTarget::leftovers`] reports nothing left behind;
+//! - inspect matches recover: before every restart after a crash, the job is inspected (each sink's
+//!   [`RecoveryPlan`](connector_api::RecoveryPlan), as `ratchet inspect` shows it); after the restart's recovery
+//!   it is inspected again, and every planned commit must be visible (nothing left to commit) and every planned
+//!   abort gone (nothing found open).
+//!
+//! Scenarios about single instances add a zombie, an abort, a repeated commit, and a foreign-subtask handover: a
+//! recovery of subtask 0 handed the committables of subtask 1 (a takeover, as rescaling does) commits them once,
+//! and subtask 1's own later recovery of the same checkpoint, or its zombie committing again, adds nothing.
 //!
 //! It prints a scenario × outcome table and returns a [`Report`].
 //!
 //! ```no_run
 //! use async_trait::async_trait;
-//! use connector_api::{Result, SinkId};
+//! use connector_api::{Result, SinkId, SubtaskId};
 //! use integration::conformance::{Conformance, ConformanceTarget, run_conformance};
 //! use integration::reference::{ReferenceSink, ReferenceSystem};
 //!
@@ -26,7 +34,7 @@
 //! #[async_trait]
 //! impl ConformanceTarget for MyTarget {
 //!     type Sink = ReferenceSink;
-//!     async fn create_sink(&self, run: &str, sink: &SinkId) -> Result<ReferenceSink> {
+//!     async fn create_sink(&self, run: &str, sink: &SinkId, _subtask: SubtaskId) -> Result<ReferenceSink> {
 //!         Ok(self.0.sink(run, sink))
 //!     }
 //!     async fn visible_ids(&self, run: &str, sink: &SinkId) -> Result<Vec<i64>> {
@@ -47,6 +55,7 @@
 mod alone;
 mod engine;
 mod faults;
+mod handover;
 mod overlap;
 mod report;
 mod scenario;
@@ -54,7 +63,7 @@ mod source;
 mod store;
 
 use async_trait::async_trait;
-use connector_api::{Result, SinkId, TwoPhaseCommit};
+use connector_api::{Result, SinkId, SubtaskId, TwoPhaseCommit};
 
 pub use report::{Report, ReportRow};
 pub use scenario::{CrashAt, Scenario};
@@ -94,11 +103,13 @@ pub trait ConformanceTarget: Send + Sync {
     /// The sink type.
     type Sink: TwoPhaseCommit;
 
-    /// A new instance of sink `sink` writing into the destination of scenario run `run` (a directory, topic,
-    /// table or prefix derived from `run`, isolated from every other run). Called for the first start, for every
-    /// restart, and for zombies: instances of one run and sink share one destination. Batches have the schema
-    /// [`conformance_schema`].
-    async fn create_sink(&self, run: &str, sink: &SinkId) -> Result<Self::Sink>;
+    /// A new instance of subtask `subtask` of sink `sink` writing into the destination of scenario run `run` (a
+    /// directory, topic, table or prefix derived from `run`, isolated from every other run). Called for the first
+    /// start, for every restart, and for zombies: instances of one run and sink share one destination, whatever
+    /// their subtask (every scenario uses subtask 0, the handover scenario subtask 1 too). Batches have the
+    /// schema [`conformance_schema`].
+    async fn create_sink(&self, run: &str, sink: &SinkId, subtask: SubtaskId)
+    -> Result<Self::Sink>;
 
     /// The `id` of every record visible in that destination to an ordinary reader, one entry per visible copy.
     async fn visible_ids(&self, run: &str, sink: &SinkId) -> Result<Vec<i64>>;

@@ -13,6 +13,8 @@ pub struct ReportRow {
     pub starts: u32,
     /// Checkpoints that became durable.
     pub checkpoints: u64,
+    /// Restarts whose recovery was checked against the plan `inspect` made before it (inspect matches recover).
+    pub plans_checked: u32,
     /// `Ok` or what went wrong.
     pub outcome: Result<(), String>,
 }
@@ -46,8 +48,11 @@ impl Report {
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "conformance of {}:", self.target)?;
-        writeln!(f, "| scenario | crashes | starts | checkpoints | outcome |")?;
-        writeln!(f, "|---|---|---|---|---|")?;
+        writeln!(
+            f,
+            "| scenario | crashes | starts | checkpoints | plans checked | outcome |"
+        )?;
+        writeln!(f, "|---|---|---|---|---|---|")?;
         for row in &self.rows {
             let outcome = match &row.outcome {
                 Ok(()) => "PASS".to_string(),
@@ -55,8 +60,8 @@ impl fmt::Display for Report {
             };
             writeln!(
                 f,
-                "| {} | {} | {} | {} | {outcome} |",
-                row.scenario, row.crashes, row.starts, row.checkpoints
+                "| {} | {} | {} | {} | {} | {outcome} |",
+                row.scenario, row.crashes, row.starts, row.checkpoints, row.plans_checked
             )?;
         }
         let failed = self.failures().len();

@@ -65,6 +65,11 @@ pub enum Scenario {
     Zombie,
     /// An instance writes and pre-commits, then aborts: nothing of it may become visible.
     Abort,
+    /// Subtask 1 pre-commits every record in one checkpoint and stops before committing; a recovery of subtask 0
+    /// is handed subtask 1's committables (a takeover, as rescaling does) and must commit them, once; then the
+    /// first subtask-1 instance, still alive, commits them again, and a new instance of subtask 1 recovers the same
+    /// checkpoint: neither may add a row.
+    ForeignSubtaskHandover,
     /// A long run with crashes at random steps, from a seed.
     Random {
         /// The seed; the same seed replays the same run.
@@ -93,6 +98,7 @@ impl Scenario {
             Scenario::CommitTwice,
             Scenario::Zombie,
             Scenario::Abort,
+            Scenario::ForeignSubtaskHandover,
         ];
         all.extend((0..config.random_runs).map(|i| Scenario::Random {
             seed: config.seed.wrapping_add(u64::from(i) + 1),
@@ -113,6 +119,7 @@ impl Scenario {
             Scenario::CommitTwice => "commit-twice".into(),
             Scenario::Zombie => "zombie".into(),
             Scenario::Abort => "abort".into(),
+            Scenario::ForeignSubtaskHandover => "foreign-subtask-handover".into(),
             Scenario::Random { seed } => format!("random-{seed:x}"),
         }
     }
