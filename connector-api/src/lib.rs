@@ -39,7 +39,8 @@ pub use ids::{CheckpointId, JobId, SinkId, SinkScope, SubtaskId};
 pub use inspect::{Inspection, OpenTransaction, Resolution, SinkInspection};
 pub use recovery::{Fence, FenceOrder, PlanSummary, RecoveryPlan};
 pub use registry::{
-    DynSink, SinkCheck, SinkContext, SinkFactory, SinkRegistry, SinkSpec, parse_settings,
+    DynSink, SinkBuilder, SinkCheck, SinkContext, SinkFactory, SinkRegistry, SinkSpec,
+    parse_settings,
 };
 pub use retry::{Attempts, RetryPolicy};
 pub use txn::{Committer, TwoPhaseCommit};

@@ -18,14 +18,18 @@
 //! storage = { kind = "local", path = "/data/orders" }
 //! ```
 //!
-//! Each sink crate exports a [`SinkFactory`] for its `type`; the sink's settings are its serde config with
-//! `deny_unknown_fields`, so a misspelt key is refused naming the sink.
+//! Each sink crate implements [`SinkBuilder`] for its `type`: a typed settings struct (serde with
+//! `deny_unknown_fields`) and how an instance is built and checked from it and the job's [`SinkContext`]. Every
+//! builder is a [`SinkFactory`] through one blanket impl, which parses the settings (a misspelt key is refused
+//! naming the sink, with "did you mean"), so a sink's factory is its settings and two short methods, the way
+//! iceberg-rust's `CatalogBuilder` turns properties into a catalog.
 
 use std::collections::BTreeMap;
 
 use arrow_schema::SchemaRef;
 use async_trait::async_trait;
 use serde::Deserialize;
+use serde::de::DeserializeOwned;
 
 use crate::driver::ErasedSink;
 use crate::{
@@ -108,7 +112,78 @@ pub struct SinkCheck {
     pub transaction_timeout: Option<std::time::Duration>,
 }
 
-/// Builds the sinks of one `type` from their settings.
+/// One sink type, typed: its `type` in a job file, its settings, and how an instance is built and checked. The
+/// blanket impl makes every builder a [`SinkFactory`]; implement this, not `SinkFactory`.
+#[async_trait]
+pub trait SinkBuilder: Send + Sync + 'static {
+    /// The `type` in a job file.
+    const KIND: &'static str;
+
+    /// The sink's own settings: every key of its `[[sinks]]` entry other than `type`, `id` and `delivery`
+    /// (`#[serde(deny_unknown_fields)]`, with a key | meaning | default table in its docs).
+    type Settings: DeserializeOwned + Send + 'static;
+
+    /// Completes the raw settings from the job before they are parsed, for defaults derived from the job (the
+    /// Kafka sink's transactional-id prefix). Unchanged by default.
+    fn complete_settings(settings: serde_json::Value, context: &SinkContext) -> serde_json::Value {
+        let _ = context;
+        settings
+    }
+
+    /// Builds one instance for `context`, run with `delivery`.
+    ///
+    /// # Errors
+    /// [`Config`](ErrorKind::Config) for settings that cannot work together; whatever connecting reports.
+    async fn build_sink(
+        &self,
+        settings: Self::Settings,
+        delivery: DeliveryGuarantee,
+        context: SinkContext,
+    ) -> Result<DynSink>;
+
+    /// Checks, changing nothing anywhere, that a sink of these settings could run ([`SinkFactory::check`]).
+    ///
+    /// # Errors
+    /// As [`SinkFactory::check`].
+    async fn check_sink(
+        &self,
+        settings: Self::Settings,
+        delivery: DeliveryGuarantee,
+        context: SinkContext,
+    ) -> Result<SinkCheck>;
+}
+
+#[async_trait]
+impl<B: SinkBuilder> SinkFactory for B {
+    fn kind(&self) -> &'static str {
+        B::KIND
+    }
+
+    async fn build(
+        &self,
+        settings: serde_json::Value,
+        delivery: DeliveryGuarantee,
+        context: SinkContext,
+    ) -> Result<DynSink> {
+        let settings = B::complete_settings(settings, &context);
+        let settings = parse_settings(&context.sink, B::KIND, settings)?;
+        self.build_sink(settings, delivery, context).await
+    }
+
+    async fn check(
+        &self,
+        settings: serde_json::Value,
+        delivery: DeliveryGuarantee,
+        context: SinkContext,
+    ) -> Result<SinkCheck> {
+        let settings = B::complete_settings(settings, &context);
+        let settings = parse_settings(&context.sink, B::KIND, settings)?;
+        self.check_sink(settings, delivery, context).await
+    }
+}
+
+/// Builds the sinks of one `type` from their settings, as JSON: what the [`SinkRegistry`] holds. Every
+/// [`SinkBuilder`] is one.
 #[async_trait]
 pub trait SinkFactory: Send + Sync {
     /// The `type` in a job file.
@@ -262,32 +337,31 @@ mod tests {
 
     struct Nothing;
 
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct NothingSettings {
+        size: u32,
+    }
+
     #[async_trait]
-    impl SinkFactory for Nothing {
-        fn kind(&self) -> &'static str {
-            "nothing"
-        }
-        async fn build(
+    impl SinkBuilder for Nothing {
+        const KIND: &'static str = "nothing";
+        type Settings = NothingSettings;
+
+        async fn build_sink(
             &self,
-            settings: serde_json::Value,
+            settings: NothingSettings,
             _: DeliveryGuarantee,
-            context: SinkContext,
+            _: SinkContext,
         ) -> Result<DynSink> {
-            #[derive(Deserialize)]
-            #[serde(deny_unknown_fields)]
-            struct Settings {
-                size: u32,
-            }
-            let parsed: Settings = parse_settings(&context.sink, "nothing", settings)?;
-            Err(Error::new(
-                ErrorKind::Bug,
+            Err(Error::bug(
                 Phase::Setup,
-                format!("parsed size {}", parsed.size),
+                format!("parsed size {}", settings.size),
             ))
         }
-        async fn check(
+        async fn check_sink(
             &self,
-            _: serde_json::Value,
+            _: NothingSettings,
             _: DeliveryGuarantee,
             _: SinkContext,
         ) -> Result<SinkCheck> {

@@ -2,8 +2,7 @@
 
 use async_trait::async_trait;
 use connector_api::{
-    DeliveryGuarantee, DynSink, Result, SinkCheck, SinkContext, SinkFactory, SinkId, SinkScope,
-    parse_settings,
+    DeliveryGuarantee, DynSink, Result, SinkBuilder, SinkCheck, SinkContext, SinkId, SinkScope,
 };
 use serde::Deserialize;
 
@@ -48,18 +47,16 @@ pub struct FileSinkSettings {
 pub struct FileSinkFactory;
 
 #[async_trait]
-impl SinkFactory for FileSinkFactory {
-    fn kind(&self) -> &'static str {
-        "file"
-    }
+impl SinkBuilder for FileSinkFactory {
+    const KIND: &'static str = "file";
+    type Settings = FileSinkSettings;
 
-    async fn build(
+    async fn build_sink(
         &self,
-        settings: serde_json::Value,
+        settings: FileSinkSettings,
         delivery: DeliveryGuarantee,
         context: SinkContext,
     ) -> Result<DynSink> {
-        let settings: FileSinkSettings = parse_settings(&context.sink, self.kind(), settings)?;
         let config = FileSinkConfig {
             scope: settings
                 .scope
@@ -75,13 +72,12 @@ impl SinkFactory for FileSinkFactory {
         Ok(DynSink::new(FileSink::new(config).await?, delivery))
     }
 
-    async fn check(
+    async fn check_sink(
         &self,
-        settings: serde_json::Value,
+        settings: FileSinkSettings,
         _: DeliveryGuarantee,
         context: SinkContext,
     ) -> Result<SinkCheck> {
-        let settings: FileSinkSettings = parse_settings(&context.sink, self.kind(), settings)?;
         let mut config = FileSinkConfig::new(
             context.sink.clone(),
             context.subtask,

@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use connector_api::{
-    DeliveryGuarantee, DynSink, Error, ErrorKind, Phase, Result, SinkCheck, SinkContext,
-    SinkFactory, SinkId, parse_settings,
+    DeliveryGuarantee, DynSink, Error, ErrorKind, Phase, Result, SinkBuilder, SinkCheck,
+    SinkContext, SinkId,
 };
 use serde::Deserialize;
 
@@ -101,30 +101,27 @@ fn default_true() -> bool {
 pub struct IcebergSinkFactory;
 
 #[async_trait]
-impl SinkFactory for IcebergSinkFactory {
-    fn kind(&self) -> &'static str {
-        "iceberg"
-    }
+impl SinkBuilder for IcebergSinkFactory {
+    const KIND: &'static str = "iceberg";
+    type Settings = IcebergSinkSettings;
 
-    async fn build(
+    async fn build_sink(
         &self,
-        settings: serde_json::Value,
+        settings: IcebergSinkSettings,
         delivery: DeliveryGuarantee,
         context: SinkContext,
     ) -> Result<DynSink> {
-        let settings: IcebergSinkSettings = parse_settings(&context.sink, self.kind(), settings)?;
         refuse_commit_every(&settings, delivery, &context)?;
         let config = config(settings, context)?;
         Ok(DynSink::new(IcebergSink::new(config).await?, delivery))
     }
 
-    async fn check(
+    async fn check_sink(
         &self,
-        settings: serde_json::Value,
+        settings: IcebergSinkSettings,
         delivery: DeliveryGuarantee,
         context: SinkContext,
     ) -> Result<SinkCheck> {
-        let settings: IcebergSinkSettings = parse_settings(&context.sink, self.kind(), settings)?;
         refuse_commit_every(&settings, delivery, &context)?;
         crate::check::check(&config(settings, context)?).await
     }

@@ -4,8 +4,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use connector_api::{
-    DeliveryGuarantee, DynSink, Result, SinkCheck, SinkContext, SinkFactory, SinkId, SinkScope,
-    parse_settings,
+    DeliveryGuarantee, DynSink, Result, SinkBuilder, SinkCheck, SinkContext, SinkId, SinkScope,
 };
 use serde::Deserialize;
 
@@ -78,35 +77,27 @@ fn default_lock_timeout() -> Duration {
 pub struct JdbcSinkFactory;
 
 #[async_trait]
-impl SinkFactory for JdbcSinkFactory {
-    fn kind(&self) -> &'static str {
-        "jdbc"
-    }
+impl SinkBuilder for JdbcSinkFactory {
+    const KIND: &'static str = "jdbc";
+    type Settings = JdbcSinkSettings;
 
-    async fn build(
+    async fn build_sink(
         &self,
-        settings: serde_json::Value,
+        settings: JdbcSinkSettings,
         delivery: DeliveryGuarantee,
         context: SinkContext,
     ) -> Result<DynSink> {
-        let config = config(
-            parse_settings(&context.sink, self.kind(), settings)?,
-            context,
-        );
+        let config = config(settings, context);
         Ok(DynSink::new(JdbcSink::new(config).await?, delivery))
     }
 
-    async fn check(
+    async fn check_sink(
         &self,
-        settings: serde_json::Value,
+        settings: JdbcSinkSettings,
         _: DeliveryGuarantee,
         context: SinkContext,
     ) -> Result<SinkCheck> {
-        let config = config(
-            parse_settings(&context.sink, self.kind(), settings)?,
-            context,
-        );
-        crate::check::check(&config).await
+        crate::check::check(&config(settings, context)).await
     }
 }
 

@@ -2,8 +2,8 @@
 
 use async_trait::async_trait;
 use connector_api::{
-    DeliveryGuarantee, DynSink, JobId, Result, SinkCheck, SinkContext, SinkFactory, SinkId,
-    SinkScope, parse_settings,
+    DeliveryGuarantee, DynSink, JobId, Result, SinkBuilder, SinkCheck, SinkContext, SinkId,
+    SinkScope,
 };
 use serde_json::Value;
 
@@ -19,19 +19,20 @@ use crate::{KafkaAtLeastOnceSink, KafkaSink, KafkaSinkConfig};
 pub struct KafkaSinkFactory;
 
 #[async_trait]
-impl SinkFactory for KafkaSinkFactory {
-    fn kind(&self) -> &'static str {
-        "kafka"
+impl SinkBuilder for KafkaSinkFactory {
+    const KIND: &'static str = "kafka";
+    type Settings = KafkaSinkConfig;
+
+    fn complete_settings(settings: Value, context: &SinkContext) -> Value {
+        with_job_defaults(settings, context.job.as_ref(), &context.sink)
     }
 
-    async fn build(
+    async fn build_sink(
         &self,
-        settings: serde_json::Value,
+        config: KafkaSinkConfig,
         delivery: DeliveryGuarantee,
         context: SinkContext,
     ) -> Result<DynSink> {
-        let settings = with_job_defaults(settings, context.job.as_ref(), &context.sink);
-        let config: KafkaSinkConfig = parse_settings(&context.sink, self.kind(), settings)?;
         if delivery == DeliveryGuarantee::AtLeastOnce {
             // The sink is at-least-once by itself: nothing for the adapter to change.
             let sink = KafkaAtLeastOnceSink::new(config, context.sink)?;
@@ -41,14 +42,12 @@ impl SinkFactory for KafkaSinkFactory {
         Ok(DynSink::new(sink, delivery))
     }
 
-    async fn check(
+    async fn check_sink(
         &self,
-        settings: serde_json::Value,
+        config: KafkaSinkConfig,
         delivery: DeliveryGuarantee,
-        context: SinkContext,
+        _: SinkContext,
     ) -> Result<SinkCheck> {
-        let settings = with_job_defaults(settings, context.job.as_ref(), &context.sink);
-        let config: KafkaSinkConfig = parse_settings(&context.sink, self.kind(), settings)?;
         crate::check::check(config, delivery).await
     }
 }

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Result, bail};
-use connector_api::{DeliveryGuarantee, JobId, Report, parse_settings};
-use kafka_sink::{KafkaSinkConfig, KafkaToKafka};
+use connector_api::{DeliveryGuarantee, JobId, Report, SinkBuilder, parse_settings};
+use kafka_sink::{KafkaSinkConfig, KafkaSinkFactory, KafkaToKafka};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::cli::RunArgs;
@@ -29,7 +29,7 @@ pub fn check(job: &JobConfig) -> Result<()> {
     let [sink] = job.sinks.as_slice() else {
         return refuse("exactly one [[sinks]] entry");
     };
-    if sink.kind != "kafka" || sink.delivery != DeliveryGuarantee::ExactlyOnce {
+    if sink.kind != KafkaSinkFactory::KIND || sink.delivery != DeliveryGuarantee::ExactlyOnce {
         return refuse("the sink to be an exactly-once Kafka sink");
     }
     if job.job.subtasks != 1 || job.dead_letter.is_some() {
@@ -52,8 +52,7 @@ fn sink_config(job: &JobConfig) -> Result<KafkaSinkConfig> {
         job_id.as_ref(),
         &sink.id,
     );
-    let mut config: KafkaSinkConfig = parse_settings(&sink.id, "kafka", settings)
-        .map_err(|e| anyhow::anyhow!("{}", Report(&e)))?;
+    let mut config: KafkaSinkConfig = parse_settings(&sink.id, KafkaSinkFactory::KIND, settings)?;
     config.job.get_or_insert_with(|| job.job.name.clone());
     Ok(config)
 }

@@ -1,0 +1,194 @@
+//! Shared setup of the Iceberg sink's tests: a catalog on a real server (SQLite file or PostgreSQL) with a local
+//! or S3 (SeaweedFS) warehouse, and the independent reader (pyiceberg and DuckDB, `iceberg_table.py`).
+
+use std::path::Path;
+use std::time::Duration;
+
+use arrow_schema::SchemaRef;
+use connector_api::{SinkId, SubtaskId};
+use iceberg_sink::{CatalogConfig, IcebergSinkConfig, S3Settings};
+use integration::Services;
+
+/// A catalog and warehouse the tests write into, isolated by namespace.
+#[derive(Debug, Clone)]
+pub struct Lake {
+    pub catalog: CatalogConfig,
+    pub s3: S3Settings,
+    /// The SQLAlchemy URI pyiceberg opens the same catalog with.
+    pub python_uri: String,
+    pub warehouse: String,
+    pub namespace: String,
+}
+
+/// The sink's S3 settings for the SeaweedFS test endpoint.
+fn seaweed_s3(s3: &integration::S3Endpoint) -> S3Settings {
+    S3Settings {
+        endpoint: Some(s3.endpoint.clone()),
+        region: Some(s3.region.clone()),
+        access_key_id: Some(s3.access_key.clone()),
+        secret_access_key: Some(s3.secret_key.clone().into()),
+        force_path_style: true,
+    }
+}
+
+/// A namespace no other test run uses.
+pub fn unique_namespace(label: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{label}_{}_{}", std::process::id(), nanos % 1_000_000_000)
+}
+
+impl Lake {
+    /// The embedded default: a SQLite catalog file and a local warehouse under `dir`.
+    pub fn sqlite_local(dir: &Path, label: &str) -> Self {
+        let db = dir.join("catalog.db");
+        let warehouse = format!("file://{}", dir.join("warehouse").display());
+        Lake {
+            catalog: CatalogConfig::Sql {
+                uri: format!("sqlite://{}?mode=rwc", db.display()),
+                warehouse: warehouse.clone(),
+            },
+            s3: S3Settings::default(),
+            python_uri: format!("sqlite:///{}", db.display()),
+            warehouse,
+            namespace: unique_namespace(label),
+        }
+    }
+
+    /// A PostgreSQL catalog with its warehouse in the SeaweedFS test bucket.
+    pub fn postgres_s3(label: &str) -> Self {
+        let services = Services::get();
+        let s3 = services.s3();
+        let namespace = unique_namespace(label);
+        let warehouse = format!("s3://{}/iceberg-tests/{namespace}", s3.bucket);
+        let pg = services.pg_url().to_string();
+        Lake {
+            catalog: CatalogConfig::Sql {
+                uri: pg.clone(),
+                warehouse: warehouse.clone(),
+            },
+            s3: seaweed_s3(&s3),
+            python_uri: pg.replacen("postgres://", "postgresql+psycopg://", 1),
+            warehouse,
+            namespace,
+        }
+    }
+
+    /// SeaweedFS's Iceberg REST catalog (OAuth2 client credential = the S3 key pair) on its S3 Tables bucket.
+    pub fn rest(label: &str) -> Self {
+        let services = Services::get();
+        let s3 = services.s3();
+        let uri = services.var("RATCHET_ICEBERG_REST_URI").to_string();
+        let warehouse = services.var("RATCHET_ICEBERG_REST_WAREHOUSE").to_string();
+        Lake {
+            catalog: CatalogConfig::Rest {
+                uri: uri.clone(),
+                warehouse: Some(warehouse.clone()),
+                credential_env: None,
+                props: [(
+                    "credential".to_string(),
+                    format!("{}:{}", s3.access_key, s3.secret_key),
+                )]
+                .into(),
+            },
+            s3: seaweed_s3(&s3),
+            python_uri: uri,
+            warehouse,
+            namespace: unique_namespace(label),
+        }
+    }
+
+    /// Opens the catalog and creates the lake's namespace (for tests that create tables themselves).
+    pub async fn catalog_with_namespace(
+        &self,
+    ) -> (
+        std::sync::Arc<dyn iceberg::Catalog>,
+        iceberg::NamespaceIdent,
+    ) {
+        let catalog = self.catalog.open("ratchet", &self.s3).await.unwrap();
+        let namespace = iceberg::NamespaceIdent::new(self.namespace.clone());
+        catalog
+            .create_namespace(&namespace, Default::default())
+            .await
+            .unwrap();
+        (catalog, namespace)
+    }
+
+    /// `namespace.name` for a table named after `parts`.
+    pub fn table(&self, parts: &[&str]) -> String {
+        let name: String = parts
+            .join("_")
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect();
+        format!("{}.{name}", self.namespace)
+    }
+
+    /// A sink configuration writing `table` (created from `schema` when missing).
+    pub fn config(
+        &self,
+        job: &str,
+        sink: &SinkId,
+        subtask: u32,
+        table: &str,
+        schema: SchemaRef,
+    ) -> IcebergSinkConfig {
+        IcebergSinkConfig {
+            job: SinkId::new(job).unwrap(),
+            sink: sink.clone(),
+            subtask: SubtaskId(subtask),
+            schema,
+            catalog: self.catalog.clone(),
+            catalog_name: "ratchet".into(),
+            s3: self.s3.clone(),
+            table: table.into(),
+            create_table: true,
+            target_file_size: iceberg_sink::DEFAULT_TARGET_FILE_SIZE,
+            commit_every: 1,
+            commit_timeout: Duration::from_secs(60),
+            cleanup_on_recover: true,
+        }
+    }
+
+    /// What pyiceberg and DuckDB see in `table` (blocking: runs the verifier).
+    pub fn read(&self, table: &str) -> Seen {
+        let seen = Services::get().verify(
+            "iceberg_table.py",
+            &["ratchet", &self.python_uri, &self.warehouse, table, "id"],
+        );
+        let ids = |key: &str| -> Vec<i64> {
+            seen[key]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_i64().unwrap())
+                .collect()
+        };
+        Seen {
+            ids: ids("ids"),
+            duckdb_ids: ids("duckdb_ids"),
+            snapshots: seen["snapshots"].as_array().unwrap().clone(),
+            unreferenced: seen["unreferenced"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_str().unwrap().to_string())
+                .collect(),
+        }
+    }
+}
+
+/// What the independent readers saw.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    /// Ids per pyiceberg, sorted, one per visible row.
+    pub ids: Vec<i64>,
+    /// Ids per DuckDB's iceberg_scan, sorted.
+    pub duckdb_ids: Vec<i64>,
+    /// Every snapshot, oldest first, with its summary.
+    pub snapshots: Vec<serde_json::Value>,
+    /// Ratchet's data files no snapshot references.
+    pub unreferenced: Vec<String>,
+}

@@ -1,0 +1,9 @@
+//! Integration tests of the Iceberg sink against SQL and REST catalogs on local and S3 warehouses, read back with
+//! pyiceberg: one test binary for the crate (`cargo test -p iceberg-sink --test it`).
+
+mod cleanup;
+mod common;
+mod conformance;
+mod kill9;
+mod races;
+mod tables;

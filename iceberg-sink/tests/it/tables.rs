@@ -1,0 +1,379 @@
+//! The Iceberg sink on real tables (SQLite catalog, local warehouse, read back by pyiceberg and DuckDB): a job
+//! file entry through the registry, partitioned tables (identity, day, bucket), rolling files, batches that do
+//! not fit, and several subtasks committing to one table at once.
+
+use crate::common;
+
+use std::sync::Arc;
+
+use arrow_array::{Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray};
+use arrow_schema::{DataType, Field, Schema as ArrowSchema, TimeUnit};
+use common::Lake;
+use connector_api::{
+    CheckpointId, Committer, ErrorKind, SinkId, SinkRegistry, SinkSpec, SubtaskId, TwoPhaseCommit,
+};
+use iceberg::TableCreation;
+use iceberg::spec::{NestedField, PrimitiveType, Schema, Transform, Type, UnboundPartitionSpec};
+use iceberg_sink::{IcebergSink, IcebergSinkFactory};
+use integration::conformance::{conformance_schema, run_one_checkpoint};
+
+fn registry() -> SinkRegistry {
+    let mut registry = SinkRegistry::new();
+    registry.register(IcebergSinkFactory);
+    registry
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_file_entry_writes_through_the_registry() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::sqlite_local(dir.path(), "factory");
+    let table = lake.table(&["orders"]);
+    let iceberg_sink::CatalogConfig::Sql { uri, warehouse } = &lake.catalog else {
+        unreachable!()
+    };
+    let spec: SinkSpec = toml::from_str(&format!(
+        r#"
+        type = "iceberg"
+        id = "lake"
+        job = "orders-pipeline"
+        catalog = {{ kind = "sql", uri = "{uri}", warehouse = "{warehouse}" }}
+        table = "{table}"
+        create_table = true
+        commit_timeout = "30s"
+        "#
+    ))
+    .unwrap();
+    let sink = registry()
+        .build(&spec, None, SubtaskId(0), conformance_schema())
+        .await
+        .unwrap();
+    run_one_checkpoint(sink, 25).await;
+
+    let seen = tokio::task::spawn_blocking(move || lake.read(&table))
+        .await
+        .unwrap();
+    assert_eq!(seen.ids, (0..25).collect::<Vec<_>>());
+    assert_eq!(seen.duckdb_ids, seen.ids);
+    let last = seen.snapshots.last().unwrap();
+    assert_eq!(last["summary"]["ratchet.job"], "orders-pipeline");
+    assert_eq!(last["summary"]["ratchet.sink"], "lake");
+    assert_eq!(last["summary"]["ratchet.subtask"], "0");
+}
+
+#[tokio::test]
+async fn misspelt_keys_and_missing_tables_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::sqlite_local(dir.path(), "refused");
+    let iceberg_sink::CatalogConfig::Sql { uri, warehouse } = &lake.catalog else {
+        unreachable!()
+    };
+    let build = |body: String| async move {
+        let spec: SinkSpec = toml::from_str(&body).unwrap();
+        registry()
+            .build(&spec, None, SubtaskId(0), conformance_schema())
+            .await
+            .unwrap_err()
+    };
+    let catalog =
+        format!(r#"catalog = {{ kind = "sql", uri = "{uri}", warehouse = "{warehouse}" }}"#);
+    let err = build(format!(
+        "type = \"iceberg\"\nid = \"lake\"\n{catalog}\ntabel = \"a.b\"\n"
+    ))
+    .await;
+    assert_eq!(err.kind(), ErrorKind::Config);
+    assert!(err.to_string().contains("tabel"), "{err}");
+    let err = build(format!(
+        "type = \"iceberg\"\nid = \"lake\"\n{catalog}\ntable = \"nowhere.events\"\n"
+    ))
+    .await;
+    assert_eq!(err.kind(), ErrorKind::Config);
+    assert!(
+        err.to_string().contains("nowhere.events") && err.to_string().contains("create_table"),
+        "{err}"
+    );
+    let err = build(format!(
+        "type = \"iceberg\"\nid = \"lake\"\ndelivery = \"at-least-once\"\ncommit_every = 5\n{catalog}\ntable = \"a.b\"\n"
+    ))
+    .await;
+    assert_eq!(err.kind(), ErrorKind::Config);
+    assert!(err.to_string().contains("commit_every"), "{err}");
+}
+
+fn event_schema() -> Arc<ArrowSchema> {
+    Arc::new(ArrowSchema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("region", DataType::Utf8, false),
+        Field::new(
+            "at",
+            DataType::Timestamp(TimeUnit::Microsecond, None),
+            false,
+        ),
+    ]))
+}
+
+fn events(ids: std::ops::Range<i64>) -> RecordBatch {
+    let regions = ["eu", "us", "apac"];
+    RecordBatch::try_new(
+        event_schema(),
+        vec![
+            Arc::new(Int64Array::from_iter_values(ids.clone())),
+            Arc::new(StringArray::from_iter_values(
+                ids.clone().map(|i| regions[(i % 3) as usize]),
+            )),
+            // Spread over three days.
+            Arc::new(TimestampMicrosecondArray::from_iter_values(
+                ids.map(|i| 1_700_000_000_000_000 + (i % 3) * 86_400_000_000),
+            )),
+        ],
+    )
+    .unwrap()
+}
+
+/// A sink on `table`, recovered, with a tiny target file size.
+async fn sink_on(lake: &Lake, table: &str, subtask: u32, target_file_size: usize) -> IcebergSink {
+    let mut config = lake.config(
+        "tables",
+        &SinkId::new("lake").unwrap(),
+        subtask,
+        table,
+        event_schema(),
+    );
+    config.target_file_size = target_file_size;
+    let mut sink = IcebergSink::new(config).await.unwrap();
+    sink.recover(None).await.unwrap();
+    sink
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitioned_tables_follow_their_spec_and_files_roll_by_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::sqlite_local(dir.path(), "parts");
+    let (catalog, namespace) = lake.catalog_with_namespace().await;
+    let schema = Schema::builder()
+        .with_fields(vec![
+            NestedField::required(1, "id", Type::Primitive(PrimitiveType::Long)).into(),
+            NestedField::required(2, "region", Type::Primitive(PrimitiveType::String)).into(),
+            NestedField::required(3, "at", Type::Primitive(PrimitiveType::Timestamp)).into(),
+        ])
+        .build()
+        .unwrap();
+    let spec = UnboundPartitionSpec::builder()
+        .add_partition_field(2, "region", Transform::Identity)
+        .unwrap()
+        .add_partition_field(3, "at_day", Transform::Day)
+        .unwrap()
+        .add_partition_field(1, "id_bucket", Transform::Bucket(4))
+        .unwrap()
+        .build();
+    catalog
+        .create_table(
+            &namespace,
+            TableCreation::builder()
+                .name("events".into())
+                .schema(schema)
+                .partition_spec(spec)
+                .build(),
+        )
+        .await
+        .unwrap();
+    let table = lake.table(&["events"]);
+    let mut sink = sink_on(&lake, &table, 0, 1024).await;
+    sink.begin(CheckpointId(1)).await.unwrap();
+    for start in (0..3_000).step_by(500) {
+        sink.write(&events(start..start + 500)).await.unwrap();
+    }
+    let committable = sink.pre_commit(CheckpointId(1)).await.unwrap();
+    sink.committer()
+        .commit(vec![committable.clone()])
+        .await
+        .unwrap();
+
+    // 3 regions x 3 days x 4 buckets = 9 region/day pairs (region and day move together) x up to 4 buckets,
+    // and with a 1 KiB target every partition rolls over into several files.
+    let partitions: std::collections::HashSet<String> = committable
+        .files
+        .iter()
+        .map(|f| f.path.rsplit_once('/').unwrap().0.to_string())
+        .collect();
+    assert!(partitions.len() >= 9, "{partitions:?}");
+    assert!(
+        partitions
+            .iter()
+            .all(|p| p.contains("region=") && p.contains("at_day=") && p.contains("id_bucket=")),
+        "{partitions:?}"
+    );
+    assert!(
+        committable.files.len() > partitions.len(),
+        "files did not roll"
+    );
+    let seen = tokio::task::spawn_blocking(move || lake.read(&table))
+        .await
+        .unwrap();
+    assert_eq!(seen.ids, (0..3_000).collect::<Vec<_>>());
+    assert_eq!(seen.duckdb_ids, seen.ids);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_that_does_not_fit_is_refused_naming_the_column() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::sqlite_local(dir.path(), "misfit");
+    let table = lake.table(&["events"]);
+    let mut sink = sink_on(&lake, &table, 0, iceberg_sink::DEFAULT_TARGET_FILE_SIZE).await;
+    sink.begin(CheckpointId(1)).await.unwrap();
+    let wrong = RecordBatch::try_new(
+        Arc::new(ArrowSchema::new(vec![
+            Field::new("id", DataType::Utf8, false),
+            Field::new("region", DataType::Utf8, false),
+            Field::new(
+                "at",
+                DataType::Timestamp(TimeUnit::Microsecond, None),
+                false,
+            ),
+        ])),
+        vec![
+            Arc::new(StringArray::from(vec!["x"])),
+            Arc::new(StringArray::from(vec!["eu"])),
+            Arc::new(TimestampMicrosecondArray::from(vec![0])),
+        ],
+    )
+    .unwrap();
+    let err = sink.write(&wrong).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::BadRecord);
+    assert!(err.to_string().contains("column \"id\""), "{err}");
+    // The transaction goes on without the refused batch.
+    sink.write(&events(0..10)).await.unwrap();
+    let committable = sink.pre_commit(CheckpointId(1)).await.unwrap();
+    sink.committer().commit(vec![committable]).await.unwrap();
+    let seen = tokio::task::spawn_blocking(move || lake.read(&table))
+        .await
+        .unwrap();
+    assert_eq!(seen.ids, (0..10).collect::<Vec<_>>());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subtasks_committing_to_one_table_at_once_never_skip_each_other() {
+    const SUBTASKS: u32 = 3;
+    const CHECKPOINTS: u64 = 6;
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::sqlite_local(dir.path(), "shared");
+    let table = lake.table(&["events"]);
+    let mut tasks = Vec::new();
+    for subtask in 0..SUBTASKS {
+        let mut sink = sink_on(
+            &lake,
+            &table,
+            subtask,
+            iceberg_sink::DEFAULT_TARGET_FILE_SIZE,
+        )
+        .await;
+        tasks.push(tokio::spawn(async move {
+            for checkpoint in 1..=CHECKPOINTS {
+                let base = i64::from(subtask) * 1_000_000 + checkpoint as i64 * 100;
+                sink.begin(CheckpointId(checkpoint)).await.unwrap();
+                sink.write(&events(base..base + 100)).await.unwrap();
+                let committable = sink.pre_commit(CheckpointId(checkpoint)).await.unwrap();
+                sink.committer().commit(vec![committable]).await.unwrap();
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let seen = tokio::task::spawn_blocking(move || lake.read(&table))
+        .await
+        .unwrap();
+    let mut expected: Vec<i64> = (0..SUBTASKS)
+        .flat_map(|s| {
+            (1..=CHECKPOINTS as i64).flat_map(move |c| {
+                i64::from(s) * 1_000_000 + c * 100..i64::from(s) * 1_000_000 + c * 100 + 100
+            })
+        })
+        .collect();
+    expected.sort_unstable();
+    assert_eq!(seen.ids, expected);
+    assert_eq!(seen.duckdb_ids, seen.ids);
+    for subtask in 0..SUBTASKS {
+        let mut checkpoints: Vec<u64> = seen
+            .snapshots
+            .iter()
+            .filter(|s| {
+                s["summary"]["ratchet.subtask"] == subtask.to_string().as_str()
+                    && s["summary"]["added-data-files"]
+                        .as_str()
+                        .is_some_and(|n| n != "0")
+            })
+            .map(|s| {
+                s["summary"]["ratchet.checkpoint"]
+                    .as_str()
+                    .unwrap()
+                    .parse()
+                    .unwrap()
+            })
+            .collect();
+        checkpoints.sort_unstable();
+        assert_eq!(
+            checkpoints,
+            (1..=CHECKPOINTS).collect::<Vec<_>>(),
+            "subtask {subtask}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metadata_files_pushed_out_of_the_log_are_deleted_when_the_table_asks() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::sqlite_local(dir.path(), "retire");
+    let (catalog, namespace) = lake.catalog_with_namespace().await;
+    let schema = iceberg::arrow::arrow_schema_to_schema_auto_assign_ids(&event_schema()).unwrap();
+    let created = catalog
+        .create_table(
+            &namespace,
+            TableCreation::builder()
+                .name("events".into())
+                .schema(schema)
+                .properties(std::collections::HashMap::from([
+                    (
+                        iceberg_sink::DELETE_METADATA_AFTER_COMMIT.to_string(),
+                        "true".to_string(),
+                    ),
+                    (
+                        "write.metadata.previous-versions-max".to_string(),
+                        "2".to_string(),
+                    ),
+                ]))
+                .build(),
+        )
+        .await
+        .unwrap();
+    let table = lake.table(&["events"]);
+    let mut sink = sink_on(&lake, &table, 0, iceberg_sink::DEFAULT_TARGET_FILE_SIZE).await;
+    for checkpoint in 1..=10 {
+        sink.begin(CheckpointId(checkpoint)).await.unwrap();
+        let base = checkpoint as i64 * 100;
+        sink.write(&events(base..base + 100)).await.unwrap();
+        let committable = sink.pre_commit(CheckpointId(checkpoint)).await.unwrap();
+        sink.committer().commit(vec![committable]).await.unwrap();
+    }
+    let metadata_dir = created
+        .metadata()
+        .location()
+        .strip_prefix("file://")
+        .map(|p| std::path::Path::new(p).join("metadata"))
+        .unwrap();
+    let versions = std::fs::read_dir(&metadata_dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".metadata.json"))
+        .count();
+    // The current version and the two the log keeps (+1: the epoch raise before the first commit ran before any
+    // commit through the sink had anything to retire).
+    assert!(
+        versions <= 4,
+        "{versions} metadata versions left in {}",
+        metadata_dir.display()
+    );
+    let seen = tokio::task::spawn_blocking(move || lake.read(&table))
+        .await
+        .unwrap();
+    assert_eq!(seen.ids.len(), 1000);
+}

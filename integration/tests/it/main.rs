@@ -1,0 +1,5 @@
+//! Integration tests of the driver and the conformance harness, in process (the reference sink and broken stores):
+//! one test binary for the crate (`cargo test -p integration --test it`).
+
+mod driver;
+mod harness;

@@ -1,0 +1,24 @@
+//! Integration tests of the `ratchet` binary end to end against the real servers, read back by the independent
+//! verifiers: one test binary for the crate (`cargo test -p worker --test it`).
+//!
+//! Tests that disturb a shared server, or measure time limits under injected faults, are binaries of their own
+//! (`tests/*.rs`): cargo runs test binaries one after another, so nothing else runs while they do:
+//! - chaos (restarts and cuts off the servers);
+//! - grey (cuts off the broker through the shared Toxiproxy proxy);
+
+mod avro;
+mod check_config;
+#[path = "../common/mod.rs"]
+mod common;
+mod dead_letter;
+mod demo;
+mod edges;
+mod identity;
+mod inspect;
+mod job_file;
+mod kafka_to_kafka;
+mod observability;
+mod reconfigure;
+mod refusals;
+mod scale_out;
+mod tombstones;
