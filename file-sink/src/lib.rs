@@ -37,16 +37,20 @@
 //! instant before a new instance recovers can still publish one file of its own checkpoint.)
 #![deny(missing_docs)]
 
+mod commit;
 mod committable;
 mod config;
+mod error;
 mod factory;
 mod format;
 mod layout;
 mod partition;
+mod recovery;
 mod schema;
 mod sink;
 mod storage;
 
+pub use commit::FileCommitter;
 pub use committable::{FileCommittable, StagedFile, UploadedPart};
 pub use config::{
     FileSinkConfig, FormatConfig, MIN_PART_SIZE, ParquetCompression, PartitionConfig,
@@ -54,4 +58,4 @@ pub use config::{
 };
 pub use factory::{FileSinkFactory, FileSinkSettings};
 pub use layout::FileName;
-pub use sink::{FileCommitter, FileSink};
+pub use sink::FileSink;

@@ -1,19 +1,20 @@
 //! The file sink: partitioned, rolling files in one format, staged per checkpoint and published at commit.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::sync::Arc;
 
-use crate::committable::FileCommittable;
 use arrow_array::RecordBatch;
 use async_trait::async_trait;
 use connector_api::{
-    CheckpointId, Committer, Error, ErrorKind, Fence, FenceOrder, OpenTransaction, Phase,
-    RecoveryPlan, Resolution, Result, SinkId, TwoPhaseCommit,
+    CheckpointId, Error, ErrorKind, Phase, RecoveryPlan, Result, SinkId, TwoPhaseCommit,
 };
 
 use crate::FileName;
+use crate::commit::FileCommitter;
+use crate::committable::FileCommittable;
 use crate::config::{FileSinkConfig, FormatConfig};
+use crate::error::zombie;
 use crate::format::FormatWriter;
 use crate::partition;
 use crate::schema::check_schema;
@@ -21,38 +22,17 @@ use crate::storage::{Backend, OpenFile, StagedFile};
 
 /// Exactly-once files on local disk or S3. See the crate docs for the protocol and the failure table.
 pub struct FileSink {
-    config: FileSinkConfig,
-    backend: Arc<Backend>,
+    pub(crate) config: FileSinkConfig,
+    pub(crate) backend: Arc<Backend>,
     /// The owner epoch this instance holds since `recover` (0 before).
-    epoch: u64,
-    checkpoint: Option<CheckpointId>,
+    pub(crate) epoch: u64,
+    pub(crate) checkpoint: Option<CheckpointId>,
     /// Open files by partition directory.
-    open: BTreeMap<String, OpenFile>,
+    pub(crate) open: BTreeMap<String, OpenFile>,
     /// Files sealed in the current checkpoint (rolled, or at pre-commit).
-    sealed: Vec<StagedFile>,
+    pub(crate) sealed: Vec<StagedFile>,
     /// Next sequence number per partition in the current checkpoint.
-    next_seq: BTreeMap<String, u32>,
-}
-
-/// Publishes a [`FileSink`]'s files, unless a newer instance of the same sink and subtask has recovered since
-/// this committer was made (then it is fenced).
-#[derive(Clone)]
-pub struct FileCommitter {
-    sink: SinkId,
-    backend: Arc<Backend>,
-    epoch: u64,
-}
-
-/// The error of an instance whose owner epoch `held` was overtaken by a newer instance's `current`.
-fn zombie(phase: Phase, current: u64, held: u64) -> Error {
-    Error::new(
-        ErrorKind::Fenced,
-        phase,
-        format!(
-            "a newer instance of this sink (owner epoch {current}, this one holds {held}) has recovered; this \
-             instance is a zombie and must stop"
-        ),
-    )
+    pub(crate) next_seq: BTreeMap<String, u32>,
 }
 
 /// Refuses a format that cannot hold the schema (CSV and nested fields).
@@ -106,7 +86,7 @@ impl FileSink {
         }
     }
 
-    fn context(&self, e: Error) -> Error {
+    pub(crate) fn context(&self, e: Error) -> Error {
         let e = e.or_sink(&self.config.sink);
         match self.checkpoint {
             Some(checkpoint) => e.or_checkpoint(checkpoint),
@@ -180,39 +160,6 @@ impl FileSink {
             self.sealed.push(staged);
         }
         Ok(())
-    }
-}
-
-#[async_trait]
-impl Committer for FileCommitter {
-    type Committable = FileCommittable;
-
-    async fn commit(&self, committables: Vec<FileCommittable>) -> Result<()> {
-        for committable in committables {
-            let checkpoint = committable.checkpoint;
-            let context = |e: Error| e.or_sink(&self.sink).or_checkpoint(checkpoint);
-            for file in &committable.files {
-                // Checked before every file: a zombie stops at the first file after a newer instance recovered.
-                let current = self.backend.read_epoch().await.map_err(context)?;
-                if current > self.epoch {
-                    return Err(context(zombie(Phase::Commit, current, self.epoch)));
-                }
-                self.backend
-                    .publish(file)
-                    .await
-                    .map_err(|e| context(e).with_txn(file.location()))?;
-            }
-        }
-        Ok(())
-    }
-
-    async fn is_committed(&self, committable: &FileCommittable) -> Result<bool> {
-        for file in &committable.files {
-            if !self.backend.is_published(file).await? {
-                return Ok(false);
-            }
-        }
-        Ok(true)
     }
 }
 
@@ -321,70 +268,14 @@ impl TwoPhaseCommit for FileSink {
         Ok(())
     }
 
-    /// Found: the subtask's hidden stages (local pending and in-progress files; S3 open multipart uploads, staged
-    /// objects and spill files) with their age. Recovery publishes the restored files not yet visible and removes
-    /// every other stage. Fence before commit: the sink's epoch is raised first, and a committer of an older
-    /// epoch refuses to publish.
     async fn plan_recovery(
         &mut self,
         restored: Option<(CheckpointId, Vec<FileCommittable>)>,
     ) -> Result<RecoveryPlan<FileCommittable>> {
-        let keep: BTreeSet<String> = restored
-            .iter()
-            .flat_map(|(_, committables)| committables)
-            .flat_map(|c| &c.files)
-            .map(|f| f.file_name())
-            .collect();
-        let fence = Fence {
-            order: FenceOrder::BeforeCommit,
-            how: "raise the sink's epoch (an older instance's committer refuses to publish)".into(),
-        };
-        let mut plan = RecoveryPlan::checking(&self.committer(), restored, fence).await?;
-        let stages = self
-            .backend
-            .owned_stages()
-            .await
-            .map_err(|e| self.context(e))?;
-        plan.found = stages
-            .into_iter()
-            .map(|stage| OpenTransaction {
-                checkpoint: FileName::checkpoint_of(
-                    &stage.file,
-                    &self.config.scope,
-                    self.config.subtask,
-                ),
-                resolution: Resolution::held_by_restored(keep.contains(&stage.file)),
-                state: stage.kind.to_string(),
-                name: stage.location,
-                age: stage.age,
-            })
-            .collect();
-        Ok(plan)
+        self.plan(restored).await
     }
 
     async fn execute_recovery(&mut self, plan: RecoveryPlan<FileCommittable>) -> Result<()> {
-        self.open.clear();
-        self.sealed.clear();
-        self.checkpoint = None;
-        // Fence every older instance first: from here on their committers refuse to publish.
-        connector_api::ensure_claim_held("raising the file sink's epoch").await?;
-        self.epoch = self
-            .backend
-            .bump_epoch()
-            .await
-            .map_err(|e| self.context(e))?;
-        self.committer().commit(plan.commit).await?;
-        // The restored files are visible now, so every stage this instance still owns belongs to a checkpoint that
-        // never became durable: presumed abort.
-        connector_api::ensure_claim_held("removing uncommitted staged files").await?;
-        for removed in self
-            .backend
-            .remove_owned_stages()
-            .await
-            .map_err(|e| self.context(e))?
-        {
-            tracing::info!(sink = %self.config.sink, %removed, "recover: removed uncommitted file");
-        }
-        Ok(())
+        self.execute_plan(plan).await
     }
 }

@@ -16,19 +16,23 @@
 //! its history, so it finds the landed snapshot instead of adding a second one. (iceberg's own duplicate-file
 //! check is off: it reads every manifest of the table on every commit, and the ledger check is exact.)
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use connector_api::{CheckpointId, Error, ErrorKind, Phase, Result};
+use async_trait::async_trait;
+use connector_api::{CheckpointId, Committer, Error, ErrorKind, Phase, Result, SubtaskId};
 use iceberg::spec::DataFile;
 use iceberg::table::Table;
 use iceberg::transaction::{ApplyTransactionAction, Transaction};
 use iceberg::{Catalog, TableIdent};
 
 use crate::cleanup::delete_retired_metadata;
+use crate::committable::IcebergCommittable;
 use crate::error::iceberg_error;
 use crate::guarded::{Check, GuardedCatalog, Verdict};
 use crate::ledger::{SubtaskKey, SubtaskState};
+use crate::sink::decode_files;
 
 /// What a commit did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -268,5 +272,98 @@ impl TableTarget {
                 ),
             )),
         }
+    }
+}
+
+/// The commit half of [`IcebergSink`](crate::IcebergSink).
+#[derive(Debug, Clone)]
+pub struct IcebergCommitter {
+    pub(crate) target: TableTarget,
+    pub(crate) key: SubtaskKey,
+    pub(crate) epoch: Arc<AtomicU64>,
+}
+
+impl IcebergCommitter {
+    pub(crate) fn epoch(&self, phase: Phase) -> Result<u64> {
+        match self.epoch.load(Ordering::SeqCst) {
+            0 => Err(Error::new(
+                ErrorKind::Bug,
+                phase,
+                "the Iceberg sink was used before recover() raised its epoch",
+            )),
+            epoch => Ok(epoch),
+        }
+    }
+
+    /// Commits `committable`'s files as one snapshot (whether or not it is due, see
+    /// [`IcebergCommittable::commit`]), unless the table already shows its checkpoint.
+    pub(crate) async fn commit_files(
+        &self,
+        committable: &IcebergCommittable,
+    ) -> Result<CommitOutcome> {
+        let epoch = self.epoch(Phase::Commit)?;
+        if committable.subtask != self.key.subtask.0 {
+            return Err(Error::bug(
+                Phase::Commit,
+                format!(
+                    "a committable of subtask {} reached the committer of subtask {} outside recovery",
+                    committable.subtask, self.key.subtask
+                ),
+            ));
+        }
+        self.commit_files_as(&self.key, epoch, committable).await
+    }
+
+    /// Commits `committable`'s files as one snapshot recorded for `key` (the subtask that wrote them) under
+    /// `epoch`, unless the table already shows its checkpoint for that subtask: committed under the writer's own
+    /// key, a checkpoint taken over by another subtask's recovery is never committed twice.
+    pub(crate) async fn commit_files_as(
+        &self,
+        key: &SubtaskKey,
+        epoch: u64,
+        committable: &IcebergCommittable,
+    ) -> Result<CommitOutcome> {
+        if committable.files.is_empty() {
+            return Ok(CommitOutcome::AlreadyCommitted);
+        }
+        let table = self.target.recent(Phase::Commit).await?;
+        let files = decode_files(&table, &committable.files)?;
+        self.target
+            .commit_files(key, epoch, committable.checkpoint, files)
+            .await
+    }
+
+    /// The ledger key of the subtask that wrote `committable`.
+    pub(crate) fn key_of(&self, committable: &IcebergCommittable) -> SubtaskKey {
+        SubtaskKey {
+            subtask: SubtaskId(committable.subtask),
+            ..self.key.clone()
+        }
+    }
+}
+
+#[async_trait]
+impl Committer for IcebergCommitter {
+    type Committable = IcebergCommittable;
+
+    /// Commits each due committable as one snapshot; skips what the table's history already shows.
+    async fn commit(&self, committables: Vec<IcebergCommittable>) -> Result<()> {
+        for committable in committables.iter().filter(|c| c.commit) {
+            self.commit_files(committable)
+                .await
+                .map_err(|e| e.or_sink(&self.key.sink))?;
+        }
+        Ok(())
+    }
+
+    /// Whether the table's history shows the committable's checkpoint (or a later one) of its subtask (the one
+    /// that wrote it, whichever instance asks).
+    async fn is_committed(&self, committable: &IcebergCommittable) -> Result<bool> {
+        let table = self.target.load(Phase::Commit).await?;
+        let state = self.key_of(committable).state(&table.metadata_ref());
+        Ok(committable.files.is_empty()
+            || state
+                .checkpoint
+                .is_some_and(|last| last >= committable.checkpoint))
     }
 }

@@ -42,11 +42,12 @@ mod factory;
 mod guarded;
 mod ledger;
 mod location;
+mod recovery;
 mod sink;
 mod writer;
 
 pub use cleanup::{DELETE_METADATA_AFTER_COMMIT, delete_unreferenced_files, unreferenced_files};
-pub use commit::{CommitOutcome, TableTarget};
+pub use commit::{CommitOutcome, IcebergCommitter, TableTarget};
 pub use committable::{IcebergCommittable, PendingFile};
 pub use config::{
     CatalogConfig, DEFAULT_COMMIT_TIMEOUT, DEFAULT_TARGET_FILE_SIZE, IcebergSinkConfig, S3Settings,
@@ -56,5 +57,5 @@ pub use ledger::{
     CHECKPOINT_PROPERTY, EPOCH_PROPERTY, JOB_PROPERTY, SINK_PROPERTY, SUBTASK_PROPERTY, SubtaskKey,
     SubtaskState,
 };
-pub use sink::{IcebergCommitter, IcebergSink};
+pub use sink::IcebergSink;
 pub use writer::CheckpointWriter;

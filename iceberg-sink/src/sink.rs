@@ -1,117 +1,25 @@
 //! The Iceberg sink: data files per checkpoint, one snapshot per commit, fenced and idempotent in the table.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::committable::{IcebergCommittable, PendingFile};
 use arrow_array::RecordBatch;
 use async_trait::async_trait;
 use connector_api::{
-    CheckpointId, Committer, Error, ErrorKind, Fence, FenceOrder, OpenTransaction, Phase,
-    RecoveryPlan, Resolution, Result, SinkId, SubtaskId, TwoPhaseCommit,
+    CheckpointId, Error, ErrorKind, Phase, RecoveryPlan, Result, SinkId, TwoPhaseCommit,
 };
 use iceberg::spec::{DataFile, deserialize_data_file_from_json, serialize_data_file_to_json};
 use iceberg::table::Table;
 use iceberg::{NamespaceIdent, TableCreation, TableIdent};
 
-use crate::cleanup::{DELETE_METADATA_AFTER_COMMIT, delete_unreferenced_files, unreferenced_files};
-use crate::commit::{CommitOutcome, TableTarget};
+use crate::cleanup::{DELETE_METADATA_AFTER_COMMIT, delete_unreferenced_files};
+use crate::commit::IcebergCommitter;
+use crate::commit::TableTarget;
+use crate::committable::{IcebergCommittable, PendingFile};
 use crate::config::IcebergSinkConfig;
 use crate::error::iceberg_error;
 use crate::ledger::SubtaskKey;
-use crate::location::canonical;
 use crate::writer::CheckpointWriter;
-
-/// The commit half of [`IcebergSink`].
-#[derive(Debug, Clone)]
-pub struct IcebergCommitter {
-    target: TableTarget,
-    key: SubtaskKey,
-    epoch: Arc<AtomicU64>,
-}
-
-impl IcebergCommitter {
-    fn epoch(&self, phase: Phase) -> Result<u64> {
-        match self.epoch.load(Ordering::SeqCst) {
-            0 => Err(Error::new(
-                ErrorKind::Bug,
-                phase,
-                "the Iceberg sink was used before recover() raised its epoch",
-            )),
-            epoch => Ok(epoch),
-        }
-    }
-
-    /// Commits `committable`'s files as one snapshot (whether or not it is due, see
-    /// [`IcebergCommittable::commit`]), unless the table already shows its checkpoint.
-    async fn commit_files(&self, committable: &IcebergCommittable) -> Result<CommitOutcome> {
-        let epoch = self.epoch(Phase::Commit)?;
-        if committable.subtask != self.key.subtask.0 {
-            return Err(Error::bug(
-                Phase::Commit,
-                format!(
-                    "a committable of subtask {} reached the committer of subtask {} outside recovery",
-                    committable.subtask, self.key.subtask
-                ),
-            ));
-        }
-        self.commit_files_as(&self.key, epoch, committable).await
-    }
-
-    /// Commits `committable`'s files as one snapshot recorded for `key` (the subtask that wrote them) under
-    /// `epoch`, unless the table already shows its checkpoint for that subtask: committed under the writer's own
-    /// key, a checkpoint taken over by another subtask's recovery is never committed twice.
-    async fn commit_files_as(
-        &self,
-        key: &SubtaskKey,
-        epoch: u64,
-        committable: &IcebergCommittable,
-    ) -> Result<CommitOutcome> {
-        if committable.files.is_empty() {
-            return Ok(CommitOutcome::AlreadyCommitted);
-        }
-        let table = self.target.recent(Phase::Commit).await?;
-        let files = decode_files(&table, &committable.files)?;
-        self.target
-            .commit_files(key, epoch, committable.checkpoint, files)
-            .await
-    }
-
-    /// The ledger key of the subtask that wrote `committable`.
-    fn key_of(&self, committable: &IcebergCommittable) -> SubtaskKey {
-        SubtaskKey {
-            subtask: SubtaskId(committable.subtask),
-            ..self.key.clone()
-        }
-    }
-}
-
-#[async_trait]
-impl Committer for IcebergCommitter {
-    type Committable = IcebergCommittable;
-
-    /// Commits each due committable as one snapshot; skips what the table's history already shows.
-    async fn commit(&self, committables: Vec<IcebergCommittable>) -> Result<()> {
-        for committable in committables.iter().filter(|c| c.commit) {
-            self.commit_files(committable)
-                .await
-                .map_err(|e| e.or_sink(&self.key.sink))?;
-        }
-        Ok(())
-    }
-
-    /// Whether the table's history shows the committable's checkpoint (or a later one) of its subtask (the one
-    /// that wrote it, whichever instance asks).
-    async fn is_committed(&self, committable: &IcebergCommittable) -> Result<bool> {
-        let table = self.target.load(Phase::Commit).await?;
-        let state = self.key_of(committable).state(&table.metadata_ref());
-        Ok(committable.files.is_empty()
-            || state
-                .checkpoint
-                .is_some_and(|last| last >= committable.checkpoint))
-    }
-}
 
 /// The Iceberg sink for one subtask.
 ///
@@ -122,17 +30,17 @@ impl Committer for IcebergCommitter {
 /// commits the restored checkpoint if the table does not show it yet, and deletes this subtask's files no
 /// snapshot references.
 pub struct IcebergSink {
-    config: IcebergSinkConfig,
-    key: SubtaskKey,
-    committer: IcebergCommitter,
-    table: Option<Table>,
-    writer: Option<CheckpointWriter>,
+    pub(crate) config: IcebergSinkConfig,
+    pub(crate) key: SubtaskKey,
+    pub(crate) committer: IcebergCommitter,
+    pub(crate) table: Option<Table>,
+    pub(crate) writer: Option<CheckpointWriter>,
     /// Files of decided checkpoints not committed yet (commit every K checkpoints).
-    carried: Vec<PendingFile>,
+    pub(crate) carried: Vec<PendingFile>,
     /// Checkpoints in `carried`.
-    carried_checkpoints: u32,
+    pub(crate) carried_checkpoints: u32,
     /// The committable of the last pre-commit, until the next begin decides what it carries.
-    pre_committed: Option<IcebergCommittable>,
+    pub(crate) pre_committed: Option<IcebergCommittable>,
 }
 
 impl std::fmt::Debug for IcebergSink {
@@ -152,7 +60,7 @@ impl IcebergSink {
     /// table without `create_table`.
     pub async fn new(config: IcebergSinkConfig) -> Result<Self> {
         if config.commit_every == 0 {
-            return Err(config_error("commit_every must be at least 1"));
+            return Err(Error::config("commit_every must be at least 1"));
         }
         let catalog = config
             .catalog
@@ -160,7 +68,7 @@ impl IcebergSink {
             .await
             .map_err(|e| e.with_sink(&config.sink))?;
         let ident = TableIdent::from_strs(config.table.split('.')).map_err(|_| {
-            config_error(format!("table {:?} is not `namespace.name`", config.table))
+            Error::config(format!("table {:?} is not `namespace.name`", config.table))
         })?;
         let exists = catalog
             .table_exists(&ident)
@@ -168,7 +76,7 @@ impl IcebergSink {
             .map_err(|e| iceberg_error(Phase::Setup, format!("cannot look up table {ident}"), e))?;
         if !exists {
             if !config.create_table {
-                return Err(config_error(format!(
+                return Err(Error::config(format!(
                     "table {ident} does not exist in the catalog: create it, or set create_table = true to \
                      create an unpartitioned table from the input schema"
                 ))
@@ -319,135 +227,16 @@ impl TwoPhaseCommit for IcebergSink {
         Ok(())
     }
 
-    /// Found: the subtask's data files that no snapshot references, and those of every other subtask whose
-    /// committables `restored` holds (a takeover). Recovery commits the restored files the table does not show
-    /// yet and deletes the rest. Fence before commit: the subtask's owner epoch is raised with a snapshot of its
-    /// own (so is a taken-over subtask's), and a commit planned under an older epoch is refused. Notes: what the
-    /// ledger shows for the subtask.
     async fn plan_recovery(
         &mut self,
         restored: Option<(CheckpointId, Vec<IcebergCommittable>)>,
     ) -> Result<RecoveryPlan<IcebergCommittable>> {
-        let fence = Fence {
-            order: FenceOrder::BeforeCommit,
-            how: format!(
-                "raise the owner epoch of subtask {} in table {} (a snapshot of no files; an older instance's \
-                 commit is refused)",
-                self.key.subtask, self.config.table
-            ),
-        };
-        let mut plan = RecoveryPlan::checking(&self.committer, restored, fence).await?;
-        let pending: BTreeSet<String> = plan
-            .commit
-            .iter()
-            .flat_map(|c| &c.files)
-            .map(|f| canonical(&f.path))
-            .collect();
-        for key in self.recovered_keys(&plan.commit) {
-            let (table, unreferenced) =
-                unreferenced_files(&self.committer.target, &key, None, &self.config.s3).await?;
-            let state = key.state(&table.metadata_ref());
-            plan.notes.push(match state.checkpoint {
-                Some(checkpoint) => format!(
-                    "table {} shows checkpoint {checkpoint} of subtask {} (owner epoch {})",
-                    table.identifier(),
-                    key.subtask,
-                    state.epoch
-                ),
-                None => format!(
-                    "table {} shows no checkpoint of subtask {}",
-                    table.identifier(),
-                    key.subtask
-                ),
-            });
-            if key.subtask != self.key.subtask {
-                plan.notes.push(format!(
-                    "takes over subtask {}: raises its owner epoch, commits its restored files and deletes its \
-                     unreferenced ones",
-                    key.subtask
-                ));
-            }
-            plan.found
-                .extend(unreferenced.into_iter().map(|path| OpenTransaction {
-                    checkpoint: key.checkpoint_of_file(&path),
-                    state: format!(
-                        "data file of subtask {} no snapshot references",
-                        key.subtask
-                    ),
-                    age: None,
-                    resolution: Resolution::held_by_restored(pending.contains(&canonical(&path))),
-                    name: path,
-                }));
-        }
-        Ok(plan)
+        self.plan(restored).await
     }
 
-    /// Raises the subtask's epoch in the table (fencing older instances), commits the plan's files, then deletes
-    /// this subtask's unreferenced files; the same for every other subtask whose committables the plan holds.
     async fn execute_recovery(&mut self, plan: RecoveryPlan<IcebergCommittable>) -> Result<()> {
-        let context = |e: Error| e.or_sink(&self.config.sink).at_phase(Phase::Recover);
-        self.writer = None;
-        self.carried.clear();
-        self.carried_checkpoints = 0;
-        self.pre_committed = None;
-        for key in self.recovered_keys(&plan.commit) {
-            connector_api::ensure_claim_held("raising the Iceberg ledger's epoch").await?;
-            let (epoch, before) = self
-                .committer
-                .target
-                .raise_epoch(&key)
-                .await
-                .map_err(context)?;
-            if key == self.key {
-                self.committer.epoch.store(epoch, Ordering::SeqCst);
-            }
-            tracing::info!(
-                sink = %self.config.sink,
-                subtask = %key.subtask,
-                recovering_subtask = %self.key.subtask,
-                epoch,
-                table_shows = ?before.checkpoint,
-                "iceberg sink recovering"
-            );
-            for committable in plan
-                .commit
-                .iter()
-                .filter(|c| self.committer.key_of(c) == key)
-            {
-                self.committer
-                    .commit_files_as(&key, epoch, committable)
-                    .await
-                    .map_err(context)?;
-            }
-            if self.config.cleanup_on_recover {
-                connector_api::ensure_claim_held("deleting unreferenced data files").await?;
-                delete_unreferenced_files(&self.committer.target, &key, epoch, &self.config.s3)
-                    .await
-                    .map_err(context)?;
-            }
-        }
-        self.table = Some(self.committer.target.load(Phase::Recover).await?);
-        Ok(())
+        self.execute_plan(plan).await
     }
-}
-
-impl IcebergSink {
-    /// The subtasks a recovery with `commit` covers: this instance's own first, then every other subtask whose
-    /// committables it holds.
-    fn recovered_keys(&self, commit: &[IcebergCommittable]) -> Vec<SubtaskKey> {
-        let mut keys = vec![self.key.clone()];
-        for committable in commit {
-            let key = self.committer.key_of(committable);
-            if !keys.contains(&key) {
-                keys.push(key);
-            }
-        }
-        keys
-    }
-}
-
-fn config_error(message: impl Into<String>) -> Error {
-    Error::new(ErrorKind::Config, Phase::Setup, message)
 }
 
 /// Creates the namespace (if missing) and an unpartitioned table from an Arrow schema.
@@ -535,7 +324,7 @@ fn encode_files(table: &Table, files: Vec<DataFile>) -> Result<Vec<PendingFile>>
         .collect()
 }
 
-fn decode_files(table: &Table, files: &[PendingFile]) -> Result<Vec<DataFile>> {
+pub(crate) fn decode_files(table: &Table, files: &[PendingFile]) -> Result<Vec<DataFile>> {
     let metadata = table.metadata();
     let schema = metadata.current_schema();
     files

@@ -136,19 +136,23 @@
 
 mod check;
 mod columns;
+mod commit;
 mod committable;
 mod config;
 mod database;
+mod error;
 mod factory;
 mod keys;
 mod mysql;
 mod pg;
+mod recovery;
 mod sink;
 mod xid;
 
+pub use commit::JdbcCommitter;
 pub use committable::JdbcCommittable;
 pub use config::{ConnectionConfig, DedupConfig, Dialect, JdbcSinkConfig, WriteMode};
 pub use database::CommitOutcome;
 pub use factory::{DEFAULT_LOCK_TIMEOUT, JdbcSinkFactory, JdbcSinkSettings};
-pub use sink::{JdbcCommitter, JdbcSink};
+pub use sink::JdbcSink;
 pub use xid::Xid;

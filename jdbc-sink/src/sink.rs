@@ -1,82 +1,37 @@
 //! [`JdbcSink`]: the two-phase protocol over a [`Session`] and a [`Coordinator`], for every dialect and mode.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use crate::committable::JdbcCommittable;
 use arrow_array::RecordBatch;
 use async_trait::async_trait;
 use connector_api::{
-    CheckpointId, Committer, Error, ErrorKind, Fence, FenceOrder, OpenTransaction, Phase,
-    RecoveryPlan, Resolution, Result, SinkId, SinkScope, SubtaskId, TwoPhaseCommit,
+    CheckpointId, Error, ErrorKind, Phase, RecoveryPlan, Result, SinkId, SinkScope, SubtaskId,
+    TwoPhaseCommit,
 };
 
+use crate::commit::JdbcCommitter;
+use crate::committable::JdbcCommittable;
 use crate::config::{DedupConfig, Dialect, JdbcSinkConfig, WriteMode};
-use crate::database::{Coordinator, OWNERS_TABLE, Prepared, Session};
+use crate::database::{Coordinator, Session};
 use crate::keys::KeyDecoder;
 use crate::{Xid, mysql, pg};
 
-/// How often recovery lists and resolves prepared transactions again when the owner row stays locked.
-const CLAIM_ATTEMPTS: u32 = 15;
-
-/// The commit half of a [`JdbcSink`]: `COMMIT PREPARED` / `XA COMMIT` on its own connection.
-#[derive(Clone)]
-pub struct JdbcCommitter {
-    sink: SinkId,
-    coordinator: Arc<dyn Coordinator>,
-}
-
-#[async_trait]
-impl Committer for JdbcCommitter {
-    type Committable = JdbcCommittable;
-
-    /// Commits every prepared transaction, oldest first; one committed before is skipped (its marker is visible).
-    ///
-    /// # Errors
-    /// [`Fatal`](ErrorKind::Fatal) for a transaction that is gone without having committed (rolled back outside
-    /// Ratchet): its checkpoint is named, its rows are lost.
-    async fn commit(&self, committables: Vec<JdbcCommittable>) -> Result<()> {
-        for committable in committables.iter().filter(|c| c.prepared) {
-            let xid = committable.xid()?;
-            let outcome = self
-                .coordinator
-                .commit_prepared(&xid)
-                .await
-                .map_err(|e| e.or_sink(&self.sink))?;
-            tracing::debug!(%xid, ?outcome, "committed");
-        }
-        Ok(())
-    }
-
-    async fn is_committed(&self, committable: &JdbcCommittable) -> Result<bool> {
-        let xid = committable.xid()?;
-        if committable.prepared {
-            return self.coordinator.is_committed(&xid).await;
-        }
-        let applied = self
-            .coordinator
-            .applied_through(&xid.scope, xid.subtask)
-            .await?;
-        Ok(applied.is_some_and(|applied| applied >= xid.checkpoint))
-    }
-}
-
 /// A relational table as an exactly-once sink; see the crate docs for the modes and the protocol.
 pub struct JdbcSink {
-    sink: SinkId,
-    scope: SinkScope,
-    subtask: SubtaskId,
-    xa: bool,
-    session: Box<dyn Session>,
-    coordinator: Arc<dyn Coordinator>,
+    pub(crate) sink: SinkId,
+    pub(crate) scope: SinkScope,
+    pub(crate) subtask: SubtaskId,
+    pub(crate) xa: bool,
+    pub(crate) session: Box<dyn Session>,
+    pub(crate) coordinator: Arc<dyn Coordinator>,
     /// The owner epoch this instance claimed in `recover`; `None` before.
-    epoch: Option<u64>,
+    pub(crate) epoch: Option<u64>,
     /// The transaction the last `pre_commit` prepared, until the next `begin` (by then its checkpoint is decided):
     /// what `abort` rolls back when the driver abandons that checkpoint.
-    prepared: Option<Xid>,
+    pub(crate) prepared: Option<Xid>,
     /// Upsert mode: decodes tombstone keys into the key columns. `None` in the other modes, which cannot express
     /// a deletion.
-    keys: Option<KeyDecoder>,
+    pub(crate) keys: Option<KeyDecoder>,
 }
 
 impl std::fmt::Debug for JdbcSink {
@@ -252,102 +207,16 @@ impl TwoPhaseCommit for JdbcSink {
         Ok(())
     }
 
-    /// Found: the subtask's prepared transactions (`pg_prepared_xacts` with their age, or MariaDB's `XA
-    /// RECOVER`); recovery commits those the restored checkpoint holds (of any subtask: a recovery that took over
-    /// a vanished subtask passes its committables) and rolls back the rest. Fence after commit: the owner epoch
-    /// is raised once the prepared transactions are resolved.
     async fn plan_recovery(
         &mut self,
         restored: Option<(CheckpointId, Vec<JdbcCommittable>)>,
     ) -> Result<RecoveryPlan<JdbcCommittable>> {
-        let keep = held_xids(restored.iter().flat_map(|(_, c)| c));
-        let fence = Fence {
-            order: FenceOrder::AfterCommit,
-            how: format!(
-                "raise the owner epoch of subtask {} in {OWNERS_TABLE} (an older instance's next statement \
-                 fails its owner check)",
-                self.subtask
-            ),
-        };
-        let mut plan = RecoveryPlan::checking(&self.committer(), restored, fence).await?;
-        plan.found = self
-            .coordinator
-            .list_prepared(&self.scope)
-            .await?
-            .into_iter()
-            .filter(|p| p.xid.subtask == self.subtask)
-            .map(|Prepared { xid, age }| {
-                let name = xid.to_string();
-                OpenTransaction {
-                    resolution: Resolution::held_by_restored(keep.contains(&name)),
-                    name,
-                    checkpoint: Some(xid.checkpoint),
-                    state: "prepared".into(),
-                    age,
-                }
-            })
-            .collect();
-        Ok(plan)
+        self.plan(restored).await
     }
 
-    /// Commits the plan's prepared transactions, rolls back every other prepared transaction of this subtask,
-    /// then raises the owner epoch, which fences every older instance, and deletes the markers of checkpoints
-    /// after the restored one (a reset checkpoint store starts its ids again). A transaction that passed its
-    /// owner check just before holds the owner row; the raise waits `lock_timeout` for it, then lists and
-    /// resolves again.
     async fn execute_recovery(&mut self, plan: RecoveryPlan<JdbcCommittable>) -> Result<()> {
-        self.session.rollback().await?;
-        let restored_id = plan.checkpoint;
-        let keep = held_xids(&plan.commit);
-        let committer = self.committer();
-        for attempt in 1..=CLAIM_ATTEMPTS {
-            committer
-                .commit(plan.commit.clone())
-                .await
-                .map_err(|e| e.at_phase(Phase::Recover))?;
-            for Prepared { xid, .. } in self.coordinator.list_prepared(&self.scope).await? {
-                if xid.subtask == self.subtask && !keep.contains(&xid.to_string()) {
-                    connector_api::ensure_claim_held(&format!(
-                        "rolling back prepared transaction {xid}"
-                    ))
-                    .await?;
-                    tracing::info!(%xid, "rolling back a prepared transaction no durable checkpoint holds");
-                    self.coordinator.rollback_prepared(&xid).await?;
-                }
-            }
-            connector_api::ensure_claim_held("claiming the sink's owner row").await?;
-            if let Some(epoch) = self
-                .coordinator
-                .claim_owner(&self.scope, self.subtask, restored_id)
-                .await?
-            {
-                tracing::info!(sink = %self.sink, subtask = %self.subtask, epoch, "claimed the owner row");
-                self.epoch = Some(epoch);
-                return Ok(());
-            }
-            tracing::warn!(
-                sink = %self.sink, subtask = %self.subtask, attempt,
-                "the owner row is locked by an open transaction of an older instance; resolving again"
-            );
-        }
-        Err(Error::new(
-            ErrorKind::Retryable,
-            Phase::Recover,
-            "the owner row stays locked by an open (not prepared) transaction of an older instance of this \
-             subtask: that process is alive (paused?); stop it, or find it with pg_locks / \
-             information_schema.innodb_trx",
-        )
-        .with_sink(&self.sink))
+        self.execute_plan(plan).await
     }
-}
-
-/// The prepared transactions `committables` hold, by name.
-fn held_xids<'a>(committables: impl IntoIterator<Item = &'a JdbcCommittable>) -> BTreeSet<String> {
-    committables
-        .into_iter()
-        .filter(|c| c.prepared)
-        .map(|c| c.xid.clone())
-        .collect()
 }
 
 /// The dedup table of the append mode: as configured, or `<table>_ratchet_dedup`.
@@ -356,31 +225,4 @@ pub(crate) fn dedup_table(config: &JdbcSinkConfig, dedup: &DedupConfig) -> Strin
         .table
         .clone()
         .unwrap_or_else(|| format!("{}_ratchet_dedup", config.table))
-}
-
-/// The error of an instance whose owner epoch is no longer the newest.
-pub(crate) fn fenced(xid: &Xid, epoch: u64) -> Error {
-    Error::new(
-        ErrorKind::Fenced,
-        Phase::PreCommit,
-        format!(
-            "a newer instance of subtask {} recovered (the owner epoch moved past {epoch}): this instance must \
-             stop; its transaction was rolled back",
-            xid.subtask
-        ),
-    )
-    .with_checkpoint(xid.checkpoint)
-    .with_txn(xid.to_string())
-}
-
-/// The error for a prepared transaction that is gone without having committed.
-pub(crate) fn lost_transaction(xid: &Xid) -> Error {
-    Error::new(
-        ErrorKind::Fatal,
-        Phase::Commit,
-        "the prepared transaction is gone and was never committed (rolled back outside Ratchet?): the rows of \
-         this checkpoint are lost; replay the source from the previous checkpoint",
-    )
-    .with_checkpoint(xid.checkpoint)
-    .with_txn(xid.to_string())
 }

@@ -1,6 +1,6 @@
 //! Mapping librdkafka errors to what the driver does about them.
 
-use connector_api::ErrorKind;
+use connector_api::{Error, ErrorKind, Phase};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
 /// The driver's view of a Kafka error, after librdkafka's own advice: fatal errors (a fenced producer among them)
@@ -47,4 +47,9 @@ pub fn classify(error: &KafkaError) -> ErrorKind {
         }
         _ => ErrorKind::Fatal,
     }
+}
+
+/// A librdkafka error in `phase`, classified ([`classify`]), with `message` and the error as its source.
+pub(crate) fn kafka_error(phase: Phase, message: &str, e: KafkaError) -> Error {
+    Error::new(classify(&e), phase, message).with_source(e)
 }

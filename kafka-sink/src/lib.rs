@@ -54,6 +54,7 @@
 mod at_least_once;
 mod broker;
 mod check;
+mod commit;
 mod committable;
 mod config;
 mod coordinator;
@@ -65,6 +66,7 @@ mod outcome;
 mod probe;
 mod producer;
 mod records;
+mod recovery;
 mod registry;
 mod sender;
 mod sink;
@@ -72,6 +74,7 @@ mod txn_id;
 
 pub use at_least_once::{KafkaAtLeastOnceSink, NothingToCommit};
 pub use broker::broker_max_transaction_timeout;
+pub use commit::KafkaCommitter;
 pub use committable::{FlushedRecords, KafkaCommittable, PartitionRange};
 pub use config::KafkaSinkConfig;
 pub use coordinator::{
@@ -86,5 +89,5 @@ pub use kafka_to_kafka::{KafkaToKafka, PipelineHook, PipelineStats};
 pub use producer::open_transactional_producer;
 pub use records::RecordMapping;
 pub use registry::{PREFIX_REGISTRY_TOPIC, claim_prefix};
-pub use sink::{KafkaCommitter, KafkaSink};
+pub use sink::KafkaSink;
 pub use txn_id::{TransactionalId, TransactionalIdPool};

@@ -4,65 +4,47 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::committable::KafkaCommittable;
 use arrow_array::RecordBatch;
 use async_trait::async_trait;
 use connector_api::{
-    CheckpointId, Committer, Error, ErrorKind, Fence, FenceOrder, OpenTransaction, Phase,
-    RecoveryPlan, Resolution, Result, RetryPolicy, SinkId, SubtaskId, TwoPhaseCommit,
+    CheckpointId, Error, ErrorKind, Phase, RecoveryPlan, Result, RetryPolicy, SinkId, SubtaskId,
+    TwoPhaseCommit,
 };
 use kafka_connection::KafkaConnection;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::Producer;
 use rdkafka::types::RDKafkaErrorCode;
 
-use crate::broker::{broker_max_transaction_timeout, check_transaction_timeout};
+use crate::commit::KafkaCommitter;
+use crate::committable::KafkaCommittable;
 use crate::coordinator::CoordinatorClient;
 use crate::delivery::{DeliveryTracker, SinkProducer};
-use crate::outcome::{CommitStep, commit_step};
-use crate::probe::{InLog, Removed, judge_in_log};
-use crate::registry::claim_prefix;
+use crate::error::kafka_error;
 use crate::sender::RecordSender;
 use crate::{
-    KafkaSinkConfig, TransactionDescription, TransactionState, TransactionalId,
-    TransactionalIdPool, classify, open_transactional_producer,
+    KafkaSinkConfig, TransactionState, TransactionalId, TransactionalIdPool, classify,
+    open_transactional_producer,
 };
 
 /// How long librdkafka's transactional calls (commit, abort) may block.
-const TXN_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const TXN_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Producers of this instance by transactional id, shared with its committer.
-type Producers = Arc<Mutex<HashMap<String, SinkProducer>>>;
+pub(crate) type Producers = Arc<Mutex<HashMap<String, SinkProducer>>>;
 
 /// Exactly-once Kafka sink. See the crate docs for the protocol and the failure table.
 pub struct KafkaSink {
-    config: KafkaSinkConfig,
-    sink: SinkId,
-    subtask: SubtaskId,
+    pub(crate) config: KafkaSinkConfig,
+    pub(crate) sink: SinkId,
+    pub(crate) subtask: SubtaskId,
     /// How every client of this sink reaches the cluster.
-    kafka: KafkaConnection,
+    pub(crate) kafka: KafkaConnection,
     /// The protocol-level client, its coordinator connections kept between checkpoints.
-    coordinator: CoordinatorClient,
-    pool: TransactionalIdPool,
-    producers: Producers,
-    current: Option<(CheckpointId, TransactionalId)>,
-    sender: RecordSender,
-}
-
-/// Commits a [`KafkaSink`]'s transactions: through this process's producer when it still holds the transaction,
-/// otherwise at the protocol level (EndTxn with the recorded producer id and epoch).
-#[derive(Clone)]
-pub struct KafkaCommitter {
-    /// How the log probe reaches the cluster.
-    kafka: KafkaConnection,
-    /// The protocol-level client (shared with the sink).
-    coordinator: CoordinatorClient,
-    sink: SinkId,
-    producers: Producers,
-}
-
-fn kafka_error(phase: Phase, message: &str, e: KafkaError) -> Error {
-    Error::new(classify(&e), phase, message).with_source(e)
+    pub(crate) coordinator: CoordinatorClient,
+    pub(crate) pool: TransactionalIdPool,
+    pub(crate) producers: Producers,
+    pub(crate) current: Option<(CheckpointId, TransactionalId)>,
+    pub(crate) sender: RecordSender,
 }
 
 impl KafkaSink {
@@ -128,7 +110,7 @@ impl KafkaSink {
     }
 
     /// Opens (init_transactions: fencing older holders of the id) the producer for `id`.
-    async fn open(&self, id: &TransactionalId) -> Result<SinkProducer> {
+    pub(crate) async fn open(&self, id: &TransactionalId) -> Result<SinkProducer> {
         let producer = open_transactional_producer(&self.config, id, DeliveryTracker::default())
             .await
             .map_err(|e| e.or_sink(&self.sink))?;
@@ -138,188 +120,6 @@ impl KafkaSink {
             .insert(id.to_string(), producer.clone());
         Ok(producer)
     }
-}
-
-#[async_trait]
-impl Committer for KafkaCommitter {
-    type Committable = KafkaCommittable;
-
-    async fn commit(&self, committables: Vec<KafkaCommittable>) -> Result<()> {
-        for c in committables {
-            let context = |e: Error| {
-                e.or_sink(&self.sink)
-                    .or_checkpoint(c.checkpoint)
-                    .or_txn(c.transactional_id.clone())
-            };
-            let local = self
-                .producers
-                .lock()
-                .expect("producers")
-                .get(&c.transactional_id)
-                .cloned();
-            if let Some(producer) = local {
-                // This process began the transaction: finish it through librdkafka's own state machine.
-                let outcome =
-                    tokio::task::spawn_blocking(move || producer.commit_transaction(TXN_TIMEOUT))
-                        .await
-                        .expect("commit task panicked");
-                match outcome {
-                    Ok(()) => continue,
-                    // The producer is not in a transaction (committed before, e.g. by a retried commit): fall
-                    // through to the coordinator, which knows.
-                    Err(KafkaError::Transaction(e)) if e.code() == RDKafkaErrorCode::State => {}
-                    Err(e) => {
-                        return Err(context(kafka_error(
-                            Phase::Commit,
-                            "commit_transaction failed",
-                            e,
-                        )));
-                    }
-                }
-            }
-            if c.ranges.is_empty() {
-                continue; // an empty transaction has nothing on the broker to commit
-            }
-            commit_remote(&self.coordinator, &self.kafka, &c)
-                .await
-                .map_err(context)?;
-        }
-        Ok(())
-    }
-
-    async fn is_committed(&self, c: &KafkaCommittable) -> Result<bool> {
-        if c.ranges.is_empty() {
-            return Ok(true);
-        }
-        let now = self
-            .coordinator
-            .find_transaction(&c.transactional_id)
-            .await?;
-        match commit_step(now.as_ref(), c) {
-            CommitStep::AlreadyCommitted => Ok(true),
-            CommitStep::EndTxn | CommitStep::Lost => Ok(false),
-            CommitStep::AskTheLog => {
-                match judge_in_log(&self.kafka.client_config(), &c.ranges).await? {
-                    InLog::Committed => Ok(true),
-                    InLog::Aborted => Ok(false),
-                    InLog::Gone(removed) => {
-                        Err(removed_from_log(now.as_ref(), c, &removed).with_sink(&self.sink))
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// Commits `c` at the protocol level, idempotently; a transaction the broker aborted is a loud, fatal error, and one
-/// whose outcome neither the coordinator nor the log can tell any more is in doubt.
-async fn commit_remote(
-    coordinator: &CoordinatorClient,
-    kafka: &KafkaConnection,
-    c: &KafkaCommittable,
-) -> Result<()> {
-    let now = coordinator.find_transaction(&c.transactional_id).await?;
-    match commit_step(now.as_ref(), c) {
-        CommitStep::AlreadyCommitted => return Ok(()),
-        CommitStep::EndTxn => {
-            return coordinator
-                .end_transaction(&c.transactional_id, c.producer_id, c.producer_epoch, true)
-                .await;
-        }
-        CommitStep::AskTheLog => {
-            // The id has moved on (re-initialised, or expired): the log itself says whether our records committed.
-            match judge_in_log(&kafka.client_config(), &c.ranges).await? {
-                InLog::Committed => return Ok(()),
-                InLog::Aborted => {}
-                InLog::Gone(removed) => return Err(removed_from_log(now.as_ref(), c, &removed)),
-            }
-        }
-        CommitStep::Lost => {}
-    }
-    let lost: Vec<String> = c
-        .ranges
-        .iter()
-        .map(|r| {
-            format!(
-                "{}/{} offsets {}..={}",
-                r.topic, r.partition, r.first_offset, r.last_offset
-            )
-        })
-        .collect();
-    Err(Error::new(
-        ErrorKind::Fatal,
-        Phase::Commit,
-        format!(
-            "the transaction of this durable checkpoint is no longer committable ({}; expected producer \
-             {} epoch {}) and its records are not in the log: the broker aborted it, most likely because \
-             transaction.timeout.ms expired before recovery. Its records are LOST: {}. Replay them from the source \
-             positions of the previous checkpoint, and raise transaction_timeout or shorten restarts",
-            coordinator_view(now.as_ref()),
-            c.producer_id,
-            c.producer_epoch,
-            lost.join(", ")
-        ),
-    ))
-}
-
-/// What the coordinator shows for a transactional id (`None`: it does not know the id), for messages.
-fn coordinator_view(now: Option<&TransactionDescription>) -> String {
-    match now {
-        Some(now) => format!(
-            "coordinator: state {}, producer {} epoch {}",
-            now.state, now.producer_id, now.producer_epoch
-        ),
-        None => "the coordinator no longer knows the transactional id: it expired after \
-                 transactional.id.expiration.ms"
-            .to_string(),
-    }
-}
-
-/// The in-doubt error for `c` when the coordinator no longer tracks its transaction and the log no longer holds the
-/// records that would tell how it ended: what happened, what was not done, how to decide and what to do then.
-fn removed_from_log(
-    now: Option<&TransactionDescription>,
-    c: &KafkaCommittable,
-    removed: &[Removed],
-) -> Error {
-    let ranges: Vec<String> = removed
-        .iter()
-        .map(|r| {
-            let log_start = match r.log_start {
-                Some(offset) => format!("log start now {offset}"),
-                None => "log start unknown".to_string(),
-            };
-            format!(
-                "{}/{} offsets {}..={} ({log_start})",
-                r.range.topic, r.range.partition, r.range.first_offset, r.range.last_offset
-            )
-        })
-        .collect();
-    let checkpoint = c.checkpoint;
-    Error::new(
-        ErrorKind::InDoubt,
-        Phase::Commit,
-        format!(
-            "cannot tell whether the transaction of this durable checkpoint committed: the coordinator no longer \
-             tracks it ({}; expected producer {} epoch {}), and the records that would tell were removed from the \
-             log by DeleteRecords, retention or compaction: {}. Nothing was committed, aborted or reported lost. \
-             To decide, check whether read_committed readers of the topic received these records, or, while the \
-             log segment holding the transaction's end marker (after the last offset of a range) remains, run \
-             `kafka-dump-log.sh --print-data-log --files <segment>.log` on it: the marker of producer id {} reads \
-             COMMIT or ABORT. If it committed: note checkpoint {checkpoint} as committed in the checkpoint store \
-             (local store: write {checkpoint} to the subtask's committed-through file; PostgreSQL store: set \
-             committed_through to {checkpoint} in the subtask's ratchet_checkpoint_owners row) and restart. If it \
-             aborted: its records are lost; replay them from the source positions of the previous checkpoint. \
-             Keep the topic's retention longer than a job can stay down",
-            coordinator_view(now),
-            c.producer_id,
-            c.producer_epoch,
-            ranges.join(", "),
-            c.producer_id,
-        ),
-    )
-    .with_checkpoint(checkpoint)
-    .with_txn(c.transactional_id.clone())
 }
 
 #[async_trait]
@@ -449,111 +249,14 @@ impl TwoPhaseCommit for KafkaSink {
         Ok(())
     }
 
-    /// Commits the restored transactions that are not committed yet (same producer id and epoch, at the protocol
-    /// level), then fences: `init_transactions` on every transactional id of the subtask aborts whatever a crashed
-    /// attempt or a zombie left open and bumps the epoch (fence after commit: the fence would abort the restored
-    /// transactions). Found: the open transactions of the subtask's ids (DescribeTransactions).
     async fn plan_recovery(
         &mut self,
         restored: Option<(CheckpointId, Vec<KafkaCommittable>)>,
     ) -> Result<RecoveryPlan<KafkaCommittable>> {
-        let held_by_restored: Vec<KafkaCommittable> = restored
-            .iter()
-            .flat_map(|(_, c)| c.iter().cloned())
-            .collect();
-        let ids = self.pool.all(self.subtask);
-        let fence = Fence {
-            order: FenceOrder::AfterCommit,
-            how: format!(
-                "init_transactions on each of the subtask's {} transactional id(s) (aborts what is open, bumps \
-                 the producer epoch)",
-                ids.len()
-            ),
-        };
-        let mut plan = RecoveryPlan::checking(&self.committer(), restored, fence)
-            .await
-            .map_err(|e| e.or_sink(&self.sink))?;
-        for id in ids {
-            let Some(described) = self
-                .coordinator
-                .find_transaction(id.as_str())
-                .await
-                .map_err(|e| e.or_sink(&self.sink))?
-            else {
-                continue;
-            };
-            let open = matches!(
-                described.state,
-                TransactionState::Ongoing
-                    | TransactionState::PrepareCommit
-                    | TransactionState::PrepareAbort
-                    | TransactionState::PrepareEpochFence
-            );
-            if !open {
-                continue;
-            }
-            let held = held_by_restored.iter().find(|c| {
-                c.transactional_id == id.as_str()
-                    && c.producer_id == described.producer_id
-                    && c.producer_epoch == described.producer_epoch
-            });
-            let started = u64::try_from(described.start_time_ms).ok();
-            let age = started.and_then(|ms| {
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH + Duration::from_millis(ms))
-                    .ok()
-            });
-            plan.found.push(OpenTransaction {
-                name: id.as_str().to_string(),
-                checkpoint: held.map(|c| c.checkpoint),
-                state: format!(
-                    "{:?} (producer id {} epoch {}, {} partition(s), timeout {} ms)",
-                    described.state,
-                    described.producer_id,
-                    described.producer_epoch,
-                    described.partitions.len(),
-                    described.timeout_ms
-                ),
-                age,
-                resolution: Resolution::held_by_restored(held.is_some()),
-            });
-        }
-        Ok(plan)
+        self.plan(restored).await
     }
 
     async fn execute_recovery(&mut self, plan: RecoveryPlan<KafkaCommittable>) -> Result<()> {
-        self.current = None;
-        self.producers.lock().expect("producers").clear();
-        let connection = self.kafka.client_config();
-        let broker_max = broker_max_transaction_timeout(&connection)
-            .await
-            .map_err(|e| e.or_sink(&self.sink))?;
-        check_transaction_timeout(self.config.transaction_timeout, broker_max)
-            .map_err(|e| e.or_sink(&self.sink))?;
-        let owner = match &self.config.job {
-            Some(job) => format!("{job}/{}", self.sink),
-            None => self.sink.to_string(),
-        };
-        claim_prefix(&connection, &self.config.transactional_id_prefix, &owner)
-            .await
-            .map_err(|e| e.or_sink(&self.sink))?;
-        // First finish the restored transactions (they must not be aborted by the fencing below)...
-        for c in plan.commit.iter().filter(|c| !c.ranges.is_empty()) {
-            commit_remote(&self.coordinator, &self.kafka, c)
-                .await
-                .map_err(|e| {
-                    e.at_phase(Phase::Recover)
-                        .or_sink(&self.sink)
-                        .or_checkpoint(c.checkpoint)
-                        .or_txn(c.transactional_id.clone())
-                })?;
-        }
-        // ...then fence every id of the pool: init_transactions aborts whatever a crashed attempt or a zombie left
-        // open, so read_committed consumers are never stuck behind the last stable offset.
-        for id in self.pool.all(self.subtask) {
-            connector_api::ensure_claim_held(&format!("init_transactions of {id}")).await?;
-            let _fenced_and_ready = self.open(&id).await?;
-        }
-        Ok(())
+        self.execute_plan(plan).await
     }
 }

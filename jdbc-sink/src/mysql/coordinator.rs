@@ -11,7 +11,7 @@ use tokio::sync::{Mutex, MutexGuard};
 use super::{ER_LOCK_WAIT_TIMEOUT, ER_XAER_NOTA, connect, my_error, server_code};
 use crate::Xid;
 use crate::database::{CommitOutcome, Coordinator, MARKERS_TABLE, OWNERS_TABLE, Prepared};
-use crate::sink::lost_transaction;
+use crate::error::lost_transaction;
 
 /// How long `XA COMMIT` / `XA ROLLBACK` keep asking about a transaction MariaDB still keeps attached to the session
 /// that prepared it ("unknown XID" to every other session, but listed by `XA RECOVER`) before failing retryable;

@@ -12,7 +12,7 @@ use tokio_postgres::error::SqlState;
 use super::pg_error;
 use crate::Xid;
 use crate::database::{CommitOutcome, Coordinator, MARKERS_TABLE, OWNERS_TABLE, Prepared};
-use crate::sink::lost_transaction;
+use crate::error::lost_transaction;
 
 /// See the module docs. Reconnects when its connection was lost.
 pub(crate) struct PgCoordinator {

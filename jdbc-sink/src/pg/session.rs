@@ -18,7 +18,7 @@ use crate::Xid;
 use crate::columns::{Columns, TableShape};
 use crate::config::{JdbcSinkConfig, WriteMode, config_error};
 use crate::database::{DedupCleanup, MARKERS_KEPT, MARKERS_TABLE, OWNERS_TABLE, Session};
-use crate::sink::fenced;
+use crate::error::fenced;
 
 /// The writer's connection; see the module docs.
 pub(crate) struct PgSession {

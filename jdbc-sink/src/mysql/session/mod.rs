@@ -13,7 +13,8 @@ use crate::Xid;
 use crate::columns::{SqlType, TableShape, quote, quote_table};
 use crate::config::{Dialect, JdbcSinkConfig, WriteMode, config_error};
 use crate::database::{DedupCleanup, MARKERS_KEPT, MARKERS_TABLE, OWNERS_TABLE, Session};
-use crate::sink::{dedup_table, fenced};
+use crate::error::fenced;
+use crate::sink::dedup_table;
 
 mod detach;
 mod rows;
