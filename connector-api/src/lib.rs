@@ -11,6 +11,7 @@
 //! [`Driver`] runs that protocol over one or more sinks.
 #![deny(missing_docs)]
 
+mod blocking;
 pub mod checkpoint;
 mod delivery;
 mod driver;
@@ -24,6 +25,7 @@ mod registry;
 mod retry;
 mod txn;
 
+pub use blocking::blocking;
 pub use checkpoint::{
     CheckpointRecord, CheckpointStore, Claim, ClaimGuard, HeldClaim, Loaded, LocalCheckpointStore,
     OwnerEpoch, SourceOffset,

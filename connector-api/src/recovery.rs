@@ -2,7 +2,7 @@
 //! ([`TwoPhaseCommit::plan_recovery`]), rendered by `ratchet inspect`, and carried out by
 //! [`TwoPhaseCommit::execute_recovery`]. Inspect and recover cannot disagree: they are one computation.
 
-use crate::{CheckpointId, Committer, OpenTransaction, Resolution, Result};
+use crate::{CheckpointId, Committer, OpenTransaction, Phase, Resolution, Result};
 
 #[cfg(doc)]
 use crate::TwoPhaseCommit;
@@ -71,7 +71,8 @@ impl<C: Send + Sync + 'static> RecoveryPlan<C> {
     /// recovery commits and what is already visible; nothing found yet, no notes.
     ///
     /// # Errors
-    /// What `is_committed` reports when the external system cannot be read.
+    /// What `is_committed` reports when the external system cannot be read (or cannot tell any more), in
+    /// [`Phase::Recover`], with the restored checkpoint.
     pub async fn checking<K: Committer<Committable = C>>(
         committer: &K,
         restored: Option<(CheckpointId, Vec<C>)>,
@@ -84,7 +85,14 @@ impl<C: Send + Sync + 'static> RecoveryPlan<C> {
         let mut commit = Vec::new();
         let mut already_committed = 0;
         for committable in committables {
-            if committer.is_committed(&committable).await? {
+            let committed = committer.is_committed(&committable).await.map_err(|e| {
+                let e = e.at_phase(Phase::Recover);
+                match checkpoint {
+                    Some(checkpoint) => e.or_checkpoint(checkpoint),
+                    None => e,
+                }
+            })?;
+            if committed {
                 already_committed += 1;
             } else {
                 commit.push(committable);

@@ -49,9 +49,10 @@ impl Committer for KafkaCommitter {
             if let Some(producer) = local {
                 // This process began the transaction: finish it through librdkafka's own state machine.
                 let outcome =
-                    tokio::task::spawn_blocking(move || producer.commit_transaction(TXN_TIMEOUT))
-                        .await
-                        .expect("commit task panicked");
+                    connector_api::blocking(Phase::Commit, "commit_transaction", move || {
+                        producer.commit_transaction(TXN_TIMEOUT)
+                    })
+                    .await?;
                 match outcome {
                     Ok(()) => continue,
                     // The producer is not in a transaction (committed before, e.g. by a retried commit): fall

@@ -64,9 +64,10 @@ pub(crate) async fn judge_in_log(
 ) -> Result<InLog> {
     let connection = connection.clone();
     let ranges = ranges.to_vec();
-    tokio::task::spawn_blocking(move || judge(&connection, &ranges))
-        .await
-        .expect("probe task panicked")
+    connector_api::blocking(Phase::Commit, "the log probe", move || {
+        judge(&connection, &ranges)
+    })
+    .await?
 }
 
 /// What one poll of a consumer positioned at one of our offsets showed.

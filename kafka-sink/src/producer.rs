@@ -39,12 +39,13 @@ pub async fn open_transactional_producer<C: ProducerContext + 'static>(
             .with_txn(id.as_str())
             .with_source(e)
         })?;
-    tokio::task::spawn_blocking(move || producer.init_transactions(INIT_TIMEOUT).map(|()| producer))
-        .await
-        .expect("init_transactions task panicked")
-        .map_err(|e| {
-            Error::new(classify(&e), Phase::Setup, "init_transactions failed")
-                .with_txn(id.as_str())
-                .with_source(e)
-        })
+    connector_api::blocking(Phase::Setup, "init_transactions", move || {
+        producer.init_transactions(INIT_TIMEOUT).map(|()| producer)
+    })
+    .await?
+    .map_err(|e| {
+        Error::new(classify(&e), Phase::Setup, "init_transactions failed")
+            .with_txn(id.as_str())
+            .with_source(e)
+    })
 }

@@ -114,9 +114,10 @@ fn registered_owner(connection: &ClientConfig, prefix: &str) -> Result<Option<St
 pub async fn claim_prefix(connection: &ClientConfig, prefix: &str, owner: &str) -> Result<()> {
     ensure_topic(connection).await?;
     let (reader, key) = (connection.clone(), prefix.to_string());
-    let current = tokio::task::spawn_blocking(move || registered_owner(&reader, &key))
-        .await
-        .expect("registry read panicked")?;
+    let current = connector_api::blocking(Phase::Setup, "reading the prefix registry", move || {
+        registered_owner(&reader, &key)
+    })
+    .await??;
     match current {
         Some(holder) if holder == owner => Ok(()),
         Some(holder) => Err(Error::new(

@@ -230,13 +230,12 @@ impl TwoPhaseCommit for KafkaSink {
             return Ok(());
         };
         if let Some(producer) = self.producer(&id) {
-            let outcome = tokio::task::spawn_blocking(move || {
+            let outcome = connector_api::blocking(Phase::Abort, "abort_transaction", move || {
                 // Flush first: librdkafka drops unsent records instead of aborting them otherwise.
                 let _ = producer.flush(TXN_TIMEOUT);
                 producer.abort_transaction(TXN_TIMEOUT)
             })
-            .await
-            .expect("abort task panicked");
+            .await?;
             match outcome {
                 Ok(()) => {}
                 Err(KafkaError::Transaction(e)) if e.code() == RDKafkaErrorCode::State => {}

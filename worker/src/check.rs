@@ -4,7 +4,7 @@
 //! [`check`](connector_api::SinkFactory::check), which contacts its server.
 
 use anyhow::{Result, bail};
-use connector_api::{CheckpointStore, Report, SubtaskId};
+use connector_api::{CheckpointStore, SubtaskId};
 
 use crate::cli::CheckArgs;
 use crate::config::JobConfig;
@@ -73,8 +73,8 @@ pub async fn run(args: CheckArgs) -> Result<()> {
                         .map_or("none (a fresh job)".to_string(), |r| r.id.to_string())
                 )
             })
-            .map_err(|e| anyhow::anyhow!("{}", Report(&e))),
-        Err(e) => Err(anyhow::anyhow!("{}", Report(&e))),
+            .map_err(anyhow::Error::from),
+        Err(e) => Err(anyhow::Error::from(e)),
     };
     report("checkpoint store".into(), store);
     let registry = crate::sinks::registry();
@@ -88,12 +88,12 @@ pub async fn run(args: CheckArgs) -> Result<()> {
                 let checked = registry
                     .check(spec, job_id.as_ref(), SubtaskId(0), schema.clone())
                     .await
-                    .map_err(|e| anyhow::anyhow!("{}", Report(&e)));
+                    .map_err(anyhow::Error::from);
                 let budgeted = checked.and_then(|checked| {
                     budget
                         .check(&spec.id, checked.transaction_timeout)
                         .map(|()| checked.summary)
-                        .map_err(|e| anyhow::anyhow!("{}", Report(&e)))
+                        .map_err(anyhow::Error::from)
                 });
                 report(what, budgeted);
             }
@@ -112,12 +112,12 @@ async fn check_source(job: &JobConfig) -> Result<String> {
     let brokers = kafka
         .check_reachable(KAFKA_REACHABLE_WITHIN)
         .await
-        .map_err(|e| anyhow::anyhow!("{}", Report(&e)))?;
+        .map_err(anyhow::Error::from)?;
     let topic = &job.source.topic;
     let Some(metadata) = kafka
         .topic_metadata(topic, KAFKA_REACHABLE_WITHIN)
         .await
-        .map_err(|e| anyhow::anyhow!("{}", Report(&e)))?
+        .map_err(anyhow::Error::from)?
         .filter(|m| !m.partitions.is_empty())
     else {
         bail!("topic {topic:?} does not exist (or has no partitions): create it first");

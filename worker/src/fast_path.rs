@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Result, bail};
-use connector_api::{DeliveryGuarantee, JobId, Report, SinkBuilder, parse_settings};
+use connector_api::{DeliveryGuarantee, JobId, SinkBuilder, parse_settings};
 use kafka_sink::{KafkaSinkConfig, KafkaSinkFactory, KafkaToKafka};
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -85,7 +85,7 @@ pub async fn run(job: &JobConfig, args: &RunArgs) -> Result<()> {
         _ = terminate.recv() => stop_then(&stop, &mut copying, &mut terminate, &mut interrupt).await,
         _ = interrupt.recv() => stop_then(&stop, &mut copying, &mut terminate, &mut interrupt).await,
     }
-    .map_err(|e| anyhow::anyhow!("{}", Report(&e)))?;
+    .map_err(anyhow::Error::from)?;
     tracing::info!(
         records = stats.records,
         transactions = stats.transactions,

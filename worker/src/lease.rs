@@ -89,7 +89,7 @@ impl PgLeases {
     ) -> Result<Self> {
         let leases = Self {
             options: PgConnectOptions::parse(url)
-                .map_err(|e| anyhow::anyhow!("[store] url: {}", connector_api::Report(&e)))?
+                .context("[store] url")?
                 .with_session_limits(lease / 2, &format!("ratchet leases {job} {member}")),
             client: tokio::sync::Mutex::new(None),
             job: job.to_string(),

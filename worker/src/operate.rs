@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use connector_api::{Driver, Inspection, JobId, Report, SubtaskId};
 
 use crate::cli::OperateArgs;
@@ -21,7 +21,7 @@ async fn driver_for(
     let id = SubtaskId(subtask);
     let store = SubtaskStore::open(&job.store, &job.job.name, id, job.store_limits())
         .await
-        .map_err(|e| anyhow::anyhow!("checkpoint store: {}", Report(&e)))?;
+        .context("checkpoint store")?;
     let mut driver = Driver::new(store, job.driver_config());
     let registry = crate::sinks::registry();
     let schema = job.schema()?;
@@ -29,10 +29,8 @@ async fn driver_for(
         let sink = registry
             .build(spec, job_id, id, schema.clone())
             .await
-            .map_err(|e| anyhow::anyhow!("{}", Report(&e)))?;
-        driver
-            .add_dyn_sink(sink)
-            .map_err(|e| anyhow::anyhow!("{}", Report(&e)))?;
+            .map_err(anyhow::Error::from)?;
+        driver.add_dyn_sink(sink).map_err(anyhow::Error::from)?;
     }
     Ok(driver)
 }
@@ -58,7 +56,7 @@ pub async fn inspect(args: OperateArgs) -> Result<()> {
         let inspection = driver
             .inspect()
             .await
-            .map_err(|e| anyhow::anyhow!("subtask {subtask}: {}", Report(&e)))?;
+            .with_context(|| format!("subtask {subtask}"))?;
         let (c, a) = print_subtask(subtask, &inspection);
         commits += c;
         aborts += a;
@@ -233,7 +231,7 @@ async fn resolve_every_subtask(job: &JobConfig, job_id: Option<&JobId>) -> Resul
                 driver
                     .close()
                     .await
-                    .map_err(|e| anyhow::anyhow!("subtask {subtask}: {}", Report(&e)))?;
+                    .with_context(|| format!("subtask {subtask}"))?;
                 println!(
                     "subtask {subtask}: recovered (claim epoch {}): {}",
                     restored.owner,

@@ -75,7 +75,7 @@ pub async fn run(args: RunArgs, progress_line: bool) -> Result<()> {
     kafka
         .check_reachable(KAFKA_REACHABLE_WITHIN)
         .await
-        .map_err(|e| anyhow::anyhow!("[source] {}", Report(&e)))?;
+        .context("[source]")?;
     if job.job.kafka_to_kafka {
         return crate::fast_path::run(&job, &args).await;
     }
@@ -396,15 +396,16 @@ impl Process {
                 }
                 Err(e) if e.kind() == connector_api::ErrorKind::BadRecord => {
                     // Deterministic: a restart would read the same record again.
-                    anyhow::bail!(
+                    return Err(anyhow::Error::from(e).context(format!(
                         "subtask {subtask} stopped on a record it cannot decode or write (configure [dead_letter] \
-                         to set such records aside): {}",
-                        Report(&e)
-                    );
+                         to set such records aside)"
+                    )));
                 }
                 Err(e) if e.kind() == connector_api::ErrorKind::Config => {
                     // A setting, or a state of the source or a sink, that a restart does not change.
-                    anyhow::bail!("subtask {subtask} cannot run: {}", Report(&e));
+                    return Err(
+                        anyhow::Error::from(e).context(format!("subtask {subtask} cannot run"))
+                    );
                 }
                 Err(e) => {
                     let previous = if checkpoints > 0 {

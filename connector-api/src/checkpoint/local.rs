@@ -260,18 +260,22 @@ impl LocalCheckpointStore {
         })
     }
 
-    async fn blocking<T: Send + 'static>(&self, f: impl FnOnce(&Self) -> T + Send + 'static) -> T {
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Self) -> T + Send + 'static,
+    ) -> Result<T> {
         let store = self.clone();
-        tokio::task::spawn_blocking(move || f(&store))
-            .await
-            .expect("checkpoint store task panicked")
+        crate::blocking(Phase::Checkpoint, "a checkpoint store call", move || {
+            f(&store)
+        })
+        .await
     }
 }
 
 #[async_trait]
 impl CheckpointStore for LocalCheckpointStore {
     async fn claim(&self) -> Result<Claim> {
-        self.blocking(Self::claim_blocking).await
+        self.blocking(Self::claim_blocking).await?
     }
 
     async fn owner(&self) -> Result<Option<OwnerEpoch>> {
@@ -285,7 +289,7 @@ impl CheckpointStore for LocalCheckpointStore {
                 .with_source(e)
             })
         });
-        Ok(Some(epoch.await?).filter(|e| e.0 > 0))
+        Ok(Some(epoch.await??).filter(|e| e.0 > 0))
     }
 
     async fn save(&self, owner: OwnerEpoch, record: &CheckpointRecord) -> Result<()> {
@@ -294,7 +298,7 @@ impl CheckpointStore for LocalCheckpointStore {
         let record = record.clone();
         let outcome = self
             .blocking(move |store| store.save_blocking(owner, &record))
-            .await;
+            .await?;
         outcome.map_err(|e| {
             let (kind, message, source) = match e {
                 SaveError::Fenced(why) => (ErrorKind::Fenced, format!("{dir}: {why}"), None),
@@ -322,11 +326,11 @@ impl CheckpointStore for LocalCheckpointStore {
 
     async fn mark_committed(&self, owner: OwnerEpoch, checkpoint: CheckpointId) -> Result<()> {
         self.blocking(move |store| store.mark_committed_blocking(owner, checkpoint))
-            .await
+            .await?
     }
 
     async fn load(&self) -> Result<Loaded> {
-        self.blocking(Self::load_blocking).await
+        self.blocking(Self::load_blocking).await?
     }
 }
 

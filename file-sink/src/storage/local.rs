@@ -72,7 +72,7 @@ impl LocalBackend {
             staging_path,
             ..
         } = open;
-        tokio::task::spawn_blocking(move || {
+        connector_api::blocking(Phase::PreCommit, "sealing a file", move || {
             let file = writer.finish().map_err(|e| {
                 Error::new(
                     ErrorKind::MustAbort,
@@ -100,8 +100,7 @@ impl LocalBackend {
                 bytes,
             })
         })
-        .await
-        .expect("seal task panicked")
+        .await?
     }
 
     pub(crate) fn discard_open(&self, open: OpenFile) -> Result<()> {
@@ -119,7 +118,7 @@ impl LocalBackend {
             unreachable!("checked by Backend::publish")
         };
         let visible = path.clone();
-        tokio::task::spawn_blocking(move || {
+        connector_api::blocking(Phase::Commit, "publishing a file", move || {
             let pending = pending_of(&visible);
             match fs::rename(&pending, &visible) {
                 Ok(()) => {}
@@ -144,8 +143,7 @@ impl LocalBackend {
             sync_dir(visible.parent().expect("file has a directory"))
                 .map_err(io(ErrorKind::Retryable, Phase::Commit, format!("cannot fsync the directory of {}", visible.display())))
         })
-        .await
-        .expect("publish task panicked")
+        .await?
     }
 
     pub(crate) fn is_published(&self, staged: &StagedFile) -> bool {

@@ -26,7 +26,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
-use connector_api::Report;
 use kafka_source::KafkaConnection;
 
 use crate::cli::DemoArgs;
@@ -51,7 +50,7 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     KafkaConnection::plaintext(&args.bootstrap)
         .check_reachable(KAFKA_REACHABLE_WITHIN)
         .await
-        .map_err(|e| anyhow::anyhow!("{}", Report(&e)))?;
+        .map_err(anyhow::Error::from)?;
     readback::check_postgres(&args.pg_url).await?;
 
     let names = job::Names::new(stamp);

@@ -6,7 +6,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use arrow_array::{Array, Int64Array, RecordBatch};
-use connector_api::Report;
 use futures_util::TryStreamExt;
 use iceberg::TableIdent;
 use iceberg_sink::{CatalogConfig, S3Settings};
@@ -137,7 +136,7 @@ async fn iceberg_ids(dir: &Path, table: &str) -> Result<Vec<i64>> {
     }
     .open("ratchet", &S3Settings::default())
     .await
-    .map_err(|e| anyhow::anyhow!("{}", Report(&e)))?;
+    .map_err(anyhow::Error::from)?;
     let ident = TableIdent::from_strs(table.split('.'))?;
     let table = catalog.load_table(&ident).await?;
     let batches: Vec<RecordBatch> = table

@@ -23,14 +23,13 @@ impl S3Backend {
         len: u64,
     ) -> Result<Vec<u8>> {
         let path = path.to_path_buf();
-        tokio::task::spawn_blocking(move || {
+        connector_api::blocking(Phase::PreCommit, "reading the spill file", move || {
             let file = std::fs::File::open(&path)?;
             let mut buf = vec![0; len as usize];
             file.read_exact_at(&mut buf, offset)?;
             Ok::<_, std::io::Error>(buf)
         })
-        .await
-        .expect("read task panicked")
+        .await?
         .map_err(|e| {
             Error::new(
                 ErrorKind::MustAbort,
@@ -131,17 +130,18 @@ impl S3Backend {
             mut upload,
         } = open;
         // Finish the encoding (Parquet footer) into the spill file.
-        tokio::task::spawn_blocking(move || writer.finish().map(drop))
-            .await
-            .expect("finish task panicked")
-            .map_err(|e| {
-                Error::new(
-                    ErrorKind::MustAbort,
-                    Phase::PreCommit,
-                    format!("cannot finish {}", name.visible()),
-                )
-                .with_source(std::io::Error::other(e))
-            })?;
+        connector_api::blocking(Phase::PreCommit, "finishing the encoding", move || {
+            writer.finish().map(drop)
+        })
+        .await?
+        .map_err(|e| {
+            Error::new(
+                ErrorKind::MustAbort,
+                Phase::PreCommit,
+                format!("cannot finish {}", name.visible()),
+            )
+            .with_source(std::io::Error::other(e))
+        })?;
         let total = written.flushed();
         let key = self.key(&name.relative_path());
         let staged = if upload.is_none() && total < MIN_PART_SIZE as u64 {
