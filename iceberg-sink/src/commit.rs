@@ -27,12 +27,12 @@ use iceberg::table::Table;
 use iceberg::transaction::{ApplyTransactionAction, Transaction};
 use iceberg::{Catalog, TableIdent};
 
-use crate::cleanup::delete_retired_metadata;
 use crate::committable::IcebergCommittable;
+use crate::committable::decode_files;
 use crate::error::iceberg_error;
 use crate::guarded::{Check, GuardedCatalog, Verdict};
 use crate::ledger::{SubtaskKey, SubtaskState};
-use crate::sink::decode_files;
+use crate::retire::delete_retired_metadata;
 
 /// What a commit did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,8 +1,13 @@
-//! What the Iceberg sink stores in a checkpoint record (format version 1): the persisted types, and a golden-file
-//! test that this release still reads what it wrote (`testdata/committable-v1.json`).
+//! What the Iceberg sink stores in a checkpoint record (format version 1): the persisted types, their conversion
+//! from and to iceberg's data files, and a golden-file test that this release still reads what it wrote
+//! (`testdata/committable-v1.json`).
 
-use connector_api::CheckpointId;
+use connector_api::{CheckpointId, Error, ErrorKind, Phase, Result};
+use iceberg::spec::{DataFile, deserialize_data_file_from_json, serialize_data_file_to_json};
+use iceberg::table::Table;
 use serde::{Deserialize, Serialize};
+
+use crate::error::iceberg_error;
 
 /// One data file of a pre-committed checkpoint, in a form any process can commit.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -29,6 +34,66 @@ pub struct IcebergCommittable {
     /// `false` when the sink commits every K checkpoints and this one is carried into a later commit: the
     /// driver's commit of it does nothing, recovery commits it (its record is durable).
     pub commit: bool,
+}
+
+pub(crate) fn encode_files(table: &Table, files: Vec<DataFile>) -> Result<Vec<PendingFile>> {
+    let metadata = table.metadata();
+    // The writer opened every file for the table's default spec (DataFile has no public spec id accessor).
+    let spec_id = metadata.default_partition_spec_id();
+    files
+        .into_iter()
+        .map(|file| {
+            let path = file.file_path().to_string();
+            let spec = metadata.partition_spec_by_id(spec_id).ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Bug,
+                    Phase::PreCommit,
+                    format!("unknown partition spec {spec_id}"),
+                )
+            })?;
+            let partition_type = spec
+                .partition_type(metadata.current_schema())
+                .map_err(|e| {
+                    iceberg_error(Phase::PreCommit, "cannot derive the partition type", e)
+                })?;
+            let data_file =
+                serialize_data_file_to_json(file, &partition_type, metadata.format_version())
+                    .map_err(|e| iceberg_error(Phase::PreCommit, "cannot encode a data file", e))?;
+            Ok(PendingFile {
+                path,
+                spec_id,
+                data_file,
+            })
+        })
+        .collect()
+}
+
+pub(crate) fn decode_files(table: &Table, files: &[PendingFile]) -> Result<Vec<DataFile>> {
+    let metadata = table.metadata();
+    let schema = metadata.current_schema();
+    files
+        .iter()
+        .map(|file| {
+            let spec = metadata.partition_spec_by_id(file.spec_id).ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Fatal,
+                    Phase::Commit,
+                    format!(
+                        "the committable's file {} was written for partition spec {}, which table {} no longer \
+                         has",
+                        file.path,
+                        file.spec_id,
+                        table.identifier()
+                    ),
+                )
+            })?;
+            let partition_type = spec
+                .partition_type(schema)
+                .map_err(|e| iceberg_error(Phase::Commit, "cannot derive the partition type", e))?;
+            deserialize_data_file_from_json(&file.data_file, file.spec_id, &partition_type, schema)
+                .map_err(|e| iceberg_error(Phase::Commit, format!("cannot decode data file {}", file.path), e))
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -43,10 +43,11 @@ mod guarded;
 mod ledger;
 mod location;
 mod recovery;
+mod retire;
 mod sink;
 mod writer;
 
-pub use cleanup::{DELETE_METADATA_AFTER_COMMIT, delete_unreferenced_files, unreferenced_files};
+pub use cleanup::{delete_unreferenced_files, unreferenced_files};
 pub use commit::{CommitOutcome, IcebergCommitter, TableTarget};
 pub use committable::{IcebergCommittable, PendingFile};
 pub use config::{
@@ -57,5 +58,6 @@ pub use ledger::{
     CHECKPOINT_PROPERTY, EPOCH_PROPERTY, JOB_PROPERTY, SINK_PROPERTY, SUBTASK_PROPERTY, SubtaskKey,
     SubtaskState,
 };
+pub use retire::DELETE_METADATA_AFTER_COMMIT;
 pub use sink::IcebergSink;
 pub use writer::CheckpointWriter;

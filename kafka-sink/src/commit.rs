@@ -12,10 +12,11 @@ use rdkafka::types::RDKafkaErrorCode;
 use crate::TransactionDescription;
 use crate::committable::KafkaCommittable;
 use crate::coordinator::CoordinatorClient;
+use crate::delivery::Producers;
 use crate::error::kafka_error;
 use crate::outcome::{CommitStep, commit_step};
 use crate::probe::{InLog, Removed, judge_in_log};
-use crate::sink::{Producers, TXN_TIMEOUT};
+use crate::producer::TXN_TIMEOUT;
 
 /// Commits a [`KafkaSink`](crate::KafkaSink)'s transactions: through this process's producer when it still holds
 /// the transaction, otherwise at the protocol level (EndTxn with the recorded producer id and epoch).

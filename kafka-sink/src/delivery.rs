@@ -16,6 +16,9 @@ use crate::PartitionRange;
 /// [`DeliveryTracker`].
 pub type SinkProducer = ThreadedProducer<DeliveryTracker>;
 
+/// A sink instance's producers by transactional id, shared with its committer.
+pub(crate) type Producers = std::sync::Arc<Mutex<std::collections::HashMap<String, SinkProducer>>>;
+
 /// What was delivered in the current generation (transaction or checkpoint).
 #[derive(Default)]
 struct Delivered {

@@ -27,6 +27,7 @@ use rdkafka::{Message, Offset, TopicPartitionList};
 use connector_api::SubtaskId;
 
 use crate::delivery::wait_delivered_blocking;
+use crate::producer::TXN_TIMEOUT;
 use crate::registry::claim_prefix;
 use crate::{KafkaSinkConfig, classify, open_transactional_producer};
 
@@ -72,8 +73,6 @@ pub struct PipelineStats {
     /// (claiming the prefix, initialising the producers) and idle time before the first record.
     pub copying: Duration,
 }
-
-const TXN_TIMEOUT: Duration = Duration::from_secs(60);
 
 fn failed(phase: Phase, message: &str, e: KafkaError) -> Error {
     Error::new(classify(&e), phase, message).with_source(e)

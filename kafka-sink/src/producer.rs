@@ -11,6 +11,9 @@ use crate::{KafkaSinkConfig, TransactionalId, classify};
 /// to be aborted).
 const INIT_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How long librdkafka's transactional calls (commit, abort, sending offsets) may block.
+pub(crate) const TXN_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// Creates the producer for transactional id `id`, with `context` (the sinks track deliveries in theirs,
 /// Kafka-to-Kafka uses librdkafka's default) and librdkafka's own delivery thread, and calls `init_transactions`.
 ///

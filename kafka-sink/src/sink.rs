@@ -18,19 +18,14 @@ use rdkafka::types::RDKafkaErrorCode;
 use crate::commit::KafkaCommitter;
 use crate::committable::KafkaCommittable;
 use crate::coordinator::CoordinatorClient;
-use crate::delivery::{DeliveryTracker, SinkProducer};
+use crate::delivery::{DeliveryTracker, Producers, SinkProducer};
 use crate::error::kafka_error;
+use crate::producer::TXN_TIMEOUT;
 use crate::sender::RecordSender;
 use crate::{
     KafkaSinkConfig, TransactionState, TransactionalId, TransactionalIdPool, classify,
     open_transactional_producer,
 };
-
-/// How long librdkafka's transactional calls (commit, abort) may block.
-pub(crate) const TXN_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Producers of this instance by transactional id, shared with its committer.
-pub(crate) type Producers = Arc<Mutex<HashMap<String, SinkProducer>>>;
 
 /// Exactly-once Kafka sink. See the crate docs for the protocol and the failure table.
 pub struct KafkaSink {

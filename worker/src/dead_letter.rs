@@ -24,10 +24,7 @@ use connector_api::{
 use kafka_sink::{KafkaSink, KafkaSinkConfig, RecordMapping};
 use kafka_source::{RejectedRecord, Tombstone};
 
-use crate::config::{DeadLetterConfig, JobConfig};
-
-/// The dead-letter sink's id in the job (reserved: no `[[sinks]]` entry may use it).
-pub const SINK_ID: &str = "dead-letter";
+use crate::config::{DEAD_LETTER_SINK_ID, DeadLetterConfig, JobConfig};
 
 /// Why the record was refused.
 pub const ERROR_HEADER: &str = "ratchet.error";
@@ -84,7 +81,7 @@ pub fn sink(job: &JobConfig, config: &DeadLetterConfig, subtask: SubtaskId) -> R
         header_columns: HEADERS.iter().map(|h| h.to_string()).collect(),
         ..RecordMapping::default()
     };
-    let id = SinkId::new(SINK_ID)?;
+    let id = SinkId::new(DEAD_LETTER_SINK_ID)?;
     Ok(DynSink::new(
         KafkaSink::new(sink, id, subtask)?,
         DeliveryGuarantee::ExactlyOnce,

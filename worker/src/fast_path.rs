@@ -8,66 +8,24 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use anyhow::{Result, bail};
-use connector_api::{DeliveryGuarantee, JobId, SinkBuilder, parse_settings};
-use kafka_sink::{KafkaSinkConfig, KafkaSinkFactory, KafkaToKafka};
+use anyhow::Result;
+use kafka_sink::KafkaToKafka;
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::cli::RunArgs;
 use crate::config::JobConfig;
-
-/// Checks that `job` can run on the fast path.
-///
-/// # Errors
-/// What keeps it from it, and what to change.
-pub fn check(job: &JobConfig) -> Result<()> {
-    let refuse = |why: &str| -> Result<()> {
-        bail!(
-            "[job] kafka_to_kafka = true needs {why}; remove kafka_to_kafka to run the job through checkpoints"
-        )
-    };
-    let [sink] = job.sinks.as_slice() else {
-        return refuse("exactly one [[sinks]] entry");
-    };
-    if sink.kind != KafkaSinkFactory::KIND || sink.delivery != DeliveryGuarantee::ExactlyOnce {
-        return refuse("the sink to be an exactly-once Kafka sink");
-    }
-    if job.job.subtasks != 1 || job.dead_letter.is_some() {
-        return refuse("subtasks = 1 and no [dead_letter] (records are copied undecoded)");
-    }
-    let config = sink_config(job)?;
-    if config.bootstrap_servers != job.source.bootstrap_servers {
-        return refuse("the sink on the source's cluster (the same bootstrap_servers)");
-    }
-    Ok(())
-}
-
-/// The sink's settings, with the job-scoped defaults when the job's name can scope them (the fast path keeps no
-/// checkpoint store, so no job of it predates job scoping in a way that matters: its prefix was required then).
-fn sink_config(job: &JobConfig) -> Result<KafkaSinkConfig> {
-    let sink = &job.sinks[0];
-    let job_id = JobId::new(&job.job.name).ok();
-    let settings = kafka_sink::with_job_defaults(
-        serde_json::Value::Object(sink.settings.clone()),
-        job_id.as_ref(),
-        &sink.id,
-    );
-    let mut config: KafkaSinkConfig = parse_settings(&sink.id, KafkaSinkFactory::KIND, settings)?;
-    config.job.get_or_insert_with(|| job.job.name.clone());
-    Ok(config)
-}
 
 /// Copies until a signal or `--exit-when-idle`.
 ///
 /// # Errors
 /// A failure of the copy (what was not committed is copied again by the next run).
 pub async fn run(job: &JobConfig, args: &RunArgs) -> Result<()> {
-    check(job)?;
+    job.check_kafka_to_kafka()?;
     let stop = Arc::new(AtomicBool::new(false));
     let pipeline = KafkaToKafka {
         source_topic: job.source.topic.clone(),
         group_id: format!("ratchet-{}", job.job.name),
-        sink: sink_config(job)?,
+        sink: job.kafka_to_kafka_sink()?,
         commit_interval: job.job.checkpoint_interval,
         max_records_per_transaction: u64::MAX,
         stop_when_idle: args.exit_when_idle,
@@ -106,7 +64,7 @@ async fn stop_then<F: std::future::Future>(
     stop.store(true, Ordering::Relaxed);
     tokio::select! {
         stats = copying.as_mut() => stats,
-        _ = terminate.recv() => crate::run::fast_exit(),
-        _ = interrupt.recv() => crate::run::fast_exit(),
+        _ = terminate.recv() => crate::signals::fast_exit(),
+        _ = interrupt.recv() => crate::signals::fast_exit(),
     }
 }

@@ -13,6 +13,7 @@ mod lease;
 mod operate;
 mod overrides;
 mod run;
+mod signals;
 mod sinks;
 mod store;
 mod subtask;

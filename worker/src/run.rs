@@ -153,8 +153,8 @@ pub async fn run(args: RunArgs, progress_line: bool) -> Result<()> {
     tracing::info!(reason = %why, "stopping: finishing every subtask's checkpoint (a second SIGTERM/SIGINT stops at once)");
     tokio::select! {
         stopped = process.stop_all() => stopped?,
-        _ = terminate.recv() => fast_exit(),
-        _ = interrupt.recv() => fast_exit(),
+        _ = terminate.recv() => crate::signals::fast_exit(),
+        _ = interrupt.recv() => crate::signals::fast_exit(),
     }
     let totals = process.totals();
     let (cpu_seconds, peak_rss_kb) = own_usage();
@@ -221,15 +221,6 @@ fn own_usage() -> (f64, i64) {
         }
         Err(_) => (0.0, 0),
     }
-}
-
-/// Exits at once on a second signal.
-pub fn fast_exit() -> ! {
-    eprintln!(
-        "second signal: exiting now; checkpointed records are safe (the next start commits them), later ones are \
-         replayed"
-    );
-    std::process::exit(130)
 }
 
 /// A process id unique across machines and restarts: host, pid, start time.

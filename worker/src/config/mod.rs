@@ -33,7 +33,11 @@ use connector_common::config::with_suggestion;
 use kafka_source::{Decoding, KafkaConnection, KafkaSourceOptions};
 use serde::Deserialize;
 
+mod kafka_to_kafka;
 mod source;
+
+/// The sink id the dead-letter topic's sink runs under ([`crate::dead_letter`]); no `[[sinks]]` entry may take it.
+pub const DEAD_LETTER_SINK_ID: &str = "dead-letter";
 
 pub use source::{SourceConfig, is_connection_setting};
 
@@ -230,12 +234,12 @@ impl JobConfig {
         }
         self.schema()?;
         if self.job.kafka_to_kafka {
-            crate::fast_path::check(self)?;
+            self.check_kafka_to_kafka()?;
         }
         if let Some(sink) = self
             .sinks
             .iter()
-            .find(|s| s.id.as_str() == crate::dead_letter::SINK_ID)
+            .find(|s| s.id.as_str() == DEAD_LETTER_SINK_ID)
         {
             bail!(
                 "sink id {:?} is reserved for the dead-letter topic: rename that [[sinks]] entry",

@@ -12,7 +12,7 @@ use connector_api::{
     Claim, ClaimGuard, Error, ErrorKind, HeldClaim, OwnerEpoch, Phase, Result, SubtaskId,
 };
 
-use crate::store::{OwnerKey, PgCheckpointStore, pg_error};
+use super::{OwnerKey, PgCheckpointStore, pg_error};
 
 fn lock_busy(e: &tokio_postgres::Error) -> bool {
     e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE)

@@ -1,5 +1,7 @@
 //! The store itself: tables, saves, loads and the committed mark.
 
+mod claim;
+
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -206,7 +208,7 @@ impl PgCheckpointStore {
         })?;
         Ok(Self {
             guard_options: options
-                .with_session_limits(limits.guard_idle, &crate::claim::guard_name(job, subtask)),
+                .with_session_limits(limits.guard_idle, &claim::guard_name(job, subtask)),
             pool,
             job: job.to_string(),
             subtask: subtask_number,
