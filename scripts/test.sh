@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine or a warm one:
 #   1. scripts/services.sh up   (installs and starts Kafka, PostgreSQL, MariaDB, SeaweedFS, Toxiproxy, the verifiers)
-#   2. cargo fmt --check, cargo clippy --workspace --all-targets -D warnings
+#   2. cargo fmt --check, cargo clippy --workspace --all-targets -D warnings, no import cycles between modules
 #   3. cargo test --workspace   (unit tests, and acceptance tests against the real services)
 #   4. the service self-checks (pytest selfcheck/: the Kafka broker's transaction behaviour)
 # then a summary. Exit status is non-zero when any step failed.
@@ -37,6 +37,7 @@ eval "$(scripts/services.sh env)"
 if [[ ${RATCHET_SKIP_LINT:-} != 1 ]]; then
   step fmt cargo fmt --all --check
   step clippy cargo clippy --workspace --all-targets --locked -- -D warnings
+  step cycles "$RATCHET_PYTHON" scripts/check-module-cycles.py
 fi
 step cargo-test cargo test --workspace --locked "$@"
 step selfcheck "$RATCHET_PYTHON" -m pytest -p no:cacheprovider -q selfcheck
