@@ -39,7 +39,12 @@ if [[ ${RATCHET_SKIP_LINT:-} != 1 ]]; then
   step clippy cargo clippy --workspace --all-targets --locked -- -D warnings
   step cycles "$RATCHET_PYTHON" scripts/check-module-cycles.py
 fi
-step cargo-test cargo test --workspace --locked "$@"
+# Arguments select what to test (`-p file-sink`, a test name filter); without them, the whole workspace.
+if (($#)); then
+  step cargo-test cargo test --locked "$@"
+else
+  step cargo-test cargo test --workspace --locked
+fi
 step selfcheck "$RATCHET_PYTHON" -m pytest -p no:cacheprovider -q selfcheck
 
 # Count tests from the runners' own summary lines.
