@@ -179,22 +179,6 @@ impl<S: TwoPhaseCommit> TwoPhaseCommit for GuaranteedSink<S> {
     }
 
     async fn execute_recovery(&mut self, plan: RecoveryPlan<Self::Committable>) -> Result<()> {
-        let RecoveryPlan {
-            checkpoint,
-            commit,
-            already_committed,
-            found,
-            fence,
-            notes,
-        } = plan;
-        let inner = RecoveryPlan {
-            checkpoint,
-            commit: commit.into_iter().flatten().collect(),
-            already_committed,
-            found,
-            fence,
-            notes,
-        };
-        self.inner.execute_recovery(inner).await
+        self.inner.execute_recovery(plan.flatten()).await
     }
 }

@@ -143,6 +143,21 @@ impl<C> RecoveryPlan<C> {
     }
 }
 
+impl<C> RecoveryPlan<Option<C>> {
+    /// The plan over optional committables (an adapter's, where `None` holds nothing to commit) as a plan over the
+    /// committables that exist.
+    pub fn flatten(self) -> RecoveryPlan<C> {
+        RecoveryPlan {
+            checkpoint: self.checkpoint,
+            commit: self.commit.into_iter().flatten().collect(),
+            already_committed: self.already_committed,
+            found: self.found,
+            fence: self.fence,
+            notes: self.notes,
+        }
+    }
+}
+
 /// A [`RecoveryPlan`] without its committables: what `ratchet inspect` prints per sink and subtask.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PlanSummary {

@@ -67,7 +67,7 @@ pub fn redact_url(url: &str) -> String {
             .collect();
         parsed.query_pairs_mut().clear().extend_pairs(pairs);
     }
-    parsed.to_string().replace("%2A%2A%2A", MASK)
+    parsed.to_string()
 }
 
 fn is_secret_parameter(key: &str) -> bool {
