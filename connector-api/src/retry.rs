@@ -61,7 +61,7 @@ impl RetryPolicy {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T>>,
     {
-        self.run_while(what, crate::Error::is_retryable, attempt)
+        self.run_while(what, crate::Error::is_retryable, render, attempt)
             .await
     }
 
@@ -75,26 +75,46 @@ impl RetryPolicy {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T>>,
     {
-        self.run_while(what, crate::Error::is_transient, attempt)
+        self.run_while(what, crate::Error::is_transient, render, attempt)
             .await
     }
 
-    /// The loop behind [`run`](Self::run) and [`run_idempotent`](Self::run_idempotent): retries errors `retry`
-    /// accepts while attempts and time are left.
-    async fn run_while<T, F, Fut>(
+    /// Runs `attempt`, a call outside the protocol's steps whose errors are not this crate's (the worker's
+    /// start-up calls to its store, with `anyhow` errors), until it succeeds, fails with an error `transient`
+    /// rejects, or runs out of attempts or time; the last error is returned. Each retry is logged with `what` and
+    /// the error's chain (`{:#}`).
+    pub async fn run_when<T, E, F, Fut>(
         &self,
         what: &str,
-        retry: fn(&crate::Error) -> bool,
+        transient: impl Fn(&E) -> bool,
+        attempt: F,
+    ) -> std::result::Result<T, E>
+    where
+        E: std::fmt::Display,
+        F: FnMut() -> Fut,
+        Fut: Future<Output = std::result::Result<T, E>>,
+    {
+        self.run_while(what, transient, |e: &E| format!("{e:#}"), attempt)
+            .await
+    }
+
+    /// The loop behind the `run` methods: retries errors `retry` accepts while attempts and time are left,
+    /// logging each with `render`.
+    async fn run_while<T, E, F, Fut>(
+        &self,
+        what: &str,
+        retry: impl Fn(&E) -> bool,
+        render: impl Fn(&E) -> String,
         mut attempt: F,
-    ) -> Result<T>
+    ) -> std::result::Result<T, E>
     where
         F: FnMut() -> Fut,
-        Fut: Future<Output = Result<T>>,
+        Fut: Future<Output = std::result::Result<T, E>>,
     {
         let mut attempts = self.attempts();
         loop {
             match attempt().await {
-                Err(e) if retry(&e) && attempts.wait(what, &e).await => {}
+                Err(e) if retry(&e) && attempts.wait(what, &render(&e)).await => {}
                 outcome => return outcome,
             }
         }
@@ -135,6 +155,11 @@ impl RetryPolicy {
     }
 }
 
+/// This crate's error with its causes, for the retry log.
+fn render(error: &crate::Error) -> String {
+    crate::Report(error).to_string()
+}
+
 /// Attempts made so far under a [`RetryPolicy`].
 #[derive(Debug)]
 pub struct Attempts {
@@ -146,15 +171,16 @@ impl Attempts {
     /// Whether to try again after `error`: `true` (after sleeping the next backoff) when the error's action is
     /// [`Retry`](crate::Action::Retry) and attempts and time are left, `false` otherwise.
     pub async fn retry(&mut self, what: &str, error: &crate::Error) -> bool {
-        error.is_retryable() && self.wait(what, error).await
+        error.is_retryable() && self.wait(what, &render(error)).await
     }
 
-    /// Sleeps the next backoff after `error` and returns `true`, or `false` when attempts or time are used up.
-    async fn wait(&mut self, what: &str, error: &crate::Error) -> bool {
+    /// Sleeps the next backoff after `error` (rendered) and returns `true`, or `false` when attempts or time are
+    /// used up.
+    async fn wait(&mut self, what: &str, error: &str) -> bool {
         let Some(wait) = self.backoff.next() else {
             return false;
         };
-        tracing::warn!(what, attempt = self.tries, backoff = ?wait, error = %crate::Report(error),
+        tracing::warn!(what, attempt = self.tries, backoff = ?wait, error,
             "transient failure, retrying");
         tokio::time::sleep(wait).await;
         self.tries += 1;

@@ -236,9 +236,7 @@ impl PgLeases {
         let limit = Duration::from_secs_f64(self.lease_secs / 2.0);
         let outcome = match tokio::time::timeout(limit, call).await {
             Ok(outcome) => outcome,
-            Err(_) => Err(anyhow::anyhow!(
-                "{what}: the database did not answer within {limit:?}"
-            )),
+            Err(_) => Err(crate::store_calls::DidNotAnswer::new(what, limit).into()),
         };
         if outcome.is_err() {
             *self.client.lock().await = None;

@@ -16,6 +16,7 @@ mod run;
 mod signals;
 mod sinks;
 mod store;
+mod store_calls;
 mod subtask;
 mod telemetry;
 

@@ -83,16 +83,21 @@ pub async fn run(args: RunArgs, progress_line: bool) -> Result<()> {
         StoreConfig::Local { path } => {
             Box::new(LocalLease::take(path, &job.job.name, job.job.subtasks)?)
         }
-        StoreConfig::Postgres { url } => Box::new(
-            PgLeases::join(
-                url,
-                &job.job.name,
-                member_id(),
-                job.job.subtasks,
-                job.job.lease,
+        StoreConfig::Postgres { url } => {
+            let member = member_id();
+            Box::new(
+                crate::store_calls::retried("joining the job's leases", || {
+                    PgLeases::join(
+                        url,
+                        &job.job.name,
+                        member.clone(),
+                        job.job.subtasks,
+                        job.job.lease,
+                    )
+                })
+                .await?,
             )
-            .await?,
-        ),
+        }
     };
     // Under the local lock, so two fresh starts with different counts cannot both record theirs.
     let identity =

@@ -156,7 +156,8 @@ impl Identity {
 /// two fresh starts with different counts must not both record theirs.
 ///
 /// # Errors
-/// The count differs (named, with what to do), or the store cannot be read.
+/// The count differs (named, with what to do), or the store cannot be read (a database outage is retried for
+/// about 30 s first: see [`crate::store_calls`]).
 pub async fn job_identity(
     config: &StoreConfig,
     job: &str,
@@ -165,7 +166,12 @@ pub async fn job_identity(
 ) -> anyhow::Result<Identity> {
     let recorded = match config {
         StoreConfig::Local { path } => local_job(&path.join(job), subtasks, record)?,
-        StoreConfig::Postgres { url } => pg_job(url, job, subtasks, record).await?,
+        StoreConfig::Postgres { url } => {
+            crate::store_calls::retried("recording the job in the checkpoint store", || {
+                pg_job(url, job, subtasks, record)
+            })
+            .await?
+        }
     };
     match recorded {
         Some((recorded, _)) if recorded != subtasks => anyhow::bail!(

@@ -1,0 +1,141 @@
+//! Calls the worker makes to its checkpoint store's database outside a subtask (at start-up: recording the job,
+//! joining the lease tables): each attempt bounded in time, and retried under [`RetryPolicy::default`] while the
+//! database is unreachable, restarting or killed the session, so a replacement worker started during a network
+//! blip or a database restart waits it out instead of exiting. Errors the database answers with (a missing
+//! privilege, a table of another shape) are not retried.
+
+use std::future::Future;
+use std::time::Duration;
+
+use connector_api::RetryPolicy;
+
+/// How long one attempt may take before it counts as a database that does not answer.
+pub const ATTEMPT_LIMIT: Duration = Duration::from_secs(10);
+
+/// An attempt that outlived [`ATTEMPT_LIMIT`].
+#[derive(Debug)]
+pub struct DidNotAnswer {
+    what: String,
+    limit: Duration,
+}
+
+impl DidNotAnswer {
+    /// `what` took longer than `limit`.
+    pub fn new(what: &str, limit: Duration) -> Self {
+        Self {
+            what: what.to_string(),
+            limit,
+        }
+    }
+}
+
+impl std::fmt::Display for DidNotAnswer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: the checkpoint store's database did not answer within {:?}",
+            self.what, self.limit
+        )
+    }
+}
+
+impl std::error::Error for DidNotAnswer {}
+
+/// Runs `attempt` (which must be safe to repeat) bounded by [`ATTEMPT_LIMIT`], retrying while
+/// [`is_unavailable`] says the database could not be used; the last error otherwise.
+///
+/// # Errors
+/// The attempt's own error once it is not an outage, or once attempts or time (30 s of waiting) run out.
+pub async fn retried<T, F, Fut>(what: &str, mut attempt: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = anyhow::Result<T>>,
+{
+    RetryPolicy::default()
+        .run_when(what, is_unavailable, || {
+            let call = attempt();
+            async move {
+                tokio::time::timeout(ATTEMPT_LIMIT, call)
+                    .await
+                    .unwrap_or_else(|_| Err(DidNotAnswer::new(what, ATTEMPT_LIMIT).into()))
+            }
+        })
+        .await
+}
+
+/// Whether `error` says the database could not be used rather than refused the request: it could not be reached
+/// or did not answer, the connection broke, or the server ended the session (shutdown, administrator, a
+/// serialization failure to repeat).
+pub fn is_unavailable(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        if cause.is::<DidNotAnswer>() {
+            return true;
+        }
+        if let Some(e) = cause.downcast_ref::<connector_common::Error>() {
+            return e.kind() == connector_common::ErrorKind::Unavailable;
+        }
+        if let Some(e) = cause.downcast_ref::<tokio_postgres::Error>() {
+            return match e.code() {
+                // No SQLSTATE: the connection failed or closed under the call.
+                None => true,
+                Some(code) => {
+                    let code = code.code();
+                    // 08: connection exception; 57P01-57P03: admin shutdown, crash shutdown, cannot connect now;
+                    // 40001 / 40P01: serialization failure, deadlock.
+                    code.starts_with("08")
+                        || matches!(code, "57P01" | "57P02" | "57P03" | "40001" | "40P01")
+                }
+            };
+        }
+        false
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+
+    #[test]
+    fn an_unreachable_database_is_an_outage_and_a_refusal_is_not() {
+        let unreachable = anyhow::Error::new(connector_common::Error::unavailable(
+            "cannot open the checkpoint store",
+        ))
+        .context("cannot record the job");
+        assert!(is_unavailable(&unreachable));
+        let silent: anyhow::Error = DidNotAnswer::new("recording the job", ATTEMPT_LIMIT).into();
+        assert!(is_unavailable(&silent));
+        assert!(!is_unavailable(&anyhow::anyhow!(
+            "ratchet_jobs holds an unknown identity"
+        )));
+    }
+
+    #[tokio::test]
+    async fn an_outage_is_waited_out() {
+        let calls = AtomicU32::new(0);
+        let answer = retried("test", || async {
+            if calls.fetch_add(1, Ordering::SeqCst) < 2 {
+                Err(connector_common::Error::unavailable("cannot open the store").into())
+            } else {
+                Ok(7)
+            }
+        })
+        .await
+        .unwrap();
+        assert_eq!(answer, 7);
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn a_refusal_is_not_retried() {
+        let calls = AtomicU32::new(0);
+        let outcome: anyhow::Result<()> = retried("test", || async {
+            calls.fetch_add(1, Ordering::SeqCst);
+            Err(anyhow::anyhow!("permission denied for table ratchet_jobs"))
+        })
+        .await;
+        assert!(outcome.is_err());
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+    }
+}
