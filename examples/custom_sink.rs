@@ -22,7 +22,7 @@ use connector_api::{
     CheckpointId, Committer, Error, ErrorKind, Fence, FenceOrder, Phase, RecoveryPlan, Result,
     SinkId, SubtaskId, TwoPhaseCommit,
 };
-use integration::conformance::{Conformance, ConformanceTarget, run_conformance};
+use ratchet_conformance::{Conformance, ConformanceTarget, run_conformance};
 use serde::{Deserialize, Serialize};
 
 /// A staged file waiting for its checkpoint's commit.

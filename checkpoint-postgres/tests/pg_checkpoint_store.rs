@@ -13,7 +13,7 @@ use checkpoint_postgres::{PgCheckpointStore, PgStoreLimits};
 use connector_api::{
     CheckpointId, CheckpointRecord, CheckpointStore, ErrorKind, SourceOffset, SubtaskId,
 };
-use integration::Services;
+use test_support::Services;
 
 fn record(id: u64) -> CheckpointRecord {
     CheckpointRecord {
@@ -55,7 +55,7 @@ async fn sslmode_verify_full_encrypts_and_checks_the_server_and_disable_does_not
     let services = Services::get();
     let (cert, key) = services.tls_client_identity();
     let ca = services.var("RATCHET_TLS_CA");
-    let job = integration::unique_name("tls-job");
+    let job = test_support::unique_name("tls-job");
     let url = format!(
         "{}?sslmode=verify-full&sslrootcert={ca}&sslcert={cert}&sslkey={key}",
         services.pg_url()
@@ -79,7 +79,7 @@ async fn sslmode_verify_full_encrypts_and_checks_the_server_and_disable_does_not
     let report = connector_api::Report(&err).to_string();
     assert!(report.to_lowercase().contains("certificate"), "{report}");
 
-    let plain_job = integration::unique_name("plain-job");
+    let plain_job = test_support::unique_name("plain-job");
     let plain = format!("{}?sslmode=disable", services.pg_url());
     let store = store_at(&plain, &plain_job, PgStoreLimits::default()).await;
     let _claim = store.claim().await.unwrap();
@@ -89,7 +89,7 @@ async fn sslmode_verify_full_encrypts_and_checks_the_server_and_disable_does_not
 #[tokio::test]
 async fn shared_store_keeps_decisions_and_falls_back_from_damage() {
     let services = Services::get();
-    let job = integration::unique_name("job");
+    let job = test_support::unique_name("job");
     let worker_a = store(&job).await;
     let worker_b = store(&job).await;
 
@@ -123,7 +123,7 @@ async fn shared_store_keeps_decisions_and_falls_back_from_damage() {
 #[tokio::test]
 async fn a_newer_claim_fences_the_older_one_and_waits_for_its_recovery() {
     let services = Services::get();
-    let job = integration::unique_name("job");
+    let job = test_support::unique_name("job");
     let zombie = store(&job).await;
     let replacement = store(&job).await;
 
@@ -169,7 +169,7 @@ async fn a_newer_claim_fences_the_older_one_and_waits_for_its_recovery() {
 #[tokio::test]
 async fn the_store_reconnects_after_its_connections_are_killed() {
     let services = Services::get();
-    let job = integration::unique_name("job");
+    let job = test_support::unique_name("job");
     let store = store(&job).await;
     let owner = store.claim().await.unwrap().epoch;
     store.save(owner, &record(1)).await.unwrap();
@@ -218,7 +218,7 @@ async fn a_save_against_a_silent_server_fails_in_doubt_in_time_and_its_connectio
     let url = services
         .pg_url()
         .replace(services.pg_host_port(), proxy.address());
-    let job = integration::unique_name("silent-save");
+    let job = test_support::unique_name("silent-save");
     let store = store_at(&url, &job, short_limits()).await;
     let claim = store.claim().await.unwrap();
     drop(claim.guard);
@@ -256,7 +256,7 @@ async fn an_orphaned_claim_guard_is_ended_by_the_server_and_the_next_claim_gets_
     let url = services
         .pg_url()
         .replace(services.pg_host_port(), proxy.address());
-    let job = integration::unique_name("orphan");
+    let job = test_support::unique_name("orphan");
     let orphan = store_at(&url, &job, short_limits()).await;
     let held = orphan.claim().await.unwrap();
     // The orphan's machine goes silent: its guard session stays open on the server, idle in its transaction,
@@ -294,7 +294,7 @@ async fn an_orphaned_claim_guard_is_ended_by_the_server_and_the_next_claim_gets_
 #[tokio::test]
 async fn a_claim_guard_whose_session_the_server_terminated_fails_its_check() {
     let services = Services::get();
-    let job = integration::unique_name("terminated-guard");
+    let job = test_support::unique_name("terminated-guard");
     let store = store(&job).await;
     let claim = store.claim().await.unwrap();
     claim.guard.check().await.unwrap();

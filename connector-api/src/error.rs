@@ -330,15 +330,23 @@ impl From<connector_common::Error> for Error {
     }
 }
 
-/// Displays an error and every cause in its source chain, `: `-separated, for logs and exit messages.
+/// Displays an error and every cause in its source chain, `: `-separated, for logs and exit messages. A cause
+/// whose text the error before it already ends with is not printed again: some libraries' errors print their
+/// cause in their own message *and* return it as their source (tokio-postgres: `db error: ERROR: x`, then
+/// `ERROR: x`), which a plain chain would show twice.
 pub struct Report<'a>(pub &'a (dyn std::error::Error + 'static));
 
 impl fmt::Display for Report<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)?;
+        let mut shown = self.0.to_string();
+        f.write_str(&shown)?;
         let mut cause = self.0.source();
         while let Some(e) = cause {
-            write!(f, ": {e}")?;
+            let text = e.to_string();
+            if !shown.ends_with(&text) {
+                write!(f, ": {text}")?;
+            }
+            shown = text;
             cause = e.source();
         }
         Ok(())
@@ -348,6 +356,35 @@ impl fmt::Display for Report<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An error that prints its cause in its own message and returns it as its source too.
+    #[derive(Debug)]
+    struct Wrapping(std::io::Error);
+
+    impl fmt::Display for Wrapping {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "db error: {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Wrapping {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn a_report_says_each_cause_once() {
+        let cause = Wrapping(std::io::Error::other(
+            "ERROR: relation \"t\" does not exist",
+        ));
+        let error = Error::new(ErrorKind::Config, Phase::Setup, "the table t does not fit")
+            .with_source(cause);
+        assert_eq!(
+            Report(&error).to_string(),
+            "setup failed: the table t does not fit: db error: ERROR: relation \"t\" does not exist"
+        );
+    }
 
     #[test]
     fn the_action_table_holds_for_the_dangerous_cells() {

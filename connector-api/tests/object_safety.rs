@@ -1,7 +1,7 @@
 //! `TwoPhaseCommit` stays object safe: a sink can be boxed behind the trait (compile-time check, exercised once).
 
 use connector_api::{CheckpointId, SinkId, TwoPhaseCommit};
-use integration::reference::{ReferenceCommittable, ReferenceCommitter, ReferenceSystem};
+use ratchet_conformance::reference::{ReferenceCommittable, ReferenceCommitter, ReferenceSystem};
 
 type DynSink =
     Box<dyn TwoPhaseCommit<Committable = ReferenceCommittable, Committer = ReferenceCommitter>>;
@@ -13,7 +13,7 @@ async fn a_sink_works_through_a_trait_object() {
     let mut sink: DynSink = Box::new(system.sink("object-safety", &sink_id));
     sink.recover(None).await.unwrap();
     sink.begin(CheckpointId(1)).await.unwrap();
-    sink.write(&integration::conformance::conformance_batch(0..3))
+    sink.write(&ratchet_conformance::conformance_batch(0..3))
         .await
         .unwrap();
     let committable = sink.pre_commit(CheckpointId(1)).await.unwrap();

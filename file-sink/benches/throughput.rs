@@ -15,11 +15,11 @@ use connector_api::{
     SourceOffset, SubtaskId,
 };
 use file_sink::{FileSink, FileSinkConfig, S3Config, StorageConfig};
-use integration::Services;
-use integration::conformance::{conformance_batch_with, conformance_schema};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
+use ratchet_conformance::{conformance_batch_with, conformance_schema};
+use test_support::Services;
 
 const BATCH_ROWS: i64 = 8192;
 const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);

@@ -26,8 +26,8 @@ use iceberg_sink::{
     CatalogConfig, CheckpointWriter, DEFAULT_TARGET_FILE_SIZE, IcebergSink, IcebergSinkConfig,
     S3Settings,
 };
-use integration::Services;
-use integration::conformance::{conformance_batch_with, conformance_schema};
+use ratchet_conformance::{conformance_batch_with, conformance_schema};
+use test_support::Services;
 
 const BATCH_ROWS: i64 = 8192;
 /// Distinct batches cycled through (about 1M rows, 100 MB): enough that repeats do not flatter the encoders.

@@ -16,10 +16,10 @@ use connector_api::{
     SourceOffset, SubtaskId,
 };
 use futures_util::pin_mut;
-use integration::Services;
-use integration::conformance::{conformance_batch_with, conformance_schema};
 use jdbc_sink::{ConnectionConfig, DedupConfig, JdbcSink, JdbcSinkConfig, WriteMode};
 use mysql_async::prelude::Queryable;
+use ratchet_conformance::{conformance_batch_with, conformance_schema};
+use test_support::Services;
 use tokio_postgres::binary_copy::BinaryCopyInWriter;
 use tokio_postgres::types::{ToSql, Type};
 

@@ -11,15 +11,15 @@ use std::time::{Duration, Instant};
 
 use common::{Db, cli, config, create_keyed_table, read, short_name, xa_driver};
 use connector_api::{CheckpointId, Committer, ErrorKind, SinkId, TwoPhaseCommit};
-use integration::conformance::{conformance_batch as batch, conformance_positions};
 use jdbc_sink::{JdbcSink, WriteMode};
+use ratchet_conformance::{conformance_batch as batch, conformance_positions};
 
 fn sink_id() -> SinkId {
     SinkId::new("faulty").unwrap()
 }
 
 fn names(what: &str, db: Db) -> (String, String) {
-    let unique = integration::unique_name(what);
+    let unique = test_support::unique_name(what);
     (
         short_name("fault_", &[&unique, &format!("{db:?}")]),
         short_name("f", &[&unique, &format!("{db:?}")]),
@@ -147,6 +147,15 @@ async fn bad_input(db: Db) {
     let err = JdbcSink::new(narrow).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Config, "{db:?}: {err}");
     assert!(err.to_string().contains("payload"), "{db:?}: {err}");
+    // The whole chain, as the worker prints it, says each thing once.
+    let chain = connector_api::Report(&err).to_string();
+    let server_says =
+        chain.matches("does not exist").count() + chain.matches("Unknown column").count();
+    assert_eq!(
+        server_says, 1,
+        "{db:?}: the server's message repeated: {chain}"
+    );
+    assert_eq!(chain.matches("setup failed").count(), 1, "{db:?}: {chain}");
 
     if db == Db::Postgres {
         let wrong_type = format!("{table}_types");

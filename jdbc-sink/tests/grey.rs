@@ -14,10 +14,10 @@ use connector_api::{
     Driver, DriverConfig, ErrorKind, LocalCheckpointStore, Report, RetryPolicy, SinkId,
     SourceOffset, Step,
 };
-use integration::Services;
-use integration::conformance::conformance_batch;
-use integration::pause::PauseAt;
 use jdbc_sink::{ConnectionConfig, JdbcSink, WriteMode};
+use ratchet_conformance::conformance_batch;
+use test_support::Services;
+use test_support::pause::PauseAt;
 
 /// `host:port` of a database URL.
 fn host_port(url: &str) -> String {
@@ -59,7 +59,7 @@ async fn a_database_silent_mid_commit_is_committed_by_recovery(db: Db) {
     let proxied = db.url().replace(&upstream, proxy.address());
     let table = short_name(
         "silent",
-        &[&format!("{db:?}"), &integration::unique_name("t")],
+        &[&format!("{db:?}"), &test_support::unique_name("t")],
     );
     let scope = table.clone();
     let state = tempfile::tempdir().unwrap();

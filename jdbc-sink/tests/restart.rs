@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use common::{Db, read, short_name, xa_driver};
 use connector_api::{CheckpointId, FaultPoint, SinkId, Step};
-use integration::conformance::{conformance_batch as batch, conformance_positions};
+use ratchet_conformance::{conformance_batch as batch, conformance_positions};
 
 fn sink_id() -> SinkId {
     SinkId::new("restarted").unwrap()
@@ -27,7 +27,7 @@ fn restart_server(service: &str) {
 }
 
 async fn prepared_survives_a_server_restart(db: Db, service: &str) {
-    let unique = integration::unique_name("restart");
+    let unique = test_support::unique_name("restart");
     let table = short_name("restart_", &[&unique, service]);
     let scope = short_name("r", &[&unique, service]);
     let state = tempfile::tempdir().unwrap();

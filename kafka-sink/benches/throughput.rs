@@ -12,13 +12,13 @@ use connector_api::{
     DeliveryGuarantee, Driver, DriverConfig, GuaranteedSink, LocalCheckpointStore, SinkId,
     SourceOffset, SubtaskId,
 };
-use integration::Services;
-use integration::conformance::conformance_batch_with;
 use kafka_sink::{KafkaSink, KafkaSinkConfig, RecordMapping};
+use ratchet_conformance::conformance_batch_with;
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use test_support::Services;
 
 const BATCH_ROWS: i64 = 4096;
 const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
@@ -79,7 +79,7 @@ async fn run_driver(
     wait_for_commit: bool,
 ) -> (i64, f64, Vec<Duration>) {
     let bootstrap = Services::get().kafka_bootstrap().to_string();
-    let topic = integration::unique_name("bench-kafka");
+    let topic = test_support::unique_name("bench-kafka");
     create_topic(&bootstrap, &topic).await;
     let state = tempfile::tempdir().unwrap();
     let mut driver = Driver::new(
@@ -118,7 +118,7 @@ async fn run_driver(
 /// checked: the limit only sends).
 async fn run_limit(pool: &[RecordBatch], run: Duration) -> (i64, f64) {
     let bootstrap = Services::get().kafka_bootstrap().to_string();
-    let topic = integration::unique_name("bench-kafka-limit");
+    let topic = test_support::unique_name("bench-kafka-limit");
     create_topic(&bootstrap, &topic).await;
     let mut config = ClientConfig::new();
     config

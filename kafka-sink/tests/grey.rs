@@ -12,10 +12,10 @@ use connector_api::{
     Driver, DriverConfig, ErrorKind, LocalCheckpointStore, Report, RetryPolicy, SinkId,
     SourceOffset, Step, SubtaskId,
 };
-use integration::Services;
-use integration::conformance::conformance_batch;
-use integration::pause::PauseAt;
 use kafka_sink::{KafkaSink, KafkaSinkConfig};
+use ratchet_conformance::conformance_batch;
+use test_support::Services;
+use test_support::pause::PauseAt;
 
 /// A driver whose every call may take `call` and recovery `recovery`, no retries, with one Kafka sink whose
 /// transaction timeout is `3 * call + recovery` (the budget, exactly: see `TimeoutBudget`).
@@ -57,7 +57,7 @@ async fn grey_failures_of_the_broker_link() {
 async fn the_broker_silent_past_the_transaction_timeout_mid_commit_is_reported_never_silent() {
     let services = Services::get();
     let (bootstrap, proxy) = services.kafka_proxied().await;
-    let topic = integration::unique_name("grey-commit");
+    let topic = test_support::unique_name("grey-commit");
     let state = tempfile::tempdir().unwrap();
 
     let pause = PauseAt::new(Step::AfterRecordDurable);
@@ -120,7 +120,7 @@ async fn the_broker_silent_past_the_transaction_timeout_mid_commit_is_reported_n
 async fn a_slow_broker_link_still_commits_every_checkpoint_once() {
     let services = Services::get();
     let (bootstrap, proxy) = services.kafka_proxied().await;
-    let topic = integration::unique_name("grey-slow");
+    let topic = test_support::unique_name("grey-slow");
     let state = tempfile::tempdir().unwrap();
     // 50 ms each way for every reply, jittered: each commit takes several round trips, within max_call_time.
     proxy.latency(50, 20).await;

@@ -107,7 +107,7 @@ fn main() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let mut rows = Vec::new();
     for records in sizes {
-        let topic = integration::unique_name(&format!("bench-input-{records}"));
+        let topic = test_support::unique_name(&format!("bench-input-{records}"));
         runtime.block_on(fill_input(&topic, records, 1));
         // Jobs interleaved, each run `repeat` times; the run with the median in-job rate is reported (this
         // 2-core machine shares its cores with the broker: single runs vary by up to ±20%).
@@ -170,7 +170,7 @@ fn spawn(job: &str, topic: &str, records: u64) -> Measured {
 async fn child(job: &str) -> Measured {
     let topic = std::env::var("RATCHET_BENCH_TOPIC").unwrap();
     let records: u64 = std::env::var("RATCHET_BENCH_N").unwrap().parse().unwrap();
-    let out = integration::unique_name(&format!("{topic}-{job}"));
+    let out = test_support::unique_name(&format!("{topic}-{job}"));
     let dir = tempfile::tempdir().unwrap();
     let (cpu_before, _) = usage();
     let started = Instant::now();

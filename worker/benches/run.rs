@@ -13,8 +13,8 @@ mod limits;
 use std::path::Path;
 use std::process::Command;
 
-use integration::Services;
 use limits::{PRODUCER, bootstrap, fill_input, plain_copy, plain_parquet, run_child, usage};
+use test_support::Services;
 
 const JOB: &str = "RATCHET_BENCH_JOB";
 const PARTITIONS: i32 = 3;
@@ -67,7 +67,7 @@ fn main() {
         .unwrap_or(1_000_000);
     let services = Services::get();
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let topic = integration::unique_name("bench-run-input");
+    let topic = test_support::unique_name("bench-run-input");
     runtime.block_on(fill_input(&topic, records, PARTITIONS));
 
     let mut rows = Vec::new();
@@ -183,7 +183,7 @@ fn write_job(
     store: Store,
     services: &Services,
 ) -> std::path::PathBuf {
-    let name = integration::unique_name("bench-run").replace('-', "_");
+    let name = test_support::unique_name("bench-run").replace('-', "_");
     let client: Vec<String> = PRODUCER
         .iter()
         .map(|(k, v)| format!("\"{k}\" = \"{v}\""))
@@ -295,7 +295,7 @@ fn limit_child(job: &str) {
     let (copied, in_job) = match job {
         "k2k-plain" => plain_copy(
             &topic,
-            &integration::unique_name("bench-run-plain"),
+            &test_support::unique_name("bench-run-plain"),
             records,
         ),
         "parquet-plain" => plain_parquet(&topic, dir.path(), records),

@@ -24,14 +24,15 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-/// Runs the command; a failure is printed as its message chain (`error: what: why: ...`), never as a backtrace
+/// Runs the command; a failure is printed as its message chain (`error: what: why: ...`, each cause once:
+/// [`connector_api::Report`]), never as a backtrace
 /// (whatever `RUST_BACKTRACE` says: those are for panics), with exit status 1.
 #[tokio::main]
 async fn main() -> ExitCode {
     match run().await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", connector_api::Report(e.as_ref()));
             ExitCode::FAILURE
         }
     }

@@ -19,9 +19,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{Job, Worker};
-use integration::Services;
-use integration::toxiproxy::Proxy;
 use nix::sys::signal::Signal;
+use test_support::Services;
+use test_support::toxiproxy::Proxy;
 
 /// One chaos test at a time: each runs a heavy job of several processes.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());

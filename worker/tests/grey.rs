@@ -20,7 +20,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::Job;
-use integration::Services;
+use test_support::Services;
 
 /// The job's lease; the renewal period is a fifth of it.
 const LEASE: Duration = Duration::from_secs(3);

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use crate::{CheckpointId, Error, ErrorKind, Phase, SinkId};
 
 /// The named steps of the protocol where a crash can land: one vocabulary for the driver's fault points, the
-/// conformance harness's scenarios, the real `kill -9` runs (`integration::crash`) and the Kafka-to-Kafka pipeline's
+/// conformance harness's scenarios, the real `kill -9` runs (`ratchet_conformance::kill9`) and the Kafka-to-Kafka pipeline's
 /// hook. Names are kebab-case (`after-pre-commit`), for test specs and reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Step {

@@ -12,7 +12,7 @@ use connector_api::{CheckpointId, ErrorKind, Resolution, SinkId, SubtaskId, TwoP
 use file_sink::{
     FileSink, FileSinkConfig, FormatConfig, PartitionConfig, RollingPolicy, StorageConfig,
 };
-use integration::conformance::conformance_batch_with;
+use ratchet_conformance::conformance_batch_with;
 
 fn rows(ids: std::ops::Range<i64>, payload_len: usize) -> RecordBatch {
     conformance_batch_with(ids, |i| format!("{i:0>payload_len$}"))

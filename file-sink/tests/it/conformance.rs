@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use common::{Place, config};
 use connector_api::{Result, SinkId, SubtaskId};
 use file_sink::FileSink;
-use integration::conformance::{Conformance, ConformanceTarget, run_conformance};
+use ratchet_conformance::{Conformance, ConformanceTarget, run_conformance};
 
 struct Files(Place);
 

@@ -15,8 +15,8 @@ use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
 use common::{Place, config};
 use connector_api::{CheckpointId, ErrorKind, SinkId, TwoPhaseCommit};
 use file_sink::{FileSink, FormatConfig, StagedFile};
-use integration::Services;
-use integration::conformance::conformance_batch;
+use ratchet_conformance::conformance_batch;
+use test_support::Services;
 
 fn client() -> Client {
     let s3 = Services::get().s3();

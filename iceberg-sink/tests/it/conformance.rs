@@ -12,9 +12,7 @@ use async_trait::async_trait;
 use common::Lake;
 use connector_api::{Error, ErrorKind, Phase, Result, SinkId, SubtaskId};
 use iceberg_sink::IcebergSink;
-use integration::conformance::{
-    Conformance, ConformanceTarget, conformance_schema, run_conformance,
-};
+use ratchet_conformance::{Conformance, ConformanceTarget, conformance_schema, run_conformance};
 
 /// A lake and how many checkpoints each snapshot commits; what the readers saw last per table, until a new sink
 /// instance may change it (the end-of-scenario `leftovers` reuses the `visible_ids` read just before it).

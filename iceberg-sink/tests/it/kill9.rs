@@ -1,174 +1,118 @@
-//! Real `kill -9`s around the catalog commit, on a SQLite catalog with a local warehouse, checked with pyiceberg
-//! and DuckDB. A child process (this test binary) runs the job and SIGKILLs itself:
+//! Real `kill -9`s at every protocol step, around the catalog commit too, on a SQLite catalog with a local
+//! warehouse, through the conformance kit's runner ([`KillNine`]), checked with pyiceberg and DuckDB. A child
+//! process (this test binary) runs the job and SIGKILLs itself at the step; among the steps:
 //!
 //! - right after checkpoint 4's record is durable, before the catalog commit: the parent (a new process with the
-//!   same job config) restarts, recovery commits checkpoint 4, and every row is in the table once;
-//! - right after the catalog committed checkpoint 4, before the driver learned of it: the restart finds the
+//!   same job config) recovers, committing checkpoint 4, and every row is in the table once;
+//! - right after the catalog committed checkpoint 4, before the driver learned of it: the recovery finds the
 //!   checkpoint in the table's history and does not commit it again.
 //!
-//! Each run ends with the job finished and one more process that only recovers and stops: no checkpoint's data
-//! is ever in two snapshots, and no unreferenced data file is left.
+//! Each run ends with the job going on for two checkpoints and one more process that only recovers and stops: no
+//! checkpoint's data is ever in two snapshots, pyiceberg and DuckDB agree, and no unreferenced data file is left.
 
 use crate::common;
 
 use std::path::Path;
 
-use common::Lake;
-use connector_api::{Driver, DriverConfig, LocalCheckpointStore, SinkHandle, SinkId, Step};
+use async_trait::async_trait;
+use common::{Lake, Seen};
+use connector_api::{Result, SinkId};
 use iceberg_sink::IcebergSink;
-use integration::conformance::{conformance_batch, conformance_positions, conformance_schema};
-use integration::crash::{durable_before, run_killed_child, run_until_killed};
+use ratchet_conformance::conformance_schema;
+use ratchet_conformance::kill9::{KillNine, KillTarget, KilledRun};
 
-/// Set in the child: `<step>;<state dir>`.
-const CHILD: &str = "RATCHET_ICEBERG_KILL9_CHILD";
-const ROWS: i64 = 50;
-const BATCHES: i64 = 2;
-const RECORDS: i64 = 1_000;
-const CRASH_CHECKPOINT: u64 = 4;
+const KILL9: KillNine = KillNine {
+    batches: 2,
+    rows: 50,
+    ..KillNine::new("kill9::child", "RATCHET_ICEBERG_KILL9_CHILD")
+};
 
-fn sink_id() -> SinkId {
-    SinkId::new("lake").unwrap()
-}
+/// The run's lake: its catalog and warehouse live in the run's directory, so parent and child share them.
+struct Warehouse;
 
-/// The lake of a run: its catalog and warehouse live in the run's directory, so parent and child share them.
-fn lake(dir: &Path) -> Lake {
-    Lake {
-        namespace: "kill9".into(),
-        ..Lake::sqlite_local(dir, "kill9")
+impl Warehouse {
+    fn lake(dir: &Path) -> Lake {
+        Lake {
+            namespace: "kill9".into(),
+            ..Lake::sqlite_local(dir, "kill9")
+        }
+    }
+
+    async fn read(run: &KilledRun) -> Seen {
+        let lake = Warehouse::lake(&run.dir);
+        tokio::task::spawn_blocking(move || lake.read(&lake.table(&["events"])))
+            .await
+            .expect("the verifier's task")
     }
 }
 
-fn table(lake: &Lake) -> String {
-    lake.table(&["events"])
+#[async_trait]
+impl KillTarget for Warehouse {
+    type Sink = IcebergSink;
+
+    async fn create_sink(&self, run: &KilledRun) -> Result<IcebergSink> {
+        let lake = Warehouse::lake(&run.dir);
+        let table = lake.table(&["events"]);
+        let config = lake.config(
+            "kill9-job",
+            &SinkId::new("lake")?,
+            0,
+            &table,
+            conformance_schema(),
+        );
+        IcebergSink::new(config).await
+    }
+
+    async fn visible_ids(&self, run: &KilledRun) -> Result<Vec<i64>> {
+        Ok(Warehouse::read(run).await.ids)
+    }
+
+    /// Unreferenced data files, a checkpoint committed in two snapshots, pyiceberg and DuckDB disagreeing.
+    async fn leftovers(&self, run: &KilledRun) -> Result<Vec<String>> {
+        let seen = Warehouse::read(run).await;
+        let mut problems: Vec<String> = seen
+            .unreferenced
+            .iter()
+            .map(|file| format!("unreferenced data file {file}"))
+            .collect();
+        if seen.ids != seen.duckdb_ids {
+            problems.push(format!(
+                "pyiceberg sees {} rows, DuckDB {}",
+                seen.ids.len(),
+                seen.duckdb_ids.len()
+            ));
+        }
+        let mut committed: Vec<&str> = seen
+            .snapshots
+            .iter()
+            .filter(|s| {
+                s["summary"]["added-data-files"]
+                    .as_str()
+                    .is_some_and(|n| n != "0")
+            })
+            .filter_map(|s| s["summary"]["ratchet.checkpoint"].as_str())
+            .collect();
+        committed.sort_unstable();
+        problems.extend(
+            committed
+                .windows(2)
+                .filter(|pair| pair[0] == pair[1])
+                .map(|pair| format!("checkpoint {} committed in two snapshots", pair[0])),
+        );
+        Ok(problems)
+    }
 }
 
-async fn driver(dir: &Path) -> (Driver<LocalCheckpointStore>, SinkHandle) {
-    let lake = lake(dir);
-    let mut driver = Driver::new(
-        LocalCheckpointStore::open(dir.join("state"), 3).unwrap(),
-        DriverConfig::default(),
-    );
-    let config = lake.config(
-        "kill9-job",
-        &sink_id(),
-        0,
-        &table(&lake),
-        conformance_schema(),
-    );
-    let handle = driver
-        .add_sink(IcebergSink::new(config).await.unwrap())
-        .unwrap();
-    (driver, handle)
-}
-
-/// The child's job (does nothing unless `CHILD` is set).
+/// The child's entry point (returns at once in a normal test run).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn child() {
-    let Ok(spec) = std::env::var(CHILD) else {
-        return;
-    };
-    let (step, dir) = spec.split_once(';').unwrap();
-    let step = Step::parse(step).unwrap();
-    let (driver, handle) = driver(Path::new(dir)).await;
-    run_until_killed(
-        driver,
-        handle,
-        step,
-        CRASH_CHECKPOINT,
-        BATCHES,
-        ROWS,
-        conformance_batch,
-    )
-    .await;
-}
-
-/// Restarts from the state the child left, checks what recovery made visible, then runs the job to the end.
-async fn restart_and_finish(dir: &Path, step: Step) {
-    let lake = lake(dir);
-    let (mut driver, handle) = driver(dir).await;
-    let restored = driver.start().await.unwrap();
-    let next = restored.positions.first().map_or(0, |p| p.next_offset);
-    let durable = durable_before(step, CRASH_CHECKPOINT) as i64;
-    assert_eq!(next, durable * BATCHES * ROWS, "restored position");
-    let seen = {
-        let lake = lake.clone();
-        tokio::task::spawn_blocking(move || lake.read(&table(&lake)))
-            .await
-            .unwrap()
-    };
-    assert_eq!(
-        seen.ids,
-        (0..next).collect::<Vec<_>>(),
-        "after recovery the table holds exactly the durable checkpoints"
-    );
-    assert_eq!(seen.ids, seen.duckdb_ids, "pyiceberg and DuckDB agree");
-
-    let mut next = next;
-    while next < RECORDS {
-        let end = (next + ROWS).min(RECORDS);
-        driver
-            .write(handle, &conformance_batch(next..end))
-            .await
-            .unwrap();
-        next = end;
-        driver
-            .checkpoint(conformance_positions(next))
-            .await
-            .unwrap();
+    if let Some(run) = KILL9.child_run() {
+        KILL9.run_child(&Warehouse, run).await
     }
-    driver.close().await.unwrap();
-}
-
-/// One more process with the same job config that only recovers and stops, then the final checks.
-async fn recover_again_and_check(dir: &Path) {
-    let (mut driver, _) = driver(dir).await;
-    driver.start().await.unwrap();
-    driver.close().await.unwrap();
-    let lake = lake(dir);
-    let seen = tokio::task::spawn_blocking(move || lake.read(&table(&lake)))
-        .await
-        .unwrap();
-    assert_eq!(seen.ids, (0..RECORDS).collect::<Vec<_>>(), "every row once");
-    assert_eq!(seen.ids, seen.duckdb_ids, "pyiceberg and DuckDB agree");
-    assert!(seen.unreferenced.is_empty(), "{:?}", seen.unreferenced);
-    let mut data_checkpoints: Vec<&str> = seen
-        .snapshots
-        .iter()
-        .filter(|s| {
-            s["summary"]["added-data-files"]
-                .as_str()
-                .is_some_and(|n| n != "0")
-        })
-        .map(|s| s["summary"]["ratchet.checkpoint"].as_str().unwrap())
-        .collect();
-    let total = data_checkpoints.len();
-    data_checkpoints.sort_unstable();
-    data_checkpoints.dedup();
-    assert_eq!(
-        total,
-        data_checkpoints.len(),
-        "a checkpoint committed twice: {:?}",
-        seen.snapshots
-    );
-}
-
-async fn killed_then_restarted(step: Step) {
-    integration::Services::get();
-    let dir = tempfile::tempdir().unwrap();
-    let spec = format!("{step};{}", dir.path().display());
-    tokio::task::spawn_blocking(move || run_killed_child("kill9::child", CHILD, &spec))
-        .await
-        .unwrap();
-    restart_and_finish(dir.path(), step).await;
-    recover_again_and_check(dir.path()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killed_after_the_durable_record_before_the_catalog_commit_lands_each_row_once() {
-    killed_then_restarted(Step::AfterRecordDurable).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killed_after_the_catalog_commit_before_the_driver_knew_commits_nothing_twice() {
-    killed_then_restarted(Step::AfterCommit).await;
+async fn kill_9_at_every_step_lands_each_row_once_and_commits_nothing_twice() {
+    test_support::Services::get();
+    KILL9.every_step(&Warehouse, "sqlite-local").await;
 }

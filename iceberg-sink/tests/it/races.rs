@@ -18,7 +18,7 @@ use iceberg::spec::DataFile;
 use iceberg::table::Table;
 use iceberg::{Catalog, Namespace, NamespaceIdent, TableCommit, TableCreation, TableIdent};
 use iceberg_sink::{CheckpointWriter, CommitOutcome, IcebergSink, SubtaskKey, TableTarget};
-use integration::conformance::{conformance_batch, conformance_schema};
+use ratchet_conformance::{conformance_batch, conformance_schema};
 
 type Hook = Box<dyn FnOnce() -> BoxFuture<'static, ()> + Send>;
 

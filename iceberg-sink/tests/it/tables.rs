@@ -15,7 +15,7 @@ use connector_api::{
 use iceberg::TableCreation;
 use iceberg::spec::{NestedField, PrimitiveType, Schema, Transform, Type, UnboundPartitionSpec};
 use iceberg_sink::{IcebergSink, IcebergSinkFactory};
-use integration::conformance::{conformance_schema, run_one_checkpoint};
+use ratchet_conformance::{conformance_schema, run_one_checkpoint};
 
 fn registry() -> SinkRegistry {
     let mut registry = SinkRegistry::new();

@@ -54,23 +54,25 @@ pub(crate) fn classify(e: &mysql_async::Error) -> ErrorKind {
     }
 }
 
-/// An error of `phase` about `what`, with the server's message and `xid`'s coordinates.
+/// An error of `phase` about `what`, with `xid`'s coordinates: a server error's message and code in the message (the
+/// driver's error not attached: its text would repeat them), any other error (the connection broke) attached as
+/// the source, not repeated.
 pub(crate) fn my_error(
     phase: Phase,
     xid: Option<&Xid>,
     what: &str,
     e: mysql_async::Error,
 ) -> Error {
-    let detail = match &e {
-        mysql_async::Error::Server(server) => {
-            format!(": {} (error {})", server.message, server.code)
-        }
-        other => format!(": {other}"),
+    let kind = classify(&e);
+    let error = match &e {
+        mysql_async::Error::Server(server) => Error::new(
+            kind,
+            phase,
+            format!("{what}: {} (error {})", server.message, server.code),
+        ),
+        _ => Error::new(kind, phase, what).with_source(e),
     };
-    Xid::locate(
-        Error::new(classify(&e), phase, format!("{what}{detail}")).with_source(e),
-        xid,
-    )
+    Xid::locate(error, xid)
 }
 
 /// The server error code of `e`, if it is one.

@@ -47,30 +47,31 @@ pub(crate) fn classify(e: &tokio_postgres::Error) -> ErrorKind {
     }
 }
 
-/// An error of `phase` about `what`, with the server's message and `xid`'s coordinates.
+/// An error of `phase` about `what`, with `xid`'s coordinates. A server error's message, detail and column are
+/// put in one line of the message, and the driver's error is not attached (its text would repeat them, over
+/// several lines); any other error (the connection broke, a timeout) is attached as the source, not repeated.
 pub(crate) fn pg_error(
     phase: Phase,
     xid: Option<&Xid>,
     what: &str,
     e: tokio_postgres::Error,
 ) -> Error {
-    let detail = e
-        .as_db_error()
-        .map(|db| {
-            let mut text = format!(": {}", db.message());
+    let kind = classify(&e);
+    let error = match e.as_db_error() {
+        Some(db) => {
+            let mut text = format!("{what}: {}", db.message());
             if let Some(detail) = db.detail() {
                 text.push_str(&format!(" ({detail})"));
             }
             if let Some(column) = db.column() {
                 text.push_str(&format!(" [column {column}]"));
             }
-            text
-        })
-        .unwrap_or_default();
-    Xid::locate(
-        Error::new(classify(&e), phase, format!("{what}{detail}")).with_source(e),
-        xid,
-    )
+            text.push_str(&format!(" [SQLSTATE {}]", db.code().code()));
+            Error::new(kind, phase, text)
+        }
+        None => Error::new(kind, phase, what).with_source(e),
+    };
+    Xid::locate(error, xid)
 }
 
 /// Connection options for `connection`, the password from `password_env` when it names one.

@@ -113,9 +113,9 @@ impl PgSession {
                 "the table {} does not fit the batches{hint}",
                 self.config.table
             );
-            let err = pg_error(Phase::Setup, None, &what, e).with_sink(&self.config.sink);
-            Error::new(ErrorKind::Config, Phase::Setup, err.to_string())
+            pg_error(Phase::Setup, None, &what, e)
                 .with_sink(&self.config.sink)
+                .with_kind(ErrorKind::Config)
         })?;
         let mut types = Vec::new();
         for (i, column) in statement.columns().iter().enumerate() {

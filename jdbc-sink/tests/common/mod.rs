@@ -4,9 +4,9 @@
 use std::time::Duration;
 
 use connector_api::{Driver, DriverConfig, LocalCheckpointStore, SinkHandle, SinkId, SubtaskId};
-use integration::Services;
-use integration::conformance::conformance_schema;
 use jdbc_sink::{ConnectionConfig, JdbcSink, JdbcSinkConfig, WriteMode};
+use ratchet_conformance::conformance_schema;
+use test_support::Services;
 
 /// One of the two test databases.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

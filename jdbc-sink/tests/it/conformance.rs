@@ -7,8 +7,8 @@ use crate::common;
 use async_trait::async_trait;
 use common::{Db, config, read, short_name};
 use connector_api::{Result, SinkId, SubtaskId};
-use integration::conformance::{Conformance, ConformanceTarget, run_conformance};
 use jdbc_sink::{DedupConfig, JdbcSink, WriteMode};
+use ratchet_conformance::{Conformance, ConformanceTarget, run_conformance};
 
 struct Table {
     db: Db,

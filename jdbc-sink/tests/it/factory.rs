@@ -6,9 +6,9 @@ use crate::common;
 
 use common::{Db, read, short_name};
 use connector_api::{ErrorKind, SinkRegistry, SinkSpec, SubtaskId};
-use integration::Services;
-use integration::conformance::{conformance_schema, run_one_checkpoint};
 use jdbc_sink::JdbcSinkFactory;
+use ratchet_conformance::{conformance_schema, run_one_checkpoint};
+use test_support::Services;
 
 /// The variable `scripts/services.sh env` exports with the test databases' password.
 const PASSWORD_VARIABLE: &str = "RATCHET_DB_PASSWORD";
@@ -32,7 +32,7 @@ async fn job_file_round_trip(db: Db) {
     });
     let table = short_name(
         "job_",
-        &[&integration::unique_name("factory"), &format!("{db:?}")],
+        &[&test_support::unique_name("factory"), &format!("{db:?}")],
     );
     let url = match db {
         Db::Postgres => format!(

@@ -1,10 +1,18 @@
-//! A real `kill -9` between the durable checkpoint record and `COMMIT PREPARED` / `XA COMMIT`, on PostgreSQL and
-//! MariaDB, with three subtasks writing into one table; then a restart with the same number of subtasks and one
-//! with two. A child process runs the three subtasks (each its own driver, checkpoint directory and partition of
-//! the source) and SIGKILLs itself right after one of them made checkpoint 4's record durable. The parent then:
+//! Real `kill -9`s on PostgreSQL and MariaDB, in xa and upsert mode.
 //!
-//! 1. checks with the independent verifier (psycopg / pymysql) that a prepared transaction of the sink is on the
-//!    server (the crash left one to commit);
+//! At every protocol step, through the conformance kit's runner ([`KillNine`]): a child process runs one
+//! subtask and SIGKILLs itself at the step; the parent recovers and the independent verifier (psycopg / pymysql)
+//! must see exactly the restored checkpoint's records, each once (an upsert table may also show the rows its
+//! pre-commit applied before the kill, once each), and no prepared transaction of the sink; then the job goes on
+//! and a final recovery leaves every record once.
+//!
+//! Then between the durable checkpoint record and `COMMIT PREPARED` / `XA COMMIT` with three subtasks writing
+//! into one table, and a restart with the same number of subtasks and one with two. A child process runs the
+//! three subtasks (each its own driver, checkpoint directory and partition of the source) and SIGKILLs itself
+//! right after one of them made checkpoint 4's record durable. The parent then:
+//!
+//! 1. checks with the verifier that a prepared transaction of the sink is on the server (the crash left one to
+//!    commit);
 //! 2. restarts: with two subtasks, the vanished subtask 2 is recovered first from its own checkpoint directory
 //!    (committing its durable checkpoint, rolling back the rest) and its partition is resumed by subtask 0 from
 //!    the position that recovery restored;
@@ -19,11 +27,101 @@ use crate::common;
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use async_trait::async_trait;
 use common::{Db, read, short_name, sink_driver};
-use connector_api::{Driver, LocalCheckpointStore, SinkHandle, SinkId, SourceOffset, Step};
-use integration::conformance::conformance_batch;
-use integration::crash::kill_at;
-use jdbc_sink::WriteMode;
+use connector_api::{Driver, LocalCheckpointStore, Result, SinkHandle, SinkId, SourceOffset, Step};
+use jdbc_sink::{JdbcSink, WriteMode};
+use ratchet_conformance::conformance_batch;
+use ratchet_conformance::kill9::{KillNine, KillTarget, KilledRun, kill_at};
+
+/// One subtask killed at every step (the child reads the run from `RATCHET_JDBC_KILL9_STEP_CHILD`).
+const KILL9: KillNine = KillNine::new("kill9::child", "RATCHET_JDBC_KILL9_STEP_CHILD");
+/// The same for the upsert mode, whose rows are visible from pre-commit on.
+const KILL9_UPSERT: KillNine = KillNine {
+    visible_at_pre_commit: true,
+    ..KILL9
+};
+
+/// The JDBC sink in one mode on one database, writing a table named after the run.
+struct Table {
+    db: Db,
+    mode: Mode,
+}
+
+impl Table {
+    /// `<pg|mysql>-<xa|upsert>`.
+    fn of(variant: &str) -> Table {
+        let (db, mode) = variant.split_once('-').expect("`<db>-<mode>`");
+        Table {
+            db: db_of(db),
+            mode: Mode::parse(mode),
+        }
+    }
+
+    fn names(run: &KilledRun) -> (String, String) {
+        let table = short_name("kill9_", &[&run.name]);
+        let scope = short_name("k", &[&table]);
+        (table, scope)
+    }
+
+    /// Committed ids, and the prepared transactions of the run's scope.
+    async fn read(&self, run: &KilledRun) -> (Vec<i64>, Vec<String>) {
+        let (db, (table, scope)) = (self.db, Table::names(run));
+        tokio::task::spawn_blocking(move || read(db, &table, &[&scope]))
+            .await
+            .expect("the verifier's task")
+    }
+}
+
+#[async_trait]
+impl KillTarget for Table {
+    type Sink = JdbcSink;
+
+    async fn create_sink(&self, run: &KilledRun) -> Result<JdbcSink> {
+        let (table, scope) = Table::names(run);
+        JdbcSink::new(common::config(
+            self.db,
+            &sink_id(),
+            0,
+            &table,
+            &scope,
+            self.mode.write_mode(),
+        ))
+        .await
+    }
+
+    async fn visible_ids(&self, run: &KilledRun) -> Result<Vec<i64>> {
+        Ok(self.read(run).await.0)
+    }
+
+    async fn leftovers(&self, run: &KilledRun) -> Result<Vec<String>> {
+        Ok(self.read(run).await.1)
+    }
+}
+
+/// The entry point of the runner's child (returns at once in a normal test run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child() {
+    if let Some(run) = KILL9.child_run() {
+        KILL9.run_child(&Table::of(&run.variant), run).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_kill_9_at_every_step() {
+    KILL9.every_step(&Table::of("pg-xa"), "pg-xa").await;
+    KILL9_UPSERT
+        .every_step(&Table::of("pg-upsert"), "pg-upsert")
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_kill_9_at_every_step() {
+    KILL9.every_step(&Table::of("mysql-xa"), "mysql-xa").await;
+    KILL9_UPSERT
+        .every_step(&Table::of("mysql-upsert"), "mysql-upsert")
+        .await;
+}
 
 /// Set in the child: `<pg|mysql>;<table>;<scope>;<state dir>`.
 const CHILD: &str = "RATCHET_JDBC_KILL9_CHILD";
@@ -187,10 +285,10 @@ async fn kill_then_restart_with(kind: &str, mode: Mode, restart_subtasks: u32) {
         "{kind} {}, restart with {restart_subtasks} subtasks",
         mode.name()
     );
-    let table = short_name("kill9_", &[&label, &integration::unique_name("t")]);
+    let table = short_name("kill9_", &[&label, &test_support::unique_name("t")]);
     let scope = short_name("k", &[&table]);
     let state = tempfile::tempdir().unwrap();
-    integration::crash::run_killed_child(
+    ratchet_conformance::kill9::run_killed_child(
         "kill9::child_process_entry_point",
         CHILD,
         &format!(

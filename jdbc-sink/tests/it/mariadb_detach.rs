@@ -29,9 +29,9 @@ use connector_api::{
     CheckpointId, Committer, Driver, DriverConfig, ErrorKind, LocalCheckpointStore, SinkId,
     SubtaskId, TwoPhaseCommit,
 };
-use integration::conformance::{conformance_batch as batch, conformance_positions};
 use jdbc_sink::{ConnectionConfig, JdbcCommittable, JdbcSink, WriteMode, Xid};
 use mysql_async::prelude::Queryable;
+use ratchet_conformance::{conformance_batch as batch, conformance_positions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -41,7 +41,7 @@ fn sink_id() -> SinkId {
 
 /// A fresh table and scope for one test.
 fn names(what: &str) -> (String, String) {
-    let unique = integration::unique_name(what);
+    let unique = test_support::unique_name(what);
     (
         short_name("detach_", &[&unique]),
         short_name("d", &[&unique]),

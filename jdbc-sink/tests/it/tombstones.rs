@@ -8,8 +8,8 @@ use crate::common;
 
 use common::{Db, config, read, short_name, sink_driver};
 use connector_api::{CheckpointId, ErrorKind, SinkId, TwoPhaseCommit};
-use integration::conformance::{conformance_batch as batch, conformance_positions};
 use jdbc_sink::{DedupConfig, JdbcSink, WriteMode};
+use ratchet_conformance::{conformance_batch as batch, conformance_positions};
 
 fn sink_id() -> SinkId {
     SinkId::new("tombstones").unwrap()
@@ -38,7 +38,7 @@ fn ids_except(except: &[i64]) -> Vec<i64> {
 }
 
 async fn tombstones_delete_in_order_with_the_rows(db: Db) {
-    let unique = integration::unique_name("tombstones");
+    let unique = test_support::unique_name("tombstones");
     let table = short_name("tomb_", &[&unique]);
     let scope = short_name("t", &[&unique]);
     let state = tempfile::tempdir().unwrap();
@@ -123,7 +123,7 @@ async fn other_modes_cannot_delete(db: Db) {
         ),
     ];
     for (name, mode) in modes {
-        let unique = integration::unique_name(name);
+        let unique = test_support::unique_name(name);
         let table = short_name("tomb_", &[&unique, name]);
         let scope = short_name("t", &[&unique, name]);
         let mut sink = JdbcSink::new(config(db, &sink_id(), 0, &table, &scope, mode))

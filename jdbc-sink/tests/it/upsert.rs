@@ -10,8 +10,8 @@ use std::sync::Arc;
 use arrow_array::{Int64Array, RecordBatch, StringArray};
 use common::{Db, cli, config, create_keyed_table, short_name};
 use connector_api::{CheckpointId, SinkId, TwoPhaseCommit};
-use integration::conformance::conformance_schema;
 use jdbc_sink::{JdbcSink, WriteMode};
+use ratchet_conformance::conformance_schema;
 
 fn rows(rows: &[(i64, &str)]) -> RecordBatch {
     RecordBatch::try_new(
@@ -25,7 +25,7 @@ fn rows(rows: &[(i64, &str)]) -> RecordBatch {
 }
 
 async fn upsert_sink(db: Db, what: &str) -> (JdbcSink, String) {
-    let unique = integration::unique_name(what);
+    let unique = test_support::unique_name(what);
     let table = short_name("upsert_", &[&unique]);
     create_keyed_table(db, &table);
     cli(
@@ -131,7 +131,7 @@ async fn a_key_inserted_concurrently_is_still_upserted_on_postgres() {
 /// The append mode forgets message ids older than the retention: a new instance's first checkpoint deletes them
 /// from the dedup table (read back with the database's own client), and keeps the fresh ones.
 async fn expired_dedup_ids_are_forgotten(db: Db) {
-    let unique = integration::unique_name("retention");
+    let unique = test_support::unique_name("retention");
     let table = short_name("append_", &[&unique]);
     let scope = short_name("r", &[&unique]);
     let mode = WriteMode::Append {

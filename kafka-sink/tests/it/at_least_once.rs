@@ -9,9 +9,9 @@ use connector_api::{
     CheckpointId, DeliveryGuarantee, Driver, DriverConfig, FaultPoint, LocalCheckpointStore,
     SinkFactory, SinkId, SourceOffset, SubtaskId,
 };
-use integration::Services;
-use integration::conformance::{conformance_batch, conformance_schema};
 use kafka_sink::{KafkaConnection, KafkaSinkFactory, TransactionalIdPool, find_transaction};
+use ratchet_conformance::{conformance_batch, conformance_schema};
+use test_support::Services;
 
 fn at(next: i64) -> Vec<SourceOffset> {
     vec![SourceOffset::new("source", 0, next)]
@@ -53,7 +53,7 @@ async fn driver(
 
 #[tokio::test]
 async fn at_least_once_uses_no_transaction_and_replays_but_never_loses() {
-    let topic = integration::unique_name("alo");
+    let topic = test_support::unique_name("alo");
     let state = tempfile::tempdir().unwrap();
 
     let (mut first, sink) = driver(state.path(), &topic, Some(3)).await;

@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use checkpoint_postgres::{PgCheckpointStore, PgStoreLimits};
 use connector_api::{Driver, DriverConfig, ErrorKind, SinkId, SourceOffset, Step, SubtaskId};
-use integration::Services;
-use integration::conformance::conformance_batch;
-use integration::pause::PauseAt;
 use kafka_sink::{KafkaSink, KafkaSinkConfig};
+use ratchet_conformance::conformance_batch;
+use test_support::Services;
+use test_support::pause::PauseAt;
 
 const ROWS: i64 = 100;
 
@@ -38,8 +38,8 @@ async fn instance(job: &str, topic: &str, pause: Arc<PauseAt>) -> Driver<PgCheck
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_recovery_whose_claim_lapsed_touches_nothing_of_the_next_owners_decided_checkpoint() {
     let services = Services::get();
-    let job = integration::unique_name("claim-fence");
-    let topic = integration::unique_name("claim-fence");
+    let job = test_support::unique_name("claim-fence");
+    let topic = test_support::unique_name("claim-fence");
 
     // The first instance claims the subtask and pauses before recovering its sinks.
     let first_pause = PauseAt::new(Step::AfterLoad);

@@ -6,12 +6,12 @@ use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 use connector_api::{Result, SinkId, SubtaskId};
-use integration::Services;
-use integration::conformance::{Conformance, ConformanceTarget, run_conformance};
 use kafka_sink::{KafkaSink, KafkaSinkConfig};
+use ratchet_conformance::{Conformance, ConformanceTarget, run_conformance};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
+use test_support::Services;
 
 struct Kafka {
     /// Where the sink connects, with `client` settings (TLS, SASL).

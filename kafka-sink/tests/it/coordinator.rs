@@ -1,14 +1,14 @@
 //! Against the real broker: a transaction whose producer was killed with SIGKILL after flushing is committed by
 //! another process at the protocol level (DescribeTransactions + EndTxn), and a read_committed consumer
-//! (confluent-kafka, integration/verifiers) then sees its records; once the broker has aborted a transaction (its
+//! (confluent-kafka, test-support/verifiers) then sees its records; once the broker has aborted a transaction (its
 //! timeout expired), committing it is refused loudly.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
 use connector_api::ErrorKind;
-use integration::Services;
 use kafka_sink::{KafkaConnection, TransactionState, describe_transaction, end_transaction};
+use test_support::Services;
 
 /// A producer that begins a transaction, sends three records, flushes, says so, and waits to be killed.
 const ORPHAN: &str = r#"
@@ -72,8 +72,8 @@ async fn orphaned(
     timeout_ms: u32,
 ) -> (String, String, kafka_sink::TransactionDescription) {
     let bootstrap = Services::get().kafka_bootstrap();
-    let tid = integration::unique_name(name);
-    let topic = integration::unique_name(name);
+    let tid = test_support::unique_name(name);
+    let topic = test_support::unique_name(name);
     orphan_transaction(&tid, &topic, timeout_ms);
     let described = describe_transaction(&KafkaConnection::plaintext(bootstrap), &tid)
         .await
@@ -193,7 +193,7 @@ async fn recovering_a_checkpoint_whose_transaction_the_broker_aborted_names_the_
         }],
     };
     let sink = KafkaSink::new(
-        KafkaSinkConfig::new(bootstrap, &topic, integration::unique_name("lost-prefix")),
+        KafkaSinkConfig::new(bootstrap, &topic, test_support::unique_name("lost-prefix")),
         SinkId::new("lost").unwrap(),
         SubtaskId(0),
     )

@@ -11,11 +11,11 @@ use connector_api::{
     CheckpointId, Driver, DriverConfig, ErrorKind, FaultPoint, LocalCheckpointStore, Report,
     RetryPolicy, SinkHandle, SinkId, SourceOffset, SubtaskId,
 };
-use integration::Services;
-use integration::conformance::conformance_batch;
 use kafka_sink::{
     KafkaConnection, KafkaSink, KafkaSinkConfig, TransactionalIdPool, find_transaction,
 };
+use ratchet_conformance::conformance_batch;
+use test_support::Services;
 
 fn bootstrap() -> &'static str {
     Services::get().kafka_expiring_bootstrap()
@@ -85,8 +85,8 @@ async fn wait_until_expired(prefix: &str) {
 
 #[tokio::test]
 async fn a_cleanly_stopped_job_restarts_after_its_transactional_ids_expired() {
-    let topic = integration::unique_name("expiry-clean");
-    let prefix = integration::unique_name("expiry-clean");
+    let topic = test_support::unique_name("expiry-clean");
+    let prefix = test_support::unique_name("expiry-clean");
     let state = tempfile::tempdir().unwrap();
     let timeout = Duration::from_secs(60);
 
@@ -117,8 +117,8 @@ async fn a_cleanly_stopped_job_restarts_after_its_transactional_ids_expired() {
 
 #[tokio::test]
 async fn a_decided_checkpoint_whose_transaction_was_aborted_and_forgotten_stops_loudly() {
-    let topic = integration::unique_name("expiry-lost");
-    let prefix = integration::unique_name("expiry-lost");
+    let topic = test_support::unique_name("expiry-lost");
+    let prefix = test_support::unique_name("expiry-lost");
     let state = tempfile::tempdir().unwrap();
     let timeout = Duration::from_secs(12);
 

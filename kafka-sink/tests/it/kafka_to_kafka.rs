@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use connector_api::Step;
-use integration::Services;
-use integration::crash::{kill_self, run_killed_child};
 use kafka_sink::{KafkaSinkConfig, KafkaToKafka};
+use ratchet_conformance::kill9::{kill_self, run_killed_child};
 use rdkafka::ClientConfig;
 use rdkafka::producer::{FutureProducer, FutureRecord};
+use test_support::Services;
 
 const CHILD: &str = "RATCHET_K2K_CHILD";
 const RECORDS: usize = 3000;
@@ -55,8 +55,8 @@ async fn killed_mid_transaction_then_resumed_copies_every_record_once() {
     let services = Services::get();
     let bootstrap = services.kafka_bootstrap();
     for step in [Step::AfterWrite, Step::AfterPreCommit, Step::AfterCommit] {
-        let source = integration::unique_name(&format!("k2k-source-{step}"));
-        let target = integration::unique_name(&format!("k2k-target-{step}"));
+        let source = test_support::unique_name(&format!("k2k-source-{step}"));
+        let target = test_support::unique_name(&format!("k2k-target-{step}"));
         let producer: FutureProducer = ClientConfig::new()
             .set("bootstrap.servers", bootstrap)
             .set("enable.idempotence", "true")
@@ -120,8 +120,8 @@ async fn a_stalled_pipeline_is_fenced_by_its_replacement() {
     }
     let services = Services::get();
     let bootstrap = services.kafka_bootstrap();
-    let source = integration::unique_name("k2k-zombie-source");
-    let target = integration::unique_name("k2k-zombie-target");
+    let source = test_support::unique_name("k2k-zombie-source");
+    let target = test_support::unique_name("k2k-zombie-target");
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("enable.idempotence", "true")

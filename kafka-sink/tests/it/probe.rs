@@ -19,16 +19,16 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use connector_api::{CheckpointId, Committer, ErrorKind, Phase, SinkId, SubtaskId, TwoPhaseCommit};
-use integration::Services;
-use integration::conformance::conformance_batch;
 use kafka_sink::{
     KafkaCommittable, KafkaConnection, KafkaSink, KafkaSinkConfig, TransactionState,
     find_transaction,
 };
+use ratchet_conformance::conformance_batch;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use test_support::Services;
 
 /// The checkpoint each test decides.
 const CHECKPOINT: CheckpointId = CheckpointId(2);
@@ -48,7 +48,7 @@ fn sink(topic: &str, prefix: &str) -> KafkaSink {
 
 /// A new topic with a single partition.
 async fn topic(prefix: &str) -> String {
-    let name = integration::unique_name(prefix);
+    let name = test_support::unique_name(prefix);
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", bootstrap())
         .create()
@@ -151,7 +151,7 @@ impl Background {
         let thread = std::thread::spawn({
             let (stop, committed) = (stop.clone(), committed.clone());
             let topic = topic.to_string();
-            let tid = integration::unique_name("probe-background");
+            let tid = test_support::unique_name("probe-background");
             move || -> Result<(), String> {
                 let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
                     .set("bootstrap.servers", bootstrap())
@@ -229,7 +229,7 @@ impl Drop for Background {
 #[tokio::test]
 async fn a_committed_checkpoint_whose_records_were_all_deleted_is_in_doubt_not_lost() {
     let topic = topic("probe-all-deleted").await;
-    let prefix = integration::unique_name("probe-all-deleted");
+    let prefix = test_support::unique_name("probe-all-deleted");
     let c = decided_checkpoint(&topic, &prefix, true).await;
     let range = c.ranges[0].clone();
     let mut background = Background::start(&topic).await;
@@ -278,7 +278,7 @@ async fn a_committed_checkpoint_whose_records_were_all_deleted_is_in_doubt_not_l
 #[tokio::test]
 async fn a_committed_checkpoint_whose_first_record_was_deleted_is_recognised_by_its_last() {
     let topic = topic("probe-first-deleted").await;
-    let prefix = integration::unique_name("probe-first-deleted");
+    let prefix = test_support::unique_name("probe-first-deleted");
     let c = decided_checkpoint(&topic, &prefix, true).await;
     let range = c.ranges[0].clone();
     let mut background = Background::start(&topic).await;
@@ -299,7 +299,7 @@ async fn a_committed_checkpoint_whose_first_record_was_deleted_is_recognised_by_
 #[tokio::test]
 async fn an_aborted_checkpoint_whose_first_record_was_deleted_is_still_lost() {
     let topic = topic("probe-aborted-deleted").await;
-    let prefix = integration::unique_name("probe-aborted-deleted");
+    let prefix = test_support::unique_name("probe-aborted-deleted");
     let c = decided_checkpoint(&topic, &prefix, false).await;
     let range = c.ranges[0].clone();
     let mut background = Background::start(&topic).await;

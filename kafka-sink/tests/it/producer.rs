@@ -1,12 +1,12 @@
 //! Against the real broker: a pooled transactional producer commits, and a second producer on the same id fences
-//! the first. Checked with an independent read_committed consumer (integration/verifiers, confluent-kafka).
+//! the first. Checked with an independent read_committed consumer (test-support/verifiers, confluent-kafka).
 
 use std::time::Duration;
 
 use connector_api::{CheckpointId, ErrorKind, SubtaskId};
-use integration::Services;
 use kafka_sink::{KafkaSinkConfig, classify, open_transactional_producer};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer};
+use test_support::Services;
 
 fn values(topic: &str) -> Vec<String> {
     let services = Services::get();
@@ -25,11 +25,11 @@ fn values(topic: &str) -> Vec<String> {
 #[tokio::test]
 async fn committed_records_are_visible_and_a_zombie_is_fenced() {
     let services = Services::get();
-    let topic = integration::unique_name("kafka-sink-producer");
+    let topic = test_support::unique_name("kafka-sink-producer");
     let config = KafkaSinkConfig::new(
         services.kafka_bootstrap(),
         &topic,
-        integration::unique_name("ratchet-test"),
+        test_support::unique_name("ratchet-test"),
     );
     let id = config
         .id_pool()
@@ -90,7 +90,7 @@ async fn a_prefix_held_by_another_job_is_refused_at_start() {
     use kafka_sink::KafkaSink;
 
     let bootstrap = Services::get().kafka_bootstrap();
-    let prefix = integration::unique_name("shared-prefix");
+    let prefix = test_support::unique_name("shared-prefix");
     let sink_for = |job: &str| {
         let mut config = KafkaSinkConfig::new(bootstrap, &prefix, &prefix);
         config.job = Some(job.to_string());

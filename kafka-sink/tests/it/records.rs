@@ -6,17 +6,17 @@ use std::sync::Arc;
 use arrow_array::{Int32Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema};
 use connector_api::{CheckpointId, SinkId, SubtaskId, TwoPhaseCommit};
-use integration::Services;
 use kafka_sink::{KafkaSink, KafkaSinkConfig, RecordMapping};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
+use test_support::Services;
 
 #[tokio::test]
 async fn key_value_partition_and_header_columns_map_to_the_record() {
     let services = Services::get();
     let bootstrap = services.kafka_bootstrap();
-    let topic = integration::unique_name("records-mapping");
+    let topic = test_support::unique_name("records-mapping");
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .create()

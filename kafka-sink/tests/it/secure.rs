@@ -9,10 +9,10 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 
 use connector_api::{DeliveryGuarantee, ErrorKind, SinkContext, SinkFactory, SinkId, SubtaskId};
-use integration::Services;
-use integration::conformance::{conformance_schema, run_one_checkpoint};
 use kafka_sink::{KafkaConnection, KafkaSinkConfig, KafkaSinkFactory, find_transaction};
+use ratchet_conformance::{conformance_schema, run_one_checkpoint};
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use test_support::Services;
 
 const MECHANISMS: [&str; 3] = ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"];
 
@@ -30,7 +30,7 @@ async fn every_mechanism_works_for_librdkafka_and_the_protocol_level_client() {
     for mechanism in MECHANISMS {
         let kafka = connection(mechanism, |_| {});
         // The protocol-level client: TLS handshake, SASL exchange, then FindCoordinator + DescribeTransactions.
-        let never_used = integration::unique_name("secure-unknown-id");
+        let never_used = test_support::unique_name("secure-unknown-id");
         let found = find_transaction(&kafka, &never_used)
             .await
             .unwrap_or_else(|e| panic!("{mechanism}: {}", connector_api::Report(&e)));
@@ -124,7 +124,7 @@ async fn a_password_from_the_environment_appears_in_no_debug_output_and_no_log()
     tracing::subscriber::set_global_default(subscriber).unwrap();
 
     let (bootstrap, client) = services.kafka_sasl_ssl("SCRAM-SHA-256");
-    let topic = integration::unique_name("secure-env");
+    let topic = test_support::unique_name("secure-env");
     let mut client = client;
     client.remove("sasl.password");
     let settings = serde_json::json!({

@@ -8,14 +8,14 @@
 use std::time::Duration;
 
 use connector_api::{CheckpointId, Committer, ErrorKind, SinkId, SubtaskId, TwoPhaseCommit};
-use integration::Services;
-use integration::conformance::conformance_batch;
 use kafka_sink::{
     KafkaCommittable, KafkaConnection, KafkaSink, KafkaSinkConfig, TransactionState,
     find_transaction,
 };
+use ratchet_conformance::conformance_batch;
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use test_support::Services;
 
 fn sink(topic: &str, prefix: &str, subtask: u32, timeout: Duration) -> KafkaSink {
     let mut config = KafkaSinkConfig::new(Services::get().kafka_bootstrap(), topic, prefix);
@@ -104,8 +104,8 @@ async fn wait_until_broker_aborted(tid: &str) {
 #[tokio::test]
 async fn a_transaction_the_broker_aborted_is_lost_though_another_subtask_committed_inside_its_range()
  {
-    let topic = integration::unique_name("shared-aborted");
-    let prefix = integration::unique_name("shared-aborted");
+    let topic = test_support::unique_name("shared-aborted");
+    let prefix = test_support::unique_name("shared-aborted");
     let mut zero = sink(&topic, &prefix, 0, Duration::from_secs(5));
     let mut one = sink(&topic, &prefix, 1, Duration::from_secs(60));
     let (first, second) = interleaved(&topic, &mut zero, &mut one).await;
@@ -127,8 +127,8 @@ async fn a_transaction_the_broker_aborted_is_lost_though_another_subtask_committ
 
 #[tokio::test]
 async fn a_committed_transaction_is_recognised_though_another_subtask_aborted_inside_its_range() {
-    let topic = integration::unique_name("shared-committed");
-    let prefix = integration::unique_name("shared-committed");
+    let topic = test_support::unique_name("shared-committed");
+    let prefix = test_support::unique_name("shared-committed");
     let timeout = Duration::from_secs(60);
     let mut zero = sink(&topic, &prefix, 0, timeout);
     let mut one = sink(&topic, &prefix, 1, timeout);

@@ -10,12 +10,12 @@ use std::time::{Duration, Instant};
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, RecordBatch};
 use connector_api::{ErrorKind, SourceOffset};
-use integration::Services;
 use kafka_source::{Gap, GapPolicy, KafkaConnection, KafkaSource, KafkaSourceOptions};
 use rdkafka::admin::{AdminClient, AdminOptions, NewPartitions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use test_support::Services;
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -136,7 +136,7 @@ fn position(source: &KafkaSource, partition: i32) -> Option<i64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partition_without_a_position_starts_at_its_log_start_not_at_offset_0() {
-    let topic = integration::unique_name("edge-unread");
+    let topic = test_support::unique_name("edge-unread");
     create_topic(&topic, 2).await;
     produce(&topic, 0, 0..5);
     let kafka = KafkaConnection::plaintext(bootstrap());
@@ -164,7 +164,7 @@ async fn a_partition_without_a_position_starts_at_its_log_start_not_at_offset_0(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_saved_position_below_the_log_start_stops_the_source_or_skips_with_earliest() {
-    let topic = integration::unique_name("edge-gap");
+    let topic = test_support::unique_name("edge-gap");
     create_topic(&topic, 1).await;
     produce(&topic, 0, 0..5);
     let kafka = KafkaConnection::plaintext(bootstrap());
@@ -211,7 +211,7 @@ async fn a_saved_position_below_the_log_start_stops_the_source_or_skips_with_ear
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_source_that_falls_behind_the_log_start_while_running_is_stopped() {
-    let topic = integration::unique_name("edge-lagging");
+    let topic = test_support::unique_name("edge-lagging");
     create_topic(&topic, 1).await;
     // One record per record batch, so that a small fetch takes a few records, not the whole log.
     produce_batched(&topic, 0, 0..2000, 1);
@@ -248,7 +248,7 @@ async fn a_source_that_falls_behind_the_log_start_while_running_is_stopped() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitions_added_while_running_are_read_from_their_beginning() {
-    let topic = integration::unique_name("edge-grow");
+    let topic = test_support::unique_name("edge-grow");
     create_topic(&topic, 1).await;
     produce(&topic, 0, 0..3);
     let kafka = KafkaConnection::plaintext(bootstrap());
@@ -284,7 +284,7 @@ async fn partitions_added_while_running_are_read_from_their_beginning() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_topic_deleted_and_created_again_is_refused_naming_it() {
-    let topic = integration::unique_name("edge-recreated");
+    let topic = test_support::unique_name("edge-recreated");
     create_topic(&topic, 1).await;
     produce(&topic, 0, 0..5);
     let kafka = KafkaConnection::plaintext(bootstrap());

@@ -12,12 +12,12 @@ use arrow_array::types::Int64Type;
 use arrow_array::{Array, RecordBatch};
 use arrow_schema::{DataType, Field, Schema};
 use connector_api::{ErrorKind, SourceOffset};
-use integration::Services;
 use kafka_source::{Decoding, KafkaConnection, KafkaSource, KafkaSourceOptions};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use test_support::Services;
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -26,7 +26,7 @@ fn bootstrap() -> &'static str {
 }
 
 async fn topic(prefix: &str, partitions: i32) -> String {
-    let name = integration::unique_name(prefix);
+    let name = test_support::unique_name(prefix);
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", bootstrap())
         .create()
@@ -99,7 +99,7 @@ fn values(batches: &[RecordBatch]) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_committed_records_once_across_a_reopen_from_positions() {
     let topic = topic("source-committed", 3).await;
-    let transactional = producer(Some(&integration::unique_name("source-txn")));
+    let transactional = producer(Some(&test_support::unique_name("source-txn")));
     transactional
         .init_transactions(Duration::from_secs(30))
         .unwrap();

@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 
 use arrow_array::RecordBatch;
 use arrow_array::builder::{ArrayBuilder, Int32Builder, Int64Builder, StringBuilder};
-use integration::Services;
 use kafka_source::{KafkaConnection, text_schema};
 use nix::sys::resource::{UsageWho, getrusage};
 use parquet::arrow::ArrowWriter;
@@ -22,6 +21,7 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::{Message, Offset, TopicPartitionList};
+use test_support::Services;
 
 /// Producer settings of every job, so they all send the same way.
 pub const PRODUCER: &[(&str, &str)] = &[
@@ -101,7 +101,7 @@ pub fn usage() -> (f64, f64) {
 pub fn plain_consumer(topic: &str) -> BaseConsumer {
     let consumer: BaseConsumer = KafkaConnection::plaintext(bootstrap())
         .consumer_config()
-        .set("group.id", integration::unique_name("bench-plain"))
+        .set("group.id", test_support::unique_name("bench-plain"))
         .set("enable.auto.commit", "false")
         .set("isolation.level", "read_committed")
         .create()

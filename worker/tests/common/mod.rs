@@ -11,11 +11,11 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use integration::Services;
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewPartitions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{FutureProducer, FutureRecord};
+use test_support::Services;
 
 /// One job: its files, names and the records produced so far.
 pub struct Job {
@@ -71,7 +71,7 @@ impl Job {
         extra: impl Fn(&str) -> String,
     ) -> Self {
         let services = Services::get();
-        let name = integration::unique_name(prefix).replace('-', "_");
+        let name = test_support::unique_name(prefix).replace('-', "_");
         let topic = format!("{name}-in");
         let copy_topic = format!("{name}-copy");
         let admin: AdminClient<DefaultClientContext> = ClientConfig::new()

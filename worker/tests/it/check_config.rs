@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use integration::Services;
+use test_support::Services;
 
 /// A job file of the four sink kinds, each to be created on first run, with `store` and `kafka_sink_bootstrap`.
 fn job_file(
@@ -95,7 +95,7 @@ fn text(out: &Output) -> String {
 }
 
 async fn topic(name: &str) -> String {
-    let topic = integration::unique_name(name);
+    let topic = test_support::unique_name(name);
     common::create_topic(&topic, 2).await;
     topic
 }
@@ -110,7 +110,7 @@ fn table_exists(table: &str) -> bool {
 #[tokio::test(flavor = "multi_thread")]
 async fn on_a_fresh_local_store_check_config_passes_writes_nothing_and_run_works() {
     let dir = tempfile::tempdir().unwrap();
-    let name = integration::unique_name("fresh_local").replace('-', "_");
+    let name = test_support::unique_name("fresh_local").replace('-', "_");
     let topic = topic(&name).await;
     let state = dir.path().join("state");
     let store = format!("[store]\nkind = \"local\"\npath = \"{}\"", state.display());
@@ -146,7 +146,7 @@ async fn on_a_fresh_local_store_check_config_passes_writes_nothing_and_run_works
 async fn on_a_fresh_postgres_store_check_config_passes_and_writes_nothing() {
     let services = Services::get();
     let dir = tempfile::tempdir().unwrap();
-    let name = integration::unique_name("fresh_pg").replace('-', "_");
+    let name = test_support::unique_name("fresh_pg").replace('-', "_");
     let topic = topic(&name).await;
     services.psql(&format!("CREATE DATABASE \"{name}\""));
     let (base, _) = services.pg_url().rsplit_once('/').unwrap();
@@ -180,7 +180,7 @@ async fn on_a_fresh_postgres_store_check_config_passes_and_writes_nothing() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_kafka_sink_whose_broker_does_not_answer_fails_its_line() {
     let dir = tempfile::tempdir().unwrap();
-    let name = integration::unique_name("deaf_sink").replace('-', "_");
+    let name = test_support::unique_name("deaf_sink").replace('-', "_");
     let topic = topic(&name).await;
     let store = format!(
         "[store]\nkind = \"local\"\npath = \"{}\"",
@@ -205,7 +205,7 @@ async fn a_kafka_sink_whose_broker_does_not_answer_fails_its_line() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_misspelt_sink_key_stops_run_at_once() {
     let dir = tempfile::tempdir().unwrap();
-    let name = integration::unique_name("typo").replace('-', "_");
+    let name = test_support::unique_name("typo").replace('-', "_");
     let topic = topic(&name).await;
     let store = format!(
         "[store]\nkind = \"local\"\npath = \"{}\"",

@@ -8,7 +8,7 @@ use crate::common;
 use std::time::{Duration, Instant};
 
 use common::Job;
-use integration::Services;
+use test_support::Services;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_records_and_refused_rows_go_to_the_dead_letter_topic_once() {

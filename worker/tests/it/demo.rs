@@ -7,7 +7,7 @@ use crate::common;
 
 use std::process::Command;
 
-use integration::Services;
+use test_support::Services;
 
 const RECORDS: i64 = 20_000;
 

@@ -11,13 +11,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use integration::Services;
 use rdkafka::ClientConfig;
 use rdkafka::producer::{FutureProducer, FutureRecord};
+use test_support::Services;
 
 /// A topic holding `{"id": n}` for `ids`.
 async fn topic_with(prefix: &str, ids: std::ops::Range<i64>) -> String {
-    let topic = integration::unique_name(prefix);
+    let topic = test_support::unique_name(prefix);
     common::create_topic(&topic, 1).await;
     produce(&topic, ids).await;
     topic
@@ -101,7 +101,7 @@ impl Lake {
             ),
             table: format!(
                 "{}.orders",
-                integration::unique_name("lake").replace('-', "_")
+                test_support::unique_name("lake").replace('-', "_")
             ),
             others: String::new(),
         }
@@ -159,7 +159,7 @@ async fn two_jobs_whose_sinks_share_their_ids_write_one_table_topic_directory_wi
     let us = topic_with("orders-us", 1000..1300).await;
     // One copy topic, one directory, one SQL table for both jobs; no prefix, scope or job setting anywhere.
     let copy = topic_with("orders-copy", 0..0).await;
-    let sql_table = integration::unique_name("orders").replace('-', "_");
+    let sql_table = test_support::unique_name("orders").replace('-', "_");
     let out = dir.path().join("out");
     lake.others = format!(
         r#"
@@ -188,8 +188,8 @@ create_table = true
     let state = dir.path().join("state");
     // Names no earlier run used: the SQL table's owner rows outlive a test's directory.
     let (name_eu, name_us) = (
-        integration::unique_name("orders-eu"),
-        integration::unique_name("orders-us"),
+        test_support::unique_name("orders-eu"),
+        test_support::unique_name("orders-us"),
     );
     // Run each twice, so each recovers (and cleans up) after the other wrote.
     for _ in 0..2 {

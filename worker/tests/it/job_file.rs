@@ -8,10 +8,10 @@ use connector_api::{
     SourceOffset, SubtaskId,
 };
 use file_sink::FileSinkFactory;
-use integration::Services;
-use integration::conformance::{conformance_batch, conformance_schema};
 use kafka_sink::KafkaSinkFactory;
+use ratchet_conformance::{conformance_batch, conformance_schema};
 use serde::Deserialize;
+use test_support::Services;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -32,7 +32,7 @@ async fn a_job_file_with_a_kafka_and_a_file_sink_runs_through_the_registry() {
     let services = Services::get();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("archive");
-    let topic = integration::unique_name("job-file");
+    let topic = test_support::unique_name("job-file");
     let text = format!(
         r#"
 [[sinks]]

@@ -7,7 +7,7 @@ use crate::common;
 use std::time::{Duration, Instant};
 
 use common::Job;
-use integration::Services;
+use test_support::Services;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_fast_path_copies_exactly_once_across_a_sigkill() {

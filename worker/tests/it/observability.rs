@@ -79,7 +79,7 @@ async fn metrics_json_logs_and_a_graceful_stop() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_second_signal_exits_at_once_and_loses_nothing_checkpointed() {
-    use integration::Services;
+    use test_support::Services;
 
     let mut job = Job::new("second-signal", 2, 2, "3s").await;
     job.produce(2000).await;

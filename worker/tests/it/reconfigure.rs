@@ -12,7 +12,7 @@ use common::Job;
 
 /// The ids pyiceberg reads in the job's Iceberg table (files carried for a later snapshot are in none yet).
 fn lake_ids(job: &Job) -> Vec<i64> {
-    let services = integration::Services::get();
+    let services = test_support::Services::get();
     let seen = services.verify(
         "iceberg_table.py",
         &[

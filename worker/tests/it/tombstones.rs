@@ -10,7 +10,7 @@ use crate::common;
 use std::time::Duration;
 
 use common::{Job, free_port, scrape, total};
-use integration::Services;
+use test_support::Services;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn tombstones_reach_the_kafka_sink_and_are_skipped_by_the_others() {

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use connector_api::{SinkId, SubtaskId};
 use file_sink::{FileSinkConfig, S3Config, StorageConfig};
-use integration::Services;
-use integration::conformance::conformance_schema;
+use ratchet_conformance::conformance_schema;
+use test_support::Services;
 
 /// Where a test's files go.
 #[derive(Clone)]
@@ -25,7 +25,7 @@ impl Place {
 
     pub fn s3(test: &str) -> Self {
         Place::S3 {
-            prefix: format!("file-sink-tests/{}", integration::unique_name(test)),
+            prefix: format!("file-sink-tests/{}", test_support::unique_name(test)),
         }
     }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 use arrow_schema::SchemaRef;
 use connector_api::{SinkId, SubtaskId};
 use iceberg_sink::{CatalogConfig, IcebergSinkConfig, S3Settings};
-use integration::Services;
+use test_support::Services;
 
 /// A catalog and warehouse the tests write into, isolated by namespace.
 #[derive(Debug, Clone)]
@@ -21,7 +21,7 @@ pub struct Lake {
 }
 
 /// The sink's S3 settings for the SeaweedFS test endpoint.
-fn seaweed_s3(s3: &integration::S3Endpoint) -> S3Settings {
+fn seaweed_s3(s3: &test_support::S3Endpoint) -> S3Settings {
     S3Settings {
         endpoint: Some(s3.endpoint.clone()),
         region: Some(s3.region.clone()),

@@ -223,13 +223,14 @@ impl MySqlSession {
                     Some(1054) => " (every column of the batches must exist in the table, with the same name)",
                     _ => "",
                 };
-                let err = my_error(
+                my_error(
                     Phase::Setup,
                     None,
                     &format!("the table {} does not fit the batches{hint}", config.table),
                     e,
-                );
-                Error::new(ErrorKind::Config, Phase::Setup, err.to_string()).with_sink(&config.sink)
+                )
+                .with_sink(&config.sink)
+                .with_kind(ErrorKind::Config)
             })?;
         let rows_per_statement =
             (MAX_PLACEHOLDERS / shape.names.len().max(1)).clamp(1, MAX_ROWS_PER_STATEMENT);

@@ -12,7 +12,7 @@ use std::time::Duration;
 fn repo_root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
-        .expect("integration/ sits in the repository root")
+        .expect("test-support/ sits in the repository root")
 }
 
 /// An S3 endpoint with fixed test credentials.
@@ -38,7 +38,7 @@ pub struct S3Endpoint {
 #[derive(Debug)]
 pub struct Services {
     vars: BTreeMap<String, String>,
-    /// Long-lived verifier interpreters (`integration/verifiers/serve.py`) not in use right now.
+    /// Long-lived verifier interpreters (`test-support/verifiers/serve.py`) not in use right now.
     verifiers: Mutex<Vec<Verifier>>,
 }
 
@@ -52,7 +52,7 @@ struct Verifier {
 
 impl Verifier {
     fn spawn(python: &std::path::Path, vars: &BTreeMap<String, String>) -> Self {
-        let server = repo_root().join("integration/verifiers/serve.py");
+        let server = repo_root().join("test-support/verifiers/serve.py");
         let mut child = Command::new(python)
             .arg(&server)
             .envs(vars)
@@ -267,13 +267,13 @@ impl Services {
         (ids, seen["partitions"].clone())
     }
 
-    /// Runs the independent verifier `integration/verifiers/<script>` with `args` and returns what it printed
+    /// Runs the independent verifier `test-support/verifiers/<script>` with `args` and returns what it printed
     /// (JSON). Fails the test with the verifier's stderr when it fails.
     ///
-    /// The scripts run in long-lived interpreters (`integration/verifiers/serve.py`, one per concurrent caller),
+    /// The scripts run in long-lived interpreters (`test-support/verifiers/serve.py`, one per concurrent caller),
     /// exactly as a one-shot run would execute them, without paying Python's start-up and imports every time.
     pub fn verify(&self, script: &str, args: &[&str]) -> serde_json::Value {
-        let path = repo_root().join("integration/verifiers").join(script);
+        let path = repo_root().join("test-support/verifiers").join(script);
         let idle = self.verifiers.lock().expect("verifier pool").pop();
         let mut verifier = idle.unwrap_or_else(|| Verifier::spawn(&self.python(), &self.vars));
         let (ok, stdout, stderr) = verifier.run(&path, args);

@@ -3,8 +3,8 @@
 
 use async_trait::async_trait;
 use connector_api::{Result, SinkId, SubtaskId};
-use integration::conformance::{Conformance, ConformanceTarget, Report, StoreBug, run_conformance};
-use integration::reference::{Broken, ReferenceSink, ReferenceSystem};
+use ratchet_conformance::reference::{Broken, ReferenceSink, ReferenceSystem};
+use ratchet_conformance::{Conformance, ConformanceTarget, Report, StoreBug, run_conformance};
 
 struct Reference(ReferenceSystem);
 

@@ -1,5 +1,10 @@
-//! The conformance harness: proves, for any [`TwoPhaseCommit`] sink, that crashes at any protocol step lose
-//! nothing and duplicate nothing.
+//! The conformance kit for Ratchet sinks: the harness that proves, for any [`TwoPhaseCommit`] sink, that crashes
+//! at any protocol step lose nothing and duplicate nothing ([`run_conformance`]); the in-memory
+//! [`reference`](mod@reference) sink and deliberately broken variants of it that prove the harness; and the real
+//! `kill -9` runner ([`kill9`]) a sink's crash test drives its sink through, process and all.
+//!
+//! Nothing here knows a server: a sink's tests bring their own destination and independent reader (Ratchet's own
+//! tests get theirs from the `test-support` crate).
 //!
 //! A sink author supplies a [`ConformanceTarget`]: a factory for sink instances writing into an isolated
 //! destination per scenario run, and an *independent* reader of what is visible there (a read_committed Kafka
@@ -26,8 +31,8 @@
 //! ```no_run
 //! use async_trait::async_trait;
 //! use connector_api::{Result, SinkId, SubtaskId};
-//! use integration::conformance::{Conformance, ConformanceTarget, run_conformance};
-//! use integration::reference::{ReferenceSink, ReferenceSystem};
+//! use ratchet_conformance::{Conformance, ConformanceTarget, run_conformance};
+//! use ratchet_conformance::reference::{ReferenceSink, ReferenceSystem};
 //!
 //! struct MyTarget(ReferenceSystem);
 //!
@@ -50,13 +55,17 @@
 //!
 //! A crash here is in-process: the driver stops at the injected [`FaultPoint`](connector_api::FaultPoint) without
 //! aborting or cleaning up anything and every sink instance is dropped, like a killed process (an in-flight
-//! commit task is cancelled). `ratchet`'s own tests add real `kill -9` runs on top.
+//! commit task is cancelled). [`kill9`] adds real `kill -9` runs on top.
+
+#![deny(missing_docs)]
 
 mod alone;
 mod engine;
 mod faults;
 mod handover;
+pub mod kill9;
 mod overlap;
+pub mod reference;
 mod report;
 mod scenario;
 mod source;
@@ -177,4 +186,12 @@ pub async fn run_conformance<T: ConformanceTarget>(
     };
     println!("{report}");
     report
+}
+
+/// A name no other test run uses: `<prefix>-<pid>-<nanoseconds>`, for topics, tables, prefixes and directories.
+pub fn unique_name(prefix: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{prefix}-{}-{nanos}", std::process::id())
 }

@@ -6,6 +6,9 @@
 //! slot until committed or aborted, a `begin` on a slot that still holds a transaction continues it (like reusing a
 //! transactional id whose transaction was never aborted), and `recover` raises the sink's epoch, fencing older
 //! instances.
+//!
+//! [`ReferenceSystem::persistent`] keeps the system's state in a file instead, so that it outlives a process: the
+//! `kill -9` runner's own tests use it to show the runner catches what the harness catches.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -37,14 +40,14 @@ pub enum Broken {
     BlindIsCommitted,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Serialize, Deserialize)]
 struct Txn {
     checkpoint: u64,
     rows: Vec<i64>,
     prepared: bool,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Serialize, Deserialize)]
 struct SinkState {
     epoch: u64,
     slots: HashMap<u64, Txn>,
@@ -62,7 +65,12 @@ pub struct ReferenceSystem {
     transaction_timeout: Option<Duration>,
     /// While set, commits never answer (a server that stopped replying without closing anything).
     silent_commits: Arc<std::sync::atomic::AtomicBool>,
+    /// The file the state lives in, for a system that outlives a process.
+    file: Option<Arc<std::path::PathBuf>>,
 }
+
+/// The state of a persistent system, as stored in its file.
+type Stored = Vec<((String, SinkId), SinkState)>;
 
 impl ReferenceSystem {
     /// A correct system.
@@ -76,6 +84,30 @@ impl ReferenceSystem {
             broken: Some(bug),
             ..Self::default()
         }
+    }
+
+    /// A system (correct, or with `bug`) whose state lives in `file`: read before and written (replaced
+    /// atomically) after every operation, so that a process killed at any moment leaves it as a real server
+    /// would, and the next process sees it. For one process at a time.
+    pub fn persistent(file: impl Into<std::path::PathBuf>, bug: Option<Broken>) -> Self {
+        Self {
+            broken: bug,
+            file: Some(Arc::new(file.into())),
+            ..Self::default()
+        }
+    }
+
+    /// The transactions still open or prepared for `sink` in run `run`, one description each.
+    pub fn open_transactions(&self, run: &str, sink: &SinkId) -> Vec<String> {
+        self.with(&(run.to_string(), sink.clone()), |state| {
+            let mut open: Vec<String> = state
+                .slots
+                .iter()
+                .map(|(slot, txn)| format!("slot {slot}: checkpoint {}", txn.checkpoint))
+                .collect();
+            open.sort();
+            open
+        })
     }
 
     /// A system whose sinks declare `timeout` as their transaction timeout (for the driver's timeout budget).
@@ -104,21 +136,48 @@ impl ReferenceSystem {
 
     /// Ids visible for `sink` in run `run`, one entry per visible copy.
     pub fn visible(&self, run: &str, sink: &SinkId) -> Vec<i64> {
-        let state = self.state.lock().expect("reference state");
-        state
-            .get(&(run.to_string(), sink.clone()))
-            .map(|s| s.visible.clone())
-            .unwrap_or_default()
+        self.with(&(run.to_string(), sink.clone()), |state| {
+            state.visible.clone()
+        })
     }
 
     fn with<R>(&self, key: &(String, SinkId), f: impl FnOnce(&mut SinkState) -> R) -> R {
         let mut state = self.state.lock().expect("reference state");
-        f(state.entry(key.clone()).or_default())
+        if let Some(file) = &self.file {
+            *state = load(file);
+        }
+        let result = f(state.entry(key.clone()).or_default());
+        if let Some(file) = &self.file {
+            store(file, &state);
+        }
+        result
     }
 
     fn is(&self, bug: Broken) -> bool {
         self.broken == Some(bug)
     }
+}
+
+/// The state in `file` (empty when there is none yet).
+fn load(file: &std::path::Path) -> HashMap<(String, SinkId), SinkState> {
+    match std::fs::read(file) {
+        Ok(bytes) => serde_json::from_slice::<Stored>(&bytes)
+            .expect("a reference system's state file")
+            .into_iter()
+            .collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => HashMap::new(),
+        Err(e) => panic!("cannot read {}: {e}", file.display()),
+    }
+}
+
+/// Replaces `file` with `state` (a rename, so a kill leaves the old state or the new one).
+fn store(file: &std::path::Path, state: &HashMap<(String, SinkId), SinkState>) {
+    let stored: Vec<(&(String, SinkId), &SinkState)> = state.iter().collect();
+    let bytes = serde_json::to_vec(&stored).expect("reference state as JSON");
+    let temporary = file.with_extension("tmp");
+    std::fs::write(&temporary, bytes)
+        .and_then(|()| std::fs::rename(&temporary, file))
+        .unwrap_or_else(|e| panic!("cannot write {}: {e}", file.display()));
 }
 
 /// What commits one reference transaction.

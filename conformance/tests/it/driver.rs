@@ -13,8 +13,8 @@ use connector_api::{
     OwnerEpoch, Phase, RecoveryPlan, Result, RetryPolicy, SinkId, SourceOffset, TwoPhaseCommit,
     committables_in,
 };
-use integration::conformance::conformance_batch;
-use integration::reference::{ReferenceSink, ReferenceSystem};
+use ratchet_conformance::conformance_batch;
+use ratchet_conformance::reference::{ReferenceSink, ReferenceSystem};
 
 const RUN: &str = "driver-test";
 

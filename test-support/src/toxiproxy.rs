@@ -8,7 +8,7 @@
 //!
 //! ```no_run
 //! # async fn demo() {
-//! let services = integration::Services::get();
+//! let services = test_support::Services::get();
 //! let proxy = services.toxiproxy().proxy("pg", services.pg_host_port()).await;
 //! let url = services.pg_url().replace(services.pg_host_port(), proxy.address());
 //! proxy.blackhole().await;
