@@ -3,12 +3,15 @@
 //! SQL catalog on PostgreSQL), with the checkpoint store in PostgreSQL; worker processes started from the built
 //! binary; every sink read back by its independent verifier (pyarrow, a read_committed confluent-kafka consumer,
 //! psycopg, pyiceberg and DuckDB).
-#![allow(dead_code)]
+//!
+//! Shared by the test binaries `it`, `chaos` and `grey`, none of which uses every helper.
+#![allow(dead_code, unused_imports)]
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
+mod http;
+mod process;
+
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rdkafka::ClientConfig;
@@ -16,6 +19,9 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewPartitions, NewTopic, TopicRe
 use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use test_support::Services;
+
+pub use http::{free_port, http_get, scrape, total};
+pub use process::Worker;
 
 /// One job: its files, names and the records produced so far.
 pub struct Job {
@@ -542,82 +548,6 @@ create_table = true
     }
 }
 
-/// A running `ratchet run` process.
-pub struct Worker {
-    pub child: Option<Child>,
-    pub log: PathBuf,
-}
-
-impl Worker {
-    fn pid(&self) -> nix::unistd::Pid {
-        nix::unistd::Pid::from_raw(self.child.as_ref().unwrap().id() as i32)
-    }
-
-    /// Sends `signal`.
-    pub fn signal(&self, signal: nix::sys::signal::Signal) {
-        nix::sys::signal::kill(self.pid(), signal).unwrap();
-    }
-
-    /// SIGKILL, and reaps it.
-    pub fn kill9(&mut self) {
-        self.signal(nix::sys::signal::Signal::SIGKILL);
-        self.child.take().unwrap().wait().unwrap();
-    }
-
-    /// SIGTERM, then waits for the exit (at most `within`) and asserts it was clean.
-    pub fn stop(&mut self, within: Duration) {
-        self.signal(nix::sys::signal::Signal::SIGTERM);
-        self.wait_exit(within);
-    }
-
-    /// Waits for the exit (at most `within`) and asserts it was clean.
-    pub fn wait_exit(&mut self, within: Duration) {
-        let mut child = self.child.take().unwrap();
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                assert!(
-                    status.success(),
-                    "worker exited with {status}:\n{}",
-                    self.log_text()
-                );
-                return;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                panic!(
-                    "worker did not exit within {within:?}:\n{}",
-                    self.log_text()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// Whether it has exited, and how.
-    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
-        self.child.as_mut().unwrap().try_wait().unwrap()
-    }
-
-    /// What it logged.
-    pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            // The test failed: show what the worker said (its directory goes with the test's).
-            eprintln!("--- {} ---\n{}", self.log.display(), self.log_text());
-        }
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
 /// Creates `topic` with `partitions` partitions on the test cluster.
 pub async fn create_topic(topic: &str, partitions: i32) {
     for result in admin()
@@ -637,43 +567,6 @@ fn admin() -> AdminClient<DefaultClientContext> {
         .set("bootstrap.servers", Services::get().kafka_bootstrap())
         .create()
         .unwrap()
-}
-
-/// A port nothing listens on now.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// `GET <path>` from the worker's HTTP listener (HTTP/1.0, so the server closes the connection after the body):
-/// the status code and the body.
-pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream
-        .write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
-        .ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    let (head, body) = response.split_once("\r\n\r\n")?;
-    let status = head.split(' ').nth(1)?.parse().ok()?;
-    Some((status, body.to_string()))
-}
-
-/// `GET /metrics`: the body.
-pub fn scrape(port: u16) -> Option<String> {
-    http_get(port, "/metrics").map(|(_, body)| body)
-}
-
-/// The sum of the samples of `metric` (whatever their labels) in `body`.
-pub fn total(body: &str, metric: &str) -> f64 {
-    body.lines()
-        .filter(|l| l.starts_with(metric) && !l.starts_with('#'))
-        .filter(|l| l[metric.len()..].starts_with(['{', ' ']))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 /// The ids of a verifier's JSON list, sorted.

@@ -1,0 +1,81 @@
+//! A `ratchet run` process under test: signals, kill -9, a clean stop, its log.
+
+use std::path::PathBuf;
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+/// A running `ratchet run` process.
+pub struct Worker {
+    pub child: Option<Child>,
+    pub log: PathBuf,
+}
+
+impl Worker {
+    fn pid(&self) -> nix::unistd::Pid {
+        nix::unistd::Pid::from_raw(self.child.as_ref().unwrap().id() as i32)
+    }
+
+    /// Sends `signal`.
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(self.pid(), signal).unwrap();
+    }
+
+    /// SIGKILL, and reaps it.
+    pub fn kill9(&mut self) {
+        self.signal(nix::sys::signal::Signal::SIGKILL);
+        self.child.take().unwrap().wait().unwrap();
+    }
+
+    /// SIGTERM, then waits for the exit (at most `within`) and asserts it was clean.
+    pub fn stop(&mut self, within: Duration) {
+        self.signal(nix::sys::signal::Signal::SIGTERM);
+        self.wait_exit(within);
+    }
+
+    /// Waits for the exit (at most `within`) and asserts it was clean.
+    pub fn wait_exit(&mut self, within: Duration) {
+        let mut child = self.child.take().unwrap();
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                assert!(
+                    status.success(),
+                    "worker exited with {status}:\n{}",
+                    self.log_text()
+                );
+                return;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!(
+                    "worker did not exit within {within:?}:\n{}",
+                    self.log_text()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Whether it has exited, and how.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.as_mut().unwrap().try_wait().unwrap()
+    }
+
+    /// What it logged.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            // The test failed: show what the worker said (its directory goes with the test's).
+            eprintln!("--- {} ---\n{}", self.log.display(), self.log_text());
+        }
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
