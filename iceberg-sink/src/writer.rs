@@ -3,7 +3,8 @@
 
 use std::sync::Arc;
 
-use arrow_array::RecordBatch;
+use arrow_array::{Array, ArrayRef, RecordBatch};
+use arrow_schema::DataType;
 use connector_api::{Error, ErrorKind, Phase, Result};
 use iceberg::arrow::RecordBatchPartitionSplitter;
 use iceberg::spec::{DataFile, DataFileFormat};
@@ -140,6 +141,31 @@ impl CheckpointWriter {
     }
 }
 
+/// Whether `a` and `b` are timestamps of one unit in zones that both mean UTC (`UTC`, `+00:00`, ...): the Kafka
+/// source and the JSON decoding say `UTC`, iceberg-rust's schemas `+00:00`. The values are the same instants.
+fn utc_alike(a: &DataType, b: &DataType) -> bool {
+    const UTC: [&str; 6] = ["UTC", "+00:00", "Z", "Etc/UTC", "+0000", "00:00"];
+    match (a, b) {
+        (DataType::Timestamp(unit_a, Some(a)), DataType::Timestamp(unit_b, Some(b))) => {
+            unit_a == unit_b && a != b && UTC.contains(&a.as_ref()) && UTC.contains(&b.as_ref())
+        }
+        _ => false,
+    }
+}
+
+/// `column` with the data type `to`, of the same physical layout (a time zone label changed).
+fn relabel(column: &ArrayRef, to: &DataType) -> Result<ArrayRef> {
+    let data = column
+        .to_data()
+        .into_builder()
+        .data_type(to.clone())
+        .build()
+        .map_err(|e| {
+            Error::bug(Phase::Write, "cannot relabel a timestamp column").with_source(e)
+        })?;
+    Ok(arrow_array::make_array(data))
+}
+
 /// Re-labels `batch` with the table's Arrow schema (which carries the Iceberg field ids), checking each column.
 fn to_table_batch(
     table: &str,
@@ -162,6 +188,11 @@ fn to_table_batch(
                 field.name()
             )));
         };
+        let column = if utc_alike(column.data_type(), field.data_type()) {
+            relabel(column, field.data_type())?
+        } else {
+            column.clone()
+        };
         if column.data_type() != field.data_type() {
             return Err(bad(format!(
                 "column {:?} has type {} but table {table} says {}: convert it upstream or change the table",
@@ -177,7 +208,7 @@ fn to_table_batch(
                 column.null_count()
             )));
         }
-        columns.push(column.clone());
+        columns.push(column);
     }
     if let Some(extra) = batch
         .schema()
@@ -196,4 +227,38 @@ fn to_table_batch(
         ))
         .with_source(e)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow_array::TimestampMicrosecondArray;
+    use arrow_schema::{Field, Schema, TimeUnit};
+
+    use super::*;
+
+    #[test]
+    fn a_utc_timestamp_fits_a_table_that_says_plus_zero() {
+        let micros = |tz: &str| DataType::Timestamp(TimeUnit::Microsecond, Some(tz.into()));
+        let table = Arc::new(Schema::new(vec![Field::new("at", micros("+00:00"), true)]));
+        let column = TimestampMicrosecondArray::from(vec![1_000_000]).with_timezone("UTC");
+        let batch = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![Field::new("at", micros("UTC"), true)])),
+            vec![Arc::new(column)],
+        )
+        .unwrap();
+        let fitted = to_table_batch("t", &table, &batch).unwrap();
+        assert_eq!(fitted.column(0).data_type(), &micros("+00:00"));
+        let berlin = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![Field::new(
+                "at",
+                micros("Europe/Berlin"),
+                true,
+            )])),
+            vec![Arc::new(
+                TimestampMicrosecondArray::from(vec![1]).with_timezone("Europe/Berlin"),
+            )],
+        )
+        .unwrap();
+        assert!(to_table_batch("t", &table, &berlin).is_err());
+    }
 }

@@ -31,9 +31,14 @@ pub struct RecordMapping {
     /// Topic column.
     #[serde(default)]
     pub topic_column: Option<String>,
-    /// Header columns.
+    /// Header columns: each a header named after its column (a null leaves the header out).
     #[serde(default)]
     pub header_columns: Vec<String>,
+    /// A column of headers (`Map<Utf8, Binary or Utf8>`, as the source's `headers` metadata column): each entry a
+    /// header, in order, after the header columns' (a null value is a header without a value). With it, records
+    /// read from Kafka keep their headers.
+    #[serde(default)]
+    pub headers_column: Option<String>,
 }
 
 /// One record, borrowed from a batch where possible.
@@ -44,8 +49,8 @@ pub(crate) struct Record<'a> {
     /// value column).
     pub(crate) value: Option<Cow<'a, [u8]>>,
     pub(crate) partition: Option<i32>,
-    /// (header name, value) pairs.
-    pub(crate) headers: Vec<(&'a str, &'a [u8])>,
+    /// (header name, value) pairs; a header without a value has `None`.
+    pub(crate) headers: Vec<(&'a str, Option<&'a [u8]>)>,
 }
 
 fn column<'a>(batch: &'a RecordBatch, name: &str, what: &str) -> Result<&'a ArrayRef, String> {
@@ -107,6 +112,28 @@ impl RecordMapping {
             .iter()
             .map(|c| column(batch, c, "header_columns entry").map(|array| (c.as_str(), array)))
             .collect::<Result<Vec<_>, _>>()?;
+        let header_map = self
+            .headers_column
+            .as_deref()
+            .map(|c| column(batch, c, "headers_column"))
+            .transpose()?
+            .map(|array| {
+                array.as_map_opt().ok_or_else(|| {
+                    format!(
+                        "headers_column has type {}; it must be a map of header names to bytes or text",
+                        array.data_type()
+                    )
+                })
+            })
+            .transpose()?;
+        if let Some(map) = header_map
+            && map.keys().data_type() != &DataType::Utf8
+        {
+            return Err(format!(
+                "headers_column has keys of type {}; header names must be Utf8",
+                map.keys().data_type()
+            ));
+        }
         let mut json_rows = match value {
             Some(_) => None,
             None => Some(json_rows(batch)?),
@@ -162,7 +189,18 @@ impl RecordMapping {
             let mut row_headers = Vec::with_capacity(headers.len());
             for (name, array) in &headers {
                 if let Some(bytes) = bytes_at(array, row, name)? {
-                    row_headers.push((*name, bytes));
+                    row_headers.push((*name, Some(bytes)));
+                }
+            }
+            if let Some(map) = header_map
+                && !map.is_null(row)
+            {
+                let offsets = map.value_offsets();
+                let (start, end) = (offsets[row] as usize, offsets[row + 1] as usize);
+                let names = map.keys().as_string::<i32>();
+                let name = self.headers_column.as_deref().unwrap_or_default();
+                for entry in start..end {
+                    row_headers.push((names.value(entry), bytes_at(map.values(), entry, name)?));
                 }
             }
             records.push(Record {
@@ -238,7 +276,7 @@ mod tests {
         };
         let batch = batch();
         let records = mapping.records(&batch).unwrap();
-        assert_eq!(records[0].headers, vec![("k", &b"a"[..])]);
+        assert_eq!(records[0].headers, vec![("k", Some(&b"a"[..]))]);
         assert!(
             records[1].headers.is_empty(),
             "a null header value is omitted"
@@ -250,6 +288,38 @@ mod tests {
             String::from_utf8(records[0].value.as_deref().unwrap().to_vec()).unwrap(),
             r#"{"id":1,"k":"a","p":0}"#
         );
+    }
+
+    #[test]
+    fn a_headers_column_becomes_the_records_headers_in_order() {
+        use arrow_array::builder::{BinaryBuilder, MapBuilder, StringBuilder};
+
+        let mut headers = MapBuilder::new(None, StringBuilder::new(), BinaryBuilder::new());
+        headers.keys().append_value("trace");
+        headers.values().append_value(b"abc");
+        headers.keys().append_value("empty");
+        headers.values().append_null();
+        headers.append(true).unwrap();
+        headers.append(true).unwrap();
+        let headers = headers.finish();
+        let batch = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![
+                Field::new("id", DataType::Int64, false),
+                Field::new("h", headers.data_type().clone(), false),
+            ])),
+            vec![Arc::new(Int64Array::from(vec![1, 2])), Arc::new(headers)],
+        )
+        .unwrap();
+        let mapping = RecordMapping {
+            headers_column: Some("h".into()),
+            ..RecordMapping::default()
+        };
+        let records = mapping.records(&batch).unwrap();
+        assert_eq!(
+            records[0].headers,
+            vec![("trace", Some(&b"abc"[..])), ("empty", None)]
+        );
+        assert!(records[1].headers.is_empty());
     }
 
     #[test]

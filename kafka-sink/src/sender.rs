@@ -112,7 +112,7 @@ impl RecordSender {
                     + r.key.map_or(0, <[u8]>::len)
                     + r.headers
                         .iter()
-                        .map(|(k, v)| k.len() + v.len())
+                        .map(|(k, v)| k.len() + v.map_or(0, <[u8]>::len))
                         .sum::<usize>()
             })
             .enumerate()
@@ -147,12 +147,7 @@ impl RecordSender {
             if !record.headers.is_empty() {
                 let headers = record.headers.iter().fold(
                     OwnedHeaders::new_with_capacity(record.headers.len()),
-                    |h, (key, value)| {
-                        h.insert(Header {
-                            key,
-                            value: Some(*value),
-                        })
-                    },
+                    |h, (key, value)| h.insert(Header { key, value: *value }),
                 );
                 base = base.headers(headers);
             }

@@ -11,8 +11,8 @@
 //! from their beginning.
 //!
 //! A consumer thread of its own polls librdkafka and decodes records straight into Arrow column builders (raw key
-//! and value as text or bytes, optionally the headers as a map column, or JSON values into a declared schema with
-//! arrow-json), so consumption goes on while
+//! and value as text or bytes, or JSON or Avro values into a declared schema with arrow-json / arrow-avro, plus
+//! whichever record metadata the job asks for as columns: [`MetadataColumns`]), so consumption goes on while
 //! the job writes, pre-commits and saves; at most `buffered_batches` decoded batches wait for the job
 //! (backpressure).
 //!
@@ -33,15 +33,19 @@
 
 mod avro;
 mod decode;
+mod decoding;
+mod metadata;
 mod partitions;
 mod reader;
 mod reject;
 mod source;
 mod tombstone;
+mod values;
 
 pub use avro::{AvroDecoding, AvroFraming};
-pub use decode::{Decoding, binary_schema, headers_field, text_schema};
+pub use decoding::{Decoding, binary_schema, text_schema};
 pub use kafka_connection::KafkaConnection;
+pub use metadata::{KeyDecoding, MetadataColumns, headers_field};
 pub use partitions::{Gap, GapPolicy};
 pub use reject::RejectedRecord;
 pub use source::{KafkaSource, KafkaSourceOptions, PartitionShare, Watermarks};

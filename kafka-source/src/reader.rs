@@ -16,7 +16,9 @@ use tokio::sync::mpsc;
 
 use kafka_connection::poll::{DEADLINE_CHECK_EVERY, Polled, next_message};
 
-use crate::decode::{BatchBuilder, Decoding, RecordAt};
+use crate::decode::BatchBuilder;
+use crate::decoding::{Decoding, RecordAt, RecordParts};
+use crate::metadata::MetadataColumns;
 use crate::partitions::{Assignment, Gap};
 use crate::reject::{RawRecords, RejectedRecord};
 use crate::tombstone::Tombstone;
@@ -38,7 +40,7 @@ pub(crate) struct Reader {
     pub(crate) consumer: Arc<BaseConsumer>,
     pub(crate) decoding: Decoding,
     pub(crate) batch_rows: usize,
-    pub(crate) headers: bool,
+    pub(crate) metadata: MetadataColumns,
     pub(crate) max_batch_wait: Duration,
     pub(crate) closed: Arc<AtomicBool>,
     /// Set records that do not decode aside instead of failing.
@@ -80,9 +82,10 @@ impl Reader {
         let mut next: Vec<(i32, i64)> = Vec::new();
         let mut gaps: Vec<Gap> = Vec::new();
         let mut deadline: Option<Instant> = None;
-        // JSON and Avro: the raw records, to sort a batch that fails out record by record.
-        let mut raw = self.decoding.defers_failures().then(RawRecords::default);
-        let mut json_failed = false;
+        // JSON and Avro values or keys: the raw records, to sort a batch that fails out record by record.
+        let defers = self.decoding.defers_failures() || self.metadata.defers_failures();
+        let mut raw = defers.then(RawRecords::default);
+        let mut decoder_failed = false;
         let mut rejected = Vec::new();
         let mut tombstones = Vec::new();
         let mut topic = String::new();
@@ -134,7 +137,7 @@ impl Reader {
             let deadline = *deadline.get_or_insert_with(|| Instant::now() + self.max_batch_wait);
             let past_deadline =
                 (records as u64).is_multiple_of(DEADLINE_CHECK_EVERY) && Instant::now() >= deadline;
-            if raw.is_some() && message.payload().is_none() {
+            if self.decoding.defers_failures() && message.payload().is_none() {
                 // A tombstone of a decoding whose rows are the value's fields: a record with no row. It ends the
                 // chunk, so it comes after every row read before it and before every row read after it (a sink
                 // applies the chunk's rows, then its tombstone: a key deleted after an upsert stays deleted).
@@ -146,32 +149,29 @@ impl Reader {
                 });
                 break;
             }
-            let headers = if self.headers {
-                message.headers()
-            } else {
-                None
+            let record = RecordParts {
+                at,
+                timestamp: message.timestamp().to_millis(),
+                key: message.key(),
+                value: message.payload(),
+                headers: message.headers(),
             };
             let builder = match &mut builder {
                 Some(builder) => builder,
                 None => builder.insert(BatchBuilder::new(
                     &self.decoding,
+                    &self.metadata,
                     self.batch_rows,
-                    self.headers,
                 )?),
             };
             if let Some(raw) = &mut raw {
-                raw.push(at, message.key(), message.payload());
+                raw.push(&record);
             }
-            if !json_failed {
-                match builder.append(at, message.key(), message.payload(), headers) {
+            if !decoder_failed {
+                match builder.append(&record) {
                     Ok(()) => {}
-                    Err(_) if raw.is_some() => json_failed = true,
-                    Err(e) if self.divert => rejected.push(RejectedRecord::new(
-                        at,
-                        message.key(),
-                        message.payload(),
-                        &e,
-                    )),
+                    Err(_) if raw.is_some() => decoder_failed = true,
+                    Err(e) if self.divert => rejected.push(RejectedRecord::new(&record, &e)),
                     Err(e) => return Err(e),
                 }
             }
@@ -186,7 +186,7 @@ impl Reader {
             if gaps.is_empty() && tombstones.is_empty() {
                 return Ok(None);
             }
-            let schema = self.decoding.schema_with_headers(self.headers)?;
+            let schema = self.metadata.schema(&self.decoding)?;
             return Ok(Some(Chunk {
                 batch: RecordBatch::new_empty(schema),
                 rejected,
@@ -195,7 +195,7 @@ impl Reader {
                 gaps,
             }));
         };
-        let finished = if json_failed {
+        let finished = if decoder_failed {
             None
         } else {
             Some(builder.finish())
@@ -204,11 +204,11 @@ impl Reader {
             (Some(Ok(batch)), _) => batch,
             (Some(Err(e)), None) => return Err(e),
             (_, Some(raw)) => {
-                let (batch, bad) = raw.sort(&topic, &self.decoding, self.divert)?;
+                let (batch, bad) = raw.sort(&topic, &self.decoding, &self.metadata, self.divert)?;
                 rejected.extend(bad);
                 batch
             }
-            (None, None) => unreachable!("only the JSON and Avro decodings defer failures"),
+            (None, None) => unreachable!("only JSON and Avro values or keys defer failures"),
         };
         Ok(Some(Chunk {
             batch,

@@ -1,20 +1,24 @@
-//! Records that do not decode: named precisely, and set aside instead of failing the batch when the job has a
-//! dead-letter destination ([`KafkaSourceOptions::divert_bad_records`](crate::KafkaSourceOptions)).
+//! Records that do not decode: named precisely, and set aside (with their key, value and headers) instead of
+//! failing the batch when the job has a dead-letter destination
+//! ([`KafkaSourceOptions::divert_bad_records`](crate::KafkaSourceOptions)).
 //!
 //! The raw decodings check a record before appending anything of it, so a bad one is simply left out. The JSON
 //! decoding (arrow-json) only finds some problems when the whole batch is converted (a string where the schema has
-//! an integer), and its decoder is unusable after an error; so the reader keeps the raw bytes of the batch's JSON
-//! records (one copy, far cheaper than parsing them), and when the batch fails, decodes them one by one to tell the
-//! good from the bad: the good ones become the batch, the bad ones are named.
+//! an integer), and its decoder is unusable after an error (Avro alike, and a JSON or Avro key); so the reader keeps
+//! the raw bytes of such a batch's records (one copy, far cheaper than parsing them), and when the batch fails,
+//! decodes them one by one to tell the good from the bad: the good ones become the batch, the bad ones are named.
 
 use std::ops::Range;
 
 use arrow_array::RecordBatch;
 use connector_api::{Report, Result};
+use rdkafka::message::{Header, Headers, OwnedHeaders};
 
-use crate::decode::{BatchBuilder, Decoding, RecordAt, bad_record};
+use crate::decode::BatchBuilder;
+use crate::decoding::{Decoding, RecordAt, RecordParts, bad_record};
+use crate::metadata::MetadataColumns;
 
-/// A record the source could not decode, with everything a dead-letter record needs (not its headers).
+/// A record the source could not decode, with everything a dead-letter record needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RejectedRecord {
     /// Its topic.
@@ -27,24 +31,30 @@ pub struct RejectedRecord {
     pub key: Option<Vec<u8>>,
     /// Its value bytes.
     pub value: Option<Vec<u8>>,
+    /// Its headers, in order (a header without a value has `None`).
+    pub headers: Vec<(String, Option<Vec<u8>>)>,
     /// Why it was refused.
     pub reason: String,
 }
 
 impl RejectedRecord {
-    /// The record at `at` with `key` and `value`, refused with `error`.
-    pub(crate) fn new(
-        at: RecordAt<'_>,
-        key: Option<&[u8]>,
-        value: Option<&[u8]>,
+    /// `record`, refused with `error`.
+    pub(crate) fn new<H: Headers>(
+        record: &RecordParts<'_, H>,
         error: &connector_api::Error,
     ) -> Self {
         Self {
-            topic: at.topic.to_string(),
-            partition: at.partition,
-            offset: at.offset,
-            key: key.map(<[u8]>::to_vec),
-            value: value.map(<[u8]>::to_vec),
+            topic: record.at.topic.to_string(),
+            partition: record.at.partition,
+            offset: record.at.offset,
+            key: record.key.map(<[u8]>::to_vec),
+            value: record.value.map(<[u8]>::to_vec),
+            headers: record
+                .headers
+                .into_iter()
+                .flat_map(|h| h.iter())
+                .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
+                .collect(),
             reason: Report(error).to_string(),
         }
     }
@@ -53,11 +63,13 @@ impl RejectedRecord {
 struct RawRecord {
     partition: i32,
     offset: i64,
+    timestamp: Option<i64>,
     key: Option<Range<usize>>,
     value: Option<Range<usize>>,
+    headers: Option<OwnedHeaders>,
 }
 
-/// The raw key and value bytes of one batch's records, in order.
+/// The raw key, value and headers of one batch's records, in order.
 #[derive(Default)]
 pub(crate) struct RawRecords {
     bytes: Vec<u8>,
@@ -66,7 +78,7 @@ pub(crate) struct RawRecords {
 
 impl RawRecords {
     /// Keeps a copy of one record.
-    pub(crate) fn push(&mut self, at: RecordAt<'_>, key: Option<&[u8]>, value: Option<&[u8]>) {
+    pub(crate) fn push<H: Headers>(&mut self, record: &RecordParts<'_, H>) {
         let mut keep = |bytes: Option<&[u8]>| {
             bytes.map(|b| {
                 let start = self.bytes.len();
@@ -74,12 +86,25 @@ impl RawRecords {
                 start..self.bytes.len()
             })
         };
-        let (key, value) = (keep(key), keep(value));
+        let (key, value) = (keep(record.key), keep(record.value));
+        let headers = record.headers.map(|headers| {
+            headers.iter().fold(
+                OwnedHeaders::new_with_capacity(headers.count()),
+                |owned, h| {
+                    owned.insert(Header {
+                        key: h.key,
+                        value: h.value,
+                    })
+                },
+            )
+        });
         self.records.push(RawRecord {
-            partition: at.partition,
-            offset: at.offset,
+            partition: record.at.partition,
+            offset: record.at.offset,
+            timestamp: record.timestamp,
             key,
             value,
+            headers,
         });
     }
 
@@ -87,7 +112,24 @@ impl RawRecords {
         range.as_ref().map(|r| &self.bytes[r.clone()])
     }
 
-    /// Decodes the records one by one: the batch of those that decode, and the others.
+    /// Record `i` as the builders take it.
+    fn parts<'a>(&'a self, topic: &'a str, i: usize) -> RecordParts<'a, OwnedHeaders> {
+        let record = &self.records[i];
+        RecordParts {
+            at: RecordAt {
+                topic,
+                partition: record.partition,
+                offset: record.offset,
+            },
+            timestamp: record.timestamp,
+            key: self.slice(&record.key),
+            value: self.slice(&record.value),
+            headers: record.headers.as_ref(),
+        }
+    }
+
+    /// Decodes the records one by one (value, and key when it is JSON or Avro): the batch of those that decode,
+    /// with `metadata`'s columns, and the others.
     ///
     /// # Errors
     /// With `divert` off, the first record that does not decode ([`BadRecord`](connector_api::ErrorKind::BadRecord)
@@ -96,40 +138,29 @@ impl RawRecords {
         &self,
         topic: &str,
         decoding: &Decoding,
+        metadata: &MetadataColumns,
         divert: bool,
     ) -> Result<(RecordBatch, Vec<RejectedRecord>)> {
         let mut good = Vec::new();
         let mut rejected = Vec::new();
-        for (i, record) in self.records.iter().enumerate() {
-            let at = RecordAt {
-                topic,
-                partition: record.partition,
-                offset: record.offset,
-            };
-            let (key, value) = (self.slice(&record.key), self.slice(&record.value));
-            let mut alone = BatchBuilder::new(decoding, 1, false)?;
-            let outcome = match alone.append(at, key, value, None) {
+        for i in 0..self.records.len() {
+            let record = self.parts(topic, i);
+            let mut alone = BatchBuilder::new(decoding, metadata, 1)?;
+            let outcome = match alone.append(&record) {
                 Err(e) => Err(e),
                 Ok(()) => alone.finish().map(|_| ()).map_err(|e| {
-                    bad_record(at, "has a value that does not fit the declared schema")
-                        .with_source(e)
+                    bad_record(record.at, "does not fit the declared schema").with_source(e)
                 }),
             };
             match outcome {
                 Ok(()) => good.push(i),
                 Err(e) if !divert => return Err(e),
-                Err(e) => rejected.push(RejectedRecord::new(at, key, value, &e)),
+                Err(e) => rejected.push(RejectedRecord::new(&record, &e)),
             }
         }
-        let mut builder = BatchBuilder::new(decoding, good.len().max(1), false)?;
+        let mut builder = BatchBuilder::new(decoding, metadata, good.len().max(1))?;
         for i in good {
-            let record = &self.records[i];
-            let at = RecordAt {
-                topic,
-                partition: record.partition,
-                offset: record.offset,
-            };
-            builder.append(at, self.slice(&record.key), self.slice(&record.value), None)?;
+            builder.append(&self.parts(topic, i))?;
         }
         Ok((builder.finish()?, rejected))
     }
@@ -154,7 +185,13 @@ mod tests {
                 partition: 2,
                 offset: offset as i64,
             };
-            raw.push(at, Some(b"k"), Some(value.as_bytes()));
+            raw.push(&RecordParts::<OwnedHeaders> {
+                at,
+                timestamp: None,
+                key: Some(b"k"),
+                value: Some(value.as_bytes()),
+                headers: None,
+            });
         }
         raw
     }
@@ -170,7 +207,9 @@ mod tests {
     #[test]
     fn a_failed_json_batch_is_sorted_into_good_rows_and_named_rejects() {
         let raw = records(&[r#"{"id":1}"#, "not json", r#"{"id":"abc"}"#, r#"{"id":4}"#]);
-        let (batch, rejected) = raw.sort("orders", &decoding(), true).unwrap();
+        let (batch, rejected) = raw
+            .sort("orders", &decoding(), &MetadataColumns::none(), true)
+            .unwrap();
         let ids: Vec<i64> = batch
             .column(0)
             .as_primitive::<Int64Type>()
@@ -241,9 +280,17 @@ mod tests {
             (4, Vec::new()),
             (5, encode(6)),
         ] {
-            raw.push(at(offset), None, Some(&value));
+            raw.push(&RecordParts::<OwnedHeaders> {
+                at: at(offset),
+                timestamp: None,
+                key: None,
+                value: Some(&value),
+                headers: None,
+            });
         }
-        let (batch, rejected) = raw.sort("orders", &decoding, true).unwrap();
+        let (batch, rejected) = raw
+            .sort("orders", &decoding, &MetadataColumns::none(), true)
+            .unwrap();
         let ids: Vec<i64> = batch
             .column(0)
             .as_primitive::<Int64Type>()
@@ -257,7 +304,9 @@ mod tests {
     #[test]
     fn without_diverting_the_first_bad_record_is_named() {
         let raw = records(&[r#"{"id":1}"#, r#"{"id":"abc"}"#, "not json"]);
-        let err = raw.sort("orders", &decoding(), false).unwrap_err();
+        let err = raw
+            .sort("orders", &decoding(), &MetadataColumns::none(), false)
+            .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::BadRecord);
         assert!(err.to_string().contains("orders/2@1"), "{err}");
     }

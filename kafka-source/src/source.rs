@@ -14,7 +14,8 @@ use rdkafka::error::KafkaError;
 use tokio::sync::mpsc;
 
 use crate::RejectedRecord;
-use crate::decode::Decoding;
+use crate::decoding::Decoding;
+use crate::metadata::MetadataColumns;
 use crate::partitions::{self, Assignment, Gap, GapPolicy};
 use crate::reader::{Chunk, Reader};
 use crate::tombstone::Tombstone;
@@ -31,7 +32,7 @@ fn kafka_error(kind: ErrorKind, message: String, e: KafkaError) -> Error {
 /// | field | meaning | default |
 /// |---|---|---|
 /// | `decoding` | how records become rows ([`Decoding`]) | `Text` |
-/// | `headers` | text and binary decodings: add a `headers` column ([`headers_field`](crate::headers_field)) | false |
+/// | `metadata` | record metadata as columns after the decoding's: topic, partition, offset, timestamp, key (text, binary, JSON or Avro), headers ([`MetadataColumns`], names and types in its module docs) | none |
 /// | `batch_rows` | rows per batch at most | 8192 |
 /// | `max_batch_wait` | a partial batch is handed out this long after its first record | 50 ms |
 /// | `buffered_batches` | decoded batches waiting for the job at most (then the consumer thread waits) | 4 |
@@ -44,8 +45,8 @@ fn kafka_error(kind: ErrorKind, message: String, e: KafkaError) -> Error {
 pub struct KafkaSourceOptions {
     /// How records become rows.
     pub decoding: Decoding,
-    /// Add a `headers` column (text and binary decodings).
-    pub headers: bool,
+    /// Record metadata added as columns after the decoding's (topic, partition, offset, timestamp, key, headers).
+    pub metadata: MetadataColumns,
     /// Rows per batch at most.
     pub batch_rows: usize,
     /// How long a partial batch waits for more records.
@@ -87,7 +88,7 @@ impl Default for KafkaSourceOptions {
     fn default() -> Self {
         Self {
             decoding: Decoding::Text,
-            headers: false,
+            metadata: MetadataColumns::none(),
             batch_rows: 8192,
             max_batch_wait: Duration::from_millis(50),
             buffered_batches: 4,
@@ -258,12 +259,12 @@ impl KafkaSource {
         let consumer = Arc::new(consumer);
         let closed = Arc::new(AtomicBool::new(false));
         let (sender, chunks) = mpsc::channel(options.buffered_batches);
-        let schema = options.decoding.schema_with_headers(options.headers)?;
+        let schema = options.metadata.schema(&options.decoding)?;
         let reader = Reader {
             consumer: consumer.clone(),
             decoding: options.decoding,
             batch_rows: options.batch_rows,
-            headers: options.headers,
+            metadata: options.metadata,
             max_batch_wait: options.max_batch_wait,
             closed: closed.clone(),
             divert: options.divert_bad_records,

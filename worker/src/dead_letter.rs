@@ -7,13 +7,16 @@
 //!
 //! A dead-letter record's key and value are the source record's bytes (undecodable records, and tombstones a sink
 //! refused: their key, a null value) or the refused row as a JSON object (rows a sink refused, found by splitting
-//! the refused batch until single rows remain; the other sinks still get the row). Headers: `ratchet.error` (why), `ratchet.sink` (the sink that refused the row or
-//! tombstone; absent for decoding failures), `ratchet.source.topic`, and `ratchet.source.partition` / `ratchet.source.offset` (for
-//! rows a sink refused, when the rows carry them: the text and binary decodings do, JSON rows do not).
+//! the refused batch until single rows remain; the other sinks still get the row). Headers: the source record's own
+//! headers first (undecodable records; a refused row carries its metadata columns, headers included, in its JSON),
+//! then `ratchet.error` (why), `ratchet.sink` (the sink that refused the row or tombstone; absent for
+//! decoding failures), `ratchet.source.topic`, and `ratchet.source.partition` / `ratchet.source.offset` (for rows a
+//! sink refused, when the rows carry them: the text and binary decodings do, other rows when `[source.metadata]`
+//! adds `partition` and `offset` under those names).
 
 use std::sync::Arc;
 
-use arrow_array::builder::{BinaryBuilder, StringBuilder};
+use arrow_array::builder::{BinaryBuilder, MapBuilder, StringBuilder};
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Int32Type, Int64Type};
 use arrow_array::{ArrayRef, RecordBatch};
@@ -45,11 +48,20 @@ const HEADERS: [&str; 5] = [
     OFFSET_HEADER,
 ];
 
-/// The batches the dead-letter sink takes: `key`, `value` (bytes) and one text column per header.
+/// The column of the source record's own headers in a dead-letter batch.
+const SOURCE_HEADERS: &str = "source_headers";
+
+/// The batches the dead-letter sink takes: `key`, `value` (bytes), the source record's headers (a map) and one
+/// text column per Ratchet header.
 pub fn schema() -> SchemaRef {
     let mut fields = vec![
         Field::new("key", DataType::Binary, true),
         Field::new("value", DataType::Binary, true),
+        Field::new(
+            SOURCE_HEADERS,
+            kafka_source::headers_field().data_type().clone(),
+            false,
+        ),
     ];
     fields.extend(HEADERS.iter().map(|h| Field::new(*h, DataType::Utf8, true)));
     Arc::new(Schema::new(fields))
@@ -79,6 +91,7 @@ pub fn sink(job: &JobConfig, config: &DeadLetterConfig, subtask: SubtaskId) -> R
         key_column: Some("key".into()),
         value_column: Some("value".into()),
         header_columns: HEADERS.iter().map(|h| h.to_string()).collect(),
+        headers_column: Some(SOURCE_HEADERS.into()),
         ..RecordMapping::default()
     };
     let id = SinkId::new(DEAD_LETTER_SINK_ID)?;
@@ -92,6 +105,8 @@ pub fn sink(job: &JobConfig, config: &DeadLetterConfig, subtask: SubtaskId) -> R
 struct Letter<'a> {
     key: Option<&'a [u8]>,
     value: Option<&'a [u8]>,
+    /// The source record's headers.
+    headers: Vec<(&'a str, Option<&'a [u8]>)>,
     error: &'a str,
     sink: Option<&'a str>,
     topic: &'a str,
@@ -102,17 +117,29 @@ struct Letter<'a> {
 fn batch(letters: &[Letter<'_>]) -> Result<RecordBatch> {
     let mut keys = BinaryBuilder::new();
     let mut values = BinaryBuilder::new();
+    let mut headers = MapBuilder::new(None, StringBuilder::new(), BinaryBuilder::new());
     let mut text: Vec<StringBuilder> = HEADERS.iter().map(|_| StringBuilder::new()).collect();
     for letter in letters {
         keys.append_option(letter.key);
         values.append_option(letter.value);
+        for (name, value) in &letter.headers {
+            headers.keys().append_value(name);
+            headers.values().append_option(*value);
+        }
+        headers.append(true).map_err(|e| {
+            Error::new(ErrorKind::Bug, Phase::Write, "cannot build dead letters").with_source(e)
+        })?;
         text[0].append_value(letter.error);
         text[1].append_option(letter.sink);
         text[2].append_value(letter.topic);
         text[3].append_option(letter.partition.map(|p| p.to_string()));
         text[4].append_option(letter.offset.map(|o| o.to_string()));
     }
-    let mut columns: Vec<ArrayRef> = vec![Arc::new(keys.finish()), Arc::new(values.finish())];
+    let mut columns: Vec<ArrayRef> = vec![
+        Arc::new(keys.finish()),
+        Arc::new(values.finish()),
+        Arc::new(headers.finish()),
+    ];
     columns.extend(text.iter_mut().map(|b| Arc::new(b.finish()) as ArrayRef));
     RecordBatch::try_new(schema(), columns).map_err(|e| {
         Error::new(ErrorKind::Bug, Phase::Write, "cannot build dead letters").with_source(e)
@@ -129,6 +156,11 @@ pub fn from_rejected(records: &[RejectedRecord]) -> Result<RecordBatch> {
         .map(|r| Letter {
             key: r.key.as_deref(),
             value: r.value.as_deref(),
+            headers: r
+                .headers
+                .iter()
+                .map(|(name, value)| (name.as_str(), value.as_deref()))
+                .collect(),
             error: &r.reason,
             sink: None,
             topic: &r.topic,
@@ -154,6 +186,7 @@ pub fn from_refused_tombstones(
         .map(|(tombstone, error)| Letter {
             key: tombstone.key.as_deref(),
             value: None,
+            headers: Vec::new(),
             error,
             sink: Some(&sink),
             topic: &tombstone.topic,
@@ -200,6 +233,7 @@ pub fn from_refused_rows(
         .map(|((row, error), json)| Letter {
             key: None,
             value: Some(json),
+            headers: Vec::new(),
             error,
             sink: Some(&sink),
             topic,

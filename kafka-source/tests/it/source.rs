@@ -12,7 +12,9 @@ use arrow_array::types::Int64Type;
 use arrow_array::{Array, RecordBatch};
 use arrow_schema::{DataType, Field, Schema};
 use connector_api::{ErrorKind, SourceOffset};
-use kafka_source::{Decoding, KafkaConnection, KafkaSource, KafkaSourceOptions};
+use kafka_source::{
+    Decoding, KafkaConnection, KafkaSource, KafkaSourceOptions, KeyDecoding, MetadataColumns,
+};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -277,7 +279,10 @@ async fn headers_come_as_a_map_column_when_asked_for() {
 
     let kafka = KafkaConnection::plaintext(bootstrap());
     let options = KafkaSourceOptions {
-        headers: true,
+        metadata: MetadataColumns {
+            headers: Some("headers".into()),
+            ..MetadataColumns::none()
+        },
         ..KafkaSourceOptions::default()
     };
     let mut source = KafkaSource::open_with(&kafka, &topic, &[], options)
@@ -317,21 +322,146 @@ async fn headers_come_as_a_map_column_when_asked_for() {
             vec![]
         ]
     );
+}
 
-    let json = KafkaSourceOptions {
-        headers: true,
+/// JSON values with every metadata column: a JSON key into its field columns (null for a record without a key),
+/// the record's own timestamp, topic, partition, offset and headers; a record whose key does not decode is set
+/// aside, named, with its headers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_metadata_column_comes_after_the_json_fields() {
+    use arrow_array::types::{Int32Type, TimestampMicrosecondType};
+    use rdkafka::message::{Header, OwnedHeaders};
+
+    let topic = topic("source-metadata", 1).await;
+    let plain = producer(None);
+    let headers = || {
+        OwnedHeaders::new().insert(Header {
+            key: "trace",
+            value: Some(&b"abc"[..]),
+        })
+    };
+    let records: [(Option<&[u8]>, &[u8]); 3] = [
+        (Some(br#"{"customer": 7}"#), br#"{"amount": 10}"#),
+        (None, br#"{"amount": 20}"#),
+        (Some(b"not json"), br#"{"amount": 30}"#),
+    ];
+    for (i, (key, value)) in records.into_iter().enumerate() {
+        let mut record = BaseRecord::<[u8], [u8]>::to(&topic)
+            .payload(value)
+            .timestamp(1_700_000_000_000 + i as i64)
+            .headers(headers());
+        if let Some(key) = key {
+            record = record.key(key);
+        }
+        plain.send(record).map_err(|(e, _)| e).unwrap();
+    }
+    plain.flush(Duration::from_secs(30)).unwrap();
+
+    let kafka = KafkaConnection::plaintext(bootstrap());
+    let key_fields = Arc::new(Schema::new(vec![Field::new(
+        "customer",
+        DataType::Int64,
+        false,
+    )]));
+    let options = KafkaSourceOptions {
         decoding: Decoding::Json(Arc::new(Schema::new(vec![Field::new(
-            "a",
+            "amount",
             DataType::Int64,
-            true,
+            false,
         )]))),
+        metadata: MetadataColumns {
+            topic: Some("kafka_topic".into()),
+            partition: Some("kafka_partition".into()),
+            offset: Some("kafka_offset".into()),
+            timestamp: Some("kafka_timestamp".into()),
+            key: Some((
+                "key".into(),
+                KeyDecoding::Declared(Decoding::Json(key_fields)),
+            )),
+            headers: Some("kafka_headers".into()),
+        },
+        divert_bad_records: true,
         ..KafkaSourceOptions::default()
     };
-    let err = KafkaSource::open_with(&kafka, &topic, &[], json)
+    let mut source = KafkaSource::open_with(&kafka, &topic, &[], options)
         .await
-        .err()
         .unwrap();
-    assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+    let names: Vec<String> = source
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "amount",
+            "kafka_topic",
+            "kafka_partition",
+            "kafka_offset",
+            "kafka_timestamp",
+            "key_customer",
+            "kafka_headers"
+        ]
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut batches = Vec::new();
+    let mut rejected = Vec::new();
+    while Instant::now() < deadline && source.positions().first().is_none_or(|p| p.next_offset < 3)
+    {
+        if let Some(batch) = source.next_batch(Duration::from_millis(200)).await.unwrap() {
+            batches.push(batch);
+        }
+        rejected.extend(source.take_rejected());
+    }
+    let batch = arrow_select::concat::concat_batches(&source.schema(), &batches).unwrap();
+    assert_eq!(batch.num_rows(), 2);
+    let column = |name: &str| batch.column_by_name(name).unwrap().clone();
+    assert_eq!(
+        column("amount")
+            .as_primitive::<Int64Type>()
+            .values()
+            .to_vec(),
+        [10, 20]
+    );
+    assert_eq!(column("kafka_topic").as_string::<i32>().value(1), topic);
+    assert_eq!(
+        column("kafka_partition")
+            .as_primitive::<Int32Type>()
+            .values()
+            .to_vec(),
+        [0, 0]
+    );
+    assert_eq!(
+        column("kafka_offset")
+            .as_primitive::<Int64Type>()
+            .values()
+            .to_vec(),
+        [0, 1]
+    );
+    assert_eq!(
+        column("kafka_timestamp")
+            .as_primitive::<TimestampMicrosecondType>()
+            .values()
+            .to_vec(),
+        [1_700_000_000_000_000, 1_700_000_000_001_000]
+    );
+    let customers = column("key_customer");
+    let customers = customers.as_primitive::<Int64Type>();
+    assert_eq!(customers.iter().collect::<Vec<_>>(), [Some(7), None]);
+    assert_eq!(column("kafka_headers").as_map().value(0).len(), 1);
+
+    assert_eq!(rejected.len(), 1, "{rejected:?}");
+    assert_eq!(rejected[0].offset, 2);
+    assert!(
+        rejected[0].reason.contains("has a key"),
+        "{}",
+        rejected[0].reason
+    );
+    assert_eq!(
+        rejected[0].headers,
+        [("trace".to_string(), Some(b"abc".to_vec()))]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

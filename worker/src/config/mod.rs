@@ -30,7 +30,7 @@ use anyhow::{Context, Result, bail};
 use arrow_schema::SchemaRef;
 use connector_api::{DriverConfig, SinkSpec};
 use connector_common::config::with_suggestion;
-use kafka_source::{Decoding, KafkaConnection, KafkaSourceOptions};
+use kafka_source::{Decoding, KafkaConnection, KafkaSourceOptions, MetadataColumns};
 use serde::Deserialize;
 
 mod kafka_to_kafka;
@@ -266,14 +266,23 @@ impl JobConfig {
         self.source.decoding.decoding()
     }
 
-    /// The schema of the batches every sink receives.
+    /// The record metadata the source adds as columns ([`MetadataConfig`](source::MetadataConfig)).
     ///
     /// # Errors
-    /// As [`decoding`](Self::decoding); headers asked of a decoding with a declared schema.
+    /// `headers = true` beside `metadata.headers`, or a key decoding that does not parse.
+    pub fn metadata(&self) -> Result<MetadataColumns> {
+        self.source.metadata_columns()
+    }
+
+    /// The schema of the batches every sink receives: the decoding's columns, then the metadata columns.
+    ///
+    /// # Errors
+    /// As [`decoding`](Self::decoding) and [`metadata`](Self::metadata); a metadata column named like a decoded
+    /// column.
     pub fn schema(&self) -> Result<SchemaRef> {
-        self.decoding()?
-            .schema_with_headers(self.source.headers)
-            .context("[source]")
+        self.metadata()?
+            .schema(&self.decoding()?)
+            .context("[source] metadata")
     }
 
     /// The source options for one subtask (its share of the partitions is set by the caller).
@@ -283,7 +292,7 @@ impl JobConfig {
     pub fn source_options(&self) -> Result<KafkaSourceOptions> {
         let mut options = KafkaSourceOptions {
             decoding: self.decoding()?,
-            headers: self.source.headers,
+            metadata: self.metadata()?,
             client: self
                 .source
                 .client

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
-use kafka_source::{AvroDecoding, AvroFraming, Decoding, GapPolicy};
+use kafka_source::{AvroDecoding, AvroFraming, Decoding, GapPolicy, KeyDecoding, MetadataColumns};
 use serde::Deserialize;
 
 /// `[source]`: one Kafka topic, read with `isolation.level=read_committed` from the checkpointed positions.
@@ -20,9 +20,12 @@ pub struct SourceConfig {
     /// How records become rows (`text` by default).
     #[serde(default)]
     pub decoding: DecodingConfig,
-    /// Add a `headers` column (text and binary decodings).
+    /// Add a `headers` column (the same as `metadata.headers = "headers"`).
     #[serde(default)]
     pub headers: bool,
+    /// Record metadata as columns after the decoding's (`[source.metadata]`).
+    #[serde(default)]
+    pub metadata: MetadataConfig,
     /// Rows per batch at most.
     #[serde(default)]
     pub batch_rows: Option<usize>,
@@ -37,6 +40,75 @@ pub struct SourceConfig {
     /// long, a deleted or recreated topic stops the job.
     #[serde(default = "thirty_seconds", with = "humantime_serde")]
     pub metadata_refresh: Duration,
+}
+
+/// `[source.metadata]`: which record metadata becomes columns, each under the name given (absent: not added).
+/// Types and null rules: docs/worker.md, "Record metadata as columns".
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetadataConfig {
+    /// The record's topic (`Utf8`).
+    pub topic: Option<String>,
+    /// Its partition (`Int32`).
+    pub partition: Option<String>,
+    /// Its offset (`Int64`).
+    pub offset: Option<String>,
+    /// Its timestamp (`Timestamp(Microsecond, UTC)`; null when the record has none).
+    pub timestamp: Option<String>,
+    /// Its key: the column (text, binary) or the prefix of the key's field columns `<key>_<field>` (JSON, Avro).
+    pub key: Option<String>,
+    /// How the key is decoded: `text` (the default), `binary`, `json` with fields, or `avro` like the value.
+    #[serde(default)]
+    pub key_decoding: Option<DecodingConfig>,
+    /// Its headers (`Map<Utf8, Binary>`).
+    pub headers: Option<String>,
+}
+
+impl SourceConfig {
+    /// The metadata columns `[source]` asks for (`headers = true` is `metadata.headers = "headers"`).
+    ///
+    /// # Errors
+    /// Both `headers = true` and `metadata.headers`; `key_decoding` without `key`; a key decoding that does not
+    /// parse.
+    pub fn metadata_columns(&self) -> Result<MetadataColumns> {
+        let metadata = &self.metadata;
+        let headers = match (self.headers, &metadata.headers) {
+            (true, Some(name)) => bail!(
+                "[source] sets both `headers = true` and `metadata.headers = {name:?}`: keep one (`headers = true` \
+                 is the column `headers`)"
+            ),
+            (true, None) => Some("headers".to_string()),
+            (false, name) => name.clone(),
+        };
+        let key = match (&metadata.key, &metadata.key_decoding) {
+            (None, Some(_)) => {
+                bail!(
+                    "[source.metadata] key_decoding needs `key`, the name of the key column (or column prefix)"
+                )
+            }
+            (None, None) => None,
+            (Some(name), decoding) => {
+                let decoding = match decoding {
+                    None | Some(DecodingConfig::Text) => KeyDecoding::Text,
+                    Some(DecodingConfig::Binary) => KeyDecoding::Binary,
+                    Some(declared) => KeyDecoding::Declared(
+                        declared
+                            .decoding()
+                            .context("[source.metadata] key_decoding")?,
+                    ),
+                };
+                Some((name.clone(), decoding))
+            }
+        };
+        Ok(MetadataColumns {
+            topic: metadata.topic.clone(),
+            partition: metadata.partition.clone(),
+            offset: metadata.offset.clone(),
+            timestamp: metadata.timestamp.clone(),
+            key,
+            headers,
+        })
+    }
 }
 
 /// `on_gap`: what a subtask does when records were removed from the log before it read them.
@@ -197,4 +269,46 @@ fn json_schema(fields: &[FieldConfig]) -> SchemaRef {
             .map(|f| Field::new(&f.name, f.column_type.data_type(), f.nullable))
             .collect::<Vec<_>>(),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn source(extra: &str) -> SourceConfig {
+        toml::from_str(&format!(
+            "bootstrap_servers = \"127.0.0.1:9092\"\ntopic = \"orders\"\n{extra}"
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_json_key_becomes_prefixed_columns_after_the_value_fields() {
+        let source = source(
+            "decoding = { kind = \"json\", fields = [ { name = \"amount\", type = \"int64\" } ] }\n\
+             [metadata]\nkey = \"key\"\noffset = \"kafka_offset\"\n\
+             key_decoding = { kind = \"json\", fields = [ { name = \"customer\", type = \"string\" } ] }",
+        );
+        let schema = source
+            .metadata_columns()
+            .unwrap()
+            .schema(&source.decoding.decoding().unwrap())
+            .unwrap();
+        let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+        assert_eq!(names, ["amount", "kafka_offset", "key_customer"]);
+    }
+
+    #[test]
+    fn headers_named_twice_or_a_key_decoding_without_a_key_is_refused() {
+        let err = source("headers = true\n[metadata]\nheaders = \"h\"")
+            .metadata_columns()
+            .unwrap_err();
+        assert!(err.to_string().contains("keep one"), "{err:#}");
+        let err = source("[metadata]\nkey_decoding = { kind = \"binary\" }")
+            .metadata_columns()
+            .unwrap_err();
+        assert!(err.to_string().contains("needs `key`"), "{err:#}");
+        let columns = source("headers = true").metadata_columns().unwrap();
+        assert_eq!(columns.headers.as_deref(), Some("headers"));
+    }
 }

@@ -346,12 +346,21 @@ create_table = true
         }
     }
 
-    /// Produces `values` as they are (records that are not `{"id": n}`), acknowledged before returning.
+    /// Produces `values` as they are (records that are not `{"id": n}`), each with the header `origin: raw`,
+    /// acknowledged before returning.
     pub async fn produce_raw(&mut self, values: &[&str]) {
         for value in values {
+            let headers = rdkafka::message::OwnedHeaders::new().insert(rdkafka::message::Header {
+                key: "origin",
+                value: Some("raw"),
+            });
             let delivery = self
                 .producer
-                .send_result(FutureRecord::<str, str>::to(&self.topic).payload(value))
+                .send_result(
+                    FutureRecord::<str, str>::to(&self.topic)
+                        .payload(value)
+                        .headers(headers),
+                )
                 .map_err(|(e, _)| e)
                 .unwrap();
             delivery.await.unwrap().map_err(|(e, _)| e).unwrap();

@@ -1,6 +1,6 @@
 //! Bad input with a dead-letter topic: records that are not JSON or do not fit the declared fields, and a row the
 //! PostgreSQL table refuses (a CHECK constraint), go to the dead-letter topic with the reason and their source
-//! coordinates in headers, exactly once; every other record reaches every sink, the refused row reaches the sinks
+//! coordinates in headers (an undecodable record with its own headers too), exactly once; every other record reaches every sink, the refused row reaches the sinks
 //! that took it. Without a dead-letter topic the same bad record stops the job at once, named.
 
 use crate::common;
@@ -65,6 +65,8 @@ async fn bad_records_and_refused_rows_go_to_the_dead_letter_topic_once() {
         "{dead}"
     );
     for letter in &undecodable {
+        // The source record's own headers are kept.
+        assert_eq!(header(letter, "origin").as_deref(), Some("raw"), "{letter}");
         assert_eq!(
             header(letter, "ratchet.source.topic"),
             Some(job.topic.clone())

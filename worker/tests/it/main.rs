@@ -17,6 +17,7 @@ mod identity;
 mod inspect;
 mod job_file;
 mod kafka_to_kafka;
+mod metadata;
 mod observability;
 mod reconfigure;
 mod refusals;

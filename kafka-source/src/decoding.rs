@@ -1,0 +1,103 @@
+//! What the source decodes: the [`Decoding`] of record values, the raw decodings' schemas, and a record's
+//! parts and coordinates as the builders take them.
+
+use std::sync::Arc;
+
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use connector_api::{Error, ErrorKind, Phase, Result};
+
+use crate::avro::AvroDecoding;
+
+/// How record values become rows.
+#[derive(Debug, Clone)]
+pub enum Decoding {
+    /// One row per record: `topic`, `partition`, `offset`, `key` and `value` as UTF-8 strings ([`text_schema`]).
+    /// A key or value that is not UTF-8 is a [`BadRecord`](ErrorKind::BadRecord).
+    Text,
+    /// As [`Text`](Self::Text), key and value as raw bytes ([`binary_schema`]): nothing is refused.
+    Binary,
+    /// Each value is one JSON object, decoded into `schema` (arrow-json); fields not in the schema are ignored,
+    /// a value that does not fit is a [`BadRecord`](ErrorKind::BadRecord) naming the record.
+    Json(SchemaRef),
+    /// Each value is one Avro record of the declared schema in Confluent or single-object framing (arrow-avro); a
+    /// value that does not decode is a [`BadRecord`](ErrorKind::BadRecord) naming the record.
+    Avro(AvroDecoding),
+}
+
+impl Decoding {
+    /// The schema of the rows this decoding produces (before any [metadata columns](crate::MetadataColumns)).
+    pub fn schema(&self) -> SchemaRef {
+        match self {
+            Self::Text => text_schema(),
+            Self::Binary => binary_schema(),
+            Self::Json(schema) => schema.clone(),
+            Self::Avro(avro) => avro.schema(),
+        }
+    }
+
+    /// Whether a bad value may only show when the batch is finished, leaving the decoder unusable: the reader then
+    /// sorts the batch out record by record ([`crate::reject`]). Such decodings' rows are the value's fields, so a
+    /// record without a value (a tombstone) has no row.
+    pub(crate) fn defers_failures(&self) -> bool {
+        matches!(self, Self::Json(_) | Self::Avro(_))
+    }
+}
+
+/// The schema of the raw decodings with key and value of type `payload`.
+pub(crate) fn raw_schema(payload: DataType) -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("topic", DataType::Utf8, false),
+        Field::new("partition", DataType::Int32, false),
+        Field::new("offset", DataType::Int64, false),
+        Field::new("key", payload.clone(), true),
+        Field::new("value", payload, true),
+    ]))
+}
+
+/// Schema of [`Decoding::Text`] batches: one row per Kafka record, key and value as UTF-8 strings.
+pub fn text_schema() -> SchemaRef {
+    raw_schema(DataType::Utf8)
+}
+
+/// Schema of [`Decoding::Binary`] batches: one row per Kafka record, key and value as bytes.
+pub fn binary_schema() -> SchemaRef {
+    raw_schema(DataType::Binary)
+}
+
+/// Where a record came from, for error messages.
+#[derive(Clone, Copy)]
+pub(crate) struct RecordAt<'a> {
+    pub(crate) topic: &'a str,
+    pub(crate) partition: i32,
+    pub(crate) offset: i64,
+}
+
+/// A [`BadRecord`](ErrorKind::BadRecord) naming the record at `at` and what is wrong with it.
+pub(crate) fn bad_record(at: RecordAt<'_>, what: &str) -> Error {
+    Error::new(
+        ErrorKind::BadRecord,
+        Phase::Write,
+        format!("record {}/{}@{} {what}", at.topic, at.partition, at.offset),
+    )
+}
+
+/// `bytes` as UTF-8, or a [`BadRecord`](ErrorKind::BadRecord) naming the record and `what`.
+pub(crate) fn text<'b>(
+    at: RecordAt<'_>,
+    bytes: Option<&'b [u8]>,
+    what: &str,
+) -> Result<Option<&'b str>> {
+    bytes
+        .map(std::str::from_utf8)
+        .transpose()
+        .map_err(|e| bad_record(at, &format!("has a {what} that is not UTF-8")).with_source(e))
+}
+
+/// One record as the builders take it: where it is from, its timestamp (milliseconds), key, value and headers.
+pub(crate) struct RecordParts<'a, H> {
+    pub(crate) at: RecordAt<'a>,
+    pub(crate) timestamp: Option<i64>,
+    pub(crate) key: Option<&'a [u8]>,
+    pub(crate) value: Option<&'a [u8]>,
+    pub(crate) headers: Option<&'a H>,
+}
