@@ -233,8 +233,12 @@ impl MetadataBuilder {
         at: RecordAt<'_>,
         key: Option<&'k [u8]>,
     ) -> Result<CheckedKey<'k>> {
-        Ok(match (&self.key, text_or_none(at, key)?) {
-            (Some(KeyColumns::Text(_)), Some(text)) => CheckedKey::Text(text),
+        // Only a text key column reads the key as text: a binary or JSON/Avro key column, or none, takes any bytes.
+        Ok(match (&self.key, key) {
+            (Some(KeyColumns::Text(_)), Some(_)) => match text(at, key, "key")? {
+                Some(text) => CheckedKey::Text(text),
+                None => CheckedKey::Nothing,
+            },
             _ => CheckedKey::Nothing,
         })
     }
@@ -339,11 +343,6 @@ impl MetadataBuilder {
         }
         Ok(columns)
     }
-}
-
-/// `key` as UTF-8 text, `None` for no key.
-fn text_or_none<'k>(at: RecordAt<'_>, key: Option<&'k [u8]>) -> Result<Option<&'k str>> {
-    text(at, key, "key")
 }
 
 /// How many rows `columns` hold (all the same), for checks.
@@ -455,6 +454,15 @@ mod tests {
                 .contains("orders/2@5 has a key that is not UTF-8"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_key_that_is_not_utf8_is_taken_where_no_text_key_column_reads_it() {
+        let not_text: &[u8] = &[0xff, 0xfe];
+        for columns in [MetadataColumns::none(), every(KeyDecoding::Binary)] {
+            let builder = MetadataBuilder::new(&columns, 1).unwrap();
+            assert!(builder.check_key(at(5), Some(not_text)).is_ok());
+        }
     }
 
     #[test]

@@ -84,7 +84,8 @@ impl Reader {
         let mut deadline: Option<Instant> = None;
         // JSON and Avro values or keys: the raw records, to sort a batch that fails out record by record.
         let defers = self.decoding.defers_failures() || self.metadata.defers_failures();
-        let mut raw = defers.then(RawRecords::default);
+        let keep_headers = self.divert || self.metadata.headers.is_some();
+        let mut raw = defers.then(|| RawRecords::new(keep_headers));
         let mut decoder_failed = false;
         let mut rejected = Vec::new();
         let mut tombstones = Vec::new();

@@ -74,9 +74,19 @@ struct RawRecord {
 pub(crate) struct RawRecords {
     bytes: Vec<u8>,
     records: Vec<RawRecord>,
+    /// Copy each record's headers (a headers column or dead letters read them; otherwise nothing does).
+    keep_headers: bool,
 }
 
 impl RawRecords {
+    /// An empty set; records' headers are copied only when `keep_headers`.
+    pub(crate) fn new(keep_headers: bool) -> Self {
+        Self {
+            keep_headers,
+            ..Self::default()
+        }
+    }
+
     /// Keeps a copy of one record.
     pub(crate) fn push<H: Headers>(&mut self, record: &RecordParts<'_, H>) {
         let mut keep = |bytes: Option<&[u8]>| {
@@ -87,7 +97,7 @@ impl RawRecords {
             })
         };
         let (key, value) = (keep(record.key), keep(record.value));
-        let headers = record.headers.map(|headers| {
+        let headers = record.headers.filter(|_| self.keep_headers).map(|headers| {
             headers.iter().fold(
                 OwnedHeaders::new_with_capacity(headers.count()),
                 |owned, h| {
