@@ -30,6 +30,17 @@ pub struct S3Endpoint {
     pub bucket: String,
 }
 
+/// The schema registry (Apicurio Registry's Confluent-compatible API) with its basic-auth credentials.
+#[derive(Debug, Clone)]
+pub struct RegistryEndpoint {
+    /// The API's base URL, `http://127.0.0.1:<port>/apis/ccompat/v7`.
+    pub url: String,
+    /// Basic auth user.
+    pub user: String,
+    /// Basic auth password.
+    pub password: String,
+}
+
 /// The `RATCHET_*` endpoints of the test services.
 ///
 /// Read from the environment when `RATCHET_KAFKA_BOOTSTRAP` is set (as `scripts/test.sh` does), otherwise from
@@ -231,6 +242,17 @@ impl Services {
             access_key: self.var("RATCHET_S3_ACCESS_KEY").into(),
             secret_key: self.var("RATCHET_S3_SECRET_KEY").into(),
             bucket: self.var("RATCHET_S3_BUCKET").into(),
+        }
+    }
+
+    /// The schema registry, after checking it listens.
+    pub fn registry(&self) -> RegistryEndpoint {
+        let url = self.var("RATCHET_REGISTRY_URL").to_string();
+        require("the schema registry", host_port(&url));
+        RegistryEndpoint {
+            url,
+            user: self.var("RATCHET_REGISTRY_USER").into(),
+            password: self.var("RATCHET_REGISTRY_PASSWORD").into(),
         }
     }
 

@@ -1,0 +1,77 @@
+//! What can go wrong talking to the registry, and which of it is worth retrying.
+
+use connector_api::{ErrorKind, Phase};
+
+/// A failed registry request. The message names the registry (its URL without credentials) and the request.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    /// The settings cannot make a client: a URL that does not parse, credentials given twice, an unreadable CA
+    /// file or client certificate.
+    #[error("schema registry settings: {0}")]
+    Settings(String),
+    /// No answer: connection refused or reset, TLS handshake failed, or no reply within the request timeout.
+    #[error("the schema registry at {url} did not answer {request}")]
+    Unavailable {
+        /// The registry's URL, without credentials.
+        url: String,
+        /// The request, e.g. `GET /schemas/ids/7`.
+        request: String,
+        /// The HTTP client's error.
+        #[source]
+        source: reqwest::Error,
+    },
+    /// The registry answered with an error status (4xx: refused; 5xx: failed).
+    #[error("the schema registry at {url} answered {request} with HTTP {status}{}: {message}", .code.map(|c| format!(" (error code {c})")).unwrap_or_default())]
+    Status {
+        /// The registry's URL, without credentials.
+        url: String,
+        /// The request.
+        request: String,
+        /// The HTTP status.
+        status: u16,
+        /// The registry's `error_code`, when its body has one (40401: subject not found, 40403: schema not found).
+        code: Option<u32>,
+        /// The registry's `message`, or the body.
+        message: String,
+    },
+    /// The registry answered 2xx with a body that is not what the API describes.
+    #[error(
+        "the schema registry at {url} answered {request} with a body that is not a schema: {reason}"
+    )]
+    Malformed {
+        /// The registry's URL, without credentials.
+        url: String,
+        /// The request.
+        request: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+impl RegistryError {
+    /// Whether trying again may help: no answer, or a server error (5xx) or throttling (429).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Unavailable { .. } => true,
+            Self::Status { status, .. } => *status >= 500 || *status == 429,
+            Self::Settings(_) | Self::Malformed { .. } => false,
+        }
+    }
+
+    /// Whether the registry answered that what was asked for does not exist (HTTP 404).
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Self::Status { status: 404, .. })
+    }
+
+    /// This error as a Ratchet error of `phase`: [`Retryable`](ErrorKind::Retryable) when
+    /// [transient](Self::is_transient) (retries already ran out), [`Config`](ErrorKind::Config) otherwise (bad
+    /// settings or credentials, a subject that does not exist, a registry that speaks another API).
+    pub fn into_error(self, phase: Phase) -> connector_api::Error {
+        let kind = if self.is_transient() {
+            ErrorKind::Retryable
+        } else {
+            ErrorKind::Config
+        };
+        connector_api::Error::new(kind, phase, "schema registry request failed").with_source(self)
+    }
+}
