@@ -6,8 +6,9 @@ use arrow_array::RecordBatch;
 use connector_api::{Error, ErrorKind, Phase, Result};
 use rdkafka::message::Headers;
 
-use crate::decoding::{Decoding, RecordParts};
+use crate::decoding::Decoding;
 use crate::metadata::{MetadataBuilder, MetadataColumns};
+use crate::record::RecordParts;
 use crate::values::Values;
 
 /// The columns of one batch under construction: the decoding's, then the metadata columns.
@@ -82,7 +83,7 @@ mod tests {
     use arrow_schema::{DataType, Field, Schema};
 
     use super::*;
-    use crate::decoding::RecordAt;
+    use crate::record::RecordAt;
 
     fn json() -> BatchBuilder {
         let schema = Arc::new(Schema::new(vec![Field::new("a", DataType::Int64, true)]));

@@ -1,10 +1,8 @@
-//! What the source decodes: the [`Decoding`] of record values, the raw decodings' schemas, and a record's
-//! parts and coordinates as the builders take them.
+//! What the source decodes: the [`Decoding`] of record values and the raw decodings' schemas.
 
 use std::sync::Arc;
 
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
-use connector_api::{Error, ErrorKind, Phase, Result};
 
 use crate::avro::AvroDecoding;
 
@@ -62,42 +60,4 @@ pub fn text_schema() -> SchemaRef {
 /// Schema of [`Decoding::Binary`] batches: one row per Kafka record, key and value as bytes.
 pub fn binary_schema() -> SchemaRef {
     raw_schema(DataType::Binary)
-}
-
-/// Where a record came from, for error messages.
-#[derive(Clone, Copy)]
-pub(crate) struct RecordAt<'a> {
-    pub(crate) topic: &'a str,
-    pub(crate) partition: i32,
-    pub(crate) offset: i64,
-}
-
-/// A [`BadRecord`](ErrorKind::BadRecord) naming the record at `at` and what is wrong with it.
-pub(crate) fn bad_record(at: RecordAt<'_>, what: &str) -> Error {
-    Error::new(
-        ErrorKind::BadRecord,
-        Phase::Write,
-        format!("record {}/{}@{} {what}", at.topic, at.partition, at.offset),
-    )
-}
-
-/// `bytes` as UTF-8, or a [`BadRecord`](ErrorKind::BadRecord) naming the record and `what`.
-pub(crate) fn text<'b>(
-    at: RecordAt<'_>,
-    bytes: Option<&'b [u8]>,
-    what: &str,
-) -> Result<Option<&'b str>> {
-    bytes
-        .map(std::str::from_utf8)
-        .transpose()
-        .map_err(|e| bad_record(at, &format!("has a {what} that is not UTF-8")).with_source(e))
-}
-
-/// One record as the builders take it: where it is from, its timestamp (milliseconds), key, value and headers.
-pub(crate) struct RecordParts<'a, H> {
-    pub(crate) at: RecordAt<'a>,
-    pub(crate) timestamp: Option<i64>,
-    pub(crate) key: Option<&'a [u8]>,
-    pub(crate) value: Option<&'a [u8]>,
-    pub(crate) headers: Option<&'a H>,
 }

@@ -32,15 +32,18 @@
 #![deny(missing_docs)]
 
 mod avro;
+mod avro_rows;
 mod decode;
 mod decoding;
 mod metadata;
 mod partitions;
 mod reader;
+mod record;
 mod reject;
 mod source;
 mod tombstone;
 mod values;
+mod writer_schemas;
 
 pub use avro::{AvroDecoding, AvroFraming};
 pub use decoding::{Decoding, binary_schema, text_schema};
@@ -50,3 +53,4 @@ pub use partitions::{Gap, GapPolicy};
 pub use reject::RejectedRecord;
 pub use source::{KafkaSource, KafkaSourceOptions, PartitionShare, Watermarks};
 pub use tombstone::Tombstone;
+pub use writer_schemas::ReaderSchema;

@@ -26,7 +26,8 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use connector_api::{Error, ErrorKind, Phase, Result};
 use rdkafka::message::Headers;
 
-use crate::decoding::{Decoding, RecordAt, RecordParts, text};
+use crate::decoding::Decoding;
+use crate::record::{RecordAt, RecordParts, text};
 use crate::values::Values;
 
 /// How a record's key becomes the `key` metadata column(s).

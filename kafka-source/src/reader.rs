@@ -17,9 +17,10 @@ use tokio::sync::mpsc;
 use kafka_connection::poll::{DEADLINE_CHECK_EVERY, Polled, next_message};
 
 use crate::decode::BatchBuilder;
-use crate::decoding::{Decoding, RecordAt, RecordParts};
+use crate::decoding::Decoding;
 use crate::metadata::MetadataColumns;
 use crate::partitions::{Assignment, Gap};
+use crate::record::{RecordAt, RecordParts};
 use crate::reject::{RawRecords, RejectedRecord};
 use crate::tombstone::Tombstone;
 
@@ -171,6 +172,8 @@ impl Reader {
             if !decoder_failed {
                 match builder.append(&record) {
                     Ok(()) => {}
+                    // Not the record's fault (a schema registry that cannot be reached): never set aside.
+                    Err(e) if e.kind() != ErrorKind::BadRecord => return Err(e),
                     Err(_) if raw.is_some() => decoder_failed = true,
                     Err(e) if self.divert => rejected.push(RejectedRecord::new(&record, &e)),
                     Err(e) => return Err(e),

@@ -11,12 +11,13 @@
 use std::ops::Range;
 
 use arrow_array::RecordBatch;
-use connector_api::{Report, Result};
+use connector_api::{ErrorKind, Report, Result};
 use rdkafka::message::{Header, Headers, OwnedHeaders};
 
 use crate::decode::BatchBuilder;
-use crate::decoding::{Decoding, RecordAt, RecordParts, bad_record};
+use crate::decoding::Decoding;
 use crate::metadata::MetadataColumns;
+use crate::record::{RecordAt, RecordParts, bad_record};
 
 /// A record the source could not decode, with everything a dead-letter record needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -143,7 +144,8 @@ impl RawRecords {
     ///
     /// # Errors
     /// With `divert` off, the first record that does not decode ([`BadRecord`](connector_api::ErrorKind::BadRecord)
-    /// naming it). Otherwise only a batch of good records that still fails (a bug).
+    /// naming it). Otherwise only a batch of good records that still fails (a bug). Either way an error that is
+    /// not the record's fault (a schema registry that cannot be reached) as it is.
     pub(crate) fn sort(
         &self,
         topic: &str,
@@ -164,7 +166,7 @@ impl RawRecords {
             };
             match outcome {
                 Ok(()) => good.push(i),
-                Err(e) if !divert => return Err(e),
+                Err(e) if !divert || e.kind() != ErrorKind::BadRecord => return Err(e),
                 Err(e) => rejected.push(RejectedRecord::new(&record, &e)),
             }
         }
@@ -183,7 +185,6 @@ mod tests {
     use arrow_array::cast::AsArray;
     use arrow_array::types::Int64Type;
     use arrow_schema::{DataType, Field, Schema};
-    use connector_api::ErrorKind;
 
     use super::*;
 

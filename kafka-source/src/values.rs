@@ -9,7 +9,9 @@ use arrow_json::reader::{Decoder, ReaderBuilder};
 use arrow_schema::SchemaRef;
 use connector_api::{Error, ErrorKind, Phase, Result};
 
-use crate::decoding::{Decoding, RecordAt, bad_record, raw_schema, text};
+use crate::avro_rows::AvroRows;
+use crate::decoding::{Decoding, raw_schema};
+use crate::record::{RecordAt, bad_record, text};
 
 /// Key and value columns of the raw decodings.
 pub(crate) enum Payload {
@@ -39,10 +41,7 @@ pub(crate) enum Values {
         rows: usize,
         schema: SchemaRef,
     },
-    Avro {
-        decoder: arrow_avro::reader::Decoder,
-        schema: SchemaRef,
-    },
+    Avro(AvroRows),
 }
 
 impl Values {
@@ -83,17 +82,7 @@ impl Values {
                 rows: 0,
                 schema: schema.clone(),
             },
-            Decoding::Avro(avro) => Self::Avro {
-                decoder: avro.decoder(capacity).map_err(|e| {
-                    Error::new(
-                        ErrorKind::Config,
-                        Phase::Setup,
-                        "the Avro schema of the Kafka source is not decodable",
-                    )
-                    .with_source(e)
-                })?,
-                schema: avro.schema(),
-            },
+            Decoding::Avro(avro) => Self::Avro(AvroRows::new(avro, capacity)?),
         })
     }
 
@@ -152,26 +141,9 @@ impl Values {
                 }
                 *rows += 1;
             }
-            Self::Avro { decoder, .. } => {
+            Self::Avro(rows) => {
                 let value = value.ok_or_else(|| bad_record(at, "has no value (a tombstone)"))?;
-                let room = decoder.capacity();
-                let read = decoder.decode(value).map_err(|e| {
-                    bad_record(
-                        at,
-                        &format!("has a {role} that is not an Avro record of the declared schema"),
-                    )
-                    .with_source(e)
-                })?;
-                // Exactly one row from exactly this value: an empty value or a bare framing prefix adds no row
-                // (and a prefix would take the next record's bytes as its body).
-                if read != value.len() || decoder.capacity() + 1 != room {
-                    return Err(bad_record(
-                        at,
-                        &format!(
-                            "has a {role} that is not exactly one framed Avro record of the declared schema"
-                        ),
-                    ));
-                }
+                rows.append(at, value, role)?;
             }
         }
         Ok(())
@@ -221,27 +193,23 @@ impl Values {
                 mut decoder,
                 schema,
                 ..
-            } => flushed(decoder.flush(), "JSON", schema),
-            Self::Avro {
-                mut decoder,
-                schema,
-            } => flushed(decoder.flush(), "Avro", schema),
+            } => flushed(decoder.flush(), schema),
+            Self::Avro(rows) => rows.finish(),
         }
     }
 }
 
-/// A flushed batch of a declared-schema decoding (an empty one when nothing was appended); a failure is a
+/// A flushed batch of the JSON decoding (an empty one when nothing was appended); a failure is a
 /// [`BadRecord`](ErrorKind::BadRecord) of the batch, which the reader then sorts out record by record.
-fn flushed<E: std::error::Error + Send + Sync + 'static>(
-    batch: std::result::Result<Option<RecordBatch>, E>,
-    format: &str,
+fn flushed(
+    batch: std::result::Result<Option<RecordBatch>, arrow_schema::ArrowError>,
     schema: SchemaRef,
 ) -> Result<RecordBatch> {
     let batch = batch.map_err(|e| {
         Error::new(
             ErrorKind::BadRecord,
             Phase::Write,
-            format!("a batch of {format} records does not fit the declared schema"),
+            "a batch of JSON records does not fit the declared schema",
         )
         .with_source(e)
     })?;

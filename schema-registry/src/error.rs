@@ -1,6 +1,6 @@
 //! What can go wrong talking to the registry, and which of it is worth retrying.
 
-use connector_api::{ErrorKind, Phase};
+use connector_api::ErrorKind;
 
 /// A failed registry request. The message names the registry (its URL without credentials) and the request.
 #[derive(Debug, thiserror::Error)]
@@ -63,15 +63,14 @@ impl RegistryError {
         matches!(self, Self::Status { status: 404, .. })
     }
 
-    /// This error as a Ratchet error of `phase`: [`Retryable`](ErrorKind::Retryable) when
-    /// [transient](Self::is_transient) (retries already ran out), [`Config`](ErrorKind::Config) otherwise (bad
-    /// settings or credentials, a subject that does not exist, a registry that speaks another API).
-    pub fn into_error(self, phase: Phase) -> connector_api::Error {
-        let kind = if self.is_transient() {
+    /// The kind of Ratchet error this is: [`Retryable`](ErrorKind::Retryable) when
+    /// [transient](Self::is_transient) (the client's own retries already ran out), [`Config`](ErrorKind::Config)
+    /// otherwise (bad settings or credentials, a subject that does not exist, a registry that speaks another API).
+    pub fn kind(&self) -> ErrorKind {
+        if self.is_transient() {
             ErrorKind::Retryable
         } else {
             ErrorKind::Config
-        };
-        connector_api::Error::new(kind, phase, "schema registry request failed").with_source(self)
+        }
     }
 }

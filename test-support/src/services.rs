@@ -295,14 +295,25 @@ impl Services {
     /// The scripts run in long-lived interpreters (`test-support/verifiers/serve.py`, one per concurrent caller),
     /// exactly as a one-shot run would execute them, without paying Python's start-up and imports every time.
     pub fn verify(&self, script: &str, args: &[&str]) -> serde_json::Value {
-        let path = repo_root().join("test-support/verifiers").join(script);
+        self.pooled("verifiers", script, args)
+    }
+
+    /// Runs the producer peer `test-support/producers/<script>` with `args` (as [`verify`](Self::verify) runs a
+    /// verifier) and returns what it printed (JSON): records written by the real client libraries of the
+    /// ecosystem (confluent-kafka's schema registry serializers), not by Ratchet code.
+    pub fn produce(&self, script: &str, args: &[&str]) -> serde_json::Value {
+        self.pooled("producers", script, args)
+    }
+
+    fn pooled(&self, dir: &str, script: &str, args: &[&str]) -> serde_json::Value {
+        let path = repo_root().join("test-support").join(dir).join(script);
         let idle = self.verifiers.lock().expect("verifier pool").pop();
         let mut verifier = idle.unwrap_or_else(|| Verifier::spawn(&self.python(), &self.vars));
         let (ok, stdout, stderr) = verifier.run(&path, args);
         self.verifiers.lock().expect("verifier pool").push(verifier);
-        assert!(ok, "verifier {script} {args:?} failed:\n{stderr}");
+        assert!(ok, "{script} {args:?} failed:\n{stderr}");
         serde_json::from_str(&stdout)
-            .unwrap_or_else(|e| panic!("verifier {script} printed no JSON ({e}):\n{stdout}"))
+            .unwrap_or_else(|e| panic!("{script} printed no JSON ({e}):\n{stdout}"))
     }
 
     /// Runs the Python script at `path` in the verifiers' venv (with the services' environment) and returns what

@@ -78,7 +78,7 @@ pub async fn run(args: CheckArgs) -> Result<()> {
     };
     report("checkpoint store".into(), store);
     let registry = crate::sinks::registry();
-    match job.schema() {
+    match job.schema().await {
         Err(e) => report("source schema".into(), Err(e)),
         Ok(schema) => {
             let budget = job.driver_config().budget();

@@ -24,7 +24,7 @@ async fn driver_for(
         .context("checkpoint store")?;
     let mut driver = Driver::new(store, job.driver_config());
     let registry = crate::sinks::registry();
-    let schema = job.schema()?;
+    let schema = job.schema().await?;
     for spec in &job.sinks {
         let sink = registry
             .build(spec, job_id, id, schema.clone())

@@ -79,6 +79,8 @@ pub async fn run(args: RunArgs, progress_line: bool) -> Result<()> {
     if job.job.kafka_to_kafka {
         return crate::fast_path::run(&job, &args).await;
     }
+    // A schema registry's reader schemas, looked up once for the process (every subtask and sink uses these).
+    job.decodings().await?;
     let leases: Box<dyn Leases> = match &job.store {
         StoreConfig::Local { path } => {
             Box::new(LocalLease::take(path, &job.job.name, job.job.subtasks)?)

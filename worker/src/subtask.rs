@@ -152,7 +152,7 @@ async fn run_until_stopped(
 async fn build(context: &SubtaskContext, index: u32) -> Result<(Driver<SubtaskStore>, Outputs)> {
     let job = &context.job;
     let subtask = SubtaskId(index);
-    let schema = job.schema().map_err(config_error)?;
+    let schema = job.schema().await.map_err(config_error)?;
     let store = SubtaskStore::open(&job.store, &job.job.name, subtask, job.store_limits()).await?;
     let mut driver = Driver::new(store, job.driver_config())
         .with_metric_labels([("subtask", index.to_string())]);
@@ -215,7 +215,7 @@ async fn serve(
     mut stop: watch::Receiver<Stop>,
 ) -> Result<Ended> {
     let job = &context.job;
-    let mut options = job.source_options().map_err(config_error)?;
+    let mut options = job.source_options().await.map_err(config_error)?;
     options.share = Some(PartitionShare {
         index,
         of: job.job.subtasks,

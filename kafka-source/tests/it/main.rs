@@ -1,5 +1,6 @@
 //! Integration tests of the Kafka source against the real broker: positions, decoding, retention gaps and grown
-//! topics: one test binary for the crate (`cargo test -p kafka-source --test it`).
+//! topics, Avro through a schema registry: one test binary for the crate (`cargo test -p kafka-source --test it`).
 
 mod log_edges;
+mod registry;
 mod source;

@@ -23,11 +23,11 @@ use test_support::Services;
 
 const WAIT: Duration = Duration::from_secs(20);
 
-fn bootstrap() -> &'static str {
+pub(crate) fn bootstrap() -> &'static str {
     Services::get().kafka_bootstrap()
 }
 
-async fn topic(prefix: &str, partitions: i32) -> String {
+pub(crate) async fn topic(prefix: &str, partitions: i32) -> String {
     let name = test_support::unique_name(prefix);
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", bootstrap())
@@ -46,7 +46,7 @@ async fn topic(prefix: &str, partitions: i32) -> String {
     name
 }
 
-fn producer(transactional: Option<&str>) -> ThreadedProducer<DefaultProducerContext> {
+pub(crate) fn producer(transactional: Option<&str>) -> ThreadedProducer<DefaultProducerContext> {
     let mut config = ClientConfig::new();
     config
         .set("bootstrap.servers", bootstrap())
@@ -57,7 +57,7 @@ fn producer(transactional: Option<&str>) -> ThreadedProducer<DefaultProducerCont
     config.create().unwrap()
 }
 
-fn send(
+pub(crate) fn send(
     producer: &ThreadedProducer<DefaultProducerContext>,
     topic: &str,
     partition: i32,
@@ -74,7 +74,7 @@ fn send(
 }
 
 /// Reads batches until `rows` rows arrived (or fails after [`WAIT`]).
-async fn read_rows(source: &mut KafkaSource, rows: usize) -> Vec<RecordBatch> {
+pub(crate) async fn read_rows(source: &mut KafkaSource, rows: usize) -> Vec<RecordBatch> {
     let started = Instant::now();
     let mut batches = Vec::new();
     while batches.iter().map(RecordBatch::num_rows).sum::<usize>() < rows {

@@ -24,6 +24,7 @@
 //! ```
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -57,6 +58,10 @@ pub struct JobConfig {
     /// Where records that cannot be decoded or written go instead of stopping the job (absent: they stop it).
     #[serde(default)]
     pub dead_letter: Option<DeadLetterConfig>,
+    /// The source's decodings, resolved once per process (a registry's reader schemas are looked up once, so
+    /// every subtask and sink of the process sees the same columns).
+    #[serde(skip)]
+    decodings: Arc<tokio::sync::OnceCell<(Decoding, MetadataColumns)>>,
 }
 
 /// `[dead_letter]`: a Kafka topic on the source's cluster ([`crate::dead_letter`]).
@@ -232,7 +237,10 @@ impl JobConfig {
                 self.source.metadata_refresh
             );
         }
-        self.schema()?;
+        // Decodings that need no registry are checked here; a registry's are checked when first resolved.
+        if let Some((decoding, metadata)) = self.source.offline_decodings()? {
+            metadata.schema(&decoding).context("[source] metadata")?;
+        }
         if self.job.kafka_to_kafka {
             self.check_kafka_to_kafka()?;
         }
@@ -258,41 +266,37 @@ impl JobConfig {
             .context("[source]")
     }
 
-    /// How the source decodes records ([`DecodingConfig::decoding`](source::DecodingConfig::decoding)).
+    /// How the source decodes records, and the record metadata it adds as columns: resolved on first use (a
+    /// schema registry's reader schemas looked up), the same afterwards for the life of the process.
     ///
     /// # Errors
-    /// An Avro schema that does not parse, or Confluent framing without `schema_id`.
-    pub fn decoding(&self) -> Result<Decoding> {
-        self.source.decoding.decoding()
-    }
-
-    /// The record metadata the source adds as columns ([`MetadataConfig`](source::MetadataConfig)).
-    ///
-    /// # Errors
-    /// `headers = true` beside `metadata.headers`, or a key decoding that does not parse.
-    pub fn metadata(&self) -> Result<MetadataColumns> {
-        self.source.metadata_columns()
+    /// A decoding or metadata setting that is wrong, named; a registry subject without schemas, or a registry
+    /// that cannot be reached (after retries).
+    pub async fn decodings(&self) -> Result<(Decoding, MetadataColumns)> {
+        self.decodings
+            .get_or_try_init(|| self.source.decodings())
+            .await
+            .cloned()
     }
 
     /// The schema of the batches every sink receives: the decoding's columns, then the metadata columns.
     ///
     /// # Errors
-    /// As [`decoding`](Self::decoding) and [`metadata`](Self::metadata); a metadata column named like a decoded
-    /// column.
-    pub fn schema(&self) -> Result<SchemaRef> {
-        self.metadata()?
-            .schema(&self.decoding()?)
-            .context("[source] metadata")
+    /// As [`decodings`](Self::decodings); a metadata column named like a decoded column.
+    pub async fn schema(&self) -> Result<SchemaRef> {
+        let (decoding, metadata) = self.decodings().await?;
+        metadata.schema(&decoding).context("[source] metadata")
     }
 
     /// The source options for one subtask (its share of the partitions is set by the caller).
     ///
     /// # Errors
-    /// As [`decoding`](Self::decoding).
-    pub fn source_options(&self) -> Result<KafkaSourceOptions> {
+    /// As [`decodings`](Self::decodings).
+    pub async fn source_options(&self) -> Result<KafkaSourceOptions> {
+        let (decoding, metadata) = self.decodings().await?;
         let mut options = KafkaSourceOptions {
-            decoding: self.decoding()?,
-            metadata: self.metadata()?,
+            decoding,
+            metadata,
             client: self
                 .source
                 .client
@@ -387,7 +391,8 @@ storage = { kind = "local", path = "/tmp/x" }
         assert_eq!(job.job.checkpoint_interval, Duration::from_secs(1));
         assert_eq!(job.job.lease, Duration::from_secs(10));
         assert!(matches!(job.store, StoreConfig::Postgres { .. }));
-        let schema = job.schema().unwrap();
+        let (decoding, metadata) = job.source.offline_decodings().unwrap().unwrap();
+        let schema = metadata.schema(&decoding).unwrap();
         assert_eq!(schema.field(0).data_type(), &DataType::Int64);
         assert!(!schema.field(0).is_nullable());
     }
@@ -434,7 +439,25 @@ storage = { kind = "local", path = "/tmp/x" }
             avro.trim(),
         );
         let job = JobConfig::parse(&text, no_env()).unwrap();
-        assert_eq!(job.schema().unwrap().field(0).name(), "id");
+        let (decoding, _) = job.source.offline_decodings().unwrap().unwrap();
+        assert_eq!(decoding.schema().field(0).name(), "id");
+
+        // The registry example: its [source] keys in a complete job file make a registry client.
+        let registry = doc
+            .split("```toml\n")
+            .find(|block| block.starts_with("[source]\ndecoding = { kind = \"avro\" }"))
+            .and_then(|block| block.split("```").next())
+            .expect("docs/worker.md shows a registry-backed Avro decoding");
+        let (decoding, registry) = registry
+            .trim_start_matches("[source]\n")
+            .split_once("\n")
+            .unwrap();
+        let text = MINIMAL.replace(
+            "decoding = { kind = \"json\", fields = [ { name = \"id\", type = \"int64\", nullable = false } ] }",
+            decoding,
+        ) + registry;
+        let job = JobConfig::parse(&text, no_env()).unwrap();
+        assert!(job.source.schema_registry().unwrap().is_some());
     }
 
     #[test]

@@ -6,7 +6,10 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
-use kafka_source::{AvroDecoding, AvroFraming, Decoding, GapPolicy, KeyDecoding, MetadataColumns};
+use kafka_source::{
+    AvroDecoding, AvroFraming, Decoding, GapPolicy, KeyDecoding, MetadataColumns, ReaderSchema,
+};
+use schema_registry::{RegistrySettings, SchemaRegistry, SubjectStrategy};
 use serde::Deserialize;
 
 /// `[source]`: one Kafka topic, read with `isolation.level=read_committed` from the checkpointed positions.
@@ -40,6 +43,9 @@ pub struct SourceConfig {
     /// long, a deleted or recreated topic stops the job.
     #[serde(default = "thirty_seconds", with = "humantime_serde")]
     pub metadata_refresh: Duration,
+    /// The schema registry Avro writer schemas are looked up in (`[source.registry]`; absent: declared schemas).
+    #[serde(default)]
+    pub registry: Option<RegistrySettings>,
 }
 
 /// `[source.metadata]`: which record metadata becomes columns, each under the name given (absent: not added).
@@ -65,12 +71,88 @@ pub struct MetadataConfig {
 }
 
 impl SourceConfig {
-    /// The metadata columns `[source]` asks for (`headers = true` is `metadata.headers = "headers"`).
+    /// The value decoding and the metadata columns, when they need no registry lookup; `None` when they do
+    /// (see [`decodings`](Self::decodings)).
     ///
     /// # Errors
-    /// Both `headers = true` and `metadata.headers`; `key_decoding` without `key`; a key decoding that does not
-    /// parse.
-    pub fn metadata_columns(&self) -> Result<MetadataColumns> {
+    /// As [`decodings`](Self::decodings), less what only the registry can tell.
+    pub fn offline_decodings(&self) -> Result<Option<(Decoding, MetadataColumns)>> {
+        if self.schema_registry()?.is_some() {
+            return Ok(None);
+        }
+        let value = self.decoding.declared().context("[source] decoding")?;
+        let key = match self.declared_key() {
+            Some(key) => Some(key.declared().context("[source.metadata] key_decoding")?),
+            None => None,
+        };
+        Ok(Some((value, self.metadata_columns(key)?)))
+    }
+
+    /// The value decoding and the metadata columns, a registry's reader schemas looked up (the latest version of
+    /// each subject, unless a reader schema is declared).
+    ///
+    /// # Errors
+    /// A decoding that does not parse; a subject the registry does not have, or a registry that cannot be
+    /// reached (after retries); the metadata errors of [`metadata_columns`](Self::metadata_columns).
+    pub async fn decodings(&self) -> Result<(Decoding, MetadataColumns)> {
+        let registry = self.schema_registry()?;
+        let lookup = |is_key| {
+            registry.as_ref().map(|registry| Lookup {
+                registry,
+                topic: &self.topic,
+                is_key,
+            })
+        };
+        let value = self
+            .decoding
+            .resolve(lookup(false))
+            .await
+            .context("[source] decoding")?;
+        let key = match self.declared_key() {
+            Some(key) => Some(
+                key.resolve(lookup(true))
+                    .await
+                    .context("[source.metadata] key_decoding")?,
+            ),
+            None => None,
+        };
+        Ok((value, self.metadata_columns(key)?))
+    }
+
+    /// The registry client of `[source.registry]`, when set.
+    ///
+    /// # Errors
+    /// Settings that cannot make a client; a registry that no Avro decoding uses.
+    pub fn schema_registry(&self) -> Result<Option<SchemaRegistry>> {
+        let Some(settings) = &self.registry else {
+            return Ok(None);
+        };
+        let avro = |d: &DecodingConfig| matches!(d, DecodingConfig::Avro { .. });
+        if !avro(&self.decoding) && !self.declared_key().is_some_and(avro) {
+            bail!(
+                "[source.registry] is set, but neither `decoding` nor `metadata.key_decoding` is Avro: remove it, \
+                 or use kind = \"avro\""
+            );
+        }
+        Ok(Some(
+            SchemaRegistry::new(settings).context("[source.registry]")?,
+        ))
+    }
+
+    /// The key's decoding when it is JSON or Avro.
+    fn declared_key(&self) -> Option<&DecodingConfig> {
+        self.metadata
+            .key_decoding
+            .as_ref()
+            .filter(|d| !matches!(d, DecodingConfig::Text | DecodingConfig::Binary))
+    }
+
+    /// The metadata columns `[source]` asks for (`headers = true` is `metadata.headers = "headers"`), the key
+    /// decoded as `key` when it is JSON or Avro.
+    ///
+    /// # Errors
+    /// Both `headers = true` and `metadata.headers`; `key_decoding` without `key`.
+    fn metadata_columns(&self, key: Option<Decoding>) -> Result<MetadataColumns> {
         let metadata = &self.metadata;
         let headers = match (self.headers, &metadata.headers) {
             (true, Some(name)) => bail!(
@@ -88,14 +170,10 @@ impl SourceConfig {
             }
             (None, None) => None,
             (Some(name), decoding) => {
-                let decoding = match decoding {
-                    None | Some(DecodingConfig::Text) => KeyDecoding::Text,
-                    Some(DecodingConfig::Binary) => KeyDecoding::Binary,
-                    Some(declared) => KeyDecoding::Declared(
-                        declared
-                            .decoding()
-                            .context("[source.metadata] key_decoding")?,
-                    ),
+                let decoding = match (decoding, key) {
+                    (_, Some(declared)) => KeyDecoding::Declared(declared),
+                    (Some(DecodingConfig::Binary), None) => KeyDecoding::Binary,
+                    _ => KeyDecoding::Text,
                 };
                 Some((name.clone(), decoding))
             }
@@ -109,6 +187,14 @@ impl SourceConfig {
             headers,
         })
     }
+}
+
+/// Where a registry-backed decoding looks its schemas up: the registry, and the topic and side (key or value)
+/// that name the subject.
+struct Lookup<'a> {
+    registry: &'a SchemaRegistry,
+    topic: &'a str,
+    is_key: bool,
 }
 
 /// `on_gap`: what a subtask does when records were removed from the log before it read them.
@@ -140,20 +226,30 @@ pub enum DecodingConfig {
         /// The columns, in order.
         fields: Vec<FieldConfig>,
     },
-    /// Each value one Avro record of the declared writer schema; the columns follow the schema's fields.
+    /// Each value one Avro record: of the declared writer schema, or of the writer schema its Confluent framing
+    /// names, looked up in `[source.registry]`; the columns follow the (reader) schema's fields.
     Avro {
-        /// The writer schema (Avro schema JSON).
-        schema: String,
-        /// How values frame the Avro body.
-        framing: AvroFramingConfig,
-        /// The schema's id in the registry (`framing = "confluent"`).
+        /// The writer schema (Avro schema JSON); with a registry, the reader schema (default: the subject's
+        /// latest version).
+        #[serde(default)]
+        schema: Option<String>,
+        /// How values frame the Avro body (`confluent` with a registry).
+        #[serde(default)]
+        framing: Option<AvroFramingConfig>,
+        /// The declared schema's id in the registry (`framing = "confluent"` without a registry).
         #[serde(default)]
         schema_id: Option<u32>,
+        /// How the subject of the latest schema is named (with a registry; default `topic-name`).
+        #[serde(default)]
+        subject_strategy: Option<SubjectStrategy>,
+        /// The record's full name, for the `record-name` and `topic-record-name` strategies.
+        #[serde(default)]
+        record_name: Option<String>,
     },
 }
 
 /// `framing` of the Avro decoding.
-#[derive(Debug, Clone, Copy, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum AvroFramingConfig {
     /// Confluent Schema Registry's wire format: `0x00`, the 4-byte schema id, the body.
@@ -215,11 +311,12 @@ impl ColumnType {
 }
 
 impl DecodingConfig {
-    /// How the source decodes records.
+    /// How the source decodes records with declared schemas only.
     ///
     /// # Errors
-    /// An Avro schema that does not parse, or Confluent framing without `schema_id`.
-    pub fn decoding(&self) -> Result<Decoding> {
+    /// An Avro schema that does not parse, no Avro schema, Confluent framing without `schema_id`, or settings
+    /// that only mean something with a registry.
+    pub fn declared(&self) -> Result<Decoding> {
         Ok(match self {
             DecodingConfig::Text => Decoding::Text,
             DecodingConfig::Binary => Decoding::Binary,
@@ -228,20 +325,101 @@ impl DecodingConfig {
                 schema,
                 framing,
                 schema_id,
+                subject_strategy,
+                record_name,
             } => {
-                let framing = match (framing, schema_id) {
-                    (AvroFramingConfig::Confluent, Some(schema_id)) => AvroFraming::Confluent {
-                        schema_id: *schema_id,
-                    },
-                    (AvroFramingConfig::Confluent, None) => bail!(
-                        "[source] decoding: framing = \"confluent\" needs schema_id, the declared schema's id in \
-                         the schema registry"
-                    ),
-                    (AvroFramingConfig::SingleObject, _) => AvroFraming::SingleObject,
+                if subject_strategy.is_some() || record_name.is_some() {
+                    bail!(
+                        "subject_strategy and record_name name a registry's subjects: add [source.registry], or \
+                         remove them"
+                    );
+                }
+                let Some(schema) = schema else {
+                    bail!(
+                        "kind = \"avro\" needs `schema` (the writer schema, Avro schema JSON), or a \
+                         [source.registry] to look each record's schema up in"
+                    );
                 };
-                Decoding::Avro(AvroDecoding::new(schema, framing).context("[source] decoding")?)
+                let framing = match (framing, schema_id) {
+                    (Some(AvroFramingConfig::Confluent), Some(schema_id)) => {
+                        AvroFraming::Confluent {
+                            schema_id: *schema_id,
+                        }
+                    }
+                    (Some(AvroFramingConfig::Confluent), None) => bail!(
+                        "framing = \"confluent\" needs schema_id, the declared schema's id in the schema \
+                         registry (or a [source.registry] to look ids up in)"
+                    ),
+                    (Some(AvroFramingConfig::SingleObject), _) => AvroFraming::SingleObject,
+                    (None, _) => bail!(
+                        "kind = \"avro\" needs framing = \"confluent\" or \"single-object\" (how each value frames \
+                         its Avro body)"
+                    ),
+                };
+                Decoding::Avro(AvroDecoding::new(schema, framing)?)
             }
         })
+    }
+
+    /// How the source decodes records, Avro writer schemas looked up through `lookup` when given.
+    ///
+    /// # Errors
+    /// As [`declared`](Self::declared); with a registry, single-object framing or a `schema_id`, a subject
+    /// without schemas, a registry that cannot be reached (after retries) or refuses.
+    async fn resolve(&self, lookup: Option<Lookup<'_>>) -> Result<Decoding> {
+        let (
+            DecodingConfig::Avro {
+                schema,
+                framing,
+                schema_id,
+                subject_strategy,
+                record_name,
+            },
+            Some(lookup),
+        ) = (self, lookup)
+        else {
+            return self.declared();
+        };
+        if *framing == Some(AvroFramingConfig::SingleObject) {
+            bail!(
+                "framing = \"single-object\" carries schema fingerprints, not registry ids: with \
+                 [source.registry] use framing = \"confluent\""
+            );
+        }
+        if schema_id.is_some() {
+            bail!(
+                "with [source.registry] each record's schema id is looked up: remove schema_id (a declared \
+                 `schema` is then the reader schema)"
+            );
+        }
+        let reader = match schema {
+            Some(schema) => ReaderSchema::declared(schema),
+            None => {
+                let subject = subject_strategy.unwrap_or_default().subject(
+                    lookup.topic,
+                    lookup.is_key,
+                    record_name.as_deref(),
+                )?;
+                let latest = lookup.registry.latest(&subject).await.map_err(|e| {
+                    let hint = if e.is_not_found() {
+                        format!(
+                            ": register a schema under subject {subject}, declare the reader `schema`, or pick \
+                             the subject_strategy its producers use"
+                        )
+                    } else {
+                        String::new()
+                    };
+                    anyhow::Error::from(e).context(format!(
+                        "cannot find the latest schema of subject {subject} in the schema registry{hint}"
+                    ))
+                })?;
+                ReaderSchema::latest(&latest)
+            }
+        };
+        Ok(Decoding::Avro(AvroDecoding::from_registry(
+            lookup.registry.clone(),
+            reader,
+        )?))
     }
 }
 
@@ -289,11 +467,8 @@ mod tests {
              [metadata]\nkey = \"key\"\noffset = \"kafka_offset\"\n\
              key_decoding = { kind = \"json\", fields = [ { name = \"customer\", type = \"string\" } ] }",
         );
-        let schema = source
-            .metadata_columns()
-            .unwrap()
-            .schema(&source.decoding.decoding().unwrap())
-            .unwrap();
+        let (decoding, metadata) = source.offline_decodings().unwrap().unwrap();
+        let schema = metadata.schema(&decoding).unwrap();
         let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
         assert_eq!(names, ["amount", "kafka_offset", "key_customer"]);
     }
@@ -301,14 +476,62 @@ mod tests {
     #[test]
     fn headers_named_twice_or_a_key_decoding_without_a_key_is_refused() {
         let err = source("headers = true\n[metadata]\nheaders = \"h\"")
-            .metadata_columns()
+            .offline_decodings()
             .unwrap_err();
         assert!(err.to_string().contains("keep one"), "{err:#}");
         let err = source("[metadata]\nkey_decoding = { kind = \"binary\" }")
-            .metadata_columns()
+            .offline_decodings()
             .unwrap_err();
         assert!(err.to_string().contains("needs `key`"), "{err:#}");
-        let columns = source("headers = true").metadata_columns().unwrap();
+        let (_, columns) = source("headers = true")
+            .offline_decodings()
+            .unwrap()
+            .unwrap();
         assert_eq!(columns.headers.as_deref(), Some("headers"));
+    }
+
+    #[test]
+    fn avro_settings_that_need_a_registry_or_contradict_one_are_refused() {
+        let registry = "[registry]\nurl = \"http://127.0.0.1:1/apis/ccompat/v7\"\n";
+        let avro = |settings: &str| format!("decoding = {{ kind = \"avro\"{settings} }}\n");
+        let schema =
+            r#", schema = '{"type":"record","name":"R","fields":[{"name":"id","type":"long"}]}'"#;
+        for (text, expected) in [
+            (avro(""), "needs `schema`"),
+            (
+                avro(&format!("{schema}, framing = \"confluent\"")),
+                "needs schema_id",
+            ),
+            (avro(schema), "needs framing"),
+            (
+                avro(&format!(
+                    "{schema}, framing = \"single-object\", subject_strategy = \"record-name\""
+                )),
+                "add [source.registry]",
+            ),
+            (
+                "decoding = { kind = \"json\", fields = [] }\n".to_string() + registry,
+                "neither",
+            ),
+        ] {
+            let err = source(&text).offline_decodings().unwrap_err();
+            assert!(format!("{err:#}").contains(expected), "{text}: {err:#}");
+        }
+        // With a registry, resolving is the registry's business: nothing offline to say.
+        let with_registry = source(&(avro("") + registry));
+        assert!(with_registry.offline_decodings().unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_registry_refuses_single_object_framing_and_a_fixed_id() {
+        let registry = "[registry]\nurl = \"http://127.0.0.1:1/apis/ccompat/v7\"\n";
+        for (settings, expected) in [
+            (", framing = \"single-object\"", "framing = \"confluent\""),
+            (", schema_id = 4", "remove schema_id"),
+        ] {
+            let text = format!("decoding = {{ kind = \"avro\"{settings} }}\n{registry}");
+            let err = source(&text).decodings().await.unwrap_err();
+            assert!(format!("{err:#}").contains(expected), "{text}: {err:#}");
+        }
     }
 }

@@ -1,5 +1,6 @@
-//! Avro input: values in Confluent's wire format (`0x00`, schema id, body), written by arrow-avro's own writer,
-//! decoded with the schema declared in the job file; every sink's independent reader sees every id once.
+//! Avro input: values in Confluent's wire format (`0x00`, schema id, body), written by arrow-avro's own writer and
+//! decoded with the schema declared in the job file, or written by confluent-kafka's AvroSerializer in two schema
+//! versions and looked up in the schema registry; every sink's independent reader sees every id once.
 
 use crate::common;
 
@@ -51,4 +52,87 @@ async fn confluent_framed_avro_reaches_every_sink_once() {
     let mut worker = job.spawn_worker(&["--exit-when-idle", "3s"]);
     worker.wait_exit(Duration::from_secs(120));
     job.assert_exactly_once();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn registry_avro_in_two_versions_reaches_every_sink_once_as_the_latest() {
+    let services = test_support::Services::get();
+    let registry = services.registry();
+    let mut job = Job::with_sections("avro_registry", 2, 2, "3s", |_| {
+        format!(
+            "\n[source.registry]\nurl = \"{}/\"\nusername = \"{}\"\npassword = \"{}\"\n",
+            registry.url, registry.user, registry.password
+        )
+    })
+    .await;
+    job.edit_config(
+        r#"decoding = { kind = "json", fields = [ { name = "id", type = "int64", nullable = false } ] }"#,
+        r#"decoding = { kind = "avro" }"#,
+    );
+    let field = |name: &str, kind: &str| serde_json::json!({"name": name, "type": ["null", kind], "default": null});
+    let schema = |fields: Vec<serde_json::Value>| {
+        let mut all = vec![serde_json::json!({"name": "id", "type": "long"})];
+        all.extend(fields);
+        serde_json::json!({"type": "record", "name": "Order", "namespace": "ratchet.test", "fields": all})
+            .to_string()
+    };
+    let produce = |schema: &str, ids: std::ops::Range<i64>, qty: bool| {
+        let records: Vec<serde_json::Value> = ids
+            .map(|id| match qty {
+                true => serde_json::json!({"id": id, "note": format!("n{id}"), "qty": id}),
+                false => serde_json::json!({"id": id, "note": format!("n{id}")}),
+            })
+            .collect();
+        let topic = job.topic.clone();
+        services.produce(
+            "confluent_avro.py",
+            &[
+                services.kafka_bootstrap(),
+                &topic,
+                schema,
+                &serde_json::Value::from(records).to_string(),
+            ],
+        )
+    };
+    produce(&schema(vec![field("note", "string")]), 0..150, false);
+    produce(
+        &schema(vec![field("note", "string"), field("qty", "long")]),
+        150..300,
+        true,
+    );
+    job.produced = 300;
+
+    let check = job.ratchet("check-config");
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    let mut worker = job.spawn_worker(&["--exit-when-idle", "3s"]);
+    worker.wait_exit(Duration::from_secs(120));
+    job.assert_exactly_once();
+    // Read as the latest version: the first version's records have no qty (its default), the second's have theirs.
+    let summary = services.psql(&format!(
+        "SELECT count(*) FILTER (WHERE qty IS NULL AND id < 150), count(*) FILTER (WHERE qty = id AND id >= 150), \
+         count(*) FILTER (WHERE note = 'n' || id) FROM \"{}\"",
+        job.table
+    ));
+    assert_eq!(summary.trim(), "150|150|300");
+
+    // Wrong credentials: check-config names the registry's refusal.
+    job.edit_config(
+        &format!("password = \"{}\"", registry.password),
+        "password = \"not-the-registry-password\"",
+    );
+    let check = job.ratchet("check-config");
+    let stderr = format!(
+        "{}{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
+    assert!(
+        !check.status.success() && stderr.contains("401"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("not-the-registry-password"), "{stderr}");
 }

@@ -1,0 +1,163 @@
+//! [`AvroRows`]: one batch of Avro records under construction. arrow-avro's decoder switches writer schema
+//! between rows only at a batch boundary, so when a record's schema id differs from the previous record's, the
+//! rows so far are flushed into a part of the batch, and the parts are joined at the end (every part has the
+//! reader schema's columns). A registry-backed decoding looks up an id the decoder does not know yet before the
+//! record is decoded, and builds a decoder that knows it.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+use arrow_avro::reader::Decoder;
+use arrow_schema::SchemaRef;
+use connector_api::{Error, ErrorKind, Phase, Result};
+
+use crate::avro::{AvroDecoding, Writers};
+use crate::record::{RecordAt, bad_record};
+use crate::writer_schemas::WriterSchemas;
+
+/// The Confluent framing's magic byte.
+const CONFLUENT_MAGIC: u8 = 0;
+
+/// The rows of one batch, decoded so far.
+pub(crate) struct AvroRows {
+    decoder: Decoder,
+    batch_size: usize,
+    schema: SchemaRef,
+    /// Rows of earlier writer schemas, flushed.
+    parts: Vec<RecordBatch>,
+    flushed_rows: usize,
+    /// A registry-backed decoding's schemas, and the ids the decoder knows.
+    registry: Option<(Arc<WriterSchemas>, BTreeSet<u32>)>,
+}
+
+impl AvroRows {
+    /// Builders for `capacity` rows of `avro`.
+    ///
+    /// # Errors
+    /// [`Config`](ErrorKind::Config) when no decoder can be built (the schemas were checked when the decoding was
+    /// made, so this is not expected).
+    pub(crate) fn new(avro: &AvroDecoding, capacity: usize) -> Result<Self> {
+        let batch_size = capacity.max(1);
+        let writers = avro.writers();
+        let decoder = writers.decoder(batch_size).map_err(|e| {
+            Error::new(
+                ErrorKind::Config,
+                Phase::Setup,
+                "the Avro schema of the Kafka source is not decodable",
+            )
+            .with_source(e)
+        })?;
+        let registry = match writers {
+            Writers::Declared { .. } => None,
+            Writers::Registry(schemas) => Some((schemas.clone(), schemas.snapshot().1)),
+        };
+        Ok(Self {
+            decoder,
+            batch_size,
+            schema: avro.schema(),
+            parts: Vec::new(),
+            flushed_rows: 0,
+            registry,
+        })
+    }
+
+    fn rows(&self) -> usize {
+        self.flushed_rows + (self.batch_size - self.decoder.capacity())
+    }
+
+    /// Moves the decoder's rows into `parts`.
+    fn flush(&mut self) -> Result<()> {
+        if let Some(part) = self.decoder.flush().map_err(batch_failed)? {
+            self.flushed_rows += part.num_rows();
+            self.parts.push(part);
+        }
+        Ok(())
+    }
+
+    /// Appends one framed Avro record; `role` (value or key) names it in errors.
+    ///
+    /// # Errors
+    /// [`BadRecord`](ErrorKind::BadRecord) naming the record when it is not exactly one framed record of an
+    /// accepted writer schema (the builder is unusable afterwards); a registry lookup's own error
+    /// ([`crate::writer_schemas`]).
+    pub(crate) fn append(&mut self, at: RecordAt<'_>, value: &[u8], role: &str) -> Result<()> {
+        self.learn_schema(at, value)?;
+        let before = self.rows();
+        let not_decoded = |e| {
+            bad_record(
+                at,
+                &format!("has a {role} that is not an Avro record of its writer schema"),
+            )
+            .with_source(e)
+        };
+        let mut read = self.decoder.decode(value).map_err(not_decoded)?;
+        if read < value.len() && self.decoder.capacity() == 0 {
+            // A new writer schema: the decoder read the prefix and waits for the rows so far to be flushed.
+            self.flush()?;
+            read += self.decoder.decode(&value[read..]).map_err(not_decoded)?;
+        }
+        // Exactly one row from exactly this value: an empty value or a bare framing prefix adds no row (and a
+        // prefix would take the next record's bytes as its body).
+        if read != value.len() || self.rows() != before + 1 {
+            return Err(bad_record(
+                at,
+                &format!("has a {role} that is not exactly one framed Avro record"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// For a registry-backed decoding: makes sure the decoder knows the writer schema the record carries.
+    fn learn_schema(&mut self, at: RecordAt<'_>, value: &[u8]) -> Result<()> {
+        let Some((schemas, known)) = &self.registry else {
+            return Ok(());
+        };
+        let id = match value {
+            [CONFLUENT_MAGIC, a, b, c, d, ..] => u32::from_be_bytes([*a, *b, *c, *d]),
+            // Not Confluent-framed: the decoder refuses it, naming the record.
+            _ => return Ok(()),
+        };
+        if known.contains(&id) {
+            return Ok(());
+        }
+        schemas.resolve(id, at)?;
+        let schemas = schemas.clone();
+        self.flush()?;
+        let (_, ids) = schemas.snapshot();
+        self.decoder = Writers::Registry(schemas.clone())
+            .decoder(self.batch_size)
+            .map_err(|e| {
+                bad_record(at, "has a writer schema arrow-avro cannot decode").with_source(e)
+            })?;
+        self.registry = Some((schemas, ids));
+        Ok(())
+    }
+
+    /// The batch of every row appended.
+    ///
+    /// # Errors
+    /// [`BadRecord`](ErrorKind::BadRecord) when the rows do not convert (the reader then sorts the batch out
+    /// record by record).
+    pub(crate) fn finish(mut self) -> Result<RecordBatch> {
+        self.flush()?;
+        match self.parts.len() {
+            0 => Ok(RecordBatch::new_empty(self.schema)),
+            1 => Ok(self.parts.pop().expect("one part")),
+            _ => arrow_select::concat::concat_batches(&self.schema, &self.parts).map_err(|e| {
+                Error::bug(Phase::Write, "Avro rows of two writer schemas do not join")
+                    .with_source(e)
+            }),
+        }
+    }
+}
+
+/// A batch of Avro records that does not convert.
+fn batch_failed(e: arrow_avro::errors::AvroError) -> Error {
+    Error::new(
+        ErrorKind::BadRecord,
+        Phase::Write,
+        "a batch of Avro records does not fit the reader schema",
+    )
+    .with_source(e)
+}

@@ -1,0 +1,253 @@
+//! Avro through the schema registry of the test services (Apicurio, Confluent API), with records written by
+//! confluent-kafka's AvroSerializer: writer schemas found by the id each record carries and read as the subject's
+//! latest schema, across schema versions mixed in one batch; a writer schema with a field the reader lacks, or an
+//! id the registry does not have, refused naming the record and both ids (and set aside with dead letters on); a
+//! registry that cannot be reached is an outage, never a bad record.
+
+use std::time::Duration;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Int32Type, Int64Type};
+use arrow_array::{Array, RecordBatch};
+use connector_api::{ErrorKind, RetryPolicy};
+use kafka_source::{
+    AvroDecoding, Decoding, KafkaConnection, KafkaSource, KafkaSourceOptions, ReaderSchema,
+};
+use schema_registry::{RegistrySettings, SchemaRegistry, SubjectStrategy};
+use serde_json::json;
+use test_support::Services;
+
+use crate::source::{bootstrap, producer, read_rows, send, topic};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn schema(extra: &[serde_json::Value]) -> String {
+    let mut fields = vec![
+        json!({"name": "id", "type": "long"}),
+        json!({"name": "note", "type": ["null", "string"], "default": null}),
+    ];
+    fields.extend_from_slice(extra);
+    json!({"type": "record", "name": "Order", "namespace": "ratchet.test", "fields": fields})
+        .to_string()
+}
+
+fn qty() -> serde_json::Value {
+    json!({"name": "qty", "type": ["null", "int"], "default": null})
+}
+
+/// Writes `records` with confluent-kafka's AvroSerializer; the schema id they carry.
+fn produce(topic: &str, schema: &str, records: serde_json::Value) -> u32 {
+    let out = Services::get().produce(
+        "confluent_avro.py",
+        &[bootstrap(), topic, schema, &records.to_string()],
+    );
+    u32::try_from(out["schema_id"].as_u64().unwrap()).unwrap()
+}
+
+fn registry() -> SchemaRegistry {
+    let endpoint = Services::get().registry();
+    SchemaRegistry::new(&RegistrySettings {
+        username: Some(endpoint.user),
+        password: Some(endpoint.password.into()),
+        ..RegistrySettings::new(&endpoint.url)
+    })
+    .unwrap()
+}
+
+/// The registry-backed decoding of `topic`'s values, read as the latest schema of `<topic>-value`.
+async fn decoding(topic: &str) -> Decoding {
+    let registry = registry();
+    let subject = SubjectStrategy::TopicName
+        .subject(topic, false, None)
+        .unwrap();
+    let latest = registry.latest(&subject).await.unwrap();
+    Decoding::Avro(AvroDecoding::from_registry(registry, ReaderSchema::latest(&latest)).unwrap())
+}
+
+async fn open(topic: &str, decoding: Decoding, divert: bool) -> KafkaSource {
+    let options = KafkaSourceOptions {
+        decoding,
+        batch_rows: 100,
+        divert_bad_records: divert,
+        ..KafkaSourceOptions::default()
+    };
+    KafkaSource::open_with(
+        &KafkaConnection::plaintext(bootstrap()),
+        topic,
+        &[],
+        options,
+    )
+    .await
+    .unwrap()
+}
+
+fn column<T: arrow_array::types::ArrowPrimitiveType>(
+    batches: &[RecordBatch],
+    name: &str,
+) -> Vec<Option<T::Native>> {
+    batches
+        .iter()
+        .flat_map(|b| {
+            let column = b.column_by_name(name).unwrap().as_primitive::<T>().clone();
+            (0..column.len())
+                .map(|i| column.is_valid(i).then(|| column.value(i)))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn versions_mixed_in_one_batch_are_read_as_the_latest_schema() {
+    let topic = topic("registry-mixed", 1).await;
+    let v1 = schema(&[]);
+    let v2 = schema(&[qty()]);
+    let first = produce(
+        &topic,
+        &v1,
+        json!([{"id": 0, "note": "a"}, {"id": 1, "note": null}]),
+    );
+    let second = produce(&topic, &v2, json!([{"id": 2, "note": null, "qty": 7}]));
+    assert_ne!(first, second, "a new version, a new id");
+    produce(&topic, &v1, json!([{"id": 3, "note": "d"}]));
+    produce(&topic, &v2, json!([{"id": 4, "note": "e", "qty": 9}]));
+
+    let mut source = open(&topic, decoding(&topic).await, false).await;
+    let batches = read_rows(&mut source, 5).await;
+    let names: Vec<String> = batches[0]
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
+    assert_eq!(names, ["id", "note", "qty"]);
+    assert_eq!(
+        column::<Int64Type>(&batches, "id"),
+        [0, 1, 2, 3, 4].map(Some)
+    );
+    // A v1 record has no qty: the reader schema's default.
+    assert_eq!(
+        column::<Int32Type>(&batches, "qty"),
+        [None, None, Some(7), None, Some(9)]
+    );
+    let notes: Vec<Option<String>> = batches
+        .iter()
+        .flat_map(|b| {
+            let notes = b.column_by_name("note").unwrap().as_string::<i32>().clone();
+            (0..notes.len())
+                .map(|i| notes.is_valid(i).then(|| notes.value(i).to_string()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(
+        notes,
+        [Some("a"), None, None, Some("d"), Some("e")].map(|n| n.map(str::to_string))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_field_the_reader_lacks_stops_the_source_naming_it_and_both_ids() {
+    let topic = topic("registry-added", 1).await;
+    let v1 = produce(&topic, &schema(&[]), json!([{"id": 0}, {"id": 1}]));
+    let mut source = open(&topic, decoding(&topic).await, false).await;
+    read_rows(&mut source, 2).await;
+
+    let v2 = produce(&topic, &schema(&[qty()]), json!([{"id": 2, "qty": 5}]));
+    let err = source.next_batch(WAIT).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::BadRecord, "{err}");
+    let text = err.to_string();
+    for expected in [
+        format!("{topic}/0@2"),
+        format!("schema id {v2}"),
+        "`qty`".to_string(),
+        format!("reader schema id {v1}"),
+    ] {
+        assert!(text.contains(&expected), "{expected:?} in {text}");
+    }
+    assert_eq!(
+        source.positions()[0].next_offset,
+        2,
+        "nothing past it handed out"
+    );
+
+    // Read as version 1 with dead letters on, the record is set aside with that reason and the source goes on.
+    produce(&topic, &schema(&[]), json!([{"id": 3}]));
+    let version_1 = ReaderSchema {
+        schema: schema(&[]),
+        id: Some(v1),
+        origin: "version 1".to_string(),
+    };
+    let as_v1 = Decoding::Avro(AvroDecoding::from_registry(registry(), version_1).unwrap());
+    let mut source = open(&topic, as_v1, true).await;
+    let batches = read_rows(&mut source, 3).await;
+    assert_eq!(column::<Int64Type>(&batches, "id"), [0, 1, 3].map(Some));
+    let rejected = source.take_rejected();
+    assert_eq!(rejected.len(), 1, "{rejected:?}");
+    assert_eq!(rejected[0].offset, 2);
+    assert!(
+        rejected[0].reason.contains("`qty`"),
+        "{}",
+        rejected[0].reason
+    );
+
+    // Reopened, the reader is the latest version (2), which has qty: every record reads.
+    let mut source = open(&topic, decoding(&topic).await, false).await;
+    let batches = read_rows(&mut source, 4).await;
+    assert_eq!(column::<Int64Type>(&batches, "id"), [0, 1, 2, 3].map(Some));
+    assert_eq!(
+        column::<Int32Type>(&batches, "qty"),
+        [None, None, Some(5), None]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_id_is_a_bad_record_and_an_unreachable_registry_is_not() {
+    let topic = topic("registry-unknown", 1).await;
+    produce(&topic, &schema(&[]), json!([{"id": 0}]));
+    // A record framed with an id no schema has (hand-framed: no serializer writes one).
+    let plain = producer(None);
+    send(&plain, &topic, 0, &[0, 0x7f, 0xff, 0xff, 0xf0, 2]);
+    rdkafka::producer::Producer::flush(&plain, Duration::from_secs(30)).unwrap();
+
+    let mut source = open(&topic, decoding(&topic).await, true).await;
+    let batches = read_rows(&mut source, 1).await;
+    assert_eq!(column::<Int64Type>(&batches, "id"), [Some(0)]);
+    let mut rejected = source.take_rejected();
+    let started = std::time::Instant::now();
+    while rejected.is_empty() && started.elapsed() < WAIT {
+        source.next_batch(Duration::from_millis(200)).await.unwrap();
+        rejected = source.take_rejected();
+    }
+    assert_eq!(rejected.len(), 1, "{rejected:?}");
+    assert!(
+        rejected[0]
+            .reason
+            .contains("schema id 2147483632, which the schema registry"),
+        "{}",
+        rejected[0].reason
+    );
+
+    // The same record with no registry to ask: an outage, never set aside, though dead letters are on.
+    let latest = registry().latest(&format!("{topic}-value")).await.unwrap();
+    let dead = SchemaRegistry::new(&RegistrySettings {
+        request_timeout: Duration::from_millis(300),
+        ..RegistrySettings::new("http://127.0.0.1:1")
+    })
+    .unwrap()
+    .with_retry(RetryPolicy::NEVER);
+    let decoding =
+        Decoding::Avro(AvroDecoding::from_registry(dead, ReaderSchema::latest(&latest)).unwrap());
+    let mut source = open(&topic, decoding, true).await;
+    let err = loop {
+        match source.next_batch(WAIT).await {
+            Ok(_) => continue,
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(err.kind(), ErrorKind::Retryable, "{err}");
+    assert!(
+        err.to_string()
+            .contains("cannot look up schema id 2147483632"),
+        "{err}"
+    );
+    assert!(source.take_rejected().is_empty());
+}
