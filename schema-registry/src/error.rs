@@ -20,6 +20,20 @@ pub enum RegistryError {
         #[source]
         source: reqwest::Error,
     },
+    /// The TLS handshake failed on what the client checks: the server's certificate (not signed by a trusted CA,
+    /// another name) or the client's own. Not retried: the settings or the certificates must change.
+    #[error("the schema registry at {url} failed the TLS checks for {request}: {reason}")]
+    Tls {
+        /// The registry's URL, without credentials.
+        url: String,
+        /// The request.
+        request: String,
+        /// rustls's reason.
+        reason: String,
+        /// The HTTP client's error.
+        #[source]
+        source: reqwest::Error,
+    },
     /// The registry answered with an error status (4xx: refused; 5xx: failed).
     #[error("the schema registry at {url} answered {request} with HTTP {status}{}: {message}", .code.map(|c| format!(" (error code {c})")).unwrap_or_default())]
     Status {
@@ -54,7 +68,7 @@ impl RegistryError {
         match self {
             Self::Unavailable { .. } => true,
             Self::Status { status, .. } => *status >= 500 || *status == 429,
-            Self::Settings(_) | Self::Malformed { .. } => false,
+            Self::Settings(_) | Self::Tls { .. } | Self::Malformed { .. } => false,
         }
     }
 

@@ -192,3 +192,41 @@ async fn a_bearer_token_is_sent_as_the_authorization_header() {
     // Cached: a second lookup of the same id makes no request (the server above answers once only).
     assert_eq!(client.schema(5).await.unwrap().schema, "\"long\"");
 }
+
+#[tokio::test]
+async fn https_trusts_the_ca_file_and_a_failed_check_is_not_retried() {
+    let services = Services::get();
+    let registry = services.registry();
+    let subject = test_support::unique_name("registry-tls");
+    let id = register(&registry, &subject, &order("")).await;
+    let ca = std::path::PathBuf::from(services.var("RATCHET_TLS_CA"));
+
+    let trusted = SchemaRegistry::new(&RegistrySettings {
+        url: registry.tls_url.clone(),
+        ca_file: Some(ca),
+        ..settings(&registry)
+    })
+    .unwrap();
+    assert_eq!(trusted.latest(&subject).await.unwrap().id, id);
+
+    // The system trust store does not know the test CA: refused at once, naming the TLS check.
+    let untrusted = SchemaRegistry::new(&RegistrySettings {
+        url: registry.tls_url.clone(),
+        ..settings(&registry)
+    })
+    .unwrap();
+    let started = Instant::now();
+    let err = untrusted.schema(id).await.unwrap_err();
+    assert!(!err.is_transient(), "{err}");
+    assert!(err.to_string().contains("failed the TLS checks"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(5), "not retried");
+
+    // Encrypted without authenticating the server, when asked for.
+    let unchecked = SchemaRegistry::new(&RegistrySettings {
+        url: registry.tls_url.clone(),
+        server_check: schema_registry::ServerCheckSetting::Off,
+        ..settings(&registry)
+    })
+    .unwrap();
+    assert_eq!(unchecked.schema(id).await.unwrap().id, id);
+}

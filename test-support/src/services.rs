@@ -35,6 +35,8 @@ pub struct S3Endpoint {
 pub struct RegistryEndpoint {
     /// The API's base URL, `http://127.0.0.1:<port>/apis/ccompat/v7`.
     pub url: String,
+    /// The same API over HTTPS with the test CA's server certificate (`RATCHET_TLS_CA` trusts it).
+    pub tls_url: String,
     /// Basic auth user.
     pub user: String,
     /// Basic auth password.
@@ -251,6 +253,7 @@ impl Services {
         require("the schema registry", host_port(&url));
         RegistryEndpoint {
             url,
+            tls_url: self.var("RATCHET_REGISTRY_TLS_URL").into(),
             user: self.var("RATCHET_REGISTRY_USER").into(),
             password: self.var("RATCHET_REGISTRY_PASSWORD").into(),
         }
