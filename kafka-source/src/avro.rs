@@ -12,6 +12,7 @@ use arrow_schema::{ArrowError, SchemaRef};
 use connector_api::{Error, ErrorKind, Phase, Result};
 use schema_registry::SchemaRegistry;
 
+use crate::record::RecordAt;
 use crate::writer_schemas::{ReaderSchema, WriterSchemas};
 
 /// How each Kafka value frames its Avro body.
@@ -30,7 +31,6 @@ pub enum AvroFraming {
 #[derive(Debug, Clone)]
 pub struct AvroDecoding {
     writers: Writers,
-    schema: SchemaRef,
 }
 
 #[derive(Debug, Clone)]
@@ -39,8 +39,9 @@ pub(crate) enum Writers {
     Declared {
         store: SchemaStore,
         fingerprint: Fingerprint,
+        schema: SchemaRef,
     },
-    /// Schemas by id from a registry, read as one reader schema.
+    /// Schemas by id from a registry, read as one reader schema (widened as writers add fields, when allowed).
     Registry(Arc<WriterSchemas>),
 }
 
@@ -72,19 +73,30 @@ impl AvroDecoding {
                 (store, fingerprint)
             }
         };
-        Self::with_writers(
-            Writers::Declared { store, fingerprint },
-            &what("has no Arrow equivalent"),
-        )
+        let schema = Writers::declared_decoder(&store, fingerprint, 1)
+            .map_err(|e| config(what("has no Arrow equivalent"), e))?
+            .schema();
+        Ok(Self {
+            writers: Writers::Declared {
+                store,
+                fingerprint,
+                schema,
+            },
+        })
     }
 
     /// The decoding of Confluent-framed values whose writer schemas are in `registry`, each record read as
-    /// `reader` (its fields are the columns). Must be called inside a tokio runtime: the consumer thread looks
-    /// up new schema ids through it.
+    /// `reader` (its fields are the columns). With `evolve`, a writer schema with new top-level fields widens the
+    /// reader (the batches from then on have the new columns, nullable) instead of being refused. Must be called
+    /// inside a tokio runtime: the consumer thread looks up new schema ids through it.
     ///
     /// # Errors
     /// [`Config`](ErrorKind::Config) when the reader schema does not parse or has no Arrow equivalent.
-    pub fn from_registry(registry: SchemaRegistry, reader: ReaderSchema) -> Result<Self> {
+    pub fn from_registry(
+        registry: SchemaRegistry,
+        reader: ReaderSchema,
+        evolve: bool,
+    ) -> Result<Self> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|e| {
             Error::bug(
                 Phase::Setup,
@@ -92,49 +104,65 @@ impl AvroDecoding {
             )
             .with_source(e)
         })?;
-        let what = format!("{} has no Arrow equivalent", reader.origin);
-        let writers = WriterSchemas::new(registry, runtime, reader)?;
-        Self::with_writers(Writers::Registry(Arc::new(writers)), &what)
+        let writers = WriterSchemas::new(registry, runtime, reader, evolve)?;
+        Ok(Self {
+            writers: Writers::Registry(Arc::new(writers)),
+        })
     }
 
-    fn with_writers(writers: Writers, unusable: &str) -> Result<Self> {
-        let schema = writers
-            .decoder(1)
-            .map_err(|e| config(unusable.to_string(), e))?
-            .schema();
-        Ok(Self { writers, schema })
-    }
-
-    /// The Arrow schema of the decoded rows.
+    /// The Arrow schema of the decoded rows (for a registry-backed decoding that evolves: of the current reader
+    /// schema).
     pub fn schema(&self) -> SchemaRef {
-        self.schema.clone()
+        match &self.writers {
+            Writers::Declared { schema, .. } => schema.clone(),
+            Writers::Registry(writers) => writers.current().arrow.clone(),
+        }
     }
 
-    /// The reader schema of a registry-backed decoding.
-    pub fn reader_schema(&self) -> Option<&ReaderSchema> {
+    /// The current reader schema of a registry-backed decoding.
+    pub fn reader_schema(&self) -> Option<ReaderSchema> {
         match &self.writers {
             Writers::Declared { .. } => None,
-            Writers::Registry(writers) => Some(writers.reader()),
+            Writers::Registry(writers) => Some(writers.current().reader.clone()),
         }
     }
 
     pub(crate) fn writers(&self) -> &Writers {
         &self.writers
     }
+
+    /// Looks up the writer schema of a Confluent-framed `value` in the registry, if it is new (a no-op for a
+    /// declared schema).
+    ///
+    /// # Errors
+    /// As `WriterSchemas::resolve`.
+    pub(crate) fn learn_schema(&self, at: RecordAt<'_>, value: &[u8]) -> Result<()> {
+        match (&self.writers, confluent_id(value)) {
+            (Writers::Registry(writers), Some(id)) => writers.resolve(id, at),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The schema id of a Confluent-framed value (`0x00`, 4-byte big-endian id, body).
+pub(crate) fn confluent_id(value: &[u8]) -> Option<u32> {
+    match value {
+        [0, a, b, c, d, ..] => Some(u32::from_be_bytes([*a, *b, *c, *d])),
+        _ => None,
+    }
 }
 
 impl Writers {
-    /// A decoder for batches of up to `rows` rows, knowing every writer schema accepted so far.
-    pub(crate) fn decoder(&self, rows: usize) -> std::result::Result<Decoder, ArrowError> {
-        let builder = ReaderBuilder::new().with_batch_size(rows.max(1));
-        match self {
-            Self::Declared { store, fingerprint } => builder
-                .with_writer_schema_store(store.clone())
-                .with_active_fingerprint(*fingerprint),
-            Self::Registry(writers) => builder
-                .with_writer_schema_store(writers.snapshot().0)
-                .with_reader_schema(AvroSchema::new(writers.reader().schema.clone())),
-        }
-        .build_decoder()
+    /// A decoder of a declared schema for batches of up to `rows` rows.
+    pub(crate) fn declared_decoder(
+        store: &SchemaStore,
+        fingerprint: Fingerprint,
+        rows: usize,
+    ) -> std::result::Result<Decoder, ArrowError> {
+        ReaderBuilder::new()
+            .with_batch_size(rows.max(1))
+            .with_writer_schema_store(store.clone())
+            .with_active_fingerprint(fingerprint)
+            .build_decoder()
     }
 }

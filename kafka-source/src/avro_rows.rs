@@ -2,9 +2,10 @@
 //! between rows only at a batch boundary, so when a record's schema id differs from the previous record's, the
 //! rows so far are flushed into a part of the batch, and the parts are joined at the end (every part has the
 //! reader schema's columns). A registry-backed decoding looks up an id the decoder does not know yet before the
-//! record is decoded, and builds a decoder that knows it.
+//! record is decoded, and builds a decoder that knows it; the rows keep the reader schema generation they started
+//! with (the reader cuts the batch when the decoding's reader schema is widened).
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
@@ -12,12 +13,17 @@ use arrow_avro::reader::Decoder;
 use arrow_schema::SchemaRef;
 use connector_api::{Error, ErrorKind, Phase, Result};
 
-use crate::avro::{AvroDecoding, Writers};
+use crate::avro::{AvroDecoding, Writers, confluent_id};
 use crate::record::{RecordAt, bad_record};
-use crate::writer_schemas::WriterSchemas;
+use crate::writer_schemas::{Generation, WriterSchemas, reading_as};
 
-/// The Confluent framing's magic byte.
-const CONFLUENT_MAGIC: u8 = 0;
+/// What a registry-backed batch reads with: the decoding's schemas, the reader generation of these rows, and the
+/// ids the decoder knows.
+struct RegistryRows {
+    schemas: Arc<WriterSchemas>,
+    generation: Arc<Generation>,
+    known: BTreeMap<u32, usize>,
+}
 
 /// The rows of one batch, decoded so far.
 pub(crate) struct AvroRows {
@@ -27,8 +33,8 @@ pub(crate) struct AvroRows {
     /// Rows of earlier writer schemas, flushed.
     parts: Vec<RecordBatch>,
     flushed_rows: usize,
-    /// A registry-backed decoding's schemas, and the ids the decoder knows.
-    registry: Option<(Arc<WriterSchemas>, BTreeSet<u32>)>,
+    /// A registry-backed decoding's schemas.
+    registry: Option<RegistryRows>,
 }
 
 impl AvroRows {
@@ -39,27 +45,53 @@ impl AvroRows {
     /// made, so this is not expected).
     pub(crate) fn new(avro: &AvroDecoding, capacity: usize) -> Result<Self> {
         let batch_size = capacity.max(1);
-        let writers = avro.writers();
-        let decoder = writers.decoder(batch_size).map_err(|e| {
+        let unusable = |e| {
             Error::new(
                 ErrorKind::Config,
                 Phase::Setup,
                 "the Avro schema of the Kafka source is not decodable",
             )
             .with_source(e)
-        })?;
-        let registry = match writers {
-            Writers::Declared { .. } => None,
-            Writers::Registry(schemas) => Some((schemas.clone(), schemas.snapshot().1)),
+        };
+        let (decoder, registry) = match avro.writers() {
+            Writers::Declared {
+                store, fingerprint, ..
+            } => (
+                Writers::declared_decoder(store, *fingerprint, batch_size).map_err(unusable)?,
+                None,
+            ),
+            Writers::Registry(schemas) => {
+                let generation = schemas.current();
+                let (store, known) = schemas.snapshot();
+                let decoder =
+                    reading_as(store, &generation.reader, batch_size).map_err(unusable)?;
+                let rows = RegistryRows {
+                    schemas: schemas.clone(),
+                    generation,
+                    known,
+                };
+                (decoder, Some(rows))
+            }
+        };
+        let schema = match &registry {
+            Some(rows) => rows.generation.arrow.clone(),
+            None => avro.schema(),
         };
         Ok(Self {
             decoder,
             batch_size,
-            schema: avro.schema(),
+            schema,
             parts: Vec::new(),
             flushed_rows: 0,
             registry,
         })
+    }
+
+    /// Whether the decoding's reader schema was widened since these rows began.
+    pub(crate) fn outdated(&self) -> bool {
+        self.registry
+            .as_ref()
+            .is_some_and(|r| r.schemas.current().number != r.generation.number)
     }
 
     fn rows(&self) -> usize {
@@ -110,27 +142,38 @@ impl AvroRows {
 
     /// For a registry-backed decoding: makes sure the decoder knows the writer schema the record carries.
     fn learn_schema(&mut self, at: RecordAt<'_>, value: &[u8]) -> Result<()> {
-        let Some((schemas, known)) = &self.registry else {
+        let Some(rows) = &self.registry else {
             return Ok(());
         };
-        let id = match value {
-            [CONFLUENT_MAGIC, a, b, c, d, ..] => u32::from_be_bytes([*a, *b, *c, *d]),
-            // Not Confluent-framed: the decoder refuses it, naming the record.
-            _ => return Ok(()),
+        // Not Confluent-framed: the decoder refuses it, naming the record.
+        let Some(id) = confluent_id(value) else {
+            return Ok(());
         };
-        if known.contains(&id) {
+        if rows.known.contains_key(&id) {
             return Ok(());
         }
-        schemas.resolve(id, at)?;
-        let schemas = schemas.clone();
+        rows.schemas.resolve(id, at)?;
+        let needs = rows.schemas.generation_of(id).unwrap_or_default();
+        if needs > rows.generation.number {
+            return Err(Error::bug(
+                Phase::Write,
+                format!(
+                    "record {}/{}@{} needs reader schema generation {needs}, its batch reads with {}: the batch \
+                     should have ended before it",
+                    at.topic, at.partition, at.offset, rows.generation.number
+                ),
+            ));
+        }
         self.flush()?;
-        let (_, ids) = schemas.snapshot();
-        self.decoder = Writers::Registry(schemas.clone())
-            .decoder(self.batch_size)
-            .map_err(|e| {
+        let Some(rows) = &mut self.registry else {
+            return Ok(());
+        };
+        let (store, known) = rows.schemas.snapshot();
+        self.decoder =
+            reading_as(store, &rows.generation.reader, self.batch_size).map_err(|e| {
                 bad_record(at, "has a writer schema arrow-avro cannot decode").with_source(e)
             })?;
-        self.registry = Some((schemas, ids));
+        rows.known = known;
         Ok(())
     }
 

@@ -50,6 +50,12 @@ impl BatchBuilder {
         self.metadata.append(record, checked)
     }
 
+    /// Whether the rows appended so far read with an older reader schema than the decoding's current one (a
+    /// registry-backed Avro decoding widened it since): a record read now belongs in the next batch.
+    pub(crate) fn outdated(&self) -> bool {
+        self.values.outdated()
+    }
+
     /// The batch of every row appended.
     ///
     /// # Errors

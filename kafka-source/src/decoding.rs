@@ -3,8 +3,10 @@
 use std::sync::Arc;
 
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use connector_api::{ErrorKind, Result};
 
 use crate::avro::AvroDecoding;
+use crate::record::RecordAt;
 
 /// How record values become rows.
 #[derive(Debug, Clone)]
@@ -30,6 +32,22 @@ impl Decoding {
             Self::Binary => binary_schema(),
             Self::Json(schema) => schema.clone(),
             Self::Avro(avro) => avro.schema(),
+        }
+    }
+
+    /// Learns the writer schema of a value about to be read (a registry-backed Avro decoding looks up an id it
+    /// has not seen, which may widen the reader schema). A schema that is refused is reported when the value is
+    /// appended, naming the record, so it is not reported here.
+    ///
+    /// # Errors
+    /// A registry that cannot be reached ([`Retryable`](ErrorKind::Retryable)) or refuses the client.
+    pub(crate) fn learn_schema(&self, at: RecordAt<'_>, value: Option<&[u8]>) -> Result<()> {
+        match (self, value) {
+            (Self::Avro(avro), Some(value)) => match avro.learn_schema(at, value) {
+                Err(e) if e.kind() == ErrorKind::BadRecord => Ok(()),
+                outcome => outcome,
+            },
+            _ => Ok(()),
         }
     }
 

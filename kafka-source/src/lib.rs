@@ -32,6 +32,7 @@
 #![deny(missing_docs)]
 
 mod avro;
+mod avro_fields;
 mod avro_rows;
 mod decode;
 mod decoding;

@@ -11,6 +11,7 @@ use connector_api::{Error, ErrorKind, Phase, Result};
 use rdkafka::Message;
 use rdkafka::consumer::BaseConsumer;
 use rdkafka::error::KafkaError;
+use rdkafka::message::Headers;
 use rdkafka::types::RDKafkaErrorCode;
 use tokio::sync::mpsc;
 
@@ -48,6 +49,8 @@ pub(crate) struct Reader {
     pub(crate) divert: bool,
     /// The partitions read, kept up to date.
     pub(crate) assignment: Assignment,
+    /// A record read but left for the next chunk (its topic, and the record): it needs a newer reader schema.
+    pub(crate) deferred: Option<(String, RawRecords)>,
 }
 
 impl Reader {
@@ -77,22 +80,19 @@ impl Reader {
     /// Reads up to `batch_rows` records, shipping a partial batch `max_batch_wait` after its first record. `None`
     /// when nothing arrived within one poll. The builders are made on the first record, so an idle source
     /// allocates nothing. A gap (an offset out of range) or a tombstone ends the batch early; with no rows it ships
-    /// an empty batch, so the positions move past the gap or the tombstone.
+    /// an empty batch, so the positions move past the gap or the tombstone. A record whose writer schema widened
+    /// the reader schema ends the batch before it and starts the next one (every batch has one schema).
     fn read_chunk(&mut self) -> Result<Option<Chunk>> {
-        let mut builder: Option<BatchBuilder> = None;
-        let mut next: Vec<(i32, i64)> = Vec::new();
-        let mut gaps: Vec<Gap> = Vec::new();
+        let mut chunk = ChunkState::new(self);
         let mut deadline: Option<Instant> = None;
-        // JSON and Avro values or keys: the raw records, to sort a batch that fails out record by record.
-        let defers = self.decoding.defers_failures() || self.metadata.defers_failures();
-        let keep_headers = self.divert || self.metadata.headers.is_some();
-        let mut raw = defers.then(|| RawRecords::new(keep_headers));
-        let mut decoder_failed = false;
-        let mut rejected = Vec::new();
-        let mut tombstones = Vec::new();
-        let mut topic = String::new();
-        let mut records = 0;
-        while records < self.batch_rows && !self.closed.load(Ordering::Relaxed) {
+        if let Some((topic, deferred)) = self.deferred.take() {
+            let record = deferred.parts(&topic, 0);
+            deadline = Some(Instant::now() + self.max_batch_wait);
+            if let Take::EndAfter = chunk.take(self, &record)? {
+                return chunk.finish(self);
+            }
+        }
+        while chunk.records < self.batch_rows && !self.closed.load(Ordering::Relaxed) {
             let message = match next_message(&self.consumer, deadline) {
                 Polled::Message(message) => message,
                 Polled::Nothing if deadline.is_none() => return Ok(None),
@@ -102,16 +102,7 @@ impl Reader {
             let message = match message {
                 Ok(message) => message,
                 Err(KafkaError::MessageConsumption(RDKafkaErrorCode::AutoOffsetReset)) => {
-                    for &(partition, offset) in &next {
-                        self.assignment.took(partition, offset);
-                    }
-                    for gap in self.assignment.out_of_range(&self.consumer)? {
-                        match next.iter_mut().find(|(p, _)| *p == gap.partition) {
-                            Some(entry) => entry.1 = gap.log_start,
-                            None => next.push((gap.partition, gap.log_start)),
-                        }
-                        gaps.push(gap);
-                    }
+                    chunk.gap(self)?;
                     break;
                 }
                 Err(e) => {
@@ -123,103 +114,191 @@ impl Reader {
                     .with_source(e));
                 }
             };
-            let at = RecordAt {
-                topic: message.topic(),
-                partition: message.partition(),
-                offset: message.offset(),
-            };
-            if topic.is_empty() {
-                topic = at.topic.to_string();
-            }
-            records += 1;
-            match next.iter_mut().find(|(p, _)| *p == at.partition) {
-                Some(entry) => entry.1 = at.offset + 1,
-                None => next.push((at.partition, at.offset + 1)),
-            }
-            let deadline = *deadline.get_or_insert_with(|| Instant::now() + self.max_batch_wait);
-            let past_deadline =
-                (records as u64).is_multiple_of(DEADLINE_CHECK_EVERY) && Instant::now() >= deadline;
-            if self.decoding.defers_failures() && message.payload().is_none() {
-                // A tombstone of a decoding whose rows are the value's fields: a record with no row. It ends the
-                // chunk, so it comes after every row read before it and before every row read after it (a sink
-                // applies the chunk's rows, then its tombstone: a key deleted after an upsert stays deleted).
-                tombstones.push(Tombstone {
-                    topic: at.topic.to_string(),
-                    partition: at.partition,
-                    offset: at.offset,
-                    key: message.key().map(<[u8]>::to_vec),
-                });
-                break;
-            }
             let record = RecordParts {
-                at,
+                at: RecordAt {
+                    topic: message.topic(),
+                    partition: message.partition(),
+                    offset: message.offset(),
+                },
                 timestamp: message.timestamp().to_millis(),
                 key: message.key(),
                 value: message.payload(),
                 headers: message.headers(),
             };
-            let builder = match &mut builder {
-                Some(builder) => builder,
-                None => builder.insert(BatchBuilder::new(
-                    &self.decoding,
-                    &self.metadata,
-                    self.batch_rows,
-                )?),
-            };
-            if let Some(raw) = &mut raw {
-                raw.push(&record);
-            }
-            if !decoder_failed {
-                match builder.append(&record) {
-                    Ok(()) => {}
-                    // Not the record's fault (a schema registry that cannot be reached): never set aside.
-                    Err(e) if e.kind() != ErrorKind::BadRecord => return Err(e),
-                    Err(_) if raw.is_some() => decoder_failed = true,
-                    Err(e) if self.divert => rejected.push(RejectedRecord::new(&record, &e)),
-                    Err(e) => return Err(e),
+            let deadline = *deadline.get_or_insert_with(|| Instant::now() + self.max_batch_wait);
+            match chunk.take(self, &record)? {
+                Take::Next => {}
+                Take::EndAfter => break,
+                Take::EndBefore => {
+                    let mut kept = RawRecords::new(true);
+                    kept.push(&record);
+                    self.deferred = Some((record.at.topic.to_string(), kept));
+                    break;
                 }
             }
-            if past_deadline {
+            if (chunk.records as u64).is_multiple_of(DEADLINE_CHECK_EVERY)
+                && Instant::now() >= deadline
+            {
                 break;
             }
         }
-        for &(partition, offset) in &next {
-            self.assignment.took(partition, offset);
+        chunk.finish(self)
+    }
+}
+
+/// What a record does to the chunk being read.
+enum Take {
+    /// It is in; read on.
+    Next,
+    /// It is in and ends the chunk (a tombstone of a decoding whose rows are the value's fields).
+    EndAfter,
+    /// It is not in: it needs a newer reader schema than the chunk's rows, so it starts the next chunk.
+    EndBefore,
+}
+
+/// One chunk being read.
+struct ChunkState {
+    builder: Option<BatchBuilder>,
+    next: Vec<(i32, i64)>,
+    gaps: Vec<Gap>,
+    /// JSON and Avro values or keys: the raw records, to sort a batch that fails out record by record.
+    raw: Option<RawRecords>,
+    decoder_failed: bool,
+    rejected: Vec<RejectedRecord>,
+    tombstones: Vec<Tombstone>,
+    topic: String,
+    records: usize,
+}
+
+impl ChunkState {
+    fn new(reader: &Reader) -> Self {
+        let defers = reader.decoding.defers_failures() || reader.metadata.defers_failures();
+        let keep_headers = reader.divert || reader.metadata.headers.is_some();
+        Self {
+            builder: None,
+            next: Vec::new(),
+            gaps: Vec::new(),
+            raw: defers.then(|| RawRecords::new(keep_headers)),
+            decoder_failed: false,
+            rejected: Vec::new(),
+            tombstones: Vec::new(),
+            topic: String::new(),
+            records: 0,
         }
-        let Some(builder) = builder else {
-            if gaps.is_empty() && tombstones.is_empty() {
+    }
+
+    /// The consumer reported an offset out of range: records were removed before they were read.
+    fn gap(&mut self, reader: &mut Reader) -> Result<()> {
+        for &(partition, offset) in &self.next {
+            reader.assignment.took(partition, offset);
+        }
+        for gap in reader.assignment.out_of_range(&reader.consumer)? {
+            match self.next.iter_mut().find(|(p, _)| *p == gap.partition) {
+                Some(entry) => entry.1 = gap.log_start,
+                None => self.next.push((gap.partition, gap.log_start)),
+            }
+            self.gaps.push(gap);
+        }
+        Ok(())
+    }
+
+    /// Takes one record into the chunk.
+    fn take<H: Headers>(&mut self, reader: &Reader, record: &RecordParts<'_, H>) -> Result<Take> {
+        let at = record.at;
+        // A registry-backed decoding learns the record's writer schema first: it may widen the reader schema,
+        // and rows of two reader schemas never share a batch.
+        reader.decoding.learn_schema(at, record.value)?;
+        if self.builder.as_ref().is_some_and(BatchBuilder::outdated) {
+            return Ok(Take::EndBefore);
+        }
+        if self.topic.is_empty() {
+            self.topic = at.topic.to_string();
+        }
+        self.records += 1;
+        match self.next.iter_mut().find(|(p, _)| *p == at.partition) {
+            Some(entry) => entry.1 = at.offset + 1,
+            None => self.next.push((at.partition, at.offset + 1)),
+        }
+        if reader.decoding.defers_failures() && record.value.is_none() {
+            // A tombstone of a decoding whose rows are the value's fields: a record with no row. It ends the
+            // chunk, so it comes after every row read before it and before every row read after it (a sink
+            // applies the chunk's rows, then its tombstone: a key deleted after an upsert stays deleted).
+            self.tombstones.push(Tombstone {
+                topic: at.topic.to_string(),
+                partition: at.partition,
+                offset: at.offset,
+                key: record.key.map(<[u8]>::to_vec),
+            });
+            return Ok(Take::EndAfter);
+        }
+        let builder = match &mut self.builder {
+            Some(builder) => builder,
+            None => self.builder.insert(BatchBuilder::new(
+                &reader.decoding,
+                &reader.metadata,
+                reader.batch_rows,
+            )?),
+        };
+        if let Some(raw) = &mut self.raw {
+            raw.push(record);
+        }
+        if !self.decoder_failed {
+            match builder.append(record) {
+                Ok(()) => {}
+                // Not the record's fault (a schema registry that cannot be reached): never set aside.
+                Err(e) if e.kind() != ErrorKind::BadRecord => return Err(e),
+                Err(_) if self.raw.is_some() => self.decoder_failed = true,
+                Err(e) if reader.divert => self.rejected.push(RejectedRecord::new(record, &e)),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(Take::Next)
+    }
+
+    /// The chunk of everything taken (`None` when nothing was: no rows, gaps or tombstones).
+    fn finish(mut self, reader: &mut Reader) -> Result<Option<Chunk>> {
+        for &(partition, offset) in &self.next {
+            reader.assignment.took(partition, offset);
+        }
+        let Some(builder) = self.builder else {
+            if self.gaps.is_empty() && self.tombstones.is_empty() {
                 return Ok(None);
             }
-            let schema = self.metadata.schema(&self.decoding)?;
+            let schema = reader.metadata.schema(&reader.decoding)?;
             return Ok(Some(Chunk {
                 batch: RecordBatch::new_empty(schema),
-                rejected,
-                tombstones,
-                next,
-                gaps,
+                rejected: self.rejected,
+                tombstones: self.tombstones,
+                next: self.next,
+                gaps: self.gaps,
             }));
         };
-        let finished = if decoder_failed {
+        let finished = if self.decoder_failed {
             None
         } else {
             Some(builder.finish())
         };
-        let batch = match (finished, &raw) {
+        let batch = match (finished, &self.raw) {
             (Some(Ok(batch)), _) => batch,
             (Some(Err(e)), None) => return Err(e),
             (_, Some(raw)) => {
-                let (batch, bad) = raw.sort(&topic, &self.decoding, &self.metadata, self.divert)?;
-                rejected.extend(bad);
+                let (batch, bad) = raw.sort(
+                    &self.topic,
+                    &reader.decoding,
+                    &reader.metadata,
+                    reader.divert,
+                )?;
+                self.rejected.extend(bad);
                 batch
             }
             (None, None) => unreachable!("only JSON and Avro values or keys defer failures"),
         };
         Ok(Some(Chunk {
             batch,
-            rejected,
-            tombstones,
-            next,
-            gaps,
+            rejected: self.rejected,
+            tombstones: self.tombstones,
+            next: self.next,
+            gaps: self.gaps,
         }))
     }
 }

@@ -124,7 +124,7 @@ impl RawRecords {
     }
 
     /// Record `i` as the builders take it.
-    fn parts<'a>(&'a self, topic: &'a str, i: usize) -> RecordParts<'a, OwnedHeaders> {
+    pub(crate) fn parts<'a>(&'a self, topic: &'a str, i: usize) -> RecordParts<'a, OwnedHeaders> {
         let record = &self.records[i];
         RecordParts {
             at: RecordAt {

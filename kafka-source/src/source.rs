@@ -135,6 +135,8 @@ pub struct KafkaSource {
     gaps: Vec<Gap>,
     /// Tombstones of the batches handed out (JSON and Avro decodings), not yet taken.
     tombstones: Vec<Tombstone>,
+    /// The first chunk of a new schema, held back until the job accepts the change.
+    held: Option<Chunk>,
 }
 
 impl Drop for KafkaSource {
@@ -269,6 +271,7 @@ impl KafkaSource {
             closed: closed.clone(),
             divert: options.divert_bad_records,
             assignment,
+            deferred: None,
         };
         std::thread::Builder::new()
             .name(format!("kafka-source-{topic}"))
@@ -293,12 +296,34 @@ impl KafkaSource {
             rejected: Vec::new(),
             gaps: Vec::new(),
             tombstones: Vec::new(),
+            held: None,
         })
     }
 
-    /// The schema of every batch.
+    /// The schema of the batches handed out (it changes only through
+    /// [`accept_schema_change`](Self::accept_schema_change)).
     pub fn schema(&self) -> SchemaRef {
         self.schema.clone()
+    }
+
+    /// The schema of the next batch, when it differs from [`schema`](Self::schema): a registry-backed Avro decoding
+    /// that evolves widened its reader schema (a writer schema added fields). The batch is held back:
+    /// [`next_batch`](Self::next_batch) returns `None` until the job accepts the change, and
+    /// [`positions`](Self::positions) cover only the batches of the old schema. The job finishes its checkpoint
+    /// with them, makes its sinks take the new columns, then calls
+    /// [`accept_schema_change`](Self::accept_schema_change).
+    pub fn schema_change(&self) -> Option<SchemaRef> {
+        self.held
+            .as_ref()
+            .map(|chunk| chunk.batch.schema())
+            .filter(|schema| schema.fields() != self.schema.fields())
+    }
+
+    /// Hands out the held batch of the new schema next; [`schema`](Self::schema) becomes that schema.
+    pub fn accept_schema_change(&mut self) {
+        if let Some(schema) = self.schema_change() {
+            self.schema = schema;
+        }
     }
 
     /// The partitions being read (those of the share; partitions added to the topic join once found).
@@ -370,6 +395,13 @@ impl KafkaSource {
     /// After an error the consumer thread has stopped: reopen the source from the last checkpoint's positions
     /// (restart the job) before reading on.
     pub async fn next_batch(&mut self, idle: Duration) -> Result<Option<RecordBatch>> {
+        if self.held.is_some() {
+            if self.schema_change().is_some() {
+                return Ok(None);
+            }
+            let chunk = self.held.take().expect("held");
+            return Ok(Some(self.hand_out(chunk)));
+        }
         let chunk = match tokio::time::timeout(idle, self.chunks.recv()).await {
             Err(_) => return Ok(None),
             Ok(None) => {
@@ -381,13 +413,23 @@ impl KafkaSource {
             }
             Ok(Some(chunk)) => chunk?,
         };
+        if chunk.batch.schema().fields() != self.schema.fields() {
+            tracing::info!(topic = %self.topic, "the source's batches change schema: held until the job accepts it");
+            self.held = Some(chunk);
+            return Ok(None);
+        }
+        Ok(Some(self.hand_out(chunk)))
+    }
+
+    /// Moves the positions past `chunk` and keeps what it set aside; its batch.
+    fn hand_out(&mut self, chunk: Chunk) -> RecordBatch {
         for (partition, next) in chunk.next {
             self.next.insert(partition, next);
         }
         self.rejected.extend(chunk.rejected);
         self.tombstones.extend(chunk.tombstones);
         self.gaps.extend(chunk.gaps);
-        Ok(Some(chunk.batch))
+        chunk.batch
     }
 
     /// The records of the batches handed out so far that did not decode (with

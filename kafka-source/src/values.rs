@@ -149,6 +149,11 @@ impl Values {
         Ok(())
     }
 
+    /// Whether these rows read with an older reader schema than the decoding's current one.
+    pub(crate) fn outdated(&self) -> bool {
+        matches!(self, Self::Avro(rows) if rows.outdated())
+    }
+
     /// The batch of every row appended.
     ///
     /// # Errors

@@ -4,7 +4,9 @@
 //! A writer schema is accepted when arrow-avro can resolve it to the reader schema (Avro's schema resolution: a
 //! field the writer lacks takes the reader's default, a type may be promoted, e.g. `int` to `long`) and it has no
 //! field the reader schema lacks: such a field's values would be dropped without a word, so the record is refused
-//! instead, naming the field and both schema ids. Refusals are [`BadRecord`](ErrorKind::BadRecord)s (a job with
+//! instead, naming the field and both schema ids, unless the decoding evolves (`add-columns`): then the reader
+//! schema is widened with the writer's new top-level fields (nullable, default null, so older records still read),
+//! a new *generation* of the reader whose batches have the new columns. Refusals are [`BadRecord`](ErrorKind::BadRecord)s (a job with
 //! dead letters sends the records there); a registry that cannot be reached is
 //! [`Retryable`](ErrorKind::Retryable) and never dead-letters anything.
 //!
@@ -12,14 +14,17 @@
 //! runtime the source was opened on (each lookup bounded and retried by the client). Ids are looked up once:
 //! accepted schemas and refusals are remembered for the life of the source.
 
-use std::collections::{BTreeSet, HashMap};
-use std::sync::Mutex;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 
+use arrow_avro::reader::{Decoder, ReaderBuilder};
 use arrow_avro::schema::{AvroSchema, Fingerprint, FingerprintAlgorithm, SchemaStore};
+use arrow_schema::{ArrowError, SchemaRef};
 use connector_api::{Error, ErrorKind, Phase, Result};
 use schema_registry::{RegisteredSchema, SchemaRegistry, SchemaType};
 use serde_json::Value;
 
+use crate::avro_fields::{added_fields, widened};
 use crate::record::{RecordAt, bad_record};
 
 /// The schema a registry-backed Avro decoding reads every record as: its fields are the columns.
@@ -66,11 +71,23 @@ impl ReaderSchema {
     }
 }
 
-/// Writer schemas by id, shared by every decoder of one decoding.
+/// One generation of the reader schema, with the Arrow schema of its rows.
+#[derive(Debug, Clone)]
+pub(crate) struct Generation {
+    /// Its number: 0 for the reader the decoding started with, one more for each widening.
+    pub(crate) number: usize,
+    /// The reader schema.
+    pub(crate) reader: ReaderSchema,
+    /// The Arrow schema of the rows it decodes into.
+    pub(crate) arrow: SchemaRef,
+}
+
+/// Writer schemas by id, shared by every decoder of one decoding (and every subtask of a process).
 pub(crate) struct WriterSchemas {
     registry: SchemaRegistry,
     runtime: tokio::runtime::Handle,
-    reader: ReaderSchema,
+    /// Widen the reader with a writer's new top-level fields instead of refusing them.
+    evolve: bool,
     known: Mutex<Known>,
 }
 
@@ -78,51 +95,83 @@ impl std::fmt::Debug for WriterSchemas {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WriterSchemas")
             .field("registry", &self.registry)
-            .field("reader", &self.reader.origin)
+            .field("evolve", &self.evolve)
             .finish_non_exhaustive()
     }
 }
 
-/// The ids seen so far.
+/// The ids seen so far, and the reader's generations.
 struct Known {
+    generations: Vec<Arc<Generation>>,
     store: SchemaStore,
-    ids: BTreeSet<u32>,
+    /// Accepted ids, each with the first generation that reads it without dropping a field.
+    ids: BTreeMap<u32, usize>,
     refused: HashMap<u32, String>,
 }
 
+impl Known {
+    fn current(&self) -> &Arc<Generation> {
+        self.generations.last().expect("generation 0 always exists")
+    }
+}
+
+/// A decoder for batches of up to `rows` rows that reads every writer schema in `store` as `reader`.
+pub(crate) fn reading_as(
+    store: SchemaStore,
+    reader: &ReaderSchema,
+    rows: usize,
+) -> std::result::Result<Decoder, ArrowError> {
+    ReaderBuilder::new()
+        .with_batch_size(rows.max(1))
+        .with_writer_schema_store(store)
+        .with_reader_schema(AvroSchema::new(reader.schema.clone()))
+        .build_decoder()
+}
+
 impl WriterSchemas {
-    /// Writer schemas from `registry`, read as `reader`; lookups block on `runtime`.
+    /// Writer schemas from `registry`, read as `reader` (widened as they add fields when `evolve`); lookups block
+    /// on `runtime`.
     ///
     /// # Errors
-    /// [`Config`](ErrorKind::Config) when the reader schema does not parse.
+    /// [`Config`](ErrorKind::Config) when the reader schema does not parse or has no Arrow equivalent.
     pub(crate) fn new(
         registry: SchemaRegistry,
         runtime: tokio::runtime::Handle,
         reader: ReaderSchema,
+        evolve: bool,
     ) -> Result<Self> {
+        let config = |what: &str, e: ArrowError| {
+            Error::new(
+                ErrorKind::Config,
+                Phase::Setup,
+                format!("{} {what}", reader.named()),
+            )
+            .with_source(e)
+        };
         let mut store = SchemaStore::new_with_type(FingerprintAlgorithm::Id);
-        let mut ids = BTreeSet::new();
+        let mut ids = BTreeMap::new();
         // The reader schema's own records need no lookup (a declared one gets an id no record carries: 0 is
         // never a registry id, and the decoder is only asked for ids it was given).
         let id = reader.id.unwrap_or(0);
         store
             .set(Fingerprint::Id(id), AvroSchema::new(reader.schema.clone()))
-            .map_err(|e| {
-                Error::new(
-                    ErrorKind::Config,
-                    Phase::Setup,
-                    format!("{} does not parse", reader.named()),
-                )
-                .with_source(e)
-            })?;
+            .map_err(|e| config("does not parse", e))?;
         if reader.id.is_some() {
-            ids.insert(id);
+            ids.insert(id, 0);
         }
+        let arrow = reading_as(store.clone(), &reader, 1)
+            .map_err(|e| config("has no Arrow equivalent", e))?
+            .schema();
         Ok(Self {
             registry,
             runtime,
-            reader,
+            evolve,
             known: Mutex::new(Known {
+                generations: vec![Arc::new(Generation {
+                    number: 0,
+                    reader,
+                    arrow,
+                })],
                 store,
                 ids,
                 refused: HashMap::new(),
@@ -130,44 +179,55 @@ impl WriterSchemas {
         })
     }
 
-    /// The reader schema.
-    pub(crate) fn reader(&self) -> &ReaderSchema {
-        &self.reader
+    /// The current generation of the reader schema.
+    pub(crate) fn current(&self) -> Arc<Generation> {
+        self.lock().current().clone()
     }
 
-    /// The accepted writer schemas (the reader's own among them) and their ids.
-    pub(crate) fn snapshot(&self) -> (SchemaStore, BTreeSet<u32>) {
+    /// The accepted writer schemas (the reader's own among them), and their ids with the first reader generation
+    /// that reads each.
+    pub(crate) fn snapshot(&self) -> (SchemaStore, BTreeMap<u32, usize>) {
         let known = self.lock();
         (known.store.clone(), known.ids.clone())
+    }
+
+    /// The first generation that reads writer schema `id`, if accepted.
+    pub(crate) fn generation_of(&self, id: u32) -> Option<usize> {
+        self.lock().ids.get(&id).copied()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Known> {
         self.known.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Makes sure writer schema `id`, which the record at `at` carries, is known and accepted.
+    /// Makes sure writer schema `id`, which the record at `at` carries, is known and accepted (widening the reader
+    /// when the decoding evolves and the schema adds top-level fields).
     ///
     /// # Errors
     /// [`BadRecord`](ErrorKind::BadRecord) naming the record when the registry has no such id or the schema is
-    /// refused (another schema type, references, a field the reader lacks, not resolvable to the reader);
-    /// [`Retryable`](ErrorKind::Retryable) when the registry cannot be reached (after the client's retries), any
-    /// other registry error as [`Config`](ErrorKind::Config).
+    /// refused (another schema type, references, a field the reader lacks and may not gain, not resolvable to the
+    /// reader); [`Retryable`](ErrorKind::Retryable) when the registry cannot be reached (after the client's
+    /// retries), any other registry error as [`Config`](ErrorKind::Config).
     pub(crate) fn resolve(&self, id: u32, at: RecordAt<'_>) -> Result<()> {
         {
             let known = self.lock();
-            if known.ids.contains(&id) {
+            if known.ids.contains_key(&id) {
                 return Ok(());
             }
             if let Some(why) = known.refused.get(&id) {
                 return Err(bad_record(at, why));
             }
         }
-        let outcome = match self.runtime.block_on(self.registry.schema(id)) {
-            Ok(writer) => self.check(&writer),
-            Err(e) if e.is_not_found() => Err(format!(
-                "carries schema id {id}, which the schema registry at {} does not have",
-                self.registry.url()
-            )),
+        let writer = match self.runtime.block_on(self.registry.schema(id)) {
+            Ok(writer) => writer,
+            Err(e) if e.is_not_found() => {
+                let why = format!(
+                    "carries schema id {id}, which the schema registry at {} does not have",
+                    self.registry.url()
+                );
+                self.lock().refused.insert(id, why.clone());
+                return Err(bad_record(at, &why));
+            }
             Err(e) => {
                 return Err(Error::new(
                     e.kind(),
@@ -181,15 +241,11 @@ impl WriterSchemas {
             }
         };
         let mut known = self.lock();
-        match outcome {
-            Ok(schema) => {
-                known.store.set(Fingerprint::Id(id), schema).map_err(|e| {
-                    bad_record(at, "has a writer schema that does not parse").with_source(e)
-                })?;
-                known.ids.insert(id);
-                tracing::info!(id, reader = %self.reader.named(), "schema registry: new writer schema accepted");
-                Ok(())
-            }
+        if known.ids.contains_key(&id) {
+            return Ok(()); // another thread accepted it meanwhile
+        }
+        match self.accept(&mut known, &writer) {
+            Ok(()) => Ok(()),
             Err(why) => {
                 tracing::warn!(id, %why, "schema registry: writer schema refused");
                 known.refused.insert(id, why.clone());
@@ -198,10 +254,16 @@ impl WriterSchemas {
         }
     }
 
-    /// Whether `writer` may be read as the reader schema; why not, as the end of a sentence about a record.
-    fn check(&self, writer: &RegisteredSchema) -> std::result::Result<AvroSchema, String> {
+    /// Accepts `writer` under the current reader, or a widened one; why not, as the end of a sentence about a
+    /// record.
+    fn accept(
+        &self,
+        known: &mut Known,
+        writer: &RegisteredSchema,
+    ) -> std::result::Result<(), String> {
         let id = writer.id;
-        let reader = self.reader.named();
+        let current = known.current().clone();
+        let reader = current.reader.named();
         if writer.schema_type != SchemaType::Avro {
             return Err(format!(
                 "is written with schema id {id}, a {} schema; this decoding reads Avro",
@@ -218,7 +280,7 @@ impl WriterSchemas {
         }
         let parsed = |text: &str| serde_json::from_str::<Value>(text);
         let (Ok(writer_json), Ok(reader_json)) =
-            (parsed(&writer.schema), parsed(&self.reader.schema))
+            (parsed(&writer.schema), parsed(&current.reader.schema))
         else {
             return Err(format!(
                 "is written with schema id {id}, which is not Avro schema JSON"
@@ -226,152 +288,73 @@ impl WriterSchemas {
         };
         let mut added = Vec::new();
         added_fields(&writer_json, &reader_json, "", &mut added);
-        if !added.is_empty() {
+        let named = added
+            .iter()
+            .map(|f| format!("`{f}`"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut store = known.store.clone();
+        store
+            .set(Fingerprint::Id(id), AvroSchema::new(writer.schema.clone()))
+            .map_err(|e| format!("is written with schema id {id}, which does not parse: {e}"))?;
+        let generation = if added.is_empty() {
+            current.clone()
+        } else if !self.evolve {
             return Err(format!(
-                "is written with schema id {id}, which has field{} {} that {reader} lacks; the job stops rather \
-                 than drop {}",
+                "is written with schema id {id}, which has field{} {named} that {reader} lacks; the job stops \
+                 rather than drop {} (a sink with evolution = \"add-columns\" would add {})",
                 if added.len() == 1 { "" } else { "s" },
-                added
-                    .iter()
-                    .map(|f| format!("`{f}`"))
-                    .collect::<Vec<_>>()
-                    .join(", "),
                 if added.len() == 1 {
                     "its values"
                 } else {
                     "their values"
                 },
+                if added.len() == 1 {
+                    "the column"
+                } else {
+                    "the columns"
+                },
             ));
-        }
-        let schema = AvroSchema::new(writer.schema.clone());
-        let mut alone = SchemaStore::new_with_type(FingerprintAlgorithm::Id);
-        alone
-            .set(Fingerprint::Id(id), schema.clone())
-            .and_then(|_| {
-                arrow_avro::reader::ReaderBuilder::new()
-                    .with_writer_schema_store(alone)
-                    .with_reader_schema(AvroSchema::new(self.reader.schema.clone()))
-                    .build_decoder()
-            })
-            .map_err(|e| {
-                format!("is written with schema id {id}, which cannot be read as {reader}: {e}")
-            })?;
-        Ok(schema)
-    }
-}
-
-/// Paths of the fields `writer` has and `reader` lacks (by name or alias), in records nested through fields,
-/// unions, arrays and maps. A type referred to by name is not followed (its definition was compared where it
-/// appeared).
-fn added_fields(writer: &Value, reader: &Value, path: &str, out: &mut Vec<String>) {
-    match (writer, reader) {
-        (Value::Array(branches), _) => {
-            for branch in branches {
-                if let Some(matching) = counterpart(branch, reader) {
-                    added_fields(branch, matching, path, out);
-                }
-            }
-        }
-        (Value::Object(w), _) => {
-            let Some(r) = counterpart(writer, reader).and_then(Value::as_object) else {
-                return;
+        } else {
+            let widened = widened(&reader_json, &writer_json, &added)
+                .map_err(|why| format!("is written with schema id {id}, which {why}"))?;
+            let reader = ReaderSchema {
+                schema: widened.to_string(),
+                id: None,
+                origin: format!(
+                    "the reader schema widened with {named} from schema id {id} ({})",
+                    current.reader.origin
+                ),
             };
-            match w.get("type").and_then(Value::as_str) {
-                Some("record") => {
-                    let fields = |o: &serde_json::Map<String, Value>| {
-                        o.get("fields")
-                            .and_then(Value::as_array)
-                            .cloned()
-                            .unwrap_or_default()
-                    };
-                    let reader_fields = fields(r);
-                    for field in fields(w) {
-                        let Some(name) = field.get("name").and_then(Value::as_str) else {
-                            continue;
-                        };
-                        let full = if path.is_empty() {
-                            name.to_string()
-                        } else {
-                            format!("{path}.{name}")
-                        };
-                        let matching = reader_fields.iter().find(|f| {
-                            f.get("name").and_then(Value::as_str) == Some(name)
-                                || f.get("aliases")
-                                    .and_then(Value::as_array)
-                                    .is_some_and(|a| a.iter().any(|x| x.as_str() == Some(name)))
-                        });
-                        match matching {
-                            None => out.push(full),
-                            Some(m) => added_fields(&field["type"], &m["type"], &full, out),
-                        }
-                    }
-                }
-                Some("array") => added_fields(&w["items"], &r["items"], &format!("{path}[]"), out),
-                Some("map") => {
-                    added_fields(&w["values"], &r["values"], &format!("{path}{{}}"), out)
-                }
-                _ => {}
-            }
+            let arrow = reading_as(store.clone(), &reader, 1)
+                .map_err(|e| {
+                    format!(
+                        "is written with schema id {id}, whose fields {named} cannot be added: {e}"
+                    )
+                })?
+                .schema();
+            Arc::new(Generation {
+                number: current.number + 1,
+                reader,
+                arrow,
+            })
+        };
+        // Every accepted writer, this one included, must resolve to the (possibly widened) reader.
+        reading_as(store.clone(), &generation.reader, 1).map_err(|e| {
+            format!(
+                "is written with schema id {id}, which cannot be read as {}: {e}",
+                generation.reader.named()
+            )
+        })?;
+        known.store = store;
+        known.ids.insert(id, generation.number);
+        if generation.number != current.number {
+            tracing::info!(id, fields = %named, generation = generation.number,
+                "schema registry: reader schema widened with a writer's new fields");
+            known.generations.push(generation);
+        } else {
+            tracing::info!(id, reader = %reader, "schema registry: new writer schema accepted");
         }
-        _ => {}
-    }
-}
-
-/// The part of `reader` (itself, or a branch of a union) that corresponds to `writer`: the same complex type,
-/// and for records the same name or, failing that, the only record.
-fn counterpart<'r>(writer: &Value, reader: &'r Value) -> Option<&'r Value> {
-    let kind = |v: &Value| v.get("type").and_then(Value::as_str).map(str::to_string);
-    let name = |v: &Value| v.get("name").and_then(Value::as_str).map(str::to_string);
-    let candidates: Vec<&Value> = match reader {
-        Value::Array(branches) => branches.iter().collect(),
-        other => vec![other],
-    };
-    let same_kind: Vec<&Value> = candidates
-        .into_iter()
-        .filter(|c| c.is_object() && kind(c) == kind(writer))
-        .collect();
-    same_kind
-        .iter()
-        .find(|c| name(c) == name(writer))
-        .or_else(|| (same_kind.len() == 1).then(|| &same_kind[0]))
-        .copied()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn added(writer: &str, reader: &str) -> Vec<String> {
-        let mut out = Vec::new();
-        added_fields(
-            &serde_json::from_str(writer).unwrap(),
-            &serde_json::from_str(reader).unwrap(),
-            "",
-            &mut out,
-        );
-        out
-    }
-
-    #[test]
-    fn fields_the_reader_lacks_are_found_at_any_depth() {
-        let reader = r#"{"type":"record","name":"O","fields":[
-            {"name":"id","type":"long"},
-            {"name":"customer","type":["null",{"type":"record","name":"C","fields":[{"name":"name","type":"string"}]}]},
-            {"name":"lines","type":{"type":"array","items":{"type":"record","name":"L","fields":[{"name":"sku","type":"string"}]}}},
-            {"name":"amount","type":"long","aliases":["total"]}]}"#;
-        assert!(added(reader, reader).is_empty());
-        let writer = r#"{"type":"record","name":"O","fields":[
-            {"name":"id","type":"long"},
-            {"name":"note","type":["null","string"],"default":null},
-            {"name":"customer","type":["null",{"type":"record","name":"C","fields":[{"name":"name","type":"string"},{"name":"email","type":"string"}]}]},
-            {"name":"lines","type":{"type":"array","items":{"type":"record","name":"L","fields":[{"name":"sku","type":"string"},{"name":"qty","type":"int"}]}}},
-            {"name":"total","type":"long"}]}"#;
-        assert_eq!(
-            added(writer, reader),
-            ["note", "customer.email", "lines[].qty"]
-        );
-        // A writer lacking a reader field is Avro resolution's business (the default), not an added field.
-        let fewer = r#"{"type":"record","name":"O","fields":[{"name":"id","type":"long"}]}"#;
-        assert!(added(fewer, reader).is_empty());
+        Ok(())
     }
 }

@@ -61,7 +61,9 @@ async fn decoding(topic: &str) -> Decoding {
         .subject(topic, false, None)
         .unwrap();
     let latest = registry.latest(&subject).await.unwrap();
-    Decoding::Avro(AvroDecoding::from_registry(registry, ReaderSchema::latest(&latest)).unwrap())
+    Decoding::Avro(
+        AvroDecoding::from_registry(registry, ReaderSchema::latest(&latest), false).unwrap(),
+    )
 }
 
 async fn open(topic: &str, decoding: Decoding, divert: bool) -> KafkaSource {
@@ -176,7 +178,7 @@ async fn a_field_the_reader_lacks_stops_the_source_naming_it_and_both_ids() {
         id: Some(v1),
         origin: "version 1".to_string(),
     };
-    let as_v1 = Decoding::Avro(AvroDecoding::from_registry(registry(), version_1).unwrap());
+    let as_v1 = Decoding::Avro(AvroDecoding::from_registry(registry(), version_1, false).unwrap());
     let mut source = open(&topic, as_v1, true).await;
     let batches = read_rows(&mut source, 3).await;
     assert_eq!(column::<Int64Type>(&batches, "id"), [0, 1, 3].map(Some));
@@ -234,8 +236,9 @@ async fn an_unknown_id_is_a_bad_record_and_an_unreachable_registry_is_not() {
     })
     .unwrap()
     .with_retry(RetryPolicy::NEVER);
-    let decoding =
-        Decoding::Avro(AvroDecoding::from_registry(dead, ReaderSchema::latest(&latest)).unwrap());
+    let decoding = Decoding::Avro(
+        AvroDecoding::from_registry(dead, ReaderSchema::latest(&latest), false).unwrap(),
+    );
     let mut source = open(&topic, decoding, true).await;
     let err = loop {
         match source.next_batch(WAIT).await {
@@ -250,4 +253,66 @@ async fn an_unknown_id_is_a_bad_record_and_an_unreachable_registry_is_not() {
         "{err}"
     );
     assert!(source.take_rejected().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evolving_decoding_widens_its_reader_at_a_batch_boundary_held_until_accepted() {
+    let topic = topic("registry-evolve", 1).await;
+    let v1 = produce(&topic, &schema(&[]), json!([{"id": 0}, {"id": 1}]));
+    let registry = registry();
+    let latest = registry.latest(&format!("{topic}-value")).await.unwrap();
+    assert_eq!(latest.id, v1);
+    let decoding = Decoding::Avro(
+        AvroDecoding::from_registry(registry, ReaderSchema::latest(&latest), true).unwrap(),
+    );
+    let mut source = open(&topic, decoding, false).await;
+    let before = read_rows(&mut source, 2).await;
+    assert_eq!(column::<Int64Type>(&before, "id"), [Some(0), Some(1)]);
+
+    produce(
+        &topic,
+        &schema(&[qty()]),
+        json!([{"id": 2, "qty": 5}, {"id": 3, "qty": 6}]),
+    );
+    produce(&topic, &schema(&[]), json!([{"id": 4}]));
+    let started = std::time::Instant::now();
+    let widened = loop {
+        assert!(started.elapsed() < WAIT, "no schema change");
+        assert!(
+            source
+                .next_batch(Duration::from_millis(200))
+                .await
+                .unwrap()
+                .is_none(),
+            "no batch of the old schema is left"
+        );
+        if let Some(schema) = source.schema_change() {
+            break schema;
+        }
+    };
+    let names: Vec<&str> = widened.fields().iter().map(|f| f.name().as_str()).collect();
+    assert_eq!(names, ["id", "note", "qty"]);
+    assert!(widened.field(2).is_nullable());
+    // Held: nothing of the new schema is handed out, the positions end before it.
+    assert!(
+        source
+            .next_batch(Duration::from_millis(300))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(source.positions()[0].next_offset, 2);
+
+    source.accept_schema_change();
+    assert_eq!(source.schema(), widened);
+    let after = read_rows(&mut source, 3).await;
+    assert!(
+        after
+            .iter()
+            .all(|b| b.schema().fields() == widened.fields())
+    );
+    assert_eq!(column::<Int64Type>(&after, "id"), [2, 3, 4].map(Some));
+    // The version-1 record after the change reads with the new column's default.
+    assert_eq!(column::<Int32Type>(&after, "qty"), [Some(5), Some(6), None]);
+    assert_eq!(source.positions()[0].next_offset, 5);
 }

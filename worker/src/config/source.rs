@@ -419,6 +419,7 @@ impl DecodingConfig {
         Ok(Decoding::Avro(AvroDecoding::from_registry(
             lookup.registry.clone(),
             reader,
+            false,
         )?))
     }
 }
