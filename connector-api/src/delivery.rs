@@ -152,6 +152,10 @@ impl<S: TwoPhaseCommit> TwoPhaseCommit for GuaranteedSink<S> {
         self.inner.write_tombstones(keys).await
     }
 
+    async fn evolve(&mut self, schema: arrow_schema::SchemaRef) -> Result<()> {
+        self.inner.evolve(schema).await
+    }
+
     async fn pre_commit(&mut self, checkpoint: CheckpointId) -> Result<Self::Committable> {
         let committable = self.inner.pre_commit(checkpoint).await?;
         if self.guarantee == DeliveryGuarantee::AtLeastOnce {

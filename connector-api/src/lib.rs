@@ -23,6 +23,7 @@ pub mod metrics;
 mod recovery;
 mod registry;
 mod retry;
+mod schema_change;
 mod txn;
 
 pub use blocking::blocking;
@@ -41,8 +42,9 @@ pub use ids::{CheckpointId, JobId, SinkId, SinkScope, SubtaskId};
 pub use inspect::{Inspection, OpenTransaction, Resolution, SinkInspection};
 pub use recovery::{Fence, FenceOrder, PlanSummary, RecoveryPlan};
 pub use registry::{
-    DynSink, SinkBuilder, SinkCheck, SinkContext, SinkFactory, SinkRegistry, SinkSpec,
+    DynSink, Evolution, SinkBuilder, SinkCheck, SinkContext, SinkFactory, SinkRegistry, SinkSpec,
     parse_settings,
 };
 pub use retry::{Attempts, RetryPolicy};
+pub use schema_change::{FollowedSchema, added_columns, columns_to_add};
 pub use txn::{Committer, TwoPhaseCommit};

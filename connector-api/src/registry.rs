@@ -48,6 +48,9 @@ pub struct SinkSpec {
     /// Its delivery guarantee (`exactly-once` by default).
     #[serde(default)]
     pub delivery: DeliveryGuarantee,
+    /// Whether it takes new columns when the source's schema gains fields (`none` by default).
+    #[serde(default)]
+    pub evolution: Evolution,
     /// Everything else: the sink's own config, read by its factory.
     #[serde(flatten)]
     pub settings: serde_json::Map<String, serde_json::Value>,
@@ -67,6 +70,23 @@ pub struct SinkContext {
     pub subtask: SubtaskId,
     /// The schema of the batches it will be given.
     pub schema: SchemaRef,
+    /// Whether it takes new columns ([`TwoPhaseCommit::evolve`]) when the batches' schema gains some, and adds
+    /// the schema's columns its external system lacks when it opens.
+    pub evolution: Evolution,
+}
+
+/// `evolution` of a `[[sinks]]` entry: what a sink does when the source's schema gains fields (a schema
+/// registry's writer schema added some).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Evolution {
+    /// Never changes the external system's schema: a record with a new field stops the job, naming the field
+    /// (or goes to the dead-letter topic), and a table that lacks a column of the batches is refused at start.
+    #[default]
+    None,
+    /// Adds the new columns (nullable) at a checkpoint boundary before any row of them is written, and at start
+    /// the columns the external system lacks ([`TwoPhaseCommit::evolve`]).
+    AddColumns,
 }
 
 impl SinkContext {
@@ -119,7 +139,7 @@ pub trait SinkBuilder: Send + Sync + 'static {
     /// The `type` in a job file.
     const KIND: &'static str;
 
-    /// The sink's own settings: every key of its `[[sinks]]` entry other than `type`, `id` and `delivery`
+    /// The sink's own settings: every key of its `[[sinks]]` entry other than `type`, `id`, `delivery` and `evolution`
     /// (`#[serde(deny_unknown_fields)]`, with a key | meaning | default table in its docs).
     type Settings: DeserializeOwned + Send + 'static;
 
@@ -189,8 +209,8 @@ pub trait SinkFactory: Send + Sync {
     /// The `type` in a job file.
     fn kind(&self) -> &'static str;
 
-    /// Builds one instance for `context` from `settings` (the entry's keys other than `type`, `id` and
-    /// `delivery`), run with `delivery`.
+    /// Builds one instance for `context` from `settings` (the entry's keys other than `type`, `id`, `delivery`
+    /// and `evolution`), run with `delivery`.
     ///
     /// # Errors
     /// [`Config`](ErrorKind::Config) naming the key for settings that do not parse; whatever connecting reports.
@@ -304,6 +324,7 @@ impl SinkRegistry {
             sink: spec.id.clone(),
             subtask,
             schema,
+            evolution: spec.evolution,
         };
         Ok((factory.as_ref(), context))
     }

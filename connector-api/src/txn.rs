@@ -4,6 +4,7 @@ use std::fmt::Debug;
 use std::time::Duration;
 
 use arrow_array::RecordBatch;
+use arrow_schema::SchemaRef;
 use async_trait::async_trait;
 use serde::{Serialize, de::DeserializeOwned};
 
@@ -192,6 +193,35 @@ pub trait TwoPhaseCommit: Send + 'static {
     async fn write_tombstones(&mut self, keys: &[Option<Vec<u8>>]) -> Result<bool> {
         let _ = keys;
         Ok(false)
+    }
+
+    /// Takes `schema` for every batch written from now on: the schema this instance was built with (or last took)
+    /// with new nullable columns added (a source's reader schema widened). Called by
+    /// [`Driver::evolve`](crate::Driver::evolve) at a checkpoint boundary: every earlier checkpoint is committed and
+    /// the open transaction holds nothing yet. The sink makes the external system hold the new columns (`ALTER
+    /// TABLE .. ADD COLUMN`, an Iceberg schema update) before it returns, outside the open transaction, so no row
+    /// with a value for a column ever reaches a table without it.
+    ///
+    /// # Idempotence
+    /// The external system may already have the columns (another instance evolved it, or this one did and crashed
+    /// before the next checkpoint): evolving again succeeds. A sink built after a restart with the new schema does
+    /// the same when it opens.
+    ///
+    /// # Errors
+    /// [`Config`](ErrorKind::Config) naming the sink when it does not evolve (the default; a sink's
+    /// `evolution = "none"`) or the change is not one it can make (a column removed, a type changed);
+    /// [`Retryable`](ErrorKind::Retryable) when the external system is unreachable.
+    async fn evolve(&mut self, schema: SchemaRef) -> Result<()> {
+        let added: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+        Err(Error::new(
+            ErrorKind::Config,
+            Phase::Setup,
+            format!(
+                "sink {} cannot take a new schema (columns {}): it does not evolve",
+                self.sink_id(),
+                added.join(", ")
+            ),
+        ))
     }
 
     /// Flushes everything written for `checkpoint` and prepares the transaction; returns what commits it.

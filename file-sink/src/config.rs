@@ -234,6 +234,9 @@ pub struct FileSinkConfig {
     pub partition: PartitionConfig,
     /// When files roll.
     pub rolling: RollingPolicy,
+    /// Take new columns when the batches' schema gains some (new files have them; files already written keep
+    /// theirs): `add-columns`; `none` refuses.
+    pub evolution: connector_api::Evolution,
 }
 
 impl FileSinkConfig {
@@ -253,6 +256,7 @@ impl FileSinkConfig {
             format: FormatConfig::default(),
             partition: PartitionConfig::default(),
             rolling: RollingPolicy::default(),
+            evolution: connector_api::Evolution::None,
         }
     }
 }

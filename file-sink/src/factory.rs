@@ -68,6 +68,7 @@ impl SinkBuilder for FileSinkFactory {
             format: settings.format,
             partition: settings.partition,
             rolling: settings.rolling,
+            evolution: context.evolution,
         };
         Ok(DynSink::new(FileSink::new(config).await?, delivery))
     }

@@ -190,6 +190,39 @@ impl TwoPhaseCommit for FileSink {
         Ok(())
     }
 
+    /// `evolution = "add-columns"`: the files opened from now on have the new schema (no file is open: the
+    /// driver evolves between checkpoints, and each checkpoint seals its files). Files already published keep
+    /// the schema they were written with; a reader merging schemas (Spark, DuckDB `union_by_name`, pyarrow
+    /// datasets) sees null in the new columns for them.
+    ///
+    /// # Errors
+    /// [`Config`](ErrorKind::Config) with `evolution = "none"`, for a change other than added nullable columns, or
+    /// a format that cannot hold the new schema (CSV and nested columns).
+    async fn evolve(&mut self, schema: arrow_schema::SchemaRef) -> Result<()> {
+        let added = connector_api::columns_to_add(
+            &self.config.sink,
+            self.config.evolution,
+            "the files' schema",
+            &self.config.schema,
+            &schema,
+        )?;
+        if added.is_empty() {
+            return Ok(());
+        }
+        if !self.open.is_empty() {
+            return Err(self.err(
+                ErrorKind::Bug,
+                Phase::Setup,
+                "a schema change while files are open",
+            ));
+        }
+        let mut config = self.config.clone();
+        config.schema = schema;
+        check_format(&config)?;
+        self.config = config;
+        Ok(())
+    }
+
     async fn write(&mut self, batch: &RecordBatch) -> Result<()> {
         let checkpoint = self
             .checkpoint

@@ -96,6 +96,7 @@ fn config(lake: &Lake) -> IcebergSinkConfig {
         s3: S3Settings::default(),
         table: "bench.events".into(),
         create_table: true,
+        evolution: connector_api::Evolution::None,
         target_file_size: DEFAULT_TARGET_FILE_SIZE,
         commit_every: 1,
         commit_timeout: Duration::from_secs(60),

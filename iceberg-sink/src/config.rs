@@ -254,6 +254,8 @@ pub struct IcebergSinkConfig {
     pub table: String,
     /// Create the namespace and an unpartitioned table from the batches' schema when missing.
     pub create_table: bool,
+    /// Add the batches' columns the table lacks (at start, and when the batches' schema gains columns).
+    pub evolution: connector_api::Evolution,
     /// Roll to a new data file past this many bytes.
     pub target_file_size: usize,
     /// Commit a snapshot every this many checkpoints (1: every checkpoint); the files of the checkpoints in

@@ -167,6 +167,7 @@ fn config(settings: IcebergSinkSettings, context: SinkContext) -> Result<Iceberg
         s3: settings.s3,
         table: settings.table,
         create_table: settings.create_table,
+        evolution: context.evolution,
         target_file_size: settings.target_file_size,
         commit_every: settings.commit_every,
         commit_timeout: settings.commit_timeout,

@@ -38,6 +38,7 @@ mod commit;
 mod committable;
 mod config;
 mod error;
+mod evolve;
 mod factory;
 mod guarded;
 mod ledger;

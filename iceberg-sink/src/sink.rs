@@ -6,7 +6,7 @@ use std::sync::Arc;
 use arrow_array::RecordBatch;
 use async_trait::async_trait;
 use connector_api::{
-    CheckpointId, Error, ErrorKind, Phase, RecoveryPlan, Result, SinkId, TwoPhaseCommit,
+    CheckpointId, Error, ErrorKind, Evolution, Phase, RecoveryPlan, Result, SinkId, TwoPhaseCommit,
 };
 use iceberg::table::Table;
 use iceberg::{NamespaceIdent, TableCreation, TableIdent};
@@ -18,6 +18,7 @@ use crate::committable::encode_files;
 use crate::committable::{IcebergCommittable, PendingFile};
 use crate::config::IcebergSinkConfig;
 use crate::error::iceberg_error;
+use crate::evolve::add_missing_columns;
 use crate::ledger::SubtaskKey;
 use crate::retire::DELETE_METADATA_AFTER_COMMIT;
 use crate::writer::CheckpointWriter;
@@ -42,6 +43,8 @@ pub struct IcebergSink {
     pub(crate) carried_checkpoints: u32,
     /// The committable of the last pre-commit, until the next begin decides what it carries.
     pub(crate) pre_committed: Option<IcebergCommittable>,
+    /// The checkpoint whose writers are open (begun, not yet pre-committed or aborted).
+    pub(crate) open: Option<CheckpointId>,
 }
 
 impl std::fmt::Debug for IcebergSink {
@@ -95,6 +98,9 @@ impl IcebergSink {
             key: key.clone(),
             epoch: Arc::default(),
         };
+        if config.evolution == Evolution::AddColumns {
+            add_missing_columns(&committer.target, &config.schema, &config.sink).await?;
+        }
         Ok(Self {
             config,
             key,
@@ -104,7 +110,19 @@ impl IcebergSink {
             carried: Vec::new(),
             carried_checkpoints: 0,
             pre_committed: None,
+            open: None,
         })
+    }
+
+    /// Opens the data file writers of `checkpoint` on the table's current schema, named after the subtask, its
+    /// epoch and the checkpoint.
+    async fn begin_writers(&mut self, checkpoint: CheckpointId, epoch: u64) -> Result<()> {
+        let prefix = format!("{}e{epoch}.c{checkpoint}", self.key.file_prefix());
+        let table = self.table(Phase::Begin)?;
+        self.writer =
+            Some(CheckpointWriter::open(table, prefix, self.config.target_file_size).await?);
+        self.open = Some(checkpoint);
+        Ok(())
     }
 
     fn table(&self, phase: Phase) -> Result<&Table> {
@@ -168,10 +186,37 @@ impl TwoPhaseCommit for IcebergSink {
                 self.carried_checkpoints += 1;
             }
         }
-        let prefix = format!("{}e{epoch}.c{checkpoint}", self.key.file_prefix());
-        let table = self.table(Phase::Begin)?;
-        self.writer =
-            Some(CheckpointWriter::open(table, prefix, self.config.target_file_size).await?);
+        self.begin_writers(checkpoint, epoch).await
+    }
+
+    /// `evolution = "add-columns"`: adds the new columns to the table as optional columns (one schema update
+    /// through the catalog; nothing when another instance already added them), then opens the checkpoint's
+    /// writers again on the new schema (the ones `begin` opened wrote nothing).
+    ///
+    /// # Errors
+    /// [`Config`](ErrorKind::Config) with `evolution = "none"` (naming the new columns and the setting) or for a
+    /// change other than added nullable columns; [`Retryable`](ErrorKind::Retryable) when the catalog cannot be
+    /// reached.
+    async fn evolve(&mut self, schema: arrow_schema::SchemaRef) -> Result<()> {
+        let target = format!("table {}", self.config.table);
+        let added = connector_api::columns_to_add(
+            &self.config.sink,
+            self.config.evolution,
+            &target,
+            &self.config.schema,
+            &schema,
+        )?;
+        if added.is_empty() {
+            return Ok(());
+        }
+        let table = add_missing_columns(&self.committer.target, &schema, &self.config.sink).await?;
+        self.table = Some(table);
+        self.config.schema = schema;
+        if let Some(checkpoint) = self.open {
+            self.writer = None;
+            let epoch = self.committer.epoch(Phase::Setup)?;
+            self.begin_writers(checkpoint, epoch).await?;
+        }
         Ok(())
     }
 
@@ -192,6 +237,7 @@ impl TwoPhaseCommit for IcebergSink {
     /// Closes the data files and returns them (with the carried ones) as the committable; nothing is visible.
     async fn pre_commit(&mut self, checkpoint: CheckpointId) -> Result<IcebergCommittable> {
         let epoch = self.committer.epoch(Phase::PreCommit)?;
+        self.open = None;
         let writer = self.writer.take().ok_or_else(|| {
             Error::new(
                 ErrorKind::Bug,
@@ -217,6 +263,7 @@ impl TwoPhaseCommit for IcebergSink {
     /// carried for a later commit stay). Files still open are left to recovery's cleanup.
     async fn abort(&mut self) -> Result<()> {
         self.writer = None;
+        self.open = None;
         if let Some(aborted) = self.pre_committed.take() {
             let table = self.table(Phase::Abort)?;
             for file in aborted.files.iter().filter(|f| !self.carried.contains(f)) {

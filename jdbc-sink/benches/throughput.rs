@@ -227,6 +227,7 @@ async fn sink_run(
         table: table.to_string(),
         mode,
         create_table: false,
+        evolution: connector_api::Evolution::None,
         lock_timeout: Duration::from_secs(5),
     };
     let state = tempfile::tempdir().unwrap();

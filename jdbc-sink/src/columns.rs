@@ -265,6 +265,30 @@ impl TableShape {
         )
     }
 
+    /// `ALTER TABLE .. ADD COLUMN IF NOT EXISTS` for each column of this shape the table's `existing` columns
+    /// lack (nullable, typed as `create_table` types them); `IF NOT EXISTS` because another instance may add the
+    /// same column meanwhile.
+    pub(crate) fn add_missing(
+        &self,
+        dialect: Dialect,
+        table: &str,
+        existing: &[String],
+    ) -> Vec<String> {
+        self.names
+            .iter()
+            .zip(&self.types)
+            .filter(|(name, _)| !existing.contains(name))
+            .map(|(name, sql)| {
+                format!(
+                    "ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} {}",
+                    quote_table(dialect, table),
+                    quote(dialect, name),
+                    sql.ddl(dialect, false)
+                )
+            })
+            .collect()
+    }
+
     /// The column list, quoted.
     pub(crate) fn column_list(&self, dialect: Dialect) -> String {
         self.names

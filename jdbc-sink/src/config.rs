@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use arrow_schema::SchemaRef;
-use connector_api::{Error, ErrorKind, Phase, Result, SinkId, SinkScope, SubtaskId};
+use connector_api::{Error, ErrorKind, Evolution, Phase, Result, SinkId, SinkScope, SubtaskId};
 use connector_common::config::redact_url;
 use serde::Deserialize;
 
@@ -99,6 +99,8 @@ pub struct JdbcSinkConfig {
     pub mode: WriteMode,
     /// Create the table from the Arrow schema when it does not exist.
     pub create_table: bool,
+    /// Add the schema's columns the table lacks (at start, and when the batches' schema gains columns).
+    pub evolution: Evolution,
     /// The longest any statement waits for a row lock: recovery's epoch raise (then it resolves prepared
     /// transactions again), a checkpoint's fencing update or a write (then the checkpoint is aborted and replayed).
     pub lock_timeout: Duration,

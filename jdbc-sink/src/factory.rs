@@ -117,6 +117,7 @@ fn config(settings: JdbcSinkSettings, context: SinkContext) -> JdbcSinkConfig {
         table: settings.table,
         mode: settings.mode,
         create_table: settings.create_table,
+        evolution: context.evolution,
         lock_timeout: settings.lock_timeout,
     }
 }

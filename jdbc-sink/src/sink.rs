@@ -32,6 +32,10 @@ pub struct JdbcSink {
     /// Upsert mode: decodes tombstone keys into the key columns. `None` in the other modes, which cannot express
     /// a deletion.
     pub(crate) keys: Option<KeyDecoder>,
+    /// What the instance was built with (its schema updated by `evolve`).
+    pub(crate) config: JdbcSinkConfig,
+    /// The checkpoint whose transaction is open (begun, not yet pre-committed or aborted).
+    pub(crate) open: Option<CheckpointId>,
 }
 
 impl std::fmt::Debug for JdbcSink {
@@ -54,36 +58,28 @@ impl JdbcSink {
     /// [`Config`](ErrorKind::Config) naming the setting, table or column that does not fit;
     /// [`Retryable`](ErrorKind::Retryable) when the server cannot be reached.
     pub async fn new(config: JdbcSinkConfig) -> Result<Self> {
-        let (session, coordinator): (Box<dyn Session>, Arc<dyn Coordinator>) =
-            match Dialect::of_url(&config.connection.url)? {
-                Dialect::Postgres => {
-                    let options = pg::options(&config.connection)?;
-                    let coordinator = pg::PgCoordinator::new(options.clone(), config.lock_timeout);
-                    let session = pg::PgSession::connect(options, config.clone()).await?;
-                    (Box::new(session), Arc::new(coordinator))
-                }
-                Dialect::MySql => {
-                    let options = mysql::options(&config.connection)?;
-                    let coordinator =
-                        mysql::MySqlCoordinator::new(options.clone(), config.lock_timeout);
-                    let session = mysql::MySqlSession::connect(options, config.clone()).await?;
-                    (Box::new(session), Arc::new(coordinator))
-                }
-            };
-        let keys = match &config.mode {
-            WriteMode::Upsert { key } => Some(KeyDecoder::new(&config.schema, key)?),
-            WriteMode::Xa | WriteMode::Append { .. } => None,
+        let coordinator: Arc<dyn Coordinator> = match Dialect::of_url(&config.connection.url)? {
+            Dialect::Postgres => Arc::new(pg::PgCoordinator::new(
+                pg::options(&config.connection)?,
+                config.lock_timeout,
+            )),
+            Dialect::MySql => Arc::new(mysql::MySqlCoordinator::new(
+                mysql::options(&config.connection)?,
+                config.lock_timeout,
+            )),
         };
         Ok(Self {
-            keys,
+            keys: key_decoder(&config)?,
+            session: session(&config).await?,
             sink: config.sink.clone(),
             scope: config.scope.clone(),
             subtask: config.subtask,
             xa: config.mode == WriteMode::Xa,
-            session,
             coordinator,
             epoch: None,
             prepared: None,
+            config,
+            open: None,
         })
     }
 
@@ -104,6 +100,28 @@ impl JdbcSink {
             )
             .with_sink(&self.sink)
         })
+    }
+}
+
+/// The writer session of `config`: connects, checks the table (adding the batches' columns it lacks with
+/// `evolution = "add-columns"`) and prepares the dialect's statements.
+async fn session(config: &JdbcSinkConfig) -> Result<Box<dyn Session>> {
+    Ok(match Dialect::of_url(&config.connection.url)? {
+        Dialect::Postgres => Box::new(
+            pg::PgSession::connect(pg::options(&config.connection)?, config.clone()).await?,
+        ),
+        Dialect::MySql => Box::new(
+            mysql::MySqlSession::connect(mysql::options(&config.connection)?, config.clone())
+                .await?,
+        ),
+    })
+}
+
+/// Upsert mode's decoder of tombstone keys.
+fn key_decoder(config: &JdbcSinkConfig) -> Result<Option<KeyDecoder>> {
+    match &config.mode {
+        WriteMode::Upsert { key } => Ok(Some(KeyDecoder::new(&config.schema, key)?)),
+        WriteMode::Xa | WriteMode::Append { .. } => Ok(None),
     }
 }
 
@@ -140,7 +158,41 @@ impl TwoPhaseCommit for JdbcSink {
         // The driver begins a checkpoint only once the previous one is decided: no abort can reach it any more.
         self.prepared = None;
         let xid = self.xid(checkpoint);
-        self.session.begin(&xid).await
+        self.session.begin(&xid).await?;
+        self.open = Some(checkpoint);
+        Ok(())
+    }
+
+    /// `evolution = "add-columns"`: adds the new columns to the table (`ALTER TABLE .. ADD COLUMN IF NOT
+    /// EXISTS`, from a new writer connection, bounded by `lock_timeout`, after the open transaction, still empty,
+    /// is rolled back), prepares the statements for the new schema and opens the checkpoint's transaction again.
+    ///
+    /// # Errors
+    /// [`Config`](ErrorKind::Config) with `evolution = "none"` (naming the new columns and the setting), or for a
+    /// change other than added nullable columns; [`Retryable`](ErrorKind::Retryable) when the server cannot be
+    /// reached or the table stayed locked (another writer's prepared transaction) for `lock_timeout`.
+    async fn evolve(&mut self, schema: arrow_schema::SchemaRef) -> Result<()> {
+        let target = format!("table {}", self.config.table);
+        let added = connector_api::columns_to_add(
+            &self.sink,
+            self.config.evolution,
+            &target,
+            &self.config.schema,
+            &schema,
+        )?;
+        if added.is_empty() {
+            return Ok(());
+        }
+        self.session.rollback().await?;
+        let mut config = self.config.clone();
+        config.schema = schema;
+        self.session = session(&config).await?;
+        self.keys = key_decoder(&config)?;
+        self.config = config;
+        if let Some(checkpoint) = self.open {
+            self.session.begin(&self.xid(checkpoint)).await?;
+        }
+        Ok(())
     }
 
     async fn write(&mut self, batch: &RecordBatch) -> Result<()> {
@@ -181,6 +233,7 @@ impl TwoPhaseCommit for JdbcSink {
     async fn pre_commit(&mut self, checkpoint: CheckpointId) -> Result<JdbcCommittable> {
         let epoch = self.epoch(Phase::PreCommit)?;
         let xid = self.xid(checkpoint);
+        self.open = None;
         if self.xa {
             self.session.prepare(&xid, epoch).await?;
             self.prepared = Some(xid.clone());
@@ -197,6 +250,7 @@ impl TwoPhaseCommit for JdbcSink {
     /// abandoned (another sink failed its pre-commit, or the record could not be saved): it would otherwise hold
     /// its rows and the owner row until the next recovery.
     async fn abort(&mut self) -> Result<()> {
+        self.open = None;
         self.session.rollback().await?;
         if let Some(xid) = self.prepared.take() {
             self.coordinator

@@ -43,6 +43,9 @@ pub struct KafkaAtLeastOnceSink {
     producer: Option<SinkProducer>,
     checkpoint: Option<CheckpointId>,
     sender: RecordSender,
+    /// The batches' schema, and whether new columns may come (the records are JSON of whatever columns a batch
+    /// has: nothing to change on the broker).
+    pub(crate) followed: connector_api::FollowedSchema,
 }
 
 impl KafkaAtLeastOnceSink {
@@ -63,7 +66,19 @@ impl KafkaAtLeastOnceSink {
             sink,
             producer: None,
             checkpoint: None,
+            followed: connector_api::FollowedSchema::default(),
         })
+    }
+
+    /// The same sink, told the batches' `schema` and whether it takes new columns (`evolution`); without this it
+    /// refuses a schema change.
+    pub fn with_evolution(
+        mut self,
+        schema: arrow_schema::SchemaRef,
+        evolution: connector_api::Evolution,
+    ) -> Self {
+        self.followed = connector_api::FollowedSchema::new(Some(schema), evolution);
+        self
     }
 
     fn context(&self, e: Error) -> Error {
@@ -132,6 +147,13 @@ impl TwoPhaseCommit for KafkaAtLeastOnceSink {
     }
 
     /// Tombstones (the key, a null value), acknowledged at pre-commit like every record.
+    /// Records are JSON of whatever columns a batch has: new columns simply appear in the next records, when
+    /// `evolution = "add-columns"`.
+    async fn evolve(&mut self, schema: arrow_schema::SchemaRef) -> Result<()> {
+        let target = format!("topic {}", self.config.topic);
+        self.followed.evolve(&self.sink, &target, schema)
+    }
+
     async fn write_tombstones(&mut self, keys: &[Option<Vec<u8>>]) -> Result<bool> {
         let producer = self.begun(Phase::Write)?;
         let sent = self.sender.send_tombstones(&producer, keys).await;

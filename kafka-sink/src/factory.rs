@@ -35,10 +35,12 @@ impl SinkBuilder for KafkaSinkFactory {
     ) -> Result<DynSink> {
         if delivery == DeliveryGuarantee::AtLeastOnce {
             // The sink is at-least-once by itself: nothing for the adapter to change.
-            let sink = KafkaAtLeastOnceSink::new(config, context.sink)?;
+            let sink = KafkaAtLeastOnceSink::new(config, context.sink)?
+                .with_evolution(context.schema, context.evolution);
             return Ok(DynSink::new(sink, DeliveryGuarantee::ExactlyOnce));
         }
-        let sink = KafkaSink::new(config, context.sink, context.subtask)?;
+        let sink = KafkaSink::new(config, context.sink, context.subtask)?
+            .with_evolution(context.schema, context.evolution);
         Ok(DynSink::new(sink, delivery))
     }
 

@@ -40,6 +40,9 @@ pub struct KafkaSink {
     pub(crate) producers: Producers,
     pub(crate) current: Option<(CheckpointId, TransactionalId)>,
     pub(crate) sender: RecordSender,
+    /// The batches' schema, and whether new columns may come (the records are JSON of whatever columns a batch
+    /// has: nothing to change on the broker).
+    pub(crate) followed: connector_api::FollowedSchema,
 }
 
 impl KafkaSink {
@@ -66,7 +69,19 @@ impl KafkaSink {
             pool,
             producers: Arc::new(Mutex::new(HashMap::new())),
             current: None,
+            followed: connector_api::FollowedSchema::default(),
         })
+    }
+
+    /// The same sink, told the batches' `schema` and whether it takes new columns (`evolution`); without this it
+    /// refuses a schema change.
+    pub fn with_evolution(
+        mut self,
+        schema: arrow_schema::SchemaRef,
+        evolution: connector_api::Evolution,
+    ) -> Self {
+        self.followed = connector_api::FollowedSchema::new(Some(schema), evolution);
+        self
     }
 
     /// The producer of the open transaction.
@@ -160,6 +175,13 @@ impl TwoPhaseCommit for KafkaSink {
     }
 
     /// Tombstones (the key, a null value) into the open transaction.
+    /// Records are JSON of whatever columns a batch has: new columns simply appear in the next records, when
+    /// `evolution = "add-columns"`.
+    async fn evolve(&mut self, schema: arrow_schema::SchemaRef) -> Result<()> {
+        let target = format!("topic {}", self.config.topic);
+        self.followed.evolve(&self.sink, &target, schema)
+    }
+
     async fn write_tombstones(&mut self, keys: &[Option<Vec<u8>>]) -> Result<bool> {
         let producer = self.open_producer()?;
         let sent = self.sender.send_tombstones(&producer, keys).await;

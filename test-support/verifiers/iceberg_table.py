@@ -1,6 +1,6 @@
 """Independent verifier: what pyiceberg and DuckDB see in an Iceberg table of a SQL catalog, as JSON.
 
-usage: iceberg_table.py CATALOG_NAME CATALOG_URI WAREHOUSE TABLE ID_COLUMN
+usage: iceberg_table.py CATALOG_NAME CATALOG_URI WAREHOUSE TABLE ID_COLUMN [--columns]
 
 CATALOG_URI is a SQLAlchemy URI (sqlite:////abs/path.db or postgresql+psycopg://...) of a SQL catalog, or the
 http:// URI of a REST catalog (SeaweedFS's: OAuth2 client credential RATCHET_S3_ACCESS_KEY:RATCHET_S3_SECRET_KEY).
@@ -9,7 +9,9 @@ An s3:// warehouse is read with RATCHET_S3_ENDPOINT / _REGION / _ACCESS_KEY / _S
 iceberg_scan of the current metadata file], "snapshots": [{"snapshot_id", "parent_id", "summary"}...],
 "properties": {...}, "unreferenced": [Ratchet's data files (named ratchet.*) under the table's data/ directory
 that no manifest of any retained snapshot lists, locations compared with repeated '/' collapsed]} with snapshots
-oldest first. Both readers see only what the current metadata references.
+oldest first. Both readers see only what the current metadata references. With --columns it also prints
+"columns": {column: [ID_COLUMN values of the rows where it is not null, sorted]} for every column of the current
+schema, as pyiceberg reads them (a data file written before a column was added reads as null there).
 """
 
 import json
@@ -103,7 +105,7 @@ def referenced_files(table) -> set:
     return paths
 
 
-def main(name: str, uri: str, warehouse: str, table_name: str, id_column: str) -> None:
+def main(name: str, uri: str, warehouse: str, table_name: str, id_column: str, *flags: str) -> None:
     # Imported lazily: each catalog module costs about half a second, and tests run this script often.
     if uri.startswith("http"):
         from pyiceberg.catalog.rest import RestCatalog
@@ -139,13 +141,20 @@ def main(name: str, uri: str, warehouse: str, table_name: str, id_column: str) -
         "properties": dict(table.metadata.properties),
         "unreferenced": sorted(set(data_files_on_storage(table.metadata.location)) - referenced_files(table)),
     }
+    if "--columns" in flags:
+        rows = table.scan().to_arrow()
+        ids = rows.column(id_column).to_pylist()
+        out["columns"] = {
+            column: sorted(i for i, v in zip(ids, rows.column(column).to_pylist()) if v is not None)
+            for column in rows.column_names
+        }
     json.dump(out, sys.stdout)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 6:
+    if len(sys.argv) not in (6, 7):
         raise SystemExit(__doc__)
-    main(*sys.argv[1:6])
+    main(*sys.argv[1:])
     # pyarrow's thread pools can abort the interpreter at shutdown ("terminate called without an active
     # exception", about 1 run in 40 here); the result is complete and flushed, so leave without that teardown.
     sys.stdout.flush()

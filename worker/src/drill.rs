@@ -2,9 +2,11 @@
 //! a real in-doubt state, and the take-over of a process that went silent. Never set them in production.
 //!
 //! - `RATCHET_KILL_AT=<step>:<checkpoint>` makes the worker kill itself with SIGKILL at that protocol step of that
-//!   checkpoint (in whichever subtask reaches it first). Steps: `after-pre-commit` (transactions prepared, record
+//!   checkpoint, or of the first later one that reaches the step (in whichever subtask reaches it first). Steps: `after-pre-commit` (transactions prepared, record
 //!   not saved: recovery aborts them), `after-record-durable` (decided, not committed: recovery commits them),
-//!   `after-commit`.
+//!   `after-commit`, and at a schema change `before-evolve` (the old schema's checkpoints committed, no sink
+//!   changed) and `after-evolve` (after the first sink added the columns). The checkpoint of the evolve steps is
+//!   the one open when the schema changes.
 //! - `RATCHET_PAUSE_AT=<step>` makes the worker stop itself with SIGSTOP the first time any subtask reaches that
 //!   step: a process that went silent without closing anything (its connections stay open, its kernel answers TCP
 //!   keepalives), like a machine that lost its network. Steps: `after-load` (it holds the subtask's claim guard,
@@ -47,10 +49,15 @@ fn kill_at(value: &str) -> Result<FaultInjector> {
         .with_context(|| format!("{KILL_VARIABLE}={value:?}: unknown step {step:?}"))?;
     if !matches!(
         step,
-        Step::AfterPreCommit | Step::AfterRecordDurable | Step::AfterCommit
+        Step::AfterPreCommit
+            | Step::AfterRecordDurable
+            | Step::AfterCommit
+            | Step::BeforeEvolve
+            | Step::AfterEvolve
     ) {
         bail!(
-            "{KILL_VARIABLE}={value:?}: use after-pre-commit, after-record-durable or after-commit"
+            "{KILL_VARIABLE}={value:?}: use after-pre-commit, after-record-durable, after-commit, before-evolve or \
+             after-evolve"
         );
     }
     let checkpoint: u64 = checkpoint
@@ -59,7 +66,7 @@ fn kill_at(value: &str) -> Result<FaultInjector> {
     tracing::warn!(%step, checkpoint, "crash drill: this process kills itself with SIGKILL at that step");
     Ok(Arc::new(
         move |current: CheckpointId, point: &FaultPoint| {
-            if point.step() == step && current.0 == checkpoint {
+            if point.step() == step && current.0 >= checkpoint {
                 let _ = raise(Signal::SIGKILL);
             }
             false

@@ -268,7 +268,21 @@ async fn serve(
                 next_checkpoint = Instant::now() + interval;
             }
             batch = source.next_batch(POLL) => {
-                if let Some(batch) = batch? {
+                let batch = batch?;
+                if let Some(schema) = source.schema_change() {
+                    // The source's schema gained columns: the batches before are checkpointed and committed, the
+                    // sinks add the columns, then the batches of the new schema are written.
+                    if written {
+                        checkpoint(driver, &source, context).await?;
+                        written = false;
+                    }
+                    tracing::info!(subtask = index, columns = schema.fields().len(),
+                        "the source's schema changed: the sinks take the new columns");
+                    let sinks: Vec<SinkHandle> = outputs.sinks.iter().map(|(handle, _)| *handle).collect();
+                    driver.evolve(&sinks, schema).await?;
+                    source.accept_schema_change();
+                }
+                if let Some(batch) = batch {
                     let rows = batch.num_rows() as u64;
                     count_gaps(source.take_gaps(), &label);
                     let rejected = source.take_rejected();

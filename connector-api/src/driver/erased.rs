@@ -100,6 +100,7 @@ pub(crate) trait ErasedSink: Send {
     async fn begin(&mut self, checkpoint: CheckpointId) -> Result<()>;
     async fn write(&mut self, batch: &RecordBatch) -> Result<()>;
     async fn write_tombstones(&mut self, keys: &[Option<Vec<u8>>]) -> Result<bool>;
+    async fn evolve(&mut self, schema: arrow_schema::SchemaRef) -> Result<()>;
     /// Pre-commits; returns the sink's checkpoint-record entry and the commit to run once the record is durable.
     async fn pre_commit(
         &mut self,
@@ -148,6 +149,10 @@ impl<T: TwoPhaseCommit> ErasedSink for T {
 
     async fn write_tombstones(&mut self, keys: &[Option<Vec<u8>>]) -> Result<bool> {
         TwoPhaseCommit::write_tombstones(self, keys).await
+    }
+
+    async fn evolve(&mut self, schema: arrow_schema::SchemaRef) -> Result<()> {
+        TwoPhaseCommit::evolve(self, schema).await
     }
 
     async fn pre_commit(

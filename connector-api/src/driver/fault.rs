@@ -30,11 +30,15 @@ pub enum Step {
     AfterCommit,
     /// While a commit runs on its task and the next checkpoint is being written.
     WhileCommitting,
+    /// At a schema change, after every earlier checkpoint committed, before any sink took the new schema.
+    BeforeEvolve,
+    /// At a schema change, after a sink took the new schema.
+    AfterEvolve,
 }
 
 impl Step {
     /// Every step, in protocol order.
-    pub const ALL: [Step; 8] = [
+    pub const ALL: [Step; 10] = [
         Step::AfterLoad,
         Step::DuringRecover,
         Step::AfterRecover,
@@ -43,6 +47,8 @@ impl Step {
         Step::AfterRecordDurable,
         Step::AfterCommit,
         Step::WhileCommitting,
+        Step::BeforeEvolve,
+        Step::AfterEvolve,
     ];
 
     /// The step's kebab-case name.
@@ -56,6 +62,8 @@ impl Step {
             Step::AfterRecordDurable => "after-record-durable",
             Step::AfterCommit => "after-commit",
             Step::WhileCommitting => "while-committing",
+            Step::BeforeEvolve => "before-evolve",
+            Step::AfterEvolve => "after-evolve",
         }
     }
 
@@ -100,6 +108,13 @@ pub enum FaultPoint {
         /// The sink that just committed.
         sink: SinkId,
     },
+    /// At a schema change, after every earlier checkpoint committed, before any sink took the new schema.
+    BeforeEvolve,
+    /// At a schema change, after `sink` took the new schema; when other sinks follow, between two sinks.
+    AfterEvolve {
+        /// The sink that just took the new schema.
+        sink: SinkId,
+    },
 }
 
 impl FaultPoint {
@@ -112,6 +127,8 @@ impl FaultPoint {
             FaultPoint::AfterPreCommit { .. } => Step::AfterPreCommit,
             FaultPoint::AfterRecordDurable => Step::AfterRecordDurable,
             FaultPoint::AfterCommit { .. } => Step::AfterCommit,
+            FaultPoint::BeforeEvolve => Step::BeforeEvolve,
+            FaultPoint::AfterEvolve { .. } => Step::AfterEvolve,
         }
     }
 
@@ -121,8 +138,11 @@ impl FaultPoint {
             FaultPoint::DuringRecover { sink }
             | FaultPoint::AfterRecover { sink }
             | FaultPoint::AfterPreCommit { sink }
-            | FaultPoint::AfterCommit { sink } => Some(sink),
-            FaultPoint::AfterLoad | FaultPoint::AfterRecordDurable => None,
+            | FaultPoint::AfterCommit { sink }
+            | FaultPoint::AfterEvolve { sink } => Some(sink),
+            FaultPoint::AfterLoad | FaultPoint::AfterRecordDurable | FaultPoint::BeforeEvolve => {
+                None
+            }
         }
     }
 }

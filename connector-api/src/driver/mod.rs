@@ -22,7 +22,7 @@
 //! # Layout
 //! One file per protocol step: `start.rs` (budget check, claim, load, recovery under the claim), `checkpoint.rs`
 //! (pre-commit, the decision, presumed abort, opening the next checkpoint), `commit.rs` (the decided checkpoint's
-//! commit on its own task, and the committed mark); `config.rs` and `budget.rs` (limits and the timeout budget),
+//! commit on its own task, and the committed mark); `evolve.rs` (a schema change between checkpoints); `config.rs` and `budget.rs` (limits and the timeout budget),
 //! `restore.rs` (what a restored record allows), `fault.rs` (fault points), `erased.rs` (sinks behind one object
 //! type), `stream.rs` (batches and barriers in one call). This file: the driver's state, writes, close.
 
@@ -31,6 +31,7 @@ mod checkpoint;
 mod commit;
 mod config;
 mod erased;
+mod evolve;
 mod fault;
 mod restore;
 mod start;

@@ -5,7 +5,7 @@ mod coordinator;
 mod session;
 mod statements;
 
-use connector_api::{Error, ErrorKind, Phase, Result};
+use connector_api::{Error, ErrorKind, Evolution, Phase, Result};
 use connector_common::postgres::PgConnectOptions;
 use tokio_postgres::Client;
 use tokio_postgres::error::SqlState;
@@ -151,7 +151,46 @@ pub(crate) async fn prepare_database(client: &Client, config: &JdbcSinkConfig) -
     ddl.push_str("COMMIT;");
     client.batch_execute(&ddl).await.map_err(|e| {
         pg_error(Phase::Setup, None, "cannot create Ratchet's tables", e).with_sink(&config.sink)
-    })
+    })?;
+    if config.evolution == Evolution::AddColumns {
+        add_missing_columns(client, config, &shape).await?;
+    }
+    Ok(())
+}
+
+/// `evolution = "add-columns"`: adds the batches' columns the table lacks (nothing when it has them all, so no
+/// lock is taken then). A table that does not exist is left to the fit check to report.
+async fn add_missing_columns(
+    client: &Client,
+    config: &JdbcSinkConfig,
+    shape: &crate::columns::TableShape,
+) -> Result<()> {
+    let dialect = crate::config::Dialect::Postgres;
+    let table = crate::columns::quote_table(dialect, &config.table);
+    let Ok(statement) = client
+        .prepare(&format!("SELECT * FROM {table} LIMIT 0"))
+        .await
+    else {
+        return Ok(());
+    };
+    let existing: Vec<String> = statement
+        .columns()
+        .iter()
+        .map(|c| c.name().to_string())
+        .collect();
+    for alter in shape.add_missing(dialect, &config.table, &existing) {
+        tracing::info!(sink = %config.sink, table = %config.table, statement = %alter, "adding a column");
+        client.batch_execute(&alter).await.map_err(|e| {
+            pg_error(
+                Phase::Setup,
+                None,
+                &format!("cannot add the batches' new columns to {}", config.table),
+                e,
+            )
+            .with_sink(&config.sink)
+        })?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

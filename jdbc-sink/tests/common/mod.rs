@@ -59,6 +59,7 @@ pub fn config(
         table: table.to_string(),
         mode,
         create_table: true,
+        evolution: connector_api::Evolution::None,
         lock_timeout: Duration::from_secs(1),
     }
 }

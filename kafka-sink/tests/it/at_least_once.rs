@@ -32,6 +32,7 @@ async fn driver(
         sink: SinkId::new("alo").unwrap(),
         subtask: SubtaskId(0),
         schema: conformance_schema(),
+        evolution: connector_api::Evolution::None,
     };
     let sink = KafkaSinkFactory
         .build(settings, DeliveryGuarantee::AtLeastOnce, context)

@@ -145,6 +145,7 @@ async fn a_password_from_the_environment_appears_in_no_debug_output_and_no_log()
         sink: SinkId::new("secure").unwrap(),
         subtask: SubtaskId(0),
         schema: conformance_schema(),
+        evolution: connector_api::Evolution::None,
     };
     let sink = KafkaSinkFactory
         .build(settings, DeliveryGuarantee::ExactlyOnce, context)

@@ -274,9 +274,19 @@ impl JobConfig {
     /// that cannot be reached (after retries).
     pub async fn decodings(&self) -> Result<(Decoding, MetadataColumns)> {
         self.decodings
-            .get_or_try_init(|| self.source.decodings())
+            .get_or_try_init(|| self.source.decodings(self.evolves()))
             .await
             .cloned()
+    }
+
+    /// Whether the job takes new fields of the source's schema: every sink has `evolution = "add-columns"` (a
+    /// sink that does not would refuse the new columns, so the records are refused at the source instead, named).
+    pub fn evolves(&self) -> bool {
+        !self.sinks.is_empty()
+            && self
+                .sinks
+                .iter()
+                .all(|s| s.evolution == connector_api::Evolution::AddColumns)
     }
 
     /// The schema of the batches every sink receives: the decoding's columns, then the metadata columns.

@@ -94,13 +94,17 @@ impl SourceConfig {
     /// # Errors
     /// A decoding that does not parse; a subject the registry does not have, or a registry that cannot be
     /// reached (after retries); the metadata errors of [`metadata_columns`](Self::metadata_columns).
-    pub async fn decodings(&self) -> Result<(Decoding, MetadataColumns)> {
+    ///
+    /// With `evolve` (every sink of the job has `evolution = "add-columns"`), a registry-backed Avro value
+    /// decoding widens its reader schema when a writer schema adds fields; the key's decoding never does.
+    pub async fn decodings(&self, evolve: bool) -> Result<(Decoding, MetadataColumns)> {
         let registry = self.schema_registry()?;
         let lookup = |is_key| {
             registry.as_ref().map(|registry| Lookup {
                 registry,
                 topic: &self.topic,
                 is_key,
+                evolve: evolve && !is_key,
             })
         };
         let value = self
@@ -195,6 +199,8 @@ struct Lookup<'a> {
     registry: &'a SchemaRegistry,
     topic: &'a str,
     is_key: bool,
+    /// Widen the reader schema with a writer's new fields.
+    evolve: bool,
 }
 
 /// `on_gap`: what a subtask does when records were removed from the log before it read them.
@@ -419,7 +425,7 @@ impl DecodingConfig {
         Ok(Decoding::Avro(AvroDecoding::from_registry(
             lookup.registry.clone(),
             reader,
-            false,
+            lookup.evolve,
         )?))
     }
 }
@@ -531,7 +537,7 @@ mod tests {
             (", schema_id = 4", "remove schema_id"),
         ] {
             let text = format!("decoding = {{ kind = \"avro\"{settings} }}\n{registry}");
-            let err = source(&text).decodings().await.unwrap_err();
+            let err = source(&text).decodings(false).await.unwrap_err();
             assert!(format!("{err:#}").contains(expected), "{text}: {err:#}");
         }
     }

@@ -9,6 +9,7 @@
 
 mod http;
 mod process;
+mod registry;
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -22,6 +23,7 @@ use test_support::Services;
 
 pub use http::{free_port, http_get, scrape, total};
 pub use process::Worker;
+pub use registry::order_schema;
 
 /// One job: its files, names and the records produced so far.
 pub struct Job {

@@ -14,6 +14,7 @@ use arrow_avro::writer::WriterBuilder;
 use arrow_avro::writer::format::AvroSoeFormat;
 use arrow_schema::{DataType, Field, Schema};
 use common::Job;
+use serde_json::json;
 
 const SCHEMA: &str = r#"{"type":"record","name":"Order","fields":[{"name":"id","type":"long"}]}"#;
 const SCHEMA_ID: u32 = 42;
@@ -58,49 +59,14 @@ async fn confluent_framed_avro_reaches_every_sink_once() {
 async fn registry_avro_in_two_versions_reaches_every_sink_once_as_the_latest() {
     let services = test_support::Services::get();
     let registry = services.registry();
-    let mut job = Job::with_sections("avro_registry", 2, 2, "3s", |_| {
-        format!(
-            "\n[source.registry]\nurl = \"{}/\"\nusername = \"{}\"\npassword = \"{}\"\n",
-            registry.url, registry.user, registry.password
-        )
-    })
-    .await;
-    job.edit_config(
-        r#"decoding = { kind = "json", fields = [ { name = "id", type = "int64", nullable = false } ] }"#,
-        r#"decoding = { kind = "avro" }"#,
+    let mut job = Job::new("avro_registry", 2, 2, "3s").await;
+    job.read_registry_avro();
+    job.produce_avro(&common::order_schema(&[]), 150, |_| json!({}));
+    job.produce_avro(
+        &common::order_schema(&[("qty", "long")]),
+        150,
+        |id| json!({ "qty": id }),
     );
-    let field = |name: &str, kind: &str| serde_json::json!({"name": name, "type": ["null", kind], "default": null});
-    let schema = |fields: Vec<serde_json::Value>| {
-        let mut all = vec![serde_json::json!({"name": "id", "type": "long"})];
-        all.extend(fields);
-        serde_json::json!({"type": "record", "name": "Order", "namespace": "ratchet.test", "fields": all})
-            .to_string()
-    };
-    let produce = |schema: &str, ids: std::ops::Range<i64>, qty: bool| {
-        let records: Vec<serde_json::Value> = ids
-            .map(|id| match qty {
-                true => serde_json::json!({"id": id, "note": format!("n{id}"), "qty": id}),
-                false => serde_json::json!({"id": id, "note": format!("n{id}")}),
-            })
-            .collect();
-        let topic = job.topic.clone();
-        services.produce(
-            "confluent_avro.py",
-            &[
-                services.kafka_bootstrap(),
-                &topic,
-                schema,
-                &serde_json::Value::from(records).to_string(),
-            ],
-        )
-    };
-    produce(&schema(vec![field("note", "string")]), 0..150, false);
-    produce(
-        &schema(vec![field("note", "string"), field("qty", "long")]),
-        150..300,
-        true,
-    );
-    job.produced = 300;
 
     let check = job.ratchet("check-config");
     assert!(

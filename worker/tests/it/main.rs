@@ -13,6 +13,7 @@ mod common;
 mod dead_letter;
 mod demo;
 mod edges;
+mod evolution;
 mod identity;
 mod inspect;
 mod job_file;

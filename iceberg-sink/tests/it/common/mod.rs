@@ -145,6 +145,7 @@ impl Lake {
             s3: self.s3.clone(),
             table: table.into(),
             create_table: true,
+            evolution: connector_api::Evolution::None,
             target_file_size: iceberg_sink::DEFAULT_TARGET_FILE_SIZE,
             commit_every: 1,
             commit_timeout: Duration::from_secs(60),

@@ -4,7 +4,7 @@
 use arrow_array::RecordBatch;
 use async_trait::async_trait;
 
-use connector_api::{Error, ErrorKind, Phase, Result};
+use connector_api::{Error, ErrorKind, Evolution, Phase, Result};
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, Value};
 
@@ -85,9 +85,13 @@ fn no_connection(sink: &connector_api::SinkId, phase: Phase) -> Error {
 async fn open(opts: &Opts, config: &JdbcSinkConfig, phase: Phase) -> Result<Conn> {
     let mut conn = connect(opts, phase, "the JDBC sink's connection to MariaDB").await?;
     let seconds = config.lock_timeout.as_secs().max(1);
-    conn.query_drop(format!("SET SESSION innodb_lock_wait_timeout = {seconds}"))
-        .await
-        .map_err(|e| my_error(phase, None, "cannot set innodb_lock_wait_timeout", e))?;
+    // innodb_lock_wait_timeout bounds row locks; lock_wait_timeout bounds metadata locks (an ALTER TABLE waiting
+    // for another writer's prepared transaction).
+    conn.query_drop(format!(
+        "SET SESSION innodb_lock_wait_timeout = {seconds}, lock_wait_timeout = {seconds}"
+    ))
+    .await
+    .map_err(|e| my_error(phase, None, "cannot set the lock wait timeouts", e))?;
     Ok(conn)
 }
 
@@ -212,6 +216,9 @@ impl MySqlSession {
             conn.query_drop(statement)
                 .await
                 .map_err(fail("cannot create Ratchet's tables"))?;
+        }
+        if config.evolution == Evolution::AddColumns {
+            add_missing_columns(&mut conn, &config, &shape).await?;
         }
         conn.query_drop(format!("SELECT {columns} FROM {table} LIMIT 0"))
             .await
@@ -536,4 +543,45 @@ impl Session for MySqlSession {
             Err(e) => Err(self.lost_on(Phase::Abort, Some(&xid), "XA ROLLBACK failed", e)),
         }
     }
+}
+
+/// `evolution = "add-columns"`: adds the batches' columns the table lacks (nothing when it has them all). A table
+/// that does not exist is left to the fit check to report.
+async fn add_missing_columns(
+    conn: &mut Conn,
+    config: &JdbcSinkConfig,
+    shape: &TableShape,
+) -> Result<()> {
+    let d = Dialect::MySql;
+    let Ok(result) = conn
+        .query_iter(format!(
+            "SELECT * FROM {} LIMIT 0",
+            quote_table(d, &config.table)
+        ))
+        .await
+    else {
+        return Ok(());
+    };
+    let existing: Vec<String> = result
+        .columns_ref()
+        .iter()
+        .map(|c| c.name_str().into_owned())
+        .collect();
+    result
+        .drop_result()
+        .await
+        .map_err(|e| my_error(Phase::Setup, None, "cannot read the table's columns", e))?;
+    for alter in shape.add_missing(d, &config.table, &existing) {
+        tracing::info!(sink = %config.sink, table = %config.table, statement = %alter, "adding a column");
+        conn.query_drop(&alter).await.map_err(|e| {
+            my_error(
+                Phase::Setup,
+                None,
+                &format!("cannot add the batches' new columns to {}", config.table),
+                e,
+            )
+            .with_sink(&config.sink)
+        })?;
+    }
+    Ok(())
 }

@@ -1,0 +1,79 @@
+//! A job reading Avro through the test services' schema registry, its records written by confluent-kafka's
+//! AvroSerializer (test-support/producers/confluent_avro.py).
+
+use serde_json::{Value, json};
+use test_support::Services;
+
+use super::Job;
+
+/// An `Order` record schema: `id` (long) and `note` (optional string), then `extra` fields (optional, default
+/// null), each `(name, avro type)`.
+pub fn order_schema(extra: &[(&str, &str)]) -> String {
+    let mut fields = vec![
+        json!({"name": "id", "type": "long"}),
+        json!({"name": "note", "type": ["null", "string"], "default": null}),
+    ];
+    fields.extend(
+        extra
+            .iter()
+            .map(|(name, kind)| json!({"name": name, "type": ["null", kind], "default": null})),
+    );
+    json!({"type": "record", "name": "Order", "namespace": "ratchet.test", "fields": fields})
+        .to_string()
+}
+
+impl Job {
+    /// Reads the source as Avro through the registry (`[source.registry]` with the test credentials; the reader
+    /// schema is the subject's latest version when the process starts).
+    pub fn read_registry_avro(&self) {
+        let registry = Services::get().registry();
+        self.edit_config(
+            r#"decoding = { kind = "json", fields = [ { name = "id", type = "int64", nullable = false } ] }"#,
+            r#"decoding = { kind = "avro" }"#,
+        );
+        let text = std::fs::read_to_string(&self.config).unwrap();
+        std::fs::write(
+            &self.config,
+            format!(
+                "{text}\n[source.registry]\nurl = \"{}/\"\nusername = \"{}\"\npassword = \"{}\"\n",
+                registry.url, registry.user, registry.password
+            ),
+        )
+        .unwrap();
+    }
+
+    /// Sets `evolution = "add-columns"` on every sink.
+    pub fn evolve_every_sink(&self) {
+        let text = std::fs::read_to_string(&self.config).unwrap();
+        std::fs::write(
+            &self.config,
+            text.replace("[[sinks]]\n", "[[sinks]]\nevolution = \"add-columns\"\n"),
+        )
+        .unwrap();
+    }
+
+    /// Produces the next `count` ids with `schema` (AvroSerializer, registered under `<topic>-value`), each record
+    /// `{"id": n, "note": "n<n>"}` with the fields `extra(n)` returns (a JSON object) added.
+    pub fn produce_avro(&mut self, schema: &str, count: u64, extra: impl Fn(u64) -> Value) {
+        let records: Vec<Value> = (self.produced..self.produced + count)
+            .map(|id| {
+                let mut record = json!({"id": id, "note": format!("n{id}")});
+                if let (Some(record), Value::Object(extra)) = (record.as_object_mut(), extra(id)) {
+                    record.extend(extra);
+                }
+                record
+            })
+            .collect();
+        let services = Services::get();
+        services.produce(
+            "confluent_avro.py",
+            &[
+                services.kafka_bootstrap(),
+                &self.topic,
+                schema,
+                &Value::from(records).to_string(),
+            ],
+        );
+        self.produced += count;
+    }
+}
