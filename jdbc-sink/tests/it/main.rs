@@ -10,6 +10,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 mod conformance;
+mod evolution;
 mod factory;
 mod kill9;
 mod mariadb_detach;

@@ -1,0 +1,218 @@
+//! Schema evolution (`evolution = "add-columns"`) against PostgreSQL and MariaDB, read back with psql and mariadb:
+//! at a checkpoint boundary the sink adds the new column (`ALTER TABLE .. ADD COLUMN IF NOT EXISTS`) before any
+//! row of it is written, in xa and upsert mode; an instance still on the old schema goes on writing into the
+//! evolved table; a sink opening with a schema the table lacks adds the column, or with `evolution = "none"`
+//! refuses naming it.
+
+use crate::common;
+
+use std::sync::Arc;
+
+use arrow_array::{Int64Array, RecordBatch, StringArray};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use common::{Db, cli, config, short_name};
+use connector_api::{
+    Driver, DriverConfig, ErrorKind, Evolution, LocalCheckpointStore, SinkId, SourceOffset,
+};
+use jdbc_sink::{JdbcSink, JdbcSinkConfig, WriteMode};
+use ratchet_conformance::conformance_schema;
+
+/// The conformance schema with a nullable `qty` (Int64) added.
+fn with_qty() -> SchemaRef {
+    let mut fields: Vec<Field> = conformance_schema()
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    fields.push(Field::new("qty", DataType::Int64, true));
+    Arc::new(Schema::new(fields))
+}
+
+/// Rows `ids` of `schema` (`payload` = "p<id>", `qty` = id when the schema has it).
+fn rows(schema: &SchemaRef, ids: std::ops::Range<i64>) -> RecordBatch {
+    let mut columns: Vec<arrow_array::ArrayRef> = vec![
+        Arc::new(Int64Array::from_iter_values(ids.clone())),
+        Arc::new(StringArray::from_iter_values(
+            ids.clone().map(|i| format!("p{i}")),
+        )),
+    ];
+    if schema.fields().len() == 3 {
+        columns.push(Arc::new(Int64Array::from_iter_values(ids)));
+    }
+    RecordBatch::try_new(schema.clone(), columns).unwrap()
+}
+
+fn positions(next: i64) -> Vec<SourceOffset> {
+    vec![SourceOffset {
+        topic: "t".into(),
+        partition: 0,
+        next_offset: next,
+        topic_id: None,
+    }]
+}
+
+fn sink_config(db: Db, unique: &str, mode: WriteMode, evolution: Evolution) -> JdbcSinkConfig {
+    let sink = SinkId::new("evolving").unwrap();
+    JdbcSinkConfig {
+        evolution,
+        ..config(
+            db,
+            &sink,
+            0,
+            &short_name("evolve_", &[unique]),
+            &short_name("e", &[unique]),
+            mode,
+        )
+    }
+}
+
+async fn evolves_at_a_checkpoint_boundary(db: Db, mode: WriteMode) {
+    let unique = test_support::unique_name("jdbc-evolve");
+    let config = sink_config(db, &unique, mode, Evolution::AddColumns);
+    let table = config.table.clone();
+    let state = tempfile::tempdir().unwrap();
+    let mut driver = Driver::new(
+        LocalCheckpointStore::open(state.path(), 3).unwrap(),
+        DriverConfig::default(),
+    );
+    let sink = driver
+        .add_sink(JdbcSink::new(config.clone()).await.unwrap())
+        .unwrap();
+    driver.start().await.unwrap();
+    driver
+        .write(sink, &rows(&conformance_schema(), 0..3))
+        .await
+        .unwrap();
+    driver.checkpoint(positions(3)).await.unwrap();
+    let has_qty = || {
+        cli(
+            db,
+            &format!(
+                "SELECT count(*) FROM information_schema.columns WHERE table_name = '{table}' AND column_name = 'qty'"
+            ),
+        )
+    };
+    assert_eq!(has_qty(), "0", "no qty column before the change");
+
+    driver.evolve(&[sink], with_qty()).await.unwrap();
+    // The column is there before any row of the new schema is written (and the old rows read as null).
+    assert_eq!(
+        cli(db, &format!("SELECT count(*), count(qty) FROM {table}")).replace('\t', "|"),
+        "3|0"
+    );
+    driver.write(sink, &rows(&with_qty(), 3..6)).await.unwrap();
+    driver.checkpoint(positions(6)).await.unwrap();
+
+    // Another instance still on the old schema writes into the evolved table (its rows: null qty).
+    let old = JdbcSinkConfig {
+        subtask: connector_api::SubtaskId(1),
+        ..config.clone()
+    };
+    let state_old = tempfile::tempdir().unwrap();
+    let mut other = Driver::new(
+        LocalCheckpointStore::open(state_old.path(), 3).unwrap(),
+        DriverConfig::default(),
+    );
+    let old_sink = other.add_sink(JdbcSink::new(old).await.unwrap()).unwrap();
+    other.start().await.unwrap();
+    other
+        .write(old_sink, &rows(&conformance_schema(), 6..8))
+        .await
+        .unwrap();
+    other.checkpoint(positions(8)).await.unwrap();
+    other.close().await.unwrap();
+    driver.close().await.unwrap();
+
+    assert_eq!(
+        cli(
+            db,
+            &format!(
+                "SELECT count(*), sum(CASE WHEN qty = id THEN 1 ELSE 0 END), \
+                 sum(CASE WHEN qty IS NULL AND (id < 3 OR id >= 6) THEN 1 ELSE 0 END) FROM {table}"
+            )
+        )
+        .replace('\t', "|"),
+        "8|3|5"
+    );
+    let (ids, prepared) = common::read(db, &table, &[config.scope.as_str()]);
+    assert_eq!(ids.len(), 8);
+    assert!(prepared.is_empty(), "{prepared:?}");
+}
+
+#[tokio::test]
+async fn postgres_xa_adds_the_column_at_the_boundary() {
+    evolves_at_a_checkpoint_boundary(Db::Postgres, WriteMode::Xa).await;
+}
+
+#[tokio::test]
+async fn mariadb_xa_adds_the_column_at_the_boundary() {
+    evolves_at_a_checkpoint_boundary(Db::MariaDb, WriteMode::Xa).await;
+}
+
+#[tokio::test]
+async fn postgres_upsert_adds_the_column_at_the_boundary() {
+    let key = vec!["id".to_string()];
+    evolves_at_a_checkpoint_boundary(Db::Postgres, WriteMode::Upsert { key }).await;
+}
+
+#[tokio::test]
+async fn mariadb_upsert_adds_the_column_at_the_boundary() {
+    let key = vec!["id".to_string()];
+    evolves_at_a_checkpoint_boundary(Db::MariaDb, WriteMode::Upsert { key }).await;
+}
+
+#[tokio::test]
+async fn a_table_lacking_a_column_is_extended_at_open_or_refused_without_evolution() {
+    for db in [Db::Postgres, Db::MariaDb] {
+        let unique = test_support::unique_name("jdbc-evolve-open");
+        // The table as an earlier schema made it.
+        let old = sink_config(db, &unique, WriteMode::Xa, Evolution::None);
+        drop(JdbcSink::new(old.clone()).await.unwrap());
+
+        let refused = JdbcSink::new(JdbcSinkConfig {
+            schema: with_qty(),
+            ..old.clone()
+        })
+        .await
+        .unwrap_err();
+        assert_eq!(refused.kind(), ErrorKind::Config, "{refused}");
+        assert!(refused.to_string().contains(&old.table), "{refused}");
+
+        JdbcSink::new(JdbcSinkConfig {
+            schema: with_qty(),
+            evolution: Evolution::AddColumns,
+            ..old.clone()
+        })
+        .await
+        .unwrap();
+        assert_eq!(
+            cli(db, &format!("SELECT count(qty) FROM {}", old.table)),
+            "0"
+        );
+
+        // A running sink with evolution = "none" refuses the change, naming the column and the setting.
+        let state = tempfile::tempdir().unwrap();
+        let mut driver = Driver::new(
+            LocalCheckpointStore::open(state.path(), 3).unwrap(),
+            DriverConfig::default(),
+        );
+        let sink = driver
+            .add_sink(JdbcSink::new(old.clone()).await.unwrap())
+            .unwrap();
+        driver.start().await.unwrap();
+        let grown = Schema::new(
+            with_qty()
+                .fields()
+                .iter()
+                .map(|f| f.as_ref().clone())
+                .chain([Field::new("tag", DataType::Utf8, true)])
+                .collect::<Vec<_>>(),
+        );
+        let err = driver.evolve(&[sink], Arc::new(grown)).await.unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("tag") && text.contains("add-columns"),
+            "{text}"
+        );
+    }
+}
