@@ -4,6 +4,7 @@
 mod cleanup;
 mod common;
 mod conformance;
+mod evolution;
 mod kill9;
 mod races;
 mod tables;

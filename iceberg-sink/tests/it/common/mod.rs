@@ -181,6 +181,24 @@ impl Lake {
     }
 }
 
+impl Lake {
+    /// Per column of `table`'s current schema, the ids of the rows where pyiceberg reads a value (blocking).
+    pub fn non_null_ids(&self, table: &str) -> serde_json::Value {
+        Services::get().verify(
+            "iceberg_table.py",
+            &[
+                "ratchet",
+                &self.python_uri,
+                &self.warehouse,
+                table,
+                "id",
+                "--columns",
+            ],
+        )["columns"]
+            .clone()
+    }
+}
+
 /// What the independent readers saw.
 #[derive(Debug, Clone)]
 pub struct Seen {
