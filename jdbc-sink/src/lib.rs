@@ -56,7 +56,10 @@
 //! A batch the table refuses (a constraint, a value out of range) is refused whole, behind a savepoint, with an
 //! error of kind [`BadRecord`](connector_api::ErrorKind::BadRecord) naming the table and the row's first column;
 //! the transaction goes on without it, so the driver can dead-letter it. A table that does not fit the batches
-//! (missing column, incompatible type) is refused at start naming the column.
+//! (missing column, incompatible type) is refused at start naming the column, unless the sink's `evolution` is
+//! `add-columns`: then the columns the table lacks are added at start, and the columns the batches gain while
+//! running are added at a checkpoint boundary ([`TwoPhaseCommit::evolve`](connector_api::TwoPhaseCommit::evolve):
+//! `ALTER TABLE .. ADD COLUMN IF NOT EXISTS` from a new writer connection, bounded by `lock_timeout`).
 //!
 //! # Tombstones
 //! A Kafka record whose value is null deletes its key. The upsert mode applies such tombstones

@@ -60,6 +60,23 @@ pub(crate) fn added_fields(writer: &Value, reader: &Value, path: &str, out: &mut
     }
 }
 
+/// The top-level fields both schemas have whose types are written differently: where to look when a writer
+/// schema cannot be resolved to a reader schema.
+pub(crate) fn retyped_fields(writer: &Value, reader: &Value) -> Vec<String> {
+    let fields = |schema: &Value| schema["fields"].as_array().cloned().unwrap_or_default();
+    let reader_fields = fields(reader);
+    fields(writer)
+        .iter()
+        .filter_map(|w| {
+            let name = w["name"].as_str()?;
+            let r = reader_fields
+                .iter()
+                .find(|r| r["name"].as_str() == Some(name))?;
+            (r["type"] != w["type"]).then(|| name.to_string())
+        })
+        .collect()
+}
+
 /// The part of `reader` (itself, or a branch of a union) that corresponds to `writer`: the same complex type,
 /// and for records the same name or, failing that, the only record.
 fn counterpart<'r>(writer: &Value, reader: &'r Value) -> Option<&'r Value> {
@@ -81,12 +98,13 @@ fn counterpart<'r>(writer: &Value, reader: &'r Value) -> Option<&'r Value> {
 }
 
 /// `reader` with the top-level fields `added` (names) of `writer` appended, each readable from records that lack
-/// it: a field without a default becomes nullable with default null (its type a union led by `null`), a union
-/// with `null` elsewhere gets it first. The reader's own fields are kept as they are.
+/// it (its default) and nullable as a column: a field whose type is not a union with `null` gets one, after its
+/// own type so its default still fits (`"long", default 0` becomes `["long", "null"], default 0`).
 ///
 /// # Errors
-/// Why not, as the end of a sentence: an added field below the top level (a column holds a whole nested value), or
-/// a schema that is not a record.
+/// Why not, as the end of a sentence: an added field below the top level (a column holds a whole nested value),
+/// an added field without a default (records written before it have no value for it: Avro calls that
+/// incompatible), or a schema that is not a record.
 pub(crate) fn widened(reader: &Value, writer: &Value, added: &[String]) -> Result<Value, String> {
     if let Some(nested) = added.iter().find(|f| f.contains(['.', '['])) {
         return Err(format!(
@@ -105,31 +123,30 @@ pub(crate) fn widened(reader: &Value, writer: &Value, added: &[String]) -> Resul
         else {
             continue;
         };
-        fields.push(optional(field));
+        if field.get("default").is_none() {
+            return Err(format!(
+                "adds the field `{name}` without a default, so records written before it cannot be read with it \
+                 (an incompatible change: give it a default, e.g. null)"
+            ));
+        }
+        fields.push(nullable(field));
     }
     Ok(widened)
 }
 
-/// `field` as a reader field that records without it can be read with.
-fn optional(field: &Value) -> Value {
+/// `field` with `null` among its type's branches (after the first, which its default must fit).
+fn nullable(field: &Value) -> Value {
     let mut field = field.clone();
-    if field.get("default").is_some() {
-        return field;
-    }
     let branches = match &field["type"] {
-        Value::Array(branches) => {
-            let mut rest: Vec<Value> = branches
-                .iter()
-                .filter(|b| b.as_str() != Some("null"))
-                .cloned()
-                .collect();
-            rest.insert(0, Value::from("null"));
-            rest
+        Value::Array(branches) if branches.iter().any(|b| b.as_str() == Some("null")) => {
+            return field;
         }
-        other => vec![Value::from("null"), other.clone()],
+        Value::Array(branches) => branches.clone(),
+        other => vec![other.clone()],
     };
+    let mut branches = branches;
+    branches.push(Value::from("null"));
     field["type"] = Value::Array(branches);
-    field["default"] = Value::Null;
     field
 }
 
@@ -177,19 +194,20 @@ mod tests {
         let reader = json!({"type":"record","name":"O","fields":[{"name":"id","type":"long"}]});
         let writer = json!({"type":"record","name":"O","fields":[
             {"name":"id","type":"long"},
-            {"name":"qty","type":"int"},
-            {"name":"note","type":["string","null"]},
-            {"name":"tag","type":"string","default":"x"}]});
-        let added: Vec<String> = ["qty", "note", "tag"].map(String::from).to_vec();
+            {"name":"qty","type":"int","default":0},
+            {"name":"note","type":["null","string"],"default":null},
+            {"name":"tag","type":"string"}]});
+        let added: Vec<String> = ["qty", "note"].map(String::from).to_vec();
         let widened = widened(&reader, &writer, &added).unwrap();
         assert_eq!(
             widened["fields"],
             json!([
                 {"name":"id","type":"long"},
-                {"name":"qty","type":["null","int"],"default":null},
-                {"name":"note","type":["null","string"],"default":null},
-                {"name":"tag","type":"string","default":"x"}])
+                {"name":"qty","type":["int","null"],"default":0},
+                {"name":"note","type":["null","string"],"default":null}])
         );
+        let err = super::widened(&reader, &writer, &["tag".to_string()]).unwrap_err();
+        assert!(err.contains("`tag` without a default"), "{err}");
         let err = super::widened(&reader, &writer, &["customer.email".to_string()]).unwrap_err();
         assert!(err.contains("top-level columns only"), "{err}");
     }

@@ -24,7 +24,7 @@ use connector_api::{Error, ErrorKind, Phase, Result};
 use schema_registry::{RegisteredSchema, SchemaRegistry, SchemaType};
 use serde_json::Value;
 
-use crate::avro_fields::{added_fields, widened};
+use crate::avro_fields::{added_fields, retyped_fields, widened};
 use crate::record::{RecordAt, bad_record};
 
 /// The schema a registry-backed Avro decoding reads every record as: its fields are the columns.
@@ -316,8 +316,9 @@ impl WriterSchemas {
                 },
             ));
         } else {
-            let widened = widened(&reader_json, &writer_json, &added)
-                .map_err(|why| format!("is written with schema id {id}, which {why}"))?;
+            let widened = widened(&reader_json, &writer_json, &added).map_err(|why| {
+                format!("is written with schema id {id}, which {why} (read as {reader})")
+            })?;
             let reader = ReaderSchema {
                 schema: widened.to_string(),
                 id: None,
@@ -341,8 +342,21 @@ impl WriterSchemas {
         };
         // Every accepted writer, this one included, must resolve to the (possibly widened) reader.
         reading_as(store.clone(), &generation.reader, 1).map_err(|e| {
+            let retyped = retyped_fields(&writer_json, &reader_json);
+            let fields = match retyped.as_slice() {
+                [] => String::new(),
+                names => format!(
+                    " (field{} {} changed type)",
+                    if names.len() == 1 { "" } else { "s" },
+                    names
+                        .iter()
+                        .map(|n| format!("`{n}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            };
             format!(
-                "is written with schema id {id}, which cannot be read as {}: {e}",
+                "is written with schema id {id}, which cannot be read as {}{fields}: {e}",
                 generation.reader.named()
             )
         })?;

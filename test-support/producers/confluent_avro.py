@@ -2,10 +2,11 @@
 SchemaRegistryClient and AvroSerializer (the schema registered under its subject, values in the Confluent wire
 format: 0x00, the 4-byte schema id, the Avro body). No Ratchet code and no hand-framed bytes.
 
-usage: confluent_avro.py BOOTSTRAP TOPIC SCHEMA RECORDS [SUBJECT_STRATEGY]
+usage: confluent_avro.py BOOTSTRAP TOPIC SCHEMA RECORDS [SUBJECT_STRATEGY [COMPATIBILITY]]
 
 SCHEMA is Avro schema JSON; RECORDS a JSON list of objects (each keyed by its `id` field, when it has one, as
-text). SUBJECT_STRATEGY is topic-name (default), record-name or topic-record-name. The registry is
+text). SUBJECT_STRATEGY is topic-name (default), record-name or topic-record-name. COMPATIBILITY, when given, is
+set on the subject first (NONE lets a test register a change the registry's BACKWARD default refuses). The registry is
 RATCHET_REGISTRY_URL with RATCHET_REGISTRY_USER / RATCHET_REGISTRY_PASSWORD. Every record is acknowledged before
 the script ends. Prints {"schema_id": the id the values carry, "count": records written}.
 """
@@ -31,11 +32,17 @@ STRATEGIES = {
 }
 
 
-def main(bootstrap: str, topic: str, schema: str, records: str, strategy: str = "topic-name") -> None:
+def main(
+    bootstrap: str, topic: str, schema: str, records: str, strategy: str = "topic-name", compatibility: str = ""
+) -> None:
     registry = SchemaRegistryClient({
         "url": os.environ["RATCHET_REGISTRY_URL"],
         "basic.auth.user.info": f"{os.environ['RATCHET_REGISTRY_USER']}:{os.environ['RATCHET_REGISTRY_PASSWORD']}",
     })
+    if compatibility:
+        if strategy != "topic-name":
+            raise SystemExit("COMPATIBILITY is set on the subject <topic>-value: use the topic-name strategy")
+        registry.set_compatibility(f"{topic}-value", compatibility)
     serialize = AvroSerializer(registry, schema, conf={"subject.name.strategy": STRATEGIES[strategy]})
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
     failures = []

@@ -316,3 +316,60 @@ async fn an_evolving_decoding_widens_its_reader_at_a_batch_boundary_held_until_a
     assert_eq!(column::<Int32Type>(&after, "qty"), [Some(5), Some(6), None]);
     assert_eq!(source.positions()[0].next_offset, 5);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_incompatible_change_is_refused_naming_the_field_and_both_ids_even_when_evolving() {
+    let topic = topic("registry-incompatible", 1).await;
+    let v1 = produce(&topic, &schema(&[]), json!([{"id": 0}]));
+    let registry = registry();
+    let latest = registry.latest(&format!("{topic}-value")).await.unwrap();
+    // Changes the registry's BACKWARD default would refuse, registered with compatibility NONE.
+    let produce_incompatible = |schema: &str, records: serde_json::Value| {
+        let out = Services::get().produce(
+            "confluent_avro.py",
+            &[
+                bootstrap(),
+                &topic,
+                schema,
+                &records.to_string(),
+                "topic-name",
+                "NONE",
+            ],
+        );
+        u32::try_from(out["schema_id"].as_u64().unwrap()).unwrap()
+    };
+    let required = schema(&[json!({"name": "qty", "type": "long"})]);
+    let v2 = produce_incompatible(&required, json!([{"id": 1, "qty": 5}]));
+    let retyped = json!({"type": "record", "name": "Order", "namespace": "ratchet.test", "fields": [
+        {"name": "id", "type": "long"}, {"name": "note", "type": ["null", "long"], "default": null}]})
+    .to_string();
+    let v3 = produce_incompatible(&retyped, json!([{"id": 2, "note": 7}]));
+    produce(&topic, &schema(&[]), json!([{"id": 3}]));
+
+    let decoding = Decoding::Avro(
+        AvroDecoding::from_registry(registry, ReaderSchema::latest(&latest), true).unwrap(),
+    );
+    let mut source = open(&topic, decoding, true).await;
+    let batches = read_rows(&mut source, 2).await;
+    assert_eq!(column::<Int64Type>(&batches, "id"), [Some(0), Some(3)]);
+    assert!(
+        source.schema_change().is_none(),
+        "nothing widened the reader"
+    );
+    let mut rejected = source.take_rejected();
+    rejected.sort_by_key(|r| r.offset);
+    assert_eq!(rejected.len(), 2, "{rejected:?}");
+    let (required, retyped) = (&rejected[0].reason, &rejected[1].reason);
+    assert!(
+        required.contains(&format!("schema id {v2}"))
+            && required.contains("`qty` without a default")
+            && required.contains(&format!("reader schema id {v1}")),
+        "{required}"
+    );
+    assert!(
+        retyped.contains(&format!("schema id {v3}"))
+            && retyped.contains(&format!("cannot be read as reader schema id {v1}"))
+            && retyped.contains("field `note` changed type"),
+        "{retyped}"
+    );
+}
