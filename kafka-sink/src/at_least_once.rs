@@ -57,11 +57,7 @@ impl KafkaAtLeastOnceSink {
         let config = config.resolve_env().map_err(|e| e.with_sink(&sink))?;
         config.validate().map_err(|e| e.with_sink(&sink))?;
         Ok(Self {
-            sender: RecordSender::new(
-                config.records.clone(),
-                &config.topic,
-                config.max_message_bytes(),
-            ),
+            sender: RecordSender::new(&config).map_err(|e| e.with_sink(&sink))?,
             config,
             sink,
             producer: None,
@@ -151,7 +147,11 @@ impl TwoPhaseCommit for KafkaAtLeastOnceSink {
     /// `evolution = "add-columns"`.
     async fn evolve(&mut self, schema: arrow_schema::SchemaRef) -> Result<()> {
         let target = format!("topic {}", self.config.topic);
-        self.followed.evolve(&self.sink, &target, schema)
+        self.followed.evolve(&self.sink, &target, schema.clone())?;
+        self.sender
+            .prepare(&schema)
+            .await
+            .map_err(|e| e.with_sink(&self.sink))
     }
 
     async fn write_tombstones(&mut self, keys: &[Option<Vec<u8>>]) -> Result<bool> {

@@ -33,6 +33,7 @@ const CONTROLLED_KEYS: &[&str] = &[
 /// | `client` | other librdkafka producer settings, passed through (values of keys naming a password or secret are redacted in `Debug`) | none |
 /// | `client_env` | librdkafka settings read from environment variables at start, `{ "sasl.password" = "KAFKA_PASSWORD" }` | none |
 /// | `records` | how rows become records ([`RecordMapping`]) | the row as a JSON value, no key |
+/// | `registry` | the schema registry Avro values are registered in (`records.value_format = "avro"`; keys as `[source.registry]`: `schema_registry::RegistrySettings`) | none |
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KafkaSinkConfig {
@@ -62,6 +63,9 @@ pub struct KafkaSinkConfig {
     /// How rows become records.
     #[serde(default)]
     pub records: RecordMapping,
+    /// The schema registry values are registered in (`records.value_format = "avro"`).
+    #[serde(default)]
+    pub registry: Option<schema_registry::RegistrySettings>,
 }
 
 impl std::fmt::Debug for KafkaSinkConfig {
@@ -80,6 +84,7 @@ impl std::fmt::Debug for KafkaSinkConfig {
             .field("client", &client)
             .field("client_env", &self.client_env)
             .field("records", &self.records)
+            .field("registry", &self.registry)
             .finish()
     }
 }
@@ -109,6 +114,7 @@ impl KafkaSinkConfig {
             client: BTreeMap::new(),
             client_env: BTreeMap::new(),
             records: RecordMapping::default(),
+            registry: None,
         }
     }
 
@@ -169,7 +175,8 @@ impl KafkaSinkConfig {
     /// [`Config`](ErrorKind::Config) naming the setting.
     pub fn validate(&self) -> Result<()> {
         self.kafka_connection()?;
-        self.id_pool().map(drop)
+        self.id_pool()?;
+        self.records.check_format(self.registry.is_some())
     }
 
     /// librdkafka settings of a producer without transactions: idempotent, `acks=all`, every `client` setting.

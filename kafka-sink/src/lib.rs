@@ -52,6 +52,7 @@
 #![deny(missing_docs)]
 
 mod at_least_once;
+mod avro_values;
 mod broker;
 mod check;
 mod commit;
@@ -87,7 +88,7 @@ pub use factory::{KafkaSinkFactory, with_job_defaults};
 pub use kafka_connection::KafkaConnection;
 pub use kafka_to_kafka::{KafkaToKafka, PipelineHook, PipelineStats};
 pub use producer::open_transactional_producer;
-pub use records::RecordMapping;
+pub use records::{RecordMapping, ValueFormat};
 pub use registry::{PREFIX_REGISTRY_TOPIC, claim_prefix};
 pub use sink::KafkaSink;
 pub use txn_id::{TransactionalId, TransactionalIdPool};

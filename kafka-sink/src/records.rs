@@ -16,6 +16,7 @@ use std::borrow::Cow;
 /// | `partition_column` | Int32 column with an explicit partition; none = partitioned by key | none |
 /// | `topic_column` | Utf8 column naming each record's topic; none = the sink's `topic` | none |
 /// | `header_columns` | columns (Utf8 or Binary) sent as record headers named after the column; nulls are omitted | none |
+/// | `value_format` | the whole row as `json`, or as `avro` in Confluent's wire format with its schema registered in the sink's `[registry]` (subject `<topic>-value`) | `json` |
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RecordMapping {
@@ -39,6 +40,20 @@ pub struct RecordMapping {
     /// read from Kafka keep their headers.
     #[serde(default)]
     pub headers_column: Option<String>,
+    /// How a whole row becomes the value (without `value_column`).
+    #[serde(default)]
+    pub value_format: ValueFormat,
+}
+
+/// `records.value_format`: how a whole row becomes a record value.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ValueFormat {
+    /// A JSON object.
+    #[default]
+    Json,
+    /// Avro in Confluent's wire format, its schema registered (the sink's `registry`).
+    Avro,
 }
 
 /// One record, borrowed from a batch where possible.
@@ -85,8 +100,39 @@ fn bytes_at<'a>(array: &'a ArrayRef, row: usize, name: &str) -> Result<Option<&'
 }
 
 impl RecordMapping {
-    /// The records of `batch`, in row order. Errors name the column and row.
-    pub(crate) fn records<'a>(&'a self, batch: &'a RecordBatch) -> Result<Vec<Record<'a>>, String> {
+    /// Refuses settings that do not go together: Avro values need a registry and the whole row (no
+    /// `value_column`), and one subject (no `topic_column`).
+    ///
+    /// # Errors
+    /// [`Config`](connector_api::ErrorKind::Config) naming the settings.
+    pub(crate) fn check_format(&self, registry: bool) -> connector_api::Result<()> {
+        if self.value_format != ValueFormat::Avro {
+            return Ok(());
+        }
+        let refuse = |why: &str| {
+            Err(connector_api::Error::config(format!(
+                "records.value_format = \"avro\" {why}"
+            )))
+        };
+        match (registry, &self.value_column, &self.topic_column) {
+            (false, _, _) => {
+                refuse("needs the sink's [registry] to register the values' schema in")
+            }
+            (_, Some(_), _) => refuse("encodes the whole row: remove records.value_column"),
+            (_, _, Some(_)) => {
+                refuse("registers one subject, <topic>-value: remove records.topic_column")
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The records of `batch`, in row order; without a value column each value is `whole_rows`'s (the rows
+    /// encoded already, as Avro) or the row as JSON. Errors name the column and row.
+    pub(crate) fn records<'a>(
+        &'a self,
+        batch: &'a RecordBatch,
+        whole_rows: Option<Vec<Vec<u8>>>,
+    ) -> Result<Vec<Record<'a>>, String> {
         let key = self
             .key_column
             .as_deref()
@@ -134,9 +180,10 @@ impl RecordMapping {
                 map.keys().data_type()
             ));
         }
-        let mut json_rows = match value {
-            Some(_) => None,
-            None => Some(json_rows(batch)?),
+        let mut json_rows = match (value, whole_rows) {
+            (Some(_), _) => None,
+            (None, Some(rows)) => Some(rows),
+            (None, None) => Some(json_rows(batch)?),
         };
         if let Some(p) = partition
             && p.data_type() != &DataType::Int32
@@ -275,7 +322,7 @@ mod tests {
             ..RecordMapping::default()
         };
         let batch = batch();
-        let records = mapping.records(&batch).unwrap();
+        let records = mapping.records(&batch, None).unwrap();
         assert_eq!(records[0].headers, vec![("k", Some(&b"a"[..]))]);
         assert!(
             records[1].headers.is_empty(),
@@ -314,7 +361,7 @@ mod tests {
             headers_column: Some("h".into()),
             ..RecordMapping::default()
         };
-        let records = mapping.records(&batch).unwrap();
+        let records = mapping.records(&batch, None).unwrap();
         assert_eq!(
             records[0].headers,
             vec![("trace", Some(&b"abc"[..])), ("empty", None)]
@@ -330,7 +377,7 @@ mod tests {
             ..RecordMapping::default()
         };
         let batch = batch();
-        let records = mapping.records(&batch).unwrap();
+        let records = mapping.records(&batch, None).unwrap();
         assert_eq!(records[0].value.as_deref(), Some(&b"a"[..]));
         assert_eq!(records[1].value, None, "row 1's value is null: a tombstone");
     }
@@ -344,7 +391,7 @@ mod tests {
         };
         assert!(
             missing
-                .records(&batch)
+                .records(&batch, None)
                 .err()
                 .unwrap()
                 .contains("key_column \"nope\"")
@@ -355,7 +402,7 @@ mod tests {
         };
         assert!(
             mistyped
-                .records(&batch)
+                .records(&batch, None)
                 .err()
                 .unwrap()
                 .contains("column \"id\" has type Int64")

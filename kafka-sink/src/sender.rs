@@ -11,8 +11,9 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer};
 use rdkafka::types::RDKafkaErrorCode;
 
+use crate::avro_values::AvroValues;
 use crate::delivery::{SinkProducer, wait_delivered};
-use crate::records::RecordMapping;
+use crate::records::{RecordMapping, ValueFormat};
 use crate::{PartitionRange, classify};
 
 /// How long a flush may wait for outstanding deliveries.
@@ -27,18 +28,38 @@ pub(crate) struct RecordSender {
     mapping: Arc<RecordMapping>,
     default_topic: String,
     max_message_bytes: usize,
+    /// Whole rows as Avro through a registry (`records.value_format = "avro"`).
+    avro: Option<AvroValues>,
 }
 
 impl RecordSender {
-    pub(crate) fn new(
-        mapping: RecordMapping,
-        default_topic: &str,
-        max_message_bytes: usize,
-    ) -> Self {
-        Self {
-            mapping: Arc::new(mapping),
-            default_topic: default_topic.to_string(),
-            max_message_bytes,
+    /// A sender of `config`'s records.
+    ///
+    /// # Errors
+    /// [`Config`](ErrorKind::Config) for settings that do not go together or a registry client that cannot be
+    /// made.
+    pub(crate) fn new(config: &crate::KafkaSinkConfig) -> Result<Self> {
+        config.records.check_format(config.registry.is_some())?;
+        let avro = match (&config.registry, config.records.value_format) {
+            (Some(registry), ValueFormat::Avro) => Some(AvroValues::new(registry, &config.topic)?),
+            _ => None,
+        };
+        Ok(Self {
+            mapping: Arc::new(config.records.clone()),
+            default_topic: config.topic.clone(),
+            max_message_bytes: config.max_message_bytes(),
+            avro,
+        })
+    }
+
+    /// Makes sure the values of batches of `schema` can be sent: with Avro values, their schema is registered.
+    ///
+    /// # Errors
+    /// As [`AvroValues::register`].
+    pub(crate) async fn prepare(&mut self, schema: &Schema) -> Result<()> {
+        match &mut self.avro {
+            Some(avro) => avro.register(schema).await,
+            None => Ok(()),
         }
     }
 
@@ -59,7 +80,18 @@ impl RecordSender {
         batch: &RecordBatch,
     ) -> Result<()> {
         let mapping = self.mapping.clone();
-        self.send_mapped(&mapping, producer, batch).await
+        let whole_rows = match &mut self.avro {
+            Some(avro) => {
+                avro.register(batch.schema_ref()).await?;
+                Some(
+                    avro.encode(batch)
+                        .map_err(|m| Error::new(ErrorKind::BadRecord, Phase::Write, m))?,
+                )
+            }
+            None => None,
+        };
+        self.send_mapped(&mapping, producer, batch, whole_rows)
+            .await
     }
 
     /// Sends a tombstone (the key, a null value) per key to the sink's topic: deletions of those keys for
@@ -91,7 +123,7 @@ impl RecordSender {
             value_column: Some("value".into()),
             ..RecordMapping::default()
         };
-        self.send_mapped(&mapping, producer, &batch).await
+        self.send_mapped(&mapping, producer, &batch, None).await
     }
 
     async fn send_mapped(
@@ -99,9 +131,10 @@ impl RecordSender {
         mapping: &RecordMapping,
         producer: &SinkProducer,
         batch: &RecordBatch,
+        whole_rows: Option<Vec<Vec<u8>>>,
     ) -> Result<()> {
         let records = mapping
-            .records(batch)
+            .records(batch, whole_rows)
             .map_err(|m| Error::new(ErrorKind::BadRecord, Phase::Write, m))?;
         // Validated whole before anything is sent: a refused batch must not leave a prefix behind.
         let max = self.max_message_bytes;

@@ -58,11 +58,7 @@ impl KafkaSink {
         Ok(Self {
             coordinator: CoordinatorClient::new(kafka.clone()),
             kafka,
-            sender: RecordSender::new(
-                config.records.clone(),
-                &config.topic,
-                config.max_message_bytes(),
-            ),
+            sender: RecordSender::new(&config).map_err(|e| e.with_sink(&sink))?,
             config,
             sink,
             subtask,
@@ -179,7 +175,11 @@ impl TwoPhaseCommit for KafkaSink {
     /// `evolution = "add-columns"`.
     async fn evolve(&mut self, schema: arrow_schema::SchemaRef) -> Result<()> {
         let target = format!("topic {}", self.config.topic);
-        self.followed.evolve(&self.sink, &target, schema)
+        self.followed.evolve(&self.sink, &target, schema.clone())?;
+        self.sender
+            .prepare(&schema)
+            .await
+            .map_err(|e| e.with_sink(&self.sink))
     }
 
     async fn write_tombstones(&mut self, keys: &[Option<Vec<u8>>]) -> Result<bool> {

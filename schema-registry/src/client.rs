@@ -5,11 +5,20 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use connector_api::RetryPolicy;
-use reqwest::header::{ACCEPT, AUTHORIZATION, HeaderValue};
+use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue};
 
 use crate::schema::{ErrorBody, SchemaBody};
 use crate::settings::Auth;
 use crate::{RegisteredSchema, RegistryError, RegistrySettings};
+
+/// The API's request body type.
+const SCHEMA_REGISTRY_JSON: &str = "application/vnd.schemaregistry.v1+json";
+
+/// The body of a registration's answer.
+#[derive(serde::Deserialize)]
+struct RegisteredId {
+    id: u32,
+}
 
 /// What the API's clients send as `Accept`.
 const ACCEPT_SCHEMA_REGISTRY: &str = "application/vnd.schemaregistry.v1+json, application/vnd.schemaregistry+json; qs=0.9, application/json; qs=0.5";
@@ -123,6 +132,31 @@ impl SchemaRegistry {
         })
     }
 
+    /// Registers Avro `schema` under `subject` (`POST /subjects/{subject}/versions`) and returns its global id: the
+    /// existing one when the subject already has this schema (registering is idempotent), a new version
+    /// otherwise. The registry checks the subject's compatibility rule first.
+    ///
+    /// # Errors
+    /// [`RegistryError::Status`] with 409 when the schema is incompatible with the subject's earlier versions, 422
+    /// when it is not a valid schema; any other [`RegistryError`] when the request fails.
+    pub async fn register(&self, subject: &str, schema: &str) -> Result<u32, RegistryError> {
+        let url = self.path(&["subjects", subject, "versions"]);
+        let request = format!("POST {}", url.path());
+        let body = serde_json::json!({ "schema": schema }).to_string();
+        let answer: RegisteredId = self
+            .retry
+            .run_when(&request, RegistryError::is_transient, || {
+                let call = self
+                    .http
+                    .post(url.clone())
+                    .header(CONTENT_TYPE, HeaderValue::from_static(SCHEMA_REGISTRY_JSON))
+                    .body(body.clone());
+                self.send(call, &request)
+            })
+            .await?;
+        Ok(answer.id)
+    }
+
     fn cached(&self, id: u32) -> Option<RegisteredSchema> {
         self.by_id
             .lock()
@@ -152,10 +186,16 @@ impl SchemaRegistry {
     }
 
     async fn get_once(&self, url: url::Url, request: &str) -> Result<SchemaBody, RegistryError> {
-        let mut call = self
-            .http
-            .get(url)
-            .header(ACCEPT, HeaderValue::from_static(ACCEPT_SCHEMA_REGISTRY));
+        self.send(self.http.get(url), request).await
+    }
+
+    /// Sends `call` with the API's `Accept` header and the credentials; the answer's body as `T`.
+    async fn send<T: serde::de::DeserializeOwned>(
+        &self,
+        call: reqwest::RequestBuilder,
+        request: &str,
+    ) -> Result<T, RegistryError> {
+        let mut call = call.header(ACCEPT, HeaderValue::from_static(ACCEPT_SCHEMA_REGISTRY));
         call = match self.auth.as_ref() {
             Auth::None => call,
             Auth::Basic(user, password) => call.basic_auth(user, Some(password.expose())),

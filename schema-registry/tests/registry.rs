@@ -230,3 +230,25 @@ async fn https_trusts_the_ca_file_and_a_failed_check_is_not_retried() {
     .unwrap();
     assert_eq!(unchecked.schema(id).await.unwrap().id, id);
 }
+
+#[tokio::test]
+async fn registering_is_idempotent_and_an_incompatible_change_is_refused() {
+    let registry = Services::get().registry();
+    let client = SchemaRegistry::new(&settings(&registry)).unwrap();
+    let subject = test_support::unique_name("registry-register");
+    let first = client.register(&subject, &order("")).await.unwrap();
+    assert_eq!(client.register(&subject, &order("")).await.unwrap(), first);
+    let added = order(r#",{"name":"note","type":["null","string"],"default":null}"#);
+    let second = client.register(&subject, &added).await.unwrap();
+    assert_ne!(second, first);
+    assert_eq!(client.latest(&subject).await.unwrap().id, second);
+    // A required field without a default: refused under the registry's BACKWARD rule, not retried.
+    let err = client
+        .register(&subject, &order(r#",{"name":"qty","type":"long"}"#))
+        .await
+        .unwrap_err();
+    assert!(
+        !err.is_transient() && err.to_string().contains("409"),
+        "{err}"
+    );
+}

@@ -1,11 +1,13 @@
 """Independent verifier: every record of a topic that a read_committed consumer sees, as JSON.
 
-usage: kafka_read_committed.py BOOTSTRAP TOPIC
+usage: kafka_read_committed.py BOOTSTRAP TOPIC [--avro]
 
 Reads every partition from the beginning up to its last stable offset (LSO) with confluent-kafka (librdkafka's
 own client, no Ratchet code). Prints {"records": [{"partition", "offset", "key", "value", "headers"}...],
 "partitions": {p: {"lso": .., "high_watermark": ..}}}. An LSO below the high watermark means an open transaction
-is holding readers back.
+is holding readers back. With --avro each value is decoded by confluent-kafka's AvroDeserializer against the schema
+registry (RATCHET_REGISTRY_URL, _USER, _PASSWORD): "value" is then the decoded record and "schema_id" the id its
+Confluent framing carries.
 """
 
 import json
@@ -22,7 +24,23 @@ def latest(admin: AdminClient, tps: list[TopicPartition], isolation: IsolationLe
     return {tp.partition: f.result(timeout=30).offset for tp, f in futures.items()}
 
 
-def main(bootstrap: str, topic: str) -> None:
+def avro_decoder():
+    import os
+
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroDeserializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    registry = SchemaRegistryClient({
+        "url": os.environ["RATCHET_REGISTRY_URL"],
+        "basic.auth.user.info": f"{os.environ['RATCHET_REGISTRY_USER']}:{os.environ['RATCHET_REGISTRY_PASSWORD']}",
+    })
+    deserialize = AvroDeserializer(registry)
+    return lambda topic, value: deserialize(value, SerializationContext(topic, MessageField.VALUE))
+
+
+def main(bootstrap: str, topic: str, avro: bool = False) -> None:
+    decode = avro_decoder() if avro else None
     admin = AdminClient({"bootstrap.servers": bootstrap})
     meta = admin.list_topics(topic, timeout=30).topics[topic]
     if meta.error is not None:
@@ -53,13 +71,17 @@ def main(bootstrap: str, topic: str) -> None:
             continue
         if msg.error():
             raise SystemExit(f"consumer error: {msg.error()}")
-        records.append({
+        record = {
             "partition": msg.partition(),
             "offset": msg.offset(),
             "key": msg.key().decode("utf-8", "replace") if msg.key() is not None else None,
             "value": msg.value().decode("utf-8", "replace") if msg.value() is not None else None,
             "headers": {k: (v.decode("utf-8", "replace") if v is not None else None) for k, v in (msg.headers() or [])},
-        })
+        }
+        if decode is not None and msg.value() is not None:
+            record["value"] = decode(topic, msg.value())
+            record["schema_id"] = int.from_bytes(msg.value()[1:5], "big")
+        records.append(record)
         if msg.offset() + 1 >= lso[msg.partition()]:
             done.add(msg.partition())
     consumer.close()
@@ -70,6 +92,6 @@ def main(bootstrap: str, topic: str) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
+    if len(sys.argv) not in (3, 4) or sys.argv[3:] not in ([], ["--avro"]):
         raise SystemExit(__doc__)
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], sys.argv[3:] == ["--avro"])

@@ -6,6 +6,7 @@
 //! - grey (cuts off the broker through the shared Toxiproxy proxy);
 
 mod at_least_once;
+mod avro_values;
 mod claim_fence;
 mod conformance;
 mod coordinator;
