@@ -1,0 +1,245 @@
+//! Registry-backed Avro decoding against declared-schema Avro decoding, through the Kafka source on the real broker:
+//! the same topic of Confluent-framed Avro records (one schema, registered in the test services' registry) read
+//! whole with each decoding, alternating, several runs each; and the pause a schema change costs the source (a
+//! writer schema that adds a field, with an evolving decoding: from the last batch of the old schema to the first
+//! of the new, the registry lookup and the decoder rebuild included). Prints a table and the ratio.
+//!
+//! Run: `scripts/services.sh up && cargo bench -p kafka-source --bench decoding` (see docs/benchmarks.md).
+//! `RATCHET_BENCH_RECORDS` (default 2,000,000) and `RATCHET_BENCH_RUNS` (default 3) size it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow_array::{Int64Array, RecordBatch, StringArray};
+use arrow_avro::schema::{FingerprintStrategy, SCHEMA_METADATA_KEY};
+use arrow_avro::writer::WriterBuilder;
+use arrow_avro::writer::format::AvroSoeFormat;
+use arrow_schema::{DataType, Field, Schema};
+use kafka_source::{
+    AvroDecoding, AvroFraming, Decoding, KafkaConnection, KafkaSource, KafkaSourceOptions,
+    ReaderSchema,
+};
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use schema_registry::{RegistrySettings, SchemaRegistry};
+use test_support::Services;
+
+const BATCH: usize = 8192;
+
+fn env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn avro_schema(extra: bool) -> String {
+    let mut fields = vec![
+        r#"{"name":"id","type":"long"}"#,
+        r#"{"name":"customer","type":"long"}"#,
+        r#"{"name":"note","type":["null","string"],"default":null}"#,
+    ];
+    if extra {
+        fields.push(r#"{"name":"qty","type":["null","long"],"default":null}"#);
+    }
+    format!(
+        r#"{{"type":"record","name":"Order","namespace":"ratchet.bench","fields":[{}]}}"#,
+        fields.join(",")
+    )
+}
+
+/// `rows` records from `start`, Confluent-framed with schema id `id`.
+fn encode(schema_text: &str, id: u32, start: i64, rows: usize, extra: bool) -> Vec<Vec<u8>> {
+    let mut fields = vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("customer", DataType::Int64, false),
+        Field::new("note", DataType::Utf8, true),
+    ];
+    if extra {
+        fields.push(Field::new("qty", DataType::Int64, true));
+    }
+    let metadata = [(SCHEMA_METADATA_KEY.to_string(), schema_text.to_string())].into();
+    let schema = Schema::new_with_metadata(fields, metadata);
+    let ids = start..start + rows as i64;
+    let mut columns: Vec<arrow_array::ArrayRef> = vec![
+        Arc::new(Int64Array::from_iter_values(ids.clone())),
+        Arc::new(Int64Array::from_iter_values(ids.clone().map(|i| i % 9973))),
+        Arc::new(StringArray::from_iter_values(
+            ids.clone().map(|i| format!("note {i} {}", "x".repeat(40))),
+        )),
+    ];
+    if extra {
+        columns.push(Arc::new(Int64Array::from_iter_values(ids)));
+    }
+    let batch = RecordBatch::try_new(Arc::new(schema.clone()), columns).unwrap();
+    let mut encoder = WriterBuilder::new(schema)
+        .with_fingerprint_strategy(FingerprintStrategy::Id(id))
+        .build_encoder::<AvroSoeFormat>()
+        .unwrap();
+    encoder.encode(&batch).unwrap();
+    encoder.flush().iter().map(|r| r.to_vec()).collect()
+}
+
+fn produce(producer: &ThreadedProducer<DefaultProducerContext>, topic: &str, values: &[Vec<u8>]) {
+    for value in values {
+        while producer
+            .send(BaseRecord::<[u8], [u8]>::to(topic).payload(value))
+            .is_err()
+        {
+            producer.poll(Duration::from_millis(5));
+        }
+    }
+    producer.flush(Duration::from_secs(120)).unwrap();
+}
+
+fn options(decoding: Decoding) -> KafkaSourceOptions {
+    KafkaSourceOptions {
+        decoding,
+        batch_rows: BATCH,
+        ..KafkaSourceOptions::default()
+    }
+}
+
+/// Reads `rows` rows of `topic` from the beginning with `decoding`; the time it took.
+async fn read_all(
+    kafka: &KafkaConnection,
+    topic: &str,
+    decoding: Decoding,
+    rows: usize,
+) -> Duration {
+    let mut source = KafkaSource::open_with(kafka, topic, &[], options(decoding))
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let mut seen = 0;
+    while seen < rows {
+        if let Some(batch) = source.next_batch(Duration::from_secs(5)).await.unwrap() {
+            seen += batch.num_rows();
+        }
+    }
+    started.elapsed()
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let records = env("RATCHET_BENCH_RECORDS", 2_000_000);
+    let runs = env("RATCHET_BENCH_RUNS", 3);
+    let services = Services::get();
+    let bootstrap = services.kafka_bootstrap().to_string();
+    let endpoint = services.registry();
+    let registry = SchemaRegistry::new(&RegistrySettings {
+        username: Some(endpoint.user.clone()),
+        password: Some(endpoint.password.clone().into()),
+        ..RegistrySettings::new(&endpoint.url)
+    })
+    .unwrap();
+    let topic = test_support::unique_name("bench-decoding");
+    let subject = format!("{topic}-value");
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .create()
+        .unwrap();
+    admin
+        .create_topics(
+            &[NewTopic::new(&topic, 1, TopicReplication::Fixed(1))],
+            &AdminOptions::new(),
+        )
+        .await
+        .unwrap();
+    let v1 = avro_schema(false);
+    let id = registry.register(&subject, &v1).await.unwrap();
+    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .set("linger.ms", "20")
+        .set("compression.type", "lz4")
+        .create()
+        .unwrap();
+    eprintln!("producing {records} records to {topic}");
+    for start in (0..records).step_by(100_000) {
+        let rows = 100_000.min(records - start);
+        produce(
+            &producer,
+            &topic,
+            &encode(&v1, id, start as i64, rows, false),
+        );
+    }
+
+    let kafka = KafkaConnection::plaintext(&bootstrap);
+    let latest = registry.latest(&subject).await.unwrap();
+    let (mut declared, mut looked_up) = (Vec::new(), Vec::new());
+    for run in 0..runs {
+        let plain = AvroDecoding::new(&v1, AvroFraming::Confluent { schema_id: id }).unwrap();
+        declared.push(read_all(&kafka, &topic, Decoding::Avro(plain), records).await);
+        let through =
+            AvroDecoding::from_registry(registry.clone(), ReaderSchema::latest(&latest), false)
+                .unwrap();
+        looked_up.push(read_all(&kafka, &topic, Decoding::Avro(through), records).await);
+        eprintln!(
+            "run {run}: declared {:?}, registry {:?}",
+            declared[run], looked_up[run]
+        );
+    }
+    let rate = |d: Duration| records as f64 / d.as_secs_f64();
+    let median = |mut v: Vec<Duration>| {
+        v.sort();
+        v[v.len() / 2]
+    };
+    let (declared, looked_up) = (median(declared), median(looked_up));
+
+    // The schema change: a version that adds `qty`, read by an evolving decoding after the old records.
+    let v2 = avro_schema(true);
+    let id2 = registry.register(&subject, &v2).await.unwrap();
+    produce(
+        &producer,
+        &topic,
+        &encode(&v2, id2, records as i64, 10_000, true),
+    );
+    let evolving =
+        AvroDecoding::from_registry(registry.clone(), ReaderSchema::latest(&latest), true).unwrap();
+    let mut source = KafkaSource::open_with(&kafka, &topic, &[], options(Decoding::Avro(evolving)))
+        .await
+        .unwrap();
+    let mut seen = 0;
+    let mut last_old = Instant::now();
+    let pause = loop {
+        if let Some(batch) = source.next_batch(Duration::from_secs(5)).await.unwrap() {
+            seen += batch.num_rows();
+            last_old = Instant::now();
+        }
+        if seen >= records && source.schema_change().is_some() {
+            source.accept_schema_change();
+            source
+                .next_batch(Duration::from_secs(5))
+                .await
+                .unwrap()
+                .expect("the new schema's first batch");
+            break last_old.elapsed();
+        }
+    };
+
+    println!();
+    println!("| decoding | records | median time | records/s |");
+    println!("|---|---|---|---|");
+    println!(
+        "| Avro, declared schema | {records} | {:.2} s | {:.0} |",
+        declared.as_secs_f64(),
+        rate(declared)
+    );
+    println!(
+        "| Avro, schema registry | {records} | {:.2} s | {:.0} |",
+        looked_up.as_secs_f64(),
+        rate(looked_up)
+    );
+    println!();
+    println!(
+        "registry / declared: {:.1}%",
+        100.0 * rate(looked_up) / rate(declared)
+    );
+    println!(
+        "schema change pause at the source (last batch of the old schema to the first of the new, lookup and \
+         decoder rebuild included): {:.1} ms",
+        pause.as_secs_f64() * 1000.0
+    );
+}
