@@ -87,8 +87,10 @@ impl AvroDecoding {
 
     /// The decoding of Confluent-framed values whose writer schemas are in `registry`, each record read as
     /// `reader` (its fields are the columns). With `evolve`, a writer schema with new top-level fields widens the
-    /// reader (the batches from then on have the new columns, nullable) instead of being refused. Must be called
-    /// inside a tokio runtime: the consumer thread looks up new schema ids through it.
+    /// reader (the batches from then on have the new columns, nullable) instead of being refused: a job reading
+    /// with it must follow [`KafkaSource::schema_change`](crate::KafkaSource::schema_change) (the source holds the
+    /// first batch of the new schema until the job accepts it). Must be called inside a tokio runtime: the
+    /// consumer thread looks up new schema ids through it.
     ///
     /// # Errors
     /// [`Config`](ErrorKind::Config) when the reader schema does not parse or has no Arrow equivalent.

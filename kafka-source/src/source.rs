@@ -385,8 +385,9 @@ impl KafkaSource {
             .collect()
     }
 
-    /// The next decoded batch (at most `batch_rows` rows), or `None` when none is ready within `idle`. Cancel
-    /// safe: a batch is either returned or stays queued.
+    /// The next decoded batch (at most `batch_rows` rows), or `None` when none is ready within `idle`, or while a
+    /// batch of a new schema is held ([`schema_change`](Self::schema_change)). Cancel safe: a batch is either
+    /// returned or stays queued.
     ///
     /// # Errors
     /// [`BadRecord`](ErrorKind::BadRecord) naming the topic, partition and offset of a record that cannot be
