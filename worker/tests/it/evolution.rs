@@ -5,7 +5,8 @@
 //! first sink did; each restart reads the subject's latest schema and the sinks add what they lack when they
 //! open. At the end every record is in every sink once (read back by the independent readers), with its own values
 //! in the new columns and null where its schema had no such field. With `evolution = "none"` (the default) such a
-//! record stops the job, naming the field and both schema ids.
+//! record stops the job, naming the field and both schema ids. Two processes that started on different schema
+//! versions write into the same tables at once, each record once.
 
 use crate::common;
 
@@ -162,4 +163,51 @@ async fn without_evolution_a_new_field_stops_the_job_naming_it_and_both_ids() {
     worker.child = None;
     job.produced = 10;
     job.assert_exactly_once();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_processes_on_different_schema_versions_write_each_record_once() {
+    let mut job = Job::new("evolve_two", 2, 2, "3s").await;
+    job.read_registry_avro();
+    job.evolve_every_sink();
+    job.produce_avro(&order_schema(&[]), 100, |_| json!({}));
+    // The first process reads with version 1 and takes both subtasks.
+    let mut first = job.spawn_worker(&[]);
+    job.wait_spread(2, 1, Duration::from_secs(60));
+    job.wait_copied(100, Duration::from_secs(60));
+
+    // Version 2 is registered before any record of it: the second process starts on it (its sinks add `qty` to
+    // the tables while the first process goes on writing version-1 rows into them) and takes one subtask.
+    let with_qty = order_schema(&[("qty", "long")]);
+    let endpoint = Services::get().registry();
+    let registry = schema_registry::SchemaRegistry::new(&schema_registry::RegistrySettings {
+        username: Some(endpoint.user.clone()),
+        password: Some(endpoint.password.clone().into()),
+        ..schema_registry::RegistrySettings::new(&endpoint.url)
+    })
+    .unwrap();
+    registry
+        .register(&format!("{}-value", job.topic), &with_qty)
+        .await
+        .unwrap();
+    let mut second = job.spawn_worker(&[]);
+    job.wait_spread(2, 2, Duration::from_secs(60));
+
+    // Records of version 2 reach both: the first process widens its reader and finds the columns there.
+    job.produce_avro(&with_qty, 100, |id| json!({ "qty": id }));
+    job.wait_copied(200, Duration::from_secs(90));
+    first.stop(Duration::from_secs(60));
+    second.stop(Duration::from_secs(60));
+    assert!(
+        first.log_text().contains("the source's schema changed"),
+        "the first process met the change:\n{}",
+        first.log_text()
+    );
+    job.assert_exactly_once();
+    let summary = Services::get().psql(&format!(
+        "SELECT count(*) FILTER (WHERE id < 100 AND qty IS NULL), count(*) FILTER (WHERE id >= 100 AND qty = id) \
+         FROM \"{}\"",
+        job.table
+    ));
+    assert_eq!(summary.trim(), "100|100");
 }
