@@ -87,6 +87,11 @@ impl AvroRows {
         })
     }
 
+    /// The schema of these rows: the reader schema generation they started with.
+    pub(crate) fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
     /// Whether the decoding's reader schema was widened since these rows began.
     pub(crate) fn outdated(&self) -> bool {
         self.registry

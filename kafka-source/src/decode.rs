@@ -30,10 +30,14 @@ impl BatchBuilder {
         metadata: &MetadataColumns,
         capacity: usize,
     ) -> Result<Self> {
+        // The schema follows the decoded columns the builders were made for (a registry-backed Avro decoding's
+        // reader schema may be widened meanwhile by another subtask of the process).
+        let values = Values::new(decoding, capacity)?;
+        let schema = metadata.schema_after(&values.schema())?;
         Ok(Self {
-            values: Values::new(decoding, capacity)?,
+            values,
             metadata: MetadataBuilder::new(metadata, capacity)?,
-            schema: metadata.schema(decoding)?,
+            schema,
         })
     }
 

@@ -111,13 +111,20 @@ impl MetadataColumns {
     /// [`Config`](ErrorKind::Config) naming a column that would exist twice, or a key decoding that is not JSON
     /// or Avro under [`KeyDecoding::Declared`].
     pub fn schema(&self, decoding: &Decoding) -> Result<SchemaRef> {
+        self.schema_after(&decoding.schema())
+    }
+
+    /// The schema of batches whose decoded columns are `decoded`, followed by these metadata columns.
+    ///
+    /// # Errors
+    /// As [`schema`](Self::schema).
+    pub(crate) fn schema_after(&self, decoded: &Schema) -> Result<SchemaRef> {
         if let Some((_, KeyDecoding::Declared(Decoding::Text | Decoding::Binary))) = &self.key {
             return Err(Error::config(
                 "a declared key decoding is JSON or Avro; use KeyDecoding::Text or Binary for raw keys",
             ));
         }
-        let mut fields: Vec<Field> = decoding
-            .schema()
+        let mut fields: Vec<Field> = decoded
             .fields()
             .iter()
             .map(|f| f.as_ref().clone())

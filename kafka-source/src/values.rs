@@ -149,6 +149,18 @@ impl Values {
         Ok(())
     }
 
+    /// The schema of the columns these builders make.
+    pub(crate) fn schema(&self) -> SchemaRef {
+        match self {
+            Self::Raw(raw) => match raw.payload {
+                Payload::Text { .. } => raw_schema(arrow_schema::DataType::Utf8),
+                Payload::Binary { .. } => raw_schema(arrow_schema::DataType::Binary),
+            },
+            Self::Json { schema, .. } => schema.clone(),
+            Self::Avro(rows) => rows.schema(),
+        }
+    }
+
     /// Whether these rows read with an older reader schema than the decoding's current one.
     pub(crate) fn outdated(&self) -> bool {
         matches!(self, Self::Avro(rows) if rows.outdated())
