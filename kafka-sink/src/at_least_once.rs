@@ -43,9 +43,6 @@ pub struct KafkaAtLeastOnceSink {
     producer: Option<SinkProducer>,
     checkpoint: Option<CheckpointId>,
     sender: RecordSender,
-    /// The batches' schema, and whether new columns may come (the records are JSON of whatever columns a batch
-    /// has: nothing to change on the broker).
-    pub(crate) followed: connector_api::FollowedSchema,
 }
 
 impl KafkaAtLeastOnceSink {
@@ -62,7 +59,6 @@ impl KafkaAtLeastOnceSink {
             sink,
             producer: None,
             checkpoint: None,
-            followed: connector_api::FollowedSchema::default(),
         })
     }
 
@@ -73,7 +69,7 @@ impl KafkaAtLeastOnceSink {
         schema: arrow_schema::SchemaRef,
         evolution: connector_api::Evolution,
     ) -> Self {
-        self.followed = connector_api::FollowedSchema::new(Some(schema), evolution);
+        self.sender.follow(schema, evolution);
         self
     }
 
@@ -142,18 +138,16 @@ impl TwoPhaseCommit for KafkaAtLeastOnceSink {
         sent.map_err(|e| self.context(e))
     }
 
-    /// Tombstones (the key, a null value), acknowledged at pre-commit like every record.
-    /// Records are JSON of whatever columns a batch has: new columns simply appear in the next records, when
-    /// `evolution = "add-columns"`.
+    /// New columns appear in the next records when `evolution = "add-columns"` (JSON of whatever columns a batch
+    /// has; Avro values: the new schema registered first).
     async fn evolve(&mut self, schema: arrow_schema::SchemaRef) -> Result<()> {
-        let target = format!("topic {}", self.config.topic);
-        self.followed.evolve(&self.sink, &target, schema.clone())?;
         self.sender
-            .prepare(&schema)
+            .evolve(&self.sink, schema)
             .await
             .map_err(|e| e.with_sink(&self.sink))
     }
 
+    /// Tombstones (the key, a null value), acknowledged at pre-commit like every record.
     async fn write_tombstones(&mut self, keys: &[Option<Vec<u8>>]) -> Result<bool> {
         let producer = self.begun(Phase::Write)?;
         let sent = self.sender.send_tombstones(&producer, keys).await;

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arrow_array::{BinaryArray, RecordBatch};
-use arrow_schema::{DataType, Field, Schema};
-use connector_api::{Error, ErrorKind, Phase, Result};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use connector_api::{Error, ErrorKind, Evolution, FollowedSchema, Phase, Result};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer};
 use rdkafka::types::RDKafkaErrorCode;
@@ -30,6 +30,8 @@ pub(crate) struct RecordSender {
     max_message_bytes: usize,
     /// Whole rows as Avro through a registry (`records.value_format = "avro"`).
     avro: Option<AvroValues>,
+    /// The batches' schema, and whether new columns may come (nothing to change on the broker).
+    followed: FollowedSchema,
 }
 
 impl RecordSender {
@@ -49,7 +51,28 @@ impl RecordSender {
             default_topic: config.topic.clone(),
             max_message_bytes: config.max_message_bytes(),
             avro,
+            followed: FollowedSchema::default(),
         })
+    }
+
+    /// Batches have `schema`, and take new columns as `evolution` says (without this a schema change is refused).
+    pub(crate) fn follow(&mut self, schema: SchemaRef, evolution: Evolution) {
+        self.followed = FollowedSchema::new(Some(schema), evolution);
+    }
+
+    /// Takes `schema` for the batches from now on ([`TwoPhaseCommit::evolve`](connector_api::TwoPhaseCommit::evolve)
+    /// of both Kafka sinks): allowed by `evolution`, and with Avro values registered before any record of it.
+    ///
+    /// # Errors
+    /// As [`FollowedSchema::evolve`] and [`prepare`](Self::prepare).
+    pub(crate) async fn evolve(
+        &mut self,
+        sink: &connector_api::SinkId,
+        schema: SchemaRef,
+    ) -> Result<()> {
+        let target = format!("topic {}", self.default_topic);
+        self.followed.evolve(sink, &target, schema.clone())?;
+        self.prepare(&schema).await
     }
 
     /// Makes sure the values of batches of `schema` can be sent: with Avro values, their schema is registered.

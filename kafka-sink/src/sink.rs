@@ -40,9 +40,6 @@ pub struct KafkaSink {
     pub(crate) producers: Producers,
     pub(crate) current: Option<(CheckpointId, TransactionalId)>,
     pub(crate) sender: RecordSender,
-    /// The batches' schema, and whether new columns may come (the records are JSON of whatever columns a batch
-    /// has: nothing to change on the broker).
-    pub(crate) followed: connector_api::FollowedSchema,
 }
 
 impl KafkaSink {
@@ -65,7 +62,6 @@ impl KafkaSink {
             pool,
             producers: Arc::new(Mutex::new(HashMap::new())),
             current: None,
-            followed: connector_api::FollowedSchema::default(),
         })
     }
 
@@ -76,7 +72,7 @@ impl KafkaSink {
         schema: arrow_schema::SchemaRef,
         evolution: connector_api::Evolution,
     ) -> Self {
-        self.followed = connector_api::FollowedSchema::new(Some(schema), evolution);
+        self.sender.follow(schema, evolution);
         self
     }
 
@@ -170,18 +166,16 @@ impl TwoPhaseCommit for KafkaSink {
         sent.map_err(|e| self.context(e))
     }
 
-    /// Tombstones (the key, a null value) into the open transaction.
-    /// Records are JSON of whatever columns a batch has: new columns simply appear in the next records, when
-    /// `evolution = "add-columns"`.
+    /// New columns appear in the next records when `evolution = "add-columns"` (JSON of whatever columns a batch
+    /// has; Avro values: the new schema registered first).
     async fn evolve(&mut self, schema: arrow_schema::SchemaRef) -> Result<()> {
-        let target = format!("topic {}", self.config.topic);
-        self.followed.evolve(&self.sink, &target, schema.clone())?;
         self.sender
-            .prepare(&schema)
+            .evolve(&self.sink, schema)
             .await
             .map_err(|e| e.with_sink(&self.sink))
     }
 
+    /// Tombstones (the key, a null value) into the open transaction.
     async fn write_tombstones(&mut self, keys: &[Option<Vec<u8>>]) -> Result<bool> {
         let producer = self.open_producer()?;
         let sent = self.sender.send_tombstones(&producer, keys).await;

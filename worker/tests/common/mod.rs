@@ -446,18 +446,7 @@ create_table = true
             "prepared transactions left: {prepared:?}"
         );
         let ids = sorted_ids;
-        let lake = services.verify(
-            "iceberg_table.py",
-            &[
-                "ratchet",
-                &services
-                    .pg_url()
-                    .replacen("postgres://", "postgresql+psycopg://", 1),
-                &format!("file://{}", self.dir.path().join("warehouse").display()),
-                &format!("{}.orders", self.name),
-                "id",
-            ],
-        );
+        let lake = self.read_lake(&[]);
         assert_eq!(
             lake["unreferenced"],
             serde_json::json!([]),
@@ -474,6 +463,26 @@ create_table = true
             ("table", ids(&table["ids"])),
             ("iceberg", ids(&lake["ids"])),
         ]
+    }
+
+    /// What pyiceberg and DuckDB see in the job's Iceberg table (`iceberg_table.py`, `flags` such as
+    /// `--columns` after its arguments).
+    pub fn read_lake(&self, flags: &[&str]) -> serde_json::Value {
+        let services = Services::get();
+        let uri = services
+            .pg_url()
+            .replacen("postgres://", "postgresql+psycopg://", 1);
+        let warehouse = format!("file://{}", self.dir.path().join("warehouse").display());
+        let table = format!("{}.orders", self.name);
+        let mut args = vec![
+            "ratchet",
+            uri.as_str(),
+            warehouse.as_str(),
+            table.as_str(),
+            "id",
+        ];
+        args.extend_from_slice(flags);
+        services.verify("iceberg_table.py", &args)
     }
 
     /// Waits (polling the read_committed verifier) until the Kafka copy holds every produced record, at most

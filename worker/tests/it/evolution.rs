@@ -106,20 +106,7 @@ async fn new_fields_become_columns_of_every_sink_exactly_once_across_kills() {
     ));
     assert_eq!(summary.trim(), "100|100|100|100|400");
     // pyiceberg reads the Iceberg table the same way: each new column holds exactly the ids whose record had it.
-    let services = Services::get();
-    let lake = services.verify(
-        "iceberg_table.py",
-        &[
-            "ratchet",
-            &services
-                .pg_url()
-                .replacen("postgres://", "postgresql+psycopg://", 1),
-            &format!("file://{}", job.dir.path().join("warehouse").display()),
-            &format!("{}.orders", job.name),
-            "id",
-            "--columns",
-        ],
-    );
+    let lake = job.read_lake(&["--columns"]);
     let ids = |from: i64| Value::from((from..400).collect::<Vec<i64>>());
     assert_eq!(lake["columns"]["qty"], ids(100));
     assert_eq!(lake["columns"]["tag"], ids(200));
