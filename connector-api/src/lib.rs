@@ -12,6 +12,7 @@
 #![deny(missing_docs)]
 
 mod blocking;
+mod changes;
 pub mod checkpoint;
 mod delivery;
 mod driver;
@@ -27,6 +28,7 @@ mod schema_change;
 mod txn;
 
 pub use blocking::blocking;
+pub use changes::{AppliedChanges, CHANGE_COLUMN, ChangeColumns, OP_COLUMN};
 pub use checkpoint::{
     CheckpointRecord, CheckpointStore, Claim, ClaimGuard, HeldClaim, Loaded, LocalCheckpointStore,
     OwnerEpoch, SourceOffset,

@@ -53,6 +53,7 @@ impl Mode {
             Mode::Sink(WriteMode::Xa, DeliveryGuarantee::ExactlyOnce) => "xa, exactly-once".into(),
             Mode::Sink(WriteMode::Xa, _) => "xa, at-least-once".into(),
             Mode::Sink(WriteMode::Upsert { .. }, _) => "upsert".into(),
+            Mode::Sink(WriteMode::XaUpsert { .. }, _) => "xa upsert".into(),
             Mode::Sink(WriteMode::Append { .. }, _) => "append + dedup table".into(),
         }
     }

@@ -4,7 +4,7 @@
 use connector_api::{Error, ErrorKind, Phase, Result, SinkCheck};
 use mysql_async::prelude::Queryable;
 
-use crate::config::{Dialect, JdbcSinkConfig, WriteMode};
+use crate::config::{Dialect, JdbcSinkConfig};
 
 /// Checks `config`.
 ///
@@ -49,7 +49,7 @@ async fn postgres(config: &JdbcSinkConfig) -> Result<(String, bool)> {
     let read = |what: &'static str| {
         move |e: tokio_postgres::Error| crate::pg::pg_error(Phase::Setup, None, what, e)
     };
-    if config.mode == WriteMode::Xa {
+    if config.mode.prepares() {
         let max: String = client
             .query_one("SHOW max_prepared_transactions", &[])
             .await
@@ -81,7 +81,7 @@ async fn mysql(config: &JdbcSinkConfig) -> Result<(String, bool)> {
         .await
         .map_err(read("cannot read the server version"))?
         .unwrap_or_default();
-    if config.mode == WriteMode::Xa {
+    if config.mode.prepares() {
         crate::mysql::check_xa_version(&version)?;
         conn.query_drop("XA RECOVER").await.map_err(|e| {
             Error::new(

@@ -38,6 +38,7 @@ impl Dialect {
 /// | mode | transaction per checkpoint | visible | exactly once because |
 /// |---|---|---|---|
 /// | `xa` | prepared (`PREPARE TRANSACTION` / `XA PREPARE`) at pre-commit, committed once the checkpoint record is durable | at commit | the commit decision is the checkpoint record; recovery commits or rolls back what is prepared |
+/// | `xa_upsert` | prepared, as `xa` | at commit | as `xa`; rows are upserted and deleted by key inside the prepared transaction |
 /// | `upsert` | ordinary, committed at pre-commit | at pre-commit | replayed rows overwrite themselves (last write per key wins) |
 /// | `append` with `dedup` | ordinary, committed at pre-commit | at pre-commit | a dedup table of message ids, written in the same transaction, drops replayed rows |
 ///
@@ -54,11 +55,34 @@ pub enum WriteMode {
         /// The key columns (a primary key or unique index on the table).
         key: Vec<String>,
     },
+    /// Prepared (XA) transactions, as `xa`, but rows are written by key as in `upsert` (`MERGE` / `ON
+    /// DUPLICATE KEY UPDATE`) and tombstones and change rows with the operation `d` delete their key, all inside
+    /// the prepared transaction: a change stream applied exactly once, visible only at commit.
+    XaUpsert {
+        /// The key columns (a primary key or unique index on the table).
+        key: Vec<String>,
+    },
     /// Appends, dropping rows whose message id is already in the dedup table.
     Append {
         /// The idempotent-consumer table.
         dedup: DedupConfig,
     },
+}
+
+impl WriteMode {
+    /// Whether each checkpoint is a prepared transaction, committed once the checkpoint record is durable
+    /// (`xa`, `xa_upsert`); the other modes commit at pre-commit.
+    pub fn prepares(&self) -> bool {
+        matches!(self, Self::Xa | Self::XaUpsert { .. })
+    }
+
+    /// The key rows are written and deleted by (`upsert`, `xa_upsert`); `None` in the appending modes.
+    pub fn key(&self) -> Option<&[String]> {
+        match self {
+            Self::Upsert { key } | Self::XaUpsert { key } => Some(key),
+            Self::Xa | Self::Append { .. } => None,
+        }
+    }
 }
 
 /// The dedup table of the append mode.

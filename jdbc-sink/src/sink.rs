@@ -5,13 +5,13 @@ use std::sync::Arc;
 use arrow_array::RecordBatch;
 use async_trait::async_trait;
 use connector_api::{
-    CheckpointId, Error, ErrorKind, Phase, RecoveryPlan, Result, SinkId, SinkScope, SubtaskId,
-    TwoPhaseCommit,
+    ChangeColumns, CheckpointId, Error, ErrorKind, Phase, RecoveryPlan, Result, SinkId, SinkScope,
+    SubtaskId, TwoPhaseCommit,
 };
 
 use crate::commit::JdbcCommitter;
 use crate::committable::JdbcCommittable;
-use crate::config::{DedupConfig, Dialect, JdbcSinkConfig, WriteMode};
+use crate::config::{DedupConfig, Dialect, JdbcSinkConfig};
 use crate::database::{Coordinator, Session};
 use crate::keys::KeyDecoder;
 use crate::{Xid, mysql, pg};
@@ -32,6 +32,9 @@ pub struct JdbcSink {
     /// Upsert mode: decodes tombstone keys into the key columns. `None` in the other modes, which cannot express
     /// a deletion.
     pub(crate) keys: Option<KeyDecoder>,
+    /// The change columns of a change stream the mode applies by key (`upsert`, `xa_upsert`); `None` when the
+    /// batches are not changes, or the mode appends them (then they are columns like any other: a changelog).
+    pub(crate) changes: Option<ChangeColumns>,
     /// What the instance was built with (its schema updated by `evolve`).
     pub(crate) config: JdbcSinkConfig,
     /// The checkpoint whose transaction is open (begun, not yet pre-committed or aborted).
@@ -68,13 +71,15 @@ impl JdbcSink {
                 config.lock_timeout,
             )),
         };
+        let table = table_config(&config)?;
         Ok(Self {
-            keys: key_decoder(&config)?,
-            session: session(&config).await?,
+            keys: key_decoder(&table)?,
+            session: session(&table).await?,
+            changes: applied_changes(&config)?,
             sink: config.sink.clone(),
             scope: config.scope.clone(),
             subtask: config.subtask,
-            xa: config.mode == WriteMode::Xa,
+            xa: config.mode.prepares(),
             coordinator,
             epoch: None,
             prepared: None,
@@ -117,12 +122,31 @@ async fn session(config: &JdbcSinkConfig) -> Result<Box<dyn Session>> {
     })
 }
 
-/// Upsert mode's decoder of tombstone keys.
-fn key_decoder(config: &JdbcSinkConfig) -> Result<Option<KeyDecoder>> {
-    match &config.mode {
-        WriteMode::Upsert { key } => Ok(Some(KeyDecoder::new(&config.schema, key)?)),
-        WriteMode::Xa | WriteMode::Append { .. } => Ok(None),
+/// The change columns `config`'s mode applies (see [`JdbcSink::write`]).
+fn applied_changes(config: &JdbcSinkConfig) -> Result<Option<ChangeColumns>> {
+    if config.mode.key().is_none() {
+        return Ok(None);
     }
+    ChangeColumns::of(&config.schema).map_err(|e| e.with_sink(&config.sink))
+}
+
+/// `config` as the table sees it: without the change columns the mode applies (they are not table columns).
+fn table_config(config: &JdbcSinkConfig) -> Result<JdbcSinkConfig> {
+    let mut table = config.clone();
+    if config.mode.key().is_some() {
+        table.schema =
+            ChangeColumns::table_schema(&config.schema).map_err(|e| e.with_sink(&config.sink))?;
+    }
+    Ok(table)
+}
+
+/// The upsert modes' decoder of tombstone keys.
+fn key_decoder(config: &JdbcSinkConfig) -> Result<Option<KeyDecoder>> {
+    config
+        .mode
+        .key()
+        .map(|key| KeyDecoder::new(&config.schema, key))
+        .transpose()
 }
 
 #[async_trait]
@@ -186,8 +210,10 @@ impl TwoPhaseCommit for JdbcSink {
         self.session.rollback().await?;
         let mut config = self.config.clone();
         config.schema = schema;
-        self.session = session(&config).await?;
-        self.keys = key_decoder(&config)?;
+        let table = table_config(&config)?;
+        self.session = session(&table).await?;
+        self.keys = key_decoder(&table)?;
+        self.changes = applied_changes(&config)?;
         self.config = config;
         if let Some(checkpoint) = self.open {
             self.session.begin(&self.xid(checkpoint)).await?;
@@ -195,11 +221,34 @@ impl TwoPhaseCommit for JdbcSink {
         Ok(())
     }
 
+    /// Writes `batch` into the open transaction: appended (`xa`, `append`) or upserted by key (`upsert`,
+    /// `xa_upsert`). A change stream's batch (change columns marked by the source: [`ChangeColumns`]) in a keyed
+    /// mode is applied: per key its last change in the batch counts; deletes (operation `d`) delete the key's row,
+    /// the other changes are upserted without the change columns. In the appending modes a change stream's
+    /// batch is appended whole, change columns included (a changelog table).
+    ///
+    /// # Errors
+    /// [`BadRecord`](ErrorKind::BadRecord) for a row the table refuses or a change whose operation is not `c`,
+    /// `u`, `r` or `d`: nothing of the batch is applied, except that a change batch's upserts and its deletes
+    /// are refused each whole, so a delete refused (a foreign key) leaves the batch's upserts applied;
+    /// [`Retryable`](ErrorKind::Retryable) when the connection was lost.
     async fn write(&mut self, batch: &RecordBatch) -> Result<()> {
-        self.session.write(batch).await
+        let (Some(changes), Some(key)) = (&self.changes, self.config.mode.key()) else {
+            return self.session.write(batch).await;
+        };
+        let applied = changes
+            .apply(batch, key)
+            .map_err(|e| e.with_sink(&self.sink))?;
+        if applied.upserts.num_rows() > 0 {
+            self.session.write(&applied.upserts).await?;
+        }
+        if applied.deletes.num_rows() > 0 {
+            self.session.delete(&[applied.deletes]).await?;
+        }
+        Ok(())
     }
 
-    /// Upsert mode: deletes the rows of `keys` inside the open transaction, after the rows written before (so a
+    /// Upsert modes (`upsert`, `xa_upsert`): deletes the rows of `keys` inside the open transaction, after the rows written before (so a
     /// key upserted then deleted in one checkpoint ends deleted, and one deleted then upserted ends present). Each
     /// key is decoded into the key columns (the rule is in the crate docs, "Tombstones"); a key that is `None` (a
     /// tombstone without a key) deletes nothing. Returns `true`, also when no key was given.

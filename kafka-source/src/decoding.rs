@@ -6,6 +6,7 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use connector_api::{ErrorKind, Result};
 
 use crate::avro::AvroDecoding;
+use crate::debezium::DebeziumDecoding;
 use crate::record::RecordAt;
 
 /// How record values become rows.
@@ -22,6 +23,9 @@ pub enum Decoding {
     /// Each value is one Avro record of the declared schema in Confluent or single-object framing (arrow-avro); a
     /// value that does not decode is a [`BadRecord`](ErrorKind::BadRecord) naming the record.
     Avro(AvroDecoding),
+    /// Each value is one Debezium change event (JSON or Avro), decoded into the table's columns and the change
+    /// columns ([`DebeziumDecoding`]); Debezium's tombstones after deletes yield nothing.
+    Debezium(DebeziumDecoding),
 }
 
 impl Decoding {
@@ -32,6 +36,7 @@ impl Decoding {
             Self::Binary => binary_schema(),
             Self::Json(schema) => schema.clone(),
             Self::Avro(avro) => avro.schema(),
+            Self::Debezium(debezium) => debezium.schema(),
         }
     }
 
@@ -47,6 +52,7 @@ impl Decoding {
                 Err(e) if e.kind() == ErrorKind::BadRecord => Ok(()),
                 outcome => outcome,
             },
+            (Self::Debezium(debezium), _) => debezium.envelope().learn_schema(at, value),
             _ => Ok(()),
         }
     }
@@ -55,7 +61,13 @@ impl Decoding {
     /// sorts the batch out record by record ([`crate::reject`]). Such decodings' rows are the value's fields, so a
     /// record without a value (a tombstone) has no row.
     pub(crate) fn defers_failures(&self) -> bool {
-        matches!(self, Self::Json(_) | Self::Avro(_))
+        matches!(self, Self::Json(_) | Self::Avro(_) | Self::Debezium(_))
+    }
+
+    /// Whether a record without a value is read and left out: Debezium's tombstone after a delete event, which
+    /// the delete event already carried (a changelog would otherwise hold the delete twice).
+    pub(crate) fn skips_tombstones(&self) -> bool {
+        matches!(self, Self::Debezium(_))
     }
 }
 

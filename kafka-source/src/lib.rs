@@ -34,6 +34,7 @@
 mod avro;
 mod avro_fields;
 mod avro_rows;
+mod debezium;
 mod decode;
 mod decoding;
 mod metadata;
@@ -47,6 +48,7 @@ mod values;
 mod writer_schemas;
 
 pub use avro::{AvroDecoding, AvroFraming};
+pub use debezium::DebeziumDecoding;
 pub use decoding::{Decoding, binary_schema, text_schema};
 pub use kafka_connection::KafkaConnection;
 pub use metadata::{KeyDecoding, MetadataColumns, headers_field};

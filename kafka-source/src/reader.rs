@@ -166,6 +166,8 @@ struct ChunkState {
     decoder_failed: bool,
     rejected: Vec<RejectedRecord>,
     tombstones: Vec<Tombstone>,
+    /// Records read and left out (Debezium's tombstones): the positions move past them.
+    skipped: usize,
     topic: String,
     records: usize,
 }
@@ -182,6 +184,7 @@ impl ChunkState {
             decoder_failed: false,
             rejected: Vec::new(),
             tombstones: Vec::new(),
+            skipped: 0,
             topic: String::new(),
             records: 0,
         }
@@ -219,6 +222,11 @@ impl ChunkState {
             Some(entry) => entry.1 = at.offset + 1,
             None => self.next.push((at.partition, at.offset + 1)),
         }
+        if reader.decoding.skips_tombstones() && record.value.is_none() {
+            // Debezium's tombstone after a delete: the delete event before it carried the change.
+            self.skipped += 1;
+            return Ok(Take::Next);
+        }
         if reader.decoding.defers_failures() && record.value.is_none() {
             // A tombstone of a decoding whose rows are the value's fields: a record with no row. It ends the
             // chunk, so it comes after every row read before it and before every row read after it (a sink
@@ -255,13 +263,13 @@ impl ChunkState {
         Ok(Take::Next)
     }
 
-    /// The chunk of everything taken (`None` when nothing was: no rows, gaps or tombstones).
+    /// The chunk of everything taken (`None` when nothing was: no rows, gaps, tombstones or skipped records).
     fn finish(mut self, reader: &mut Reader) -> Result<Option<Chunk>> {
         for &(partition, offset) in &self.next {
             reader.assignment.took(partition, offset);
         }
         let Some(builder) = self.builder else {
-            if self.gaps.is_empty() && self.tombstones.is_empty() {
+            if self.gaps.is_empty() && self.tombstones.is_empty() && self.skipped == 0 {
                 return Ok(None);
             }
             let schema = reader.metadata.schema(&reader.decoding)?;

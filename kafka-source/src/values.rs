@@ -10,6 +10,7 @@ use arrow_schema::SchemaRef;
 use connector_api::{Error, ErrorKind, Phase, Result};
 
 use crate::avro_rows::AvroRows;
+use crate::debezium::DebeziumDecoding;
 use crate::decoding::{Decoding, raw_schema};
 use crate::record::{RecordAt, bad_record, text};
 
@@ -42,6 +43,11 @@ pub(crate) enum Values {
         schema: SchemaRef,
     },
     Avro(AvroRows),
+    /// Debezium envelopes, made rows at the end.
+    Debezium {
+        envelopes: Box<Values>,
+        decoding: DebeziumDecoding,
+    },
 }
 
 impl Values {
@@ -83,6 +89,10 @@ impl Values {
                 schema: schema.clone(),
             },
             Decoding::Avro(avro) => Self::Avro(AvroRows::new(avro, capacity)?),
+            Decoding::Debezium(debezium) => Self::Debezium {
+                envelopes: Box::new(Self::new(debezium.envelope(), capacity)?),
+                decoding: debezium.clone(),
+            },
         })
     }
 
@@ -145,6 +155,7 @@ impl Values {
                 let value = value.ok_or_else(|| bad_record(at, "has no value (a tombstone)"))?;
                 rows.append(at, value, role)?;
             }
+            Self::Debezium { envelopes, .. } => envelopes.append(at, key, value, role)?,
         }
         Ok(())
     }
@@ -158,12 +169,17 @@ impl Values {
             },
             Self::Json { schema, .. } => schema.clone(),
             Self::Avro(rows) => rows.schema(),
+            Self::Debezium { decoding, .. } => decoding.schema(),
         }
     }
 
     /// Whether these rows read with an older reader schema than the decoding's current one.
     pub(crate) fn outdated(&self) -> bool {
-        matches!(self, Self::Avro(rows) if rows.outdated())
+        match self {
+            Self::Avro(rows) => rows.outdated(),
+            Self::Debezium { envelopes, .. } => envelopes.outdated(),
+            Self::Raw(_) | Self::Json { .. } => false,
+        }
     }
 
     /// The batch of every row appended.
@@ -212,6 +228,10 @@ impl Values {
                 ..
             } => flushed(decoder.flush(), schema),
             Self::Avro(rows) => rows.finish(),
+            Self::Debezium {
+                envelopes,
+                decoding,
+            } => decoding.rows(&envelopes.finish()?),
         }
     }
 }

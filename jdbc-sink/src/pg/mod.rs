@@ -104,7 +104,7 @@ pub(crate) fn check_max_prepared_transactions(value: &str) -> Result<()> {
 /// [`Config`](ErrorKind::Config) for `max_prepared_transactions = 0` in XA mode (naming the setting and how to
 /// change it), for a target table that is missing without `create_table`.
 pub(crate) async fn prepare_database(client: &Client, config: &JdbcSinkConfig) -> Result<()> {
-    if config.mode == WriteMode::Xa {
+    if config.mode.prepares() {
         let max: String = client
             .query_one("SHOW max_prepared_transactions", &[])
             .await
@@ -133,10 +133,7 @@ pub(crate) async fn prepare_database(client: &Client, config: &JdbcSinkConfig) -
              PRIMARY KEY (sink, subtask, checkpoint));"
     );
     if config.create_table {
-        let key = match &config.mode {
-            WriteMode::Upsert { key } => key.clone(),
-            _ => Vec::new(),
-        };
+        let key = config.mode.key().unwrap_or_default().to_vec();
         ddl.push_str(&shape.create_table(dialect, &config.table, &key));
         ddl.push(';');
     }

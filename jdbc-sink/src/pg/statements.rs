@@ -84,7 +84,7 @@ impl BatchStatements {
         };
         Ok(Some(match &config.mode {
             WriteMode::Xa => return Ok(None),
-            WriteMode::Upsert { key } => {
+            WriteMode::Upsert { key } | WriteMode::XaUpsert { key } => {
                 if key.is_empty() {
                     return Err(config_error("mode upsert needs at least one key column"));
                 }
@@ -188,7 +188,7 @@ impl KeyDelete {
         shape: &TableShape,
         types: &[Type],
     ) -> Result<Option<Self>> {
-        let WriteMode::Upsert { key } = &config.mode else {
+        let Some(key) = config.mode.key() else {
             return Ok(None);
         };
         let mut arrays = Vec::with_capacity(key.len());

@@ -7,6 +7,7 @@
 //! - grey (time limits under Toxiproxy faults);
 //! - restart (restarts PostgreSQL);
 
+mod changes;
 #[path = "../common/mod.rs"]
 mod common;
 mod conformance;

@@ -106,7 +106,7 @@ impl MySqlSession {
         let mut delete = None;
         let (key, insert_tail) = match &config.mode {
             WriteMode::Xa => (Vec::new(), String::new()),
-            WriteMode::Upsert { key } => {
+            WriteMode::Upsert { key } | WriteMode::XaUpsert { key } => {
                 if key.is_empty() {
                     return Err(config_error("mode upsert needs at least one key column"));
                 }
@@ -163,7 +163,7 @@ impl MySqlSession {
             subtask: connector_api::SubtaskId(u32::MAX),
             checkpoint: connector_api::CheckpointId(u64::MAX),
         };
-        if config.mode == WriteMode::Xa && longest.to_string().len() > MAX_GTRID_BYTES {
+        if config.mode.prepares() && longest.to_string().len() > MAX_GTRID_BYTES {
             return Err(config_error(format!(
                 "the sink's scope {:?} is too long for MySQL XA transaction ids ({MAX_GTRID_BYTES} bytes with the \
                  subtask and checkpoint): set `scope` in the sink's settings to at most 24 characters (unique per \
@@ -173,7 +173,7 @@ impl MySqlSession {
         }
         let mut conn = open(&opts, &config, Phase::Setup).await?;
         let fail = |what: &'static str| move |e| my_error(Phase::Setup, None, what, e);
-        if config.mode == WriteMode::Xa {
+        if config.mode.prepares() {
             let version: String = conn
                 .query_first("SELECT VERSION()")
                 .await
@@ -325,9 +325,9 @@ impl Session for MySqlSession {
         if self.conn.is_none() {
             self.conn = Some(open(&self.opts, &self.config, Phase::Begin).await?);
         }
-        let statement = match self.config.mode {
-            WriteMode::Xa => format!("XA START '{xid}'"),
-            _ => "START TRANSACTION".to_string(),
+        let statement = match self.config.mode.prepares() {
+            true => format!("XA START '{xid}'"),
+            false => "START TRANSACTION".to_string(),
         };
         self.run(
             Phase::Begin,
@@ -518,7 +518,7 @@ impl Session for MySqlSession {
         if self.conn.is_none() {
             return Ok(());
         }
-        if self.config.mode != WriteMode::Xa {
+        if !self.config.mode.prepares() {
             return self
                 .run(
                     Phase::Abort,
