@@ -60,25 +60,22 @@ struct Process {
     progress_line: bool,
 }
 
-/// Runs the job in `args.config` until a signal, `--exit-when-idle`, or an error that restarts do not cure.
+/// A signal arrived before the job started: nothing was claimed or opened yet (a lease being joined is left to
+/// expire, an open store transaction is rolled back with its connection).
+fn stopped_while_starting(signal: &str) {
+    tracing::info!(signal, "stopped before the job started: nothing to finish");
+}
+
+/// Everything before the job loop: the registry's reader schemas, the leases, the job's identity.
 ///
 /// # Errors
-/// A job file or server problem at start (named), or a subtask that keeps failing.
-pub async fn run(args: RunArgs, progress_line: bool) -> Result<()> {
-    let job = Arc::new(JobConfig::load(&args.config)?);
-    let health = Arc::new(Health::default());
-    if let Some(listen) = args.metrics_listen {
-        let metrics = crate::telemetry::install(&job.job.name)?;
-        crate::health::serve(listen, metrics, health.clone()).await?;
-    }
-    let kafka = job.kafka()?;
-    kafka
-        .check_reachable(KAFKA_REACHABLE_WITHIN)
-        .await
-        .context("[source]")?;
-    if job.job.kafka_to_kafka {
-        return crate::fast_path::run(&job, &args).await;
-    }
+/// A registry or store that cannot be reached (after retries) or refuses, a job whose identity does not match.
+async fn start(
+    job: Arc<JobConfig>,
+    kafka: kafka_source::KafkaConnection,
+    health: Arc<Health>,
+    progress_line: bool,
+) -> Result<Process> {
     // A schema registry's reader schemas, looked up once for the process (every subtask and sink uses these).
     job.decodings().await?;
     let leases: Box<dyn Leases> = match &job.store {
@@ -119,7 +116,7 @@ pub async fn run(args: RunArgs, progress_line: bool) -> Result<()> {
         started,
         drill: crate::drill::from_env()?,
     };
-    let mut process = Process {
+    Ok(Process {
         job: job.clone(),
         base,
         leases,
@@ -129,10 +126,39 @@ pub async fn run(args: RunArgs, progress_line: bool) -> Result<()> {
         finished: Totals::default(),
         assignment: Assignment::default(),
         progress_line: progress_line && std::io::stderr().is_terminal(),
-    };
-    tracing::info!(job = %job.job.name, subtasks = job.job.subtasks, "job starting");
+    })
+}
+
+/// Runs the job in `args.config` until a signal, `--exit-when-idle`, or an error that restarts do not cure.
+///
+/// # Errors
+/// A job file or server problem at start (named), or a subtask that keeps failing.
+pub async fn run(args: RunArgs, progress_line: bool) -> Result<()> {
+    // Watched from the first moment: a stop while the process starts (waiting for a lease, a registry, the
+    // store) is a clean exit, not a death by signal.
     let mut terminate = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
+    let job = Arc::new(JobConfig::load(&args.config)?);
+    let health = Arc::new(Health::default());
+    if let Some(listen) = args.metrics_listen {
+        let metrics = crate::telemetry::install(&job.job.name)?;
+        crate::health::serve(listen, metrics, health.clone()).await?;
+    }
+    let kafka = job.kafka()?;
+    kafka
+        .check_reachable(KAFKA_REACHABLE_WITHIN)
+        .await
+        .context("[source]")?;
+    if job.job.kafka_to_kafka {
+        return crate::fast_path::run(&job, &args).await;
+    }
+    let starting = start(job.clone(), kafka, health, progress_line);
+    let mut process = tokio::select! {
+        process = starting => process?,
+        _ = terminate.recv() => return Ok(stopped_while_starting("SIGTERM")),
+        _ = interrupt.recv() => return Ok(stopped_while_starting("SIGINT")),
+    };
+    tracing::info!(job = %job.job.name, subtasks = job.job.subtasks, "job starting");
     let mut tick = tokio::time::interval(job.job.lease / 5);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let outcome = loop {
@@ -165,7 +191,7 @@ pub async fn run(args: RunArgs, progress_line: bool) -> Result<()> {
     }
     let totals = process.totals();
     let (cpu_seconds, peak_rss_kb) = own_usage();
-    let origin = std::time::SystemTime::now() - started.elapsed();
+    let origin = std::time::SystemTime::now() - process.base.started.elapsed();
     let unix_ms = |ms: Option<u64>| {
         ms.and_then(|ms| {
             (origin + Duration::from_millis(ms))

@@ -195,3 +195,35 @@ async fn health_and_ready_follow_the_subtasks_and_a_crash_loop_is_unhealthy() {
     let (status, why) = http_get(port, "/ready").unwrap();
     assert_eq!(status, 503, "{why}");
 }
+
+/// SIGTERM while the process is still starting (here: its schema registry does not answer, which it retries for
+/// 30 s) is a clean exit, at once, saying so: an orchestrator stopping a pod that never got going sees exit 0, not
+/// a death by signal.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_while_starting_exits_cleanly() {
+    let job = Job::new("stop-starting", 1, 1, "3s").await;
+    job.read_registry_avro();
+    let registry = test_support::Services::get().registry();
+    job.edit_config(
+        &format!("url = \"{}/\"", registry.url),
+        "url = \"http://127.0.0.1:1/\"",
+    );
+    let mut job = job;
+    let mut worker = job.spawn_worker(&[]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !worker.log_text().contains("/subjects/") {
+        assert!(worker.exited().is_none(), "{}", worker.log_text());
+        assert!(
+            Instant::now() < deadline,
+            "never waited for the registry:\n{}",
+            worker.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    worker.stop(Duration::from_secs(5));
+    assert!(
+        worker.log_text().contains("stopped before the job started"),
+        "{}",
+        worker.log_text()
+    );
+}
