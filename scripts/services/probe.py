@@ -71,8 +71,18 @@ def postgres() -> str:
     with psycopg.connect(os.environ["RATCHET_PG_URL"], connect_timeout=5) as conn:
         version = conn.execute("SHOW server_version").fetchone()[0]
         prepared = int(conn.execute("SHOW max_prepared_transactions").fetchone()[0])
+        wal_level = conn.execute("SHOW wal_level").fetchone()[0]
+        slots = int(conn.execute("SHOW max_replication_slots").fetchone()[0])
+        replication = conn.execute(
+            "SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user"
+        ).fetchone()[0]
     if prepared < 64:
         raise SystemExit(f"max_prepared_transactions is {prepared}, need >= 64")
+    # Debezium (the connect service) decodes the WAL logically, with a replication slot of its own per connector.
+    if wal_level != "logical" or slots < 10:
+        raise SystemExit(f"wal_level is {wal_level} and max_replication_slots {slots}, need logical and >= 10")
+    if not replication:
+        raise SystemExit("the test user has no REPLICATION attribute")
     # TLS: a verify-full connection against the test CA must work.
     with psycopg.connect(
         os.environ["RATCHET_PG_URL"], connect_timeout=5, sslmode="verify-full", sslrootcert=os.environ["RATCHET_TLS_CA"]
@@ -80,7 +90,7 @@ def postgres() -> str:
         ssl = conn.execute("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()").fetchone()[0]
     if not ssl:
         raise SystemExit("a sslmode=verify-full connection is not encrypted")
-    return f"PostgreSQL {version}, max_prepared_transactions={prepared}, TLS ok"
+    return f"PostgreSQL {version}, max_prepared_transactions={prepared}, wal_level={wal_level}, TLS ok"
 
 
 def mariadb() -> str:

@@ -259,6 +259,21 @@ impl Services {
         }
     }
 
+    /// Kafka Connect's REST API (the `connect` service, with Debezium's PostgreSQL connector), after checking it
+    /// listens.
+    pub fn connect_url(&self) -> &str {
+        let url = self.var("RATCHET_CONNECT_URL");
+        require("Kafka Connect", host_port(url));
+        url
+    }
+
+    /// Runs the change-data-capture peer `test-support/cdc/debezium.py` (Debezium connectors registered over Kafka
+    /// Connect's REST API, and a workload on the captured PostgreSQL table) with `args`, and returns what it
+    /// printed (JSON). Fails with its stderr when it fails.
+    pub fn cdc(&self, args: &[&str]) -> serde_json::Value {
+        self.python_script(&repo_root().join("test-support/cdc/debezium.py"), args)
+    }
+
     /// The Python interpreter of the verifiers' venv.
     pub fn python(&self) -> PathBuf {
         let python = PathBuf::from(self.var("RATCHET_PYTHON"));

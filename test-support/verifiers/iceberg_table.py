@@ -11,7 +11,8 @@ iceberg_scan of the current metadata file], "snapshots": [{"snapshot_id", "paren
 that no manifest of any retained snapshot lists, locations compared with repeated '/' collapsed]} with snapshots
 oldest first. Both readers see only what the current metadata references. With --columns it also prints
 "columns": {column: [ID_COLUMN values of the rows where it is not null, sorted]} for every column of the current
-schema, as pyiceberg reads them (a data file written before a column was added reads as null there).
+schema, as pyiceberg reads them (a data file written before a column was added reads as null there). With --rows
+it also prints "rows": every row as a list of its values in the schema's column order, and "column_names".
 """
 
 import json
@@ -148,11 +149,15 @@ def main(name: str, uri: str, warehouse: str, table_name: str, id_column: str, *
             column: sorted(i for i, v in zip(ids, rows.column(column).to_pylist()) if v is not None)
             for column in rows.column_names
         }
-    json.dump(out, sys.stdout)
+    if "--rows" in flags:
+        rows = table.scan().to_arrow()
+        out["column_names"] = rows.column_names
+        out["rows"] = [list(r.values()) for r in rows.to_pylist()]
+    json.dump(out, sys.stdout, default=str)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) not in (6, 7):
+    if len(sys.argv) < 6:
         raise SystemExit(__doc__)
     main(*sys.argv[1:])
     # pyarrow's thread pools can abort the interpreter at shutdown ("terminate called without an active

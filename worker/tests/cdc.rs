@@ -1,0 +1,343 @@
+//! Change data capture end to end, under SIGKILL: Debezium's PostgreSQL connector (Kafka Connect, the `connect`
+//! service) captures a PostgreSQL table while a workload inserts, updates and deletes in small transactions;
+//! `ratchet run` processes, killed with SIGKILL at random moments and replaced, run the documented example job
+//! (docs/examples/cdc-postgres-iceberg.toml: a PostgreSQL replica in `xa_upsert` mode and an Iceberg changelog)
+//! with a MariaDB replica (`upsert` mode) added. Afterwards, read by independent readers (psycopg, pymysql,
+//! pyiceberg, a read_committed confluent-kafka consumer):
+//! - both replicas equal the source table row for row;
+//! - the changelog holds every change event of the topic exactly once (by Kafka offset), and applying it (the last
+//!   change per key, deletes removing) gives the source table too;
+//! - no prepared transaction is left behind.
+//!
+//! `RATCHET_CDC_OPS` sets the workload's operations (1200 by default, as CI runs it), `RATCHET_CDC_KILLS` the
+//! kills (3 by default; the long run is recorded in docs/benchmarks.md, "Chaos"), `RATCHET_CHAOS_SEED` replays a
+//! run (the seed is printed).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use common::Job;
+use serde_json::Value;
+use test_support::Services;
+
+/// The captured table's columns, in the order the readers compare them.
+const COLUMNS: [&str; 5] = ["id", "name", "qty", "price", "active"];
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().map(|v| {
+        v.parse()
+            .unwrap_or_else(|_| panic!("{name}={v:?} is not a number"))
+    })
+}
+
+/// A small deterministic generator (xorshift64*), so a failing run can be replayed from its seed.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+    }
+}
+
+/// The Debezium connector of the test, its replication slot and publication: removed when the test ends, however
+/// it ends (a slot left behind would keep the test server's WAL forever).
+struct Connector {
+    name: String,
+}
+
+impl Connector {
+    fn register(name: &str, table: &str) -> Self {
+        let services = Services::get();
+        let connector = Self {
+            name: name.to_string(),
+        };
+        services.cdc(&[
+            "register",
+            services.connect_url(),
+            name,
+            "--table",
+            table,
+            "--topic-prefix",
+            name,
+            "--slot",
+            name,
+            "--publication",
+            name,
+        ]);
+        connector
+    }
+}
+
+impl Drop for Connector {
+    fn drop(&mut self) {
+        let services = Services::get();
+        services.cdc(&[
+            "delete",
+            services.connect_url(),
+            &self.name,
+            "--slot",
+            &self.name,
+            "--publication",
+            &self.name,
+        ]);
+    }
+}
+
+/// Replaces `from` (which must be in `text`) with `to`.
+fn replaced(text: &str, from: &str, to: &str) -> String {
+    assert!(text.contains(from), "the example job file has no {from:?}");
+    text.replace(from, to)
+}
+
+/// The documented example job file, made to read `topic` into tables named after `name`.
+fn job_file(name: &str, topic: &str, warehouse: &std::path::Path) -> String {
+    let services = Services::get();
+    let example = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../docs/examples/cdc-postgres-iceberg.toml"),
+    )
+    .unwrap();
+    let mut text = replaced(&example, "\"items-cdc\"", &format!("\"{name}\""));
+    text = replaced(&text, "pg.public.items", topic);
+    text = replaced(&text, "items_replica", &format!("{name}_pg"));
+    text = replaced(&text, "cdc.items_changes", &format!("{name}.changes"));
+    text = replaced(
+        &text,
+        "file:///var/tmp/ratchet-lake",
+        &format!("file://{}", warehouse.display()),
+    );
+    text = replaced(&text, "127.0.0.1:19092", services.kafka_bootstrap());
+    text = replaced(
+        &text,
+        "postgres://ratchet:ratchet@127.0.0.1:15432/ratchet",
+        services.pg_url(),
+    );
+    // Kills are frequent: a killed process's subtask is taken over once its lease expires.
+    text = replaced(&text, "lease = \"10s\"", "lease = \"3s\"");
+    text + &format!(
+        r#"
+[[sinks]]
+type = "jdbc"
+id = "mariadb"
+url = "{mysql}"
+table = "{name}_my"
+create_table = true
+mode = {{ kind = "upsert", key = ["id"] }}
+"#,
+        mysql = services.mysql_url(),
+    )
+}
+
+/// The rows of `table` as the independent reader sees them, ordered by id.
+fn rows(kind: &str, url: &str, table: &str) -> Vec<Value> {
+    let mut args = vec![kind, url, table, "id"];
+    args.extend(COLUMNS);
+    Services::get().verify("sql_rows.py", &args)["rows"]
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+/// The changelog as pyiceberg reads it, checked against the topic: every change event (a record with a value)
+/// exactly once by offset; returns the table it describes (the last change per id, deletes removed), ordered by
+/// id, in [`COLUMNS`] order.
+fn applied_changelog(job: &Job, name: &str, topic: &str) -> Vec<Value> {
+    let services = Services::get();
+    let lake = job.dir.path().join("warehouse");
+    let uri = services
+        .pg_url()
+        .replacen("postgres://", "postgresql+psycopg://", 1);
+    let read = services.verify(
+        "iceberg_table.py",
+        &[
+            "ratchet",
+            &uri,
+            &format!("file://{}", lake.display()),
+            &format!("{name}.changes"),
+            "id",
+            "--rows",
+        ],
+    );
+    let names: Vec<&str> = read["column_names"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .collect();
+    let at = |column: &str| names.iter().position(|n| *n == column).unwrap();
+    let changes = read["rows"].as_array().unwrap();
+
+    let topic_records = services.verify(
+        "kafka_read_committed.py",
+        &[services.kafka_bootstrap(), topic],
+    );
+    let mut events: Vec<i64> = topic_records["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| !r["value"].is_null())
+        .map(|r| r["offset"].as_i64().unwrap())
+        .collect();
+    events.sort_unstable();
+    let mut offsets: Vec<i64> = changes
+        .iter()
+        .map(|row| row[at("kafka_offset")].as_i64().unwrap())
+        .collect();
+    offsets.sort_unstable();
+    assert_eq!(
+        offsets.len(),
+        events.len(),
+        "the changelog holds {} changes, the topic {} change events",
+        offsets.len(),
+        events.len()
+    );
+    assert_eq!(offsets, events, "every change event once in the changelog");
+
+    let mut last: BTreeMap<i64, (i64, &Vec<Value>)> = BTreeMap::new();
+    for row in changes.iter().map(|r| r.as_array().unwrap()) {
+        let (id, offset) = (
+            row[at("id")].as_i64().unwrap(),
+            row[at("kafka_offset")].as_i64().unwrap(),
+        );
+        if last.get(&id).is_none_or(|(seen, _)| *seen < offset) {
+            last.insert(id, (offset, row));
+        }
+    }
+    last.values()
+        .filter(|(_, row)| row[at("__op")] != "d")
+        .map(|(_, row)| {
+            Value::Array(
+                COLUMNS
+                    .iter()
+                    .map(|c| match &row[at(c)] {
+                        Value::Bool(b) => Value::from(i64::from(*b)),
+                        Value::Number(n) if n.is_f64() => Value::from(
+                            format!("{:.9e}", n.as_f64().unwrap())
+                                .parse::<f64>()
+                                .unwrap(),
+                        ),
+                        other => other.clone(),
+                    })
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debezium_changes_under_sigkill_reach_postgres_mariadb_and_iceberg_exactly_once() {
+    let services = Services::get();
+    let ops = env_u64("RATCHET_CDC_OPS").unwrap_or(1200);
+    let kills = env_u64("RATCHET_CDC_KILLS").unwrap_or(3);
+    let seed = env_u64("RATCHET_CHAOS_SEED").unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64
+            | 1
+    });
+    eprintln!("cdc: {ops} operations, {kills} kills, RATCHET_CHAOS_SEED={seed}");
+    let mut rng = Rng(seed);
+
+    let mut job = Job::new("cdc", 1, 1, "3s").await;
+    let name = job.name.clone();
+    let source = format!("public.{name}_src");
+    // Rows before the connector starts reach the topic as its snapshot (`r`), the rest as changes.
+    services.cdc(&[
+        "workload",
+        "--table",
+        &source,
+        "--ops",
+        "80",
+        "--seed",
+        &seed.to_string(),
+        "--create",
+    ]);
+    let _connector = Connector::register(&name, &source);
+    let topic = format!("{name}.{source}");
+    std::fs::write(
+        &job.config,
+        job_file(&name, &topic, &job.dir.path().join("warehouse")),
+    )
+    .unwrap();
+
+    let workload = {
+        let (source, seed) = (source.clone(), (seed + 1).to_string());
+        std::thread::spawn(move || {
+            Services::get().cdc(&[
+                "workload",
+                "--table",
+                &source,
+                "--ops",
+                &ops.to_string(),
+                "--seed",
+                &seed,
+            ])
+        })
+    };
+    let mut worker = job.spawn_worker(&[]);
+    for _ in 0..kills {
+        tokio::time::sleep(Duration::from_millis(1000 + rng.below(3000))).await;
+        worker.kill9();
+        worker = job.spawn_worker(&[]);
+    }
+    let done = tokio::task::spawn_blocking(move || workload.join().expect("the workload"))
+        .await
+        .unwrap();
+    eprintln!("cdc: workload {done}");
+
+    // The source no longer changes: the replica catches up with the connector's last change.
+    let expected = rows("pg", services.pg_url(), &format!("{name}_src"));
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while rows("pg", services.pg_url(), &format!("{name}_pg")) != expected {
+        assert!(
+            worker.exited().is_none(),
+            "the worker stopped:\n{}",
+            worker.log_text()
+        );
+        assert!(
+            Instant::now() < deadline,
+            "the PostgreSQL replica did not reach the source table within 180 s:\n{}",
+            worker.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    worker.stop(Duration::from_secs(60));
+    // One last run recovers every subtask (deciding what the killed processes left), then the readers check.
+    let mut last = job.spawn_worker(&["--exit-when-idle", "2s"]);
+    last.wait_exit(Duration::from_secs(120));
+
+    assert!(!expected.is_empty(), "the workload left rows");
+    assert_eq!(
+        rows("pg", services.pg_url(), &format!("{name}_pg")),
+        expected,
+        "PostgreSQL replica"
+    );
+    assert_eq!(
+        rows("mysql", services.mysql_url(), &format!("{name}_my")),
+        expected,
+        "MariaDB replica"
+    );
+    assert_eq!(
+        applied_changelog(&job, &name, &topic),
+        expected,
+        "the Iceberg changelog, applied"
+    );
+    let (_, prepared) = {
+        let read = services.verify(
+            "sql_table.py",
+            &["pg", services.pg_url(), &format!("{name}_pg"), "id", &name],
+        );
+        ((), read["prepared"].clone())
+    };
+    assert_eq!(
+        prepared,
+        Value::Array(vec![]),
+        "prepared transactions left behind"
+    );
+}
