@@ -84,6 +84,14 @@ impl ChangeColumns {
         })
     }
 
+    /// Which rows of `batch` (of the schema these columns came from) are deletes (operation `d`).
+    pub fn deletes(&self, batch: &RecordBatch) -> Vec<bool> {
+        let ops = batch.column(self.op).as_string::<i32>();
+        (0..batch.num_rows())
+            .map(|i| ops.is_valid(i) && ops.value(i) == "d")
+            .collect()
+    }
+
     /// Splits `batch` (of the schema these columns came from) into the upserts and deletes a sink keyed by `key`
     /// (columns of the table) applies: per key only its last change counts (a key inserted then deleted in the
     /// batch is deleted; one deleted then inserted again is upserted), so the two parts share no key and may be
@@ -254,6 +262,10 @@ mod tests {
         let names = applied.upserts.column(1).as_string::<i32>();
         assert_eq!(names.value(1), "b2");
         assert_eq!(ids(&applied.deletes), vec![1]);
+        assert_eq!(
+            columns.deletes(&batch),
+            [false, false, true, true, false, false, false]
+        );
         assert_eq!(applied.deletes.schema().field(0).name(), "id");
     }
 

@@ -12,7 +12,7 @@ use std::borrow::Cow;
 /// | key | meaning | default |
 /// |---|---|---|
 /// | `key_column` | column whose value (Utf8 or Binary) is the record key; none = no key | none |
-/// | `value_column` | column whose value is the record value (a null value is a tombstone: a record with a null value); none = the whole row as a JSON object | none |
+/// | `value_column` | column whose value is the record value (a null value is a tombstone: a record with a null value); none = the whole row as a JSON object (or Avro), except that a change stream's delete (a row with `__op = "d"`, [`connector_api::ChangeColumns`]) with a `key_column` is a tombstone of its key | none |
 /// | `partition_column` | Int32 column with an explicit partition; none = partitioned by key | none |
 /// | `topic_column` | Utf8 column naming each record's topic; none = the sink's `topic` | none |
 /// | `header_columns` | columns (Utf8 or Binary) sent as record headers named after the column; nulls are omitted | none |
@@ -180,6 +180,14 @@ impl RecordMapping {
                 map.keys().data_type()
             ));
         }
+        // A change stream's deletes (a CDC source's rows with `__op = "d"`) become tombstones of their key:
+        // Kafka's way of deleting it from a compacted topic. Without a key there is nothing to delete.
+        let deletes = match (key, value) {
+            (Some(_), None) => connector_api::ChangeColumns::of(&batch.schema())
+                .map_err(|e| e.to_string())?
+                .map(|changes| changes.deletes(batch)),
+            _ => None,
+        };
         let mut json_rows = match (value, whole_rows) {
             (Some(_), _) => None,
             (None, Some(rows)) => Some(rows),
@@ -208,6 +216,7 @@ impl RecordMapping {
                 None => None,
             };
             let value = match (value, &mut json_rows) {
+                _ if deletes.as_ref().is_some_and(|d| d[row]) => None,
                 (Some(v), _) => bytes_at(v, row, self.value_column.as_deref().unwrap_or_default())?
                     .map(Cow::Borrowed),
                 (None, Some(rows)) => Some(Cow::Owned(std::mem::take(&mut rows[row]))),
@@ -380,6 +389,40 @@ mod tests {
         let records = mapping.records(&batch, None).unwrap();
         assert_eq!(records[0].value.as_deref(), Some(&b"a"[..]));
         assert_eq!(records[1].value, None, "row 1's value is null: a tombstone");
+    }
+
+    #[test]
+    fn a_change_streams_delete_with_a_key_is_a_tombstone() {
+        let op = Field::new(connector_api::OP_COLUMN, DataType::Utf8, false).with_metadata(
+            [(connector_api::CHANGE_COLUMN.to_string(), "op".to_string())]
+                .into_iter()
+                .collect(),
+        );
+        let batch = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![Field::new("k", DataType::Utf8, true), op])),
+            vec![
+                Arc::new(StringArray::from(vec!["1", "1", "2"])),
+                Arc::new(StringArray::from(vec!["c", "d", "u"])),
+            ],
+        )
+        .unwrap();
+        let keyed = RecordMapping {
+            key_column: Some("k".into()),
+            ..RecordMapping::default()
+        };
+        let records = keyed.records(&batch, None).unwrap();
+        assert!(records[0].value.is_some() && records[2].value.is_some());
+        assert_eq!(records[1].key, Some(&b"1"[..]));
+        assert_eq!(
+            records[1].value, None,
+            "the delete is a tombstone of its key"
+        );
+        let no_key = RecordMapping::default();
+        let keyless = no_key.records(&batch, None).unwrap();
+        assert!(
+            keyless[1].value.is_some(),
+            "without a key, the delete is a row"
+        );
     }
 
     #[test]

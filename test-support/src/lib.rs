@@ -10,6 +10,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod cdc;
 pub mod pause;
 mod services;
 pub mod toxiproxy;

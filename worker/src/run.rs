@@ -62,8 +62,9 @@ struct Process {
 
 /// A signal arrived before the job started: nothing was claimed or opened yet (a lease being joined is left to
 /// expire, an open store transaction is rolled back with its connection).
-fn stopped_while_starting(signal: &str) {
+fn stopped_while_starting(signal: &str) -> Result<()> {
     tracing::info!(signal, "stopped before the job started: nothing to finish");
+    Ok(())
 }
 
 /// Everything before the job loop: the registry's reader schemas, the leases, the job's identity.
@@ -155,8 +156,8 @@ pub async fn run(args: RunArgs, progress_line: bool) -> Result<()> {
     let starting = start(job.clone(), kafka, health, progress_line);
     let mut process = tokio::select! {
         process = starting => process?,
-        _ = terminate.recv() => return Ok(stopped_while_starting("SIGTERM")),
-        _ = interrupt.recv() => return Ok(stopped_while_starting("SIGINT")),
+        _ = terminate.recv() => return stopped_while_starting("SIGTERM"),
+        _ = interrupt.recv() => return stopped_while_starting("SIGINT"),
     };
     tracing::info!(job = %job.job.name, subtasks = job.job.subtasks, "job starting");
     let mut tick = tokio::time::interval(job.job.lease / 5);

@@ -2,11 +2,12 @@
 //! service) captures a PostgreSQL table while a workload inserts, updates and deletes in small transactions;
 //! `ratchet run` processes, killed with SIGKILL at random moments and replaced, run the documented example job
 //! (docs/examples/cdc-postgres-iceberg.toml: a PostgreSQL replica in `xa_upsert` mode and an Iceberg changelog)
-//! with a MariaDB replica (`upsert` mode) added. Afterwards, read by independent readers (psycopg, pymysql,
+//! with a MariaDB replica (`upsert` mode) and a Parquet changelog (file sink) added. Afterwards, read by independent readers (psycopg, pymysql,
 //! pyiceberg, a read_committed confluent-kafka consumer):
 //! - both replicas equal the source table row for row;
-//! - the changelog holds every change event of the topic exactly once (by Kafka offset), and applying it (the last
-//!   change per key, deletes removing) gives the source table too;
+//! - the Iceberg changelog holds every change event of the topic exactly once (by Kafka offset), and applying it
+//!   (the last change per key, deletes removing) gives the source table too; the Parquet changelog holds every
+//!   change event once as well;
 //! - no prepared transaction is left behind.
 //!
 //! `RATCHET_CDC_OPS` sets the workload's operations (1200 by default, as CI runs it), `RATCHET_CDC_KILLS` the
@@ -21,6 +22,7 @@ use std::time::{Duration, Instant};
 use common::Job;
 use serde_json::Value;
 use test_support::Services;
+use test_support::cdc::{Converter, DebeziumConnector};
 
 /// The captured table's columns, in the order the readers compare them.
 const COLUMNS: [&str; 5] = ["id", "name", "qty", "price", "active"];
@@ -41,50 +43,6 @@ impl Rng {
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
-    }
-}
-
-/// The Debezium connector of the test, its replication slot and publication: removed when the test ends, however
-/// it ends (a slot left behind would keep the test server's WAL forever).
-struct Connector {
-    name: String,
-}
-
-impl Connector {
-    fn register(name: &str, table: &str) -> Self {
-        let services = Services::get();
-        let connector = Self {
-            name: name.to_string(),
-        };
-        services.cdc(&[
-            "register",
-            services.connect_url(),
-            name,
-            "--table",
-            table,
-            "--topic-prefix",
-            name,
-            "--slot",
-            name,
-            "--publication",
-            name,
-        ]);
-        connector
-    }
-}
-
-impl Drop for Connector {
-    fn drop(&mut self) {
-        let services = Services::get();
-        services.cdc(&[
-            "delete",
-            services.connect_url(),
-            &self.name,
-            "--slot",
-            &self.name,
-            "--publication",
-            &self.name,
-        ]);
     }
 }
 
@@ -128,8 +86,14 @@ url = "{mysql}"
 table = "{name}_my"
 create_table = true
 mode = {{ kind = "upsert", key = ["id"] }}
+
+[[sinks]]
+type = "file"
+id = "files"
+storage = {{ kind = "local", path = "{files}" }}
 "#,
         mysql = services.mysql_url(),
+        files = warehouse.with_file_name("changes").display(),
     )
 }
 
@@ -198,6 +162,27 @@ fn applied_changelog(job: &Job, name: &str, topic: &str) -> Vec<Value> {
     );
     assert_eq!(offsets, events, "every change event once in the changelog");
 
+    let files = services.verify(
+        "visible_ids.py",
+        &[
+            "local",
+            &job.dir.path().join("changes").display().to_string(),
+            "kafka_offset",
+        ],
+    );
+    let mut in_files: Vec<i64> = files["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o.as_i64().unwrap())
+        .collect();
+    in_files.sort_unstable();
+    assert_eq!(
+        in_files, events,
+        "every change event once in the Parquet changelog"
+    );
+    assert_eq!(files["strays"], Value::Array(vec![]), "files left behind");
+
     let mut last: BTreeMap<i64, (i64, &Vec<Value>)> = BTreeMap::new();
     for row in changes.iter().map(|r| r.as_array().unwrap()) {
         let (id, offset) = (
@@ -258,8 +243,8 @@ async fn debezium_changes_under_sigkill_reach_postgres_mariadb_and_iceberg_exact
         &seed.to_string(),
         "--create",
     ]);
-    let _connector = Connector::register(&name, &source);
-    let topic = format!("{name}.{source}");
+    let connector = DebeziumConnector::register(&name, &source, Converter::Json { schemas: true });
+    let topic = connector.topic().to_string();
     std::fs::write(
         &job.config,
         job_file(&name, &topic, &job.dir.path().join("warehouse")),

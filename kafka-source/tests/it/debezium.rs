@@ -1,0 +1,180 @@
+//! Debezium change events as the real connector writes them (PostgreSQL connector 3.6.1 on Kafka Connect, the
+//! `connect` service), with the JSON converter without schemas and with the Avro converter through the schema
+//! registry (the JSON converter with schemas is the worker test `cdc`'s): a snapshot of rows, then inserts, updates
+//! and deletes; the source reads one row per change event (the tombstones after deletes left out), its change
+//! columns say what happened, and applying the rows in order gives the source table as psql reads it.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arrow_array::{Array, RecordBatch};
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Int32Type, Int64Type};
+use arrow_schema::{DataType, Field, Schema};
+use kafka_source::{
+    AvroDecoding, DebeziumDecoding, Decoding, KafkaConnection, KafkaSource, KafkaSourceOptions,
+    ReaderSchema,
+};
+use schema_registry::{RegistrySettings, SchemaRegistry};
+use test_support::Services;
+use test_support::cdc::{Converter, DebeziumConnector};
+
+use crate::source::{bootstrap, read_rows};
+
+fn columns() -> Arc<Schema> {
+    Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int32, false),
+        Field::new("name", DataType::Utf8, true),
+        Field::new("qty", DataType::Int64, true),
+        Field::new("price", DataType::Float64, true),
+        Field::new("active", DataType::Boolean, true),
+    ]))
+}
+
+async fn decoding(converter: Converter, topic: &str) -> Decoding {
+    match converter {
+        Converter::Json { schemas } => {
+            Decoding::Debezium(DebeziumDecoding::json(columns(), schemas))
+        }
+        Converter::Avro => {
+            let endpoint = Services::get().registry();
+            let registry = SchemaRegistry::new(&RegistrySettings {
+                username: Some(endpoint.user),
+                password: Some(endpoint.password.into()),
+                ..RegistrySettings::new(&endpoint.url)
+            })
+            .unwrap();
+            let latest = registry.latest(&format!("{topic}-value")).await.unwrap();
+            let avro = AvroDecoding::from_registry(registry, ReaderSchema::latest(&latest), false)
+                .unwrap();
+            Decoding::Debezium(DebeziumDecoding::avro(avro).unwrap())
+        }
+    }
+}
+
+/// The change events (records with a value) in `topic`, as the read_committed verifier sees them.
+fn events_in(topic: &str) -> usize {
+    let seen = Services::get().verify("kafka_read_committed.py", &[bootstrap(), topic]);
+    seen["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| !r["value"].is_null())
+        .count()
+}
+
+async fn changes_reach_the_source_as_rows(converter: Converter) {
+    let services = Services::get();
+    let name = test_support::unique_name("dbz").replace('-', "_");
+    let table = format!("public.{name}");
+    services.cdc(&[
+        "workload", "--table", &table, "--ops", "20", "--seed", "7", "--create",
+    ]);
+    let connector = DebeziumConnector::register(&name, &table, converter);
+    let done = services.cdc(&["workload", "--table", &table, "--ops", "60", "--seed", "8"]);
+    assert!(done["delete"].as_u64().unwrap() > 0, "{done}");
+
+    // Every change event of the workload is in the topic once the last one is: wait for the row count the
+    // workload left to show up in the events, bounded.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let expected = services.psql(&format!("SELECT count(*) FROM {table}"));
+    let mut source: Option<KafkaSource> = None;
+    let mut batches: Vec<RecordBatch> = Vec::new();
+    let mut state: BTreeMap<i32, (String, i64)> = BTreeMap::new();
+    loop {
+        let events = events_in(connector.topic());
+        let read: usize = batches.iter().map(RecordBatch::num_rows).sum();
+        if events > read {
+            let source = match &mut source {
+                Some(source) => source,
+                None => source.insert(
+                    KafkaSource::open_with(
+                        &KafkaConnection::plaintext(bootstrap()),
+                        connector.topic(),
+                        &[],
+                        KafkaSourceOptions {
+                            decoding: decoding(converter, connector.topic()).await,
+                            ..KafkaSourceOptions::default()
+                        },
+                    )
+                    .await
+                    .unwrap(),
+                ),
+            };
+            batches.extend(read_rows(source, events - read).await);
+        }
+        state.clear();
+        for batch in &batches {
+            let ids = batch
+                .column_by_name("id")
+                .unwrap()
+                .as_primitive::<Int32Type>();
+            let names = batch.column_by_name("name").unwrap().as_string::<i32>();
+            let qty = batch
+                .column_by_name("qty")
+                .unwrap()
+                .as_primitive::<Int64Type>();
+            let ops = batch.column_by_name("__op").unwrap().as_string::<i32>();
+            for i in 0..batch.num_rows() {
+                match ops.value(i) {
+                    "d" => {
+                        state.remove(&ids.value(i));
+                    }
+                    "c" | "u" | "r" => {
+                        state.insert(ids.value(i), (names.value(i).to_string(), qty.value(i)));
+                    }
+                    other => panic!("{converter:?}: operation {other:?}"),
+                }
+            }
+        }
+        if state.len().to_string() == expected {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{converter:?}: {} rows applied, the table has {expected}",
+            state.len()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let ops: Vec<String> = batches
+        .iter()
+        .flat_map(|b| {
+            let ops = b.column_by_name("__op").unwrap().as_string::<i32>().clone();
+            (0..ops.len()).map(move |i| ops.value(i).to_string())
+        })
+        .collect();
+    for op in ["r", "c", "u", "d"] {
+        assert!(
+            ops.iter().any(|o| o == op),
+            "{converter:?}: no {op:?} in {ops:?}"
+        );
+    }
+    let lsn = batches[0]
+        .column_by_name("__source_lsn")
+        .unwrap()
+        .as_primitive::<Int64Type>();
+    assert!(
+        lsn.value(0) > 0,
+        "{converter:?}: the source position is read"
+    );
+    let in_table = services.psql(&format!(
+        "SELECT id || ',' || name || ',' || qty FROM {table} ORDER BY id"
+    ));
+    let applied: Vec<String> = state
+        .iter()
+        .map(|(id, (name, qty))| format!("{id},{name},{qty}"))
+        .collect();
+    assert_eq!(applied.join("\n"), in_table, "{converter:?}");
+    drop(connector);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debezium_json_without_schemas_reads_one_row_per_change() {
+    changes_reach_the_source_as_rows(Converter::Json { schemas: false }).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debezium_avro_through_the_registry_reads_one_row_per_change() {
+    changes_reach_the_source_as_rows(Converter::Avro).await;
+}
