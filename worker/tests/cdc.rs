@@ -250,6 +250,12 @@ async fn debezium_changes_under_sigkill_reach_postgres_mariadb_and_iceberg_exact
         job_file(&name, &topic, &job.dir.path().join("warehouse")),
     )
     .unwrap();
+    let checked = job.ratchet("check-config");
+    assert!(
+        checked.status.success(),
+        "check-config refuses the example job: {}",
+        String::from_utf8_lossy(&checked.stderr)
+    );
 
     let workload = {
         let (source, seed) = (source.clone(), (seed + 1).to_string());

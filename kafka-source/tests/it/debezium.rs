@@ -7,9 +7,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use arrow_array::{Array, RecordBatch};
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Int32Type, Int64Type};
+use arrow_array::{Array, RecordBatch};
 use arrow_schema::{DataType, Field, Schema};
 use kafka_source::{
     AvroDecoding, DebeziumDecoding, Decoding, KafkaConnection, KafkaSource, KafkaSourceOptions,
