@@ -8,12 +8,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 /// is fatal.
 pub fn classify(error: &KafkaError) -> ErrorKind {
     if let KafkaError::Transaction(e) = error {
-        if matches!(
-            e.code(),
-            RDKafkaErrorCode::Fenced
-                | RDKafkaErrorCode::ProducerFenced
-                | RDKafkaErrorCode::InvalidProducerEpoch
-        ) {
+        if is_fence(e.code()) {
             return ErrorKind::Fenced;
         }
         if e.is_fatal() {
@@ -39,14 +34,22 @@ pub fn classify(error: &KafkaError) -> ErrorKind {
             | RDKafkaErrorCode::CoordinatorLoadInProgress
             | RDKafkaErrorCode::CoordinatorNotAvailable,
         ) => ErrorKind::Retryable,
-        Some(RDKafkaErrorCode::ProducerFenced | RDKafkaErrorCode::InvalidProducerEpoch) => {
-            ErrorKind::Fenced
-        }
+        Some(code) if is_fence(code) => ErrorKind::Fenced,
         Some(RDKafkaErrorCode::MessageSizeTooLarge | RDKafkaErrorCode::InvalidRecord) => {
             ErrorKind::BadRecord
         }
         _ => ErrorKind::Fatal,
     }
+}
+
+/// Whether `code` says a newer instance with this transactional id fenced the producer.
+pub(crate) fn is_fence(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::Fenced
+            | RDKafkaErrorCode::ProducerFenced
+            | RDKafkaErrorCode::InvalidProducerEpoch
+    )
 }
 
 /// A librdkafka error in `phase`, classified ([`classify`]), with `message` and the error as its source.

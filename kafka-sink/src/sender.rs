@@ -238,7 +238,8 @@ impl RecordSender {
     /// Waits for every delivery; returns the offsets written since [`start`](Self::start), per partition.
     ///
     /// # Errors
-    /// [`MustAbort`](ErrorKind::MustAbort) when a record was not delivered; [`Retryable`](ErrorKind::Retryable)
+    /// [`Fenced`](ErrorKind::Fenced) when a newer instance fenced the producer (its queued records purged);
+    /// [`MustAbort`](ErrorKind::MustAbort) when a record was not delivered otherwise; [`Retryable`](ErrorKind::Retryable)
     /// when deliveries are still outstanding after a minute.
     pub(crate) async fn flush(&mut self, producer: &SinkProducer) -> Result<Vec<PartitionRange>> {
         if !wait_delivered(producer, FLUSH_TIMEOUT).await {
@@ -252,11 +253,20 @@ impl RecordSender {
             ));
         }
         producer.context().take().map_err(|e| {
-            Error::new(
-                ErrorKind::MustAbort,
-                Phase::Write,
-                "a record was not delivered",
-            )
+            // A fenced producer purges what it had queued: the purge is what the deliveries report, the fence
+            // is the producer's fatal error.
+            match producer.client().fatal_error() {
+                Some((code, reason)) if crate::error::is_fence(code) => Error::new(
+                    ErrorKind::Fenced,
+                    Phase::PreCommit,
+                    format!("records were not delivered: a newer instance fenced this producer ({reason})"),
+                ),
+                _ => Error::new(
+                    ErrorKind::MustAbort,
+                    Phase::Write,
+                    "a record was not delivered",
+                ),
+            }
             .with_source(e)
         })
     }

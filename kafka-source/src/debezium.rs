@@ -27,7 +27,6 @@ use arrow_schema::{DataType, Field, Fields, Schema, SchemaRef};
 use connector_api::{CHANGE_COLUMN, Error, ErrorKind, OP_COLUMN, Phase, Result};
 
 use crate::avro::AvroDecoding;
-use crate::decoding::Decoding;
 
 /// The source fields the change columns come from, and their columns.
 const SOURCE_COLUMNS: [(&str, &str, DataType); 5] = [
@@ -38,11 +37,20 @@ const SOURCE_COLUMNS: [(&str, &str, DataType); 5] = [
     ("txId", "__source_tx_id", DataType::Int64),
 ];
 
+/// How the envelopes themselves are decoded, before they become rows.
+#[derive(Debug, Clone)]
+pub(crate) enum Envelope {
+    /// Kafka Connect's JSON converter: the envelope's (or its `payload` wrapper's) JSON schema.
+    Json(SchemaRef),
+    /// The Avro converter through a schema registry.
+    Avro(AvroDecoding),
+}
+
 /// The Debezium decoding: how envelopes arrive, and the table's columns.
 #[derive(Debug, Clone)]
 pub struct DebeziumDecoding {
     /// Decodes the envelopes (or the JSON converter's wrapper around them).
-    envelope: Box<Decoding>,
+    envelope: Envelope,
     /// The JSON converter with `schemas.enable=true`: each envelope is the `payload` field of the value.
     wrapped: bool,
     /// The table's columns (every one nullable: a delete's row may hold only the key).
@@ -79,7 +87,7 @@ impl DebeziumDecoding {
             )]),
             false => Schema::new(envelope),
         };
-        Self::with(Decoding::Json(Arc::new(value)), schemas, columns)
+        Self::with(Envelope::Json(Arc::new(value)), schemas, columns)
     }
 
     /// Envelopes written by the Avro converter through a schema registry (`avro` reads them: its reader schema
@@ -104,10 +112,10 @@ impl DebeziumDecoding {
             ));
         };
         let columns = nullable(&Schema::new(fields.clone()));
-        Ok(Self::with(Decoding::Avro(avro), false, columns))
+        Ok(Self::with(Envelope::Avro(avro), false, columns))
     }
 
-    fn with(envelope: Decoding, wrapped: bool, columns: SchemaRef) -> Self {
+    fn with(envelope: Envelope, wrapped: bool, columns: SchemaRef) -> Self {
         let mut fields: Vec<Field> = columns
             .fields()
             .iter()
@@ -119,7 +127,7 @@ impl DebeziumDecoding {
             fields.push(change_column(column, ty.clone(), true, "source"));
         }
         Self {
-            envelope: Box::new(envelope),
+            envelope,
             wrapped,
             columns,
             schema: Arc::new(Schema::new(fields)),
@@ -132,7 +140,7 @@ impl DebeziumDecoding {
     }
 
     /// The decoding of the envelopes themselves.
-    pub(crate) fn envelope(&self) -> &Decoding {
+    pub(crate) fn envelope(&self) -> &Envelope {
         &self.envelope
     }
 
@@ -265,6 +273,7 @@ mod tests {
 
     use super::*;
     use crate::decode::BatchBuilder;
+    use crate::decoding::Decoding;
     use crate::metadata::MetadataColumns;
     use crate::record::{RecordAt, RecordParts};
 

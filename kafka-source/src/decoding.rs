@@ -6,7 +6,7 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use connector_api::{ErrorKind, Result};
 
 use crate::avro::AvroDecoding;
-use crate::debezium::DebeziumDecoding;
+use crate::debezium::{DebeziumDecoding, Envelope};
 use crate::record::RecordAt;
 
 /// How record values become rows.
@@ -47,13 +47,18 @@ impl Decoding {
     /// # Errors
     /// A registry that cannot be reached ([`Retryable`](ErrorKind::Retryable)) or refuses the client.
     pub(crate) fn learn_schema(&self, at: RecordAt<'_>, value: Option<&[u8]>) -> Result<()> {
-        match (self, value) {
-            (Self::Avro(avro), Some(value)) => match avro.learn_schema(at, value) {
-                Err(e) if e.kind() == ErrorKind::BadRecord => Ok(()),
-                outcome => outcome,
+        let avro = match self {
+            Self::Avro(avro) => avro,
+            Self::Debezium(debezium) => match debezium.envelope() {
+                Envelope::Avro(avro) => avro,
+                Envelope::Json(_) => return Ok(()),
             },
-            (Self::Debezium(debezium), _) => debezium.envelope().learn_schema(at, value),
-            _ => Ok(()),
+            Self::Text | Self::Binary | Self::Json(_) => return Ok(()),
+        };
+        match value.map(|value| avro.learn_schema(at, value)) {
+            Some(Err(e)) if e.kind() == ErrorKind::BadRecord => Ok(()),
+            Some(outcome) => outcome,
+            None => Ok(()),
         }
     }
 
@@ -68,6 +73,16 @@ impl Decoding {
     /// the delete event already carried (a changelog would otherwise hold the delete twice).
     pub(crate) fn skips_tombstones(&self) -> bool {
         matches!(self, Self::Debezium(_))
+    }
+}
+
+impl From<&Envelope> for Decoding {
+    /// The decoding that reads Debezium envelopes as records of their own schema.
+    fn from(envelope: &Envelope) -> Self {
+        match envelope {
+            Envelope::Json(schema) => Self::Json(schema.clone()),
+            Envelope::Avro(avro) => Self::Avro(avro.clone()),
+        }
     }
 }
 

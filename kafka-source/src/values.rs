@@ -90,7 +90,7 @@ impl Values {
             },
             Decoding::Avro(avro) => Self::Avro(AvroRows::new(avro, capacity)?),
             Decoding::Debezium(debezium) => Self::Debezium {
-                envelopes: Box::new(Self::new(debezium.envelope(), capacity)?),
+                envelopes: Box::new(Self::new(&Decoding::from(debezium.envelope()), capacity)?),
                 decoding: debezium.clone(),
             },
         })

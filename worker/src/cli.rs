@@ -79,6 +79,14 @@ pub struct RunArgs {
     /// Serve Prometheus metrics on this address (`GET /metrics`), e.g. `127.0.0.1:9898`; see docs/worker.md.
     #[arg(long)]
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Static membership: this process is member N of `--of` and runs the subtasks `s % of == N`, with no lease
+    /// tables. A number, or a name ending in one: a StatefulSet pod name (`ratchet-2`), a systemd instance name
+    /// (`ratchet@2`). Needs the PostgreSQL store. See docs/worker.md, "Static membership".
+    #[arg(long, env = "RATCHET_MEMBER", requires = "of")]
+    pub member: Option<String>,
+    /// How many members share the job (with `--member`).
+    #[arg(long, env = "RATCHET_MEMBERS", requires = "member")]
+    pub of: Option<u32>,
 }
 
 /// Arguments of `ratchet check-config`.

@@ -9,12 +9,14 @@ mod demo;
 mod drill;
 mod fast_path;
 mod health;
+mod lag;
 mod lease;
 mod operate;
 mod overrides;
 mod run;
 mod signals;
 mod sinks;
+mod static_share;
 mod store;
 mod store_calls;
 mod subtask;
@@ -44,6 +46,8 @@ async fn run() -> anyhow::Result<()> {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        // Colours only on a terminal: journald, `kubectl logs` and log files get plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     let json = cli.log_format == "json";
     if json {

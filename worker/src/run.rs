@@ -30,6 +30,7 @@ use crate::cli::RunArgs;
 use crate::config::{JobConfig, StoreConfig};
 use crate::health::{Health, Status};
 use crate::lease::{Assignment, Leases, LocalLease, PgLeases};
+use crate::static_share::StaticShare;
 use crate::subtask::{self, Ended, Progress, Stop, SubtaskContext};
 
 /// How long the source's Kafka cluster may take to answer at start before the job stops naming it.
@@ -48,9 +49,14 @@ struct Process {
     job: Arc<JobConfig>,
     base: SubtaskContext,
     leases: Box<dyn Leases>,
+    /// Static membership: the share this process was given (`None` when leases coordinate the processes).
+    share: Option<StaticShare>,
     running: BTreeMap<u32, Running>,
     /// Consecutive failures without a checkpoint, when the subtask may start again, and the last error.
     failures: BTreeMap<u32, (u32, Instant, String)>,
+    /// Static membership: subtasks another process claimed while this one ran them (a duplicate member), never
+    /// started here again, and what `/health` says about them.
+    duplicated: BTreeMap<u32, String>,
     /// What `/health` and `/ready` answer from.
     health: Arc<Health>,
     /// Counters of the runs that ended.
@@ -73,17 +79,31 @@ fn stopped_while_starting(signal: &str) -> Result<()> {
 /// A registry or store that cannot be reached (after retries) or refuses, a job whose identity does not match.
 async fn start(
     job: Arc<JobConfig>,
+    args: &RunArgs,
     kafka: kafka_source::KafkaConnection,
     health: Arc<Health>,
     progress_line: bool,
 ) -> Result<Process> {
     // A schema registry's reader schemas, looked up once for the process (every subtask and sink uses these).
     job.decodings().await?;
-    let leases: Box<dyn Leases> = match &job.store {
-        StoreConfig::Local { path } => {
+    let share = match (&args.member, args.of) {
+        (Some(member), Some(of)) => Some(StaticShare::new(member, of, job.job.subtasks)?),
+        _ => None,
+    };
+    let leases: Box<dyn Leases> = match (&job.store, &share) {
+        (StoreConfig::Postgres { .. }, Some(share)) => {
+            tracing::info!(member = share.index, of = share.of, subtasks = ?share.subtasks(),
+                "static membership: running this member's subtasks");
+            Box::new(*share)
+        }
+        (StoreConfig::Local { .. }, Some(_)) => anyhow::bail!(
+            "static membership (--member, --of) needs [store] kind = \"postgres\": the members' claims must meet \
+             in one store, so that a duplicate member is fenced"
+        ),
+        (StoreConfig::Local { path }, None) => {
             Box::new(LocalLease::take(path, &job.job.name, job.job.subtasks)?)
         }
-        StoreConfig::Postgres { url } => {
+        (StoreConfig::Postgres { url }, None) => {
             let member = member_id();
             Box::new(
                 crate::store_calls::retried("joining the job's leases", || {
@@ -108,6 +128,10 @@ async fn start(
             "this job ran before sinks were scoped by their job: its sinks keep their sink-id-scoped names");
     }
     let started = std::time::Instant::now();
+    let lag = job
+        .lag_group()
+        .map(|group| crate::lag::LagReporter::start(&kafka, &group))
+        .transpose()?;
     let base = SubtaskContext {
         job: job.clone(),
         job_id,
@@ -116,13 +140,16 @@ async fn start(
         progress: Arc::new(Progress::starting_at(0)),
         started,
         drill: crate::drill::from_env()?,
+        lag,
     };
     Ok(Process {
         job: job.clone(),
         base,
         leases,
+        share,
         running: BTreeMap::new(),
         failures: BTreeMap::new(),
+        duplicated: BTreeMap::new(),
         health,
         finished: Totals::default(),
         assignment: Assignment::default(),
@@ -153,7 +180,7 @@ pub async fn run(args: RunArgs, progress_line: bool) -> Result<()> {
     if job.job.kafka_to_kafka {
         return crate::fast_path::run(&job, &args).await;
     }
-    let starting = start(job.clone(), kafka, health, progress_line);
+    let starting = start(job.clone(), &args, kafka, health, progress_line);
     let mut process = tokio::select! {
         process = starting => process?,
         _ = terminate.recv() => return stopped_while_starting("SIGTERM"),
@@ -189,6 +216,10 @@ pub async fn run(args: RunArgs, progress_line: bool) -> Result<()> {
         stopped = process.stop_all() => stopped?,
         _ = terminate.recv() => crate::signals::fast_exit(),
         _ = interrupt.recv() => crate::signals::fast_exit(),
+    }
+    if let Some(lag) = process.base.lag.clone() {
+        // Informational: a coordinator that does not answer costs the stop a few seconds, nothing else.
+        let _ = tokio::task::spawn_blocking(move || lag.flush(Duration::from_secs(5))).await;
     }
     let totals = process.totals();
     let (cpu_seconds, peak_rss_kb) = own_usage();
@@ -321,7 +352,12 @@ impl Process {
             }
         }
         let now = Instant::now();
-        for subtask in keep {
+        let startable: Vec<u32> = keep
+            .iter()
+            .filter(|s| !self.duplicated.contains_key(s))
+            .copied()
+            .collect();
+        for subtask in startable {
             let waiting = self
                 .failures
                 .get(&subtask)
@@ -356,6 +392,11 @@ impl Process {
                     })
                 })
                 .map(|(s, (n, _, e))| (*s, (*n, e.clone())))
+                .chain(
+                    self.duplicated
+                        .iter()
+                        .map(|(s, message)| (*s, (crate::health::CRASH_LOOP, message.clone()))),
+                )
                 .collect(),
             interval: self.job.job.checkpoint_interval,
             started: self.base.started,
@@ -418,6 +459,18 @@ impl Process {
                 }
                 Ok(Ended::TakenOver) => {
                     self.failures.remove(&subtask);
+                    if let Some(share) = &self.share {
+                        // Nothing but a duplicate member claims a static member's subtask: claiming it back
+                        // would fence the other in turn, forever. Stop and say so.
+                        let message = format!(
+                            "subtask {subtask} was claimed by another process while this one, member {} of {}, \
+                             ran it: another process runs as member {} (two pods or instances with one ordinal?); \
+                             this process leaves the subtask to it until restarted",
+                            share.index, share.of, share.index
+                        );
+                        tracing::error!("{message}");
+                        self.duplicated.insert(subtask, message);
+                    }
                 }
                 Err(e) if e.kind() == connector_api::ErrorKind::BadRecord => {
                     // Deterministic: a restart would read the same record again.

@@ -95,6 +95,8 @@ pub struct SubtaskContext {
     pub started: std::time::Instant,
     /// A crash drill ([`crate::drill`]).
     pub drill: Option<connector_api::FaultInjector>,
+    /// Where decided positions also go, for lag in the usual tools (`None`: `lag_group = ""`).
+    pub lag: Option<crate::lag::LagReporter>,
 }
 
 /// Runs subtask `index` until `stop` says so, another process takes it over (a claim or a sink fenced this one:
@@ -144,7 +146,24 @@ async fn run_until_stopped(
         Err(e) if e.kind() == ErrorKind::Fenced => {
             Err(fenced_or_expired(driver.taken_over(), e).await)
         }
+        Err(e) => Err(taken_over_meanwhile(driver.taken_over(), e).await),
         outcome => outcome,
+    }
+}
+
+/// A failure that is not a fence, checked against the store: when another process claimed the subtask
+/// meanwhile, the failure is the take-over's doing (a sink's fence that surfaced as something else) and is
+/// reported as [`Fenced`](ErrorKind::Fenced), so this process does not run the subtask again and fence the new
+/// owner in turn. Otherwise, or when the store cannot answer, the failure as it was.
+async fn taken_over_meanwhile(taken_over: impl Future<Output = Result<bool>>, e: Error) -> Error {
+    match taken_over.await {
+        Ok(true) => Error::new(
+            ErrorKind::Fenced,
+            e.phase(),
+            "the subtask failed after another process claimed it: taken over",
+        )
+        .with_source(e),
+        Ok(false) | Err(_) => e,
     }
 }
 
@@ -475,14 +494,18 @@ fn write_or_refuse<'a>(
     })
 }
 
-/// Checkpoints what was read up to the source's positions (the driver records the protocol's metrics) and counts
-/// it for the progress line.
+/// Checkpoints what was read up to the source's positions (the driver records the protocol's metrics), reports
+/// the decided positions to the lag group, and counts it for the progress line.
 async fn checkpoint(
     driver: &mut Driver<SubtaskStore>,
     source: &KafkaSource,
     context: &SubtaskContext,
 ) -> Result<()> {
-    driver.checkpoint(source.positions()).await?;
+    let positions = source.positions();
+    driver.checkpoint(positions.clone()).await?;
+    if let Some(lag) = &context.lag {
+        lag.report(positions);
+    }
     context.progress.checkpoints.fetch_add(1, Ordering::Relaxed);
     Ok(())
 }
@@ -559,5 +582,39 @@ mod tests {
         )
         .await;
         assert_eq!(unknown.kind(), ErrorKind::Fenced);
+    }
+
+    #[tokio::test]
+    async fn any_failure_after_another_process_claimed_the_subtask_is_a_take_over() {
+        let purged = || {
+            Error::new(
+                ErrorKind::MustAbort,
+                Phase::PreCommit,
+                "a record was not delivered: Purged in queue",
+            )
+        };
+        let taken = taken_over_meanwhile(async { Ok(true) }, purged()).await;
+        assert_eq!(taken.kind(), ErrorKind::Fenced);
+        assert_eq!(taken.phase(), Phase::PreCommit);
+        assert!(
+            connector_api::Report(&taken)
+                .to_string()
+                .contains("Purged in queue")
+        );
+
+        let own = taken_over_meanwhile(async { Ok(false) }, purged()).await;
+        assert_eq!(own.kind(), ErrorKind::MustAbort);
+        let unknown = taken_over_meanwhile(
+            async {
+                Err(Error::new(
+                    ErrorKind::Retryable,
+                    Phase::Checkpoint,
+                    "store down",
+                ))
+            },
+            purged(),
+        )
+        .await;
+        assert_eq!(unknown.kind(), ErrorKind::MustAbort);
     }
 }

@@ -257,7 +257,17 @@ impl JobConfig {
         Ok(())
     }
 
-    /// The Kafka connection of the source.
+    /// The consumer group decided positions are committed to for lag ([`crate::lag`]): `[source] lag_group`, by
+    /// default `ratchet.<job>`; `None` when set to `""`.
+    pub fn lag_group(&self) -> Option<String> {
+        match self.source.lag_group.as_deref() {
+            None => Some(format!("ratchet.{}", self.job.name)),
+            Some("") => None,
+            Some(group) => Some(group.to_string()),
+        }
+    }
+
+    /// The source's Kafka connection.
     ///
     /// # Errors
     /// A connection setting that cannot be honoured, named.

@@ -47,6 +47,10 @@ pub struct SourceConfig {
     /// The schema registry Avro writer schemas are looked up in (`[source.registry]`; absent: declared schemas).
     #[serde(default)]
     pub registry: Option<RegistrySettings>,
+    /// The Kafka consumer group decided positions are also committed to, for lag in the usual tools
+    /// (informational, never read back; default `ratchet.<job>`, `""` for none): [`crate::lag`].
+    #[serde(default)]
+    pub lag_group: Option<String>,
 }
 
 /// `[source.metadata]`: which record metadata becomes columns, each under the name given (absent: not added).

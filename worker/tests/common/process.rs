@@ -65,6 +65,19 @@ impl Worker {
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// Waits until it has logged `text` at least `times` times; panics with its log after `within`.
+    pub fn wait_logged(&self, text: &str, times: usize, within: Duration) {
+        let deadline = std::time::Instant::now() + within;
+        while self.log_text().matches(text).count() < times {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the worker did not log {text:?} {times} times within {within:?}:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
 }
 
 impl Drop for Worker {

@@ -12,6 +12,7 @@ mod check_config;
 mod common;
 mod dead_letter;
 mod demo;
+mod deployment;
 mod edges;
 mod evolution;
 mod identity;

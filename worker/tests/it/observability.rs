@@ -227,3 +227,40 @@ async fn sigterm_while_starting_exits_cleanly() {
         worker.log_text()
     );
 }
+
+/// The decided positions reach the consumer group `ratchet.<job>` (informational), so the usual tools show the
+/// job's lag: after the job caught up, the group (read with the AdminClient requests `kafka-consumer-groups
+/// --describe` makes) holds every partition's end offset, and has no members (nothing joins it).
+#[tokio::test(flavor = "multi_thread")]
+async fn decided_positions_show_as_consumer_group_lag() {
+    let mut job = Job::new("lag", 2, 2, "3s").await;
+    job.produce(3000).await;
+    let mut worker = job.spawn_worker(&["--exit-when-idle", "2s"]);
+    worker.wait_exit(Duration::from_secs(120));
+    job.assert_exactly_once();
+    let services = test_support::Services::get();
+    let group = format!("ratchet.{}", job.name);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let seen = loop {
+        let seen = services.verify(
+            "kafka_group_offsets.py",
+            &[services.kafka_bootstrap(), &group],
+        );
+        let committed: i64 = seen["offsets"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|o| o.as_i64().unwrap())
+            .sum();
+        if committed == 3000 {
+            break seen;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "group {group} shows {seen}, not 3000 records read"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(seen["offsets"].as_object().unwrap().len(), 2, "{seen}");
+    assert_eq!(seen["members"], 0, "{seen}");
+}

@@ -62,3 +62,47 @@ async fn three_processes_share_the_subtasks_through_a_kill_and_a_pause() {
     last.wait_exit(Duration::from_secs(120));
     job.assert_exactly_once();
 }
+
+/// Static membership (`--member i --of M`): two processes each run their share (`s % 2 == i`) with no lease
+/// tables; a rolling restart of both moves nothing (each subtask waits for its member); a third process started as
+/// a duplicate member (the ordinal at the end of a pod name) claims that member's subtasks, and the process it
+/// fenced stops them for good and says so, instead of claiming them back. Every record exactly once, read by the
+/// independent readers.
+#[tokio::test(flavor = "multi_thread")]
+async fn static_members_run_their_share_and_a_duplicate_is_fenced_and_reported() {
+    let mut job = Job::new("static", 4, 4, "3s").await;
+    let member = |i: &'static str| ["--member", i, "--of", "2"];
+    let mut a = job.spawn_worker(&member("0"));
+    let mut b = job.spawn_worker(&member("1"));
+    job.produce(3000).await;
+    job.wait_delivered(Duration::from_secs(120));
+    assert!(a.log_text().contains("subtasks={0, 2}"), "{}", a.log_text());
+    assert!(b.log_text().contains("subtasks={1, 3}"), "{}", b.log_text());
+
+    // A rolling restart: nothing moves, each member picks its own subtasks up again.
+    a.stop(Duration::from_secs(60));
+    a = job.spawn_worker(&member("0"));
+    b.stop(Duration::from_secs(60));
+    b = job.spawn_worker(&member("1"));
+    job.produce(3000).await;
+    job.wait_delivered(Duration::from_secs(120));
+
+    // A duplicate of member 1 (a pod name ending in its ordinal): it claims subtasks 1 and 3; `b` reports it.
+    let mut duplicate = job.spawn_worker(&["--member", "ratchet-1", "--of", "2"]);
+    // `b` learns it was fenced at its next checkpoint, which records start (an idle subtask does not
+    // checkpoint): records produced once the duplicate has claimed both subtasks.
+    duplicate.wait_logged("subtask claimed and recovered", 2, Duration::from_secs(60));
+    job.produce(3000).await;
+    b.wait_logged(
+        "another process runs as member 1",
+        1,
+        Duration::from_secs(60),
+    );
+    job.wait_delivered(Duration::from_secs(120));
+    for worker in [&mut a, &mut b, &mut duplicate] {
+        worker.stop(Duration::from_secs(60));
+    }
+    let mut last = job.spawn_worker(&["--exit-when-idle", "2s"]);
+    last.wait_exit(Duration::from_secs(120));
+    job.assert_exactly_once();
+}
