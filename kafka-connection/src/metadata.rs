@@ -2,6 +2,7 @@
 //! and the topic id is what tells a topic apart from one deleted and created again under the same name (whose
 //! offsets start over, so a saved position means nothing there).
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
@@ -86,16 +87,45 @@ impl KafkaConnection {
         topic: &str,
         within: Duration,
     ) -> Result<Option<TopicMetadata>> {
+        Ok(self
+            .topics_metadata(Some(&[topic.to_string()]), within)
+            .await?
+            .remove(topic))
+    }
+
+    /// The ids and partitions of `topics` (`None`: every topic of the cluster this client may describe, internal
+    /// topics left out), by name; a named topic the cluster does not have is absent. One Metadata request, bounded
+    /// by `within` in all (connecting included); never creates a topic.
+    ///
+    /// # Errors
+    /// As [`topic_metadata`](Self::topic_metadata), for any topic of the answer (listing every topic, a topic
+    /// this client may not describe is left out instead).
+    pub async fn topics_metadata(
+        &self,
+        topics: Option<&[String]>,
+        within: Duration,
+    ) -> Result<BTreeMap<String, TopicMetadata>> {
         let bootstrap = self.bootstrap_servers().to_string();
+        let asked = match topics {
+            Some([one]) => format!("topic {one}"),
+            Some(many) => format!("topics {}", many.join(", ")),
+            None => "every topic".to_string(),
+        };
         let ask = async {
             let mut connection = self.open_any().await?;
             let version = connection
                 .version(ApiKey::Metadata, METADATA_VERSION)
                 .await?;
             let request = MetadataRequest::default()
-                .with_topics(Some(vec![MetadataRequestTopic::default().with_name(Some(
-                    TopicName(StrBytes::from_string(topic.to_string())),
-                ))]))
+                .with_topics(topics.map(|names| {
+                    names
+                        .iter()
+                        .map(|name| {
+                            MetadataRequestTopic::default()
+                                .with_name(Some(TopicName(StrBytes::from_string(name.clone()))))
+                        })
+                        .collect()
+                }))
                 .with_allow_auto_topic_creation(false);
             connection.send(version, &request).await
         };
@@ -105,45 +135,55 @@ impl KafkaConnection {
                 Error::new(
                     ErrorKind::Retryable,
                     Phase::Setup,
-                    format!("no Kafka broker at {bootstrap} answered a metadata request for topic {topic} within {within:?}"),
+                    format!(
+                        "no Kafka broker at {bootstrap} answered a metadata request for {asked} within {within:?}"
+                    ),
                 )
             })?
             .map_err(|e| e.at_phase(Phase::Setup))?;
-        let Some(found) = response
-            .topics
-            .into_iter()
-            .find(|t| t.name.as_ref().is_some_and(|n| n.0.as_str() == topic))
-        else {
-            return Ok(None);
-        };
-        match found.error_code.err() {
-            None => {}
-            Some(ResponseError::UnknownTopicOrPartition) => return Ok(None),
-            Some(ResponseError::TopicAuthorizationFailed) => {
-                return Err(Error::new(
-                    ErrorKind::Config,
-                    Phase::Setup,
-                    format!(
-                        "the cluster at {bootstrap} does not allow this client to describe topic {topic}"
-                    ),
-                ));
+        let mut found = BTreeMap::new();
+        for topic in response.topics {
+            let Some(name) = topic.name.as_ref().map(|n| n.0.to_string()) else {
+                continue;
+            };
+            if topics.is_none() && topic.is_internal {
+                continue;
             }
-            Some(e) => {
-                return Err(Error::new(
-                    ErrorKind::Retryable,
-                    Phase::Setup,
-                    format!("the cluster at {bootstrap} reports an error for topic {topic}"),
-                )
-                .with_source(e));
+            match topic.error_code.err() {
+                None => {}
+                Some(ResponseError::UnknownTopicOrPartition) => continue,
+                Some(ResponseError::TopicAuthorizationFailed) if topics.is_none() => continue,
+                Some(ResponseError::TopicAuthorizationFailed) => {
+                    return Err(Error::new(
+                        ErrorKind::Config,
+                        Phase::Setup,
+                        format!(
+                            "the cluster at {bootstrap} does not allow this client to describe topic {name}"
+                        ),
+                    ));
+                }
+                Some(e) => {
+                    return Err(Error::new(
+                        ErrorKind::Retryable,
+                        Phase::Setup,
+                        format!("the cluster at {bootstrap} reports an error for topic {name}"),
+                    )
+                    .with_source(e));
+                }
             }
+            let id = *topic.topic_id.as_bytes();
+            let mut partitions: Vec<i32> =
+                topic.partitions.iter().map(|p| p.partition_index).collect();
+            partitions.sort_unstable();
+            found.insert(
+                name,
+                TopicMetadata {
+                    id: (id != [0; 16]).then_some(TopicId(id)),
+                    partitions,
+                },
+            );
         }
-        let id = *found.topic_id.as_bytes();
-        let mut partitions: Vec<i32> = found.partitions.iter().map(|p| p.partition_index).collect();
-        partitions.sort_unstable();
-        Ok(Some(TopicMetadata {
-            id: (id != [0; 16]).then_some(TopicId(id)),
-            partitions,
-        }))
+        Ok(found)
     }
 }
 

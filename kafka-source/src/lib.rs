@@ -1,4 +1,5 @@
-//! A Kafka source for Ratchet jobs: reads one topic with `isolation.level=read_committed` from the positions a
+//! A Kafka source for Ratchet jobs: reads one topic, a list, or every topic matching a pattern
+//! ([`TopicSelection`]) with `isolation.level=read_committed` from the positions a
 //! checkpoint restored ([`connector_api::Restored::positions`]), into Arrow batches, and hands back the positions
 //! the batches handed out so far reach, for [`connector_api::Driver::checkpoint`]. Offsets are never committed to
 //! Kafka (no auto-commit, no group offsets): the checkpoint record is the only place they live, so a restart
@@ -7,8 +8,9 @@
 //! Positions never move by themselves: a saved offset below the partition's log start (records removed by
 //! retention, compaction or DeleteRecords before they were read) is a gap, which stops the source or is skipped
 //! as [`GapPolicy`] says; a topic deleted and created again under the same name (a new topic id) is refused;
-//! partitions added to the topic while it runs are found within [`KafkaSourceOptions::metadata_refresh`] and read
-//! from their beginning.
+//! partitions added while it runs, and topics created since that a pattern selects, are found within
+//! [`KafkaSourceOptions::metadata_refresh`] and read from their beginning. Each batch holds one topic's records;
+//! positions are per topic and partition.
 //!
 //! A consumer thread of its own polls librdkafka and decodes records straight into Arrow column builders (raw key
 //! and value as text or bytes, or JSON or Avro values into a declared schema with arrow-json / arrow-avro, plus
@@ -44,6 +46,7 @@ mod record;
 mod reject;
 mod source;
 mod tombstone;
+mod topics;
 mod values;
 mod writer_schemas;
 
@@ -54,6 +57,7 @@ pub use kafka_connection::KafkaConnection;
 pub use metadata::{KeyDecoding, MetadataColumns, headers_field};
 pub use partitions::{Gap, GapPolicy};
 pub use reject::RejectedRecord;
-pub use source::{KafkaSource, KafkaSourceOptions, PartitionShare, Watermarks};
+pub use source::{KafkaSource, KafkaSourceOptions, Watermarks};
 pub use tombstone::Tombstone;
+pub use topics::{PartitionShare, TopicPartition, TopicSelection};
 pub use writer_schemas::ReaderSchema;

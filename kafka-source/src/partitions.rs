@@ -16,7 +16,7 @@ use kafka_connection::{KafkaConnection, TopicId, TopicMetadata};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
 
-use crate::PartitionShare;
+use crate::topics::{PartitionShare, TopicPartition, TopicSelection};
 
 /// How long a metadata or watermark request may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -36,8 +36,10 @@ pub enum GapPolicy {
 }
 
 /// Records a partition skipped under [`GapPolicy::Earliest`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Gap {
+    /// The topic.
+    pub topic: String,
     /// The partition.
     pub partition: i32,
     /// The offset the source was to read next.
@@ -72,6 +74,7 @@ pub(crate) fn open(
     metadata: &TopicMetadata,
     restored: &[SourceOffset],
     share: Option<PartitionShare>,
+    selection: &TopicSelection,
 ) -> Result<Opened> {
     let saved: Vec<&SourceOffset> = restored.iter().filter(|o| o.topic == topic).collect();
     if let (Some(now), Some(then)) = (
@@ -101,7 +104,7 @@ pub(crate) fn open(
     let start = metadata
         .partitions
         .iter()
-        .filter(|&&p| share.is_none_or(|s| s.contains(p)))
+        .filter(|&&p| share.is_none_or(|s| s.holds(selection, topic, p)))
         .map(|&p| {
             let offset = saved
                 .iter()
@@ -129,19 +132,45 @@ fn recreated(topic: &str, evidence: &str) -> Error {
     )
 }
 
-/// The partitions being read and the state needed to keep them right, owned by the consumer thread.
-pub(crate) struct Assignment {
-    pub(crate) kafka: KafkaConnection,
-    pub(crate) topic: String,
+/// What the source shares with its consumer thread: the partitions assigned and the topics' ids, kept up to date
+/// as the thread finds new partitions and topics.
+#[derive(Debug, Default)]
+pub(crate) struct Assigned {
+    /// Every partition assigned.
+    pub(crate) partitions: BTreeSet<TopicPartition>,
+    /// Each read topic's id (saved with its positions).
+    pub(crate) ids: BTreeMap<String, String>,
+}
+
+/// One topic being read.
+pub(crate) struct TopicState {
     pub(crate) id: Option<TopicId>,
-    pub(crate) share: Option<PartitionShare>,
-    pub(crate) on_gap: GapPolicy,
-    pub(crate) refresh_every: Duration,
     /// Per assigned partition, the offset after the last record the thread took (or where it was assigned;
     /// `None`: from the log start, nothing taken yet).
     pub(crate) fetched: BTreeMap<i32, Option<i64>>,
-    /// The assigned partitions, shared with the source (lag, "caught up", metrics).
-    pub(crate) assigned: Arc<Mutex<BTreeSet<i32>>>,
+}
+
+impl TopicState {
+    pub(crate) fn opened(opened: Opened) -> Self {
+        Self {
+            id: opened.id,
+            fetched: opened.start,
+        }
+    }
+}
+
+/// The partitions being read and the state needed to keep them right, owned by the consumer thread.
+pub(crate) struct Assignment {
+    pub(crate) kafka: KafkaConnection,
+    pub(crate) selection: TopicSelection,
+    /// The positions the source opened with: where a topic found later starts, when one was saved for it.
+    pub(crate) restored: Vec<SourceOffset>,
+    pub(crate) topics: BTreeMap<String, TopicState>,
+    pub(crate) share: Option<PartitionShare>,
+    pub(crate) on_gap: GapPolicy,
+    pub(crate) refresh_every: Duration,
+    /// The assigned partitions and topic ids, shared with the source (positions, lag, metrics).
+    pub(crate) assigned: Arc<Mutex<Assigned>>,
     pub(crate) refreshed: Instant,
     /// For the protocol-level metadata requests of this thread (built on first use, on the consumer thread).
     pub(crate) runtime: Option<tokio::runtime::Runtime>,
@@ -151,20 +180,37 @@ impl Assignment {
     /// The assignment that [`open`] chose, to hand to librdkafka.
     pub(crate) fn partition_list(&self) -> Result<TopicPartitionList> {
         let mut list = TopicPartitionList::new();
-        for (&partition, offset) in &self.fetched {
-            let offset = offset.map_or(Offset::Beginning, Offset::Offset);
-            list.add_partition_offset(&self.topic, partition, offset)
-                .map_err(|e| {
-                    Error::new(ErrorKind::Bug, Phase::Setup, "cannot build the assignment")
-                        .with_source(e)
-                })?;
+        for (topic, state) in &self.topics {
+            add(&mut list, topic, &state.fetched, Phase::Setup)?;
         }
         Ok(list)
     }
 
-    /// Notes that the thread took records of `partition` up to `next` (exclusive).
-    pub(crate) fn took(&mut self, partition: i32, next: i64) {
-        self.fetched.insert(partition, Some(next));
+    /// Tells the source what is assigned now.
+    pub(crate) fn publish(&self) {
+        let mut assigned = self.assigned.lock().expect("not poisoned");
+        assigned.partitions = self
+            .topics
+            .iter()
+            .flat_map(|(topic, state)| {
+                state
+                    .fetched
+                    .keys()
+                    .map(|&p| TopicPartition::new(topic.clone(), p))
+            })
+            .collect();
+        for (topic, state) in &self.topics {
+            if let Some(id) = state.id {
+                assigned.ids.insert(topic.clone(), id.to_string());
+            }
+        }
+    }
+
+    /// Notes that the thread took records of `partition` of `topic` up to `next` (exclusive).
+    pub(crate) fn took(&mut self, topic: &str, partition: i32, next: i64) {
+        if let Some(state) = self.topics.get_mut(topic) {
+            state.fetched.insert(partition, Some(next));
+        }
     }
 
     /// Whether the periodic metadata refresh is due.
@@ -172,12 +218,13 @@ impl Assignment {
         self.refreshed.elapsed() >= self.refresh_every
     }
 
-    /// Reads the topic's metadata again: a topic deleted (or deleted and created again) stops the source; a
-    /// partition added since (in this share) is assigned from its log start. A metadata request that fails is
-    /// only logged: the next refresh asks again (and the consumer reports a cluster that stays away).
+    /// Reads the topics' metadata again: a topic deleted (or deleted and created again) stops the source; a
+    /// partition added since (in this share) is assigned from its log start; with a pattern, a topic created since
+    /// that matches it is assigned (from a position saved for it, or its log start). A metadata request that
+    /// fails is only logged: the next refresh asks again (and the consumer reports a cluster that stays away).
     ///
     /// # Errors
-    /// [`Config`](ErrorKind::Config) when the topic is gone or is another topic now.
+    /// [`Config`](ErrorKind::Config) when a topic is gone or is another topic now.
     pub(crate) fn refresh(&mut self, consumer: &BaseConsumer) -> Result<()> {
         self.refreshed = Instant::now();
         let runtime = match &self.runtime {
@@ -193,69 +240,89 @@ impl Assignment {
                 }
             },
         };
-        let metadata =
-            match runtime.block_on(self.kafka.topic_metadata(&self.topic, REQUEST_TIMEOUT)) {
-                Ok(metadata) => metadata,
-                Err(e) => {
-                    tracing::warn!(topic = %self.topic, error = %connector_api::Report(&e),
-                    "cannot refresh the topic's metadata; trying again later");
-                    return Ok(());
-                }
-            };
-        let Some(metadata) = metadata else {
-            return Err(Error::new(
-                ErrorKind::Config,
-                Phase::Write,
-                format!(
-                    "topic {} no longer exists: it was deleted while the job read it",
-                    self.topic
-                ),
-            ));
+        let named = self.selection.named();
+        let metadata = match runtime.block_on(
+            self.kafka
+                .topics_metadata(named.as_deref(), REQUEST_TIMEOUT),
+        ) {
+            Ok(metadata) => metadata,
+            Err(e) => {
+                tracing::warn!(source = %self.selection, error = %connector_api::Report(&e),
+                    "cannot refresh the topics' metadata; trying again later");
+                return Ok(());
+            }
         };
-        if let (Some(then), Some(now)) = (self.id, metadata.id)
-            && then != now
-        {
-            return Err(recreated(
-                &self.topic,
-                &format!("its topic id changed from {then} to {now} while the job read it"),
-            )
-            .at_phase(Phase::Write));
-        }
-        let added: Vec<i32> = metadata
-            .partitions
-            .iter()
-            .copied()
-            .filter(|&p| self.share.is_none_or(|s| s.contains(p)))
-            .filter(|p| !self.fetched.contains_key(p))
-            .collect();
-        if added.is_empty() {
-            return Ok(());
-        }
         let mut list = TopicPartitionList::new();
-        for &partition in &added {
-            list.add_partition_offset(&self.topic, partition, Offset::Beginning)
-                .map_err(|e| {
-                    Error::new(ErrorKind::Bug, Phase::Write, "cannot build the assignment")
-                        .with_source(e)
-                })?;
+        let mut added: Vec<(String, Vec<i32>)> = Vec::new();
+        for (topic, state) in &mut self.topics {
+            let Some(now) = metadata.get(topic) else {
+                return Err(Error::new(
+                    ErrorKind::Config,
+                    Phase::Write,
+                    format!("topic {topic} no longer exists: it was deleted while the job read it"),
+                ));
+            };
+            if let (Some(then), Some(id)) = (state.id, now.id)
+                && then != id
+            {
+                return Err(recreated(
+                    topic,
+                    &format!("its topic id changed from {then} to {id} while the job read it"),
+                )
+                .at_phase(Phase::Write));
+            }
+            let new: BTreeMap<i32, Option<i64>> = now
+                .partitions
+                .iter()
+                .copied()
+                .filter(|&p| {
+                    self.share
+                        .is_none_or(|s| s.holds(&self.selection, topic, p))
+                })
+                .filter(|p| !state.fetched.contains_key(p))
+                .map(|p| (p, None))
+                .collect();
+            if !new.is_empty() {
+                add(&mut list, topic, &new, Phase::Write)?;
+                added.push((topic.clone(), new.keys().copied().collect()));
+                state.fetched.extend(new);
+            }
+        }
+        let mut found = Vec::new();
+        for (topic, now) in &metadata {
+            if self.topics.contains_key(topic)
+                || !self.selection.selects(topic)
+                || now.partitions.is_empty()
+            {
+                continue;
+            }
+            let opened = open(topic, now, &self.restored, self.share, &self.selection)
+                .map_err(|e| e.at_phase(Phase::Write))?;
+            add(&mut list, topic, &opened.start, Phase::Write)?;
+            found.push(topic.clone());
+            self.topics
+                .insert(topic.clone(), TopicState::opened(opened));
+        }
+        if list.count() == 0 {
+            return Ok(());
         }
         consumer.incremental_assign(&list).map_err(|e| {
             Error::new(
                 ErrorKind::Retryable,
                 Phase::Write,
-                format!(
-                    "cannot assign the new partitions {added:?} of topic {}",
-                    self.topic
-                ),
+                format!("cannot assign the new partitions of {}", self.selection),
             )
             .with_source(e)
         })?;
-        tracing::info!(topic = %self.topic, partitions = ?added,
-            "the topic has new partitions; reading them from their beginning");
-        for partition in added {
-            self.fetched.insert(partition, None);
+        for (topic, partitions) in added {
+            tracing::info!(%topic, ?partitions,
+                "the topic has new partitions; reading them from their beginning");
         }
-        *self.assigned.lock().expect("not poisoned") = self.fetched.keys().copied().collect();
+        for topic in found {
+            tracing::info!(%topic, source = %self.selection,
+                "a new topic is selected; reading it (from a saved position, or its beginning)");
+        }
+        self.publish();
         Ok(())
     }
 
@@ -269,21 +336,25 @@ impl Assignment {
     /// any more.
     pub(crate) fn out_of_range(&mut self, consumer: &BaseConsumer) -> Result<Vec<Gap>> {
         let mut gaps = Vec::new();
-        let fetched: Vec<(i32, i64)> = self
-            .fetched
+        let fetched: Vec<(String, i32, i64)> = self
+            .topics
             .iter()
-            .filter_map(|(&p, next)| next.map(|n| (p, n)))
+            .flat_map(|(topic, state)| {
+                state
+                    .fetched
+                    .iter()
+                    .filter_map(|(&p, next)| next.map(|n| (topic.clone(), p, n)))
+            })
             .collect();
-        for (partition, next_offset) in fetched {
+        for (topic, partition, next_offset) in fetched {
             let (log_start, log_end) = consumer
-                .fetch_watermarks(&self.topic, partition, REQUEST_TIMEOUT)
+                .fetch_watermarks(&topic, partition, REQUEST_TIMEOUT)
                 .map_err(|e| {
                     Error::new(
                         ErrorKind::Retryable,
                         Phase::Write,
                         format!(
-                            "an offset of topic {} is out of range, and the watermarks of partition {partition} cannot be read",
-                            self.topic
+                            "an offset of topic {topic} is out of range, and the watermarks of partition {partition} cannot be read"
                         ),
                     )
                     .with_source(e)
@@ -293,11 +364,10 @@ impl Assignment {
                     ErrorKind::Config,
                     Phase::Write,
                     format!(
-                        "topic {} partition {partition}: the next offset to read, {next_offset}, is past the end of \
+                        "topic {topic} partition {partition}: the next offset to read, {next_offset}, is past the end of \
                          the log ({log_end}): the partition lost records the job had read (the topic was deleted \
                          and created again, or an unclean leader election truncated it). Reading on from another \
-                         offset would skip or repeat records; check the topic, then run the job anew",
-                        self.topic
+                         offset would skip or repeat records; check the topic, then run the job anew"
                     ),
                 ));
             }
@@ -305,6 +375,7 @@ impl Assignment {
                 continue;
             }
             let gap = Gap {
+                topic: topic.clone(),
                 partition,
                 next_offset,
                 log_start,
@@ -314,20 +385,19 @@ impl Assignment {
                     ErrorKind::Config,
                     Phase::Write,
                     format!(
-                        "topic {} partition {partition}: the next offset to read, {next_offset}, is below the log \
+                        "topic {topic} partition {partition}: the next offset to read, {next_offset}, is below the log \
                          start offset {log_start}: {} record offset(s) were removed (retention, compaction or \
                          DeleteRecords) before the job read them. Restore them, or set [source] on_gap = \
                          \"earliest\" to go on from the log start without them",
-                        self.topic,
                         gap.skipped()
                     ),
                 ));
             }
-            self.restart_at_log_start(consumer, partition)?;
-            tracing::warn!(topic = %self.topic, partition, next_offset, log_start, skipped = gap.skipped(),
+            restart_at_log_start(consumer, &topic, partition)?;
+            tracing::warn!(%topic, partition, next_offset, log_start, skipped = gap.skipped(),
                 "records were removed from the log before the job read them (on_gap = earliest): going on from \
                  the log start");
-            self.fetched.insert(partition, Some(log_start));
+            self.took(&topic, partition, log_start);
             gaps.push(gap);
         }
         if gaps.is_empty() {
@@ -335,38 +405,52 @@ impl Assignment {
                 ErrorKind::Retryable,
                 Phase::Write,
                 format!(
-                    "the Kafka consumer reports an offset of topic {} out of range, but no partition's next offset \
+                    "the Kafka consumer reports an offset of {} out of range, but no partition's next offset \
                      is outside its log now; restarting from the last checkpoint",
-                    self.topic
+                    self.selection
                 ),
             ));
         }
         Ok(gaps)
     }
+}
 
-    /// Assigns `partition` again from its log start (librdkafka stops fetching a partition whose offset reset
-    /// failed, and a seek does not restart it).
-    fn restart_at_log_start(&self, consumer: &BaseConsumer, partition: i32) -> Result<()> {
-        let mut list = TopicPartitionList::new();
-        list.add_partition(&self.topic, partition);
-        let failed = |what: &str, e: rdkafka::error::KafkaError| {
-            Error::new(
-                ErrorKind::Retryable,
-                Phase::Write,
-                format!(
-                    "cannot {what} partition {partition} of topic {}",
-                    self.topic
-                ),
-            )
-            .with_source(e)
-        };
-        consumer
-            .incremental_unassign(&list)
-            .map_err(|e| failed("unassign", e))?;
-        list.set_all_offsets(Offset::Beginning)
-            .map_err(|e| failed("restart", e))?;
-        consumer
-            .incremental_assign(&list)
-            .map_err(|e| failed("reassign", e))
+/// Adds `partitions` of `topic` to `list`, each at its offset (`None`: the log start).
+fn add(
+    list: &mut TopicPartitionList,
+    topic: &str,
+    partitions: &BTreeMap<i32, Option<i64>>,
+    phase: Phase,
+) -> Result<()> {
+    for (&partition, offset) in partitions {
+        let offset = offset.map_or(Offset::Beginning, Offset::Offset);
+        list.add_partition_offset(topic, partition, offset)
+            .map_err(|e| {
+                Error::new(ErrorKind::Bug, phase, "cannot build the assignment").with_source(e)
+            })?;
     }
+    Ok(())
+}
+
+/// Assigns `partition` of `topic` again from its log start (librdkafka stops fetching a partition whose offset
+/// reset failed, and a seek does not restart it).
+fn restart_at_log_start(consumer: &BaseConsumer, topic: &str, partition: i32) -> Result<()> {
+    let mut list = TopicPartitionList::new();
+    list.add_partition(topic, partition);
+    let failed = |what: &str, e: rdkafka::error::KafkaError| {
+        Error::new(
+            ErrorKind::Retryable,
+            Phase::Write,
+            format!("cannot {what} partition {partition} of topic {topic}"),
+        )
+        .with_source(e)
+    };
+    consumer
+        .incremental_unassign(&list)
+        .map_err(|e| failed("unassign", e))?;
+    list.set_all_offsets(Offset::Beginning)
+        .map_err(|e| failed("restart", e))?;
+    consumer
+        .incremental_assign(&list)
+        .map_err(|e| failed("reassign", e))
 }

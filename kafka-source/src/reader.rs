@@ -24,16 +24,20 @@ use crate::partitions::{Assignment, Gap};
 use crate::record::{RecordAt, RecordParts};
 use crate::reject::{RawRecords, RejectedRecord};
 use crate::tombstone::Tombstone;
+use crate::topics::TopicPartition;
 
 /// One decoded batch, the records of it that did not decode (set aside when diverting), the tombstone of the JSON
 /// and Avro decodings that ended it (set aside: it has no fields to decode; it comes after every row of the batch),
 /// per partition it read from the offset after its last record (or the log start it went on from after a gap),
-/// and the gaps it skipped.
+/// and the gaps it skipped. A chunk's records are of one topic (a record of another topic starts the next chunk),
+/// so a batch never mixes topics.
 pub(crate) struct Chunk {
+    /// The topic of its records (empty when it has none: only a gap).
+    pub(crate) topic: String,
     pub(crate) batch: RecordBatch,
     pub(crate) rejected: Vec<RejectedRecord>,
     pub(crate) tombstones: Vec<Tombstone>,
-    pub(crate) next: Vec<(i32, i64)>,
+    pub(crate) next: Vec<(TopicPartition, i64)>,
     pub(crate) gaps: Vec<Gap>,
 }
 
@@ -49,7 +53,8 @@ pub(crate) struct Reader {
     pub(crate) divert: bool,
     /// The partitions read, kept up to date.
     pub(crate) assignment: Assignment,
-    /// A record read but left for the next chunk (its topic, and the record): it needs a newer reader schema.
+    /// A record read but left for the next chunk (its topic, and the record): it needs a newer reader schema, or
+    /// is of another topic than the chunk's.
     pub(crate) deferred: Option<(String, RawRecords)>,
 }
 
@@ -152,14 +157,15 @@ enum Take {
     Next,
     /// It is in and ends the chunk (a tombstone of a decoding whose rows are the value's fields).
     EndAfter,
-    /// It is not in: it needs a newer reader schema than the chunk's rows, so it starts the next chunk.
+    /// It is not in: it needs a newer reader schema than the chunk's rows, or is of another topic, so it starts
+    /// the next chunk.
     EndBefore,
 }
 
 /// One chunk being read.
 struct ChunkState {
     builder: Option<BatchBuilder>,
-    next: Vec<(i32, i64)>,
+    next: Vec<(TopicPartition, i64)>,
     gaps: Vec<Gap>,
     /// JSON and Avro values or keys: the raw records, to sort a batch that fails out record by record.
     raw: Option<RawRecords>,
@@ -192,13 +198,14 @@ impl ChunkState {
 
     /// The consumer reported an offset out of range: records were removed before they were read.
     fn gap(&mut self, reader: &mut Reader) -> Result<()> {
-        for &(partition, offset) in &self.next {
-            reader.assignment.took(partition, offset);
+        for (at, offset) in &self.next {
+            reader.assignment.took(&at.topic, at.partition, *offset);
         }
         for gap in reader.assignment.out_of_range(&reader.consumer)? {
-            match self.next.iter_mut().find(|(p, _)| *p == gap.partition) {
+            let at = TopicPartition::new(gap.topic.clone(), gap.partition);
+            match self.next.iter_mut().find(|(p, _)| *p == at) {
                 Some(entry) => entry.1 = gap.log_start,
-                None => self.next.push((gap.partition, gap.log_start)),
+                None => self.next.push((at, gap.log_start)),
             }
             self.gaps.push(gap);
         }
@@ -216,11 +223,19 @@ impl ChunkState {
         }
         if self.topic.is_empty() {
             self.topic = at.topic.to_string();
+        } else if self.topic != at.topic {
+            return Ok(Take::EndBefore);
         }
         self.records += 1;
-        match self.next.iter_mut().find(|(p, _)| *p == at.partition) {
+        match self
+            .next
+            .iter_mut()
+            .find(|(p, _)| p.partition == at.partition && p.topic == at.topic)
+        {
             Some(entry) => entry.1 = at.offset + 1,
-            None => self.next.push((at.partition, at.offset + 1)),
+            None => self
+                .next
+                .push((TopicPartition::new(at.topic, at.partition), at.offset + 1)),
         }
         if reader.decoding.skips_tombstones() && record.value.is_none() {
             // Debezium's tombstone after a delete: the delete event before it carried the change.
@@ -265,8 +280,8 @@ impl ChunkState {
 
     /// The chunk of everything taken (`None` when nothing was: no rows, gaps, tombstones or skipped records).
     fn finish(mut self, reader: &mut Reader) -> Result<Option<Chunk>> {
-        for &(partition, offset) in &self.next {
-            reader.assignment.took(partition, offset);
+        for (at, offset) in &self.next {
+            reader.assignment.took(&at.topic, at.partition, *offset);
         }
         let Some(builder) = self.builder else {
             if self.gaps.is_empty() && self.tombstones.is_empty() && self.skipped == 0 {
@@ -274,6 +289,7 @@ impl ChunkState {
             }
             let schema = reader.metadata.schema(&reader.decoding)?;
             return Ok(Some(Chunk {
+                topic: self.topic,
                 batch: RecordBatch::new_empty(schema),
                 rejected: self.rejected,
                 tombstones: self.tombstones,
@@ -302,6 +318,7 @@ impl ChunkState {
             (None, None) => unreachable!("only JSON and Avro values or keys defer failures"),
         };
         Ok(Some(Chunk {
+            topic: self.topic,
             batch,
             rejected: self.rejected,
             tombstones: self.tombstones,

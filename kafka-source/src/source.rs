@@ -16,9 +16,10 @@ use tokio::sync::mpsc;
 use crate::RejectedRecord;
 use crate::decoding::Decoding;
 use crate::metadata::MetadataColumns;
-use crate::partitions::{self, Assignment, Gap, GapPolicy};
+use crate::partitions::{self, Assigned, Assignment, Gap, GapPolicy, TopicState};
 use crate::reader::{Chunk, Reader};
 use crate::tombstone::Tombstone;
+use crate::topics::{PartitionShare, TopicPartition, TopicSelection};
 
 /// How long metadata and watermark requests may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -40,7 +41,7 @@ fn kafka_error(kind: ErrorKind, message: String, e: KafkaError) -> Error {
 /// | `share` | read only this subtask's share of the partitions ([`PartitionShare`]) | every partition |
 /// | `divert_bad_records` | set records that do not decode aside ([`KafkaSource::take_rejected`]) instead of failing | false |
 /// | `on_gap` | a saved or current position below the log start ([`GapPolicy`]) | `Fail` |
-/// | `metadata_refresh` | how often the topic's metadata is read again (new partitions, a deleted or recreated topic) | 30 s |
+/// | `metadata_refresh` | how often the topics' metadata is read again (new partitions, new topics of a pattern, a deleted or recreated topic) | 30 s |
 #[derive(Debug, Clone)]
 pub struct KafkaSourceOptions {
     /// How records become rows.
@@ -56,32 +57,15 @@ pub struct KafkaSourceOptions {
     /// Other librdkafka consumer settings. `group.id`, `enable.auto.commit`, `enable.auto.offset.store`,
     /// `isolation.level` and `auto.offset.reset` are the source's own.
     pub client: BTreeMap<String, String>,
-    /// Read only these partitions of the topic (`None`: all of them).
+    /// Read only this share of the partitions (`None`: all of them).
     pub share: Option<PartitionShare>,
     /// Set records that do not decode aside for a dead-letter destination instead of failing.
     pub divert_bad_records: bool,
     /// What to do about records removed from the log before they were read.
     pub on_gap: GapPolicy,
-    /// How often the topic's metadata is read again: partitions added since are read from their beginning, a
-    /// topic deleted or created again stops the source.
+    /// How often the topics' metadata is read again: partitions added since (and topics created since that a
+    /// pattern selects) are read from their beginning, a topic deleted or created again stops the source.
     pub metadata_refresh: Duration,
-}
-
-/// A fixed share of a topic's partitions: those whose number modulo `of` is `index`. A job of `of` subtasks gives
-/// subtask `index` this share, so every partition has exactly one subtask, whichever process runs it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PartitionShare {
-    /// The subtask, `0..of`.
-    pub index: u32,
-    /// The number of subtasks.
-    pub of: u32,
-}
-
-impl PartitionShare {
-    /// Whether `partition` is in the share.
-    pub fn contains(&self, partition: i32) -> bool {
-        u32::try_from(partition).is_ok_and(|p| p % self.of.max(1) == self.index)
-    }
 }
 
 impl Default for KafkaSourceOptions {
@@ -110,25 +94,24 @@ pub struct Watermarks {
     pub high: i64,
 }
 
-/// Reads every partition of one topic with `isolation.level=read_committed`, from restored positions, on a
-/// consumer thread of its own that decodes records into Arrow batches while the job writes and checkpoints the
-/// previous ones.
+/// Reads every partition of the selected topics ([`TopicSelection`]) with `isolation.level=read_committed`, from
+/// restored positions, on a consumer thread of its own that decodes records into Arrow batches (each of one topic)
+/// while the job writes and checkpoints the previous ones.
 ///
 /// Positions move when the job takes a batch ([`next_batch`](Self::next_batch)), so
 /// [`positions`](Self::positions) always covers exactly the batches handed out. Dropping the source stops the
 /// thread within about 100 ms.
 pub struct KafkaSource {
     consumer: Arc<BaseConsumer>,
-    topic: String,
+    selection: TopicSelection,
     schema: SchemaRef,
     chunks: mpsc::Receiver<Result<Chunk>>,
     closed: Arc<AtomicBool>,
-    /// The topic's id, saved with every position.
-    topic_id: Option<String>,
-    /// Next offset to hand out, per partition that has a position (restored, or read since).
-    next: BTreeMap<i32, i64>,
-    /// Every partition assigned (the consumer thread adds new ones).
-    assigned: Arc<Mutex<BTreeSet<i32>>>,
+    /// Next offset to hand out, per partition that has a position (restored, or read since). Restored positions
+    /// of topics no longer selected stay, so a topic selected again resumes where it stopped.
+    next: BTreeMap<TopicPartition, i64>,
+    /// Every partition assigned and the topics' ids (the consumer thread adds new ones).
+    assigned: Arc<Mutex<Assigned>>,
     /// Records of the batches handed out that did not decode, not yet taken.
     rejected: Vec<RejectedRecord>,
     /// Gaps of the batches handed out, not yet taken.
@@ -137,6 +120,8 @@ pub struct KafkaSource {
     tombstones: Vec<Tombstone>,
     /// The first chunk of a new schema, held back until the job accepts the change.
     held: Option<Chunk>,
+    /// The topic of the last batch handed out.
+    batch_topic: String,
 }
 
 impl Drop for KafkaSource {
@@ -158,29 +143,48 @@ impl KafkaSource {
         Self::open_with(kafka, topic, restored, KafkaSourceOptions::default()).await
     }
 
-    /// Assigns every partition of `topic` on the cluster `kafka` reaches (TLS and SASL as its settings say), at
-    /// the offsets in `restored` or from the log start, and starts the consumer thread. Offsets are never
-    /// committed to Kafka: the checkpoint record is the only place they live.
+    /// [`open_topics`](Self::open_topics) of one topic.
+    ///
+    /// # Errors
+    /// As [`open_topics`](Self::open_topics).
+    pub async fn open_with(
+        kafka: &KafkaConnection,
+        topic: &str,
+        restored: &[SourceOffset],
+        options: KafkaSourceOptions,
+    ) -> Result<Self> {
+        Self::open_topics(
+            kafka,
+            TopicSelection::One(topic.to_string()),
+            restored,
+            options,
+        )
+        .await
+    }
+
+    /// Assigns every partition of the `selection`'s topics on the cluster `kafka` reaches (TLS and SASL as its
+    /// settings say), at the offsets in `restored` or from the log start, and starts the consumer thread. Offsets
+    /// are never committed to Kafka: the checkpoint record is the only place they live.
     ///
     /// With a [`share`](KafkaSourceOptions::share), only the partitions in it are assigned (possibly none, when
-    /// there are more subtasks than partitions: the source then never hands out a batch, unless partitions are
-    /// added later).
+    /// there are more subtasks than partitions: the source then never hands out a batch, unless partitions or
+    /// topics are added later).
     ///
     /// A restored offset below its partition's log start is a gap, handled as
     /// [`on_gap`](KafkaSourceOptions::on_gap) says once the consumer finds it; an offset past the log end stops
-    /// the source. Partitions added to the topic later are found by the [`metadata_refresh`] and read from their
-    /// log start.
+    /// the source. Partitions added later, and topics created later that a pattern selects, are found by the
+    /// [`metadata_refresh`] and read from their log start (a topic with a saved position: from there).
     ///
     /// [`metadata_refresh`]: KafkaSourceOptions::metadata_refresh
     ///
     /// # Errors
-    /// [`Config`](ErrorKind::Config) when the topic does not exist, when it is not the topic the positions were
-    /// saved for (deleted and created again: its topic id changed, or a saved partition is gone), for a client
-    /// setting the source controls, or options out of range; [`Retryable`](ErrorKind::Retryable) when the cluster
-    /// does not answer.
-    pub async fn open_with(
+    /// [`Config`](ErrorKind::Config) when a named topic does not exist, when a topic is not the topic the
+    /// positions were saved for (deleted and created again: its topic id changed, or a saved partition is gone),
+    /// for a client setting the source controls, or options out of range; [`Retryable`](ErrorKind::Retryable)
+    /// when the cluster does not answer.
+    pub async fn open_topics(
         kafka: &KafkaConnection,
-        topic: &str,
+        selection: TopicSelection,
         restored: &[SourceOffset],
         options: KafkaSourceOptions,
     ) -> Result<Self> {
@@ -206,24 +210,43 @@ impl KafkaSource {
             ));
         }
         let bootstrap = kafka.bootstrap_servers();
+        let named = selection.named();
         let metadata = kafka
-            .topic_metadata(topic, REQUEST_TIMEOUT)
-            .await?
-            .filter(|m| !m.partitions.is_empty())
-            .ok_or_else(|| {
-                Error::new(
-                    ErrorKind::Config,
-                    Phase::Setup,
-                    format!("topic {topic} does not exist on {bootstrap}: create it first"),
-                )
-            })?;
-        let opened = partitions::open(topic, &metadata, restored, options.share)?;
+            .topics_metadata(named.as_deref(), REQUEST_TIMEOUT)
+            .await?;
+        let mut topics = BTreeMap::new();
+        for (topic, found) in &metadata {
+            if found.partitions.is_empty() || !selection.selects(topic) {
+                continue;
+            }
+            let opened = partitions::open(topic, found, restored, options.share, &selection)?;
+            topics.insert(topic.clone(), TopicState::opened(opened));
+        }
+        if let Some(missing) = named
+            .iter()
+            .flatten()
+            .find(|topic| !topics.contains_key(*topic))
+        {
+            return Err(Error::new(
+                ErrorKind::Config,
+                Phase::Setup,
+                format!("topic {missing} does not exist on {bootstrap}: create it first"),
+            ));
+        }
+        if topics.is_empty() {
+            tracing::info!(source = %selection,
+                "no topic is selected yet; topics created later are read once the metadata refresh finds them");
+        }
         let mut config = kafka.consumer_config();
         for (key, value) in &options.client {
             config.set(key, value);
         }
+        let label = match &selection {
+            TopicSelection::One(topic) => topic.clone(),
+            _ => "topics".to_string(),
+        };
         let consumer: BaseConsumer = config
-            .set("group.id", format!("ratchet-{topic}"))
+            .set("group.id", format!("ratchet-{label}"))
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set("isolation.level", "read_committed")
@@ -237,24 +260,43 @@ impl KafkaSource {
                     e,
                 )
             })?;
-        let next: BTreeMap<i32, i64> = opened
-            .start
+        // Every restored position, then where the opened partitions start.
+        let mut next: BTreeMap<TopicPartition, i64> = restored
             .iter()
-            .filter_map(|(&p, offset)| offset.map(|o| (p, o)))
+            .map(|o| {
+                (
+                    TopicPartition::new(o.topic.clone(), o.partition),
+                    o.next_offset,
+                )
+            })
             .collect();
-        let assigned = Arc::new(Mutex::new(opened.start.keys().copied().collect()));
+        let mut assigned = Assigned::default();
+        for offset in restored {
+            if let Some(id) = &offset.topic_id {
+                assigned.ids.insert(offset.topic.clone(), id.clone());
+            }
+        }
+        for (topic, state) in &topics {
+            for (&partition, start) in &state.fetched {
+                if let Some(offset) = start {
+                    next.insert(TopicPartition::new(topic.clone(), partition), *offset);
+                }
+            }
+        }
         let assignment = Assignment {
             kafka: kafka.clone(),
-            topic: topic.to_string(),
-            id: opened.id,
+            selection: selection.clone(),
+            restored: restored.to_vec(),
+            topics,
             share: options.share,
             on_gap: options.on_gap,
             refresh_every: options.metadata_refresh,
-            fetched: opened.start,
-            assigned: assigned.clone(),
+            assigned: Arc::new(Mutex::new(assigned)),
             refreshed: std::time::Instant::now(),
             runtime: None,
         };
+        assignment.publish();
+        let assigned = assignment.assigned.clone();
         consumer
             .assign(&assignment.partition_list()?)
             .map_err(|e| kafka_error(ErrorKind::Retryable, "cannot assign partitions".into(), e))?;
@@ -274,7 +316,7 @@ impl KafkaSource {
             deferred: None,
         };
         std::thread::Builder::new()
-            .name(format!("kafka-source-{topic}"))
+            .name(format!("kafka-source-{label}"))
             .spawn(move || reader.run(sender))
             .map_err(|e| {
                 Error::new(
@@ -286,17 +328,17 @@ impl KafkaSource {
             })?;
         Ok(Self {
             consumer,
-            topic: topic.to_string(),
+            selection,
             schema,
             chunks,
             closed,
-            topic_id: opened.id.map(|id| id.to_string()),
             next,
             assigned,
             rejected: Vec::new(),
             gaps: Vec::new(),
             tombstones: Vec::new(),
             held: None,
+            batch_topic: String::new(),
         })
     }
 
@@ -326,40 +368,54 @@ impl KafkaSource {
         }
     }
 
-    /// The partitions being read (those of the share; partitions added to the topic join once found).
-    pub fn partitions(&self) -> BTreeSet<i32> {
-        self.assigned.lock().expect("not poisoned").clone()
+    /// The partitions being read (those of the share; partitions and topics added later join once found).
+    pub fn partitions(&self) -> BTreeSet<TopicPartition> {
+        self.assigned
+            .lock()
+            .expect("not poisoned")
+            .partitions
+            .clone()
+    }
+
+    /// The topic of the last batch [`next_batch`](Self::next_batch) handed out: a batch's rows are all of one
+    /// topic (empty before the first batch).
+    pub fn batch_topic(&self) -> &str {
+        &self.batch_topic
+    }
+
+    /// What the source reads ([`TopicSelection`]).
+    pub fn selection(&self) -> &TopicSelection {
+        &self.selection
     }
 
     /// Where every partition being read stands now: its log start and its high watermark.
     ///
     /// # Errors
     /// [`Retryable`](ErrorKind::Retryable) when the cluster does not answer.
-    pub fn watermarks(&self) -> Result<BTreeMap<i32, Watermarks>> {
+    pub fn watermarks(&self) -> Result<BTreeMap<TopicPartition, Watermarks>> {
         self.partitions()
             .into_iter()
-            .map(|p| {
+            .map(|at| {
                 let (log_start, high) = self
                     .consumer
-                    .fetch_watermarks(&self.topic, p, REQUEST_TIMEOUT)
+                    .fetch_watermarks(&at.topic, at.partition, REQUEST_TIMEOUT)
                     .map_err(|e| {
                         kafka_error(
                             ErrorKind::Retryable,
-                            format!("cannot read watermarks of {}/{p}", self.topic),
+                            format!("cannot read watermarks of {at}"),
                             e,
                         )
                     })?;
-                Ok((p, Watermarks { log_start, high }))
+                Ok((at, Watermarks { log_start, high }))
             })
             .collect()
     }
 
-    /// The records of partition `partition` not handed out yet, as of `marks` (from
-    /// [`watermarks`](Self::watermarks)).
-    pub fn lag(&self, partition: i32, marks: Watermarks) -> i64 {
+    /// The records of partition `at` not handed out yet, as of `marks` (from [`watermarks`](Self::watermarks)).
+    pub fn lag(&self, at: &TopicPartition, marks: Watermarks) -> i64 {
         let next = self
             .next
-            .get(&partition)
+            .get(at)
             .copied()
             .unwrap_or(marks.log_start)
             .max(marks.log_start);
@@ -367,20 +423,21 @@ impl KafkaSource {
     }
 
     /// Whether every partition has been handed out up to `ends` (from [`watermarks`](Self::watermarks)).
-    pub fn reached(&self, ends: &BTreeMap<i32, Watermarks>) -> bool {
-        ends.iter().all(|(&p, &marks)| self.lag(p, marks) == 0)
+    pub fn reached(&self, ends: &BTreeMap<TopicPartition, Watermarks>) -> bool {
+        ends.iter().all(|(at, &marks)| self.lag(at, marks) == 0)
     }
 
     /// Where the batches handed out so far end: what a checkpoint covering them saves. A partition with no
     /// position yet (nothing read, none restored) is left out: it is read from its log start after a restart.
     pub fn positions(&self) -> Vec<SourceOffset> {
+        let ids = self.assigned.lock().expect("not poisoned").ids.clone();
         self.next
             .iter()
-            .map(|(&partition, &next_offset)| SourceOffset {
-                topic: self.topic.clone(),
-                partition,
+            .map(|(at, &next_offset)| SourceOffset {
+                topic: at.topic.clone(),
+                partition: at.partition,
                 next_offset,
-                topic_id: self.topic_id.clone(),
+                topic_id: ids.get(&at.topic).cloned(),
             })
             .collect()
     }
@@ -415,7 +472,7 @@ impl KafkaSource {
             Ok(Some(chunk)) => chunk?,
         };
         if chunk.batch.schema().fields() != self.schema.fields() {
-            tracing::info!(topic = %self.topic, "the source's batches change schema: held until the job accepts it");
+            tracing::info!(source = %self.selection, "the source's batches change schema: held until the job accepts it");
             self.held = Some(chunk);
             return Ok(None);
         }
@@ -424,8 +481,11 @@ impl KafkaSource {
 
     /// Moves the positions past `chunk` and keeps what it set aside; its batch.
     fn hand_out(&mut self, chunk: Chunk) -> RecordBatch {
-        for (partition, next) in chunk.next {
-            self.next.insert(partition, next);
+        if !chunk.topic.is_empty() {
+            self.batch_topic = chunk.topic;
+        }
+        for (at, next) in chunk.next {
+            self.next.insert(at, next);
         }
         self.rejected.extend(chunk.rejected);
         self.tombstones.extend(chunk.tombstones);

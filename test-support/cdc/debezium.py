@@ -5,7 +5,7 @@ subprocess with the services venv's Python (RATCHET_PYTHON). No Ratchet code.
 usage:
   debezium.py register CONNECT_URL NAME --table SCHEMA.TABLE --topic-prefix P --slot S --publication PUB
                        [--pg-url URL] [--schemas true|false] [--avro REGISTRY_URL] [--set KEY=VALUE ...]
-                       [--timeout SECONDS]
+                       [--timeout SECONDS] [--bootstrap KAFKA_BOOTSTRAP]
   debezium.py delete   CONNECT_URL NAME --slot S [--publication PUB] [--pg-url URL] [--timeout SECONDS]
   debezium.py workload --table SCHEMA.TABLE --ops N --seed K [--pg-url URL] [--create] [--replica-identity-full]
                        [--max-txn M]
@@ -17,7 +17,8 @@ register: a connector capturing exactly that table into topic P.SCHEMA.TABLE (sn
   body; schemas registered under P.SCHEMA.TABLE-key / -value, which the Confluent-compatible API at
   REGISTRY_URL = .../apis/ccompat/v7 serves; credentials RATCHET_REGISTRY_USER / RATCHET_REGISTRY_PASSWORD).
   --set adds or overrides any connector setting. The table must exist. Returns once the connector and its task are
-  RUNNING and the snapshot is over (the slot's walsender runs START_REPLICATION); the snapshot's records are then
+  RUNNING and the snapshot is over (the slot's walsender runs START_REPLICATION), and with --bootstrap once the
+  change topic exists (a table with rows; Connect creates it with the first record); the snapshot's records are then
   written or being committed (the worker writes in Kafka transactions: read them read_committed). Prints the
   connector's config as JSON (password masked). Creating a logical slot waits for every older transaction of the
   cluster to end, prepared ones included: a timeout then names the transactions it waits for.
@@ -255,7 +256,7 @@ def register(args) -> dict:
         phase = ""
         if running:
             done, phase = replication_phase(args.pg_url, args.slot)
-            if done:
+            if done and topic_exists(args, deadline):
                 return config
         if time.monotonic() >= deadline:
             if not running:
@@ -266,6 +267,25 @@ def register(args) -> dict:
             raise Failure(f"connector {args.name} is RUNNING but has not finished its snapshot after "
                           f"{args.timeout:.0f} s: {phase}\n{status_text(status)}")
         time.sleep(0.25)
+
+
+def topic_exists(args, deadline: float) -> bool:
+    """With --bootstrap and a table with rows: whether the change topic exists yet (Kafka Connect's producer
+    creates it with the snapshot's first record). Otherwise True."""
+    if not args.bootstrap:
+        return True
+    schema, table = args.table.split(".", 1)
+    with pg_connect(args.pg_url) as conn:
+        empty = conn.execute(f'SELECT NOT EXISTS (SELECT 1 FROM "{schema}"."{table}")').fetchone()[0]
+    if empty:
+        return True
+    from confluent_kafka.admin import AdminClient
+
+    topic = f"{args.topic_prefix}.{args.table}"
+    left = max(1.0, min(5.0, deadline - time.monotonic()))
+    listed = AdminClient({"bootstrap.servers": args.bootstrap}).list_topics(topic, timeout=left)
+    found = listed.topics.get(topic)
+    return found is not None and found.error is None and len(found.partitions) > 0
 
 
 # --- delete ----------------------------------------------------------------------------------------------------------
@@ -417,6 +437,8 @@ def parse(argv: list[str]):
     r.add_argument("--avro", metavar="REGISTRY_URL")
     r.add_argument("--set", action="append", metavar="KEY=VALUE")
     r.add_argument("--timeout", type=float, default=60)
+    r.add_argument("--bootstrap", metavar="KAFKA_BOOTSTRAP",
+                   help="also wait until the change topic exists (for a table that has rows)")
 
     d = sub.add_parser("delete")
     d.add_argument("connect_url")

@@ -25,8 +25,9 @@ pub struct DebeziumConnector {
 
 impl DebeziumConnector {
     /// Registers connector `name` capturing `table` (`schema.table`) with `converter`, its replication slot and
-    /// publication named `name` too; returns once the snapshot is over (the table's rows are in the topic or
-    /// being committed). Fails the test naming what failed.
+    /// publication named `name` too; returns once the snapshot is over and the change topic exists (the table's
+    /// rows are in the topic or being committed; a table without rows may have no topic yet). Fails the test
+    /// naming what failed.
     pub fn register(name: &str, table: &str, converter: Converter) -> Self {
         let services = Services::get();
         let registry;
@@ -42,6 +43,8 @@ impl DebeziumConnector {
             name,
             "--publication",
             name,
+            "--bootstrap",
+            services.kafka_bootstrap(),
         ];
         match converter {
             Converter::Json { schemas } => {

@@ -13,49 +13,12 @@ mod limits;
 use std::path::Path;
 use std::process::Command;
 
+use limits::runs::{Rate, Stopped, stopped_line};
 use limits::{PRODUCER, bootstrap, fill_input, plain_copy, plain_parquet, run_child, usage};
 use test_support::Services;
 
 const JOB: &str = "RATCHET_BENCH_JOB";
 const PARTITIONS: i32 = 3;
-
-/// What one worker process reported when it stopped.
-#[derive(Debug, Clone, Copy, Default)]
-struct Stopped {
-    records: u64,
-    first_ms: u64,
-    last_ms: u64,
-    cpu_seconds: f64,
-    peak_rss_mb: f64,
-}
-
-/// One measured job: records/s, CPU seconds per million records, peak RSS (largest process).
-#[derive(Debug, Clone, Copy)]
-struct Rate {
-    records_per_second: f64,
-    cpu_per_million: f64,
-    peak_rss_mb: f64,
-}
-
-impl Rate {
-    fn of(runs: &[Stopped]) -> Self {
-        let records: u64 = runs.iter().map(|r| r.records).sum();
-        let first = runs
-            .iter()
-            .filter(|r| r.records > 0)
-            .map(|r| r.first_ms)
-            .min()
-            .unwrap_or(0);
-        let last = runs.iter().map(|r| r.last_ms).max().unwrap_or(0);
-        let seconds = (last.saturating_sub(first)).max(1) as f64 / 1000.0;
-        Self {
-            records_per_second: records as f64 / seconds,
-            cpu_per_million: runs.iter().map(|r| r.cpu_seconds).sum::<f64>()
-                / (records as f64 / 1e6),
-            peak_rss_mb: runs.iter().map(|r| r.peak_rss_mb).fold(0.0, f64::max),
-        }
-    }
-}
 
 fn main() {
     if let Ok(job) = std::env::var(JOB) {
@@ -260,23 +223,6 @@ fn run_workers(job: &Path, processes: usize) -> Vec<Stopped> {
 }
 
 /// The worker's final `stopped` event.
-fn stopped_line(log: &str) -> Stopped {
-    let fields = log
-        .lines()
-        .rev()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .map(|v| v["fields"].clone())
-        .find(|f| f["message"] == "stopped")
-        .unwrap_or_else(|| panic!("no `stopped` line in:\n{log}"));
-    Stopped {
-        records: fields["records"].as_u64().unwrap(),
-        first_ms: fields["first_record_unix_ms"].as_u64().unwrap(),
-        last_ms: fields["last_record_unix_ms"].as_u64().unwrap(),
-        cpu_seconds: fields["cpu_seconds"].as_f64().unwrap(),
-        peak_rss_mb: fields["peak_rss_kb"].as_f64().unwrap() / 1024.0,
-    }
-}
-
 /// Runs a limit in a child process (this binary again) for its own CPU time and RSS.
 fn limit(job: &str, topic: &str, records: u64) -> Rate {
     let v = run_child(JOB, job, topic, records);

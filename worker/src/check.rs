@@ -52,6 +52,18 @@ pub async fn run(args: CheckArgs) -> Result<()> {
         check_source(&job).await,
     );
     report("job record".into(), counted);
+    let layout = match job.source.selection() {
+        Ok(selection) => {
+            let layout = crate::layout::PartitionLayout::of(&selection);
+            crate::layout::check(&job.store, &job.job.name, layout, false)
+                .await
+                .map(|()| {
+                    format!("{selection}, partitions dealt as the store records (or a fresh job)")
+                })
+        }
+        Err(e) => Err(e),
+    };
+    report("topics".into(), layout);
     // Read-only: a fresh job stays fresh (no directory, no table is created).
     let store = match SubtaskStore::open_existing(
         &job.store,
@@ -106,29 +118,51 @@ pub async fn run(args: CheckArgs) -> Result<()> {
     Ok(())
 }
 
-/// The cluster answers, the topic exists, and how its partitions spread over the subtasks.
+/// The cluster answers, the topics exist (named ones) or what a pattern selects now, and how their partitions
+/// spread over the subtasks.
 async fn check_source(job: &JobConfig) -> Result<String> {
     let kafka = job.kafka()?;
     let brokers = kafka
         .check_reachable(KAFKA_REACHABLE_WITHIN)
         .await
         .map_err(anyhow::Error::from)?;
-    let topic = &job.source.topic;
-    let Some(metadata) = kafka
-        .topic_metadata(topic, KAFKA_REACHABLE_WITHIN)
+    let selection = job.source.selection()?;
+    let named = selection.named();
+    let metadata = kafka
+        .topics_metadata(named.as_deref(), KAFKA_REACHABLE_WITHIN)
         .await
-        .map_err(anyhow::Error::from)?
-        .filter(|m| !m.partitions.is_empty())
-    else {
-        bail!("topic {topic:?} does not exist (or has no partitions): create it first");
-    };
-    let partitions = metadata.partitions.len();
+        .map_err(anyhow::Error::from)?;
+    let selected: Vec<_> = metadata
+        .iter()
+        .filter(|(topic, m)| selection.selects(topic) && !m.partitions.is_empty())
+        .collect();
+    if let Some(missing) = named
+        .iter()
+        .flatten()
+        .find(|topic| !selected.iter().any(|(t, _)| t == topic))
+    {
+        bail!("topic {missing:?} does not exist (or has no partitions): create it first");
+    }
+    let partitions: usize = selected.iter().map(|(_, m)| m.partitions.len()).sum();
     let idle = job.job.subtasks as usize > partitions;
+    let topics = match selected.as_slice() {
+        [(topic, metadata)] => format!(
+            "topic {topic:?} (id {}) has",
+            metadata
+                .id
+                .map_or("unknown".to_string(), |id| id.to_string())
+        ),
+        many => format!(
+            "{selection} ({} now: {}) have",
+            many.len(),
+            many.iter()
+                .map(|(t, _)| t.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
     Ok(format!(
-        "{brokers} broker(s); topic {topic:?} (id {}) has {partitions} partition(s) over {} subtask(s){}",
-        metadata
-            .id
-            .map_or("unknown".to_string(), |id| id.to_string()),
+        "{brokers} broker(s); {topics} {partitions} partition(s) over {} subtask(s){}",
         job.job.subtasks,
         if idle {
             " (more subtasks than partitions: some subtasks will read nothing until partitions are added)"

@@ -23,7 +23,11 @@ pub async fn run(job: &JobConfig, args: &RunArgs) -> Result<()> {
     job.check_kafka_to_kafka()?;
     let stop = Arc::new(AtomicBool::new(false));
     let pipeline = KafkaToKafka {
-        source_topic: job.source.topic.clone(),
+        source_topic: job
+            .source
+            .single_topic()
+            .expect("check_kafka_to_kafka: one topic")
+            .to_string(),
         group_id: format!("ratchet-{}", job.job.name),
         sink: job.kafka_to_kafka_sink()?,
         commit_interval: job.job.checkpoint_interval,

@@ -10,6 +10,7 @@ mod drill;
 mod fast_path;
 mod health;
 mod lag;
+mod layout;
 mod lease;
 mod operate;
 mod overrides;

@@ -123,6 +123,8 @@ async fn start(
     let identity =
         crate::store::job_identity(&job.store, &job.job.name, job.job.subtasks, true).await?;
     let job_id = identity.job_id(&job.job.name)?;
+    let layout = crate::layout::PartitionLayout::of(&job.source.selection()?);
+    crate::layout::check(&job.store, &job.job.name, layout, true).await?;
     if identity == crate::store::Identity::Sink {
         tracing::info!(job = %job.job.name,
             "this job ran before sinks were scoped by their job: its sinks keep their sink-id-scoped names");

@@ -193,7 +193,6 @@ async fn build(context: &SubtaskContext, index: u32) -> Result<(Driver<SubtaskSt
     let outputs = Outputs {
         sinks,
         dead_letter,
-        topic: job.source.topic.clone(),
         label: index.to_string(),
     };
     Ok((driver, outputs))
@@ -240,9 +239,9 @@ async fn serve(
         of: job.job.subtasks,
     });
     options.divert_bad_records = outputs.dead_letter.is_some();
-    let mut source = KafkaSource::open_with(
+    let mut source = KafkaSource::open_topics(
         &context.kafka,
-        &job.source.topic,
+        job.source.selection().map_err(config_error)?,
         &restored.positions,
         options,
     )
@@ -306,7 +305,7 @@ async fn serve(
                     count_gaps(source.take_gaps(), &label);
                     let rejected = source.take_rejected();
                     let tombstones = source.take_tombstones();
-                    outputs.deliver(driver, &batch, &rejected, &tombstones).await?;
+                    outputs.deliver(driver, &batch, source.batch_topic(), &rejected, &tombstones).await?;
                     written = true;
                     context.progress.records.fetch_add(rows, Ordering::Relaxed);
                     let now = context.started.elapsed().as_millis() as u64;
@@ -325,8 +324,6 @@ struct Outputs {
     sinks: Vec<(SinkHandle, SinkId)>,
     /// The dead-letter sink, when the job has one.
     dead_letter: Option<SinkHandle>,
-    /// The source topic (for dead letters).
-    topic: String,
     /// The subtask, as a metrics label.
     label: String,
 }
@@ -340,10 +337,11 @@ impl Outputs {
         &self,
         driver: &mut Driver<SubtaskStore>,
         batch: &RecordBatch,
+        topic: &str,
         rejected: &[RejectedRecord],
         tombstones: &[Tombstone],
     ) -> Result<()> {
-        self.deliver_rows(driver, batch, rejected).await?;
+        self.deliver_rows(driver, batch, topic, rejected).await?;
         if tombstones.is_empty() {
             return Ok(());
         }
@@ -404,6 +402,7 @@ impl Outputs {
         &self,
         driver: &mut Driver<SubtaskStore>,
         batch: &RecordBatch,
+        topic: &str,
         rejected: &[RejectedRecord],
     ) -> Result<()> {
         if let Some(dead_letter) = self.dead_letter
@@ -427,8 +426,7 @@ impl Outputs {
                     let mut refused = Vec::new();
                     write_or_refuse(driver, *sink, batch.clone(), &mut refused).await?;
                     if !refused.is_empty() {
-                        let letters =
-                            crate::dead_letter::from_refused_rows(&refused, id, &self.topic)?;
+                        let letters = crate::dead_letter::from_refused_rows(&refused, id, topic)?;
                         driver
                             .write(dead_letter, &letters)
                             .await
@@ -514,7 +512,7 @@ async fn checkpoint(
 fn count_gaps(gaps: Vec<kafka_source::Gap>, label: &str) {
     for gap in gaps {
         metrics::counter!(crate::telemetry::SOURCE_GAP_RECORDS, "subtask" => label.to_string(),
-            "partition" => gap.partition.to_string())
+            "topic" => gap.topic.clone(), "partition" => gap.partition.to_string())
         .increment(gap.skipped().max(0) as u64);
     }
 }
@@ -531,10 +529,10 @@ fn measure_lag(source: &KafkaSource, label: &str) {
             return;
         }
     };
-    for (partition, marks) in marks {
+    for (at, marks) in marks {
         metrics::gauge!(crate::telemetry::CONSUMER_LAG, "subtask" => label.to_string(),
-            "partition" => partition.to_string())
-        .set(source.lag(partition, marks) as f64);
+            "topic" => at.topic.clone(), "partition" => at.partition.to_string())
+        .set(source.lag(&at, marks) as f64);
     }
 }
 

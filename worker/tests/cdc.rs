@@ -253,7 +253,8 @@ async fn debezium_changes_under_sigkill_reach_postgres_mariadb_and_iceberg_exact
     let checked = job.ratchet("check-config");
     assert!(
         checked.status.success(),
-        "check-config refuses the example job: {}",
+        "check-config refuses the example job:\n{}\n{}",
+        String::from_utf8_lossy(&checked.stdout),
         String::from_utf8_lossy(&checked.stderr)
     );
 

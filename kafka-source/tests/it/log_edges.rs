@@ -10,7 +10,10 @@ use std::time::{Duration, Instant};
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, RecordBatch};
 use connector_api::{ErrorKind, SourceOffset};
-use kafka_source::{Gap, GapPolicy, KafkaConnection, KafkaSource, KafkaSourceOptions};
+use kafka_source::{
+    Gap, GapPolicy, KafkaConnection, KafkaSource, KafkaSourceOptions, TopicPartition,
+    TopicSelection,
+};
 use rdkafka::admin::{AdminClient, AdminOptions, NewPartitions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
@@ -201,6 +204,7 @@ async fn a_saved_position_below_the_log_start_stops_the_source_or_skips_with_ear
     assert_eq!(
         earliest.take_gaps(),
         [Gap {
+            topic: topic.clone(),
             partition: 0,
             next_offset: 5,
             log_start: 12
@@ -275,7 +279,12 @@ async fn partitions_added_while_running_are_read_from_their_beginning() {
     batches.extend(read_values(&mut source, 15).await);
     let expected: BTreeSet<u32> = (0..3).chain(100..110).chain(200..205).collect();
     assert_eq!(values(&batches), expected);
-    assert_eq!(source.partitions(), BTreeSet::from([0, 1, 2]));
+    assert_eq!(
+        source.partitions(),
+        (0..3)
+            .map(|p| TopicPartition::new(topic.clone(), p))
+            .collect()
+    );
     assert_eq!(
         (position(&source, 1), position(&source, 2)),
         (Some(10), Some(5))
@@ -335,4 +344,82 @@ async fn a_topic_deleted_and_created_again_is_refused_naming_it() {
         said.contains(&topic) && said.contains(&old_id) && said.contains("created again"),
         "{said}"
     );
+}
+
+/// The topic of every row of `batches`, per batch (the text decoding's `topic` column).
+fn batch_topics(batches: &[RecordBatch]) -> Vec<BTreeSet<String>> {
+    batches
+        .iter()
+        .filter(|b| b.num_rows() > 0)
+        .map(|b| {
+            let topics = b.column_by_name("topic").unwrap().as_string::<i32>();
+            (0..topics.len())
+                .map(|i| topics.value(i).to_string())
+                .collect()
+        })
+        .collect()
+}
+
+/// A pattern selects whole topic names: the topics there at open and one created while reading (found by the
+/// metadata refresh); no batch mixes topics; positions are per topic and partition, with each topic's id, and a
+/// source reopened from them reads on without repeating.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pattern_reads_its_topics_and_one_created_later_in_batches_of_one_topic() {
+    let prefix = test_support::unique_name("edge-pattern");
+    let (a, b, late, other) = (
+        format!("{prefix}-a"),
+        format!("{prefix}-b"),
+        format!("{prefix}-late"),
+        format!("{prefix}x-c"),
+    );
+    create_topic(&a, 2).await;
+    create_topic(&b, 1).await;
+    create_topic(&other, 1).await;
+    produce(&a, 0, 0..10);
+    produce(&a, 1, 10..20);
+    produce(&b, 0, 100..110);
+    produce(&other, 0, 900..905);
+    let kafka = KafkaConnection::plaintext(bootstrap());
+    let selection = TopicSelection::pattern(&format!("{prefix}-.*")).unwrap();
+    let options = KafkaSourceOptions {
+        metadata_refresh: Duration::from_secs(1),
+        ..KafkaSourceOptions::default()
+    };
+    let mut source = KafkaSource::open_topics(&kafka, selection.clone(), &[], options.clone())
+        .await
+        .unwrap();
+    let mut batches = read_values(&mut source, 30).await;
+    create_topic(&late, 1).await;
+    produce(&late, 0, 200..205);
+    batches.extend(read_values(&mut source, 5).await);
+    let expected: BTreeSet<u32> = (0..20).chain(100..110).chain(200..205).collect();
+    assert_eq!(values(&batches), expected, "{other} must not be read");
+    for topics in batch_topics(&batches) {
+        assert_eq!(topics.len(), 1, "a batch mixed topics: {topics:?}");
+    }
+    let positions = source.positions();
+    let at = |topic: &str, partition| {
+        positions
+            .iter()
+            .find(|p| p.topic == topic && p.partition == partition)
+            .map(|p| (p.next_offset, p.topic_id.is_some()))
+    };
+    assert_eq!(
+        (at(&a, 0), at(&a, 1), at(&b, 0), at(&late, 0)),
+        (
+            Some((10, true)),
+            Some((10, true)),
+            Some((10, true)),
+            Some((5, true))
+        ),
+        "{positions:?}"
+    );
+    drop(source);
+
+    produce(&b, 0, 110..112);
+    let mut reopened = KafkaSource::open_topics(&kafka, selection, &positions, options)
+        .await
+        .unwrap();
+    let more = read_values(&mut reopened, 2).await;
+    assert_eq!(values(&more), (110..112).collect());
 }

@@ -3,6 +3,8 @@
 //! Included by `pipelines.rs` and `run.rs` (`mod limits;`).
 #![allow(dead_code)]
 
+pub mod runs;
+
 use std::fs::File;
 use std::process::Command;
 use std::sync::Arc;

@@ -24,6 +24,9 @@ impl JobConfig {
         if sink.kind != KafkaSinkFactory::KIND || sink.delivery != DeliveryGuarantee::ExactlyOnce {
             return refuse("the sink to be an exactly-once Kafka sink");
         }
+        if self.source.single_topic().is_none() {
+            return refuse("one source topic (not topics or topic_pattern)");
+        }
         if self.job.subtasks != 1 || self.dead_letter.is_some() {
             return refuse("subtasks = 1 and no [dead_letter] (records are copied undecoded)");
         }

@@ -202,6 +202,7 @@ impl JobConfig {
                  the checkpoint records and everything the sinks own"
             );
         }
+        self.source.selection()?;
         if self.job.subtasks == 0 || self.job.subtasks > 1024 {
             bail!(
                 "[job] subtasks = {} is out of range: use 1 to 1024 (usually the topic's partition count or a divisor of it)",
@@ -402,6 +403,30 @@ storage = { kind = "local", path = "/tmp/x" }
 
     fn no_env() -> Vec<(String, String)> {
         Vec::new()
+    }
+
+    #[test]
+    fn the_source_names_its_topics_one_way_only() {
+        let with = |line: &str| MINIMAL.replace("topic = \"orders\"", line);
+        let list =
+            JobConfig::parse(&with("topics = [\"orders-eu\", \"orders-us\"]"), no_env()).unwrap();
+        assert_eq!(
+            list.source.selection().unwrap().to_string(),
+            "topics orders-eu, orders-us"
+        );
+        assert_eq!(list.source.single_topic(), None);
+        let pattern = JobConfig::parse(&with("topic_pattern = \"orders-.*\""), no_env()).unwrap();
+        assert!(pattern.source.selection().unwrap().selects("orders-apac"));
+        for (line, says) in [
+            ("topics = []", "topics is empty"),
+            ("topics = [\"a\", \"a\"]", "names \"a\" twice"),
+            ("topic_pattern = \"orders-(\"", "topic_pattern"),
+            ("topic = \"a\"\ntopics = [\"b\"]", "exactly one of topic"),
+            ("", "exactly one of topic"),
+        ] {
+            let error = format!("{:#}", JobConfig::parse(&with(line), no_env()).unwrap_err());
+            assert!(error.contains(says), "{line}: {error}");
+        }
     }
 
     #[test]

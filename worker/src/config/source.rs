@@ -8,19 +8,27 @@ use anyhow::{Context, Result, bail};
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use kafka_source::{
     AvroDecoding, AvroFraming, DebeziumDecoding, Decoding, GapPolicy, KeyDecoding, MetadataColumns,
-    ReaderSchema,
+    ReaderSchema, TopicSelection,
 };
 use schema_registry::{RegistrySettings, SchemaRegistry, SubjectStrategy};
 use serde::Deserialize;
 
-/// `[source]`: one Kafka topic, read with `isolation.level=read_committed` from the checkpointed positions.
+/// `[source]`: Kafka topics, read with `isolation.level=read_committed` from the checkpointed positions.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SourceConfig {
     /// Kafka bootstrap servers.
     pub bootstrap_servers: String,
-    /// The topic.
-    pub topic: String,
+    /// The topic (or `topics`, or `topic_pattern`: exactly one of the three; [`selection`](Self::selection)).
+    #[serde(default)]
+    pub topic: Option<String>,
+    /// Several topics, read as one stream (each batch of one topic; the `topic` metadata column tells them apart).
+    #[serde(default)]
+    pub topics: Option<Vec<String>>,
+    /// Every topic whose whole name matches this regular expression, including topics created while the job runs
+    /// (found within `metadata_refresh`).
+    #[serde(default)]
+    pub topic_pattern: Option<String>,
     /// How records become rows (`text` by default).
     #[serde(default)]
     pub decoding: DecodingConfig,
@@ -76,6 +84,47 @@ pub struct MetadataConfig {
 }
 
 impl SourceConfig {
+    /// What the source reads: exactly one of `topic`, `topics` (not empty, no topic twice) or `topic_pattern`.
+    ///
+    /// # Errors
+    /// None or several of the three, an empty or repeating list, a pattern that is not a regular expression.
+    pub fn selection(&self) -> Result<TopicSelection> {
+        match (&self.topic, &self.topics, &self.topic_pattern) {
+            (Some(topic), None, None) => Ok(TopicSelection::One(topic.clone())),
+            (None, Some(topics), None) => {
+                if topics.is_empty() {
+                    bail!("[source] topics is empty: name at least one topic");
+                }
+                if let Some(twice) = topics
+                    .iter()
+                    .enumerate()
+                    .find(|(i, t)| topics[..*i].contains(t))
+                {
+                    bail!("[source] topics names {:?} twice", twice.1);
+                }
+                Ok(TopicSelection::List(topics.clone()))
+            }
+            (None, None, Some(pattern)) => {
+                TopicSelection::pattern(pattern).context("[source] topic_pattern")
+            }
+            _ => bail!(
+                "[source] names what it reads with exactly one of topic = \"..\", topics = [\"..\", ..] or \
+                 topic_pattern = \"<regular expression>\""
+            ),
+        }
+    }
+
+    /// The one topic the source reads, when it reads exactly one (`topic`, or `topics` of one).
+    pub fn single_topic(&self) -> Option<&str> {
+        match (&self.topic, &self.topics) {
+            (Some(topic), _) => Some(topic),
+            (None, Some(topics)) if topics.len() == 1 && self.topic_pattern.is_none() => {
+                Some(&topics[0])
+            }
+            _ => None,
+        }
+    }
+
     /// The value decoding and the metadata columns, when they need no registry lookup; `None` when they do
     /// (see [`decodings`](Self::decodings)).
     ///
@@ -107,7 +156,7 @@ impl SourceConfig {
         let lookup = |is_key| {
             registry.as_ref().map(|registry| Lookup {
                 registry,
-                topic: &self.topic,
+                topic: self.single_topic(),
                 is_key,
                 evolve: evolve && !is_key,
             })
@@ -211,7 +260,8 @@ impl SourceConfig {
 /// that name the subject.
 struct Lookup<'a> {
     registry: &'a SchemaRegistry,
-    topic: &'a str,
+    /// The topic a `topic-name` subject is named after (`None`: the source reads several).
+    topic: Option<&'a str>,
     is_key: bool,
     /// Widen the reader schema with a writer's new fields.
     evolve: bool,
@@ -501,9 +551,16 @@ async fn latest_schema(
     strategy: Option<SubjectStrategy>,
     record_name: Option<&str>,
 ) -> Result<schema_registry::RegisteredSchema> {
-    let subject = strategy
-        .unwrap_or_default()
-        .subject(lookup.topic, lookup.is_key, record_name)?;
+    let strategy = strategy.unwrap_or_default();
+    let topic = match (lookup.topic, strategy) {
+        (Some(topic), _) => topic,
+        (None, SubjectStrategy::RecordName) => "",
+        (None, _) => bail!(
+            "the source reads several topics, so the reader schema cannot be looked up under a subject named after \
+             the topic: set subject_strategy = \"record-name\" (with record_name), or declare the reader `schema`"
+        ),
+    };
+    let subject = strategy.subject(topic, lookup.is_key, record_name)?;
     lookup.registry.latest(&subject).await.map_err(|e| {
         let hint = if e.is_not_found() {
             format!(

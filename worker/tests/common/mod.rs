@@ -220,13 +220,29 @@ create_table = true
 
     /// Produces the next `count` ids with `encode` making each value (acknowledged before returning).
     pub async fn produce_encoded(&mut self, count: u64, encode: impl Fn(i64) -> Vec<u8>) {
+        let topic = self.topic.clone();
+        self.produce_encoded_into(&topic, count, encode).await;
+    }
+
+    /// Produces the next `count` ids as JSON `{"id": n}` into `topic` (another topic the job reads).
+    pub async fn produce_into(&mut self, topic: &str, count: u64) {
+        self.produce_encoded_into(topic, count, |id| format!(r#"{{"id":{id}}}"#).into_bytes())
+            .await;
+    }
+
+    async fn produce_encoded_into(
+        &mut self,
+        topic: &str,
+        count: u64,
+        encode: impl Fn(i64) -> Vec<u8>,
+    ) {
         let mut deliveries = Vec::with_capacity(count as usize);
         for id in self.produced..self.produced + count {
             let value = encode(id as i64);
             let key = id.to_string();
             let delivery = self
                 .producer
-                .send_result(FutureRecord::to(&self.topic).key(&key).payload(&value))
+                .send_result(FutureRecord::to(topic).key(&key).payload(&value))
                 .map_err(|(e, _)| e)
                 .unwrap();
             deliveries.push(delivery);

@@ -25,3 +25,4 @@ mod reconfigure;
 mod refusals;
 mod scale_out;
 mod tombstones;
+mod topics;
