@@ -151,14 +151,16 @@ async fn postgres(
             .await
             .context("cannot add partition_layout to ratchet_jobs")?;
     }
-    let claimed = "EXISTS (SELECT 1 FROM information_schema.tables
-                      WHERE table_name = 'ratchet_checkpoint_owners' AND table_schema = current_schema())";
-    let ran: bool = client
-        .query_one(&format!("SELECT {claimed}"), &[])
+    // Claim rows mean the job ran (the table is there from its first claim on).
+    let has_owners: bool = client
+        .query_one(
+            "SELECT to_regclass('ratchet_checkpoint_owners') IS NOT NULL",
+            &[],
+        )
         .await
         .context("cannot look for ratchet_checkpoint_owners")?
         .get(0);
-    let ran = ran
+    let ran = has_owners
         && client
             .query_one(
                 "SELECT EXISTS (SELECT 1 FROM ratchet_checkpoint_owners WHERE job = $1)",
