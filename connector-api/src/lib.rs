@@ -36,7 +36,7 @@ pub use checkpoint::{
 pub use delivery::{DeliveryGuarantee, GuaranteedCommitter, GuaranteedSink};
 pub use driver::{
     Driver, DriverConfig, FaultAction, FaultInjector, FaultPoint, Faults, Restored, SinkHandle,
-    Step, StreamEvent, TimeoutBudget, committables_in,
+    SinksForRecord, Step, StreamEvent, TimeoutBudget, committables_in,
 };
 pub use error::{Action, Error, ErrorKind, Phase, Report, Result, action, action_after_retries};
 pub use fence::ensure_claim_held;

@@ -31,6 +31,28 @@ impl Dialect {
             )),
         }
     }
+
+    /// Checks that `table` (`name` or `schema.name`) names the table as written: PostgreSQL cuts identifiers
+    /// longer than 63 bytes with only a notice (two long names would be one table), MariaDB refuses names over 64
+    /// characters.
+    ///
+    /// # Errors
+    /// [`Config`](ErrorKind::Config) naming the part that is empty or too long, and the limit.
+    pub fn check_table(self, table: &str) -> Result<()> {
+        for part in table.split('.') {
+            let (fits, limit) = match self {
+                Dialect::Postgres => (part.len() <= 63, "63 bytes in PostgreSQL"),
+                Dialect::MySql => (part.chars().count() <= 64, "64 characters in MariaDB"),
+            };
+            if part.is_empty() || !fits {
+                return Err(config_error(format!(
+                    "table {table:?}: {part:?} is not a name the database keeps as written (empty, or longer than \
+                     {limit}, which would cut it and could make two tables one); use a shorter name"
+                )));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// How rows reach the table, and so what the sink's exactly-once rests on.
@@ -215,5 +237,17 @@ mod tests {
         );
         assert_eq!(Dialect::of_url("mariadb://h/db").unwrap(), Dialect::MySql);
         assert!(Dialect::of_url("jdbc:postgresql://h/db").is_err());
+        let long = "t".repeat(64);
+        for dialect in [Dialect::Postgres, Dialect::MySql] {
+            dialect.check_table("shop.orders").unwrap();
+            assert!(dialect.check_table("shop..orders").is_err());
+        }
+        let err = Dialect::Postgres
+            .check_table(&long)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("longer than 63 bytes in PostgreSQL"), "{err}");
+        Dialect::MySql.check_table(&long).unwrap();
+        assert!(Dialect::MySql.check_table(&format!("{long}t")).is_err());
     }
 }

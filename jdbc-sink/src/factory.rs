@@ -9,7 +9,7 @@ use connector_api::{
 use serde::Deserialize;
 
 use crate::JdbcSink;
-use crate::config::{ConnectionConfig, JdbcSinkConfig, WriteMode};
+use crate::config::{ConnectionConfig, Dialect, JdbcSinkConfig, WriteMode};
 
 /// The settings of a JDBC sink in a job file.
 ///
@@ -87,7 +87,7 @@ impl SinkBuilder for JdbcSinkFactory {
         delivery: DeliveryGuarantee,
         context: SinkContext,
     ) -> Result<DynSink> {
-        let config = config(settings, context);
+        let config = config(settings, context)?;
         Ok(DynSink::new(JdbcSink::new(config).await?, delivery))
     }
 
@@ -97,13 +97,18 @@ impl SinkBuilder for JdbcSinkFactory {
         _: DeliveryGuarantee,
         context: SinkContext,
     ) -> Result<SinkCheck> {
-        crate::check::check(&config(settings, context)).await
+        crate::check::check(&config(settings, context)?).await
     }
 }
 
 /// The sink's config from its settings and the job.
-fn config(settings: JdbcSinkSettings, context: SinkContext) -> JdbcSinkConfig {
-    JdbcSinkConfig {
+///
+/// # Errors
+/// [`Config`](connector_api::ErrorKind::Config) for a url of no known database, or a table name it would not
+/// keep as written.
+fn config(settings: JdbcSinkSettings, context: SinkContext) -> Result<JdbcSinkConfig> {
+    Dialect::of_url(&settings.url)?.check_table(&settings.table)?;
+    Ok(JdbcSinkConfig {
         scope: settings
             .scope
             .map_or_else(|| context.scope(), SinkScope::from),
@@ -119,5 +124,5 @@ fn config(settings: JdbcSinkSettings, context: SinkContext) -> JdbcSinkConfig {
         create_table: settings.create_table,
         evolution: context.evolution,
         lock_timeout: settings.lock_timeout,
-    }
+    })
 }

@@ -59,5 +59,5 @@ pub use partitions::{Gap, GapPolicy};
 pub use reject::RejectedRecord;
 pub use source::{KafkaSource, KafkaSourceOptions, Watermarks};
 pub use tombstone::Tombstone;
-pub use topics::{PartitionShare, TopicPartition, TopicSelection};
+pub use topics::{PartitionShare, TopicPartition, TopicSelection, topic_hash};
 pub use writer_schemas::ReaderSchema;

@@ -118,8 +118,11 @@ pub struct KafkaSource {
     gaps: Vec<Gap>,
     /// Tombstones of the batches handed out (JSON and Avro decodings), not yet taken.
     tombstones: Vec<Tombstone>,
-    /// The first chunk of a new schema, held back until the job accepts the change.
+    /// The first chunk of a new schema, or of a topic outside `handed_topics`, held back until the job accepts
+    /// the change (or reopens the source).
     held: Option<Chunk>,
+    /// The only topics whose batches are handed out (`None`: every topic), set by [`KafkaSource::limit_topics`].
+    handed_topics: Option<BTreeSet<String>>,
     /// The topic of the last batch handed out.
     batch_topic: String,
 }
@@ -338,8 +341,38 @@ impl KafkaSource {
             gaps: Vec::new(),
             tombstones: Vec::new(),
             held: None,
+            handed_topics: None,
             batch_topic: String::new(),
         })
+    }
+
+    /// The topics `selection` selects now in which `share` holds at least one partition (every selected topic
+    /// without a share): what a subtask will read when it opens, for preparing something per topic first. One
+    /// metadata request. A topic created afterwards shows up as [`unexpected_topic`](Self::unexpected_topic) once
+    /// read, when [`limit_topics`](Self::limit_topics) was set.
+    ///
+    /// # Errors
+    /// [`Retryable`](ErrorKind::Retryable) when the cluster does not answer within the request timeout.
+    pub async fn topics_held(
+        kafka: &KafkaConnection,
+        selection: &TopicSelection,
+        share: Option<PartitionShare>,
+    ) -> Result<BTreeSet<String>> {
+        let named = selection.named();
+        let metadata = kafka
+            .topics_metadata(named.as_deref(), REQUEST_TIMEOUT)
+            .await?;
+        Ok(metadata
+            .into_iter()
+            .filter(|(topic, found)| {
+                selection.selects(topic)
+                    && found
+                        .partitions
+                        .iter()
+                        .any(|&p| share.is_none_or(|s| s.holds(selection, topic, p)))
+            })
+            .map(|(topic, _)| topic)
+            .collect())
     }
 
     /// The schema of the batches handed out (it changes only through
@@ -366,6 +399,30 @@ impl KafkaSource {
         if let Some(schema) = self.schema_change() {
             self.schema = schema;
         }
+    }
+
+    /// Hands out only batches of `topics` from now on: the first batch of any other topic (a topic a pattern
+    /// found while running, or one whose partitions joined this share) is held back, and
+    /// [`next_batch`](Self::next_batch) returns `None` while [`unexpected_topic`](Self::unexpected_topic) names it.
+    /// For a job whose sinks need something per topic (a routed sink's instance): it checkpoints what it read (the
+    /// [`positions`](Self::positions) do not cover the held batch), prepares for the topic, and reopens the source.
+    pub fn limit_topics(&mut self, topics: BTreeSet<String>) {
+        self.handed_topics = Some(topics);
+    }
+
+    /// The topic of the held batch that [`limit_topics`](Self::limit_topics) keeps back, if any.
+    pub fn unexpected_topic(&self) -> Option<&str> {
+        let chunk = self.held.as_ref()?;
+        self.outside_limit(&chunk.topic)
+            .then_some(chunk.topic.as_str())
+    }
+
+    fn outside_limit(&self, topic: &str) -> bool {
+        !topic.is_empty()
+            && self
+                .handed_topics
+                .as_ref()
+                .is_some_and(|topics| !topics.contains(topic))
     }
 
     /// The partitions being read (those of the share; partitions and topics added later join once found).
@@ -443,7 +500,8 @@ impl KafkaSource {
     }
 
     /// The next decoded batch (at most `batch_rows` rows), or `None` when none is ready within `idle`, or while a
-    /// batch of a new schema is held ([`schema_change`](Self::schema_change)). Cancel safe: a batch is either
+    /// batch of a new schema ([`schema_change`](Self::schema_change)) or of an unexpected topic
+    /// ([`unexpected_topic`](Self::unexpected_topic)) is held. Cancel safe: a batch is either
     /// returned or stays queued.
     ///
     /// # Errors
@@ -454,7 +512,7 @@ impl KafkaSource {
     /// (restart the job) before reading on.
     pub async fn next_batch(&mut self, idle: Duration) -> Result<Option<RecordBatch>> {
         if self.held.is_some() {
-            if self.schema_change().is_some() {
+            if self.schema_change().is_some() || self.unexpected_topic().is_some() {
                 return Ok(None);
             }
             let chunk = self.held.take().expect("held");
@@ -471,6 +529,11 @@ impl KafkaSource {
             }
             Ok(Some(chunk)) => chunk?,
         };
+        if self.outside_limit(&chunk.topic) {
+            tracing::info!(topic = %chunk.topic, "a batch of a topic the job was not prepared for: held");
+            self.held = Some(chunk);
+            return Ok(None);
+        }
         if chunk.batch.schema().fields() != self.schema.fields() {
             tracing::info!(source = %self.selection, "the source's batches change schema: held until the job accepts it");
             self.held = Some(chunk);

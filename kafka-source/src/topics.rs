@@ -127,7 +127,11 @@ impl PartitionShare {
 
     /// Whether partition `partition` of `topic`, read as `selection` says, is in the share.
     pub fn holds(&self, selection: &TopicSelection, topic: &str, partition: i32) -> bool {
-        let start = if selection.spreads() { fnv1a(topic) } else { 0 };
+        let start = if selection.spreads() {
+            topic_hash(topic)
+        } else {
+            0
+        };
         self.turn(start, partition)
     }
 
@@ -137,8 +141,9 @@ impl PartitionShare {
     }
 }
 
-/// 32-bit FNV-1a of `text`'s bytes: fixed forever (a subtask's share must not change between releases).
-fn fnv1a(text: &str) -> u32 {
+/// 32-bit FNV-1a of a topic name's bytes: fixed forever (a subtask's share, and the names of a routed sink's
+/// instances, must not change between releases).
+pub fn topic_hash(text: &str) -> u32 {
     text.bytes().fold(0x811c_9dc5_u32, |hash, byte| {
         (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193)
     })
@@ -155,8 +160,8 @@ mod tests {
         assert!(share(1).holds(&one, "orders", 4));
         assert!(share(1).contains(4));
         // FNV-1a is fixed: these values pin the shares of existing jobs.
-        assert_eq!(fnv1a(""), 0x811c_9dc5);
-        assert_eq!(fnv1a("a"), 0xe40c_292c);
+        assert_eq!(topic_hash(""), 0x811c_9dc5);
+        assert_eq!(topic_hash("a"), 0xe40c_292c);
         let many = TopicSelection::List(vec!["a".into(), "b".into()]);
         let start = (0xe40c_292c_u64 % 3) as u32;
         assert!(share(start).holds(&many, "a", 0));

@@ -3,8 +3,11 @@
 //! sink table, topic, directory or registry entry; each sink is checked by its factory's read-only
 //! [`check`](connector_api::SinkFactory::check), which contacts its server.
 
+use std::collections::BTreeSet;
+
 use anyhow::{Result, bail};
 use connector_api::{CheckpointStore, SubtaskId};
+use kafka_source::KafkaSource;
 
 use crate::cli::CheckArgs;
 use crate::config::JobConfig;
@@ -95,8 +98,45 @@ pub async fn run(args: CheckArgs) -> Result<()> {
         Ok(schema) => {
             let budget = job.driver_config().budget();
             println!("timeout budget (each sink's transaction timeout must cover it):\n{budget}");
-            for spec in &job.sinks {
-                let what = format!("sink {} ({}, {})", spec.id, spec.kind, spec.delivery.name());
+            let routed = match job.sinks.iter().any(crate::routing::is_routed) {
+                false => Ok(BTreeSet::new()),
+                true => routed_topics(&job).await,
+            };
+            let instances =
+                routed.and_then(|topics| crate::routing::instances(&job.sinks, &topics));
+            let instances = match instances {
+                Ok(instances) => instances,
+                Err(e) => {
+                    report("sinks routed by topic".into(), Err(e));
+                    Vec::new()
+                }
+            };
+            for spec in job
+                .sinks
+                .iter()
+                .filter(|spec| crate::routing::is_routed(spec))
+            {
+                if !instances.iter().any(|i| i.entry == spec.id) {
+                    report(
+                        format!("sink {} ({}, {})", spec.id, spec.kind, spec.delivery.name()),
+                        Ok(
+                            "routed by topic; no topic is selected yet, so no instance to check"
+                                .into(),
+                        ),
+                    );
+                }
+            }
+            for instance in &instances {
+                let spec = &instance.spec;
+                let what = match &instance.route {
+                    None => format!("sink {} ({}, {})", spec.id, spec.kind, spec.delivery.name()),
+                    Some(topic) => format!(
+                        "sink {} ({}, {}) for topic {topic}",
+                        spec.id,
+                        spec.kind,
+                        spec.delivery.name()
+                    ),
+                };
                 let checked = registry
                     .check(spec, job_id.as_ref(), SubtaskId(0), schema.clone())
                     .await
@@ -116,6 +156,12 @@ pub async fn run(args: CheckArgs) -> Result<()> {
     }
     println!("the job file is ready to run");
     Ok(())
+}
+
+/// Every topic the source selects now, for checking a routed sink's instance for each.
+async fn routed_topics(job: &JobConfig) -> Result<BTreeSet<String>> {
+    let topics = KafkaSource::topics_held(&job.kafka()?, &job.source.selection()?, None).await?;
+    Ok(topics)
 }
 
 /// The cluster answers, the topics exist (named ones) or what a pattern selects now, and how their partitions

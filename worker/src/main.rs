@@ -14,6 +14,7 @@ mod layout;
 mod lease;
 mod operate;
 mod overrides;
+mod routing;
 mod run;
 mod signals;
 mod sinks;

@@ -2,17 +2,21 @@
 //! left in the checkpoint store and in every sink's external system, with what recovery will do; `ratchet resolve`
 //! does it (claims and recovers every subtask, then stops) without starting the job.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use connector_api::{Driver, Inspection, JobId, Report, SubtaskId};
+use connector_api::{CheckpointStore, Driver, Inspection, JobId, Report, SubtaskId};
+use kafka_source::{KafkaSource, PartitionShare};
 
 use crate::cli::OperateArgs;
 use crate::config::{JobConfig, StoreConfig};
 use crate::lease::{Leases, LocalLease, PgLeases};
 use crate::store::SubtaskStore;
 
-/// A driver for `subtask` with every sink of the job (scoped as `job_id` says), not started.
+/// A driver for `subtask` with every sink of the job (scoped as `job_id` says), not started. A routed entry
+/// ([`crate::routing`]) is there as the instances the subtask would build on its next start: for the topics its
+/// share holds now and those its last checkpoint has positions for.
 async fn driver_for(
     job: &JobConfig,
     job_id: Option<&JobId>,
@@ -22,17 +26,45 @@ async fn driver_for(
     let store = SubtaskStore::open(&job.store, &job.job.name, id, job.store_limits())
         .await
         .context("checkpoint store")?;
+    let topics = routed_topics(job, &store, subtask).await?;
     let mut driver = Driver::new(store, job.driver_config());
     let registry = crate::sinks::registry();
     let schema = job.schema().await?;
-    for spec in &job.sinks {
+    for instance in crate::routing::instances(&job.sinks, &topics)? {
         let sink = registry
-            .build(spec, job_id, id, schema.clone())
+            .build(&instance.spec, job_id, id, schema.clone())
             .await
             .map_err(anyhow::Error::from)?;
         driver.add_dyn_sink(sink).map_err(anyhow::Error::from)?;
     }
     Ok(driver)
+}
+
+/// The topics a routed entry has instances for in `subtask` (none when no entry is routed): those in which its
+/// share holds a partition now, and those of its last checkpoint's positions.
+async fn routed_topics(
+    job: &JobConfig,
+    store: &SubtaskStore,
+    subtask: u32,
+) -> Result<BTreeSet<String>> {
+    if !job.sinks.iter().any(crate::routing::is_routed) {
+        return Ok(BTreeSet::new());
+    }
+    let share = PartitionShare {
+        index: subtask,
+        of: job.job.subtasks,
+    };
+    let mut topics = KafkaSource::topics_held(&job.kafka()?, &job.source.selection()?, Some(share))
+        .await
+        .context("the topics of the routed sinks")?;
+    let loaded = store.load().await.context("checkpoint store")?;
+    topics.extend(
+        loaded
+            .record
+            .iter()
+            .flat_map(|r| r.positions.iter().map(|p| p.topic.clone())),
+    );
+    Ok(topics)
 }
 
 /// `ratchet inspect`: prints every subtask's view.

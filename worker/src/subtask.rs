@@ -3,6 +3,7 @@
 //! `checkpoint_interval`, and stop when told, after a last checkpoint. (Stopping at once needs nothing here: the
 //! process exits, and the next owner's recovery resolves what was in flight.)
 
+use std::collections::BTreeSet;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -11,7 +12,8 @@ use std::time::Duration;
 
 use arrow_array::RecordBatch;
 use connector_api::{
-    Driver, Error, ErrorKind, Phase, Result, SinkHandle, SinkId, SinkRegistry, SubtaskId,
+    Driver, Error, ErrorKind, Phase, Result, SinkHandle, SinkId, SinkRegistry, SinkSpec,
+    SinksForRecord, SubtaskId,
 };
 use kafka_source::{KafkaConnection, KafkaSource, PartitionShare, RejectedRecord, Tombstone};
 use tokio::sync::watch;
@@ -100,7 +102,8 @@ pub struct SubtaskContext {
 }
 
 /// Runs subtask `index` until `stop` says so, another process takes it over (a claim or a sink fenced this one:
-/// [`Ended::TakenOver`]), or an error.
+/// [`Ended::TakenOver`]), or an error. A topic that a routed sink has no instance for yet, read while running,
+/// starts the subtask again with one ([`crate::routing`]), after a checkpoint of what was read before it.
 ///
 /// # Errors
 /// Whatever the store, a sink or the source reports; the driver has then stopped, and running the subtask again
@@ -110,38 +113,71 @@ pub async fn run(
     index: u32,
     stop: watch::Receiver<Stop>,
 ) -> Result<Ended> {
-    match run_until_stopped(context, index, stop).await {
-        Err(e) if e.kind() == ErrorKind::Fenced => {
-            tracing::warn!(subtask = index, error = %connector_api::Report(&e),
-                "another process took this subtask over; stopping it here");
-            Ok(Ended::TakenOver)
+    let mut new_topics = BTreeSet::new();
+    loop {
+        match run_until_stopped(context, index, stop.clone(), &new_topics).await {
+            Ok(Served::Ended(ended)) => return Ok(ended),
+            Ok(Served::NewTopic(topic)) => {
+                tracing::info!(subtask = index, %topic,
+                    "read a topic the routed sinks have no instance for yet: starting the subtask again with one");
+                new_topics.insert(topic);
+            }
+            Err(e) if e.kind() == ErrorKind::Fenced => {
+                tracing::warn!(subtask = index, error = %connector_api::Report(&e),
+                    "another process took this subtask over; stopping it here");
+                return Ok(Ended::TakenOver);
+            }
+            Err(e) => return Err(e),
         }
-        outcome => outcome,
     }
+}
+
+/// How serving a subtask ended without an error.
+enum Served {
+    /// As [`Ended`] says.
+    Ended(Ended),
+    /// A batch of this topic came, and a routed sink has no instance for it: what was read before it is
+    /// checkpointed, and the subtask must start again with the instance.
+    NewTopic(String),
 }
 
 async fn run_until_stopped(
     context: &SubtaskContext,
     index: u32,
     mut stop: watch::Receiver<Stop>,
-) -> Result<Ended> {
-    let (mut driver, outputs) = build(context, index).await?;
+    new_topics: &BTreeSet<String>,
+) -> Result<Served> {
+    let topics = match routed_specs(&context.job).is_empty() {
+        true => BTreeSet::new(),
+        false => {
+            let selection = context.job.source.selection().map_err(config_error)?;
+            let mut held =
+                KafkaSource::topics_held(&context.kafka, &selection, Some(share(context, index)))
+                    .await?;
+            held.extend(new_topics.iter().cloned());
+            held
+        }
+    };
+    let (mut driver, prepared) = build(context, index, &topics).await?;
     // Claiming can wait for another process's recovery (or an orphaned claim, until the server ends it): a stop
     // asked meanwhile drops the attempt, which is safe at any point (the next owner's recovery resolves it).
     let restored = tokio::select! {
-        restored = driver.start() => restored?,
+        restored = driver.start_adding(instances_for_record(context, index, &topics, &prepared)) => restored?,
         _ = stop.wait_for(|asked| *asked == Stop::Graceful) => {
             tracing::info!(subtask = index, "stopped while claiming or recovering the subtask");
-            return Ok(Ended::Stopped);
+            return Ok(Served::Ended(Ended::Stopped));
         }
     };
     tracing::info!(subtask = index, owner = restored.owner.0, resumed_after = ?restored.checkpoint,
         "subtask claimed and recovered");
+    let outputs = prepared.outputs(&driver, &context.job, index, topics, &restored)?;
     match serve(context, index, &mut driver, &outputs, &restored, stop).await {
-        Ok(Ended::Stopped) => {
+        Ok(served @ (Served::Ended(Ended::Stopped) | Served::NewTopic(_))) => {
             driver.close().await?;
-            tracing::info!(subtask = index, "subtask stopped after its last checkpoint");
-            Ok(Ended::Stopped)
+            if matches!(served, Served::Ended(_)) {
+                tracing::info!(subtask = index, "subtask stopped after its last checkpoint");
+            }
+            Ok(served)
         }
         Err(e) if e.kind() == ErrorKind::Fenced => {
             Err(fenced_or_expired(driver.taken_over(), e).await)
@@ -149,6 +185,72 @@ async fn run_until_stopped(
         Err(e) => Err(taken_over_meanwhile(driver.taken_over(), e).await),
         outcome => outcome,
     }
+}
+
+fn share(context: &SubtaskContext, index: u32) -> PartitionShare {
+    PartitionShare {
+        index,
+        of: context.job.job.subtasks,
+    }
+}
+
+/// The job's sink entries routed by topic.
+fn routed_specs(job: &JobConfig) -> Vec<SinkSpec> {
+    job.sinks
+        .iter()
+        .filter(|spec| crate::routing::is_routed(spec))
+        .cloned()
+        .collect()
+}
+
+/// The topics the source positions of `restored` name.
+fn topics_of(positions: &[connector_api::SourceOffset]) -> BTreeSet<String> {
+    positions.iter().map(|p| p.topic.clone()).collect()
+}
+
+/// Builds, once the driver has loaded the restored record under the claim, the routed sinks' instances for the
+/// topics it has positions for that `built` lacks: their decided work is committed by recovery, and they take the
+/// topics' batches afterwards.
+fn instances_for_record(
+    context: &SubtaskContext,
+    index: u32,
+    built: &BTreeSet<String>,
+    prepared: &Prepared,
+) -> SinksForRecord {
+    let routed = routed_specs(&context.job);
+    let built = built.clone();
+    let (registry, job_id, schema) = (
+        context.registry.clone(),
+        context.job_id.clone(),
+        prepared.schema.clone(),
+    );
+    Box::new(move |record| {
+        let missing: BTreeSet<String> = record
+            .map(|r| topics_of(&r.positions))
+            .unwrap_or_default()
+            .difference(&built)
+            .cloned()
+            .collect();
+        Box::pin(async move {
+            if routed.is_empty() || missing.is_empty() {
+                return Ok(Vec::new());
+            }
+            let mut sinks = Vec::new();
+            for instance in crate::routing::instances(&routed, &missing).map_err(config_error)? {
+                sinks.push(
+                    registry
+                        .build(
+                            &instance.spec,
+                            job_id.as_ref(),
+                            SubtaskId(index),
+                            schema.clone(),
+                        )
+                        .await?,
+                );
+            }
+            Ok(sinks)
+        })
+    })
 }
 
 /// A failure that is not a fence, checked against the store: when another process claimed the subtask
@@ -167,8 +269,57 @@ async fn taken_over_meanwhile(taken_over: impl Future<Output = Result<bool>>, e:
     }
 }
 
-/// The driver with every sink of the job (and the dead-letter sink), not started.
-async fn build(context: &SubtaskContext, index: u32) -> Result<(Driver<SubtaskStore>, Outputs)> {
+/// What [`build`] leaves for after the start: what the source's batches look like and the dead-letter sink.
+struct Prepared {
+    schema: arrow_schema::SchemaRef,
+    dead_letter: Option<SinkHandle>,
+}
+
+impl Prepared {
+    /// Where the batches go once the driver started: every sink entry of `job`, routed ones as their instances
+    /// for the `topics` built before the start and for those of the `restored` positions (built during it).
+    fn outputs(
+        &self,
+        driver: &Driver<SubtaskStore>,
+        job: &JobConfig,
+        index: u32,
+        mut topics: BTreeSet<String>,
+        restored: &connector_api::Restored,
+    ) -> Result<Outputs> {
+        let routed = job.sinks.iter().any(crate::routing::is_routed);
+        if routed {
+            topics.extend(topics_of(&restored.positions));
+        }
+        let mut sinks = Vec::new();
+        for instance in crate::routing::instances(&job.sinks, &topics).map_err(config_error)? {
+            let handle = driver.handle_of(&instance.spec.id).ok_or_else(|| {
+                Error::bug(
+                    Phase::Setup,
+                    format!("sink {} was not added to the driver", instance.spec.id),
+                )
+            })?;
+            sinks.push(Output {
+                handle,
+                id: instance.spec.id,
+                route: instance.route,
+            });
+        }
+        Ok(Outputs {
+            sinks,
+            routed_topics: routed.then_some(topics),
+            dead_letter: self.dead_letter,
+            label: index.to_string(),
+        })
+    }
+}
+
+/// The driver with every sink of the job (routed entries as their instances for `topics`) and the dead-letter
+/// sink, not started.
+async fn build(
+    context: &SubtaskContext,
+    index: u32,
+    topics: &BTreeSet<String>,
+) -> Result<(Driver<SubtaskStore>, Prepared)> {
     let job = &context.job;
     let subtask = SubtaskId(index);
     let schema = job.schema().await.map_err(config_error)?;
@@ -178,24 +329,29 @@ async fn build(context: &SubtaskContext, index: u32) -> Result<(Driver<SubtaskSt
     if let Some(drill) = &context.drill {
         driver = driver.with_fault_injector(drill.clone());
     }
-    let mut sinks = Vec::with_capacity(job.sinks.len());
-    for spec in &job.sinks {
+    for instance in crate::routing::instances(&job.sinks, topics).map_err(config_error)? {
         let sink = context
             .registry
-            .build(spec, context.job_id.as_ref(), subtask, schema.clone())
+            .build(
+                &instance.spec,
+                context.job_id.as_ref(),
+                subtask,
+                schema.clone(),
+            )
             .await?;
-        sinks.push((driver.add_dyn_sink(sink)?, spec.id.clone()));
+        driver.add_dyn_sink(sink)?;
     }
     let dead_letter = match &job.dead_letter {
         Some(config) => Some(driver.add_dyn_sink(crate::dead_letter::sink(job, config, subtask)?)?),
         None => None,
     };
-    let outputs = Outputs {
-        sinks,
-        dead_letter,
-        label: index.to_string(),
-    };
-    Ok((driver, outputs))
+    Ok((
+        driver,
+        Prepared {
+            schema,
+            dead_letter,
+        },
+    ))
 }
 
 /// A sink or the store reported this instance fenced: a take-over (the store's owner epoch is newer), returned
@@ -231,13 +387,10 @@ async fn serve(
     outputs: &Outputs,
     restored: &connector_api::Restored,
     mut stop: watch::Receiver<Stop>,
-) -> Result<Ended> {
+) -> Result<Served> {
     let job = &context.job;
     let mut options = job.source_options().await.map_err(config_error)?;
-    options.share = Some(PartitionShare {
-        index,
-        of: job.job.subtasks,
-    });
+    options.share = Some(share(context, index));
     options.divert_bad_records = outputs.dead_letter.is_some();
     let mut source = KafkaSource::open_topics(
         &context.kafka,
@@ -246,6 +399,9 @@ async fn serve(
         options,
     )
     .await?;
+    if let Some(topics) = &outputs.routed_topics {
+        source.limit_topics(topics.clone());
+    }
     // Idle time counts from when the subtask can read, not from its claim and recovery.
     let now = context.started.elapsed().as_millis() as u64;
     context
@@ -266,7 +422,7 @@ async fn serve(
                 if written {
                     checkpoint(driver, &source, context).await?;
                 }
-                return Ok(Ended::Stopped);
+                return Ok(Served::Ended(Ended::Stopped));
             }
         }
         driver.record_pending_commit_age();
@@ -287,6 +443,14 @@ async fn serve(
             }
             batch = source.next_batch(POLL) => {
                 let batch = batch?;
+                if let Some(topic) = source.unexpected_topic() {
+                    // Held back, and not in the positions: checkpointed without it, read again after the start.
+                    let topic = topic.to_string();
+                    if written {
+                        checkpoint(driver, &source, context).await?;
+                    }
+                    return Ok(Served::NewTopic(topic));
+                }
                 if let Some(schema) = source.schema_change() {
                     // The source's schema gained columns: the batches before are checkpointed and committed, the
                     // sinks add the columns, then the batches of the new schema are written.
@@ -296,7 +460,7 @@ async fn serve(
                     }
                     tracing::info!(subtask = index, columns = schema.fields().len(),
                         "the source's schema changed: the sinks take the new columns");
-                    let sinks: Vec<SinkHandle> = outputs.sinks.iter().map(|(handle, _)| *handle).collect();
+                    let sinks: Vec<SinkHandle> = outputs.sinks.iter().map(|output| output.handle).collect();
                     driver.evolve(&sinks, schema).await?;
                     source.accept_schema_change();
                 }
@@ -318,10 +482,26 @@ async fn serve(
     }
 }
 
+/// One sink a subtask writes to.
+struct Output {
+    handle: SinkHandle,
+    id: SinkId,
+    /// The topic whose batches it takes (a routed sink's instance); `None`: every batch.
+    route: Option<String>,
+}
+
+impl Output {
+    fn takes(&self, topic: &str) -> bool {
+        self.route.as_deref().is_none_or(|route| route == topic)
+    }
+}
+
 /// Where a subtask's batches go.
 struct Outputs {
-    /// The job's sinks.
-    sinks: Vec<(SinkHandle, SinkId)>,
+    /// The job's sinks (routed entries as their instances).
+    sinks: Vec<Output>,
+    /// The topics the routed sinks have instances for (`None`: no sink is routed).
+    routed_topics: Option<BTreeSet<String>>,
     /// The dead-letter sink, when the job has one.
     dead_letter: Option<SinkHandle>,
     /// The subtask, as a metrics label.
@@ -346,7 +526,10 @@ impl Outputs {
             return Ok(());
         }
         let keys: Vec<Option<Vec<u8>>> = tombstones.iter().map(|t| t.key.clone()).collect();
-        for (sink, id) in &self.sinks {
+        for Output {
+            handle: sink, id, ..
+        } in self.sinks.iter().filter(|o| o.takes(topic))
+        {
             let (outcome, refused) = match driver.write_tombstones(*sink, &keys).await {
                 Ok(true) => ("written", 0),
                 Ok(false) => ("skipped", 0),
@@ -419,7 +602,10 @@ impl Outputs {
         if rows == 0 {
             return Ok(());
         }
-        for (sink, id) in &self.sinks {
+        for Output {
+            handle: sink, id, ..
+        } in self.sinks.iter().filter(|o| o.takes(topic))
+        {
             match self.dead_letter {
                 None => driver.write(*sink, batch).await?,
                 Some(dead_letter) => {

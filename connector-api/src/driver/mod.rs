@@ -52,7 +52,7 @@ use self::checkpoint::{save_decision, within};
 use self::commit::CommitTask;
 pub use self::config::DriverConfig;
 use self::fault::crash_error;
-pub use self::start::Restored;
+pub use self::start::{Restored, SinksForRecord};
 use crate::{
     Action, CheckpointId, CheckpointStore, DynSink, Error, ErrorKind, OwnerEpoch, Phase, Report,
     Result, TwoPhaseCommit,
@@ -129,12 +129,18 @@ impl<S: CheckpointStore> Driver<S> {
     /// [`Config`](ErrorKind::Config) when another sink of the job has the same id; [`Bug`](ErrorKind::Bug) after
     /// `start`.
     pub fn add_dyn_sink(&mut self, sink: DynSink) -> Result<SinkHandle> {
-        let id = sink.sink_id().clone();
         if self.state != State::Created {
             return Err(
-                Error::new(ErrorKind::Bug, Phase::Setup, "add_sink after start").with_sink(&id),
+                Error::new(ErrorKind::Bug, Phase::Setup, "add_sink after start")
+                    .with_sink(sink.sink_id()),
             );
         }
+        self.push_sink(sink)
+    }
+
+    /// Adds `sink` to the set, refusing a second sink of one id.
+    fn push_sink(&mut self, sink: DynSink) -> Result<SinkHandle> {
+        let id = sink.sink_id().clone();
         if self.sinks.iter().any(|s| s.sink_id() == &id) {
             return Err(Error::new(
                 ErrorKind::Config,

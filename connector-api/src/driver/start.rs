@@ -3,15 +3,26 @@
 //! and durably consume a checkpoint id for this attempt.
 
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
 
 use super::commit::note_committed;
 use super::fault::{crash_error, first_poll};
 use super::{Driver, FaultAction, FaultPoint, State, restore, save_decision};
 use crate::fence;
 use crate::{
-    CheckpointId, CheckpointRecord, CheckpointStore, Error, ErrorKind, OwnerEpoch, Phase, Report,
-    Result, SourceOffset,
+    CheckpointId, CheckpointRecord, CheckpointStore, DynSink, Error, ErrorKind, OwnerEpoch, Phase,
+    Report, Result, SourceOffset,
 };
+
+/// Builds the sinks a job adds once its restored record is known ([`Driver::start_adding`]): called with the
+/// record (`None` for a fresh job) under the claim; the future it returns builds them.
+pub type SinksForRecord = Box<
+    dyn FnOnce(
+            Option<&CheckpointRecord>,
+        ) -> Pin<Box<dyn Future<Output = Result<Vec<DynSink>>> + Send>>
+        + Send,
+>;
 
 /// What the driver restored on start.
 #[derive(Debug, Clone, PartialEq)]
@@ -48,6 +59,19 @@ impl<S: CheckpointStore> Driver<S> {
     /// [`Retryable`](ErrorKind::Retryable) after the retries when the store is unreachable or another instance is
     /// recovering: start again later. A sink's recovery error as the sink reports it.
     pub async fn start(&mut self) -> Result<Restored> {
+        self.start_adding(Box::new(|_| Box::pin(async { Ok(Vec::new()) })))
+            .await
+    }
+
+    /// [`start`](Self::start), adding the sinks `sinks_for` builds from the restored record (`None` for a fresh
+    /// job) once it is loaded under the claim, before any sink recovers: for sinks that exist per something the
+    /// record names, such as a routed sink's instance per source topic. A record holding work for a sink that is
+    /// neither added before nor built here refuses the start, as for a sink removed from the job.
+    ///
+    /// # Errors
+    /// As [`start`](Self::start); what `sinks_for` reports; [`Config`](ErrorKind::Config) for a built sink whose id
+    /// another sink has, or whose transaction timeout the budget does not cover.
+    pub async fn start_adding(&mut self, sinks_for: SinksForRecord) -> Result<Restored> {
         if self.state != State::Created {
             return Err(Error::new(
                 ErrorKind::Bug,
@@ -56,14 +80,17 @@ impl<S: CheckpointStore> Driver<S> {
             ));
         }
         self.check_budget()?;
-        let outcome = self.claim_and_recover().await;
+        let outcome = self.claim_and_recover(sinks_for).await;
         if let Err(e) = &outcome {
             self.fail(e);
         }
         outcome
     }
 
-    pub(super) async fn claim_and_recover(&mut self) -> Result<Restored> {
+    pub(super) async fn claim_and_recover(
+        &mut self,
+        sinks_for: SinksForRecord,
+    ) -> Result<Restored> {
         let retry = self.config.retry;
         let claim = retry.run("claim", || self.store.claim()).await?;
         let owner = claim.epoch;
@@ -102,6 +129,11 @@ impl<S: CheckpointStore> Driver<S> {
         // sink gets is decided from its entry in the record (the guarantee it was decided under), not from the job
         // file as it is now.
         let already_committed = checkpoint.is_some() && loaded.committed_through >= checkpoint;
+        let budget = self.config.budget();
+        for sink in sinks_for(record.as_ref()).await? {
+            budget.check(sink.sink_id(), sink.0.transaction_timeout())?;
+            self.push_sink(sink)?;
+        }
         restore::refuse_removed_sinks(&self.sinks, record.as_ref(), already_committed)?;
         restore::refuse_sinks_ahead(&mut self.sinks, loaded.highest_id.max(checkpoint)).await?;
         let limit = self.config.max_recovery_time;

@@ -27,6 +27,9 @@ impl JobConfig {
         if self.source.single_topic().is_none() {
             return refuse("one source topic (not topics or topic_pattern)");
         }
+        if crate::routing::is_routed(sink) {
+            return refuse("a sink topic without ${topic} (records are copied to one topic)");
+        }
         if self.job.subtasks != 1 || self.dead_letter.is_some() {
             return refuse("subtasks = 1 and no [dead_letter] (records are copied undecoded)");
         }

@@ -242,6 +242,7 @@ impl JobConfig {
         if let Some((decoding, metadata)) = self.source.offline_decodings()? {
             metadata.schema(&decoding).context("[source] metadata")?;
         }
+        crate::routing::check(&self.sinks)?;
         if self.job.kafka_to_kafka {
             self.check_kafka_to_kafka()?;
         }

@@ -1,12 +1,15 @@
 //! Many topics per job: `topic_pattern` selects the topics there at start and one created while the job runs
 //! (found by the metadata refresh); each record lands once in all four sinks, across a SIGKILL, read by the
-//! independent readers; the `topic` metadata column names each row's topic.
+//! independent readers; the `topic` metadata column names each row's topic. Routed sinks (`${topic}` in a table,
+//! path or topic) put each topic's records in that topic's own table, directory and topic.
 
 use crate::common;
 
-use std::time::Duration;
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::time::{Duration, Instant};
 
-use common::{Job, create_topic};
+use common::{Job, create_topic, sorted_ids};
 use test_support::Services;
 
 #[tokio::test(flavor = "multi_thread")]
@@ -86,4 +89,171 @@ async fn a_job_cannot_switch_between_one_topic_and_several() {
     job.spawn_worker(&["--exit-when-idle", "2s"])
         .wait_exit(Duration::from_secs(120));
     job.assert_exactly_once();
+}
+
+/// Every sink routed by topic: a file directory, a Kafka topic, a PostgreSQL table and an Iceberg table per source
+/// topic, over three topics (one created while running, which restarts the subtask that reads it with a new
+/// instance), across a SIGKILL. Each topic's records are in its own place, once, per the independent readers, and
+/// nothing is left open or prepared.
+#[tokio::test(flavor = "multi_thread")]
+async fn routed_sinks_give_each_topic_its_own_table_directory_and_topic() {
+    let mut job = Job::new("routed", 2, 3, "3s").await;
+    let name = job.name.clone();
+    let (first, more, late) = (
+        job.topic.clone(),
+        format!("{name}-more"),
+        format!("{name}-late"),
+    );
+    let copy = |topic: &str| format!("{name}-copy-{topic}");
+    create_topic(&more, 3).await;
+    for topic in [&first, &more, &late] {
+        create_topic(&copy(topic), 2).await;
+    }
+    let out = job.dir.path().join("out").display().to_string();
+    for (from, to) in [
+        (
+            format!("topic = \"{first}\""),
+            format!("topic_pattern = \"{name}-(in|more|late)\"\nmetadata_refresh = \"1s\""),
+        ),
+        (
+            format!("path = \"{out}\""),
+            format!("path = \"{out}/${{topic}}\""),
+        ),
+        (
+            format!(
+                "topic = \"{}\"\ntransactional_id_prefix = \"{}\"",
+                job.copy_topic, job.copy_topic
+            ),
+            format!("topic = \"{name}-copy-${{topic}}\""),
+        ),
+        (
+            format!("table = \"{name}\"\nscope = \"{name}\""),
+            "table = \"r_${topic_safe}\"".to_string(),
+        ),
+        (
+            format!("table = \"{name}.orders\""),
+            format!("table = \"{name}.${{topic_safe}}\""),
+        ),
+    ] {
+        job.edit_config(&from, &to);
+    }
+    let check = job.ratchet("check-config");
+    let said = String::from_utf8_lossy(&check.stdout).to_string();
+    assert!(
+        check.status.success()
+            && said.contains(&format!(
+                "sink db-{more} (jdbc, exactly-once) for topic {more}"
+            )),
+        "{said}\n{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+
+    let mut sent: BTreeMap<String, Vec<Range<i64>>> = BTreeMap::new();
+    let mut produce = async |job: &mut Job, topic: &str, count: u64| {
+        let from = job.produced as i64;
+        job.produce_into(topic, count).await;
+        sent.entry(topic.to_string())
+            .or_default()
+            .push(from..job.produced as i64);
+    };
+    produce(&mut job, &first, 1000).await;
+    produce(&mut job, &more, 1000).await;
+    let mut worker = job.spawn_worker(&[]);
+    wait_copied(&copy(&more), 1000);
+
+    create_topic(&late, 2).await;
+    produce(&mut job, &late, 1000).await;
+    worker.wait_logged(
+        "starting the subtask again with one",
+        1,
+        Duration::from_secs(60),
+    );
+    produce(&mut job, &first, 500).await;
+    worker.kill9();
+    let mut worker = job.spawn_worker(&[]);
+    produce(&mut job, &late, 500).await;
+    wait_copied(&copy(&first), 1500);
+    wait_copied(&copy(&late), 1500);
+    worker.stop(Duration::from_secs(60));
+    // A topic no longer selected keeps its instances while the checkpoints hold its positions: built from the
+    // restored record, they start (and recover) as before.
+    job.edit_config("-(in|more|late)", "-(in|late)");
+    produce(&mut job, &first, 100).await;
+    job.spawn_worker(&["--exit-when-idle", "2s"])
+        .wait_exit(Duration::from_secs(120));
+
+    let services = Services::get();
+    let warehouse = format!("file://{}", job.dir.path().join("warehouse").display());
+    let catalog = services
+        .pg_url()
+        .replacen("postgres://", "postgresql+psycopg://", 1);
+    for (topic, ranges) in &sent {
+        let expected: Vec<i64> = ranges.iter().flat_map(|r| r.clone()).collect();
+        let safe = topic.replace('-', "_");
+        let files = services.verify(
+            "visible_ids.py",
+            &["local", &format!("{out}/{topic}"), "id"],
+        );
+        assert_eq!(
+            files["strays"],
+            serde_json::json!([]),
+            "{topic}: the file sink left strays"
+        );
+        let (kafka, _) = services.kafka_ids(services.kafka_bootstrap(), &copy(topic));
+        let table = services.verify(
+            "sql_table.py",
+            &["pg", services.pg_url(), &format!("r_{safe}"), "id"],
+        );
+        let lake = services.verify(
+            "iceberg_table.py",
+            &[
+                "ratchet",
+                &catalog,
+                &warehouse,
+                &format!("{name}.{safe}"),
+                "id",
+            ],
+        );
+        assert_eq!(
+            lake["unreferenced"],
+            serde_json::json!([]),
+            "{topic}: Iceberg files left behind"
+        );
+        for (sink, ids) in [
+            ("files", sorted_ids(&files["ids"])),
+            ("kafka", kafka),
+            ("table", sorted_ids(&table["ids"])),
+            ("iceberg", sorted_ids(&lake["ids"])),
+            ("iceberg (DuckDB)", sorted_ids(&lake["duckdb_ids"])),
+        ] {
+            assert!(
+                ids == expected,
+                "{topic} in {sink}: {} rows for {} records",
+                ids.len(),
+                expected.len()
+            );
+        }
+    }
+    let prepared = services.psql(&format!(
+        "select count(*) from pg_prepared_xacts where gid like 'ratchet.{name}~%'"
+    ));
+    assert_eq!(prepared.trim(), "0", "prepared transactions left");
+}
+
+/// Waits (polling the read_committed verifier) until `topic` holds `records` records.
+fn wait_copied(topic: &str, records: usize) {
+    let services = Services::get();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let (ids, _) = services.kafka_ids(services.kafka_bootstrap(), topic);
+        if ids.len() >= records {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {records} records reached {topic}",
+            ids.len()
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
 }
