@@ -29,19 +29,33 @@ pub async fn run(args: CheckArgs) -> Result<()> {
         job.job.checkpoint_interval
     );
     let mut problems = 0;
-    let identity = crate::store::job_identity(&job.store, &job.job.name, job.job.subtasks, false)
+    let recorded = crate::store::job_record(&job.store, &job.job.name, job.job.subtasks, false)
         .await
-        .and_then(|identity| Ok((identity, identity.job_id(&job.job.name)?)));
-    let job_id = identity.as_ref().ok().and_then(|(_, id)| id.clone());
-    let counted = identity.map(|(identity, _)| {
-        format!(
-            "{} subtask(s), as the store records (or a fresh job); sinks scoped by {}",
-            job.job.subtasks,
-            match identity {
-                crate::store::Identity::Job => "the job's name",
-                crate::store::Identity::Sink => "their ids (a job from before job scoping)",
-            }
-        )
+        .and_then(|recorded| {
+            let recorded = recorded.unwrap_or(crate::store::JobRecord {
+                subtasks: job.job.subtasks,
+                identity: crate::store::Identity::Job,
+                generation: 0,
+            });
+            Ok((recorded, recorded.job_id(&job.job.name)?))
+        });
+    let job_id = recorded.as_ref().ok().and_then(|(_, id)| id.clone());
+    let generation = recorded.as_ref().map_or(0, |(record, _)| record.generation);
+    let counted = recorded.map(|(recorded, _)| {
+        let scope = match recorded.identity {
+            crate::store::Identity::Job => "the job's name",
+            crate::store::Identity::Sink => "their ids (a job from before job scoping)",
+        };
+        let count = if recorded.subtasks == job.job.subtasks {
+            format!("{} subtask(s), as the store records (or a fresh job)", recorded.subtasks)
+        } else {
+            format!(
+                "the store records {} subtask(s) and the job file says {}: `ratchet run` rescales the job first \
+                 (with every other process of it stopped), as `ratchet rescale --to {}` does",
+                recorded.subtasks, job.job.subtasks, job.job.subtasks
+            )
+        };
+        format!("{count}; layout generation {}; sinks scoped by {scope}", recorded.generation)
     });
     let mut report = |what: String, outcome: Result<String>| match outcome {
         Ok(detail) => println!("ok    {what}: {detail}"),
@@ -71,6 +85,7 @@ pub async fn run(args: CheckArgs) -> Result<()> {
     let store = match SubtaskStore::open_existing(
         &job.store,
         &job.job.name,
+        generation,
         SubtaskId(0),
         job.store_limits(),
     )

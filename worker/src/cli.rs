@@ -35,6 +35,10 @@ pub enum Command {
     /// Do what `inspect` says recovery will do, without starting the job: claim and recover every subtask
     /// (commit decided checkpoints, abort everything else), then stop. Refused while the job runs.
     Resolve(OperateArgs),
+    /// Change the subtask count of a job that is down: resolve every old subtask, deal its positions to the new
+    /// subtasks by partition, and switch the job to the new layout in one atomic step (see docs/worker.md,
+    /// "Rescaling"). Refused while the job runs. Set `subtasks` in the job file to the same number.
+    Rescale(RescaleArgs),
     /// Demo: a generator produces orders to Kafka while `ratchet run` writes them to Parquet files, an Iceberg
     /// table, PostgreSQL and a Kafka topic at once; the worker is killed with SIGKILL mid-run and restarted; then
     /// every sink is read back and compared with the input. Needs `scripts/services.sh up kafka postgres`.
@@ -103,4 +107,15 @@ pub struct OperateArgs {
     /// The job file.
     #[arg(long, short)]
     pub config: PathBuf,
+}
+
+/// Arguments of `ratchet rescale`.
+#[derive(Debug, Args)]
+pub struct RescaleArgs {
+    /// The job file.
+    #[arg(long, short)]
+    pub config: PathBuf,
+    /// The new subtask count.
+    #[arg(long)]
+    pub to: u32,
 }

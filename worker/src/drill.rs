@@ -11,6 +11,10 @@
 //!   step: a process that went silent without closing anything (its connections stay open, its kernel answers TCP
 //!   keepalives), like a machine that lost its network. Steps: `after-load` (it holds the subtask's claim guard,
 //!   recovery not begun), `after-recover`, `after-pre-commit`, `after-record-durable`, `after-commit`.
+//! - `RATCHET_RESCALE_KILL_AT=<step>` makes a rescale (`ratchet rescale`, or `ratchet run` rescaling at start) kill
+//!   its process with SIGKILL at that step ([`crate::rescale`]): `after-resolve` (every old subtask resolved, the
+//!   old layout in effect), `after-new-records` (the new layout's records written, not switched),
+//!   `after-switch` (the new layout in effect, the old one's records not retired).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,6 +28,42 @@ pub const KILL_VARIABLE: &str = "RATCHET_KILL_AT";
 
 /// The pause drill's variable.
 pub const PAUSE_VARIABLE: &str = "RATCHET_PAUSE_AT";
+
+/// The steps a drill can kill the rescale at (`RATCHET_RESCALE_KILL_AT`, [`crate::drill`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RescaleStep {
+    /// Every old subtask resolved; nothing of the new layout written.
+    Resolved,
+    /// The new layout's records written; not switched.
+    NewRecordsWritten,
+    /// Switched; the old generation not retired.
+    Switched,
+}
+
+impl RescaleStep {
+    /// The step's name in the drill variable.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Resolved => "after-resolve",
+            Self::NewRecordsWritten => "after-new-records",
+            Self::Switched => "after-switch",
+        }
+    }
+}
+
+/// The rescale drill's variable.
+pub const RESCALE_KILL_VARIABLE: &str = "RATCHET_RESCALE_KILL_AT";
+
+/// Kills this process with SIGKILL when `RATCHET_RESCALE_KILL_AT` names `step`.
+pub fn rescale_reached(step: RescaleStep) {
+    if std::env::var(RESCALE_KILL_VARIABLE).is_ok_and(|at| at == step.name()) {
+        tracing::warn!(
+            step = step.name(),
+            "rescale drill: this process kills itself with SIGKILL"
+        );
+        let _ = raise(Signal::SIGKILL);
+    }
+}
 
 /// The injector `RATCHET_KILL_AT` or `RATCHET_PAUSE_AT` asks for, if set.
 ///

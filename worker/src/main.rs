@@ -8,12 +8,14 @@ mod dead_letter;
 mod demo;
 mod drill;
 mod fast_path;
+mod generations;
 mod health;
 mod lag;
 mod layout;
 mod lease;
 mod operate;
 mod overrides;
+mod rescale;
 mod routing;
 mod run;
 mod signals;
@@ -63,5 +65,6 @@ async fn run() -> anyhow::Result<()> {
         cli::Command::CheckConfig(args) => check::run(args).await,
         cli::Command::Inspect(args) => operate::inspect(args).await,
         cli::Command::Resolve(args) => operate::resolve(args).await,
+        cli::Command::Rescale(args) => rescale::command(args).await,
     }
 }

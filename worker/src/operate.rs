@@ -14,18 +14,26 @@ use crate::config::{JobConfig, StoreConfig};
 use crate::lease::{Leases, LocalLease, PgLeases};
 use crate::store::SubtaskStore;
 
-/// A driver for `subtask` with every sink of the job (scoped as `job_id` says), not started. A routed entry
+/// A driver for `subtask` (in layout `generation`) with every sink of the job (scoped as `job_id` says), not
+/// started. A routed entry
 /// ([`crate::routing`]) is there as the instances the subtask would build on its next start: for the topics its
 /// share holds now and those its last checkpoint has positions for.
-async fn driver_for(
+pub async fn driver_for(
     job: &JobConfig,
     job_id: Option<&JobId>,
     subtask: u32,
+    generation: u64,
 ) -> Result<Driver<SubtaskStore>> {
     let id = SubtaskId(subtask);
-    let store = SubtaskStore::open(&job.store, &job.job.name, id, job.store_limits())
-        .await
-        .context("checkpoint store")?;
+    let store = SubtaskStore::open(
+        &job.store,
+        &job.job.name,
+        generation,
+        id,
+        job.store_limits(),
+    )
+    .await
+    .context("checkpoint store")?;
     let topics = routed_topics(job, &store, subtask).await?;
     let mut driver = Driver::new(store, job.driver_config());
     let registry = crate::sinks::registry();
@@ -82,9 +90,22 @@ pub async fn inspect(args: OperateArgs) -> Result<()> {
     let identity =
         crate::store::job_identity(&job.store, &job.job.name, job.job.subtasks, false).await?;
     let job_id = identity.job_id(&job.job.name)?;
+    let changes = crate::generations::history(&job.store, &job.job.name).await?;
+    if changes.is_empty() {
+        println!(
+            "layout: {} subtask(s) since the job first ran",
+            identity.subtasks
+        );
+    }
+    for change in &changes {
+        println!(
+            "layout generation {}: {} -> {} subtask(s) at {}",
+            change.generation, change.previous, change.subtasks, change.at
+        );
+    }
     let (mut commits, mut aborts) = (0, 0);
     for subtask in 0..job.job.subtasks {
-        let mut driver = driver_for(&job, job_id.as_ref(), subtask).await?;
+        let mut driver = driver_for(&job, job_id.as_ref(), subtask, identity.generation).await?;
         let inspection = driver
             .inspect()
             .await
@@ -196,41 +217,69 @@ fn round(age: Duration) -> Duration {
 /// The job is running (it resolves its own transactions), or a recovery fails (named).
 pub async fn resolve(args: OperateArgs) -> Result<()> {
     let job = JobConfig::load(&args.config)?;
-    // Hold the job the way a worker does (the local lock, or every lease), and refuse when a worker runs.
+    holding_every_subtask(&job, job.job.subtasks, "resolve", || async {
+        let identity =
+            crate::store::job_identity(&job.store, &job.job.name, job.job.subtasks, true).await?;
+        let job_id = identity.job_id(&job.job.name)?;
+        resolve_every_subtask(&job, job_id.as_ref(), identity.generation).await
+    })
+    .await
+}
+
+/// Runs `work` while holding `job` the way a worker does (the local lock, or the leases of all `subtasks`,
+/// renewed every lease / 5 for as long as it takes, so a worker starting meanwhile waits for them), refusing when
+/// another process of the job is still alive after a lease and a renewal (a process killed just before counts as
+/// alive until its lease expires); `what` names this process in the lease table.
+///
+/// # Errors
+/// Another process of the job is alive (named), the store cannot be reached, or what `work` reports.
+pub async fn holding_every_subtask<T, F, Fut>(
+    job: &JobConfig,
+    subtasks: u32,
+    what: &str,
+    work: F,
+) -> Result<T>
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
     let leases: Box<dyn Leases> = match &job.store {
-        StoreConfig::Local { path } => {
-            Box::new(LocalLease::take(path, &job.job.name, job.job.subtasks)?)
-        }
+        StoreConfig::Local { path } => Box::new(LocalLease::take(path, &job.job.name, subtasks)?),
         StoreConfig::Postgres { url } => {
             let leases = PgLeases::join(
                 url,
                 &job.job.name,
-                format!("resolve-{}", std::process::id()),
-                job.job.subtasks,
+                format!("{what}-{}", std::process::id()),
+                subtasks,
                 job.job.lease,
             )
             .await?;
-            let running = leases.other_live_members().await?;
-            if !running.is_empty() {
-                let _ = leases.leave().await;
-                bail!(
-                    "job {:?} is running in {} process(es) ({}): a running job resolves its own transactions; \
-                     stop it first to resolve by hand",
-                    job.job.name,
-                    running.len(),
-                    running.join(", ")
-                );
+            // A process killed a moment ago stays a member until its lease expires: wait that long, no longer.
+            let patience = job.job.lease + job.job.lease / 5;
+            let waited = std::time::Instant::now();
+            loop {
+                let running = leases.other_live_members().await?;
+                if running.is_empty() {
+                    break;
+                }
+                if waited.elapsed() >= patience {
+                    let _ = leases.leave().await;
+                    bail!(
+                        "job {:?} is running in {} process(es) ({}), still renewing their leases after \
+                         {patience:?}: stop it first to {what} it",
+                        job.job.name,
+                        running.len(),
+                        running.join(", ")
+                    );
+                }
+                tracing::info!(members = ?running, "waiting for the job's other processes to stop or their leases to expire");
+                tokio::time::sleep(job.job.lease / 5).await;
             }
             Box::new(leases)
         }
     };
-    // Hold every subtask's lease while resolving (the only member's quota is all of them), renewed every lease / 5
-    // for as long as it takes, so a worker starting meanwhile waits for them instead of recovering the same
-    // subtasks.
+    // The only member's quota is every subtask.
     leases.renew().await?;
-    let identity =
-        crate::store::job_identity(&job.store, &job.job.name, job.job.subtasks, true).await?;
-    let job_id = identity.job_id(&job.job.name)?;
     let renewing = async {
         let mut tick = tokio::time::interval(job.job.lease / 5);
         tick.tick().await;
@@ -238,13 +287,13 @@ pub async fn resolve(args: OperateArgs) -> Result<()> {
             tick.tick().await;
             if let Err(e) = leases.renew().await {
                 tracing::warn!(error = %format!("{e:#}"),
-                    "cannot renew the leases while resolving; a worker may start once they expire (its claim then \
-                     waits for this recovery's guard)");
+                    "cannot renew the leases; a worker may start once they expire (its claim then waits for this \
+                     process's recovery guard, and a rescale's switch fails if it claimed a subtask)");
             }
         }
     };
     let outcome = tokio::select! {
-        outcome = resolve_every_subtask(&job, job_id.as_ref()) => outcome,
+        outcome = work() => outcome,
         never = renewing => never,
     };
     if let Err(e) = leases.leave().await {
@@ -254,10 +303,14 @@ pub async fn resolve(args: OperateArgs) -> Result<()> {
 }
 
 /// Claims and recovers every subtask in turn, then closes it; reports each.
-async fn resolve_every_subtask(job: &JobConfig, job_id: Option<&JobId>) -> Result<()> {
+async fn resolve_every_subtask(
+    job: &JobConfig,
+    job_id: Option<&JobId>,
+    generation: u64,
+) -> Result<()> {
     let mut outcome = Ok(());
     for subtask in 0..job.job.subtasks {
-        let mut driver = driver_for(job, job_id, subtask).await?;
+        let mut driver = driver_for(job, job_id, subtask, generation).await?;
         match driver.start().await {
             Ok(restored) => {
                 driver

@@ -86,6 +86,21 @@ async fn start(
 ) -> Result<Process> {
     // A schema registry's reader schemas, looked up once for the process (every subtask and sink uses these).
     job.decodings().await?;
+    // A changed subtask count: the job is rescaled first, when no other process of it is alive.
+    if let Some(recorded) =
+        crate::store::job_record(&job.store, &job.job.name, job.job.subtasks, false).await?
+        && recorded.subtasks != job.job.subtasks
+    {
+        tracing::info!(job = %job.job.name, from = recorded.subtasks, to = job.job.subtasks,
+            "the job file changes the subtask count: rescaling the job first");
+        crate::rescale::rescale(&job, job.job.subtasks).await.with_context(|| {
+            format!(
+                "the job file says subtasks = {}, the store {}: rescaling failed (every other process of the job \
+                 must be stopped)",
+                job.job.subtasks, recorded.subtasks
+            )
+        })?;
+    }
     let share = match (&args.member, args.of) {
         (Some(member), Some(of)) => Some(StaticShare::new(member, of, job.job.subtasks)?),
         _ => None,
@@ -122,10 +137,12 @@ async fn start(
     // Under the local lock, so two fresh starts with different counts cannot both record theirs.
     let identity =
         crate::store::job_identity(&job.store, &job.job.name, job.job.subtasks, true).await?;
+    // What a rescale that stopped after its switch left of the old layout.
+    crate::rescale::retire_old_generations(&job.store, &job.job.name, identity.generation).await?;
     let job_id = identity.job_id(&job.job.name)?;
     let layout = crate::layout::PartitionLayout::of(&job.source.selection()?);
     crate::layout::check(&job.store, &job.job.name, layout, true).await?;
-    if identity == crate::store::Identity::Sink {
+    if identity.identity == crate::store::Identity::Sink {
         tracing::info!(job = %job.job.name,
             "this job ran before sinks were scoped by their job: its sinks keep their sink-id-scoped names");
     }
@@ -137,6 +154,7 @@ async fn start(
     let base = SubtaskContext {
         job: job.clone(),
         job_id,
+        generation: identity.generation,
         registry: Arc::new(crate::sinks::registry()),
         kafka,
         progress: Arc::new(Progress::starting_at(0)),

@@ -13,73 +13,170 @@ use crate::config::StoreConfig;
 /// Records kept per subtask: the newest and a few before it, to fall back on if the newest is damaged.
 const RETAIN: usize = 5;
 
-/// One subtask's checkpoint store, of either kind.
-pub enum SubtaskStore {
-    /// `<path>/subtask-<n>`.
+/// One subtask's checkpoint store, of either kind, in one layout generation of its job
+/// ([`crate::rescale`]): every claim is checked against the generation the job's record holds, so a process that
+/// still runs an older layout (a subtask count the job was rescaled from) cannot claim a subtask and run on from
+/// positions that were redistributed.
+pub struct SubtaskStore {
+    inner: StoreKind,
+    /// The job, its generation, and the store: what a claim is checked against.
+    job: String,
+    generation: u64,
+    config: StoreConfig,
+    /// Whether claims are checked against the job's generation (not while a rescale writes the next one).
+    checked: bool,
+}
+
+enum StoreKind {
+    /// `<path>/<job key>/subtask-<n>`.
     Local(LocalCheckpointStore),
-    /// The `(job, subtask)` rows of the shared tables.
+    /// The `(job key, subtask)` rows of the shared tables.
     Postgres(Box<PgCheckpointStore>),
 }
 
+/// The name a job's checkpoint records and claims are kept under in layout generation `generation`: the job's
+/// name for the first layout, `<job>@<generation>` after each change of its subtask count.
+pub fn store_key(job: &str, generation: u64) -> String {
+    match generation {
+        0 => job.to_string(),
+        g => format!("{job}@{g}"),
+    }
+}
+
+/// The directory of `subtask` of `job` in layout generation `generation` of a local store under `path`.
+pub fn local_subtask_dir(
+    path: &std::path::Path,
+    job: &str,
+    generation: u64,
+    subtask: SubtaskId,
+) -> std::path::PathBuf {
+    path.join(store_key(job, generation))
+        .join(format!("subtask-{}", subtask.0))
+}
+
 impl SubtaskStore {
-    /// Opens the store of `subtask` of `job`; a PostgreSQL store's calls are bounded by `limits`.
+    /// Opens the store of `subtask` of `job` in layout `generation`; a PostgreSQL store's calls are bounded by
+    /// `limits`.
     ///
     /// # Errors
     /// A directory that cannot be created, or a database that cannot be reached (named).
     pub async fn open(
         config: &StoreConfig,
         job: &str,
+        generation: u64,
         subtask: SubtaskId,
         limits: PgStoreLimits,
     ) -> Result<Self> {
-        Ok(match config {
-            StoreConfig::Local { path } => Self::Local(LocalCheckpointStore::open(
-                path.join(job).join(format!("subtask-{}", subtask.0)),
+        let inner = match config {
+            StoreConfig::Local { path } => StoreKind::Local(LocalCheckpointStore::open(
+                local_subtask_dir(path, job, generation, subtask),
                 RETAIN,
             )?),
-            StoreConfig::Postgres { url } => Self::Postgres(Box::new(
-                PgCheckpointStore::connect(url, job, subtask, RETAIN, limits).await?,
+            StoreConfig::Postgres { url } => StoreKind::Postgres(Box::new(
+                PgCheckpointStore::connect(
+                    url,
+                    &store_key(job, generation),
+                    subtask,
+                    RETAIN,
+                    limits,
+                )
+                .await?,
             )),
-        })
+        };
+        Ok(Self::of(inner, config, job, generation))
     }
 
-    /// Opens the store of `subtask` of `job` if it exists, creating nothing (no directory, no table): `None` when
-    /// the subtask never ran. For `check-config`.
+    /// Opens the store of `subtask` of `job` in layout `generation` if it exists, creating nothing (no directory,
+    /// no table): `None` when the subtask never ran. For `check-config`.
     ///
     /// # Errors
     /// As [`open`](Self::open).
     pub async fn open_existing(
         config: &StoreConfig,
         job: &str,
+        generation: u64,
         subtask: SubtaskId,
         limits: PgStoreLimits,
     ) -> Result<Option<Self>> {
-        Ok(match config {
+        let inner = match config {
             StoreConfig::Local { path } => LocalCheckpointStore::open_existing(
-                path.join(job).join(format!("subtask-{}", subtask.0)),
+                local_subtask_dir(path, job, generation, subtask),
                 RETAIN,
             )?
-            .map(Self::Local),
-            StoreConfig::Postgres { url } => {
-                PgCheckpointStore::connect_existing(url, job, subtask, RETAIN, limits)
-                    .await?
-                    .map(|store| Self::Postgres(Box::new(store)))
-            }
-        })
+            .map(StoreKind::Local),
+            StoreConfig::Postgres { url } => PgCheckpointStore::connect_existing(
+                url,
+                &store_key(job, generation),
+                subtask,
+                RETAIN,
+                limits,
+            )
+            .await?
+            .map(|store| StoreKind::Postgres(Box::new(store))),
+        };
+        Ok(inner.map(|inner| Self::of(inner, config, job, generation)))
+    }
+
+    /// Opens the store of `subtask` in layout `generation` before the job switches to it: for the rescale writing
+    /// the new layout's first records, whose claims are not checked against the job's generation (it is still
+    /// the one before).
+    ///
+    /// # Errors
+    /// As [`open`](Self::open).
+    pub async fn open_next_generation(
+        config: &StoreConfig,
+        job: &str,
+        generation: u64,
+        subtask: SubtaskId,
+        limits: PgStoreLimits,
+    ) -> Result<Self> {
+        let mut store = Self::open(config, job, generation, subtask, limits).await?;
+        store.checked = false;
+        Ok(store)
+    }
+
+    fn of(inner: StoreKind, config: &StoreConfig, job: &str, generation: u64) -> Self {
+        Self {
+            inner,
+            job: job.to_string(),
+            generation,
+            config: config.clone(),
+            checked: true,
+        }
     }
 
     fn inner(&self) -> &dyn CheckpointStore {
-        match self {
-            Self::Local(store) => store,
-            Self::Postgres(store) => store.as_ref(),
+        match &self.inner {
+            StoreKind::Local(store) => store,
+            StoreKind::Postgres(store) => store.as_ref(),
         }
     }
 }
 
 #[async_trait]
 impl CheckpointStore for SubtaskStore {
+    /// Claims the subtask, then checks (under the claim) that the job is still in this store's layout
+    /// generation: a rescale that switched the layout first makes this claim a refusal; one that has not switched
+    /// yet sees this claim's newer epoch and gives up (see [`crate::rescale`]).
     async fn claim(&self) -> Result<Claim> {
-        self.inner().claim().await
+        let claim = self.inner().claim().await?;
+        if !self.checked {
+            return Ok(claim);
+        }
+        let now = crate::generations::generation_now(&self.config, &self.job).await?;
+        if now != self.generation {
+            return Err(connector_api::Error::new(
+                connector_api::ErrorKind::Config,
+                connector_api::Phase::Recover,
+                format!(
+                    "job {:?} was rescaled while this process ran (its layout generation is {now}, this process \
+                     started in {}): its subtasks and positions were redistributed. Restart this process with the \
+                     job file's subtasks as the store records them (`ratchet inspect` shows the layout)",
+                    self.job, self.generation
+                ),
+            ));
+        }
+        Ok(claim)
     }
 
     async fn save(&self, owner: OwnerEpoch, record: &CheckpointRecord) -> Result<()> {
@@ -147,6 +244,28 @@ impl Identity {
     }
 }
 
+/// What the store records about a job as a whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JobRecord {
+    /// Its subtask count.
+    pub subtasks: u32,
+    /// How its sinks name what they own.
+    pub identity: Identity,
+    /// Its layout generation: 0 until its subtask count first changes, then one more at each change
+    /// ([`crate::rescale`]).
+    pub generation: u64,
+}
+
+impl JobRecord {
+    /// The job id every sink of `name` is built with ([`Identity::job_id`]).
+    ///
+    /// # Errors
+    /// As [`Identity::job_id`].
+    pub fn job_id(&self, name: &str) -> anyhow::Result<Option<JobId>> {
+        self.identity.job_id(name)
+    }
+}
+
 /// What the store records about `job` as a whole, checked against the job file: its subtask count must be the
 /// one recorded, and its [`Identity`]. A fresh job is recorded (with `record`) as job-scoped with `subtasks`; a job
 /// whose store holds checkpoints from before these were recorded keeps its subtask count (inferred from its
@@ -163,25 +282,43 @@ pub async fn job_identity(
     job: &str,
     subtasks: u32,
     record: bool,
-) -> anyhow::Result<Identity> {
-    let recorded = match config {
-        StoreConfig::Local { path } => local_job(&path.join(job), subtasks, record)?,
+) -> anyhow::Result<JobRecord> {
+    match job_record(config, job, subtasks, record).await? {
+        Some(recorded) if recorded.subtasks != subtasks => anyhow::bail!(
+            "job {job:?} has {} subtasks in its checkpoint store, the job file says {subtasks}: run `ratchet \
+             rescale --config <job file> --to {subtasks}` (or `ratchet run` with every other process of the job \
+             stopped, which rescales first), or keep subtasks = {}",
+            recorded.subtasks,
+            recorded.subtasks
+        ),
+        Some(recorded) => Ok(recorded),
+        None => Ok(JobRecord {
+            subtasks,
+            identity: Identity::Job,
+            generation: 0,
+        }),
+    }
+}
+
+/// What the store records about `job` (`None`: a fresh job, nothing recorded), recording a fresh job with
+/// `subtasks` when `record` is on; the count is not checked against anything.
+///
+/// # Errors
+/// The store cannot be read or written (a database outage is retried for about 30 s first).
+pub async fn job_record(
+    config: &StoreConfig,
+    job: &str,
+    subtasks: u32,
+    record: bool,
+) -> anyhow::Result<Option<JobRecord>> {
+    match config {
+        StoreConfig::Local { path } => local_job(&path.join(job), subtasks, record),
         StoreConfig::Postgres { url } => {
             crate::store_calls::retried("recording the job in the checkpoint store", || {
                 pg_job(url, job, subtasks, record)
             })
-            .await?
+            .await
         }
-    };
-    match recorded {
-        Some((recorded, _)) if recorded != subtasks => anyhow::bail!(
-            "job {job:?} has {recorded} subtasks in its checkpoint store, the job file says {subtasks}: changing a \
-             job's subtask count is not supported yet (partitions would move to subtasks that do not hold their \
-             positions and be read again). Keep subtasks = {recorded}. (A job under a new name, or on an empty \
-             store, is a new job: it reads the topic from the beginning into its sinks again.)"
-        ),
-        Some((_, identity)) => Ok(identity),
-        None => Ok(Identity::Job),
     }
 }
 
@@ -191,8 +328,10 @@ fn local_job(
     dir: &std::path::Path,
     subtasks: u32,
     record: bool,
-) -> anyhow::Result<Option<(u32, Identity)>> {
+) -> anyhow::Result<Option<JobRecord>> {
     use anyhow::Context;
+    // After a rescale, the layout file holds the count and generation (written in one atomic replace).
+    let layout = crate::generations::local_layout(dir)?;
     let count_file = dir.join("subtasks");
     let identity_file = dir.join("identity");
     let counted = connector_common::fs::read_number(&count_file)
@@ -223,20 +362,27 @@ fn local_job(
         })
         .max()
         .map(|highest| highest + 1);
-    let count = match counted {
-        Some(n) => Some(u32::try_from(n)?),
-        None => inferred,
+    let count = match (&layout, counted) {
+        (Some(layout), _) => Some(layout.subtasks),
+        (None, Some(n)) => Some(u32::try_from(n)?),
+        (None, None) => inferred,
     };
+    let generation = layout.as_ref().map_or(0, |l| l.generation);
     let found = match (count, identity) {
         (None, _) => None,
         (Some(count), Some(identity)) => Some((count, identity)),
         // Ran before identities were recorded: its sinks are sink-scoped.
         (Some(count), None) => Some((count, Identity::Sink)),
     };
+    let found = found.map(|(subtasks, identity)| JobRecord {
+        subtasks,
+        identity,
+        generation,
+    });
     if !record {
         return Ok(found);
     }
-    let (count, identity) = found.unwrap_or((subtasks, Identity::Job));
+    let (count, identity) = found.map_or((subtasks, Identity::Job), |f| (f.subtasks, f.identity));
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     if counted.is_none() {
         connector_common::fs::replace_file(dir, &count_file, count.to_string().as_bytes())
@@ -256,7 +402,7 @@ async fn pg_job(
     job: &str,
     subtasks: u32,
     record: bool,
-) -> anyhow::Result<Option<(u32, Identity)>> {
+) -> anyhow::Result<Option<JobRecord>> {
     use anyhow::Context;
     let client = connector_common::postgres::PgConnectOptions::parse(url)
         .context("[store] url")?
@@ -269,6 +415,7 @@ async fn pg_job(
                  CREATE TABLE IF NOT EXISTS ratchet_jobs (
                      job text PRIMARY KEY, subtasks integer NOT NULL, created_at timestamptz NOT NULL DEFAULT now());
                  ALTER TABLE ratchet_jobs ADD COLUMN IF NOT EXISTS identity text;
+                 ALTER TABLE ratchet_jobs ADD COLUMN IF NOT EXISTS generation bigint NOT NULL DEFAULT 0;
                  COMMIT;"
             ))
             .await
@@ -315,6 +462,11 @@ async fn pg_job(
     } else {
         None
     };
+    let generation = if has_jobs && listed.is_some() {
+        crate::generations::pg_generation(&client, job).await?
+    } else {
+        0
+    };
     let found = match (listed, inferred) {
         (Some((count, Some(identity))), _) => Some((
             count,
@@ -326,10 +478,15 @@ async fn pg_job(
         (Some((count, None)), _) | (None, Some(count)) => Some((count, Identity::Sink)),
         (None, None) => None,
     };
+    let found = found.map(|(subtasks, identity)| JobRecord {
+        subtasks,
+        identity,
+        generation,
+    });
     if !record {
         return Ok(found);
     }
-    let (count, identity) = found.unwrap_or((subtasks, Identity::Job));
+    let (count, identity) = found.map_or((subtasks, Identity::Job), |f| (f.subtasks, f.identity));
     client
         .execute(
             "INSERT INTO ratchet_jobs (job, subtasks, identity) VALUES ($1, $2, $3)
@@ -347,10 +504,11 @@ async fn pg_job(
         .await
         .context("cannot read ratchet_jobs")?;
     let identity: String = row.get(1);
-    Ok(Some((
-        row.get::<_, i32>(0) as u32,
-        Identity::parse(&identity).context("ratchet_jobs holds an unknown identity")?,
-    )))
+    Ok(Some(JobRecord {
+        subtasks: row.get::<_, i32>(0) as u32,
+        identity: Identity::parse(&identity).context("ratchet_jobs holds an unknown identity")?,
+        generation: crate::generations::pg_generation(&client, job).await?,
+    }))
 }
 
 #[cfg(test)]
@@ -367,7 +525,14 @@ mod tests {
             "a read-only look created the job's directory"
         );
         assert_eq!(local_job(&job, 3, true).unwrap(), None);
-        assert_eq!(local_job(&job, 3, false).unwrap(), Some((3, Identity::Job)));
+        assert_eq!(
+            local_job(&job, 3, false).unwrap(),
+            Some(JobRecord {
+                subtasks: 3,
+                identity: Identity::Job,
+                generation: 0
+            })
+        );
     }
 
     #[test]
@@ -378,9 +543,20 @@ mod tests {
         std::fs::create_dir_all(job.join("subtask-1")).unwrap();
         assert_eq!(
             local_job(&job, 2, false).unwrap(),
-            Some((2, Identity::Sink))
+            Some(JobRecord {
+                subtasks: 2,
+                identity: Identity::Sink,
+                generation: 0
+            })
         );
-        assert_eq!(local_job(&job, 2, true).unwrap(), Some((2, Identity::Sink)));
+        assert_eq!(
+            local_job(&job, 2, true).unwrap(),
+            Some(JobRecord {
+                subtasks: 2,
+                identity: Identity::Sink,
+                generation: 0
+            })
+        );
         assert_eq!(
             std::fs::read_to_string(job.join("identity")).unwrap(),
             "sink"
@@ -389,7 +565,11 @@ mod tests {
         std::fs::create_dir_all(job.join("subtask-2")).unwrap();
         assert_eq!(
             local_job(&job, 2, false).unwrap(),
-            Some((2, Identity::Sink))
+            Some(JobRecord {
+                subtasks: 2,
+                identity: Identity::Sink,
+                generation: 0
+            })
         );
     }
 

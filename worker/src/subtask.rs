@@ -87,6 +87,8 @@ pub struct SubtaskContext {
     pub job: Arc<JobConfig>,
     /// What the sinks are scoped by (`None`: the sink ids alone, for a job from before job scoping).
     pub job_id: Option<connector_api::JobId>,
+    /// The job's layout generation ([`crate::rescale`]): where its checkpoint records are.
+    pub generation: u64,
     /// The sink factories.
     pub registry: Arc<SinkRegistry>,
     /// The source's Kafka connection.
@@ -323,7 +325,14 @@ async fn build(
     let job = &context.job;
     let subtask = SubtaskId(index);
     let schema = job.schema().await.map_err(config_error)?;
-    let store = SubtaskStore::open(&job.store, &job.job.name, subtask, job.store_limits()).await?;
+    let store = SubtaskStore::open(
+        &job.store,
+        &job.job.name,
+        context.generation,
+        subtask,
+        job.store_limits(),
+    )
+    .await?;
     let mut driver = Driver::new(store, job.driver_config())
         .with_metric_labels([("subtask", index.to_string())]);
     if let Some(drill) = &context.drill {

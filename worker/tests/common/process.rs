@@ -34,16 +34,32 @@ impl Worker {
 
     /// Waits for the exit (at most `within`) and asserts it was clean.
     pub fn wait_exit(&mut self, within: Duration) {
+        let status = self.wait_status(within);
+        assert!(
+            status.success(),
+            "worker exited with {status}:\n{}",
+            self.log_text()
+        );
+    }
+
+    /// Waits for the exit (at most `within`) and asserts a drill killed it (SIGKILL).
+    pub fn wait_killed(&mut self, within: Duration) {
+        use std::os::unix::process::ExitStatusExt;
+        let status = self.wait_status(within);
+        assert_eq!(
+            status.signal(),
+            Some(9),
+            "worker exited with {status}:\n{}",
+            self.log_text()
+        );
+    }
+
+    fn wait_status(&mut self, within: Duration) -> std::process::ExitStatus {
         let mut child = self.child.take().unwrap();
         let deadline = Instant::now() + within;
         loop {
             if let Some(status) = child.try_wait().unwrap() {
-                assert!(
-                    status.success(),
-                    "worker exited with {status}:\n{}",
-                    self.log_text()
-                );
-                return;
+                return status;
             }
             if Instant::now() > deadline {
                 let _ = child.kill();

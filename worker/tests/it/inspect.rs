@@ -53,7 +53,8 @@ async fn inspect_shows_in_doubt_transactions_in_every_sink_and_resolve_settles_t
         );
     }
 
-    // The killed worker's lease is live for up to 3 s: resolve refuses until then, naming the reason.
+    // The killed worker's lease is live for up to 3 s: resolve waits for it to expire (and would refuse, naming
+    // the reason, if the worker kept renewing it).
     let deadline = Instant::now() + Duration::from_secs(30);
     let resolved = loop {
         let out = job.ratchet("resolve");

@@ -23,6 +23,7 @@ mod metadata;
 mod observability;
 mod reconfigure;
 mod refusals;
+mod rescale;
 mod scale_out;
 mod tombstones;
 mod topics;

@@ -1,14 +1,9 @@
 //! What `ratchet run` refuses before it touches anything: a Kafka cluster that does not answer (reported within
 //! 30 s, naming the address and what to check, by `run`, `check-config` and `demo`, instead of a silent wait in
-//! librdkafka's reconnect loop), and a job whose subtask count
-//! changed since its checkpoints were written (partitions would move to subtasks without their positions).
-
-use crate::common;
+//! librdkafka's reconnect loop). (A changed subtask count is rescaled: `rescale.rs`.)
 
 use std::process::Command;
 use std::time::{Duration, Instant};
-
-use common::Job;
 
 fn job_file(dir: &std::path::Path, bootstrap: &str) -> std::path::PathBuf {
     let path = dir.join("job.toml");
@@ -73,22 +68,4 @@ fn an_unreachable_kafka_is_reported_within_30_s_by_run_check_config_and_demo() {
             "{command}: {said}"
         );
     }
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn a_changed_subtask_count_is_refused_naming_both_counts() {
-    let mut job = Job::new("recount", 2, 2, "3s").await;
-    job.produce(100).await;
-    let mut worker = job.spawn_worker(&["--exit-when-idle", "2s"]);
-    worker.wait_exit(Duration::from_secs(120));
-    let text = std::fs::read_to_string(&job.config).unwrap();
-    std::fs::write(&job.config, text.replace("subtasks = 2", "subtasks = 3")).unwrap();
-    let out = job.ratchet("run");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{stderr}");
-    assert!(
-        stderr.contains("has 2 subtasks") && stderr.contains("says 3"),
-        "{stderr}"
-    );
-    job.assert_exactly_once();
 }
