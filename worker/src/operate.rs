@@ -14,8 +14,8 @@ use crate::config::{JobConfig, StoreConfig};
 use crate::lease::{Leases, LocalLease, PgLeases};
 use crate::store::SubtaskStore;
 
-/// A driver for `subtask` (in layout `generation`) with every sink of the job (scoped as `job_id` says), not
-/// started. A routed entry
+/// A driver for `subtask` (in layout `generation`) with every sink of the job (scoped as `job_id` says) and its
+/// dead-letter sink, not started. A routed entry
 /// ([`crate::routing`]) is there as the instances the subtask would build on its next start: for the topics its
 /// share holds now and those its last checkpoint has positions for.
 pub async fn driver_for(
@@ -38,13 +38,8 @@ pub async fn driver_for(
     let mut driver = Driver::new(store, job.driver_config());
     let registry = crate::sinks::registry();
     let schema = job.schema().await?;
-    for instance in crate::routing::instances(&job.sinks, &topics)? {
-        let sink = registry
-            .build(&instance.spec, job_id, id, schema.clone())
-            .await
-            .map_err(anyhow::Error::from)?;
-        driver.add_dyn_sink(sink).map_err(anyhow::Error::from)?;
-    }
+    crate::subtask::add_job_sinks(&mut driver, job, &registry, job_id, id, &topics, &schema)
+        .await?;
     Ok(driver)
 }
 

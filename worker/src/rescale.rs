@@ -70,6 +70,9 @@ pub async fn rescale(job: &JobConfig, to: u32) -> Result<()> {
         bail!("--to {to} is out of range: use 1 to 1024");
     }
     let name = &job.job.name;
+    // Processes started together with the new count (a rolling update) rescale one at a time: the others wait
+    // here, then find the job rescaled.
+    let _serialized = RescaleLock::take(job).await?;
     let Some(recorded) = crate::store::job_record(&job.store, name, to, false).await? else {
         bail!(
             "job {name:?} has never run: there is nothing to rescale; set subtasks = {to} in the job file and run it"
@@ -157,6 +160,46 @@ async fn rescale_held(job: &JobConfig, recorded: JobRecord, to: u32) -> Result<(
         above.0
     );
     Ok(())
+}
+
+/// Held while this process rescales a job (PostgreSQL store: a session advisory lock, released with its
+/// connection, also when the process dies). The local store needs none: its lock file admits one process.
+struct RescaleLock {
+    _session: Option<tokio_postgres::Client>,
+}
+
+impl RescaleLock {
+    /// Waits for another process's rescale of the job to end, at most as long as one may take (a recovery per
+    /// subtask, and a minute).
+    async fn take(job: &JobConfig) -> Result<Self> {
+        let StoreConfig::Postgres { url } = &job.store else {
+            return Ok(Self { _session: None });
+        };
+        let patience = job.job.max_recovery_time * (job.job.subtasks + 1) + Duration::from_secs(60);
+        let client = connector_common::postgres::PgConnectOptions::parse(url)?
+            .connect("the checkpoint store")
+            .await?;
+        client
+            .batch_execute(&format!("SET lock_timeout = {}", patience.as_millis()))
+            .await
+            .context("cannot set lock_timeout")?;
+        let key = format!("ratchet-rescale:{}", job.job.name);
+        match client
+            .execute("SELECT pg_advisory_lock(hashtext($1))", &[&key])
+            .await
+        {
+            Ok(_) => Ok(Self {
+                _session: Some(client),
+            }),
+            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) => {
+                bail!(
+                    "another process has been rescaling job {:?} for more than {patience:?}: stop it, or wait for it",
+                    job.job.name
+                )
+            }
+            Err(e) => Err(e).context("cannot take the job's rescale lock"),
+        }
+    }
 }
 
 /// The commit point: the job record's count and generation change (with a history entry) only while every old

@@ -338,22 +338,16 @@ async fn build(
     if let Some(drill) = &context.drill {
         driver = driver.with_fault_injector(drill.clone());
     }
-    for instance in crate::routing::instances(&job.sinks, topics).map_err(config_error)? {
-        let sink = context
-            .registry
-            .build(
-                &instance.spec,
-                context.job_id.as_ref(),
-                subtask,
-                schema.clone(),
-            )
-            .await?;
-        driver.add_dyn_sink(sink)?;
-    }
-    let dead_letter = match &job.dead_letter {
-        Some(config) => Some(driver.add_dyn_sink(crate::dead_letter::sink(job, config, subtask)?)?),
-        None => None,
-    };
+    let dead_letter = add_job_sinks(
+        &mut driver,
+        job,
+        &context.registry,
+        context.job_id.as_ref(),
+        subtask,
+        topics,
+        &schema,
+    )
+    .await?;
     Ok((
         driver,
         Prepared {
@@ -361,6 +355,35 @@ async fn build(
             dead_letter,
         },
     ))
+}
+
+/// Adds every sink of `job` for `subtask` to `driver` (routed entries as their instances for `topics`), then the
+/// dead-letter sink when the job has one; returns the dead-letter sink's handle. What a subtask runs, and what
+/// `inspect`, `resolve` and `rescale` recover.
+///
+/// # Errors
+/// A sink that cannot be built (named), or two sinks of one id.
+pub async fn add_job_sinks(
+    driver: &mut Driver<SubtaskStore>,
+    job: &JobConfig,
+    registry: &SinkRegistry,
+    job_id: Option<&connector_api::JobId>,
+    subtask: SubtaskId,
+    topics: &BTreeSet<String>,
+    schema: &arrow_schema::SchemaRef,
+) -> Result<Option<SinkHandle>> {
+    for instance in crate::routing::instances(&job.sinks, topics).map_err(config_error)? {
+        let sink = registry
+            .build(&instance.spec, job_id, subtask, schema.clone())
+            .await?;
+        driver.add_dyn_sink(sink)?;
+    }
+    match &job.dead_letter {
+        Some(config) => Ok(Some(
+            driver.add_dyn_sink(crate::dead_letter::sink(job, config, subtask)?)?,
+        )),
+        None => Ok(None),
+    }
 }
 
 /// A sink or the store reported this instance fenced: a take-over (the store's owner epoch is newer), returned

@@ -109,3 +109,27 @@ async fn rescaling_two_to_three_to_one_survives_a_kill_at_every_step() {
         "only the current layout's records stay"
     );
 }
+
+/// Two processes started at once with a new count (a rolling update): one rescales while the other waits for it,
+/// then both run the new layout; one change in the history, every record once.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_processes_starting_with_a_new_count_rescale_once() {
+    let mut job = Job::new("rescale2", 4, 2, "3s").await;
+    job.produce(400).await;
+    job.spawn_worker(&["--exit-when-idle", "2s"])
+        .wait_exit(Duration::from_secs(120));
+    set_subtasks(&job, 2, 4);
+    let mut first = job.spawn_worker(&["--exit-when-idle", "3s"]);
+    let mut second = job.spawn_worker(&["--exit-when-idle", "3s"]);
+    job.produce(400).await;
+    first.wait_exit(Duration::from_secs(180));
+    second.wait_exit(Duration::from_secs(180));
+    job.assert_exactly_once();
+    let listed = said(&job.ratchet("inspect"));
+    assert_eq!(
+        listed.matches("layout generation").count(),
+        1,
+        "one change expected:\n{listed}"
+    );
+    assert!(listed.contains("layout generation 1: 2 -> 4 subtask(s)"), "{listed}");
+}
