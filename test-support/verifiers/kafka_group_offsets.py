@@ -4,7 +4,9 @@ kafka-consumer-groups.sh --describe), as JSON.
 
 usage: kafka_group_offsets.py BOOTSTRAP GROUP
 
-Prints {"offsets": {"<topic>/<partition>": offset, ...}, "state": "Empty" | "Stable" | ..., "members": n}.
+Prints {"offsets": {"<topic>/<partition>": offset, ...}, "state": "Empty" | "Stable" | ..., "members": n,
+"assignment": {"<group.instance.id or client id>": [partition, ...], ...}} (the assignment as --describe --members
+--verbose shows it).
 """
 
 import json
@@ -21,7 +23,22 @@ def main(bootstrap: str, group: str) -> None:
         f"{tp.topic}/{tp.partition}": tp.offset for tp in listed.topic_partitions if tp.offset >= 0
     }
     described = admin.describe_consumer_groups([group])[group].result(timeout=30)
-    print(json.dumps({"offsets": offsets, "state": str(described.state.name), "members": len(described.members)}))
+    assignment = {
+        (member.group_instance_id or member.client_id): sorted(
+            tp.partition for tp in (member.assignment.topic_partitions if member.assignment else [])
+        )
+        for member in described.members
+    }
+    print(
+        json.dumps(
+            {
+                "offsets": offsets,
+                "state": str(described.state.name),
+                "members": len(described.members),
+                "assignment": assignment,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -85,8 +85,9 @@ pub struct RunArgs {
     pub metrics_listen: Option<std::net::SocketAddr>,
     /// Static membership: this process is member N of `--of` and runs the subtasks `s % of == N`, with no lease
     /// tables. A number, or a name ending in one: a StatefulSet pod name (`ratchet-2`), a systemd instance name
-    /// (`ratchet@2`). Needs the PostgreSQL store. See docs/worker.md, "Static membership".
-    #[arg(long, env = "RATCHET_MEMBER", requires = "of")]
+    /// (`ratchet@2`). Needs the PostgreSQL store. See docs/worker.md, "Static membership". With `[job] membership
+    /// = "kafka-group"` (and no `--of`): this process's `group.instance.id`, a static member of the job's group.
+    #[arg(long, env = "RATCHET_MEMBER")]
     pub member: Option<String>,
     /// How many members share the job (with `--member`).
     #[arg(long, env = "RATCHET_MEMBERS", requires = "member")]

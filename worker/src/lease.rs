@@ -31,6 +31,9 @@ use connector_common::postgres::PgConnectOptions;
 pub struct Assignment {
     /// Subtasks whose lease this process holds (renewed just now).
     pub held: BTreeSet<u32>,
+    /// Of those, the ones to hand over now whatever the quota (a Kafka group revoking them): stop each with a
+    /// final checkpoint, then [`release`](Leases::release) it.
+    pub handing: BTreeSet<u32>,
     /// How many subtasks this process should hold.
     pub quota: usize,
     /// Live processes of the job, this one included.
@@ -221,6 +224,7 @@ impl PgLeases {
             }
         }
         Ok(Assignment {
+            handing: BTreeSet::new(),
             held,
             quota,
             members: live,
@@ -342,6 +346,7 @@ impl LocalLease {
 impl Leases for LocalLease {
     async fn renew(&self) -> Result<Assignment> {
         Ok(Assignment {
+            handing: BTreeSet::new(),
             held: (0..self.subtasks).collect(),
             quota: self.subtasks as usize,
             members: 1,

@@ -9,6 +9,7 @@ mod demo;
 mod drill;
 mod fast_path;
 mod generations;
+mod group;
 mod health;
 mod lag;
 mod layout;

@@ -101,11 +101,27 @@ async fn start(
             )
         })?;
     }
-    let share = match (&args.member, args.of) {
-        (Some(member), Some(of)) => Some(StaticShare::new(member, of, job.job.subtasks)?),
+    let group = job.job.membership == crate::config::Membership::KafkaGroup;
+    let share = match (&args.member, args.of, group) {
+        (Some(member), Some(of), false) => Some(StaticShare::new(member, of, job.job.subtasks)?),
+        (Some(_), None, false) => anyhow::bail!(
+            "--member without --of: static membership needs both (--member 2 --of 3); with [job] membership = \
+             \"kafka-group\", --member names the process's static group member"
+        ),
+        (_, Some(_), true) => anyhow::bail!(
+            "--of is static membership, and [job] membership = \"kafka-group\" takes the members from the job's \
+             Kafka group: drop --of (--member then names this process's static group member)"
+        ),
         _ => None,
     };
     let leases: Box<dyn Leases> = match (&job.store, &share) {
+        (StoreConfig::Local { .. }, _) if group => anyhow::bail!(
+            "[job] membership = \"kafka-group\" needs [store] kind = \"postgres\": the members' claims must meet \
+             in one store"
+        ),
+        (StoreConfig::Postgres { .. }, None) if group => {
+            Box::new(crate::group::KafkaGroup::join(&kafka, &job, args.member.as_deref()).await?)
+        }
         (StoreConfig::Postgres { .. }, Some(share)) => {
             tracing::info!(member = share.index, of = share.of, subtasks = ?share.subtasks(),
                 "static membership: running this member's subtasks");
@@ -348,7 +364,7 @@ impl Process {
         // Keep the running ones first, then the others, up to the quota; hand over the rest.
         let (running, idle): (Vec<u32>, Vec<u32>) = assignment
             .held
-            .iter()
+            .difference(&assignment.handing)
             .partition(|s| self.running.contains_key(s));
         let keep: BTreeSet<u32> = running
             .iter()

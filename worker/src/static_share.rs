@@ -80,6 +80,7 @@ impl Leases for StaticShare {
     async fn renew(&self) -> Result<Assignment> {
         let held = self.subtasks();
         Ok(Assignment {
+            handing: BTreeSet::new(),
             quota: held.len(),
             held,
             members: self.of as usize,

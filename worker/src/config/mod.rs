@@ -5,7 +5,7 @@
 //! ```toml
 //! [job]
 //! name = "orders"              # scopes the checkpoint records, leases and everything the sinks own
-//! subtasks = 3                 # fixed; subtask i reads the partitions p with p % subtasks == i
+//! subtasks = 3                 # subtask i reads the partitions p with p % subtasks == i (changed by a rescale)
 //! checkpoint_interval = "1s"
 //!
 //! [source]
@@ -81,8 +81,8 @@ pub struct DeadLetterConfig {
 pub struct JobSection {
     /// The job's name: checkpoint records and leases are kept under it; letters, digits, `-`, `_`, `.`.
     pub name: String,
-    /// How many subtasks the job has (fixed for the job's life: each owns a share of the partitions and its
-    /// own checkpoint records).
+    /// How many subtasks the job has (each owns a share of the partitions and its own checkpoint records; a
+    /// change is a rescale, [`crate::rescale`]).
     #[serde(default = "one")]
     pub subtasks: u32,
     /// How often each subtask checkpoints (when it wrote something since the last checkpoint).
@@ -92,6 +92,9 @@ pub struct JobSection {
     /// process's subtasks are taken over by another process within about this long plus one renewal period.
     #[serde(default = "ten_seconds", with = "humantime_serde")]
     pub lease: Duration,
+    /// How processes share the job's subtasks ([`Membership`]).
+    #[serde(default)]
+    pub membership: Membership,
     /// A subtask that fails is restarted (recovering from its checkpoint) this many times in a row with a
     /// warning, then the job stops with the error.
     #[serde(default = "five")]
@@ -112,6 +115,18 @@ pub struct JobSection {
     /// Kafka sink on the source's cluster, one subtask, no checkpoint store.
     #[serde(default)]
     pub kafka_to_kafka: bool,
+}
+
+/// `[job] membership`: which process runs which subtask. Safety is the checkpoint store's claims in every mode.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Membership {
+    /// Leases in the PostgreSQL store ([`crate::lease`]), or with `--member i --of M`, static shares
+    /// ([`crate::static_share`]).
+    #[default]
+    Leases,
+    /// Kafka's group protocol on a coordination topic ([`crate::group`]).
+    KafkaGroup,
 }
 
 fn one() -> u32 {

@@ -15,6 +15,7 @@ mod demo;
 mod deployment;
 mod edges;
 mod evolution;
+mod group;
 mod identity;
 mod inspect;
 mod job_file;

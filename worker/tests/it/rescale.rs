@@ -131,5 +131,8 @@ async fn two_processes_starting_with_a_new_count_rescale_once() {
         1,
         "one change expected:\n{listed}"
     );
-    assert!(listed.contains("layout generation 1: 2 -> 4 subtask(s)"), "{listed}");
+    assert!(
+        listed.contains("layout generation 1: 2 -> 4 subtask(s)"),
+        "{listed}"
+    );
 }

@@ -1,0 +1,324 @@
+//! Membership by Kafka's group protocol (`[job] membership = "kafka-group"`): which process runs which subtask is
+//! decided by the Kafka group coordinator, on a coordination topic with one partition per subtask
+//! (`ratchet.<job>.subtasks`, created by the first process). A process that holds partition `s` runs subtask `s`.
+//! The group (`ratchet.<job>.members`) shows in `kafka-consumer-groups --describe` and Kafka UIs: each member and
+//! the subtasks (partitions) it runs. Nothing is ever produced to or committed on the topic.
+//!
+//! The classic protocol with static membership and the `range` assignor. With `--member <name>` the process is a
+//! static member (`group.instance.id`): a restart within the session timeout rejoins with the same subscription
+//! and gets its partitions back without a rebalance, so a rolling restart moves nothing; and when a rebalance does
+//! happen (a member gone past the session timeout, a new one), `range` deals the partitions by the members'
+//! instance ids, so each member gets the same subtasks back whenever the same members are there. Why not
+//! `cooperative-sticky`: its subscription carries the partitions a member owns, so a restarted member (owning
+//! none yet) rejoins with changed metadata, which triggers a rebalance that moved subtasks in our tests; the
+//! eager protocol's price is that a rebalance stops every member's subtasks (each with a final checkpoint) and
+//! starts them again. KIP-848's `group.protocol = consumer` would give incremental rebalances and sticky static
+//! assignments together, but its session timeout is the broker's `group.consumer.session.timeout.ms` (at least
+//! 45 s by default): planned, as an option, once that can be set per job.
+//!
+//! A partition revoked from a live process is released only after its subtask stopped with a final checkpoint:
+//! the revocation waits (in the consumer's rebalance callback) up to the rebalance timeout for it. A partition lost
+//! (this process missed the session timeout: a pause, a partition) is not waited for; the process stops the
+//! subtask, and the new owner's claim fences anything it still tries to save. Safety is the checkpoint store's
+//! claims, as in every mode.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use async_trait::async_trait;
+use kafka_source::KafkaConnection;
+use rdkafka::admin::{AdminClient, AdminOptions, NewPartitions, NewTopic, TopicReplication};
+use rdkafka::client::{ClientContext, DefaultClientContext};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
+use rdkafka::types::RDKafkaErrorCode;
+
+use crate::config::JobConfig;
+use crate::lease::{Assignment, Leases};
+
+/// The broker's default `group.min.session.timeout.ms`: a shorter session is refused by the coordinator.
+const MIN_SESSION: Duration = Duration::from_secs(6);
+
+/// How often the group's size is read for the logs.
+const DESCRIBE_EVERY: Duration = Duration::from_secs(5);
+
+/// A process's membership in the job's Kafka group.
+pub struct KafkaGroup {
+    shared: Arc<Shared>,
+    poller: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    released: Condvar,
+    closed: AtomicBool,
+    members: AtomicUsize,
+    /// How long a revocation waits for its subtasks' final checkpoints.
+    rebalance_timeout: Duration,
+    subtasks: u32,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Subtasks whose partitions this process holds.
+    assigned: BTreeSet<u32>,
+    /// Of those, the ones being revoked: stop them, then release.
+    revoking: BTreeSet<u32>,
+    /// Revoked subtasks the process has stopped.
+    released: BTreeSet<u32>,
+}
+
+/// The names a job's group uses: its coordination topic and its group id.
+pub fn names(job: &str) -> (String, String) {
+    (
+        format!("ratchet.{job}.subtasks"),
+        format!("ratchet.{job}.members"),
+    )
+}
+
+impl KafkaGroup {
+    /// Joins the job's group as `instance` (a static member; `None`: a dynamic one), creating the coordination
+    /// topic (one partition per subtask, the broker's default replication) or adding partitions up to the subtask
+    /// count. The session timeout is `[job] lease` (at least 6 s, the broker's minimum); the rebalance timeout
+    /// covers a checkpoint and the calls around it.
+    ///
+    /// # Errors
+    /// The cluster does not answer, refuses the topic, or the consumer cannot be created (named).
+    pub async fn join(
+        kafka: &KafkaConnection,
+        job: &JobConfig,
+        instance: Option<&str>,
+    ) -> Result<Self> {
+        let (topic, group) = names(&job.job.name);
+        let subtasks = job.job.subtasks;
+        ensure_topic(kafka, &topic, subtasks).await?;
+        let session = job.job.lease.max(MIN_SESSION);
+        let rebalance_timeout =
+            (job.job.checkpoint_interval + job.job.max_call_time * 3 + Duration::from_secs(10))
+                .max(Duration::from_secs(30));
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::default()),
+            released: Condvar::new(),
+            closed: AtomicBool::new(false),
+            members: AtomicUsize::new(0),
+            rebalance_timeout,
+            subtasks,
+        });
+        let mut config = kafka.consumer_config();
+        config
+            .set("group.id", &group)
+            .set("partition.assignment.strategy", "range")
+            .set("session.timeout.ms", session.as_millis().to_string())
+            .set(
+                "heartbeat.interval.ms",
+                (session / 5).as_millis().to_string(),
+            )
+            // The rebalance timeout of the classic protocol: a revocation may wait this long for final checkpoints.
+            .set(
+                "max.poll.interval.ms",
+                (rebalance_timeout + Duration::from_secs(10))
+                    .as_millis()
+                    .to_string(),
+            )
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", "latest");
+        if let Some(instance) = instance {
+            config.set("group.instance.id", instance);
+        }
+        let consumer: BaseConsumer<GroupContext> = config
+            .create_with_context(GroupContext {
+                shared: shared.clone(),
+            })
+            .context("cannot create the group membership consumer")?;
+        consumer
+            .subscribe(&[&topic])
+            .with_context(|| format!("cannot subscribe to {topic}"))?;
+        tracing::info!(%group, %topic, instance = instance.unwrap_or("(dynamic)"), session = ?session,
+            rebalance_timeout = ?rebalance_timeout, "joining the job's Kafka group");
+        let poller_shared = shared.clone();
+        let poller = std::thread::Builder::new()
+            .name("ratchet-group".into())
+            .spawn(move || poll(consumer, &poller_shared, &group))
+            .context("cannot start the group membership thread")?;
+        Ok(Self {
+            shared,
+            poller: Mutex::new(Some(poller)),
+        })
+    }
+}
+
+/// Polls the membership consumer (which runs the rebalance callbacks) until the process leaves; reads the group's
+/// size now and then. Dropping the consumer closes it: a dynamic member leaves the group, a static one does not
+/// (its partitions wait for it until the session timeout).
+fn poll(consumer: BaseConsumer<GroupContext>, shared: &Shared, group: &str) {
+    let mut described: Option<Instant> = None;
+    while !shared.closed.load(Ordering::Relaxed) {
+        if let Some(Err(e)) = consumer.poll(Duration::from_millis(100)) {
+            tracing::warn!(error = %e, "the job's Kafka group reported an error");
+        }
+        if described.is_none_or(|at| at.elapsed() >= DESCRIBE_EVERY) {
+            described = Some(Instant::now());
+            if let Ok(list) = consumer.fetch_group_list(Some(group), Duration::from_secs(2))
+                && let Some(found) = list.groups().first()
+            {
+                shared
+                    .members
+                    .store(found.members().len(), Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// The subtasks of the partitions in `list` (partitions at or above the subtask count, left by a larger layout,
+/// run nothing).
+fn subtasks_of(list: &rdkafka::TopicPartitionList, subtasks: u32) -> BTreeSet<u32> {
+    list.elements()
+        .iter()
+        .filter_map(|e| u32::try_from(e.partition()).ok())
+        .filter(|&p| p < subtasks)
+        .collect()
+}
+
+struct GroupContext {
+    shared: Arc<Shared>,
+}
+
+impl ClientContext for GroupContext {}
+
+impl ConsumerContext for GroupContext {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        let shared = &self.shared;
+        match rebalance {
+            Rebalance::Assign(list) => {
+                let added = subtasks_of(list, shared.subtasks);
+                tracing::info!(subtasks = ?added, "the job's Kafka group assigned subtasks to this process");
+                let mut state = shared.state.lock().expect("not poisoned");
+                state.released.retain(|s| !added.contains(s));
+                state.assigned.extend(added);
+            }
+            Rebalance::Revoke(list) => {
+                let revoked = subtasks_of(list, shared.subtasks);
+                let mut state = shared.state.lock().expect("not poisoned");
+                if consumer.assignment_lost() {
+                    tracing::warn!(subtasks = ?revoked,
+                        "this process lost its subtasks in the job's Kafka group (it missed the session timeout): \
+                         stopping them; their new owners' claims fence anything still saved here");
+                    state.assigned.retain(|s| !revoked.contains(s));
+                    return;
+                }
+                if shared.closed.load(Ordering::Relaxed) {
+                    // Closing: the process stopped its subtasks before leaving; nothing to wait for.
+                    state.assigned.retain(|s| !revoked.contains(s));
+                    return;
+                }
+                tracing::info!(subtasks = ?revoked,
+                    "the job's Kafka group revokes subtasks: stopping them with a final checkpoint first");
+                state.revoking.extend(revoked.iter().copied());
+                let deadline = Instant::now() + shared.rebalance_timeout;
+                while !revoked.iter().all(|s| state.released.contains(s)) {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        tracing::warn!(subtasks = ?revoked, timeout = ?shared.rebalance_timeout,
+                            "revoked subtasks did not stop within the rebalance timeout; releasing them anyway \
+                             (their new owners' claims fence this process)");
+                        break;
+                    }
+                    state = shared
+                        .released
+                        .wait_timeout(state, left)
+                        .expect("not poisoned")
+                        .0;
+                }
+                state.assigned.retain(|s| !revoked.contains(s));
+                state.revoking.retain(|s| !revoked.contains(s));
+                state.released.retain(|s| !revoked.contains(s));
+            }
+            Rebalance::Error(e) => {
+                tracing::warn!(error = %e, "the job's Kafka group reported a rebalance error");
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Leases for KafkaGroup {
+    async fn renew(&self) -> Result<Assignment> {
+        let state = self.shared.state.lock().expect("not poisoned");
+        Ok(Assignment {
+            held: state.assigned.clone(),
+            handing: state.revoking.clone(),
+            quota: state.assigned.len() - state.revoking.len(),
+            members: self.shared.members.load(Ordering::Relaxed).max(1),
+        })
+    }
+
+    async fn release(&self, subtask: u32) -> Result<()> {
+        let mut state = self.shared.state.lock().expect("not poisoned");
+        state.released.insert(subtask);
+        self.shared.released.notify_all();
+        Ok(())
+    }
+
+    async fn leave(&self) -> Result<()> {
+        self.shared.closed.store(true, Ordering::Relaxed);
+        let poller = self.poller.lock().expect("not poisoned").take();
+        if let Some(poller) = poller {
+            tokio::task::spawn_blocking(move || poller.join())
+                .await
+                .context("the group membership thread")?
+                .map_err(|_| anyhow::anyhow!("the group membership thread panicked"))?;
+        }
+        Ok(())
+    }
+}
+
+/// Creates the coordination topic with `subtasks` partitions, or adds partitions up to `subtasks`.
+async fn ensure_topic(kafka: &KafkaConnection, topic: &str, subtasks: u32) -> Result<()> {
+    const WITHIN: Duration = Duration::from_secs(30);
+    let partitions = i32::try_from(subtasks).context("subtasks out of range")?;
+    let admin: AdminClient<DefaultClientContext> = kafka
+        .client_config()
+        .create()
+        .context("cannot create a Kafka admin client")?;
+    let options = AdminOptions::new()
+        .operation_timeout(Some(WITHIN))
+        .request_timeout(Some(WITHIN));
+    let created = admin
+        .create_topics(
+            &[NewTopic::new(
+                topic,
+                partitions,
+                TopicReplication::Fixed(-1),
+            )],
+            &options,
+        )
+        .await
+        .with_context(|| format!("cannot create the coordination topic {topic}"))?;
+    match created.into_iter().next() {
+        Some(Ok(_)) => return Ok(()),
+        Some(Err((_, RDKafkaErrorCode::TopicAlreadyExists))) => {}
+        Some(Err((_, code))) => bail!("cannot create the coordination topic {topic}: {code}"),
+        None => bail!("the cluster did not answer the creation of {topic}"),
+    }
+    let metadata = kafka
+        .topics_metadata(Some(&[topic.to_string()]), WITHIN)
+        .await?;
+    let now = metadata.get(topic).map_or(0, |m| m.partitions.len());
+    if now >= subtasks as usize {
+        return Ok(());
+    }
+    let grown = admin
+        .create_partitions(&[NewPartitions::new(topic, subtasks as usize)], &options)
+        .await
+        .with_context(|| format!("cannot add partitions to {topic}"))?;
+    match grown.into_iter().next() {
+        Some(Ok(_)) | Some(Err((_, RDKafkaErrorCode::InvalidPartitions))) => Ok(()),
+        Some(Err((_, code))) => {
+            bail!("cannot add partitions to {topic} (it has {now}, the job {subtasks}): {code}")
+        }
+        None => bail!("the cluster did not answer adding partitions to {topic}"),
+    }
+}

@@ -1,0 +1,137 @@
+//! Membership by Kafka's group protocol (`[job] membership = "kafka-group"`): three static members share six
+//! subtasks through the job's group, which the tools operators use show (the members and their partitions, read by
+//! confluent-kafka's AdminClient). A rolling restart of every member moves no subtask; a SIGKILLed member's
+//! subtasks and a member paused past the session timeout are taken over; every record lands once in all four
+//! sinks.
+
+use crate::common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use common::{Job, Worker};
+use nix::sys::signal::Signal;
+use test_support::Services;
+
+/// The group's assignment: member (its `--member`) -> subtasks.
+fn assignment(job: &Job) -> BTreeMap<String, Vec<i64>> {
+    let services = Services::get();
+    let group = format!("ratchet.{}.members", job.name);
+    let described = services.verify(
+        "kafka_group_offsets.py",
+        &[services.kafka_bootstrap(), &group],
+    );
+    serde_json::from_value(described["assignment"].clone()).unwrap()
+}
+
+/// Waits until `members` members hold all six subtasks between them.
+fn wait_spread(job: &Job, members: usize) -> BTreeMap<String, Vec<i64>> {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let now = assignment(job);
+        let held: usize = now.values().map(Vec::len).sum();
+        if now.len() == members && held == 6 && now.values().all(|p| !p.is_empty()) {
+            return now;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the group did not settle on {members} members: {now:?}"
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+/// The subtasks a worker's log says it claimed.
+fn claimed(worker: &Worker) -> BTreeSet<i64> {
+    worker
+        .log_text()
+        .lines()
+        .filter(|l| l.contains("subtask claimed and recovered"))
+        .filter_map(|l| {
+            l.split("subtask=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_group_members_share_subtasks_restart_without_moves_and_take_over_the_lost() {
+    let mut job = Job::new("group", 6, 6, "6s").await;
+    job.edit_config(
+        "lease = \"6s\"",
+        "lease = \"6s\"\nmembership = \"kafka-group\"",
+    );
+    job.produce(600).await;
+    let member = |i: usize| format!("member-{i}");
+    let mut workers: Vec<Worker> = (0..3)
+        .map(|i| job.spawn_worker(&["--member", &member(i)]))
+        .collect();
+    job.wait_delivered(Duration::from_secs(120));
+    let before = wait_spread(&job, 3);
+
+    // Rolling restart: each member stops (a final checkpoint) and comes back under its name within the session
+    // timeout; nothing moves.
+    for i in 0..3 {
+        workers[i].stop(Duration::from_secs(60));
+        job.produce(100).await;
+        workers[i] = job.spawn_worker(&["--member", &member(i)]);
+        workers[i].wait_logged(
+            "subtask claimed and recovered",
+            before[&member(i)].len(),
+            Duration::from_secs(60),
+        );
+    }
+    job.wait_delivered(Duration::from_secs(120));
+    let after = wait_spread(&job, 3);
+    let group_lines = |w: &Worker| {
+        w.log_text()
+            .lines()
+            .filter(|l| l.contains("group") || l.contains("claimed"))
+            .map(|l| l.chars().take(300).collect::<String>())
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert_eq!(
+        after,
+        before,
+        "a rolling restart moved subtasks:\n{}",
+        workers
+            .iter()
+            .map(group_lines)
+            .collect::<Vec<_>>()
+            .join("\n----\n")
+    );
+    for (i, worker) in workers.iter().enumerate() {
+        let expected: BTreeSet<i64> = before[&member(i)].iter().copied().collect();
+        assert_eq!(
+            claimed(worker),
+            expected,
+            "member {i} claimed another member's subtask:\n{}",
+            group_lines(worker)
+        );
+    }
+
+    // SIGKILL: the member's subtasks wait for the session timeout, then the others take them over.
+    workers[1].kill9();
+    job.produce(200).await;
+    job.wait_delivered(Duration::from_secs(120));
+    wait_spread(&job, 2);
+
+    // A member paused past the session timeout: the other takes over; once resumed, the paused one finds its
+    // subtasks lost and stops them (whatever it still saves is fenced).
+    workers[2].signal(Signal::SIGSTOP);
+    job.produce(200).await;
+    job.wait_delivered(Duration::from_secs(120));
+    workers[2].signal(Signal::SIGCONT);
+    workers[2].wait_logged("lost its subtasks", 1, Duration::from_secs(60));
+    job.produce(100).await;
+    job.wait_delivered(Duration::from_secs(120));
+    for i in [0, 2] {
+        workers[i].stop(Duration::from_secs(60));
+    }
+    job.assert_exactly_once();
+}
