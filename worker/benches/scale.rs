@@ -1,10 +1,12 @@
 //! Scale-out measured: 1, 2 and 3 `ratchet run` processes sharing a job of 6 subtasks on a 6-partition topic,
-//! under each membership (leases in the PostgreSQL store; static members, `--member i --of M`), and what a
+//! under each membership (leases in the PostgreSQL store; static members, `--member i --of M`; static members of
+//! the job's Kafka group, `membership = "kafka-group"` with `--member member-<i>`), and what a
 //! SIGKILL, a SIGSTOP past the lease and a rolling restart of every process cost in time and subtask moves.
 //!
 //! Run: `scripts/services.sh up && cargo bench -p worker --bench scale` (docs/benchmarks.md, "Scale-out").
-//! `RATCHET_BENCH_RECORDS` sets the input of the throughput runs (default 600000). Every job: Parquet files
-//! exactly-once, PostgreSQL store, 1 s checkpoints, `lease = "5s"`.
+//! `RATCHET_BENCH_RECORDS` sets the input of the throughput runs (default 600000); `RATCHET_BENCH_MEMBERSHIP`
+//! (`leases`, `static` or `kafka-group`) measures one membership only. Every job: Parquet files exactly-once,
+//! PostgreSQL store, 1 s checkpoints, `lease = "5s"` (the Kafka group's session timeout: 6 s, the broker's minimum).
 //!
 //! - Throughput: the processes read the filled topic until idle (`--exit-when-idle 3s`); the rate counts from
 //!   the first record read to the last (the workers' `stopped` lines), CPU time is the processes' own.
@@ -42,13 +44,37 @@ const CLAIMED: &str = "subtask claimed and recovered";
 enum Membership {
     Leases,
     Static,
+    KafkaGroup,
 }
+
+const MEMBERSHIPS: [Membership; 3] = [
+    Membership::Leases,
+    Membership::Static,
+    Membership::KafkaGroup,
+];
 
 impl Membership {
     fn name(self) -> &'static str {
         match self {
             Self::Leases => "leases (PostgreSQL)",
             Self::Static => "static (--member i --of M)",
+            Self::KafkaGroup => "kafka-group (static group members)",
+        }
+    }
+
+    fn key(self) -> &'static str {
+        match self {
+            Self::Leases => "leases",
+            Self::Static => "static",
+            Self::KafkaGroup => "kafka-group",
+        }
+    }
+
+    /// The `[job]` line that selects it.
+    fn job_line(self) -> &'static str {
+        match self {
+            Self::KafkaGroup => "membership = \"kafka-group\"\n",
+            Self::Leases | Self::Static => "",
         }
     }
 
@@ -61,6 +87,7 @@ impl Membership {
                 "--of".into(),
                 of.to_string(),
             ],
+            Self::KafkaGroup => vec!["--member".into(), format!("member-{slot}")],
         }
     }
 }
@@ -74,11 +101,20 @@ fn main() {
     let input = test_support::unique_name("bench-scale-input");
     runtime.block_on(fill_input(&input, records, SUBTASKS as i32));
 
+    let only = std::env::var("RATCHET_BENCH_MEMBERSHIP").ok();
+    let memberships: Vec<Membership> = MEMBERSHIPS
+        .into_iter()
+        .filter(|m| only.as_deref().is_none_or(|o| o == m.key()))
+        .collect();
+    assert!(
+        !memberships.is_empty(),
+        "RATCHET_BENCH_MEMBERSHIP: leases, static or kafka-group"
+    );
     let mut rates = Vec::new();
-    for membership in [Membership::Leases, Membership::Static] {
+    for &membership in &memberships {
         for processes in 1..=3 {
             let dir = tempfile::tempdir().unwrap();
-            let job = write_job(dir.path(), &input, services);
+            let job = write_job(dir.path(), &input, membership, services);
             let rate = Rate::of(
                 &run_until_idle(&job, membership, processes, dir.path())
                     .iter()
@@ -91,12 +127,12 @@ fn main() {
     }
 
     let mut events = Vec::new();
-    for membership in [Membership::Leases, Membership::Static] {
+    for &membership in &memberships {
         let topic = test_support::unique_name("bench-scale-live");
         runtime.block_on(limits::create_topic(&topic, SUBTASKS as i32));
         let feeding = Feeder::start(&topic);
         let dir = tempfile::tempdir().unwrap();
-        let job = write_job(dir.path(), &topic, services);
+        let job = write_job(dir.path(), &topic, membership, services);
         let mut group = Group::start(&job, membership, 3, dir.path());
         group.settle();
         events.push((
@@ -155,15 +191,16 @@ fn main() {
     }
 }
 
-fn write_job(dir: &Path, topic: &str, services: &Services) -> PathBuf {
+fn write_job(dir: &Path, topic: &str, membership: Membership, services: &Services) -> PathBuf {
     let name = test_support::unique_name("bench_scale").replace('-', "_");
     let text = format!(
-        "[job]\nname = \"{name}\"\nsubtasks = {SUBTASKS}\ncheckpoint_interval = \"1s\"\nlease = \"{}s\"\n\n\
+        "[job]\nname = \"{name}\"\nsubtasks = {SUBTASKS}\ncheckpoint_interval = \"1s\"\nlease = \"{}s\"\n{}\n\
          [source]\nbootstrap_servers = \"{}\"\ntopic = \"{topic}\"\n\n\
          [store]\nkind = \"postgres\"\nurl = \"{}\"\n\n\
          [[sinks]]\ntype = \"file\"\nid = \"out\"\n\
          storage = {{ kind = \"local\", path = \"{}\" }}\nformat = {{ kind = \"parquet\", compression = \"zstd\" }}\n",
         LEASE.as_secs(),
+        membership.job_line(),
         bootstrap(),
         services.pg_url(),
         dir.join("out").display()

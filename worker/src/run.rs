@@ -135,6 +135,10 @@ async fn start(
             Box::new(LocalLease::take(path, &job.job.name, job.job.subtasks)?)
         }
         (StoreConfig::Postgres { url }, None) => {
+            tracing::info!(
+                "membership by leases (deprecated for new deployments: a rolling restart moves subtasks; use \
+                 --member/--of or [job] membership = \"kafka-group\", docs/worker.md \"Scale-out\")"
+            );
             let member = member_id();
             Box::new(
                 crate::store_calls::retried("joining the job's leases", || {
