@@ -64,7 +64,8 @@ async fn three_processes_share_the_subtasks_through_a_kill_and_a_pause() {
 }
 
 /// Static membership (`--member i --of M`): two processes each run their share (`s % 2 == i`) with no lease
-/// tables; a rolling restart of both moves nothing (each subtask waits for its member); a third process started as
+/// tables; a rolling restart of both moves nothing (each subtask waits for its member), nor does a SIGKILL (the
+/// member started again recovers its own) or a SIGSTOP past the lease (nothing takes over); a third process started as
 /// a duplicate member (the ordinal at the end of a pod name) claims that member's subtasks, and the process it
 /// fenced stops them for good and says so, instead of claiming them back. Every record exactly once, read by the
 /// independent readers.
@@ -86,6 +87,23 @@ async fn static_members_run_their_share_and_a_duplicate_is_fenced_and_reported()
     b = job.spawn_worker(&member("1"));
     job.produce(3000).await;
     job.wait_delivered(Duration::from_secs(120));
+
+    // SIGKILL with records flowing: the member's subtasks wait for it; started again (as an orchestrator does), it
+    // recovers them.
+    job.produce(2000).await;
+    a.kill9();
+    a = job.spawn_worker(&member("0"));
+    // SIGSTOP past the lease: nobody takes its subtasks over (there are no leases); they go on at SIGCONT.
+    b.signal(Signal::SIGSTOP);
+    job.produce(1000).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    b.signal(Signal::SIGCONT);
+    job.wait_delivered(Duration::from_secs(120));
+    assert!(
+        !a.log_text().contains("subtask=1") && !a.log_text().contains("subtask=3"),
+        "member 0 ran member 1's subtasks:\n{}",
+        a.log_text()
+    );
 
     // A duplicate of member 1 (a pod name ending in its ordinal): it claims subtasks 1 and 3; `b` reports it.
     let mut duplicate = job.spawn_worker(&["--member", "ratchet-1", "--of", "2"]);
