@@ -37,6 +37,22 @@ use crate::{KafkaSinkConfig, classify, open_transactional_producer};
 /// [`Step::AfterCommit`] once it committed.
 pub type PipelineHook = Arc<dyn Fn(u64, Step) + Send + Sync>;
 
+/// Called once per committed transaction (for metrics), on the commit thread.
+pub type CommitObserver = Arc<dyn Fn(&CommittedTransaction) + Send + Sync>;
+
+/// A transaction the pipeline committed: the fast path's checkpoint (its records and their source offsets made
+/// visible and decided in one Kafka commit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CommittedTransaction {
+    /// Its number, from 1.
+    pub number: u64,
+    /// Records it copied.
+    pub records: u64,
+    /// From the end of its filling to its commit returning: the flush of its records, the offsets sent into it,
+    /// the commit.
+    pub closing: Duration,
+}
+
 /// A Kafka-to-Kafka pipeline.
 #[derive(Clone)]
 pub struct KafkaToKafka {
@@ -57,6 +73,8 @@ pub struct KafkaToKafka {
     pub stop_after_records: Option<u64>,
     /// Fault-injection hook (tests).
     pub hook: Option<PipelineHook>,
+    /// Told of every committed transaction (metrics).
+    pub observer: Option<CommitObserver>,
     /// Set it to stop gracefully: the open transaction is committed (with its offsets) and `run` returns, within
     /// about `commit_interval`.
     pub stop: Option<Arc<AtomicBool>>,
@@ -72,6 +90,10 @@ pub struct PipelineStats {
     /// From the first record read to the last commit: the time the copying itself took, without start-up
     /// (claiming the prefix, initialising the producers) and idle time before the first record.
     pub copying: Duration,
+    /// When the first record was read (None: none was).
+    pub first_record_at: Option<std::time::SystemTime>,
+    /// When the last transaction with records finished filling (None: none did).
+    pub last_record_at: Option<std::time::SystemTime>,
 }
 
 fn failed(phase: Phase, message: &str, e: KafkaError) -> Error {
@@ -189,6 +211,11 @@ impl KafkaToKafka {
                 .begin_transaction()
                 .map_err(|e| failed(Phase::Begin, "begin_transaction failed", e))?;
             let (offsets, copied, started) = self.fill(consumer, &producer, topic, limit)?;
+            if first_record.is_none()
+                && let Some(started) = started
+            {
+                stats.first_record_at = Some(std::time::SystemTime::now() - started.elapsed());
+            }
             first_record = first_record.or(started);
             if copied == 0 {
                 producer
@@ -206,6 +233,7 @@ impl KafkaToKafka {
                 continue;
             }
             last_record = Instant::now();
+            stats.last_record_at = Some(std::time::SystemTime::now());
             number += 1;
             taken += copied;
             if let Some(handle) = committing.take() {
@@ -335,8 +363,16 @@ impl KafkaToKafka {
         producer
             .commit_transaction(TXN_TIMEOUT)
             .map_err(|e| failed(Phase::Commit, "commit_transaction failed", e))?;
-        tracing::debug!(transaction = number, records, closing = ?closing_started.elapsed(),
+        let closing = closing_started.elapsed();
+        tracing::debug!(transaction = number, records, closing = ?closing,
             "Kafka-to-Kafka transaction committed");
+        if let Some(observer) = &self.observer {
+            observer(&CommittedTransaction {
+                number,
+                records,
+                closing,
+            });
+        }
         self.at(number, Step::AfterCommit);
         Ok(records)
     }

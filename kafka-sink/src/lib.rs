@@ -86,7 +86,9 @@ pub use delivery::{DeliveryTracker, SinkProducer};
 pub use error::classify;
 pub use factory::{KafkaSinkFactory, with_job_defaults};
 pub use kafka_connection::KafkaConnection;
-pub use kafka_to_kafka::{KafkaToKafka, PipelineHook, PipelineStats};
+pub use kafka_to_kafka::{
+    CommitObserver, CommittedTransaction, KafkaToKafka, PipelineHook, PipelineStats,
+};
 pub use producer::open_transactional_producer;
 pub use records::{RecordMapping, ValueFormat};
 pub use registry::{PREFIX_REGISTRY_TOPIC, claim_prefix};

@@ -208,6 +208,7 @@ async fn kafka_to_kafka(topic: &str, out: &str, records: u64) -> (u64, Duration)
         stop_when_idle: None,
         stop_after_records: Some(records),
         hook: None,
+        observer: None,
         stop: None,
     };
     let stats = pipeline.run().await.unwrap();

@@ -35,8 +35,10 @@ pub async fn run(job: &JobConfig, args: &RunArgs) -> Result<()> {
         stop_when_idle: args.exit_when_idle,
         stop_after_records: None,
         hook: None,
+        observer: Some(metrics_of(&job.sinks[0].id)),
         stop: Some(stop.clone()),
     };
+    metrics::gauge!(crate::telemetry::SUBTASKS_RUNNING).set(1.0);
     tracing::info!(job = %job.job.name, "Kafka-to-Kafka fast path: offsets committed in each transaction");
     let mut terminate = signal(SignalKind::terminate())?;
     let mut interrupt = signal(SignalKind::interrupt())?;
@@ -48,12 +50,33 @@ pub async fn run(job: &JobConfig, args: &RunArgs) -> Result<()> {
         _ = interrupt.recv() => stop_then(&stop, &mut copying, &mut terminate, &mut interrupt).await,
     }
     .map_err(anyhow::Error::from)?;
-    tracing::info!(
-        records = stats.records,
-        transactions = stats.transactions,
-        "stopped"
+    metrics::gauge!(crate::telemetry::SUBTASKS_RUNNING).set(0.0);
+    crate::telemetry::log_stopped(
+        stats.records,
+        stats.transactions,
+        stats.first_record_at,
+        stats.last_record_at,
     );
     Ok(())
+}
+
+/// Records the driver path's series for each committed transaction, as subtask 0 with the one sink: records in
+/// and out, one checkpoint, and the transaction's closing (flush, offsets, commit) as both the checkpoint's and
+/// the sink's commit time (the fast path decides and commits in one step).
+fn metrics_of(sink: &connector_api::SinkId) -> kafka_sink::CommitObserver {
+    let sink = sink.to_string();
+    Arc::new(move |committed: &kafka_sink::CommittedTransaction| {
+        let seconds = committed.closing.as_secs_f64();
+        metrics::counter!(crate::telemetry::RECORDS_IN, "subtask" => "0")
+            .increment(committed.records);
+        metrics::counter!(crate::telemetry::RECORDS_OUT, "subtask" => "0", "sink" => sink.clone())
+            .increment(committed.records);
+        metrics::counter!(connector_api::metrics::CHECKPOINTS, "subtask" => "0").increment(1);
+        metrics::histogram!(connector_api::metrics::CHECKPOINT_SECONDS, "subtask" => "0")
+            .record(seconds);
+        metrics::histogram!(connector_api::metrics::COMMIT_SECONDS, "subtask" => "0", "sink" => sink.clone())
+            .record(seconds);
+    })
 }
 
 async fn stop_then<F: std::future::Future>(

@@ -124,35 +124,41 @@ pub async fn history(config: &StoreConfig, job: &str) -> Result<Vec<LayoutChange
         StoreConfig::Local { path } => {
             Ok(local_layout(&path.join(job))?.map_or_else(Vec::new, |l| l.history))
         }
-        StoreConfig::Postgres { url } => {
-            let client = connector_common::postgres::PgConnectOptions::parse(url)?
-                .connect("the checkpoint store")
-                .await?;
-            let exists: bool = client
-                .query_one("SELECT to_regclass('ratchet_job_layouts') IS NOT NULL", &[])
-                .await?
-                .get(0);
-            if !exists {
-                return Ok(Vec::new());
-            }
-            let rows = client
-                .query(
-                    "SELECT generation, previous, subtasks,
-                            to_char(changed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')
-                     FROM ratchet_job_layouts WHERE job = $1 ORDER BY generation",
-                    &[&job],
-                )
-                .await
-                .context("cannot read ratchet_job_layouts")?;
-            Ok(rows
-                .iter()
-                .map(|row| LayoutChange {
-                    generation: row.get::<_, i64>(0) as u64,
-                    previous: row.get::<_, i32>(1) as u32,
-                    subtasks: row.get::<_, i32>(2) as u32,
-                    at: row.get(3),
-                })
-                .collect())
-        }
+        StoreConfig::Postgres { url } => tokio::time::timeout(READ_WITHIN, pg_history(url, job))
+            .await
+            .map_err(|_| {
+                anyhow::anyhow!("reading the layout history got no answer within {READ_WITHIN:?}")
+            })?,
     }
+}
+
+async fn pg_history(url: &str, job: &str) -> Result<Vec<LayoutChange>> {
+    let client = connector_common::postgres::PgConnectOptions::parse(url)?
+        .connect("the checkpoint store")
+        .await?;
+    let exists: bool = client
+        .query_one("SELECT to_regclass('ratchet_job_layouts') IS NOT NULL", &[])
+        .await?
+        .get(0);
+    if !exists {
+        return Ok(Vec::new());
+    }
+    let rows = client
+        .query(
+            "SELECT generation, previous, subtasks,
+                    to_char(changed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')
+             FROM ratchet_job_layouts WHERE job = $1 ORDER BY generation",
+            &[&job],
+        )
+        .await
+        .context("cannot read ratchet_job_layouts")?;
+    Ok(rows
+        .iter()
+        .map(|row| LayoutChange {
+            generation: row.get::<_, i64>(0) as u64,
+            previous: row.get::<_, i32>(1) as u32,
+            subtasks: row.get::<_, i32>(2) as u32,
+            at: row.get(3),
+        })
+        .collect())
 }

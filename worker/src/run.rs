@@ -262,24 +262,13 @@ pub async fn run(args: RunArgs, progress_line: bool) -> Result<()> {
         let _ = tokio::task::spawn_blocking(move || lag.flush(Duration::from_secs(5))).await;
     }
     let totals = process.totals();
-    let (cpu_seconds, peak_rss_kb) = own_usage();
     let origin = std::time::SystemTime::now() - process.base.started.elapsed();
-    let unix_ms = |ms: Option<u64>| {
-        ms.and_then(|ms| {
-            (origin + Duration::from_millis(ms))
-                .duration_since(std::time::UNIX_EPOCH)
-                .ok()
-        })
-        .map_or(0, |d| d.as_millis() as u64)
-    };
-    tracing::info!(
-        records = totals.records,
-        checkpoints = totals.checkpoints,
-        first_record_unix_ms = unix_ms(totals.first_record_ms),
-        last_record_unix_ms = unix_ms(totals.last_record_ms),
-        cpu_seconds,
-        peak_rss_kb,
-        "stopped"
+    let at = |ms: Option<u64>| ms.map(|ms| origin + Duration::from_millis(ms));
+    crate::telemetry::log_stopped(
+        totals.records,
+        totals.checkpoints,
+        at(totals.first_record_ms),
+        at(totals.last_record_ms),
     );
     outcome.map(|_| ())
 }
@@ -310,21 +299,6 @@ impl Totals {
             let last = run.last_record_ms.load(Ordering::Relaxed);
             self.last_record_ms = Some(self.last_record_ms.map_or(last, |l| l.max(last)));
         }
-    }
-}
-
-/// CPU seconds (user + system) and peak RSS (KiB) of this process so far.
-fn own_usage() -> (f64, i64) {
-    use nix::sys::resource::{UsageWho, getrusage};
-    match getrusage(UsageWho::RUSAGE_SELF) {
-        Ok(usage) => {
-            let seconds = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
-            (
-                seconds(usage.user_time()) + seconds(usage.system_time()),
-                usage.max_rss(),
-            )
-        }
-        Err(_) => (0.0, 0),
     }
 }
 

@@ -1,5 +1,6 @@
 //! The worker's metrics, served in Prometheus's text format on `--metrics-listen` (`GET /metrics`), every series
-//! labelled with the job's name:
+//! labelled with the job's name. The Kafka-to-Kafka fast path reports the records, checkpoint and commit series as
+//! subtask 0 (a checkpoint being one transaction), and the same final `stopped` line ([`log_stopped`]):
 //!
 //! | metric | type | labels | meaning |
 //! |---|---|---|---|
@@ -56,4 +57,44 @@ pub fn install(job: &str) -> Result<PrometheusHandle> {
         .context("invalid histogram buckets")?
         .install_recorder()
         .context("cannot install the metrics recorder")
+}
+
+/// Logs the line a run ends with, the same for the driver path and the Kafka-to-Kafka fast path: records,
+/// checkpoints (the fast path: transactions), when the first and last record were read (Unix ms; 0: none), this
+/// process's CPU seconds and peak RSS. The benchmarks compute their rates from it.
+pub fn log_stopped(
+    records: u64,
+    checkpoints: u64,
+    first_record: Option<std::time::SystemTime>,
+    last_record: Option<std::time::SystemTime>,
+) {
+    let unix_ms = |at: Option<std::time::SystemTime>| {
+        at.and_then(|at| at.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_millis() as u64)
+    };
+    let (cpu_seconds, peak_rss_kb) = own_usage();
+    tracing::info!(
+        records,
+        checkpoints,
+        first_record_unix_ms = unix_ms(first_record),
+        last_record_unix_ms = unix_ms(last_record),
+        cpu_seconds,
+        peak_rss_kb,
+        "stopped"
+    );
+}
+
+/// CPU seconds (user + system) and peak RSS (KiB) of this process so far.
+fn own_usage() -> (f64, i64) {
+    use nix::sys::resource::{UsageWho, getrusage};
+    match getrusage(UsageWho::RUSAGE_SELF) {
+        Ok(usage) => {
+            let seconds = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
+            (
+                seconds(usage.user_time()) + seconds(usage.system_time()),
+                usage.max_rss(),
+            )
+        }
+        Err(_) => (0.0, 0),
+    }
 }

@@ -109,8 +109,8 @@ fn rows(kind: &str, url: &str, table: &str) -> Vec<Value> {
 
 /// The changelog as pyiceberg reads it, checked against the topic: every change event (a record with a value)
 /// exactly once by offset; returns the table it describes (the last change per id, deletes removed), ordered by
-/// id, in [`COLUMNS`] order.
-fn applied_changelog(job: &Job, name: &str, topic: &str) -> Vec<Value> {
+/// id, in [`COLUMNS`] order. `last_log` (the last worker's log) goes into a failure's message.
+fn applied_changelog(job: &Job, name: &str, topic: &str, last_log: &str) -> Vec<Value> {
     let services = Services::get();
     let lake = job.dir.path().join("warehouse");
     let uri = services
@@ -156,9 +156,13 @@ fn applied_changelog(job: &Job, name: &str, topic: &str) -> Vec<Value> {
     assert_eq!(
         offsets.len(),
         events.len(),
-        "the changelog holds {} changes, the topic {} change events",
+        "the changelog holds {} changes, the topic {} change events (table exists: {}, snapshots: {}; the \
+         last run's log:\n{})",
         offsets.len(),
-        events.len()
+        events.len(),
+        read["exists"],
+        read["snapshots"].as_array().map_or(0, Vec::len),
+        last_log
     );
     assert_eq!(offsets, events, "every change event once in the changelog");
 
@@ -316,7 +320,7 @@ async fn debezium_changes_under_sigkill_reach_postgres_mariadb_and_iceberg_exact
         "MariaDB replica"
     );
     assert_eq!(
-        applied_changelog(&job, &name, &topic),
+        applied_changelog(&job, &name, &topic, &last.log_text()),
         expected,
         "the Iceberg changelog, applied"
     );

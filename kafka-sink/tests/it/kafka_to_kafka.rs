@@ -26,6 +26,7 @@ fn pipeline(source: &str, target: &str) -> KafkaToKafka {
         stop_when_idle: Some(Duration::from_secs(5)),
         stop_after_records: None,
         hook: None,
+        observer: None,
         stop: None,
     }
 }

@@ -1,12 +1,13 @@
 //! `[job] kafka_to_kafka = true`: the fast path (source offsets inside each Kafka transaction) through
 //! `ratchet run`, killed with SIGKILL while copying, restarted, and stopped with SIGTERM: the read_committed
-//! verifier sees every record once in the target topic, and no open transaction.
+//! verifier sees every record once in the target topic, and no open transaction; it reports the driver path's
+//! metrics and final line.
 
 use crate::common;
 
 use std::time::{Duration, Instant};
 
-use common::Job;
+use common::{Job, free_port, scrape, total};
 use test_support::Services;
 
 #[tokio::test(flavor = "multi_thread")]
@@ -63,10 +64,40 @@ transactional_id_prefix = "{copy}"
     job.produce(5000).await;
     worker.kill9();
 
-    let mut worker = job.spawn_worker(&[]);
+    let port = free_port();
+    let mut worker = job.spawn_worker(&["--metrics-listen", &format!("127.0.0.1:{port}")]);
     job.produce(2000).await;
     job.wait_delivered(Duration::from_secs(90));
+    // The same series and final line as the driver path: records, checkpoints (transactions) and their times.
+    let body = scrape(port).unwrap_or_default();
+    for metric in [
+        "ratchet_records_in_total",
+        "ratchet_records_out_total",
+        "ratchet_checkpoints_total",
+        "ratchet_commit_seconds_count",
+    ] {
+        assert!(total(&body, metric) > 0.0, "{metric} missing:\n{body}");
+    }
     worker.stop(Duration::from_secs(60));
+    let stopped = worker
+        .log_text()
+        .lines()
+        .find(|l| l.contains(" stopped "))
+        .map(str::to_string)
+        .unwrap_or_default();
+    for field in [
+        "records=",
+        "checkpoints=",
+        "first_record_unix_ms=",
+        "cpu_seconds=",
+        "peak_rss_kb=",
+    ] {
+        assert!(
+            stopped.contains(field),
+            "the stopped line lacks {field}: {stopped:?}"
+        );
+    }
+    assert!(!stopped.contains("first_record_unix_ms=0 "), "{stopped}");
 
     let (ids, partitions) = services.kafka_ids(services.kafka_bootstrap(), &job.copy_topic);
     assert_eq!(ids, (0..12_000).collect::<Vec<i64>>());
