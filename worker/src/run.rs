@@ -569,11 +569,14 @@ impl Process {
         if self.running.is_empty() && self.assignment.members > 0 && self.assignment.quota == 0 {
             return now.saturating_sub(self.finished.last_activity_ms) >= idle.as_millis() as u64;
         }
+        // A subtask still claiming or recovering is not idle: stopping then would leave what it recovers (an
+        // earlier owner's undecided transactions and files) for a later run.
         !self.running.is_empty()
             && self.running.len() >= self.assignment.quota
             && self.running.values().all(|r| {
-                now.saturating_sub(r.progress.last_activity_ms.load(Ordering::Relaxed))
-                    >= idle.as_millis() as u64
+                r.progress.last_cycle_ms.load(Ordering::Relaxed) != u64::MAX
+                    && now.saturating_sub(r.progress.last_activity_ms.load(Ordering::Relaxed))
+                        >= idle.as_millis() as u64
             })
     }
 
