@@ -94,9 +94,7 @@ pub async fn generation_now(config: &StoreConfig, job: &str) -> connector_api::R
                 Ok(local_layout(&path.join(job))?.map_or(0, |l| l.generation))
             }
             StoreConfig::Postgres { url } => {
-                let client = connector_common::postgres::PgConnectOptions::parse(url)?
-                    .connect("the checkpoint store")
-                    .await?;
+                let client = crate::store_calls::store_session(url).await?;
                 pg_generation(&client, job).await
             }
         }
@@ -133,9 +131,7 @@ pub async fn history(config: &StoreConfig, job: &str) -> Result<Vec<LayoutChange
 }
 
 async fn pg_history(url: &str, job: &str) -> Result<Vec<LayoutChange>> {
-    let client = connector_common::postgres::PgConnectOptions::parse(url)?
-        .connect("the checkpoint store")
-        .await?;
+    let client = crate::store_calls::store_session(url).await?;
     let exists: bool = client
         .query_one("SELECT to_regclass('ratchet_job_layouts') IS NOT NULL", &[])
         .await?

@@ -126,10 +126,7 @@ async fn postgres(
     layout: PartitionLayout,
     record: bool,
 ) -> Result<Option<PartitionLayout>> {
-    let client = connector_common::postgres::PgConnectOptions::parse(url)
-        .context("[store] url")?
-        .connect("the checkpoint store")
-        .await?;
+    let client = crate::store_calls::store_session(url).await?;
     let has_column: bool = client
         .query_one(
             "SELECT EXISTS (SELECT 1 FROM information_schema.columns

@@ -176,9 +176,7 @@ impl RescaleLock {
             return Ok(Self { _session: None });
         };
         let patience = job.job.max_recovery_time * (job.job.subtasks + 1) + Duration::from_secs(60);
-        let client = connector_common::postgres::PgConnectOptions::parse(url)?
-            .connect("the checkpoint store")
-            .await?;
+        let client = crate::store_calls::store_session(url).await?;
         client
             .batch_execute(&format!("SET lock_timeout = {}", patience.as_millis()))
             .await
@@ -238,9 +236,7 @@ async fn switch(
             Ok(())
         }
         StoreConfig::Postgres { url } => {
-            let mut client = connector_common::postgres::PgConnectOptions::parse(url)?
-                .connect("the checkpoint store")
-                .await?;
+            let mut client = crate::store_calls::store_session(url).await?;
             let switched = async {
                 client
                     .batch_execute(
@@ -353,9 +349,7 @@ async fn purge(config: &StoreConfig, job: &str, generation: u64) -> Result<()> {
             Ok(())
         }
         StoreConfig::Postgres { url } => {
-            let client = connector_common::postgres::PgConnectOptions::parse(url)?
-                .connect("the checkpoint store")
-                .await?;
+            let client = crate::store_calls::store_session(url).await?;
             let key = store_key(job, generation);
             let purged = async {
                 client

@@ -404,10 +404,7 @@ async fn pg_job(
     record: bool,
 ) -> anyhow::Result<Option<JobRecord>> {
     use anyhow::Context;
-    let client = connector_common::postgres::PgConnectOptions::parse(url)
-        .context("[store] url")?
-        .connect("the checkpoint store")
-        .await?;
+    let client = crate::store_calls::store_session(url).await?;
     if record {
         client
             .batch_execute(&format!(

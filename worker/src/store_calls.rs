@@ -91,6 +91,20 @@ pub fn is_unavailable(error: &anyhow::Error) -> bool {
     })
 }
 
+/// A session on the checkpoint store's database at `url` (the `[store] url`), for the job-level records: the
+/// job, its layout generation and history, its partition layout, a rescale. Opening is bounded by the URL's
+/// `connect_timeout` (10 s by default); callers bound their statements.
+///
+/// # Errors
+/// The URL does not parse, or the database cannot be reached.
+pub async fn store_session(url: &str) -> anyhow::Result<tokio_postgres::Client> {
+    use anyhow::Context;
+    Ok(connector_common::postgres::PgConnectOptions::parse(url)
+        .context("[store] url")?
+        .connect("the checkpoint store")
+        .await?)
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicU32, Ordering};
