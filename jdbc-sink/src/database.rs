@@ -127,13 +127,14 @@ pub(crate) trait Coordinator: Send + Sync {
     /// Raises the owner epoch of `sink`/`subtask` and returns it; `None` when the owner row stayed locked for
     /// the lock timeout (a transaction that passed its fencing check is still open or prepared: list again).
     ///
-    /// In the same transaction it deletes the subtask's markers of checkpoints after `restored` (all of them on a
-    /// fresh start): no durable checkpoint holds those, so nothing will ask about them, and the checkpoint ids
-    /// the job takes next must be free (a job whose checkpoint store was reset starts again from id 1).
+    /// In the same transaction it deletes the subtask's markers of checkpoints after `kept_through` (all of them
+    /// when `None`: a fresh start): no durable checkpoint holds those, so nothing will ask about them, and the
+    /// checkpoint ids the job takes next must be free (a job whose checkpoint store was reset starts again from
+    /// id 1).
     async fn claim_owner(
         &self,
         sink: &SinkScope,
         subtask: SubtaskId,
-        restored: Option<CheckpointId>,
+        kept_through: Option<CheckpointId>,
     ) -> Result<Option<u64>>;
 }

@@ -57,12 +57,12 @@ impl JdbcSink {
 
     /// Commits the plan's prepared transactions, rolls back every other prepared transaction of this subtask,
     /// then raises the owner epoch, which fences every older instance, and deletes the markers of checkpoints
-    /// after the restored one (a reset checkpoint store starts its ids again). A transaction that passed its
+    /// after the restored one ([`Self::markers_kept_through`]; a reset checkpoint store starts its ids again). A transaction that passed its
     /// owner check just before holds the owner row; the raise waits `lock_timeout` for it, then lists and
     /// resolves again.
     pub(crate) async fn execute_plan(&mut self, plan: RecoveryPlan<JdbcCommittable>) -> Result<()> {
         self.session.rollback().await?;
-        let restored_id = plan.checkpoint;
+        let kept_through = self.markers_kept_through(plan.checkpoint).await?;
         let keep = held_xids(&plan.commit);
         let committer = self.committer();
         for attempt in 1..=CLAIM_ATTEMPTS {
@@ -83,7 +83,7 @@ impl JdbcSink {
             connector_api::ensure_claim_held("claiming the sink's owner row").await?;
             if let Some(epoch) = self
                 .coordinator
-                .claim_owner(&self.scope, self.subtask, restored_id)
+                .claim_owner(&self.scope, self.subtask, kept_through)
                 .await?
             {
                 tracing::info!(sink = %self.sink, subtask = %self.subtask, epoch, "claimed the owner row");
@@ -103,6 +103,27 @@ impl JdbcSink {
              information_schema.innodb_trx",
         )
         .with_sink(&self.sink))
+    }
+
+    /// The checkpoint whose commit markers (and every older one's) recovery keeps: the restored checkpoint; with
+    /// none restored, in xa mode, the last checkpoint the subtask committed. The driver restores nothing of a
+    /// checkpoint its store notes committed, yet that checkpoint's marker must stay: it is how a zombie's commit
+    /// retry, a takeover or `inspect` tells a committed transaction from a lost one. A fresh store over an xa
+    /// sink that shows a committed checkpoint is refused before recovery (`recorded_checkpoint`), so in xa mode
+    /// no marker after the last committed checkpoint can belong to an earlier store. The other modes delete every
+    /// marker on a fresh start: their commit check reads the owner row, and a reset store starts its ids again.
+    async fn markers_kept_through(
+        &mut self,
+        restored: Option<CheckpointId>,
+    ) -> Result<Option<CheckpointId>> {
+        match restored {
+            None if self.xa => {
+                self.coordinator
+                    .applied_through(&self.scope, self.subtask)
+                    .await
+            }
+            restored => Ok(restored),
+        }
     }
 }
 

@@ -263,7 +263,7 @@ impl Coordinator for MySqlCoordinator {
         &self,
         sink: &SinkScope,
         subtask: SubtaskId,
-        restored: Option<CheckpointId>,
+        kept_through: Option<CheckpointId>,
     ) -> Result<Option<u64>> {
         let mut guard = self.conn(Phase::Recover).await?;
         let conn = connected(&mut guard);
@@ -291,7 +291,7 @@ impl Coordinator for MySqlCoordinator {
             let stale: Vec<u64> = conn
                 .exec(
                     format!("SELECT checkpoint FROM {MARKERS_TABLE} WHERE sink = ? AND subtask = ? AND checkpoint > ?"),
-                    (sink.as_str(), subtask.0, restored.map_or(-1, |c| c.0 as i64)),
+                    (sink.as_str(), subtask.0, kept_through.map_or(-1, |c| c.0 as i64)),
                 )
                 .await?;
             if !stale.is_empty() {

@@ -157,7 +157,7 @@ impl Coordinator for PgCoordinator {
         &self,
         sink: &SinkScope,
         subtask: SubtaskId,
-        restored: Option<CheckpointId>,
+        kept_through: Option<CheckpointId>,
     ) -> Result<Option<u64>> {
         let mut guard = self.client(Phase::Recover).await?;
         let client = connected(&mut guard);
@@ -182,7 +182,7 @@ impl Coordinator for PgCoordinator {
                 ],
             )
             .await;
-        let after = restored.map_or(-1, |c| c.0 as i64);
+        let after = kept_through.map_or(-1, |c| c.0 as i64);
         let raised = match raised {
             Ok(row) => txn
                 .execute(

@@ -15,5 +15,6 @@ mod evolution;
 mod factory;
 mod kill9;
 mod mariadb_detach;
+mod markers;
 mod tombstones;
 mod upsert;
