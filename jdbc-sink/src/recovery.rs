@@ -57,9 +57,9 @@ impl JdbcSink {
 
     /// Commits the plan's prepared transactions, rolls back every other prepared transaction of this subtask,
     /// then raises the owner epoch, which fences every older instance, and deletes the markers of checkpoints
-    /// after the restored one ([`Self::markers_kept_through`]; a reset checkpoint store starts its ids again). A transaction that passed its
-    /// owner check just before holds the owner row; the raise waits `lock_timeout` for it, then lists and
-    /// resolves again.
+    /// after the restored one ([`Self::markers_kept_through`]; a reset checkpoint store starts its ids again).
+    /// A transaction that passed its owner check just before holds the owner row; the raise waits
+    /// `lock_timeout` for it, then lists and resolves again.
     pub(crate) async fn execute_plan(&mut self, plan: RecoveryPlan<JdbcCommittable>) -> Result<()> {
         self.session.rollback().await?;
         let kept_through = self.markers_kept_through(plan.checkpoint).await?;
