@@ -12,7 +12,8 @@
 //!
 //! With `RATCHET_BENCH_SMALL_FILES=1` it instead simulates an hour of a 1 000 rows/s stream committed at 1 s and
 //! at 60 s checkpoints (3 600 and 60 commits of the same rows, run back to back) and prints the files and bytes of
-//! data and metadata the table holds afterwards.
+//! data and metadata the table holds afterwards, and once more at 1 s with `expire_snapshots` on a table that keeps
+//! 100 snapshots.
 //!
 //! Run: `scripts/services.sh up venv && cargo bench -p iceberg-sink --bench throughput` (see docs/benchmarks.md).
 //! `RATCHET_BENCH_SECONDS` sets the length of each run (default 30: three 10 s checkpoints), `RATCHET_BENCH_RUNS`
@@ -22,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use arrow_array::RecordBatch;
 use connector_api::{CheckpointId, Committer, SinkId, SubtaskId, TwoPhaseCommit};
+use iceberg::transaction::{ApplyTransactionAction, Transaction};
 use iceberg_sink::{
     CatalogConfig, CheckpointWriter, DEFAULT_TARGET_FILE_SIZE, IcebergSink, IcebergSinkConfig,
     S3Settings,
@@ -101,6 +103,7 @@ fn config(lake: &Lake) -> IcebergSinkConfig {
         commit_every: 1,
         commit_timeout: Duration::from_secs(60),
         cleanup_on_recover: true,
+        expire_snapshots: false,
     }
 }
 
@@ -259,16 +262,41 @@ fn files_under(dir: &std::path::Path) -> (u64, u64) {
     total
 }
 
-/// An hour of a 1 000 rows/s stream, committed every `interval_secs` seconds: files and bytes afterwards.
-async fn small_files(interval_secs: i64) {
+/// An hour of a 1 000 rows/s stream, committed every `interval_secs` seconds: files and bytes afterwards. With
+/// `keep`, the sink expires snapshots in its commits (`expire_snapshots`) and the table keeps `keep` of them.
+async fn small_files(interval_secs: i64, keep: Option<usize>) {
     const ROWS_PER_SECOND: i64 = 1_000;
     let lake = lake();
-    let mut sink = IcebergSink::new(config(&lake)).await.unwrap();
+    let config = IcebergSinkConfig {
+        expire_snapshots: keep.is_some(),
+        ..config(&lake)
+    };
+    let mut sink = IcebergSink::new(config.clone()).await.unwrap();
+    let catalog = config
+        .catalog
+        .open("ratchet", &S3Settings::default())
+        .await
+        .unwrap();
+    let ident = iceberg::TableIdent::from_strs(["bench", "events"]).unwrap();
+    if let Some(keep) = keep {
+        let table = catalog.load_table(&ident).await.unwrap();
+        let tx = Transaction::new(&table);
+        let tx = tx
+            .update_table_properties()
+            .set(
+                "history.expire.min-snapshots-to-keep".into(),
+                keep.to_string(),
+            )
+            .set("history.expire.max-snapshot-age-ms".into(), "1".into())
+            .apply(tx)
+            .unwrap();
+        tx.commit(catalog.as_ref()).await.unwrap();
+    }
     sink.recover(None).await.unwrap();
     let committer = sink.committer();
     let rows = ROWS_PER_SECOND * interval_secs;
     let started = Instant::now();
-    let mut last_commit_ms = 0.0;
+    let mut commits_ms = Vec::new();
     for checkpoint in 1..=(3600 / interval_secs) as u64 {
         sink.begin(CheckpointId(checkpoint)).await.unwrap();
         let start = (checkpoint as i64 - 1) * rows;
@@ -278,8 +306,26 @@ async fn small_files(interval_secs: i64) {
         let committable = sink.pre_commit(CheckpointId(checkpoint)).await.unwrap();
         let t0 = Instant::now();
         committer.commit(vec![committable]).await.unwrap();
-        last_commit_ms = t0.elapsed().as_secs_f64() * 1000.0;
+        commits_ms.push(t0.elapsed().as_secs_f64() * 1000.0);
     }
+    let simulated = started.elapsed();
+    let snapshots = catalog
+        .load_table(&ident)
+        .await
+        .unwrap()
+        .metadata()
+        .snapshots()
+        .count();
+    let window = commits_ms.len().min(100);
+    let p99 = |commits: &[f64]| {
+        let mut sorted = commits.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        sorted[((sorted.len() - 1) as f64 * 0.99).round() as usize]
+    };
+    let (first, last) = (
+        p99(&commits_ms[..window]),
+        p99(&commits_ms[commits_ms.len() - window..]),
+    );
     let table_dir = std::path::Path::new(lake.warehouse.strip_prefix("file://").unwrap())
         .join("bench")
         .join("events");
@@ -293,13 +339,16 @@ async fn small_files(interval_secs: i64) {
         .map(|e| e.metadata().unwrap().len())
         .max()
         .unwrap_or(0);
+    let mode = match keep {
+        Some(keep) => format!("{interval_secs} s, expire_snapshots (keep {keep})"),
+        None => format!("{interval_secs} s"),
+    };
     println!(
-        "| {interval_secs} s | {} | {data_files} | {:.1} | {metadata_files} | {:.1} | {:.0} | {last_commit_ms:.0} | {:.0} |",
-        3600 / interval_secs,
+        "| {mode} | {snapshots} | {data_files} | {:.1} | {metadata_files} | {:.1} | {:.0} | {first:.0} / {last:.0} | {:.0} |",
         data_bytes as f64 / 1e6,
         metadata_bytes as f64 / 1e6,
         newest_json as f64 / 1e3,
-        started.elapsed().as_secs_f64()
+        simulated.as_secs_f64()
     );
 }
 
@@ -307,10 +356,11 @@ async fn small_files(interval_secs: i64) {
 async fn main() {
     if std::env::var("RATCHET_BENCH_SMALL_FILES").is_ok() {
         println!(
-            "| interval | snapshots | data files | data MB | metadata files | metadata MB | newest metadata.json KB | last commit ms | simulated in s |\n|---|---|---|---|---|---|---|---|---|"
+            "| interval | snapshots | data files | data MB | metadata files | metadata MB | newest metadata.json KB | commit p99, first / last 100 commits, ms | simulated in s |\n|---|---|---|---|---|---|---|---|---|"
         );
-        small_files(60).await;
-        small_files(1).await;
+        small_files(60, None).await;
+        small_files(1, None).await;
+        small_files(1, Some(100)).await;
         return;
     }
     let seconds = Duration::from_secs(env_u64("RATCHET_BENCH_SECONDS", 30));

@@ -16,7 +16,7 @@
 //! its history, so it finds the landed snapshot instead of adding a second one. (iceberg's own duplicate-file
 //! check is off: it reads every manifest of the table on every commit, and the ledger check is exact.)
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -32,7 +32,7 @@ use crate::committable::decode_files;
 use crate::error::iceberg_error;
 use crate::guarded::{Check, GuardedCatalog, Verdict};
 use crate::ledger::{SubtaskKey, SubtaskState};
-use crate::retire::delete_retired_metadata;
+use crate::retire::delete_retired_files;
 
 /// What a commit did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +52,10 @@ pub struct TableTarget {
     pub table: TableIdent,
     /// The longest one commit (load, build, catalog update, with iceberg's own conflict retries) may take.
     pub commit_timeout: Duration,
+    /// Every commit also expires snapshots by the table's retention properties ([`Self::with_snapshot_expiry`]).
+    expire_snapshots: bool,
+    /// Whether the warning that `gc.enabled = false` keeps expiry off was logged.
+    warned_gc_off: Arc<AtomicBool>,
     /// The table as the last commit left it: the seed of the next commit (which reloads through the guard
     /// anyway, so a stale seed costs nothing but a rebuild).
     seed: Arc<Mutex<Option<Table>>>,
@@ -64,8 +68,40 @@ impl TableTarget {
             catalog,
             table,
             commit_timeout,
+            expire_snapshots: false,
+            warned_gc_off: Arc::default(),
             seed: Arc::default(),
         }
+    }
+
+    /// Makes every commit also expire snapshots by the table's standard retention properties
+    /// (`history.expire.max-snapshot-age-ms`, `history.expire.min-snapshots-to-keep`, per-ref retention), in the
+    /// same catalog commit as the snapshot it adds: the expiry lands exactly when the commit does, never on its
+    /// own. The ledger survives it (the subtask's state is also a table property, [`crate::ledger`]). After the
+    /// commit, the expired snapshots' manifest lists are deleted ([`crate::retire`]). A table that sets
+    /// `gc.enabled = false` is not expired (a warning says so once).
+    pub fn with_snapshot_expiry(mut self, expire: bool) -> Self {
+        self.expire_snapshots = expire;
+        self
+    }
+
+    /// Whether a commit on `table` expires snapshots: asked for, and the table allows it.
+    fn expires(&self, table: &Table) -> bool {
+        if !self.expire_snapshots {
+            return false;
+        }
+        let gc = table
+            .metadata()
+            .table_properties()
+            .map(|p| p.gc_enabled)
+            .unwrap_or(true);
+        if !gc && !self.warned_gc_off.swap(true, Ordering::SeqCst) {
+            tracing::warn!(
+                table = %self.table,
+                "expire_snapshots is on, but the table sets gc.enabled = false: its snapshots are not expired"
+            );
+        }
+        gc
     }
 
     /// The table as the last commit left it, or freshly loaded.
@@ -202,7 +238,15 @@ impl TableTarget {
         let guarded = GuardedCatalog::new(self.catalog.as_ref(), check);
         // The first load only seeds the transaction; `commit` loads again through the guard and builds on that.
         let table = self.recent(Phase::Commit).await?;
-        let tx = Transaction::new(&table);
+        let mut tx = Transaction::new(&table);
+        if self.expires(&table) {
+            // Before the append: every action requires main to be where it saw it, and the catalog checks them
+            // all against the base; expiring after the append would name the new snapshot and always conflict.
+            let expire = tx.expire_snapshots();
+            tx = expire
+                .apply(tx)
+                .map_err(|e| iceberg_error(Phase::Commit, "cannot plan the snapshot expiry", e))?;
+        }
         let tx = tx
             .fast_append()
             // iceberg's duplicate-file check reads every manifest of the current snapshot on every commit
@@ -231,7 +275,7 @@ impl TableTarget {
         match committed {
             Ok(Ok(table)) => {
                 if let Some(base) = guarded.base() {
-                    delete_retired_metadata(&base, &table).await;
+                    delete_retired_files(&base, &table).await;
                 }
                 Ok(None)
             }

@@ -265,6 +265,9 @@ pub struct IcebergSinkConfig {
     pub commit_timeout: Duration,
     /// Delete this subtask's data files that no snapshot references at recovery.
     pub cleanup_on_recover: bool,
+    /// Expire snapshots inside every commit by the table's standard retention properties, and delete the
+    /// manifest lists of the snapshots a commit expired ([`crate::retire`]).
+    pub expire_snapshots: bool,
 }
 
 /// The default target data file size: 128 MiB.

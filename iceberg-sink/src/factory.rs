@@ -28,6 +28,7 @@ use crate::config::{
 /// | `commit_every` | commit one snapshot every this many checkpoints (fewer, larger snapshots; data becomes visible up to K checkpoints later, and after a clean stop only at the next start; exactly-once only) | 1 |
 /// | `commit_timeout` | the longest one catalog call may take before its outcome counts as unknown (then the next attempt checks the table's history first) | 60s |
 /// | `cleanup_on_recover` | delete this subtask's data files no snapshot references when recovering | true |
+/// | `expire_snapshots` | expire snapshots inside every commit by the table's `history.expire.max-snapshot-age-ms` (default 5 days) and `history.expire.min-snapshots-to-keep` (default 1), as Iceberg's expire-snapshots procedure does, and delete the expired snapshots' manifest lists; skipped while the table sets `gc.enabled = false` | false |
 ///
 /// ```toml
 /// [[sinks]]
@@ -70,6 +71,9 @@ pub struct IcebergSinkSettings {
     /// Delete unreferenced files of this subtask at recovery.
     #[serde(default = "default_true")]
     pub cleanup_on_recover: bool,
+    /// Expire snapshots inside every commit.
+    #[serde(default)]
+    pub expire_snapshots: bool,
 }
 
 fn default_catalog_name() -> String {
@@ -172,5 +176,6 @@ fn config(settings: IcebergSinkSettings, context: SinkContext) -> Result<Iceberg
         commit_every: settings.commit_every,
         commit_timeout: settings.commit_timeout,
         cleanup_on_recover: settings.cleanup_on_recover,
+        expire_snapshots: settings.expire_snapshots,
     })
 }

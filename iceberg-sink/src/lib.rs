@@ -28,8 +28,11 @@
 //!
 //! # Small files
 //! Every commit adds a snapshot, a manifest and a metadata version; `commit_every` trades visibility latency for
-//! fewer of them (numbers in `docs/benchmarks.md`). Compact and expire snapshots with your usual Iceberg
-//! maintenance (Spark, pyiceberg); the sink's ledger survives expiry through its table property.
+//! fewer of them (numbers in `docs/benchmarks.md`). `expire_snapshots = true` expires snapshots inside the sink's
+//! own commits by the table's standard retention properties and deletes what they retired ([`TableTarget`]'s
+//! `with_snapshot_expiry`, `retire.rs`); the sink's ledger survives expiry through its table property. Manifests
+//! are not merged yet (iceberg-rust 0.10 cannot; planned): compact and rewrite manifests with your usual Iceberg
+//! maintenance (Spark, pyiceberg).
 #![deny(missing_docs)]
 
 mod check;
@@ -59,6 +62,6 @@ pub use ledger::{
     CHECKPOINT_PROPERTY, EPOCH_PROPERTY, JOB_PROPERTY, SINK_PROPERTY, SUBTASK_PROPERTY, SubtaskKey,
     SubtaskState,
 };
-pub use retire::DELETE_METADATA_AFTER_COMMIT;
+pub use retire::{DELETE_METADATA_AFTER_COMMIT, KILL_VARIABLE};
 pub use sink::IcebergSink;
 pub use writer::CheckpointWriter;

@@ -1,7 +1,22 @@
-//! Old metadata files a commit pushed out of the table's metadata log: deleted after the commit when the table asks
-//! for it with Iceberg's standard property (iceberg-rust 0.10 never deletes them itself).
+//! Files a commit retired: the manifest lists of the snapshots it expired ([`TableTarget::with_snapshot_expiry`])
+//! and the old metadata files it pushed out of the table's metadata log (when the table asks for it with Iceberg's
+//! standard property). iceberg-rust 0.10 deletes neither itself.
+//!
+//! # Crash safety
+//! Only files the committed metadata no longer references are deleted, and only after the catalog accepted the
+//! commit: a reader of the current metadata never meets a missing file. A commit whose outcome is unknown deletes
+//! nothing. A process killed between the commit and the deletions (drill step `after-expiring-commit`) or
+//! during them (`while-retiring`) leaves the rest as orphans no snapshot references; nothing deletes those later
+//! yet (an orphan sweep of `metadata/` is planned, docs/design/iceberg-commit-path.md).
+//!
+//! # Drill
+//! `RATCHET_ICEBERG_KILL_AT=<step>` makes the process kill itself with SIGKILL at that step of the first commit
+//! that expired snapshots: `after-expiring-commit` (committed, nothing deleted) or `while-retiring` (one file
+//! deleted). For tests of crash safety; never set it in production.
+//!
+//! [`TableTarget::with_snapshot_expiry`]: crate::commit::TableTarget::with_snapshot_expiry
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 
 use iceberg::table::Table;
 
@@ -9,20 +24,60 @@ use iceberg::table::Table;
 /// metadata files its commit pushed out of the metadata log (`write.metadata.previous-versions-max` long).
 pub const DELETE_METADATA_AFTER_COMMIT: &str = "write.metadata.delete-after-commit.enabled";
 
-/// After a commit that turned `base` into `committed`: when the table sets [`DELETE_METADATA_AFTER_COMMIT`],
-/// deletes the metadata files that were in `base`'s log (or were `base` itself) and no longer are. iceberg-rust
-/// 0.10 never deletes old metadata files itself; at one commit per second they grow by gigabytes per hour
+/// The drill's variable (see the module docs).
+pub const KILL_VARIABLE: &str = "RATCHET_ICEBERG_KILL_AT";
+
+/// After a commit that turned `base` into `committed`, deletes what it retired: the manifest list of every
+/// snapshot of `base` that `committed` no longer has (a manifest list belongs to one snapshot, so nothing else
+/// reads it), and, when the table sets [`DELETE_METADATA_AFTER_COMMIT`], the metadata files that were in `base`'s
+/// log (or were `base` itself) and no longer are. At one commit per second both grow by gigabytes per day
 /// (`docs/benchmarks.md`). Best effort: a file that cannot be deleted is only an orphan (no reader sees it), so
 /// the failure is logged as a warning and the commit stands.
-pub(crate) async fn delete_retired_metadata(base: &Table, committed: &Table) {
-    let enabled = committed
+pub(crate) async fn delete_retired_files(base: &Table, committed: &Table) {
+    let mut retired = expired_manifest_lists(base, committed);
+    let expired = !retired.is_empty();
+    let delete_metadata = committed
         .metadata()
         .properties()
         .get(DELETE_METADATA_AFTER_COMMIT)
         .is_some_and(|v| v.eq_ignore_ascii_case("true"));
-    if !enabled {
-        return;
+    if delete_metadata {
+        retired.extend(retired_metadata_files(base, committed));
     }
+    if expired {
+        drill("after-expiring-commit");
+    }
+    for (n, file) in retired.iter().enumerate() {
+        if let Err(e) = committed.file_io().delete(file).await {
+            tracing::warn!(
+                table = %committed.identifier(),
+                file = %file,
+                error = %e,
+                "cannot delete a file the commit retired; it stays as an orphan (no reader uses it)"
+            );
+        }
+        if expired && n == 0 {
+            drill("while-retiring");
+        }
+    }
+}
+
+/// The manifest lists of the snapshots `base` has and `committed` does not.
+fn expired_manifest_lists(base: &Table, committed: &Table) -> BTreeSet<String> {
+    let kept: HashSet<i64> = committed
+        .metadata()
+        .snapshots()
+        .map(|s| s.snapshot_id())
+        .collect();
+    base.metadata()
+        .snapshots()
+        .filter(|s| !kept.contains(&s.snapshot_id()))
+        .map(|s| s.manifest_list().to_string())
+        .collect()
+}
+
+/// The metadata files in `base`'s log (or `base` itself) that are not in `committed`'s.
+fn retired_metadata_files(base: &Table, committed: &Table) -> BTreeSet<String> {
     let files = |table: &Table| -> HashSet<String> {
         table
             .metadata()
@@ -33,14 +88,16 @@ pub(crate) async fn delete_retired_metadata(base: &Table, committed: &Table) {
             .collect()
     };
     let kept = files(committed);
-    for retired in files(base).difference(&kept) {
-        if let Err(e) = committed.file_io().delete(retired).await {
-            tracing::warn!(
-                table = %committed.identifier(),
-                file = %retired,
-                error = %e,
-                "cannot delete a metadata file the commit retired; it stays as an orphan (no reader uses it)"
-            );
-        }
+    files(base).difference(&kept).cloned().collect()
+}
+
+/// Kills this process with SIGKILL when [`KILL_VARIABLE`] names `step`.
+fn drill(step: &str) {
+    if std::env::var(KILL_VARIABLE).is_ok_and(|at| at == step) {
+        tracing::warn!(
+            step,
+            "Iceberg drill: this process kills itself with SIGKILL"
+        );
+        let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
     }
 }

@@ -94,7 +94,8 @@ impl IcebergSink {
             subtask: config.subtask,
         };
         let committer = IcebergCommitter {
-            target: TableTarget::new(catalog, ident, config.commit_timeout),
+            target: TableTarget::new(catalog, ident, config.commit_timeout)
+                .with_snapshot_expiry(config.expire_snapshots),
             key: key.clone(),
             epoch: Arc::default(),
         };

@@ -12,7 +12,9 @@ that no manifest of any retained snapshot lists, locations compared with repeate
 oldest first. Both readers see only what the current metadata references. With --columns it also prints
 "columns": {column: [ID_COLUMN values of the rows where it is not null, sorted]} for every column of the current
 schema, as pyiceberg reads them (a data file written before a column was added reads as null there). With --rows
-it also prints "rows": every row as a list of its values in the schema's column order, and "column_names".
+it also prints "rows": every row as a list of its values in the schema's column order, and "column_names". With
+--metadata-files it also prints "unreferenced_manifest_lists" (manifest lists under metadata/ no retained snapshot
+names) and "metadata_json_files" (how many metadata JSON files metadata/ holds).
 """
 
 import json
@@ -71,13 +73,13 @@ def canonical(location: str) -> str:
     return f"{scheme}{sep}{rest}"
 
 
-def data_files_on_storage(location: str) -> list:
-    """Every file named ratchet.* under <location>/data/, as a full location."""
-    data = location.rstrip("/") + "/data/"
-    if data.startswith("s3://"):
+def files_on_storage(location: str, directory: str, name_prefix: str) -> list:
+    """Every file whose name starts with name_prefix under <location>/<directory>/, as a full location."""
+    root_location = location.rstrip("/") + f"/{directory}/"
+    if root_location.startswith("s3://"):
         import boto3
 
-        bucket, prefix = data[len("s3://"):].split("/", 1)
+        bucket, prefix = root_location[len("s3://"):].split("/", 1)
         s3 = boto3.client(
             "s3",
             endpoint_url=os.environ["RATCHET_S3_ENDPOINT"],
@@ -88,12 +90,27 @@ def data_files_on_storage(location: str) -> list:
         keys = []
         for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
             keys += [o["Key"] for o in page.get("Contents", [])]
-        return [canonical(f"s3://{bucket}/{k}") for k in keys if k.rsplit("/", 1)[-1].startswith("ratchet.")]
-    root = data.removeprefix("file://")
+        return [canonical(f"s3://{bucket}/{k}") for k in keys if k.rsplit("/", 1)[-1].startswith(name_prefix)]
+    root = root_location.removeprefix("file://")
     found = []
-    for directory, _, names in os.walk(root):
-        found += [canonical("file://" + os.path.join(directory, n)) for n in names if n.startswith("ratchet.")]
+    for walked, _, names in os.walk(root):
+        found += [canonical("file://" + os.path.join(walked, n)) for n in names if n.startswith(name_prefix)]
     return found
+
+
+def data_files_on_storage(location: str) -> list:
+    """Every file named ratchet.* under <location>/data/, as a full location."""
+    return files_on_storage(location, "data", "ratchet.")
+
+
+def metadata_files(table) -> dict:
+    """What lies in the table's metadata/ directory: the manifest lists (snap-*) no retained snapshot names, and
+    how many metadata JSON files there are."""
+    location = table.metadata.location
+    lists = set(files_on_storage(location, "metadata", "snap-"))
+    named = {canonical(s.manifest_list) for s in table.metadata.snapshots}
+    jsons = [f for f in files_on_storage(location, "metadata", "") if f.endswith(".metadata.json")]
+    return {"unreferenced_manifest_lists": sorted(lists - named), "metadata_json_files": len(jsons)}
 
 
 def referenced_files(table) -> set:
@@ -149,6 +166,8 @@ def main(name: str, uri: str, warehouse: str, table_name: str, id_column: str, *
             column: sorted(i for i, v in zip(ids, rows.column(column).to_pylist()) if v is not None)
             for column in rows.column_names
         }
+    if "--metadata-files" in flags:
+        out.update(metadata_files(table))
     if "--rows" in flags:
         rows = table.scan().to_arrow()
         out["column_names"] = rows.column_names

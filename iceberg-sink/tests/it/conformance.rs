@@ -1,11 +1,13 @@
 //! The conformance harness on the Iceberg sink, on the embedded default (SQLite catalog, local warehouse) and on
 //! a PostgreSQL catalog with its warehouse in S3 (SeaweedFS); every visible row is read by pyiceberg and by
 //! DuckDB's iceberg_scan, which must agree, and data files no snapshot references count as leftovers. Also on
-//! SeaweedFS's REST catalog, and with one snapshot per three checkpoints.
+//! SeaweedFS's REST catalog, and with one snapshot per three checkpoints; these two with snapshot expiry inside
+//! the commits (`expire_snapshots`) on tables that keep 2 snapshots, so recovery often finds none of a subtask's
+//! snapshots and goes by the ledger's table property.
 
 use crate::common;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
@@ -15,26 +17,48 @@ use iceberg_sink::IcebergSink;
 use ratchet_conformance::{Conformance, ConformanceTarget, conformance_schema, run_conformance};
 
 /// A lake and how many checkpoints each snapshot commits; what the readers saw last per table, until a new sink
-/// instance may change it (the end-of-scenario `leftovers` reuses the `visible_ids` read just before it).
-struct Target(Lake, u32, Mutex<HashMap<String, common::Seen>>);
+/// instance may change it (the end-of-scenario `leftovers` reuses the `visible_ids` read just before it); with
+/// `keep`, the sinks expire snapshots in their commits on tables that keep that many (the tables given their
+/// retention so far).
+struct Target {
+    lake: Lake,
+    commit_every: u32,
+    keep: Option<usize>,
+    seen: Mutex<HashMap<String, common::Seen>>,
+    retained: Mutex<HashSet<String>>,
+}
 
 impl Target {
     fn new(lake: Lake, commit_every: u32) -> Self {
-        Target(lake, commit_every, Mutex::default())
+        Target {
+            lake,
+            commit_every,
+            keep: None,
+            seen: Mutex::default(),
+            retained: Mutex::default(),
+        }
+    }
+
+    /// The sinks expire snapshots in their commits, on tables that keep `keep` snapshots.
+    fn expiring(self, keep: usize) -> Self {
+        Target {
+            keep: Some(keep),
+            ..self
+        }
     }
 
     async fn seen(&self, run: &str, sink: &SinkId) -> Result<common::Seen> {
-        let table = self.0.table(&[run, sink.as_str()]);
-        if let Some(seen) = self.2.lock().unwrap().get(&table) {
+        let table = self.lake.table(&[run, sink.as_str()]);
+        if let Some(seen) = self.seen.lock().unwrap().get(&table) {
             return Ok(seen.clone());
         }
         let seen = self.read(run, sink).await?;
-        self.2.lock().unwrap().insert(table, seen.clone());
+        self.seen.lock().unwrap().insert(table, seen.clone());
         Ok(seen)
     }
 
     async fn read(&self, run: &str, sink: &SinkId) -> Result<common::Seen> {
-        let lake = self.0.clone();
+        let lake = self.lake.clone();
         let table = lake.table(&[run, sink.as_str()]);
         let seen = tokio::task::spawn_blocking(move || lake.read(&table))
             .await
@@ -64,18 +88,25 @@ impl ConformanceTarget for Target {
         sink: &SinkId,
         subtask: SubtaskId,
     ) -> Result<IcebergSink> {
-        let table = self.0.table(&[run, sink.as_str()]);
-        self.2.lock().unwrap().remove(&table);
+        let table = self.lake.table(&[run, sink.as_str()]);
+        self.seen.lock().unwrap().remove(&table);
         let mut config =
-            self.0
+            self.lake
                 .config("conformance", sink, subtask.0, &table, conformance_schema());
-        config.commit_every = self.1;
-        IcebergSink::new(config).await
+        config.commit_every = self.commit_every;
+        config.expire_snapshots = self.keep.is_some();
+        let created = IcebergSink::new(config).await?;
+        if let Some(keep) = self.keep
+            && self.retained.lock().unwrap().insert(table.clone())
+        {
+            self.lake.set_retention(&table, keep).await;
+        }
+        Ok(created)
     }
 
     async fn visible_ids(&self, run: &str, sink: &SinkId) -> Result<Vec<i64>> {
-        let table = self.0.table(&[run, sink.as_str()]);
-        self.2.lock().unwrap().remove(&table);
+        let table = self.lake.table(&[run, sink.as_str()]);
+        self.seen.lock().unwrap().remove(&table);
         Ok(self.seen(run, sink).await?.ids)
     }
 
@@ -120,9 +151,9 @@ async fn postgres_catalog_with_s3_warehouse_passes_the_conformance_harness() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rest_catalog_with_s3_warehouse_passes_the_conformance_harness() {
-    let target = Target::new(Lake::rest("conf"), 1);
+    let target = Target::new(Lake::rest("conf"), 1).expiring(2);
     run_conformance(
-        "iceberg-sink, REST catalog (SeaweedFS), S3 warehouse",
+        "iceberg-sink, REST catalog (SeaweedFS), S3 warehouse, expiring snapshots",
         &target,
         &one_random_run(),
     )
@@ -135,9 +166,9 @@ async fn rest_catalog_with_s3_warehouse_passes_the_conformance_harness() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn committing_every_third_checkpoint_passes_the_conformance_harness() {
     let dir = tempfile::tempdir().unwrap();
-    let target = Target::new(Lake::sqlite_local(dir.path(), "every3"), 3);
+    let target = Target::new(Lake::sqlite_local(dir.path(), "every3"), 3).expiring(2);
     run_conformance(
-        "iceberg-sink, one snapshot per 3 checkpoints, SQLite catalog",
+        "iceberg-sink, one snapshot per 3 checkpoints, SQLite catalog, expiring snapshots",
         &target,
         &one_random_run(),
     )

@@ -6,5 +6,6 @@ mod common;
 mod conformance;
 mod evolution;
 mod kill9;
+mod maintenance;
 mod races;
 mod tables;

@@ -150,6 +150,7 @@ impl Lake {
             commit_every: 1,
             commit_timeout: Duration::from_secs(60),
             cleanup_on_recover: true,
+            expire_snapshots: false,
         }
     }
 
@@ -196,6 +197,45 @@ impl Lake {
             ],
         )["columns"]
             .clone()
+    }
+}
+
+impl Lake {
+    /// Sets `table`'s retention (Iceberg's standard properties): keep `keep` snapshots, expire every older one at
+    /// once, keep 3 old metadata files.
+    pub async fn set_retention(&self, table: &str, keep: usize) {
+        use iceberg::transaction::{ApplyTransactionAction, Transaction};
+        let catalog = self.catalog.open("ratchet", &self.s3).await.unwrap();
+        let ident = iceberg::TableIdent::from_strs(table.split('.')).unwrap();
+        let loaded = catalog.load_table(&ident).await.unwrap();
+        let tx = Transaction::new(&loaded);
+        let tx = tx
+            .update_table_properties()
+            .set(
+                "history.expire.min-snapshots-to-keep".into(),
+                keep.to_string(),
+            )
+            .set("history.expire.max-snapshot-age-ms".into(), "1".into())
+            .set("write.metadata.previous-versions-max".into(), "3".into())
+            .apply(tx)
+            .unwrap();
+        tx.commit(catalog.as_ref()).await.unwrap();
+    }
+
+    /// What pyiceberg sees of `table` with the manifest lists and metadata files under its `metadata/` directory
+    /// (blocking): `snapshots`, `unreferenced_manifest_lists`, `metadata_json_files`, `ids`, `duckdb_ids`.
+    pub fn metadata_files(&self, table: &str) -> serde_json::Value {
+        Services::get().verify(
+            "iceberg_table.py",
+            &[
+                "ratchet",
+                &self.python_uri,
+                &self.warehouse,
+                table,
+                "id",
+                "--metadata-files",
+            ],
+        )
     }
 }
 

@@ -1,0 +1,265 @@
+//! Snapshot expiry inside the sink's commits (`expire_snapshots`), on a SQLite catalog with a local warehouse,
+//! read back by pyiceberg and DuckDB:
+//!
+//! - two subtasks commit into one table whose retention keeps 3 snapshots: the table never holds more than 4, the
+//!   expired snapshots' manifest lists and the retired metadata files are gone, every row is there once, and a
+//!   subtask whose every snapshot was expired still knows what it committed (the ledger property);
+//! - a real `kill -9` right after a commit that expired snapshots, before anything was deleted, and another after
+//!   the first retired file was deleted (the `RATCHET_ICEBERG_KILL_AT` drill): the restarted job lands every row
+//!   once, no retained snapshot lost a file, and what the killed process did not delete is an orphan no snapshot
+//!   names.
+
+use crate::common;
+
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::Command;
+
+use common::Lake;
+use connector_api::{
+    CheckpointStore, Driver, DriverConfig, LocalCheckpointStore, SinkId, TwoPhaseCommit,
+    committables_in,
+};
+use iceberg_sink::{IcebergSink, IcebergSinkConfig};
+use ratchet_conformance::{conformance_batch as batch, conformance_positions, conformance_schema};
+
+const CHILD_DIR: &str = "RATCHET_ICEBERG_MAINTENANCE_CHILD";
+const CHILD_TABLE: &str = "RATCHET_ICEBERG_MAINTENANCE_TABLE";
+const ROWS: i64 = 50;
+
+fn config(lake: &Lake, table: &str, subtask: u32) -> IcebergSinkConfig {
+    IcebergSinkConfig {
+        expire_snapshots: true,
+        ..lake.config(
+            "maintained",
+            &SinkId::new("lake").unwrap(),
+            subtask,
+            table,
+            conformance_schema(),
+        )
+    }
+}
+
+/// Creates `table` (through a sink instance) and sets its retention ([`Lake::set_retention`]).
+async fn create_with_retention(lake: &Lake, table: &str, keep: usize) {
+    IcebergSink::new(config(lake, table, 0)).await.unwrap();
+    lake.set_retention(table, keep).await;
+}
+
+/// A driver over the checkpoint store in `state` with one expiring sink of `subtask`.
+async fn driver(
+    lake: &Lake,
+    table: &str,
+    subtask: u32,
+    state: &Path,
+) -> (Driver<LocalCheckpointStore>, connector_api::SinkHandle) {
+    let mut driver = Driver::new(
+        LocalCheckpointStore::open(state, 3).unwrap(),
+        DriverConfig::default(),
+    );
+    let sink = IcebergSink::new(config(lake, table, subtask))
+        .await
+        .unwrap();
+    let handle = driver.add_sink(sink).unwrap();
+    (driver, handle)
+}
+
+/// Runs `checkpoints` checkpoints of [`ROWS`] records with ids from `first` (positions count from 0), each
+/// committed before the next.
+async fn run(lake: &Lake, table: &str, subtask: u32, state: &Path, first: i64, checkpoints: i64) {
+    let (mut job, sink) = driver(lake, table, subtask, state).await;
+    let restored = job.start().await.unwrap();
+    let mut next = restored.positions.first().map_or(0, |p| p.next_offset);
+    for _ in 0..checkpoints {
+        job.write(sink, &batch(first + next..first + next + ROWS))
+            .await
+            .unwrap();
+        next += ROWS;
+        job.checkpoint(conformance_positions(next)).await.unwrap();
+        job.finish_commit().await.unwrap();
+    }
+    job.close().await.unwrap();
+}
+
+async fn metadata_files(lake: &Lake, table: &str) -> serde_json::Value {
+    let (lake, table) = (lake.clone(), table.to_string());
+    tokio::task::spawn_blocking(move || lake.metadata_files(&table))
+        .await
+        .unwrap()
+}
+
+async fn read(lake: &Lake, table: &str) -> common::Seen {
+    let (lake, table) = (lake.clone(), table.to_string());
+    tokio::task::spawn_blocking(move || lake.read(&table))
+        .await
+        .unwrap()
+}
+
+fn ids(value: &serde_json::Value) -> Vec<i64> {
+    value
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_i64().unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_expire_inside_the_commits_and_the_ledger_survives_it() {
+    test_support::Services::get();
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::sqlite_local(dir.path(), "expiry");
+    let table = lake.table(&["events"]);
+    create_with_retention(&lake, &table, 3).await;
+
+    let (zero, one) = (dir.path().join("state-0"), dir.path().join("state-1"));
+    run(&lake, &table, 0, &zero, 0, 6).await;
+    // Subtask 1's commits expire every snapshot of subtask 0.
+    run(&lake, &table, 1, &one, 10_000, 6).await;
+
+    let seen = metadata_files(&lake, &table).await;
+    let snapshots = seen["snapshots"].as_array().unwrap();
+    assert!(
+        snapshots.len() <= 4,
+        "retention keeps 3 snapshots before each commit adds one: {snapshots:#?}"
+    );
+    assert!(
+        snapshots
+            .iter()
+            .all(|s| s["summary"]["ratchet.subtask"].as_str() != Some("0")),
+        "subtask 0's snapshots should all be expired: {snapshots:#?}"
+    );
+    assert_eq!(
+        seen["unreferenced_manifest_lists"],
+        serde_json::json!([]),
+        "the expired snapshots' manifest lists should be deleted"
+    );
+    let jsons = seen["metadata_json_files"].as_u64().unwrap();
+    assert!(
+        jsons <= 4,
+        "previous-versions-max = 3 keeps 4 metadata files, found {jsons}"
+    );
+    let mut expected: Vec<i64> = (0..6 * ROWS).chain(10_000..10_000 + 6 * ROWS).collect();
+    expected.sort_unstable();
+    assert_eq!(ids(&seen["ids"]), expected, "pyiceberg");
+    assert_eq!(ids(&seen["duckdb_ids"]), expected, "DuckDB");
+
+    // Subtask 0's last checkpoint, asked about again with every snapshot of it expired: committed (the table
+    // property), so recovering it commits nothing twice.
+    let record = LocalCheckpointStore::open(&zero, 3)
+        .unwrap()
+        .load()
+        .await
+        .unwrap()
+        .record
+        .expect("subtask 0's last record");
+    let mut probe = IcebergSink::new(config(&lake, &table, 0)).await.unwrap();
+    let committables = committables_in(&probe, &record)
+        .unwrap()
+        .expect("the sink's entry");
+    let plan = probe
+        .plan_recovery(Some((record.id, committables.clone())))
+        .await
+        .unwrap()
+        .summary();
+    assert_eq!(
+        plan.commits, 0,
+        "checkpoint {} of subtask 0 after its snapshots expired: {plan:?}",
+        record.id
+    );
+    probe
+        .recover(Some((record.id, committables)))
+        .await
+        .unwrap();
+    let seen = read(&lake, &table).await;
+    assert_eq!(seen.ids, expected, "after recovering subtask 0 again");
+    assert!(seen.unreferenced.is_empty(), "{:?}", seen.unreferenced);
+}
+
+/// The child of the kill test: runs 8 checkpoints of the table in `CHILD_TABLE` from the store under
+/// `CHILD_DIR`; the drill in its environment kills it at the first commit that expires snapshots. Returns at once
+/// in a normal test run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child() {
+    let (Ok(dir), Ok(table)) = (std::env::var(CHILD_DIR), std::env::var(CHILD_TABLE)) else {
+        return;
+    };
+    let lake = Lake::sqlite_local(Path::new(&dir), "child");
+    run(&lake, &table, 0, &Path::new(&dir).join("state"), 0, 8).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_9_around_the_deletions_of_an_expiring_commit_loses_nothing() {
+    test_support::Services::get();
+    for step in ["after-expiring-commit", "while-retiring"] {
+        let dir = tempfile::tempdir().unwrap();
+        let lake = Lake::sqlite_local(dir.path(), "killed");
+        let table = lake.table(&["events"]);
+        create_with_retention(&lake, &table, 2).await;
+        let status = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "maintenance::child", "--nocapture"])
+            .env(CHILD_DIR, dir.path())
+            .env(CHILD_TABLE, &table)
+            .env(iceberg_sink::KILL_VARIABLE, step)
+            .status()
+            .unwrap();
+        assert_eq!(
+            status.signal(),
+            Some(9),
+            "{step}: the child should have killed itself at the step ({status})"
+        );
+        let killed = metadata_files(&lake, &table).await;
+
+        let state = dir.path().join("state");
+        run(&lake, &table, 0, &state, 0, 2).await;
+        let seen = metadata_files(&lake, &table).await;
+        let next = LocalCheckpointStore::open(&state, 3)
+            .unwrap()
+            .load()
+            .await
+            .unwrap()
+            .record
+            .and_then(|r| r.positions.first().map(|p| p.next_offset))
+            .unwrap();
+        let expected: Vec<i64> = (0..next).collect();
+        assert_eq!(ids(&seen["ids"]), expected, "{step}: pyiceberg");
+        assert_eq!(ids(&seen["duckdb_ids"]), expected, "{step}: DuckDB");
+        let snapshots = seen["snapshots"].as_array().unwrap();
+        assert!(snapshots.len() <= 3, "{step}: {snapshots:#?}");
+        // What the killed process left undeleted stays an orphan; nothing later adds to it.
+        let left = killed["unreferenced_manifest_lists"].clone();
+        if step == "after-expiring-commit" {
+            assert_ne!(
+                left,
+                serde_json::json!([]),
+                "{step}: the expired manifest lists the kill left"
+            );
+        }
+        assert_eq!(
+            seen["unreferenced_manifest_lists"], left,
+            "{step}: the later commits delete what they expire"
+        );
+        let read = read(&lake, &table).await;
+        assert!(
+            read.unreferenced.is_empty(),
+            "{step}: {:?}",
+            read.unreferenced
+        );
+        let mut committed: Vec<&str> = snapshots
+            .iter()
+            .filter(|s| {
+                s["summary"]["added-data-files"]
+                    .as_str()
+                    .is_some_and(|n| n != "0")
+            })
+            .filter_map(|s| s["summary"]["ratchet.checkpoint"].as_str())
+            .collect();
+        let all = committed.len();
+        committed.dedup();
+        assert_eq!(
+            committed.len(),
+            all,
+            "{step}: a checkpoint in two snapshots"
+        );
+    }
+}
