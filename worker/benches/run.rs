@@ -10,11 +10,9 @@
 
 mod limits;
 
-use std::path::Path;
-use std::process::Command;
-
-use limits::runs::{Rate, Stopped, stopped_line};
-use limits::{PRODUCER, bootstrap, fill_input, plain_copy, plain_parquet, run_child, usage};
+use limits::jobs::{JobFile, Store, run_workers};
+use limits::runs::Rate;
+use limits::{fill_input, plain_copy, plain_parquet, run_child, usage};
 use test_support::Services;
 
 const JOB: &str = "RATCHET_BENCH_JOB";
@@ -43,8 +41,13 @@ fn main() {
         let mut pair = Vec::new();
         for delivery in ["exactly-once", "at-least-once"] {
             let dir = tempfile::tempdir().unwrap();
-            let job = write_job(dir.path(), &topic, kind, delivery, Store::Local, services);
-            let rate = Rate::of(&run_workers(&job, 1));
+            let job = JobFile {
+                delivery,
+                store: Store::Local,
+                ..JobFile::new(&topic, kind)
+            }
+            .write(dir.path(), services);
+            let rate = Rate::of(&run_workers(&job.path, 1));
             eprintln!("{kind} {delivery}: {rate:?}");
             pair.push(rate);
         }
@@ -53,15 +56,12 @@ fn main() {
     let mut scaling = Vec::new();
     for processes in [1, 3] {
         let dir = tempfile::tempdir().unwrap();
-        let job = write_job(
-            dir.path(),
-            &topic,
-            "file",
-            "exactly-once",
-            Store::Postgres,
-            services,
-        );
-        let rate = Rate::of(&run_workers(&job, processes));
+        let job = JobFile {
+            store: Store::Postgres,
+            ..JobFile::new(&topic, "file")
+        }
+        .write(dir.path(), services);
+        let rate = Rate::of(&run_workers(&job.path, processes));
         eprintln!("{processes} process(es): {rate:?}");
         scaling.push((processes, rate));
     }
@@ -131,98 +131,6 @@ fn main() {
     }
 }
 
-#[derive(Clone, Copy)]
-enum Store {
-    Local,
-    Postgres,
-}
-
-/// Writes a job file for one sink of `kind` run with `delivery`; returns its path.
-fn write_job(
-    dir: &Path,
-    topic: &str,
-    kind: &str,
-    delivery: &str,
-    store: Store,
-    services: &Services,
-) -> std::path::PathBuf {
-    let name = test_support::unique_name("bench-run").replace('-', "_");
-    let client: Vec<String> = PRODUCER
-        .iter()
-        .map(|(k, v)| format!("\"{k}\" = \"{v}\""))
-        .collect();
-    let sink = match kind {
-        "file" => format!(
-            "storage = {{ kind = \"local\", path = \"{}\" }}\nformat = {{ kind = \"parquet\", compression = \"zstd\" }}",
-            dir.join("out").display()
-        ),
-        "kafka" => format!(
-            "bootstrap_servers = \"{}\"\ntopic = \"{name}-out\"\ntransactional_id_prefix = \"{name}\"\n\
-             records = {{ key_column = \"key\", value_column = \"value\" }}\nclient = {{ {} }}",
-            bootstrap(),
-            client.join(", ")
-        ),
-        "jdbc" => format!(
-            "url = \"{}\"\ntable = \"{name}\"\nscope = \"{name}\"\ncreate_table = true",
-            services.pg_url()
-        ),
-        "iceberg" => format!(
-            "catalog = {{ kind = \"sql\", uri = \"sqlite://{dir}/catalog.db?mode=rwc\", warehouse = \"file://{dir}/warehouse\" }}\n\
-             table = \"bench.{name}\"\ncreate_table = true",
-            dir = dir.display()
-        ),
-        other => panic!("unknown sink kind {other}"),
-    };
-    let store = match store {
-        Store::Local => format!(
-            "kind = \"local\"\npath = \"{}\"",
-            dir.join("state").display()
-        ),
-        Store::Postgres => format!("kind = \"postgres\"\nurl = \"{}\"", services.pg_url()),
-    };
-    let text = format!(
-        "[job]\nname = \"{name}\"\nsubtasks = {PARTITIONS}\ncheckpoint_interval = \"1s\"\nlease = \"5s\"\n\n\
-         [source]\nbootstrap_servers = \"{bootstrap}\"\ntopic = \"{topic}\"\n\n[store]\n{store}\n\n\
-         [[sinks]]\ntype = \"{kind}\"\nid = \"out\"\ndelivery = \"{delivery}\"\n{sink}\n",
-        bootstrap = bootstrap()
-    );
-    let path = dir.join("job.toml");
-    std::fs::write(&path, text).unwrap();
-    path
-}
-
-/// Runs `processes` workers on `job` until each is idle for 3 s; returns what each reported.
-fn run_workers(job: &Path, processes: usize) -> Vec<Stopped> {
-    let children: Vec<_> = (0..processes)
-        .map(|_| {
-            Command::new(env!("CARGO_BIN_EXE_ratchet"))
-                .args([
-                    "--log-format",
-                    "json",
-                    "run",
-                    "--exit-when-idle",
-                    "3s",
-                    "--config",
-                ])
-                .arg(job)
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    children
-        .into_iter()
-        .map(|child| {
-            let out = child.wait_with_output().unwrap();
-            let log = String::from_utf8_lossy(&out.stderr);
-            assert!(out.status.success(), "worker failed:\n{log}");
-            stopped_line(&log)
-        })
-        .collect()
-}
-
-/// The worker's final `stopped` event.
 /// Runs a limit in a child process (this binary again) for its own CPU time and RSS.
 fn limit(job: &str, topic: &str, records: u64) -> Rate {
     let v = run_child(JOB, job, topic, records);

@@ -1,8 +1,9 @@
 //! The limits the benchmarks compare Ratchet's jobs with: the same work with no commit protocol (a plain
 //! Kafka-to-Kafka copy, consume + `ArrowWriter`), the shared input, and the process's own CPU time and peak RSS.
-//! Included by `pipelines.rs` and `run.rs` (`mod limits;`).
+//! Included by `pipelines.rs`, `run.rs` and `latency.rs` (`mod limits;`).
 #![allow(dead_code)]
 
+pub mod jobs;
 pub mod runs;
 
 use std::fs::File;
