@@ -121,6 +121,10 @@ impl<S: TwoPhaseCommit> TwoPhaseCommit for GuaranteedSink<S> {
         self.guarantee
     }
 
+    fn holds_deferred(&self) -> bool {
+        self.inner.holds_deferred()
+    }
+
     async fn recorded_checkpoint(&mut self) -> Result<Option<CheckpointId>> {
         self.inner.recorded_checkpoint().await
     }

@@ -107,6 +107,15 @@ pub trait TwoPhaseCommit: Send + 'static {
         false
     }
 
+    /// Whether this instance holds data of decided checkpoints that their commits deferred to a later commit (the
+    /// Iceberg sink committing one snapshot every K checkpoints, between two snapshots). A job keeps taking
+    /// checkpoints while a sink does, even when no record arrives, so that the data becomes visible within K
+    /// checkpoint intervals instead of waiting for the next record. The default, `false`, suits every sink whose
+    /// commit makes everything visible.
+    fn holds_deferred(&self) -> bool {
+        false
+    }
+
     /// The guarantee this instance runs with ([`GuaranteedSink`](crate::GuaranteedSink) says which; a sink that is
     /// weaker by itself says so too). The driver records it with every committable, so that recovery follows the
     /// guarantee a checkpoint was decided under, not the one the sink runs with after a change of settings: a

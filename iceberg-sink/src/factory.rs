@@ -25,7 +25,7 @@ use crate::config::{
 /// | `job` | the job identity recorded in every snapshot (the ledger key, with the sink id and subtask); must stay the same across restarts and replacements, and differ between jobs writing the same table with the same sink id | the job's name (jobs first run before job scoping, and sinks built without a job: the sink id) |
 /// | `s3` | `{ endpoint, region, access_key_id, secret_access_key, force_path_style }` for an `s3://` warehouse | the AWS environment |
 /// | `target_file_size` | bytes after which a data file is closed and the next one opened | 128 MiB |
-/// | `commit_every` | commit one snapshot every this many checkpoints (fewer, larger snapshots; data becomes visible up to K checkpoints later, and after a clean stop only at the next start; exactly-once only) | 1 |
+/// | `commit_every` | commit one snapshot every this many checkpoints (fewer, larger snapshots; data becomes visible up to K checkpoints later: the worker keeps checkpointing while files wait, records or not; after a clean stop, at the next start; exactly-once only) | 1 |
 /// | `commit_timeout` | the longest one catalog call may take before its outcome counts as unknown (then the next attempt checks the table's history first) | 60s |
 /// | `cleanup_on_recover` | delete this subtask's data files no snapshot references when recovering | true |
 /// | `expire_snapshots` | expire snapshots inside every commit by the table's `history.expire.max-snapshot-age-ms` (default 5 days) and `history.expire.min-snapshots-to-keep` (default 1), as Iceberg's expire-snapshots procedure does, and delete the expired snapshots' manifest lists; skipped while the table sets `gc.enabled = false` | false |

@@ -175,6 +175,15 @@ impl TwoPhaseCommit for IcebergSink {
         Ok(self.key.state(&table.metadata_ref()).checkpoint)
     }
 
+    /// Files of decided checkpoints wait for the snapshot of a later one (`commit_every` > 1).
+    fn holds_deferred(&self) -> bool {
+        !self.carried.is_empty()
+            || self
+                .pre_committed
+                .as_ref()
+                .is_some_and(|c| !c.commit && !c.files.is_empty())
+    }
+
     async fn begin(&mut self, checkpoint: CheckpointId) -> Result<()> {
         let epoch = self.committer.epoch(Phase::Begin)?;
         // The previous checkpoint is decided by now (the driver begins only after saving its record).

@@ -356,16 +356,18 @@ impl Reader {
                     return Vec::new();
                 };
                 *snapshot = Some(current);
+                // The scan's batches come in no particular order: filter against the offset seen before it.
+                let before = *offset;
                 let mut values = Vec::new();
                 for batch in batches {
                     let offsets = column::<Int64Array>(&batch, "offset");
                     let texts = column::<StringArray>(&batch, "value");
                     for i in 0..batch.num_rows() {
-                        if offsets.value(i) > *offset {
+                        if offsets.value(i) > before {
                             values.push(texts.value(i).to_string());
+                            *offset = (*offset).max(offsets.value(i));
                         }
                     }
-                    *offset = (*offset).max(offsets.iter().flatten().max().unwrap_or(-1));
                 }
                 values
             }

@@ -96,6 +96,7 @@ pub(crate) trait ErasedSink: Send {
     fn sink_id(&self) -> &SinkId;
     fn transaction_timeout(&self) -> Option<Duration>;
     fn delivery(&self) -> DeliveryGuarantee;
+    fn holds_deferred(&self) -> bool;
     async fn recorded_checkpoint(&mut self) -> Result<Option<CheckpointId>>;
     async fn begin(&mut self, checkpoint: CheckpointId) -> Result<()>;
     async fn write(&mut self, batch: &RecordBatch) -> Result<()>;
@@ -129,6 +130,10 @@ impl<T: TwoPhaseCommit> ErasedSink for T {
 
     fn transaction_timeout(&self) -> Option<Duration> {
         TwoPhaseCommit::transaction_timeout(self)
+    }
+
+    fn holds_deferred(&self) -> bool {
+        TwoPhaseCommit::holds_deferred(self)
     }
 
     fn delivery(&self) -> DeliveryGuarantee {

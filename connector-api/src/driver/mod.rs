@@ -168,6 +168,13 @@ impl<S: CheckpointStore> Driver<S> {
         self.current
     }
 
+    /// Whether a sink holds data of decided checkpoints that a later commit makes visible
+    /// ([`TwoPhaseCommit::holds_deferred`](crate::TwoPhaseCommit::holds_deferred)): a job checkpoints on while it
+    /// does, records or not.
+    pub fn holds_deferred(&self) -> bool {
+        self.sinks.iter().any(|sink| sink.holds_deferred())
+    }
+
     /// Reads, without claiming or changing anything, what the store holds for this subtask and what every sink
     /// holds open in its external system, with what recovery would do with each transaction. Before
     /// [`start`](Self::start) only; works while the job is down (and while it runs, as a snapshot).

@@ -41,7 +41,7 @@ async fn lowering_commit_every_or_weakening_delivery_keeps_the_files_a_record_ca
     let table_line = format!("table = \"{}.orders\"\n", job.name);
     job.edit_config(
         &format!("{table_line}{lake}"),
-        &format!("{table_line}{lake}commit_every = 3\n"),
+        &format!("{table_line}{lake}commit_every = 100\n"),
     );
     job.produce(100).await;
     run_until_idle(&mut job);
@@ -51,11 +51,11 @@ async fn lowering_commit_every_or_weakening_delivery_keeps_the_files_a_record_ca
         "nothing was carried: the test means nothing"
     );
 
-    job.edit_config("commit_every = 3\n", "commit_every = 1\n");
+    job.edit_config("commit_every = 100\n", "commit_every = 1\n");
     run_until_idle(&mut job);
     job.assert_exactly_once();
 
-    job.edit_config("commit_every = 1\n", "commit_every = 3\n");
+    job.edit_config("commit_every = 1\n", "commit_every = 100\n");
     job.produce(100).await;
     run_until_idle(&mut job);
     assert!(
@@ -63,10 +63,32 @@ async fn lowering_commit_every_or_weakening_delivery_keeps_the_files_a_record_ca
         "nothing was carried: the test means nothing"
     );
     job.edit_config(
-        "commit_every = 3\n",
+        "commit_every = 100\n",
         "commit_every = 1\ndelivery = \"at-least-once\"\n",
     );
     run_until_idle(&mut job);
+    job.assert_exactly_once();
+}
+
+/// A job whose Iceberg sink commits every third checkpoint goes on checkpointing while no record arrives, so
+/// the files of the last checkpoints become visible within three intervals instead of waiting for the next
+/// record (before: never, while the input stayed quiet).
+#[tokio::test(flavor = "multi_thread")]
+async fn deferred_iceberg_files_become_visible_while_no_record_arrives() {
+    let mut job = Job::new("deferred", 1, 1, "3s").await;
+    let table_line = format!("table = \"{}.orders\"\n", job.name);
+    job.edit_config(&table_line, &format!("{table_line}commit_every = 3\n"));
+    job.produce(100).await;
+    let mut worker = job.spawn_worker(&[]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while lake_ids(&job).len() < 100 {
+        assert!(
+            Instant::now() < deadline,
+            "the last checkpoints' files are still not visible after 30 s of 500 ms checkpoints"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    worker.stop(Duration::from_secs(60));
     job.assert_exactly_once();
 }
 
