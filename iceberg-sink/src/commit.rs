@@ -275,7 +275,16 @@ impl TableTarget {
         match committed {
             Ok(Ok(table)) => {
                 if let Some(base) = guarded.base() {
-                    delete_retired_files(&base, &table).await;
+                    // Bounded like the commit: a storage that hangs leaves the rest as orphans, never the job.
+                    let retiring = delete_retired_files(&base, &table);
+                    if tokio::time::timeout(self.commit_timeout, retiring).await.is_err() {
+                        tracing::warn!(
+                            table = %self.table,
+                            timeout = ?self.commit_timeout,
+                            "deleting the files the commit retired took longer than commit_timeout; the rest stay \
+                             as orphans (no reader uses them)"
+                        );
+                    }
                 }
                 Ok(None)
             }

@@ -7,7 +7,8 @@
 //! commit: a reader of the current metadata never meets a missing file. A commit whose outcome is unknown deletes
 //! nothing. A process killed between the commit and the deletions (drill step `after-expiring-commit`) or
 //! during them (`while-retiring`) leaves the rest as orphans no snapshot references; nothing deletes those later
-//! yet (an orphan sweep of `metadata/` is planned, docs/design/iceberg-commit-path.md).
+//! yet (an orphan sweep of `metadata/` is planned, docs/design/iceberg-commit-path.md). The deletions are bounded
+//! by the sink's `commit_timeout`; what a hung storage did not delete stays an orphan too.
 //!
 //! # Drill
 //! `RATCHET_ICEBERG_KILL_AT=<step>` makes the process kill itself with SIGKILL at that step of the first commit

@@ -82,22 +82,10 @@ impl KillTarget for Warehouse {
                 seen.duckdb_ids.len()
             ));
         }
-        let mut committed: Vec<&str> = seen
-            .snapshots
-            .iter()
-            .filter(|s| {
-                s["summary"]["added-data-files"]
-                    .as_str()
-                    .is_some_and(|n| n != "0")
-            })
-            .filter_map(|s| s["summary"]["ratchet.checkpoint"].as_str())
-            .collect();
-        committed.sort_unstable();
         problems.extend(
-            committed
-                .windows(2)
-                .filter(|pair| pair[0] == pair[1])
-                .map(|pair| format!("checkpoint {} committed in two snapshots", pair[0])),
+            common::checkpoints_in_two_snapshots(&seen.snapshots)
+                .into_iter()
+                .map(|checkpoint| format!("checkpoint {checkpoint} committed in two snapshots")),
         );
         Ok(problems)
     }

@@ -185,6 +185,11 @@ impl Lake {
 impl Lake {
     /// Per column of `table`'s current schema, the ids of the rows where pyiceberg reads a value (blocking).
     pub fn non_null_ids(&self, table: &str) -> serde_json::Value {
+        self.read_with(table, "--columns")["columns"].clone()
+    }
+
+    /// What the verifier prints for `table` with `flag` (blocking).
+    fn read_with(&self, table: &str, flag: &str) -> serde_json::Value {
         Services::get().verify(
             "iceberg_table.py",
             &[
@@ -193,11 +198,31 @@ impl Lake {
                 &self.warehouse,
                 table,
                 "id",
-                "--columns",
+                flag,
             ],
-        )["columns"]
-            .clone()
+        )
     }
+}
+
+/// The checkpoints that `snapshots` (the verifier's) show added by more than one snapshot with data files.
+pub fn checkpoints_in_two_snapshots(snapshots: &[serde_json::Value]) -> Vec<String> {
+    let mut committed: Vec<&str> = snapshots
+        .iter()
+        .filter(|s| {
+            s["summary"]["added-data-files"]
+                .as_str()
+                .is_some_and(|n| n != "0")
+        })
+        .filter_map(|s| s["summary"]["ratchet.checkpoint"].as_str())
+        .collect();
+    committed.sort_unstable();
+    let mut twice: Vec<String> = committed
+        .windows(2)
+        .filter(|pair| pair[0] == pair[1])
+        .map(|pair| pair[0].to_string())
+        .collect();
+    twice.dedup();
+    twice
 }
 
 impl Lake {
@@ -225,17 +250,7 @@ impl Lake {
     /// What pyiceberg sees of `table` with the manifest lists and metadata files under its `metadata/` directory
     /// (blocking): `snapshots`, `unreferenced_manifest_lists`, `metadata_json_files`, `ids`, `duckdb_ids`.
     pub fn metadata_files(&self, table: &str) -> serde_json::Value {
-        Services::get().verify(
-            "iceberg_table.py",
-            &[
-                "ratchet",
-                &self.python_uri,
-                &self.warehouse,
-                table,
-                "id",
-                "--metadata-files",
-            ],
-        )
+        self.read_with(table, "--metadata-files")
     }
 }
 
