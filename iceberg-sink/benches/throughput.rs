@@ -12,8 +12,10 @@
 //!
 //! With `RATCHET_BENCH_SMALL_FILES=1` it instead simulates an hour of a 1 000 rows/s stream committed at 1 s and
 //! at 60 s checkpoints (3 600 and 60 commits of the same rows, run back to back) and prints the files and bytes of
-//! data and metadata the table holds afterwards, and once more at 1 s with `expire_snapshots` on a table that keeps
-//! 100 snapshots.
+//! data and metadata the table holds afterwards, the manifests its current snapshot names and how long pyiceberg
+//! takes to plan a scan of it: at 1 s without maintenance, with `expire_snapshots` on a table that keeps 100
+//! snapshots, and with expiry and manifest merging (the sink's default for tables it creates). With
+//! `RATCHET_BENCH_DAY=1` it simulates a day at 1 s (86 400 commits of 10 rows) with expiry and merging.
 //!
 //! Run: `scripts/services.sh up venv && cargo bench -p iceberg-sink --bench throughput` (see docs/benchmarks.md).
 //! `RATCHET_BENCH_SECONDS` sets the length of each run (default 30: three 10 s checkpoints), `RATCHET_BENCH_RUNS`
@@ -26,7 +28,7 @@ use connector_api::{CheckpointId, Committer, SinkId, SubtaskId, TwoPhaseCommit};
 use iceberg::transaction::{ApplyTransactionAction, Transaction};
 use iceberg_sink::{
     CatalogConfig, CheckpointWriter, DEFAULT_TARGET_FILE_SIZE, IcebergSink, IcebergSinkConfig,
-    S3Settings,
+    MANIFEST_MERGE_ENABLED, S3Settings,
 };
 use ratchet_conformance::{conformance_batch_with, conformance_schema};
 use test_support::Services;
@@ -262,13 +264,21 @@ fn files_under(dir: &std::path::Path) -> (u64, u64) {
     total
 }
 
-/// An hour of a 1 000 rows/s stream, committed every `interval_secs` seconds: files and bytes afterwards. With
-/// `keep`, the sink expires snapshots in its commits (`expire_snapshots`) and the table keeps `keep` of them.
-async fn small_files(interval_secs: i64, keep: Option<usize>) {
-    const ROWS_PER_SECOND: i64 = 1_000;
+/// One small-files run: `commits` commits of `rows_per_commit` rows each. With `keep`, the sink expires snapshots
+/// in its commits (`expire_snapshots`) and the table keeps `keep` of them; `merge` leaves manifest merging on (the
+/// tables the sink creates ask for it, merging at 100 manifests) or turns it off.
+struct SmallFiles {
+    label: String,
+    commits: u64,
+    rows_per_commit: i64,
+    keep: Option<usize>,
+    merge: bool,
+}
+
+async fn small_files(run: SmallFiles) {
     let lake = lake();
     let config = IcebergSinkConfig {
-        expire_snapshots: keep.is_some(),
+        expire_snapshots: run.keep.is_some(),
         ..config(&lake)
     };
     let mut sink = IcebergSink::new(config.clone()).await.unwrap();
@@ -278,26 +288,27 @@ async fn small_files(interval_secs: i64, keep: Option<usize>) {
         .await
         .unwrap();
     let ident = iceberg::TableIdent::from_strs(["bench", "events"]).unwrap();
-    if let Some(keep) = keep {
-        let table = catalog.load_table(&ident).await.unwrap();
-        let tx = Transaction::new(&table);
-        let tx = tx
-            .update_table_properties()
+    let table = catalog.load_table(&ident).await.unwrap();
+    let tx = Transaction::new(&table);
+    let mut properties = tx
+        .update_table_properties()
+        .set(MANIFEST_MERGE_ENABLED.into(), run.merge.to_string());
+    if let Some(keep) = run.keep {
+        properties = properties
             .set(
                 "history.expire.min-snapshots-to-keep".into(),
                 keep.to_string(),
             )
-            .set("history.expire.max-snapshot-age-ms".into(), "1".into())
-            .apply(tx)
-            .unwrap();
-        tx.commit(catalog.as_ref()).await.unwrap();
+            .set("history.expire.max-snapshot-age-ms".into(), "1".into());
     }
+    let tx = properties.apply(tx).unwrap();
+    tx.commit(catalog.as_ref()).await.unwrap();
     sink.recover(None).await.unwrap();
     let committer = sink.committer();
-    let rows = ROWS_PER_SECOND * interval_secs;
+    let rows = run.rows_per_commit;
     let started = Instant::now();
     let mut commits_ms = Vec::new();
-    for checkpoint in 1..=(3600 / interval_secs) as u64 {
+    for checkpoint in 1..=run.commits {
         sink.begin(CheckpointId(checkpoint)).await.unwrap();
         let start = (checkpoint as i64 - 1) * rows;
         sink.write(&conformance_batch_with(start..start + rows, payload))
@@ -339,28 +350,61 @@ async fn small_files(interval_secs: i64, keep: Option<usize>) {
         .map(|e| e.metadata().unwrap().len())
         .max()
         .unwrap_or(0);
-    let mode = match keep {
-        Some(keep) => format!("{interval_secs} s, expire_snapshots (keep {keep})"),
-        None => format!("{interval_secs} s"),
-    };
+    let plan = Services::get().python_script(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/pyiceberg_plan.py"),
+        &[&lake.python_uri, &lake.warehouse, "bench.events"],
+    );
+    let mode = &run.label;
     println!(
-        "| {mode} | {snapshots} | {data_files} | {:.1} | {metadata_files} | {:.1} | {:.0} | {first:.0} / {last:.0} | {:.0} |",
+        "| {mode} | {snapshots} | {data_files} | {:.1} | {metadata_files} | {:.1} | {:.0} | {} | {first:.0} / {last:.0} | {:.2} | {:.0} | {:.0} |",
         data_bytes as f64 / 1e6,
         metadata_bytes as f64 / 1e6,
         newest_json as f64 / 1e3,
-        simulated.as_secs_f64()
+        plan["manifests"],
+        plan["plan_seconds"].as_f64().unwrap(),
+        simulated.as_secs_f64(),
+        (run.commits as i64 * rows) as f64 / simulated.as_secs_f64(),
     );
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    if std::env::var("RATCHET_BENCH_SMALL_FILES").is_ok() {
+    let small = std::env::var("RATCHET_BENCH_SMALL_FILES").is_ok();
+    let day = std::env::var("RATCHET_BENCH_DAY").is_ok();
+    if small || day {
         println!(
-            "| interval | snapshots | data files | data MB | metadata files | metadata MB | newest metadata.json KB | commit p99, first / last 100 commits, ms | simulated in s |\n|---|---|---|---|---|---|---|---|---|"
+            "| run | snapshots | data files | data MB | metadata files | metadata MB | newest metadata.json KB | manifests in the current snapshot | commit p99, first / last 100 commits, ms | pyiceberg scan plan, s | simulated in s | rows/s |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
         );
-        small_files(60, None).await;
-        small_files(1, None).await;
-        small_files(1, Some(100)).await;
+        let hour = |label: &str, seconds: i64, keep, merge| SmallFiles {
+            label: label.to_string(),
+            commits: (3600 / seconds) as u64,
+            rows_per_commit: 1_000 * seconds,
+            keep,
+            merge,
+        };
+        if small {
+            small_files(hour("1 h at 60 s", 60, None, true)).await;
+            small_files(hour("1 h at 1 s, no maintenance", 1, None, false)).await;
+            small_files(hour("1 h at 1 s, expiry (keep 100)", 1, Some(100), false)).await;
+            small_files(hour(
+                "1 h at 1 s, expiry (keep 100) + merging (at 100)",
+                1,
+                Some(100),
+                true,
+            ))
+            .await;
+        }
+        if day {
+            small_files(SmallFiles {
+                label: "24 h at 1 s (10 rows per commit), expiry (keep 100) + merging (at 100)"
+                    .into(),
+                commits: 86_400,
+                rows_per_commit: 10,
+                keep: Some(100),
+                merge: true,
+            })
+            .await;
+        }
         return;
     }
     let seconds = Duration::from_secs(env_u64("RATCHET_BENCH_SECONDS", 30));

@@ -15,6 +15,15 @@
 //! hide a commit that landed. The error is retryable; the next attempt starts by loading the table and checking
 //! its history, so it finds the landed snapshot instead of adding a second one. (iceberg's own duplicate-file
 //! check is off: it reads every manifest of the table on every commit, and the ledger check is exact.)
+//!
+//! # Two commit paths
+//! A table that asks for manifest merging (`commit.manifest-merge.enabled`, [`crate::manifest_merge`]) in a SQL
+//! catalog is committed by Ratchet itself: iceberg plans the commit as always (guarded load, expiry, fast append,
+//! ledger property) into a capturing [`GuardedCatalog`], the planned snapshot's manifests are merged, and
+//! [`SqlMetadataSwap`] swaps the metadata location (the SQL catalog's own compare-and-swap). The guard, the
+//! requirements and the ledger are the same on both paths. Any other table (or a REST catalog, whose own commit
+//! path is planned) is committed by iceberg's `Transaction::commit`; merging asked of a REST table is skipped
+//! with a warning.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -25,14 +34,16 @@ use connector_api::{CheckpointId, Committer, Error, ErrorKind, Phase, Result, Su
 use iceberg::spec::DataFile;
 use iceberg::table::Table;
 use iceberg::transaction::{ApplyTransactionAction, Transaction};
-use iceberg::{Catalog, TableIdent};
+use iceberg::{Catalog, TableIdent, TableUpdate};
 
 use crate::committable::IcebergCommittable;
 use crate::committable::decode_files;
 use crate::error::iceberg_error;
-use crate::guarded::{Check, GuardedCatalog, Verdict};
+use crate::guarded::{Check, GuardedCatalog, Planned, Verdict};
 use crate::ledger::{SubtaskKey, SubtaskState};
-use crate::retire::delete_retired_files;
+use crate::manifest_merge::{MergePolicy, merge_manifests};
+use crate::metadata_swap::{SqlMetadataSwap, SwapOutcome};
+use crate::retire::{ManifestListCache, delete_retired_files, drill};
 
 /// What a commit did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,6 +67,12 @@ pub struct TableTarget {
     expire_snapshots: bool,
     /// Whether the warning that `gc.enabled = false` keeps expiry off was logged.
     warned_gc_off: Arc<AtomicBool>,
+    /// Ratchet's own commit for a SQL catalog, used for tables that ask for manifest merging.
+    swap: Option<SqlMetadataSwap>,
+    /// Whether the warning that merging needs the SQL catalog's own commit was logged.
+    warned_no_swap: Arc<AtomicBool>,
+    /// What the retained snapshots' manifest lists name, for deleting manifests merges replaced.
+    lists: Arc<ManifestListCache>,
     /// The table as the last commit left it: the seed of the next commit (which reloads through the guard
     /// anyway, so a stale seed costs nothing but a rebuild).
     seed: Arc<Mutex<Option<Table>>>,
@@ -70,7 +87,49 @@ impl TableTarget {
             commit_timeout,
             expire_snapshots: false,
             warned_gc_off: Arc::default(),
+            swap: None,
+            warned_no_swap: Arc::default(),
+            lists: Arc::default(),
             seed: Arc::default(),
+        }
+    }
+
+    /// Commits tables that ask for manifest merging through `swap`, Ratchet's own commit to the SQL catalog the
+    /// target's `catalog` also opens ([`crate::metadata_swap`]); without it, merging is skipped.
+    pub(crate) fn with_metadata_swap(mut self, swap: Option<SqlMetadataSwap>) -> Self {
+        self.swap = swap;
+        self
+    }
+
+    /// The merge policy of `table` when this target can carry it out (a SQL catalog).
+    ///
+    /// # Errors
+    /// [`Config`](ErrorKind::Config) naming the property when the table's merge properties are invalid.
+    fn merging(&self, table: &Table) -> Result<Option<(MergePolicy, &SqlMetadataSwap)>> {
+        let policy = MergePolicy::of(table.metadata()).map_err(|e| {
+            Error::new(
+                ErrorKind::Config,
+                Phase::Commit,
+                format!(
+                    "table {} asks for manifest merging: {}",
+                    self.table,
+                    e.message()
+                ),
+            )
+        })?;
+        match (policy, &self.swap) {
+            (Some(policy), Some(swap)) => Ok(Some((policy, swap))),
+            (Some(_), None) => {
+                if !self.warned_no_swap.swap(true, Ordering::SeqCst) {
+                    tracing::warn!(
+                        table = %self.table,
+                        "the table sets commit.manifest-merge.enabled = true, but Ratchet merges manifests only \
+                         through a SQL catalog (its own REST commit is planned): its manifests are not merged"
+                    );
+                }
+                Ok(None)
+            }
+            (None, _) => Ok(None),
         }
     }
 
@@ -235,35 +294,26 @@ impl TableTarget {
         files: Vec<DataFile>,
         check: &Check<'_>,
     ) -> Result<Option<Verdict>> {
-        let guarded = GuardedCatalog::new(self.catalog.as_ref(), check);
         // The first load only seeds the transaction; `commit` loads again through the guard and builds on that.
         let table = self.recent(Phase::Commit).await?;
-        let mut tx = Transaction::new(&table);
-        if self.expires(&table) {
-            // Before the append: every action requires main to be where it saw it, and the catalog checks them
-            // all against the base; expiring after the append would name the new snapshot and always conflict.
-            let expire = tx.expire_snapshots();
-            tx = expire
-                .apply(tx)
-                .map_err(|e| iceberg_error(Phase::Commit, "cannot plan the snapshot expiry", e))?;
-        }
-        let tx = tx
-            .fast_append()
-            // iceberg's duplicate-file check reads every manifest of the current snapshot on every commit
-            // (O(table) per commit, O(n^2) over a run: minutes per commit after a day of 1 s checkpoints). The
-            // guarded check of the subtask's ledger on the same metadata is exact, so it stands alone.
-            .with_check_duplicate(false)
-            .add_data_files(files)
-            .set_snapshot_properties(key.summary(state))
-            .apply(tx)
-            .and_then(|tx| {
-                let properties = tx
-                    .update_table_properties()
-                    .set(key.table_property(), state.property_value());
-                properties.apply(tx)
-            })
-            .map_err(|e| iceberg_error(Phase::Commit, "cannot build the snapshot", e))?;
-        let committed = tokio::time::timeout(self.commit_timeout, tx.commit(&guarded)).await;
+        let merging = self.merging(&table)?;
+        let guarded = GuardedCatalog::new(self.catalog.as_ref(), check);
+        let (guarded, committed) = match merging {
+            None => {
+                let tx = self
+                    .plan(&table, key, state, files)
+                    .map_err(|e| iceberg_error(Phase::Commit, "cannot build the snapshot", e))?;
+                let committed =
+                    tokio::time::timeout(self.commit_timeout, tx.commit(&guarded)).await;
+                (guarded, committed)
+            }
+            Some((policy, swap)) => {
+                let guarded = guarded.capturing();
+                let own = self.commit_merging(&guarded, table, key, state, &files, policy, swap);
+                let committed = tokio::time::timeout(self.commit_timeout, own).await;
+                (guarded, committed)
+            }
+        };
         let landed = match &committed {
             Ok(Ok(table)) => Some(table.clone()),
             _ => None,
@@ -274,18 +324,8 @@ impl TableTarget {
         }
         match committed {
             Ok(Ok(table)) => {
-                if let Some(base) = guarded.base() {
-                    // Bounded like the commit: a storage that hangs leaves the rest as orphans, never the job.
-                    let retiring = delete_retired_files(&base, &table);
-                    if tokio::time::timeout(self.commit_timeout, retiring).await.is_err() {
-                        tracing::warn!(
-                            table = %self.table,
-                            timeout = ?self.commit_timeout,
-                            "deleting the files the commit retired took longer than commit_timeout; the rest stay \
-                             as orphans (no reader uses them)"
-                        );
-                    }
-                }
+                self.retire(guarded.base(), &table, merging.is_some())
+                    .await;
                 Ok(None)
             }
             Ok(Err(e)) => Err(match e.kind() {
@@ -326,6 +366,134 @@ impl TableTarget {
             )),
         }
     }
+
+    /// iceberg's plan of one snapshot on `table`: the expiry (when on), the fast append of `files` with the
+    /// subtask's summary, and the ledger's table property.
+    fn plan(
+        &self,
+        table: &Table,
+        key: &SubtaskKey,
+        state: SubtaskState,
+        files: Vec<DataFile>,
+    ) -> iceberg::Result<Transaction> {
+        let mut tx = Transaction::new(table);
+        if self.expires(table) {
+            // Before the append: every action requires main to be where it saw it, and the catalog checks them
+            // all against the base; expiring after the append would name the new snapshot and always conflict.
+            let expire = tx.expire_snapshots();
+            tx = expire.apply(tx)?;
+        }
+        tx.fast_append()
+            // iceberg's duplicate-file check reads every manifest of the current snapshot on every commit
+            // (O(table) per commit, O(n^2) over a run: minutes per commit after a day of 1 s checkpoints). The
+            // guarded check of the subtask's ledger on the same metadata is exact, so it stands alone.
+            .with_check_duplicate(false)
+            .add_data_files(files)
+            .set_snapshot_properties(key.summary(state))
+            .apply(tx)
+            .and_then(|tx| {
+                let properties = tx
+                    .update_table_properties()
+                    .set(key.table_property(), state.property_value());
+                properties.apply(tx)
+            })
+    }
+
+    /// Ratchet's own commit (module docs): iceberg plans into the capturing `guarded`, the planned snapshot's
+    /// manifests are merged by `policy`, `swap` commits. A lost swap (another writer moved the table) deletes its
+    /// merged files and replans on fresh metadata after a jittered exponential wait, as often and as long as the
+    /// table's standard `commit.retry.*` properties allow (iceberg's own path honours the same; the sink's
+    /// `commit_timeout` bounds it all). A refused check stops with the verdict in `guarded`.
+    #[allow(clippy::too_many_arguments)]
+    async fn commit_merging(
+        &self,
+        guarded: &GuardedCatalog<'_>,
+        mut seed: Table,
+        key: &SubtaskKey,
+        state: SubtaskState,
+        files: &[DataFile],
+        policy: MergePolicy,
+        swap: &SqlMetadataSwap,
+    ) -> iceberg::Result<Table> {
+        let retry = seed.metadata().table_properties()?;
+        let mut wait = Duration::from_millis(retry.commit_min_retry_wait_ms.max(1));
+        for attempt in 0..=retry.commit_num_retries {
+            if attempt > 0 {
+                tokio::time::sleep(jittered(wait)).await;
+                wait = (wait * 2).min(Duration::from_millis(retry.commit_max_retry_wait_ms.max(1)));
+            }
+            self.plan(&seed, key, state, files.to_vec())?
+                .commit(guarded)
+                .await?;
+            let Some(Planned {
+                base,
+                requirements,
+                mut updates,
+            }) = guarded.take_planned()
+            else {
+                return Err(iceberg::Error::new(
+                    iceberg::ErrorKind::Unexpected,
+                    "iceberg planned no commit for the snapshot",
+                ));
+            };
+            let mut written = Vec::new();
+            for update in &mut updates {
+                if let TableUpdate::AddSnapshot { snapshot } = update
+                    && let Some(merged) = merge_manifests(&base, snapshot, policy).await?
+                {
+                    *snapshot = merged.snapshot;
+                    written = merged.written;
+                }
+            }
+            match swap.commit(&base, requirements, updates).await? {
+                SwapOutcome::Committed(table) => {
+                    if !written.is_empty() {
+                        drill("after-merging-commit");
+                    }
+                    return Ok(*table);
+                }
+                SwapOutcome::Conflict => {
+                    for file in &written {
+                        let _ = base.file_io().delete(file).await;
+                    }
+                    seed = self.catalog.load_table(&self.table).await?;
+                }
+            }
+        }
+        Err(iceberg::Error::new(
+            iceberg::ErrorKind::CatalogCommitConflicts,
+            "the table's metadata location kept changing under Ratchet's commit",
+        ))
+    }
+
+    /// Deletes what the commit from `base` to `committed` retired ([`crate::retire`]), bounded like the commit:
+    /// a storage that hangs leaves the rest as orphans, never the job. With `merged_manifests`, also the
+    /// manifests that merges replaced and no retained snapshot names any more.
+    async fn retire(&self, base: Option<Table>, committed: &Table, merged_manifests: bool) {
+        let Some(base) = base else { return };
+        let lists = merged_manifests.then_some(self.lists.as_ref());
+        let retiring = delete_retired_files(&base, committed, lists);
+        if tokio::time::timeout(self.commit_timeout, retiring)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                table = %self.table,
+                timeout = ?self.commit_timeout,
+                "deleting the files the commit retired took longer than commit_timeout; the rest stay as orphans \
+                 (no reader uses them)"
+            );
+        }
+    }
+}
+
+/// `wait` scaled by a random factor in [0.5, 1.5): writers that lost the same swap do not retry in step.
+fn jittered(wait: Duration) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    let random = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    wait.mul_f64(0.5 + (random % 1000) as f64 / 1000.0)
 }
 
 /// The commit half of [`IcebergSink`](crate::IcebergSink).

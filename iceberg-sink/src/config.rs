@@ -17,6 +17,8 @@ use iceberg_catalog_sql::{
 use iceberg_storage_opendal::OpenDalResolvingStorageFactory;
 use serde::Deserialize;
 
+use crate::metadata_swap::SqlMetadataSwap;
+
 /// An Iceberg catalog.
 ///
 /// | kind | keys |
@@ -211,6 +213,26 @@ impl CatalogConfig {
             }
         };
         Ok(catalog)
+    }
+}
+
+impl CatalogConfig {
+    /// Ratchet's own commit to this catalog ([`crate::metadata_swap`]) for the catalog named `name`: a SQL
+    /// catalog's compare-and-swap on the same database; `None` for a REST catalog (planned).
+    ///
+    /// # Errors
+    /// [`Config`](ErrorKind::Config) when the database URI is malformed.
+    pub(crate) fn metadata_swap(&self, name: &str) -> Result<Option<SqlMetadataSwap>> {
+        match self {
+            CatalogConfig::Sql { uri, .. } => {
+                SqlMetadataSwap::connect(uri, name, !uri.starts_with("sqlite:"))
+                    .map(Some)
+                    .map_err(|e| {
+                        setup_error(format!("cannot open SQL catalog {}", redact_url(uri)), e)
+                    })
+            }
+            CatalogConfig::Rest { .. } => Ok(None),
+        }
     }
 }
 

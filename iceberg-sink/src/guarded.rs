@@ -6,6 +6,10 @@
 //! conditions (this instance still owns the subtask; the checkpoint is not in the table yet) on exactly the
 //! metadata the commit is built from: whatever changes the main branch after the check makes the catalog refuse
 //! the commit, and the retry checks again.
+//!
+//! In capturing mode ([`GuardedCatalog::capturing`]) the wrapper does not forward the commit: it keeps the
+//! requirements and updates iceberg planned, for Ratchet's own commit to change (manifest merging) and send
+//! ([`crate::metadata_swap`]).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -13,7 +17,10 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 use iceberg::table::Table;
-use iceberg::{Catalog, Namespace, NamespaceIdent, Result, TableCommit, TableCreation, TableIdent};
+use iceberg::{
+    Catalog, Namespace, NamespaceIdent, Result, TableCommit, TableCreation, TableIdent,
+    TableRequirement, TableUpdate,
+};
 
 /// Why a guarded load stopped the commit.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,6 +40,19 @@ pub(crate) struct GuardedCatalog<'a> {
     check: &'a Check<'a>,
     verdict: Mutex<Option<Verdict>>,
     base: Mutex<Option<Table>>,
+    capture: bool,
+    captured: Mutex<Option<Planned>>,
+}
+
+/// A commit iceberg planned and a capturing [`GuardedCatalog`] kept instead of sending.
+#[derive(Debug)]
+pub(crate) struct Planned {
+    /// The table it was planned on (the guarded load the check accepted).
+    pub(crate) base: Table,
+    /// What the catalog must check before applying it.
+    pub(crate) requirements: Vec<TableRequirement>,
+    /// The metadata changes.
+    pub(crate) updates: Vec<TableUpdate>,
 }
 
 impl<'a> GuardedCatalog<'a> {
@@ -42,7 +62,21 @@ impl<'a> GuardedCatalog<'a> {
             check,
             verdict: Mutex::new(None),
             base: Mutex::new(None),
+            capture: false,
+            captured: Mutex::new(None),
         }
+    }
+
+    /// The same wrapper, but `update_table` keeps the planned commit ([`Self::take_planned`]) instead of sending
+    /// it, and answers with the base table.
+    pub(crate) fn capturing(mut self) -> Self {
+        self.capture = true;
+        self
+    }
+
+    /// The commit a capturing wrapper kept, if iceberg planned one.
+    pub(crate) fn take_planned(&self) -> Option<Planned> {
+        self.captured.lock().expect("captured lock").take()
     }
 
     /// The last load the check accepted: what a commit that succeeded was built on.
@@ -79,8 +113,22 @@ impl Catalog for GuardedCatalog<'_> {
         Ok(loaded)
     }
 
-    async fn update_table(&self, commit: TableCommit) -> Result<Table> {
-        self.inner.update_table(commit).await
+    async fn update_table(&self, mut commit: TableCommit) -> Result<Table> {
+        if !self.capture {
+            return self.inner.update_table(commit).await;
+        }
+        let base = self.base().ok_or_else(|| {
+            iceberg::Error::new(
+                iceberg::ErrorKind::Unexpected,
+                "a commit was planned on a table the guard never loaded",
+            )
+        })?;
+        *self.captured.lock().expect("captured lock") = Some(Planned {
+            base: base.clone(),
+            requirements: commit.take_requirements(),
+            updates: commit.take_updates(),
+        });
+        Ok(base)
     }
 
     async fn list_namespaces(

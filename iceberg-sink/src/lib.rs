@@ -46,6 +46,8 @@ mod factory;
 mod guarded;
 mod ledger;
 mod location;
+mod manifest_merge;
+mod metadata_swap;
 mod recovery;
 mod retire;
 mod sink;
@@ -61,6 +63,9 @@ pub use factory::{IcebergSinkFactory, IcebergSinkSettings};
 pub use ledger::{
     CHECKPOINT_PROPERTY, EPOCH_PROPERTY, JOB_PROPERTY, SINK_PROPERTY, SUBTASK_PROPERTY, SubtaskKey,
     SubtaskState,
+};
+pub use manifest_merge::{
+    MANIFEST_MERGE_ENABLED, MANIFEST_MIN_COUNT_TO_MERGE, MANIFEST_TARGET_SIZE_BYTES,
 };
 pub use retire::{DELETE_METADATA_AFTER_COMMIT, KILL_VARIABLE};
 pub use sink::IcebergSink;

@@ -20,6 +20,7 @@ use crate::config::IcebergSinkConfig;
 use crate::error::iceberg_error;
 use crate::evolve::add_missing_columns;
 use crate::ledger::SubtaskKey;
+use crate::manifest_merge::MANIFEST_MERGE_ENABLED;
 use crate::retire::DELETE_METADATA_AFTER_COMMIT;
 use crate::writer::CheckpointWriter;
 
@@ -95,7 +96,13 @@ impl IcebergSink {
         };
         let committer = IcebergCommitter {
             target: TableTarget::new(catalog, ident, config.commit_timeout)
-                .with_snapshot_expiry(config.expire_snapshots),
+                .with_snapshot_expiry(config.expire_snapshots)
+                .with_metadata_swap(
+                    config
+                        .catalog
+                        .metadata_swap(&config.catalog_name)
+                        .map_err(|e| e.with_sink(&config.sink))?,
+                ),
             key: key.clone(),
             epoch: Arc::default(),
         };
@@ -328,15 +335,16 @@ async fn create_table(
             ));
         }
     }
-    // A streaming writer commits often: keep only the last 100 metadata versions on storage (Iceberg's standard
-    // property, which `TableTarget` honours after every commit; iceberg-rust itself never deletes them).
+    // A streaming writer commits often: keep only the last 100 metadata versions on storage, and merge manifests
+    // once 100 pile up (Iceberg's standard properties, which `TableTarget` honours on every commit; iceberg-rust
+    // itself does neither).
     let creation = TableCreation::builder()
         .name(ident.name().to_string())
         .schema(iceberg_schema)
-        .properties(HashMap::from([(
-            DELETE_METADATA_AFTER_COMMIT.to_string(),
-            "true".to_string(),
-        )]))
+        .properties(HashMap::from([
+            (DELETE_METADATA_AFTER_COMMIT.to_string(), "true".to_string()),
+            (MANIFEST_MERGE_ENABLED.to_string(), "true".to_string()),
+        ]))
         .build();
     if let Err(e) = catalog.create_table(namespace, creation).await
         && !catalog.table_exists(ident).await.unwrap_or(false)

@@ -14,7 +14,10 @@ oldest first. Both readers see only what the current metadata references. With -
 schema, as pyiceberg reads them (a data file written before a column was added reads as null there). With --rows
 it also prints "rows": every row as a list of its values in the schema's column order, and "column_names". With
 --metadata-files it also prints "unreferenced_manifest_lists" (manifest lists under metadata/ no retained snapshot
-names) and "metadata_json_files" (how many metadata JSON files metadata/ holds).
+names), "unreferenced_manifests" (the other .avro files under metadata/, manifests, that no retained snapshot's list
+names), "current_manifests" (how many manifests the current snapshot's list names), "snapshot_rows" ([{"snapshot_id",
+"rows": rows pyiceberg reads at that snapshot, "total_records": its summary's total-records}] for every retained
+snapshot) and "metadata_json_files" (how many metadata JSON files metadata/ holds).
 """
 
 import json
@@ -103,14 +106,33 @@ def data_files_on_storage(location: str) -> list:
     return files_on_storage(location, "data", "ratchet.")
 
 
-def metadata_files(table) -> dict:
-    """What lies in the table's metadata/ directory: the manifest lists (snap-*) no retained snapshot names, and
-    how many metadata JSON files there are."""
+def metadata_files(table, id_column: str) -> dict:
+    """What lies in the table's metadata/ directory: the manifest lists (snap-*) and manifests no retained snapshot
+    names, how many metadata JSON files there are; and every retained snapshot read back."""
     location = table.metadata.location
-    lists = set(files_on_storage(location, "metadata", "snap-"))
+    io = table.io
+    everything = files_on_storage(location, "metadata", "")
+    lists = {f for f in everything if f.rsplit("/", 1)[-1].startswith("snap-")}
+    manifests = {f for f in everything if f.endswith(".avro")} - lists
     named = {canonical(s.manifest_list) for s in table.metadata.snapshots}
-    jsons = [f for f in files_on_storage(location, "metadata", "") if f.endswith(".metadata.json")]
-    return {"unreferenced_manifest_lists": sorted(lists - named), "metadata_json_files": len(jsons)}
+    named_manifests = {canonical(m.manifest_path) for s in table.metadata.snapshots for m in s.manifests(io)}
+    jsons = [f for f in everything if f.endswith(".metadata.json")]
+    current = table.metadata.current_snapshot()
+    snapshot_rows = [
+        {
+            "snapshot_id": s.snapshot_id,
+            "rows": table.scan(snapshot_id=s.snapshot_id, selected_fields=(id_column,)).to_arrow().num_rows,
+            "total_records": int(s.summary.additional_properties.get("total-records", -1)) if s.summary else -1,
+        }
+        for s in table.metadata.snapshots
+    ]
+    return {
+        "unreferenced_manifest_lists": sorted(lists - named),
+        "unreferenced_manifests": sorted(manifests - named_manifests),
+        "current_manifests": len(current.manifests(io)) if current else 0,
+        "snapshot_rows": snapshot_rows,
+        "metadata_json_files": len(jsons),
+    }
 
 
 def referenced_files(table) -> set:
@@ -167,7 +189,7 @@ def main(name: str, uri: str, warehouse: str, table_name: str, id_column: str, *
             for column in rows.column_names
         }
     if "--metadata-files" in flags:
-        out.update(metadata_files(table))
+        out.update(metadata_files(table, id_column))
     if "--rows" in flags:
         rows = table.scan().to_arrow()
         out["column_names"] = rows.column_names

@@ -3,7 +3,9 @@
 //! DuckDB's iceberg_scan, which must agree, and data files no snapshot references count as leftovers. Also on
 //! SeaweedFS's REST catalog, and with one snapshot per three checkpoints; these two with snapshot expiry inside
 //! the commits (`expire_snapshots`) on tables that keep 2 snapshots, so recovery often finds none of a subtask's
-//! snapshots and goes by the ledger's table property.
+//! snapshots and goes by the ledger's table property. Every table the sink creates in a SQL catalog is committed
+//! by Ratchet's own commit (manifest merging on); the PostgreSQL and every-third runs merge at 2 manifests, so
+//! nearly every commit merges.
 
 use crate::common;
 
@@ -18,14 +20,15 @@ use ratchet_conformance::{Conformance, ConformanceTarget, conformance_schema, ru
 
 /// A lake and how many checkpoints each snapshot commits; what the readers saw last per table, until a new sink
 /// instance may change it (the end-of-scenario `leftovers` reuses the `visible_ids` read just before it); with
-/// `keep`, the sinks expire snapshots in their commits on tables that keep that many (the tables given their
-/// retention so far).
+/// `keep`, the sinks expire snapshots in their commits on tables that keep that many; with `merge_at`, the tables
+/// merge manifests at that count (`configured`: the tables given these properties so far).
 struct Target {
     lake: Lake,
     commit_every: u32,
     keep: Option<usize>,
+    merge_at: Option<usize>,
     seen: Mutex<HashMap<String, common::Seen>>,
-    retained: Mutex<HashSet<String>>,
+    configured: Mutex<HashSet<String>>,
 }
 
 impl Target {
@@ -34,8 +37,9 @@ impl Target {
             lake,
             commit_every,
             keep: None,
+            merge_at: None,
             seen: Mutex::default(),
-            retained: Mutex::default(),
+            configured: Mutex::default(),
         }
     }
 
@@ -43,6 +47,14 @@ impl Target {
     fn expiring(self, keep: usize) -> Self {
         Target {
             keep: Some(keep),
+            ..self
+        }
+    }
+
+    /// The tables merge their manifests once `min_count` pile up.
+    fn merging(self, min_count: usize) -> Self {
+        Target {
+            merge_at: Some(min_count),
             ..self
         }
     }
@@ -96,10 +108,13 @@ impl ConformanceTarget for Target {
         config.commit_every = self.commit_every;
         config.expire_snapshots = self.keep.is_some();
         let created = IcebergSink::new(config).await?;
-        if let Some(keep) = self.keep
-            && self.retained.lock().unwrap().insert(table.clone())
-        {
-            self.lake.set_retention(&table, keep).await;
+        if self.configured.lock().unwrap().insert(table.clone()) {
+            if let Some(keep) = self.keep {
+                self.lake.set_retention(&table, keep).await;
+            }
+            if let Some(min_count) = self.merge_at {
+                self.lake.set_merge(&table, min_count).await;
+            }
         }
         Ok(created)
     }
@@ -139,9 +154,9 @@ async fn sqlite_catalog_with_local_warehouse_passes_the_conformance_harness() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_catalog_with_s3_warehouse_passes_the_conformance_harness() {
-    let target = Target::new(Lake::postgres_s3("conf"), 1);
+    let target = Target::new(Lake::postgres_s3("conf"), 1).merging(2);
     run_conformance(
-        "iceberg-sink, PostgreSQL catalog, S3 warehouse",
+        "iceberg-sink, PostgreSQL catalog, S3 warehouse, merging manifests at 2",
         &target,
         &Conformance::default(),
     )
@@ -166,9 +181,11 @@ async fn rest_catalog_with_s3_warehouse_passes_the_conformance_harness() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn committing_every_third_checkpoint_passes_the_conformance_harness() {
     let dir = tempfile::tempdir().unwrap();
-    let target = Target::new(Lake::sqlite_local(dir.path(), "every3"), 3).expiring(2);
+    let target = Target::new(Lake::sqlite_local(dir.path(), "every3"), 3)
+        .expiring(2)
+        .merging(2);
     run_conformance(
-        "iceberg-sink, one snapshot per 3 checkpoints, SQLite catalog, expiring snapshots",
+        "iceberg-sink, one snapshot per 3 checkpoints, SQLite catalog, expiring snapshots, merging manifests at 2",
         &target,
         &one_random_run(),
     )

@@ -7,7 +7,13 @@
 //! - a real `kill -9` right after a commit that expired snapshots, before anything was deleted, and another after
 //!   the first retired file was deleted (the `RATCHET_ICEBERG_KILL_AT` drill): the restarted job lands every row
 //!   once, no retained snapshot lost a file, and what the killed process did not delete is an orphan no snapshot
-//!   names.
+//!   names;
+//! - manifest merging inside the commits (Ratchet's own commit to the SQL catalog): with merging at 3 manifests
+//!   and 2 kept snapshots, over three runs of two subtasks the current snapshot never names more than 2 manifests,
+//!   every retained snapshot reads back its `total-records` in pyiceberg, DuckDB and pyiceberg see every row once
+//!   after every run, and the manifests merges replaced are deleted once no snapshot names them;
+//! - a real `kill -9` after the merged manifests are written (before the swap) and after a merging commit landed
+//!   (before any deletion): the restarted job lands every row once and every retained snapshot still reads back.
 
 use crate::common;
 
@@ -44,6 +50,25 @@ fn config(lake: &Lake, table: &str, subtask: u32) -> IcebergSinkConfig {
 async fn create_with_retention(lake: &Lake, table: &str, keep: usize) {
     IcebergSink::new(config(lake, table, 0)).await.unwrap();
     lake.set_retention(table, keep).await;
+}
+
+/// Creates `table` keeping `keep` snapshots and merging manifests at `min_count`.
+async fn create_merging(lake: &Lake, table: &str, keep: usize, min_count: usize) {
+    create_with_retention(lake, table, keep).await;
+    lake.set_merge(table, min_count).await;
+}
+
+/// Every retained snapshot of `seen` read back its summary's `total-records`.
+fn assert_every_snapshot_reads_back(seen: &serde_json::Value, context: &str) {
+    let states = seen["snapshot_rows"].as_array().unwrap();
+    assert!(!states.is_empty(), "{context}: no snapshot");
+    for state in states {
+        assert_eq!(
+            state["rows"], state["total_records"],
+            "{context}: pyiceberg at snapshot {}",
+            state["snapshot_id"]
+        );
+    }
 }
 
 /// A driver over the checkpoint store in `state` with one expiring sink of `subtask`.
@@ -176,6 +201,53 @@ async fn snapshots_expire_inside_the_commits_and_the_ledger_survives_it() {
     assert!(seen.unreferenced.is_empty(), "{:?}", seen.unreferenced);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manifests_merge_inside_the_commits_and_every_state_reads_back() {
+    test_support::Services::get();
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::sqlite_local(dir.path(), "merging");
+    let table = lake.table(&["events"]);
+    create_merging(&lake, &table, 2, 3).await;
+
+    let states = [dir.path().join("state-0"), dir.path().join("state-1")];
+    let mut expected = Vec::new();
+    for round in 0..3i64 {
+        for (subtask, state) in states.iter().enumerate() {
+            let first = subtask as i64 * 100_000;
+            run(&lake, &table, subtask as u32, state, first, 3).await;
+            expected.extend(first + round * 3 * ROWS..first + (round + 1) * 3 * ROWS);
+            expected.sort_unstable();
+            let context = format!("round {round}, subtask {subtask}");
+            let seen = metadata_files(&lake, &table).await;
+            assert_eq!(ids(&seen["ids"]), expected, "{context}: pyiceberg");
+            assert_eq!(ids(&seen["duckdb_ids"]), expected, "{context}: DuckDB");
+            let current = seen["current_manifests"].as_u64().unwrap();
+            assert!(
+                current <= 2,
+                "{context}: merging at 3 leaves at most 2 manifests, the current snapshot names {current}"
+            );
+            assert_every_snapshot_reads_back(&seen, &context);
+            assert_eq!(
+                seen["unreferenced_manifests"],
+                serde_json::json!([]),
+                "{context}: the manifests merges replaced are deleted once no snapshot names them"
+            );
+            assert_eq!(
+                seen["unreferenced_manifest_lists"],
+                serde_json::json!([]),
+                "{context}"
+            );
+            assert_eq!(
+                common::checkpoints_in_two_snapshots(seen["snapshots"].as_array().unwrap()),
+                Vec::<String>::new(),
+                "{context}: checkpoints in two snapshots"
+            );
+        }
+    }
+    let read = read(&lake, &table).await;
+    assert!(read.unreferenced.is_empty(), "{:?}", read.unreferenced);
+}
+
 /// The child of the kill test: runs 8 checkpoints of the table in `CHILD_TABLE` from the store under
 /// `CHILD_DIR`; the drill in its environment kills it at the first commit that expires snapshots. Returns at once
 /// in a normal test run.
@@ -189,13 +261,23 @@ async fn child() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_kill_9_around_the_deletions_of_an_expiring_commit_loses_nothing() {
+async fn a_kill_9_at_each_step_of_an_expiring_or_merging_commit_loses_nothing() {
     test_support::Services::get();
-    for step in ["after-expiring-commit", "while-retiring"] {
+    for step in [
+        "after-expiring-commit",
+        "while-retiring",
+        "after-merging",
+        "after-merging-commit",
+    ] {
+        let merging = step.contains("merging");
         let dir = tempfile::tempdir().unwrap();
         let lake = Lake::sqlite_local(dir.path(), "killed");
         let table = lake.table(&["events"]);
-        create_with_retention(&lake, &table, 2).await;
+        if merging {
+            create_merging(&lake, &table, 2, 3).await;
+        } else {
+            create_with_retention(&lake, &table, 2).await;
+        }
         let status = Command::new(std::env::current_exe().unwrap())
             .args(["--exact", "maintenance::child", "--nocapture"])
             .env(CHILD_DIR, dir.path())
@@ -239,6 +321,18 @@ async fn a_kill_9_around_the_deletions_of_an_expiring_commit_loses_nothing() {
             seen["unreferenced_manifest_lists"], left,
             "{step}: the later commits delete what they expire"
         );
+        if step == "after-merging" {
+            assert_ne!(
+                killed["unreferenced_manifests"],
+                serde_json::json!([]),
+                "{step}: the merged manifests the kill left unused"
+            );
+        }
+        assert_eq!(
+            seen["unreferenced_manifests"], killed["unreferenced_manifests"],
+            "{step}: only the killed attempt's files are orphans; the later commits delete what merges replace"
+        );
+        assert_every_snapshot_reads_back(&seen, step);
         let read = read(&lake, &table).await;
         assert!(
             read.unreferenced.is_empty(),

@@ -229,26 +229,50 @@ impl Lake {
     /// Sets `table`'s retention (Iceberg's standard properties): keep `keep` snapshots, expire every older one at
     /// once, keep 3 old metadata files.
     pub async fn set_retention(&self, table: &str, keep: usize) {
+        self.set_properties(
+            table,
+            &[
+                ("history.expire.min-snapshots-to-keep", keep.to_string()),
+                ("history.expire.max-snapshot-age-ms", "1".into()),
+                ("write.metadata.previous-versions-max", "3".into()),
+            ],
+        )
+        .await;
+    }
+
+    /// Makes the sink merge `table`'s manifests once `min_count` pile up (Iceberg's standard properties).
+    pub async fn set_merge(&self, table: &str, min_count: usize) {
+        self.set_properties(
+            table,
+            &[
+                (iceberg_sink::MANIFEST_MERGE_ENABLED, "true".into()),
+                (
+                    iceberg_sink::MANIFEST_MIN_COUNT_TO_MERGE,
+                    min_count.to_string(),
+                ),
+            ],
+        )
+        .await;
+    }
+
+    /// Sets table properties of `table` with iceberg-rust's own transaction.
+    async fn set_properties(&self, table: &str, properties: &[(&str, String)]) {
         use iceberg::transaction::{ApplyTransactionAction, Transaction};
         let catalog = self.catalog.open("ratchet", &self.s3).await.unwrap();
         let ident = iceberg::TableIdent::from_strs(table.split('.')).unwrap();
         let loaded = catalog.load_table(&ident).await.unwrap();
         let tx = Transaction::new(&loaded);
-        let tx = tx
-            .update_table_properties()
-            .set(
-                "history.expire.min-snapshots-to-keep".into(),
-                keep.to_string(),
-            )
-            .set("history.expire.max-snapshot-age-ms".into(), "1".into())
-            .set("write.metadata.previous-versions-max".into(), "3".into())
-            .apply(tx)
-            .unwrap();
+        let mut update = tx.update_table_properties();
+        for (key, value) in properties {
+            update = update.set(key.to_string(), value.clone());
+        }
+        let tx = update.apply(tx).unwrap();
         tx.commit(catalog.as_ref()).await.unwrap();
     }
 
     /// What pyiceberg sees of `table` with the manifest lists and metadata files under its `metadata/` directory
-    /// (blocking): `snapshots`, `unreferenced_manifest_lists`, `metadata_json_files`, `ids`, `duckdb_ids`.
+    /// (blocking): `snapshots`, `unreferenced_manifest_lists`, `unreferenced_manifests`, `current_manifests`,
+    /// `snapshot_rows`, `metadata_json_files`, `ids`, `duckdb_ids`.
     pub fn metadata_files(&self, table: &str) -> serde_json::Value {
         self.read_with(table, "--metadata-files")
     }

@@ -1,0 +1,441 @@
+//! Manifest merging: bounding the manifests a snapshot's manifest list names, which iceberg-rust 0.10's
+//! `fast_append` never does (one more manifest per commit, forever: 86 400 a day at 1 s checkpoints, and every
+//! commit and every reader's scan planning reads them all).
+//!
+//! # The algorithm (Iceberg's, as Java's `ManifestMergeManager` and pyiceberg's `_MergingSnapshotProducer` do it)
+//! Honours the table's standard properties: `commit.manifest-merge.enabled` (off unless the table sets it; the
+//! tables the sink creates set it), `commit.manifest.min-count-to-merge` (default 100) and
+//! `commit.manifest.target-size-bytes` (default 8 MiB). The manifests of the planned snapshot are grouped by content
+//! (data, deletes) and partition spec; each group is packed into bins of the target size, packing from the oldest
+//! so that the bin holding the new manifest is the one left short. A bin of one manifest is kept; the bin holding
+//! the new manifest is kept while it has fewer than `min-count-to-merge` manifests; every other bin is rewritten
+//! as one manifest of the new snapshot. Rewritten entries keep their snapshot id and sequence numbers (`EXISTING`,
+//! Iceberg spec "Manifests"); entries this snapshot adds stay `ADDED` and inherit its sequence number; entries an
+//! older snapshot deleted are dropped. The replaced manifests are not deleted here: older snapshots still name
+//! them; they are deleted once no retained snapshot does ([`crate::retire`]).
+//!
+//! # Crash safety
+//! Merging only writes new files under the table's `metadata/` directory (names derived from the planned manifest
+//! list, which carries a fresh UUID) and never changes a file a committed snapshot names: until the catalog
+//! accepts the snapshot, nothing refers to them. A kill before the swap (drill step `after-merging`) leaves
+//! orphans, never a changed table.
+
+use std::collections::BTreeMap;
+
+use iceberg::spec::{
+    FormatVersion, ManifestContentType, ManifestFile, ManifestList, ManifestListWriter,
+    ManifestStatus, ManifestWriterBuilder, Snapshot, TableMetadata,
+};
+use iceberg::table::Table;
+use iceberg::{Error, ErrorKind, Result};
+
+/// Iceberg's standard property that turns manifest merging on.
+pub const MANIFEST_MERGE_ENABLED: &str = "commit.manifest-merge.enabled";
+/// Iceberg's standard property: the fewest manifests the bin holding the new manifest needs to be merged.
+pub const MANIFEST_MIN_COUNT_TO_MERGE: &str = "commit.manifest.min-count-to-merge";
+/// Iceberg's standard property: the size merged manifests aim at.
+pub const MANIFEST_TARGET_SIZE_BYTES: &str = "commit.manifest.target-size-bytes";
+
+const DEFAULT_MIN_COUNT_TO_MERGE: usize = 100;
+const DEFAULT_TARGET_SIZE_BYTES: i64 = 8 * 1024 * 1024;
+
+/// How a table asks its manifests to be merged (its standard properties).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct MergePolicy {
+    /// `commit.manifest.min-count-to-merge`.
+    pub(crate) min_count: usize,
+    /// `commit.manifest.target-size-bytes`.
+    pub(crate) target_size: i64,
+}
+
+impl MergePolicy {
+    /// The table's policy, or `None` when it does not ask for merging.
+    ///
+    /// # Errors
+    /// `DataInvalid` naming the property when a value is not a number, and `FeatureUnsupported` for a format-v3
+    /// table that asks for merging (row lineage across merged manifests is not built: merge it with Spark).
+    pub(crate) fn of(metadata: &TableMetadata) -> Result<Option<Self>> {
+        let properties = metadata.properties();
+        let enabled = properties
+            .get(MANIFEST_MERGE_ENABLED)
+            .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        if !enabled {
+            return Ok(None);
+        }
+        if metadata.format_version() > FormatVersion::V2 {
+            return Err(Error::new(
+                ErrorKind::FeatureUnsupported,
+                format!(
+                    "the table sets {MANIFEST_MERGE_ENABLED} = true, but Ratchet merges manifests of format v1 and \
+                     v2 tables only (v3 row lineage is not carried through merges): set it to false"
+                ),
+            ));
+        }
+        let number = |key: &str, default: i64| -> Result<i64> {
+            match properties.get(key) {
+                None => Ok(default),
+                Some(v) => v
+                    .trim()
+                    .parse::<i64>()
+                    .ok()
+                    .filter(|n| *n > 0)
+                    .ok_or_else(|| {
+                        Error::new(
+                            ErrorKind::DataInvalid,
+                            format!("table property {key} = {v:?} is not a positive whole number"),
+                        )
+                    }),
+            }
+        };
+        Ok(Some(Self {
+            min_count: number(
+                MANIFEST_MIN_COUNT_TO_MERGE,
+                DEFAULT_MIN_COUNT_TO_MERGE as i64,
+            )? as usize,
+            target_size: number(MANIFEST_TARGET_SIZE_BYTES, DEFAULT_TARGET_SIZE_BYTES)?,
+        }))
+    }
+
+    /// Which of `manifests` (in manifest-list order, newest first) to rewrite together: the bins the policy
+    /// merges, each as indexes into `manifests`.
+    pub(crate) fn bins_to_merge(&self, manifests: &[ManifestFile]) -> Vec<Vec<usize>> {
+        let mut groups: BTreeMap<(bool, i32), Vec<usize>> = BTreeMap::new();
+        for (i, m) in manifests.iter().enumerate() {
+            let deletes = m.content == ManifestContentType::Deletes;
+            groups
+                .entry((deletes, m.partition_spec_id))
+                .or_default()
+                .push(i);
+        }
+        let mut merged = Vec::new();
+        for group in groups.values() {
+            for bin in self.pack_from_end(manifests, group) {
+                let holds_newest = bin.contains(&group[0]);
+                if bin.len() == 1 || (holds_newest && bin.len() < self.min_count) {
+                    continue;
+                }
+                merged.push(bin);
+            }
+        }
+        merged
+    }
+
+    /// Greedy bins of at most `target_size` bytes (a manifest larger than it gets a bin of its own), filled from
+    /// the end of `group` (the oldest manifests), so the bin left short is the one with the newest.
+    fn pack_from_end(&self, manifests: &[ManifestFile], group: &[usize]) -> Vec<Vec<usize>> {
+        let mut bins: Vec<Vec<usize>> = Vec::new();
+        let mut size = 0i64;
+        for &i in group.iter().rev() {
+            let length = manifests[i].manifest_length;
+            match bins.last_mut() {
+                Some(bin) if size + length <= self.target_size => {
+                    bin.push(i);
+                    size += length;
+                }
+                _ => {
+                    bins.push(vec![i]);
+                    size = length;
+                }
+            }
+        }
+        for bin in &mut bins {
+            bin.reverse();
+        }
+        bins.reverse();
+        bins
+    }
+}
+
+/// A planned snapshot whose manifest list was rewritten with merged manifests.
+#[derive(Debug)]
+pub(crate) struct MergedSnapshot {
+    /// The snapshot, naming the new manifest list.
+    pub(crate) snapshot: Snapshot,
+    /// The files written (merged manifests, the new list): orphans unless the snapshot is committed.
+    pub(crate) written: Vec<String>,
+}
+
+/// Merges the manifests of `planned` (a snapshot planned on `base`, not yet committed) by `policy`: `None` when no
+/// bin is due (the planned snapshot stands as it is). Otherwise writes the merged manifests and a new manifest list
+/// and returns the snapshot naming it (same id, parent, sequence number, summary). The manifest list `planned`
+/// named, and the manifests it added that were merged, are deleted (nothing else refers to them).
+///
+/// # Errors
+/// Any read or write failure of a manifest or list (storage unreachable, a manifest an expiry just deleted): the
+/// commit attempt fails retryably, nothing committed.
+pub(crate) async fn merge_manifests(
+    base: &Table,
+    planned: &Snapshot,
+    policy: MergePolicy,
+) -> Result<Option<MergedSnapshot>> {
+    let metadata = base.metadata();
+    let file_io = base.file_io();
+    let list_path = planned.manifest_list();
+    let bytes = file_io.new_input(list_path)?.read().await?;
+    let manifests: Vec<ManifestFile> =
+        ManifestList::parse_with_version(&bytes, metadata.format_version())?
+            .consume_entries()
+            .into_iter()
+            .collect();
+    let bins = policy.bins_to_merge(&manifests);
+    if bins.is_empty() {
+        return Ok(None);
+    }
+    // Named after the planned list (which carries a fresh UUID): `snap-<id>-<attempt>-<uuid>-merged.avro` for the
+    // list, `merged-snap-<id>-<attempt>-<uuid>-m<n>.avro` beside it for the manifests.
+    let stem = list_path.strip_suffix(".avro").unwrap_or(list_path);
+    let (directory, name) = stem.rsplit_once('/').unwrap_or(("", stem));
+    let mut written = Vec::new();
+    let mut replaced = vec![false; manifests.len()];
+    let mut merged = Vec::new();
+    for (n, bin) in bins.iter().enumerate() {
+        let path = format!("{directory}/merged-{name}-m{n}.avro");
+        let rewritten = rewrite_bin(base, planned, &manifests, bin, &path).await?;
+        written.push(path);
+        merged.push((bin[0], rewritten));
+        for &i in bin {
+            replaced[i] = true;
+        }
+    }
+    // The list keeps the order it had, each merged manifest where its bin's first manifest was.
+    // This attempt's own manifests that were merged: nothing but the planned list ever named them.
+    let unused: Vec<String> = manifests
+        .iter()
+        .zip(&replaced)
+        .filter(|(m, replaced)| **replaced && m.added_snapshot_id == planned.snapshot_id())
+        .map(|(m, _)| m.manifest_path.clone())
+        .collect();
+    let mut ordered = Vec::with_capacity(manifests.len());
+    for (i, manifest) in manifests.into_iter().enumerate() {
+        if let Some(at) = merged.iter().position(|(first, _)| *first == i) {
+            ordered.push(merged.remove(at).1);
+        } else if !replaced[i] {
+            ordered.push(manifest);
+        }
+    }
+    let new_list = format!("{stem}-merged.avro");
+    let writer = file_io.new_output(&new_list)?.writer().await?;
+    let mut list = match metadata.format_version() {
+        FormatVersion::V1 => {
+            ManifestListWriter::v1(writer, planned.snapshot_id(), planned.parent_snapshot_id())
+        }
+        _ => ManifestListWriter::v2(
+            writer,
+            planned.snapshot_id(),
+            planned.parent_snapshot_id(),
+            planned.sequence_number(),
+        ),
+    };
+    list.add_manifests(ordered.into_iter())?;
+    list.close().await?;
+    written.push(new_list.clone());
+    crate::retire::drill("after-merging");
+    for file in unused.iter().map(String::as_str).chain([list_path]) {
+        if let Err(e) = file_io.delete(file).await {
+            tracing::debug!(file, error = %e, "cannot delete a planned file the merge replaced");
+        }
+    }
+    let snapshot = Snapshot::builder()
+        .with_snapshot_id(planned.snapshot_id())
+        .with_parent_snapshot_id(planned.parent_snapshot_id())
+        .with_sequence_number(planned.sequence_number())
+        .with_timestamp_ms(planned.timestamp_ms())
+        .with_manifest_list(new_list)
+        .with_summary(planned.summary().clone())
+        .schema_id_opt(planned.schema_id())
+        .with_encryption_key_id(planned.encryption_key_id().map(str::to_string))
+        .build();
+    Ok(Some(MergedSnapshot { snapshot, written }))
+}
+
+/// Rewrites the manifests `bin` names as one manifest of `planned` at `path`.
+async fn rewrite_bin(
+    base: &Table,
+    planned: &Snapshot,
+    manifests: &[ManifestFile],
+    bin: &[usize],
+    path: &str,
+) -> Result<ManifestFile> {
+    let metadata = base.metadata();
+    let first = &manifests[bin[0]];
+    let spec = metadata
+        .partition_spec_by_id(first.partition_spec_id)
+        .ok_or_else(|| {
+            Error::new(
+                ErrorKind::DataInvalid,
+                format!(
+                    "manifest {} names partition spec {}, which the table does not have",
+                    first.manifest_path, first.partition_spec_id
+                ),
+            )
+        })?;
+    let builder = ManifestWriterBuilder::new(
+        base.file_io().new_output(path)?,
+        Some(planned.snapshot_id()),
+        metadata.current_schema().clone(),
+        spec.as_ref().clone(),
+    );
+    let mut writer = match (metadata.format_version(), &first.content) {
+        (FormatVersion::V1, _) => builder.build_v1(),
+        (_, ManifestContentType::Data) => builder.build_v2_data(),
+        (_, ManifestContentType::Deletes) => builder.build_v2_deletes(),
+    };
+    for &i in bin {
+        let manifest = manifests[i].load_manifest(base.file_io()).await?;
+        for entry in manifest.entries() {
+            let ours = entry.snapshot_id == Some(planned.snapshot_id());
+            let data_file = entry.data_file.clone();
+            match entry.status {
+                ManifestStatus::Added if ours => writer.add_file(data_file, -1)?,
+                ManifestStatus::Deleted if ours => writer.add_delete_file(
+                    data_file,
+                    planned.sequence_number(),
+                    entry.file_sequence_number,
+                )?,
+                ManifestStatus::Deleted => {}
+                ManifestStatus::Added | ManifestStatus::Existing => {
+                    let missing = |what: &str| {
+                        Error::new(
+                            ErrorKind::DataInvalid,
+                            format!(
+                                "an entry of manifest {} has no {what}: it cannot be carried into a merged manifest",
+                                manifests[i].manifest_path
+                            ),
+                        )
+                    };
+                    writer.add_existing_file(
+                        data_file,
+                        entry.snapshot_id.ok_or_else(|| missing("snapshot id"))?,
+                        entry
+                            .sequence_number
+                            .ok_or_else(|| missing("sequence number"))?,
+                        Some(
+                            entry
+                                .file_sequence_number
+                                .ok_or_else(|| missing("file sequence number"))?,
+                        ),
+                    )?
+                }
+            }
+        }
+    }
+    writer.write_manifest_file().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manifest(snapshot: i64, length: i64, deletes: bool) -> ManifestFile {
+        ManifestFile {
+            manifest_path: format!("m-{snapshot}.avro"),
+            manifest_length: length,
+            partition_spec_id: 0,
+            content: if deletes {
+                ManifestContentType::Deletes
+            } else {
+                ManifestContentType::Data
+            },
+            sequence_number: snapshot,
+            min_sequence_number: snapshot,
+            added_snapshot_id: snapshot,
+            added_files_count: Some(1),
+            existing_files_count: Some(0),
+            deleted_files_count: Some(0),
+            added_rows_count: Some(1),
+            existing_rows_count: Some(0),
+            deleted_rows_count: Some(0),
+            partitions: None,
+            key_metadata: None,
+            first_row_id: None,
+        }
+    }
+
+    /// Manifests of snapshots `newest` down to 1, newest first (manifest-list order).
+    fn list(newest: i64, length: i64) -> Vec<ManifestFile> {
+        (1..=newest)
+            .rev()
+            .map(|s| manifest(s, length, false))
+            .collect()
+    }
+
+    fn policy(min_count: usize, target_size: i64) -> MergePolicy {
+        MergePolicy {
+            min_count,
+            target_size,
+        }
+    }
+
+    #[test]
+    fn the_bin_with_the_new_manifest_waits_for_min_count() {
+        assert!(policy(4, 1000).bins_to_merge(&list(3, 10)).is_empty());
+        assert_eq!(
+            policy(4, 1000).bins_to_merge(&list(4, 10)),
+            vec![vec![0, 1, 2, 3]]
+        );
+    }
+
+    #[test]
+    fn full_bins_of_old_manifests_merge_and_the_short_bin_holds_the_newest() {
+        // 5 manifests of 10 bytes, bins of 20 bytes packed from the oldest: [4,3] [2,1] [0].
+        let bins = policy(100, 20).bins_to_merge(&list(5, 10));
+        assert_eq!(bins, vec![vec![1, 2], vec![3, 4]]);
+    }
+
+    #[test]
+    fn a_manifest_alone_in_its_bin_is_kept() {
+        // Each manifest fills a bin by itself.
+        assert!(policy(1, 10).bins_to_merge(&list(4, 10)).is_empty());
+    }
+
+    #[test]
+    fn data_and_delete_manifests_merge_separately() {
+        let mut manifests = list(2, 10);
+        manifests.push(manifest(7, 10, true));
+        let bins = policy(2, 1000).bins_to_merge(&manifests);
+        assert_eq!(bins, vec![vec![0, 1]]);
+    }
+
+    #[test]
+    fn a_table_asks_for_merging_with_its_standard_properties() {
+        let with = |props: &[(&str, &str)]| {
+            let mut metadata = serde_json::json!({
+                "format-version": 2, "table-uuid": "9c12d441-03fe-4693-9a96-a0705ddf69c1",
+                "location": "file:///t", "last-sequence-number": 0, "last-updated-ms": 1,
+                "last-column-id": 1, "current-schema-id": 0,
+                "schemas": [{"type": "struct", "schema-id": 0, "fields": [
+                    {"id": 1, "name": "id", "required": true, "type": "long"}]}],
+                "default-spec-id": 0, "partition-specs": [{"spec-id": 0, "fields": []}],
+                "last-partition-id": 999, "default-sort-order-id": 0,
+                "sort-orders": [{"order-id": 0, "fields": []}], "properties": {}
+            });
+            for (k, v) in props {
+                metadata["properties"][k] = serde_json::json!(v);
+            }
+            MergePolicy::of(&serde_json::from_value(metadata).unwrap())
+        };
+        assert_eq!(with(&[]).unwrap(), None);
+        assert_eq!(
+            with(&[(MANIFEST_MERGE_ENABLED, "true")]).unwrap(),
+            Some(policy(100, 8 * 1024 * 1024))
+        );
+        assert_eq!(
+            with(&[
+                (MANIFEST_MERGE_ENABLED, "true"),
+                (MANIFEST_MIN_COUNT_TO_MERGE, "3"),
+                (MANIFEST_TARGET_SIZE_BYTES, "4096")
+            ])
+            .unwrap(),
+            Some(policy(3, 4096))
+        );
+        let refused = with(&[
+            (MANIFEST_MERGE_ENABLED, "true"),
+            (MANIFEST_MIN_COUNT_TO_MERGE, "x"),
+        ])
+        .unwrap_err();
+        assert!(
+            refused.to_string().contains(MANIFEST_MIN_COUNT_TO_MERGE),
+            "{refused}"
+        );
+    }
+}
