@@ -17,13 +17,12 @@
 //! check is off: it reads every manifest of the table on every commit, and the ledger check is exact.)
 //!
 //! # Two commit paths
-//! A table that asks for manifest merging (`commit.manifest-merge.enabled`, [`crate::manifest_merge`]) in a SQL
-//! catalog is committed by Ratchet itself: iceberg plans the commit as always (guarded load, expiry, fast append,
-//! ledger property) into a capturing [`GuardedCatalog`], the planned snapshot's manifests are merged, and
-//! [`SqlMetadataSwap`] swaps the metadata location (the SQL catalog's own compare-and-swap). The guard, the
-//! requirements and the ledger are the same on both paths. Any other table (or a REST catalog, whose own commit
-//! path is planned) is committed by iceberg's `Transaction::commit`; merging asked of a REST table is skipped
-//! with a warning.
+//! A table that asks for manifest merging (`commit.manifest-merge.enabled`, [`crate::manifest_merge`]) is
+//! committed by Ratchet itself: iceberg plans the commit as always (guarded load, expiry, fast append, ledger
+//! property) into a capturing [`GuardedCatalog`], the planned snapshot's manifests are merged, and [`OwnCommit`]
+//! commits it: the SQL catalog's compare-and-swap of the metadata location ([`crate::metadata_swap`]) or the REST
+//! catalog's commit endpoint ([`crate::rest_commit`]). The guard, the requirements and the ledger are the same on
+//! both paths. Any other table is committed by iceberg's `Transaction::commit`.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -38,11 +37,12 @@ use iceberg::{Catalog, TableIdent, TableUpdate};
 
 use crate::committable::IcebergCommittable;
 use crate::committable::decode_files;
+use crate::config::CatalogConfig;
 use crate::error::iceberg_error;
 use crate::guarded::{Check, GuardedCatalog, Planned, Verdict};
 use crate::ledger::{SubtaskKey, SubtaskState};
 use crate::manifest_merge::{MergePolicy, merge_manifests};
-use crate::metadata_swap::{SqlMetadataSwap, SwapOutcome};
+use crate::metadata_swap::{OwnCommit, SwapOutcome};
 use crate::retire::{ManifestListCache, delete_retired_files, drill};
 
 /// What a commit did.
@@ -67,10 +67,10 @@ pub struct TableTarget {
     expire_snapshots: bool,
     /// Whether the warning that `gc.enabled = false` keeps expiry off was logged.
     warned_gc_off: Arc<AtomicBool>,
-    /// Ratchet's own commit for a SQL catalog, used for tables that ask for manifest merging.
-    swap: Option<SqlMetadataSwap>,
-    /// Whether the warning that merging needs the SQL catalog's own commit was logged.
-    warned_no_swap: Arc<AtomicBool>,
+    /// Ratchet's own commit to the catalog, used for tables that ask for manifest merging.
+    own_commit: Option<OwnCommit>,
+    /// Whether the warning that merging needs Ratchet's own commit was logged.
+    warned_no_own_commit: Arc<AtomicBool>,
     /// What the retained snapshots' manifest lists name, for deleting manifests merges replaced.
     lists: Arc<ManifestListCache>,
     /// The table as the last commit left it: the seed of the next commit (which reloads through the guard
@@ -87,25 +87,31 @@ impl TableTarget {
             commit_timeout,
             expire_snapshots: false,
             warned_gc_off: Arc::default(),
-            swap: None,
-            warned_no_swap: Arc::default(),
+            own_commit: None,
+            warned_no_own_commit: Arc::default(),
             lists: Arc::default(),
             seed: Arc::default(),
         }
     }
 
-    /// Commits tables that ask for manifest merging through `swap`, Ratchet's own commit to the SQL catalog the
-    /// target's `catalog` also opens ([`crate::metadata_swap`]); without it, merging is skipped.
-    pub(crate) fn with_metadata_swap(mut self, swap: Option<SqlMetadataSwap>) -> Self {
-        self.swap = swap;
-        self
+    /// Commits the tables that ask for manifest merging through Ratchet's own commit to `catalog` (the
+    /// configuration the target's catalog was opened from, under the name `catalog_name`): the SQL catalog's
+    /// compare-and-swap ([`crate::metadata_swap`]) or the REST catalog's commit endpoint ([`crate::rest_commit`]).
+    /// Without it, merging is skipped with a warning.
+    ///
+    /// # Errors
+    /// [`Config`](ErrorKind::Config) when the catalog's database URI is malformed or a REST credential's
+    /// environment variable is not set.
+    pub fn with_own_commit(mut self, catalog: &CatalogConfig, catalog_name: &str) -> Result<Self> {
+        self.own_commit = Some(catalog.own_commit(catalog_name)?);
+        Ok(self)
     }
 
-    /// The merge policy of `table` when this target can carry it out (a SQL catalog).
+    /// The merge policy of `table` when this target can carry it out (it has Ratchet's own commit).
     ///
     /// # Errors
     /// [`Config`](ErrorKind::Config) naming the property when the table's merge properties are invalid.
-    fn merging(&self, table: &Table) -> Result<Option<(MergePolicy, &SqlMetadataSwap)>> {
+    fn merging(&self, table: &Table) -> Result<Option<(MergePolicy, &OwnCommit)>> {
         let policy = MergePolicy::of(table.metadata()).map_err(|e| {
             Error::new(
                 ErrorKind::Config,
@@ -117,14 +123,14 @@ impl TableTarget {
                 ),
             )
         })?;
-        match (policy, &self.swap) {
-            (Some(policy), Some(swap)) => Ok(Some((policy, swap))),
+        match (policy, &self.own_commit) {
+            (Some(policy), Some(own)) => Ok(Some((policy, own))),
             (Some(_), None) => {
-                if !self.warned_no_swap.swap(true, Ordering::SeqCst) {
+                if !self.warned_no_own_commit.swap(true, Ordering::SeqCst) {
                     tracing::warn!(
                         table = %self.table,
-                        "the table sets commit.manifest-merge.enabled = true, but Ratchet merges manifests only \
-                         through a SQL catalog (its own REST commit is planned): its manifests are not merged"
+                        "the table sets commit.manifest-merge.enabled = true, but this committer was built \
+                         without Ratchet's own catalog commit (TableTarget::new alone): its manifests are not merged"
                     );
                 }
                 Ok(None)
@@ -307,9 +313,9 @@ impl TableTarget {
                     tokio::time::timeout(self.commit_timeout, tx.commit(&guarded)).await;
                 (guarded, committed)
             }
-            Some((policy, swap)) => {
+            Some((policy, own)) => {
                 let guarded = guarded.capturing();
-                let own = self.commit_merging(&guarded, table, key, state, &files, policy, swap);
+                let own = self.commit_merging(&guarded, table, key, state, &files, policy, own);
                 let committed = tokio::time::timeout(self.commit_timeout, own).await;
                 (guarded, committed)
             }
@@ -400,7 +406,7 @@ impl TableTarget {
     }
 
     /// Ratchet's own commit (module docs): iceberg plans into the capturing `guarded`, the planned snapshot's
-    /// manifests are merged by `policy`, `swap` commits. A lost swap (another writer moved the table) deletes its
+    /// manifests are merged by `policy`, `own` commits. A lost swap (another writer moved the table) deletes its
     /// merged files and replans on fresh metadata after a jittered exponential wait, as often and as long as the
     /// table's standard `commit.retry.*` properties allow (iceberg's own path honours the same; the sink's
     /// `commit_timeout` bounds it all). A refused check stops with the verdict in `guarded`.
@@ -413,7 +419,7 @@ impl TableTarget {
         state: SubtaskState,
         files: &[DataFile],
         policy: MergePolicy,
-        swap: &SqlMetadataSwap,
+        own: &OwnCommit,
     ) -> iceberg::Result<Table> {
         let retry = seed.metadata().table_properties()?;
         let mut wait = Duration::from_millis(retry.commit_min_retry_wait_ms.max(1));
@@ -437,15 +443,29 @@ impl TableTarget {
                 ));
             };
             let mut written = Vec::new();
-            for update in &mut updates {
-                if let TableUpdate::AddSnapshot { snapshot } = update
-                    && let Some(merged) = merge_manifests(&base, snapshot, policy).await?
-                {
-                    *snapshot = merged.snapshot;
-                    written = merged.written;
+            if let Some(TableUpdate::AddSnapshot { snapshot }) = updates
+                .iter_mut()
+                .find(|u| matches!(u, TableUpdate::AddSnapshot { .. }))
+            {
+                match merge_manifests(&base, snapshot, policy).await {
+                    Ok(Some(merged)) => {
+                        *snapshot = merged.snapshot;
+                        written = merged.written;
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        // A manifest the base names may be gone because another writer's commit expired its last
+                        // snapshot since: then the table moved, and the plan is replanned like a lost swap.
+                        let now = self.catalog.load_table(&self.table).await?;
+                        if now.metadata_location() == base.metadata_location() {
+                            return Err(e);
+                        }
+                        seed = now;
+                        continue;
+                    }
                 }
             }
-            match swap.commit(&base, requirements, updates).await? {
+            match own.commit(&base, requirements, updates).await? {
                 SwapOutcome::Committed(table) => {
                     if !written.is_empty() {
                         drill("after-merging-commit");

@@ -17,7 +17,8 @@ use iceberg_catalog_sql::{
 use iceberg_storage_opendal::OpenDalResolvingStorageFactory;
 use serde::Deserialize;
 
-use crate::metadata_swap::SqlMetadataSwap;
+use crate::metadata_swap::{OwnCommit, SqlMetadataSwap};
+use crate::rest_commit::RestCommit;
 
 /// An Iceberg catalog.
 ///
@@ -174,34 +175,8 @@ impl CatalogConfig {
                     })?;
                 Arc::new(catalog)
             }
-            CatalogConfig::Rest {
-                uri,
-                warehouse,
-                credential_env,
-                props: extra,
-            } => {
-                props.extend(extra.clone());
-                if let Some(variable) = credential_env {
-                    let credential = std::env::var(variable).map_err(|_| {
-                        Error::new(
-                            ErrorKind::Config,
-                            Phase::Setup,
-                            format!(
-                                "credential_env names {variable:?}, which is not set: export it as \
-                                 `client_id:secret` for the REST catalog {}",
-                                redact_url(uri)
-                            ),
-                        )
-                    })?;
-                    props.insert("credential".into(), credential);
-                }
-                props.insert("uri".into(), uri.clone());
-                if let Some(warehouse) = warehouse {
-                    props.insert(
-                        "warehouse".into(),
-                        warehouse.trim_end_matches('/').to_string(),
-                    );
-                }
+            CatalogConfig::Rest { uri, .. } => {
+                props.extend(self.rest_props()?);
                 let catalog = RestCatalogBuilder::default()
                     .with_storage_factory(storage)
                     .load(name, props)
@@ -217,22 +192,67 @@ impl CatalogConfig {
 }
 
 impl CatalogConfig {
-    /// Ratchet's own commit to this catalog ([`crate::metadata_swap`]) for the catalog named `name`: a SQL
-    /// catalog's compare-and-swap on the same database; `None` for a REST catalog (planned).
+    /// Ratchet's own commit to this catalog for the catalog named `name`: a SQL catalog's compare-and-swap on the
+    /// same database ([`crate::metadata_swap`]), a REST catalog's commit endpoint ([`crate::rest_commit`]).
     ///
     /// # Errors
     /// [`Config`](ErrorKind::Config) when the database URI is malformed.
-    pub(crate) fn metadata_swap(&self, name: &str) -> Result<Option<SqlMetadataSwap>> {
+    pub(crate) fn own_commit(&self, name: &str) -> Result<OwnCommit> {
         match self {
             CatalogConfig::Sql { uri, .. } => {
                 SqlMetadataSwap::connect(uri, name, !uri.starts_with("sqlite:"))
-                    .map(Some)
+                    .map(OwnCommit::Sql)
                     .map_err(|e| {
                         setup_error(format!("cannot open SQL catalog {}", redact_url(uri)), e)
                     })
             }
-            CatalogConfig::Rest { .. } => Ok(None),
+            CatalogConfig::Rest { uri, warehouse, .. } => {
+                Ok(OwnCommit::Rest(Arc::new(RestCommit::new(
+                    uri,
+                    warehouse
+                        .as_ref()
+                        .map(|w| w.trim_end_matches('/').to_string()),
+                    self.rest_props()?,
+                ))))
+            }
         }
+    }
+
+    /// The REST catalog client's properties: the configured ones, the credential from its environment variable,
+    /// `uri` and the warehouse without a trailing `/` (empty for a SQL catalog).
+    fn rest_props(&self) -> Result<HashMap<String, String>> {
+        let CatalogConfig::Rest {
+            uri,
+            warehouse,
+            credential_env,
+            props: extra,
+        } = self
+        else {
+            return Ok(HashMap::new());
+        };
+        let mut props = extra.clone();
+        if let Some(variable) = credential_env {
+            let credential = std::env::var(variable).map_err(|_| {
+                Error::new(
+                    ErrorKind::Config,
+                    Phase::Setup,
+                    format!(
+                        "credential_env names {variable:?}, which is not set: export it as \
+                         `client_id:secret` for the REST catalog {}",
+                        redact_url(uri)
+                    ),
+                )
+            })?;
+            props.insert("credential".into(), credential);
+        }
+        props.insert("uri".into(), uri.clone());
+        if let Some(warehouse) = warehouse {
+            props.insert(
+                "warehouse".into(),
+                warehouse.trim_end_matches('/').to_string(),
+            );
+        }
+        Ok(props)
     }
 }
 

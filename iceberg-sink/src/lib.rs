@@ -49,6 +49,7 @@ mod location;
 mod manifest_merge;
 mod metadata_swap;
 mod recovery;
+mod rest_commit;
 mod retire;
 mod sink;
 mod writer;

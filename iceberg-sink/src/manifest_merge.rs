@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 
 use iceberg::spec::{
     FormatVersion, ManifestContentType, ManifestFile, ManifestList, ManifestListWriter,
-    ManifestStatus, ManifestWriterBuilder, Snapshot, TableMetadata,
+    ManifestStatus, ManifestWriterBuilder, Snapshot, TableMetadata, UNASSIGNED_SEQUENCE_NUMBER,
 };
 use iceberg::table::Table;
 use iceberg::{Error, ErrorKind, Result};
@@ -96,8 +96,8 @@ impl MergePolicy {
         }))
     }
 
-    /// Which of `manifests` (in manifest-list order, newest first) to rewrite together: the bins the policy
-    /// merges, each as indexes into `manifests`.
+    /// Which of `manifests` (a manifest list's entries, in any order) to rewrite together: the bins the policy
+    /// merges, each as indexes into `manifests`, newest manifest first.
     pub(crate) fn bins_to_merge(&self, manifests: &[ManifestFile]) -> Vec<Vec<usize>> {
         let mut groups: BTreeMap<(bool, i32), Vec<usize>> = BTreeMap::new();
         for (i, m) in manifests.iter().enumerate() {
@@ -106,6 +106,10 @@ impl MergePolicy {
                 .entry((deletes, m.partition_spec_id))
                 .or_default()
                 .push(i);
+        }
+        // Newest first (iceberg's fast append lists the existing manifests first and its new one last).
+        for group in groups.values_mut() {
+            group.sort_by_key(|&i| std::cmp::Reverse(recency(&manifests[i])));
         }
         let mut merged = Vec::new();
         for group in groups.values() {
@@ -143,6 +147,16 @@ impl MergePolicy {
         }
         bins.reverse();
         bins
+    }
+}
+
+/// How recent a manifest is: its sequence number, or newest of all while it has none yet (written by the snapshot
+/// being planned, which the manifest list writer gives its number).
+fn recency(manifest: &ManifestFile) -> i64 {
+    if manifest.sequence_number == UNASSIGNED_SEQUENCE_NUMBER {
+        i64::MAX
+    } else {
+        manifest.sequence_number
     }
 }
 
@@ -192,12 +206,11 @@ pub(crate) async fn merge_manifests(
         let path = format!("{directory}/merged-{name}-m{n}.avro");
         let rewritten = rewrite_bin(base, planned, &manifests, bin, &path).await?;
         written.push(path);
-        merged.push((bin[0], rewritten));
+        merged.push(rewritten);
         for &i in bin {
             replaced[i] = true;
         }
     }
-    // The list keeps the order it had, each merged manifest where its bin's first manifest was.
     // This attempt's own manifests that were merged: nothing but the planned list ever named them.
     let unused: Vec<String> = manifests
         .iter()
@@ -205,14 +218,16 @@ pub(crate) async fn merge_manifests(
         .filter(|(m, replaced)| **replaced && m.added_snapshot_id == planned.snapshot_id())
         .map(|(m, _)| m.manifest_path.clone())
         .collect();
-    let mut ordered = Vec::with_capacity(manifests.len());
-    for (i, manifest) in manifests.into_iter().enumerate() {
-        if let Some(at) = merged.iter().position(|(first, _)| *first == i) {
-            ordered.push(merged.remove(at).1);
-        } else if !replaced[i] {
-            ordered.push(manifest);
-        }
-    }
+    // Newest first (Java's order): the merged manifests (this snapshot's), then the kept ones by sequence number.
+    let mut ordered = merged;
+    ordered.extend(
+        manifests
+            .into_iter()
+            .zip(&replaced)
+            .filter(|(_, replaced)| !**replaced)
+            .map(|(m, _)| m),
+    );
+    ordered.sort_by_key(|m| std::cmp::Reverse(recency(m)));
     let new_list = format!("{stem}-merged.avro");
     let writer = file_io.new_output(&new_list)?.writer().await?;
     let mut list = match metadata.format_version() {
@@ -380,6 +395,24 @@ mod tests {
         // 5 manifests of 10 bytes, bins of 20 bytes packed from the oldest: [4,3] [2,1] [0].
         let bins = policy(100, 20).bins_to_merge(&list(5, 10));
         assert_eq!(bins, vec![vec![1, 2], vec![3, 4]]);
+    }
+
+    #[test]
+    fn the_order_of_the_list_does_not_matter() {
+        // iceberg's fast append lists the new manifest last.
+        let mut oldest_first = list(5, 10);
+        oldest_first.reverse();
+        let bins = policy(100, 20).bins_to_merge(&oldest_first);
+        assert_eq!(bins, vec![vec![3, 2], vec![1, 0]]);
+        let mut planned = list(3, 10);
+        planned.reverse();
+        planned[2].sequence_number = UNASSIGNED_SEQUENCE_NUMBER;
+        assert!(policy(4, 1000).bins_to_merge(&planned).is_empty());
+        planned.push(manifest(0, 10, false));
+        assert_eq!(
+            policy(4, 1000).bins_to_merge(&planned),
+            vec![vec![2, 1, 0, 3]]
+        );
     }
 
     #[test]

@@ -97,12 +97,8 @@ impl IcebergSink {
         let committer = IcebergCommitter {
             target: TableTarget::new(catalog, ident, config.commit_timeout)
                 .with_snapshot_expiry(config.expire_snapshots)
-                .with_metadata_swap(
-                    config
-                        .catalog
-                        .metadata_swap(&config.catalog_name)
-                        .map_err(|e| e.with_sink(&config.sink))?,
-                ),
+                .with_own_commit(&config.catalog, &config.catalog_name)
+                .map_err(|e| e.with_sink(&config.sink))?,
             key: key.clone(),
             epoch: Arc::default(),
         };

@@ -2,7 +2,8 @@
 //! replacement recovers between the load a zombie's commit is built on and the catalog update; the catalog
 //! applies a commit but the reply is lost (as a REST 5xx would); two processes commit the same checkpoint at
 //! once. On a SQLite catalog with a local warehouse and (the fence and the concurrent commit) on SeaweedFS's REST
-//! catalog; read back by pyiceberg and DuckDB.
+//! catalog; the fence and the concurrent commit also through Ratchet's own commit (the SQL compare-and-swap, the
+//! REST commit endpoint: the tables the sink creates merge manifests); read back by pyiceberg and DuckDB.
 
 use crate::common;
 
@@ -22,14 +23,17 @@ use ratchet_conformance::{conformance_batch, conformance_schema};
 
 type Hook = Box<dyn FnOnce() -> BoxFuture<'static, ()> + Send>;
 
-/// Delegates to `inner`; runs `before_update` once right before the first `update_table` (after the commit was
-/// built on a checked load), and answers the first update with `lost_reply` after applying it.
+/// Delegates to `inner`; runs `after_checked_load` once right after the second `load_table` (a fresh target's
+/// commit loads once to seed its plan and once through its guard: the load the commit is checked against and
+/// built on) and before returning it, so the commit goes on with what is now stale metadata on either commit
+/// path; answers the first update with an error after applying it when `lose_first_reply`.
 #[derive(Default)]
 struct Interposing {
     inner: Option<Arc<dyn Catalog>>,
-    before_update: Mutex<Option<Hook>>,
+    after_checked_load: Mutex<Option<Hook>>,
     lose_first_reply: bool,
     updates: Mutex<u32>,
+    loads: Mutex<u32>,
 }
 
 impl std::fmt::Debug for Interposing {
@@ -47,10 +51,6 @@ impl Interposing {
 #[async_trait]
 impl Catalog for Interposing {
     async fn update_table(&self, commit: TableCommit) -> iceberg::Result<Table> {
-        let hook = self.before_update.lock().unwrap().take();
-        if let Some(hook) = hook {
-            hook().await;
-        }
         let first = {
             let mut updates = self.updates.lock().unwrap();
             *updates += 1;
@@ -66,7 +66,19 @@ impl Catalog for Interposing {
         Ok(applied)
     }
     async fn load_table(&self, table: &TableIdent) -> iceberg::Result<Table> {
-        self.inner().load_table(table).await
+        let loaded = self.inner().load_table(table).await?;
+        let second = {
+            let mut loads = self.loads.lock().unwrap();
+            *loads += 1;
+            *loads == 2
+        };
+        let hook = second
+            .then(|| self.after_checked_load.lock().unwrap().take())
+            .flatten();
+        if let Some(hook) = hook {
+            hook().await;
+        }
+        Ok(loaded)
     }
     async fn list_namespaces(
         &self,
@@ -161,8 +173,24 @@ async fn setup(kind: &str, label: &str) -> (tempfile::TempDir, Setup) {
 }
 
 impl Setup {
+    /// A target committing through iceberg's `Transaction::commit`.
     fn target(&self, catalog: Arc<dyn Catalog>) -> TableTarget {
         TableTarget::new(catalog, self.ident.clone(), Duration::from_secs(30))
+    }
+
+    /// A target committing through Ratchet's own commit (the sink's tables ask for manifest merging).
+    fn own_target(&self, catalog: Arc<dyn Catalog>) -> TableTarget {
+        self.target(catalog)
+            .with_own_commit(&self.lake.catalog, "ratchet")
+            .unwrap()
+    }
+
+    fn target_for(&self, own: bool, catalog: Arc<dyn Catalog>) -> TableTarget {
+        if own {
+            self.own_target(catalog)
+        } else {
+            self.target(catalog)
+        }
     }
 
     async fn files(&self, name: &str, ids: std::ops::Range<i64>) -> Vec<DataFile> {
@@ -198,15 +226,18 @@ fn data_snapshots(seen: &common::Seen) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_recovery_between_a_zombies_checked_load_and_its_update_fences_the_zombie() {
-    recovery_between_load_and_update("sqlite").await;
+    recovery_between_load_and_update("sqlite", false).await;
+    recovery_between_load_and_update("sqlite", true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_recovery_between_a_zombies_checked_load_and_its_update_fences_the_zombie_on_rest() {
-    recovery_between_load_and_update("rest").await;
+    recovery_between_load_and_update("rest", false).await;
+    recovery_between_load_and_update("rest", true).await;
 }
 
-async fn recovery_between_load_and_update(kind: &str) {
+/// With `own`, the zombie commits through Ratchet's own commit (the replacement recovers through iceberg's).
+async fn recovery_between_load_and_update(kind: &str, own: bool) {
     let (_dir, s) = setup(kind, "zombie").await;
     let (zombie_epoch, _) = s
         .target(s.catalog.clone())
@@ -220,7 +251,7 @@ async fn recovery_between_load_and_update(kind: &str) {
     let key = s.key.clone();
     let interposing = Interposing {
         inner: Some(s.catalog.clone()),
-        before_update: Mutex::new(Some(Box::new(move || {
+        after_checked_load: Mutex::new(Some(Box::new(move || {
             Box::pin(async move {
                 let (epoch, _) = replacement.raise_epoch(&key).await.unwrap();
                 assert_eq!(epoch, zombie_epoch + 1);
@@ -229,11 +260,11 @@ async fn recovery_between_load_and_update(kind: &str) {
         ..Interposing::default()
     };
     let err = s
-        .target(Arc::new(interposing))
+        .target_for(own, Arc::new(interposing))
         .commit_files(&s.key, zombie_epoch, CheckpointId(2), files)
         .await
         .unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Fenced, "{err}");
+    assert_eq!(err.kind(), ErrorKind::Fenced, "own commit: {own}: {err}");
     let seen = s.read().await;
     assert!(
         seen.ids.is_empty(),
@@ -275,15 +306,18 @@ async fn a_lost_reply_is_retried_by_checking_the_history_first() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_processes_committing_the_same_checkpoint_at_once_land_it_once() {
-    two_commit_at_once("sqlite").await;
+    two_commit_at_once("sqlite", false).await;
+    two_commit_at_once("sqlite", true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_processes_committing_the_same_checkpoint_at_once_land_it_once_on_rest() {
-    two_commit_at_once("rest").await;
+    two_commit_at_once("rest", false).await;
+    two_commit_at_once("rest", true).await;
 }
 
-async fn two_commit_at_once(kind: &str) {
+/// With `own`, both commit through Ratchet's own commit.
+async fn two_commit_at_once(kind: &str, own: bool) {
     let (_dir, s) = setup(kind, "twice").await;
     let (epoch, _) = s
         .target(s.catalog.clone())
@@ -293,7 +327,10 @@ async fn two_commit_at_once(kind: &str) {
     let files = s.files("twice", 0..40).await;
     // Two catalogs (two connection pools), like two processes.
     let other = s.lake.catalog.open("ratchet", &s.lake.s3).await.unwrap();
-    let (a, b) = (s.target(s.catalog.clone()), s.target(other));
+    let (a, b) = (
+        s.target_for(own, s.catalog.clone()),
+        s.target_for(own, other),
+    );
     let (first, second) = tokio::join!(
         a.commit_files(&s.key, epoch, CheckpointId(2), files.clone()),
         b.commit_files(&s.key, epoch, CheckpointId(2), files),
