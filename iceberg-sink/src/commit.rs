@@ -42,8 +42,9 @@ use crate::error::iceberg_error;
 use crate::guarded::{Check, GuardedCatalog, Planned, Verdict};
 use crate::ledger::{SubtaskKey, SubtaskState};
 use crate::manifest_merge::{MergePolicy, merge_manifests};
-use crate::metadata_swap::{OwnCommit, SwapOutcome};
+use crate::own_commit::OwnCommit;
 use crate::retire::{ManifestListCache, delete_retired_files, drill};
+use crate::swap_outcome::SwapOutcome;
 
 /// What a commit did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

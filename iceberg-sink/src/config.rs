@@ -17,7 +17,8 @@ use iceberg_catalog_sql::{
 use iceberg_storage_opendal::OpenDalResolvingStorageFactory;
 use serde::Deserialize;
 
-use crate::metadata_swap::{OwnCommit, SqlMetadataSwap};
+use crate::metadata_swap::SqlMetadataSwap;
+use crate::own_commit::OwnCommit;
 use crate::rest_commit::RestCommit;
 
 /// An Iceberg catalog.

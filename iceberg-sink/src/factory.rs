@@ -30,6 +30,13 @@ use crate::config::{
 /// | `cleanup_on_recover` | delete this subtask's data files no snapshot references when recovering | true |
 /// | `expire_snapshots` | expire snapshots inside every commit by the table's `history.expire.max-snapshot-age-ms` (default 5 days) and `history.expire.min-snapshots-to-keep` (default 1), as Iceberg's expire-snapshots procedure does, and delete the expired snapshots' manifest lists; skipped while the table sets `gc.enabled = false` | false |
 ///
+/// Manifest merging is a table property, not a sink key: a table that sets `commit.manifest-merge.enabled = true`
+/// (tables `create_table` creates do) has its manifests merged inside the sink's commits once
+/// `commit.manifest.min-count-to-merge` (100) pile up, into manifests of `commit.manifest.target-size-bytes`
+/// (8 MiB), committed by Ratchet's own catalog commit; the manifests merges replaced are deleted once expiry
+/// removed every snapshot naming them. Old metadata files are deleted when the table sets
+/// `write.metadata.delete-after-commit.enabled = true` (created tables do).
+///
 /// ```toml
 /// [[sinks]]
 /// type = "iceberg"

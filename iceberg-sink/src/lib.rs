@@ -48,10 +48,12 @@ mod ledger;
 mod location;
 mod manifest_merge;
 mod metadata_swap;
+mod own_commit;
 mod recovery;
 mod rest_commit;
 mod retire;
 mod sink;
+mod swap_outcome;
 mod writer;
 
 pub use cleanup::{delete_unreferenced_files, unreferenced_files};

@@ -1,4 +1,4 @@
-//! Ratchet's own catalog commit ([`OwnCommit`]), and for the SQL catalog its compare-and-swap: the commit iceberg-rust 0.10 cannot be asked to make
+//! Ratchet's own catalog commit for the SQL catalog: the commit iceberg-rust 0.10 cannot be asked to make
 //! (`TableCommit`'s constructor is crate-private, so `Catalog::update_table` takes only what its own
 //! `Transaction` actions build; a snapshot whose manifest list was merged is not one of them).
 //!
@@ -26,44 +26,7 @@ use iceberg::{Error, ErrorKind, MetadataLocation, Result, TableRequirement, Tabl
 use sqlx::AnyPool;
 use sqlx::any::AnyPoolOptions;
 
-use crate::rest_commit::RestCommit;
-
-/// Ratchet's own commit to the catalog a table lives in.
-#[derive(Debug, Clone)]
-pub(crate) enum OwnCommit {
-    /// A SQL catalog: the compare-and-swap of this module.
-    Sql(SqlMetadataSwap),
-    /// A REST catalog: its commit endpoint ([`crate::rest_commit`]).
-    Rest(Arc<RestCommit>),
-}
-
-impl OwnCommit {
-    /// Commits `updates` planned on `base` under `requirements`.
-    ///
-    /// # Errors
-    /// As [`SqlMetadataSwap::commit`] and [`RestCommit::commit`]: `Unexpected` when the outcome is unknown,
-    /// `DataInvalid`/`PreconditionFailed` when the commit was refused for a reason retrying cannot change.
-    pub(crate) async fn commit(
-        &self,
-        base: &Table,
-        requirements: Vec<TableRequirement>,
-        updates: Vec<TableUpdate>,
-    ) -> Result<SwapOutcome> {
-        match self {
-            OwnCommit::Sql(swap) => swap.commit(base, requirements, updates).await,
-            OwnCommit::Rest(rest) => rest.commit(base, requirements, updates).await,
-        }
-    }
-}
-
-/// Where a commit ended.
-#[derive(Debug)]
-pub(crate) enum SwapOutcome {
-    /// The catalog now names the new metadata: the table as committed.
-    Committed(Box<Table>),
-    /// Another writer moved the table first; nothing was committed.
-    Conflict,
-}
+use crate::swap_outcome::SwapOutcome;
 
 /// A compare-and-swap of a table's metadata location in a SQL catalog's `iceberg_tables`.
 #[derive(Clone)]

@@ -25,7 +25,7 @@ use iceberg_catalog_rest::{CommitTableRequest, CommitTableResponse};
 use reqwest::{Client, RequestBuilder, StatusCode};
 use tokio::sync::Mutex;
 
-use crate::metadata_swap::SwapOutcome;
+use crate::swap_outcome::SwapOutcome;
 
 /// The REST catalog's commit endpoint, reached with the properties the catalog was opened with.
 pub(crate) struct RestCommit {
