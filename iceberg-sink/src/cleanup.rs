@@ -39,7 +39,7 @@ pub async fn unreferenced_files(
     let data_dir = format!("{}/", data_location(before.metadata()));
     let listed = list_files(&data_dir, &key.file_prefix(), s3).await?;
     // Loaded after the listing: whatever was committed before a file was listed is in this table's manifests.
-    let table = target.load(Phase::Recover).await?;
+    let mut table = target.load(Phase::Recover).await?;
     let bound = epoch.unwrap_or_else(|| key.state(&table.metadata_ref()).epoch);
     let candidates: Vec<String> = listed
         .into_iter()
@@ -48,7 +48,7 @@ pub async fn unreferenced_files(
     if candidates.is_empty() {
         return Ok((table, Vec::new()));
     }
-    let referenced = referenced_files(&table).await?;
+    let referenced = referenced_by_fresh_snapshots(target, &mut table).await?;
     let unreferenced = candidates
         .into_iter()
         .filter(|p| !referenced.contains(&canonical(p)))
@@ -101,6 +101,30 @@ pub async fn delete_unreferenced_files(
         );
     }
     Ok(deleted)
+}
+
+/// [`referenced_files`] of `table`; when a manifest list or manifest cannot be read and the table has moved since
+/// (another writer's commit expired the snapshot naming it and deleted the file: merges make that common at 1 s
+/// commits), again on the fresh table, which `table` becomes, up to three times.
+async fn referenced_by_fresh_snapshots(
+    target: &TableTarget,
+    table: &mut Table,
+) -> Result<HashSet<String>> {
+    let mut attempt = 0;
+    loop {
+        match referenced_files(table).await {
+            Ok(referenced) => return Ok(referenced),
+            Err(e) if attempt < 2 => {
+                let fresh = target.load(Phase::Recover).await?;
+                if fresh.metadata_location() == table.metadata_location() {
+                    return Err(e);
+                }
+                *table = fresh;
+                attempt += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// Every data file path any retained snapshot's manifests list, in [`canonical`] spelling.

@@ -108,11 +108,11 @@ impl TableTarget {
         Ok(self)
     }
 
-    /// The merge policy of `table` when this target can carry it out (it has Ratchet's own commit).
+    /// Ratchet's own commit when `table` asks for manifest merging and this target has one.
     ///
     /// # Errors
     /// [`Config`](ErrorKind::Config) naming the property when the table's merge properties are invalid.
-    fn merging(&self, table: &Table) -> Result<Option<(MergePolicy, &OwnCommit)>> {
+    fn merging(&self, table: &Table) -> Result<Option<&OwnCommit>> {
         let policy = MergePolicy::of(table.metadata()).map_err(|e| {
             Error::new(
                 ErrorKind::Config,
@@ -125,7 +125,7 @@ impl TableTarget {
             )
         })?;
         match (policy, &self.own_commit) {
-            (Some(policy), Some(own)) => Ok(Some((policy, own))),
+            (Some(_), Some(own)) => Ok(Some(own)),
             (Some(_), None) => {
                 if !self.warned_no_own_commit.swap(true, Ordering::SeqCst) {
                     tracing::warn!(
@@ -314,9 +314,9 @@ impl TableTarget {
                     tokio::time::timeout(self.commit_timeout, tx.commit(&guarded)).await;
                 (guarded, committed)
             }
-            Some((policy, own)) => {
+            Some(own) => {
                 let guarded = guarded.capturing();
-                let own = self.commit_merging(&guarded, table, key, state, &files, policy, own);
+                let own = self.commit_merging(&guarded, table, key, state, &files, own);
                 let committed = tokio::time::timeout(self.commit_timeout, own).await;
                 (guarded, committed)
             }
@@ -343,6 +343,12 @@ impl TableTarget {
                         "table {} kept changing under the commit (other writers); retrying",
                         self.table
                     ),
+                )
+                .with_source(e),
+                iceberg::ErrorKind::FeatureUnsupported => Error::new(
+                    ErrorKind::Config,
+                    Phase::Commit,
+                    format!("table {} asks for something the sink cannot do", self.table),
                 )
                 .with_source(e),
                 iceberg::ErrorKind::DataInvalid | iceberg::ErrorKind::PreconditionFailed => Error::new(
@@ -407,11 +413,12 @@ impl TableTarget {
     }
 
     /// Ratchet's own commit (module docs): iceberg plans into the capturing `guarded`, the planned snapshot's
-    /// manifests are merged by `policy`, `own` commits. A lost swap (another writer moved the table) deletes its
-    /// merged files and replans on fresh metadata after a jittered exponential wait, as often and as long as the
-    /// table's standard `commit.retry.*` properties allow (iceberg's own path honours the same; the sink's
-    /// `commit_timeout` bounds it all). A refused check stops with the verdict in `guarded`.
-    #[allow(clippy::too_many_arguments)]
+    /// manifests are merged by the policy of the table it was planned on (read again on every attempt: another
+    /// writer may have changed it), `own` commits. A lost swap (another writer moved the table) deletes its merged
+    /// files and replans on fresh metadata after a jittered exponential wait, by the table's
+    /// `commit.retry.num-retries`, `commit.retry.min-wait-ms` and `commit.retry.max-wait-ms` (the sink's
+    /// `commit_timeout` bounds the whole commit instead of `commit.retry.total-timeout-ms`). A refused check stops
+    /// with the verdict in `guarded`.
     async fn commit_merging(
         &self,
         guarded: &GuardedCatalog<'_>,
@@ -419,7 +426,6 @@ impl TableTarget {
         key: &SubtaskKey,
         state: SubtaskState,
         files: &[DataFile],
-        policy: MergePolicy,
         own: &OwnCommit,
     ) -> iceberg::Result<Table> {
         let retry = seed.metadata().table_properties()?;
@@ -444,10 +450,13 @@ impl TableTarget {
                 ));
             };
             let mut written = Vec::new();
-            if let Some(TableUpdate::AddSnapshot { snapshot }) = updates
-                .iter_mut()
-                .find(|u| matches!(u, TableUpdate::AddSnapshot { .. }))
-            {
+            let policy = MergePolicy::of(base.metadata())?;
+            if let (Some(policy), Some(TableUpdate::AddSnapshot { snapshot })) = (
+                policy,
+                updates
+                    .iter_mut()
+                    .find(|u| matches!(u, TableUpdate::AddSnapshot { .. })),
+            ) {
                 match merge_manifests(&base, snapshot, policy).await {
                     Ok(Some(merged)) => {
                         *snapshot = merged.snapshot;
@@ -457,12 +466,24 @@ impl TableTarget {
                     Err(e) => {
                         // A manifest the base names may be gone because another writer's commit expired its last
                         // snapshot since: then the table moved, and the plan is replanned like a lost swap.
-                        let now = self.catalog.load_table(&self.table).await?;
-                        if now.metadata_location() == base.metadata_location() {
-                            return Err(e);
+                        match self.catalog.load_table(&self.table).await {
+                            Ok(now) if now.metadata_location() != base.metadata_location() => {
+                                seed = now;
+                                continue;
+                            }
+                            _ => {
+                                return Err(iceberg::Error::new(
+                                    e.kind(),
+                                    format!(
+                                        "merging the manifests of table {} failed; to commit without merging, \
+                                         set the table property {} = false",
+                                        self.table,
+                                        crate::manifest_merge::MANIFEST_MERGE_ENABLED
+                                    ),
+                                )
+                                .with_source(e));
+                            }
                         }
-                        seed = now;
-                        continue;
                     }
                 }
             }
@@ -475,7 +496,9 @@ impl TableTarget {
                 }
                 SwapOutcome::Conflict => {
                     for file in &written {
-                        let _ = base.file_io().delete(file).await;
+                        if let Err(e) = base.file_io().delete(file).await {
+                            tracing::debug!(file, error = %e, "cannot delete a merged file of a lost swap");
+                        }
                     }
                     seed = self.catalog.load_table(&self.table).await?;
                 }

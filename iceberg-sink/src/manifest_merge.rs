@@ -63,13 +63,7 @@ impl MergePolicy {
             return Ok(None);
         }
         if metadata.format_version() > FormatVersion::V2 {
-            return Err(Error::new(
-                ErrorKind::FeatureUnsupported,
-                format!(
-                    "the table sets {MANIFEST_MERGE_ENABLED} = true, but Ratchet merges manifests of format v1 and \
-                     v2 tables only (v3 row lineage is not carried through merges): set it to false"
-                ),
-            ));
+            return Err(v3_refused());
         }
         let number = |key: &str, default: i64| -> Result<i64> {
             match properties.get(key) {
@@ -96,9 +90,13 @@ impl MergePolicy {
         }))
     }
 
-    /// Which of `manifests` (a manifest list's entries, in any order) to rewrite together: the bins the policy
-    /// merges, each as indexes into `manifests`, newest manifest first.
-    pub(crate) fn bins_to_merge(&self, manifests: &[ManifestFile]) -> Vec<Vec<usize>> {
+    /// Which of `manifests` (the entries of a planned manifest list, in any order; `recency` ranks them, higher
+    /// is newer) to rewrite together: the bins the policy merges, each as indexes into `manifests`, newest first.
+    pub(crate) fn bins_to_merge(
+        &self,
+        manifests: &[ManifestFile],
+        recency: &dyn Fn(&ManifestFile) -> i64,
+    ) -> Vec<Vec<usize>> {
         let mut groups: BTreeMap<(bool, i32), Vec<usize>> = BTreeMap::new();
         for (i, m) in manifests.iter().enumerate() {
             let deletes = m.content == ManifestContentType::Deletes;
@@ -150,14 +148,33 @@ impl MergePolicy {
     }
 }
 
-/// How recent a manifest is: its sequence number, or newest of all while it has none yet (written by the snapshot
-/// being planned, which the manifest list writer gives its number).
-fn recency(manifest: &ManifestFile) -> i64 {
-    if manifest.sequence_number == UNASSIGNED_SEQUENCE_NUMBER {
-        i64::MAX
-    } else {
-        manifest.sequence_number
+/// How recent a manifest of a list planned for snapshot `planned` of `metadata` is: newest of all when `planned`
+/// wrote it (its sequence number may be unassigned yet); else its sequence number, or in format v1 (whose lists
+/// carry none) the timestamp of the snapshot that added it (0 when that snapshot is gone).
+fn recency(metadata: &TableMetadata, planned: i64) -> impl Fn(&ManifestFile) -> i64 + '_ {
+    move |manifest| {
+        if manifest.added_snapshot_id == planned
+            || manifest.sequence_number == UNASSIGNED_SEQUENCE_NUMBER
+        {
+            i64::MAX
+        } else if metadata.format_version() == FormatVersion::V1 {
+            metadata
+                .snapshot_by_id(manifest.added_snapshot_id)
+                .map_or(0, |s| s.timestamp_ms())
+        } else {
+            manifest.sequence_number
+        }
     }
+}
+
+fn v3_refused() -> Error {
+    Error::new(
+        ErrorKind::FeatureUnsupported,
+        format!(
+            "the table sets {MANIFEST_MERGE_ENABLED} = true, but Ratchet merges manifests of format v1 and v2 tables \
+             only (v3 row lineage is not carried through merges): set it to false"
+        ),
+    )
 }
 
 /// A planned snapshot whose manifest list was rewritten with merged manifests.
@@ -191,7 +208,8 @@ pub(crate) async fn merge_manifests(
             .consume_entries()
             .into_iter()
             .collect();
-    let bins = policy.bins_to_merge(&manifests);
+    let recency = recency(metadata, planned.snapshot_id());
+    let bins = policy.bins_to_merge(&manifests, &recency);
     if bins.is_empty() {
         return Ok(None);
     }
@@ -234,12 +252,13 @@ pub(crate) async fn merge_manifests(
         FormatVersion::V1 => {
             ManifestListWriter::v1(writer, planned.snapshot_id(), planned.parent_snapshot_id())
         }
-        _ => ManifestListWriter::v2(
+        FormatVersion::V2 => ManifestListWriter::v2(
             writer,
             planned.snapshot_id(),
             planned.parent_snapshot_id(),
             planned.sequence_number(),
         ),
+        FormatVersion::V3 => return Err(v3_refused()),
     };
     list.add_manifests(ordered.into_iter())?;
     list.close().await?;
@@ -302,9 +321,10 @@ async fn rewrite_bin(
             let data_file = entry.data_file.clone();
             match entry.status {
                 ManifestStatus::Added if ours => writer.add_file(data_file, -1)?,
+                // A deleted entry keeps the file's own data sequence number (spec "Manifests").
                 ManifestStatus::Deleted if ours => writer.add_delete_file(
                     data_file,
-                    planned.sequence_number(),
+                    entry.sequence_number.unwrap_or(planned.sequence_number()),
                     entry.file_sequence_number,
                 )?,
                 ManifestStatus::Deleted => {}
@@ -374,6 +394,15 @@ mod tests {
             .collect()
     }
 
+    /// Ranks as the merge does on a v2 table whose planned snapshot is not among the manifests.
+    fn by_sequence(m: &ManifestFile) -> i64 {
+        if m.sequence_number == UNASSIGNED_SEQUENCE_NUMBER {
+            i64::MAX
+        } else {
+            m.sequence_number
+        }
+    }
+
     fn policy(min_count: usize, target_size: i64) -> MergePolicy {
         MergePolicy {
             min_count,
@@ -383,9 +412,13 @@ mod tests {
 
     #[test]
     fn the_bin_with_the_new_manifest_waits_for_min_count() {
-        assert!(policy(4, 1000).bins_to_merge(&list(3, 10)).is_empty());
+        assert!(
+            policy(4, 1000)
+                .bins_to_merge(&list(3, 10), &by_sequence)
+                .is_empty()
+        );
         assert_eq!(
-            policy(4, 1000).bins_to_merge(&list(4, 10)),
+            policy(4, 1000).bins_to_merge(&list(4, 10), &by_sequence),
             vec![vec![0, 1, 2, 3]]
         );
     }
@@ -393,7 +426,7 @@ mod tests {
     #[test]
     fn full_bins_of_old_manifests_merge_and_the_short_bin_holds_the_newest() {
         // 5 manifests of 10 bytes, bins of 20 bytes packed from the oldest: [4,3] [2,1] [0].
-        let bins = policy(100, 20).bins_to_merge(&list(5, 10));
+        let bins = policy(100, 20).bins_to_merge(&list(5, 10), &by_sequence);
         assert_eq!(bins, vec![vec![1, 2], vec![3, 4]]);
     }
 
@@ -402,30 +435,64 @@ mod tests {
         // iceberg's fast append lists the new manifest last.
         let mut oldest_first = list(5, 10);
         oldest_first.reverse();
-        let bins = policy(100, 20).bins_to_merge(&oldest_first);
+        let bins = policy(100, 20).bins_to_merge(&oldest_first, &by_sequence);
         assert_eq!(bins, vec![vec![3, 2], vec![1, 0]]);
         let mut planned = list(3, 10);
         planned.reverse();
         planned[2].sequence_number = UNASSIGNED_SEQUENCE_NUMBER;
-        assert!(policy(4, 1000).bins_to_merge(&planned).is_empty());
+        assert!(
+            policy(4, 1000)
+                .bins_to_merge(&planned, &by_sequence)
+                .is_empty()
+        );
         planned.push(manifest(0, 10, false));
         assert_eq!(
-            policy(4, 1000).bins_to_merge(&planned),
+            policy(4, 1000).bins_to_merge(&planned, &by_sequence),
             vec![vec![2, 1, 0, 3]]
+        );
+    }
+
+    #[test]
+    fn in_a_v1_table_manifests_rank_by_their_snapshots_time() {
+        // v1 manifest lists carry no sequence numbers (every manifest reads back as 0), and lists come in either
+        // order (iceberg lists its new manifest last, a merge newest first). Ranked by their snapshots' times,
+        // with the planned snapshot's (3) newest: the full bin of the two older ones merges, 3's waits.
+        let mut v1 = vec![
+            manifest(2, 5, false),
+            manifest(1, 15, false),
+            manifest(3, 5, false),
+        ];
+        for m in &mut v1 {
+            m.sequence_number = 0;
+        }
+        let by_snapshot_time = |m: &ManifestFile| {
+            if m.added_snapshot_id == 3 {
+                i64::MAX
+            } else {
+                1_000 * m.added_snapshot_id
+            }
+        };
+        assert_eq!(
+            policy(100, 20).bins_to_merge(&v1, &by_snapshot_time),
+            vec![vec![0, 1]]
         );
     }
 
     #[test]
     fn a_manifest_alone_in_its_bin_is_kept() {
         // Each manifest fills a bin by itself.
-        assert!(policy(1, 10).bins_to_merge(&list(4, 10)).is_empty());
+        assert!(
+            policy(1, 10)
+                .bins_to_merge(&list(4, 10), &by_sequence)
+                .is_empty()
+        );
     }
 
     #[test]
     fn data_and_delete_manifests_merge_separately() {
         let mut manifests = list(2, 10);
         manifests.push(manifest(7, 10, true));
-        let bins = policy(2, 1000).bins_to_merge(&manifests);
+        let bins = policy(2, 1000).bins_to_merge(&manifests, &by_sequence);
         assert_eq!(bins, vec![vec![0, 1]]);
     }
 

@@ -34,6 +34,23 @@ pub(crate) struct SqlMetadataSwap {
     pool: AnyPool,
     catalog_name: String,
     statement: Arc<str>,
+    select_statement: Arc<str>,
+}
+
+/// `sql` with its `?` placeholders numbered `$1`, `$2`, ... (PostgreSQL's style), as iceberg's SQL catalog does.
+fn dollar_numbered(sql: &str) -> String {
+    let mut n = 0;
+    sql.split('?')
+        .enumerate()
+        .map(|(i, part)| {
+            if i == 0 {
+                part.to_string()
+            } else {
+                n += 1;
+                format!("${n}{part}")
+            }
+        })
+        .collect()
 }
 
 impl std::fmt::Debug for SqlMetadataSwap {
@@ -61,30 +78,24 @@ impl SqlMetadataSwap {
                 )
                 .with_source(e)
             })?;
+        let mut select = String::from(
+            "SELECT metadata_location FROM iceberg_tables WHERE catalog_name = ? AND table_name = ? \
+             AND table_namespace = ? AND (iceberg_type = 'TABLE' OR iceberg_type IS NULL)",
+        );
         let mut statement = String::from(
             "UPDATE iceberg_tables SET metadata_location = ?, previous_metadata_location = ? \
              WHERE catalog_name = ? AND table_name = ? AND table_namespace = ? \
              AND (iceberg_type = 'TABLE' OR iceberg_type IS NULL) AND metadata_location = ?",
         );
         if dollar_numeric {
-            let mut n = 0;
-            statement = statement
-                .split('?')
-                .enumerate()
-                .map(|(i, part)| {
-                    if i == 0 {
-                        part.to_string()
-                    } else {
-                        n += 1;
-                        format!("${n}{part}")
-                    }
-                })
-                .collect();
+            statement = dollar_numbered(&statement);
+            select = dollar_numbered(&select);
         }
         Ok(Self {
             pool,
             catalog_name: catalog_name.to_string(),
             statement: statement.into(),
+            select_statement: select.into(),
         })
     }
 
@@ -148,6 +159,7 @@ impl SqlMetadataSwap {
                 if let Err(e) = base.file_io().delete(&location).await {
                     tracing::debug!(file = %location, error = %e, "cannot delete the metadata file of a lost swap");
                 }
+                self.check_row(base).await?;
                 Ok(SwapOutcome::Conflict)
             }
             n => Err(Error::new(
@@ -155,6 +167,49 @@ impl SqlMetadataSwap {
                 format!(
                     "the metadata swap of table {ident} changed {n} rows of iceberg_tables (catalog {}): the \
                      catalog's table has duplicate rows",
+                    self.catalog_name
+                ),
+            )),
+        }
+    }
+
+    /// After a swap that changed no row: `Ok` when the table's row exists and names another metadata file (another
+    /// writer moved it: a conflict); an error naming the catalog, namespace and table when there is no such row
+    /// (a wrong `catalog_name`, or the table was dropped or is a view), which no retry would change.
+    async fn check_row(&self, base: &Table) -> Result<()> {
+        let ident = base.identifier();
+        let select = self.select_statement.as_ref();
+        let row: Option<(Option<String>,)> = sqlx::query_as(select)
+            .bind(self.catalog_name.clone())
+            .bind(ident.name().to_string())
+            .bind(ident.namespace().join("."))
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| {
+                Error::new(
+                ErrorKind::Unexpected,
+                format!(
+                    "the metadata swap of table {ident} changed no row, and reading its row failed"
+                ),
+            )
+            .with_source(e)
+            })?;
+        match row {
+            Some((Some(location),)) if Some(location.as_str()) != base.metadata_location() => {
+                Ok(())
+            }
+            Some(_) => Err(Error::new(
+                ErrorKind::Unexpected,
+                format!(
+                    "the metadata swap of table {ident} changed no row although its row names the metadata it was \
+                     planned on; retrying"
+                ),
+            )),
+            None => Err(Error::new(
+                ErrorKind::DataInvalid,
+                format!(
+                    "the SQL catalog has no table {ident} in catalog {:?} (iceberg_tables has no such row of type \
+                     TABLE): was it dropped, or does the sink's catalog_name differ from the catalog's?",
                     self.catalog_name
                 ),
             )),

@@ -24,7 +24,7 @@ impl OwnCommit {
     ///
     /// # Errors
     /// As [`SqlMetadataSwap::commit`] and [`RestCommit::commit`]: `Unexpected` when the outcome is unknown,
-    /// `DataInvalid`/`PreconditionFailed` when the commit was refused for a reason retrying cannot change.
+    /// `DataInvalid` when the commit was refused for a reason retrying cannot change.
     pub(crate) async fn commit(
         &self,
         base: &Table,

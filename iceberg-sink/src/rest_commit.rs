@@ -7,9 +7,10 @@
 //! "updates"}`; the server checks the requirements (table UUID, main branch still at the snapshot the updates were
 //! planned on), applies the updates, writes the metadata file and swaps the table's pointer atomically.
 //! 200: committed (the answer carries the new metadata). 409: another writer moved the table first, nothing
-//! committed. 500, 502, 503, 504, a timeout or a broken connection: the outcome is unknown (the spec's "commit state
-//! unknown"); the caller's next attempt reloads the table and its ledger check finds a commit that landed. Any
-//! other status (400, 404, 403 after a fresh token) is refused with the server's message.
+//! committed. A 5xx, 408, 419 or 429, a timeout or a broken connection: the outcome is unknown (the spec's "commit
+//! state unknown") or the server asks to come back later; both are retried, and the caller's next attempt reloads
+//! the table and its ledger check finds a commit that landed. Any other status (400, 403, 404) is refused with
+//! the server's message; a 401 is retried once with a fresh token when a credential is configured.
 //!
 //! The client speaks the protocol as iceberg-rust's `RestCatalog` does, from the same properties: `GET /v1/config`
 //! (with `warehouse`) gives the `prefix` (and may override `uri`); a `token` property is sent as a bearer token; a
@@ -153,7 +154,11 @@ impl RestCommit {
                     *self.token.lock().await = None;
                     refreshed = true;
                 }
-                s if s.is_server_error() => {
+                s if s.is_server_error()
+                    || s == StatusCode::REQUEST_TIMEOUT
+                    || s == StatusCode::TOO_MANY_REQUESTS
+                    || s.as_u16() == 419 =>
+                {
                     let text = response.text().await.unwrap_or_default();
                     return Err(unknown(ident, &format!("the catalog answered {s}: {text}")));
                 }
@@ -187,8 +192,11 @@ impl RestCommit {
         if status != StatusCode::OK {
             let text = response.text().await.unwrap_or_default();
             return Err(Error::new(
-                ErrorKind::Unexpected,
-                format!("the REST catalog's /v1/config answered {status}: {text}"),
+                refusal_kind(status),
+                format!(
+                    "the REST catalog's /v1/config answered {status}: {text} (check the catalog's uri, warehouse \
+                     and credential)"
+                ),
             ));
         }
         let config: ConfigResponse = response.json().await.map_err(|e| {
@@ -273,8 +281,11 @@ impl RestCommit {
         if status != StatusCode::OK {
             let text = response.text().await.unwrap_or_default();
             return Err(Error::new(
-                ErrorKind::Unexpected,
-                format!("the REST catalog's token endpoint answered {status}: {text}"),
+                refusal_kind(status),
+                format!(
+                    "the REST catalog's token endpoint answered {status}: {text} (check the credential in \
+                     credential_env, and scope / oauth2-server-uri in props)"
+                ),
             ));
         }
         let token: TokenResponse = response.json().await.map_err(|e| {
@@ -285,6 +296,15 @@ impl RestCommit {
             .with_source(e)
         })?;
         Ok(token.access_token)
+    }
+}
+
+/// A server error may pass by itself (retried); a client error is a setting to fix (refused).
+fn refusal_kind(status: StatusCode) -> ErrorKind {
+    if status.is_client_error() {
+        ErrorKind::DataInvalid
+    } else {
+        ErrorKind::Unexpected
     }
 }
 

@@ -3,9 +3,9 @@
 //! DuckDB's iceberg_scan, which must agree, and data files no snapshot references count as leftovers. Also on
 //! SeaweedFS's REST catalog, and with one snapshot per three checkpoints; these two with snapshot expiry inside
 //! the commits (`expire_snapshots`) on tables that keep 2 snapshots, so recovery often finds none of a subtask's
-//! snapshots and goes by the ledger's table property. Every table the sink creates in a SQL catalog is committed
-//! by Ratchet's own commit (manifest merging on); the PostgreSQL and every-third runs merge at 2 manifests, so
-//! nearly every commit merges.
+//! snapshots and goes by the ledger's table property. Every table the sink creates (SQL or REST catalog) is
+//! committed by Ratchet's own catalog commit (manifest merging on); the PostgreSQL, REST and every-third runs
+//! merge at 2 manifests, so nearly every commit merges.
 
 use crate::common;
 
@@ -166,9 +166,9 @@ async fn postgres_catalog_with_s3_warehouse_passes_the_conformance_harness() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rest_catalog_with_s3_warehouse_passes_the_conformance_harness() {
-    let target = Target::new(Lake::rest("conf"), 1).expiring(2);
+    let target = Target::new(Lake::rest("conf"), 1).expiring(2).merging(2);
     run_conformance(
-        "iceberg-sink, REST catalog (SeaweedFS), S3 warehouse, expiring snapshots",
+        "iceberg-sink, REST catalog (SeaweedFS), S3 warehouse, expiring snapshots, merging manifests at 2",
         &target,
         &one_random_run(),
     )
