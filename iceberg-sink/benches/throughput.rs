@@ -216,7 +216,7 @@ async fn run_limit(interval: Duration, seconds: Duration) -> Measured {
 fn run_peer(seconds: Duration) -> Measured {
     let lake = lake();
     let out = Services::get().python_script(
-        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/pyiceberg_append.py"),
+        &test_support::repo_root().join("iceberg-sink/benches/pyiceberg_append.py"),
         &[
             &lake.python_uri,
             &lake.warehouse,
@@ -351,7 +351,7 @@ async fn small_files(run: SmallFiles) {
         .max()
         .unwrap_or(0);
     let plan = Services::get().python_script(
-        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/pyiceberg_plan.py"),
+        &test_support::repo_root().join("iceberg-sink/benches/pyiceberg_plan.py"),
         &[&lake.python_uri, &lake.warehouse, "bench.events"],
     );
     let mode = &run.label;

@@ -16,13 +16,17 @@ fn sink_id() -> SinkId {
 }
 
 fn restart_server(service: &str) {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/services.sh");
+    let script = test_support::repo_root().join("scripts/services.sh");
     for action in ["down", "up"] {
-        let status = std::process::Command::new(script)
+        let status = std::process::Command::new(&script)
             .args([action, service])
             .status()
-            .unwrap_or_else(|e| panic!("cannot run {script}: {e}"));
-        assert!(status.success(), "{script} {action} {service} failed");
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+        assert!(
+            status.success(),
+            "{} {action} {service} failed",
+            script.display()
+        );
     }
 }
 

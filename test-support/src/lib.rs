@@ -16,4 +16,4 @@ mod services;
 pub mod toxiproxy;
 
 pub use ratchet_conformance::unique_name;
-pub use services::{RegistryEndpoint, S3Endpoint, Services};
+pub use services::{RegistryEndpoint, S3Endpoint, Services, repo_root};

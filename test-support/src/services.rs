@@ -8,11 +8,27 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
-/// The repository root (the workspace this crate belongs to).
-fn repo_root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("test-support/ sits in the repository root")
+/// The root of the repository the tests run in.
+///
+/// Taken from `CARGO_MANIFEST_DIR` as `cargo test` and `cargo bench` set it when they *run* a test (every package
+/// sits one level below the root), not as it was when the binary was compiled: cargo's fingerprints do not
+/// depend on the clone's path, so a build directory shared by two clones (`~/.cache/ratchet-target`) may run a
+/// test binary compiled in the other clone, whose compile-time path may be gone. The compile-time path is the
+/// fallback outside cargo.
+pub fn repo_root() -> &'static Path {
+    static ROOT: OnceLock<PathBuf> = OnceLock::new();
+    ROOT.get_or_init(|| {
+        let at_runtime = std::env::var_os("CARGO_MANIFEST_DIR")
+            .map(PathBuf::from)
+            .and_then(|package| package.parent().map(Path::to_path_buf))
+            .filter(|root| root.join("test-support/verifiers").is_dir());
+        at_runtime.unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .parent()
+                .expect("test-support/ sits in the repository root")
+                .to_path_buf()
+        })
+    })
 }
 
 /// An S3 endpoint with fixed test credentials.

@@ -17,7 +17,9 @@ it also prints "rows": every row as a list of its values in the schema's column 
 names), "unreferenced_manifests" (the other .avro files under metadata/, manifests, that no retained snapshot's list
 names), "current_manifests" (how many manifests the current snapshot's list names), "snapshot_rows" ([{"snapshot_id",
 "rows": rows pyiceberg reads at that snapshot, "total_records": its summary's total-records}] for every retained
-snapshot) and "metadata_json_files" (how many metadata JSON files metadata/ holds).
+snapshot), "inconsistent_entries" (data files whose live entries disagree across the retained snapshots' manifests
+on the snapshot that added them, their data or their file sequence number: a manifest rewrite must keep all three)
+and "metadata_json_files" (how many metadata JSON files metadata/ holds).
 """
 
 import json
@@ -126,7 +128,17 @@ def metadata_files(table, id_column: str) -> dict:
         }
         for s in table.metadata.snapshots
     ]
+    seen_entries: dict = {}
+    inconsistent = set()
+    for s in table.metadata.snapshots:
+        for manifest in s.manifests(io):
+            for entry in manifest.fetch_manifest_entry(io, discard_deleted=True):
+                path = canonical(entry.data_file.file_path)
+                identity = (entry.snapshot_id, entry.sequence_number, entry.file_sequence_number)
+                if seen_entries.setdefault(path, identity) != identity:
+                    inconsistent.add(path)
     return {
+        "inconsistent_entries": sorted(inconsistent),
         "unreferenced_manifest_lists": sorted(lists - named),
         "unreferenced_manifests": sorted(manifests - named_manifests),
         "current_manifests": len(current.manifests(io)) if current else 0,

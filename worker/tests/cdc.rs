@@ -56,8 +56,7 @@ fn replaced(text: &str, from: &str, to: &str) -> String {
 fn job_file(name: &str, topic: &str, warehouse: &std::path::Path) -> String {
     let services = Services::get();
     let example = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../docs/examples/cdc-postgres-iceberg.toml"),
+        test_support::repo_root().join("docs/examples/cdc-postgres-iceberg.toml"),
     )
     .unwrap();
     let mut text = replaced(&example, "\"items-cdc\"", &format!("\"{name}\""));

@@ -140,7 +140,7 @@ enum Fault {
 }
 
 fn restart_service(service: &str) {
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/services.sh");
+    let script = test_support::repo_root().join("scripts/services.sh");
     for command in ["down", "up"] {
         let status = std::process::Command::new(&script)
             .args([command, service])

@@ -58,8 +58,14 @@ async fn create_merging(lake: &Lake, table: &str, keep: usize, min_count: usize)
     lake.set_merge(table, min_count).await;
 }
 
-/// Every retained snapshot of `seen` read back its summary's `total-records`.
+/// Every retained snapshot of `seen` read back its summary's `total-records`, and every data file kept the
+/// snapshot that added it and its sequence numbers in every manifest naming it (merges rewrite entries).
 fn assert_every_snapshot_reads_back(seen: &serde_json::Value, context: &str) {
+    assert_eq!(
+        seen["inconsistent_entries"],
+        serde_json::json!([]),
+        "{context}: files whose snapshot id or sequence numbers changed between manifests"
+    );
     let states = seen["snapshot_rows"].as_array().unwrap();
     assert!(!states.is_empty(), "{context}: no snapshot");
     for state in states {

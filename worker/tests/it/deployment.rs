@@ -10,7 +10,7 @@
 
 use crate::common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -19,9 +19,7 @@ use serde_json::Value;
 use test_support::Services;
 
 fn deploy(path: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../deploy")
-        .join(path)
+    test_support::repo_root().join("deploy").join(path)
 }
 
 /// Starts the built binary with `args` and exactly `env` added; its log goes next to the job file.
