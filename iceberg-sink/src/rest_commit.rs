@@ -188,17 +188,12 @@ impl RestCommit {
         let response = self.authorized(request).await?.send().await.map_err(|e| {
             Error::new(ErrorKind::Unexpected, "cannot reach the REST catalog").with_source(e)
         })?;
-        let status = response.status();
-        if status != StatusCode::OK {
-            let text = response.text().await.unwrap_or_default();
-            return Err(Error::new(
-                refusal_kind(status),
-                format!(
-                    "the REST catalog's /v1/config answered {status}: {text} (check the catalog's uri, warehouse \
-                     and credential)"
-                ),
-            ));
-        }
+        let response = expect_ok(
+            response,
+            "/v1/config",
+            "check the catalog's uri, warehouse and credential",
+        )
+        .await?;
         let config: ConfigResponse = response.json().await.map_err(|e| {
             Error::new(
                 ErrorKind::Unexpected,
@@ -277,17 +272,12 @@ impl RestCommit {
                 )
                 .with_source(e)
             })?;
-        let status = response.status();
-        if status != StatusCode::OK {
-            let text = response.text().await.unwrap_or_default();
-            return Err(Error::new(
-                refusal_kind(status),
-                format!(
-                    "the REST catalog's token endpoint answered {status}: {text} (check the credential in \
-                     credential_env, and scope / oauth2-server-uri in props)"
-                ),
-            ));
-        }
+        let response = expect_ok(
+            response,
+            "token endpoint",
+            "check the credential in credential_env, and scope / oauth2-server-uri in props",
+        )
+        .await?;
         let token: TokenResponse = response.json().await.map_err(|e| {
             Error::new(
                 ErrorKind::Unexpected,
@@ -299,13 +289,27 @@ impl RestCommit {
     }
 }
 
-/// A server error may pass by itself (retried); a client error is a setting to fix (refused).
-fn refusal_kind(status: StatusCode) -> ErrorKind {
-    if status.is_client_error() {
+/// `response` when it is a 200; else an error naming the catalog's `endpoint`, the status, the server's text and
+/// what to check (`hint`): a client error is a setting to fix (refused), a server error may pass (retried).
+async fn expect_ok(
+    response: reqwest::Response,
+    endpoint: &str,
+    hint: &str,
+) -> Result<reqwest::Response> {
+    let status = response.status();
+    if status == StatusCode::OK {
+        return Ok(response);
+    }
+    let text = response.text().await.unwrap_or_default();
+    let kind = if status.is_client_error() {
         ErrorKind::DataInvalid
     } else {
         ErrorKind::Unexpected
-    }
+    };
+    Err(Error::new(
+        kind,
+        format!("the REST catalog's {endpoint} answered {status}: {text} ({hint})"),
+    ))
 }
 
 fn unknown(ident: &iceberg::TableIdent, what: &str) -> Error {
