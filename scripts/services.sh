@@ -81,8 +81,23 @@ die() { printf '[services] error: %s\n' "$*" >&2; exit 1; }
 
 # --- process bookkeeping: one pid file per service under $RUN -----------------------------------------------
 
-pid_of() { local f=$RUN/$1.pid; [[ -s $f ]] && cat "$f"; }
-alive() { local p; p=$(pid_of "$1") && [[ -n $p ]] && kill -0 "$p" 2>/dev/null; }
+# A pid file holds "PID START BOOT": the process's start time (clock ticks after boot, field 22 of /proc/PID/stat)
+# and the kernel's boot id. A pid is only ours while both still match: after a reboot, or on a machine whose
+# $RATCHET_SERVICES_DIR outlived its processes, the same pid may belong to anything (once, a stale postgres.pid named
+# the freshly started Kafka broker, and `up` stopped Kafka while "restarting" PostgreSQL). A file in the older
+# pid-only format is never trusted.
+proc_start() { local s; s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1; s=${s##*) }; local f; read -ra f <<<"$s"; echo "${f[19]}"; }
+boot_id() { cat /proc/sys/kernel/random/boot_id; }
+# record_pid NAME PID: remember PID as NAME's process (a process that already exited is recorded as gone).
+record_pid() { local st; st=$(proc_start "$2") || st=gone; echo "$2 $st $(boot_id)" >"$RUN/$1.pid"; }
+pid_of() {
+  local f=$RUN/$1.pid p st boot
+  [[ -s $f ]] || return 1
+  read -r p st boot <"$f"
+  [[ -n $p && -n $st && $st != gone && $boot == "$(boot_id)" && $(proc_start "$p") == "$st" ]] || return 1
+  echo "$p"
+}
+alive() { local p; p=$(pid_of "$1") && kill -0 "$p" 2>/dev/null; }
 
 # wait_until SECONDS WHAT CMD...: poll CMD every half second; fail with the service log tail if it never succeeds.
 wait_until() {
@@ -106,7 +121,9 @@ wait_until() {
 # stop_pid NAME SIGNAL GRACE: signal the recorded pid, wait up to GRACE seconds, then SIGKILL it.
 stop_pid() {
   local name=$1 sig=$2 grace=$3 p
-  if ! p=$(pid_of "$name") || [[ -z $p ]]; then log "$name: not started by this script"; return 0; fi
+  if ! p=$(pid_of "$name"); then
+    log "$name: not running (no process started by this script)"; rm -f "$RUN/$name.pid"; return 0
+  fi
   if kill -0 "$p" 2>/dev/null; then
     log "$name: stopping pid $p ($sig)"
     kill "-$sig" "$p" 2>/dev/null || true
@@ -132,7 +149,7 @@ service_user() { if [[ $(id -u) == 0 ]]; then echo "$1"; else id -un; fi; }
 start_bg() {
   local name=$1; shift
   setsid "$@" >>"$RUN/$name.log" 2>&1 </dev/null &
-  echo $! >"$RUN/$name.pid"
+  record_pid "$name" $!
 }
 
 apt_updated=
@@ -381,10 +398,10 @@ EOF
   else
     setsid "$PG_BIN/postgres" -D "$data" "${tls_opts[@]}" "${wal_opts[@]}" >>"$RUN/postgres.log" 2>&1 </dev/null &
   fi
-  echo $! >"$RUN/postgres.pid"
+  record_pid postgres $!
   wait_until 60 postgres "$PG_BIN/pg_isready" -q -h 127.0.0.1 -p "$PG_PORT"
   # runuser stays the parent of the postmaster; record the postmaster itself so `down` signals the server.
-  local pm; pm=$(head -n 1 "$data/postmaster.pid"); echo "$pm" >"$RUN/postgres.pid"
+  local pm; pm=$(head -n 1 "$data/postmaster.pid"); record_pid postgres "$pm"
   run_as "$user" "$PG_BIN/psql" -h "$sock" -p "$PG_PORT" -U postgres -v ON_ERROR_STOP=1 -q -d postgres >/dev/null <<EOF
 DO \$\$ BEGIN
   IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$DB_USER') THEN
