@@ -176,6 +176,7 @@ ensure_up() { [[ -n ${UP_DONE[$1]:-} ]] || { "${1}_up"; UP_DONE[$1]=1; }; }
 # --- venv: the independent verifiers (confluent-kafka, psycopg, boto3, pyiceberg, duckdb) and `weed` ---------
 
 venv_up() {
+  iceberg_java_up
   local req=$HERE/requirements.txt stamp=$VENV/.requirements
   if [[ -x $PY ]] && cmp -s "$req" "$stamp"; then return 0; fi
   log "venv: installing pinned verifiers into $VENV"
@@ -184,11 +185,34 @@ venv_up() {
   cp "$req" "$stamp"
 }
 venv_status() {
-  if [[ -x $PY ]] && cmp -s "$HERE/requirements.txt" "$VENV/.requirements"; then
-    echo "venv      $("$PY" --version 2>&1), verifiers pinned in scripts/services/requirements.txt   ok"
+  if [[ -x $PY ]] && cmp -s "$HERE/requirements.txt" "$VENV/.requirements" && iceberg_java_current; then
+    echo "venv      $("$PY" --version 2>&1), verifiers pinned in scripts/services/requirements.txt, Iceberg Java reader   ok"
   else
     echo "venv      not installed                                    DOWN"; return 1
   fi
+}
+
+# The reference Iceberg reader (test-support/verifiers/iceberg-java): Apache Iceberg's Java library from Maven
+# Central (versions pinned in its pom.xml) and IcebergRead.java compiled against it, under $CACHE/iceberg-java;
+# iceberg_table.py runs it for tables with delete files (pyiceberg 0.12 cannot read equality deletes, DuckDB 1.4's
+# iceberg extension misreads them). Rebuilt when the pom or the source changes.
+ICEBERG_JAVA_SRC=$ROOT/test-support/verifiers/iceberg-java
+ICEBERG_JAVA=$CACHE/iceberg-java
+iceberg_java_stamp() { cat "$ICEBERG_JAVA_SRC/pom.xml" "$ICEBERG_JAVA_SRC/IcebergRead.java" | sha256sum | cut -d' ' -f1; }
+iceberg_java_current() { [[ -f $ICEBERG_JAVA/.stamp && $(cat "$ICEBERG_JAVA/.stamp") == "$(iceberg_java_stamp)" ]]; }
+iceberg_java_up() {
+  iceberg_java_current && return 0
+  command -v mvn >/dev/null || apt_install maven
+  command -v javac >/dev/null || apt_install openjdk-17-jdk-headless
+  log "venv: resolving the Iceberg Java reader's libraries ($ICEBERG_JAVA_SRC/pom.xml) from Maven Central"
+  rm -rf "$ICEBERG_JAVA.tmp"
+  mvn -B -q -C -Dstyle.color=never -f "$ICEBERG_JAVA_SRC/pom.xml" -Dmaven.repo.local="$CACHE/m2" \
+    dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$ICEBERG_JAVA.tmp/libs" >&2 \
+    || die "venv: Maven could not resolve $ICEBERG_JAVA_SRC/pom.xml"
+  javac -nowarn -d "$ICEBERG_JAVA.tmp/classes" -cp "$ICEBERG_JAVA.tmp/libs/*" "$ICEBERG_JAVA_SRC/IcebergRead.java" >&2 \
+    || die "venv: javac could not compile IcebergRead.java"
+  iceberg_java_stamp >"$ICEBERG_JAVA.tmp/.stamp"
+  rm -rf "$ICEBERG_JAVA"; mv "$ICEBERG_JAVA.tmp" "$ICEBERG_JAVA"
 }
 
 # --- Kafka: the real Apache Kafka broker from Maven Central, KRaft single-node combined mode ----------------

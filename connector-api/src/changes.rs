@@ -115,35 +115,8 @@ impl ChangeColumns {
             })
             .collect::<Result<Vec<_>>>()?;
         let ops = batch.column(self.op).as_string::<i32>();
-        let keys = arrow_row::RowConverter::new(
-            key_columns
-                .iter()
-                .map(|&i| arrow_row::SortField::new(batch.schema().field(i).data_type().clone()))
-                .collect(),
-        )
-        .and_then(|converter| {
-            let columns: Vec<ArrayRef> = key_columns
-                .iter()
-                .map(|&i| batch.column(i).clone())
-                .collect();
-            converter.convert_columns(&columns)
-        })
-        .map_err(|e| {
-            Error::new(
-                ErrorKind::Bug,
-                Phase::Write,
-                "the change rows' keys cannot be compared",
-            )
-            .with_source(e)
-        })?;
-        let mut last: HashMap<arrow_row::Row<'_>, usize> = HashMap::with_capacity(batch.num_rows());
-        for (i, row) in keys.iter().enumerate() {
-            last.insert(row, i);
-        }
-        let mut latest: Vec<usize> = last.into_values().collect();
-        latest.sort_unstable();
         let (mut upserts, mut deletes) = (Vec::new(), Vec::new());
-        for i in latest {
+        for i in last_row_per_key(batch, &key_columns)? {
             match (!ops.is_null(i)).then(|| ops.value(i)) {
                 Some("c" | "u" | "r") => upserts.push(i as u32),
                 Some("d") => deletes.push(i as u32),
@@ -169,6 +142,65 @@ impl ChangeColumns {
         let deletes = take_columns(batch, &key_columns, &deletes, key_schema)?;
         Ok(AppliedChanges { upserts, deletes })
     }
+}
+
+/// The rows of `batch` (not a change stream) a sink keyed by `key` writes: the last row of each key, in the order
+/// of the batch; every row counts as an upsert of its key.
+///
+/// # Errors
+/// [`Config`](ErrorKind::Config) for a key column the batch does not have.
+pub fn last_rows_by_key(batch: &RecordBatch, key: &[String]) -> Result<RecordBatch> {
+    let schema = batch.schema();
+    let key_columns = key
+        .iter()
+        .map(|k| {
+            schema.index_of(k).map_err(|_| {
+                Error::new(
+                    ErrorKind::Config,
+                    Phase::Setup,
+                    format!("the key column {k:?} is not a column of the rows"),
+                )
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let rows: Vec<u32> = last_row_per_key(batch, &key_columns)?
+        .into_iter()
+        .map(|i| i as u32)
+        .collect();
+    let all: Vec<usize> = (0..batch.num_columns()).collect();
+    take_columns(batch, &all, &rows, schema)
+}
+
+/// The index of the last row of each distinct value of `key_columns` in `batch`, ascending.
+fn last_row_per_key(batch: &RecordBatch, key_columns: &[usize]) -> Result<Vec<usize>> {
+    let keys = arrow_row::RowConverter::new(
+        key_columns
+            .iter()
+            .map(|&i| arrow_row::SortField::new(batch.schema().field(i).data_type().clone()))
+            .collect(),
+    )
+    .and_then(|converter| {
+        let columns: Vec<ArrayRef> = key_columns
+            .iter()
+            .map(|&i| batch.column(i).clone())
+            .collect();
+        converter.convert_columns(&columns)
+    })
+    .map_err(|e| {
+        Error::new(
+            ErrorKind::Bug,
+            Phase::Write,
+            "the rows' keys cannot be compared",
+        )
+        .with_source(e)
+    })?;
+    let mut last: HashMap<arrow_row::Row<'_>, usize> = HashMap::with_capacity(batch.num_rows());
+    for (i, row) in keys.iter().enumerate() {
+        last.insert(row, i);
+    }
+    let mut latest: Vec<usize> = last.into_values().collect();
+    latest.sort_unstable();
+    Ok(latest)
 }
 
 /// The rows `indices` of `batch`'s `columns`, as a batch of `schema`.

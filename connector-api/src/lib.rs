@@ -28,7 +28,7 @@ mod schema_change;
 mod txn;
 
 pub use blocking::blocking;
-pub use changes::{AppliedChanges, CHANGE_COLUMN, ChangeColumns, OP_COLUMN};
+pub use changes::{AppliedChanges, CHANGE_COLUMN, ChangeColumns, OP_COLUMN, last_rows_by_key};
 pub use checkpoint::{
     CheckpointRecord, CheckpointStore, Claim, ClaimGuard, HeldClaim, Loaded, LocalCheckpointStore,
     OwnerEpoch, SourceOffset,

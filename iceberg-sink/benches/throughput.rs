@@ -106,6 +106,7 @@ fn config(lake: &Lake) -> IcebergSinkConfig {
         commit_timeout: Duration::from_secs(60),
         cleanup_on_recover: true,
         expire_snapshots: false,
+        upsert_key: Vec::new(),
     }
 }
 

@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use connector_api::{CheckpointId, Committer, Error, ErrorKind, Phase, Result, SubtaskId};
-use iceberg::spec::DataFile;
+use iceberg::spec::{DataContentType, DataFile};
 use iceberg::table::Table;
 use iceberg::transaction::{ApplyTransactionAction, Transaction};
 use iceberg::{Catalog, TableIdent, TableUpdate};
@@ -44,6 +44,7 @@ use crate::ledger::{SubtaskKey, SubtaskState};
 use crate::manifest_merge::{MergePolicy, merge_manifests};
 use crate::own_commit::OwnCommit;
 use crate::retire::{ManifestListCache, delete_retired_files, drill};
+use crate::row_delta::add_delete_files;
 use crate::swap_outcome::SwapOutcome;
 
 /// What a commit did.
@@ -108,11 +109,25 @@ impl TableTarget {
         Ok(self)
     }
 
-    /// Ratchet's own commit when `table` asks for manifest merging and this target has one.
+    /// Ratchet's own commit when the snapshot needs it: it adds delete files (a row delta, which iceberg cannot
+    /// commit), or `table` asks for manifest merging; `None` for iceberg's own commit.
     ///
     /// # Errors
-    /// [`Config`](ErrorKind::Config) naming the property when the table's merge properties are invalid.
-    fn merging(&self, table: &Table) -> Result<Option<&OwnCommit>> {
+    /// [`Config`](ErrorKind::Config) naming the property when the table's merge properties are invalid, or when
+    /// delete files must be committed by a target built without Ratchet's own commit.
+    fn own_commit_for(&self, table: &Table, row_delta: bool) -> Result<Option<&OwnCommit>> {
+        if row_delta {
+            return self.own_commit.as_ref().map(Some).ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Config,
+                    Phase::Commit,
+                    format!(
+                        "the commit to table {} carries equality-delete files (upsert_key), which only Ratchet's                          own catalog commit can commit: build the target with TableTarget::with_own_commit",
+                        self.table
+                    ),
+                )
+            });
+        }
         let policy = MergePolicy::of(table.metadata()).map_err(|e| {
             Error::new(
                 ErrorKind::Config,
@@ -303,7 +318,10 @@ impl TableTarget {
     ) -> Result<Option<Verdict>> {
         // The first load only seeds the transaction; `commit` loads again through the guard and builds on that.
         let table = self.recent(Phase::Commit).await?;
-        let merging = self.merging(&table)?;
+        let (deletes, files): (Vec<DataFile>, Vec<DataFile>) = files
+            .into_iter()
+            .partition(|f| f.content_type() != DataContentType::Data);
+        let merging = self.own_commit_for(&table, !deletes.is_empty())?;
         let guarded = GuardedCatalog::new(self.catalog.as_ref(), check);
         let (guarded, committed) = match merging {
             None => {
@@ -316,7 +334,7 @@ impl TableTarget {
             }
             Some(own) => {
                 let guarded = guarded.capturing();
-                let own = self.commit_merging(&guarded, table, key, state, &files, own);
+                let own = self.commit_own(&guarded, table, key, state, (&files, &deletes), own);
                 let committed = tokio::time::timeout(self.commit_timeout, own).await;
                 (guarded, committed)
             }
@@ -412,20 +430,21 @@ impl TableTarget {
             })
     }
 
-    /// Ratchet's own commit (module docs): iceberg plans into the capturing `guarded`, the planned snapshot's
-    /// manifests are merged by the policy of the table it was planned on (read again on every attempt: another
-    /// writer may have changed it), `own` commits. A lost swap (another writer moved the table) deletes its merged
+    /// Ratchet's own commit (module docs): iceberg plans the data files into the capturing `guarded`, the
+    /// equality-delete files join the planned snapshot as a row delta ([`crate::row_delta`]), its manifests are
+    /// merged by the policy of the table it was planned on (read again on every attempt: another writer may have
+    /// changed it), `own` commits. A lost swap (another writer moved the table) deletes its merged
     /// files and replans on fresh metadata after a jittered exponential wait, by the table's
     /// `commit.retry.num-retries`, `commit.retry.min-wait-ms` and `commit.retry.max-wait-ms` (the sink's
     /// `commit_timeout` bounds the whole commit instead of `commit.retry.total-timeout-ms`). A refused check stops
     /// with the verdict in `guarded`.
-    async fn commit_merging(
+    async fn commit_own(
         &self,
         guarded: &GuardedCatalog<'_>,
         mut seed: Table,
         key: &SubtaskKey,
         state: SubtaskState,
-        files: &[DataFile],
+        (files, deletes): (&[DataFile], &[DataFile]),
         own: &OwnCommit,
     ) -> iceberg::Result<Table> {
         let retry = seed.metadata().table_properties()?;
@@ -451,16 +470,20 @@ impl TableTarget {
             };
             let mut written = Vec::new();
             let policy = MergePolicy::of(base.metadata())?;
-            if let (Some(policy), Some(TableUpdate::AddSnapshot { snapshot })) = (
-                policy,
-                updates
-                    .iter_mut()
-                    .find(|u| matches!(u, TableUpdate::AddSnapshot { .. })),
-            ) {
+            let mut planned_snapshot = updates.iter_mut().find_map(|u| match u {
+                TableUpdate::AddSnapshot { snapshot } => Some(snapshot),
+                _ => None,
+            });
+            if let (false, Some(snapshot)) = (deletes.is_empty(), planned_snapshot.as_deref_mut()) {
+                let delta = add_delete_files(&base, snapshot, deletes).await?;
+                *snapshot = delta.snapshot;
+                written = delta.written;
+            }
+            if let (Some(policy), Some(snapshot)) = (policy, planned_snapshot) {
                 match merge_manifests(&base, snapshot, policy).await {
                     Ok(Some(merged)) => {
                         *snapshot = merged.snapshot;
-                        written = merged.written;
+                        written.extend(merged.written);
                     }
                     Ok(None) => {}
                     Err(e) => {
@@ -490,7 +513,7 @@ impl TableTarget {
             match own.commit(&base, requirements, updates).await? {
                 SwapOutcome::Committed(table) => {
                     if !written.is_empty() {
-                        drill("after-merging-commit");
+                        drill("after-own-commit");
                     }
                     return Ok(*table);
                 }

@@ -311,6 +311,10 @@ pub struct IcebergSinkConfig {
     /// Expire snapshots inside every commit by the table's standard retention properties, and delete the
     /// manifest lists of the snapshots a commit expired ([`crate::retire`]).
     pub expire_snapshots: bool,
+    /// Apply the rows by these key columns (the upsert mode): each checkpoint's last change per key is written
+    /// as one row, with an equality delete of the key, in one snapshot (a row delta); a change stream's deletes
+    /// delete their key. Empty: every row is appended (a change stream as a changelog).
+    pub upsert_key: Vec<String>,
 }
 
 /// The default target data file size: 128 MiB.

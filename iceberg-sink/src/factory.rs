@@ -28,6 +28,7 @@ use crate::config::{
 /// | `commit_every` | commit one snapshot every this many checkpoints (fewer, larger snapshots; data becomes visible up to K checkpoints later: the worker keeps checkpointing while files wait, records or not; after a clean stop, at the next start; exactly-once only) | 1 |
 /// | `commit_timeout` | the longest one catalog call may take before its outcome counts as unknown (then the next attempt checks the table's history first) | 60s |
 /// | `cleanup_on_recover` | delete this subtask's data files no snapshot references when recovering | true |
+/// | `upsert_key` | apply the rows by these key columns (`["id"]`): per checkpoint the last change of each key is written as one row plus an equality delete of the key, in one snapshot (a row delta, merge-on-read); a change stream's `d` rows delete their key, and the table holds the rows without the change columns. Needs an unpartitioned format-version 2 table and `commit_every = 1`; readers must apply equality deletes (Spark, Trino, DuckDB; pyiceberg 0.12 cannot) | none: rows appended, a change stream as a changelog |
 /// | `expire_snapshots` | expire snapshots inside every commit by the table's `history.expire.max-snapshot-age-ms` (default 5 days) and `history.expire.min-snapshots-to-keep` (default 1), as Iceberg's expire-snapshots procedure does, and delete the expired snapshots' manifest lists; skipped while the table sets `gc.enabled = false` | false |
 ///
 /// Manifest merging is a table property, not a sink key: a table that sets `commit.manifest-merge.enabled = true`
@@ -81,6 +82,9 @@ pub struct IcebergSinkSettings {
     /// Expire snapshots inside every commit.
     #[serde(default)]
     pub expire_snapshots: bool,
+    /// Apply the rows by these key columns (row deltas with equality deletes).
+    #[serde(default)]
+    pub upsert_key: Vec<String>,
 }
 
 fn default_catalog_name() -> String {
@@ -184,5 +188,6 @@ fn config(settings: IcebergSinkSettings, context: SinkContext) -> Result<Iceberg
         commit_timeout: settings.commit_timeout,
         cleanup_on_recover: settings.cleanup_on_recover,
         expire_snapshots: settings.expire_snapshots,
+        upsert_key: settings.upsert_key,
     })
 }

@@ -23,11 +23,13 @@
 use std::collections::BTreeMap;
 
 use iceberg::spec::{
-    FormatVersion, ManifestContentType, ManifestFile, ManifestList, ManifestListWriter,
-    ManifestStatus, ManifestWriterBuilder, Snapshot, TableMetadata, UNASSIGNED_SEQUENCE_NUMBER,
+    FormatVersion, ManifestContentType, ManifestFile, ManifestList, ManifestStatus,
+    ManifestWriterBuilder, Snapshot, TableMetadata, UNASSIGNED_SEQUENCE_NUMBER,
 };
 use iceberg::table::Table;
 use iceberg::{Error, ErrorKind, Result};
+
+use crate::rewritten::{RewrittenSnapshot, write_list};
 
 /// Iceberg's standard property that turns manifest merging on.
 pub const MANIFEST_MERGE_ENABLED: &str = "commit.manifest-merge.enabled";
@@ -177,15 +179,6 @@ fn v3_refused() -> Error {
     )
 }
 
-/// A planned snapshot whose manifest list was rewritten with merged manifests.
-#[derive(Debug)]
-pub(crate) struct MergedSnapshot {
-    /// The snapshot, naming the new manifest list.
-    pub(crate) snapshot: Snapshot,
-    /// The files written (merged manifests, the new list): orphans unless the snapshot is committed.
-    pub(crate) written: Vec<String>,
-}
-
 /// Merges the manifests of `planned` (a snapshot planned on `base`, not yet committed) by `policy`: `None` when no
 /// bin is due (the planned snapshot stands as it is). Otherwise writes the merged manifests and a new manifest list
 /// and returns the snapshot naming it (same id, parent, sequence number, summary). The manifest list `planned`
@@ -198,7 +191,7 @@ pub(crate) async fn merge_manifests(
     base: &Table,
     planned: &Snapshot,
     policy: MergePolicy,
-) -> Result<Option<MergedSnapshot>> {
+) -> Result<Option<RewrittenSnapshot>> {
     let metadata = base.metadata();
     let file_io = base.file_io();
     let list_path = planned.manifest_list();
@@ -247,39 +240,15 @@ pub(crate) async fn merge_manifests(
     );
     ordered.sort_by_key(|m| std::cmp::Reverse(recency(m)));
     let new_list = format!("{stem}-merged.avro");
-    let writer = file_io.new_output(&new_list)?.writer().await?;
-    let mut list = match metadata.format_version() {
-        FormatVersion::V1 => {
-            ManifestListWriter::v1(writer, planned.snapshot_id(), planned.parent_snapshot_id())
-        }
-        FormatVersion::V2 => ManifestListWriter::v2(
-            writer,
-            planned.snapshot_id(),
-            planned.parent_snapshot_id(),
-            planned.sequence_number(),
-        ),
-        FormatVersion::V3 => return Err(v3_refused()),
-    };
-    list.add_manifests(ordered.into_iter())?;
-    list.close().await?;
-    written.push(new_list.clone());
+    let snapshot = write_list(base, planned, ordered, &new_list, planned.summary().clone()).await?;
+    written.push(new_list);
     crate::retire::drill("after-merging");
     for file in unused.iter().map(String::as_str).chain([list_path]) {
         if let Err(e) = file_io.delete(file).await {
             tracing::debug!(file, error = %e, "cannot delete a planned file the merge replaced");
         }
     }
-    let snapshot = Snapshot::builder()
-        .with_snapshot_id(planned.snapshot_id())
-        .with_parent_snapshot_id(planned.parent_snapshot_id())
-        .with_sequence_number(planned.sequence_number())
-        .with_timestamp_ms(planned.timestamp_ms())
-        .with_manifest_list(new_list)
-        .with_summary(planned.summary().clone())
-        .schema_id_opt(planned.schema_id())
-        .with_encryption_key_id(planned.encryption_key_id().map(str::to_string))
-        .build();
-    Ok(Some(MergedSnapshot { snapshot, written }))
+    Ok(Some(RewrittenSnapshot { snapshot, written }))
 }
 
 /// Rewrites the manifests `bin` names as one manifest of `planned` at `path`.

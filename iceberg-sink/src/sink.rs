@@ -6,7 +6,8 @@ use std::sync::Arc;
 use arrow_array::RecordBatch;
 use async_trait::async_trait;
 use connector_api::{
-    CheckpointId, Error, ErrorKind, Evolution, Phase, RecoveryPlan, Result, SinkId, TwoPhaseCommit,
+    AppliedChanges, ChangeColumns, CheckpointId, Error, ErrorKind, Evolution, Phase, RecoveryPlan,
+    Result, SinkId, TwoPhaseCommit,
 };
 use iceberg::table::Table;
 use iceberg::{NamespaceIdent, TableCreation, TableIdent};
@@ -17,11 +18,13 @@ use crate::commit::TableTarget;
 use crate::committable::encode_files;
 use crate::committable::{IcebergCommittable, PendingFile};
 use crate::config::IcebergSinkConfig;
+use crate::equality_deletes::EqualityDeletes;
 use crate::error::iceberg_error;
 use crate::evolve::add_missing_columns;
 use crate::ledger::SubtaskKey;
 use crate::manifest_merge::MANIFEST_MERGE_ENABLED;
 use crate::retire::DELETE_METADATA_AFTER_COMMIT;
+use crate::upsert::KeyedRows;
 use crate::writer::CheckpointWriter;
 
 /// The Iceberg sink for one subtask.
@@ -46,6 +49,8 @@ pub struct IcebergSink {
     pub(crate) pre_committed: Option<IcebergCommittable>,
     /// The checkpoint whose writers are open (begun, not yet pre-committed or aborted).
     pub(crate) open: Option<CheckpointId>,
+    /// The upsert mode's rows of the open checkpoint (`upsert_key`), written at pre-commit.
+    pub(crate) keyed: Option<KeyedRows>,
 }
 
 impl std::fmt::Debug for IcebergSink {
@@ -67,6 +72,7 @@ impl IcebergSink {
         if config.commit_every == 0 {
             return Err(Error::config("commit_every must be at least 1"));
         }
+        let keyed = upsert_rows(&config)?;
         let catalog = config
             .catalog
             .open(&config.catalog_name, &config.s3)
@@ -87,7 +93,7 @@ impl IcebergSink {
                 ))
                 .with_sink(&config.sink));
             }
-            create_table(catalog.as_ref(), &ident, &config.schema).await?;
+            create_table(catalog.as_ref(), &ident, &table_schema(&config)?).await?;
         }
         let key = SubtaskKey {
             job: config.job.clone(),
@@ -103,7 +109,12 @@ impl IcebergSink {
             epoch: Arc::default(),
         };
         if config.evolution == Evolution::AddColumns {
-            add_missing_columns(&committer.target, &config.schema, &config.sink).await?;
+            add_missing_columns(&committer.target, &table_schema(&config)?, &config.sink).await?;
+        }
+        if let Some(keyed) = &keyed {
+            // Refused now, with the table named, rather than at the first pre-commit.
+            let table = committer.target.load(Phase::Setup).await?;
+            EqualityDeletes::of(&table, keyed.key()).map_err(|e| e.with_sink(&config.sink))?;
         }
         Ok(Self {
             config,
@@ -115,6 +126,7 @@ impl IcebergSink {
             carried_checkpoints: 0,
             pre_committed: None,
             open: None,
+            keyed,
         })
     }
 
@@ -125,6 +137,9 @@ impl IcebergSink {
         let table = self.table(Phase::Begin)?;
         self.writer =
             Some(CheckpointWriter::open(table, prefix, self.config.target_file_size).await?);
+        if let Some(keyed) = &mut self.keyed {
+            keyed.clear();
+        }
         self.open = Some(checkpoint);
         Ok(())
     }
@@ -222,8 +237,16 @@ impl TwoPhaseCommit for IcebergSink {
         if added.is_empty() {
             return Ok(());
         }
-        let table = add_missing_columns(&self.committer.target, &schema, &self.config.sink).await?;
+        let table = add_missing_columns(
+            &self.committer.target,
+            &table_columns(&self.config.upsert_key, &schema)?,
+            &self.config.sink,
+        )
+        .await?;
         self.table = Some(table);
+        if let Some(keyed) = &mut self.keyed {
+            *keyed = KeyedRows::new(keyed.key().to_vec(), &schema)?;
+        }
         self.config.schema = schema;
         if let Some(checkpoint) = self.open {
             self.writer = None;
@@ -241,10 +264,22 @@ impl TwoPhaseCommit for IcebergSink {
                 "write() outside a transaction",
             )
         })?;
+        let Some(keyed) = &mut self.keyed else {
+            return writer
+                .write(batch)
+                .await
+                .map_err(|e| e.or_sink(&self.config.sink));
+        };
+        // Checked now, so a bad row is refused with its batch (and dead-lettered where asked) instead of failing
+        // the checkpoint's pre-commit; written at pre-commit, when the checkpoint's last change per key is known.
+        let applied = keyed
+            .applied(batch)
+            .map_err(|e| e.or_sink(&self.config.sink))?;
         writer
-            .write(batch)
-            .await
-            .map_err(|e| e.or_sink(&self.config.sink))
+            .check(&applied.upserts)
+            .map_err(|e| e.or_sink(&self.config.sink))?;
+        keyed.push(batch);
+        Ok(())
     }
 
     /// Closes the data files and returns them (with the carried ones) as the committable; nothing is visible.
@@ -258,7 +293,27 @@ impl TwoPhaseCommit for IcebergSink {
                 "pre_commit() outside a transaction",
             )
         })?;
-        let written = writer.close().await?;
+        let written = match self.keyed.as_mut().map(KeyedRows::take).transpose()? {
+            None => writer.close().await?,
+            Some(applied) => {
+                let key = self
+                    .keyed
+                    .as_ref()
+                    .map(|k| k.key().to_vec())
+                    .unwrap_or_default();
+                let deletes = EqualityDeletes::of(self.table(Phase::PreCommit)?, &key)
+                    .map_err(|e| e.at_phase(Phase::PreCommit).or_sink(&self.config.sink))?;
+                write_applied(
+                    self.table(Phase::PreCommit)?,
+                    writer,
+                    &deletes,
+                    applied.unwrap_or_else(no_changes),
+                    format!("{}e{epoch}.c{checkpoint}", self.key.file_prefix()),
+                    self.config.target_file_size,
+                )
+                .await?
+            }
+        };
         let mut files = self.carried.clone();
         files.extend(encode_files(self.table(Phase::PreCommit)?, written)?);
         let committable = IcebergCommittable {
@@ -277,6 +332,9 @@ impl TwoPhaseCommit for IcebergSink {
     async fn abort(&mut self) -> Result<()> {
         self.writer = None;
         self.open = None;
+        if let Some(keyed) = &mut self.keyed {
+            keyed.clear();
+        }
         if let Some(aborted) = self.pre_committed.take() {
             let table = self.table(Phase::Abort)?;
             for file in aborted.files.iter().filter(|f| !self.carried.contains(f)) {
@@ -352,4 +410,79 @@ async fn create_table(
         ));
     }
     Ok(())
+}
+
+/// The upsert mode's rows, when `upsert_key` names a key.
+///
+/// # Errors
+/// [`Config`](ErrorKind::Config) with `commit_every` > 1 (checkpoints carried into one snapshot would share its
+/// sequence number, so a key changed in two of them would show twice), or for a change stream without an
+/// operation column.
+fn upsert_rows(config: &IcebergSinkConfig) -> Result<Option<KeyedRows>> {
+    if config.upsert_key.is_empty() {
+        return Ok(None);
+    }
+    if config.commit_every > 1 {
+        return Err(Error::config(format!(
+            "upsert_key commits every checkpoint: commit_every = {} would put several checkpoints' changes of a key \
+             into one snapshot, where its equality deletes cannot order them; set commit_every = 1 (a longer \
+             checkpoint interval makes fewer snapshots)",
+            config.commit_every
+        ))
+        .with_sink(&config.sink));
+    }
+    KeyedRows::new(config.upsert_key.clone(), &config.schema)
+        .map(Some)
+        .map_err(|e| e.with_sink(&config.sink))
+}
+
+/// The table's columns for the input schema: in the upsert mode a change stream's rows without their change
+/// columns (the table holds the rows, not the changes); otherwise every column (a changelog keeps them).
+fn table_schema(config: &IcebergSinkConfig) -> Result<arrow_schema::SchemaRef> {
+    table_columns(&config.upsert_key, &config.schema).map_err(|e| e.with_sink(&config.sink))
+}
+
+/// [`table_schema`] of batches of `schema` with `upsert_key`.
+fn table_columns(
+    upsert_key: &[String],
+    schema: &arrow_schema::SchemaRef,
+) -> Result<arrow_schema::SchemaRef> {
+    if upsert_key.is_empty() {
+        Ok(schema.clone())
+    } else {
+        ChangeColumns::table_schema(schema)
+    }
+}
+
+/// A checkpoint of the upsert mode that received no rows.
+fn no_changes() -> AppliedChanges {
+    let empty = RecordBatch::new_empty(Arc::new(arrow_schema::Schema::empty()));
+    AppliedChanges {
+        upserts: empty.clone(),
+        deletes: empty,
+    }
+}
+
+/// The upsert mode's pre-commit: the checkpoint's last change per key, `applied`, written as data files (the
+/// upserted rows, by `writer`) and equality-delete files named `<file_prefix>-<n>-eqdel.parquet` (the key of every
+/// upserted or deleted row).
+async fn write_applied(
+    table: &Table,
+    mut writer: CheckpointWriter,
+    deletes: &EqualityDeletes,
+    applied: AppliedChanges,
+    file_prefix: String,
+    target_file_size: usize,
+) -> Result<Vec<iceberg::spec::DataFile>> {
+    if applied.upserts.num_rows() > 0 {
+        writer.write(&applied.upserts).await?;
+    }
+    let mut files = writer.close().await?;
+    let keys = [&applied.upserts, &applied.deletes];
+    files.extend(
+        deletes
+            .write(table, file_prefix, target_file_size, &keys)
+            .await?,
+    );
+    Ok(files)
 }

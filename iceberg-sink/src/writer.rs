@@ -129,6 +129,15 @@ impl CheckpointWriter {
         }
     }
 
+    /// Checks that `batch` fits the table's schema, writing nothing (the upsert mode checks its rows when they
+    /// arrive and writes them at pre-commit).
+    ///
+    /// # Errors
+    /// As [`write`](Self::write)'s [`BadRecord`](ErrorKind::BadRecord).
+    pub fn check(&self, batch: &RecordBatch) -> Result<()> {
+        to_table_batch(&self.table, &self.table_schema, batch).map(drop)
+    }
+
     /// Closes every open file and returns the data files written.
     pub async fn close(self) -> Result<Vec<DataFile>> {
         let close_error = |e| iceberg_error(Phase::PreCommit, "cannot close data files", e);
@@ -167,7 +176,7 @@ fn relabel(column: &ArrayRef, to: &DataType) -> Result<ArrayRef> {
 }
 
 /// Re-labels `batch` with the table's Arrow schema (which carries the Iceberg field ids), checking each column.
-fn to_table_batch(
+pub(crate) fn to_table_batch(
     table: &str,
     table_schema: &arrow_schema::SchemaRef,
     batch: &RecordBatch,

@@ -9,3 +9,4 @@ mod kill9;
 mod maintenance;
 mod races;
 mod tables;
+mod upsert;

@@ -273,9 +273,9 @@ async fn a_kill_9_at_each_step_of_an_expiring_or_merging_commit_loses_nothing() 
         "after-expiring-commit",
         "while-retiring",
         "after-merging",
-        "after-merging-commit",
+        "after-own-commit",
     ] {
-        let merging = step.contains("merging");
+        let merging = matches!(step, "after-merging" | "after-own-commit");
         let dir = tempfile::tempdir().unwrap();
         let lake = Lake::sqlite_local(dir.path(), "killed");
         let table = lake.table(&["events"]);

@@ -151,6 +151,7 @@ impl Lake {
             commit_timeout: Duration::from_secs(60),
             cleanup_on_recover: true,
             expire_snapshots: false,
+            upsert_key: Vec::new(),
         }
     }
 
@@ -171,6 +172,8 @@ impl Lake {
         Seen {
             ids: ids("ids"),
             duckdb_ids: ids("duckdb_ids"),
+            second_reader: seen["second_reader"].as_str().unwrap().to_string(),
+            second_ids: ids("second_ids"),
             snapshots: seen["snapshots"].as_array().unwrap().clone(),
             unreferenced: seen["unreferenced"]
                 .as_array()
@@ -189,7 +192,7 @@ impl Lake {
     }
 
     /// What the verifier prints for `table` with `flag` (blocking).
-    fn read_with(&self, table: &str, flag: &str) -> serde_json::Value {
+    pub fn read_with(&self, table: &str, flag: &str) -> serde_json::Value {
         Services::get().verify(
             "iceberg_table.py",
             &[
@@ -285,6 +288,11 @@ pub struct Seen {
     pub ids: Vec<i64>,
     /// Ids per DuckDB's iceberg_scan, sorted.
     pub duckdb_ids: Vec<i64>,
+    /// Which reader gave `second_ids`: `duckdb`, or `iceberg-java` (Iceberg's Java library) for a table whose
+    /// current snapshot has delete files (DuckDB 1.4's iceberg extension misreads equality deletes).
+    pub second_reader: String,
+    /// Ids per the second reader, sorted.
+    pub second_ids: Vec<i64>,
     /// Every snapshot, oldest first, with its summary.
     pub snapshots: Vec<serde_json::Value>,
     /// Ratchet's data files no snapshot references.

@@ -1,0 +1,161 @@
+//! A row delta: data files and equality-delete files in one snapshot (the upsert mode's commit). iceberg-rust 0.10
+//! commits data files only (`fast_append`), so the delete files ride on Ratchet's own commit: iceberg plans the
+//! snapshot with the data files as always (guard, ledger, expiry), then [`add_delete_files`] writes a delete
+//! manifest for it, a manifest list naming the planned manifests and the delete manifest, and the summary of a row
+//! delta (Iceberg spec, "Snapshots": operation `overwrite`, or `delete` when no data file is added, with the
+//! delete-file counts). The guard and the catalog's compare-and-swap are unchanged: the delete files become
+//! visible exactly when the checkpoint's data files do, in the same snapshot, once.
+//!
+//! # Sequence numbers
+//! The delete manifest's entries inherit the snapshot's sequence number, so its equality deletes remove the keys'
+//! rows of every earlier snapshot and none of this snapshot's own data files (the spec's "strictly lower data
+//! sequence number" rule): an upserted key keeps exactly its new row.
+//!
+//! # Crash safety
+//! Everything is written before the swap under fresh names (`deletes-<planned list>.avro`,
+//! `<planned list>-delta.avro`): a kill after writing them (drill step `after-row-delta`) or a lost swap leaves
+//! orphans no metadata names, never a changed table.
+
+use iceberg::spec::{
+    DataFile, ManifestFile, ManifestList, ManifestWriterBuilder, Operation, Snapshot, Summary,
+    UNASSIGNED_SEQUENCE_NUMBER,
+};
+use iceberg::table::Table;
+use iceberg::{Error, ErrorKind, Result};
+
+use crate::rewritten::{RewrittenSnapshot, write_list};
+
+/// Adds `deletes` (equality-delete files of the table's unpartitioned spec) to `planned`, a snapshot planned on
+/// `base` and not yet committed: writes their delete manifest and a manifest list naming it first, then the
+/// planned manifests, and returns the snapshot naming that list with a row delta's summary. The list `planned`
+/// named is deleted (nothing else refers to it).
+///
+/// # Errors
+/// A storage failure writing the manifest or list (the commit attempt fails retryably, nothing committed);
+/// [`DataInvalid`](ErrorKind::DataInvalid) when the table no longer has an unpartitioned spec to write them for.
+pub(crate) async fn add_delete_files(
+    base: &Table,
+    planned: &Snapshot,
+    deletes: &[DataFile],
+) -> Result<RewrittenSnapshot> {
+    let metadata = base.metadata();
+    let file_io = base.file_io();
+    let list_path = planned.manifest_list();
+    let bytes = file_io.new_input(list_path)?.read().await?;
+    let planned_manifests =
+        ManifestList::parse_with_version(&bytes, metadata.format_version())?.consume_entries();
+    let spec = metadata.default_partition_spec();
+    if !spec.is_unpartitioned() {
+        return Err(Error::new(
+            ErrorKind::DataInvalid,
+            format!(
+                "table {} was partitioned after the equality deletes were written for its unpartitioned spec; \
+                 upserts by key write unpartitioned tables only",
+                base.identifier()
+            ),
+        ));
+    }
+    let stem = list_path.strip_suffix(".avro").unwrap_or(list_path);
+    let (directory, name) = stem.rsplit_once('/').unwrap_or(("", stem));
+    let manifest_path = format!("{directory}/deletes-{name}.avro");
+    let mut writer = ManifestWriterBuilder::new(
+        file_io.new_output(&manifest_path)?,
+        Some(planned.snapshot_id()),
+        metadata.current_schema().clone(),
+        spec.as_ref().clone(),
+    )
+    .build_v2_deletes();
+    for file in deletes {
+        // Unassigned: the entry inherits the snapshot's sequence number when the list is written.
+        writer.add_file(file.clone(), UNASSIGNED_SEQUENCE_NUMBER)?;
+    }
+    let delete_manifest: ManifestFile = writer.write_manifest_file().await?;
+    let mut manifests = vec![delete_manifest];
+    manifests.extend(planned_manifests);
+    let new_list = format!("{stem}-delta.avro");
+    let snapshot = write_list(
+        base,
+        planned,
+        manifests,
+        &new_list,
+        delta_summary(planned.summary(), deletes),
+    )
+    .await?;
+    crate::retire::drill("after-row-delta");
+    if let Err(e) = file_io.delete(list_path).await {
+        tracing::debug!(file = list_path, error = %e, "cannot delete the planned list a row delta replaced");
+    }
+    Ok(RewrittenSnapshot {
+        snapshot,
+        written: vec![manifest_path, new_list],
+    })
+}
+
+/// The summary of a row delta: `planned`'s (an append's) with the delete files counted in, operation `overwrite`
+/// (`delete` when it adds no data file), as Iceberg's `RowDelta` writes it.
+fn delta_summary(planned: &Summary, deletes: &[DataFile]) -> Summary {
+    let mut properties = planned.additional_properties.clone();
+    let count = |properties: &std::collections::HashMap<String, String>, key: &str| -> u64 {
+        properties
+            .get(key)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    let files = deletes.len() as u64;
+    let records: u64 = deletes.iter().map(DataFile::record_count).sum();
+    let size: u64 = deletes.iter().map(DataFile::file_size_in_bytes).sum();
+    for (key, added) in [
+        ("added-delete-files", files),
+        ("added-equality-delete-files", files),
+        ("added-equality-deletes", records),
+        ("added-files-size", size),
+        ("total-delete-files", files),
+        ("total-equality-deletes", records),
+        ("total-files-size", size),
+    ] {
+        let value = count(&properties, key) + added;
+        properties.insert(key.to_string(), value.to_string());
+    }
+    let operation = if count(&properties, "added-data-files") > 0 {
+        Operation::Overwrite
+    } else {
+        Operation::Delete
+    };
+    Summary {
+        operation,
+        additional_properties: properties,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    #[test]
+    fn a_row_delta_counts_its_delete_files_into_an_appends_summary() {
+        let planned = Summary {
+            operation: Operation::Append,
+            additional_properties: HashMap::from([
+                ("added-data-files".to_string(), "1".to_string()),
+                ("total-delete-files".to_string(), "2".to_string()),
+                ("total-equality-deletes".to_string(), "7".to_string()),
+                ("ratchet.checkpoint".to_string(), "4".to_string()),
+            ]),
+        };
+        let summary = delta_summary(&planned, &[]);
+        assert_eq!(summary.operation, Operation::Overwrite);
+        assert_eq!(summary.additional_properties["total-delete-files"], "2");
+        assert_eq!(summary.additional_properties["added-delete-files"], "0");
+        assert_eq!(summary.additional_properties["ratchet.checkpoint"], "4");
+        let deletes_only = Summary {
+            operation: Operation::Append,
+            additional_properties: HashMap::new(),
+        };
+        assert_eq!(
+            delta_summary(&deletes_only, &[]).operation,
+            Operation::Delete
+        );
+    }
+}

@@ -1,0 +1,84 @@
+//! The upsert mode's input (`upsert_key`): one checkpoint's rows, applied by key when the checkpoint is
+//! pre-committed. A change stream's rows ([`ChangeColumns`]) are changes (`d` deletes its key, the others upsert
+//! it); any other rows upsert their key. Within the checkpoint the last change of a key wins, so the checkpoint
+//! writes at most one row per key: the snapshot's equality deletes remove the keys' older rows, and a key changed
+//! twice in one checkpoint never shows twice.
+//!
+//! # Memory
+//! The checkpoint's rows are held until its pre-commit (the last change of a key may come in its last batch):
+//! memory grows with the rows between two checkpoints, as the sink's own writers' row groups do.
+
+use arrow_array::RecordBatch;
+use connector_api::{AppliedChanges, ChangeColumns, Error, Phase, Result, last_rows_by_key};
+
+/// One checkpoint's rows of the upsert mode, until its pre-commit.
+#[derive(Debug)]
+pub(crate) struct KeyedRows {
+    key: Vec<String>,
+    changes: Option<ChangeColumns>,
+    batches: Vec<RecordBatch>,
+}
+
+impl KeyedRows {
+    /// Rows keyed by `key` of batches of `schema` (a change stream when the source marked change columns).
+    ///
+    /// # Errors
+    /// [`Config`](connector_api::ErrorKind::Config) for marked change columns without an operation column.
+    pub(crate) fn new(key: Vec<String>, schema: &arrow_schema::Schema) -> Result<Self> {
+        Ok(Self {
+            key,
+            changes: ChangeColumns::of(schema)?,
+            batches: Vec::new(),
+        })
+    }
+
+    /// The key columns.
+    pub(crate) fn key(&self) -> &[String] {
+        &self.key
+    }
+
+    /// What `batch` alone applies (its checks: a key column the rows lack, an unknown operation).
+    ///
+    /// # Errors
+    /// [`Config`](connector_api::ErrorKind::Config) for a key column the rows lack;
+    /// [`BadRecord`](connector_api::ErrorKind::BadRecord) naming a row whose operation is not a change.
+    pub(crate) fn applied(&self, batch: &RecordBatch) -> Result<AppliedChanges> {
+        match &self.changes {
+            Some(changes) => changes.apply(batch, &self.key),
+            None => Ok(AppliedChanges {
+                upserts: last_rows_by_key(batch, &self.key)?,
+                deletes: RecordBatch::new_empty(std::sync::Arc::new(arrow_schema::Schema::empty())),
+            }),
+        }
+    }
+
+    /// Keeps `batch` for the checkpoint's pre-commit.
+    pub(crate) fn push(&mut self, batch: &RecordBatch) {
+        self.batches.push(batch.clone());
+    }
+
+    /// Drops the rows kept (the checkpoint aborted, or a new one begins).
+    pub(crate) fn clear(&mut self) {
+        self.batches.clear();
+    }
+
+    /// The checkpoint's rows applied by key (the last change of each key wins), and forgotten.
+    ///
+    /// # Errors
+    /// As [`applied`](Self::applied); [`Bug`](connector_api::ErrorKind::Bug) for batches of different schemas in
+    /// one checkpoint.
+    pub(crate) fn take(&mut self) -> Result<Option<AppliedChanges>> {
+        let batches = std::mem::take(&mut self.batches);
+        let Some(first) = batches.first() else {
+            return Ok(None);
+        };
+        let all = arrow_select::concat::concat_batches(&first.schema(), &batches).map_err(|e| {
+            Error::bug(
+                Phase::PreCommit,
+                "the checkpoint's batches differ in schema",
+            )
+            .with_source(e)
+        })?;
+        self.applied(&all).map(Some)
+    }
+}

@@ -1,0 +1,318 @@
+//! The upsert mode (`upsert_key`): a change stream applied by key as row deltas (data files and equality-delete
+//! files in one snapshot, committed by Ratchet's own catalog commit), read back merged-on-read by Apache Iceberg's
+//! Java library (IcebergGenerics) and by the verifier's own reading of the manifests (pyiceberg 0.12 refuses
+//! equality deletes; DuckDB 1.4.4's iceberg extension, the newest on PyPI, misreads them: docs/services.md):
+//!
+//! - two subtasks apply inserts, updates and deletes of their keys over three runs (keys change several times
+//!   within a checkpoint), on a SQLite catalog and on SeaweedFS's REST catalog with manifest merging at 2 and
+//!   snapshot expiry: after every run both readers see exactly the last state of every key;
+//! - a real `kill -9` after the delete manifest and list are written (nothing committed) and after the row delta
+//!   landed (nothing deleted): the restarted job ends in the same state as an uninterrupted run, no checkpoint in
+//!   two snapshots, no file of the sink unreferenced;
+//! - the settings it cannot honour are refused at start with the table named: `commit_every` > 1, a key column
+//!   the table lacks.
+
+use crate::common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+
+use arrow_array::{Int64Array, RecordBatch, StringArray};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use common::Lake;
+use connector_api::{
+    CHANGE_COLUMN, CheckpointStore, Driver, DriverConfig, ErrorKind, LocalCheckpointStore,
+    OP_COLUMN, SinkId,
+};
+use iceberg_sink::{IcebergSink, IcebergSinkConfig};
+use ratchet_conformance::conformance_positions;
+
+const CHILD_DIR: &str = "RATCHET_ICEBERG_UPSERT_CHILD";
+const CHILD_TABLE: &str = "RATCHET_ICEBERG_UPSERT_TABLE";
+/// Changes per checkpoint.
+const CHANGES: i64 = 30;
+/// Keys per subtask: each key changes 2-3 times per checkpoint.
+const KEYS: i64 = 12;
+
+/// A Debezium-like change stream: the row (`id`, `v`) and the operation column marked as a change column.
+fn change_schema() -> SchemaRef {
+    let op = Field::new(OP_COLUMN, DataType::Utf8, false).with_metadata(HashMap::from([(
+        CHANGE_COLUMN.to_string(),
+        "op".to_string(),
+    )]));
+    Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, true),
+        Field::new("v", DataType::Utf8, true),
+        op,
+    ]))
+}
+
+/// The change at offset `n` of `subtask`: key `subtask * 1000 + n % KEYS`; every fifth change a delete, the
+/// others an insert (first change of the key, or after its delete) or an update; the value names the offset.
+fn change(subtask: u32, n: i64) -> (i64, &'static str, String) {
+    let key = i64::from(subtask) * 1000 + n % KEYS;
+    let op = if n % 5 == 4 {
+        "d"
+    } else if n < KEYS || (n - KEYS) % 5 == 4 {
+        "c"
+    } else {
+        "u"
+    };
+    (key, op, format!("{subtask}:{n}"))
+}
+
+/// The changes at `offsets` of `subtask`.
+fn changes(subtask: u32, offsets: std::ops::Range<i64>) -> RecordBatch {
+    let rows: Vec<_> = offsets.map(|n| change(subtask, n)).collect();
+    RecordBatch::try_new(
+        change_schema(),
+        vec![
+            Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0))),
+            Arc::new(StringArray::from_iter_values(
+                rows.iter().map(|r| r.2.clone()),
+            )),
+            Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.1))),
+        ],
+    )
+    .unwrap()
+}
+
+/// The table a run of `subtask` up to offset `upto` must leave: each key's last change, unless a delete.
+fn expected(subtasks: &[(u32, i64)]) -> BTreeMap<i64, String> {
+    let mut state = BTreeMap::new();
+    for &(subtask, upto) in subtasks {
+        for n in 0..upto {
+            let (key, op, value) = change(subtask, n);
+            if op == "d" {
+                state.remove(&key);
+            } else {
+                state.insert(key, value);
+            }
+        }
+    }
+    state
+}
+
+fn config(lake: &Lake, table: &str, subtask: u32) -> IcebergSinkConfig {
+    IcebergSinkConfig {
+        upsert_key: vec!["id".into()],
+        ..lake.config(
+            "upserting",
+            &SinkId::new("lake").unwrap(),
+            subtask,
+            table,
+            change_schema(),
+        )
+    }
+}
+
+/// Runs `checkpoints` checkpoints of [`CHANGES`] changes of `subtask` from the store in `state`, each committed
+/// before the next; returns the next offset.
+async fn run(lake: &Lake, table: &str, subtask: u32, state: &Path, checkpoints: i64) -> i64 {
+    let config = IcebergSinkConfig {
+        expire_snapshots: true,
+        ..config(lake, table, subtask)
+    };
+    let mut job = Driver::new(
+        LocalCheckpointStore::open(state, 3).unwrap(),
+        DriverConfig::default(),
+    );
+    let sink = job
+        .add_sink(IcebergSink::new(config).await.unwrap())
+        .unwrap();
+    let restored = job.start().await.unwrap();
+    let mut next = restored.positions.first().map_or(0, |p| p.next_offset);
+    for _ in 0..checkpoints {
+        job.write(sink, &changes(subtask, next..next + CHANGES))
+            .await
+            .unwrap();
+        next += CHANGES;
+        job.checkpoint(conformance_positions(next)).await.unwrap();
+        job.finish_commit().await.unwrap();
+    }
+    job.close().await.unwrap();
+    next
+}
+
+/// What both readers see of `table`: the rows (`id` -> `v`) by the verifier's merge-on-read, every row Iceberg's
+/// Java library reads, and the rest of the verifier's answer.
+async fn read(
+    lake: &Lake,
+    table: &str,
+) -> (BTreeMap<i64, String>, Vec<(i64, String)>, serde_json::Value) {
+    let (lake, table) = (lake.clone(), table.to_string());
+    let seen = tokio::task::spawn_blocking(move || lake.read_with(&table, "--rows"))
+        .await
+        .unwrap();
+    assert_eq!(seen["column_names"], serde_json::json!(["id", "v"]));
+    let rows: Vec<(i64, String)> = seen["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r[0].as_i64().unwrap(), r[1].as_str().unwrap().to_string()))
+        .collect();
+    let state: BTreeMap<i64, String> = rows.iter().cloned().collect();
+    assert_eq!(state.len(), rows.len(), "a key shows twice: {rows:?}");
+    assert_eq!(seen["second_column_names"], serde_json::json!(["id", "v"]));
+    let java: Vec<(i64, String)> = seen["second_rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r[0].as_i64().unwrap(), r[1].as_str().unwrap().to_string()))
+        .collect();
+    (state, java, seen)
+}
+
+/// Both readers see exactly `expected`; every snapshot that added rows also added equality deletes.
+async fn assert_reads(lake: &Lake, table: &str, expected: &BTreeMap<i64, String>, context: &str) {
+    let (state, mut java, seen) = read(lake, table).await;
+    assert_eq!(
+        &state, expected,
+        "{context}: merge-on-read of the manifests"
+    );
+    java.sort();
+    assert_eq!(
+        java,
+        expected.clone().into_iter().collect::<Vec<_>>(),
+        "{context}: Iceberg's Java library (IcebergGenerics)"
+    );
+    for snapshot in seen["snapshots"].as_array().unwrap() {
+        let summary = &snapshot["summary"];
+        if summary["added-data-files"]
+            .as_str()
+            .is_some_and(|n| n != "0")
+        {
+            assert!(
+                summary["added-equality-delete-files"]
+                    .as_str()
+                    .is_some_and(|n| n != "0"),
+                "{context}: a snapshot adding rows without their keys' deletes: {summary}"
+            );
+        }
+    }
+    let snapshots = seen["snapshots"].as_array().unwrap();
+    assert_eq!(
+        common::checkpoints_in_two_snapshots(snapshots),
+        Vec::<String>::new(),
+        "{context}: checkpoints in two snapshots"
+    );
+    assert_eq!(
+        seen["unreferenced"],
+        serde_json::json!([]),
+        "{context}: files of the sink no snapshot references"
+    );
+}
+
+/// Two subtasks, three runs of 4 checkpoints each: both readers see each key's last change after every run.
+async fn applies_changes_by_key(lake: Lake, merge_at: Option<usize>) {
+    let table = lake.table(&["upserted"]);
+    let states = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    IcebergSink::new(config(&lake, &table, 0)).await.unwrap();
+    lake.set_retention(&table, 4).await;
+    if let Some(min_count) = merge_at {
+        lake.set_merge(&table, min_count).await;
+    }
+    let mut upto = [0, 0];
+    for round in 0..3 {
+        for subtask in 0..2u32 {
+            let state = states[subtask as usize].path();
+            upto[subtask as usize] = run(&lake, &table, subtask, state, 4).await;
+        }
+        let expected = expected(&[(0, upto[0]), (1, upto[1])]);
+        assert!(expected.len() > KEYS as usize, "both subtasks' keys");
+        assert_reads(&lake, &table, &expected, &format!("round {round}")).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_stream_is_applied_by_key_on_a_sql_catalog() {
+    test_support::Services::get();
+    let dir = tempfile::tempdir().unwrap();
+    applies_changes_by_key(Lake::sqlite_local(dir.path(), "upsert"), None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_stream_is_applied_by_key_on_a_rest_catalog_merging_manifests() {
+    test_support::Services::get();
+    applies_changes_by_key(Lake::rest("upsert"), Some(2)).await;
+}
+
+/// The child of the kill test: runs 4 checkpoints of subtask 0 on the table in `CHILD_TABLE` from the store
+/// under `CHILD_DIR`; the drill in its environment kills it at the first row delta. Returns at once in a normal
+/// test run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child() {
+    let (Ok(dir), Ok(table)) = (std::env::var(CHILD_DIR), std::env::var(CHILD_TABLE)) else {
+        return;
+    };
+    let lake = Lake::sqlite_local(Path::new(&dir), "child");
+    run(&lake, &table, 0, &Path::new(&dir).join("state"), 4).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_9_at_each_step_of_a_row_delta_loses_nothing_and_doubles_nothing() {
+    test_support::Services::get();
+    for step in ["after-row-delta", "after-own-commit"] {
+        let dir = tempfile::tempdir().unwrap();
+        let lake = Lake::sqlite_local(dir.path(), "killed");
+        let table = lake.table(&["upserted"]);
+        IcebergSink::new(config(&lake, &table, 0)).await.unwrap();
+        let status = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "upsert::child", "--nocapture"])
+            .env(CHILD_DIR, dir.path())
+            .env(CHILD_TABLE, &table)
+            .env(iceberg_sink::KILL_VARIABLE, step)
+            .status()
+            .unwrap();
+        assert_eq!(
+            status.signal(),
+            Some(9),
+            "{step}: the child should have killed itself at the step ({status})"
+        );
+        let state = dir.path().join("state");
+        let next = run(&lake, &table, 0, &state, 2).await;
+        let decided = LocalCheckpointStore::open(&state, 3)
+            .unwrap()
+            .load()
+            .await
+            .unwrap()
+            .record
+            .and_then(|r| r.positions.first().map(|p| p.next_offset))
+            .unwrap();
+        assert_eq!(next, decided, "{step}: the last checkpoint is decided");
+        assert!(
+            next > 2 * CHANGES,
+            "{step}: the killed run's first checkpoint counts"
+        );
+        assert_reads(&lake, &table, &expected(&[(0, next)]), step).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settings_the_upsert_mode_cannot_honour_are_refused_at_start() {
+    test_support::Services::get();
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::sqlite_local(dir.path(), "refused");
+    let table = lake.table(&["upserted"]);
+    let every_third = IcebergSinkConfig {
+        commit_every: 3,
+        ..config(&lake, &table, 0)
+    };
+    let refused = IcebergSink::new(every_third).await.unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::Config);
+    assert!(
+        refused.to_string().contains("commit_every = 3"),
+        "{refused}"
+    );
+    let unknown_key = IcebergSinkConfig {
+        upsert_key: vec!["order_id".into()],
+        ..config(&lake, &table, 0)
+    };
+    let refused = IcebergSink::new(unknown_key).await.unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::Config);
+    let said = connector_api::Report(&refused).to_string();
+    assert!(said.contains("order_id") && said.contains(&table), "{said}");
+}

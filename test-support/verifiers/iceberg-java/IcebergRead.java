@@ -1,0 +1,102 @@
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+
+import org.apache.hadoop.conf.Configuration;
+import org.apache.iceberg.BaseTable;
+import org.apache.iceberg.StaticTableOperations;
+import org.apache.iceberg.Table;
+import org.apache.iceberg.aws.s3.S3FileIO;
+import org.apache.iceberg.data.IcebergGenerics;
+import org.apache.iceberg.data.Record;
+import org.apache.iceberg.hadoop.HadoopFileIO;
+import org.apache.iceberg.io.CloseableIterable;
+import org.apache.iceberg.io.FileIO;
+import org.apache.iceberg.types.Types;
+
+/**
+ * The reference reader of Ratchet's tests: Apache Iceberg's own Java library reads the current snapshot of the
+ * table whose metadata file is given, applying its delete files (merge-on-read, equality and position deletes),
+ * and prints every row as JSON: {"column_names": [...], "rows": [[...], ...]}, numbers as numbers, other values as
+ * their string form, null as null.
+ *
+ * usage: java -cp 'LIBS/*:CLASSES' IcebergRead METADATA_LOCATION
+ *
+ * An s3:// location is read with RATCHET_S3_ENDPOINT / _REGION / _ACCESS_KEY / _SECRET_KEY (path-style access).
+ */
+public final class IcebergRead {
+  public static void main(String[] args) throws Exception {
+    if (args.length != 1) {
+      System.err.println("usage: IcebergRead METADATA_LOCATION");
+      System.exit(2);
+    }
+    String location = args[0];
+    try (FileIO io = fileIo(location)) {
+      Table table = new BaseTable(new StaticTableOperations(location, io), "verified");
+      List<Types.NestedField> columns = table.schema().columns();
+      StringBuilder out = new StringBuilder("{\"column_names\": [");
+      for (int i = 0; i < columns.size(); i++) {
+        out.append(i == 0 ? "" : ", ").append(quote(columns.get(i).name()));
+      }
+      out.append("], \"rows\": [");
+      boolean first = true;
+      try (CloseableIterable<Record> rows = IcebergGenerics.read(table).build()) {
+        for (Record row : rows) {
+          out.append(first ? "" : ", ").append('[');
+          first = false;
+          for (int i = 0; i < columns.size(); i++) {
+            out.append(i == 0 ? "" : ", ").append(value(row.getField(columns.get(i).name())));
+          }
+          out.append(']');
+        }
+      }
+      System.out.println(out.append("]}"));
+    }
+  }
+
+  private static FileIO fileIo(String location) {
+    if (location.startsWith("s3://")) {
+      Map<String, String> props = new HashMap<>();
+      props.put("s3.endpoint", System.getenv("RATCHET_S3_ENDPOINT"));
+      props.put("s3.access-key-id", System.getenv("RATCHET_S3_ACCESS_KEY"));
+      props.put("s3.secret-access-key", System.getenv("RATCHET_S3_SECRET_KEY"));
+      props.put("s3.path-style-access", "true");
+      String region = System.getenv("RATCHET_S3_REGION");
+      props.put("client.region", region == null ? "us-east-1" : region);
+      S3FileIO s3 = new S3FileIO();
+      s3.initialize(props);
+      return s3;
+    }
+    return new HadoopFileIO(new Configuration());
+  }
+
+  private static String value(Object value) {
+    if (value == null) {
+      return "null";
+    }
+    if (value instanceof Long || value instanceof Integer) {
+      return value.toString();
+    }
+    return quote(value.toString());
+  }
+
+  private static String quote(String s) {
+    StringBuilder out = new StringBuilder("\"");
+    for (char c : s.toCharArray()) {
+      switch (c) {
+        case '"' -> out.append("\\\"");
+        case '\\' -> out.append("\\\\");
+        case '\n' -> out.append("\\n");
+        default -> {
+          if (c < 0x20) {
+            out.append(String.format("\\u%04x", (int) c));
+          } else {
+            out.append(c);
+          }
+        }
+      }
+    }
+    return out.append('"').toString();
+  }
+}
