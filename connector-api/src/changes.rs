@@ -311,4 +311,27 @@ mod tests {
         let err = columns.apply(&batch, &["nope".to_string()]).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Config);
     }
+
+    #[test]
+    fn plain_rows_keep_the_last_row_of_each_key_in_batch_order() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int32, false),
+            Field::new("name", DataType::Utf8, true),
+        ]));
+        let batch = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(Int32Array::from(vec![1, 2, 1, 3, 2])),
+                Arc::new(StringArray::from(vec!["a", "b", "c", "d", "e"])),
+            ],
+        )
+        .unwrap();
+        let last = last_rows_by_key(&batch, &["id".to_string()]).unwrap();
+        assert_eq!(ids(&last), vec![1, 3, 2]);
+        let names: Vec<&str> = last.column(1).as_string::<i32>().iter().flatten().collect();
+        assert_eq!(names, vec!["c", "d", "e"]);
+        let missing = last_rows_by_key(&batch, &["order_id".to_string()]).unwrap_err();
+        assert_eq!(missing.kind(), ErrorKind::Config);
+        assert!(missing.to_string().contains("order_id"), "{missing}");
+    }
 }

@@ -9,7 +9,7 @@
 //! | `begin` / `write` | Parquet (zstd) data files named `ratchet.<job>.<sink>.<subtask>.e<epoch>.c<checkpoint>-<n>.parquet`, per partition | unreferenced files: invisible, deleted at the next recovery |
 //! | `pre_commit` | files closed and listed (iceberg's JSON form) in the committable | the same |
 //! | record durable | the checkpoint is decided | recovery commits the files |
-//! | commit | one `fast_append` snapshot, summary `ratchet.job/sink/subtask/checkpoint/epoch`, table property `ratchet.<job>.<sink>.<subtask>` = `<epoch>:<checkpoint>` | the history shows the checkpoint: recovery skips it |
+//! | commit | one snapshot (iceberg's `fast_append`, or Ratchet's own commit for merging and row deltas), summary `ratchet.job/sink/subtask/checkpoint/epoch`, table property `ratchet.<job>.<sink>.<subtask>` = `<epoch>:<checkpoint>` | the history shows the checkpoint: recovery skips it |
 //!
 //! # Why nothing lands twice or after a newer instance recovered
 //! Every commit ([`TableTarget::commit_files`]) is built on metadata checked to carry this instance's epoch and
@@ -17,9 +17,18 @@
 //! recovery's epoch raise ([`TableTarget::raise_epoch`]) moves it. See `docs/architecture.md` ("The Iceberg sink
 //! under overlap").
 //!
-//! # Not supported by iceberg-rust 0.10 (yet)
-//! Committing delete files (no row deltas, no overwrite): so no upsert or equality deletes; orphan-file cleanup of
-//! other writers' files; custom commit conditions (worked around by checking the load a commit is built on).
+//! # Upserts by key (row deltas)
+//! With `upsert_key`, a checkpoint's rows are applied by key: the last change of each key is written as one row,
+//! and an equality-delete file holds the key of every row it upserted or deleted; both land in one snapshot (a row
+//! delta, `row_delta.rs`, through Ratchet's own catalog commit, since iceberg-rust 0.10 commits
+//! data files only). The deletes carry the snapshot's sequence number, so they remove the keys' older rows and
+//! none of the snapshot's own. Readers must apply equality deletes (merge-on-read: Spark, Trino, Flink, Iceberg's
+//! Java library; pyiceberg 0.12 refuses such tables, DuckDB 1.4.4 misreads them). Unpartitioned format-version 2
+//! tables, `commit_every = 1`; the checkpoint's rows are held in memory until its pre-commit.
+//!
+//! # Not supported by iceberg-rust 0.10 (and not built here)
+//! Position deletes, overwrite and compaction of data files; orphan-file cleanup of other writers' files; custom
+//! commit conditions (worked around by checking the load a commit is built on).
 //!
 //! # Memory
 //! Each open data file buffers its current Parquet row group (up to 1M rows) before encoding it; a partitioned
@@ -30,9 +39,10 @@
 //! Every commit adds a snapshot, a manifest and a metadata version; `commit_every` trades visibility latency for
 //! fewer of them (numbers in `docs/benchmarks.md`). `expire_snapshots = true` expires snapshots inside the sink's
 //! own commits by the table's standard retention properties and deletes what they retired ([`TableTarget`]'s
-//! `with_snapshot_expiry`, `retire.rs`); the sink's ledger survives expiry through its table property. Manifests
-//! are not merged yet (iceberg-rust 0.10 cannot; planned): compact and rewrite manifests with your usual Iceberg
-//! maintenance (Spark, pyiceberg).
+//! `with_snapshot_expiry`, `retire.rs`); the sink's ledger survives expiry through its table property. Tables
+//! that set `commit.manifest-merge.enabled` (every table the sink creates) have their manifests merged inside the
+//! commits (`manifest_merge.rs`). Data files are not compacted (planned): compact them with your usual Iceberg
+//! maintenance (Spark).
 #![deny(missing_docs)]
 
 mod check;

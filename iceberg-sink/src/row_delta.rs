@@ -144,18 +144,37 @@ mod tests {
                 ("ratchet.checkpoint".to_string(), "4".to_string()),
             ]),
         };
-        let summary = delta_summary(&planned, &[]);
+        let deletes = [equality_delete(3, 100), equality_delete(4, 50)];
+        let summary = delta_summary(&planned, &deletes);
         assert_eq!(summary.operation, Operation::Overwrite);
-        assert_eq!(summary.additional_properties["total-delete-files"], "2");
-        assert_eq!(summary.additional_properties["added-delete-files"], "0");
-        assert_eq!(summary.additional_properties["ratchet.checkpoint"], "4");
+        let property = |key: &str| summary.additional_properties[key].as_str();
+        assert_eq!(property("added-delete-files"), "2");
+        assert_eq!(property("added-equality-delete-files"), "2");
+        assert_eq!(property("added-equality-deletes"), "7");
+        assert_eq!(property("added-files-size"), "150");
+        assert_eq!(property("total-delete-files"), "4");
+        assert_eq!(property("total-equality-deletes"), "14");
+        assert_eq!(property("ratchet.checkpoint"), "4");
         let deletes_only = Summary {
             operation: Operation::Append,
             additional_properties: HashMap::new(),
         };
         assert_eq!(
-            delta_summary(&deletes_only, &[]).operation,
+            delta_summary(&deletes_only, &deletes).operation,
             Operation::Delete
         );
+    }
+
+    fn equality_delete(records: u64, size: u64) -> DataFile {
+        iceberg::spec::DataFileBuilder::default()
+            .content(iceberg::spec::DataContentType::EqualityDeletes)
+            .file_path(format!("file:///t/data/d-{records}.parquet"))
+            .file_format(iceberg::spec::DataFileFormat::Parquet)
+            .partition(iceberg::spec::Struct::empty())
+            .record_count(records)
+            .file_size_in_bytes(size)
+            .equality_ids(Some(vec![1]))
+            .build()
+            .unwrap()
     }
 }

@@ -135,19 +135,39 @@ def read_rows(table, snapshot_id=None, columns=None):
 def java_read(metadata_location: str) -> dict:
     """What Apache Iceberg's Java library reads at the current snapshot (test-support/verifiers/iceberg-java, built
     by scripts/services.sh under $RATCHET_SERVICES_DIR/iceberg-java): {"column_names", "rows"}, delete files
-    applied."""
+    applied. One JVM per interpreter answers every read (`IcebergRead --serve`, kept on the sys module so it
+    outlives this script's run inside serve.py); each read is bounded by READ_TIMEOUT seconds."""
+    import select
     import subprocess
 
-    base = os.path.join(os.environ["RATCHET_SERVICES_DIR"], "iceberg-java")
-    done = subprocess.run(
-        ["java", "-cp", f"{base}/libs/*:{base}/classes", "IcebergRead", metadata_location],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"IcebergRead {metadata_location} failed ({done.returncode}):\n{done.stderr}")
-    return json.loads(done.stdout)
+    reader = getattr(sys, "_ratchet_iceberg_java", None)
+    if reader is None or reader.poll() is not None:
+        base = os.path.join(os.environ["RATCHET_SERVICES_DIR"], "iceberg-java")
+        reader = subprocess.Popen(
+            # C1 only and the serial collector: the reader runs briefly per table, start-up dominates.
+            ["java", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-cp", f"{base}/libs/*:{base}/classes",
+             "IcebergRead", "--serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        sys._ratchet_iceberg_java = reader
+    reader.stdin.write(metadata_location + "\n")
+    reader.stdin.flush()
+    ready, _, _ = select.select([reader.stdout], [], [], READ_TIMEOUT)
+    line = reader.stdout.readline() if ready else ""
+    if not line:
+        reader.kill()
+        raise SystemExit(f"IcebergRead {metadata_location}: no answer within {READ_TIMEOUT} s (exit {reader.poll()})")
+    answer = json.loads(line)
+    if "error" in answer:
+        raise SystemExit(f"IcebergRead {metadata_location} failed:\n{answer['error']}")
+    return answer
+
+
+# The longest one read of the Java reader may take.
+READ_TIMEOUT = 300
 
 
 def canonical(location: str) -> str:

@@ -1,4 +1,8 @@
-import java.util.ArrayList;
+import java.io.BufferedReader;
+import java.io.InputStreamReader;
+import java.io.PrintWriter;
+import java.io.StringWriter;
+import java.nio.charset.StandardCharsets;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
@@ -22,16 +26,40 @@ import org.apache.iceberg.types.Types;
  * their string form, null as null.
  *
  * usage: java -cp 'LIBS/*:CLASSES' IcebergRead METADATA_LOCATION
+ *        java -cp 'LIBS/*:CLASSES' IcebergRead --serve
  *
- * An s3:// location is read with RATCHET_S3_ENDPOINT / _REGION / _ACCESS_KEY / _SECRET_KEY (path-style access).
+ * With --serve it reads one metadata location per line of its input and answers each with one line of JSON (the
+ * same, or {"error": "..."} naming what failed), until its input ends: a test run pays the JVM's start-up once per
+ * verifier interpreter instead of once per read. An s3:// location is read with RATCHET_S3_ENDPOINT / _REGION /
+ * _ACCESS_KEY / _SECRET_KEY (path-style access).
  */
 public final class IcebergRead {
   public static void main(String[] args) throws Exception {
+    if (args.length == 1 && args[0].equals("--serve")) {
+      BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
+      for (String line = in.readLine(); line != null; line = in.readLine()) {
+        String answer;
+        try {
+          answer = read(line.trim());
+        } catch (Exception | LinkageError e) {
+          StringWriter trace = new StringWriter();
+          e.printStackTrace(new PrintWriter(trace));
+          answer = "{\"error\": " + quote(trace.toString()) + "}";
+        }
+        System.out.println(answer);
+        System.out.flush();
+      }
+      return;
+    }
     if (args.length != 1) {
-      System.err.println("usage: IcebergRead METADATA_LOCATION");
+      System.err.println("usage: IcebergRead METADATA_LOCATION | --serve");
       System.exit(2);
     }
-    String location = args[0];
+    System.out.println(read(args[0]));
+  }
+
+  /** Every row of the current snapshot of the table whose metadata file is at {@code location}, as JSON. */
+  private static String read(String location) throws Exception {
     try (FileIO io = fileIo(location)) {
       Table table = new BaseTable(new StaticTableOperations(location, io), "verified");
       List<Types.NestedField> columns = table.schema().columns();
@@ -51,7 +79,7 @@ public final class IcebergRead {
           out.append(']');
         }
       }
-      System.out.println(out.append("]}"));
+      return out.append("]}").toString();
     }
   }
 
@@ -88,6 +116,7 @@ public final class IcebergRead {
         case '"' -> out.append("\\\"");
         case '\\' -> out.append("\\\\");
         case '\n' -> out.append("\\n");
+        case '\t' -> out.append("\\t");
         default -> {
           if (c < 0x20) {
             out.append(String.format("\\u%04x", (int) c));
