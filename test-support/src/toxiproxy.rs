@@ -141,6 +141,18 @@ impl Proxy {
         }
     }
 
+    /// The server's replies vanish (Toxiproxy's `timeout` toxic with no timeout, downstream only); requests still
+    /// reach it: a call the server carries out whose caller never hears back, an outcome unknown to it.
+    pub async fn drop_replies(&self) {
+        self.toxic(
+            "drop-replies",
+            "timeout",
+            "downstream",
+            json!({"timeout": 0}),
+        )
+        .await;
+    }
+
     /// Delays every chunk from the server by `millis` (± `jitter` ms).
     pub async fn latency(&self, millis: u64, jitter: u64) {
         self.toxic(

@@ -5,6 +5,7 @@ mod cleanup;
 mod common;
 mod conformance;
 mod evolution;
+mod hung;
 mod kill9;
 mod maintenance;
 mod races;

@@ -3,7 +3,8 @@
 //! applies a commit but the reply is lost (as a REST 5xx would); two processes commit the same checkpoint at
 //! once. On a SQLite catalog with a local warehouse and (the fence and the concurrent commit) on SeaweedFS's REST
 //! catalog; the fence and the concurrent commit also through Ratchet's own commit (the SQL compare-and-swap, the
-//! REST commit endpoint: the tables the sink creates merge manifests); read back by pyiceberg and DuckDB.
+//! REST commit endpoint: the tables the sink creates merge manifests), and a reply of Ratchet's own commit lost on
+//! a real network (Toxiproxy, PostgreSQL and REST catalogs); read back by pyiceberg and DuckDB.
 
 use crate::common;
 
@@ -26,7 +27,8 @@ type Hook = Box<dyn FnOnce() -> BoxFuture<'static, ()> + Send>;
 /// Delegates to `inner`; runs `after_checked_load` once right after the second `load_table` (a fresh target's
 /// commit loads once to seed its plan and once through its guard: the load the commit is checked against and
 /// built on) and before returning it, so the commit goes on with what is now stale metadata on either commit
-/// path; answers the first update with an error after applying it when `lose_first_reply`.
+/// path ([`arm`](Self::arm) installs a hook later, for another load); answers the first update with an error
+/// after applying it when `lose_first_reply`.
 #[derive(Default)]
 struct Interposing {
     inner: Option<Arc<dyn Catalog>>,
@@ -34,6 +36,8 @@ struct Interposing {
     lose_first_reply: bool,
     updates: Mutex<u32>,
     loads: Mutex<u32>,
+    /// The load after which the hook runs (0: the second).
+    hook_at: Mutex<u32>,
 }
 
 impl std::fmt::Debug for Interposing {
@@ -45,6 +49,12 @@ impl std::fmt::Debug for Interposing {
 impl Interposing {
     fn inner(&self) -> &dyn Catalog {
         self.inner.as_deref().unwrap()
+    }
+
+    /// Runs `hook` right after the `nth` load from now (1: the next one; a seeded target's commit loads once).
+    fn arm(&self, nth: u32, hook: Hook) {
+        *self.hook_at.lock().unwrap() = *self.loads.lock().unwrap() + nth;
+        *self.after_checked_load.lock().unwrap() = Some(hook);
     }
 }
 
@@ -70,7 +80,8 @@ impl Catalog for Interposing {
         let second = {
             let mut loads = self.loads.lock().unwrap();
             *loads += 1;
-            *loads == 2
+            let at = *self.hook_at.lock().unwrap();
+            *loads == if at == 0 { 2 } else { at }
         };
         let hook = second
             .then(|| self.after_checked_load.lock().unwrap().take())
@@ -140,11 +151,13 @@ struct Setup {
     key: SubtaskKey,
 }
 
-/// A lake of the given kind: `sqlite` (SQLite catalog, local warehouse) or `rest` (SeaweedFS's REST catalog).
+/// A lake of the given kind: `sqlite` (SQLite catalog, local warehouse), `postgres` (PostgreSQL catalog, local
+/// warehouse) or `rest` (SeaweedFS's REST catalog).
 async fn setup(kind: &str, label: &str) -> (tempfile::TempDir, Setup) {
     let dir = tempfile::tempdir().unwrap();
     let lake = match kind {
         "rest" => Lake::rest(label),
+        "postgres" => Lake::postgres_local(dir.path(), label),
         _ => Lake::sqlite_local(dir.path(), label),
     };
     let table = lake.table(&["events"]);
@@ -302,6 +315,69 @@ async fn a_lost_reply_is_retried_by_checking_the_history_first() {
     let seen = s.read().await;
     assert_eq!(seen.ids, (0..40).collect::<Vec<_>>());
     assert_eq!(data_snapshots(&seen), 1);
+}
+
+/// Ratchet's own commit over a real network whose replies vanish right after the checked load (Toxiproxy): the
+/// REST commit reaches the catalog and is applied, its caller never hears back (on PostgreSQL the pool's health
+/// check before the swap is what goes unanswered). The commit ends within `commit_timeout` as retryable; the retry
+/// through the same target (its pool, its REST session) after the network heals finds the checkpoint in the
+/// table's history instead of landing it again, or lands it once when it never left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_reply_of_ratchets_own_commit_over_the_network_is_resolved_by_the_retry() {
+    own_commit_reply_lost("postgres").await;
+    own_commit_reply_lost("rest").await;
+}
+
+async fn own_commit_reply_lost(kind: &str) {
+    let (_dir, s) = setup(kind, "lostown").await;
+    let proxy = test_support::Services::get()
+        .toxiproxy()
+        .proxy("lost-own-reply", &s.lake.catalog_server().unwrap())
+        .await;
+    let interposing = Arc::new(Interposing {
+        inner: Some(s.catalog.clone()),
+        ..Interposing::default()
+    });
+    let target = TableTarget::new(interposing.clone(), s.ident.clone(), Duration::from_secs(3))
+        .with_own_commit(&s.lake.through(proxy.address()).catalog, "ratchet")
+        .unwrap();
+    // Through the proxy and Ratchet's own commit (the sink's tables merge manifests): the pool is connected, the
+    // REST prefix and token fetched, and the target seeded, so the next commit loads once, checked.
+    let (epoch, _) = target.raise_epoch(&s.key).await.unwrap();
+    let files = s.files("lostown", 0..40).await;
+    let silenced = proxy.clone();
+    interposing.arm(
+        1,
+        Box::new(move || Box::pin(async move { silenced.drop_replies().await })),
+    );
+    let err = target
+        .commit_files(&s.key, epoch, CheckpointId(2), files.clone())
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Retryable, "{kind}: {err}");
+    let said = connector_api::Report(&err).to_string();
+    assert!(said.contains("unknown"), "{kind}: {said}");
+    proxy.heal().await;
+    let outcome = target
+        .commit_files(&s.key, epoch, CheckpointId(2), files)
+        .await
+        .unwrap();
+    if kind == "rest" {
+        // The POST went out on the kept-alive connection and was applied.
+        assert_eq!(
+            outcome,
+            CommitOutcome::AlreadyCommitted,
+            "{kind}: the commit whose reply was lost had landed"
+        );
+    } else {
+        // sqlx checks a pooled connection with a round trip before the UPDATE: that reply is the one lost, so
+        // the swap may never have left (then the retry lands it, once).
+        eprintln!("{kind}: the retry found {outcome:?}");
+    }
+    proxy.delete().await;
+    let seen = s.read().await;
+    assert_eq!(seen.ids, (0..40).collect::<Vec<_>>(), "{kind}");
+    assert_eq!(data_snapshots(&seen), 1, "{kind}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

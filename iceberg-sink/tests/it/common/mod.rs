@@ -76,6 +76,43 @@ impl Lake {
         }
     }
 
+    /// A PostgreSQL catalog (the test database) with a local warehouse under `dir`.
+    pub fn postgres_local(dir: &Path, label: &str) -> Self {
+        let pg = Services::get().pg_url().to_string();
+        let local = Lake::sqlite_local(dir, label);
+        Lake {
+            catalog: CatalogConfig::Sql {
+                uri: pg.clone(),
+                warehouse: local.warehouse.clone(),
+            },
+            python_uri: pg.replacen("postgres://", "postgresql+psycopg://", 1),
+            ..local
+        }
+    }
+
+    /// The host:port of the catalog's server (the PostgreSQL database or the REST server; `None` for SQLite).
+    pub fn catalog_server(&self) -> Option<String> {
+        let uri = match &self.catalog {
+            CatalogConfig::Sql { uri, .. } | CatalogConfig::Rest { uri, .. } => uri,
+        };
+        let url = url::Url::parse(uri).ok()?;
+        Some(format!("{}:{}", url.host_str()?, url.port()?))
+    }
+
+    /// This lake with its catalog reached at `proxy` (a host:port standing in for [`catalog_server`]'s).
+    ///
+    /// [`catalog_server`]: Self::catalog_server
+    pub fn through(&self, proxy: &str) -> Self {
+        let server = self.catalog_server().expect("a catalog reached over TCP");
+        let mut lake = self.clone();
+        match &mut lake.catalog {
+            CatalogConfig::Sql { uri, .. } | CatalogConfig::Rest { uri, .. } => {
+                *uri = uri.replace(&server, proxy);
+            }
+        }
+        lake
+    }
+
     /// SeaweedFS's Iceberg REST catalog (OAuth2 client credential = the S3 key pair) on its S3 Tables bucket.
     pub fn rest(label: &str) -> Self {
         let services = Services::get();

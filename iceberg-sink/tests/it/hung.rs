@@ -1,0 +1,165 @@
+//! A catalog that stops answering in the middle of a job (Toxiproxy's blackhole: bytes vanish, nothing is closed),
+//! on both paths of Ratchet's own catalog commit: the SQL catalog's compare-and-swap on PostgreSQL and SeaweedFS's
+//! REST catalog, each reached only through the proxy (the readers go around it). While it hangs, every commit ends
+//! within the sink's `commit_timeout` (times the driver's retries) instead of hanging the job; once it answers
+//! again, a restarted job lands every record exactly once, as pyiceberg and DuckDB read it, and nothing of the
+//! sink is left unreferenced.
+
+use crate::common;
+
+use std::time::{Duration, Instant};
+
+use common::Lake;
+use connector_api::{
+    CheckpointStore, Driver, DriverConfig, LocalCheckpointStore, RetryPolicy, SinkId,
+};
+use iceberg_sink::{IcebergSink, IcebergSinkConfig};
+use ratchet_conformance::{conformance_batch as batch, conformance_positions, conformance_schema};
+use test_support::Services;
+
+const ROWS: i64 = 20;
+const COMMIT_TIMEOUT: Duration = Duration::from_secs(2);
+
+fn config(lake: &Lake, table: &str) -> IcebergSinkConfig {
+    IcebergSinkConfig {
+        commit_timeout: COMMIT_TIMEOUT,
+        ..lake.config(
+            "hung",
+            &SinkId::new("lake").unwrap(),
+            0,
+            table,
+            conformance_schema(),
+        )
+    }
+}
+
+/// The driver's settings: three attempts per commit.
+fn driver_config() -> DriverConfig {
+    DriverConfig {
+        retry: RetryPolicy {
+            max_attempts: 3,
+            ..RetryPolicy::default()
+        },
+        ..DriverConfig::default()
+    }
+}
+
+/// A job over the store in `state`; returns it with the next offset its recovery restored.
+async fn job(
+    lake: &Lake,
+    table: &str,
+    state: &std::path::Path,
+) -> (Driver<LocalCheckpointStore>, connector_api::SinkHandle, i64) {
+    let mut job = Driver::new(
+        LocalCheckpointStore::open(state, 3).unwrap(),
+        driver_config(),
+    );
+    let sink = job
+        .add_sink(IcebergSink::new(config(lake, table)).await.unwrap())
+        .unwrap();
+    let restored = job.start().await.unwrap();
+    let next = restored.positions.first().map_or(0, |p| p.next_offset);
+    (job, sink, next)
+}
+
+async fn catalog_hangs_mid_job(lake: Lake) {
+    let toxiproxy = Services::get().toxiproxy();
+    let server = lake.catalog_server().unwrap();
+    let proxy = toxiproxy.proxy("hung-catalog", &server).await;
+    let proxied = lake.through(proxy.address());
+    let table = lake.table(&["events"]);
+    let state = tempfile::tempdir().unwrap();
+
+    let (mut running, sink, mut next) = job(&proxied, &table, state.path()).await;
+    for _ in 0..2 {
+        running
+            .write(sink, &batch(next..next + ROWS))
+            .await
+            .unwrap();
+        next += ROWS;
+        running
+            .checkpoint(conformance_positions(next))
+            .await
+            .unwrap();
+        running.finish_commit().await.unwrap();
+    }
+
+    proxy.blackhole().await;
+    running
+        .write(sink, &batch(next..next + ROWS))
+        .await
+        .unwrap();
+    next += ROWS;
+    // The checkpoint record is local: the checkpoint is decided, its commit is what hangs.
+    let started = Instant::now();
+    let decided = running.checkpoint(conformance_positions(next)).await;
+    let committed = match decided {
+        Ok(_) => running.finish_commit().await,
+        Err(e) => Err(e),
+    };
+    let took = started.elapsed();
+    eprintln!("hung: the commit failed after {took:?}: {committed:?}");
+    assert!(
+        committed.is_err(),
+        "a commit through a blackholed catalog cannot succeed"
+    );
+    // The driver retries a retryable commit; each attempt (a table load, then the commit) is bounded by
+    // commit_timeout per catalog call.
+    let bound = driver_config().retry.worst_case(COMMIT_TIMEOUT * 2) + Duration::from_secs(3);
+    assert!(
+        took < bound,
+        "the hung commit took {took:?}, more than {bound:?} (commit_timeout {COMMIT_TIMEOUT:?})"
+    );
+    drop(running);
+    proxy.heal().await;
+
+    // Restarted after the catalog answers again: recovery commits the decided checkpoint once, and the job goes on.
+    let (mut restarted, sink, restored) = job(&proxied, &table, state.path()).await;
+    assert_eq!(restored, next, "the checkpoint decided before the hang");
+    restarted
+        .write(sink, &batch(next..next + ROWS))
+        .await
+        .unwrap();
+    next += ROWS;
+    restarted
+        .checkpoint(conformance_positions(next))
+        .await
+        .unwrap();
+    restarted.close().await.unwrap();
+    proxy.delete().await;
+
+    let decided = LocalCheckpointStore::open(state.path(), 3)
+        .unwrap()
+        .load()
+        .await
+        .unwrap()
+        .record
+        .and_then(|r| r.positions.first().map(|p| p.next_offset))
+        .unwrap();
+    assert_eq!(decided, next);
+    let seen = tokio::task::spawn_blocking(move || lake.read(&table))
+        .await
+        .unwrap();
+    let expected: Vec<i64> = (0..next).collect();
+    assert_eq!(seen.ids, expected, "pyiceberg");
+    assert_eq!(seen.duckdb_ids, expected, "DuckDB");
+    assert!(seen.unreferenced.is_empty(), "{:?}", seen.unreferenced);
+    assert_eq!(
+        common::checkpoints_in_two_snapshots(&seen.snapshots),
+        Vec::<String>::new()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sql_catalog_that_stops_answering_bounds_the_commit_and_loses_nothing() {
+    Services::get();
+    let dir = tempfile::tempdir().unwrap();
+    // A PostgreSQL catalog with a local warehouse: only the catalog's connections cross the proxy.
+    catalog_hangs_mid_job(Lake::postgres_local(dir.path(), "hung")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rest_catalog_that_stops_answering_bounds_the_commit_and_loses_nothing() {
+    Services::get();
+    catalog_hangs_mid_job(Lake::rest("hung")).await;
+}
