@@ -3,7 +3,7 @@
 //! REST catalog, each reached only through the proxy (the readers go around it). While it hangs, every commit ends
 //! within the sink's `commit_timeout` (times the driver's retries) instead of hanging the job; once it answers
 //! again, a restarted job lands every record exactly once, as pyiceberg and DuckDB read it, and nothing of the
-//! sink is left unreferenced.
+//! sink is left unreferenced. Also: the catalog database ending the sessions of a running job between commits.
 
 use crate::common;
 
@@ -13,7 +13,7 @@ use common::Lake;
 use connector_api::{
     CheckpointStore, Driver, DriverConfig, LocalCheckpointStore, RetryPolicy, SinkId,
 };
-use iceberg_sink::{IcebergSink, IcebergSinkConfig};
+use iceberg_sink::{CatalogConfig, IcebergSink, IcebergSinkConfig};
 use ratchet_conformance::{conformance_batch as batch, conformance_positions, conformance_schema};
 use test_support::Services;
 
@@ -162,4 +162,56 @@ async fn a_sql_catalog_that_stops_answering_bounds_the_commit_and_loses_nothing(
 async fn a_rest_catalog_that_stops_answering_bounds_the_commit_and_loses_nothing() {
     Services::get();
     catalog_hangs_mid_job(Lake::rest("hung")).await;
+}
+
+/// The catalog database ends the sessions of Ratchet's own commit between two commits (`pg_terminate_backend`, as
+/// a failover or an idle-session timeout does): the next commit reconnects and lands, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn catalog_sessions_the_server_killed_are_replaced_at_the_next_commit() {
+    let services = Services::get();
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::postgres_local(dir.path(), "killed");
+    // Ratchet's own commit connects under its own application name, so the test ends only its sessions.
+    let application = format!("ratchet-killed-{}", std::process::id());
+    let mut marked = lake.clone();
+    if let CatalogConfig::Sql { uri, .. } = &mut marked.catalog {
+        uri.push_str(&format!("?application_name={application}"));
+    }
+    let table = lake.table(&["events"]);
+    let state = tempfile::tempdir().unwrap();
+    let (mut running, sink, mut next) = job(&marked, &table, state.path()).await;
+    let admin = sqlx::PgPool::connect(services.pg_url()).await.unwrap();
+    for round in 0..3 {
+        running
+            .write(sink, &batch(next..next + ROWS))
+            .await
+            .unwrap();
+        next += ROWS;
+        running
+            .checkpoint(conformance_positions(next))
+            .await
+            .unwrap();
+        running.finish_commit().await.unwrap();
+        let (ended,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE application_name = $1) AS ended",
+        )
+        .bind(&application)
+        .fetch_one(&admin)
+        .await
+        .unwrap();
+        assert!(
+            ended > 0,
+            "round {round}: no session of {application} to end"
+        );
+    }
+    running.close().await.unwrap();
+    let seen = tokio::task::spawn_blocking(move || lake.read(&table))
+        .await
+        .unwrap();
+    assert_eq!(seen.ids, (0..next).collect::<Vec<_>>(), "pyiceberg");
+    assert_eq!(
+        common::checkpoints_in_two_snapshots(&seen.snapshots),
+        Vec::<String>::new()
+    );
 }
