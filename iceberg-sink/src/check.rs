@@ -1,5 +1,5 @@
 //! `ratchet check-config` for an Iceberg sink: the catalog answers, the table is there (or would be created with
-//! `create_table`). Changes nothing: a SQL catalog is only opened through iceberg-rust once its tables exist
+//! `create_table`), and an `upsert_key` fits the settings and the table. Changes nothing: a SQL catalog is only opened through iceberg-rust once its tables exist
 //! (opening it creates them), no namespace, table or snapshot is created.
 
 use std::str::FromStr;
@@ -9,7 +9,9 @@ use iceberg::TableIdent;
 use sqlx::Connection;
 
 use crate::config::{CatalogConfig, IcebergSinkConfig};
+use crate::equality_deletes::EqualityDeletes;
 use crate::error::iceberg_error;
+use crate::upsert::KeyedRows;
 
 /// The SQL catalog's table of tables (iceberg-rust's and pyiceberg's `SqlCatalog`).
 const CATALOG_TABLE: &str = "iceberg_tables";
@@ -20,6 +22,7 @@ const CATALOG_TABLE: &str = "iceberg_tables";
 /// [`Config`](ErrorKind::Config) for a catalog that cannot be opened or a missing table without `create_table`;
 /// retryable when the catalog's database cannot be read.
 pub(crate) async fn check(config: &IcebergSinkConfig) -> Result<SinkCheck> {
+    let keyed = KeyedRows::of_config(config)?;
     let ident = TableIdent::from_strs(config.table.split('.')).map_err(|_| {
         Error::new(
             ErrorKind::Config,
@@ -44,6 +47,10 @@ pub(crate) async fn check(config: &IcebergSinkConfig) -> Result<SinkCheck> {
                 let table = catalog.load_table(&ident).await.map_err(|e| {
                     iceberg_error(Phase::Setup, format!("cannot load table {ident}"), e)
                 })?;
+                if let Some(keyed) = &keyed {
+                    EqualityDeletes::of(&table, keyed.key())
+                        .map_err(|e| e.with_sink(&config.sink))?;
+                }
                 (
                     "the catalog answers",
                     Some(format!(
@@ -70,8 +77,15 @@ pub(crate) async fn check(config: &IcebergSinkConfig) -> Result<SinkCheck> {
             ));
         }
     };
+    let mode = match &keyed {
+        Some(keyed) => format!(
+            "; upserts by key ({}) as row deltas",
+            keyed.key().join(", ")
+        ),
+        None => String::new(),
+    };
     Ok(SinkCheck {
-        summary: format!("settings valid; {catalog}; {table}"),
+        summary: format!("settings valid; {catalog}; {table}{mode}"),
         transaction_timeout: None,
     })
 }

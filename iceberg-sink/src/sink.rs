@@ -72,7 +72,7 @@ impl IcebergSink {
         if config.commit_every == 0 {
             return Err(Error::config("commit_every must be at least 1"));
         }
-        let keyed = upsert_rows(&config)?;
+        let keyed = KeyedRows::of_config(&config)?;
         let catalog = config
             .catalog
             .open(&config.catalog_name, &config.s3)
@@ -410,30 +410,6 @@ async fn create_table(
         ));
     }
     Ok(())
-}
-
-/// The upsert mode's rows, when `upsert_key` names a key.
-///
-/// # Errors
-/// [`Config`](ErrorKind::Config) with `commit_every` > 1 (checkpoints carried into one snapshot would share its
-/// sequence number, so a key changed in two of them would show twice), or for a change stream without an
-/// operation column.
-fn upsert_rows(config: &IcebergSinkConfig) -> Result<Option<KeyedRows>> {
-    if config.upsert_key.is_empty() {
-        return Ok(None);
-    }
-    if config.commit_every > 1 {
-        return Err(Error::config(format!(
-            "upsert_key commits every checkpoint: commit_every = {} would put several checkpoints' changes of a key \
-             into one snapshot, where its equality deletes cannot order them; set commit_every = 1 (a longer \
-             checkpoint interval makes fewer snapshots)",
-            config.commit_every
-        ))
-        .with_sink(&config.sink));
-    }
-    KeyedRows::new(config.upsert_key.clone(), &config.schema)
-        .map(Some)
-        .map_err(|e| e.with_sink(&config.sink))
 }
 
 /// The table's columns for the input schema: in the upsert mode a change stream's rows without their change

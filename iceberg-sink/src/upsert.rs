@@ -11,6 +11,8 @@
 use arrow_array::RecordBatch;
 use connector_api::{AppliedChanges, ChangeColumns, Error, Phase, Result, last_rows_by_key};
 
+use crate::config::IcebergSinkConfig;
+
 /// One checkpoint's rows of the upsert mode, until its pre-commit.
 #[derive(Debug)]
 pub(crate) struct KeyedRows {
@@ -20,6 +22,30 @@ pub(crate) struct KeyedRows {
 }
 
 impl KeyedRows {
+    /// The upsert mode's rows of a sink configured by `config`, when its `upsert_key` names a key.
+    ///
+    /// # Errors
+    /// [`Config`](connector_api::ErrorKind::Config) naming the sink with `commit_every` > 1 (checkpoints carried
+    /// into one snapshot would share its sequence number, so a key changed in two of them would show twice), or
+    /// for a change stream without an operation column.
+    pub(crate) fn of_config(config: &IcebergSinkConfig) -> Result<Option<Self>> {
+        if config.upsert_key.is_empty() {
+            return Ok(None);
+        }
+        if config.commit_every > 1 {
+            return Err(Error::config(format!(
+                "upsert_key commits every checkpoint: commit_every = {} would put several checkpoints' changes of \
+                 a key into one snapshot, where its equality deletes cannot order them; set commit_every = 1 (a \
+                 longer checkpoint interval makes fewer snapshots)",
+                config.commit_every
+            ))
+            .with_sink(&config.sink));
+        }
+        Self::new(config.upsert_key.clone(), &config.schema)
+            .map(Some)
+            .map_err(|e| e.with_sink(&config.sink))
+    }
+
     /// Rows keyed by `key` of batches of `schema` (a change stream when the source marked change columns).
     ///
     /// # Errors
