@@ -17,6 +17,9 @@
 //! snapshots, and with expiry and manifest merging (the sink's default for tables it creates). With
 //! `RATCHET_BENCH_DAY=1` it simulates a day at 1 s (86 400 commits of 10 rows) with expiry and merging.
 //!
+//! At 1 s it also runs the sink in the upsert mode (`upsert_key = ["id"]`: each checkpoint a row delta of data
+//! files and the ids' equality deletes; the rows repeat every 128 batches, so the deletes replace earlier rows).
+//!
 //! Run: `scripts/services.sh up venv && cargo bench -p iceberg-sink --bench throughput` (see docs/benchmarks.md).
 //! `RATCHET_BENCH_SECONDS` sets the length of each run (default 30: three 10 s checkpoints), `RATCHET_BENCH_RUNS`
 //! the runs per mode (default 3).
@@ -130,10 +133,15 @@ impl Measured {
     }
 }
 
-/// The sink, exactly once, checkpointing every `interval`.
-async fn run_sink(interval: Duration, seconds: Duration) -> Measured {
+/// The sink, exactly once, checkpointing every `interval`; with `upsert`, by key `id` (row deltas: the rows come
+/// back every [`DISTINCT_BATCHES`] batches, so later checkpoints' equality deletes replace earlier rows).
+async fn run_sink(interval: Duration, seconds: Duration, upsert: bool) -> Measured {
     let lake = lake();
-    let mut sink = IcebergSink::new(config(&lake)).await.unwrap();
+    let config = IcebergSinkConfig {
+        upsert_key: if upsert { vec!["id".into()] } else { Vec::new() },
+        ..config(&lake)
+    };
+    let mut sink = IcebergSink::new(config).await.unwrap();
     sink.recover(None).await.unwrap();
     let committer = sink.committer();
     let batches = distinct_batches();
@@ -412,18 +420,27 @@ async fn main() {
     let runs = env_u64("RATCHET_BENCH_RUNS", 3);
     println!("| mode | interval | rows/s | commit p50 ms | commit p99 ms |\n|---|---|---|---|---|");
     let mut rates = std::collections::HashMap::new();
+    let mut upserts = None;
     for interval in [Duration::from_secs(1), Duration::from_secs(10)] {
         let mut limit = Vec::new();
         let mut sink = Vec::new();
+        let mut upsert = Vec::new();
         for _ in 0..runs {
             limit.push(run_limit(interval, seconds).await);
-            sink.push(run_sink(interval, seconds).await);
+            sink.push(run_sink(interval, seconds, false).await);
+            // The upsert mode holds a checkpoint's rows until its pre-commit: at 1 s only (10 s is ~1 GB here).
+            if interval.as_secs() == 1 {
+                upsert.push(run_sink(interval, seconds, true).await);
+            }
         }
         let (limit, sink) = (median(limit), median(sink));
+        let upsert = (!upsert.is_empty()).then(|| median(upsert));
         for (name, m) in [
-            ("limit (files, no commit)", &limit),
-            ("sink, exactly-once", &sink),
+            ("limit (files, no commit)", Some(&limit)),
+            ("sink, exactly-once", Some(&sink)),
+            ("sink, exactly-once, upsert by id (row deltas)", upsert.as_ref()),
         ] {
+            let Some(m) = m else { continue };
             println!(
                 "| {name} | {} s | {:.0} | {} | {} |",
                 interval.as_secs(),
@@ -431,6 +448,9 @@ async fn main() {
                 m.quantile(0.5),
                 m.quantile(0.99)
             );
+        }
+        if let Some(upsert) = &upsert {
+            upserts = Some((interval.as_secs(), upsert.rate() / sink.rate()));
         }
         rates.insert(interval.as_secs(), (limit.rate(), sink.rate()));
     }
@@ -450,6 +470,12 @@ async fn main() {
             "at {interval} s: sink / limit = {:.0}%, sink / pyiceberg = {:.1}x",
             100.0 * sink / limit,
             sink / peer.rate()
+        );
+    }
+    if let Some((interval, ratio)) = upserts {
+        println!(
+            "at {interval} s: upsert by id / append = {:.0}%",
+            100.0 * ratio
         );
     }
 }
