@@ -9,7 +9,7 @@
 //! per key wins, deletes by key, the rest upserted, the change columns dropped); a sink that appends writes the
 //! batch as it is, a changelog a `MERGE` can apply later (every change once, in source order).
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
@@ -102,6 +102,21 @@ impl ChangeColumns {
     /// for a row whose operation is null or not one of `c`, `u`, `r`, `d` (naming it and its position in the
     /// batch).
     pub fn apply(&self, batch: &RecordBatch, key: &[String]) -> Result<AppliedChanges> {
+        let mut applied = self.apply_all(std::slice::from_ref(batch), key)?;
+        Ok(applied.remove(0))
+    }
+
+    /// [`apply`](Self::apply) over `batches` in order, as if they were one batch (a key's last change in a later
+    /// batch wins), without concatenating them: per batch, the upserts and deletes it holds that count. The
+    /// parts share no key.
+    ///
+    /// # Errors
+    /// As [`apply`](Self::apply); a bad operation is named by its batch and row.
+    pub fn apply_all(
+        &self,
+        batches: &[RecordBatch],
+        key: &[String],
+    ) -> Result<Vec<AppliedChanges>> {
         let key_columns = key
             .iter()
             .map(|k| {
@@ -114,43 +129,59 @@ impl ChangeColumns {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let ops = batch.column(self.op).as_string::<i32>();
-        let (mut upserts, mut deletes) = (Vec::new(), Vec::new());
-        for i in last_row_per_key(batch, &key_columns)? {
-            match (!ops.is_null(i)).then(|| ops.value(i)) {
-                Some("c" | "u" | "r") => upserts.push(i as u32),
-                Some("d") => deletes.push(i as u32),
-                other => {
-                    return Err(Error::new(
-                        ErrorKind::BadRecord,
-                        Phase::Write,
-                        format!(
-                            "change row {i} of the batch has the operation {other:?}; a change is one of \
-                             \"c\", \"u\", \"r\" or \"d\""
-                        ),
-                    ));
+        let latest = last_rows_per_key(batches, &key_columns)?;
+        batches
+            .iter()
+            .zip(latest)
+            .enumerate()
+            .map(|(n, (batch, latest))| {
+                let ops = batch.column(self.op).as_string::<i32>();
+                let (mut upserts, mut deletes) = (Vec::new(), Vec::new());
+                for i in latest {
+                    match (!ops.is_null(i)).then(|| ops.value(i)) {
+                        Some("c" | "u" | "r") => upserts.push(i as u32),
+                        Some("d") => deletes.push(i as u32),
+                        other => {
+                            let at = if batches.len() > 1 {
+                                format!("change row {i} of batch {n}")
+                            } else {
+                                format!("change row {i} of the batch")
+                            };
+                            return Err(Error::new(
+                                ErrorKind::BadRecord,
+                                Phase::Write,
+                                format!(
+                                    "{at} has the operation {other:?}; a change is one of \"c\", \"u\", \"r\" \
+                                     or \"d\""
+                                ),
+                            ));
+                        }
+                    }
                 }
-            }
-        }
-        let upserts = take_columns(batch, &self.row, &upserts, self.table.clone())?;
-        let key_schema = Arc::new(Schema::new(
-            key_columns
-                .iter()
-                .map(|&i| batch.schema().field(i).clone())
-                .collect::<Vec<_>>(),
-        ));
-        let deletes = take_columns(batch, &key_columns, &deletes, key_schema)?;
-        Ok(AppliedChanges { upserts, deletes })
+                let upserts = take_columns(batch, &self.row, &upserts, self.table.clone())?;
+                let key_schema = Arc::new(Schema::new(
+                    key_columns
+                        .iter()
+                        .map(|&i| batch.schema().field(i).clone())
+                        .collect::<Vec<_>>(),
+                ));
+                let deletes = take_columns(batch, &key_columns, &deletes, key_schema)?;
+                Ok(AppliedChanges { upserts, deletes })
+            })
+            .collect()
     }
 }
 
-/// The rows of `batch` (not a change stream) a sink keyed by `key` writes: the last row of each key, in the order
-/// of the batch; every row counts as an upsert of its key.
+/// The rows of `batches` (not a change stream, in order, of one schema) a sink keyed by `key` writes: the last
+/// row of each key, every row counting as an upsert of its key; per batch, its rows that count, in its order.
 ///
 /// # Errors
-/// [`Config`](ErrorKind::Config) for a key column the batch does not have.
-pub fn last_rows_by_key(batch: &RecordBatch, key: &[String]) -> Result<RecordBatch> {
-    let schema = batch.schema();
+/// [`Config`](ErrorKind::Config) for a key column the rows do not have.
+pub fn last_rows_by_key(batches: &[RecordBatch], key: &[String]) -> Result<Vec<RecordBatch>> {
+    let Some(first) = batches.first() else {
+        return Ok(Vec::new());
+    };
+    let schema = first.schema();
     let key_columns = key
         .iter()
         .map(|k| {
@@ -163,43 +194,60 @@ pub fn last_rows_by_key(batch: &RecordBatch, key: &[String]) -> Result<RecordBat
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    let rows: Vec<u32> = last_row_per_key(batch, &key_columns)?
-        .into_iter()
-        .map(|i| i as u32)
-        .collect();
-    let all: Vec<usize> = (0..batch.num_columns()).collect();
-    take_columns(batch, &all, &rows, schema)
+    let all: Vec<usize> = (0..schema.fields().len()).collect();
+    batches
+        .iter()
+        .zip(last_rows_per_key(batches, &key_columns)?)
+        .map(|(batch, latest)| {
+            let rows: Vec<u32> = latest.into_iter().map(|i| i as u32).collect();
+            take_columns(batch, &all, &rows, batch.schema())
+        })
+        .collect()
 }
 
-/// The index of the last row of each distinct value of `key_columns` in `batch`, ascending.
-fn last_row_per_key(batch: &RecordBatch, key_columns: &[usize]) -> Result<Vec<usize>> {
-    let keys = arrow_row::RowConverter::new(
-        key_columns
-            .iter()
-            .map(|&i| arrow_row::SortField::new(batch.schema().field(i).data_type().clone()))
-            .collect(),
-    )
-    .and_then(|converter| {
-        let columns: Vec<ArrayRef> = key_columns
-            .iter()
-            .map(|&i| batch.column(i).clone())
-            .collect();
-        converter.convert_columns(&columns)
-    })
-    .map_err(|e| {
+/// Per batch of `batches` (in order, of one schema), the indices of its rows that are the last of their value of
+/// `key_columns` across all of them, ascending. Keys are compared in Arrow's row format, one converter for all.
+fn last_rows_per_key(batches: &[RecordBatch], key_columns: &[usize]) -> Result<Vec<Vec<usize>>> {
+    let Some(first) = batches.first() else {
+        return Ok(Vec::new());
+    };
+    let uncomparable = |e| {
         Error::new(
             ErrorKind::Bug,
             Phase::Write,
             "the rows' keys cannot be compared",
         )
         .with_source(e)
-    })?;
-    let mut last: HashMap<arrow_row::Row<'_>, usize> = HashMap::with_capacity(batch.num_rows());
-    for (i, row) in keys.iter().enumerate() {
-        last.insert(row, i);
+    };
+    let converter = arrow_row::RowConverter::new(
+        key_columns
+            .iter()
+            .map(|&i| arrow_row::SortField::new(first.schema().field(i).data_type().clone()))
+            .collect(),
+    )
+    .map_err(uncomparable)?;
+    let keys = batches
+        .iter()
+        .map(|batch| {
+            let columns: Vec<ArrayRef> = key_columns
+                .iter()
+                .map(|&i| batch.column(i).clone())
+                .collect();
+            converter.convert_columns(&columns)
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(uncomparable)?;
+    // From the last row backwards: a key's first sighting is its last change.
+    let mut seen: HashSet<arrow_row::Row<'_>> = HashSet::new();
+    let mut latest: Vec<Vec<usize>> = vec![Vec::new(); batches.len()];
+    for (n, rows) in keys.iter().enumerate().rev() {
+        for i in (0..rows.num_rows()).rev() {
+            if seen.insert(rows.row(i)) {
+                latest[n].push(i);
+            }
+        }
+        latest[n].reverse();
     }
-    let mut latest: Vec<usize> = last.into_values().collect();
-    latest.sort_unstable();
     Ok(latest)
 }
 
@@ -313,7 +361,7 @@ mod tests {
     }
 
     #[test]
-    fn plain_rows_keep_the_last_row_of_each_key_in_batch_order() {
+    fn plain_rows_keep_the_last_row_of_each_key_in_batch_order_across_batches() {
         let schema = Arc::new(Schema::new(vec![
             Field::new("id", DataType::Int32, false),
             Field::new("name", DataType::Utf8, true),
@@ -326,11 +374,21 @@ mod tests {
             ],
         )
         .unwrap();
-        let last = last_rows_by_key(&batch, &["id".to_string()]).unwrap();
-        assert_eq!(ids(&last), vec![1, 3, 2]);
-        let names: Vec<&str> = last.column(1).as_string::<i32>().iter().flatten().collect();
+        let key = ["id".to_string()];
+        let last = last_rows_by_key(std::slice::from_ref(&batch), &key).unwrap();
+        assert_eq!(ids(&last[0]), vec![1, 3, 2]);
+        let names: Vec<&str> = last[0]
+            .column(1)
+            .as_string::<i32>()
+            .iter()
+            .flatten()
+            .collect();
         assert_eq!(names, vec!["c", "d", "e"]);
-        let missing = last_rows_by_key(&batch, &["order_id".to_string()]).unwrap_err();
+        // Across batches, without concatenating them: a later batch's row of a key wins.
+        let later = batch.slice(3, 1);
+        let last = last_rows_by_key(&[batch.clone(), later], &key).unwrap();
+        assert_eq!((ids(&last[0]), ids(&last[1])), (vec![1, 2], vec![3]));
+        let missing = last_rows_by_key(&[batch], &["order_id".to_string()]).unwrap_err();
         assert_eq!(missing.kind(), ErrorKind::Config);
         assert!(missing.to_string().contains("order_id"), "{missing}");
     }

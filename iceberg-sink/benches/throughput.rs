@@ -138,7 +138,11 @@ impl Measured {
 async fn run_sink(interval: Duration, seconds: Duration, upsert: bool) -> Measured {
     let lake = lake();
     let config = IcebergSinkConfig {
-        upsert_key: if upsert { vec!["id".into()] } else { Vec::new() },
+        upsert_key: if upsert {
+            vec!["id".into()]
+        } else {
+            Vec::new()
+        },
         ..config(&lake)
     };
     let mut sink = IcebergSink::new(config).await.unwrap();
@@ -438,7 +442,10 @@ async fn main() {
         for (name, m) in [
             ("limit (files, no commit)", Some(&limit)),
             ("sink, exactly-once", Some(&sink)),
-            ("sink, exactly-once, upsert by id (row deltas)", upsert.as_ref()),
+            (
+                "sink, exactly-once, upsert by id (row deltas)",
+                upsert.as_ref(),
+            ),
         ] {
             let Some(m) = m else { continue };
             println!(

@@ -307,7 +307,7 @@ impl TwoPhaseCommit for IcebergSink {
                     self.table(Phase::PreCommit)?,
                     writer,
                     &deletes,
-                    applied.unwrap_or_else(no_changes),
+                    applied,
                     format!("{}e{epoch}.c{checkpoint}", self.key.file_prefix()),
                     self.config.target_file_size,
                 )
@@ -430,15 +430,6 @@ fn table_columns(
     }
 }
 
-/// A checkpoint of the upsert mode that received no rows.
-fn no_changes() -> AppliedChanges {
-    let empty = RecordBatch::new_empty(Arc::new(arrow_schema::Schema::empty()));
-    AppliedChanges {
-        upserts: empty.clone(),
-        deletes: empty,
-    }
-}
-
 /// The upsert mode's pre-commit: the checkpoint's last change per key, `applied`, written as data files (the
 /// upserted rows, by `writer`) and equality-delete files named `<file_prefix>-<n>-eqdel.parquet` (the key of every
 /// upserted or deleted row).
@@ -446,15 +437,18 @@ async fn write_applied(
     table: &Table,
     mut writer: CheckpointWriter,
     deletes: &EqualityDeletes,
-    applied: AppliedChanges,
+    applied: Vec<AppliedChanges>,
     file_prefix: String,
     target_file_size: usize,
 ) -> Result<Vec<iceberg::spec::DataFile>> {
-    if applied.upserts.num_rows() > 0 {
-        writer.write(&applied.upserts).await?;
+    for part in applied.iter().filter(|a| a.upserts.num_rows() > 0) {
+        writer.write(&part.upserts).await?;
     }
     let mut files = writer.close().await?;
-    let keys = [&applied.upserts, &applied.deletes];
+    let keys: Vec<&RecordBatch> = applied
+        .iter()
+        .flat_map(|a| [&a.upserts, &a.deletes])
+        .collect();
     files.extend(
         deletes
             .write(table, file_prefix, target_file_size, &keys)

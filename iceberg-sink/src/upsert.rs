@@ -8,8 +8,10 @@
 //! The checkpoint's rows are held until its pre-commit (the last change of a key may come in its last batch):
 //! memory grows with the rows between two checkpoints, as the sink's own writers' row groups do.
 
+use std::sync::Arc;
+
 use arrow_array::RecordBatch;
-use connector_api::{AppliedChanges, ChangeColumns, Error, Phase, Result, last_rows_by_key};
+use connector_api::{AppliedChanges, ChangeColumns, Error, Result, last_rows_by_key};
 
 use crate::config::IcebergSinkConfig;
 
@@ -69,12 +71,21 @@ impl KeyedRows {
     /// [`Config`](connector_api::ErrorKind::Config) for a key column the rows lack;
     /// [`BadRecord`](connector_api::ErrorKind::BadRecord) naming a row whose operation is not a change.
     pub(crate) fn applied(&self, batch: &RecordBatch) -> Result<AppliedChanges> {
+        let mut applied = self.apply(std::slice::from_ref(batch))?;
+        Ok(applied.remove(0))
+    }
+
+    /// `batches` applied as one (a key's last change wins), per batch.
+    fn apply(&self, batches: &[RecordBatch]) -> Result<Vec<AppliedChanges>> {
         match &self.changes {
-            Some(changes) => changes.apply(batch, &self.key),
-            None => Ok(AppliedChanges {
-                upserts: last_rows_by_key(batch, &self.key)?,
-                deletes: RecordBatch::new_empty(std::sync::Arc::new(arrow_schema::Schema::empty())),
-            }),
+            Some(changes) => changes.apply_all(batches, &self.key),
+            None => Ok(last_rows_by_key(batches, &self.key)?
+                .into_iter()
+                .map(|upserts| AppliedChanges {
+                    upserts,
+                    deletes: RecordBatch::new_empty(Arc::new(arrow_schema::Schema::empty())),
+                })
+                .collect()),
         }
     }
 
@@ -88,23 +99,13 @@ impl KeyedRows {
         self.batches.clear();
     }
 
-    /// The checkpoint's rows applied by key (the last change of each key wins), and forgotten.
+    /// The checkpoint's rows applied by key (the last change of each key wins), per batch as it came (never
+    /// concatenated: a checkpoint may hold more than one Arrow array can), and forgotten.
     ///
     /// # Errors
-    /// As [`applied`](Self::applied); [`Bug`](connector_api::ErrorKind::Bug) for batches of different schemas in
-    /// one checkpoint.
-    pub(crate) fn take(&mut self) -> Result<Option<AppliedChanges>> {
+    /// As [`applied`](Self::applied).
+    pub(crate) fn take(&mut self) -> Result<Vec<AppliedChanges>> {
         let batches = std::mem::take(&mut self.batches);
-        let Some(first) = batches.first() else {
-            return Ok(None);
-        };
-        let all = arrow_select::concat::concat_batches(&first.schema(), &batches).map_err(|e| {
-            Error::bug(
-                Phase::PreCommit,
-                "the checkpoint's batches differ in schema",
-            )
-            .with_source(e)
-        })?;
-        self.applied(&all).map(Some)
+        self.apply(&batches)
     }
 }
