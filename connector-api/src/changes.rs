@@ -106,6 +106,28 @@ impl ChangeColumns {
         Ok(applied.remove(0))
     }
 
+    /// Checks the operation of every row of `batch` (of the schema these columns came from) without applying
+    /// anything, and returns its row columns (the change columns dropped, nothing copied).
+    ///
+    /// # Errors
+    /// [`BadRecord`](ErrorKind::BadRecord) naming the first row whose operation is null or not one of `c`, `u`,
+    /// `r`, `d`.
+    pub fn checked_rows(&self, batch: &RecordBatch) -> Result<RecordBatch> {
+        let ops = batch.column(self.op).as_string::<i32>();
+        for i in 0..batch.num_rows() {
+            is_delete(ops, i, None)?;
+        }
+        let columns = self.row.iter().map(|&i| batch.column(i).clone()).collect();
+        RecordBatch::try_new(self.table.clone(), columns).map_err(|e| {
+            Error::new(
+                ErrorKind::Bug,
+                Phase::Write,
+                "the change rows cannot be split",
+            )
+            .with_source(e)
+        })
+    }
+
     /// [`apply`](Self::apply) over `batches` in order, as if they were one batch (a key's last change in a later
     /// batch wins), without concatenating them: per batch, the upserts and deletes it holds that count. The
     /// parts share no key.
@@ -138,24 +160,10 @@ impl ChangeColumns {
                 let ops = batch.column(self.op).as_string::<i32>();
                 let (mut upserts, mut deletes) = (Vec::new(), Vec::new());
                 for i in latest {
-                    match (!ops.is_null(i)).then(|| ops.value(i)) {
-                        Some("c" | "u" | "r") => upserts.push(i as u32),
-                        Some("d") => deletes.push(i as u32),
-                        other => {
-                            let at = if batches.len() > 1 {
-                                format!("change row {i} of batch {n}")
-                            } else {
-                                format!("change row {i} of the batch")
-                            };
-                            return Err(Error::new(
-                                ErrorKind::BadRecord,
-                                Phase::Write,
-                                format!(
-                                    "{at} has the operation {other:?}; a change is one of \"c\", \"u\", \"r\" \
-                                     or \"d\""
-                                ),
-                            ));
-                        }
+                    if is_delete(ops, i, (batches.len() > 1).then_some(n))? {
+                        deletes.push(i as u32);
+                    } else {
+                        upserts.push(i as u32);
                     }
                 }
                 let upserts = take_columns(batch, &self.row, &upserts, self.table.clone())?;
@@ -169,6 +177,27 @@ impl ChangeColumns {
                 Ok(AppliedChanges { upserts, deletes })
             })
             .collect()
+    }
+}
+
+/// Whether change row `i` (of batch `batch`, when there are several) is a delete; `c`, `u` and `r` are upserts.
+fn is_delete(ops: &arrow_array::StringArray, i: usize, batch: Option<usize>) -> Result<bool> {
+    match (!ops.is_null(i)).then(|| ops.value(i)) {
+        Some("c" | "u" | "r") => Ok(false),
+        Some("d") => Ok(true),
+        other => {
+            let at = match batch {
+                Some(n) => format!("change row {i} of batch {n}"),
+                None => format!("change row {i} of the batch"),
+            };
+            Err(Error::new(
+                ErrorKind::BadRecord,
+                Phase::Write,
+                format!(
+                    "{at} has the operation {other:?}; a change is one of \"c\", \"u\", \"r\" or \"d\""
+                ),
+            ))
+        }
     }
 }
 

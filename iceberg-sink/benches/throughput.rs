@@ -18,7 +18,8 @@
 //! `RATCHET_BENCH_DAY=1` it simulates a day at 1 s (86 400 commits of 10 rows) with expiry and merging.
 //!
 //! At 1 s it also runs the sink in the upsert mode (`upsert_key = ["id"]`: each checkpoint a row delta of data
-//! files and the ids' equality deletes; the rows repeat every 128 batches, so the deletes replace earlier rows).
+//! files and the ids' equality deletes; ids distinct within a checkpoint, cycling through 8.4M, so later
+//! checkpoints' deletes replace earlier rows).
 //!
 //! Run: `scripts/services.sh up venv && cargo bench -p iceberg-sink --bench throughput` (see docs/benchmarks.md).
 //! `RATCHET_BENCH_SECONDS` sets the length of each run (default 30: three 10 s checkpoints), `RATCHET_BENCH_RUNS`
@@ -133,8 +134,20 @@ impl Measured {
     }
 }
 
-/// The sink, exactly once, checkpointing every `interval`; with `upsert`, by key `id` (row deltas: the rows come
-/// back every [`DISTINCT_BATCHES`] batches, so later checkpoints' equality deletes replace earlier rows).
+/// Distinct ids of the upsert run: more than a 1 s checkpoint holds here (so it writes every row it reads, as the
+/// append does), few enough that later checkpoints upsert ids of earlier ones (so their deletes replace rows).
+const UPSERT_KEYS: i64 = 8 * DISTINCT_BATCHES * BATCH_ROWS;
+
+/// `batch` with the ids `first..` (the payloads stay).
+fn with_ids(batch: &RecordBatch, first: i64) -> RecordBatch {
+    let ids = arrow_array::Int64Array::from_iter_values(first..first + batch.num_rows() as i64);
+    let mut columns = batch.columns().to_vec();
+    columns[0] = std::sync::Arc::new(ids);
+    RecordBatch::try_new(batch.schema(), columns).unwrap()
+}
+
+/// The sink, exactly once, checkpointing every `interval`; with `upsert`, by key `id` (row deltas), the ids cycling
+/// through [`UPSERT_KEYS`].
 async fn run_sink(interval: Duration, seconds: Duration, upsert: bool) -> Measured {
     let lake = lake();
     let config = IcebergSinkConfig {
@@ -158,9 +171,14 @@ async fn run_sink(interval: Duration, seconds: Duration, upsert: bool) -> Measur
         sink.begin(CheckpointId(checkpoint)).await.unwrap();
         let opened = Instant::now();
         while opened.elapsed() < interval {
-            sink.write(&batches[((rows / BATCH_ROWS) % DISTINCT_BATCHES) as usize])
-                .await
-                .unwrap();
+            let batch = &batches[((rows / BATCH_ROWS) % DISTINCT_BATCHES) as usize];
+            if upsert {
+                sink.write(&with_ids(batch, rows % UPSERT_KEYS))
+                    .await
+                    .unwrap();
+            } else {
+                sink.write(batch).await.unwrap();
+            }
             rows += BATCH_ROWS;
         }
         let committable = sink.pre_commit(CheckpointId(checkpoint)).await.unwrap();

@@ -272,11 +272,11 @@ impl TwoPhaseCommit for IcebergSink {
         };
         // Checked now, so a bad row is refused with its batch (and dead-lettered where asked) instead of failing
         // the checkpoint's pre-commit; written at pre-commit, when the checkpoint's last change per key is known.
-        let applied = keyed
-            .applied(batch)
+        let rows = keyed
+            .checked(batch)
             .map_err(|e| e.or_sink(&self.config.sink))?;
         writer
-            .check(&applied.upserts)
+            .check(&rows)
             .map_err(|e| e.or_sink(&self.config.sink))?;
         keyed.push(batch);
         Ok(())

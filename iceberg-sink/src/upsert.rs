@@ -65,14 +65,23 @@ impl KeyedRows {
         &self.key
     }
 
-    /// What `batch` alone applies (its checks: a key column the rows lack, an unknown operation).
+    /// Checks `batch` for what applying it would refuse (a key column the rows lack, an unknown operation) and
+    /// returns the rows it holds (a change stream's row columns) for the table's own checks; applies nothing.
     ///
     /// # Errors
     /// [`Config`](connector_api::ErrorKind::Config) for a key column the rows lack;
     /// [`BadRecord`](connector_api::ErrorKind::BadRecord) naming a row whose operation is not a change.
-    pub(crate) fn applied(&self, batch: &RecordBatch) -> Result<AppliedChanges> {
-        let mut applied = self.apply(std::slice::from_ref(batch))?;
-        Ok(applied.remove(0))
+    pub(crate) fn checked(&self, batch: &RecordBatch) -> Result<RecordBatch> {
+        let rows = match &self.changes {
+            Some(changes) => changes.checked_rows(batch)?,
+            None => batch.clone(),
+        };
+        if let Some(missing) = self.key.iter().find(|k| rows.schema().index_of(k).is_err()) {
+            return Err(Error::config(format!(
+                "upsert_key: the rows have no key column {missing:?}"
+            )));
+        }
+        Ok(rows)
     }
 
     /// `batches` applied as one (a key's last change wins), per batch.
