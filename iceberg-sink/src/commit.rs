@@ -116,18 +116,6 @@ impl TableTarget {
     /// [`Config`](ErrorKind::Config) naming the property when the table's merge properties are invalid, or when
     /// delete files must be committed by a target built without Ratchet's own commit.
     fn own_commit_for(&self, table: &Table, row_delta: bool) -> Result<Option<&OwnCommit>> {
-        if row_delta {
-            return self.own_commit.as_ref().map(Some).ok_or_else(|| {
-                Error::new(
-                    ErrorKind::Config,
-                    Phase::Commit,
-                    format!(
-                        "the commit to table {} carries equality-delete files (upsert_key), which only Ratchet's                          own catalog commit can commit: build the target with TableTarget::with_own_commit",
-                        self.table
-                    ),
-                )
-            });
-        }
         let policy = MergePolicy::of(table.metadata()).map_err(|e| {
             Error::new(
                 ErrorKind::Config,
@@ -139,6 +127,19 @@ impl TableTarget {
                 ),
             )
         })?;
+        if row_delta {
+            return self.own_commit.as_ref().map(Some).ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Config,
+                    Phase::Commit,
+                    format!(
+                        "the commit to table {} carries equality-delete files (upsert_key), which only Ratchet's \
+                         own catalog commit can commit: build the target with TableTarget::with_own_commit",
+                        self.table
+                    ),
+                )
+            });
+        }
         match (policy, &self.own_commit) {
             (Some(_), Some(own)) => Ok(Some(own)),
             (Some(_), None) => {
@@ -487,6 +488,7 @@ impl TableTarget {
                     }
                     Ok(None) => {}
                     Err(e) => {
+                        discard(&base, &written).await;
                         // A manifest the base names may be gone because another writer's commit expired its last
                         // snapshot since: then the table moved, and the plan is replanned like a lost swap.
                         match self.catalog.load_table(&self.table).await {
@@ -518,11 +520,7 @@ impl TableTarget {
                     return Ok(*table);
                 }
                 SwapOutcome::Conflict => {
-                    for file in &written {
-                        if let Err(e) = base.file_io().delete(file).await {
-                            tracing::debug!(file, error = %e, "cannot delete a merged file of a lost swap");
-                        }
-                    }
+                    discard(&base, &written).await;
                     seed = self.catalog.load_table(&self.table).await?;
                 }
             }
@@ -550,6 +548,17 @@ impl TableTarget {
                 "deleting the files the commit retired took longer than commit_timeout; the rest stay as orphans \
                  (no reader uses them)"
             );
+        }
+    }
+}
+
+/// Deletes the files an attempt of Ratchet's own commit wrote for a snapshot that will not be committed (merged
+/// manifests, a row delta's delete manifest, rewritten lists); a file a later step already deleted, or one that
+/// cannot be deleted now, stays an orphan nothing references.
+async fn discard(base: &Table, written: &[String]) {
+    for file in written {
+        if let Err(e) = base.file_io().delete(file).await {
+            tracing::debug!(file, error = %e, "cannot delete a file of an abandoned commit attempt");
         }
     }
 }

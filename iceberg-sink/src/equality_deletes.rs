@@ -40,7 +40,7 @@ impl EqualityDeletes {
     ///
     /// # Errors
     /// [`Config`](ErrorKind::Config) naming the table and what to change when the table cannot take them: a
-    /// format-version 1 table (no delete files), a partitioned one (a key's delete would have to reach its rows in
+    /// format-version 1 table (no delete files) or a version 3 one (row lineage is not assigned), a partitioned one (a key's delete would have to reach its rows in
     /// every partition: planned), a key column the table does not have, or one that is not a primitive, non
     /// floating-point column (the spec's rule for equality fields).
     pub(crate) fn of(table: &Table, key: &[String]) -> Result<Self> {
@@ -53,12 +53,22 @@ impl EqualityDeletes {
                 format!("upsert_key: table {name} {why}"),
             )
         };
-        if metadata.format_version() == FormatVersion::V1 {
-            return Err(refuse(
-                "is an Iceberg format-version 1 table, which has no delete files: upgrade it to version 2 \
-                 (format-version = 2) or write without upsert_key (a changelog)"
-                    .into(),
-            ));
+        match metadata.format_version() {
+            FormatVersion::V2 => {}
+            FormatVersion::V1 => {
+                return Err(refuse(
+                    "is an Iceberg format-version 1 table, which has no delete files: upgrade it to version 2 \
+                     (format-version = 2) or write without upsert_key (a changelog)"
+                        .into(),
+                ));
+            }
+            version => {
+                return Err(refuse(format!(
+                    "is an Iceberg format-version {version} table; Ratchet's row deltas write version 2 tables \
+                     only (version 3 manifest lists carry row lineage, which it does not assign): write without \
+                     upsert_key (a changelog)"
+                )));
+            }
         }
         if !metadata.default_partition_spec().is_unpartitioned() {
             return Err(refuse(

@@ -73,14 +73,24 @@ pub(crate) async fn add_delete_files(
     let mut manifests = vec![delete_manifest];
     manifests.extend(planned_manifests);
     let new_list = format!("{stem}-delta.avro");
-    let snapshot = write_list(
+    let snapshot = match write_list(
         base,
         planned,
         manifests,
         &new_list,
         delta_summary(planned.summary(), deletes),
     )
-    .await?;
+    .await
+    {
+        Ok(snapshot) => snapshot,
+        Err(e) => {
+            // Nothing names the delete manifest yet: the attempt fails without leaving it behind.
+            if let Err(e) = file_io.delete(&manifest_path).await {
+                tracing::debug!(file = %manifest_path, error = %e, "cannot delete the delete manifest of a failed row delta");
+            }
+            return Err(e);
+        }
+    };
     crate::retire::drill("after-row-delta");
     if let Err(e) = file_io.delete(list_path).await {
         tracing::debug!(file = list_path, error = %e, "cannot delete the planned list a row delta replaced");

@@ -51,11 +51,19 @@ impl KeyedRows {
     /// Rows keyed by `key` of batches of `schema` (a change stream when the source marked change columns).
     ///
     /// # Errors
-    /// [`Config`](connector_api::ErrorKind::Config) for marked change columns without an operation column.
+    /// [`Config`](connector_api::ErrorKind::Config) for marked change columns without an operation column, or a
+    /// key column the rows do not have.
     pub(crate) fn new(key: Vec<String>, schema: &arrow_schema::Schema) -> Result<Self> {
+        let changes = ChangeColumns::of(schema)?;
+        let rows = ChangeColumns::table_schema(&Arc::new(schema.clone()))?;
+        if let Some(missing) = key.iter().find(|k| rows.index_of(k).is_err()) {
+            return Err(Error::config(format!(
+                "upsert_key: the input rows have no column {missing:?}; name key columns of the rows"
+            )));
+        }
         Ok(Self {
             key,
-            changes: ChangeColumns::of(schema)?,
+            changes,
             batches: Vec::new(),
         })
     }
@@ -112,7 +120,7 @@ impl KeyedRows {
     /// concatenated: a checkpoint may hold more than one Arrow array can), and forgotten.
     ///
     /// # Errors
-    /// As [`applied`](Self::applied).
+    /// As [`checked`](Self::checked).
     pub(crate) fn take(&mut self) -> Result<Vec<AppliedChanges>> {
         let batches = std::mem::take(&mut self.batches);
         self.apply(&batches)

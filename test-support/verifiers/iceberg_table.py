@@ -136,9 +136,12 @@ def java_read(metadata_location: str) -> dict:
     """What Apache Iceberg's Java library reads at the current snapshot (test-support/verifiers/iceberg-java, built
     by scripts/services.sh under $RATCHET_SERVICES_DIR/iceberg-java): {"column_names", "rows"}, delete files
     applied. One JVM per interpreter answers every read (`IcebergRead --serve`, kept on the sys module so it
-    outlives this script's run inside serve.py); each read is bounded by READ_TIMEOUT seconds."""
+    outlives this script's run inside serve.py); each read is bounded by READ_TIMEOUT seconds, and a reader that
+    died or timed out is replaced at the next read, its stderr quoted in the failure."""
     import select
     import subprocess
+    import tempfile
+    import time
 
     reader = getattr(sys, "_ratchet_iceberg_java", None)
     if reader is None or reader.poll() is not None:
@@ -149,18 +152,33 @@ def java_read(metadata_location: str) -> dict:
              "IcebergRead", "--serve"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
+            stderr=tempfile.TemporaryFile(),
         )
         sys._ratchet_iceberg_java = reader
-    reader.stdin.write(metadata_location + "\n")
-    reader.stdin.flush()
-    ready, _, _ = select.select([reader.stdout], [], [], READ_TIMEOUT)
-    line = reader.stdout.readline() if ready else ""
-    if not line:
+
+    def fail(why: str):
         reader.kill()
-        raise SystemExit(f"IcebergRead {metadata_location}: no answer within {READ_TIMEOUT} s (exit {reader.poll()})")
-    answer = json.loads(line)
+        reader.wait()
+        del sys._ratchet_iceberg_java
+        reader.stderr.seek(0)
+        said = reader.stderr.read().decode(errors="replace")[-4000:]
+        raise SystemExit(f"IcebergRead {metadata_location}: {why}; its stderr:\n{said}")
+
+    try:
+        reader.stdin.write(metadata_location.encode() + b"\n")
+        reader.stdin.flush()
+    except BrokenPipeError:
+        fail(f"the reader exited ({reader.poll()})")
+    answer, deadline = b"", time.monotonic() + READ_TIMEOUT
+    while not answer.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([reader.stdout], [], [], left)[0]:
+            fail(f"no answer within {READ_TIMEOUT} s")
+        chunk = os.read(reader.stdout.fileno(), 1 << 20)
+        if not chunk:
+            fail(f"the reader exited ({reader.wait()})")
+        answer += chunk
+    answer = json.loads(answer)
     if "error" in answer:
         raise SystemExit(f"IcebergRead {metadata_location} failed:\n{answer['error']}")
     return answer

@@ -7,7 +7,8 @@
 //! committed by Ratchet's own catalog commit (manifest merging on); the PostgreSQL, REST and every-third runs
 //! merge at 2 manifests, so nearly every commit merges. The REST run and one more SQLite run write in the upsert
 //! mode (`upsert_key = ["id"]`): every commit is a row delta, data files plus the ids' equality deletes, read back
-//! merged-on-read by DuckDB and by the verifier's own reading of the manifests.
+//! merged-on-read by Apache Iceberg's Java library and by the verifier's own reading of the manifests (pyiceberg
+//! 0.12 refuses equality deletes, DuckDB 1.4.4 misreads them).
 
 use crate::common;
 
@@ -93,7 +94,8 @@ impl Target {
                 ErrorKind::Fatal,
                 Phase::Checkpoint,
                 format!(
-                    "pyiceberg and {} disagree on table {run}/{sink}: {} vs {} rows",
+                    "the verifier's first reader (pyiceberg, or its merge-on-read for row deltas) and {} disagree \
+                     on table {run}/{sink}: {} vs {} rows",
                     seen.second_reader,
                     seen.ids.len(),
                     seen.second_ids.len()

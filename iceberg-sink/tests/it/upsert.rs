@@ -9,8 +9,8 @@
 //! - a real `kill -9` after the delete manifest and list are written (nothing committed) and after the row delta
 //!   landed (nothing deleted): the restarted job ends in the same state as an uninterrupted run, no checkpoint in
 //!   two snapshots, no file of the sink unreferenced;
-//! - the settings it cannot honour are refused at start with the table named: `commit_every` > 1, a key column
-//!   the table lacks.
+//! - the settings it cannot honour are refused at start: `commit_every` > 1, a key column the rows lack, a key
+//!   column the table lacks (naming the table).
 
 use crate::common;
 
@@ -314,5 +314,27 @@ async fn settings_the_upsert_mode_cannot_honour_are_refused_at_start() {
     let refused = IcebergSink::new(unknown_key).await.unwrap_err();
     assert_eq!(refused.kind(), ErrorKind::Config);
     let said = connector_api::Report(&refused).to_string();
-    assert!(said.contains("order_id") && said.contains(&table), "{said}");
+    assert!(
+        said.contains("upsert_key") && said.contains("order_id"),
+        "{said}"
+    );
+    // A key column the rows have but the (existing) table lacks: refused naming the table.
+    IcebergSink::new(config(&lake, &table, 0)).await.unwrap();
+    let wider = Arc::new(Schema::new(
+        change_schema()
+            .fields()
+            .iter()
+            .cloned()
+            .chain([Arc::new(Field::new("region", DataType::Utf8, true))])
+            .collect::<Vec<_>>(),
+    ));
+    let not_in_table = IcebergSinkConfig {
+        upsert_key: vec!["region".into()],
+        schema: wider,
+        ..config(&lake, &table, 0)
+    };
+    let refused = IcebergSink::new(not_in_table).await.unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::Config);
+    let said = connector_api::Report(&refused).to_string();
+    assert!(said.contains("region") && said.contains(&table), "{said}");
 }
