@@ -44,6 +44,7 @@ use crate::ledger::{SubtaskKey, SubtaskState};
 use crate::manifest_merge::{MergePolicy, merge_manifests};
 use crate::own_commit::OwnCommit;
 use crate::retire::{ManifestListCache, delete_retired_files, drill};
+use crate::rewritten::read_list;
 use crate::row_delta::add_delete_files;
 use crate::swap_outcome::SwapOutcome;
 
@@ -475,13 +476,21 @@ impl TableTarget {
                 TableUpdate::AddSnapshot { snapshot } => Some(snapshot),
                 _ => None,
             });
+            // The planned list is read once; each rewrite hands the next the manifests its list names.
+            let mut manifests = match &planned_snapshot {
+                Some(snapshot) if !deletes.is_empty() || policy.is_some() => {
+                    read_list(&base, snapshot).await?
+                }
+                _ => Vec::new(),
+            };
             if let (false, Some(snapshot)) = (deletes.is_empty(), planned_snapshot.as_deref_mut()) {
-                let delta = add_delete_files(&base, snapshot, deletes).await?;
+                let delta = add_delete_files(&base, snapshot, manifests, deletes).await?;
                 *snapshot = delta.snapshot;
+                manifests = delta.manifests;
                 written = delta.written;
             }
             if let (Some(policy), Some(snapshot)) = (policy, planned_snapshot) {
-                match merge_manifests(&base, snapshot, policy).await {
+                match merge_manifests(&base, snapshot, manifests, policy).await {
                     Ok(Some(merged)) => {
                         *snapshot = merged.snapshot;
                         written.extend(merged.written);

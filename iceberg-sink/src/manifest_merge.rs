@@ -23,8 +23,8 @@
 use std::collections::BTreeMap;
 
 use iceberg::spec::{
-    FormatVersion, ManifestContentType, ManifestFile, ManifestList, ManifestStatus,
-    ManifestWriterBuilder, Snapshot, TableMetadata, UNASSIGNED_SEQUENCE_NUMBER,
+    FormatVersion, ManifestContentType, ManifestFile, ManifestStatus, ManifestWriterBuilder,
+    Snapshot, TableMetadata, UNASSIGNED_SEQUENCE_NUMBER,
 };
 use iceberg::table::Table;
 use iceberg::{Error, ErrorKind, Result};
@@ -179,7 +179,7 @@ fn v3_refused() -> Error {
     )
 }
 
-/// Merges the manifests of `planned` (a snapshot planned on `base`, not yet committed) by `policy`: `None` when no
+/// Merges `manifests`, those `planned`'s list names (a snapshot planned on `base`, not yet committed), by `policy`: `None` when no
 /// bin is due (the planned snapshot stands as it is). Otherwise writes the merged manifests and a new manifest list
 /// and returns the snapshot naming it (same id, parent, sequence number, summary). The manifest list `planned`
 /// named, and the manifests it added that were merged, are deleted (nothing else refers to them).
@@ -190,17 +190,12 @@ fn v3_refused() -> Error {
 pub(crate) async fn merge_manifests(
     base: &Table,
     planned: &Snapshot,
+    manifests: Vec<ManifestFile>,
     policy: MergePolicy,
 ) -> Result<Option<RewrittenSnapshot>> {
     let metadata = base.metadata();
     let file_io = base.file_io();
     let list_path = planned.manifest_list();
-    let bytes = file_io.new_input(list_path)?.read().await?;
-    let manifests: Vec<ManifestFile> =
-        ManifestList::parse_with_version(&bytes, metadata.format_version())?
-            .consume_entries()
-            .into_iter()
-            .collect();
     let recency = recency(metadata, planned.snapshot_id());
     let bins = policy.bins_to_merge(&manifests, &recency);
     if bins.is_empty() {
@@ -240,7 +235,14 @@ pub(crate) async fn merge_manifests(
     );
     ordered.sort_by_key(|m| std::cmp::Reverse(recency(m)));
     let new_list = format!("{stem}-merged.avro");
-    let snapshot = write_list(base, planned, ordered, &new_list, planned.summary().clone()).await?;
+    let snapshot = write_list(
+        base,
+        planned,
+        &ordered,
+        &new_list,
+        planned.summary().clone(),
+    )
+    .await?;
     written.push(new_list);
     crate::retire::drill("after-merging");
     for file in unused.iter().map(String::as_str).chain([list_path]) {
@@ -248,7 +250,11 @@ pub(crate) async fn merge_manifests(
             tracing::debug!(file, error = %e, "cannot delete a planned file the merge replaced");
         }
     }
-    Ok(Some(RewrittenSnapshot { snapshot, written }))
+    Ok(Some(RewrittenSnapshot {
+        snapshot,
+        manifests: ordered,
+        written,
+    }))
 }
 
 /// Rewrites the manifests `bin` names as one manifest of `planned` at `path`.

@@ -1,7 +1,9 @@
 //! A snapshot iceberg planned, given a new manifest list by Ratchet's own commit (merged manifests, a row delta's
 //! delete manifests) before it is committed.
 
-use iceberg::spec::{FormatVersion, ManifestFile, ManifestListWriter, Snapshot, Summary};
+use iceberg::spec::{
+    FormatVersion, ManifestFile, ManifestList, ManifestListWriter, Snapshot, Summary,
+};
 use iceberg::table::Table;
 use iceberg::{Error, ErrorKind, Result};
 
@@ -10,8 +12,28 @@ use iceberg::{Error, ErrorKind, Result};
 pub(crate) struct RewrittenSnapshot {
     /// The snapshot, naming the new manifest list.
     pub(crate) snapshot: Snapshot,
+    /// The manifests the new list names (what a further rewrite starts from, without reading the list back).
+    pub(crate) manifests: Vec<ManifestFile>,
     /// The files written (manifests, the new list): orphans unless the snapshot is committed.
     pub(crate) written: Vec<String>,
+}
+
+/// The manifests `planned`'s list names, as iceberg wrote it for `base`'s format.
+///
+/// # Errors
+/// A storage failure reading the list, or a list that does not parse.
+pub(crate) async fn read_list(base: &Table, planned: &Snapshot) -> Result<Vec<ManifestFile>> {
+    let bytes = base
+        .file_io()
+        .new_input(planned.manifest_list())?
+        .read()
+        .await?;
+    Ok(
+        ManifestList::parse_with_version(&bytes, base.metadata().format_version())?
+            .consume_entries()
+            .into_iter()
+            .collect(),
+    )
 }
 
 /// Writes `manifests` as the manifest list `path` of `planned` (planned on `base`) and returns `planned` naming it
@@ -24,7 +46,7 @@ pub(crate) struct RewrittenSnapshot {
 pub(crate) async fn write_list(
     base: &Table,
     planned: &Snapshot,
-    manifests: Vec<ManifestFile>,
+    manifests: &[ManifestFile],
     path: &str,
     summary: Summary,
 ) -> Result<Snapshot> {
@@ -41,7 +63,7 @@ pub(crate) async fn write_list(
         ),
         FormatVersion::V3 => return Err(v3_refused()),
     };
-    list.add_manifests(manifests.into_iter())?;
+    list.add_manifests(manifests.iter().cloned())?;
     list.close().await?;
     Ok(Snapshot::builder()
         .with_snapshot_id(planned.snapshot_id())

@@ -17,7 +17,7 @@
 //! orphans no metadata names, never a changed table.
 
 use iceberg::spec::{
-    DataFile, ManifestFile, ManifestList, ManifestWriterBuilder, Operation, Snapshot, Summary,
+    DataFile, ManifestFile, ManifestWriterBuilder, Operation, Snapshot, Summary,
     UNASSIGNED_SEQUENCE_NUMBER,
 };
 use iceberg::table::Table;
@@ -26,7 +26,7 @@ use iceberg::{Error, ErrorKind, Result};
 use crate::rewritten::{RewrittenSnapshot, write_list};
 
 /// Adds `deletes` (equality-delete files of the table's unpartitioned spec) to `planned`, a snapshot planned on
-/// `base` and not yet committed: writes their delete manifest and a manifest list naming it first, then the
+/// `base` and not yet committed, whose list names `planned_manifests`: writes their delete manifest and a manifest list naming it first, then the
 /// planned manifests, and returns the snapshot naming that list with a row delta's summary. The list `planned`
 /// named is deleted (nothing else refers to it).
 ///
@@ -36,14 +36,12 @@ use crate::rewritten::{RewrittenSnapshot, write_list};
 pub(crate) async fn add_delete_files(
     base: &Table,
     planned: &Snapshot,
+    planned_manifests: Vec<ManifestFile>,
     deletes: &[DataFile],
 ) -> Result<RewrittenSnapshot> {
     let metadata = base.metadata();
     let file_io = base.file_io();
     let list_path = planned.manifest_list();
-    let bytes = file_io.new_input(list_path)?.read().await?;
-    let planned_manifests =
-        ManifestList::parse_with_version(&bytes, metadata.format_version())?.consume_entries();
     let spec = metadata.default_partition_spec();
     if !spec.is_unpartitioned() {
         return Err(Error::new(
@@ -76,7 +74,7 @@ pub(crate) async fn add_delete_files(
     let snapshot = match write_list(
         base,
         planned,
-        manifests,
+        &manifests,
         &new_list,
         delta_summary(planned.summary(), deletes),
     )
@@ -97,6 +95,7 @@ pub(crate) async fn add_delete_files(
     }
     Ok(RewrittenSnapshot {
         snapshot,
+        manifests,
         written: vec![manifest_path, new_list],
     })
 }

@@ -108,26 +108,25 @@ fn rows(kind: &str, url: &str, table: &str) -> Vec<Value> {
         .clone()
 }
 
+/// Every row of the Iceberg table `table` of the job's lake, as the verifier reads it (`iceberg_table.py --rows`).
+fn read_table(job: &Job, table: &str) -> Value {
+    let services = Services::get();
+    let uri = services
+        .pg_url()
+        .replacen("postgres://", "postgresql+psycopg://", 1);
+    let warehouse = format!("file://{}", job.dir.path().join("warehouse").display());
+    services.verify(
+        "iceberg_table.py",
+        &["ratchet", &uri, &warehouse, table, "id", "--rows"],
+    )
+}
+
 /// The changelog as pyiceberg reads it, checked against the topic: every change event (a record with a value)
 /// exactly once by offset; returns the table it describes (the last change per id, deletes removed), ordered by
 /// id, in [`COLUMNS`] order. `last_log` (the last worker's log) goes into a failure's message.
 fn applied_changelog(job: &Job, name: &str, topic: &str, last_log: &str) -> Vec<Value> {
     let services = Services::get();
-    let lake = job.dir.path().join("warehouse");
-    let uri = services
-        .pg_url()
-        .replacen("postgres://", "postgresql+psycopg://", 1);
-    let read = services.verify(
-        "iceberg_table.py",
-        &[
-            "ratchet",
-            &uri,
-            &format!("file://{}", lake.display()),
-            &format!("{name}.changes"),
-            "id",
-            "--rows",
-        ],
-    );
+    let read = read_table(job, &format!("{name}.changes"));
     let names: Vec<&str> = read["column_names"]
         .as_array()
         .unwrap()
@@ -240,21 +239,7 @@ fn comparable(column: &str, value: &Value) -> Value {
 /// Iceberg's Java library reads it (merge-on-read), after checking that the verifier's own merge-on-read of the
 /// manifests agrees.
 fn iceberg_state(job: &Job, name: &str) -> Vec<Value> {
-    let services = Services::get();
-    let uri = services
-        .pg_url()
-        .replacen("postgres://", "postgresql+psycopg://", 1);
-    let read = services.verify(
-        "iceberg_table.py",
-        &[
-            "ratchet",
-            &uri,
-            &format!("file://{}", job.dir.path().join("warehouse").display()),
-            &format!("{name}.state"),
-            "id",
-            "--rows",
-        ],
-    );
+    let read = read_table(job, &format!("{name}.state"));
     assert_eq!(
         read["second_reader"], "iceberg-java",
         "the state table holds equality deletes"

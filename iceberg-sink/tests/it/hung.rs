@@ -10,9 +10,7 @@ use crate::common;
 use std::time::{Duration, Instant};
 
 use common::Lake;
-use connector_api::{
-    CheckpointStore, Driver, DriverConfig, LocalCheckpointStore, RetryPolicy, SinkId,
-};
+use connector_api::{Driver, DriverConfig, LocalCheckpointStore, RetryPolicy, SinkId};
 use iceberg_sink::{CatalogConfig, IcebergSink, IcebergSinkConfig};
 use ratchet_conformance::{conformance_batch as batch, conformance_positions, conformance_schema};
 use test_support::Services;
@@ -62,6 +60,20 @@ async fn job(
     (job, sink, next)
 }
 
+/// Writes [`ROWS`] records from offset `next` and checkpoints them, waiting for the commit; returns the next
+/// offset.
+async fn committed_step(
+    job: &mut Driver<LocalCheckpointStore>,
+    sink: connector_api::SinkHandle,
+    next: i64,
+) -> i64 {
+    job.write(sink, &batch(next..next + ROWS)).await.unwrap();
+    let next = next + ROWS;
+    job.checkpoint(conformance_positions(next)).await.unwrap();
+    job.finish_commit().await.unwrap();
+    next
+}
+
 async fn catalog_hangs_mid_job(lake: Lake) {
     let toxiproxy = Services::get().toxiproxy();
     let server = lake.catalog_server().unwrap();
@@ -72,16 +84,7 @@ async fn catalog_hangs_mid_job(lake: Lake) {
 
     let (mut running, sink, mut next) = job(&proxied, &table, state.path()).await;
     for _ in 0..2 {
-        running
-            .write(sink, &batch(next..next + ROWS))
-            .await
-            .unwrap();
-        next += ROWS;
-        running
-            .checkpoint(conformance_positions(next))
-            .await
-            .unwrap();
-        running.finish_commit().await.unwrap();
+        next = committed_step(&mut running, sink, next).await;
     }
 
     proxy.blackhole().await;
@@ -116,26 +119,11 @@ async fn catalog_hangs_mid_job(lake: Lake) {
     // Restarted after the catalog answers again: recovery commits the decided checkpoint once, and the job goes on.
     let (mut restarted, sink, restored) = job(&proxied, &table, state.path()).await;
     assert_eq!(restored, next, "the checkpoint decided before the hang");
-    restarted
-        .write(sink, &batch(next..next + ROWS))
-        .await
-        .unwrap();
-    next += ROWS;
-    restarted
-        .checkpoint(conformance_positions(next))
-        .await
-        .unwrap();
+    next = committed_step(&mut restarted, sink, next).await;
     restarted.close().await.unwrap();
     proxy.delete().await;
 
-    let decided = LocalCheckpointStore::open(state.path(), 3)
-        .unwrap()
-        .load()
-        .await
-        .unwrap()
-        .record
-        .and_then(|r| r.positions.first().map(|p| p.next_offset))
-        .unwrap();
+    let decided = common::decided_offset(state.path()).await;
     assert_eq!(decided, next);
     let seen = tokio::task::spawn_blocking(move || lake.read(&table))
         .await
@@ -182,16 +170,7 @@ async fn catalog_sessions_the_server_killed_are_replaced_at_the_next_commit() {
     let (mut running, sink, mut next) = job(&marked, &table, state.path()).await;
     let admin = sqlx::PgPool::connect(services.pg_url()).await.unwrap();
     for round in 0..3 {
-        running
-            .write(sink, &batch(next..next + ROWS))
-            .await
-            .unwrap();
-        next += ROWS;
-        running
-            .checkpoint(conformance_positions(next))
-            .await
-            .unwrap();
-        running.finish_commit().await.unwrap();
+        next = committed_step(&mut running, sink, next).await;
         let (ended,): (i64,) = sqlx::query_as(
             "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
              WHERE application_name = $1) AS ended",

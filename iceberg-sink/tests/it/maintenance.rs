@@ -301,14 +301,7 @@ async fn a_kill_9_at_each_step_of_an_expiring_or_merging_commit_loses_nothing() 
         let state = dir.path().join("state");
         run(&lake, &table, 0, &state, 0, 2).await;
         let seen = metadata_files(&lake, &table).await;
-        let next = LocalCheckpointStore::open(&state, 3)
-            .unwrap()
-            .load()
-            .await
-            .unwrap()
-            .record
-            .and_then(|r| r.positions.first().map(|p| p.next_offset))
-            .unwrap();
+        let next = common::decided_offset(&state).await;
         let expected: Vec<i64> = (0..next).collect();
         assert_eq!(ids(&seen["ids"]), expected, "{step}: pyiceberg");
         assert_eq!(ids(&seen["duckdb_ids"]), expected, "{step}: DuckDB");

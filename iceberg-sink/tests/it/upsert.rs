@@ -24,8 +24,7 @@ use arrow_array::{Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use common::Lake;
 use connector_api::{
-    CHANGE_COLUMN, CheckpointStore, Driver, DriverConfig, ErrorKind, LocalCheckpointStore,
-    OP_COLUMN, SinkId,
+    CHANGE_COLUMN, Driver, DriverConfig, ErrorKind, LocalCheckpointStore, OP_COLUMN, SinkId,
 };
 use iceberg_sink::{IcebergSink, IcebergSinkConfig};
 use ratchet_conformance::conformance_positions;
@@ -274,14 +273,7 @@ async fn a_kill_9_at_each_step_of_a_row_delta_loses_nothing_and_doubles_nothing(
         );
         let state = dir.path().join("state");
         let next = run(&lake, &table, 0, &state, 2).await;
-        let decided = LocalCheckpointStore::open(&state, 3)
-            .unwrap()
-            .load()
-            .await
-            .unwrap()
-            .record
-            .and_then(|r| r.positions.first().map(|p| p.next_offset))
-            .unwrap();
+        let decided = common::decided_offset(&state).await;
         assert_eq!(next, decided, "{step}: the last checkpoint is decided");
         assert!(
             next > 2 * CHANGES,

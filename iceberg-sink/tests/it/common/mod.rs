@@ -335,3 +335,16 @@ pub struct Seen {
     /// Ratchet's data files no snapshot references.
     pub unreferenced: Vec<String>,
 }
+
+/// The next offset the last decided checkpoint in the local store under `state` records (its only partition).
+pub async fn decided_offset(state: &Path) -> i64 {
+    use connector_api::CheckpointStore;
+    connector_api::LocalCheckpointStore::open(state, 3)
+        .unwrap()
+        .load()
+        .await
+        .unwrap()
+        .record
+        .and_then(|r| r.positions.first().map(|p| p.next_offset))
+        .expect("a decided checkpoint")
+}
