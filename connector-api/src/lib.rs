@@ -26,6 +26,7 @@ mod registry;
 mod retry;
 mod schema_change;
 mod txn;
+pub mod types;
 
 pub use blocking::blocking;
 pub use changes::{AppliedChanges, CHANGE_COLUMN, ChangeColumns, OP_COLUMN, last_rows_by_key};

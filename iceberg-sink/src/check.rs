@@ -1,5 +1,6 @@
 //! `ratchet check-config` for an Iceberg sink: the catalog answers, the table is there (or would be created with
-//! `create_table`), and an `upsert_key` fits the settings and the table. Changes nothing: a SQL catalog is only opened through iceberg-rust once its tables exist
+//! `create_table`), every column has an exact Iceberg type in it ([`crate::types`]), and an `upsert_key` fits the
+//! settings and the table. Changes nothing: a SQL catalog is only opened through iceberg-rust once its tables exist
 //! (opening it creates them), no namespace, table or snapshot is created.
 
 use std::str::FromStr;
@@ -11,6 +12,7 @@ use sqlx::Connection;
 use crate::config::{CatalogConfig, IcebergSinkConfig};
 use crate::equality_deletes::EqualityDeletes;
 use crate::error::iceberg_error;
+use crate::types;
 use crate::upsert::KeyedRows;
 
 /// The SQL catalog's table of tables (iceberg-rust's and pyiceberg's `SqlCatalog`).
@@ -47,6 +49,7 @@ pub(crate) async fn check(config: &IcebergSinkConfig) -> Result<SinkCheck> {
                 let table = catalog.load_table(&ident).await.map_err(|e| {
                     iceberg_error(Phase::Setup, format!("cannot load table {ident}"), e)
                 })?;
+                crate::sink::check_columns(config, &table)?;
                 if let Some(keyed) = &keyed {
                     EqualityDeletes::of(&table, keyed.key())
                         .map_err(|e| e.with_sink(&config.sink))?;
@@ -65,7 +68,11 @@ pub(crate) async fn check(config: &IcebergSinkConfig) -> Result<SinkCheck> {
     };
     let table = match (found, config.create_table) {
         (Some(found), _) => found,
-        (None, true) => format!("table {ident} does not exist yet: the first run creates it"),
+        (None, true) => {
+            types::table_schema(crate::sink::table_schema(config)?.as_ref())
+                .map_err(|refusals| types::refused(&config.sink, &config.table, &refusals))?;
+            format!("table {ident} does not exist yet: the first run creates it")
+        }
         (None, false) => {
             return Err(Error::new(
                 ErrorKind::Config,

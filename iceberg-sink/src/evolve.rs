@@ -8,13 +8,14 @@
 //! most. A data file written before the change lacks the column: readers see null there, which is also what a
 //! record without the field means.
 
-use arrow_schema::{Schema, SchemaRef};
+use arrow_schema::SchemaRef;
 use connector_api::{Error, ErrorKind, Phase, Result, SinkId};
 use iceberg::table::Table;
 use iceberg::transaction::{AddColumn, ApplyTransactionAction, Transaction};
 
 use crate::commit::TableTarget;
 use crate::error::iceberg_error;
+use crate::types;
 
 /// How many times a schema update that lost a race is tried again.
 const ATTEMPTS: u32 = 4;
@@ -23,7 +24,7 @@ const ATTEMPTS: u32 = 4;
 ///
 /// # Errors
 /// [`Retryable`](ErrorKind::Retryable) when the catalog cannot be reached or the update kept losing races;
-/// [`Config`](ErrorKind::Config) when a column has no Iceberg type.
+/// [`Config`](ErrorKind::Config) when a column has no exact Iceberg type ([`crate::types`]).
 pub(crate) async fn add_missing_columns(
     target: &TableTarget,
     schema: &SchemaRef,
@@ -44,21 +45,13 @@ pub(crate) async fn add_missing_columns(
             return Ok(table);
         }
         let names: Vec<String> = missing.iter().map(|f| f.name().clone()).collect();
-        let typed = iceberg::arrow::arrow_schema_to_schema_auto_assign_ids(&Schema::new(missing))
-            .map_err(|e| {
-            Error::new(
-                ErrorKind::Config,
-                Phase::Setup,
-                format!(
-                    "the new column(s) {} have no Iceberg type",
-                    names.join(", ")
-                ),
-            )
-            .with_sink(sink)
-            .with_source(e)
-        })?;
+        // Ids are placeholders: the schema update assigns the table's next ones.
+        let (typed, refusals) = types::fields_of(missing.iter().map(|f| f.as_ref()), &mut 0);
+        if !refusals.is_empty() {
+            return Err(types::refused(sink, &target.table.to_string(), &refusals));
+        }
         let mut update = Transaction::new(&table).update_schema();
-        for field in typed.as_struct().fields() {
+        for field in typed {
             update = update.add_column(AddColumn::optional(
                 &field.name,
                 (*field.field_type).clone(),

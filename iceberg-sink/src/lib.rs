@@ -67,6 +67,7 @@ mod rewritten;
 mod row_delta;
 mod sink;
 mod swap_outcome;
+mod types;
 mod upsert;
 mod writer;
 

@@ -24,6 +24,7 @@ use crate::evolve::add_missing_columns;
 use crate::ledger::SubtaskKey;
 use crate::manifest_merge::MANIFEST_MERGE_ENABLED;
 use crate::retire::DELETE_METADATA_AFTER_COMMIT;
+use crate::types;
 use crate::upsert::KeyedRows;
 use crate::writer::CheckpointWriter;
 
@@ -93,7 +94,9 @@ impl IcebergSink {
                 ))
                 .with_sink(&config.sink));
             }
-            create_table(catalog.as_ref(), &ident, &table_schema(&config)?).await?;
+            let schema = types::table_schema(table_schema(&config)?.as_ref())
+                .map_err(|refusals| types::refused(&config.sink, &config.table, &refusals))?;
+            create_table(catalog.as_ref(), &ident, schema).await?;
         }
         let key = SubtaskKey {
             job: config.job.clone(),
@@ -111,9 +114,10 @@ impl IcebergSink {
         if config.evolution == Evolution::AddColumns {
             add_missing_columns(&committer.target, &table_schema(&config)?, &config.sink).await?;
         }
+        // Refused now, with the table and the fields named, rather than at the first write or pre-commit.
+        let table = committer.target.load(Phase::Setup).await?;
+        check_columns(&config, &table)?;
         if let Some(keyed) = &keyed {
-            // Refused now, with the table named, rather than at the first pre-commit.
-            let table = committer.target.load(Phase::Setup).await?;
             EqualityDeletes::of(&table, keyed.key()).map_err(|e| e.with_sink(&config.sink))?;
         }
         Ok(Self {
@@ -358,20 +362,35 @@ impl TwoPhaseCommit for IcebergSink {
     }
 }
 
-/// Creates the namespace (if missing) and an unpartitioned table from an Arrow schema.
-async fn create_table(
-    catalog: &dyn iceberg::Catalog,
-    ident: &TableIdent,
-    schema: &arrow_schema::SchemaRef,
-) -> Result<()> {
-    let iceberg_schema =
-        iceberg::arrow::arrow_schema_to_schema_auto_assign_ids(schema).map_err(|e| {
+/// Every column of the batches must convert exactly into `table`'s column of that name ([`types`]).
+///
+/// # Errors
+/// [`Config`](ErrorKind::Config) naming every field that does not.
+pub(crate) fn check_columns(config: &IcebergSinkConfig, table: &Table) -> Result<()> {
+    let arrow =
+        iceberg::arrow::schema_to_arrow_schema(table.metadata().current_schema()).map_err(|e| {
             iceberg_error(
                 Phase::Setup,
-                format!("cannot derive an Iceberg schema for {ident} from the input schema"),
+                format!(
+                    "cannot convert the schema of table {} to Arrow",
+                    config.table
+                ),
                 e,
             )
         })?;
+    let refusals = types::refusals_against(table_schema(config)?.as_ref(), &arrow);
+    match refusals.is_empty() {
+        true => Ok(()),
+        false => Err(types::refused(&config.sink, &config.table, &refusals)),
+    }
+}
+
+/// Creates the namespace (if missing) and an unpartitioned table of `iceberg_schema` ([`types::table_schema`]).
+async fn create_table(
+    catalog: &dyn iceberg::Catalog,
+    ident: &TableIdent,
+    iceberg_schema: iceberg::spec::Schema,
+) -> Result<()> {
     let namespace: &NamespaceIdent = ident.namespace();
     let exists = catalog
         .namespace_exists(namespace)
@@ -414,7 +433,7 @@ async fn create_table(
 
 /// The table's columns for the input schema: in the upsert mode a change stream's rows without their change
 /// columns (the table holds the rows, not the changes); otherwise every column (a changelog keeps them).
-fn table_schema(config: &IcebergSinkConfig) -> Result<arrow_schema::SchemaRef> {
+pub(crate) fn table_schema(config: &IcebergSinkConfig) -> Result<arrow_schema::SchemaRef> {
     table_columns(&config.upsert_key, &config.schema).map_err(|e| e.with_sink(&config.sink))
 }
 

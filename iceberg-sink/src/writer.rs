@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use arrow_array::{Array, ArrayRef, RecordBatch};
-use arrow_schema::DataType;
+use arrow_array::{Array, RecordBatch};
+use connector_api::types::exact;
 use connector_api::{Error, ErrorKind, Phase, Result};
 use iceberg::arrow::RecordBatchPartitionSplitter;
 use iceberg::spec::{DataFile, DataFileFormat};
@@ -150,32 +150,9 @@ impl CheckpointWriter {
     }
 }
 
-/// Whether `a` and `b` are timestamps of one unit in zones that both mean UTC (`UTC`, `+00:00`, ...): the Kafka
-/// source and the JSON decoding say `UTC`, iceberg-rust's schemas `+00:00`. The values are the same instants.
-fn utc_alike(a: &DataType, b: &DataType) -> bool {
-    const UTC: [&str; 6] = ["UTC", "+00:00", "Z", "Etc/UTC", "+0000", "00:00"];
-    match (a, b) {
-        (DataType::Timestamp(unit_a, Some(a)), DataType::Timestamp(unit_b, Some(b))) => {
-            unit_a == unit_b && a != b && UTC.contains(&a.as_ref()) && UTC.contains(&b.as_ref())
-        }
-        _ => false,
-    }
-}
-
-/// `column` with the data type `to`, of the same physical layout (a time zone label changed).
-fn relabel(column: &ArrayRef, to: &DataType) -> Result<ArrayRef> {
-    let data = column
-        .to_data()
-        .into_builder()
-        .data_type(to.clone())
-        .build()
-        .map_err(|e| {
-            Error::bug(Phase::Write, "cannot relabel a timestamp column").with_source(e)
-        })?;
-    Ok(arrow_array::make_array(data))
-}
-
-/// Re-labels `batch` with the table's Arrow schema (which carries the Iceberg field ids), checking each column.
+/// `batch` in the table's Arrow schema (which carries the Iceberg field ids): each column converted exactly
+/// ([`exact::convert`]: a millisecond timestamp widened to microseconds, an enum's dictionary as text, `Binary` as
+/// the table's `LargeBinary`, nested fields relabelled with their ids), or refused naming the field.
 pub(crate) fn to_table_batch(
     table: &str,
     table_schema: &arrow_schema::SchemaRef,
@@ -197,19 +174,13 @@ pub(crate) fn to_table_batch(
                 field.name()
             )));
         };
-        let column = if utc_alike(column.data_type(), field.data_type()) {
-            relabel(column, field.data_type())?
-        } else {
-            column.clone()
-        };
-        if column.data_type() != field.data_type() {
-            return Err(bad(format!(
-                "column {:?} has type {} but table {table} says {}: convert it upstream or change the table",
-                field.name(),
-                column.data_type(),
-                field.data_type()
-            )));
-        }
+        let column = exact::convert(column, field.data_type()).map_err(|refusal| {
+            let path =
+                connector_api::types::Refusal::new(refusal.path, refusal.why).under(field.name());
+            bad(format!(
+                "table {table} cannot hold {path} exactly (docs/types.md)"
+            ))
+        })?;
         if !field.is_nullable() && column.null_count() > 0 {
             return Err(bad(format!(
                 "column {:?} holds {} null(s) but table {table} declares it required",
@@ -240,34 +211,56 @@ pub(crate) fn to_table_batch(
 
 #[cfg(test)]
 mod tests {
-    use arrow_array::TimestampMicrosecondArray;
-    use arrow_schema::{Field, Schema, TimeUnit};
+    use std::sync::Arc;
+
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::TimestampMicrosecondType;
+    use arrow_array::{TimestampMicrosecondArray, TimestampMillisecondArray};
+    use arrow_schema::{DataType, Field, Schema, TimeUnit};
 
     use super::*;
 
+    fn one_column(field: Field, column: arrow_array::ArrayRef) -> RecordBatch {
+        RecordBatch::try_new(Arc::new(Schema::new(vec![field])), vec![column]).unwrap()
+    }
+
     #[test]
-    fn a_utc_timestamp_fits_a_table_that_says_plus_zero() {
+    fn instants_in_any_zone_and_unit_fit_a_timestamptz_column_exactly() {
         let micros = |tz: &str| DataType::Timestamp(TimeUnit::Microsecond, Some(tz.into()));
         let table = Arc::new(Schema::new(vec![Field::new("at", micros("+00:00"), true)]));
-        let column = TimestampMicrosecondArray::from(vec![1_000_000]).with_timezone("UTC");
-        let batch = RecordBatch::try_new(
-            Arc::new(Schema::new(vec![Field::new("at", micros("UTC"), true)])),
-            vec![Arc::new(column)],
-        )
-        .unwrap();
+        for (tz, value) in [("UTC", 1_000_000), ("Europe/Berlin", 1)] {
+            let batch = one_column(
+                Field::new("at", micros(tz), true),
+                Arc::new(TimestampMicrosecondArray::from(vec![value]).with_timezone(tz)),
+            );
+            let fitted = to_table_batch("t", &table, &batch).unwrap();
+            assert_eq!(fitted.column(0).data_type(), &micros("+00:00"));
+            assert_eq!(
+                fitted
+                    .column(0)
+                    .as_primitive::<TimestampMicrosecondType>()
+                    .value(0),
+                value
+            );
+        }
+        let millis = DataType::Timestamp(TimeUnit::Millisecond, Some("+00:00".into()));
+        let batch = one_column(
+            Field::new("at", millis, true),
+            Arc::new(TimestampMillisecondArray::from(vec![-1]).with_timezone("+00:00")),
+        );
         let fitted = to_table_batch("t", &table, &batch).unwrap();
-        assert_eq!(fitted.column(0).data_type(), &micros("+00:00"));
-        let berlin = RecordBatch::try_new(
-            Arc::new(Schema::new(vec![Field::new(
-                "at",
-                micros("Europe/Berlin"),
-                true,
-            )])),
-            vec![Arc::new(
-                TimestampMicrosecondArray::from(vec![1]).with_timezone("Europe/Berlin"),
-            )],
-        )
-        .unwrap();
-        assert!(to_table_batch("t", &table, &berlin).is_err());
+        assert_eq!(
+            fitted
+                .column(0)
+                .as_primitive::<TimestampMicrosecondType>()
+                .value(0),
+            -1000
+        );
+        let local = one_column(
+            Field::new("at", DataType::Timestamp(TimeUnit::Microsecond, None), true),
+            Arc::new(TimestampMicrosecondArray::from(vec![1])),
+        );
+        let err = to_table_batch("t", &table, &local).unwrap_err();
+        assert!(err.to_string().contains("field `at`"), "{err}");
     }
 }
