@@ -106,7 +106,10 @@ impl FormatWriter {
                 Some(parquet_properties(*compression, *row_group_size)),
             )?)),
             FormatConfig::JsonLines => {
-                FormatWriter::JsonLines(arrow::json::LineDelimitedWriter::new(target))
+                FormatWriter::JsonLines(connector_api::types::json::line_writer(
+                    target,
+                    connector_api::types::json::JsonOptions::default(),
+                ))
             }
             FormatConfig::Csv => FormatWriter::Csv(Box::new(arrow::csv::Writer::new(target))),
         };

@@ -49,6 +49,7 @@ mod recovery;
 mod schema;
 mod sink;
 mod storage;
+mod types;
 
 pub use commit::FileCommitter;
 pub use committable::{FileCommittable, StagedFile, UploadedPart};

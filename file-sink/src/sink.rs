@@ -13,7 +13,7 @@ use connector_api::{
 use crate::FileName;
 use crate::commit::FileCommitter;
 use crate::committable::FileCommittable;
-use crate::config::{FileSinkConfig, FormatConfig};
+use crate::config::FileSinkConfig;
 use crate::error::zombie;
 use crate::format::FormatWriter;
 use crate::partition;
@@ -35,29 +35,12 @@ pub struct FileSink {
     pub(crate) next_seq: BTreeMap<String, u32>,
 }
 
-/// Refuses a format that cannot hold the schema (CSV and nested fields).
+/// Refuses a format that cannot hold the schema exactly ([`crate::types`]).
 ///
 /// # Errors
-/// [`Config`](ErrorKind::Config) naming the field.
+/// [`Config`](ErrorKind::Config) naming every field.
 pub(crate) fn check_format(config: &FileSinkConfig) -> Result<()> {
-    if let FormatConfig::Csv = config.format
-        && let Some(field) = config
-            .schema
-            .fields()
-            .iter()
-            .find(|f| f.data_type().is_nested())
-    {
-        return Err(Error::new(
-            ErrorKind::Config,
-            Phase::Setup,
-            format!(
-                "CSV cannot hold the nested field {:?}; use json_lines or parquet",
-                field.name()
-            ),
-        )
-        .with_sink(&config.sink));
-    }
-    Ok(())
+    crate::types::check(&config.format, &config.schema, &config.sink)
 }
 
 impl FileSink {

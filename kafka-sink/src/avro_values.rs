@@ -12,7 +12,7 @@ use arrow_array::RecordBatch;
 use arrow_avro::schema::{AvroSchema, FingerprintStrategy, SCHEMA_METADATA_KEY};
 use arrow_avro::writer::WriterBuilder;
 use arrow_avro::writer::format::AvroSoeFormat;
-use arrow_schema::{Field, Fields, Schema, SchemaRef};
+use arrow_schema::{Fields, Schema, SchemaRef};
 use connector_api::{Error, ErrorKind, Phase, Result};
 use schema_registry::{RegistrySettings, SchemaRegistry};
 use serde_json::Value;
@@ -66,11 +66,13 @@ impl AvroValues {
         {
             return Ok(());
         }
+        // Each field as the Avro writer takes it ([`crate::types::avro_field`]): enums keep their symbols, UUIDs
+        // are marked as the writer recognises them, other dictionaries are their values.
         let plain = Schema::new(
             schema
                 .fields()
                 .iter()
-                .map(|f| Field::new(f.name(), f.data_type().clone(), f.is_nullable()))
+                .map(|f| crate::types::avro_field(f))
                 .collect::<Vec<_>>(),
         );
         let avro = AvroSchema::try_from(&plain).map_err(|e| {
@@ -115,7 +117,8 @@ impl AvroValues {
             .as_ref()
             .filter(|r| &r.fields == batch.schema().fields())
             .ok_or("the batch's schema is not registered")?;
-        let batch = RecordBatch::try_new(registered.schema.clone(), batch.columns().to_vec())
+        let columns = crate::types::avro_columns(batch, &registered.schema)?;
+        let batch = RecordBatch::try_new(registered.schema.clone(), columns)
             .map_err(|e| format!("cannot encode the rows as Avro: {e}"))?;
         let mut encoder = WriterBuilder::new(registered.schema.as_ref().clone())
             .with_fingerprint_strategy(FingerprintStrategy::Id(registered.id))

@@ -33,6 +33,12 @@ impl SinkBuilder for KafkaSinkFactory {
         delivery: DeliveryGuarantee,
         context: SinkContext,
     ) -> Result<DynSink> {
+        crate::types::check(
+            &config.records,
+            &context.schema,
+            &context.sink,
+            &config.topic,
+        )?;
         if delivery == DeliveryGuarantee::AtLeastOnce {
             // The sink is at-least-once by itself: nothing for the adapter to change.
             let sink = KafkaAtLeastOnceSink::new(config, context.sink)?
@@ -48,8 +54,14 @@ impl SinkBuilder for KafkaSinkFactory {
         &self,
         config: KafkaSinkConfig,
         delivery: DeliveryGuarantee,
-        _: SinkContext,
+        context: SinkContext,
     ) -> Result<SinkCheck> {
+        crate::types::check(
+            &config.records,
+            &context.schema,
+            &context.sink,
+            &config.topic,
+        )?;
         crate::check::check(config, delivery).await
     }
 }

@@ -72,6 +72,7 @@ mod registry;
 mod sender;
 mod sink;
 mod txn_id;
+mod types;
 
 pub use at_least_once::{KafkaAtLeastOnceSink, NothingToCommit};
 pub use broker::broker_max_transaction_timeout;

@@ -16,7 +16,8 @@ use std::borrow::Cow;
 /// | `partition_column` | Int32 column with an explicit partition; none = partitioned by key | none |
 /// | `topic_column` | Utf8 column naming each record's topic; none = the sink's `topic` | none |
 /// | `header_columns` | columns (Utf8 or Binary) sent as record headers named after the column; nulls are omitted | none |
-/// | `value_format` | the whole row as `json`, or as `avro` in Confluent's wire format with its schema registered in the sink's `[registry]` (subject `<topic>-value`) | `json` |
+/// | `value_format` | the whole row as `json`, or as `avro` in Confluent's wire format with its schema registered in the sink's `[registry]` (subject `<topic>-value`); each type as docs/types.md says | `json` |
+/// | `json_decimals` | JSON values: decimals as exact `number`s (`12.30`) or as `string`s (`"12.30"`, exact in readers that parse numbers as doubles) | `number` |
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RecordMapping {
@@ -43,6 +44,9 @@ pub struct RecordMapping {
     /// How a whole row becomes the value (without `value_column`).
     #[serde(default)]
     pub value_format: ValueFormat,
+    /// How JSON values write decimals.
+    #[serde(default)]
+    pub json_decimals: connector_api::types::json::DecimalsAs,
 }
 
 /// `records.value_format`: how a whole row becomes a record value.
@@ -191,7 +195,12 @@ impl RecordMapping {
         let mut json_rows = match (value, whole_rows) {
             (Some(_), _) => None,
             (None, Some(rows)) => Some(rows),
-            (None, None) => Some(json_rows(batch)?),
+            (None, None) => Some(connector_api::types::json::rows(
+                batch,
+                connector_api::types::json::JsonOptions {
+                    decimals: self.json_decimals,
+                },
+            )?),
         };
         if let Some(p) = partition
             && p.data_type() != &DataType::Int32
@@ -269,32 +278,6 @@ impl RecordMapping {
         }
         Ok(records)
     }
-}
-
-/// Every row of `batch` as a JSON object.
-fn json_rows(batch: &RecordBatch) -> Result<Vec<Vec<u8>>, String> {
-    let mut out = Vec::new();
-    let mut writer = arrow::json::LineDelimitedWriter::new(&mut out);
-    writer
-        .write(batch)
-        .map_err(|e| format!("cannot encode rows as JSON: {e}"))?;
-    writer
-        .finish()
-        .map_err(|e| format!("cannot encode rows as JSON: {e}"))?;
-    drop(writer);
-    let rows: Vec<Vec<u8>> = out
-        .split(|b| *b == b'\n')
-        .filter(|l| !l.is_empty())
-        .map(<[u8]>::to_vec)
-        .collect();
-    if rows.len() != batch.num_rows() {
-        return Err(format!(
-            "JSON encoding produced {} rows for {}",
-            rows.len(),
-            batch.num_rows()
-        ));
-    }
-    Ok(rows)
 }
 
 #[cfg(test)]
