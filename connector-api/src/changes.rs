@@ -31,6 +31,15 @@ pub struct ChangeColumns {
     table: SchemaRef,
 }
 
+/// One step of a batch of changes applied in source order ([`ChangeColumns::in_order`]).
+#[derive(Debug, Clone)]
+pub enum ChangeStep {
+    /// Rows to insert or update (the table's columns, the change columns dropped), no key twice.
+    Upserts(RecordBatch),
+    /// Keys to delete (the key columns in the order given), no key twice.
+    Deletes(RecordBatch),
+}
+
 /// A batch of changes split into what a keyed sink does with it.
 #[derive(Debug, Clone)]
 pub struct AppliedChanges {
@@ -128,6 +137,80 @@ impl ChangeColumns {
         })
     }
 
+    /// The changes of `batch` (of the schema these columns came from) as a sink keyed by `key` applies them in
+    /// source order: runs of upserts and runs of deletes, as they came, a run ending before a change of a key it
+    /// already holds. Applied one after the other they have the effect of every change applied one by one, so a
+    /// table with other unique indexes than the key sees no conflict the source did not have (a primary-key change
+    /// arrives as the old key's delete, then the new key's insert).
+    ///
+    /// # Errors
+    /// As [`apply`](Self::apply); a change whose key holds a null is a [`BadRecord`](ErrorKind::BadRecord) naming
+    /// the row and the key column (it would delete nothing, or upsert a row no later change can find).
+    pub fn in_order(&self, batch: &RecordBatch, key: &[String]) -> Result<Vec<ChangeStep>> {
+        let key_columns = self.key_columns(key)?;
+        check_keys(batch, &key_columns, None)?;
+        let keys = key_rows(std::slice::from_ref(batch), &key_columns)?;
+        let rows = &keys[0];
+        let ops = batch.column(self.op).as_string::<i32>();
+        let key_schema = self.key_schema(batch, &key_columns);
+        let mut steps = Vec::new();
+        let mut run: Vec<u32> = Vec::new();
+        let mut run_deletes = false;
+        let mut seen: HashSet<arrow_row::Row<'_>> = HashSet::new();
+        let mut flush = |run: &mut Vec<u32>, deletes: bool| -> Result<()> {
+            if run.is_empty() {
+                return Ok(());
+            }
+            steps.push(match deletes {
+                true => {
+                    ChangeStep::Deletes(take_columns(batch, &key_columns, run, key_schema.clone())?)
+                }
+                false => {
+                    ChangeStep::Upserts(take_columns(batch, &self.row, run, self.table.clone())?)
+                }
+            });
+            run.clear();
+            Ok(())
+        };
+        for i in 0..batch.num_rows() {
+            let delete = is_delete(ops, i, None)?;
+            if delete != run_deletes || seen.contains(&rows.row(i)) {
+                flush(&mut run, run_deletes)?;
+                seen.clear();
+                run_deletes = delete;
+            }
+            seen.insert(rows.row(i));
+            run.push(i as u32);
+        }
+        flush(&mut run, run_deletes)?;
+        Ok(steps)
+    }
+
+    /// The indices of the key columns `key` among the batches' columns.
+    fn key_columns(&self, key: &[String]) -> Result<Vec<usize>> {
+        key.iter()
+            .map(|k| {
+                self.table.index_of(k).map(|i| self.row[i]).map_err(|_| {
+                    Error::new(
+                        ErrorKind::Config,
+                        Phase::Setup,
+                        format!("the key column {k:?} is not a column of the change rows"),
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// The schema of the key columns of `batch`.
+    fn key_schema(&self, batch: &RecordBatch, key_columns: &[usize]) -> SchemaRef {
+        Arc::new(Schema::new(
+            key_columns
+                .iter()
+                .map(|&i| batch.schema().field(i).clone())
+                .collect::<Vec<_>>(),
+        ))
+    }
+
     /// [`apply`](Self::apply) over `batches` in order, as if they were one batch (a key's last change in a later
     /// batch wins), without concatenating them: per batch, the upserts and deletes it holds that count. The
     /// parts share no key.
@@ -139,18 +222,10 @@ impl ChangeColumns {
         batches: &[RecordBatch],
         key: &[String],
     ) -> Result<Vec<AppliedChanges>> {
-        let key_columns = key
-            .iter()
-            .map(|k| {
-                self.table.index_of(k).map(|i| self.row[i]).map_err(|_| {
-                    Error::new(
-                        ErrorKind::Config,
-                        Phase::Setup,
-                        format!("the key column {k:?} is not a column of the change rows"),
-                    )
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let key_columns = self.key_columns(key)?;
+        for (n, batch) in batches.iter().enumerate() {
+            check_keys(batch, &key_columns, (batches.len() > 1).then_some(n))?;
+        }
         let latest = last_rows_per_key(batches, &key_columns)?;
         batches
             .iter()
@@ -167,13 +242,12 @@ impl ChangeColumns {
                     }
                 }
                 let upserts = take_columns(batch, &self.row, &upserts, self.table.clone())?;
-                let key_schema = Arc::new(Schema::new(
-                    key_columns
-                        .iter()
-                        .map(|&i| batch.schema().field(i).clone())
-                        .collect::<Vec<_>>(),
-                ));
-                let deletes = take_columns(batch, &key_columns, &deletes, key_schema)?;
+                let deletes = take_columns(
+                    batch,
+                    &key_columns,
+                    &deletes,
+                    self.key_schema(batch, &key_columns),
+                )?;
                 Ok(AppliedChanges { upserts, deletes })
             })
             .collect()
@@ -234,9 +308,34 @@ pub fn last_rows_by_key(batches: &[RecordBatch], key: &[String]) -> Result<Vec<R
         .collect()
 }
 
-/// Per batch of `batches` (in order, of one schema), the indices of its rows that are the last of their value of
-/// `key_columns` across all of them, ascending. Keys are compared in Arrow's row format, one converter for all.
-fn last_rows_per_key(batches: &[RecordBatch], key_columns: &[usize]) -> Result<Vec<Vec<usize>>> {
+/// Refuses a change of `batch` (the `n`th of several) whose key holds a null, naming the row and the column.
+fn check_keys(batch: &RecordBatch, key_columns: &[usize], n: Option<usize>) -> Result<()> {
+    for &c in key_columns {
+        let column = batch.column(c);
+        if column.null_count() == 0 {
+            continue;
+        }
+        let row = (0..column.len())
+            .find(|&i| column.is_null(i))
+            .unwrap_or_default();
+        let at = match n {
+            Some(n) => format!("change row {row} of batch {n}"),
+            None => format!("change row {row} of the batch"),
+        };
+        return Err(Error::new(
+            ErrorKind::BadRecord,
+            Phase::Write,
+            format!(
+                "{at} has no value in the key column {:?}: a change without its key can be applied to no row",
+                batch.schema().field(c).name()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The keys (`key_columns`) of every row of `batches` in Arrow's row format, one converter for all.
+fn key_rows(batches: &[RecordBatch], key_columns: &[usize]) -> Result<Vec<arrow_row::Rows>> {
     let Some(first) = batches.first() else {
         return Ok(Vec::new());
     };
@@ -255,7 +354,7 @@ fn last_rows_per_key(batches: &[RecordBatch], key_columns: &[usize]) -> Result<V
             .collect(),
     )
     .map_err(uncomparable)?;
-    let keys = batches
+    batches
         .iter()
         .map(|batch| {
             let columns: Vec<ArrayRef> = key_columns
@@ -265,7 +364,13 @@ fn last_rows_per_key(batches: &[RecordBatch], key_columns: &[usize]) -> Result<V
             converter.convert_columns(&columns)
         })
         .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(uncomparable)?;
+        .map_err(uncomparable)
+}
+
+/// Per batch of `batches` (in order, of one schema), the indices of its rows that are the last of their value of
+/// `key_columns` across all of them, ascending.
+fn last_rows_per_key(batches: &[RecordBatch], key_columns: &[usize]) -> Result<Vec<Vec<usize>>> {
+    let keys = key_rows(batches, key_columns)?;
     // From the last row backwards: a key's first sighting is its last change.
     let mut seen: HashSet<arrow_row::Row<'_>> = HashSet::new();
     let mut latest: Vec<Vec<usize>> = vec![Vec::new(); batches.len()];
@@ -376,6 +481,67 @@ mod tests {
             [false, false, true, true, false, false, false]
         );
         assert_eq!(applied.deletes.schema().field(0).name(), "id");
+    }
+
+    #[test]
+    fn changes_in_source_order_run_until_the_kind_changes_or_a_key_comes_again() {
+        let batch = changes(&[
+            (1, "d", None),
+            (2, "c", Some("a")),
+            (3, "c", Some("b")),
+            (2, "u", Some("a2")),
+            (4, "d", None),
+            (5, "d", None),
+        ]);
+        let columns = ChangeColumns::of(&batch.schema()).unwrap().unwrap();
+        let steps = columns.in_order(&batch, &["id".to_string()]).unwrap();
+        let shape: Vec<(bool, Vec<i32>)> = steps
+            .iter()
+            .map(|s| match s {
+                ChangeStep::Upserts(b) => (false, ids(b)),
+                ChangeStep::Deletes(b) => (true, ids(b)),
+            })
+            .collect();
+        assert_eq!(
+            shape,
+            vec![
+                (true, vec![1]),
+                (false, vec![2, 3]),
+                (false, vec![2]),
+                (true, vec![4, 5])
+            ]
+        );
+    }
+
+    #[test]
+    fn a_change_without_its_key_is_a_bad_record() {
+        let op = Field::new(OP_COLUMN, DataType::Utf8, false).with_metadata(HashMap::from([(
+            CHANGE_COLUMN.to_string(),
+            "op".to_string(),
+        )]));
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int32, true),
+            op,
+        ]));
+        let batch = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(Int32Array::from(vec![Some(1), None])),
+                Arc::new(StringArray::from(vec!["c", "d"])),
+            ],
+        )
+        .unwrap();
+        let columns = ChangeColumns::of(&batch.schema()).unwrap().unwrap();
+        for err in [
+            columns.in_order(&batch, &["id".to_string()]).unwrap_err(),
+            columns.apply(&batch, &["id".to_string()]).unwrap_err(),
+        ] {
+            assert_eq!(err.kind(), ErrorKind::BadRecord);
+            assert!(
+                err.to_string().contains("change row 1") && err.to_string().contains("\"id\""),
+                "{err}"
+            );
+        }
     }
 
     #[test]

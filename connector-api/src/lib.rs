@@ -29,7 +29,9 @@ mod txn;
 pub mod types;
 
 pub use blocking::blocking;
-pub use changes::{AppliedChanges, CHANGE_COLUMN, ChangeColumns, OP_COLUMN, last_rows_by_key};
+pub use changes::{
+    AppliedChanges, CHANGE_COLUMN, ChangeColumns, ChangeStep, OP_COLUMN, last_rows_by_key,
+};
 pub use checkpoint::{
     CheckpointRecord, CheckpointStore, Claim, ClaimGuard, HeldClaim, Loaded, LocalCheckpointStore,
     OwnerEpoch, SourceOffset,

@@ -1,9 +1,12 @@
 //! `ratchet check-config` for a JDBC sink: connects, reads what the mode needs from the server and whether the
-//! table is there. Changes nothing: no table (Ratchet's or the target), no transaction.
+//! table is there, and checks every column against the type contract (the table's columns when it exists, the
+//! types `create_table` would give them otherwise). Changes nothing: no table (Ratchet's or the target), no
+//! transaction.
 
 use connector_api::{Error, ErrorKind, Phase, Result, SinkCheck};
 use mysql_async::prelude::Queryable;
 
+use crate::columns::TableShape;
 use crate::config::{Dialect, JdbcSinkConfig};
 
 /// Checks `config`.
@@ -14,9 +17,14 @@ use crate::config::{Dialect, JdbcSinkConfig};
 /// `create_table`; retryable when the server cannot be reached (named).
 pub(crate) async fn check(config: &JdbcSinkConfig) -> Result<SinkCheck> {
     let dialect = Dialect::of_url(&config.connection.url)?;
+    let config = &crate::sink::table_config(config)?;
+    let shape = TableShape::of(&config.schema).map_err(|e| e.with_sink(&config.sink))?;
+    shape
+        .check_create(dialect)
+        .map_err(|e| e.with_sink(&config.sink))?;
     let (server, exists) = match dialect {
-        Dialect::Postgres => postgres(config).await?,
-        Dialect::MySql => mysql(config).await?,
+        Dialect::Postgres => postgres(config, &shape).await?,
+        Dialect::MySql => mysql(config, &shape).await?,
     };
     let table = match (exists, config.create_table) {
         (true, _) => format!("table {} exists", config.table),
@@ -42,7 +50,7 @@ pub(crate) async fn check(config: &JdbcSinkConfig) -> Result<SinkCheck> {
 }
 
 /// The server's name for messages, and whether the table exists.
-async fn postgres(config: &JdbcSinkConfig) -> Result<(String, bool)> {
+async fn postgres(config: &JdbcSinkConfig, shape: &TableShape) -> Result<(String, bool)> {
     let client = crate::pg::options(&config.connection)?
         .connect("the JDBC sink's PostgreSQL database")
         .await?;
@@ -62,10 +70,13 @@ async fn postgres(config: &JdbcSinkConfig) -> Result<(String, bool)> {
         .await
         .map_err(read("cannot look up the table"))?
         .get(0);
+    if exists {
+        crate::pg::table::columns(&client, config, shape).await?;
+    }
     Ok(("PostgreSQL".to_string(), exists))
 }
 
-async fn mysql(config: &JdbcSinkConfig) -> Result<(String, bool)> {
+async fn mysql(config: &JdbcSinkConfig, shape: &TableShape) -> Result<(String, bool)> {
     let opts = crate::mysql::options(&config.connection)?;
     let mut conn = crate::mysql::connect(
         &opts,
@@ -105,6 +116,10 @@ async fn mysql(config: &JdbcSinkConfig) -> Result<(String, bool)> {
         )
         .await
         .map_err(read("cannot look up the table"))?;
+    if count.unwrap_or(0) > 0 {
+        let key = config.mode.key().unwrap_or_default();
+        crate::mysql::table_columns(&mut conn, config, &config.table, shape, key).await?;
+    }
     let _ = conn.disconnect().await;
     Ok((format!("MySQL/MariaDB {version}"), count.unwrap_or(0) > 0))
 }

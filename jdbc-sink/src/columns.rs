@@ -1,126 +1,303 @@
-//! Arrow columns as SQL values: which Arrow types the sink writes, the SQL type each becomes (the table is in the
-//! crate docs), and per-cell access.
+//! Arrow columns as SQL values, the Arrow side of the JDBC sink's type contract (docs/types.md): what kind of SQL
+//! value each Arrow column holds ([`SqlType`]), the column type `create_table` gives it in each dialect, and
+//! per-cell access. Which existing table columns take which kind, and how a cell is sent, is each dialect's part
+//! ([`crate::pg::cell`], [`crate::mysql::target`]).
+//!
+//! | Arrow | [`SqlType`] | PostgreSQL (`create_table`) | MariaDB (`create_table`) |
+//! |---|---|---|---|
+//! | `Boolean` | `Bool` | boolean | BOOLEAN |
+//! | `Int8`, `Int16`, `UInt8` / `Int32`, `UInt16` / `Int64`, `UInt32` | `Int16` / `Int32` / `Int64` | smallint / integer / bigint | SMALLINT / INT / BIGINT |
+//! | `UInt64` | `UInt64` | numeric(20, 0) | BIGINT UNSIGNED |
+//! | `Float16`, `Float32` / `Float64` | `Float32` / `Float64` | real / double precision | FLOAT / DOUBLE |
+//! | `Decimal(p, s)` | `Decimal` | numeric(p, s) | DECIMAL(p, s) (p ≤ 65, s ≤ 38) |
+//! | `Utf8` marked decimal text | `DecimalText` | numeric | DECIMAL(65, 30) |
+//! | `Utf8`, `LargeUtf8`, `Utf8View`, `Dictionary(_, Utf8)` (enums) | `Text` | text | LONGTEXT (utf8mb4); a key: VARCHAR(768) utf8mb4, binary collation without padding |
+//! | `Utf8` marked JSON | `Json` | jsonb | JSON |
+//! | `Binary`, `LargeBinary`, `FixedSizeBinary(n)` | `Bytes` | bytea | LONGBLOB; a key: VARBINARY(3072) |
+//! | `FixedSizeBinary(16)` marked UUID | `Uuid` | uuid | UUID |
+//! | `Date32` | `Date` | date | DATE |
+//! | `Time32(s, ms)`, `Time64(µs)` | `Time` | time | TIME(0/3/6) |
+//! | `Timestamp(s, ms, µs)` without / with a zone | `Timestamp` / `TimestampTz` | timestamp / timestamptz | DATETIME(0/3/6) (with a zone: the UTC instant) |
+//! | `List` of any type above | `List` | an array of the element's type | JSON |
+//! | `Struct`, `Map`, `List` of them | `Nested` | jsonb | JSON |
+//!
+//! Refused (at start and by `check-config`, naming the field): nanosecond times and timestamps (both databases
+//! hold microseconds), unions, intervals, durations, `Date64`, `Null`.
+
+use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::{
-    Date32Type, Float32Type, Float64Type, Int8Type, Int16Type, Int32Type, Int64Type,
-    TimestampMicrosecondType, TimestampMillisecondType, TimestampNanosecondType,
-    TimestampSecondType, UInt8Type, UInt16Type, UInt32Type,
+    Date32Type, Decimal32Type, Decimal64Type, Decimal128Type, Decimal256Type, Float16Type,
+    Float32Type, Float64Type, Int8Type, Int16Type, Int32Type, Int64Type, Time32MillisecondType,
+    Time32SecondType, Time64MicrosecondType, TimestampMicrosecondType, TimestampMillisecondType,
+    TimestampSecondType, UInt8Type, UInt16Type, UInt32Type, UInt64Type,
 };
-use arrow_array::{Array, RecordBatch};
-use arrow_schema::{DataType, Field, Schema, TimeUnit};
-use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
+use arrow_array::{Array, ArrayRef, RecordBatch};
+use arrow_buffer::i256;
+use arrow_schema::{DataType, Field, FieldRef, Schema, TimeUnit};
+use chrono::{DateTime, NaiveDate, NaiveDateTime, NaiveTime, Utc};
 use connector_api::Result;
+use connector_api::types::marks::{Mark, mark};
+use connector_api::types::{Refusal, describe, exact, json};
 
 use crate::config::{Dialect, config_error};
 
-/// The SQL shape of one Arrow column.
+/// The kind of SQL value one Arrow column holds (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum SqlType {
     Bool,
     Int16,
     Int32,
     Int64,
+    UInt64,
     Float32,
     Float64,
+    /// A decimal of this precision and scale.
+    Decimal {
+        precision: u8,
+        scale: i8,
+    },
+    /// A decimal of any scale, as text.
+    DecimalText,
     Text,
+    /// JSON text.
+    Json,
     Bytes,
+    Uuid,
     Date,
+    Time(TimeUnit),
     Timestamp(TimeUnit),
     TimestampTz(TimeUnit),
+    /// A list whose items are one of the kinds above.
+    List,
+    /// A struct, a map, or a list of them: JSON.
+    Nested,
 }
 
 impl SqlType {
-    /// The SQL type of `field`.
+    /// The kind of `field`'s values.
     ///
     /// # Errors
-    /// [`Config`](connector_api::ErrorKind::Config) naming the column for an Arrow type the sink cannot write.
-    pub(crate) fn of(field: &Field) -> Result<Self> {
+    /// A [`Refusal`] (path relative to the column) for a type neither database holds exactly.
+    pub(crate) fn of(field: &Field) -> std::result::Result<Self, Refusal> {
+        use DataType::*;
+        let refuse = |why: String| Err(Refusal::new("", why));
         Ok(match field.data_type() {
-            DataType::Boolean => SqlType::Bool,
-            DataType::Int8 | DataType::Int16 | DataType::UInt8 => SqlType::Int16,
-            DataType::Int32 | DataType::UInt16 => SqlType::Int32,
-            DataType::Int64 | DataType::UInt32 => SqlType::Int64,
-            DataType::Float32 => SqlType::Float32,
-            DataType::Float64 => SqlType::Float64,
-            DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => SqlType::Text,
-            DataType::Binary | DataType::LargeBinary => SqlType::Bytes,
-            DataType::Date32 => SqlType::Date,
-            DataType::Timestamp(unit, None) => SqlType::Timestamp(*unit),
-            DataType::Timestamp(unit, Some(_)) => SqlType::TimestampTz(*unit),
+            Boolean => SqlType::Bool,
+            Int8 | Int16 | UInt8 => SqlType::Int16,
+            Int32 | UInt16 => SqlType::Int32,
+            Int64 | UInt32 => SqlType::Int64,
+            UInt64 => SqlType::UInt64,
+            Float16 | Float32 => SqlType::Float32,
+            Float64 => SqlType::Float64,
+            Decimal32(p, s) | Decimal64(p, s) | Decimal128(p, s) | Decimal256(p, s) => {
+                if *s < 0 {
+                    return refuse(format!(
+                        "has a negative scale ({s}); convert it to a scale of 0 or more"
+                    ));
+                }
+                SqlType::Decimal {
+                    precision: *p,
+                    scale: *s,
+                }
+            }
+            Utf8 | LargeUtf8 | Utf8View => match mark(field) {
+                Some(Mark::Json) => SqlType::Json,
+                Some(Mark::DecimalText) => SqlType::DecimalText,
+                _ => SqlType::Text,
+            },
+            Dictionary(_, values) if matches!(values.as_ref(), Utf8 | LargeUtf8 | Utf8View) => {
+                SqlType::Text
+            }
+            FixedSizeBinary(16) if mark(field) == Some(Mark::Uuid) => SqlType::Uuid,
+            Binary | LargeBinary | BinaryView | FixedSizeBinary(_) => SqlType::Bytes,
+            Date32 => SqlType::Date,
+            Time32(unit) => SqlType::Time(*unit),
+            Time64(TimeUnit::Microsecond) => SqlType::Time(TimeUnit::Microsecond),
+            Time64(_) | Timestamp(TimeUnit::Nanosecond, _) => {
+                return refuse(format!(
+                    "has type {}: nanoseconds, and PostgreSQL and MariaDB hold microseconds",
+                    describe(field.data_type())
+                ));
+            }
+            Timestamp(unit, None) => SqlType::Timestamp(*unit),
+            Timestamp(unit, Some(_)) => SqlType::TimestampTz(*unit),
+            List(item) | LargeList(item) | FixedSizeList(item, _) => {
+                match SqlType::of(item).map_err(|r| r.under("[]"))? {
+                    SqlType::List | SqlType::Nested => nested(field)?,
+                    _ => SqlType::List,
+                }
+            }
+            Struct(_) | Map(..) => nested(field)?,
             other => {
-                return Err(config_error(format!(
-                    "column {:?} has Arrow type {other}, which the JDBC sink cannot write; cast it to one of the \
-                     types in the jdbc-sink docs (e.g. a decimal to Float64 or Utf8) before the sink",
-                    field.name()
-                )));
+                return refuse(format!(
+                    "has type {}, which no PostgreSQL or MariaDB column holds exactly",
+                    describe(other)
+                ));
             }
         })
     }
 
-    /// The column type for `CREATE TABLE` in `dialect`; `key` for columns in a key or unique index.
-    pub(crate) fn ddl(self, dialect: Dialect, key: bool) -> &'static str {
-        match (dialect, self) {
-            (Dialect::Postgres, SqlType::Bool) => "boolean",
-            (Dialect::Postgres, SqlType::Int16) => "smallint",
-            (Dialect::Postgres, SqlType::Int32) => "integer",
-            (Dialect::Postgres, SqlType::Int64) => "bigint",
-            (Dialect::Postgres, SqlType::Float32) => "real",
-            (Dialect::Postgres, SqlType::Float64) => "double precision",
-            (Dialect::Postgres, SqlType::Text) => "text",
-            (Dialect::Postgres, SqlType::Bytes) => "bytea",
-            (Dialect::Postgres, SqlType::Date) => "date",
-            (Dialect::Postgres, SqlType::Timestamp(_)) => "timestamp",
-            (Dialect::Postgres, SqlType::TimestampTz(_)) => "timestamptz",
-            (Dialect::MySql, SqlType::Bool) => "BOOLEAN",
-            (Dialect::MySql, SqlType::Int16) => "SMALLINT",
-            (Dialect::MySql, SqlType::Int32) => "INT",
-            (Dialect::MySql, SqlType::Int64) => "BIGINT",
-            (Dialect::MySql, SqlType::Float32) => "FLOAT",
-            (Dialect::MySql, SqlType::Float64) => "DOUBLE",
-            (Dialect::MySql, SqlType::Text) if key => "VARCHAR(255)",
-            (Dialect::MySql, SqlType::Text) => "LONGTEXT",
-            (Dialect::MySql, SqlType::Bytes) if key => "VARBINARY(255)",
-            (Dialect::MySql, SqlType::Bytes) => "LONGBLOB",
-            (Dialect::MySql, SqlType::Date) => "DATE",
-            (Dialect::MySql, SqlType::Timestamp(_) | SqlType::TimestampTz(_)) => "DATETIME(6)",
+    /// Whether values of this kind are sent as JSON text (a list is, unless its column is a PostgreSQL array).
+    pub(crate) fn is_json(self) -> bool {
+        matches!(self, SqlType::Json | SqlType::Nested)
+    }
+
+    /// The column type `create_table` gives it in `dialect` (see the module docs); `key` for a column of a key or
+    /// of the dedup table; `item` is the list item's kind (for a PostgreSQL array).
+    pub(crate) fn ddl(self, dialect: Dialect, key: bool, item: Option<SqlType>) -> String {
+        use SqlType::*;
+        let unit_digits = |unit: TimeUnit| match unit {
+            TimeUnit::Second => 0,
+            TimeUnit::Millisecond => 3,
+            _ => 6,
+        };
+        match dialect {
+            Dialect::Postgres => match self {
+                Bool => "boolean".into(),
+                Int16 => "smallint".into(),
+                Int32 => "integer".into(),
+                Int64 => "bigint".into(),
+                UInt64 => "numeric(20, 0)".into(),
+                Float32 => "real".into(),
+                Float64 => "double precision".into(),
+                Decimal { precision, scale } => format!("numeric({precision}, {scale})"),
+                DecimalText => "numeric".into(),
+                Text => "text".into(),
+                Json | Nested => "jsonb".into(),
+                Bytes => "bytea".into(),
+                Uuid => "uuid".into(),
+                Date => "date".into(),
+                Time(_) => "time".into(),
+                Timestamp(_) => "timestamp".into(),
+                TimestampTz(_) => "timestamptz".into(),
+                List => match item {
+                    Some(item) => format!("{}[]", item.ddl(dialect, false, None)),
+                    None => "jsonb".into(),
+                },
+            },
+            Dialect::MySql => match self {
+                Bool => "BOOLEAN".into(),
+                Int16 => "SMALLINT".into(),
+                Int32 => "INT".into(),
+                Int64 => "BIGINT".into(),
+                UInt64 => "BIGINT UNSIGNED".into(),
+                Float32 => "FLOAT".into(),
+                Float64 => "DOUBLE".into(),
+                Decimal { precision, scale } => format!("DECIMAL({precision}, {scale})"),
+                DecimalText => "DECIMAL(65, 30)".into(),
+                // Keys compare byte for byte: `abc` and `ABC`, `a` and `a ` are different keys.
+                Text if key => {
+                    "VARCHAR(768) CHARACTER SET utf8mb4 COLLATE utf8mb4_nopad_bin".into()
+                }
+                Text => "LONGTEXT CHARACTER SET utf8mb4".into(),
+                Json | Nested | List => "JSON".into(),
+                Bytes if key => "VARBINARY(3072)".into(),
+                Bytes => "LONGBLOB".into(),
+                Uuid => "UUID".into(),
+                Date => "DATE".into(),
+                Time(unit) => format!("TIME({})", unit_digits(unit)),
+                Timestamp(unit) | TimestampTz(unit) => format!("DATETIME({})", unit_digits(unit)),
+            },
         }
     }
 }
 
-/// One value of one row, borrowed from its Arrow array.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// A struct, map or list of them: JSON, if the JSON encoding writes it exactly.
+fn nested(field: &Field) -> std::result::Result<SqlType, Refusal> {
+    json::check(&Schema::new(vec![field.clone().with_name("")]))
+        .map(|()| SqlType::Nested)
+        .map_err(|r| Refusal::new(r.path.trim_start_matches('.').to_string(), r.why))
+}
+
+/// One value of one row.
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Cell<'a> {
     Null,
     Bool(bool),
     Int16(i16),
     Int32(i32),
     Int64(i64),
+    UInt64(u64),
     Float32(f32),
     Float64(f64),
+    /// The unscaled value and the scale.
+    Decimal(i256, i8),
+    /// A decimal of any scale as text.
+    DecimalText(&'a str),
     Text(&'a str),
+    Json(&'a str),
     Bytes(&'a [u8]),
+    Uuid(&'a [u8]),
     Date(NaiveDate),
+    Time(NaiveTime),
     Timestamp(NaiveDateTime),
     TimestampTz(DateTime<Utc>),
+    /// A list's items and their field (for a PostgreSQL array).
+    List(ArrayRef, &'a FieldRef),
 }
 
-/// The columns of one batch, in the schema's order, readable cell by cell.
-pub(crate) struct Columns<'a> {
-    columns: Vec<(&'a dyn Array, SqlType)>,
+/// The columns of one batch, in the schema's order, readable cell by cell: dictionaries unpacked, and the columns
+/// sent as JSON rendered once.
+pub(crate) struct Columns {
+    columns: Vec<(ArrayRef, SqlType, Option<FieldRef>)>,
+    /// Per column, its values as JSON text (the columns sent as JSON), rendered once per batch.
+    json: Vec<Option<Vec<Option<String>>>>,
 }
 
-impl<'a> Columns<'a> {
-    /// Reads `batch`, whose columns have the SQL types `types` (from [`TableShape`]).
-    pub(crate) fn new(batch: &'a RecordBatch, types: &[SqlType]) -> Self {
-        Self {
-            columns: batch
+impl Columns {
+    /// Reads `batch`, whose columns have the kinds `types`; `as_json` says which columns are sent as JSON text.
+    pub(crate) fn new(batch: &RecordBatch, types: &[SqlType], as_json: &[bool]) -> Result<Self> {
+        let schema = batch.schema();
+        Self::of(
+            batch
                 .columns()
                 .iter()
-                .zip(types)
-                .map(|(a, t)| (a.as_ref(), *t))
+                .zip(schema.fields())
+                .map(|(c, f)| (c.clone(), Some(f.clone())))
                 .collect(),
+            types,
+            as_json,
+        )
+    }
+
+    /// One column of items: a list's values, whose field is `item`.
+    pub(crate) fn items(values: ArrayRef, item: &FieldRef) -> Result<Self> {
+        let sql = SqlType::of(item).map_err(|r| config_error(r.to_string()))?;
+        Self::of(vec![(values, Some(item.clone()))], &[sql], &[sql.is_json()])
+    }
+
+    fn of(
+        arrays: Vec<(ArrayRef, Option<FieldRef>)>,
+        types: &[SqlType],
+        as_json: &[bool],
+    ) -> Result<Self> {
+        let mut columns = Vec::with_capacity(arrays.len());
+        let mut json = Vec::with_capacity(arrays.len());
+        for (i, ((array, field), sql)) in arrays.into_iter().zip(types).enumerate() {
+            let array = match array.data_type() {
+                DataType::Dictionary(_, _) => exact::convert(&array, &DataType::Utf8)
+                    .map_err(|e| config_error(format!("cannot unpack a dictionary column: {e}")))?,
+                _ => array,
+            };
+            let rendered = match as_json.get(i).copied().unwrap_or(false) {
+                true if !matches!(
+                    array.data_type(),
+                    DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
+                ) =>
+                {
+                    let field = field.clone().unwrap_or_else(|| {
+                        Arc::new(Field::new("item", array.data_type().clone(), true))
+                    });
+                    Some(json::values(&array, &field).map_err(config_error)?)
+                }
+                _ => None,
+            };
+            json.push(rendered);
+            columns.push((array, *sql, field));
         }
+        Ok(Self { columns, json })
     }
 
     /// Number of columns.
@@ -129,38 +306,93 @@ impl<'a> Columns<'a> {
     }
 
     /// The value of column `column` in row `row`.
-    pub(crate) fn cell(&self, column: usize, row: usize) -> Cell<'a> {
-        let (array, sql) = self.columns[column];
+    pub(crate) fn cell(&self, column: usize, row: usize) -> Cell<'_> {
+        let (array, sql, _) = &self.columns[column];
         if array.is_null(row) {
             return Cell::Null;
         }
-        match (array.data_type(), sql) {
-            (DataType::Boolean, _) => Cell::Bool(array.as_boolean().value(row)),
-            (DataType::Int8, _) => Cell::Int16(array.as_primitive::<Int8Type>().value(row).into()),
-            (DataType::UInt8, _) => {
+        if let Some(rendered) = &self.json[column] {
+            return match &rendered[row] {
+                Some(text) => Cell::Json(text),
+                None => Cell::Null,
+            };
+        }
+        let text = |row| match array.data_type() {
+            DataType::LargeUtf8 => array.as_string::<i64>().value(row),
+            DataType::Utf8View => array.as_string_view().value(row),
+            _ => array.as_string::<i32>().value(row),
+        };
+        let bytes = |row| match array.data_type() {
+            DataType::LargeBinary => array.as_binary::<i64>().value(row),
+            DataType::BinaryView => array.as_binary_view().value(row),
+            DataType::FixedSizeBinary(_) => array.as_fixed_size_binary().value(row),
+            _ => array.as_binary::<i32>().value(row),
+        };
+        match (sql, array.data_type()) {
+            (SqlType::Bool, _) => Cell::Bool(array.as_boolean().value(row)),
+            (_, DataType::Int8) => Cell::Int16(array.as_primitive::<Int8Type>().value(row).into()),
+            (_, DataType::UInt8) => {
                 Cell::Int16(array.as_primitive::<UInt8Type>().value(row).into())
             }
-            (DataType::Int16, _) => Cell::Int16(array.as_primitive::<Int16Type>().value(row)),
-            (DataType::UInt16, _) => {
+            (_, DataType::Int16) => Cell::Int16(array.as_primitive::<Int16Type>().value(row)),
+            (_, DataType::UInt16) => {
                 Cell::Int32(array.as_primitive::<UInt16Type>().value(row).into())
             }
-            (DataType::Int32, _) => Cell::Int32(array.as_primitive::<Int32Type>().value(row)),
-            (DataType::UInt32, _) => {
+            (_, DataType::Int32) => Cell::Int32(array.as_primitive::<Int32Type>().value(row)),
+            (_, DataType::UInt32) => {
                 Cell::Int64(array.as_primitive::<UInt32Type>().value(row).into())
             }
-            (DataType::Int64, _) => Cell::Int64(array.as_primitive::<Int64Type>().value(row)),
-            (DataType::Float32, _) => Cell::Float32(array.as_primitive::<Float32Type>().value(row)),
-            (DataType::Float64, _) => Cell::Float64(array.as_primitive::<Float64Type>().value(row)),
-            (DataType::Utf8, _) => Cell::Text(array.as_string::<i32>().value(row)),
-            (DataType::LargeUtf8, _) => Cell::Text(array.as_string::<i64>().value(row)),
-            (DataType::Utf8View, _) => Cell::Text(array.as_string_view().value(row)),
-            (DataType::Binary, _) => Cell::Bytes(array.as_binary::<i32>().value(row)),
-            (DataType::LargeBinary, _) => Cell::Bytes(array.as_binary::<i64>().value(row)),
-            (DataType::Date32, _) => match array.as_primitive::<Date32Type>().value_as_date(row) {
+            (_, DataType::Int64) => Cell::Int64(array.as_primitive::<Int64Type>().value(row)),
+            (_, DataType::UInt64) => Cell::UInt64(array.as_primitive::<UInt64Type>().value(row)),
+            (_, DataType::Float16) => {
+                Cell::Float32(array.as_primitive::<Float16Type>().value(row).to_f32())
+            }
+            (_, DataType::Float32) => Cell::Float32(array.as_primitive::<Float32Type>().value(row)),
+            (_, DataType::Float64) => Cell::Float64(array.as_primitive::<Float64Type>().value(row)),
+            (_, DataType::Decimal32(_, s)) => Cell::Decimal(
+                i256::from(array.as_primitive::<Decimal32Type>().value(row)),
+                *s,
+            ),
+            (_, DataType::Decimal64(_, s)) => Cell::Decimal(
+                i256::from(array.as_primitive::<Decimal64Type>().value(row)),
+                *s,
+            ),
+            (_, DataType::Decimal128(_, s)) => Cell::Decimal(
+                i256::from_i128(array.as_primitive::<Decimal128Type>().value(row)),
+                *s,
+            ),
+            (_, DataType::Decimal256(_, s)) => {
+                Cell::Decimal(array.as_primitive::<Decimal256Type>().value(row), *s)
+            }
+            (SqlType::DecimalText, _) => Cell::DecimalText(text(row)),
+            (SqlType::Json, _) => Cell::Json(text(row)),
+            (SqlType::Uuid, _) => Cell::Uuid(bytes(row)),
+            (_, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View) => Cell::Text(text(row)),
+            (
+                _,
+                DataType::Binary
+                | DataType::LargeBinary
+                | DataType::BinaryView
+                | DataType::FixedSizeBinary(_),
+            ) => Cell::Bytes(bytes(row)),
+            (_, DataType::Date32) => match array.as_primitive::<Date32Type>().value_as_date(row) {
                 Some(date) => Cell::Date(date),
                 None => Cell::Null,
             },
-            (DataType::Timestamp(unit, _), sql) => {
+            (_, DataType::Time32(TimeUnit::Second)) => {
+                time(array.as_primitive::<Time32SecondType>().value_as_time(row))
+            }
+            (_, DataType::Time32(_)) => time(
+                array
+                    .as_primitive::<Time32MillisecondType>()
+                    .value_as_time(row),
+            ),
+            (_, DataType::Time64(_)) => time(
+                array
+                    .as_primitive::<Time64MicrosecondType>()
+                    .value_as_time(row),
+            ),
+            (sql, DataType::Timestamp(unit, _)) => {
                 let instant = match unit {
                     TimeUnit::Second => array
                         .as_primitive::<TimestampSecondType>()
@@ -168,11 +400,8 @@ impl<'a> Columns<'a> {
                     TimeUnit::Millisecond => array
                         .as_primitive::<TimestampMillisecondType>()
                         .value_as_datetime(row),
-                    TimeUnit::Microsecond => array
+                    _ => array
                         .as_primitive::<TimestampMicrosecondType>()
-                        .value_as_datetime(row),
-                    TimeUnit::Nanosecond => array
-                        .as_primitive::<TimestampNanosecondType>()
                         .value_as_datetime(row),
                 };
                 match (instant, sql) {
@@ -181,50 +410,136 @@ impl<'a> Columns<'a> {
                     (None, _) => Cell::Null,
                 }
             }
+            (_, DataType::List(item)) => Cell::List(array.as_list::<i32>().value(row), item),
+            (_, DataType::LargeList(item)) => Cell::List(array.as_list::<i64>().value(row), item),
+            (_, DataType::FixedSizeList(item, _)) => {
+                Cell::List(array.as_fixed_size_list().value(row), item)
+            }
             // `SqlType::of` refused every other type when the sink was built.
-            (other, _) => unreachable!("column type {other} passed SqlType::of"),
+            (_, other) => unreachable!("column type {other} passed SqlType::of"),
         }
     }
 
     /// A short rendering of row `row`'s value in column `column`, for error messages (keys).
     pub(crate) fn show(&self, column: usize, row: usize) -> String {
-        match self.cell(column, row) {
-            Cell::Null => "NULL".into(),
-            Cell::Bool(v) => v.to_string(),
-            Cell::Int16(v) => v.to_string(),
-            Cell::Int32(v) => v.to_string(),
-            Cell::Int64(v) => v.to_string(),
-            Cell::Float32(v) => v.to_string(),
-            Cell::Float64(v) => v.to_string(),
-            Cell::Text(v) => format!("{:?}", v.chars().take(64).collect::<String>()),
-            Cell::Bytes(v) => format!("<{} bytes>", v.len()),
-            Cell::Date(v) => v.to_string(),
-            Cell::Timestamp(v) => v.to_string(),
-            Cell::TimestampTz(v) => v.to_string(),
-        }
+        show(&self.cell(column, row))
     }
 }
 
-/// The table's columns as the sink writes them: names and SQL types, from the batch schema.
+fn time(t: Option<NaiveTime>) -> Cell<'static> {
+    t.map_or(Cell::Null, Cell::Time)
+}
+
+/// A short rendering of `cell` for messages.
+pub(crate) fn show(cell: &Cell<'_>) -> String {
+    let text = |v: &str| format!("{:?}", v.chars().take(64).collect::<String>());
+    match cell {
+        Cell::Null => "NULL".into(),
+        Cell::Bool(v) => v.to_string(),
+        Cell::Int16(v) => v.to_string(),
+        Cell::Int32(v) => v.to_string(),
+        Cell::Int64(v) => v.to_string(),
+        Cell::UInt64(v) => v.to_string(),
+        Cell::Float32(v) => v.to_string(),
+        Cell::Float64(v) => v.to_string(),
+        Cell::Decimal(v, scale) => decimal_text(*v, *scale),
+        Cell::DecimalText(v) | Cell::Text(v) | Cell::Json(v) => text(v),
+        Cell::Bytes(v) => format!("<{} bytes>", v.len()),
+        Cell::Uuid(v) => connector_api::types::marks::uuid_text(v),
+        Cell::Date(v) => v.to_string(),
+        Cell::Time(v) => v.to_string(),
+        Cell::Timestamp(v) => v.to_string(),
+        Cell::TimestampTz(v) => v.to_string(),
+        Cell::List(v, _) => format!("<list of {}>", v.len()),
+    }
+}
+
+/// A decimal's exact text: `unscaled` × 10^-`scale` (`-12.3400`).
+pub(crate) fn decimal_text(unscaled: i256, scale: i8) -> String {
+    let digits = unscaled.to_string();
+    let (sign, digits) = match digits.strip_prefix('-') {
+        Some(d) => ("-", d),
+        None => ("", digits.as_str()),
+    };
+    let scale = scale.max(0) as usize;
+    if scale == 0 {
+        return format!("{sign}{digits}");
+    }
+    let padded = format!("{digits:0>width$}", width = scale + 1);
+    let (int, frac) = padded.split_at(padded.len() - scale);
+    format!("{sign}{int}.{frac}")
+}
+
+/// The table's columns as the sink writes them: names, kinds and fields, from the batch schema.
 #[derive(Debug, Clone)]
 pub(crate) struct TableShape {
     pub(crate) names: Vec<String>,
     pub(crate) types: Vec<SqlType>,
+    pub(crate) fields: Vec<FieldRef>,
 }
 
 impl TableShape {
     /// The shape of `schema`.
     ///
     /// # Errors
-    /// [`Config`](connector_api::ErrorKind::Config) naming the first column of an unsupported type.
+    /// [`Config`](connector_api::ErrorKind::Config) naming every column neither database holds exactly.
     pub(crate) fn of(schema: &Schema) -> Result<Self> {
         let mut names = Vec::new();
         let mut types = Vec::new();
+        let mut refusals = Vec::new();
         for field in schema.fields() {
             names.push(field.name().clone());
-            types.push(SqlType::of(field)?);
+            match SqlType::of(field) {
+                Ok(sql) => types.push(sql),
+                Err(r) => {
+                    types.push(SqlType::Nested);
+                    refusals.push(r.under(field.name()));
+                }
+            }
         }
-        Ok(Self { names, types })
+        if !refusals.is_empty() {
+            return Err(config_error(connector_api::types::refusals_message(
+                "the JDBC sink",
+                &refusals,
+            )));
+        }
+        Ok(Self {
+            names,
+            types,
+            fields: schema.fields().iter().cloned().collect(),
+        })
+    }
+
+    /// Refuses columns `create_table` could not create exactly in `dialect` (MariaDB's DECIMAL holds 65 digits, 38
+    /// of them after the point).
+    ///
+    /// # Errors
+    /// [`Config`](connector_api::ErrorKind::Config) naming every such column.
+    pub(crate) fn check_create(&self, dialect: Dialect) -> Result<()> {
+        let refusals: Vec<Refusal> = self
+            .names
+            .iter()
+            .zip(&self.types)
+            .filter_map(|(name, sql)| match (dialect, sql) {
+                (Dialect::MySql, SqlType::Decimal { precision, scale }) if *precision > 65 || *scale > 38 => {
+                    Some(Refusal::new(
+                        name.as_str(),
+                        format!(
+                            "has type decimal({precision}, {scale}); MariaDB's DECIMAL holds at most 65 digits, 38 \
+                             after the point"
+                        ),
+                    ))
+                }
+                _ => None,
+            })
+            .collect();
+        match refusals.is_empty() {
+            true => Ok(()),
+            false => Err(config_error(connector_api::types::refusals_message(
+                "the JDBC sink's MariaDB table",
+                &refusals,
+            ))),
+        }
     }
 
     /// The index of column `name`.
@@ -240,17 +555,30 @@ impl TableShape {
         })
     }
 
-    /// `CREATE TABLE IF NOT EXISTS` for this shape, with `key` as primary key when given.
+    /// The kind of column `i`'s list items, if it is a list.
+    pub(crate) fn item(&self, i: usize) -> Option<SqlType> {
+        match self.fields[i].data_type() {
+            DataType::List(item) | DataType::LargeList(item) | DataType::FixedSizeList(item, _) => {
+                SqlType::of(item).ok()
+            }
+            _ => None,
+        }
+    }
+
+    /// Column `i`'s type in `CREATE TABLE` / `ADD COLUMN` for `dialect`.
+    fn column_ddl(&self, dialect: Dialect, i: usize, key: bool) -> String {
+        self.types[i].ddl(dialect, key, self.item(i))
+    }
+
+    /// `CREATE TABLE IF NOT EXISTS` for this shape, with `key` as primary key when given (MariaDB: utf8mb4).
     pub(crate) fn create_table(&self, dialect: Dialect, table: &str, key: &[String]) -> String {
-        let mut columns: Vec<String> = self
-            .names
-            .iter()
-            .zip(&self.types)
-            .map(|(name, sql)| {
+        let mut columns: Vec<String> = (0..self.names.len())
+            .map(|i| {
+                let name = &self.names[i];
                 format!(
                     "{} {}",
                     quote(dialect, name),
-                    sql.ddl(dialect, key.contains(name))
+                    self.column_ddl(dialect, i, key.contains(name))
                 )
             })
             .collect();
@@ -258,8 +586,12 @@ impl TableShape {
             let key: Vec<String> = key.iter().map(|k| quote(dialect, k)).collect();
             columns.push(format!("PRIMARY KEY ({})", key.join(", ")));
         }
+        let options = match dialect {
+            Dialect::Postgres => "",
+            Dialect::MySql => " DEFAULT CHARSET = utf8mb4",
+        };
         format!(
-            "CREATE TABLE IF NOT EXISTS {} ({})",
+            "CREATE TABLE IF NOT EXISTS {} ({}){options}",
             quote_table(dialect, table),
             columns.join(", ")
         )
@@ -274,16 +606,14 @@ impl TableShape {
         table: &str,
         existing: &[String],
     ) -> Vec<String> {
-        self.names
-            .iter()
-            .zip(&self.types)
-            .filter(|(name, _)| !existing.contains(name))
-            .map(|(name, sql)| {
+        (0..self.names.len())
+            .filter(|i| !existing.contains(&self.names[*i]))
+            .map(|i| {
                 format!(
                     "ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} {}",
                     quote_table(dialect, table),
-                    quote(dialect, name),
-                    sql.ddl(dialect, false)
+                    quote(dialect, &self.names[i]),
+                    self.column_ddl(dialect, i, false)
                 )
             })
             .collect()
@@ -318,9 +648,7 @@ pub(crate) fn quote_table(dialect: Dialect, table: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
-    use arrow_array::{Int64Array, StringArray, TimestampMicrosecondArray};
+    use arrow_array::{Decimal128Array, Int64Array, StringArray, TimestampMicrosecondArray};
 
     use super::*;
 
@@ -334,6 +662,7 @@ mod tests {
                 DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
                 true,
             ),
+            Field::new("price", DataType::Decimal128(10, 2), true),
         ]));
         let batch = RecordBatch::try_new(
             schema.clone(),
@@ -341,24 +670,43 @@ mod tests {
                 Arc::new(Int64Array::from(vec![7])),
                 Arc::new(StringArray::from(vec![None::<&str>])),
                 Arc::new(TimestampMicrosecondArray::from(vec![1_000_000]).with_timezone("UTC")),
+                Arc::new(
+                    Decimal128Array::from(vec![-5])
+                        .with_precision_and_scale(10, 2)
+                        .unwrap(),
+                ),
             ],
         )
         .unwrap();
         let shape = TableShape::of(&schema).unwrap();
-        let columns = Columns::new(&batch, &shape.types);
+        let columns = Columns::new(&batch, &shape.types, &[false; 4]).unwrap();
         assert_eq!(columns.cell(0, 0), Cell::Int64(7));
         assert_eq!(columns.cell(1, 0), Cell::Null);
         assert_eq!(
             columns.cell(2, 0),
             Cell::TimestampTz(DateTime::from_timestamp(1, 0).unwrap())
         );
+        assert_eq!(columns.show(3, 0), "-0.05");
         assert_eq!(
             shape.create_table(Dialect::MySql, "db.t", &["id".into(), "name".into()]),
-            "CREATE TABLE IF NOT EXISTS `db`.`t` (`id` BIGINT, `name` VARCHAR(255), `at` DATETIME(6), \
-             PRIMARY KEY (`id`, `name`))"
+            "CREATE TABLE IF NOT EXISTS `db`.`t` (`id` BIGINT, `name` VARCHAR(768) CHARACTER SET utf8mb4 COLLATE \
+             utf8mb4_nopad_bin, `at` DATETIME(6), `price` DECIMAL(10, 2), PRIMARY KEY (`id`, `name`)) DEFAULT \
+             CHARSET = utf8mb4"
         );
-        let decimal = Field::new("price", DataType::Decimal128(10, 2), false);
-        let err = SqlType::of(&decimal).unwrap_err();
-        assert!(err.to_string().contains("\"price\""), "{err}");
+        assert!(
+            shape
+                .create_table(Dialect::Postgres, "t", &[])
+                .contains("\"price\" numeric(10, 2)")
+        );
+        let nanos = Field::new("at", DataType::Time64(TimeUnit::Nanosecond), false);
+        let err = TableShape::of(&Schema::new(vec![nanos])).unwrap_err();
+        assert!(err.to_string().contains("field `at`"), "{err}");
+    }
+
+    #[test]
+    fn decimals_read_as_their_exact_text() {
+        assert_eq!(decimal_text(i256::from_i128(12345), 2), "123.45");
+        assert_eq!(decimal_text(i256::from_i128(-5), 3), "-0.005");
+        assert_eq!(decimal_text(i256::from_i128(7), 0), "7");
     }
 }

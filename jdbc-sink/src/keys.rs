@@ -5,7 +5,8 @@
 //! - **one key column**: the key's bytes are that column's value. A Binary / LargeBinary column takes them as they
 //!   are. Any other column needs UTF-8 text: a text column takes it as it is; an integer, floating-point, boolean
 //!   (`true` / `false`), date or timestamp column parses it (surrounding whitespace ignored). A key that is a JSON
-//!   object holding the column (`{"id": 42}`) is accepted too: the column's value is taken from it.
+//!   object holding the column (`{"id": 42}`) is accepted too: the column's value is taken from it; so is a JSON
+//!   string literal (`"abc"`, as JSON key serializers write string keys): the text inside the quotes.
 //! - **several key columns**: the key is a JSON object holding each of them (Kafka Connect's JSON keys without
 //!   schemas, `{"tenant": "a", "id": 42}`); other fields are ignored.
 //!
@@ -111,11 +112,14 @@ impl KeyDecoder {
             if let Some(array) = raw {
                 return RecordBatch::try_new(self.schema.clone(), vec![array]).map_err(bug);
             }
+            // A JSON string literal (`"abc"`, as JSON key serializers write a string key) holds the text.
+            let literal = serde_json::from_slice::<String>(key).ok();
+            let text = literal.as_deref().map_or(key, str::as_bytes);
             let value = match json_object(key) {
                 Some(mut object) if object.contains_key(field.name()) => {
                     object.remove(field.name()).unwrap_or(Value::Null)
                 }
-                _ => text_value(key, field)?,
+                _ => text_value(text, field)?,
             };
             return self.decode_values(key, vec![value]);
         }
@@ -279,11 +283,13 @@ pub(crate) fn describe(keys: &[RecordBatch], types: &[SqlType]) -> String {
     let count: usize = keys.iter().map(RecordBatch::num_rows).sum();
     let first = keys.iter().find(|k| k.num_rows() > 0).map(|batch| {
         let schema = batch.schema();
-        let columns = Columns::new(batch, types);
-        (0..columns.len())
-            .map(|c| format!("{} = {}", schema.field(c).name(), columns.show(c, 0)))
-            .collect::<Vec<_>>()
-            .join(", ")
+        match Columns::new(batch, types, &vec![false; types.len()]) {
+            Ok(columns) => (0..columns.len())
+                .map(|c| format!("{} = {}", schema.field(c).name(), columns.show(c, 0)))
+                .collect::<Vec<_>>()
+                .join(", "),
+            Err(e) => e.to_string(),
+        }
     });
     match first {
         Some(first) => format!("{count} tombstone key(s), the first with {first}"),
@@ -468,6 +474,15 @@ mod tests {
                 .value(0),
             1_000_000
         );
+    }
+
+    #[test]
+    fn a_json_string_literal_key_holds_its_text() {
+        let decoder = decoder(vec![Field::new("code", DataType::Utf8, false)], &["code"]);
+        let batch = one(&decoder, br#""abc""#).unwrap();
+        assert_eq!(batch.column(0).as_string::<i32>().value(0), "abc");
+        let ids = orders();
+        assert_eq!(int64(&one(&ids, br#""42""#).unwrap(), 0), 42);
     }
 
     #[test]

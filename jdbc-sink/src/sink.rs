@@ -5,8 +5,8 @@ use std::sync::Arc;
 use arrow_array::RecordBatch;
 use async_trait::async_trait;
 use connector_api::{
-    ChangeColumns, CheckpointId, Error, ErrorKind, Phase, RecoveryPlan, Result, SinkId, SinkScope,
-    SubtaskId, TwoPhaseCommit,
+    ChangeColumns, ChangeStep, CheckpointId, Error, ErrorKind, Phase, RecoveryPlan, Result, SinkId,
+    SinkScope, SubtaskId, TwoPhaseCommit,
 };
 
 use crate::commit::JdbcCommitter;
@@ -131,7 +131,7 @@ fn applied_changes(config: &JdbcSinkConfig) -> Result<Option<ChangeColumns>> {
 }
 
 /// `config` as the table sees it: without the change columns the mode applies (they are not table columns).
-fn table_config(config: &JdbcSinkConfig) -> Result<JdbcSinkConfig> {
+pub(crate) fn table_config(config: &JdbcSinkConfig) -> Result<JdbcSinkConfig> {
     let mut table = config.clone();
     if config.mode.key().is_some() {
         table.schema =
@@ -223,27 +223,29 @@ impl TwoPhaseCommit for JdbcSink {
 
     /// Writes `batch` into the open transaction: appended (`xa`, `append`) or upserted by key (`upsert`,
     /// `xa_upsert`). A change stream's batch (change columns marked by the source: [`ChangeColumns`]) in a keyed
-    /// mode is applied: per key its last change in the batch counts; deletes (operation `d`) delete the key's row,
-    /// the other changes are upserted without the change columns. In the appending modes a change stream's
-    /// batch is appended whole, change columns included (a changelog table).
+    /// mode is applied in source order ([`ChangeColumns::in_order`]): deletes (operation `d`) delete the key's row,
+    /// the other changes are upserted without the change columns, so unique indexes besides the key see what the
+    /// source saw. In the appending modes a change stream's batch is appended whole, change columns included (a
+    /// changelog table).
     ///
     /// # Errors
-    /// [`BadRecord`](ErrorKind::BadRecord) for a row the table refuses or a change whose operation is not `c`,
-    /// `u`, `r` or `d`: nothing of the batch is applied, except that a change batch's upserts and its deletes
-    /// are refused each whole, so a delete refused (a foreign key) leaves the batch's upserts applied;
+    /// [`BadRecord`](ErrorKind::BadRecord) for a row the table refuses, a change whose operation is not `c`,
+    /// `u`, `r` or `d`, or whose key holds a null: nothing of the batch is applied, except that a change batch's
+    /// steps are refused each whole, so a step refused (a foreign key) leaves the steps before it applied (applied
+    /// again, with the same effect, when the batch is split to find the refused row);
     /// [`Retryable`](ErrorKind::Retryable) when the connection was lost.
     async fn write(&mut self, batch: &RecordBatch) -> Result<()> {
         let (Some(changes), Some(key)) = (&self.changes, self.config.mode.key()) else {
             return self.session.write(batch).await;
         };
-        let applied = changes
-            .apply(batch, key)
+        let steps = changes
+            .in_order(batch, key)
             .map_err(|e| e.with_sink(&self.sink))?;
-        if applied.upserts.num_rows() > 0 {
-            self.session.write(&applied.upserts).await?;
-        }
-        if applied.deletes.num_rows() > 0 {
-            self.session.delete(&[applied.deletes]).await?;
+        for step in steps {
+            match step {
+                ChangeStep::Upserts(rows) => self.session.write(&rows).await?,
+                ChangeStep::Deletes(keys) => self.session.delete(&[keys]).await?,
+            }
         }
         Ok(())
     }

@@ -23,9 +23,11 @@ use arrow_array::types::{
     Decimal32Type, Decimal64Type, Decimal128Type, Decimal256Type, Float16Type, Float32Type,
     Float64Type,
 };
-use arrow_array::{Array, ArrowPrimitiveType, PrimitiveArray, RecordBatch};
+use arrow_array::{Array, ArrayRef, ArrowPrimitiveType, PrimitiveArray, RecordBatch};
 use arrow_json::WriterBuilder;
-use arrow_json::writer::{Encoder, EncoderFactory, EncoderOptions, LineDelimited, NullableEncoder};
+use arrow_json::writer::{
+    Encoder, EncoderFactory, EncoderOptions, LineDelimited, NullableEncoder, make_encoder,
+};
 use arrow_schema::{ArrowError, DataType, FieldRef, Schema};
 use base64::Engine;
 use serde::Deserialize;
@@ -144,6 +146,31 @@ pub fn line_writer<W: Write>(
     options: JsonOptions,
 ) -> arrow_json::LineDelimitedWriter<W> {
     builder(options).build::<_, LineDelimited>(target)
+}
+
+/// Each value of `array` (a column whose field is `field`) as JSON text, `None` where it is null: how a sink that
+/// stores nested values as JSON documents (a `jsonb` or `JSON` column) writes them.
+///
+/// # Errors
+/// The encoder's message (a type [`check`] refuses).
+pub fn values(array: &ArrayRef, field: &FieldRef) -> Result<Vec<Option<String>>, String> {
+    let options = EncoderOptions::default()
+        .with_explicit_nulls(true)
+        .with_encoder_factory(Arc::new(Encodings(JsonOptions::default())));
+    let mut encoder = make_encoder(field, array.as_ref(), &options)
+        .map_err(|e| format!("cannot encode field `{}` as JSON: {e}", field.name()))?;
+    let mut out = Vec::with_capacity(array.len());
+    let mut buffer = Vec::new();
+    for i in 0..array.len() {
+        if encoder.is_null(i) {
+            out.push(None);
+            continue;
+        }
+        buffer.clear();
+        encoder.encode(i, &mut buffer);
+        out.push(Some(String::from_utf8_lossy(&buffer).into_owned()));
+    }
+    Ok(out)
 }
 
 /// The overrides of arrow-json's default encoders.

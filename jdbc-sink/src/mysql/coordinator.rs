@@ -80,7 +80,7 @@ impl MySqlCoordinator {
 
     /// Whether `xid` is prepared (`XA RECOVER` lists it), attached to a session or not.
     async fn is_listed(&self, xid: &Xid, phase: Phase) -> Result<bool> {
-        let name = xid.to_string();
+        let name = xid.mysql_gtrid();
         Ok(self
             .recovered(phase, Some(xid))
             .await?
@@ -146,7 +146,7 @@ impl Coordinator for MySqlCoordinator {
         loop {
             let mut guard = self.conn(Phase::Commit).await?;
             let unknown = match connected(&mut guard)
-                .query_drop(format!("XA COMMIT '{xid}'"))
+                .query_drop(format!("XA COMMIT '{}'", xid.mysql_gtrid()))
                 .await
             {
                 Ok(()) => return Ok(CommitOutcome::Committed),
@@ -185,7 +185,7 @@ impl Coordinator for MySqlCoordinator {
         loop {
             let mut guard = self.conn(Phase::Recover).await?;
             let unknown = match connected(&mut guard)
-                .query_drop(format!("XA ROLLBACK '{xid}'"))
+                .query_drop(format!("XA ROLLBACK '{}'", xid.mysql_gtrid()))
                 .await
             {
                 Ok(()) => return Ok(()),
@@ -214,8 +214,7 @@ impl Coordinator for MySqlCoordinator {
             .recovered(Phase::Recover, None)
             .await?
             .iter()
-            .filter_map(|(gtrid, _)| Xid::parse(gtrid))
-            .filter(|xid| &xid.scope == sink)
+            .filter_map(|(gtrid, _)| Xid::from_mysql_gtrid(gtrid, sink))
             .collect();
         xids.sort_by_key(|xid| (xid.checkpoint, xid.subtask));
         // XA RECOVER says nothing of when a transaction was prepared.

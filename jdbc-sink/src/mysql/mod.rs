@@ -2,21 +2,20 @@
 
 mod coordinator;
 mod session;
+pub(crate) mod target;
 
 use connector_api::{Error, ErrorKind, Phase, Result};
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, OptsBuilder};
 
 pub(crate) use coordinator::MySqlCoordinator;
-pub(crate) use session::MySqlSession;
+pub(crate) use session::{MySqlSession, table_columns};
 
 use crate::Xid;
 use crate::config::{ConnectionConfig, config_error};
 
 /// `XA PREPARE`d transactions must survive a disconnect and a server restart: MariaDB does so from 10.5 on.
 const MIN_MARIADB_FOR_XA: (u32, u32) = (10, 5);
-/// MySQL's limit on a global transaction id (gtrid).
-pub(crate) const MAX_GTRID_BYTES: usize = 64;
 /// No such XA transaction (`XAER_NOTA`).
 pub(crate) const ER_XAER_NOTA: u16 = 1397;
 /// Lock wait timeout exceeded.
@@ -45,6 +44,9 @@ pub(crate) fn classify(e: &mysql_async::Error) -> ErrorKind {
         mysql_async::Error::Server(server) => match server.code {
             // deadlock, lock wait timeout, too many connections, server shutdown, lost connection
             1213 | ER_LOCK_WAIT_TIMEOUT | 1040 | 1053 | 2006 | 2013 => ErrorKind::Retryable,
+            // A character the column's character set cannot hold; data truncated (strict mode): the row's
+            // values, not the system (their SQLSTATE is HY000 / 01000).
+            1366 | 1265 => ErrorKind::BadRecord,
             _ if server.state.starts_with("22") || server.state.starts_with("23") => {
                 ErrorKind::BadRecord
             }
@@ -85,7 +87,9 @@ pub(crate) fn server_code(e: &mysql_async::Error) -> Option<u16> {
 
 /// Opens a connection, in READ COMMITTED: InnoDB then takes no gap locks for the sink's range statements (the
 /// marker cleanup), so a prepared transaction of one subtask, holding its rows until commit, never blocks another
-/// subtask's (or sink's) markers and owner row.
+/// subtask's (or sink's) markers and owner row. Values are exchanged as utf8mb4 (any character), TIMESTAMP columns
+/// read in UTC (`time_zone = '+00:00'`), and strict mode is on (`STRICT_ALL_TABLES`, added to the server's
+/// modes), so a value a column cannot hold is refused instead of cut or zeroed.
 pub(crate) async fn connect(opts: &Opts, phase: Phase, what: &str) -> Result<Conn> {
     let mut conn = Conn::new(opts.clone()).await.map_err(|e| {
         let kind = match classify(&e) {
@@ -107,6 +111,19 @@ pub(crate) async fn connect(opts: &Opts, phase: Phase, what: &str) -> Result<Con
     conn.query_drop("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
         .await
         .map_err(|e| my_error(phase, None, "cannot set READ COMMITTED", e))?;
+    conn.query_drop(
+        "SET NAMES utf8mb4, time_zone = '+00:00', \
+         sql_mode = CONCAT_WS(',', NULLIF(@@SESSION.sql_mode, ''), 'STRICT_ALL_TABLES')",
+    )
+    .await
+    .map_err(|e| {
+        my_error(
+            phase,
+            None,
+            "cannot set the session's character set, time zone and strict mode",
+            e,
+        )
+    })?;
     Ok(conn)
 }
 

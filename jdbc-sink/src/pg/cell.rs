@@ -1,57 +1,451 @@
-//! Arrow cells as PostgreSQL binary values (for binary COPY).
+//! PostgreSQL's half of the JDBC sink's type contract (docs/types.md): which column types take which kind of
+//! Arrow value exactly ([`check`], at start and by `check-config`), and each cell in PostgreSQL's binary format
+//! for the column's type ([`PgCell`], for binary COPY and the upsert statements' array parameters).
+//!
+//! | [`SqlType`] | column types that take it | |
+//! |---|---|---|
+//! | `Bool` | boolean | |
+//! | `Int16` / `Int32` / `Int64` | smallint, integer, bigint wide enough; numeric with room for its digits | |
+//! | `UInt64` | numeric with room for 20 digits | |
+//! | `Float32` / `Float64` | real, double precision / double precision | |
+//! | `Decimal(p, s)` | numeric, or numeric(P, S) with S ≥ s and P - S ≥ p - s | |
+//! | `DecimalText` | numeric | a value that numeric(P, S) cannot hold exactly (more digits, or more fractional digits than S) is a bad record, never rounded |
+//! | `Text` | text, varchar, char, name, citext, enum types | too long, or not a label of the enum: a bad record |
+//! | `Json` | json, jsonb, text, varchar | |
+//! | `Bytes` / `Uuid` | bytea / uuid, bytea | |
+//! | `Date` | date | |
+//! | `Time` | time | time(p): a value with more fractional digits than p is a bad record (PostgreSQL would round) |
+//! | `Timestamp` / `TimestampTz` | timestamp / timestamptz | as time(p) |
+//! | `List` | an array whose element type takes the items, json, jsonb | |
+//! | `Nested` | json, jsonb | |
+//!
+//! A domain takes what its base type takes.
 
-use bytes::BytesMut;
-use tokio_postgres::types::{IsNull, ToSql, Type, to_sql_checked};
+use bytes::{BufMut, BytesMut};
+use chrono::Timelike;
+use connector_api::types::Refusal;
+use tokio_postgres::types::{IsNull, Kind, ToSql, Type, to_sql_checked};
 
-use crate::columns::{Cell, SqlType};
+use crate::columns::{Cell, Columns, SqlType, decimal_text};
 
-/// A [`Cell`] as a PostgreSQL parameter: delegates to the Rust type's own encoding and type check.
+/// A column of the table: its type and type modifier (`atttypmod`: numeric's precision and scale, the fractional
+/// digits of time and timestamps; -1 when none).
+#[derive(Debug, Clone)]
+pub(crate) struct PgColumn {
+    pub(crate) ty: Type,
+    pub(crate) typmod: i32,
+}
+
+impl PgColumn {
+    /// numeric(P, S)'s precision and scale, when constrained.
+    fn numeric(&self) -> Option<(u32, u32)> {
+        (self.typmod >= 4).then(|| {
+            let t = (self.typmod - 4) as u32;
+            (t >> 16, t & 0xffff)
+        })
+    }
+
+    /// time(p) / timestamp(p)'s fractional digits, when constrained below microseconds.
+    fn fraction_digits(&self) -> Option<u32> {
+        (0..6).contains(&self.typmod).then_some(self.typmod as u32)
+    }
+
+    /// The type without domains.
+    fn base(&self) -> &Type {
+        base(&self.ty)
+    }
+}
+
+fn base(ty: &Type) -> &Type {
+    match ty.kind() {
+        Kind::Domain(inner) => base(inner),
+        _ => ty,
+    }
+}
+
+fn is_text(ty: &Type) -> bool {
+    [Type::TEXT, Type::VARCHAR, Type::BPCHAR, Type::NAME].contains(ty) || ty.name() == "citext"
+}
+
+/// Decimal digits of every value of an integer kind.
+fn integer_digits(sql: SqlType) -> Option<u32> {
+    match sql {
+        SqlType::Int16 => Some(5),
+        SqlType::Int32 => Some(10),
+        SqlType::Int64 => Some(19),
+        SqlType::UInt64 => Some(20),
+        _ => None,
+    }
+}
+
+/// Whether `column` takes the values of `field` (of kind `sql`) exactly.
+///
+/// # Errors
+/// A [`Refusal`] (path relative to the column) saying why not.
+pub(crate) fn check(
+    sql: SqlType,
+    field: &arrow_schema::Field,
+    column: &PgColumn,
+) -> Result<(), Refusal> {
+    let ty = column.base();
+    let takes = match (sql, ty) {
+        (SqlType::Bool, t) => *t == Type::BOOL,
+        (SqlType::Int16, t) if [Type::INT2, Type::INT4, Type::INT8].contains(t) => true,
+        (SqlType::Int32, t) if [Type::INT4, Type::INT8].contains(t) => true,
+        (SqlType::Int64, t) if *t == Type::INT8 => true,
+        (s, t) if *t == Type::NUMERIC && integer_digits(s).is_some() => {
+            let digits = integer_digits(s).unwrap_or_default();
+            column.numeric().is_none_or(|(p, s)| p - s >= digits)
+        }
+        (SqlType::Float32, t) => [Type::FLOAT4, Type::FLOAT8].contains(t),
+        (SqlType::Float64, t) => *t == Type::FLOAT8,
+        (SqlType::Decimal { precision, scale }, t) if *t == Type::NUMERIC => column
+            .numeric()
+            .is_none_or(|(p, s)| s >= scale as u32 && p - s >= u32::from(precision) - scale as u32),
+        (SqlType::DecimalText, t) => *t == Type::NUMERIC,
+        (SqlType::Text, t) => is_text(t) || matches!(t.kind(), Kind::Enum(_)),
+        (SqlType::Json, t) => is_text(t) || [Type::JSON, Type::JSONB].contains(t),
+        (SqlType::Bytes, t) => *t == Type::BYTEA,
+        (SqlType::Uuid, t) => [Type::UUID, Type::BYTEA].contains(t),
+        (SqlType::Date, t) => *t == Type::DATE,
+        (SqlType::Time(_), t) => *t == Type::TIME,
+        (SqlType::Timestamp(_), t) => *t == Type::TIMESTAMP,
+        (SqlType::TimestampTz(_), t) => *t == Type::TIMESTAMPTZ,
+        (SqlType::List, t) if [Type::JSON, Type::JSONB].contains(t) => true,
+        (SqlType::List, t) => match t.kind() {
+            Kind::Array(element) => {
+                let item = match field.data_type() {
+                    arrow_schema::DataType::List(item)
+                    | arrow_schema::DataType::LargeList(item)
+                    | arrow_schema::DataType::FixedSizeList(item, _) => item,
+                    _ => return Err(Refusal::new("", "is not a list")),
+                };
+                let item_sql = SqlType::of(item).map_err(|r| r.under("[]"))?;
+                let element = PgColumn {
+                    ty: element.clone(),
+                    typmod: column.typmod,
+                };
+                return check(item_sql, item, &element).map_err(|r| r.under("[]"));
+            }
+            _ => false,
+        },
+        (SqlType::Nested, t) => [Type::JSON, Type::JSONB].contains(t),
+        _ => false,
+    };
+    match takes {
+        true => Ok(()),
+        false => Err(Refusal::new(
+            "",
+            format!(
+                "has type {}, which a PostgreSQL column of type {}{} cannot hold exactly",
+                connector_api::types::describe(field.data_type()),
+                column.ty,
+                match (column.numeric(), column.fraction_digits()) {
+                    (Some((p, s)), _) if *ty == Type::NUMERIC => format!("({p}, {s})"),
+                    _ => String::new(),
+                }
+            ),
+        )),
+    }
+}
+
+/// A value the column's type cannot hold exactly: a bad record, never rounded or cut.
 #[derive(Debug)]
-pub(crate) struct PgCell<'a>(pub(crate) Cell<'a>);
+pub(crate) struct BadValue(pub(crate) String);
+
+impl std::fmt::Display for BadValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for BadValue {}
+
+type ToSqlResult = Result<IsNull, Box<dyn std::error::Error + Sync + Send>>;
+
+/// A [`Cell`] as a PostgreSQL parameter of its column's type (checked by [`check`] at start), with the column's
+/// type modifier for the values' own checks.
+#[derive(Debug)]
+pub(crate) struct PgCell<'a> {
+    pub(crate) cell: Cell<'a>,
+    pub(crate) typmod: i32,
+}
 
 impl ToSql for PgCell<'_> {
-    fn to_sql(
-        &self,
-        ty: &Type,
-        out: &mut BytesMut,
-    ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
-        match self.0 {
+    fn to_sql(&self, ty: &Type, out: &mut BytesMut) -> ToSqlResult {
+        let column = PgColumn {
+            ty: ty.clone(),
+            typmod: self.typmod,
+        };
+        let ty = base(ty);
+        let bad = |why: String| -> ToSqlResult { Err(Box::new(BadValue(why))) };
+        match &self.cell {
             Cell::Null => Ok(IsNull::Yes),
-            Cell::Bool(v) => v.to_sql_checked(ty, out),
-            Cell::Int16(v) => v.to_sql_checked(ty, out),
-            Cell::Int32(v) => v.to_sql_checked(ty, out),
-            Cell::Int64(v) => v.to_sql_checked(ty, out),
-            Cell::Float32(v) => v.to_sql_checked(ty, out),
-            Cell::Float64(v) => v.to_sql_checked(ty, out),
-            Cell::Text(v) => v.to_sql_checked(ty, out),
-            Cell::Bytes(v) => v.to_sql_checked(ty, out),
-            Cell::Date(v) => v.to_sql_checked(ty, out),
-            Cell::Timestamp(v) => v.to_sql_checked(ty, out),
-            Cell::TimestampTz(v) => v.to_sql_checked(ty, out),
+            Cell::Bool(v) => v.to_sql(ty, out),
+            Cell::Int16(v) => integer(i64::from(*v), ty, out),
+            Cell::Int32(v) => integer(i64::from(*v), ty, out),
+            Cell::Int64(v) => integer(*v, ty, out),
+            Cell::UInt64(v) => numeric(&v.to_string(), &column, out),
+            Cell::Float32(v) if *ty == Type::FLOAT8 => f64::from(*v).to_sql(ty, out),
+            Cell::Float32(v) => v.to_sql(ty, out),
+            Cell::Float64(v) => v.to_sql(ty, out),
+            Cell::Decimal(v, scale) => numeric(&decimal_text(*v, *scale), &column, out),
+            Cell::DecimalText(v) => numeric(v, &column, out),
+            Cell::Text(v) | Cell::Json(v) => {
+                if *ty == Type::JSONB {
+                    out.put_u8(1);
+                }
+                out.put_slice(v.as_bytes());
+                Ok(IsNull::No)
+            }
+            Cell::Bytes(v) | Cell::Uuid(v) => {
+                out.put_slice(v);
+                Ok(IsNull::No)
+            }
+            Cell::Date(v) => v.to_sql(ty, out),
+            Cell::Time(v) => {
+                fits_fraction(v.nanosecond(), &column).map_err(BadValue)?;
+                v.to_sql(ty, out)
+            }
+            Cell::Timestamp(v) => {
+                fits_fraction(v.nanosecond(), &column).map_err(BadValue)?;
+                v.to_sql(ty, out)
+            }
+            Cell::TimestampTz(v) => {
+                fits_fraction(v.nanosecond(), &column).map_err(BadValue)?;
+                v.to_sql(ty, out)
+            }
+            Cell::List(values, item) => {
+                let Kind::Array(element) = ty.kind() else {
+                    return bad(format!("a list cannot be written as {ty}"));
+                };
+                let items =
+                    Columns::items(values.clone(), item).map_err(|e| BadValue(e.to_string()))?;
+                array(&items, values.len(), element, self.typmod, out)
+            }
         }
     }
 
     fn accepts(_: &Type) -> bool {
-        // Checked per value in `to_sql` by the inner type; the table's types are checked at start by `accepts`.
+        // Checked at start per column by `check`; each value is encoded for its column's type.
         true
     }
 
     to_sql_checked!();
 }
 
-/// Whether a column of PostgreSQL type `ty` takes values of `sql`.
-pub(crate) fn accepts(sql: SqlType, ty: &Type) -> bool {
-    match sql {
-        SqlType::Bool => <bool as ToSql>::accepts(ty),
-        SqlType::Int16 => <i16 as ToSql>::accepts(ty),
-        SqlType::Int32 => <i32 as ToSql>::accepts(ty),
-        SqlType::Int64 => <i64 as ToSql>::accepts(ty),
-        SqlType::Float32 => <f32 as ToSql>::accepts(ty),
-        SqlType::Float64 => <f64 as ToSql>::accepts(ty),
-        SqlType::Text => <&str as ToSql>::accepts(ty),
-        SqlType::Bytes => <&[u8] as ToSql>::accepts(ty),
-        SqlType::Date => <chrono::NaiveDate as ToSql>::accepts(ty),
-        SqlType::Timestamp(_) => <chrono::NaiveDateTime as ToSql>::accepts(ty),
-        SqlType::TimestampTz(_) => <chrono::DateTime<chrono::Utc> as ToSql>::accepts(ty),
+fn integer(v: i64, ty: &Type, out: &mut BytesMut) -> ToSqlResult {
+    match *ty {
+        Type::INT2 => i16::try_from(v)?.to_sql(ty, out),
+        Type::INT4 => i32::try_from(v)?.to_sql(ty, out),
+        Type::NUMERIC => numeric(
+            &v.to_string(),
+            &PgColumn {
+                ty: ty.clone(),
+                typmod: -1,
+            },
+            out,
+        ),
+        _ => v.to_sql(ty, out),
+    }
+}
+
+/// Refuses a time or timestamp with more fractional digits than the column keeps.
+fn fits_fraction(nanos: u32, column: &PgColumn) -> Result<(), String> {
+    let Some(digits) = column.fraction_digits() else {
+        return Ok(());
+    };
+    let unit = 10u32.pow(9 - digits);
+    match nanos % unit {
+        0 => Ok(()),
+        _ => Err(format!(
+            "has a finer fraction of a second than the {digits} digits its column ({}({digits})) keeps: \
+             PostgreSQL would round it",
+            column.ty
+        )),
+    }
+}
+
+/// A decimal's text (`-12.3400`, `1.5E+3`) as sign, digits and scale.
+pub(crate) fn parse_decimal(text: &str) -> Option<(bool, String, u32)> {
+    let text = text.trim();
+    let (negative, rest) = match text.as_bytes().first()? {
+        b'-' => (true, &text[1..]),
+        b'+' => (false, &text[1..]),
+        _ => (false, text),
+    };
+    let (mantissa, exponent) = match rest.find(['e', 'E']) {
+        Some(at) => (&rest[..at], rest[at + 1..].parse::<i64>().ok()?),
+        None => (rest, 0),
+    };
+    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    if int.is_empty() && frac.is_empty()
+        || !int.bytes().chain(frac.bytes()).all(|b| b.is_ascii_digit())
+    {
+        return None;
+    }
+    let mut digits = format!("{int}{frac}");
+    let mut scale = frac.len() as i64 - exponent;
+    if scale < 0 {
+        digits.push_str(&"0".repeat((-scale) as usize));
+        scale = 0;
+    }
+    let digits = digits.trim_start_matches('0').to_string();
+    Some((negative, digits, u32::try_from(scale).ok()?))
+}
+
+/// A decimal's text in PostgreSQL's binary numeric: base-10000 digits, weight, sign, display scale. A value that
+/// numeric(P, S) cannot hold exactly is a [`BadValue`].
+fn numeric(text: &str, column: &PgColumn, out: &mut BytesMut) -> ToSqlResult {
+    let Some((negative, digits, scale)) = parse_decimal(text) else {
+        return Err(Box::new(BadValue(format!(
+            "{text:?} is not a decimal number"
+        ))));
+    };
+    // Integer and fraction digits of the value.
+    let scale = scale as usize;
+    let padded = format!("{digits:0>width$}", width = scale + 1);
+    let (int, frac) = padded.split_at(padded.len() - scale);
+    let int = int.trim_start_matches('0');
+    if let Some((p, s)) = column.numeric() {
+        let needed = frac.trim_end_matches('0').len() as u32;
+        if int.len() as u32 > p - s || needed > s {
+            return Err(Box::new(BadValue(format!(
+                "{text} does not fit numeric({p}, {s}) exactly (PostgreSQL would round it or refuse it)"
+            ))));
+        }
+    }
+    // Both padded to whole groups of 4 digits.
+    let int_groups = int.len().div_ceil(4);
+    let int = format!("{int:0>width$}", width = int_groups * 4);
+    let frac = format!("{frac:0<width$}", width = scale.div_ceil(4) * 4);
+    let mut groups: Vec<i16> = int
+        .as_bytes()
+        .chunks(4)
+        .chain(frac.as_bytes().chunks(4))
+        .map(|g| std::str::from_utf8(g).unwrap_or("0").parse().unwrap_or(0))
+        .collect();
+    let mut weight = int_groups as i32 - 1;
+    while groups.first() == Some(&0) {
+        groups.remove(0);
+        weight -= 1;
+    }
+    while groups.last() == Some(&0) {
+        groups.pop();
+    }
+    if groups.is_empty() {
+        weight = 0;
+    }
+    out.put_i16(groups.len() as i16);
+    out.put_i16(weight as i16);
+    out.put_u16(if negative && !groups.is_empty() {
+        0x4000
+    } else {
+        0
+    });
+    out.put_i16(scale as i16);
+    for g in groups {
+        out.put_i16(g);
+    }
+    Ok(IsNull::No)
+}
+
+/// A one-dimensional array in PostgreSQL's binary format, each item encoded for `element`.
+fn array(
+    items: &Columns,
+    len: usize,
+    element: &Type,
+    typmod: i32,
+    out: &mut BytesMut,
+) -> ToSqlResult {
+    let has_nulls = (0..len).any(|i| items.cell(0, i) == Cell::Null);
+    out.put_i32(i32::from(len > 0));
+    out.put_i32(i32::from(has_nulls));
+    out.put_u32(element.oid());
+    if len > 0 {
+        out.put_i32(len as i32);
+        out.put_i32(1);
+    }
+    for i in 0..len {
+        let at = out.len();
+        out.put_i32(0);
+        let cell = PgCell {
+            cell: items.cell(0, i),
+            typmod,
+        };
+        match cell.to_sql(element, out)? {
+            IsNull::Yes => {
+                out.truncate(at);
+                out.put_i32(-1);
+            }
+            IsNull::No => {
+                let written = (out.len() - at - 4) as i32;
+                out[at..at + 4].copy_from_slice(&written.to_be_bytes());
+            }
+        }
+    }
+    Ok(IsNull::No)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn encoded(text: &str, typmod: i32) -> Result<Vec<u8>, String> {
+        let mut out = BytesMut::new();
+        let column = PgColumn {
+            ty: Type::NUMERIC,
+            typmod,
+        };
+        numeric(text, &column, &mut out).map_err(|e| e.to_string())?;
+        Ok(out.to_vec())
+    }
+
+    fn words(bytes: &[u8]) -> Vec<i16> {
+        bytes
+            .chunks(2)
+            .map(|w| i16::from_be_bytes([w[0], w[1]]))
+            .collect()
+    }
+
+    #[test]
+    fn decimals_become_postgres_numeric_digits() {
+        // ndigits, weight, sign, dscale, digits...
+        assert_eq!(
+            words(&encoded("123.45", -1).unwrap()),
+            [2, 0, 0, 2, 123, 4500]
+        );
+        assert_eq!(
+            words(&encoded("-0.005", -1).unwrap()),
+            [1, -1, 0x4000, 3, 50]
+        );
+        assert_eq!(words(&encoded("10000", -1).unwrap()), [1, 1, 0, 0, 1]);
+        assert_eq!(words(&encoded("0.00", -1).unwrap()), [0, 0, 0, 2]);
+        assert_eq!(words(&encoded("1.5E+3", -1).unwrap()), [1, 0, 0, 0, 1500]);
+        let typmod = |p: i32, s: i32| ((p << 16) | s) + 4;
+        assert!(encoded("123.45", typmod(5, 2)).is_ok());
+        assert!(
+            encoded("123.450", typmod(5, 2)).is_ok(),
+            "trailing zeros fit"
+        );
+        let err = encoded("123.456", typmod(6, 2)).unwrap_err();
+        assert!(err.contains("numeric(6, 2)"), "{err}");
+        assert!(encoded("1234.5", typmod(5, 2)).is_err());
+        assert!(encoded("12a", -1).is_err());
+    }
+
+    #[test]
+    fn finer_fractions_than_the_column_keeps_are_refused() {
+        let ms = PgColumn {
+            ty: Type::TIMESTAMP,
+            typmod: 3,
+        };
+        assert!(fits_fraction(123_000_000, &ms).is_ok());
+        assert!(fits_fraction(123_456_000, &ms).is_err());
+        let any = PgColumn {
+            ty: Type::TIMESTAMP,
+            typmod: -1,
+        };
+        assert!(fits_fraction(123_456_000, &any).is_ok());
     }
 }

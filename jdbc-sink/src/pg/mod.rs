@@ -1,9 +1,10 @@
 //! PostgreSQL: `PREPARE TRANSACTION` / `COMMIT PREPARED`, binary COPY, `INSERT .. ON CONFLICT`.
 
-mod cell;
+pub(crate) mod cell;
 mod coordinator;
 mod session;
 mod statements;
+pub(crate) mod table;
 
 use connector_api::{Error, ErrorKind, Evolution, Phase, Result};
 use connector_common::postgres::PgConnectOptions;
@@ -23,6 +24,10 @@ const SETUP_LOCK: i64 = 0x0072_6174_6368_6574;
 /// Maps a PostgreSQL error to the driver's kind: connection, lock and serialization trouble is retryable, data the
 /// table refuses is a bad record, the rest is fatal.
 pub(crate) fn classify(e: &tokio_postgres::Error) -> ErrorKind {
+    let value_refused = std::error::Error::source(e).is_some_and(|s| s.is::<cell::BadValue>());
+    if value_refused {
+        return ErrorKind::BadRecord;
+    }
     if e.is_closed() {
         return ErrorKind::Retryable;
     }
@@ -142,7 +147,7 @@ pub(crate) async fn prepare_database(client: &Client, config: &JdbcSinkConfig) -
         ddl.push_str(&format!(
             "CREATE TABLE IF NOT EXISTS {} (message_id {} PRIMARY KEY, seen_at timestamptz NOT NULL DEFAULT now());",
             crate::columns::quote_table(dialect, &crate::sink::dedup_table(config, dedup)),
-            shape.types[column].ddl(dialect, true)
+            shape.types[column].ddl(dialect, true, None)
         ));
     }
     ddl.push_str("COMMIT;");

@@ -11,12 +11,12 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Statement};
 
-use super::cell::{PgCell, accepts};
+use super::cell::{PgCell, PgColumn};
 use super::statements::{self, BatchStatements, KeyDelete};
 use super::{pg_error, prepare_database};
 use crate::Xid;
 use crate::columns::{Columns, TableShape};
-use crate::config::{JdbcSinkConfig, WriteMode, config_error};
+use crate::config::{JdbcSinkConfig, WriteMode};
 use crate::database::{DedupCleanup, MARKERS_KEPT, MARKERS_TABLE, OWNERS_TABLE, Session};
 use crate::error::fenced;
 
@@ -36,6 +36,11 @@ pub(crate) struct PgSession {
     prepared: Option<(Statement, Option<Statement>)>,
     /// The table's column types, in the batch schema's order.
     types: Vec<Type>,
+    /// The table's columns (type and modifier), in the batch schema's order.
+    columns: Vec<PgColumn>,
+    /// Which columns are sent as JSON text: JSON and nested values, and lists unless COPY writes them into an
+    /// array column.
+    as_json: Vec<bool>,
     /// The open transaction's id.
     open: Option<Xid>,
     dedup_cleanup: DedupCleanup,
@@ -55,12 +60,15 @@ impl PgSession {
             client: None,
             prepared: None,
             types: Vec::new(),
+            columns: Vec::new(),
+            as_json: Vec::new(),
             open: None,
             dedup_cleanup: DedupCleanup::default(),
         };
         let client = session.connect_only(Phase::Setup).await?;
         prepare_database(&client, &session.config).await?;
-        session.types = session.table_types(&client).await?;
+        session.columns = super::table::columns(&client, &session.config, &session.shape).await?;
+        session.types = session.columns.iter().map(|c| c.ty.clone()).collect();
         let version: i32 = client
             .query_one("SELECT current_setting('server_version_num')::int", &[])
             .await
@@ -72,7 +80,20 @@ impl PgSession {
             &session.types,
             version >= 150_000,
         )?;
-        session.delete = KeyDelete::new(&session.config, &session.shape, &session.types)?;
+        session.delete = KeyDelete::new(&session.config, &session.shape, &session.columns)?;
+        let unnests = session.batch.is_some();
+        session.as_json = session
+            .shape
+            .types
+            .iter()
+            .zip(&session.columns)
+            .map(|(sql, column)| {
+                sql.is_json()
+                    || (*sql == crate::columns::SqlType::List
+                        && (unnests
+                            || !matches!(column.ty.kind(), tokio_postgres::types::Kind::Array(_))))
+            })
+            .collect();
         session.client = Some(client);
         Ok(session)
     }
@@ -94,46 +115,6 @@ impl PgSession {
             .await
             .map_err(|e| self.error(phase, None, "cannot set lock_timeout", e))?;
         Ok(client)
-    }
-
-    /// The table's types for the batch columns, checked against the Arrow types.
-    async fn table_types(&self, client: &Client) -> Result<Vec<Type>> {
-        let probe = statements::probe(&self.config, &self.shape);
-        let statement = client.prepare(&probe).await.map_err(|e| {
-            let hint = match e.code() {
-                Some(c) if *c == SqlState::UNDEFINED_TABLE => {
-                    " (create it, or set create_table = true to create it from the batches' schema)"
-                }
-                Some(c) if *c == SqlState::UNDEFINED_COLUMN => {
-                    " (every column of the batches must exist in the table, with the same name)"
-                }
-                _ => "",
-            };
-            let what = format!(
-                "the table {} does not fit the batches{hint}",
-                self.config.table
-            );
-            pg_error(Phase::Setup, None, &what, e)
-                .with_sink(&self.config.sink)
-                .with_kind(ErrorKind::Config)
-        })?;
-        let mut types = Vec::new();
-        for (i, column) in statement.columns().iter().enumerate() {
-            let sql = self.shape.types[i];
-            if !accepts(sql, column.type_()) {
-                return Err(config_error(format!(
-                    "column {:?} of table {} has type {}, which cannot hold the batches' {} values; \
-                     see the type table in the jdbc-sink docs",
-                    self.shape.names[i],
-                    self.config.table,
-                    column.type_(),
-                    self.config.schema.field(i).data_type()
-                ))
-                .with_sink(&self.config.sink));
-            }
-            types.push(column.type_().clone());
-        }
-        Ok(types)
     }
 
     fn error(
@@ -167,10 +148,10 @@ impl PgSession {
             .map_err(|e| self.error(Phase::Write, None, "COPY failed to start", e))?;
         let writer = BinaryCopyInWriter::new(sink, &self.types);
         pin_mut!(writer);
-        let columns = Columns::new(batch, &self.shape.types);
+        let columns = Columns::new(batch, &self.shape.types, &self.as_json)?;
         let mut cells = Vec::with_capacity(columns.len());
         for row in 0..batch.num_rows() {
-            cells.extend((0..columns.len()).map(|c| PgCell(columns.cell(c, row))));
+            cells.extend((0..columns.len()).map(|c| self.cell(&columns, c, row)));
             if let Err(e) = writer.as_mut().write_raw(cells.drain(..)).await {
                 return Err(self.row_error(&columns, row, e));
             }
@@ -193,11 +174,11 @@ impl PgSession {
     /// concurrent writer inserted first, the `ON CONFLICT` statement instead (back at the write's savepoint).
     async fn write_rows(&mut self, batch: &RecordBatch) -> Result<()> {
         let (primary, fallback) = self.prepared_batch().await?;
-        let columns = Columns::new(batch, &self.shape.types);
+        let columns = Columns::new(batch, &self.shape.types, &self.as_json)?;
         let arrays: Vec<Vec<PgCell<'_>>> = (0..columns.len())
             .map(|c| {
                 (0..batch.num_rows())
-                    .map(|row| PgCell(columns.cell(c, row)))
+                    .map(|row| self.cell(&columns, c, row))
                     .collect()
             })
             .collect();
@@ -264,7 +245,15 @@ impl PgSession {
         Ok((primary, fallback))
     }
 
-    fn row_error(&self, columns: &Columns<'_>, row: usize, e: tokio_postgres::Error) -> Error {
+    /// Row `row`'s value of column `c`, for the table's column `c`.
+    fn cell<'c>(&self, columns: &'c Columns, c: usize, row: usize) -> PgCell<'c> {
+        PgCell {
+            cell: columns.cell(c, row),
+            typmod: self.columns[c].typmod,
+        }
+    }
+
+    fn row_error(&self, columns: &Columns, row: usize, e: tokio_postgres::Error) -> Error {
         let key = self
             .shape
             .names
@@ -384,17 +373,22 @@ impl Session for PgSession {
             )
             .with_sink(&self.config.sink));
         }
-        let columns: Vec<Columns<'_>> = keys
+        let plain = vec![false; delete.types.len()];
+        let columns: Vec<Columns> = keys
             .iter()
-            .map(|k| Columns::new(k, &delete.types))
-            .collect();
+            .map(|k| Columns::new(k, &delete.types, &plain))
+            .collect::<Result<_>>()?;
         let arrays: Vec<Vec<PgCell<'_>>> = (0..delete.types.len())
             .map(|c| {
+                let typmod = delete.typmods[c];
                 columns
                     .iter()
                     .zip(keys)
                     .flat_map(|(cells, batch)| {
-                        (0..batch.num_rows()).map(move |row| PgCell(cells.cell(c, row)))
+                        (0..batch.num_rows()).map(move |row| PgCell {
+                            cell: cells.cell(c, row),
+                            typmod,
+                        })
                     })
                     .collect()
             })

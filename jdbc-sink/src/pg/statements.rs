@@ -5,7 +5,9 @@
 //! row of a key wins): no staging table to write and read back, and no row-by-row statements.
 
 use connector_api::Result;
-use tokio_postgres::types::Type;
+use tokio_postgres::types::{Kind, Type};
+
+use super::cell::PgColumn;
 
 use crate::columns::{SqlType, TableShape, quote, quote_table};
 use crate::config::{Dialect, JdbcSinkConfig, WriteMode, config_error};
@@ -58,21 +60,37 @@ impl BatchStatements {
     ) -> Result<Option<Self>> {
         let table = quote_table(D, &config.table);
         let columns = shape.column_list(D);
+        // One array parameter per column; an array column's values travel as JSON (a parameter cannot be an
+        // array of arrays of different lengths) and are turned back into arrays of the element type.
         let arrays: Vec<String> = types
             .iter()
             .enumerate()
-            .map(|(i, ty)| {
-                format!(
+            .map(|(i, ty)| match ty.kind() {
+                Kind::Array(_) => format!("${}::pg_catalog.jsonb[]", i + 1),
+                _ => format!(
                     "${}::{}.{}[]",
                     i + 1,
                     quote(D, ty.schema()),
                     quote(D, ty.name())
-                )
+                ),
+            })
+            .collect();
+        let unnested = format!(
+            "unnest({}) WITH ORDINALITY AS u({columns}, ratchet_seq)",
+            arrays.join(", ")
+        );
+        let converted: Vec<String> = shape
+            .names
+            .iter()
+            .zip(types)
+            .map(|(name, ty)| match ty.kind() {
+                Kind::Array(element) => json_array(name, element),
+                _ => format!("u.{}", quote(D, name)),
             })
             .collect();
         let rows = format!(
-            "unnest({}) WITH ORDINALITY AS s({columns}, ratchet_seq)",
-            arrays.join(", ")
+            "(SELECT {}, u.ratchet_seq FROM {unnested}) AS s",
+            converted.join(", ")
         );
         let prefixed = |prefix: &str| {
             shape
@@ -175,6 +193,8 @@ pub(crate) struct KeyDelete {
     pub(crate) sql: String,
     /// The key columns' SQL types, in the mode's order (the order of the decoded keys' columns).
     pub(crate) types: Vec<SqlType>,
+    /// Their type modifiers.
+    pub(crate) typmods: Vec<i32>,
 }
 
 impl KeyDelete {
@@ -186,17 +206,19 @@ impl KeyDelete {
     pub(crate) fn new(
         config: &JdbcSinkConfig,
         shape: &TableShape,
-        types: &[Type],
+        columns: &[PgColumn],
     ) -> Result<Option<Self>> {
         let Some(key) = config.mode.key() else {
             return Ok(None);
         };
         let mut arrays = Vec::with_capacity(key.len());
         let mut key_types = Vec::with_capacity(key.len());
+        let mut typmods = Vec::with_capacity(key.len());
         let mut on = Vec::with_capacity(key.len());
         for (i, k) in key.iter().enumerate() {
             let at = shape.index(k, "key")?;
-            let ty = &types[at];
+            let ty = &columns[at].ty;
+            typmods.push(columns[at].typmod);
             arrays.push(format!(
                 "${}::{}.{}[]",
                 i + 1,
@@ -219,6 +241,26 @@ impl KeyDelete {
                 on.join(" AND ")
             ),
             types: key_types,
+            typmods,
         }))
     }
+}
+
+/// `s.<name>` from the JSON array it travelled as, back into an array of `element` (items in order; a null
+/// list stays null, an empty one stays empty; bytea items travel in base64).
+fn json_array(name: &str, element: &Type) -> String {
+    let column = format!("u.{}", quote(D, name));
+    let item = match *element {
+        Type::BYTEA => "decode(e.v, 'base64')".to_string(),
+        _ => format!(
+            "e.v::{}.{}",
+            quote(D, element.schema()),
+            quote(D, element.name())
+        ),
+    };
+    format!(
+        "CASE WHEN {column} IS NULL THEN NULL ELSE ARRAY(SELECT {item} FROM \
+         jsonb_array_elements_text({column}) WITH ORDINALITY AS e(v, o) ORDER BY e.o) END AS {}",
+        quote(D, name)
+    )
 }

@@ -8,7 +8,8 @@ use connector_api::{Error, ErrorKind, Evolution, Phase, Result};
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, Value};
 
-use super::{MAX_GTRID_BYTES, check_xa_version, connect, my_error, server_code};
+use super::target::{COLUMNS_QUERY, ColumnRow, MyColumn};
+use super::{check_xa_version, connect, my_error, server_code};
 use crate::Xid;
 use crate::columns::{SqlType, TableShape, quote, quote_table};
 use crate::config::{Dialect, JdbcSinkConfig, WriteMode, config_error};
@@ -28,6 +29,10 @@ pub(crate) struct MySqlSession {
     opts: Opts,
     config: JdbcSinkConfig,
     shape: TableShape,
+    /// The table's column of each batch column.
+    targets: Vec<MyColumn>,
+    /// Which columns are sent as JSON text (JSON, lists, nested values).
+    as_json: Vec<bool>,
     conn: Option<Conn>,
     /// `INSERT INTO t (cols) VALUES ` and the conflict clause after the rows.
     insert_head: String,
@@ -52,11 +57,15 @@ struct KeyDelete {
     condition: String,
     /// The key columns' SQL types, in the mode's order (the order of the decoded keys' columns).
     types: Vec<SqlType>,
+    /// The key columns of the table, in the same order.
+    targets: Vec<MyColumn>,
 }
 
 /// The append mode: which column holds the message id, and the statements on the dedup table.
 struct Dedup {
     column: usize,
+    /// The dedup table's message id column.
+    target: MyColumn,
     /// `INSERT IGNORE INTO <dedup> (message_id) VALUES `; with `RETURNING message_id` it names the ids that were
     /// new (MariaDB 10.5+), once each.
     claim: String,
@@ -99,7 +108,10 @@ impl MySqlSession {
     /// Connects, checks the server and the table, creates what `config` asks for.
     pub(crate) async fn connect(opts: Opts, config: JdbcSinkConfig) -> Result<Self> {
         let d = Dialect::MySql;
-        let shape = TableShape::of(&config.schema)?;
+        let shape = TableShape::of(&config.schema).map_err(|e| e.with_sink(&config.sink))?;
+        shape
+            .check_create(d)
+            .map_err(|e| e.with_sink(&config.sink))?;
         let table = quote_table(d, &config.table);
         let columns = shape.column_list(d);
         let mut dedup_sql = None;
@@ -134,6 +146,7 @@ impl MySqlSession {
                     head: format!("DELETE FROM {table} WHERE "),
                     condition: format!("({})", equal.join(" AND ")),
                     types,
+                    targets: Vec::new(),
                 });
                 (key.clone(), tail)
             }
@@ -142,6 +155,16 @@ impl MySqlSession {
                 let seen = quote_table(d, &dedup_table(&config, dedup));
                 dedup_sql = Some(Dedup {
                     column,
+                    target: MyColumn::from((
+                        "message_id".to_string(),
+                        String::new(),
+                        String::new(),
+                        None,
+                        None,
+                        None,
+                        None,
+                        None,
+                    )),
                     claim: format!("INSERT IGNORE INTO {seen} (message_id) VALUES "),
                     expired: format!(
                         "SELECT message_id FROM {seen} WHERE seen_at < NOW(6) - INTERVAL {} SECOND LIMIT {CLEANUP_BATCH}",
@@ -151,26 +174,13 @@ impl MySqlSession {
                     create: format!(
                         "CREATE TABLE IF NOT EXISTS {seen} (message_id {} PRIMARY KEY, \
                          seen_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)) ENGINE=InnoDB",
-                        shape.types[column].ddl(d, true)
+                        shape.types[column].ddl(d, true, None)
                     ),
                     schedule: DedupCleanup::default(),
                 });
                 (Vec::new(), String::new())
             }
         };
-        let longest = Xid {
-            scope: config.scope.clone(),
-            subtask: connector_api::SubtaskId(u32::MAX),
-            checkpoint: connector_api::CheckpointId(u64::MAX),
-        };
-        if config.mode.prepares() && longest.to_string().len() > MAX_GTRID_BYTES {
-            return Err(config_error(format!(
-                "the sink's scope {:?} is too long for MySQL XA transaction ids ({MAX_GTRID_BYTES} bytes with the \
-                 subtask and checkpoint): set `scope` in the sink's settings to at most 24 characters (unique per \
-                 job and sink in this database)",
-                config.scope.as_str()
-            )));
-        }
         let mut conn = open(&opts, &config, Phase::Setup).await?;
         let fail = |what: &'static str| move |e| my_error(Phase::Setup, None, what, e);
         if config.mode.prepares() {
@@ -239,6 +249,29 @@ impl MySqlSession {
                 .with_sink(&config.sink)
                 .with_kind(ErrorKind::Config)
             })?;
+        let targets = table_columns(&mut conn, &config, &config.table, &shape, &key).await?;
+        if let Some(delete) = &mut delete {
+            delete.targets = key
+                .iter()
+                .filter_map(|k| shape.names.iter().position(|n| n == k))
+                .map(|i| targets[i].clone())
+                .collect();
+        }
+        if let (Some(dedup), WriteMode::Append { dedup: settings }) = (&mut dedup_sql, &config.mode)
+        {
+            dedup.target = dedup_column(
+                &mut conn,
+                &config,
+                &dedup_table(&config, settings),
+                shape.types[dedup.column],
+            )
+            .await?;
+        }
+        let as_json = shape
+            .types
+            .iter()
+            .map(|t| t.is_json() || *t == SqlType::List)
+            .collect();
         let rows_per_statement =
             (MAX_PLACEHOLDERS / shape.names.len().max(1)).clamp(1, MAX_ROWS_PER_STATEMENT);
         let insert_head = format!("INSERT INTO {table} ({columns}) VALUES ");
@@ -255,6 +288,8 @@ impl MySqlSession {
             full_statement,
             rows_per_statement,
             shape,
+            targets,
+            as_json,
             config,
             conn: Some(conn),
             open: None,
@@ -326,7 +361,7 @@ impl Session for MySqlSession {
             self.conn = Some(open(&self.opts, &self.config, Phase::Begin).await?);
         }
         let statement = match self.config.mode.prepares() {
-            true => format!("XA START '{xid}'"),
+            true => format!("XA START '{}'", xid.mysql_gtrid()),
             false => "START TRANSACTION".to_string(),
         };
         self.run(
@@ -458,14 +493,14 @@ impl Session for MySqlSession {
             Phase::PreCommit,
             Some(xid),
             "XA END failed",
-            format!("XA END '{xid}'"),
+            format!("XA END '{}'", xid.mysql_gtrid()),
         )
         .await?;
         self.run(
             Phase::PreCommit,
             Some(xid),
             "XA PREPARE failed",
-            format!("XA PREPARE '{xid}'"),
+            format!("XA PREPARE '{}'", xid.mysql_gtrid()),
         )
         .await?;
         self.open = None;
@@ -531,11 +566,11 @@ impl Session for MySqlSession {
         // XA END fails when the transaction already ended (XA END ran, then PREPARE failed): roll back anyway.
         let _ended = self
             .conn(Phase::Abort)?
-            .query_drop(format!("XA END '{xid}'"))
+            .query_drop(format!("XA END '{}'", xid.mysql_gtrid()))
             .await;
         match self
             .conn(Phase::Abort)?
-            .query_drop(format!("XA ROLLBACK '{xid}'"))
+            .query_drop(format!("XA ROLLBACK '{}'", xid.mysql_gtrid()))
             .await
         {
             Ok(()) => Ok(()),
@@ -584,4 +619,108 @@ async fn add_missing_columns(
         })?;
     }
     Ok(())
+}
+
+/// The table's column of each batch column (`information_schema`), each checked against the type contract
+/// ([`MyColumn::check`]) and, for the `key` columns, compared byte for byte ([`MyColumn::check_key`]).
+///
+/// # Errors
+/// [`Config`](ErrorKind::Config) naming every column that does not fit.
+pub(crate) async fn table_columns(
+    conn: &mut Conn,
+    config: &JdbcSinkConfig,
+    table: &str,
+    shape: &TableShape,
+    key: &[String],
+) -> Result<Vec<MyColumn>> {
+    let found = described_columns(conn, table).await?;
+    let mut targets = Vec::with_capacity(shape.names.len());
+    let mut refusals = Vec::new();
+    for (i, name) in shape.names.iter().enumerate() {
+        let Some(column) = found.iter().find(|c| c.name.eq_ignore_ascii_case(name)) else {
+            return Err(config_error(format!(
+                "the table {table} has no column {name:?} (every column of the batches must exist in the table, \
+                 with the same name)"
+            ))
+            .with_sink(&config.sink));
+        };
+        let checked = column
+            .check(shape.types[i], &shape.fields[i])
+            .and_then(|()| match key.contains(name) {
+                true => column.check_key(),
+                false => Ok(()),
+            });
+        if let Err(refusal) = checked {
+            refusals.push(refusal.under(name));
+        }
+        targets.push(column.clone());
+    }
+    if !refusals.is_empty() {
+        return Err(config_error(connector_api::types::refusals_message(
+            &format!("MariaDB table {table}"),
+            &refusals,
+        ))
+        .with_sink(&config.sink));
+    }
+    Ok(targets)
+}
+
+/// The columns of `table` as `information_schema` describes them.
+async fn described_columns(conn: &mut Conn, table: &str) -> Result<Vec<MyColumn>> {
+    let (schema, name) = match table.split_once('.') {
+        Some((schema, name)) => (Some(schema.to_string()), name.to_string()),
+        None => (None, table.to_string()),
+    };
+    let rows: Vec<ColumnRow> = conn
+        .exec(COLUMNS_QUERY, (schema, name))
+        .await
+        .map_err(|e| {
+            my_error(
+                Phase::Setup,
+                None,
+                "cannot read the table's column types",
+                e,
+            )
+        })?;
+    Ok(rows.into_iter().map(MyColumn::from).collect())
+}
+
+/// The dedup table's message id column, made to compare ids byte for byte first if it does not (a dedup table
+/// created before Ratchet made its keys binary-collated merged ids that differ in case, accents or trailing
+/// spaces): it is Ratchet's own table, so it is altered rather than refused.
+async fn dedup_column(
+    conn: &mut Conn,
+    config: &JdbcSinkConfig,
+    table: &str,
+    sql: SqlType,
+) -> Result<MyColumn> {
+    let find = |columns: Vec<MyColumn>| {
+        columns
+            .into_iter()
+            .find(|c| c.name.eq_ignore_ascii_case("message_id"))
+            .ok_or_else(|| {
+                config_error(format!("the dedup table {table} has no column message_id"))
+            })
+    };
+    let column = find(described_columns(conn, table).await?)?;
+    if column.check_key().is_ok() {
+        return Ok(column);
+    }
+    let alter = format!(
+        "ALTER TABLE {} MODIFY message_id {} NOT NULL",
+        quote_table(Dialect::MySql, table),
+        sql.ddl(Dialect::MySql, true, None)
+    );
+    tracing::warn!(sink = %config.sink, table, statement = %alter,
+        "the dedup table's message ids compared case- or space-insensitively: making them compare byte for byte");
+    conn.query_drop(&alter).await.map_err(|e| {
+        my_error(
+            Phase::Setup,
+            None,
+            &format!("cannot make the dedup table {table} compare ids exactly"),
+            e,
+        )
+        .with_sink(&config.sink)
+    })?;
+    find(described_columns(conn, table).await?)
 }

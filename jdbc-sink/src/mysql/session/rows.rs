@@ -2,13 +2,13 @@
 //! by key for tombstones, and the dedup table's fresh ids.
 
 use arrow_array::RecordBatch;
-use chrono::{Datelike, NaiveDateTime, Timelike};
 use connector_api::{Error, ErrorKind, Phase, Result};
 use mysql_async::Value;
 use mysql_async::prelude::Queryable;
 
 use super::{MySqlSession, no_connection};
-use crate::columns::{Cell, Columns};
+use crate::columns::Columns;
+use crate::mysql::target::{MyColumn, bad_value};
 
 /// Placeholders per statement at most (the protocol allows 65535).
 pub(super) const MAX_PLACEHOLDERS: usize = 60_000;
@@ -19,32 +19,24 @@ pub(super) const MAX_ROWS_PER_STATEMENT: usize = 2_000;
 /// Tombstone keys per DELETE at most.
 pub(super) const MAX_KEYS_PER_DELETE: usize = 1_000;
 
-pub(super) fn value(cell: Cell<'_>) -> Value {
-    let datetime = |t: NaiveDateTime| {
-        Value::Date(
-            t.year() as u16,
-            t.month() as u8,
-            t.day() as u8,
-            t.hour() as u8,
-            t.minute() as u8,
-            t.second() as u8,
-            t.nanosecond() / 1_000,
+/// Row `row`'s value of column `column` for `target`.
+///
+/// # Errors
+/// A bad record naming the column and the value, when `target` cannot hold it exactly.
+pub(super) fn value(
+    columns: &Columns,
+    column: usize,
+    row: usize,
+    target: &MyColumn,
+) -> Result<Value> {
+    let cell = columns.cell(column, row);
+    target.value(&cell).map_err(|why| {
+        Error::new(
+            ErrorKind::BadRecord,
+            Phase::Write,
+            bad_value(target, &cell, &why),
         )
-    };
-    match cell {
-        Cell::Null => Value::NULL,
-        Cell::Bool(v) => Value::Int(v.into()),
-        Cell::Int16(v) => Value::Int(v.into()),
-        Cell::Int32(v) => Value::Int(v.into()),
-        Cell::Int64(v) => Value::Int(v),
-        Cell::Float32(v) => Value::Float(v),
-        Cell::Float64(v) => Value::Double(v),
-        Cell::Text(v) => Value::Bytes(v.as_bytes().to_vec()),
-        Cell::Bytes(v) => Value::Bytes(v.to_vec()),
-        Cell::Date(d) => Value::Date(d.year() as u16, d.month() as u8, d.day() as u8, 0, 0, 0, 0),
-        Cell::Timestamp(t) => datetime(t),
-        Cell::TimestampTz(t) => datetime(t.naive_utc()),
-    }
+    })
 }
 
 /// `<head>(?, ..), (?, ..) .. <tail>` for `rows` rows of `columns` placeholders.
@@ -60,7 +52,7 @@ pub(super) fn insert_statement(head: &str, tail: &str, columns: usize, rows: usi
 impl MySqlSession {
     /// Multi-row INSERTs of `batch`, up to `rows_per_statement` rows each.
     pub(super) async fn insert(&mut self, batch: &RecordBatch) -> Result<()> {
-        let columns = Columns::new(batch, &self.shape.types);
+        let columns = Columns::new(batch, &self.shape.types, &self.as_json)?;
         let mut start = 0;
         while start < batch.num_rows() {
             let rows = (batch.num_rows() - start).min(self.rows_per_statement);
@@ -71,7 +63,12 @@ impl MySqlSession {
             }
             let mut params = Vec::with_capacity(fresh.len() * columns.len());
             for &row in &fresh {
-                params.extend((0..columns.len()).map(|c| value(columns.cell(c, row))));
+                for c in 0..columns.len() {
+                    params.push(
+                        value(&columns, c, row, &self.targets[c])
+                            .map_err(|e| e.with_sink(&self.config.sink))?,
+                    );
+                }
             }
             // The full-size statement is built once; only a shorter last one per call.
             let statement = if fresh.len() == self.rows_per_statement {
@@ -112,10 +109,11 @@ impl MySqlSession {
             )
             .with_sink(&self.config.sink));
         };
-        let (head, condition, types) = (
+        let (head, condition, types, targets) = (
             delete.head.clone(),
             delete.condition.clone(),
             delete.types.clone(),
+            delete.targets.clone(),
         );
         let per_statement = (MAX_PLACEHOLDERS / types.len().max(1)).clamp(1, MAX_KEYS_PER_DELETE);
         let mut pending: Vec<(usize, usize)> = Vec::new();
@@ -124,11 +122,20 @@ impl MySqlSession {
                 pending.push((b, row));
             }
         }
-        let columns: Vec<Columns<'_>> = keys.iter().map(|k| Columns::new(k, &types)).collect();
+        let plain = vec![false; types.len()];
+        let columns: Vec<Columns> = keys
+            .iter()
+            .map(|k| Columns::new(k, &types, &plain))
+            .collect::<Result<_>>()?;
         for chunk in pending.chunks(per_statement) {
             let mut params = Vec::with_capacity(chunk.len() * types.len());
             for &(b, row) in chunk {
-                params.extend((0..types.len()).map(|c| value(columns[b].cell(c, row))));
+                for (c, target) in targets.iter().enumerate() {
+                    params.push(
+                        value(&columns[b], c, row, target)
+                            .map_err(|e| e.with_sink(&self.config.sink))?,
+                    );
+                }
             }
             let statement = format!(
                 "{head}{}",
@@ -154,7 +161,7 @@ impl MySqlSession {
     /// table did not hold yet (recorded there in the same transaction), the first of each id.
     pub(super) async fn fresh_rows(
         &mut self,
-        columns: &Columns<'_>,
+        columns: &Columns,
         range: std::ops::Range<usize>,
     ) -> Result<Vec<usize>> {
         let Some(dedup) = &self.dedup else {
@@ -162,8 +169,9 @@ impl MySqlSession {
         };
         let ids: Vec<Value> = range
             .clone()
-            .map(|row| value(columns.cell(dedup.column, row)))
-            .collect();
+            .map(|row| value(columns, dedup.column, row, &dedup.target))
+            .collect::<Result<_>>()
+            .map_err(|e| e.with_sink(&self.config.sink))?;
         let statement = format!(
             "{}{} RETURNING message_id",
             dedup.claim,
