@@ -27,6 +27,8 @@ pub const OP_COLUMN: &str = "__op";
 #[derive(Debug, Clone)]
 pub struct ChangeColumns {
     op: usize,
+    /// [`UNAVAILABLE_COLUMN`], when the stream has it.
+    unavailable: Option<usize>,
     row: Vec<usize>,
     table: SchemaRef,
 }
@@ -35,10 +37,22 @@ pub struct ChangeColumns {
 #[derive(Debug, Clone)]
 pub enum ChangeStep {
     /// Rows to insert or update (the table's columns, the change columns dropped), no key twice.
-    Upserts(RecordBatch),
+    Upserts {
+        /// The rows.
+        rows: RecordBatch,
+        /// Columns whose value these changes did not carry ([`UNAVAILABLE_COLUMN`]'s names): an existing row keeps
+        /// its value there (a new row gets null).
+        unchanged: Vec<String>,
+    },
     /// Keys to delete (the key columns in the order given), no key twice.
     Deletes(RecordBatch),
+    /// Every row of the table deleted (a truncate).
+    Truncate,
 }
+
+/// The change column naming, per change, the columns whose value it did not carry (a list of strings; null when
+/// none): a CDC source's unavailable values, such as Debezium's TOAST placeholder.
+pub const UNAVAILABLE_COLUMN: &str = "__unavailable";
 
 /// A batch of changes split into what a keyed sink does with it.
 #[derive(Debug, Clone)]
@@ -79,7 +93,16 @@ impl ChangeColumns {
                 .map(|&i| schema.field(i).clone())
                 .collect::<Vec<_>>(),
         ));
-        Ok(Some(Self { op, row, table }))
+        let unavailable = schema
+            .index_of(UNAVAILABLE_COLUMN)
+            .ok()
+            .filter(|i| marked(i) && matches!(schema.field(*i).data_type(), DataType::List(_)));
+        Ok(Some(Self {
+            op,
+            unavailable,
+            row,
+            table,
+        }))
     }
 
     /// The schema of `schema`'s table rows: without its change columns (as it is when it has none).
@@ -124,7 +147,7 @@ impl ChangeColumns {
     pub fn checked_rows(&self, batch: &RecordBatch) -> Result<RecordBatch> {
         let ops = batch.column(self.op).as_string::<i32>();
         for i in 0..batch.num_rows() {
-            is_delete(ops, i, None)?;
+            kind(ops, i, None)?;
         }
         let columns = self.row.iter().map(|&i| batch.column(i).clone()).collect();
         RecordBatch::try_new(self.table.clone(), columns).map_err(|e| {
@@ -148,42 +171,72 @@ impl ChangeColumns {
     /// the row and the key column (it would delete nothing, or upsert a row no later change can find).
     pub fn in_order(&self, batch: &RecordBatch, key: &[String]) -> Result<Vec<ChangeStep>> {
         let key_columns = self.key_columns(key)?;
-        check_keys(batch, &key_columns, None)?;
+        let ops = batch.column(self.op).as_string::<i32>();
+        let kinds = (0..batch.num_rows())
+            .map(|i| kind(ops, i, None))
+            .collect::<Result<Vec<_>>>()?;
+        check_keys(batch, &key_columns, None, &kinds)?;
         let keys = key_rows(std::slice::from_ref(batch), &key_columns)?;
         let rows = &keys[0];
-        let ops = batch.column(self.op).as_string::<i32>();
         let key_schema = self.key_schema(batch, &key_columns);
         let mut steps = Vec::new();
         let mut run: Vec<u32> = Vec::new();
-        let mut run_deletes = false;
+        let mut run_kind = (Kind::Upsert, Vec::new());
         let mut seen: HashSet<arrow_row::Row<'_>> = HashSet::new();
-        let mut flush = |run: &mut Vec<u32>, deletes: bool| -> Result<()> {
+        let mut flush = |run: &mut Vec<u32>,
+                         (kind, unchanged): &(Kind, Vec<String>)|
+         -> Result<()> {
             if run.is_empty() {
                 return Ok(());
             }
-            steps.push(match deletes {
-                true => {
+            steps.push(match kind {
+                Kind::Delete => {
                     ChangeStep::Deletes(take_columns(batch, &key_columns, run, key_schema.clone())?)
                 }
-                false => {
-                    ChangeStep::Upserts(take_columns(batch, &self.row, run, self.table.clone())?)
-                }
+                Kind::Upsert => ChangeStep::Upserts {
+                    rows: take_columns(batch, &self.row, run, self.table.clone())?,
+                    unchanged: unchanged.clone(),
+                },
+                Kind::Truncate => ChangeStep::Truncate,
             });
             run.clear();
             Ok(())
         };
-        for i in 0..batch.num_rows() {
-            let delete = is_delete(ops, i, None)?;
-            if delete != run_deletes || seen.contains(&rows.row(i)) {
-                flush(&mut run, run_deletes)?;
+        for (i, kind) in kinds.into_iter().enumerate() {
+            let this = (kind, self.unchanged(batch, i));
+            let repeated = kind != Kind::Truncate && seen.contains(&rows.row(i));
+            if this != run_kind || repeated || kind == Kind::Truncate {
+                flush(&mut run, &run_kind)?;
                 seen.clear();
-                run_deletes = delete;
+                run_kind = this;
             }
-            seen.insert(rows.row(i));
+            if kind != Kind::Truncate {
+                seen.insert(rows.row(i));
+            }
             run.push(i as u32);
         }
-        flush(&mut run, run_deletes)?;
+        flush(&mut run, &run_kind)?;
         Ok(steps)
+    }
+
+    /// The columns change row `i` of `batch` did not carry ([`UNAVAILABLE_COLUMN`]), sorted.
+    pub fn unchanged(&self, batch: &RecordBatch, i: usize) -> Vec<String> {
+        let Some(column) = self.unavailable else {
+            return Vec::new();
+        };
+        let lists = batch.column(column).as_list::<i32>();
+        if lists.is_null(i) {
+            return Vec::new();
+        }
+        let names = lists.value(i);
+        let mut names: Vec<String> = names
+            .as_string::<i32>()
+            .iter()
+            .flatten()
+            .map(str::to_string)
+            .collect();
+        names.sort();
+        names
     }
 
     /// The indices of the key columns `key` among the batches' columns.
@@ -224,7 +277,22 @@ impl ChangeColumns {
     ) -> Result<Vec<AppliedChanges>> {
         let key_columns = self.key_columns(key)?;
         for (n, batch) in batches.iter().enumerate() {
-            check_keys(batch, &key_columns, (batches.len() > 1).then_some(n))?;
+            let at = (batches.len() > 1).then_some(n);
+            let ops = batch.column(self.op).as_string::<i32>();
+            let kinds = (0..batch.num_rows())
+                .map(|i| match kind(ops, i, at)? {
+                    Kind::Truncate => Err(Error::new(
+                        ErrorKind::BadRecord,
+                        Phase::Write,
+                        format!(
+                            "change row {i} is a truncate, which this sink cannot apply: let it go to the \
+                             dead-letter topic, or refuse truncates in the source (truncate = \"refuse\")"
+                        ),
+                    )),
+                    other => Ok(other),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            check_keys(batch, &key_columns, at, &kinds)?;
         }
         let latest = last_rows_per_key(batches, &key_columns)?;
         batches
@@ -235,7 +303,7 @@ impl ChangeColumns {
                 let ops = batch.column(self.op).as_string::<i32>();
                 let (mut upserts, mut deletes) = (Vec::new(), Vec::new());
                 for i in latest {
-                    if is_delete(ops, i, (batches.len() > 1).then_some(n))? {
+                    if kind(ops, i, (batches.len() > 1).then_some(n))? == Kind::Delete {
                         deletes.push(i as u32);
                     } else {
                         upserts.push(i as u32);
@@ -254,11 +322,21 @@ impl ChangeColumns {
     }
 }
 
-/// Whether change row `i` (of batch `batch`, when there are several) is a delete; `c`, `u` and `r` are upserts.
-fn is_delete(ops: &arrow_array::StringArray, i: usize, batch: Option<usize>) -> Result<bool> {
+/// What a change does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Upsert,
+    Delete,
+    Truncate,
+}
+
+/// What change row `i` (of batch `batch`, when there are several) does: `c`, `u` and `r` upsert, `d` deletes, `t`
+/// truncates.
+fn kind(ops: &arrow_array::StringArray, i: usize, batch: Option<usize>) -> Result<Kind> {
     match (!ops.is_null(i)).then(|| ops.value(i)) {
-        Some("c" | "u" | "r") => Ok(false),
-        Some("d") => Ok(true),
+        Some("c" | "u" | "r") => Ok(Kind::Upsert),
+        Some("d") => Ok(Kind::Delete),
+        Some("t") => Ok(Kind::Truncate),
         other => {
             let at = match batch {
                 Some(n) => format!("change row {i} of batch {n}"),
@@ -268,7 +346,7 @@ fn is_delete(ops: &arrow_array::StringArray, i: usize, batch: Option<usize>) -> 
                 ErrorKind::BadRecord,
                 Phase::Write,
                 format!(
-                    "{at} has the operation {other:?}; a change is one of \"c\", \"u\", \"r\" or \"d\""
+                    "{at} has the operation {other:?}; a change is one of \"c\", \"u\", \"r\", \"d\" or \"t\""
                 ),
             ))
         }
@@ -308,16 +386,24 @@ pub fn last_rows_by_key(batches: &[RecordBatch], key: &[String]) -> Result<Vec<R
         .collect()
 }
 
-/// Refuses a change of `batch` (the `n`th of several) whose key holds a null, naming the row and the column.
-fn check_keys(batch: &RecordBatch, key_columns: &[usize], n: Option<usize>) -> Result<()> {
+/// Refuses a change of `batch` (the `n`th of several) whose key holds a null (a truncate has none), naming the row
+/// and the column.
+fn check_keys(
+    batch: &RecordBatch,
+    key_columns: &[usize],
+    n: Option<usize>,
+    kinds: &[Kind],
+) -> Result<()> {
     for &c in key_columns {
         let column = batch.column(c);
         if column.null_count() == 0 {
             continue;
         }
-        let row = (0..column.len())
-            .find(|&i| column.is_null(i))
-            .unwrap_or_default();
+        let Some(row) =
+            (0..column.len()).find(|&i| column.is_null(i) && kinds[i] != Kind::Truncate)
+        else {
+            continue;
+        };
         let at = match n {
             Some(n) => format!("change row {row} of batch {n}"),
             None => format!("change row {row} of the batch"),
@@ -498,8 +584,9 @@ mod tests {
         let shape: Vec<(bool, Vec<i32>)> = steps
             .iter()
             .map(|s| match s {
-                ChangeStep::Upserts(b) => (false, ids(b)),
+                ChangeStep::Upserts { rows, .. } => (false, ids(rows)),
                 ChangeStep::Deletes(b) => (true, ids(b)),
+                ChangeStep::Truncate => (true, vec![]),
             })
             .collect();
         assert_eq!(
@@ -546,11 +633,11 @@ mod tests {
 
     #[test]
     fn an_unknown_operation_is_a_bad_record() {
-        let batch = changes(&[(1, "t", None)]);
+        let batch = changes(&[(1, "x", None)]);
         let columns = ChangeColumns::of(&batch.schema()).unwrap().unwrap();
         let err = columns.apply(&batch, &["id".to_string()]).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::BadRecord);
-        assert!(err.to_string().contains("\"t\""), "{err}");
+        assert!(err.to_string().contains("\"x\""), "{err}");
         let err = columns.apply(&batch, &["nope".to_string()]).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Config);
     }

@@ -30,7 +30,8 @@ pub mod types;
 
 pub use blocking::blocking;
 pub use changes::{
-    AppliedChanges, CHANGE_COLUMN, ChangeColumns, ChangeStep, OP_COLUMN, last_rows_by_key,
+    AppliedChanges, CHANGE_COLUMN, ChangeColumns, ChangeStep, OP_COLUMN, UNAVAILABLE_COLUMN,
+    last_rows_by_key,
 };
 pub use checkpoint::{
     CheckpointRecord, CheckpointStore, Claim, ClaimGuard, HeldClaim, Loaded, LocalCheckpointStore,

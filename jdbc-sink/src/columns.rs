@@ -442,7 +442,7 @@ pub(crate) fn show(cell: &Cell<'_>) -> String {
         Cell::UInt64(v) => v.to_string(),
         Cell::Float32(v) => v.to_string(),
         Cell::Float64(v) => v.to_string(),
-        Cell::Decimal(v, scale) => decimal_text(*v, *scale),
+        Cell::Decimal(v, scale) => connector_api::types::decimal::text(*v, *scale),
         Cell::DecimalText(v) | Cell::Text(v) | Cell::Json(v) => text(v),
         Cell::Bytes(v) => format!("<{} bytes>", v.len()),
         Cell::Uuid(v) => connector_api::types::marks::uuid_text(v),
@@ -452,22 +452,6 @@ pub(crate) fn show(cell: &Cell<'_>) -> String {
         Cell::TimestampTz(v) => v.to_string(),
         Cell::List(v, _) => format!("<list of {}>", v.len()),
     }
-}
-
-/// A decimal's exact text: `unscaled` × 10^-`scale` (`-12.3400`).
-pub(crate) fn decimal_text(unscaled: i256, scale: i8) -> String {
-    let digits = unscaled.to_string();
-    let (sign, digits) = match digits.strip_prefix('-') {
-        Some(d) => ("-", d),
-        None => ("", digits.as_str()),
-    };
-    let scale = scale.max(0) as usize;
-    if scale == 0 {
-        return format!("{sign}{digits}");
-    }
-    let padded = format!("{digits:0>width$}", width = scale + 1);
-    let (int, frac) = padded.split_at(padded.len() - scale);
-    format!("{sign}{int}.{frac}")
 }
 
 /// The table's columns as the sink writes them: names, kinds and fields, from the batch schema.
@@ -701,12 +685,5 @@ mod tests {
         let nanos = Field::new("at", DataType::Time64(TimeUnit::Nanosecond), false);
         let err = TableShape::of(&Schema::new(vec![nanos])).unwrap_err();
         assert!(err.to_string().contains("field `at`"), "{err}");
-    }
-
-    #[test]
-    fn decimals_read_as_their_exact_text() {
-        assert_eq!(decimal_text(i256::from_i128(12345), 2), "123.45");
-        assert_eq!(decimal_text(i256::from_i128(-5), 3), "-0.005");
-        assert_eq!(decimal_text(i256::from_i128(7), 0), "7");
     }
 }

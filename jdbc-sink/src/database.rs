@@ -60,12 +60,20 @@ pub(crate) trait Session: Send {
     /// connection was lost.
     async fn begin(&mut self, xid: &Xid) -> Result<()>;
 
-    /// Writes `batch` into the open transaction (the dialect's bulk path).
+    /// Writes `batch` into the open transaction (the dialect's bulk path). In the keyed modes a row that exists
+    /// keeps its values in the `unchanged` columns (a change that did not carry them); a new row gets null there.
     ///
     /// # Errors
     /// [`BadRecord`](connector_api::ErrorKind::BadRecord) naming the column and key for a row the table refuses;
     /// [`Retryable`](connector_api::ErrorKind::Retryable) when the connection was lost (the transaction with it).
-    async fn write(&mut self, batch: &RecordBatch) -> Result<()>;
+    async fn write(&mut self, batch: &RecordBatch, unchanged: &[String]) -> Result<()>;
+
+    /// Keyed modes: deletes every row of the table inside the open transaction (a change stream's truncate), behind
+    /// a savepoint like `write`.
+    ///
+    /// # Errors
+    /// As [`delete`](Self::delete).
+    async fn delete_all(&mut self) -> Result<()>;
 
     /// Upsert mode: deletes, inside the open transaction, every row whose key columns equal a row of `keys`
     /// (batches of the upsert key columns, in the mode's order: [`crate::keys::KeyDecoder`]'s output). Behind a

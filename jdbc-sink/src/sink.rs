@@ -236,15 +236,18 @@ impl TwoPhaseCommit for JdbcSink {
     /// [`Retryable`](ErrorKind::Retryable) when the connection was lost.
     async fn write(&mut self, batch: &RecordBatch) -> Result<()> {
         let (Some(changes), Some(key)) = (&self.changes, self.config.mode.key()) else {
-            return self.session.write(batch).await;
+            return self.session.write(batch, &[]).await;
         };
         let steps = changes
             .in_order(batch, key)
             .map_err(|e| e.with_sink(&self.sink))?;
         for step in steps {
             match step {
-                ChangeStep::Upserts(rows) => self.session.write(&rows).await?,
+                ChangeStep::Upserts { rows, unchanged } => {
+                    self.session.write(&rows, &unchanged).await?
+                }
                 ChangeStep::Deletes(keys) => self.session.delete(&[keys]).await?,
+                ChangeStep::Truncate => self.session.delete_all().await?,
             }
         }
         Ok(())

@@ -97,7 +97,7 @@ mod tests {
 
     fn json() -> BatchBuilder {
         let schema = Arc::new(Schema::new(vec![Field::new("a", DataType::Int64, true)]));
-        BatchBuilder::new(&Decoding::Json(schema), &MetadataColumns::none(), 8).unwrap()
+        BatchBuilder::new(&Decoding::Json(schema.into()), &MetadataColumns::none(), 8).unwrap()
     }
 
     fn record<'a>(

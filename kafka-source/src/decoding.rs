@@ -7,6 +7,7 @@ use connector_api::{ErrorKind, Result};
 
 use crate::avro::AvroDecoding;
 use crate::debezium::{DebeziumDecoding, Envelope};
+use crate::json_types::JsonDecoding;
 use crate::record::RecordAt;
 
 /// How record values become rows.
@@ -17,9 +18,9 @@ pub enum Decoding {
     Text,
     /// As [`Text`](Self::Text), key and value as raw bytes ([`binary_schema`]): nothing is refused.
     Binary,
-    /// Each value is one JSON object, decoded into `schema` (arrow-json); fields not in the schema are ignored,
-    /// a value that does not fit is a [`BadRecord`](ErrorKind::BadRecord) naming the record.
-    Json(SchemaRef),
+    /// Each value is one JSON object, decoded into the declared columns exactly ([`JsonDecoding`]); a value that
+    /// does not fit is a [`BadRecord`](ErrorKind::BadRecord) naming the record, the field and the value.
+    Json(JsonDecoding),
     /// Each value is one Avro record of the declared schema in Confluent or single-object framing (arrow-avro); a
     /// value that does not decode is a [`BadRecord`](ErrorKind::BadRecord) naming the record.
     Avro(AvroDecoding),
@@ -34,7 +35,7 @@ impl Decoding {
         match self {
             Self::Text => text_schema(),
             Self::Binary => binary_schema(),
-            Self::Json(schema) => schema.clone(),
+            Self::Json(json) => json.schema(),
             Self::Avro(avro) => avro.schema(),
             Self::Debezium(debezium) => debezium.schema(),
         }
@@ -51,7 +52,7 @@ impl Decoding {
             Self::Avro(avro) => avro,
             Self::Debezium(debezium) => match debezium.envelope() {
                 Envelope::Avro(avro) => avro,
-                Envelope::Json(_) => return Ok(()),
+                Envelope::Json { .. } => return Ok(()),
             },
             Self::Text | Self::Binary | Self::Json(_) => return Ok(()),
         };
@@ -73,16 +74,6 @@ impl Decoding {
     /// the delete event already carried (a changelog would otherwise hold the delete twice).
     pub(crate) fn skips_tombstones(&self) -> bool {
         matches!(self, Self::Debezium(_))
-    }
-}
-
-impl From<&Envelope> for Decoding {
-    /// The decoding that reads Debezium envelopes as records of their own schema.
-    fn from(envelope: &Envelope) -> Self {
-        match envelope {
-            Envelope::Json(schema) => Self::Json(schema.clone()),
-            Envelope::Avro(avro) => Self::Avro(avro.clone()),
-        }
     }
 }
 

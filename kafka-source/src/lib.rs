@@ -13,7 +13,8 @@
 //! positions are per topic and partition.
 //!
 //! A consumer thread of its own polls librdkafka and decodes records straight into Arrow column builders (raw key
-//! and value as text or bytes, or JSON or Avro values into a declared schema with arrow-json / arrow-avro, plus
+//! and value as text or bytes, JSON values into declared columns (strictly: [`JsonField`]) or Avro values with
+//! arrow-avro, plus
 //! whichever record metadata the job asks for as columns: [`MetadataColumns`]), so consumption goes on while
 //! the job writes, pre-commits and saves; at most `buffered_batches` decoded batches wait for the job
 //! (backpressure).
@@ -39,6 +40,8 @@ mod avro_rows;
 mod debezium;
 mod decode;
 mod decoding;
+mod json_rows;
+mod json_types;
 mod metadata;
 mod partitions;
 mod reader;
@@ -51,8 +54,10 @@ mod values;
 mod writer_schemas;
 
 pub use avro::{AvroDecoding, AvroFraming};
-pub use debezium::DebeziumDecoding;
+pub use debezium::{DEFAULT_PLACEHOLDER, DebeziumDecoding, Truncate, UNAVAILABLE_COLUMN};
 pub use decoding::{Decoding, binary_schema, text_schema};
+pub use json_rows::UnknownFields;
+pub use json_types::{JsonDecoding, JsonField, JsonItem};
 pub use kafka_connection::KafkaConnection;
 pub use metadata::{KeyDecoding, MetadataColumns, headers_field};
 pub use partitions::{Gap, GapPolicy};

@@ -390,11 +390,9 @@ mod tests {
     }
 
     fn json_key() -> KeyDecoding {
-        KeyDecoding::Declared(Decoding::Json(Arc::new(Schema::new(vec![Field::new(
-            "id",
-            DataType::Int64,
-            false,
-        )]))))
+        KeyDecoding::Declared(Decoding::Json(
+            Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)])).into(),
+        ))
     }
 
     fn every(key: KeyDecoding) -> MetadataColumns {

@@ -208,11 +208,7 @@ mod tests {
     }
 
     fn decoding() -> Decoding {
-        Decoding::Json(Arc::new(Schema::new(vec![Field::new(
-            "id",
-            DataType::Int64,
-            false,
-        )])))
+        Decoding::Json(Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)])).into())
     }
 
     #[test]
@@ -237,7 +233,7 @@ mod tests {
             rejected[1].reason
         );
         assert!(
-            rejected[1].reason.contains("declared schema"),
+            rejected[1].reason.contains("field `id` = \"abc\""),
             "{}",
             rejected[1].reason
         );

@@ -5,13 +5,13 @@ use std::sync::Arc;
 
 use arrow_array::builder::{BinaryBuilder, Int32Builder, Int64Builder, StringBuilder};
 use arrow_array::{ArrayRef, RecordBatch};
-use arrow_json::reader::{Decoder, ReaderBuilder};
 use arrow_schema::SchemaRef;
 use connector_api::{Error, ErrorKind, Phase, Result};
 
 use crate::avro_rows::AvroRows;
-use crate::debezium::DebeziumDecoding;
+use crate::debezium::{DebeziumDecoding, DebeziumJsonRows, Envelope};
 use crate::decoding::{Decoding, raw_schema};
+use crate::json_rows::{JsonRows, RowContext};
 use crate::record::{RecordAt, bad_record, text};
 
 /// Key and value columns of the raw decodings.
@@ -38,16 +38,17 @@ pub(crate) struct RawColumns {
 pub(crate) enum Values {
     Raw(Box<RawColumns>),
     Json {
-        decoder: Decoder,
-        rows: usize,
+        rows: Box<JsonRows>,
         schema: SchemaRef,
     },
-    Avro(AvroRows),
-    /// Debezium envelopes, made rows at the end.
+    Avro(Box<AvroRows>),
+    /// Debezium envelopes in Avro, made rows at the end.
     Debezium {
-        envelopes: Box<Values>,
+        envelopes: Box<AvroRows>,
         decoding: DebeziumDecoding,
     },
+    /// Debezium envelopes in JSON, decoded into rows as they come.
+    DebeziumJson(Box<DebeziumJsonRows>),
 }
 
 impl Values {
@@ -73,25 +74,23 @@ impl Values {
                 keys: BinaryBuilder::with_capacity(capacity, capacity * 16),
                 values: BinaryBuilder::with_capacity(capacity, capacity * 128),
             }),
-            Decoding::Json(schema) => Self::Json {
-                decoder: ReaderBuilder::new(schema.clone())
-                    .with_batch_size(capacity.max(1))
-                    .build_decoder()
-                    .map_err(|e| {
-                        Error::new(
-                            ErrorKind::Config,
-                            Phase::Setup,
-                            "the JSON schema of the Kafka source is not decodable",
-                        )
-                        .with_source(e)
-                    })?,
-                rows: 0,
-                schema: schema.clone(),
+            Decoding::Json(json) => Self::Json {
+                rows: Box::new(JsonRows::new(
+                    json.schema().fields(),
+                    json.unknown_fields(),
+                    capacity,
+                )),
+                schema: json.schema(),
             },
-            Decoding::Avro(avro) => Self::Avro(AvroRows::new(avro, capacity)?),
-            Decoding::Debezium(debezium) => Self::Debezium {
-                envelopes: Box::new(Self::new(&Decoding::from(debezium.envelope()), capacity)?),
-                decoding: debezium.clone(),
+            Decoding::Avro(avro) => Self::Avro(Box::new(AvroRows::new(avro, capacity)?)),
+            Decoding::Debezium(debezium) => match debezium.envelope() {
+                Envelope::Avro(avro) => Self::Debezium {
+                    envelopes: Box::new(AvroRows::new(avro, capacity)?),
+                    decoding: debezium.clone(),
+                },
+                Envelope::Json { .. } => {
+                    Self::DebeziumJson(Box::new(DebeziumJsonRows::new(debezium, capacity)))
+                }
             },
         })
     }
@@ -132,30 +131,30 @@ impl Values {
                 partitions.append_value(at.partition);
                 offsets.append_value(at.offset);
             }
-            Self::Json { decoder, rows, .. } => {
+            Self::Json { rows, .. } => {
                 let value = value.ok_or_else(|| bad_record(at, "has no value (a tombstone)"))?;
-                let read = decoder.decode(value).map_err(|e| {
-                    bad_record(
-                        at,
-                        &format!("has a {role} that does not fit the JSON schema"),
-                    )
-                    .with_source(e)
-                })?;
-                // A value holding less (or more) than one whole JSON object would run into the next record.
-                if read != value.len() || decoder.has_partial_record() || decoder.len() != *rows + 1
-                {
-                    return Err(bad_record(
-                        at,
-                        &format!("has a {role} that is not exactly one JSON object"),
-                    ));
-                }
-                *rows += 1;
+                rows.append(value, &mut RowContext::default())
+                    .map_err(|why| {
+                        bad_record(
+                            at,
+                            &format!(
+                                "has a {role} that does not fit the declared JSON fields: {why}"
+                            ),
+                        )
+                    })?;
             }
             Self::Avro(rows) => {
                 let value = value.ok_or_else(|| bad_record(at, "has no value (a tombstone)"))?;
                 rows.append(at, value, role)?;
             }
-            Self::Debezium { envelopes, .. } => envelopes.append(at, key, value, role)?,
+            Self::Debezium { envelopes, .. } => {
+                let value = value.ok_or_else(|| bad_record(at, "has no value (a tombstone)"))?;
+                envelopes.append(at, value, role)?;
+            }
+            Self::DebeziumJson(rows) => {
+                let value = value.ok_or_else(|| bad_record(at, "has no value (a tombstone)"))?;
+                rows.append(at, value)?;
+            }
         }
         Ok(())
     }
@@ -170,6 +169,7 @@ impl Values {
             Self::Json { schema, .. } => schema.clone(),
             Self::Avro(rows) => rows.schema(),
             Self::Debezium { decoding, .. } => decoding.schema(),
+            Self::DebeziumJson(rows) => rows.schema(),
         }
     }
 
@@ -178,7 +178,7 @@ impl Values {
         match self {
             Self::Avro(rows) => rows.outdated(),
             Self::Debezium { envelopes, .. } => envelopes.outdated(),
-            Self::Raw(_) | Self::Json { .. } => false,
+            Self::Raw(_) | Self::Json { .. } | Self::DebeziumJson(_) => false,
         }
     }
 
@@ -222,33 +222,31 @@ impl Values {
                     .with_source(e)
                 })
             }
-            Self::Json {
-                mut decoder,
-                schema,
-                ..
-            } => flushed(decoder.flush(), schema),
+            Self::Json { rows, schema } => {
+                let count = rows.len();
+                let columns = rows.finish().map_err(|why| {
+                    Error::new(
+                        ErrorKind::BadRecord,
+                        Phase::Write,
+                        format!("a batch of JSON records does not fit the declared fields: {why}"),
+                    )
+                })?;
+                RecordBatch::try_new_with_options(
+                    schema,
+                    columns,
+                    &arrow_array::RecordBatchOptions::new().with_row_count(Some(count)),
+                )
+                .map_err(|e| {
+                    Error::bug(Phase::Write, "the JSON columns do not match their schema")
+                        .with_source(e)
+                })
+            }
             Self::Avro(rows) => rows.finish(),
             Self::Debezium {
                 envelopes,
                 decoding,
             } => decoding.rows(&envelopes.finish()?),
+            Self::DebeziumJson(rows) => rows.finish(),
         }
     }
-}
-
-/// A flushed batch of the JSON decoding (an empty one when nothing was appended); a failure is a
-/// [`BadRecord`](ErrorKind::BadRecord) of the batch, which the reader then sorts out record by record.
-fn flushed(
-    batch: std::result::Result<Option<RecordBatch>, arrow_schema::ArrowError>,
-    schema: SchemaRef,
-) -> Result<RecordBatch> {
-    let batch = batch.map_err(|e| {
-        Error::new(
-            ErrorKind::BadRecord,
-            Phase::Write,
-            "a batch of JSON records does not fit the declared schema",
-        )
-        .with_source(e)
-    })?;
-    Ok(batch.unwrap_or_else(|| RecordBatch::new_empty(schema)))
 }

@@ -12,9 +12,11 @@
 //!   variable scale as text), carried in field metadata from the decoding to the sinks.
 //! - [`Refusal`]: one field a sink cannot hold exactly, named by its path (`customer.address.zip`,
 //!   `lines[].qty`, `attributes{}`), why, and what to do.
+//! - [`decimal`]: decimals as their exact text, read and written.
 //! - [`json`]: rows as JSON objects, the one encoding the Kafka sink's JSON values and the file sink's JSON
 //!   lines share (decimals exact, bytes in base64, timestamps in RFC 3339 with their full precision).
 
+pub mod decimal;
 pub mod exact;
 pub mod json;
 pub mod marks;

@@ -27,8 +27,9 @@ use chrono::{Datelike, NaiveDateTime, Timelike};
 use connector_api::types::{Refusal, describe};
 use mysql_async::Value;
 
-use crate::columns::{Cell, SqlType, decimal_text, show};
-use crate::pg::cell::parse_decimal;
+use connector_api::types::decimal;
+
+use crate::columns::{Cell, SqlType, show};
 
 /// One column of the table as `information_schema.COLUMNS` describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -244,7 +245,7 @@ impl MyColumn {
             Cell::Float32(v) if self.data_type == "double" => Value::Double(f64::from(*v)),
             Cell::Float32(v) => Value::Float(*v),
             Cell::Float64(v) => Value::Double(*v),
-            Cell::Decimal(v, scale) => Value::Bytes(decimal_text(*v, *scale).into_bytes()),
+            Cell::Decimal(v, scale) => Value::Bytes(decimal::text(*v, *scale).into_bytes()),
             Cell::DecimalText(v) => {
                 self.fits_decimal(v)?;
                 Value::Bytes(v.as_bytes().to_vec())
@@ -329,16 +330,11 @@ impl MyColumn {
 
     fn fits_decimal(&self, text: &str) -> Result<(), String> {
         let (p, s) = (self.precision.unwrap_or(10), self.scale.unwrap_or(0));
-        let Some((_, digits, scale)) = parse_decimal(text) else {
+        let Some((_, digits, scale)) = decimal::parse(text) else {
             return Err(format!("{text:?} is not a decimal number"));
         };
-        let scale = scale as usize;
-        let padded = format!("{digits:0>width$}", width = scale + 1);
-        let (int, frac) = padded.split_at(padded.len() - scale);
-        let (int, frac) = (
-            int.trim_start_matches('0').len() as u64,
-            frac.trim_end_matches('0').len() as u64,
-        );
+        let (int, frac) = decimal::digits_needed(&digits, scale);
+        let (int, frac) = (u64::from(int), u64::from(frac));
         match int > p - s || frac > s {
             true => Err(format!(
                 "{text} does not fit column `{}` ({}) exactly: MariaDB would round it or refuse it",

@@ -26,7 +26,9 @@ use chrono::Timelike;
 use connector_api::types::Refusal;
 use tokio_postgres::types::{IsNull, Kind, ToSql, Type, to_sql_checked};
 
-use crate::columns::{Cell, Columns, SqlType, decimal_text};
+use connector_api::types::decimal;
+
+use crate::columns::{Cell, Columns, SqlType};
 
 /// A column of the table: its type and type modifier (`atttypmod`: numeric's precision and scale, the fractional
 /// digits of time and timestamps; -1 when none).
@@ -189,7 +191,7 @@ impl ToSql for PgCell<'_> {
             Cell::Float32(v) if *ty == Type::FLOAT8 => f64::from(*v).to_sql(ty, out),
             Cell::Float32(v) => v.to_sql(ty, out),
             Cell::Float64(v) => v.to_sql(ty, out),
-            Cell::Decimal(v, scale) => numeric(&decimal_text(*v, *scale), &column, out),
+            Cell::Decimal(v, scale) => numeric(&decimal::text(*v, *scale), &column, out),
             Cell::DecimalText(v) => numeric(v, &column, out),
             Cell::Text(v) | Cell::Json(v) => {
                 if *ty == Type::JSONB {
@@ -266,55 +268,26 @@ fn fits_fraction(nanos: u32, column: &PgColumn) -> Result<(), String> {
     }
 }
 
-/// A decimal's text (`-12.3400`, `1.5E+3`) as sign, digits and scale.
-pub(crate) fn parse_decimal(text: &str) -> Option<(bool, String, u32)> {
-    let text = text.trim();
-    let (negative, rest) = match text.as_bytes().first()? {
-        b'-' => (true, &text[1..]),
-        b'+' => (false, &text[1..]),
-        _ => (false, text),
-    };
-    let (mantissa, exponent) = match rest.find(['e', 'E']) {
-        Some(at) => (&rest[..at], rest[at + 1..].parse::<i64>().ok()?),
-        None => (rest, 0),
-    };
-    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
-    if int.is_empty() && frac.is_empty()
-        || !int.bytes().chain(frac.bytes()).all(|b| b.is_ascii_digit())
-    {
-        return None;
-    }
-    let mut digits = format!("{int}{frac}");
-    let mut scale = frac.len() as i64 - exponent;
-    if scale < 0 {
-        digits.push_str(&"0".repeat((-scale) as usize));
-        scale = 0;
-    }
-    let digits = digits.trim_start_matches('0').to_string();
-    Some((negative, digits, u32::try_from(scale).ok()?))
-}
-
 /// A decimal's text in PostgreSQL's binary numeric: base-10000 digits, weight, sign, display scale. A value that
 /// numeric(P, S) cannot hold exactly is a [`BadValue`].
 fn numeric(text: &str, column: &PgColumn, out: &mut BytesMut) -> ToSqlResult {
-    let Some((negative, digits, scale)) = parse_decimal(text) else {
+    let Some((negative, digits, scale)) = decimal::parse(text) else {
         return Err(Box::new(BadValue(format!(
             "{text:?} is not a decimal number"
         ))));
     };
-    // Integer and fraction digits of the value.
-    let scale = scale as usize;
-    let padded = format!("{digits:0>width$}", width = scale + 1);
-    let (int, frac) = padded.split_at(padded.len() - scale);
-    let int = int.trim_start_matches('0');
     if let Some((p, s)) = column.numeric() {
-        let needed = frac.trim_end_matches('0').len() as u32;
-        if int.len() as u32 > p - s || needed > s {
+        let (int, frac) = decimal::digits_needed(&digits, scale);
+        if int > p - s || frac > s {
             return Err(Box::new(BadValue(format!(
                 "{text} does not fit numeric({p}, {s}) exactly (PostgreSQL would round it or refuse it)"
             ))));
         }
     }
+    let scale = scale as usize;
+    let padded = format!("{digits:0>width$}", width = scale + 1);
+    let (int, frac) = padded.split_at(padded.len() - scale);
+    let int = int.trim_start_matches('0');
     // Both padded to whole groups of 4 digits.
     let int_groups = int.len().div_ceil(4);
     let int = format!("{int:0>width$}", width = int_groups * 4);

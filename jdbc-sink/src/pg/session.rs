@@ -1,6 +1,8 @@
 //! The writer's PostgreSQL session: binary COPY into the table (xa mode), or one `MERGE` / `INSERT .. SELECT`
 //! per batch from binary array parameters (upsert and append modes; see [`super::statements`]).
 
+use std::collections::HashMap;
+
 use arrow_array::RecordBatch;
 use async_trait::async_trait;
 use connector_api::{Error, ErrorKind, Phase, Result};
@@ -20,6 +22,9 @@ use crate::config::{JdbcSinkConfig, WriteMode};
 use crate::database::{DedupCleanup, MARKERS_KEPT, MARKERS_TABLE, OWNERS_TABLE, Session};
 use crate::error::fenced;
 
+/// A batch statement prepared on the connection, and its `ON CONFLICT` fallback.
+type Prepared = (Statement, Option<Statement>);
+
 /// The writer's connection; see the module docs.
 pub(crate) struct PgSession {
     options: PgConnectOptions,
@@ -33,7 +38,12 @@ pub(crate) struct PgSession {
     delete: Option<KeyDelete>,
     client: Option<Client>,
     /// `batch` prepared on `client` (primary, fallback); prepared again after a reconnect.
-    prepared: Option<(Statement, Option<Statement>)>,
+    prepared: Option<Prepared>,
+    /// The keyed modes' statements for changes that did not carry some columns (by those columns), and their
+    /// prepared statements on `client`.
+    keeping: HashMap<Vec<String>, (BatchStatements, Option<Prepared>)>,
+    /// Whether the server has `MERGE` (PostgreSQL 15+).
+    has_merge: bool,
     /// The table's column types, in the batch schema's order.
     types: Vec<Type>,
     /// The table's columns (type and modifier), in the batch schema's order.
@@ -59,6 +69,8 @@ impl PgSession {
             delete: None,
             client: None,
             prepared: None,
+            keeping: HashMap::new(),
+            has_merge: false,
             types: Vec::new(),
             columns: Vec::new(),
             as_json: Vec::new(),
@@ -74,11 +86,13 @@ impl PgSession {
             .await
             .map_err(|e| session.error(Phase::Setup, None, "cannot read the server version", e))?
             .get(0);
+        session.has_merge = version >= 150_000;
         session.batch = BatchStatements::new(
             &session.config,
             &session.shape,
             &session.types,
-            version >= 150_000,
+            session.has_merge,
+            &[],
         )?;
         session.delete = KeyDelete::new(&session.config, &session.shape, &session.columns)?;
         let unnests = session.batch.is_some();
@@ -172,8 +186,11 @@ impl PgSession {
 
     /// The upsert or append statement for `batch`, its columns as binary arrays; when a `MERGE` meets a key a
     /// concurrent writer inserted first, the `ON CONFLICT` statement instead (back at the write's savepoint).
-    async fn write_rows(&mut self, batch: &RecordBatch) -> Result<()> {
-        let (primary, fallback) = self.prepared_batch().await?;
+    async fn write_rows(&mut self, batch: &RecordBatch, unchanged: &[String]) -> Result<()> {
+        let (primary, fallback) = match unchanged.is_empty() {
+            true => self.prepared_batch().await?,
+            false => self.prepared_keeping(unchanged).await?,
+        };
         let columns = Columns::new(batch, &self.shape.types, &self.as_json)?;
         let arrays: Vec<Vec<PgCell<'_>>> = (0..columns.len())
             .map(|c| {
@@ -245,6 +262,64 @@ impl PgSession {
         Ok((primary, fallback))
     }
 
+    /// The statements of changes that did not carry the `unchanged` columns, prepared on the current connection.
+    async fn prepared_keeping(
+        &mut self,
+        unchanged: &[String],
+    ) -> Result<(Statement, Option<Statement>)> {
+        if let Some((_, Some(prepared))) = self.keeping.get(unchanged) {
+            return Ok(prepared.clone());
+        }
+        let statements = match self.keeping.get(unchanged) {
+            Some((statements, _)) => statements.clone(),
+            None => BatchStatements::new(
+                &self.config,
+                &self.shape,
+                &self.types,
+                self.has_merge,
+                unchanged,
+            )?
+            .ok_or_else(|| Error::bug(Phase::Write, "no batch statements in xa mode"))?,
+        };
+        let client = self.client(Phase::Write)?;
+        let fail = |e| self.error(Phase::Write, None, "cannot prepare the write statement", e);
+        let primary = client.prepare(&statements.primary).await.map_err(fail)?;
+        let fallback = match &statements.fallback {
+            Some(sql) => Some(client.prepare(sql).await.map_err(fail)?),
+            None => None,
+        };
+        let prepared = (primary, fallback);
+        self.keeping
+            .insert(unchanged.to_vec(), (statements, Some(prepared.clone())));
+        Ok(prepared)
+    }
+
+    /// Runs `statement` behind the write savepoint: refused whole (and rolled back to the savepoint) or applied.
+    async fn behind_savepoint(&mut self, statement: &str, what: &str) -> Result<()> {
+        let fail = |what| move |e| pg_error(Phase::Write, None, what, e);
+        let client = self.client(Phase::Write)?;
+        client
+            .batch_execute("SAVEPOINT ratchet_write")
+            .await
+            .map_err(fail("SAVEPOINT failed"))?;
+        match client.batch_execute(statement).await {
+            Ok(()) => client
+                .batch_execute("RELEASE SAVEPOINT ratchet_write")
+                .await
+                .map_err(fail("RELEASE SAVEPOINT failed")),
+            Err(e) => {
+                let err = self.error(Phase::Write, self.open.as_ref(), what, e);
+                if err.kind() == ErrorKind::BadRecord {
+                    self.client(Phase::Write)?
+                        .batch_execute("ROLLBACK TO SAVEPOINT ratchet_write")
+                        .await
+                        .map_err(fail("ROLLBACK TO SAVEPOINT failed"))?;
+                }
+                Err(err)
+            }
+        }
+    }
+
     /// Row `row`'s value of column `c`, for the table's column `c`.
     fn cell<'c>(&self, columns: &'c Columns, c: usize, row: usize) -> PgCell<'c> {
         PgCell {
@@ -308,6 +383,9 @@ impl Session for PgSession {
         if self.client.as_ref().is_none_or(Client::is_closed) {
             self.client = None;
             self.prepared = None;
+            self.keeping
+                .values_mut()
+                .for_each(|(_, prepared)| *prepared = None);
             self.client = Some(self.connect_only(Phase::Begin).await?);
         }
         self.client(Phase::Begin)?
@@ -318,7 +396,7 @@ impl Session for PgSession {
         Ok(())
     }
 
-    async fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+    async fn write(&mut self, batch: &RecordBatch, unchanged: &[String]) -> Result<()> {
         if batch.num_rows() == 0 {
             return Ok(());
         }
@@ -331,7 +409,7 @@ impl Session for PgSession {
             .map_err(fail("SAVEPOINT failed"))?;
         let written = match self.batch {
             None => self.copy(batch).await,
-            Some(_) => self.write_rows(batch).await,
+            Some(_) => self.write_rows(batch, unchanged).await,
         };
         let client = self.client(Phase::Write)?;
         match written {
@@ -421,6 +499,22 @@ impl Session for PgSession {
                 Err(err)
             }
         }
+    }
+
+    async fn delete_all(&mut self) -> Result<()> {
+        if self.open.is_none() {
+            return Err(Error::bug(
+                Phase::Write,
+                "a truncate applied outside a transaction (before begin)",
+            )
+            .with_sink(&self.config.sink));
+        }
+        let what = format!(
+            "the table {} refused to delete every row (a truncate)",
+            self.config.table
+        );
+        self.behind_savepoint(&statements::delete_all(&self.config), &what)
+            .await
     }
 
     async fn prepare(&mut self, xid: &Xid, epoch: u64) -> Result<()> {

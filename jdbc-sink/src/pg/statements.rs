@@ -57,6 +57,7 @@ impl BatchStatements {
         shape: &TableShape,
         types: &[Type],
         has_merge: bool,
+        unchanged: &[String],
     ) -> Result<Option<Self>> {
         let table = quote_table(D, &config.table);
         let columns = shape.column_list(D);
@@ -114,8 +115,12 @@ impl BatchStatements {
                     .map(|k| quote(D, k))
                     .collect::<Vec<_>>()
                     .join(", ");
-                let others: Vec<&String> =
-                    shape.names.iter().filter(|n| !key.contains(n)).collect();
+                // An existing row keeps the columns a change did not carry.
+                let others: Vec<&String> = shape
+                    .names
+                    .iter()
+                    .filter(|n| !key.contains(n) && !unchanged.contains(n))
+                    .collect();
                 let latest = format!(
                     "SELECT DISTINCT ON ({keys}) {columns} FROM {rows} ORDER BY {keys}, ratchet_seq DESC"
                 );
@@ -183,6 +188,11 @@ impl BatchStatements {
             }
         }))
     }
+}
+
+/// Keyed modes: every row deleted (a truncate).
+pub(crate) fn delete_all(config: &JdbcSinkConfig) -> String {
+    format!("DELETE FROM {}", quote_table(D, &config.table))
 }
 
 /// The upsert mode's delete by key (tombstones): one execution per call, the keys arriving as binary array

@@ -176,7 +176,7 @@ async fn json_values_fill_the_declared_schema_and_a_bad_value_is_named() {
         Field::new("note", DataType::Utf8, true),
     ]));
     let options = KafkaSourceOptions {
-        decoding: Decoding::Json(schema.clone()),
+        decoding: Decoding::Json(schema.clone().into()),
         batch_rows: 3,
         ..KafkaSourceOptions::default()
     };
@@ -364,11 +364,14 @@ async fn every_metadata_column_comes_after_the_json_fields() {
         false,
     )]));
     let options = KafkaSourceOptions {
-        decoding: Decoding::Json(Arc::new(Schema::new(vec![Field::new(
-            "amount",
-            DataType::Int64,
-            false,
-        )]))),
+        decoding: Decoding::Json(
+            Arc::new(Schema::new(vec![Field::new(
+                "amount",
+                DataType::Int64,
+                false,
+            )]))
+            .into(),
+        ),
         metadata: MetadataColumns {
             topic: Some("kafka_topic".into()),
             partition: Some("kafka_partition".into()),
@@ -376,7 +379,7 @@ async fn every_metadata_column_comes_after_the_json_fields() {
             timestamp: Some("kafka_timestamp".into()),
             key: Some((
                 "key".into(),
-                KeyDecoding::Declared(Decoding::Json(key_fields)),
+                KeyDecoding::Declared(Decoding::Json(key_fields.into())),
             )),
             headers: Some("kafka_headers".into()),
         },
@@ -490,11 +493,14 @@ async fn json_tombstones_come_beside_the_batches_in_log_order() {
     }
     plain.flush(Duration::from_secs(30)).unwrap();
     let options = KafkaSourceOptions {
-        decoding: Decoding::Json(Arc::new(Schema::new(vec![Field::new(
-            "order",
-            DataType::Int64,
-            false,
-        )]))),
+        decoding: Decoding::Json(
+            Arc::new(Schema::new(vec![Field::new(
+                "order",
+                DataType::Int64,
+                false,
+            )]))
+            .into(),
+        ),
         ..KafkaSourceOptions::default()
     };
     let kafka = KafkaConnection::plaintext(bootstrap());

@@ -1,14 +1,12 @@
 //! `[source]` of a job file: the Kafka topic, how its records become rows, and what to do about a gap in its log.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use kafka_source::{
-    AvroDecoding, AvroFraming, DebeziumDecoding, Decoding, GapPolicy, KeyDecoding, MetadataColumns,
-    ReaderSchema, TopicSelection,
+    AvroDecoding, AvroFraming, DebeziumDecoding, Decoding, GapPolicy, JsonDecoding, JsonField,
+    KeyDecoding, MetadataColumns, ReaderSchema, TopicSelection, Truncate, UnknownFields,
 };
 use schema_registry::{RegistrySettings, SchemaRegistry, SubjectStrategy};
 use serde::Deserialize;
@@ -291,10 +289,13 @@ pub enum DecodingConfig {
     Text,
     /// The same with key and value as bytes.
     Binary,
-    /// Each value a JSON object decoded into the declared fields.
+    /// Each value a JSON object decoded into the declared fields, exactly (`kafka_source::JsonField`).
     Json {
         /// The columns, in order.
-        fields: Vec<FieldConfig>,
+        fields: Vec<JsonField>,
+        /// What a key the fields do not declare means (default `ignore`; `fail`: a bad record).
+        #[serde(default)]
+        unknown_fields: UnknownFields,
     },
     /// Each value one Avro record: of the declared writer schema, or of the writer schema its Confluent framing
     /// names, looked up in `[source.registry]`; the columns follow the (reader) schema's fields.
@@ -327,7 +328,16 @@ pub enum DecodingConfig {
         schemas: bool,
         /// JSON: the table's columns, in order (the Avro converter's come from the registry).
         #[serde(default)]
-        fields: Vec<FieldConfig>,
+        fields: Vec<JsonField>,
+        /// JSON: what a column of the row images that `fields` do not declare means (default `ignore`).
+        #[serde(default)]
+        unknown_fields: UnknownFields,
+        /// The connector's `unavailable.value.placeholder` (default `__debezium_unavailable_value`).
+        #[serde(default)]
+        unavailable_placeholder: Option<String>,
+        /// What a truncate event does: `apply` (default; keyed sinks delete every row) or `refuse`.
+        #[serde(default)]
+        truncate: Truncate,
     },
 }
 
@@ -342,6 +352,10 @@ pub enum DebeziumConverter {
     Avro,
 }
 
+fn yes() -> bool {
+    true
+}
+
 /// `framing` of the Avro decoding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -350,58 +364,6 @@ pub enum AvroFramingConfig {
     Confluent,
     /// Avro's single-object encoding: `0xC3 0x01`, the schema's Rabin fingerprint, the body.
     SingleObject,
-}
-
-/// One declared column of the JSON decoding.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FieldConfig {
-    /// The JSON key and column name.
-    pub name: String,
-    /// Its type.
-    #[serde(rename = "type")]
-    pub column_type: ColumnType,
-    /// Whether it may be null or absent (default true).
-    #[serde(default = "yes")]
-    pub nullable: bool,
-}
-
-fn yes() -> bool {
-    true
-}
-
-/// Column types of the JSON decoding.
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ColumnType {
-    /// UTF-8 text.
-    String,
-    /// 32-bit integer.
-    Int32,
-    /// 64-bit integer.
-    Int64,
-    /// 64-bit float.
-    Float64,
-    /// true / false.
-    Boolean,
-    /// Days since 1970-01-01, or an ISO date.
-    Date,
-    /// Microseconds since the epoch, or an RFC 3339 timestamp; UTC.
-    TimestampMicros,
-}
-
-impl ColumnType {
-    fn data_type(self) -> DataType {
-        match self {
-            Self::String => DataType::Utf8,
-            Self::Int32 => DataType::Int32,
-            Self::Int64 => DataType::Int64,
-            Self::Float64 => DataType::Float64,
-            Self::Boolean => DataType::Boolean,
-            Self::Date => DataType::Date32,
-            Self::TimestampMicros => DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
-        }
-    }
 }
 
 impl DecodingConfig {
@@ -414,11 +376,15 @@ impl DecodingConfig {
         Ok(match self {
             DecodingConfig::Text => Decoding::Text,
             DecodingConfig::Binary => Decoding::Binary,
-            DecodingConfig::Json { fields } => Decoding::Json(json_schema(fields)),
+            DecodingConfig::Json {
+                fields,
+                unknown_fields,
+            } => Decoding::Json(JsonDecoding::declared(fields, *unknown_fields)?),
             DecodingConfig::Debezium {
                 converter: DebeziumConverter::Json,
                 schemas,
                 fields,
+                ..
             } => {
                 if fields.is_empty() {
                     bail!(
@@ -426,7 +392,10 @@ impl DecodingConfig {
                          columns (name, type), as the change events' `after` holds them"
                     );
                 }
-                Decoding::Debezium(DebeziumDecoding::json(json_schema(fields), *schemas))
+                let columns = JsonDecoding::declared(fields, UnknownFields::Ignore)?.schema();
+                Decoding::Debezium(
+                    self.debezium_settings(DebeziumDecoding::json(columns, *schemas)),
+                )
             }
             DecodingConfig::Debezium {
                 converter: DebeziumConverter::Avro,
@@ -475,6 +444,26 @@ impl DecodingConfig {
         })
     }
 
+    /// `decoding` with the Debezium settings of this decoding (placeholder, truncate, unknown columns).
+    fn debezium_settings(&self, decoding: DebeziumDecoding) -> DebeziumDecoding {
+        let DecodingConfig::Debezium {
+            unknown_fields,
+            unavailable_placeholder,
+            truncate,
+            ..
+        } = self
+        else {
+            return decoding;
+        };
+        let decoding = decoding
+            .with_truncate(*truncate)
+            .with_unknown_fields(*unknown_fields);
+        match unavailable_placeholder {
+            Some(placeholder) => decoding.with_placeholder(placeholder.clone()),
+            None => decoding,
+        }
+    }
+
     /// How the source decodes records, Avro writer schemas looked up through `lookup` when given.
     ///
     /// # Errors
@@ -501,7 +490,9 @@ impl DecodingConfig {
             // A captured table's new column is a field of the nested row records, which the reader schema does
             // not widen into (planned): the reader stays the envelope schema the job started with.
             let avro = AvroDecoding::from_registry(lookup.registry.clone(), reader, false)?;
-            return Ok(Decoding::Debezium(DebeziumDecoding::avro(avro)?));
+            return Ok(Decoding::Debezium(
+                self.debezium_settings(DebeziumDecoding::avro(avro)?),
+            ));
         }
         let (
             DecodingConfig::Avro {
@@ -591,15 +582,6 @@ pub fn is_connection_setting(key: &str) -> bool {
     ["security.", "ssl.", "sasl.", "enable.ssl"]
         .iter()
         .any(|p| key.starts_with(p))
-}
-
-fn json_schema(fields: &[FieldConfig]) -> SchemaRef {
-    Arc::new(Schema::new(
-        fields
-            .iter()
-            .map(|f| Field::new(&f.name, f.column_type.data_type(), f.nullable))
-            .collect::<Vec<_>>(),
-    ))
 }
 
 #[cfg(test)]

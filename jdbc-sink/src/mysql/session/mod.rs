@@ -78,6 +78,23 @@ struct Dedup {
     schedule: DedupCleanup,
 }
 
+/// ` ON DUPLICATE KEY UPDATE ..` of the keyed modes: every column but the key's and the `unchanged` ones (which an
+/// existing row keeps) takes the new row's value.
+fn on_duplicate_key(shape: &TableShape, key: &[String], unchanged: &[String]) -> String {
+    let d = Dialect::MySql;
+    let updates: Vec<String> = shape
+        .names
+        .iter()
+        .filter(|n| !key.contains(n) && !unchanged.contains(n))
+        .map(|n| format!("{0} = VALUES({0})", quote(d, n)))
+        .collect();
+    match updates.is_empty() {
+        // Every column is a key (or unchanged): a repeated row changes nothing.
+        true => format!(" ON DUPLICATE KEY UPDATE {0} = {0}", quote(d, &key[0])),
+        false => format!(" ON DUPLICATE KEY UPDATE {}", updates.join(", ")),
+    }
+}
+
 /// The error for a statement when the connection was lost (and the transaction with it).
 fn no_connection(sink: &connector_api::SinkId, phase: Phase) -> Error {
     Error::new(
@@ -125,17 +142,7 @@ impl MySqlSession {
                 for k in key {
                     shape.index(k, "key")?;
                 }
-                let updates: Vec<String> = shape
-                    .names
-                    .iter()
-                    .filter(|n| !key.contains(n))
-                    .map(|n| format!("{0} = VALUES({0})", quote(d, n)))
-                    .collect();
-                let tail = match updates.is_empty() {
-                    // Every column is a key: a repeated row changes nothing.
-                    true => format!(" ON DUPLICATE KEY UPDATE {0} = {0}", quote(d, &key[0])),
-                    false => format!(" ON DUPLICATE KEY UPDATE {}", updates.join(", ")),
-                };
+                let tail = on_duplicate_key(&shape, key, &[]);
                 let mut types = Vec::with_capacity(key.len());
                 for k in key {
                     types.push(shape.types[shape.index(k, "key")?]);
@@ -375,10 +382,14 @@ impl Session for MySqlSession {
         Ok(())
     }
 
-    async fn write(&mut self, batch: &RecordBatch) -> Result<()> {
+    async fn write(&mut self, batch: &RecordBatch, unchanged: &[String]) -> Result<()> {
         if batch.num_rows() == 0 {
             return Ok(());
         }
+        let keeping = match (unchanged.is_empty(), self.config.mode.key()) {
+            (false, Some(key)) => Some(on_duplicate_key(&self.shape, key, unchanged)),
+            _ => None,
+        };
         // A savepoint makes a refused batch refused whole, across its statements: the transaction goes on without
         // it (the driver can dead-letter the batch), and a batch is never half written.
         let xid = self.open.clone();
@@ -389,7 +400,7 @@ impl Session for MySqlSession {
             "SAVEPOINT ratchet_write".into(),
         )
         .await?;
-        match self.insert(batch).await {
+        match self.insert(batch, keeping.as_deref()).await {
             Ok(()) => {
                 self.run(
                     Phase::Write,
@@ -437,6 +448,53 @@ impl Session for MySqlSession {
         )
         .await?;
         match self.delete_keys(keys).await {
+            Ok(()) => {
+                self.run(
+                    Phase::Write,
+                    Some(&xid),
+                    "RELEASE SAVEPOINT failed",
+                    "RELEASE SAVEPOINT ratchet_write".into(),
+                )
+                .await
+            }
+            Err(e) if e.kind() == ErrorKind::BadRecord => {
+                self.run(
+                    Phase::Write,
+                    Some(&xid),
+                    "ROLLBACK TO SAVEPOINT failed",
+                    "ROLLBACK TO SAVEPOINT ratchet_write".into(),
+                )
+                .await?;
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn delete_all(&mut self) -> Result<()> {
+        let Some(xid) = self.open.clone() else {
+            return Err(Error::bug(
+                Phase::Write,
+                "a truncate applied outside a transaction (before begin)",
+            )
+            .with_sink(&self.config.sink));
+        };
+        let what = format!(
+            "the table {} refused to delete every row (a truncate)",
+            self.config.table
+        );
+        self.run(
+            Phase::Write,
+            Some(&xid),
+            "SAVEPOINT failed",
+            "SAVEPOINT ratchet_write".into(),
+        )
+        .await?;
+        let statement = format!(
+            "DELETE FROM {}",
+            quote_table(Dialect::MySql, &self.config.table)
+        );
+        match self.run(Phase::Write, Some(&xid), &what, statement).await {
             Ok(()) => {
                 self.run(
                     Phase::Write,

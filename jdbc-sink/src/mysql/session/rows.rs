@@ -50,8 +50,9 @@ pub(super) fn insert_statement(head: &str, tail: &str, columns: usize, rows: usi
 }
 
 impl MySqlSession {
-    /// Multi-row INSERTs of `batch`, up to `rows_per_statement` rows each.
-    pub(super) async fn insert(&mut self, batch: &RecordBatch) -> Result<()> {
+    /// Multi-row INSERTs of `batch`, up to `rows_per_statement` rows each; `tail` replaces the statement's
+    /// conflict clause (a change that did not carry some columns).
+    pub(super) async fn insert(&mut self, batch: &RecordBatch, tail: Option<&str>) -> Result<()> {
         let columns = Columns::new(batch, &self.shape.types, &self.as_json)?;
         let mut start = 0;
         while start < batch.num_rows() {
@@ -71,16 +72,16 @@ impl MySqlSession {
                 }
             }
             // The full-size statement is built once; only a shorter last one per call.
-            let statement = if fresh.len() == self.rows_per_statement {
-                std::borrow::Cow::Borrowed(self.full_statement.as_str())
-            } else {
-                let columns = self.shape.names.len();
-                std::borrow::Cow::Owned(insert_statement(
+            let statement = match tail {
+                None if fresh.len() == self.rows_per_statement => {
+                    std::borrow::Cow::Borrowed(self.full_statement.as_str())
+                }
+                _ => std::borrow::Cow::Owned(insert_statement(
                     &self.insert_head,
-                    &self.insert_tail,
-                    columns,
+                    tail.unwrap_or(&self.insert_tail),
+                    self.shape.names.len(),
                     fresh.len(),
-                ))
+                )),
             };
             let result = match self.conn.as_mut() {
                 Some(conn) => conn.exec_drop(statement.as_ref(), params).await,
