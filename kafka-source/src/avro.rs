@@ -106,7 +106,29 @@ impl AvroDecoding {
             )
             .with_source(e)
         })?;
-        let writers = WriterSchemas::new(registry, runtime, reader, evolve)?;
+        let writers = WriterSchemas::new(registry, runtime, reader, evolve, false)?;
+        Ok(Self {
+            writers: Writers::Registry(Arc::new(writers)),
+        })
+    }
+
+    /// As [`from_registry`](Self::from_registry) without evolving, for change events (Debezium's envelopes): a
+    /// writer schema older than the reader (a smaller id) whose row images (`before`, `after`) have fields the
+    /// reader lacks, a column dropped from the table since, is read without them (they are left out, and the
+    /// records counted in `ratchet_source_dropped_column_records_total`) instead of refused, so a backlog written
+    /// before the column was dropped is still read.
+    ///
+    /// # Errors
+    /// As [`from_registry`](Self::from_registry).
+    pub fn for_change_events(registry: SchemaRegistry, reader: ReaderSchema) -> Result<Self> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|e| {
+            Error::bug(
+                Phase::Setup,
+                "a registry-backed Avro decoding is made outside a tokio runtime",
+            )
+            .with_source(e)
+        })?;
+        let writers = WriterSchemas::new(registry, runtime, reader, false, true)?;
         Ok(Self {
             writers: Writers::Registry(Arc::new(writers)),
         })

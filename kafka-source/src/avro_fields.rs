@@ -97,6 +97,122 @@ fn counterpart<'r>(writer: &Value, reader: &'r Value) -> Option<&'r Value> {
         .copied()
 }
 
+/// The logical signature of a primitive or fixed Avro type: its base (`long`, `bytes`, `fixed`), size, logical type,
+/// precision and scale; `None` for records, arrays, maps, enums, unions and named references.
+fn signature(ty: &Value) -> Option<(String, Option<u64>, Option<String>, Option<u64>, Option<u64>)> {
+    const PRIMITIVES: [&str; 8] = ["null", "boolean", "int", "long", "float", "double", "bytes", "string"];
+    match ty {
+        Value::String(name) if PRIMITIVES.contains(&name.as_str()) => Some((name.clone(), None, None, None, None)),
+        Value::Object(o) => {
+            let base = o.get("type")?.as_str()?;
+            if !PRIMITIVES.contains(&base) && base != "fixed" {
+                return None;
+            }
+            let text = |k: &str| o.get(k).and_then(Value::as_str).map(str::to_string);
+            let number = |k: &str| o.get(k).and_then(Value::as_u64);
+            Some((base.to_string(), number("size"), text("logicalType"), number("precision"), number("scale")))
+        }
+        _ => None,
+    }
+}
+
+/// The reader schema a writer must be decoded with so that every value keeps its meaning: `reader` with each
+/// primitive whose logical type (or decimal precision and scale, or time unit) differs from the writer's of the
+/// same base type replaced by the writer's; `None` when nothing differs. arrow-avro resolves by base type only
+/// and would decode a writer's `decimal(10,2)` bytes as the reader's `decimal(12,4)` (values off by 100), or
+/// `timestamp-millis` as `timestamp-micros` (off by 1000); decoded as written, the values are then converted to
+/// the reader's types exactly, or the writer is refused ([`connector_api::types::exact`]).
+pub(crate) fn resolution_reader(reader: &Value, writer: &Value) -> Option<Value> {
+    let mut variant = reader.clone();
+    replace_logical(&mut variant, writer).then_some(variant)
+}
+
+/// Replaces, in `reader`, the types whose logical signature differs from `writer`'s; whether any did.
+fn replace_logical(reader: &mut Value, writer: &Value) -> bool {
+    if let (Some(r), Some(w)) = (signature(reader), signature(writer)) {
+        if r.0 == w.0 && r != w {
+            *reader = writer.clone();
+            return true;
+        }
+        return false;
+    }
+    match reader {
+        Value::Array(branches) => {
+            let mut changed = false;
+            for branch in branches.iter_mut() {
+                let matching = match writer {
+                    Value::Array(writer_branches) => writer_branches
+                        .iter()
+                        .find(|w| same_kind(branch, w))
+                        .cloned(),
+                    other => same_kind(branch, other).then(|| other.clone()),
+                };
+                if let Some(w) = matching {
+                    changed |= replace_logical(branch, &w);
+                }
+            }
+            changed
+        }
+        Value::Object(r) => {
+            let writer = match writer {
+                Value::Array(branches) => match branches.iter().find(|w| same_kind(&Value::Object(r.clone()), w)) {
+                    Some(w) => w,
+                    None => return false,
+                },
+                other => other,
+            };
+            let Some(w) = writer.as_object() else {
+                return false;
+            };
+            match r.get("type").and_then(Value::as_str) {
+                Some("record") => {
+                    let writer_fields = w.get("fields").and_then(Value::as_array).cloned().unwrap_or_default();
+                    let mut changed = false;
+                    if let Some(fields) = r.get_mut("fields").and_then(Value::as_array_mut) {
+                        for field in fields {
+                            let name = field.get("name").and_then(Value::as_str).map(str::to_string);
+                            let aliases: Vec<String> = field
+                                .get("aliases")
+                                .and_then(Value::as_array)
+                                .map(|a| a.iter().filter_map(|x| x.as_str().map(str::to_string)).collect())
+                                .unwrap_or_default();
+                            let matching = writer_fields.iter().find(|wf| {
+                                let wn = wf.get("name").and_then(Value::as_str);
+                                wn.is_some() && (wn.map(str::to_string) == name || aliases.iter().any(|a| Some(a.as_str()) == wn))
+                            });
+                            if let Some(wf) = matching {
+                                changed |= replace_logical(&mut field["type"], &wf["type"]);
+                            }
+                        }
+                    }
+                    changed
+                }
+                Some("array") => match (r.get_mut("items"), w.get("items")) {
+                    (Some(items), Some(w)) => replace_logical(items, w),
+                    _ => false,
+                },
+                Some("map") => match (r.get_mut("values"), w.get("values")) {
+                    (Some(values), Some(w)) => replace_logical(values, w),
+                    _ => false,
+                },
+                _ => false,
+            }
+        }
+        _ => false,
+    }
+}
+
+/// Whether two union branches are the same kind of type (a record of the same name, an array, a map, a primitive
+/// of the same base).
+fn same_kind(a: &Value, b: &Value) -> bool {
+    if let (Some(x), Some(y)) = (signature(a), signature(b)) {
+        return x.0 == y.0;
+    }
+    let kind = |v: &Value| v.get("type").and_then(Value::as_str).map(str::to_string);
+    let name = |v: &Value| v.get("name").and_then(Value::as_str).map(str::to_string);
+    kind(a).is_some() && kind(a) == kind(b) && (kind(a).as_deref() != Some("record") || name(a) == name(b))
+}
+
 /// `reader` with the top-level fields `added` (names) of `writer` appended, each readable from records that lack
 /// it (its default) and nullable as a column: a field whose type is not a union with `null` gets one, after its
 /// own type so its default still fits (`"long", default 0` becomes `["long", "null"], default 0`).
@@ -187,6 +303,23 @@ mod tests {
         // A writer lacking a reader field is Avro resolution's business (the default), not an added field.
         let fewer = r#"{"type":"record","name":"O","fields":[{"name":"id","type":"long"}]}"#;
         assert!(added(fewer, reader).is_empty());
+    }
+
+    #[test]
+    fn writers_whose_logical_types_differ_get_a_reader_of_their_own() {
+        let reader = json!({"type":"record","name":"O","fields":[
+            {"name":"amount","type":["null",{"type":"bytes","logicalType":"decimal","precision":12,"scale":4}]},
+            {"name":"at","type":{"type":"long","logicalType":"timestamp-micros"}},
+            {"name":"id","type":"long"}]});
+        let writer = json!({"type":"record","name":"O","fields":[
+            {"name":"amount","type":["null",{"type":"bytes","logicalType":"decimal","precision":10,"scale":2}]},
+            {"name":"at","type":{"type":"long","logicalType":"timestamp-millis"}},
+            {"name":"id","type":"int"}]});
+        let variant = resolution_reader(&reader, &writer).unwrap();
+        assert_eq!(variant["fields"][0]["type"][1]["scale"], 2);
+        assert_eq!(variant["fields"][1]["type"]["logicalType"], "timestamp-millis");
+        assert_eq!(variant["fields"][2]["type"], "long", "a promotion stays arrow-avro's");
+        assert!(resolution_reader(&reader, &reader).is_none());
     }
 
     #[test]

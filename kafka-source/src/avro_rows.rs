@@ -23,6 +23,8 @@ struct RegistryRows {
     schemas: Arc<WriterSchemas>,
     generation: Arc<Generation>,
     known: BTreeMap<u32, usize>,
+    /// The writer whose reader of its own the decoder reads with (`None`: the generation's reader).
+    reading: Option<u32>,
 }
 
 /// The rows of one batch, decoded so far.
@@ -69,6 +71,7 @@ impl AvroRows {
                     schemas: schemas.clone(),
                     generation,
                     known,
+                    reading: None,
                 };
                 (decoder, Some(rows))
             }
@@ -103,13 +106,43 @@ impl AvroRows {
         self.flushed_rows + (self.batch_size - self.decoder.capacity())
     }
 
-    /// Moves the decoder's rows into `parts`.
+    /// Moves the decoder's rows into `parts`, in the batch's schema: rows a writer's own reader decoded are
+    /// converted to the generation's types exactly (checked when the writer was accepted).
     fn flush(&mut self) -> Result<()> {
         if let Some(part) = self.decoder.flush().map_err(batch_failed)? {
+            let part = match part.schema() == self.schema {
+                true => part,
+                false => self.in_batch_schema(&part)?,
+            };
             self.flushed_rows += part.num_rows();
             self.parts.push(part);
         }
         Ok(())
+    }
+
+    /// `part` (decoded by a writer's own reader) in the batch's schema, column by column.
+    fn in_batch_schema(&self, part: &RecordBatch) -> Result<RecordBatch> {
+        let columns = self
+            .schema
+            .fields()
+            .iter()
+            .map(|field| match part.column_by_name(field.name()) {
+                Some(column) => connector_api::types::exact::convert(column, field.data_type()).map_err(|e| {
+                    Error::new(
+                        ErrorKind::BadRecord,
+                        Phase::Write,
+                        format!("a value of field `{}` does not convert exactly to the reader's type: {e}", field.name()),
+                    )
+                }),
+                None => Ok(arrow_array::new_null_array(field.data_type(), part.num_rows())),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        RecordBatch::try_new_with_options(
+            self.schema.clone(),
+            columns,
+            &arrow_array::RecordBatchOptions::new().with_row_count(Some(part.num_rows())),
+        )
+        .map_err(|e| Error::bug(Phase::Write, "converted Avro rows do not fit the reader schema").with_source(e))
     }
 
     /// Appends one framed Avro record; `role` (value or key) names it in errors.
@@ -154,7 +187,12 @@ impl AvroRows {
         let Some(id) = confluent_id(value) else {
             return Ok(());
         };
-        if rows.known.contains_key(&id) {
+        if rows.schemas.drops_fields(id) {
+            metrics::counter!("ratchet_source_dropped_column_records_total", "topic" => at.topic.to_string())
+                .increment(1);
+        }
+        let wanted = rows.schemas.variant_of(id).map(|_| id);
+        if rows.known.contains_key(&id) && wanted == rows.reading {
             return Ok(());
         }
         rows.schemas.resolve(id, at)?;
@@ -174,10 +212,15 @@ impl AvroRows {
             return Ok(());
         };
         let (store, known) = rows.schemas.snapshot();
-        self.decoder =
-            reading_as(store, &rows.generation.reader, self.batch_size).map_err(|e| {
-                bad_record(at, "has a writer schema arrow-avro cannot decode").with_source(e)
-            })?;
+        let variant = rows.schemas.variant_of(id);
+        let decoder = match &variant {
+            Some(variant) => reading_as(variant.store.clone(), &variant.reader, self.batch_size),
+            None => reading_as(store, &rows.generation.reader, self.batch_size),
+        };
+        self.decoder = decoder.map_err(|e| {
+            bad_record(at, "has a writer schema arrow-avro cannot decode").with_source(e)
+        })?;
+        rows.reading = variant.map(|_| id);
         rows.known = known;
         Ok(())
     }

@@ -14,8 +14,9 @@
 //! runtime the source was opened on (each lookup bounded and retried by the client). Ids are looked up once:
 //! accepted schemas and refusals are remembered for the life of the source.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use arrow_avro::reader::{Decoder, ReaderBuilder};
 use arrow_avro::schema::{AvroSchema, Fingerprint, FingerprintAlgorithm, SchemaStore};
@@ -24,7 +25,7 @@ use connector_api::{Error, ErrorKind, Phase, Result};
 use schema_registry::{RegisteredSchema, SchemaRegistry, SchemaType};
 use serde_json::Value;
 
-use crate::avro_fields::{added_fields, retyped_fields, widened};
+use crate::avro_fields::{added_fields, resolution_reader, retyped_fields, widened};
 use crate::record::{RecordAt, bad_record};
 
 /// The schema a registry-backed Avro decoding reads every record as: its fields are the columns.
@@ -63,7 +64,7 @@ impl ReaderSchema {
         }
     }
 
-    fn named(&self) -> String {
+    pub(crate) fn named(&self) -> String {
         match self.id {
             Some(id) => format!("reader schema id {id} ({})", self.origin),
             None => self.origin.clone(),
@@ -82,12 +83,30 @@ pub(crate) struct Generation {
     pub(crate) arrow: SchemaRef,
 }
 
+/// How long a registry that does not have a schema id is asked again before the record is refused (a replica
+/// behind its leader catches up), and how long that refusal then stands before the next record asks again.
+const NOT_FOUND_RETRY: Duration = Duration::from_secs(10);
+const NOT_FOUND_REMEMBERED: Duration = Duration::from_secs(60);
+
+/// A writer whose values need a reader of their own to keep their meaning ([`resolution_reader`]): decoded with
+/// it, then converted to the reader generation's types exactly.
+#[derive(Debug)]
+pub(crate) struct Variant {
+    /// The variant reader schema.
+    pub(crate) reader: ReaderSchema,
+    /// A store holding this writer only.
+    pub(crate) store: SchemaStore,
+}
+
 /// Writer schemas by id, shared by every decoder of one decoding (and every subtask of a process).
 pub(crate) struct WriterSchemas {
     registry: SchemaRegistry,
     runtime: tokio::runtime::Handle,
     /// Widen the reader with a writer's new top-level fields instead of refusing them.
     evolve: bool,
+    /// Change events (Debezium): an older writer's row-image fields the reader lacks (a column dropped from the
+    /// table since) are left out, counted, instead of refused.
+    older_row_fields: bool,
     known: Mutex<Known>,
 }
 
@@ -106,7 +125,12 @@ struct Known {
     store: SchemaStore,
     /// Accepted ids, each with the first generation that reads it without dropping a field.
     ids: BTreeMap<u32, usize>,
-    refused: HashMap<u32, String>,
+    /// Why an id was refused; until when, for an id the registry did not have (asked again after that).
+    refused: HashMap<u32, (String, Option<Instant>)>,
+    /// Accepted writers that need a reader of their own.
+    variants: HashMap<u32, Arc<Variant>>,
+    /// Accepted writers with row-image fields the reader lacks, left out.
+    dropping: HashSet<u32>,
 }
 
 impl Known {
@@ -129,6 +153,52 @@ pub(crate) fn reading_as(
 }
 
 impl WriterSchemas {
+    /// The reader of its own `writer` needs when its logical types differ from `generation`'s
+    /// ([`resolution_reader`]), after checking that its values convert exactly to the generation's types; why
+    /// not, as the end of a sentence about a record.
+    fn variant(
+        &self,
+        generation: &Generation,
+        writer: &RegisteredSchema,
+        writer_json: &Value,
+    ) -> std::result::Result<Option<Variant>, String> {
+        let id = writer.id;
+        let Ok(reader_json) = serde_json::from_str::<Value>(&generation.reader.schema) else {
+            return Ok(None);
+        };
+        let Some(variant) = resolution_reader(&reader_json, writer_json) else {
+            return Ok(None);
+        };
+        let reader = ReaderSchema {
+            schema: variant.to_string(),
+            id: None,
+            origin: format!("{} with schema id {id}'s logical types", generation.reader.origin),
+        };
+        let mut store = SchemaStore::new_with_type(FingerprintAlgorithm::Id);
+        store
+            .set(Fingerprint::Id(id), AvroSchema::new(writer.schema.clone()))
+            .map_err(|e| format!("is written with schema id {id}, which does not parse: {e}"))?;
+        let decoded = reading_as(store.clone(), &reader, 1)
+            .map_err(|e| format!("is written with schema id {id}, which arrow-avro cannot decode: {e}"))?
+            .schema();
+        for field in generation.arrow.fields() {
+            let Ok(written) = decoded.field_with_name(field.name()) else {
+                continue;
+            };
+            if let Err(refusal) = connector_api::types::exact::check(written.data_type(), field.data_type()) {
+                let refusal = refusal.under(field.name());
+                return Err(format!(
+                    "is written with schema id {id}, whose field `{}` {} as {} reads it: converting would change \
+                     its values",
+                    refusal.path,
+                    refusal.why,
+                    generation.reader.named()
+                ));
+            }
+        }
+        Ok(Some(Variant { reader, store }))
+    }
+
     /// Writer schemas from `registry`, read as `reader` (widened as they add fields when `evolve`); lookups block
     /// on `runtime`.
     ///
@@ -139,6 +209,7 @@ impl WriterSchemas {
         runtime: tokio::runtime::Handle,
         reader: ReaderSchema,
         evolve: bool,
+        older_row_fields: bool,
     ) -> Result<Self> {
         let config = |what: &str, e: ArrowError| {
             Error::new(
@@ -166,6 +237,7 @@ impl WriterSchemas {
             registry,
             runtime,
             evolve,
+            older_row_fields,
             known: Mutex::new(Known {
                 generations: vec![Arc::new(Generation {
                     number: 0,
@@ -175,6 +247,8 @@ impl WriterSchemas {
                 store,
                 ids,
                 refused: HashMap::new(),
+                variants: HashMap::new(),
+                dropping: HashSet::new(),
             }),
         })
     }
@@ -189,6 +263,16 @@ impl WriterSchemas {
     pub(crate) fn snapshot(&self) -> (SchemaStore, BTreeMap<u32, usize>) {
         let known = self.lock();
         (known.store.clone(), known.ids.clone())
+    }
+
+    /// The reader of its own writer `id` needs, if it needs one.
+    pub(crate) fn variant_of(&self, id: u32) -> Option<Arc<Variant>> {
+        self.lock().variants.get(&id).cloned()
+    }
+
+    /// Whether records of writer `id` have row-image fields the reader lacks, left out.
+    pub(crate) fn drops_fields(&self, id: u32) -> bool {
+        self.lock().dropping.contains(&id)
     }
 
     /// The first generation that reads writer schema `id`, if accepted.
@@ -214,18 +298,22 @@ impl WriterSchemas {
             if known.ids.contains_key(&id) {
                 return Ok(());
             }
-            if let Some(why) = known.refused.get(&id) {
-                return Err(bad_record(at, why));
+            match known.refused.get(&id) {
+                Some((why, None)) => return Err(bad_record(at, why)),
+                Some((why, Some(until))) if Instant::now() < *until => return Err(bad_record(at, why)),
+                _ => {}
             }
         }
-        let writer = match self.runtime.block_on(self.registry.schema(id)) {
+        let writer = match self.runtime.block_on(self.lookup(id)) {
             Ok(writer) => writer,
             Err(e) if e.is_not_found() => {
                 let why = format!(
-                    "carries schema id {id}, which the schema registry at {} does not have",
-                    self.registry.url()
+                    "carries schema id {id}, which the schema registry at {} does not have (asked for {:?})",
+                    self.registry.url(),
+                    NOT_FOUND_RETRY
                 );
-                self.lock().refused.insert(id, why.clone());
+                let until = Instant::now() + NOT_FOUND_REMEMBERED;
+                self.lock().refused.insert(id, (why.clone(), Some(until)));
                 return Err(bad_record(at, &why));
             }
             Err(e) => {
@@ -248,8 +336,25 @@ impl WriterSchemas {
             Ok(()) => Ok(()),
             Err(why) => {
                 tracing::warn!(id, %why, "schema registry: writer schema refused");
-                known.refused.insert(id, why.clone());
+                known.refused.insert(id, (why.clone(), None));
                 Err(bad_record(at, &why))
+            }
+        }
+    }
+
+    /// Schema `id` from the registry; a registry that does not have it (a replica behind its leader) is asked
+    /// again for [`NOT_FOUND_RETRY`], logged, before it counts as not found.
+    async fn lookup(&self, id: u32) -> std::result::Result<RegisteredSchema, schema_registry::RegistryError> {
+        let deadline = Instant::now() + NOT_FOUND_RETRY;
+        let mut pause = Duration::from_millis(250);
+        loop {
+            match self.registry.schema(id).await {
+                Err(e) if e.is_not_found() && Instant::now() + pause < deadline => {
+                    tracing::warn!(id, registry = %self.registry.url(), "schema registry: schema id not found; asking again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(2));
+                }
+                other => return other,
             }
         }
     }
@@ -297,7 +402,12 @@ impl WriterSchemas {
         store
             .set(Fingerprint::Id(id), AvroSchema::new(writer.schema.clone()))
             .map_err(|e| format!("is written with schema id {id}, which does not parse: {e}"))?;
-        let generation = if added.is_empty() {
+        let older = writer.id < current.reader.id.unwrap_or(u32::MAX);
+        let only_row_images = added
+            .iter()
+            .all(|f| f.starts_with("before.") || f.starts_with("after."));
+        let dropping = !added.is_empty() && self.older_row_fields && older && only_row_images;
+        let generation = if added.is_empty() || dropping {
             current.clone()
         } else if !self.evolve {
             return Err(format!(
@@ -360,8 +470,20 @@ impl WriterSchemas {
                 generation.reader.named()
             )
         })?;
+        let variant = self.variant(&generation, writer, &writer_json)?;
         known.store = store;
         known.ids.insert(id, generation.number);
+        if let Some(variant) = variant {
+            tracing::info!(id, reader = %generation.reader.named(),
+                "schema registry: writer schema decoded as written and converted to the reader's types");
+            known.variants.insert(id, Arc::new(variant));
+        }
+        if dropping {
+            tracing::warn!(id, fields = %named, reader = %generation.reader.named(),
+                "schema registry: an older writer schema has columns the reader lacks (dropped from the table \
+                 since): their values are left out");
+            known.dropping.insert(id);
+        }
         if generation.number != current.number {
             tracing::info!(id, fields = %named, generation = generation.number,
                 "schema registry: reader schema widened with a writer's new fields");
