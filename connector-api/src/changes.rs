@@ -9,7 +9,7 @@
 //! per key wins, deletes by key, the rest upserted, the change columns dropped); a sink that appends writes the
 //! batch as it is, a changelog a `MERGE` can apply later (every change once, in source order).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
@@ -58,10 +58,14 @@ pub const UNAVAILABLE_COLUMN: &str = "__unavailable";
 #[derive(Debug, Clone)]
 pub struct AppliedChanges {
     /// The rows to insert or update: the last change of each key that is not a delete, in the table's columns
-    /// (the change columns dropped), in source order.
+    /// (the change columns dropped), in source order. A column the last change did not carry
+    /// ([`UNAVAILABLE_COLUMN`]) holds the value of the key's latest earlier change that did, when there is one.
     pub upserts: RecordBatch,
     /// The keys to delete: the last change of each key that is a delete, the key columns in the order given.
     pub deletes: RecordBatch,
+    /// Per row of `upserts`, the columns whose value neither its change nor an earlier one of the batches carried
+    /// (sorted; empty for most rows): the sink must take them from what it holds for the key.
+    pub unchanged: Vec<Vec<String>>,
 }
 
 impl ChangeColumns {
@@ -239,6 +243,102 @@ impl ChangeColumns {
         names
     }
 
+    /// For each last change of a key (`latest`) that did not carry some columns: the columns an earlier change
+    /// of the key in `batches` carried, with where (batch, row) their latest value is, and the columns left
+    /// (no earlier change since the key's last delete carried them). Keyed by (batch, row).
+    #[allow(clippy::type_complexity)]
+    fn carried(
+        &self,
+        batches: &[RecordBatch],
+        key_columns: &[usize],
+        latest: &[Vec<usize>],
+    ) -> Result<HashMap<(usize, usize), (Vec<String>, Vec<(usize, (usize, usize))>)>> {
+        let mut out = HashMap::new();
+        let Some(unavailable) = self.unavailable else {
+            return Ok(out);
+        };
+        if batches
+            .iter()
+            .all(|b| b.column(unavailable).null_count() == b.num_rows())
+        {
+            return Ok(out);
+        }
+        let last: HashSet<(usize, usize)> = latest
+            .iter()
+            .enumerate()
+            .flat_map(|(n, rows)| rows.iter().map(move |&i| (n, i)))
+            .collect();
+        let keys = key_rows(batches, key_columns)?;
+        // Per key, per column, where its latest carried value is (since the key's last delete).
+        let mut state: HashMap<arrow_row::OwnedRow, HashMap<usize, (usize, usize)>> =
+            HashMap::new();
+        for (n, batch) in batches.iter().enumerate() {
+            let ops = batch.column(self.op).as_string::<i32>();
+            for i in 0..batch.num_rows() {
+                let key = keys[n].row(i).owned();
+                if kind(ops, i, None)? == Kind::Delete {
+                    state.remove(&key);
+                    continue;
+                }
+                let missing = self.unchanged(batch, i);
+                let columns = state.entry(key).or_default();
+                if last.contains(&(n, i)) && !missing.is_empty() {
+                    let (mut left, mut from) = (Vec::new(), Vec::new());
+                    for name in missing {
+                        let column = self.table.index_of(&name).map(|c| self.row[c]).ok();
+                        match column.and_then(|c| columns.get(&c).map(|at| (c, *at))) {
+                            Some(found) => from.push(found),
+                            None => left.push(name),
+                        }
+                    }
+                    out.insert((n, i), (left, from));
+                }
+                for &c in &self.row {
+                    let name = batch.schema().field(c).name().clone();
+                    if !self.unchanged(batch, i).contains(&name) {
+                        columns.insert(c, (n, i));
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The table columns of upsert rows whose values come from `sources` (per table column, per row: the batch
+    /// and row of its value).
+    fn take_carried(
+        &self,
+        batches: &[RecordBatch],
+        sources: &[Vec<(usize, usize)>],
+        rows: usize,
+    ) -> Result<RecordBatch> {
+        let columns = self
+            .row
+            .iter()
+            .zip(sources)
+            .map(|(&c, at)| {
+                let arrays: Vec<&dyn Array> =
+                    batches.iter().map(|b| b.column(c).as_ref()).collect();
+                arrow_select::interleave::interleave(&arrays, at)
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .and_then(|columns| {
+                RecordBatch::try_new_with_options(
+                    self.table.clone(),
+                    columns,
+                    &arrow_array::RecordBatchOptions::new().with_row_count(Some(rows)),
+                )
+            });
+        columns.map_err(|e| {
+            Error::new(
+                ErrorKind::Bug,
+                Phase::Write,
+                "the carried values cannot be taken",
+            )
+            .with_source(e)
+        })
+    }
+
     /// The indices of the key columns `key` among the batches' columns.
     fn key_columns(&self, key: &[String]) -> Result<Vec<usize>> {
         key.iter()
@@ -295,6 +395,7 @@ impl ChangeColumns {
             check_keys(batch, &key_columns, at, &kinds)?;
         }
         let latest = last_rows_per_key(batches, &key_columns)?;
+        let mut carried = self.carried(batches, &key_columns, &latest)?;
         batches
             .iter()
             .zip(latest)
@@ -309,14 +410,36 @@ impl ChangeColumns {
                         upserts.push(i as u32);
                     }
                 }
-                let upserts = take_columns(batch, &self.row, &upserts, self.table.clone())?;
+                let mut unchanged = Vec::with_capacity(upserts.len());
+                let mut sources: Vec<Vec<(usize, usize)>> = vec![Vec::new(); self.row.len()];
+                let mut filled = false;
+                for &i in &upserts {
+                    let (left, from) = carried.remove(&(n, i as usize)).unwrap_or_default();
+                    unchanged.push(left);
+                    for (c, sources) in sources.iter_mut().enumerate() {
+                        let source = from
+                            .iter()
+                            .find(|(column, _)| *column == self.row[c])
+                            .map(|(_, at)| *at);
+                        filled |= source.is_some();
+                        sources.push(source.unwrap_or((n, i as usize)));
+                    }
+                }
+                let upserts = match filled {
+                    false => take_columns(batch, &self.row, &upserts, self.table.clone())?,
+                    true => self.take_carried(batches, &sources, upserts.len())?,
+                };
                 let deletes = take_columns(
                     batch,
                     &key_columns,
                     &deletes,
                     self.key_schema(batch, &key_columns),
                 )?;
-                Ok(AppliedChanges { upserts, deletes })
+                Ok(AppliedChanges {
+                    upserts,
+                    deletes,
+                    unchanged,
+                })
             })
             .collect()
     }
@@ -597,6 +720,63 @@ mod tests {
                 (false, vec![2]),
                 (true, vec![4, 5])
             ]
+        );
+    }
+
+    #[test]
+    fn a_value_a_change_did_not_carry_comes_from_the_keys_earlier_change() {
+        let op = Field::new(OP_COLUMN, DataType::Utf8, false).with_metadata(HashMap::from([(
+            CHANGE_COLUMN.to_string(),
+            "op".to_string(),
+        )]));
+        let unavailable = Field::new(
+            UNAVAILABLE_COLUMN,
+            DataType::List(Arc::new(Field::new("item", DataType::Utf8, true))),
+            true,
+        )
+        .with_metadata(HashMap::from([(
+            CHANGE_COLUMN.to_string(),
+            "unavailable".to_string(),
+        )]));
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int32, false),
+            Field::new("body", DataType::Utf8, true),
+            op,
+            unavailable,
+        ]));
+        let mut lists =
+            arrow_array::builder::ListBuilder::new(arrow_array::builder::StringBuilder::new());
+        for missing in [None, Some("body"), Some("body"), Some("body")] {
+            match missing {
+                Some(name) => {
+                    lists.values().append_value(name);
+                    lists.append(true);
+                }
+                None => lists.append_null(),
+            }
+        }
+        // id 1: inserted with its body, then updated without it; id 2: updated without it (body unknown here);
+        // id 3: deleted, then updated without it.
+        let batch = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(Int32Array::from(vec![1, 1, 2, 3])),
+                Arc::new(StringArray::from(vec![Some("long text"), None, None, None])),
+                Arc::new(StringArray::from(vec!["c", "u", "u", "u"])),
+                Arc::new(lists.finish()),
+            ],
+        )
+        .unwrap();
+        let columns = ChangeColumns::of(&batch.schema()).unwrap().unwrap();
+        let applied = columns.apply(&batch, &["id".to_string()]).unwrap();
+        assert_eq!(ids(&applied.upserts), vec![1, 2, 3]);
+        assert_eq!(
+            applied.upserts.column(1).as_string::<i32>().value(0),
+            "long text"
+        );
+        assert_eq!(
+            applied.unchanged,
+            vec![vec![], vec!["body".to_string()], vec!["body".to_string()]]
         );
     }
 

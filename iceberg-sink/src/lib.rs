@@ -68,6 +68,7 @@ mod row_delta;
 mod sink;
 mod swap_outcome;
 mod types;
+mod unavailable;
 mod upsert;
 mod writer;
 

@@ -25,6 +25,7 @@ use crate::ledger::SubtaskKey;
 use crate::manifest_merge::MANIFEST_MERGE_ENABLED;
 use crate::retire::DELETE_METADATA_AFTER_COMMIT;
 use crate::types;
+use crate::unavailable::{PreviousRows, fill};
 use crate::upsert::KeyedRows;
 use crate::writer::CheckpointWriter;
 
@@ -52,6 +53,8 @@ pub struct IcebergSink {
     pub(crate) open: Option<CheckpointId>,
     /// The upsert mode's rows of the open checkpoint (`upsert_key`), written at pre-commit.
     pub(crate) keyed: Option<KeyedRows>,
+    /// The upsert mode's rows of the previous checkpoint, for the values a change does not carry.
+    pub(crate) previous: PreviousRows,
 }
 
 impl std::fmt::Debug for IcebergSink {
@@ -131,6 +134,7 @@ impl IcebergSink {
             pre_committed: None,
             open: None,
             keyed,
+            previous: PreviousRows::default(),
         })
     }
 
@@ -299,12 +303,29 @@ impl TwoPhaseCommit for IcebergSink {
         })?;
         let written = match self.keyed.as_mut().map(KeyedRows::take).transpose()? {
             None => writer.close().await?,
-            Some(applied) => {
+            Some(mut applied) => {
                 let key = self
                     .keyed
                     .as_ref()
                     .map(|k| k.key().to_vec())
                     .unwrap_or_default();
+                if applied
+                    .iter()
+                    .any(|a| a.unchanged.iter().any(|u| !u.is_empty()))
+                {
+                    // The table as committed now: every checkpoint but the previous one (in `previous`).
+                    let table = self.committer.target.load(Phase::PreCommit).await?;
+                    fill(&table, &key, &self.previous, &mut applied)
+                        .await
+                        .map_err(|e| e.or_sink(&self.config.sink))?;
+                }
+                if self
+                    .keyed
+                    .as_ref()
+                    .is_some_and(KeyedRows::carries_unavailable)
+                {
+                    self.previous.remember(&applied);
+                }
                 let deletes = EqualityDeletes::of(self.table(Phase::PreCommit)?, &key)
                     .map_err(|e| e.at_phase(Phase::PreCommit).or_sink(&self.config.sink))?;
                 write_applied(
@@ -336,6 +357,7 @@ impl TwoPhaseCommit for IcebergSink {
     async fn abort(&mut self) -> Result<()> {
         self.writer = None;
         self.open = None;
+        self.previous.forget();
         if let Some(keyed) = &mut self.keyed {
             keyed.clear();
         }

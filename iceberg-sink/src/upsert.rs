@@ -20,6 +20,8 @@ use crate::config::IcebergSinkConfig;
 pub(crate) struct KeyedRows {
     key: Vec<String>,
     changes: Option<ChangeColumns>,
+    /// Whether the change stream names the columns a change did not carry.
+    schema_has_unavailable: bool,
     batches: Vec<RecordBatch>,
 }
 
@@ -64,8 +66,14 @@ impl KeyedRows {
         Ok(Self {
             key,
             changes,
+            schema_has_unavailable: schema.index_of(connector_api::UNAVAILABLE_COLUMN).is_ok(),
             batches: Vec::new(),
         })
+    }
+
+    /// Whether the rows can leave columns out (a change stream with an `__unavailable` column).
+    pub(crate) fn carries_unavailable(&self) -> bool {
+        self.changes.is_some() && self.schema_has_unavailable
     }
 
     /// The key columns.
@@ -99,6 +107,7 @@ impl KeyedRows {
             None => Ok(last_rows_by_key(batches, &self.key)?
                 .into_iter()
                 .map(|upserts| AppliedChanges {
+                    unchanged: vec![Vec::new(); upserts.num_rows()],
                     upserts,
                     deletes: RecordBatch::new_empty(Arc::new(arrow_schema::Schema::empty())),
                 })

@@ -97,12 +97,25 @@ fn counterpart<'r>(writer: &Value, reader: &'r Value) -> Option<&'r Value> {
         .copied()
 }
 
+/// A primitive or fixed type's base, size, logical type, precision and scale ([`signature`]).
+type Signature = (
+    String,
+    Option<u64>,
+    Option<String>,
+    Option<u64>,
+    Option<u64>,
+);
+
 /// The logical signature of a primitive or fixed Avro type: its base (`long`, `bytes`, `fixed`), size, logical type,
 /// precision and scale; `None` for records, arrays, maps, enums, unions and named references.
-fn signature(ty: &Value) -> Option<(String, Option<u64>, Option<String>, Option<u64>, Option<u64>)> {
-    const PRIMITIVES: [&str; 8] = ["null", "boolean", "int", "long", "float", "double", "bytes", "string"];
+fn signature(ty: &Value) -> Option<Signature> {
+    const PRIMITIVES: [&str; 8] = [
+        "null", "boolean", "int", "long", "float", "double", "bytes", "string",
+    ];
     match ty {
-        Value::String(name) if PRIMITIVES.contains(&name.as_str()) => Some((name.clone(), None, None, None, None)),
+        Value::String(name) if PRIMITIVES.contains(&name.as_str()) => {
+            Some((name.clone(), None, None, None, None))
+        }
         Value::Object(o) => {
             let base = o.get("type")?.as_str()?;
             if !PRIMITIVES.contains(&base) && base != "fixed" {
@@ -110,7 +123,13 @@ fn signature(ty: &Value) -> Option<(String, Option<u64>, Option<String>, Option<
             }
             let text = |k: &str| o.get(k).and_then(Value::as_str).map(str::to_string);
             let number = |k: &str| o.get(k).and_then(Value::as_u64);
-            Some((base.to_string(), number("size"), text("logicalType"), number("precision"), number("scale")))
+            Some((
+                base.to_string(),
+                number("size"),
+                text("logicalType"),
+                number("precision"),
+                number("scale"),
+            ))
         }
         _ => None,
     }
@@ -155,7 +174,10 @@ fn replace_logical(reader: &mut Value, writer: &Value) -> bool {
         }
         Value::Object(r) => {
             let writer = match writer {
-                Value::Array(branches) => match branches.iter().find(|w| same_kind(&Value::Object(r.clone()), w)) {
+                Value::Array(branches) => match branches
+                    .iter()
+                    .find(|w| same_kind(&Value::Object(r.clone()), w))
+                {
                     Some(w) => w,
                     None => return false,
                 },
@@ -166,19 +188,32 @@ fn replace_logical(reader: &mut Value, writer: &Value) -> bool {
             };
             match r.get("type").and_then(Value::as_str) {
                 Some("record") => {
-                    let writer_fields = w.get("fields").and_then(Value::as_array).cloned().unwrap_or_default();
+                    let writer_fields = w
+                        .get("fields")
+                        .and_then(Value::as_array)
+                        .cloned()
+                        .unwrap_or_default();
                     let mut changed = false;
                     if let Some(fields) = r.get_mut("fields").and_then(Value::as_array_mut) {
                         for field in fields {
-                            let name = field.get("name").and_then(Value::as_str).map(str::to_string);
+                            let name = field
+                                .get("name")
+                                .and_then(Value::as_str)
+                                .map(str::to_string);
                             let aliases: Vec<String> = field
                                 .get("aliases")
                                 .and_then(Value::as_array)
-                                .map(|a| a.iter().filter_map(|x| x.as_str().map(str::to_string)).collect())
+                                .map(|a| {
+                                    a.iter()
+                                        .filter_map(|x| x.as_str().map(str::to_string))
+                                        .collect()
+                                })
                                 .unwrap_or_default();
                             let matching = writer_fields.iter().find(|wf| {
                                 let wn = wf.get("name").and_then(Value::as_str);
-                                wn.is_some() && (wn.map(str::to_string) == name || aliases.iter().any(|a| Some(a.as_str()) == wn))
+                                wn.is_some()
+                                    && (wn.map(str::to_string) == name
+                                        || aliases.iter().any(|a| Some(a.as_str()) == wn))
                             });
                             if let Some(wf) = matching {
                                 changed |= replace_logical(&mut field["type"], &wf["type"]);
@@ -210,7 +245,9 @@ fn same_kind(a: &Value, b: &Value) -> bool {
     }
     let kind = |v: &Value| v.get("type").and_then(Value::as_str).map(str::to_string);
     let name = |v: &Value| v.get("name").and_then(Value::as_str).map(str::to_string);
-    kind(a).is_some() && kind(a) == kind(b) && (kind(a).as_deref() != Some("record") || name(a) == name(b))
+    kind(a).is_some()
+        && kind(a) == kind(b)
+        && (kind(a).as_deref() != Some("record") || name(a) == name(b))
 }
 
 /// `reader` with the top-level fields `added` (names) of `writer` appended, each readable from records that lack
@@ -317,8 +354,14 @@ mod tests {
             {"name":"id","type":"int"}]});
         let variant = resolution_reader(&reader, &writer).unwrap();
         assert_eq!(variant["fields"][0]["type"][1]["scale"], 2);
-        assert_eq!(variant["fields"][1]["type"]["logicalType"], "timestamp-millis");
-        assert_eq!(variant["fields"][2]["type"], "long", "a promotion stays arrow-avro's");
+        assert_eq!(
+            variant["fields"][1]["type"]["logicalType"],
+            "timestamp-millis"
+        );
+        assert_eq!(
+            variant["fields"][2]["type"], "long",
+            "a promotion stays arrow-avro's"
+        );
         assert!(resolution_reader(&reader, &reader).is_none());
     }
 

@@ -142,7 +142,13 @@ impl AvroRows {
             columns,
             &arrow_array::RecordBatchOptions::new().with_row_count(Some(part.num_rows())),
         )
-        .map_err(|e| Error::bug(Phase::Write, "converted Avro rows do not fit the reader schema").with_source(e))
+        .map_err(|e| {
+            Error::bug(
+                Phase::Write,
+                "converted Avro rows do not fit the reader schema",
+            )
+            .with_source(e)
+        })
     }
 
     /// Appends one framed Avro record; `role` (value or key) names it in errors.

@@ -172,20 +172,27 @@ impl WriterSchemas {
         let reader = ReaderSchema {
             schema: variant.to_string(),
             id: None,
-            origin: format!("{} with schema id {id}'s logical types", generation.reader.origin),
+            origin: format!(
+                "{} with schema id {id}'s logical types",
+                generation.reader.origin
+            ),
         };
         let mut store = SchemaStore::new_with_type(FingerprintAlgorithm::Id);
         store
             .set(Fingerprint::Id(id), AvroSchema::new(writer.schema.clone()))
             .map_err(|e| format!("is written with schema id {id}, which does not parse: {e}"))?;
         let decoded = reading_as(store.clone(), &reader, 1)
-            .map_err(|e| format!("is written with schema id {id}, which arrow-avro cannot decode: {e}"))?
+            .map_err(|e| {
+                format!("is written with schema id {id}, which arrow-avro cannot decode: {e}")
+            })?
             .schema();
         for field in generation.arrow.fields() {
             let Ok(written) = decoded.field_with_name(field.name()) else {
                 continue;
             };
-            if let Err(refusal) = connector_api::types::exact::check(written.data_type(), field.data_type()) {
+            if let Err(refusal) =
+                connector_api::types::exact::check(written.data_type(), field.data_type())
+            {
                 let refusal = refusal.under(field.name());
                 return Err(format!(
                     "is written with schema id {id}, whose field `{}` {} as {} reads it: converting would change \
@@ -300,7 +307,9 @@ impl WriterSchemas {
             }
             match known.refused.get(&id) {
                 Some((why, None)) => return Err(bad_record(at, why)),
-                Some((why, Some(until))) if Instant::now() < *until => return Err(bad_record(at, why)),
+                Some((why, Some(until))) if Instant::now() < *until => {
+                    return Err(bad_record(at, why));
+                }
                 _ => {}
             }
         }
@@ -344,7 +353,10 @@ impl WriterSchemas {
 
     /// Schema `id` from the registry; a registry that does not have it (a replica behind its leader) is asked
     /// again for [`NOT_FOUND_RETRY`], logged, before it counts as not found.
-    async fn lookup(&self, id: u32) -> std::result::Result<RegisteredSchema, schema_registry::RegistryError> {
+    async fn lookup(
+        &self,
+        id: u32,
+    ) -> std::result::Result<RegisteredSchema, schema_registry::RegistryError> {
         let deadline = Instant::now() + NOT_FOUND_RETRY;
         let mut pause = Duration::from_millis(250);
         loop {

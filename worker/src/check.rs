@@ -108,7 +108,13 @@ pub async fn run(args: CheckArgs) -> Result<()> {
     };
     report("checkpoint store".into(), store);
     let registry = crate::sinks::registry();
+    let waiting = crate::awaiting::missing(&job).await.ok().flatten();
     match job.schema().await {
+        Err(_) if waiting.is_some() => println!(
+            "wait  source schema: {} does not exist yet: `ratchet run` waits for it; the sinks are checked \
+             against the change events' columns once it exists",
+            waiting.unwrap_or_default()
+        ),
         Err(e) => report("source schema".into(), Err(e)),
         Ok(schema) => {
             let budget = job.driver_config().budget();
@@ -202,6 +208,11 @@ async fn check_source(job: &JobConfig) -> Result<String> {
         .flatten()
         .find(|topic| !selected.iter().any(|(t, _)| t == topic))
     {
+        if let Some(what) = crate::awaiting::missing(job).await? {
+            return Ok(format!(
+                "{brokers} broker(s); {what} does not exist yet: `ratchet run` waits for it"
+            ));
+        }
         bail!("topic {missing:?} does not exist (or has no partitions): create it first");
     }
     let partitions: usize = selected.iter().map(|(_, m)| m.partitions.len()).sum();

@@ -1,6 +1,7 @@
 //! `ratchet`: the standalone Kafka-to-sink worker.
 #![deny(missing_docs)]
 
+mod awaiting;
 mod check;
 mod cli;
 mod config;

@@ -220,7 +220,10 @@ pub async fn run(args: RunArgs, progress_line: bool) -> Result<()> {
     if job.job.kafka_to_kafka {
         return crate::fast_path::run(&job, &args).await;
     }
-    let starting = start(job.clone(), &args, kafka, health, progress_line);
+    let starting = async {
+        crate::awaiting::source(&job).await?;
+        start(job.clone(), &args, kafka, health, progress_line).await
+    };
     let mut process = tokio::select! {
         process = starting => process?,
         _ = terminate.recv() => return stopped_while_starting("SIGTERM"),

@@ -40,7 +40,7 @@ mod source;
 /// The sink id the dead-letter topic's sink runs under ([`crate::dead_letter`]); no `[[sinks]]` entry may take it.
 pub const DEAD_LETTER_SINK_ID: &str = "dead-letter";
 
-pub use source::{SourceConfig, is_connection_setting};
+pub use source::{DebeziumConverter, DecodingConfig, SourceConfig, is_connection_setting};
 
 /// A whole job file.
 #[derive(Debug, Clone, Deserialize)]
