@@ -17,4 +17,5 @@ mod kill9;
 mod mariadb_detach;
 mod markers;
 mod tombstones;
+mod types;
 mod upsert;
