@@ -120,6 +120,12 @@ impl ChangeColumns {
         })
     }
 
+    /// The first row of `batch` that is a truncate (operation `t`), if any.
+    pub fn first_truncate(&self, batch: &RecordBatch) -> Option<usize> {
+        let ops = batch.column(self.op).as_string::<i32>();
+        (0..batch.num_rows()).find(|&i| ops.is_valid(i) && ops.value(i) == "t")
+    }
+
     /// Which rows of `batch` (of the schema these columns came from) are deletes (operation `d`).
     pub fn deletes(&self, batch: &RecordBatch) -> Vec<bool> {
         let ops = batch.column(self.op).as_string::<i32>();

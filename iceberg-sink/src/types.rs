@@ -10,7 +10,7 @@
 //! | `Float16`, `Float32` / `Float64` | float / double | |
 //! | `Decimal(p, s)`, p ≤ 38 | decimal(p, s) | more digits: refused (Iceberg's limit is 38) |
 //! | strings, `Dictionary(_, Utf8)` (Avro enums), JSON and decimal text | string | |
-//! | `FixedSizeBinary(16)` marked UUID | uuid | |
+//! | `FixedSizeBinary(16)` marked UUID | string: the UUID's canonical text | iceberg-rust 0.10 writes `uuid` columns without Parquet's UUID annotation, which Iceberg's Java readers then read as bytes; nested, a UUID is fixed(16) |
 //! | `FixedSizeBinary(n)` | fixed(n) | |
 //! | `Binary`, `LargeBinary` | binary | |
 //! | `Date32` | date | |
@@ -52,7 +52,12 @@ pub(crate) fn table_schema(schema: &Schema) -> Result<iceberg::spec::Schema, Vec
         })
 }
 
-/// The Iceberg fields of `fields` with ids after `ids`, and every refusal.
+/// Whether `field`, a column of the batches, is a UUID stored as its text ([the table](self)).
+pub(crate) fn uuid_as_text(field: &Field) -> bool {
+    field.data_type() == &DataType::FixedSizeBinary(16) && mark(field) == Some(Mark::Uuid)
+}
+
+/// The Iceberg fields of the batches' columns `fields` with ids after `ids`, and every refusal.
 pub(crate) fn fields_of<'a>(
     fields: impl Iterator<Item = &'a Field>,
     ids: &mut i32,
@@ -62,7 +67,11 @@ pub(crate) fn fields_of<'a>(
     for field in fields {
         *ids += 1;
         let id = *ids;
-        match iceberg_type(field, ids) {
+        let typed = match uuid_as_text(field) {
+            true => Ok(Type::Primitive(PrimitiveType::String)),
+            false => iceberg_type(field, ids),
+        };
+        match typed {
             Ok(ty) => out.push(Arc::new(NestedField::new(
                 id,
                 field.name(),
@@ -106,7 +115,6 @@ fn iceberg_type(field: &Field, ids: &mut i32) -> Result<Type, Refusal> {
         }
         Utf8 | LargeUtf8 | Utf8View => primitive(PrimitiveType::String),
         Dictionary(_, values) => iceberg_type(&field.clone().with_data_type(values.as_ref().clone()), ids),
-        FixedSizeBinary(16) if mark(field) == Some(Mark::Uuid) => primitive(PrimitiveType::Uuid),
         FixedSizeBinary(n) => primitive(PrimitiveType::Fixed(*n as u64)),
         Binary | LargeBinary | BinaryView => primitive(PrimitiveType::Binary),
         Date32 => primitive(PrimitiveType::Date),
@@ -130,11 +138,14 @@ fn iceberg_type(field: &Field, ids: &mut i32) -> Result<Type, Refusal> {
             )))))
         }
         Struct(children) => {
-            let (fields, mut refusals) = fields_of(children.iter().map(|f| f.as_ref()), ids);
-            match refusals.is_empty() {
-                true => Ok(Type::Struct(StructType::new(fields))),
-                false => Err(refusals.remove(0)),
+            let mut fields = Vec::with_capacity(children.len());
+            for child in children {
+                *ids += 1;
+                let id = *ids;
+                let ty = iceberg_type(child, ids).map_err(|r| r.under(child.name()))?;
+                fields.push(Arc::new(NestedField::new(id, child.name(), ty, !child.is_nullable())));
             }
+            Ok(Type::Struct(StructType::new(fields)))
         }
         Map(entries, _) => {
             let DataType::Struct(kv) = entries.data_type() else {
@@ -169,6 +180,9 @@ pub(crate) fn refusals_against(batches: &Schema, table: &Schema) -> Vec<Refusal>
         .iter()
         .filter_map(|field| {
             let (_, column) = table.fields().find(field.name())?;
+            if uuid_as_text(field) && column.data_type() == &DataType::Utf8 {
+                return None;
+            }
             exact::check(field.data_type(), column.data_type())
                 .err()
                 .map(|r| r.under(field.name()))
@@ -230,7 +244,7 @@ mod tests {
         assert_eq!(ty("amount"), "decimal(18, 4)");
         assert_eq!(ty("at"), "timestamptz");
         assert_eq!(ty("status"), "string");
-        assert_eq!(ty("ref"), "uuid");
+        assert_eq!(ty("ref"), "string", "a UUID is its canonical text");
         assert_eq!(ty("at_time"), "time");
         assert!(iceberg.field_by_name("lines.element.qty").is_some());
 

@@ -89,7 +89,20 @@ impl KeyedRows {
     /// [`BadRecord`](connector_api::ErrorKind::BadRecord) naming a row whose operation is not a change.
     pub(crate) fn checked(&self, batch: &RecordBatch) -> Result<RecordBatch> {
         let rows = match &self.changes {
-            Some(changes) => changes.checked_rows(batch)?,
+            Some(changes) => {
+                if let Some(row) = changes.first_truncate(batch) {
+                    return Err(Error::new(
+                        connector_api::ErrorKind::BadRecord,
+                        connector_api::Phase::Write,
+                        format!(
+                            "change row {row} of the batch is a truncate, which an Iceberg table kept by key cannot \
+                             apply (planned): let it go to the dead-letter topic, or refuse truncates in the \
+                             source (truncate = \"refuse\")"
+                        ),
+                    ));
+                }
+                changes.checked_rows(batch)?
+            }
             None => batch.clone(),
         };
         if let Some(missing) = self.key.iter().find(|k| rows.schema().index_of(k).is_err()) {

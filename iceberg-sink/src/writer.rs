@@ -174,6 +174,18 @@ pub(crate) fn to_table_batch(
                 field.name()
             )));
         };
+        let source = batch.schema();
+        let source = source.field_with_name(field.name()).ok();
+        let text;
+        let column = match source.is_some_and(crate::types::uuid_as_text)
+            && field.data_type() == &arrow_schema::DataType::Utf8
+        {
+            true => {
+                text = uuid_text(column);
+                &text
+            }
+            false => column,
+        };
         let column = exact::convert(column, field.data_type()).map_err(|refusal| {
             let path =
                 connector_api::types::Refusal::new(refusal.path, refusal.why).under(field.name());
@@ -207,6 +219,17 @@ pub(crate) fn to_table_batch(
         ))
         .with_source(e)
     })
+}
+
+/// A UUID column's values as their canonical text.
+fn uuid_text(column: &arrow_array::ArrayRef) -> arrow_array::ArrayRef {
+    use arrow_array::cast::AsArray;
+    let bytes = column.as_fixed_size_binary();
+    let texts: arrow_array::StringArray = bytes
+        .iter()
+        .map(|v| v.map(connector_api::types::marks::uuid_text))
+        .collect();
+    std::sync::Arc::new(texts)
 }
 
 #[cfg(test)]

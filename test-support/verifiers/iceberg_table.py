@@ -16,6 +16,8 @@ oldest first. Both readers see only what the current metadata references. With -
 "columns": {column: [ID_COLUMN values of the rows where it is not null, sorted]} for every column of the current
 schema, as pyiceberg reads them (a data file written before a column was added reads as null there). With --rows
 it also prints "rows": every row as a list of its values in the schema's column order, and "column_names". With
+--java-rows it also prints "java_rows" and "java_column_names": every row as Apache Iceberg's Java library reads
+it (decimals as plain text, times in ISO form with six digits, bytes as "base64:...", nested values as JSON). With
 --metadata-files it also prints "unreferenced_manifest_lists" (manifest lists under metadata/ no retained snapshot
 names), "unreferenced_manifests" (the other .avro files under metadata/, manifests, that no retained snapshot's list
 names), "current_manifests" (how many manifests the current snapshot's list names), "snapshot_rows" ([{"snapshot_id",
@@ -344,6 +346,10 @@ def main(name: str, uri: str, warehouse: str, table_name: str, id_column: str, *
         }
     if "--metadata-files" in flags:
         out.update(metadata_files(table, id_column))
+    if "--java-rows" in flags:
+        read = java_read(table.metadata_location)
+        out["java_column_names"] = read["column_names"]
+        out["java_rows"] = read["rows"]
     if "--rows" in flags:
         rows = read_rows(table)
         out["column_names"] = rows.column_names

@@ -10,4 +10,5 @@ mod kill9;
 mod maintenance;
 mod races;
 mod tables;
+mod types;
 mod upsert;

@@ -31,14 +31,20 @@ use arrow_schema::{DataType, Field, Fields, Schema, SchemaRef, TimeUnit};
 use common::{Db, cli, short_name};
 use connector_api::types::marks::{Mark, marked};
 use connector_api::{
-    CHANGE_COLUMN, CheckpointId, Committer, ErrorKind, OP_COLUMN, SinkId, SubtaskId, TwoPhaseCommit,
-    UNAVAILABLE_COLUMN,
+    CHANGE_COLUMN, CheckpointId, Committer, ErrorKind, OP_COLUMN, SinkId, SubtaskId,
+    TwoPhaseCommit, UNAVAILABLE_COLUMN,
 };
 use jdbc_sink::{ConnectionConfig, JdbcSink, JdbcSinkConfig, WriteMode};
 use serde_json::{Value, json};
 use test_support::Services;
 
-fn sink_config(db: Db, table: &str, scope: &str, mode: WriteMode, schema: SchemaRef) -> JdbcSinkConfig {
+fn sink_config(
+    db: Db,
+    table: &str,
+    scope: &str,
+    mode: WriteMode,
+    schema: SchemaRef,
+) -> JdbcSinkConfig {
     JdbcSinkConfig {
         sink: SinkId::new("types").unwrap(),
         scope: SinkId::new(scope).unwrap().into(),
@@ -54,7 +60,10 @@ fn sink_config(db: Db, table: &str, scope: &str, mode: WriteMode, schema: Schema
 }
 
 /// One checkpoint of `batches` through a new sink of `config`, committed (also in xa mode).
-async fn write_checkpoint(config: JdbcSinkConfig, batches: &[RecordBatch]) -> connector_api::Result<()> {
+async fn write_checkpoint(
+    config: JdbcSinkConfig,
+    batches: &[RecordBatch],
+) -> connector_api::Result<()> {
     let mut sink = JdbcSink::new(config).await?;
     sink.recover(None).await?;
     sink.begin(CheckpointId(1)).await?;
@@ -96,12 +105,23 @@ fn rich() -> RecordBatch {
         Field::new("amount", DataType::Decimal128(38, 10), true),
         Field::new("big", DataType::Decimal256(60, 20), true),
         Field::new("price", DataType::Decimal128(10, 2), true),
-        Field::new("at_ms", DataType::Timestamp(TimeUnit::Millisecond, Some("+00:00".into())), true),
-        Field::new("local_us", DataType::Timestamp(TimeUnit::Microsecond, None), true),
+        Field::new(
+            "at_ms",
+            DataType::Timestamp(TimeUnit::Millisecond, Some("+00:00".into())),
+            true,
+        ),
+        Field::new(
+            "local_us",
+            DataType::Timestamp(TimeUnit::Microsecond, None),
+            true,
+        ),
         Field::new("day", DataType::Date32, true),
         Field::new("t_ms", DataType::Time32(TimeUnit::Millisecond), true),
         Field::new("t_us", DataType::Time64(TimeUnit::Microsecond), true),
-        marked(Field::new("ref", DataType::FixedSizeBinary(16), true), Mark::Uuid),
+        marked(
+            Field::new("ref", DataType::FixedSizeBinary(16), true),
+            Mark::Uuid,
+        ),
         Field::new("blob", DataType::Binary, true),
         marked(Field::new("doc", DataType::Utf8, true), Mark::Json),
         Field::new(
@@ -134,7 +154,12 @@ fn rich() -> RecordBatch {
         ),
         Arc::new(
             Decimal256Array::from(vec![
-                Some(i256::from_string("123456789012345678901234567890123456789012345678901234567890").unwrap()),
+                Some(
+                    i256::from_string(
+                        "123456789012345678901234567890123456789012345678901234567890",
+                    )
+                    .unwrap(),
+                ),
                 Some(i256::from_i128(5)),
                 None,
             ])
@@ -155,9 +180,21 @@ fn rich() -> RecordBatch {
             Some(1_700_000_000_123_456),
             None,
         ])),
-        Arc::new(Date32Array::from(vec![Some(-719_162), Some(2_932_896), None])),
-        Arc::new(Time32MillisecondArray::from(vec![Some(0), Some(86_399_999), None])),
-        Arc::new(Time64MicrosecondArray::from(vec![Some(1), Some(86_399_999_999), None])),
+        Arc::new(Date32Array::from(vec![
+            Some(-719_162),
+            Some(2_932_896),
+            None,
+        ])),
+        Arc::new(Time32MillisecondArray::from(vec![
+            Some(0),
+            Some(86_399_999),
+            None,
+        ])),
+        Arc::new(Time64MicrosecondArray::from(vec![
+            Some(1),
+            Some(86_399_999_999),
+            None,
+        ])),
         Arc::new(
             FixedSizeBinaryArray::try_from_sparse_iter_with_size(
                 vec![Some(uuid_bytes()), Some([0u8; 16]), None].into_iter(),
@@ -165,8 +202,16 @@ fn rich() -> RecordBatch {
             )
             .unwrap(),
         ),
-        Arc::new(BinaryArray::from(vec![Some(&b"\x00\xff\x10"[..]), Some(&b""[..]), None])),
-        Arc::new(StringArray::from(vec![Some(r#"{"a": [1, 2.5, null], "b": "x"}"#), Some("[]"), None])),
+        Arc::new(BinaryArray::from(vec![
+            Some(&b"\x00\xff\x10"[..]),
+            Some(&b""[..]),
+            None,
+        ])),
+        Arc::new(StringArray::from(vec![
+            Some(r#"{"a": [1, 2.5, null], "b": "x"}"#),
+            Some("[]"),
+            None,
+        ])),
         Arc::new(
             DictionaryArray::<Int32Type>::try_new(
                 Int32Array::from(vec![Some(1), Some(0), None]),
@@ -191,7 +236,10 @@ fn rich() -> RecordBatch {
 }
 
 fn text(value: &Value) -> String {
-    value.as_str().unwrap_or_else(|| panic!("not text: {value}")).to_string()
+    value
+        .as_str()
+        .unwrap_or_else(|| panic!("not text: {value}"))
+        .to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -201,12 +249,18 @@ async fn every_real_type_reaches_a_table_create_table_made_exactly() {
         let batch = rich();
         // MariaDB's DECIMAL holds 65 digits: decimal(60, 20) fits.
         let config = sink_config(db, &table, &scope, WriteMode::Xa, batch.schema());
-        write_checkpoint(config, std::slice::from_ref(&batch)).await.unwrap();
+        write_checkpoint(config, std::slice::from_ref(&batch))
+            .await
+            .unwrap();
         let read = read(db, &table, "id");
         let rows = read["rows"].as_array().unwrap();
         assert_eq!(rows.len(), 3, "{db:?}: {read}");
         let (first, second, third) = (&rows[0], &rows[1], &rows[2]);
-        assert_eq!(text(&first["amount"]), "9999999999999999999999999999.9999999999", "{db:?}");
+        assert_eq!(
+            text(&first["amount"]),
+            "9999999999999999999999999999.9999999999",
+            "{db:?}"
+        );
         assert_eq!(text(&second["amount"]), "-0.0000000001", "{db:?}");
         assert_eq!(
             text(&first["big"]),
@@ -215,13 +269,20 @@ async fn every_real_type_reaches_a_table_create_table_made_exactly() {
         );
         assert_eq!(text(&second["price"]), "-999999.99", "{db:?}");
         let (before_1970, far_ahead) = match db {
-            Db::Postgres => ("1969-12-31T23:59:59.999000+00:00", "9999-12-31T23:59:59.999000+00:00"),
+            Db::Postgres => (
+                "1969-12-31T23:59:59.999000+00:00",
+                "9999-12-31T23:59:59.999000+00:00",
+            ),
             Db::MariaDb => ("1969-12-31T23:59:59.999000", "9999-12-31T23:59:59.999000"),
         };
         assert_eq!(text(&first["at_ms"]), before_1970, "{db:?}");
         assert_eq!(text(&second["at_ms"]), far_ahead, "{db:?}");
         assert_eq!(text(&first["local_us"]), "0001-01-01T00:00:00", "{db:?}");
-        assert_eq!(text(&second["local_us"]), "2023-11-14T22:13:20.123456", "{db:?}");
+        assert_eq!(
+            text(&second["local_us"]),
+            "2023-11-14T22:13:20.123456",
+            "{db:?}"
+        );
         assert_eq!(text(&first["day"]), "0001-01-01", "{db:?}");
         assert_eq!(text(&second["day"]), "9999-12-31", "{db:?}");
         match db {
@@ -255,7 +316,11 @@ async fn every_real_type_reaches_a_table_create_table_made_exactly() {
         for column in read["columns"].as_array().unwrap() {
             let column = column.as_str().unwrap();
             if column != "id" && column != "line" {
-                assert!(third[column].is_null(), "{db:?}: {column} = {}", third[column]);
+                assert!(
+                    third[column].is_null(),
+                    "{db:?}: {column} = {}",
+                    third[column]
+                );
             }
         }
     }
@@ -284,10 +349,17 @@ fn precreated(db: Db, table: &str) -> RecordBatch {
         Field::new("amount", DataType::Decimal128(10, 2), true),
         marked(Field::new("exact", DataType::Utf8, true), Mark::DecimalText),
         Field::new("at", DataType::Timestamp(TimeUnit::Millisecond, None), true),
-        Field::new("at_tz", DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())), true),
+        Field::new(
+            "at_tz",
+            DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+            true,
+        ),
         Field::new("day", DataType::Date32, true),
         Field::new("clock", DataType::Time64(TimeUnit::Microsecond), true),
-        marked(Field::new("ref", DataType::FixedSizeBinary(16), true), Mark::Uuid),
+        marked(
+            Field::new("ref", DataType::FixedSizeBinary(16), true),
+            Mark::Uuid,
+        ),
         marked(Field::new("doc", DataType::Utf8, true), Mark::Json),
         Field::new("bin", DataType::Binary, true),
         Field::new("tags", list(DataType::Utf8), true),
@@ -299,13 +371,18 @@ fn precreated(db: Db, table: &str) -> RecordBatch {
     tags.values().append_value("x");
     tags.values().append_null();
     tags.append(true);
-    let nums = ListArray::from_iter_primitive::<arrow_array::types::Int64Type, _, _>(vec![Some(vec![
-        Some(i64::MIN),
-        Some(42),
-    ])]);
+    let nums =
+        ListArray::from_iter_primitive::<arrow_array::types::Int64Type, _, _>(vec![Some(vec![
+            Some(i64::MIN),
+            Some(42),
+        ])]);
     let columns: Vec<ArrayRef> = vec![
         Arc::new(Int32Array::from(vec![7])),
-        Arc::new(Decimal128Array::from(vec![12_345]).with_precision_and_scale(10, 2).unwrap()),
+        Arc::new(
+            Decimal128Array::from(vec![12_345])
+                .with_precision_and_scale(10, 2)
+                .unwrap(),
+        ),
         Arc::new(StringArray::from(vec!["-1234567890.0123456789"])),
         Arc::new(TimestampMillisecondArray::from(vec![-86_400_001])),
         Arc::new(TimestampMicrosecondArray::from(vec![1_700_000_000_654_321]).with_timezone("UTC")),
@@ -325,7 +402,12 @@ fn precreated(db: Db, table: &str) -> RecordBatch {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_table_made_with_the_source_databases_own_ddl_takes_every_value_exactly() {
     for db in [Db::Postgres, Db::MariaDb] {
-        for mode in [WriteMode::Xa, WriteMode::Upsert { key: vec!["id".into()] }] {
+        for mode in [
+            WriteMode::Xa,
+            WriteMode::Upsert {
+                key: vec!["id".into()],
+            },
+        ] {
             let (table, scope) = unique(db, &format!("pre-{mode:?}"));
             let batch = precreated(db, &table);
             let mut config = sink_config(db, &table, &scope, mode.clone(), batch.schema());
@@ -342,19 +424,37 @@ async fn a_table_made_with_the_source_databases_own_ddl_takes_every_value_exactl
             assert_eq!(text(&row["day"]), "2022-01-08", "{at}");
             match db {
                 Db::Postgres => {
-                    assert_eq!(text(&row["at_tz"]), "2023-11-14T22:13:20.654321+00:00", "{at}");
+                    assert_eq!(
+                        text(&row["at_tz"]),
+                        "2023-11-14T22:13:20.654321+00:00",
+                        "{at}"
+                    );
                     assert_eq!(text(&row["clock"]), "12:34:56.789012", "{at}");
-                    assert_eq!(text(&row["ref"]), "123e4567-e89b-12d3-a456-426614174000", "{at}");
+                    assert_eq!(
+                        text(&row["ref"]),
+                        "123e4567-e89b-12d3-a456-426614174000",
+                        "{at}"
+                    );
                     assert_eq!(row["doc"]["json"], json!({"k": "v"}), "{at}");
                     assert_eq!(row["tags"], json!(["x", null]), "{at}");
                     assert_eq!(row["nums"], json!([i64::MIN, 42]), "{at}");
                 }
                 Db::MariaDb => {
                     assert_eq!(text(&row["at_tz"]), "2023-11-14T22:13:20.654321", "{at}");
-                    assert_eq!(row["clock"], json!({"interval_us": 45_296_789_012i64}), "{at}");
+                    assert_eq!(
+                        row["clock"],
+                        json!({"interval_us": 45_296_789_012i64}),
+                        "{at}"
+                    );
                     assert_eq!(text(&row["ref"]), "base64:Ej5FZ+ibEtOkVkJmFBdAAA==", "{at}");
-                    assert_eq!(serde_json::from_str::<Value>(&text(&row["doc"])).unwrap(), json!({"k": "v"}));
-                    assert_eq!(serde_json::from_str::<Value>(&text(&row["tags"])).unwrap(), json!(["x", null]));
+                    assert_eq!(
+                        serde_json::from_str::<Value>(&text(&row["doc"])).unwrap(),
+                        json!({"k": "v"})
+                    );
+                    assert_eq!(
+                        serde_json::from_str::<Value>(&text(&row["tags"])).unwrap(),
+                        json!(["x", null])
+                    );
                 }
             }
             assert_eq!(text(&row["bin"]), "base64:3q0=", "{at}");
@@ -370,8 +470,12 @@ async fn what_a_column_would_change_is_refused_naming_the_field_or_the_row() {
         // At start: a decimal the column would round, a timestamp with a zone into one without.
         let (table, scope) = unique(db, "narrow");
         let ddl = match db {
-            Db::Postgres => format!("CREATE TABLE {table} (id integer PRIMARY KEY, amount numeric(10, 2))"),
-            Db::MariaDb => format!("CREATE TABLE {table} (id INT PRIMARY KEY, amount DECIMAL(10, 2))"),
+            Db::Postgres => {
+                format!("CREATE TABLE {table} (id integer PRIMARY KEY, amount numeric(10, 2))")
+            }
+            Db::MariaDb => {
+                format!("CREATE TABLE {table} (id INT PRIMARY KEY, amount DECIMAL(10, 2))")
+            }
         };
         cli(db, &ddl);
         let wide = Arc::new(Schema::new(vec![
@@ -387,8 +491,12 @@ async fn what_a_column_would_change_is_refused_naming_the_field_or_the_row() {
         // Per row: a finer fraction than time(3) / TIME(3) keeps, text longer than the column.
         let (table, scope) = unique(db, "rows");
         let ddl = match db {
-            Db::Postgres => format!("CREATE TABLE {table} (id integer PRIMARY KEY, at timestamp(3), code varchar(3))"),
-            Db::MariaDb => format!("CREATE TABLE {table} (id INT PRIMARY KEY, at DATETIME(3), code VARCHAR(3))"),
+            Db::Postgres => format!(
+                "CREATE TABLE {table} (id integer PRIMARY KEY, at timestamp(3), code varchar(3))"
+            ),
+            Db::MariaDb => format!(
+                "CREATE TABLE {table} (id INT PRIMARY KEY, at DATETIME(3), code VARCHAR(3))"
+            ),
         };
         cli(db, &ddl);
         let schema = Arc::new(Schema::new(vec![
@@ -409,21 +517,35 @@ async fn what_a_column_would_change_is_refused_naming_the_field_or_the_row() {
             let mut config = sink_config(db, &table, &scope, WriteMode::Xa, schema.clone());
             config.create_table = false;
             let err = write_checkpoint(config, &[batch]).await.unwrap_err();
-            assert_eq!(err.kind(), ErrorKind::BadRecord, "{db:?} {at} {code}: {err}");
+            assert_eq!(
+                err.kind(),
+                ErrorKind::BadRecord,
+                "{db:?} {at} {code}: {err}"
+            );
         }
-        assert_eq!(cli(db, &format!("SELECT count(*) FROM {table}")), "0", "{db:?}");
+        assert_eq!(
+            cli(db, &format!("SELECT count(*) FROM {table}")),
+            "0",
+            "{db:?}"
+        );
     }
     // MariaDB: a character the column's character set cannot hold is a bad record, not a stuck job.
     let db = Db::MariaDb;
     let (table, scope) = unique(db, "latin1");
-    cli(db, &format!("CREATE TABLE {table} (id INT PRIMARY KEY, note TEXT) DEFAULT CHARSET = latin1"));
+    cli(
+        db,
+        &format!("CREATE TABLE {table} (id INT PRIMARY KEY, note TEXT) DEFAULT CHARSET = latin1"),
+    );
     let schema = Arc::new(Schema::new(vec![
         Field::new("id", DataType::Int32, false),
         Field::new("note", DataType::Utf8, true),
     ]));
     let batch = RecordBatch::try_new(
         schema.clone(),
-        vec![Arc::new(Int32Array::from(vec![1])), Arc::new(StringArray::from(vec!["😀"]))],
+        vec![
+            Arc::new(Int32Array::from(vec![1])),
+            Arc::new(StringArray::from(vec!["😀"])),
+        ],
     )
     .unwrap();
     let mut config = sink_config(db, &table, &scope, WriteMode::Xa, schema);
@@ -451,7 +573,9 @@ async fn mariadb_keeps_keys_apart_and_refuses_keys_that_compare_loosely() {
     };
     // Upsert keys that a case-, accent- or space-insensitive collation would merge.
     let (table, scope) = unique(db, "keys");
-    let upsert = WriteMode::Upsert { key: vec!["code".into()] };
+    let upsert = WriteMode::Upsert {
+        key: vec!["code".into()],
+    };
     write_checkpoint(
         sink_config(db, &table, &scope, upsert.clone(), schema.clone()),
         &[rows(&["abc", "ABC", "abc ", "äbc"])],
@@ -513,7 +637,10 @@ async fn xa_ids_fit_any_valid_job_name_and_sink_id() {
 
 fn change_schema(columns: Vec<Field>) -> SchemaRef {
     let marked = |name: &str, ty: DataType, what: &str| {
-        Field::new(name, ty, true).with_metadata(HashMap::from([(CHANGE_COLUMN.to_string(), what.to_string())]))
+        Field::new(name, ty, true).with_metadata(HashMap::from([(
+            CHANGE_COLUMN.to_string(),
+            what.to_string(),
+        )]))
     };
     let mut fields = columns;
     fields.push(marked(OP_COLUMN, DataType::Utf8, "op"));
@@ -526,7 +653,10 @@ fn change_schema(columns: Vec<Field>) -> SchemaRef {
 }
 
 /// Changes `(op, id, email, body, columns the change did not carry)`.
-fn changes(schema: &SchemaRef, rows: &[(&str, i64, Option<&str>, Option<&str>, &[&str])]) -> RecordBatch {
+fn changes(
+    schema: &SchemaRef,
+    rows: &[(&str, i64, Option<&str>, Option<&str>, &[&str])],
+) -> RecordBatch {
     let mut unavailable = ListBuilder::new(StringBuilder::new());
     for row in rows {
         match row.4 {
@@ -542,7 +672,9 @@ fn changes(schema: &SchemaRef, rows: &[(&str, i64, Option<&str>, Option<&str>, &
     RecordBatch::try_new(
         schema.clone(),
         vec![
-            Arc::new(Int64Array::from_iter(rows.iter().map(|r| (r.0 != "t").then_some(r.1)))),
+            Arc::new(Int64Array::from_iter(
+                rows.iter().map(|r| (r.0 != "t").then_some(r.1)),
+            )),
             Arc::new(StringArray::from_iter(rows.iter().map(|r| r.2))),
             Arc::new(StringArray::from_iter(rows.iter().map(|r| r.3))),
             Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.0))),
@@ -556,8 +688,12 @@ fn changes(schema: &SchemaRef, rows: &[(&str, i64, Option<&str>, Option<&str>, &
 async fn change_streams_keep_what_they_did_not_change_in_source_order_and_truncate() {
     for db in [Db::Postgres, Db::MariaDb] {
         for mode in [
-            WriteMode::Upsert { key: vec!["id".into()] },
-            WriteMode::XaUpsert { key: vec!["id".into()] },
+            WriteMode::Upsert {
+                key: vec!["id".into()],
+            },
+            WriteMode::XaUpsert {
+                key: vec!["id".into()],
+            },
         ] {
             let at = format!("{db:?} {mode:?}");
             let (table, scope) = unique(db, &format!("chg-{mode:?}"));
@@ -582,10 +718,13 @@ async fn change_streams_keep_what_they_did_not_change_in_source_order_and_trunca
             let mut sink = JdbcSink::new(config).await.unwrap();
             sink.recover(None).await.unwrap();
             sink.begin(CheckpointId(1)).await.unwrap();
-            sink.write(&changes(&schema, &[
-                ("c", 1, Some("a@x"), Some(&long), &[]),
-                ("c", 2, Some("b@x"), Some("short"), &[]),
-            ]))
+            sink.write(&changes(
+                &schema,
+                &[
+                    ("c", 1, Some("a@x"), Some(&long), &[]),
+                    ("c", 2, Some("b@x"), Some("short"), &[]),
+                ],
+            ))
             .await
             .unwrap();
             let committable = sink.pre_commit(CheckpointId(1)).await.unwrap();
@@ -593,14 +732,17 @@ async fn change_streams_keep_what_they_did_not_change_in_source_order_and_trunca
             sink.begin(CheckpointId(2)).await.unwrap();
             // An update that did not carry the TOASTed body; a primary-key change (delete of 1, insert of 3 with
             // its unique email) that only works in source order; a delete and re-insert of 2 in one batch.
-            sink.write(&changes(&schema, &[
-                ("u", 1, Some("a2@x"), None, &["body"]),
-                ("d", 1, None, None, &[]),
-                ("c", 3, Some("a2@x"), Some("moved"), &[]),
-                ("d", 2, None, None, &[]),
-                ("c", 2, Some("b@x"), Some("again"), &[]),
-                ("u", 3, Some("a2@x"), None, &["body"]),
-            ]))
+            sink.write(&changes(
+                &schema,
+                &[
+                    ("u", 1, Some("a2@x"), None, &["body"]),
+                    ("d", 1, None, None, &[]),
+                    ("c", 3, Some("a2@x"), Some("moved"), &[]),
+                    ("d", 2, None, None, &[]),
+                    ("c", 2, Some("b@x"), Some("again"), &[]),
+                    ("u", 3, Some("a2@x"), None, &["body"]),
+                ],
+            ))
             .await
             .unwrap_or_else(|e| panic!("{at}: {e}"));
             let committable = sink.pre_commit(CheckpointId(2)).await.unwrap();
@@ -616,25 +758,39 @@ async fn change_streams_keep_what_they_did_not_change_in_source_order_and_trunca
             );
             // A value kept across checkpoints: the update carries no body, the table's stays.
             sink.begin(CheckpointId(3)).await.unwrap();
-            sink.write(&changes(&schema, &[("u", 2, Some("b2@x"), None, &["body"])]))
-                .await
-                .unwrap();
+            sink.write(&changes(
+                &schema,
+                &[("u", 2, Some("b2@x"), None, &["body"])],
+            ))
+            .await
+            .unwrap();
             let committable = sink.pre_commit(CheckpointId(3)).await.unwrap();
             sink.committer().commit(vec![committable]).await.unwrap();
             let rows = read(db, &table, "id")["rows"].clone();
-            assert_eq!(rows[0], json!({"id": 2, "email": "b2@x", "body": "again"}), "{at}");
+            assert_eq!(
+                rows[0],
+                json!({"id": 2, "email": "b2@x", "body": "again"}),
+                "{at}"
+            );
             // A truncate deletes every row inside the checkpoint's transaction; a change after it stays.
             sink.begin(CheckpointId(4)).await.unwrap();
-            sink.write(&changes(&schema, &[
-                ("t", 0, None, None, &[]),
-                ("c", 9, Some("n@x"), Some("after"), &[]),
-            ]))
+            sink.write(&changes(
+                &schema,
+                &[
+                    ("t", 0, None, None, &[]),
+                    ("c", 9, Some("n@x"), Some("after"), &[]),
+                ],
+            ))
             .await
             .unwrap();
             let committable = sink.pre_commit(CheckpointId(4)).await.unwrap();
             sink.committer().commit(vec![committable]).await.unwrap();
             let rows = read(db, &table, "id")["rows"].clone();
-            assert_eq!(rows, json!([{"id": 9, "email": "n@x", "body": "after"}]), "{at}");
+            assert_eq!(
+                rows,
+                json!([{"id": 9, "email": "n@x", "body": "after"}]),
+                "{at}"
+            );
             // A change without its key is a bad record.
             sink.begin(CheckpointId(5)).await.unwrap();
             let keyless = changes(&schema, &[("u", 0, Some("q@x"), Some("q"), &[])]);

@@ -2,7 +2,16 @@ import java.io.BufferedReader;
 import java.io.InputStreamReader;
 import java.io.PrintWriter;
 import java.io.StringWriter;
+import java.math.BigDecimal;
+import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
+import java.time.LocalDate;
+import java.time.LocalDateTime;
+import java.time.LocalTime;
+import java.time.OffsetDateTime;
+import java.time.ZoneOffset;
+import java.time.format.DateTimeFormatter;
+import java.util.Base64;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
@@ -22,8 +31,10 @@ import org.apache.iceberg.types.Types;
 /**
  * The reference reader of Ratchet's tests: Apache Iceberg's own Java library reads the current snapshot of the
  * table whose metadata file is given, applying its delete files (merge-on-read, equality and position deletes),
- * and prints every row as JSON: {"column_names": [...], "rows": [[...], ...]}, numbers as numbers, other values as
- * their string form, null as null.
+ * and prints every row as JSON: {"column_names": [...], "rows": [[...], ...]}: integers as numbers; decimals as
+ * their plain text; times, dates and timestamps in ISO form with six fractional digits (timestamptz in UTC with
+ * a Z); bytes and fixed as "base64:..."; structs as objects, lists as arrays, maps as objects; anything else
+ * (strings, floats, booleans, UUIDs) as its string form; null as null.
  *
  * usage: java -cp 'LIBS/*:CLASSES' IcebergRead METADATA_LOCATION
  *        java -cp 'LIBS/*:CLASSES' IcebergRead --serve
@@ -99,12 +110,63 @@ public final class IcebergRead {
     return new HadoopFileIO(new Configuration());
   }
 
+  private static final DateTimeFormatter TIME = DateTimeFormatter.ofPattern("HH:mm:ss.SSSSSS");
+  private static final DateTimeFormatter DATE_TIME = DateTimeFormatter.ofPattern("uuuu-MM-dd'T'HH:mm:ss.SSSSSS");
+
   private static String value(Object value) {
     if (value == null) {
       return "null";
     }
     if (value instanceof Long || value instanceof Integer) {
       return value.toString();
+    }
+    if (value instanceof BigDecimal decimal) {
+      return quote(decimal.toPlainString());
+    }
+    if (value instanceof ByteBuffer buffer) {
+      ByteBuffer copy = buffer.duplicate();
+      byte[] bytes = new byte[copy.remaining()];
+      copy.get(bytes);
+      return quote("base64:" + Base64.getEncoder().encodeToString(bytes));
+    }
+    if (value instanceof byte[] bytes) {
+      return quote("base64:" + Base64.getEncoder().encodeToString(bytes));
+    }
+    if (value instanceof LocalTime time) {
+      return quote(TIME.format(time));
+    }
+    if (value instanceof LocalDateTime dateTime) {
+      return quote(DATE_TIME.format(dateTime));
+    }
+    if (value instanceof OffsetDateTime instant) {
+      return quote(DATE_TIME.format(instant.withOffsetSameInstant(ZoneOffset.UTC)) + "Z");
+    }
+    if (value instanceof LocalDate date) {
+      return quote(date.toString());
+    }
+    if (value instanceof Record record) {
+      StringBuilder out = new StringBuilder("{");
+      List<Types.NestedField> fields = record.struct().fields();
+      for (int i = 0; i < fields.size(); i++) {
+        out.append(i == 0 ? "" : ", ").append(quote(fields.get(i).name())).append(": ").append(value(record.get(i)));
+      }
+      return out.append('}').toString();
+    }
+    if (value instanceof List<?> list) {
+      StringBuilder out = new StringBuilder("[");
+      for (int i = 0; i < list.size(); i++) {
+        out.append(i == 0 ? "" : ", ").append(value(list.get(i)));
+      }
+      return out.append(']').toString();
+    }
+    if (value instanceof Map<?, ?> map) {
+      StringBuilder out = new StringBuilder("{");
+      boolean first = true;
+      for (Map.Entry<?, ?> entry : map.entrySet()) {
+        out.append(first ? "" : ", ").append(quote(String.valueOf(entry.getKey()))).append(": ").append(value(entry.getValue()));
+        first = false;
+      }
+      return out.append('}').toString();
     }
     return quote(value.toString());
   }
