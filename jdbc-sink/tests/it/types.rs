@@ -652,11 +652,17 @@ fn change_schema(columns: Vec<Field>) -> SchemaRef {
     Arc::new(Schema::new(fields))
 }
 
-/// Changes `(op, id, email, body, columns the change did not carry)`.
-fn changes(
-    schema: &SchemaRef,
-    rows: &[(&str, i64, Option<&str>, Option<&str>, &[&str])],
-) -> RecordBatch {
+/// One change: `(op, id, email, body, columns the change did not carry)`.
+type Change<'a> = (
+    &'a str,
+    i64,
+    Option<&'a str>,
+    Option<&'a str>,
+    &'a [&'a str],
+);
+
+/// Changes of [`Change`]s.
+fn changes(schema: &SchemaRef, rows: &[Change<'_>]) -> RecordBatch {
     let mut unavailable = ListBuilder::new(StringBuilder::new());
     for row in rows {
         match row.4 {
