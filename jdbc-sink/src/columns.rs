@@ -8,13 +8,13 @@
 //! | `Boolean` | `Bool` | boolean | BOOLEAN |
 //! | `Int8`, `Int16`, `UInt8` / `Int32`, `UInt16` / `Int64`, `UInt32` | `Int16` / `Int32` / `Int64` | smallint / integer / bigint | SMALLINT / INT / BIGINT |
 //! | `UInt64` | `UInt64` | numeric(20, 0) | BIGINT UNSIGNED |
-//! | `Float16`, `Float32` / `Float64` | `Float32` / `Float64` | real / double precision | FLOAT / DOUBLE |
+//! | `Float16`, `Float32` / `Float64` | `Float32` / `Float64` | real / double precision | DOUBLE (FLOAT columns read back with 6 digits) / DOUBLE |
 //! | `Decimal(p, s)` | `Decimal` | numeric(p, s) | DECIMAL(p, s) (p ≤ 65, s ≤ 38) |
 //! | `Utf8` marked decimal text | `DecimalText` | numeric | DECIMAL(65, 30) |
 //! | `Utf8`, `LargeUtf8`, `Utf8View`, `Dictionary(_, Utf8)` (enums) | `Text` | text | LONGTEXT (utf8mb4); a key: VARCHAR(768) utf8mb4, binary collation without padding |
 //! | `Utf8` marked JSON | `Json` | jsonb | JSON |
 //! | `Binary`, `LargeBinary`, `FixedSizeBinary(n)` | `Bytes` | bytea | LONGBLOB; a key: VARBINARY(3072) |
-//! | `FixedSizeBinary(16)` marked UUID | `Uuid` | uuid | UUID |
+//! | `FixedSizeBinary(16)` marked UUID | `Uuid` | uuid | CHAR(36) ascii: the canonical text (MariaDB's UUID type refuses some variants) |
 //! | `Date32` | `Date` | date | DATE |
 //! | `Time32(s, ms)`, `Time64(µs)` | `Time` | time | TIME(0/3/6) |
 //! | `Timestamp(s, ms, µs)` without / with a zone | `Timestamp` / `TimestampTz` | timestamp / timestamptz | DATETIME(0/3/6) (with a zone: the UTC instant) |
@@ -183,7 +183,8 @@ impl SqlType {
                 Int32 => "INT".into(),
                 Int64 => "BIGINT".into(),
                 UInt64 => "BIGINT UNSIGNED".into(),
-                Float32 => "FLOAT".into(),
+                // DOUBLE holds every float exactly, and MariaDB's text protocol reads FLOAT back with 6 digits.
+                Float32 => "DOUBLE".into(),
                 Float64 => "DOUBLE".into(),
                 Decimal { precision, scale } => format!("DECIMAL({precision}, {scale})"),
                 DecimalText => "DECIMAL(65, 30)".into(),
@@ -195,7 +196,8 @@ impl SqlType {
                 Json | Nested | List => "JSON".into(),
                 Bytes if key => "VARBINARY(3072)".into(),
                 Bytes => "LONGBLOB".into(),
-                Uuid => "UUID".into(),
+                // Not MariaDB's UUID type: it refuses UUIDs of some variants, which PostgreSQL and Avro hold.
+                Uuid => "CHAR(36) CHARACTER SET ascii COLLATE ascii_bin".into(),
                 Date => "DATE".into(),
                 Time(unit) => format!("TIME({})", unit_digits(unit)),
                 Timestamp(unit) | TimestampTz(unit) => format!("DATETIME({})", unit_digits(unit)),

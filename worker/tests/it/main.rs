@@ -28,3 +28,4 @@ mod rescale;
 mod scale_out;
 mod tombstones;
 mod topics;
+mod types;
