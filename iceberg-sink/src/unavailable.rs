@@ -7,8 +7,8 @@
 //! 2. the key's row in the previous checkpoint, which may not be committed to the table yet ([`PreviousRows`]);
 //! 3. the key's current row in the table, read with a scan that applies the table's deletes.
 //!
-//! A key found nowhere (its row was never written: the replica started after it) gets null there, logged at
-//! `warn` naming the key and the column. Exactly once: the previous checkpoint's rows are remembered from its
+//! A key found nowhere (a primary-key change: the new key's row never existed) is refused: the value is nowhere
+//! but in the source, which did not send it (REPLICA IDENTITY FULL makes it send it). Exactly once: the previous checkpoint's rows are remembered from its
 //! pre-commit until the next one and forgotten when a checkpoint is aborted; recovery commits a decided
 //! checkpoint before the next one begins, so the table then holds it.
 
@@ -175,14 +175,21 @@ pub(crate) async fn fill(
                 {
                     Some(Source::Previous(b, row)) => (1 + b, row),
                     Some(Source::Scanned(b, row)) => (1 + previous.rows.len() + b, row),
-                    None => {
-                        if wanted {
-                            tracing::warn!(column = %field.name(), row = r,
-                                "Iceberg upsert: a change did not carry this column, and neither the checkpoint, \
-                                 the previous one nor the table holds the key: written null");
-                        }
-                        (0, r)
+                    None if wanted => {
+                        return Err(Error::new(
+                            ErrorKind::BadRecord,
+                            Phase::PreCommit,
+                            format!(
+                                "a change of key row {r} does not carry column {:?} (the source did not send it: \
+                                 Debezium's unavailable value, as PostgreSQL sends a TOASTed value an update does \
+                                 not touch under REPLICA IDENTITY DEFAULT), and neither the checkpoint, the previous \
+                                 one nor the table holds a row of the key to keep it from (a primary-key change): set \
+                                 REPLICA IDENTITY FULL on the source table",
+                                field.name()
+                            ),
+                        ));
                     }
+                    None => (0, r),
                 };
                 indices.push(at);
             }

@@ -29,6 +29,16 @@ impl DebeziumConnector {
     /// rows are in the topic or being committed; a table without rows may have no topic yet). Fails the test
     /// naming what failed.
     pub fn register(name: &str, table: &str, converter: Converter) -> Self {
+        Self::register_with(name, table, converter, &[])
+    }
+
+    /// [`register`](Self::register) with connector settings added or overridden (`decimal.handling.mode`, ...).
+    pub fn register_with(
+        name: &str,
+        table: &str,
+        converter: Converter,
+        settings: &[(&str, &str)],
+    ) -> Self {
         let services = Services::get();
         let registry;
         let mut args = vec![
@@ -54,6 +64,10 @@ impl DebeziumConnector {
                 registry = services.registry().url;
                 args.extend(["--avro", registry.as_str()]);
             }
+        }
+        let settings: Vec<String> = settings.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        for setting in &settings {
+            args.extend(["--set", setting.as_str()]);
         }
         services.cdc(&args);
         Self {

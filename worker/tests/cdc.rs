@@ -403,3 +403,214 @@ async fn debezium_changes_under_sigkill_reach_postgres_mariadb_and_iceberg_exact
         "prepared transactions left behind"
     );
 }
+
+/// The CDC fidelity run: Debezium's PostgreSQL connector (precise decimals, the Avro converter through the
+/// registry) on a table with the column types CDC users have and a TOASTed column under the default `REPLICA
+/// IDENTITY`, a workload of primary-key changes, deletes and re-inserts in one transaction, updates to NULL, a swap
+/// of unique values and a 5,000-row transaction, while `ratchet run` processes are killed with SIGKILL; replicas
+/// made with the source's own DDL (PostgreSQL `xa_upsert`, MariaDB `upsert`) and an Iceberg table kept by key
+/// (`upsert_key`) then equal the source value by value (`cdc_fidelity.py compare`), nothing left prepared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debezium_types_toast_and_key_changes_reach_every_replica_value_by_value_under_sigkill() {
+    let services = Services::get();
+    let ops = env_u64("RATCHET_CDC_OPS").unwrap_or(600);
+    let kills = env_u64("RATCHET_CDC_KILLS").unwrap_or(3);
+    let seed = env_u64("RATCHET_CHAOS_SEED").unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64
+            | 1
+    });
+    eprintln!("cdc fidelity: {ops} operations, {kills} kills, RATCHET_CHAOS_SEED={seed}");
+    let mut rng = Rng(seed);
+    let mut job = Job::new("fidelity", 1, 1, "3s").await;
+    let name = job.name.clone();
+    let source = format!("public.{name}_src");
+    services.verify(
+        "cdc_fidelity.py",
+        &["create", services.pg_url(), &source, "40"],
+    );
+    services.verify(
+        "cdc_fidelity.py",
+        &[
+            "replicas",
+            services.pg_url(),
+            &format!("{name}_pg"),
+            services.mysql_url(),
+            &format!("{name}_my"),
+        ],
+    );
+    let connector = DebeziumConnector::register_with(
+        &name,
+        &source,
+        Converter::Avro,
+        &[("decimal.handling.mode", "precise")],
+    );
+    let topic = connector.topic().to_string();
+    let registry = services.registry();
+    let warehouse = job.dir.path().join("warehouse");
+    std::fs::write(
+        &job.config,
+        format!(
+            r#"
+[job]
+name = "{name}"
+checkpoint_interval = "1s"
+lease = "3s"
+
+[source]
+bootstrap_servers = "{bootstrap}"
+topic = "{topic}"
+decoding = {{ kind = "debezium", converter = "avro" }}
+
+[source.registry]
+url = "{registry_url}/"
+username = "{user}"
+password = "{password}"
+
+[store]
+kind = "postgres"
+url = "{pg}"
+
+[[sinks]]
+type = "jdbc"
+id = "replica"
+url = "{pg}"
+table = "{name}_pg"
+mode = {{ kind = "xa_upsert", key = ["id"] }}
+
+[[sinks]]
+type = "jdbc"
+id = "mariadb"
+url = "{mysql}"
+table = "{name}_my"
+mode = {{ kind = "upsert", key = ["id"] }}
+
+[[sinks]]
+type = "iceberg"
+id = "lake"
+catalog = {{ kind = "sql", uri = "{pg}", warehouse = "file://{warehouse}" }}
+table = "{name}.state"
+create_table = true
+upsert_key = ["id"]
+"#,
+            bootstrap = services.kafka_bootstrap(),
+            registry_url = registry.url,
+            user = registry.user,
+            password = registry.password,
+            pg = services.pg_url(),
+            mysql = services.mysql_url(),
+            warehouse = warehouse.display(),
+        ),
+    )
+    .unwrap();
+    let checked = job.ratchet("check-config");
+    assert!(
+        checked.status.success(),
+        "check-config:\n{}\n{}",
+        String::from_utf8_lossy(&checked.stdout),
+        String::from_utf8_lossy(&checked.stderr)
+    );
+    let workload = {
+        let (source, seed) = (source.clone(), (seed + 1).to_string());
+        std::thread::spawn(move || {
+            let services = Services::get();
+            services.verify(
+                "cdc_fidelity.py",
+                &[
+                    "workload",
+                    services.pg_url(),
+                    &source,
+                    &seed,
+                    &ops.to_string(),
+                ],
+            )
+        })
+    };
+    let mut worker = job.spawn_worker(&[]);
+    for _ in 0..kills {
+        tokio::time::sleep(Duration::from_millis(1500 + rng.below(3000))).await;
+        worker.kill9();
+        worker = job.spawn_worker(&[]);
+    }
+    let done = tokio::task::spawn_blocking(move || workload.join().expect("the workload"))
+        .await
+        .unwrap();
+    eprintln!("cdc fidelity: workload {done}");
+    let compare = |all: bool| {
+        let services = Services::get();
+        let (pg_table, my_table, state) = (
+            format!("{name}_pg"),
+            format!("{name}_my"),
+            format!("{name}.state"),
+        );
+        let uri = services
+            .pg_url()
+            .replacen("postgres://", "postgresql+psycopg://", 1);
+        let warehouse = format!("file://{}", warehouse.display());
+        let mut args = vec![
+            "compare",
+            services.pg_url(),
+            source.as_str(),
+            services.pg_url(),
+            pg_table.as_str(),
+        ];
+        if all {
+            args.extend([
+                services.mysql_url(),
+                my_table.as_str(),
+                uri.as_str(),
+                warehouse.as_str(),
+                state.as_str(),
+            ]);
+        }
+        services.verify("cdc_fidelity.py", &args)
+    };
+    // The source no longer changes: the PostgreSQL replica catches up with the connector's last change.
+    let deadline = Instant::now() + Duration::from_secs(240);
+    loop {
+        let compared = compare(false);
+        if compared["pg"]["mismatch_count"] == 0 {
+            break;
+        }
+        assert!(
+            worker.exited().is_none(),
+            "the worker stopped:\n{}",
+            worker.log_text()
+        );
+        assert!(
+            Instant::now() < deadline,
+            "the PostgreSQL replica did not reach the source within 240 s: {compared}\n{}",
+            worker.log_text()
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    worker.stop(Duration::from_secs(60));
+    let mut last = job.spawn_worker(&["--exit-when-idle", "2s"]);
+    last.wait_exit(Duration::from_secs(120));
+    let compared = compare(true);
+    assert!(
+        compared["source_rows"].as_u64().unwrap() > 5000,
+        "{compared}"
+    );
+    for replica in ["pg", "mysql", "iceberg"] {
+        assert_eq!(
+            compared[replica]["mismatch_count"],
+            0,
+            "{replica} differs from the source: {}\n{}",
+            compared[replica],
+            last.log_text()
+        );
+    }
+    let prepared = services.verify(
+        "sql_table.py",
+        &["pg", services.pg_url(), &format!("{name}_pg"), "id", &name],
+    )["prepared"]
+        .clone();
+    assert_eq!(
+        prepared,
+        Value::Array(vec![]),
+        "prepared transactions left behind"
+    );
+}

@@ -1,8 +1,6 @@
 //! The writer's PostgreSQL session: binary COPY into the table (xa mode), or one `MERGE` / `INSERT .. SELECT`
 //! per batch from binary array parameters (upsert and append modes; see [`super::statements`]).
 
-use std::collections::HashMap;
-
 use arrow_array::RecordBatch;
 use async_trait::async_trait;
 use connector_api::{Error, ErrorKind, Phase, Result};
@@ -39,11 +37,6 @@ pub(crate) struct PgSession {
     client: Option<Client>,
     /// `batch` prepared on `client` (primary, fallback); prepared again after a reconnect.
     prepared: Option<Prepared>,
-    /// The keyed modes' statements for changes that did not carry some columns (by those columns), and their
-    /// prepared statements on `client`.
-    keeping: HashMap<Vec<String>, (BatchStatements, Option<Prepared>)>,
-    /// Whether the server has `MERGE` (PostgreSQL 15+).
-    has_merge: bool,
     /// The table's column types, in the batch schema's order.
     types: Vec<Type>,
     /// The table's columns (type and modifier), in the batch schema's order.
@@ -51,6 +44,8 @@ pub(crate) struct PgSession {
     /// Which columns are sent as JSON text: JSON and nested values, and lists unless COPY writes them into an
     /// array column.
     as_json: Vec<bool>,
+    /// [`Self::as_json`] for statements that bind one row's values (arrays bound as arrays).
+    row_as_json: Vec<bool>,
     /// The open transaction's id.
     open: Option<Xid>,
     dedup_cleanup: DedupCleanup,
@@ -69,11 +64,10 @@ impl PgSession {
             delete: None,
             client: None,
             prepared: None,
-            keeping: HashMap::new(),
-            has_merge: false,
             types: Vec::new(),
             columns: Vec::new(),
             as_json: Vec::new(),
+            row_as_json: Vec::new(),
             open: None,
             dedup_cleanup: DedupCleanup::default(),
         };
@@ -86,28 +80,15 @@ impl PgSession {
             .await
             .map_err(|e| session.error(Phase::Setup, None, "cannot read the server version", e))?
             .get(0);
-        session.has_merge = version >= 150_000;
         session.batch = BatchStatements::new(
             &session.config,
             &session.shape,
             &session.types,
-            session.has_merge,
-            &[],
+            version >= 150_000,
         )?;
         session.delete = KeyDelete::new(&session.config, &session.shape, &session.columns)?;
-        let unnests = session.batch.is_some();
-        session.as_json = session
-            .shape
-            .types
-            .iter()
-            .zip(&session.columns)
-            .map(|(sql, column)| {
-                sql.is_json()
-                    || (*sql == crate::columns::SqlType::List
-                        && (unnests
-                            || !matches!(column.ty.kind(), tokio_postgres::types::Kind::Array(_))))
-            })
-            .collect();
+        session.as_json = json_columns(&session.shape, &session.columns, session.batch.is_some());
+        session.row_as_json = json_columns(&session.shape, &session.columns, false);
         session.client = Some(client);
         Ok(session)
     }
@@ -187,10 +168,10 @@ impl PgSession {
     /// The upsert or append statement for `batch`, its columns as binary arrays; when a `MERGE` meets a key a
     /// concurrent writer inserted first, the `ON CONFLICT` statement instead (back at the write's savepoint).
     async fn write_rows(&mut self, batch: &RecordBatch, unchanged: &[String]) -> Result<()> {
-        let (primary, fallback) = match unchanged.is_empty() {
-            true => self.prepared_batch().await?,
-            false => self.prepared_keeping(unchanged).await?,
-        };
+        if !unchanged.is_empty() {
+            return self.update_keeping(batch, unchanged).await;
+        }
+        let (primary, fallback) = self.prepared_batch().await?;
         let columns = Columns::new(batch, &self.shape.types, &self.as_json)?;
         let arrays: Vec<Vec<PgCell<'_>>> = (0..columns.len())
             .map(|c| {
@@ -262,36 +243,44 @@ impl PgSession {
         Ok((primary, fallback))
     }
 
-    /// The statements of changes that did not carry the `unchanged` columns, prepared on the current connection.
-    async fn prepared_keeping(
-        &mut self,
-        unchanged: &[String],
-    ) -> Result<(Statement, Option<Statement>)> {
-        if let Some((_, Some(prepared))) = self.keeping.get(unchanged) {
-            return Ok(prepared.clone());
-        }
-        let statements = match self.keeping.get(unchanged) {
-            Some((statements, _)) => statements.clone(),
-            None => BatchStatements::new(
-                &self.config,
-                &self.shape,
-                &self.types,
-                self.has_merge,
-                unchanged,
-            )?
-            .ok_or_else(|| Error::bug(Phase::Write, "no batch statements in xa mode"))?,
-        };
+    /// Keyed modes: each change of `batch` that did not carry the `unchanged` columns updates its key's row,
+    /// keeping them ([`statements::update_keeping`]).
+    ///
+    /// # Errors
+    /// [`BadRecord`](ErrorKind::BadRecord) naming the key when the table holds no row of it: the value the change
+    /// did not carry is nowhere to keep it from.
+    async fn update_keeping(&mut self, batch: &RecordBatch, unchanged: &[String]) -> Result<()> {
+        let key = self.config.mode.key().unwrap_or_default().to_vec();
+        let (sql, params) = statements::update_keeping(&self.config, &self.shape, &key, unchanged);
+        let columns = Columns::new(batch, &self.shape.types, &self.row_as_json)?;
         let client = self.client(Phase::Write)?;
-        let fail = |e| self.error(Phase::Write, None, "cannot prepare the write statement", e);
-        let primary = client.prepare(&statements.primary).await.map_err(fail)?;
-        let fallback = match &statements.fallback {
-            Some(sql) => Some(client.prepare(sql).await.map_err(fail)?),
-            None => None,
-        };
-        let prepared = (primary, fallback);
-        self.keeping
-            .insert(unchanged.to_vec(), (statements, Some(prepared.clone())));
-        Ok(prepared)
+        let statement = client
+            .prepare(&sql)
+            .await
+            .map_err(|e| self.error(Phase::Write, None, "cannot prepare the update", e))?;
+        for row in 0..batch.num_rows() {
+            let cells: Vec<PgCell<'_>> = params
+                .iter()
+                .map(|&c| self.cell(&columns, c, row))
+                .collect();
+            let values: Vec<&(dyn ToSql + Sync)> =
+                cells.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
+            let updated = self
+                .client(Phase::Write)?
+                .execute(&statement, &values)
+                .await
+                .map_err(|e| self.row_error(&columns, row, e))?;
+            if updated == 0 {
+                return Err(crate::keys::nothing_to_keep(
+                    &self.config,
+                    &self.shape,
+                    &columns,
+                    row,
+                    unchanged,
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Runs `statement` behind the write savepoint: refused whole (and rolled back to the savepoint) or applied.
@@ -383,9 +372,6 @@ impl Session for PgSession {
         if self.client.as_ref().is_none_or(Client::is_closed) {
             self.client = None;
             self.prepared = None;
-            self.keeping
-                .values_mut()
-                .for_each(|(_, prepared)| *prepared = None);
             self.client = Some(self.connect_only(Phase::Begin).await?);
         }
         self.client(Phase::Begin)?
@@ -612,4 +598,21 @@ mod tests {
         assert_eq!(super::copy_line("COPY orders, line 3"), Some(3));
         assert_eq!(super::copy_line("SQL statement"), None);
     }
+}
+
+/// Which batch columns are bound as JSON text: JSON columns, and lists whose table column is no array (`jsonb`)
+/// or that a batch statement unnests (PostgreSQL has no array of arrays: each row's list goes as a `jsonb`
+/// element and is turned back into the column's array in SQL).
+fn json_columns(shape: &TableShape, columns: &[PgColumn], unnests: bool) -> Vec<bool> {
+    shape
+        .types
+        .iter()
+        .zip(columns)
+        .map(|(sql, column)| {
+            sql.is_json()
+                || (*sql == crate::columns::SqlType::List
+                    && (unnests
+                        || !matches!(column.ty.kind(), tokio_postgres::types::Kind::Array(_))))
+        })
+        .collect()
 }

@@ -162,10 +162,17 @@ async fn run_matrix(form: &str) {
     let matrix = matrix(form).await;
     services.verify(
         "type_matrix.py",
-        &["produce", form, services.kafka_bootstrap(), &matrix.topic, &ROWS.to_string()],
+        &[
+            "produce",
+            form,
+            services.kafka_bootstrap(),
+            &matrix.topic,
+            &ROWS.to_string(),
+        ],
     );
     let check = matrix.ratchet("check-config");
-    let said = String::from_utf8_lossy(&check.stdout).to_string() + &String::from_utf8_lossy(&check.stderr);
+    let said = String::from_utf8_lossy(&check.stdout).to_string()
+        + &String::from_utf8_lossy(&check.stderr);
     assert!(check.status.success(), "{form}: check-config:\n{said}");
     let log = matrix.dir.path().join("worker.log");
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_ratchet"))
@@ -188,12 +195,27 @@ async fn run_matrix(form: &str) {
     let catalog = format!("sqlite:///{}", dir.join("catalog.db").display());
     let warehouse = format!("file://{}", dir.join("warehouse").display());
     let table = format!("matrix.{name}");
-    assert_exact("iceberg", &matrix.check("iceberg", &[&catalog, &warehouse, &table]));
-    assert_exact("postgresql", &matrix.check("pg", &[services.pg_url(), name]));
-    assert_exact("mariadb", &matrix.check("mysql", &[services.mysql_url(), name]));
+    assert_exact(
+        "iceberg",
+        &matrix.check("iceberg", &[&catalog, &warehouse, &table]),
+    );
+    assert_exact(
+        "postgresql",
+        &matrix.check("pg", &[services.pg_url(), name]),
+    );
+    assert_exact(
+        "mariadb",
+        &matrix.check("mysql", &[services.mysql_url(), name]),
+    );
     let bootstrap = services.kafka_bootstrap();
-    assert_exact("kafka json", &matrix.check("kafka-json", &[bootstrap, &format!("{name}-json")]));
-    assert_exact("kafka avro", &matrix.check("kafka-avro", &[bootstrap, &format!("{name}-avro")]));
+    assert_exact(
+        "kafka json",
+        &matrix.check("kafka-json", &[bootstrap, &format!("{name}-json")]),
+    );
+    assert_exact(
+        "kafka avro",
+        &matrix.check("kafka-avro", &[bootstrap, &format!("{name}-avro")]),
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -245,18 +267,19 @@ async fn check_config_refuses_each_field_exactly_where_a_sink_cannot_hold_it() {
             let refuses = refusing.as_array().unwrap().iter().any(|s| s == kind);
             let named = line.contains(&format!("field `{field}`"));
             assert_eq!(
-                refuses, named,
+                refuses,
+                named,
                 "sink {sink}: field {field} should {}be refused:\n{line}",
                 if refuses { "" } else { "not " }
             );
         }
         assert_eq!(
             line.starts_with("FAIL"),
-            refused
-                .as_object()
+            refused.as_object().unwrap().values().any(|s| s
+                .as_array()
                 .unwrap()
-                .values()
-                .any(|s| s.as_array().unwrap().iter().any(|s| s == kind)),
+                .iter()
+                .any(|s| s == kind)),
             "{line}"
         );
     }

@@ -78,14 +78,13 @@ struct Dedup {
     schedule: DedupCleanup,
 }
 
-/// ` ON DUPLICATE KEY UPDATE ..` of the keyed modes: every column but the key's and the `unchanged` ones (which an
-/// existing row keeps) takes the new row's value.
-fn on_duplicate_key(shape: &TableShape, key: &[String], unchanged: &[String]) -> String {
+/// ` ON DUPLICATE KEY UPDATE ..` of the keyed modes: every column but the key's takes the new row's value.
+fn on_duplicate_key(shape: &TableShape, key: &[String]) -> String {
     let d = Dialect::MySql;
     let updates: Vec<String> = shape
         .names
         .iter()
-        .filter(|n| !key.contains(n) && !unchanged.contains(n))
+        .filter(|n| !key.contains(n))
         .map(|n| format!("{0} = VALUES({0})", quote(d, n)))
         .collect();
     match updates.is_empty() {
@@ -142,7 +141,7 @@ impl MySqlSession {
                 for k in key {
                     shape.index(k, "key")?;
                 }
-                let tail = on_duplicate_key(&shape, key, &[]);
+                let tail = on_duplicate_key(&shape, key);
                 let mut types = Vec::with_capacity(key.len());
                 for k in key {
                     types.push(shape.types[shape.index(k, "key")?]);
@@ -386,10 +385,7 @@ impl Session for MySqlSession {
         if batch.num_rows() == 0 {
             return Ok(());
         }
-        let keeping = match (unchanged.is_empty(), self.config.mode.key()) {
-            (false, Some(key)) => Some(on_duplicate_key(&self.shape, key, unchanged)),
-            _ => None,
-        };
+
         // A savepoint makes a refused batch refused whole, across its statements: the transaction goes on without
         // it (the driver can dead-letter the batch), and a batch is never half written.
         let xid = self.open.clone();
@@ -400,7 +396,11 @@ impl Session for MySqlSession {
             "SAVEPOINT ratchet_write".into(),
         )
         .await?;
-        match self.insert(batch, keeping.as_deref()).await {
+        let written = match unchanged.is_empty() {
+            true => self.insert(batch).await,
+            false => self.update_keeping(batch, unchanged).await,
+        };
+        match written {
             Ok(()) => {
                 self.run(
                     Phase::Write,

@@ -50,9 +50,8 @@ pub(super) fn insert_statement(head: &str, tail: &str, columns: usize, rows: usi
 }
 
 impl MySqlSession {
-    /// Multi-row INSERTs of `batch`, up to `rows_per_statement` rows each; `tail` replaces the statement's
-    /// conflict clause (a change that did not carry some columns).
-    pub(super) async fn insert(&mut self, batch: &RecordBatch, tail: Option<&str>) -> Result<()> {
+    /// Multi-row INSERTs of `batch`, up to `rows_per_statement` rows each.
+    pub(super) async fn insert(&mut self, batch: &RecordBatch) -> Result<()> {
         let columns = Columns::new(batch, &self.shape.types, &self.as_json)?;
         let mut start = 0;
         while start < batch.num_rows() {
@@ -72,16 +71,16 @@ impl MySqlSession {
                 }
             }
             // The full-size statement is built once; only a shorter last one per call.
-            let statement = match tail {
-                None if fresh.len() == self.rows_per_statement => {
-                    std::borrow::Cow::Borrowed(self.full_statement.as_str())
-                }
-                _ => std::borrow::Cow::Owned(insert_statement(
+            // The full-size statement is built once; only a shorter last one per call.
+            let statement = if fresh.len() == self.rows_per_statement {
+                std::borrow::Cow::Borrowed(self.full_statement.as_str())
+            } else {
+                std::borrow::Cow::Owned(insert_statement(
                     &self.insert_head,
-                    tail.unwrap_or(&self.insert_tail),
+                    &self.insert_tail,
                     self.shape.names.len(),
                     fresh.len(),
-                )),
+                ))
             };
             let result = match self.conn.as_mut() {
                 Some(conn) => conn.exec_drop(statement.as_ref(), params).await,
@@ -96,6 +95,69 @@ impl MySqlSession {
                 return Err(self.lost_on(Phase::Write, self.open.clone().as_ref(), &what, e));
             }
             start += rows;
+        }
+        Ok(())
+    }
+
+    /// Keyed modes: each change of `batch` that did not carry the `unchanged` columns updates its key's row,
+    /// keeping them.
+    ///
+    /// # Errors
+    /// [`BadRecord`](ErrorKind::BadRecord) naming the key when the table holds no row of it.
+    pub(super) async fn update_keeping(
+        &mut self,
+        batch: &RecordBatch,
+        unchanged: &[String],
+    ) -> Result<()> {
+        let key = self.config.mode.key().unwrap_or_default().to_vec();
+        let d = crate::config::Dialect::MySql;
+        let set: Vec<usize> = (0..self.shape.names.len())
+            .filter(|&i| {
+                !key.contains(&self.shape.names[i]) && !unchanged.contains(&self.shape.names[i])
+            })
+            .collect();
+        let keys: Vec<usize> = key
+            .iter()
+            .filter_map(|k| self.shape.names.iter().position(|n| n == k))
+            .collect();
+        let quoted = |i: usize| crate::columns::quote(d, &self.shape.names[i]);
+        let assign: Vec<String> = match set.is_empty() {
+            true => vec![format!("{0} = {0}", quoted(keys[0]))],
+            false => set.iter().map(|&i| format!("{} = ?", quoted(i))).collect(),
+        };
+        let condition: Vec<String> = keys.iter().map(|&i| format!("{} = ?", quoted(i))).collect();
+        let statement = format!(
+            "UPDATE {} SET {} WHERE {}",
+            crate::columns::quote_table(d, &self.config.table),
+            assign.join(", "),
+            condition.join(" AND ")
+        );
+        let columns = Columns::new(batch, &self.shape.types, &self.as_json)?;
+        for row in 0..batch.num_rows() {
+            let params = set
+                .iter()
+                .chain(&keys)
+                .map(|&c| value(&columns, c, row, &self.targets[c]))
+                .collect::<Result<Vec<_>>>()
+                .map_err(|e| e.with_sink(&self.config.sink))?;
+            let Some(conn) = self.conn.as_mut() else {
+                return Err(no_connection(&self.config.sink, Phase::Write));
+            };
+            let result = conn.exec_drop(statement.as_str(), params).await;
+            let matched = conn.affected_rows();
+            if let Err(e) = result {
+                let what = format!("the table {} refused an update", self.config.table);
+                return Err(self.lost_on(Phase::Write, self.open.clone().as_ref(), &what, e));
+            }
+            if matched == 0 {
+                return Err(crate::keys::nothing_to_keep(
+                    &self.config,
+                    &self.shape,
+                    &columns,
+                    row,
+                    unchanged,
+                ));
+            }
         }
         Ok(())
     }
