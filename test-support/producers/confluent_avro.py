@@ -5,7 +5,7 @@ format: 0x00, the 4-byte schema id, the Avro body). No Ratchet code and no hand-
 usage: confluent_avro.py BOOTSTRAP TOPIC SCHEMA RECORDS [SUBJECT_STRATEGY [COMPATIBILITY]]
 
 SCHEMA is Avro schema JSON; RECORDS a JSON list of objects (each keyed by its `id` field, when it has one, as
-text). SUBJECT_STRATEGY is topic-name (default), record-name or topic-record-name. COMPATIBILITY, when given, is
+text; a top-level decimal field's value given as text, "12.34", is written as that exact decimal). SUBJECT_STRATEGY is topic-name (default), record-name or topic-record-name. COMPATIBILITY, when given, is
 set on the subject first (NONE lets a test register a change the registry's BACKWARD default refuses). The registry is
 RATCHET_REGISTRY_URL with RATCHET_REGISTRY_USER / RATCHET_REGISTRY_PASSWORD. Every record is acknowledged before
 the script ends. Prints {"schema_id": the id the values carry, "count": records written}.
@@ -14,6 +14,7 @@ the script ends. Prints {"schema_id": the id the values carry, "count": records 
 import json
 import os
 import sys
+from decimal import Decimal
 
 from confluent_kafka import Producer
 from confluent_kafka.schema_registry import (
@@ -30,6 +31,15 @@ STRATEGIES = {
     "record-name": record_subject_name_strategy,
     "topic-record-name": topic_record_subject_name_strategy,
 }
+
+
+def decimal_fields(schema: str) -> set:
+    """The top-level fields whose type (or a branch of its union) is a decimal."""
+    def is_decimal(t) -> bool:
+        if isinstance(t, list):
+            return any(is_decimal(branch) for branch in t)
+        return isinstance(t, dict) and t.get("logicalType") == "decimal"
+    return {f["name"] for f in json.loads(schema).get("fields", []) if is_decimal(f["type"])}
 
 
 def main(
@@ -54,6 +64,11 @@ def main(
 
     context = SerializationContext(topic, MessageField.VALUE)
     rows = json.loads(records)
+    decimals = decimal_fields(schema)
+    for row in rows:
+        for name in decimals & row.keys():
+            if row[name] is not None:
+                row[name] = Decimal(str(row[name]))
     for row in rows:
         value = serialize(row, context)
         schema_ids.add(int.from_bytes(value[1:5], "big"))

@@ -72,8 +72,13 @@ impl DebeziumConnector {
         services.cdc(&args);
         Self {
             name: name.to_string(),
-            topic: format!("{name}.{table}"),
+            topic: Self::topic_of(name, table),
         }
+    }
+
+    /// The topic connector `name` capturing `table` writes to, before it is registered: `<name>.<schema>.<table>`.
+    pub fn topic_of(name: &str, table: &str) -> String {
+        format!("{name}.{table}")
     }
 
     /// The topic the changes go to: `<name>.<schema>.<table>`.

@@ -409,7 +409,8 @@ async fn debezium_changes_under_sigkill_reach_postgres_mariadb_and_iceberg_exact
 /// IDENTITY`, a workload of primary-key changes, deletes and re-inserts in one transaction, updates to NULL, a swap
 /// of unique values and a 5,000-row transaction, while `ratchet run` processes are killed with SIGKILL; replicas
 /// made with the source's own DDL (PostgreSQL `xa_upsert`, MariaDB `upsert`) and an Iceberg table kept by key
-/// (`upsert_key`) then equal the source value by value (`cdc_fidelity.py compare`), nothing left prepared.
+/// (`upsert_key`) then equal the source value by value (`cdc_fidelity.py compare`), nothing left prepared. The job
+/// is checked and started before the connector exists: it waits for the topic and the registry subject.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn debezium_types_toast_and_key_changes_reach_every_replica_value_by_value_under_sigkill() {
     let services = Services::get();
@@ -441,13 +442,8 @@ async fn debezium_types_toast_and_key_changes_reach_every_replica_value_by_value
             &format!("{name}_my"),
         ],
     );
-    let connector = DebeziumConnector::register_with(
-        &name,
-        &source,
-        Converter::Avro,
-        &[("decimal.handling.mode", "precise")],
-    );
-    let topic = connector.topic().to_string();
+    // The job starts before the connector: no topic, no registry subject yet.
+    let topic = DebeziumConnector::topic_of(&name, &source);
     let registry = services.registry();
     let warehouse = job.dir.path().join("warehouse");
     std::fs::write(
@@ -506,11 +502,23 @@ upsert_key = ["id"]
     )
     .unwrap();
     let checked = job.ratchet("check-config");
+    let said = String::from_utf8_lossy(&checked.stdout);
     assert!(
-        checked.status.success(),
-        "check-config:\n{}\n{}",
-        String::from_utf8_lossy(&checked.stdout),
+        checked.status.success() && said.contains("does not exist yet: `ratchet run` waits for it"),
+        "check-config before the connector:\n{said}\n{}",
         String::from_utf8_lossy(&checked.stderr)
+    );
+    let mut worker = job.spawn_worker(&[]);
+    worker.wait_logged(
+        "the change stream does not exist yet: waiting for it",
+        1,
+        Duration::from_secs(60),
+    );
+    let _connector = DebeziumConnector::register_with(
+        &name,
+        &source,
+        Converter::Avro,
+        &[("decimal.handling.mode", "precise")],
     );
     let workload = {
         let (source, seed) = (source.clone(), (seed + 1).to_string());
@@ -528,7 +536,6 @@ upsert_key = ["id"]
             )
         })
     };
-    let mut worker = job.spawn_worker(&[]);
     for _ in 0..kills {
         tokio::time::sleep(Duration::from_millis(1500 + rng.below(3000))).await;
         worker.kill9();

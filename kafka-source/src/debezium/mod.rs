@@ -110,7 +110,8 @@ impl DebeziumDecoding {
 
     /// Envelopes written by the Avro converter through a schema registry (`avro` reads them: its reader schema
     /// is the topic's `Envelope` record); the table's columns are the fields of its `after` record, in the types
-    /// their semantic types say ([`semantic`]).
+    /// their semantic types say ([`semantic`]). Make `avro` with [`AvroDecoding::for_change_events`], so that
+    /// events written before a column was dropped are still read.
     ///
     /// # Errors
     /// [`Config`](ErrorKind::Config) when the reader schema is not a Debezium envelope (no `op`, or no `after`

@@ -45,8 +45,8 @@ async fn decoding(converter: Converter, topic: &str) -> Decoding {
             })
             .unwrap();
             let latest = registry.latest(&format!("{topic}-value")).await.unwrap();
-            let avro = AvroDecoding::from_registry(registry, ReaderSchema::latest(&latest), false)
-                .unwrap();
+            let avro =
+                AvroDecoding::for_change_events(registry, ReaderSchema::latest(&latest)).unwrap();
             Decoding::Debezium(DebeziumDecoding::avro(avro).unwrap())
         }
     }
@@ -177,4 +177,67 @@ async fn debezium_json_without_schemas_reads_one_row_per_change() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn debezium_avro_through_the_registry_reads_one_row_per_change() {
     changes_reach_the_source_as_rows(Converter::Avro).await;
+}
+
+/// A column the source dropped: the connector registers a new version without it, the job reads as that latest
+/// version, and the backlog's older events (whose row images still carry the column) are read with it left out,
+/// not refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debezium_avro_events_written_before_a_column_was_dropped_still_read() {
+    let services = Services::get();
+    let name = test_support::unique_name("dbzdrop").replace('-', "_");
+    let table = format!("public.{name}");
+    services.psql(&format!(
+        "CREATE TABLE {table} (id int PRIMARY KEY, name text, legacy text); \
+         INSERT INTO {table} VALUES (1, 'a', 'old'), (2, 'b', 'old')"
+    ));
+    let connector = DebeziumConnector::register(&name, &table, Converter::Avro);
+    services.psql(&format!(
+        "UPDATE {table} SET name = 'b2' WHERE id = 2; ALTER TABLE {table} DROP COLUMN legacy; \
+         INSERT INTO {table} VALUES (3, 'c')"
+    ));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while events_in(connector.topic()) < 4 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the connector did not write 4 events within 60 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    }
+    let mut source = KafkaSource::open_with(
+        &KafkaConnection::plaintext(bootstrap()),
+        connector.topic(),
+        &[],
+        KafkaSourceOptions {
+            decoding: decoding(Converter::Avro, connector.topic()).await,
+            ..KafkaSourceOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let batches = read_rows(&mut source, 4).await;
+    let schema = batches[0].schema();
+    assert!(
+        schema.field_with_name("legacy").is_err(),
+        "read as the latest version: {schema:?}"
+    );
+    let mut rows = Vec::new();
+    for batch in &batches {
+        let ids = batch
+            .column_by_name("id")
+            .unwrap()
+            .as_primitive::<Int32Type>();
+        let names = batch.column_by_name("name").unwrap().as_string::<i32>();
+        let ops = batch.column_by_name("__op").unwrap().as_string::<i32>();
+        for i in 0..batch.num_rows() {
+            rows.push(format!(
+                "{} {} {}",
+                ops.value(i),
+                ids.value(i),
+                names.value(i)
+            ));
+        }
+    }
+    assert_eq!(rows, ["r 1 a", "r 2 b", "u 2 b2", "c 3 c"]);
+    drop(connector);
 }

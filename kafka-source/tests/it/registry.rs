@@ -2,12 +2,14 @@
 //! confluent-kafka's AvroSerializer: writer schemas found by the id each record carries and read as the subject's
 //! latest schema, across schema versions mixed in one batch; a writer schema with a field the reader lacks, or an
 //! id the registry does not have, refused naming the record and both ids (and set aside with dead letters on); a
-//! registry that cannot be reached is an outage, never a bad record.
+//! registry that cannot be reached is an outage, never a bad record; one that does not have an id yet (a replica
+//! behind its leader) is asked again before the record is a bad one. Writer schemas whose logical types differ from
+//! the reader's (decimal scale, time unit) are read exactly, or refused naming the field and both ids.
 
 use std::time::Duration;
 
 use arrow_array::cast::AsArray;
-use arrow_array::types::{Int32Type, Int64Type};
+use arrow_array::types::{Decimal128Type, Int32Type, Int64Type, TimestampMicrosecondType};
 use arrow_array::{Array, RecordBatch};
 use connector_api::{ErrorKind, RetryPolicy};
 use kafka_source::{
@@ -42,6 +44,32 @@ fn produce(topic: &str, schema: &str, records: serde_json::Value) -> u32 {
         &[bootstrap(), topic, schema, &records.to_string()],
     );
     u32::try_from(out["schema_id"].as_u64().unwrap()).unwrap()
+}
+
+/// [`produce`] under subject compatibility NONE: a new version may change a field's logical type.
+fn produce_any(topic: &str, schema: &str, records: serde_json::Value) -> u32 {
+    let out = Services::get().produce(
+        "confluent_avro.py",
+        &[
+            bootstrap(),
+            topic,
+            schema,
+            &records.to_string(),
+            "topic-name",
+            "NONE",
+        ],
+    );
+    u32::try_from(out["schema_id"].as_u64().unwrap()).unwrap()
+}
+
+/// An order with an amount `decimal(precision, scale)` and a timestamp in `unit` (`millis` or `micros`).
+fn money(precision: u32, scale: u32, unit: &str) -> String {
+    json!({"type": "record", "name": "Money", "namespace": "ratchet.test", "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal", "precision": precision, "scale": scale}},
+        {"name": "at", "type": {"type": "long", "logicalType": format!("timestamp-{unit}")}},
+    ]})
+    .to_string()
 }
 
 fn registry() -> SchemaRegistry {
@@ -371,5 +399,151 @@ async fn an_incompatible_change_is_refused_naming_the_field_and_both_ids_even_wh
             && retyped.contains(&format!("cannot be read as reader schema id {v1}"))
             && retyped.contains("field `note` changed type"),
         "{retyped}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writers_with_other_decimal_scales_or_time_units_are_read_exactly_or_refused() {
+    // A backlog of decimal(10,2) and timestamp-millis, read as the latest version: decimal(12,4), timestamp-micros.
+    let backlog = topic("registry-logical", 1).await;
+    let v1 = produce_any(
+        &backlog,
+        &money(10, 2, "millis"),
+        json!([{"id": 1, "amount": "12345678.91", "at": 1_700_000_000_123_i64},
+               {"id": 2, "amount": "-0.05", "at": -86_400_001_i64}]),
+    );
+    let v2 = produce_any(
+        &backlog,
+        &money(12, 4, "micros"),
+        json!([{"id": 3, "amount": "99999999.9999", "at": 1_700_000_000_123_456_i64}]),
+    );
+    assert_ne!(v1, v2);
+    let mut source = open(&backlog, decoding(&backlog).await, false).await;
+    let batches = read_rows(&mut source, 3).await;
+    assert_eq!(
+        batches[0]
+            .schema()
+            .field_with_name("amount")
+            .unwrap()
+            .data_type(),
+        &arrow_schema::DataType::Decimal128(12, 4)
+    );
+    // Rescaled, not reinterpreted: 12345678.91 is 123456789100 at scale 4 (read as scale 4 without converting,
+    // its unscaled 1234567891 would be 123456.7891).
+    assert_eq!(
+        column::<Decimal128Type>(&batches, "amount"),
+        [Some(123_456_789_100), Some(-500), Some(999_999_999_999)]
+    );
+    assert_eq!(
+        column::<TimestampMicrosecondType>(&batches, "at"),
+        [
+            Some(1_700_000_000_123_000),
+            Some(-86_400_001_000),
+            Some(1_700_000_000_123_456)
+        ]
+    );
+
+    // A writer with more fractional digits than the reader keeps is refused, naming the field and both ids.
+    let narrowed = topic("registry-narrowed", 1).await;
+    let wide = produce_any(
+        &narrowed,
+        &money(10, 4, "micros"),
+        json!([{"id": 1, "amount": "1.2345", "at": 1_i64}]),
+    );
+    let narrow = produce_any(
+        &narrowed,
+        &money(10, 2, "micros"),
+        json!([{"id": 2, "amount": "1.23", "at": 2_i64}]),
+    );
+    let mut source = open(&narrowed, decoding(&narrowed).await, false).await;
+    let err = loop {
+        match source.next_batch(WAIT).await {
+            Ok(_) => continue,
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(err.kind(), ErrorKind::BadRecord, "{err}");
+    let text = err.to_string();
+    for expected in [
+        format!("schema id {wide}"),
+        "`amount`".to_string(),
+        format!("schema id {narrow}"),
+        format!("{narrowed}/0@0"),
+    ] {
+        assert!(text.contains(&expected), "{expected:?} in {text}");
+    }
+}
+
+/// A schema registry replica behind its leader: `GET /schemas/ids/{id}` answers 404 `misses` times, then the
+/// schema (each answer on its own connection). The number of lookups so far.
+fn lagging_registry(
+    schema: String,
+    misses: usize,
+) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::io::{BufRead, BufReader, Write};
+    use std::sync::atomic::Ordering;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/", listener.local_addr().unwrap());
+    let asked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = asked.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut request = String::new();
+            let mut line = String::new();
+            while reader.read_line(&mut line).unwrap_or(0) > 2 {
+                request.push_str(&line);
+                line.clear();
+            }
+            let (status, body) = if !request.contains("/schemas/ids/") {
+                (
+                    "404 Not Found",
+                    json!({"error_code": 40401, "message": "not served"}),
+                )
+            } else if counter.fetch_add(1, Ordering::SeqCst) < misses {
+                (
+                    "404 Not Found",
+                    json!({"error_code": 40403, "message": "Schema not found"}),
+                )
+            } else {
+                ("200 OK", json!({"schema": schema}))
+            };
+            let body = body.to_string();
+            let _ = write!(
+                stream,
+                "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    (url, asked)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_id_the_registry_does_not_have_yet_is_asked_again_before_the_record_is_bad() {
+    let topic = topic("registry-lagging", 1).await;
+    // The record's writer schema is not the reader's (the latest version): it is looked up by its id.
+    let v1 = schema(&[]);
+    let id = produce(&topic, &v1, json!([{"id": 7, "note": "late"}]));
+    produce(&topic, &schema(&[qty()]), json!([{"id": 8, "qty": 1}]));
+    let latest = registry().latest(&format!("{topic}-value")).await.unwrap();
+    assert_ne!(latest.id, id);
+    let (url, asked) = lagging_registry(v1, 2);
+    let lagging = SchemaRegistry::new(&RegistrySettings::new(&url)).unwrap();
+    let decoding = Decoding::Avro(
+        AvroDecoding::from_registry(lagging, ReaderSchema::latest(&latest), false).unwrap(),
+    );
+    let mut source = open(&topic, decoding, true).await;
+    let batches = read_rows(&mut source, 2).await;
+    assert_eq!(column::<Int64Type>(&batches, "id"), [Some(7), Some(8)]);
+    assert!(
+        source.take_rejected().is_empty(),
+        "schema id {id} was refused on the registry's first 404"
+    );
+    assert_eq!(
+        asked.load(std::sync::atomic::Ordering::SeqCst),
+        3,
+        "asked until found"
     );
 }
