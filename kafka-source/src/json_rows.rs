@@ -55,6 +55,9 @@ pub(crate) enum Semantic {
     Instant(TimeUnit),
     /// Bytes in base64 (a `bytea` column).
     Bytes,
+    /// JSON written as a string holding its text (`io.debezium.data.Json`; any Debezium JSON column): a `json`
+    /// column takes the string's content, not the string.
+    JsonText,
 }
 
 /// The row context of one object: semantic types by top-level field, and the placeholder of a value the writer
@@ -63,6 +66,9 @@ pub(crate) enum Semantic {
 pub(crate) struct RowContext<'c> {
     pub(crate) semantics: Option<&'c HashMap<String, Semantic>>,
     pub(crate) placeholder: Option<&'c str>,
+    /// Whether a string where a top-level `json` column is declared holds that column's JSON text (Debezium writes
+    /// JSON columns so, with or without schemas): [`Semantic::JsonText`] unless the writer says otherwise.
+    pub(crate) json_in_strings: bool,
     /// The top-level fields that held the placeholder (written null).
     pub(crate) unavailable: Vec<String>,
 }
@@ -554,7 +560,11 @@ impl<'de> Visitor<'de> for ObjectSeed<'_, '_> {
                 .as_ref()
                 .and_then(|c| c.semantics)
                 .and_then(|s| s.get(key.as_ref()))
-                .copied();
+                .copied()
+                .or_else(|| {
+                    let json_in_strings = context.as_ref().is_some_and(|c| c.json_in_strings);
+                    json_in_strings.then_some(Semantic::JsonText)
+                });
             let placeholder = context.as_ref().and_then(|c| c.placeholder);
             let unavailable = map.next_value_seed(ValueSeed {
                 column: &mut columns[i],
@@ -845,7 +855,18 @@ fn read_leaf(leaf: &mut Leaf, text: &str, semantic: Option<Semantic>) -> Result<
             }
             b.append_value(string(text)?)
         }
-        Leaf::Json(b) => b.append_value(text),
+        Leaf::Json(b) => {
+            match semantic {
+                Some(Semantic::JsonText) if text.starts_with('"') => {
+                    let inner = string(text)?;
+                    serde_json::from_str::<IgnoredAny>(&inner).map_err(|e| {
+                    format!("is a string that is not JSON text ({e}), and the writer says it holds JSON")
+                })?;
+                    b.append_value(inner)
+                }
+                _ => b.append_value(text),
+            }
+        }
         Leaf::DecimalText(b) => b.append_value(decimal_text(text, semantic)?),
         Leaf::Binary(b) => b.append_value(base64(&string(text)?)?),
         Leaf::Fixed(b, n) => {
@@ -1268,21 +1289,36 @@ mod tests {
         let declared = [
             JsonField::new("amount", "decimal(10, 2)", true),
             JsonField::new("note", "string", true),
+            JsonField::new("doc", "json", true),
         ];
         let semantics = HashMap::from([("amount".to_string(), Semantic::DecimalBytes(2))]);
         let mut rows = JsonRows::new(&fields(&declared), UnknownFields::Ignore, 2);
         let mut context = RowContext {
             semantics: Some(&semantics),
             placeholder: Some("__debezium_unavailable_value"),
+            json_in_strings: true,
             unavailable: Vec::new(),
         };
-        // 12345 = 0x3039 -> 123.45
+        // 12345 = 0x3039 -> 123.45; a JSON column's value is a string holding its JSON text.
         rows.append(
-            br#"{"amount": "MDk=", "note": "__debezium_unavailable_value"}"#,
+            br#"{"amount": "MDk=", "note": "__debezium_unavailable_value", "doc": "{\"a\": [1, \"\u00fc\"]}"}"#,
             &mut context,
         )
         .unwrap();
         assert_eq!(context.unavailable, ["note"]);
+        let err = rows
+            .append(
+                br#"{"doc": "{not json"}"#,
+                &mut RowContext {
+                    json_in_strings: true,
+                    ..RowContext::default()
+                },
+            )
+            .unwrap_err();
+        assert!(
+            err.contains("`doc`") && err.contains("not JSON text"),
+            "{err}"
+        );
         let columns = rows.finish().unwrap();
         assert_eq!(
             columns[0]
@@ -1291,5 +1327,6 @@ mod tests {
             "123.45"
         );
         assert!(columns[1].is_null(0));
+        assert_eq!(columns[2].as_string::<i32>().value(0), r#"{"a": [1, "ü"]}"#);
     }
 }

@@ -405,7 +405,8 @@ def read_sql(kind: str, url: str, table: str) -> list:
         from psycopg.types.json import set_json_loads
 
         with psycopg.connect(url, autocommit=True) as conn:
-            set_json_loads(lambda s: json.loads(s, parse_float=Decimal), conn)
+            # jsonb as its text, parsed once by `as_json` like MariaDB's: a double-encoded document stays a string.
+            set_json_loads(lambda s: s if isinstance(s, str) else bytes(s).decode(), conn)
             conn.execute("SET TIME ZONE 'UTC'")
             cur = conn.execute(f'SELECT * FROM "{table}"')
             names = [d.name for d in cur.description]

@@ -413,6 +413,36 @@ async fn debezium_changes_under_sigkill_reach_postgres_mariadb_and_iceberg_exact
 /// is checked and started before the connector exists: it waits for the topic and the registry subject.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn debezium_types_toast_and_key_changes_reach_every_replica_value_by_value_under_sigkill() {
+    fidelity(Converter::Avro).await;
+}
+
+/// The CDC fidelity run with Kafka Connect's JsonConverter (`schemas.enable`): each event's own schema says how
+/// its values are written (precise decimals as base64 bytes, `timestamp(3)` in milliseconds, bytea in base64),
+/// read into the job's declared columns exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debezium_json_with_schemas_reaches_every_replica_value_by_value_under_sigkill() {
+    fidelity(Converter::Json { schemas: true }).await;
+}
+
+/// The columns of `cdc_fidelity.py`'s table as a JSON Debezium job declares them.
+const FIDELITY_FIELDS: &str = r#"[
+    { name = "id", type = "int32", nullable = false },
+    { name = "amount", type = "decimal(12, 2)" },
+    { name = "exact", type = "decimal" },
+    { name = "ts", type = "timestamptz" },
+    { name = "ts3", type = "timestamp" },
+    { name = "ts6", type = "timestamp" },
+    { name = "day", type = "date" },
+    { name = "clock", type = "time" },
+    { name = "ref", type = "uuid" },
+    { name = "doc", type = "json" },
+    { name = "blob", type = "binary" },
+    { name = "tags", type = "list", items = { type = "string" } },
+    { name = "body", type = "string" },
+    { name = "email", type = "string" },
+]"#;
+
+async fn fidelity(converter: Converter) {
     let services = Services::get();
     let ops = env_u64("RATCHET_CDC_OPS").unwrap_or(600);
     let kills = env_u64("RATCHET_CDC_KILLS").unwrap_or(3);
@@ -423,7 +453,9 @@ async fn debezium_types_toast_and_key_changes_reach_every_replica_value_by_value
             .as_nanos() as u64
             | 1
     });
-    eprintln!("cdc fidelity: {ops} operations, {kills} kills, RATCHET_CHAOS_SEED={seed}");
+    eprintln!(
+        "cdc fidelity ({converter:?}): {ops} operations, {kills} kills, RATCHET_CHAOS_SEED={seed}"
+    );
     let mut rng = Rng(seed);
     let mut job = Job::new("fidelity", 1, 1, "3s").await;
     let name = job.name.clone();
@@ -444,7 +476,19 @@ async fn debezium_types_toast_and_key_changes_reach_every_replica_value_by_value
     );
     // The job starts before the connector: no topic, no registry subject yet.
     let topic = DebeziumConnector::topic_of(&name, &source);
-    let registry = services.registry();
+    let decoding = match converter {
+        Converter::Avro => {
+            let registry = services.registry();
+            format!(
+                "decoding = {{ kind = \"debezium\", converter = \"avro\" }}\n\n[source.registry]\nurl = \"{}/\"\n\
+                 username = \"{}\"\npassword = \"{}\"",
+                registry.url, registry.user, registry.password
+            )
+        }
+        Converter::Json { schemas } => format!(
+            "decoding = {{ kind = \"debezium\", converter = \"json\", schemas = {schemas}, fields = {FIDELITY_FIELDS} }}"
+        ),
+    };
     let warehouse = job.dir.path().join("warehouse");
     std::fs::write(
         &job.config,
@@ -458,12 +502,7 @@ lease = "3s"
 [source]
 bootstrap_servers = "{bootstrap}"
 topic = "{topic}"
-decoding = {{ kind = "debezium", converter = "avro" }}
-
-[source.registry]
-url = "{registry_url}/"
-username = "{user}"
-password = "{password}"
+{decoding}
 
 [store]
 kind = "postgres"
@@ -492,9 +531,6 @@ create_table = true
 upsert_key = ["id"]
 "#,
             bootstrap = services.kafka_bootstrap(),
-            registry_url = registry.url,
-            user = registry.user,
-            password = registry.password,
             pg = services.pg_url(),
             mysql = services.mysql_url(),
             warehouse = warehouse.display(),
@@ -517,7 +553,7 @@ upsert_key = ["id"]
     let _connector = DebeziumConnector::register_with(
         &name,
         &source,
-        Converter::Avro,
+        converter,
         &[("decimal.handling.mode", "precise")],
     );
     let workload = {

@@ -115,6 +115,7 @@ impl DebeziumJsonRows {
         let mut context = RowContext {
             placeholder: Some(&self.decoding.placeholder),
             semantics: semantics.as_deref(),
+            json_in_strings: true,
             ..RowContext::default()
         };
         match op {

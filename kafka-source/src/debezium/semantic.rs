@@ -263,6 +263,7 @@ pub(crate) fn of_connect_schema(schema: &str, image: &str) -> HashMap<String, Se
                 (Some("io.debezium.time.NanoTimestamp"), _) => {
                     Semantic::Instant(TimeUnit::Nanosecond)
                 }
+                (Some("io.debezium.data.Json"), _) => Semantic::JsonText,
                 (None, Some("bytes")) => Semantic::Bytes,
                 _ => return None,
             };
