@@ -105,15 +105,29 @@
 //! | `upsert` | applied in the checkpoint's ordinary transaction, committed at pre-commit: effectively exactly once |
 //! | `xa`, `append` | appended whole, change columns included: a changelog table |
 //!
-//! Applying: per key, only the last change of the batch counts (so a key inserted then deleted in one batch is
-//! deleted, one deleted then inserted again is upserted); the keys whose last change is `d` are deleted (the same
-//! statements as tombstones), the others (`c`, `u`, `r`) upserted, without the change columns (they are not the
-//! table's: `create_table` leaves them out, and an existing table need not have them). Batches are applied in
-//! order, so across batches the later change wins too. A replay after a crash applies the same changes in the same
-//! order with the same result. An operation other than `c`, `u`, `r`, `d` is a
-//! [`BadRecord`](connector_api::ErrorKind::BadRecord) and nothing of its batch is applied; a delete refused by the
-//! table (a foreign key) refuses the batch's deletes, while its upserts stay applied (each part behind its own
-//! savepoint).
+//! Applying: the changes go in source order ([`connector_api::ChangeColumns::in_order`]): each run of
+//! consecutive upserts (`c`, `u`, `r`) is one statement (per key the last change of the run), each run of deletes
+//! (`d`) the same statements as tombstones, a truncate (`t`) deletes every row, in the order they came, so other
+//! unique indexes of the table hold through a primary-key change (Debezium's `d` of the old key, then `c` of the
+//! new one) or a swap of unique values. The change columns are not written (they are not the table's:
+//! `create_table` leaves them out, and an existing table need not have them). A change that did not carry some
+//! columns (Debezium's unavailable-value placeholder, named in `__unavailable`) updates its key's row without them
+//! (`UPDATE .. WHERE <key>`), keeping the table's values; a key with no row there is a
+//! [`BadRecord`](connector_api::ErrorKind::BadRecord) naming `REPLICA IDENTITY FULL`. A change whose key is null
+//! is a bad record. Batches are applied in order, so across batches the later change wins too. A replay after a
+//! crash applies the same changes in the same order with the same result. An operation other than `c`, `u`, `r`,
+//! `d`, `t` is a bad record and nothing of its batch is applied; a statement the table refuses refuses the batch
+//! (behind the write savepoint).
+//!
+//! # Types
+//! Every Arrow type is written exactly or refused at start and by `check-config`, naming the field
+//! (docs/types.md): the Arrow side and `create_table`'s DDL per dialect are the table in `columns.rs`, which existing
+//! column types take which values is `pg::cell` and `mysql::target`. Values go in PostgreSQL's binary format for
+//! the column's type and as typed MariaDB parameters, never through text parsing; a value a column would round,
+//! cut or pad (more fractional digits than `time(3)`, a decimal past numeric(P, S), a string longer than
+//! VARCHAR(n), a character a MariaDB column's charset lacks) is a bad record naming the row. MariaDB sessions run
+//! in `utf8mb4`, UTC and strict mode; key columns must compare byte for byte (a case-, accent- or
+//! space-insensitive collation is refused at start).
 //!
 //! # Row locks of prepared transactions
 //! A prepared transaction keeps the locks of the rows it wrote until it is committed: another writer inserting or

@@ -4,8 +4,8 @@
 //! | mark | Arrow type | meaning | set by |
 //! |---|---|---|---|
 //! | UUID (`ARROW:extension:name = arrow.uuid`, Arrow's canonical extension; also arrow-avro's `logicalType = uuid`) | `FixedSizeBinary(16)` | a UUID, its 16 bytes | Avro `uuid`, the JSON decoding's `uuid`, Debezium's `io.debezium.data.Uuid` |
-//! | JSON (`ARROW:extension:name = arrow.json`) | `Utf8` | a JSON document as text | Debezium's `io.debezium.data.Json` (`json`/`jsonb` columns) |
-//! | decimal text (`ratchet.decimal = variable-scale`) | `Utf8` | a decimal number of any scale, as its exact text (`-12.3400`) | Debezium's `VariableScaleDecimal` (`numeric` without a scale) and `decimal.handling.mode=string` |
+//! | JSON (`ARROW:extension:name = arrow.json`) | `Utf8` | a JSON document as text | the JSON decoding's `json`, Debezium's `io.debezium.data.Json` (`json`/`jsonb` columns) |
+//! | decimal text (`ratchet.decimal = variable-scale`) | `Utf8` | a decimal number of any scale, as its exact text (`-12.3400`) | the JSON decoding's `decimal`, Debezium's `VariableScaleDecimal` (`numeric` without a scale) |
 //! | enum (`avro.enum.symbols`, arrow-avro's) | `Dictionary(Int32, Utf8)` | one of the listed symbols | Avro `enum` |
 
 use std::collections::HashMap;
