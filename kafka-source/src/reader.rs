@@ -82,6 +82,12 @@ impl Reader {
         Ok(())
     }
 
+    /// Whether records' headers are used: a `headers` metadata column, or bad records set aside (with their
+    /// headers) for a dead-letter topic.
+    fn keeps_headers(&self) -> bool {
+        self.divert || self.metadata.headers.is_some()
+    }
+
     /// Reads up to `batch_rows` records, shipping a partial batch `max_batch_wait` after its first record. `None`
     /// when nothing arrived within one poll. The builders are made on the first record, so an idle source
     /// allocates nothing. A gap (an offset out of range) or a tombstone ends the batch early; with no rows it ships
@@ -89,6 +95,8 @@ impl Reader {
     /// the reader schema ends the batch before it and starts the next one (every batch has one schema).
     fn read_chunk(&mut self) -> Result<Option<Chunk>> {
         let mut chunk = ChunkState::new(self);
+        // Parsing a record's headers costs (librdkafka parses them on demand): only when they are used.
+        let wants_headers = self.keeps_headers();
         let mut deadline: Option<Instant> = None;
         if let Some((topic, deferred)) = self.deferred.take() {
             let record = deferred.parts(&topic, 0);
@@ -128,7 +136,11 @@ impl Reader {
                 timestamp: message.timestamp().to_millis(),
                 key: message.key(),
                 value: message.payload(),
-                headers: message.headers(),
+                headers: if wants_headers {
+                    message.headers()
+                } else {
+                    None
+                },
             };
             let deadline = *deadline.get_or_insert_with(|| Instant::now() + self.max_batch_wait);
             match chunk.take(self, &record)? {
@@ -181,7 +193,7 @@ struct ChunkState {
 impl ChunkState {
     fn new(reader: &Reader) -> Self {
         let defers = reader.decoding.defers_failures() || reader.metadata.defers_failures();
-        let keep_headers = reader.divert || reader.metadata.headers.is_some();
+        let keep_headers = reader.keeps_headers();
         Self {
             builder: None,
             next: Vec::new(),

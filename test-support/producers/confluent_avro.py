@@ -48,6 +48,8 @@ def main(
     registry = SchemaRegistryClient({
         "url": os.environ["RATCHET_REGISTRY_URL"],
         "basic.auth.user.info": f"{os.environ['RATCHET_REGISTRY_USER']}:{os.environ['RATCHET_REGISTRY_PASSWORD']}",
+        # Bounded (the client's default is none) and retried: a registry request once hung here forever.
+        "timeout": 30,
     })
     if compatibility:
         if strategy != "topic-name":

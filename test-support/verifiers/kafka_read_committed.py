@@ -34,6 +34,8 @@ def avro_decoder():
     registry = SchemaRegistryClient({
         "url": os.environ["RATCHET_REGISTRY_URL"],
         "basic.auth.user.info": f"{os.environ['RATCHET_REGISTRY_USER']}:{os.environ['RATCHET_REGISTRY_PASSWORD']}",
+        # Bounded (the client's default is none) and retried: a registry request once hung here forever.
+        "timeout": 30,
     })
     deserialize = AvroDeserializer(registry)
     return lambda topic, value: deserialize(value, SerializationContext(topic, MessageField.VALUE))

@@ -2,9 +2,11 @@
 with the ecosystem's own clients and checked value by value in every sink with each sink's independent reader.
 
 usage:
-  type_matrix.py produce avro|json BOOTSTRAP TOPIC COUNT     produce COUNT rows (confluent-kafka; Avro with the
+  type_matrix.py produce avro|json|ids BOOTSTRAP TOPIC COUNT produce COUNT rows (confluent-kafka; Avro with the
                                                              AvroSerializer through the registry at
-                                                             RATCHET_REGISTRY_URL, JSON as the JSON decoding reads it)
+                                                             RATCHET_REGISTRY_URL, JSON as the JSON decoding reads it;
+                                                             `ids`: Avro records of the id alone, the benchmark's
+                                                             baseline)
   type_matrix.py avro-schema [--refused]                     the Avro schema (with --refused: plus the fields some
                                                              sink refuses, see REFUSED)
   type_matrix.py json-fields                                 the JSON decoding's declaration, as TOML
@@ -208,7 +210,19 @@ def registry_client():
     return SchemaRegistryClient({
         "url": os.environ["RATCHET_REGISTRY_URL"],
         "basic.auth.user.info": f"{os.environ['RATCHET_REGISTRY_USER']}:{os.environ['RATCHET_REGISTRY_PASSWORD']}",
+        # Bounded (the client's default is none) and retried: a registry request once hung here forever.
+        "timeout": 30,
     })
+
+
+# The benchmark's baseline (worker/benches/types.rs): the same records with nothing but the id.
+IDS_SCHEMA = {"type": "record", "name": "Ids", "namespace": "ratchet.test", "fields": [{"name": "id", "type": "long"}]}
+
+
+def many_rows(i: int) -> dict:
+    """Row `i` for any count: the values of rows 0..599 again (beyond, `row`'s dates leave years 1..9999), with
+    id `i`."""
+    return dict(row(i % 600), id=i)
 
 
 def produce(form: str, bootstrap: str, topic: str, count: str) -> None:
@@ -216,17 +230,20 @@ def produce(form: str, bootstrap: str, topic: str, count: str) -> None:
     from confluent_kafka.serialization import MessageField, SerializationContext
 
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
-    if form == "avro":
+    if form in ("avro", "ids"):
         from confluent_kafka.schema_registry.avro import AvroSerializer
 
-        serialize = AvroSerializer(registry_client(), json.dumps(avro_schema()))
+        schema = avro_schema() if form == "avro" else IDS_SCHEMA
+        serialize = AvroSerializer(registry_client(), json.dumps(schema))
         context = SerializationContext(topic, MessageField.VALUE)
+        make = many_rows if form == "avro" else (lambda i: {"id": i})
         encode = lambda r: serialize(r, context)  # noqa: E731
     else:
+        make = many_rows
         encode = lambda r: json.dumps(json_value(r), ensure_ascii=False).encode()  # noqa: E731
     failures = []
     for i in range(int(count)):
-        producer.produce(topic, key=str(i).encode(), value=encode(row(i)),
+        producer.produce(topic, key=str(i).encode(), value=encode(make(i)),
                          on_delivery=lambda err, _m: failures.append(str(err)) if err else None)
         producer.poll(0)
     if producer.flush(30) != 0 or failures:

@@ -85,18 +85,16 @@ pub fn enum_symbols(field: &Field) -> Option<Vec<String>> {
 
 /// A UUID's 16 bytes in the canonical text form (`8-4-4-4-12` lowercase hex digits).
 pub fn uuid_text(bytes: &[u8]) -> String {
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    match hex.len() {
-        32 => format!(
-            "{}-{}-{}-{}-{}",
-            &hex[0..8],
-            &hex[8..12],
-            &hex[12..16],
-            &hex[16..20],
-            &hex[20..32]
-        ),
-        _ => hex,
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut text = String::with_capacity(36);
+    for (i, b) in bytes.iter().enumerate() {
+        if bytes.len() == 16 && matches!(i, 4 | 6 | 8 | 10) {
+            text.push('-');
+        }
+        text.push(char::from(HEX[usize::from(b >> 4)]));
+        text.push(char::from(HEX[usize::from(b & 0xf)]));
     }
+    text
 }
 
 /// The 16 bytes of a UUID in text form (hyphenated or not, either case, optionally in braces or as a `urn:uuid:`).

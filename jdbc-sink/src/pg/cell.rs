@@ -191,7 +191,17 @@ impl ToSql for PgCell<'_> {
             Cell::Float32(v) if *ty == Type::FLOAT8 => f64::from(*v).to_sql(ty, out),
             Cell::Float32(v) => v.to_sql(ty, out),
             Cell::Float64(v) => v.to_sql(ty, out),
-            Cell::Decimal(v, scale) => numeric(&decimal::text(*v, *scale), &column, out),
+            Cell::Decimal(v, scale) => {
+                let (negative, digits, scale_of) = decimal::parts(*v, *scale);
+                numeric_parts(
+                    negative,
+                    &digits,
+                    scale_of,
+                    || decimal::text(*v, *scale),
+                    &column,
+                    out,
+                )
+            }
             Cell::DecimalText(v) => numeric(v, &column, out),
             Cell::Text(v) | Cell::Json(v) => {
                 if *ty == Type::JSONB {
@@ -268,54 +278,60 @@ fn fits_fraction(nanos: u32, column: &PgColumn) -> Result<(), String> {
     }
 }
 
-/// A decimal's text in PostgreSQL's binary numeric: base-10000 digits, weight, sign, display scale. A value that
-/// numeric(P, S) cannot hold exactly is a [`BadValue`].
+/// A decimal's text in PostgreSQL's binary numeric ([`numeric_parts`]).
 fn numeric(text: &str, column: &PgColumn, out: &mut BytesMut) -> ToSqlResult {
     let Some((negative, digits, scale)) = decimal::parse(text) else {
         return Err(Box::new(BadValue(format!(
             "{text:?} is not a decimal number"
         ))));
     };
+    numeric_parts(negative, &digits, scale, || text.to_string(), column, out)
+}
+
+/// A decimal (`digits` without leading zeros × 10^-`scale`) in PostgreSQL's binary numeric: base-10000 digit
+/// groups, the weight of the first, the sign, the display scale. A value that numeric(P, S) cannot hold exactly is
+/// a [`BadValue`] showing `shown()`.
+fn numeric_parts(
+    negative: bool,
+    digits: &str,
+    scale: u32,
+    shown: impl Fn() -> String,
+    column: &PgColumn,
+    out: &mut BytesMut,
+) -> ToSqlResult {
     if let Some((p, s)) = column.numeric() {
-        let (int, frac) = decimal::digits_needed(&digits, scale);
+        let (int, frac) = decimal::digits_needed(digits, scale);
         if int > p - s || frac > s {
             return Err(Box::new(BadValue(format!(
-                "{text} does not fit numeric({p}, {s}) exactly (PostgreSQL would round it or refuse it)"
+                "{} does not fit numeric({p}, {s}) exactly (PostgreSQL would round it or refuse it)",
+                shown()
             ))));
         }
     }
-    let scale = scale as usize;
-    let padded = format!("{digits:0>width$}", width = scale + 1);
-    let (int, frac) = padded.split_at(padded.len() - scale);
-    let int = int.trim_start_matches('0');
-    // Both padded to whole groups of 4 digits.
-    let int_groups = int.len().div_ceil(4);
-    let int = format!("{int:0>width$}", width = int_groups * 4);
-    let frac = format!("{frac:0<width$}", width = scale.div_ceil(4) * 4);
-    let mut groups: Vec<i16> = int
-        .as_bytes()
-        .chunks(4)
-        .chain(frac.as_bytes().chunks(4))
-        .map(|g| std::str::from_utf8(g).unwrap_or("0").parse().unwrap_or(0))
-        .collect();
-    let mut weight = int_groups as i32 - 1;
-    while groups.first() == Some(&0) {
-        groups.remove(0);
-        weight -= 1;
+    let digits = digits.as_bytes();
+    if digits.is_empty() {
+        out.put_i16(0);
+        out.put_i16(0);
+        out.put_u16(0);
+        out.put_i16(scale as i16);
+        return Ok(IsNull::No);
+    }
+    // Each digit's power of ten; a group holds the powers 4g .. 4g + 3.
+    let top = digits.len() as i64 - 1 - i64::from(scale);
+    let weight = top.div_euclid(4);
+    let lowest = (-i64::from(scale)).div_euclid(4);
+    let mut groups = vec![0i16; (weight - lowest + 1) as usize];
+    for (k, digit) in digits.iter().enumerate() {
+        let power = top - k as i64;
+        let group = (weight - power.div_euclid(4)) as usize;
+        groups[group] += i16::from(digit - b'0') * 10i16.pow(power.rem_euclid(4) as u32);
     }
     while groups.last() == Some(&0) {
         groups.pop();
     }
-    if groups.is_empty() {
-        weight = 0;
-    }
     out.put_i16(groups.len() as i16);
     out.put_i16(weight as i16);
-    out.put_u16(if negative && !groups.is_empty() {
-        0x4000
-    } else {
-        0
-    });
+    out.put_u16(if negative { 0x4000 } else { 0 });
     out.put_i16(scale as i16);
     for g in groups {
         out.put_i16(g);
@@ -395,6 +411,35 @@ mod tests {
         assert_eq!(words(&encoded("10000", -1).unwrap()), [1, 1, 0, 0, 1]);
         assert_eq!(words(&encoded("0.00", -1).unwrap()), [0, 0, 0, 2]);
         assert_eq!(words(&encoded("1.5E+3", -1).unwrap()), [1, 0, 0, 0, 1500]);
+        assert_eq!(
+            words(&encoded("12.3400", -1).unwrap()),
+            [2, 0, 0, 4, 12, 3400]
+        );
+        assert_eq!(
+            words(&encoded("-123456789.000000001", -1).unwrap()),
+            [6, 2, 0x4000, 9, 1, 2345, 6789, 0, 0, 1000]
+        );
+        // A Decimal cell encodes as its text does, without going through text.
+        for (unscaled, scale) in [
+            (12345i128, 2i8),
+            (-5, 3),
+            (0, 2),
+            (7, -2),
+            (i128::MIN + 1, 10),
+        ] {
+            let v = arrow_buffer::i256::from_i128(unscaled);
+            let mut direct = BytesMut::new();
+            let cell = PgCell {
+                cell: Cell::Decimal(v, scale),
+                typmod: -1,
+            };
+            cell.to_sql(&Type::NUMERIC, &mut direct).unwrap();
+            assert_eq!(
+                direct.to_vec(),
+                encoded(&decimal::text(v, scale), -1).unwrap(),
+                "{unscaled} scale {scale}"
+            );
+        }
         let typmod = |p: i32, s: i32| ((p << 16) | s) + 4;
         assert!(encoded("123.45", typmod(5, 2)).is_ok());
         assert!(

@@ -587,19 +587,6 @@ impl Session for PgSession {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn copy_error_contexts_give_the_line() {
-        assert_eq!(
-            super::copy_line("COPY orders, line 17, column id: \"x\""),
-            Some(17)
-        );
-        assert_eq!(super::copy_line("COPY orders, line 3"), Some(3));
-        assert_eq!(super::copy_line("SQL statement"), None);
-    }
-}
-
 /// Which batch columns are bound as JSON text: JSON columns, and lists whose table column is no array (`jsonb`)
 /// or that a batch statement unnests (PostgreSQL has no array of arrays: each row's list goes as a `jsonb`
 /// element and is turned back into the column's array in SQL).
@@ -615,4 +602,17 @@ fn json_columns(shape: &TableShape, columns: &[PgColumn], unnests: bool) -> Vec<
                         || !matches!(column.ty.kind(), tokio_postgres::types::Kind::Array(_))))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn copy_error_contexts_give_the_line() {
+        assert_eq!(
+            super::copy_line("COPY orders, line 17, column id: \"x\""),
+            Some(17)
+        );
+        assert_eq!(super::copy_line("COPY orders, line 3"), Some(3));
+        assert_eq!(super::copy_line("SQL statement"), None);
+    }
 }

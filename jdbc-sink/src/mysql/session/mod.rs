@@ -20,7 +20,7 @@ use crate::sink::dedup_table;
 mod detach;
 mod rows;
 
-use self::rows::{MAX_PLACEHOLDERS, MAX_ROWS_PER_STATEMENT, insert_statement};
+use self::rows::InsertStatements;
 
 /// Expired dedup ids deleted per checkpoint at most (the rest go at the next cleanup).
 const CLEANUP_BATCH: usize = 10_000;
@@ -34,12 +34,8 @@ pub(crate) struct MySqlSession {
     /// Which columns are sent as JSON text (JSON, lists, nested values).
     as_json: Vec<bool>,
     conn: Option<Conn>,
-    /// `INSERT INTO t (cols) VALUES ` and the conflict clause after the rows.
-    insert_head: String,
-    insert_tail: String,
-    rows_per_statement: usize,
-    /// The INSERT of `rows_per_statement` rows.
-    full_statement: String,
+    /// The multi-row INSERTs, by their row count.
+    inserts: InsertStatements,
     /// The open transaction: its xid, and whether it is an XA one.
     open: Option<Xid>,
     /// The append mode's dedup table.
@@ -278,21 +274,14 @@ impl MySqlSession {
             .iter()
             .map(|t| t.is_json() || *t == SqlType::List)
             .collect();
-        let rows_per_statement =
-            (MAX_PLACEHOLDERS / shape.names.len().max(1)).clamp(1, MAX_ROWS_PER_STATEMENT);
-        let insert_head = format!("INSERT INTO {table} ({columns}) VALUES ");
-        let full_statement = insert_statement(
-            &insert_head,
-            &insert_tail,
+        let inserts = InsertStatements::new(
+            format!("INSERT INTO {table} ({columns}) VALUES "),
+            insert_tail,
             shape.names.len(),
-            rows_per_statement,
         );
         Ok(Self {
             opts,
-            insert_head,
-            insert_tail,
-            full_statement,
-            rows_per_statement,
+            inserts,
             shape,
             targets,
             as_json,

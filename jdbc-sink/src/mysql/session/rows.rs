@@ -11,10 +11,10 @@ use crate::columns::Columns;
 use crate::mysql::target::{MyColumn, bad_value};
 
 /// Placeholders per statement at most (the protocol allows 65535).
-pub(super) const MAX_PLACEHOLDERS: usize = 60_000;
+const MAX_PLACEHOLDERS: usize = 60_000;
 
 /// Rows per multi-row INSERT at most.
-pub(super) const MAX_ROWS_PER_STATEMENT: usize = 2_000;
+const MAX_ROWS_PER_STATEMENT: usize = 2_000;
 
 /// Tombstone keys per DELETE at most.
 pub(super) const MAX_KEYS_PER_DELETE: usize = 1_000;
@@ -39,60 +39,96 @@ pub(super) fn value(
     })
 }
 
-/// `<head>(?, ..), (?, ..) .. <tail>` for `rows` rows of `columns` placeholders.
-pub(super) fn insert_statement(head: &str, tail: &str, columns: usize, rows: usize) -> String {
-    let row = format!("({})", vec!["?"; columns].join(", "));
-    let mut sql = String::with_capacity(head.len() + rows * (row.len() + 2) + tail.len());
-    sql.push_str(head);
-    sql.push_str(&vec![row; rows].join(", "));
-    sql.push_str(tail);
-    sql
+/// The multi-row INSERTs of a table: `<head>(?, ..), (?, ..) .. <tail>`. A run of rows is sent in statements of
+/// at most [`Self::rows_per_statement`] rows, the rest in power-of-two sizes, so a session prepares at most a dozen
+/// different statements however its batches are cut (preparing a statement of thousands of placeholders costs
+/// the server and the client more than running it; mysql_async keeps the prepared ones by their text).
+#[derive(Debug)]
+pub(super) struct InsertStatements {
+    head: String,
+    tail: String,
+    columns: usize,
+    /// Rows per statement at most, within [`MAX_PLACEHOLDERS`] and [`MAX_ROWS_PER_STATEMENT`].
+    rows_per_statement: usize,
+    /// The statements made so far, by row count.
+    made: std::collections::HashMap<usize, String>,
+}
+
+impl InsertStatements {
+    pub(super) fn new(head: String, tail: String, columns: usize) -> Self {
+        Self {
+            head,
+            tail,
+            columns,
+            rows_per_statement: (MAX_PLACEHOLDERS / columns.max(1))
+                .clamp(1, MAX_ROWS_PER_STATEMENT),
+            made: std::collections::HashMap::new(),
+        }
+    }
+
+    /// Rows per run: the most one statement takes.
+    pub(super) fn rows_per_statement(&self) -> usize {
+        self.rows_per_statement
+    }
+
+    /// How many of `remaining` rows (at least 1) the next statement takes.
+    fn next_rows(&self, remaining: usize) -> usize {
+        match remaining >= self.rows_per_statement {
+            true => self.rows_per_statement,
+            false => 1 << remaining.ilog2(),
+        }
+    }
+
+    /// The INSERT of `rows` rows.
+    fn statement(&mut self, rows: usize) -> &str {
+        let (head, tail, columns) = (&self.head, &self.tail, self.columns);
+        self.made.entry(rows).or_insert_with(|| {
+            let row = format!("({})", vec!["?"; columns].join(", "));
+            let mut sql = String::with_capacity(head.len() + rows * (row.len() + 2) + tail.len());
+            sql.push_str(head);
+            sql.push_str(&vec![row; rows].join(", "));
+            sql.push_str(tail);
+            sql
+        })
+    }
 }
 
 impl MySqlSession {
-    /// Multi-row INSERTs of `batch`, up to `rows_per_statement` rows each.
+    /// Multi-row INSERTs of `batch` ([`InsertStatements`]); in the append mode with a dedup table, of the rows
+    /// whose ids are fresh.
     pub(super) async fn insert(&mut self, batch: &RecordBatch) -> Result<()> {
         let columns = Columns::new(batch, &self.shape.types, &self.as_json)?;
         let mut start = 0;
         while start < batch.num_rows() {
-            let rows = (batch.num_rows() - start).min(self.rows_per_statement);
+            let rows = (batch.num_rows() - start).min(self.inserts.rows_per_statement());
             let fresh = self.fresh_rows(&columns, start..start + rows).await?;
-            if fresh.is_empty() {
-                start += rows;
-                continue;
-            }
-            let mut params = Vec::with_capacity(fresh.len() * columns.len());
-            for &row in &fresh {
-                for c in 0..columns.len() {
-                    params.push(
-                        value(&columns, c, row, &self.targets[c])
-                            .map_err(|e| e.with_sink(&self.config.sink))?,
-                    );
+            let mut sent = 0;
+            while sent < fresh.len() {
+                let part = &fresh[sent..sent + self.inserts.next_rows(fresh.len() - sent)];
+                let mut params = Vec::with_capacity(part.len() * columns.len());
+                for &row in part {
+                    for c in 0..columns.len() {
+                        params.push(
+                            value(&columns, c, row, &self.targets[c])
+                                .map_err(|e| e.with_sink(&self.config.sink))?,
+                        );
+                    }
                 }
-            }
-            // The full-size statement is built once; only a shorter last one per call.
-            // The full-size statement is built once; only a shorter last one per call.
-            let statement = if fresh.len() == self.rows_per_statement {
-                std::borrow::Cow::Borrowed(self.full_statement.as_str())
-            } else {
-                std::borrow::Cow::Owned(insert_statement(
-                    &self.insert_head,
-                    &self.insert_tail,
-                    self.shape.names.len(),
-                    fresh.len(),
-                ))
-            };
-            let result = match self.conn.as_mut() {
-                Some(conn) => conn.exec_drop(statement.as_ref(), params).await,
-                None => return Err(no_connection(&self.config.sink, Phase::Write)),
-            };
-            if let Err(e) = result {
-                let first = format!("{} = {}", self.shape.names[0], columns.show(0, start));
-                let what = format!(
-                    "the table {} refused a row among the {rows} starting at the row with {first}",
-                    self.config.table
-                );
-                return Err(self.lost_on(Phase::Write, self.open.clone().as_ref(), &what, e));
+                let statement = self.inserts.statement(part.len());
+                let result = match self.conn.as_mut() {
+                    Some(conn) => conn.exec_drop(statement, params).await,
+                    None => return Err(no_connection(&self.config.sink, Phase::Write)),
+                };
+                if let Err(e) = result {
+                    let first = format!("{} = {}", self.shape.names[0], columns.show(0, part[0]));
+                    let what = format!(
+                        "the table {} refused a row among the {} starting at the row with {first}",
+                        self.config.table,
+                        part.len()
+                    );
+                    return Err(self.lost_on(Phase::Write, self.open.clone().as_ref(), &what, e));
+                }
+                sent += part.len();
             }
             start += rows;
         }
@@ -261,5 +297,32 @@ impl MySqlSession {
             }
         }
         Ok(fresh)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::InsertStatements;
+
+    #[test]
+    fn runs_of_rows_go_in_a_dozen_statement_sizes_at_most() {
+        let mut inserts =
+            InsertStatements::new("INSERT INTO t (a, b) VALUES ".into(), String::new(), 2);
+        assert_eq!(inserts.rows_per_statement(), 2_000);
+        let mut sizes = std::collections::BTreeSet::new();
+        for remaining in 1..=2_000 {
+            let mut left = remaining;
+            while left > 0 {
+                let rows = inserts.next_rows(left);
+                assert!(rows >= 1 && rows <= left);
+                sizes.insert(rows);
+                left -= rows;
+            }
+        }
+        assert_eq!(sizes.len(), 12, "{sizes:?}");
+        assert_eq!(
+            inserts.statement(2),
+            "INSERT INTO t (a, b) VALUES (?, ?), (?, ?)"
+        );
     }
 }
