@@ -2,8 +2,8 @@
 """Fails when the top-level modules of a crate import each other in a cycle (`use crate::a` in b and `use
 crate::b` in a, or longer rings). A cycle means two modules cannot be understood, tested or moved apart; shared
 pieces belong in a leaf module both use. A submodule (a file under `src/<module>/`) counts as part of its
-top-level module, which is how one type's impl is split over files. Comments and `#[cfg(test)] mod tests` are
-ignored.
+top-level module, which is how one type's impl is split over files. Comments and `#[cfg(test)] mod tests` (inline,
+or a `tests.rs` file) are ignored.
 
 Usage: scripts/check-module-cycles.py [CRATE_DIR ...]   (default: every workspace member with a src/)
 """
@@ -16,7 +16,8 @@ def top_level_modules(src):
     modules = {}
     for root, _, files in os.walk(src):
         for name in files:
-            if not name.endswith(".rs"):
+            # A `tests.rs` file is a module's `#[cfg(test)] mod tests;`: test code, ignored like an inline one.
+            if not name.endswith(".rs") or name == "tests.rs":
                 continue
             path = os.path.join(root, name)
             parts = os.path.relpath(path, src)[:-3].split(os.sep)

@@ -187,10 +187,10 @@ pub(crate) fn to_table_batch(
             false => column,
         };
         let column = exact::convert(column, field.data_type()).map_err(|refusal| {
-            let path =
+            let refusal =
                 connector_api::types::Refusal::new(refusal.path, refusal.why).under(field.name());
             bad(format!(
-                "table {table} cannot hold {path} exactly (docs/types.md)"
+                "table {table} refuses the batch: {refusal} (docs/types.md)"
             ))
         })?;
         if !field.is_nullable() && column.null_count() > 0 {

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 
 use crate::config::JobConfig;
+use crate::config::KAFKA_REACHABLE_WITHIN;
 use crate::config::{DebeziumConverter, DecodingConfig};
-use crate::run::KAFKA_REACHABLE_WITHIN;
 
 /// How often the source is looked at while waiting.
 const POLL: Duration = Duration::from_secs(2);

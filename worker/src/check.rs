@@ -11,7 +11,7 @@ use kafka_source::KafkaSource;
 
 use crate::cli::CheckArgs;
 use crate::config::JobConfig;
-use crate::run::KAFKA_REACHABLE_WITHIN;
+use crate::config::KAFKA_REACHABLE_WITHIN;
 use crate::store::SubtaskStore;
 
 /// Checks the job file in `args.config`; prints what was checked.

@@ -27,14 +27,11 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::cli::RunArgs;
-use crate::config::{JobConfig, StoreConfig};
+use crate::config::{JobConfig, KAFKA_REACHABLE_WITHIN, StoreConfig};
 use crate::health::{Health, Status};
 use crate::lease::{Assignment, Leases, LocalLease, PgLeases};
 use crate::static_share::StaticShare;
 use crate::subtask::{self, Ended, Progress, Stop, SubtaskContext};
-
-/// How long the source's Kafka cluster may take to answer at start before the job stops naming it.
-pub const KAFKA_REACHABLE_WITHIN: Duration = Duration::from_secs(15);
 
 struct Running {
     stop: watch::Sender<Stop>,

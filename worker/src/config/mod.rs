@@ -34,6 +34,10 @@ use connector_common::config::with_suggestion;
 use kafka_source::{Decoding, KafkaConnection, KafkaSourceOptions, MetadataColumns};
 use serde::Deserialize;
 
+/// How long the source's Kafka cluster may take to answer at start (`run`, `check-config`, waiting for a change
+/// stream's topic) before the job stops naming it.
+pub const KAFKA_REACHABLE_WITHIN: std::time::Duration = std::time::Duration::from_secs(15);
+
 mod kafka_to_kafka;
 mod source;
 
