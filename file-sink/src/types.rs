@@ -42,33 +42,16 @@ pub(crate) fn refusals(format: &FormatConfig, schema: &Schema) -> Vec<Refusal> {
 }
 
 fn parquet_refusal(ty: &DataType) -> std::result::Result<(), Refusal> {
-    let refuse = |why: &str| {
-        Err(Refusal::new(
-            "",
-            format!("has type {}, {why}", describe(ty)),
-        ))
-    };
-    match ty {
-        DataType::Union(..) => refuse("which Parquet has no form for"),
-        DataType::Interval(IntervalUnit::MonthDayNano) => {
-            refuse("which the Parquet writer cannot write")
-        }
-        DataType::Dictionary(_, values) => parquet_refusal(values),
-        DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _) => {
-            parquet_refusal(f.data_type()).map_err(|r| r.under("[]"))
-        }
-        DataType::Struct(fields) => fields
-            .iter()
-            .try_for_each(|f| parquet_refusal(f.data_type()).map_err(|r| r.under(f.name()))),
-        DataType::Map(entries, _) => match entries.data_type() {
-            DataType::Struct(kv) => {
-                parquet_refusal(kv[0].data_type()).map_err(|r| r.under("{}.key"))?;
-                parquet_refusal(kv[1].data_type()).map_err(|r| r.under("{}"))
+    connector_api::types::refuse_nested(ty, &|t| {
+        let why = match t {
+            DataType::Union(..) => "which Parquet has no form for",
+            DataType::Interval(IntervalUnit::MonthDayNano) => {
+                "which the Parquet writer cannot write"
             }
-            _ => Ok(()),
-        },
-        _ => Ok(()),
-    }
+            _ => return None,
+        };
+        Some(Refusal::new("", format!("has type {}, {why}", describe(t))))
+    })
 }
 
 /// Refuses a format that cannot hold the schema exactly.

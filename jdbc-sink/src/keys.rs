@@ -297,39 +297,6 @@ pub(crate) fn describe(keys: &[RecordBatch], types: &[SqlType]) -> String {
     }
 }
 
-/// The error of a change that did not carry the `unchanged` columns (Debezium's unavailable value) for a key the
-/// table holds no row of (row `row` of `columns`): nothing to keep the values from.
-pub(crate) fn nothing_to_keep(
-    config: &crate::config::JdbcSinkConfig,
-    shape: &crate::columns::TableShape,
-    columns: &Columns,
-    row: usize,
-    unchanged: &[String],
-) -> Error {
-    let key: Vec<String> = config
-        .mode
-        .key()
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|k| shape.names.iter().position(|n| n == k))
-        .map(|i| format!("{} = {}", shape.names[i], columns.show(i, row)))
-        .collect();
-    Error::new(
-        ErrorKind::BadRecord,
-        Phase::Write,
-        format!(
-            "the change of the row with {} does not carry column(s) {} (the source did not send them: Debezium's \
-             unavailable value, as PostgreSQL sends a TOASTed value an update does not touch under REPLICA \
-             IDENTITY DEFAULT), and table {} holds no row of that key to keep them from (a primary-key change, or a \
-             replica that missed the row): set REPLICA IDENTITY FULL on the source table",
-            key.join(", "),
-            unchanged.join(", "),
-            config.table
-        ),
-    )
-    .with_sink(&config.sink)
-}
-
 fn bad_key(key: &[u8], what: String) -> Error {
     Error::new(
         ErrorKind::BadRecord,

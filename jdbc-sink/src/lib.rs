@@ -182,10 +182,12 @@ mod config;
 mod database;
 mod error;
 mod factory;
+mod keeping;
 mod keys;
 mod mysql;
 mod pg;
 mod recovery;
+mod savepoint;
 mod sink;
 mod xid;
 

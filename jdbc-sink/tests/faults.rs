@@ -175,7 +175,7 @@ async fn bad_input(db: Db) {
         .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Config, "{err}");
         assert!(
-            err.to_string().contains("\"id\"") && err.to_string().contains("bool"),
+            err.to_string().contains("field `id`") && err.to_string().contains("bool"),
             "{err}"
         );
     }

@@ -67,44 +67,28 @@ pub(crate) fn check(
 /// Why arrow-avro's writer would not write `ty` exactly, if it would not.
 fn avro_refusal(ty: &DataType) -> std::result::Result<(), Refusal> {
     use DataType::*;
-    let refuse = |why: &str| {
-        Err(Refusal::new(
-            "",
-            format!("has type {}, {why}", describe(ty)),
-        ))
-    };
-    match ty {
-        UInt64 => refuse("which Avro's long (signed) cannot hold"),
-        Time64(TimeUnit::Nanosecond) => {
-            refuse("which has no Avro type (time-micros would truncate it)")
-        }
-        Date64 | Duration(_) => refuse("whose unit Avro would not keep"),
-        Union(..) => refuse("which is not written as Avro here (planned)"),
-        Null => refuse("which holds no value"),
-        Dictionary(_, values) => avro_refusal(values),
-        List(f) | LargeList(f) | FixedSizeList(f, _) => {
-            avro_refusal(f.data_type()).map_err(|r| r.under("[]"))
-        }
-        Struct(fields) => fields
-            .iter()
-            .try_for_each(|f| avro_refusal(f.data_type()).map_err(|r| r.under(f.name()))),
-        Map(entries, _) => {
-            let DataType::Struct(kv) = entries.data_type() else {
-                return Ok(());
-            };
-            if !matches!(kv[0].data_type(), Utf8 | LargeUtf8) {
-                return Err(Refusal::new(
-                    "{}.key",
-                    format!(
-                        "has type {}: Avro map keys are strings",
-                        describe(kv[0].data_type())
-                    ),
-                ));
+    connector_api::types::refuse_nested(ty, &|t| {
+        let why = match t {
+            UInt64 => "which Avro's long (signed) cannot hold",
+            Time64(TimeUnit::Nanosecond) => {
+                "which has no Avro type (time-micros would truncate it)"
             }
-            avro_refusal(kv[1].data_type()).map_err(|r| r.under("{}"))
-        }
-        _ => Ok(()),
-    }
+            Date64 | Duration(_) => "whose unit Avro would not keep",
+            Union(..) => "which is not written as Avro here (planned)",
+            Null => "which holds no value",
+            _ => {
+                return connector_api::types::map_key(t)
+                    .filter(|key| !matches!(key, Utf8 | LargeUtf8))
+                    .map(|key| {
+                        Refusal::new(
+                            "{}.key",
+                            format!("has type {}: Avro map keys are strings", describe(key)),
+                        )
+                    });
+            }
+        };
+        Some(Refusal::new("", format!("has type {}, {why}", describe(t))))
+    })
 }
 
 /// The field arrow-avro's writer is given for `field`: an enum (a dictionary with symbols) stays an enum, any other

@@ -99,13 +99,7 @@ impl AvroDecoding {
         reader: ReaderSchema,
         evolve: bool,
     ) -> Result<Self> {
-        let runtime = tokio::runtime::Handle::try_current().map_err(|e| {
-            Error::bug(
-                Phase::Setup,
-                "a registry-backed Avro decoding is made outside a tokio runtime",
-            )
-            .with_source(e)
-        })?;
+        let runtime = registry_runtime()?;
         let writers = WriterSchemas::new(registry, runtime, reader, evolve, false)?;
         Ok(Self {
             writers: Writers::Registry(Arc::new(writers)),
@@ -121,13 +115,7 @@ impl AvroDecoding {
     /// # Errors
     /// As [`from_registry`](Self::from_registry).
     pub fn for_change_events(registry: SchemaRegistry, reader: ReaderSchema) -> Result<Self> {
-        let runtime = tokio::runtime::Handle::try_current().map_err(|e| {
-            Error::bug(
-                Phase::Setup,
-                "a registry-backed Avro decoding is made outside a tokio runtime",
-            )
-            .with_source(e)
-        })?;
+        let runtime = registry_runtime()?;
         let writers = WriterSchemas::new(registry, runtime, reader, false, true)?;
         Ok(Self {
             writers: Writers::Registry(Arc::new(writers)),
@@ -189,4 +177,15 @@ impl Writers {
             .with_active_fingerprint(fingerprint)
             .build_decoder()
     }
+}
+
+/// The tokio runtime a registry-backed decoding looks writer schemas up on (the one it is made in).
+fn registry_runtime() -> Result<tokio::runtime::Handle> {
+    tokio::runtime::Handle::try_current().map_err(|e| {
+        Error::bug(
+            Phase::Setup,
+            "a registry-backed Avro decoding is made outside a tokio runtime",
+        )
+        .with_source(e)
+    })
 }

@@ -310,31 +310,11 @@ impl Column {
                 "field `{path}` is null or missing, and it is declared not nullable"
             )));
         }
-        match self {
-            Column::Leaf { leaf, .. } => leaf.append_null(),
-            Column::List {
-                offsets, validity, ..
-            }
-            | Column::Map {
-                offsets, validity, ..
-            } => {
-                offsets.push(*offsets.last().unwrap_or(&0));
-                validity.append_null();
-            }
-            Column::Struct {
-                children, validity, ..
-            } => {
-                // Children of a null struct hold nulls whatever they declare (masked by the struct's null).
-                for child in children {
-                    child.append_masked_null();
-                }
-                validity.append_null();
-            }
-        }
+        self.append_masked_null();
         Ok(())
     }
 
-    /// A null under a null parent: appended whatever the field's nullability.
+    /// Appends a null unchecked: under a null parent (whatever the field declares), or once checked.
     fn append_masked_null(&mut self) {
         match self {
             Column::Leaf { leaf, .. } => leaf.append_null(),

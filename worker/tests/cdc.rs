@@ -20,7 +20,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use common::Job;
+use common::{Job, Worker};
 use serde_json::Value;
 use test_support::Services;
 use test_support::cdc::{Converter, DebeziumConnector};
@@ -33,6 +33,57 @@ fn env_u64(name: &str) -> Option<u64> {
         v.parse()
             .unwrap_or_else(|_| panic!("{name}={v:?} is not a number"))
     })
+}
+
+/// How the worker is killed while a workload runs: `kills` SIGKILLs, each after `pause_ms.0` plus a random part
+/// of `pause_ms.1` milliseconds (from the run's seed).
+struct Chaos {
+    kills: u64,
+    pause_ms: (u64, u64),
+}
+
+/// Kills the running `worker` as `chaos` says while `workload` runs (starting a replacement after each kill),
+/// waits for the workload, then until `caught_up` holds (the worker must keep running; bounded by `within`), stops
+/// the worker and runs one last process until it is idle, which recovers what the killed ones left. Returns the
+/// workload's result and the last process.
+async fn kill_during_then_settle(
+    job: &mut Job,
+    mut worker: Worker,
+    chaos: Chaos,
+    rng: &mut Rng,
+    workload: std::thread::JoinHandle<Value>,
+    within: Duration,
+    caught_up: impl Fn() -> Result<(), String>,
+) -> (Value, Worker) {
+    for _ in 0..chaos.kills {
+        tokio::time::sleep(Duration::from_millis(
+            chaos.pause_ms.0 + rng.below(chaos.pause_ms.1),
+        ))
+        .await;
+        worker.kill9();
+        worker = job.spawn_worker(&[]);
+    }
+    let done = tokio::task::spawn_blocking(move || workload.join().expect("the workload"))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + within;
+    while let Err(behind) = caught_up() {
+        assert!(
+            worker.exited().is_none(),
+            "the worker stopped:\n{}",
+            worker.log_text()
+        );
+        assert!(
+            Instant::now() < deadline,
+            "{behind} within {within:?}:\n{}",
+            worker.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    worker.stop(Duration::from_secs(60));
+    let mut last = job.spawn_worker(&["--exit-when-idle", "2s"]);
+    last.wait_exit(Duration::from_secs(120));
+    (done, last)
 }
 
 /// A small deterministic generator (xorshift64*), so a failing run can be replayed from its seed.
@@ -323,6 +374,7 @@ async fn debezium_changes_under_sigkill_reach_postgres_mariadb_and_iceberg_exact
         String::from_utf8_lossy(&checked.stderr)
     );
 
+    let worker = job.spawn_worker(&[]);
     let workload = {
         let (source, seed) = (source.clone(), (seed + 1).to_string());
         std::thread::spawn(move || {
@@ -337,38 +389,29 @@ async fn debezium_changes_under_sigkill_reach_postgres_mariadb_and_iceberg_exact
             ])
         })
     };
-    let mut worker = job.spawn_worker(&[]);
-    for _ in 0..kills {
-        tokio::time::sleep(Duration::from_millis(1000 + rng.below(3000))).await;
-        worker.kill9();
-        worker = job.spawn_worker(&[]);
-    }
-    let done = tokio::task::spawn_blocking(move || workload.join().expect("the workload"))
-        .await
-        .unwrap();
+    let (done, last) = kill_during_then_settle(
+        &mut job,
+        worker,
+        Chaos {
+            kills,
+            pause_ms: (1000, 3000),
+        },
+        &mut rng,
+        workload,
+        Duration::from_secs(180),
+        || {
+            // The source no longer changes: the replica catches up with the connector's last change.
+            match rows("pg", services.pg_url(), &format!("{name}_src"))
+                == rows("pg", services.pg_url(), &format!("{name}_pg"))
+            {
+                true => Ok(()),
+                false => Err("the PostgreSQL replica has not reached the source table".into()),
+            }
+        },
+    )
+    .await;
     eprintln!("cdc: workload {done}");
-
-    // The source no longer changes: the replica catches up with the connector's last change.
     let expected = rows("pg", services.pg_url(), &format!("{name}_src"));
-    let deadline = Instant::now() + Duration::from_secs(180);
-    while rows("pg", services.pg_url(), &format!("{name}_pg")) != expected {
-        assert!(
-            worker.exited().is_none(),
-            "the worker stopped:\n{}",
-            worker.log_text()
-        );
-        assert!(
-            Instant::now() < deadline,
-            "the PostgreSQL replica did not reach the source table within 180 s:\n{}",
-            worker.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    worker.stop(Duration::from_secs(60));
-    // One last run recovers every subtask (deciding what the killed processes left), then the readers check.
-    let mut last = job.spawn_worker(&["--exit-when-idle", "2s"]);
-    last.wait_exit(Duration::from_secs(120));
-
     assert!(!expected.is_empty(), "the workload left rows");
     assert_eq!(
         rows("pg", services.pg_url(), &format!("{name}_pg")),
@@ -544,7 +587,7 @@ upsert_key = ["id"]
         "check-config before the connector:\n{said}\n{}",
         String::from_utf8_lossy(&checked.stderr)
     );
-    let mut worker = job.spawn_worker(&[]);
+    let worker = job.spawn_worker(&[]);
     worker.wait_logged(
         "the change stream does not exist yet: waiting for it",
         1,
@@ -572,15 +615,6 @@ upsert_key = ["id"]
             )
         })
     };
-    for _ in 0..kills {
-        tokio::time::sleep(Duration::from_millis(1500 + rng.below(3000))).await;
-        worker.kill9();
-        worker = job.spawn_worker(&[]);
-    }
-    let done = tokio::task::spawn_blocking(move || workload.join().expect("the workload"))
-        .await
-        .unwrap();
-    eprintln!("cdc fidelity: workload {done}");
     let compare = |all: bool| {
         let services = Services::get();
         let (pg_table, my_table, state) = (
@@ -610,28 +644,29 @@ upsert_key = ["id"]
         }
         services.verify("cdc_fidelity.py", &args)
     };
-    // The source no longer changes: the PostgreSQL replica catches up with the connector's last change.
-    let deadline = Instant::now() + Duration::from_secs(240);
-    loop {
-        let compared = compare(false);
-        if compared["pg"]["mismatch_count"] == 0 {
-            break;
-        }
-        assert!(
-            worker.exited().is_none(),
-            "the worker stopped:\n{}",
-            worker.log_text()
-        );
-        assert!(
-            Instant::now() < deadline,
-            "the PostgreSQL replica did not reach the source within 240 s: {compared}\n{}",
-            worker.log_text()
-        );
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-    worker.stop(Duration::from_secs(60));
-    let mut last = job.spawn_worker(&["--exit-when-idle", "2s"]);
-    last.wait_exit(Duration::from_secs(120));
+    let (done, last) = kill_during_then_settle(
+        &mut job,
+        worker,
+        Chaos {
+            kills,
+            pause_ms: (1500, 3000),
+        },
+        &mut rng,
+        workload,
+        Duration::from_secs(240),
+        || {
+            // The source no longer changes: the PostgreSQL replica catches up with the connector's last change.
+            let compared = compare(false);
+            match compared["pg"]["mismatch_count"] == 0 {
+                true => Ok(()),
+                false => Err(format!(
+                    "the PostgreSQL replica has not reached the source: {compared}"
+                )),
+            }
+        },
+    )
+    .await;
+    eprintln!("cdc fidelity: workload {done}");
     let compared = compare(true);
     assert!(
         compared["source_rows"].as_u64().unwrap() > 5000,

@@ -66,44 +66,25 @@ pub fn check(schema: &Schema) -> Result<(), Refusal> {
 }
 
 fn check_type(ty: &DataType) -> Result<(), Refusal> {
-    match ty {
-        DataType::Union(..) => Err(Refusal::new(
+    super::refuse_nested(ty, &|t| match t {
+        DataType::Union(..) => Some(Refusal::new(
             "",
-            format!(
-                "has type {}, which JSON has no exact form for",
-                describe(ty)
-            ),
+            format!("has type {}, which JSON has no exact form for", describe(t)),
         )),
-        DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _) => {
-            check_type(f.data_type()).map_err(|r| r.under("[]"))
-        }
-        DataType::Struct(fields) => {
-            for f in fields {
-                check_type(f.data_type()).map_err(|r| r.under(f.name()))?;
-            }
-            Ok(())
-        }
-        DataType::Map(entries, _) => {
-            let DataType::Struct(kv) = entries.data_type() else {
-                return Ok(());
-            };
-            if !matches!(
-                kv[0].data_type(),
-                DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
-            ) {
-                return Err(Refusal::new(
+        _ => super::map_key(t)
+            .filter(|key| {
+                !matches!(
+                    key,
+                    DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
+                )
+            })
+            .map(|key| {
+                Refusal::new(
                     "{}.key",
-                    format!(
-                        "has type {}: JSON object keys are strings",
-                        describe(kv[0].data_type())
-                    ),
-                ));
-            }
-            check_type(kv[1].data_type()).map_err(|r| r.under("{}"))
-        }
-        DataType::Dictionary(_, values) => check_type(values),
-        _ => Ok(()),
-    }
+                    format!("has type {}: JSON object keys are strings", describe(key)),
+                )
+            }),
+    })
 }
 
 /// arrow-json's writer options with Ratchet's encodings.

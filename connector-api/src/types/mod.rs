@@ -56,6 +56,50 @@ impl std::fmt::Display for Refusal {
     }
 }
 
+/// The first refusal of a column of type `ty`: `refuse` asked about `ty` and then about every type nested in it
+/// (a dictionary's values, a list's items as `[]`, a struct's children by name, a map's keys as `{}.key` and values
+/// as `{}`), each answer's path placed under where the type sits. The walk every sink's check shares; `refuse`
+/// knows only what its format cannot hold.
+///
+/// # Errors
+/// The first [`Refusal`] `refuse` gives, with its path from the column.
+pub fn refuse_nested(
+    ty: &DataType,
+    refuse: &impl Fn(&DataType) -> Option<Refusal>,
+) -> Result<(), Refusal> {
+    if let Some(refusal) = refuse(ty) {
+        return Err(refusal);
+    }
+    match ty {
+        DataType::Dictionary(_, values) => refuse_nested(values, refuse),
+        DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _) => {
+            refuse_nested(f.data_type(), refuse).map_err(|r| r.under("[]"))
+        }
+        DataType::Struct(fields) => fields
+            .iter()
+            .try_for_each(|f| refuse_nested(f.data_type(), refuse).map_err(|r| r.under(f.name()))),
+        DataType::Map(entries, _) => match entries.data_type() {
+            DataType::Struct(kv) if kv.len() == 2 => {
+                refuse_nested(kv[0].data_type(), refuse).map_err(|r| r.under("{}.key"))?;
+                refuse_nested(kv[1].data_type(), refuse).map_err(|r| r.under("{}"))
+            }
+            _ => Ok(()),
+        },
+        _ => Ok(()),
+    }
+}
+
+/// The key type of map type `ty`, when it is a map.
+pub fn map_key(ty: &DataType) -> Option<&DataType> {
+    match ty {
+        DataType::Map(entries, _) => match entries.data_type() {
+            DataType::Struct(kv) if kv.len() == 2 => Some(kv[0].data_type()),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
 /// `parent` then `child` as a field path.
 pub(crate) fn join(parent: &str, child: &str) -> String {
     match (parent.is_empty(), child.starts_with(['[', '{'])) {

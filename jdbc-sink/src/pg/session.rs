@@ -16,9 +16,11 @@ use super::statements::{self, BatchStatements, KeyDelete};
 use super::{pg_error, prepare_database};
 use crate::Xid;
 use crate::columns::{Columns, TableShape};
-use crate::config::{JdbcSinkConfig, WriteMode};
+use crate::config::{Dialect, JdbcSinkConfig, WriteMode};
 use crate::database::{DedupCleanup, MARKERS_KEPT, MARKERS_TABLE, OWNERS_TABLE, Session};
 use crate::error::fenced;
+use crate::keeping::UpdateKeeping;
+use crate::savepoint;
 
 /// A batch statement prepared on the connection, and its `ON CONFLICT` fallback.
 type Prepared = (Statement, Option<Statement>);
@@ -244,22 +246,29 @@ impl PgSession {
     }
 
     /// Keyed modes: each change of `batch` that did not carry the `unchanged` columns updates its key's row,
-    /// keeping them ([`statements::update_keeping`]).
+    /// keeping them ([`UpdateKeeping`]).
     ///
     /// # Errors
     /// [`BadRecord`](ErrorKind::BadRecord) naming the key when the table holds no row of it: the value the change
     /// did not carry is nowhere to keep it from.
     async fn update_keeping(&mut self, batch: &RecordBatch, unchanged: &[String]) -> Result<()> {
-        let key = self.config.mode.key().unwrap_or_default().to_vec();
-        let (sql, params) = statements::update_keeping(&self.config, &self.shape, &key, unchanged);
+        let key = self.config.mode.key().unwrap_or_default();
+        let update = UpdateKeeping::new(
+            Dialect::Postgres,
+            &self.config.table,
+            key,
+            &self.shape,
+            unchanged,
+        );
         let columns = Columns::new(batch, &self.shape.types, &self.row_as_json)?;
         let client = self.client(Phase::Write)?;
         let statement = client
-            .prepare(&sql)
+            .prepare(&update.sql)
             .await
             .map_err(|e| self.error(Phase::Write, None, "cannot prepare the update", e))?;
         for row in 0..batch.num_rows() {
-            let cells: Vec<PgCell<'_>> = params
+            let cells: Vec<PgCell<'_>> = update
+                .params
                 .iter()
                 .map(|&c| self.cell(&columns, c, row))
                 .collect();
@@ -271,7 +280,7 @@ impl PgSession {
                 .await
                 .map_err(|e| self.row_error(&columns, row, e))?;
             if updated == 0 {
-                return Err(crate::keys::nothing_to_keep(
+                return Err(crate::keeping::nothing_to_keep(
                     &self.config,
                     &self.shape,
                     &columns,
@@ -283,30 +292,27 @@ impl PgSession {
         Ok(())
     }
 
-    /// Runs `statement` behind the write savepoint: refused whole (and rolled back to the savepoint) or applied.
-    async fn behind_savepoint(&mut self, statement: &str, what: &str) -> Result<()> {
-        let fail = |what| move |e| pg_error(Phase::Write, None, what, e);
-        let client = self.client(Phase::Write)?;
-        client
-            .batch_execute("SAVEPOINT ratchet_write")
+    /// Opens the write savepoint: what follows until [`Self::close_savepoint`] is refused whole (the transaction
+    /// goes on without it, so the driver can dead-letter it) or applied whole, never half.
+    async fn open_savepoint(&self) -> Result<()> {
+        self.client(Phase::Write)?
+            .batch_execute(savepoint::OPEN)
             .await
-            .map_err(fail("SAVEPOINT failed"))?;
-        match client.batch_execute(statement).await {
-            Ok(()) => client
-                .batch_execute("RELEASE SAVEPOINT ratchet_write")
-                .await
-                .map_err(fail("RELEASE SAVEPOINT failed")),
-            Err(e) => {
-                let err = self.error(Phase::Write, self.open.as_ref(), what, e);
-                if err.kind() == ErrorKind::BadRecord {
-                    self.client(Phase::Write)?
-                        .batch_execute("ROLLBACK TO SAVEPOINT ratchet_write")
-                        .await
-                        .map_err(fail("ROLLBACK TO SAVEPOINT failed"))?;
-                }
-                Err(err)
-            }
-        }
+            .map_err(|e| pg_error(Phase::Write, None, "SAVEPOINT failed", e))
+    }
+
+    /// Closes the write savepoint after `outcome`: released when it succeeded, rolled back to when it was refused
+    /// ([`BadRecord`](ErrorKind::BadRecord), returned); any other error is returned as it is (the transaction is
+    /// lost anyway).
+    async fn close_savepoint(&self, outcome: Result<()>) -> Result<()> {
+        let Some((statement, what)) = savepoint::closing(&outcome) else {
+            return outcome;
+        };
+        self.client(Phase::Write)?
+            .batch_execute(statement)
+            .await
+            .map_err(|e| pg_error(Phase::Write, None, what, e))?;
+        outcome
     }
 
     /// Row `row`'s value of column `c`, for the table's column `c`.
@@ -386,33 +392,12 @@ impl Session for PgSession {
         if batch.num_rows() == 0 {
             return Ok(());
         }
-        // A savepoint makes a refused batch refused whole: the transaction goes on without it (the driver can
-        // dead-letter the batch), and a batch is never half written.
-        let fail = |what| move |e| pg_error(Phase::Write, None, what, e);
-        self.client(Phase::Write)?
-            .batch_execute("SAVEPOINT ratchet_write")
-            .await
-            .map_err(fail("SAVEPOINT failed"))?;
+        self.open_savepoint().await?;
         let written = match self.batch {
             None => self.copy(batch).await,
             Some(_) => self.write_rows(batch, unchanged).await,
         };
-        let client = self.client(Phase::Write)?;
-        match written {
-            Ok(()) => client
-                .batch_execute("RELEASE SAVEPOINT ratchet_write")
-                .await
-                .map_err(fail("RELEASE SAVEPOINT failed"))?,
-            Err(e) if e.kind() == ErrorKind::BadRecord => {
-                client
-                    .batch_execute("ROLLBACK TO SAVEPOINT ratchet_write")
-                    .await
-                    .map_err(fail("ROLLBACK TO SAVEPOINT failed"))?;
-                return Err(e);
-            }
-            Err(e) => return Err(e),
-        }
-        Ok(())
+        self.close_savepoint(written).await
     }
 
     /// One `DELETE .. USING unnest(..)` for every key, behind the write savepoint.
@@ -428,7 +413,6 @@ impl Session for PgSession {
         if keys.iter().all(|k| k.num_rows() == 0) {
             return Ok(());
         }
-        let client = self.client(Phase::Write)?;
         if self.open.is_none() {
             return Err(Error::new(
                 ErrorKind::Bug,
@@ -459,32 +443,23 @@ impl Session for PgSession {
             .collect();
         let params: Vec<&(dyn ToSql + Sync)> =
             arrays.iter().map(|a| a as &(dyn ToSql + Sync)).collect();
-        let fail = |what| move |e| pg_error(Phase::Write, None, what, e);
-        client
-            .batch_execute("SAVEPOINT ratchet_write")
+        self.open_savepoint().await?;
+        let deleted = match self
+            .client(Phase::Write)?
+            .execute(delete.sql.as_str(), &params)
             .await
-            .map_err(fail("SAVEPOINT failed"))?;
-        match client.execute(delete.sql.as_str(), &params).await {
-            Ok(_) => client
-                .batch_execute("RELEASE SAVEPOINT ratchet_write")
-                .await
-                .map_err(fail("RELEASE SAVEPOINT failed")),
+        {
+            Ok(_) => Ok(()),
             Err(e) => {
                 let what = format!(
                     "the table {} refused to delete the rows of {}",
                     self.config.table,
                     crate::keys::describe(keys, &delete.types)
                 );
-                let err = self.error(Phase::Write, self.open.as_ref(), &what, e);
-                if err.kind() == ErrorKind::BadRecord {
-                    client
-                        .batch_execute("ROLLBACK TO SAVEPOINT ratchet_write")
-                        .await
-                        .map_err(fail("ROLLBACK TO SAVEPOINT failed"))?;
-                }
-                Err(err)
+                Err(self.error(Phase::Write, self.open.as_ref(), &what, e))
             }
-        }
+        };
+        self.close_savepoint(deleted).await
     }
 
     async fn delete_all(&mut self) -> Result<()> {
@@ -499,8 +474,16 @@ impl Session for PgSession {
             "the table {} refused to delete every row (a truncate)",
             self.config.table
         );
-        self.behind_savepoint(&statements::delete_all(&self.config), &what)
+        self.open_savepoint().await?;
+        let deleted = match self
+            .client(Phase::Write)?
+            .batch_execute(&statements::delete_all(&self.config))
             .await
+        {
+            Ok(()) => Ok(()),
+            Err(e) => Err(self.error(Phase::Write, self.open.as_ref(), &what, e)),
+        };
+        self.close_savepoint(deleted).await
     }
 
     async fn prepare(&mut self, xid: &Xid, epoch: u64) -> Result<()> {

@@ -185,53 +185,6 @@ impl BatchStatements {
     }
 }
 
-/// Keyed modes: a change that did not carry the `unchanged` columns updates its key's row, keeping them:
-/// `UPDATE <table> SET <c> = $i, .. WHERE <k> = $j AND ..`, and the batch columns of its parameters, in order.
-pub(crate) fn update_keeping(
-    config: &JdbcSinkConfig,
-    shape: &TableShape,
-    key: &[String],
-    unchanged: &[String],
-) -> (String, Vec<usize>) {
-    let set: Vec<usize> = (0..shape.names.len())
-        .filter(|&i| !key.contains(&shape.names[i]) && !unchanged.contains(&shape.names[i]))
-        .collect();
-    let keys: Vec<usize> = key
-        .iter()
-        .filter_map(|k| shape.names.iter().position(|n| n == k))
-        .collect();
-    let assign: Vec<String> = set
-        .iter()
-        .enumerate()
-        .map(|(p, &i)| format!("{} = ${}", quote(D, &shape.names[i]), p + 1))
-        .collect();
-    let condition: Vec<String> = keys
-        .iter()
-        .enumerate()
-        .map(|(p, &i)| format!("{} = ${}", quote(D, &shape.names[i]), set.len() + p + 1))
-        .collect();
-    let sql = match assign.is_empty() {
-        // Nothing but the key and unchanged columns: the update only has to find the row.
-        true => format!(
-            "UPDATE {0} SET {1} = {1} WHERE {2}",
-            quote_table(D, &config.table),
-            quote(D, &shape.names[keys[0]]),
-            condition.join(" AND ")
-        ),
-        false => format!(
-            "UPDATE {} SET {} WHERE {}",
-            quote_table(D, &config.table),
-            assign.join(", "),
-            condition.join(" AND ")
-        ),
-    };
-    let columns = match assign.is_empty() {
-        true => keys,
-        false => set.into_iter().chain(keys).collect(),
-    };
-    (sql, columns)
-}
-
 /// Keyed modes: every row deleted (a truncate).
 pub(crate) fn delete_all(config: &JdbcSinkConfig) -> String {
     format!("DELETE FROM {}", quote_table(D, &config.table))

@@ -134,11 +134,11 @@ async fn changes_are_applied_by_key(db: Db, mode: &WriteMode) {
     // An operation the sink does not know is a bad record; nothing of its batch is applied.
     sink.begin(CheckpointId(2)).await.unwrap();
     let err = sink
-        .write(&changes(&[("d", 1, None), ("t", 5, None)]))
+        .write(&changes(&[("d", 1, None), ("x", 5, None)]))
         .await
         .unwrap_err();
     assert_eq!(err.kind(), connector_api::ErrorKind::BadRecord, "{err}");
-    assert!(err.to_string().contains("\"t\""), "{err}");
+    assert!(err.to_string().contains("\"x\""), "{err}");
     sink.write(&changes(&[("u", 3, Some("c3"))])).await.unwrap();
     let committable = sink.pre_commit(CheckpointId(2)).await.unwrap();
     if mode.prepares() {

@@ -15,6 +15,7 @@ use crate::columns::{SqlType, TableShape, quote, quote_table};
 use crate::config::{Dialect, JdbcSinkConfig, WriteMode, config_error};
 use crate::database::{DedupCleanup, MARKERS_KEPT, MARKERS_TABLE, OWNERS_TABLE, Session};
 use crate::error::fenced;
+use crate::savepoint;
 use crate::sink::dedup_table;
 
 mod detach;
@@ -302,6 +303,30 @@ impl MySqlSession {
         self.conn.as_mut().ok_or_else(|| no_connection(sink, phase))
     }
 
+    /// Opens the write savepoint in the transaction `xid`: what follows until [`Self::close_savepoint`] is
+    /// refused whole (the transaction goes on without it, so the driver can dead-letter it) or applied whole,
+    /// across its statements, never half.
+    async fn open_savepoint(&mut self, xid: Option<&Xid>) -> Result<()> {
+        self.run(
+            Phase::Write,
+            xid,
+            "SAVEPOINT failed",
+            savepoint::OPEN.into(),
+        )
+        .await
+    }
+
+    /// Closes the write savepoint after `outcome`: released when it succeeded, rolled back to when it was refused
+    /// ([`BadRecord`](ErrorKind::BadRecord), returned); any other error is returned as it is (the connection and
+    /// its transaction are lost anyway).
+    async fn close_savepoint(&mut self, xid: Option<&Xid>, outcome: Result<()>) -> Result<()> {
+        let Some((statement, what)) = savepoint::closing(&outcome) else {
+            return outcome;
+        };
+        self.run(Phase::Write, xid, what, statement.into()).await?;
+        outcome
+    }
+
     /// Runs `statement` on the session; a connection-level failure drops the connection (and with it the open
     /// transaction, which the server rolls back), so the next `begin` reconnects.
     async fn run(
@@ -375,42 +400,13 @@ impl Session for MySqlSession {
             return Ok(());
         }
 
-        // A savepoint makes a refused batch refused whole, across its statements: the transaction goes on without
-        // it (the driver can dead-letter the batch), and a batch is never half written.
         let xid = self.open.clone();
-        self.run(
-            Phase::Write,
-            xid.as_ref(),
-            "SAVEPOINT failed",
-            "SAVEPOINT ratchet_write".into(),
-        )
-        .await?;
+        self.open_savepoint(xid.as_ref()).await?;
         let written = match unchanged.is_empty() {
             true => self.insert(batch).await,
             false => self.update_keeping(batch, unchanged).await,
         };
-        match written {
-            Ok(()) => {
-                self.run(
-                    Phase::Write,
-                    xid.as_ref(),
-                    "RELEASE SAVEPOINT failed",
-                    "RELEASE SAVEPOINT ratchet_write".into(),
-                )
-                .await
-            }
-            Err(e) if e.kind() == ErrorKind::BadRecord => {
-                self.run(
-                    Phase::Write,
-                    xid.as_ref(),
-                    "ROLLBACK TO SAVEPOINT failed",
-                    "ROLLBACK TO SAVEPOINT ratchet_write".into(),
-                )
-                .await?;
-                Err(e)
-            }
-            Err(e) => Err(e),
-        }
+        self.close_savepoint(xid.as_ref(), written).await
     }
 
     async fn delete(&mut self, keys: &[RecordBatch]) -> Result<()> {
@@ -429,35 +425,9 @@ impl Session for MySqlSession {
             .with_sink(&self.config.sink));
         };
         // Behind a savepoint like a batch: the deletes of one call are refused whole, across their statements.
-        self.run(
-            Phase::Write,
-            Some(&xid),
-            "SAVEPOINT failed",
-            "SAVEPOINT ratchet_write".into(),
-        )
-        .await?;
-        match self.delete_keys(keys).await {
-            Ok(()) => {
-                self.run(
-                    Phase::Write,
-                    Some(&xid),
-                    "RELEASE SAVEPOINT failed",
-                    "RELEASE SAVEPOINT ratchet_write".into(),
-                )
-                .await
-            }
-            Err(e) if e.kind() == ErrorKind::BadRecord => {
-                self.run(
-                    Phase::Write,
-                    Some(&xid),
-                    "ROLLBACK TO SAVEPOINT failed",
-                    "ROLLBACK TO SAVEPOINT ratchet_write".into(),
-                )
-                .await?;
-                Err(e)
-            }
-            Err(e) => Err(e),
-        }
+        self.open_savepoint(Some(&xid)).await?;
+        let deleted = self.delete_keys(keys).await;
+        self.close_savepoint(Some(&xid), deleted).await
     }
 
     async fn delete_all(&mut self) -> Result<()> {
@@ -472,39 +442,13 @@ impl Session for MySqlSession {
             "the table {} refused to delete every row (a truncate)",
             self.config.table
         );
-        self.run(
-            Phase::Write,
-            Some(&xid),
-            "SAVEPOINT failed",
-            "SAVEPOINT ratchet_write".into(),
-        )
-        .await?;
         let statement = format!(
             "DELETE FROM {}",
             quote_table(Dialect::MySql, &self.config.table)
         );
-        match self.run(Phase::Write, Some(&xid), &what, statement).await {
-            Ok(()) => {
-                self.run(
-                    Phase::Write,
-                    Some(&xid),
-                    "RELEASE SAVEPOINT failed",
-                    "RELEASE SAVEPOINT ratchet_write".into(),
-                )
-                .await
-            }
-            Err(e) if e.kind() == ErrorKind::BadRecord => {
-                self.run(
-                    Phase::Write,
-                    Some(&xid),
-                    "ROLLBACK TO SAVEPOINT failed",
-                    "ROLLBACK TO SAVEPOINT ratchet_write".into(),
-                )
-                .await?;
-                Err(e)
-            }
-            Err(e) => Err(e),
-        }
+        self.open_savepoint(Some(&xid)).await?;
+        let deleted = self.run(Phase::Write, Some(&xid), &what, statement).await;
+        self.close_savepoint(Some(&xid), deleted).await
     }
 
     async fn prepare(&mut self, xid: &Xid, epoch: u64) -> Result<()> {

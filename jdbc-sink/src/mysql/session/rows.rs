@@ -8,6 +8,7 @@ use mysql_async::prelude::Queryable;
 
 use super::{MySqlSession, no_connection};
 use crate::columns::Columns;
+use crate::keeping::UpdateKeeping;
 use crate::mysql::target::{MyColumn, bad_value};
 
 /// Placeholders per statement at most (the protocol allows 65535).
@@ -145,48 +146,33 @@ impl MySqlSession {
         batch: &RecordBatch,
         unchanged: &[String],
     ) -> Result<()> {
-        let key = self.config.mode.key().unwrap_or_default().to_vec();
-        let d = crate::config::Dialect::MySql;
-        let set: Vec<usize> = (0..self.shape.names.len())
-            .filter(|&i| {
-                !key.contains(&self.shape.names[i]) && !unchanged.contains(&self.shape.names[i])
-            })
-            .collect();
-        let keys: Vec<usize> = key
-            .iter()
-            .filter_map(|k| self.shape.names.iter().position(|n| n == k))
-            .collect();
-        let quoted = |i: usize| crate::columns::quote(d, &self.shape.names[i]);
-        let assign: Vec<String> = match set.is_empty() {
-            true => vec![format!("{0} = {0}", quoted(keys[0]))],
-            false => set.iter().map(|&i| format!("{} = ?", quoted(i))).collect(),
-        };
-        let condition: Vec<String> = keys.iter().map(|&i| format!("{} = ?", quoted(i))).collect();
-        let statement = format!(
-            "UPDATE {} SET {} WHERE {}",
-            crate::columns::quote_table(d, &self.config.table),
-            assign.join(", "),
-            condition.join(" AND ")
+        let key = self.config.mode.key().unwrap_or_default();
+        let update = UpdateKeeping::new(
+            crate::config::Dialect::MySql,
+            &self.config.table,
+            key,
+            &self.shape,
+            unchanged,
         );
         let columns = Columns::new(batch, &self.shape.types, &self.as_json)?;
         for row in 0..batch.num_rows() {
-            let params = set
+            let params = update
+                .params
                 .iter()
-                .chain(&keys)
                 .map(|&c| value(&columns, c, row, &self.targets[c]))
                 .collect::<Result<Vec<_>>>()
                 .map_err(|e| e.with_sink(&self.config.sink))?;
             let Some(conn) = self.conn.as_mut() else {
                 return Err(no_connection(&self.config.sink, Phase::Write));
             };
-            let result = conn.exec_drop(statement.as_str(), params).await;
+            let result = conn.exec_drop(update.sql.as_str(), params).await;
             let matched = conn.affected_rows();
             if let Err(e) = result {
                 let what = format!("the table {} refused an update", self.config.table);
                 return Err(self.lost_on(Phase::Write, self.open.clone().as_ref(), &what, e));
             }
             if matched == 0 {
-                return Err(crate::keys::nothing_to_keep(
+                return Err(crate::keeping::nothing_to_keep(
                     &self.config,
                     &self.shape,
                     &columns,
