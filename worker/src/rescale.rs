@@ -145,9 +145,12 @@ async fn rescale_held(job: &JobConfig, recorded: JobRecord, to: u32) -> Result<(
             job.store_limits(),
         )
         .await?;
+        // The claim's guard is let go before the save: on the local store it is the directory's lock, which
+        // the save takes itself. The job stays held (every lease, or the job's lock) for the whole change, so no
+        // other claim comes between; one that did would fence the save.
         let claim = store.claim().await?;
-        store.save(claim.epoch, &record).await?;
         drop(claim.guard);
+        store.save(claim.epoch, &record).await?;
     }
     crate::drill::rescale_reached(RescaleStep::NewRecordsWritten);
     switch(&job.store, name, generation, from, to, &owners).await?;

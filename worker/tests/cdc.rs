@@ -20,20 +20,13 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use common::{Job, Worker};
+use common::{Job, Rng, Worker, env_u64, seed};
 use serde_json::Value;
 use test_support::Services;
 use test_support::cdc::{Converter, DebeziumConnector};
 
 /// The captured table's columns, in the order the readers compare them.
 const COLUMNS: [&str; 5] = ["id", "name", "qty", "price", "active"];
-
-fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name).ok().map(|v| {
-        v.parse()
-            .unwrap_or_else(|_| panic!("{name}={v:?} is not a number"))
-    })
-}
 
 /// How the worker is killed while a workload runs: `kills` SIGKILLs, each after `pause_ms.0` plus a random part
 /// of `pause_ms.1` milliseconds (from the run's seed).
@@ -84,18 +77,6 @@ async fn kill_during_then_settle(
     let mut last = job.spawn_worker(&["--exit-when-idle", "2s"]);
     last.wait_exit(Duration::from_secs(120));
     (done, last)
-}
-
-/// A small deterministic generator (xorshift64*), so a failing run can be replayed from its seed.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
-    }
 }
 
 /// Replaces `from` (which must be in `text`) with `to`.
@@ -335,13 +316,7 @@ async fn debezium_changes_under_sigkill_reach_postgres_mariadb_and_iceberg_exact
     let services = Services::get();
     let ops = env_u64("RATCHET_CDC_OPS").unwrap_or(1200);
     let kills = env_u64("RATCHET_CDC_KILLS").unwrap_or(3);
-    let seed = env_u64("RATCHET_CHAOS_SEED").unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos() as u64
-            | 1
-    });
+    let seed = seed();
     eprintln!("cdc: {ops} operations, {kills} kills, RATCHET_CHAOS_SEED={seed}");
     let mut rng = Rng(seed);
 
@@ -489,13 +464,7 @@ async fn fidelity(converter: Converter) {
     let services = Services::get();
     let ops = env_u64("RATCHET_CDC_OPS").unwrap_or(600);
     let kills = env_u64("RATCHET_CDC_KILLS").unwrap_or(3);
-    let seed = env_u64("RATCHET_CHAOS_SEED").unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos() as u64
-            | 1
-    });
+    let seed = seed();
     eprintln!(
         "cdc fidelity ({converter:?}): {ops} operations, {kills} kills, RATCHET_CHAOS_SEED={seed}"
     );

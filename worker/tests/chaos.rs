@@ -18,47 +18,13 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Job, Worker};
+use common::{Job, Rng, Worker, env_u64, seed};
 use nix::sys::signal::Signal;
 use test_support::Services;
 use test_support::toxiproxy::Proxy;
 
 /// One chaos test at a time: each runs a heavy job of several processes.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// A small deterministic generator (xorshift64*), so a failing run can be replayed from its seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name).ok().map(|v| {
-        v.parse()
-            .unwrap_or_else(|_| panic!("{name}={v:?} is not a number"))
-    })
-}
-
-/// `RATCHET_CHAOS_SEED`, or a new seed.
-fn seed() -> u64 {
-    env_u64("RATCHET_CHAOS_SEED").unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos() as u64
-            | 1
-    })
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn random_sigkills_and_a_pause_leave_every_sink_exactly_once() {

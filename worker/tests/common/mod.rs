@@ -9,6 +9,7 @@
 
 mod http;
 mod process;
+mod random;
 mod registry;
 
 use std::path::PathBuf;
@@ -23,6 +24,7 @@ use test_support::Services;
 
 pub use http::{free_port, http_get, scrape, total};
 pub use process::Worker;
+pub use random::{Rng, env_u64, seed};
 pub use registry::order_schema;
 
 /// One job: its files, names and the records produced so far.
@@ -190,6 +192,24 @@ create_table = true
                 url.replace(services.pg_host_port(), address)
             ),
         );
+    }
+
+    /// Moves the checkpoint store to the local store (the default a new user starts with), in the job's `state`
+    /// directory.
+    pub fn store_locally(&self) {
+        let url = Services::get().pg_url();
+        self.edit_config(
+            &format!("[store]\nkind = \"postgres\"\nurl = \"{url}\""),
+            &format!(
+                "[store]\nkind = \"local\"\npath = \"{}\"",
+                self.state_dir().display()
+            ),
+        );
+    }
+
+    /// Where [`store_locally`](Self::store_locally) keeps the checkpoint store.
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
     }
 
     /// Moves the file sink ("archive") to the test bucket on S3, reached at `address` (`host:port`: the S3 server,

@@ -2,7 +2,7 @@
 //! switch, then by `ratchet run` killed right after it) -> 1 (by `ratchet rescale`), with records produced between
 //! every step and a worker killed mid-checkpoint before each change. Every record lands once in all four sinks
 //! (the independent readers), nothing is left open or prepared, no old layout's checkpoint record stays, and
-//! `inspect` lists the layout history.
+//! `inspect` lists the layout history. On the PostgreSQL store and on the local store (the default).
 
 use crate::common;
 
@@ -10,7 +10,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use common::Job;
+use common::{Job, Rng, env_u64, seed};
 use test_support::Services;
 
 /// `ratchet rescale --to <to>` on the job file, killed at `kill_at` when given.
@@ -34,17 +34,78 @@ fn set_subtasks(job: &Job, from: u32, to: u32) {
     job.edit_config(&format!("subtasks = {from}"), &format!("subtasks = {to}"));
 }
 
-/// The checkpoint rows under each of the job's store keys.
-fn records_by_key(job: &Job) -> String {
-    Services::get().psql(&format!(
-        "select job, count(*) from ratchet_checkpoint_records where job like '{}%' group by job order by job",
-        job.name
-    ))
+/// Which checkpoint store a test runs on.
+#[derive(Clone, Copy, PartialEq)]
+enum Store {
+    Postgres,
+    Local,
+}
+
+impl Store {
+    fn name(self) -> &'static str {
+        match self {
+            Store::Postgres => "PostgreSQL store",
+            Store::Local => "local store",
+        }
+    }
+}
+
+/// A job on `store` (the helper's job file uses the PostgreSQL store).
+async fn job_on(store: Store, prefix: &str, partitions: i32, subtasks: u32) -> Job {
+    let job = Job::new(prefix, partitions, subtasks, "3s").await;
+    if store == Store::Local {
+        job.store_locally();
+    }
+    job
+}
+
+/// The job's store keys (layout generations) that hold checkpoint records, in order.
+fn keys_with_records(job: &Job, store: Store) -> Vec<String> {
+    match store {
+        Store::Postgres => Services::get()
+            .psql(&format!(
+                "select job from ratchet_checkpoint_records where job like '{}%' group by job order by job",
+                job.name
+            ))
+            .lines()
+            .map(str::to_string)
+            .collect(),
+        Store::Local => {
+            let mut keys: Vec<String> = std::fs::read_dir(job.state_dir())
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .filter(|dir| {
+                    std::fs::read_dir(dir).unwrap().any(|e| {
+                        let e = e.unwrap();
+                        e.file_name().to_string_lossy().starts_with("subtask-")
+                            && std::fs::read_dir(e.path()).unwrap().any(|f| {
+                                f.unwrap()
+                                    .file_name()
+                                    .to_string_lossy()
+                                    .starts_with("checkpoint-")
+                            })
+                    })
+                })
+                .map(|dir| dir.file_name().unwrap().to_string_lossy().to_string())
+                .collect();
+            keys.sort();
+            keys
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn rescaling_two_to_three_to_one_survives_a_kill_at_every_step() {
-    let mut job = Job::new("rescale", 6, 2, "3s").await;
+    rescale_two_to_three_to_one(Store::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rescaling_on_the_local_store_survives_a_kill_at_every_step() {
+    rescale_two_to_three_to_one(Store::Local).await;
+}
+
+async fn rescale_two_to_three_to_one(store: Store) {
+    let mut job = job_on(store, "rescale", 6, 2).await;
     job.produce(600).await;
     let mut worker = job.spawn_worker(&[]);
     job.wait_delivered(Duration::from_secs(120));
@@ -69,7 +130,7 @@ async fn rescaling_two_to_three_to_one_survives_a_kill_at_every_step() {
     job.spawn_worker_with_env(&[], &[("RATCHET_RESCALE_KILL_AT", "after-switch")])
         .wait_killed(Duration::from_secs(120));
     assert!(
-        records_by_key(&job).contains(&format!("{}|", job.name)),
+        keys_with_records(&job, store).contains(&job.name),
         "the old layout's records are there until retired"
     );
     job.produce(200).await;
@@ -100,21 +161,22 @@ async fn rescaling_two_to_three_to_one_survives_a_kill_at_every_step() {
         "{listed}"
     );
     assert_eq!(
-        records_by_key(&job)
-            .trim()
-            .lines()
-            .map(|l| l.split('|').next().unwrap().to_string())
-            .collect::<Vec<_>>(),
+        keys_with_records(&job, store),
         vec![format!("{}@2", job.name)],
         "only the current layout's records stay"
     );
 }
 
 /// Two processes started at once with a new count (a rolling update): one rescales while the other waits for it,
-/// then both run the new layout; one change in the history, every record once.
+/// then both run the new layout; one change in the history, every record once. (The local store serves one
+/// process: a second is refused, which `liveness` tests.)
 #[tokio::test(flavor = "multi_thread")]
 async fn two_processes_starting_with_a_new_count_rescale_once() {
-    let mut job = Job::new("rescale2", 4, 2, "3s").await;
+    two_processes_rescale_once(Store::Postgres).await;
+}
+
+async fn two_processes_rescale_once(store: Store) {
+    let mut job = job_on(store, "rescale2", 4, 2).await;
     job.produce(400).await;
     job.spawn_worker(&["--exit-when-idle", "2s"])
         .wait_exit(Duration::from_secs(120));
@@ -135,4 +197,113 @@ async fn two_processes_starting_with_a_new_count_rescale_once() {
         listed.contains("layout generation 1: 2 -> 4 subtask(s)"),
         "{listed}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rescaling_killed_at_random_moments_keeps_one_whole_layout_on_postgres() {
+    killed_at_random_moments(Store::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rescaling_killed_at_random_moments_keeps_one_whole_layout_on_the_local_store() {
+    killed_at_random_moments(Store::Local).await;
+}
+
+/// `ratchet rescale` between 2 and 3 subtasks, killed with SIGKILL after a random delay (anywhere within three times
+/// what a whole rescale took: the later attempts wait for a killed one's leases; not only at the drill points) `RATCHET_RESCALE_KILLS` times (6 by default), records produced between attempts:
+/// after every kill the store holds one whole layout (the old one or the new one: `check-config` reads it), and a
+/// final run over the layout the store records delivers every record once.
+async fn killed_at_random_moments(store: Store) {
+    let kills = env_u64("RATCHET_RESCALE_KILLS").unwrap_or(6);
+    let seed = seed();
+    eprintln!(
+        "rescale under kills ({}): {kills} kills, RATCHET_CHAOS_SEED={seed}",
+        store.name()
+    );
+    let mut rng = Rng(seed);
+    let mut job = job_on(store, "rescalek", 6, 2).await;
+    job.produce(300).await;
+    job.spawn_worker(&["--exit-when-idle", "2s"])
+        .wait_exit(Duration::from_secs(120));
+    // One whole rescale, timed: the kills land anywhere within that long.
+    let started = std::time::Instant::now();
+    let out = rescale(&job, 3, None);
+    let took = started.elapsed();
+    assert!(out.status.success(), "{}", said(&out));
+    eprintln!("a whole rescale took {took:?}");
+    job.produce(100).await;
+    let mut recorded = 3;
+    for attempt in 0..kills {
+        let to = if recorded == 2 { 3 } else { 2 };
+        let mut rescaler = Command::new(env!("CARGO_BIN_EXE_ratchet"))
+            .args(["rescale", "--to", &to.to_string(), "--config"])
+            .arg(&job.config)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let delay = Duration::from_millis(rng.below(took.as_millis() as u64 * 3 + 1));
+        tokio::time::sleep(delay).await;
+        let ended = rescaler.try_wait().unwrap();
+        if let Some(status) = ended {
+            assert!(
+                status.success(),
+                "attempt {attempt}: the rescale failed: {status}"
+            );
+        }
+        let finished = ended.is_some();
+        let _ = rescaler.kill();
+        rescaler.wait().unwrap();
+        // Whatever the moment, one whole layout, the old or the new one, and a store check-config can read.
+        let count = recorded_count(&job);
+        assert!(
+            count == recorded || count == to,
+            "attempt {attempt} (killed after {delay:?}): the store records {count} subtasks, neither {recorded} \
+             nor {to}"
+        );
+        assert!(
+            !finished || count == to,
+            "attempt {attempt}: the rescale ended on its own but the layout stayed at {recorded}"
+        );
+        eprintln!(
+            "attempt {attempt}: {} after {delay:?}, layout at {count} subtask(s)",
+            if finished { "ended" } else { "killed" }
+        );
+        recorded = count;
+        job.produce(100).await;
+    }
+    set_subtasks(&job, 2, recorded);
+    job.spawn_worker(&["--exit-when-idle", "2s"])
+        .wait_exit(Duration::from_secs(180));
+    job.assert_exactly_once();
+    assert_eq!(
+        keys_with_records(&job, store).len(),
+        1,
+        "one layout's records stay: {:?}",
+        keys_with_records(&job, store)
+    );
+}
+
+/// The subtask count the store records, as `check-config` reports it (which must pass).
+fn recorded_count(job: &Job) -> u32 {
+    let out = job.ratchet("check-config");
+    let text = said(&out);
+    assert!(
+        out.status.success() && text.contains("ready to run"),
+        "{text}"
+    );
+    let count = |line: &str| -> Option<u32> {
+        if let Some((before, _)) = line.split_once(" subtask(s), as the store records") {
+            return before.rsplit(' ').next()?.parse().ok();
+        }
+        line.split_once("the store records ")?
+            .1
+            .split(' ')
+            .next()?
+            .parse()
+            .ok()
+    };
+    text.lines()
+        .find_map(count)
+        .unwrap_or_else(|| panic!("check-config does not say the recorded count:\n{text}"))
 }
