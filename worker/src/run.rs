@@ -39,6 +39,8 @@ struct Running {
     progress: Arc<Progress>,
     /// Stopping to give the subtask to another process: release the lease once stopped.
     handing_over: bool,
+    /// Aborted because this process's membership lapsed by its own clock: its end is not a failure.
+    lapsed: bool,
 }
 
 /// The process's subtasks and what it knows about them.
@@ -59,6 +61,9 @@ struct Process {
     /// Counters of the runs that ended.
     finished: Totals,
     assignment: Assignment,
+    /// When the last membership renewal that succeeded was asked (this process's clock): the membership is held
+    /// until `lease` after it, and no longer.
+    renewed: Instant,
     /// Show a live progress line (text logs on a terminal).
     progress_line: bool,
 }
@@ -190,6 +195,7 @@ async fn start(
         health,
         finished: Totals::default(),
         assignment: Assignment::default(),
+        renewed: Instant::now(),
         progress_line: progress_line && std::io::stderr().is_terminal(),
     })
 }
@@ -317,12 +323,19 @@ impl Process {
     /// Reaps ended subtasks, renews the leases and starts or stops subtasks to match them.
     async fn reconcile(&mut self) -> Result<()> {
         self.reap().await?;
+        self.abort_if_lapsed();
+        let asked = Instant::now();
         let assignment = match self.leases.renew().await {
-            Ok(assignment) => assignment,
+            Ok(assignment) => {
+                self.renewed = asked;
+                assignment
+            }
             Err(e) => {
-                tracing::warn!(error = %format!("{e:#}"),
-                    "cannot renew the leases; running subtasks go on (the store's claims fence them if another \
-                     process takes them over), retrying");
+                tracing::warn!(error = %format!("{e:#}"), unrenewed_for = ?self.renewed.elapsed(),
+                    lease = ?self.job.job.lease,
+                    "cannot renew this process's membership; its subtasks go on until the lease lapses by this \
+                     process's clock (the store's claims fence them if another process takes them over), retrying");
+                self.abort_if_lapsed();
                 return Ok(());
             }
         };
@@ -385,6 +398,31 @@ impl Process {
         Ok(())
     }
 
+    /// Aborts every running subtask once the membership went unrenewed for a whole lease by this process's clock:
+    /// another process may hold them now (the store expired the lease), so this one stops at once, without a
+    /// final checkpoint that would wait on the store it cannot reach; what it left open is the next owner's to
+    /// recover, as after a crash. Renewing again later starts what the assignment then gives it.
+    fn abort_if_lapsed(&mut self) {
+        let unrenewed = self.renewed.elapsed();
+        if unrenewed < self.job.job.lease {
+            return;
+        }
+        for (subtask, running) in &mut self.running {
+            if !running.lapsed {
+                tracing::error!(subtask, ?unrenewed, lease = ?self.job.job.lease,
+                    "this process's membership lapsed by its own clock (not renewed for a whole lease): \
+                     stopping the subtask at once, without a final checkpoint; the process that takes it over \
+                     recovers what it left");
+                running.lapsed = true;
+                running.task.abort();
+            }
+        }
+        if !self.assignment.held.is_empty() {
+            self.assignment = Assignment::default();
+            self.publish_health(BTreeSet::new());
+        }
+    }
+
     /// Tells `/health` and `/ready` what this round found.
     fn publish_health(&self, should_run: BTreeSet<u32>) {
         self.health.publish(Status {
@@ -442,6 +480,7 @@ impl Process {
                 task,
                 progress,
                 handing_over: false,
+                lapsed: false,
             },
         );
     }
@@ -459,10 +498,13 @@ impl Process {
             let running = self.running.remove(&subtask).expect("listed above");
             let checkpoints = running.progress.checkpoints.load(Ordering::Relaxed);
             self.finished.add(&running.progress);
-            let outcome = running
-                .task
-                .await
-                .unwrap_or_else(|e| Err(panicked(subtask, e)));
+            let outcome = match running.task.await {
+                Err(e) if e.is_cancelled() && running.lapsed => {
+                    tracing::info!(subtask, "subtask stopped: this process's membership lapsed");
+                    continue;
+                }
+                outcome => outcome.unwrap_or_else(|e| Err(panicked(subtask, e))),
+            };
             match outcome {
                 Ok(Ended::Stopped) => {
                     self.failures.remove(&subtask);
@@ -536,10 +578,11 @@ impl Process {
         let mut first_error = None;
         for (subtask, running) in std::mem::take(&mut self.running) {
             self.finished.add(&running.progress);
-            let outcome = running
-                .task
-                .await
-                .unwrap_or_else(|e| Err(panicked(subtask, e)));
+            let outcome = match running.task.await {
+                // Its membership lapsed: it was stopped at once, and the next owner recovers it.
+                Err(e) if e.is_cancelled() && running.lapsed => continue,
+                outcome => outcome.unwrap_or_else(|e| Err(panicked(subtask, e))),
+            };
             if let Err(e) = outcome {
                 tracing::error!(subtask, error = %Report(&e), "subtask failed while stopping; the next start recovers it");
                 first_error.get_or_insert(anyhow::anyhow!(

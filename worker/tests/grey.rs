@@ -13,7 +13,10 @@
 //! - S3 (the file sink) and the Iceberg catalog (a SQL catalog on PostgreSQL) slow (latency on both links), with
 //!   a Kafka sink in the same job: the budget holds (check-config says so, every commit finishes, no restart),
 //!   every record once; and a lease long enough that the take-over of a silent process could outlast the Kafka
-//!   transaction timeout is refused at start-up, naming the term.
+//!   transaction timeout is refused at start-up, naming the term;
+//! - one of two processes cut off from the store (its link blackholed): it stops its subtasks by its own clock
+//!   once its lease lapses (within the lease plus one call bound), without waiting out the store's retries, while
+//!   the other takes them over; healed, the two share the job again. Every record exactly once.
 
 mod common;
 
@@ -88,6 +91,50 @@ async fn a_process_gone_silent_holding_the_claim_is_taken_over_within_the_bound(
     job.wait_delivered(Duration::from_secs(60));
     successor.stop(Duration::from_secs(60));
     job.assert_exactly_once();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_process_cut_off_from_the_store_stops_its_subtasks_when_its_lease_lapses_by_its_clock() {
+    let services = Services::get();
+    let proxy = services
+        .toxiproxy()
+        .proxy("store-cut", services.pg_host_port())
+        .await;
+    let mut job = Job::new("lapsed", 4, 2, "3s").await;
+    job.edit_config("lease = \"3s\"", "lease = \"3s\"\nmax_call_time = \"2s\"");
+    let proxied = services
+        .pg_url()
+        .replace(services.pg_host_port(), proxy.address());
+    // Only this process reaches the store through the proxy (its sinks reach PostgreSQL directly).
+    let mut cut = job.spawn_worker_with_env(&[], &[("RATCHET__STORE__URL", proxied.as_str())]);
+    let mut other = job.spawn_worker(&[]);
+    job.wait_spread(2, 2, Duration::from_secs(60));
+    job.produce(400).await;
+    job.wait_delivered(Duration::from_secs(60));
+
+    job.produce(400).await;
+    proxy.blackhole().await;
+    let blackholed = Instant::now();
+    // Its lease lapses `LEASE` after its last renewal; a renewal under way ends within its call bound (lease / 2).
+    cut.wait_logged("membership lapsed by its own clock", 1, LEASE * 3);
+    let took = blackholed.elapsed();
+    let bound = LEASE + LEASE / 2 + LEASE / 5;
+    assert!(
+        took <= bound + Duration::from_secs(2),
+        "the cut-off process stopped its subtasks {took:?} after the blackhole (bound {bound:?})"
+    );
+    job.wait_spread(2, 1, Duration::from_secs(60));
+    job.wait_delivered(Duration::from_secs(120));
+
+    proxy.heal().await;
+    job.wait_spread(2, 2, Duration::from_secs(60));
+    job.produce(400).await;
+    job.wait_delivered(Duration::from_secs(60));
+    cut.stop(Duration::from_secs(60));
+    other.stop(Duration::from_secs(60));
+    job.assert_exactly_once();
+    proxy.delete().await;
+    println!("the cut-off process stopped its subtasks {took:?} after the blackhole");
 }
 
 #[tokio::test(flavor = "multi_thread")]
