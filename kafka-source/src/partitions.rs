@@ -172,6 +172,8 @@ pub(crate) struct Assignment {
     /// The assigned partitions and topic ids, shared with the source (positions, lag, metrics).
     pub(crate) assigned: Arc<Mutex<Assigned>>,
     pub(crate) refreshed: Instant,
+    /// Topics the pattern matches that the job writes itself, skipped (each said once).
+    pub(crate) skipped_as_written: BTreeSet<String>,
     /// For the protocol-level metadata requests of this thread (built on first use, on the consumer thread).
     pub(crate) runtime: Option<tokio::runtime::Runtime>,
 }
@@ -290,6 +292,13 @@ impl Assignment {
         }
         let mut found = Vec::new();
         for (topic, now) in &metadata {
+            if self.selection.skips_as_written(topic)
+                && self.skipped_as_written.insert(topic.clone())
+            {
+                tracing::warn!(%topic, source = %self.selection,
+                    "a new topic matches the source's pattern, but this job writes it (a Kafka sink's or the \
+                     dead-letter topic): skipped, a job never reads what it writes");
+            }
             if self.topics.contains_key(topic)
                 || !self.selection.selects(topic)
                 || now.partitions.is_empty()

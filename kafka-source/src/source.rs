@@ -296,6 +296,7 @@ impl KafkaSource {
             refresh_every: options.metadata_refresh,
             assigned: Arc::new(Mutex::new(assigned)),
             refreshed: std::time::Instant::now(),
+            skipped_as_written: Default::default(),
             runtime: None,
         };
         assignment.publish();

@@ -15,8 +15,14 @@ pub enum TopicSelection {
     List(Vec<String>),
     /// Every topic whose whole name matches the pattern (`[source] topic_pattern`): those there when the source
     /// opens, and those created later, found by the metadata refresh and read from their beginning. Internal
-    /// topics (`__consumer_offsets`, `__transaction_state`) are never selected.
-    Pattern(Regex),
+    /// topics (`__consumer_offsets`, `__transaction_state`) are never selected, nor a topic the job writes itself
+    /// (`written`: see [`excluding_written`](Self::excluding_written)).
+    Pattern {
+        /// The pattern, anchored to whole names.
+        regex: Regex,
+        /// Whole-name patterns of the topics the job writes (a Kafka sink's topic, its dead-letter topic).
+        written: Vec<Regex>,
+    },
 }
 
 impl TopicSelection {
@@ -26,7 +32,10 @@ impl TopicSelection {
     /// [`Config`](ErrorKind::Config) naming the pattern when it is not a regular expression.
     pub fn pattern(pattern: &str) -> Result<Self> {
         Regex::new(&format!("^(?:{pattern})$"))
-            .map(Self::Pattern)
+            .map(|regex| Self::Pattern {
+                regex,
+                written: Vec::new(),
+            })
             .map_err(|e| {
                 Error::new(
                     ErrorKind::Config,
@@ -42,7 +51,28 @@ impl TopicSelection {
         match self {
             Self::One(topic) => Some(vec![topic.clone()]),
             Self::List(topics) => Some(topics.clone()),
-            Self::Pattern(_) => None,
+            Self::Pattern { .. } => None,
+        }
+    }
+
+    /// This selection, never selecting a topic whose whole name matches one of `written` (the topics the job
+    /// writes itself), so a pattern's topic created later that the job writes is not read back. Only a pattern
+    /// is changed: a named topic the job writes is refused before the source opens.
+    #[must_use]
+    pub fn excluding_written(self, written: Vec<Regex>) -> Self {
+        match self {
+            Self::Pattern { regex, .. } => Self::Pattern { regex, written },
+            named => named,
+        }
+    }
+
+    /// Whether `topic` matches the pattern but is skipped because the job writes it (to be said once).
+    pub fn skips_as_written(&self, topic: &str) -> bool {
+        match self {
+            Self::Pattern { regex, written } => {
+                regex.is_match(topic) && written.iter().any(|w| w.is_match(topic))
+            }
+            _ => false,
         }
     }
 
@@ -51,7 +81,9 @@ impl TopicSelection {
         match self {
             Self::One(one) => one == topic,
             Self::List(topics) => topics.iter().any(|t| t == topic),
-            Self::Pattern(pattern) => pattern.is_match(topic),
+            Self::Pattern { regex, written } => {
+                regex.is_match(topic) && !written.iter().any(|w| w.is_match(topic))
+            }
         }
     }
 
@@ -67,8 +99,8 @@ impl fmt::Display for TopicSelection {
         match self {
             Self::One(topic) => write!(f, "topic {topic}"),
             Self::List(topics) => write!(f, "topics {}", topics.join(", ")),
-            Self::Pattern(pattern) => {
-                let text = pattern.as_str();
+            Self::Pattern { regex, .. } => {
+                let text = regex.as_str();
                 let inner = text
                     .strip_prefix("^(?:")
                     .and_then(|t| t.strip_suffix(")$"))
@@ -184,6 +216,12 @@ mod tests {
         assert!(!pattern.selects("old-orders-eu"));
         assert_eq!(pattern.to_string(), "topics matching \"orders-.*\"");
         assert_eq!(pattern.named(), None);
+        let written = Regex::new("^(?:orders-.*-copy)$").unwrap();
+        let pattern = pattern.excluding_written(vec![written]);
+        assert!(pattern.selects("orders-eu"));
+        assert!(!pattern.selects("orders-eu-copy"));
+        assert!(pattern.skips_as_written("orders-eu-copy"));
+        assert!(!pattern.skips_as_written("old-orders-eu-copy"));
         let error = TopicSelection::pattern("orders-(").unwrap_err();
         assert_eq!(error.kind(), ErrorKind::Config);
         assert!(error.to_string().contains("orders-("), "{error}");

@@ -69,7 +69,7 @@ pub async fn run(args: CheckArgs) -> Result<()> {
         check_source(&job).await,
     );
     report("job record".into(), counted);
-    let layout = match job.source.selection() {
+    let layout = match job.selection() {
         Ok(selection) => {
             let layout = crate::layout::PartitionLayout::of(&selection);
             crate::layout::check(&job.store, &job.job.name, layout, false)
@@ -181,7 +181,7 @@ pub async fn run(args: CheckArgs) -> Result<()> {
 
 /// Every topic the source selects now, for checking a routed sink's instance for each.
 async fn routed_topics(job: &JobConfig) -> Result<BTreeSet<String>> {
-    let topics = KafkaSource::topics_held(&job.kafka()?, &job.source.selection()?, None).await?;
+    let topics = KafkaSource::topics_held(&job.kafka()?, &job.selection()?, None).await?;
     Ok(topics)
 }
 
@@ -193,7 +193,7 @@ async fn check_source(job: &JobConfig) -> Result<String> {
         .check_reachable(KAFKA_REACHABLE_WITHIN)
         .await
         .map_err(anyhow::Error::from)?;
-    let selection = job.source.selection()?;
+    let selection = job.selection()?;
     let named = selection.named();
     let metadata = kafka
         .topics_metadata(named.as_deref(), KAFKA_REACHABLE_WITHIN)
@@ -203,6 +203,8 @@ async fn check_source(job: &JobConfig) -> Result<String> {
         .iter()
         .filter(|(topic, m)| selection.selects(topic) && !m.partitions.is_empty())
         .collect();
+    let now: BTreeSet<String> = selected.iter().map(|(t, _)| t.to_string()).collect();
+    crate::config::refuse_reading_written(job, &now)?;
     if let Some(missing) = named
         .iter()
         .flatten()

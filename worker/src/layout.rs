@@ -22,7 +22,7 @@ impl PartitionLayout {
     pub fn of(selection: &TopicSelection) -> Self {
         match selection {
             TopicSelection::One(_) => Self::OneTopic,
-            TopicSelection::List(_) | TopicSelection::Pattern(_) => Self::Topics,
+            TopicSelection::List(_) | TopicSelection::Pattern { .. } => Self::Topics,
         }
     }
 

@@ -57,7 +57,7 @@ async fn routed_topics(
         index: subtask,
         of: job.job.subtasks,
     };
-    let mut topics = KafkaSource::topics_held(&job.kafka()?, &job.source.selection()?, Some(share))
+    let mut topics = KafkaSource::topics_held(&job.kafka()?, &job.selection()?, Some(share))
         .await
         .context("the topics of the routed sinks")?;
     let loaded = store.load().await.context("checkpoint store")?;

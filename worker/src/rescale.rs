@@ -122,7 +122,7 @@ async fn rescale_held(job: &JobConfig, recorded: JobRecord, to: u32) -> Result<(
         owners.insert(subtask, restored.owner);
     }
     crate::drill::rescale_reached(RescaleStep::Resolved);
-    let selection = job.source.selection()?;
+    let selection = job.selection()?;
     for subtask in 0..to {
         let share = PartitionShare {
             index: subtask,

@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use connector_api::Report;
+use kafka_source::KafkaSource;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -88,6 +89,18 @@ async fn start(
 ) -> Result<Process> {
     // A schema registry's reader schemas, looked up once for the process (every subtask and sink uses these).
     job.decodings().await?;
+    // What the source reads is checked before anything is written (a rescale writes the new layout): never a
+    // topic the job writes, and partitions dealt as the store records them.
+    let selection = job.selection()?;
+    let selected_now = KafkaSource::topics_held(&kafka, &selection, None).await?;
+    crate::config::refuse_reading_written(&job, &selected_now)?;
+    crate::layout::check(
+        &job.store,
+        &job.job.name,
+        crate::layout::PartitionLayout::of(&selection),
+        false,
+    )
+    .await?;
     // A changed subtask count: the job is rescaled first, when no other process of it is alive.
     if let Some(recorded) =
         crate::store::job_record(&job.store, &job.job.name, job.job.subtasks, false).await?
@@ -162,7 +175,7 @@ async fn start(
     // What a rescale that stopped after its switch left of the old layout.
     crate::rescale::retire_old_generations(&job.store, &job.job.name, identity.generation).await?;
     let job_id = identity.job_id(&job.job.name)?;
-    let layout = crate::layout::PartitionLayout::of(&job.source.selection()?);
+    let layout = crate::layout::PartitionLayout::of(&selection);
     crate::layout::check(&job.store, &job.job.name, layout, true).await?;
     if identity.identity == crate::store::Identity::Sink {
         tracing::info!(job = %job.job.name,

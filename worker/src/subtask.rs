@@ -152,7 +152,7 @@ async fn run_until_stopped(
     let topics = match routed_specs(&context.job).is_empty() {
         true => BTreeSet::new(),
         false => {
-            let selection = context.job.source.selection().map_err(config_error)?;
+            let selection = context.job.selection().map_err(config_error)?;
             let mut held =
                 KafkaSource::topics_held(&context.kafka, &selection, Some(share(context, index)))
                     .await?;
@@ -426,7 +426,7 @@ async fn serve(
     options.divert_bad_records = outputs.dead_letter.is_some();
     let mut source = KafkaSource::open_topics(
         &context.kafka,
-        job.source.selection().map_err(config_error)?,
+        job.selection().map_err(config_error)?,
         &restored.positions,
         options,
     )

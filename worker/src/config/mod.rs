@@ -40,11 +40,13 @@ pub const KAFKA_REACHABLE_WITHIN: std::time::Duration = std::time::Duration::fro
 
 mod kafka_to_kafka;
 mod source;
+mod written;
 
 /// The sink id the dead-letter topic's sink runs under ([`crate::dead_letter`]); no `[[sinks]]` entry may take it.
 pub const DEAD_LETTER_SINK_ID: &str = "dead-letter";
 
 pub use source::{DebeziumConverter, DecodingConfig, SourceConfig, is_connection_setting};
+pub use written::refuse_reading_written;
 
 /// A whole job file.
 #[derive(Debug, Clone, Deserialize)]
@@ -221,7 +223,7 @@ impl JobConfig {
                  the checkpoint records and everything the sinks own"
             );
         }
-        self.source.selection()?;
+        self.selection()?;
         if self.job.subtasks == 0 || self.job.subtasks > 1024 {
             bail!(
                 "[job] subtasks = {} is out of range: use 1 to 1024 (usually the topic's partition count or a divisor of it)",

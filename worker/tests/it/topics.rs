@@ -1,7 +1,9 @@
 //! Many topics per job: `topic_pattern` selects the topics there at start and one created while the job runs
 //! (found by the metadata refresh); each record lands once in all four sinks, across a SIGKILL, read by the
 //! independent readers; the `topic` metadata column names each row's topic. Routed sinks (`${topic}` in a table,
-//! path or topic) put each topic's records in that topic's own table, directory and topic.
+//! path or topic) put each topic's records in that topic's own table, directory and topic. A job never reads what
+//! it writes: a pattern matching its dead-letter or Kafka sink topic is refused, and such a topic created later is
+//! skipped.
 
 use crate::common;
 
@@ -238,6 +240,73 @@ async fn routed_sinks_give_each_topic_its_own_table_directory_and_topic() {
         "select count(*) from pg_prepared_xacts where gid like 'ratchet.{name}~%'"
     ));
     assert_eq!(prepared.trim(), "0", "prepared transactions left");
+}
+
+/// A pattern that matches the job's own dead-letter topic is refused by `check-config` and by `run` before it
+/// writes anything; a topic created later that the pattern matches and a routed Kafka sink writes is skipped with a
+/// warning naming it, so its records are copied once and never read back.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_job_never_reads_what_it_writes() {
+    let mut job = Job::with_sections("selfread", 2, 2, "3s", |name| {
+        format!("\n[dead_letter]\ntopic = \"{name}-dead\"\n")
+    })
+    .await;
+    let name = job.name.clone();
+    create_topic(&format!("{name}-dead"), 1).await;
+    job.edit_config(
+        &format!("topic = \"{}\"", job.topic),
+        &format!("topic_pattern = \"{name}-.*\"\nmetadata_refresh = \"1s\""),
+    );
+    for command in ["check-config", "run"] {
+        let out = job.ratchet(command);
+        let said = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success()
+                && said.contains("a job never reads what it writes")
+                && said.contains(&format!("matches \"{name}-")),
+            "{command}: {said}"
+        );
+    }
+
+    // Narrowed past the dead-letter topic, with the copy routed to `<topic>-copy`: nothing matches at start.
+    let late = format!("{name}-x1");
+    let late_copy = format!("{late}-copy");
+    job.edit_config(
+        &format!("topic_pattern = \"{name}-.*\""),
+        &format!("topic_pattern = \"{name}-x.*\""),
+    );
+    job.edit_config(
+        &format!("topic = \"{}\"", job.copy_topic),
+        "topic = \"${topic}-copy\"",
+    );
+    job.edit_config(
+        &format!("transactional_id_prefix = \"{}\"", job.copy_topic),
+        &format!("transactional_id_prefix = \"{name}-${{topic_safe}}\""),
+    );
+    let mut worker = job.spawn_worker(&[]);
+    create_topic(&late_copy, 2).await;
+    create_topic(&late, 2).await;
+    job.produce_into(&late, 500).await;
+    worker.wait_logged(&format!("topic={late_copy}"), 1, Duration::from_secs(60));
+    wait_copied(&late_copy, 500);
+    job.produce_into(&late, 100).await;
+    wait_copied(&late_copy, 600);
+    // Time for a loop to show, were there one (three metadata refreshes).
+    std::thread::sleep(Duration::from_secs(3));
+    worker.stop(Duration::from_secs(60));
+    let log = worker.log_text();
+    assert!(
+        log.contains("this job writes it") && log.contains(&late_copy),
+        "{log}"
+    );
+    let services = Services::get();
+    let (copied, _) = services.kafka_ids(services.kafka_bootstrap(), &late_copy);
+    assert_eq!(
+        copied,
+        (0..600).collect::<Vec<i64>>(),
+        "the copy holds each record once"
+    );
 }
 
 /// Waits (polling the read_committed verifier) until `topic` holds `records` records.
