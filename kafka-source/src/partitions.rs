@@ -140,6 +140,10 @@ pub(crate) struct Assigned {
     pub(crate) partitions: BTreeSet<TopicPartition>,
     /// Each read topic's id (saved with its positions).
     pub(crate) ids: BTreeMap<String, String>,
+    /// When the last metadata refresh that read the cluster's metadata began.
+    pub(crate) refreshed_at: Option<Instant>,
+    /// A refresh asked for now (ahead of `metadata_refresh`).
+    pub(crate) refresh_asked: bool,
 }
 
 /// One topic being read.
@@ -218,6 +222,7 @@ impl Assignment {
     /// Whether the periodic metadata refresh is due.
     pub(crate) fn refresh_due(&self) -> bool {
         self.refreshed.elapsed() >= self.refresh_every
+            || self.assigned.lock().expect("not poisoned").refresh_asked
     }
 
     /// Reads the topics' metadata again: a topic deleted (or deleted and created again) stops the source; a
@@ -228,7 +233,19 @@ impl Assignment {
     /// # Errors
     /// [`Config`](ErrorKind::Config) when a topic is gone or is another topic now.
     pub(crate) fn refresh(&mut self, consumer: &BaseConsumer) -> Result<()> {
-        self.refreshed = Instant::now();
+        let began = Instant::now();
+        self.refreshed = began;
+        let read = self.refresh_from_metadata(consumer)?;
+        let mut assigned = self.assigned.lock().expect("not poisoned");
+        assigned.refresh_asked = false;
+        if read {
+            assigned.refreshed_at = Some(began);
+        }
+        Ok(())
+    }
+
+    /// [`refresh`](Self::refresh)'s work; whether the cluster's metadata could be read.
+    fn refresh_from_metadata(&mut self, consumer: &BaseConsumer) -> Result<bool> {
         let runtime = match &self.runtime {
             Some(runtime) => runtime,
             None => match tokio::runtime::Builder::new_current_thread()
@@ -238,7 +255,7 @@ impl Assignment {
                 Ok(runtime) => self.runtime.insert(runtime),
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot start the metadata refresh runtime; partitions are not refreshed");
-                    return Ok(());
+                    return Ok(false);
                 }
             },
         };
@@ -251,7 +268,7 @@ impl Assignment {
             Err(e) => {
                 tracing::warn!(source = %self.selection, error = %connector_api::Report(&e),
                     "cannot refresh the topics' metadata; trying again later");
-                return Ok(());
+                return Ok(false);
             }
         };
         let mut list = TopicPartitionList::new();
@@ -313,7 +330,7 @@ impl Assignment {
                 .insert(topic.clone(), TopicState::opened(opened));
         }
         if list.count() == 0 {
-            return Ok(());
+            return Ok(true);
         }
         consumer.incremental_assign(&list).map_err(|e| {
             Error::new(
@@ -332,7 +349,7 @@ impl Assignment {
                 "a new topic is selected; reading it (from a saved position, or its beginning)");
         }
         self.publish();
-        Ok(())
+        Ok(true)
     }
 
     /// librdkafka reported an offset out of range: finds each partition whose next offset is outside its log

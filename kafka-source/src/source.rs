@@ -435,6 +435,17 @@ impl KafkaSource {
             .clone()
     }
 
+    /// Asks the reading thread to refresh the topics' metadata now, ahead of `metadata_refresh` (before a caller
+    /// decides nothing more is coming: partitions or topics added since the last refresh are found by it).
+    pub fn ask_refresh(&self) {
+        self.assigned.lock().expect("not poisoned").refresh_asked = true;
+    }
+
+    /// When the last refresh that read the cluster's metadata began (`None`: none since the source opened).
+    pub fn refreshed_at(&self) -> Option<std::time::Instant> {
+        self.assigned.lock().expect("not poisoned").refreshed_at
+    }
+
     /// The topic of the last batch [`next_batch`](Self::next_batch) handed out: a batch's rows are all of one
     /// topic (empty before the first batch).
     pub fn batch_topic(&self) -> &str {

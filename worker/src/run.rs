@@ -627,13 +627,29 @@ impl Process {
         }
         // A subtask still claiming or recovering is not idle: stopping then would leave what it recovers (an
         // earlier owner's undecided transactions and files) for a later run.
-        !self.running.is_empty()
-            && self.running.len() >= self.assignment.quota
-            && self.running.values().all(|r| {
-                r.progress.last_cycle_ms.load(Ordering::Relaxed) != u64::MAX
-                    && now.saturating_sub(r.progress.last_activity_ms.load(Ordering::Relaxed))
-                        >= idle.as_millis() as u64
-            })
+        let idle_ms = idle.as_millis() as u64;
+        let quiet = |r: &Running| {
+            r.progress.last_cycle_ms.load(Ordering::Relaxed) != u64::MAX
+                && now.saturating_sub(r.progress.last_activity_ms.load(Ordering::Relaxed))
+                    >= idle_ms
+        };
+        if self.running.is_empty()
+            || self.running.len() < self.assignment.quota
+            || !self.running.values().all(quiet)
+        {
+            return false;
+        }
+        // Quiet for `idle`: idle once each source's metadata was read again after that (a partition or topic
+        // added meanwhile is found by it, and read before the job says it is done).
+        let mut refreshed = true;
+        for r in self.running.values() {
+            let idle_since = r.progress.last_activity_ms.load(Ordering::Relaxed) + idle_ms;
+            if r.progress.refreshed_ms.load(Ordering::Relaxed) < idle_since {
+                r.progress.refresh_wanted.store(true, Ordering::Relaxed);
+                refreshed = false;
+            }
+        }
+        refreshed
     }
 
     /// A live progress line on a terminal.

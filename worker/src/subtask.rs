@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use arrow_array::RecordBatch;
@@ -64,6 +64,12 @@ pub struct Progress {
     /// When this run last completed its checkpoint cycle: a checkpoint, or an interval with nothing to checkpoint
     /// (milliseconds since the process started; `u64::MAX`: still recovering). For `/ready`.
     pub last_cycle_ms: AtomicU64,
+    /// When the source's last metadata refresh began (milliseconds since the process started; 0: none yet): the
+    /// idle check counts a subtask idle only once a refresh began after its idle time was up, so partitions or
+    /// topics added meanwhile are found first.
+    pub refreshed_ms: AtomicU64,
+    /// Set by the idle check: the source should refresh its metadata now.
+    pub refresh_wanted: AtomicBool,
 }
 
 impl Progress {
@@ -76,6 +82,8 @@ impl Progress {
             first_record_ms: AtomicU64::new(u64::MAX),
             last_record_ms: AtomicU64::new(0),
             last_cycle_ms: AtomicU64::new(u64::MAX),
+            refreshed_ms: AtomicU64::new(0),
+            refresh_wanted: AtomicBool::new(false),
         }
     }
 }
@@ -208,6 +216,21 @@ fn routed_specs(job: &JobConfig) -> Vec<SinkSpec> {
 /// The topics the source positions of `restored` name.
 fn topics_of(positions: &[connector_api::SourceOffset]) -> BTreeSet<String> {
     positions.iter().map(|p| p.topic.clone()).collect()
+}
+
+/// Passes the idle check's wish for a metadata refresh on to the source, and tells it when the last one began.
+fn report_refresh(source: &KafkaSource, context: &SubtaskContext) {
+    if context
+        .progress
+        .refresh_wanted
+        .swap(false, Ordering::Relaxed)
+    {
+        source.ask_refresh();
+    }
+    if let Some(at) = source.refreshed_at() {
+        let ms = at.saturating_duration_since(context.started).as_millis() as u64;
+        context.progress.refreshed_ms.store(ms, Ordering::Relaxed);
+    }
 }
 
 /// Builds, once the driver has loaded the restored record under the claim, the routed sinks' instances for the
@@ -468,6 +491,7 @@ async fn serve(
                 }
                 let now = context.started.elapsed().as_millis() as u64;
                 context.progress.last_cycle_ms.store(now, Ordering::Relaxed);
+                report_refresh(&source, context);
                 if lag_measured.is_none_or(|at| at.elapsed() >= LAG_EVERY) {
                     measure_lag(&source, &label);
                     lag_measured = Some(Instant::now());

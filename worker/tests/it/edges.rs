@@ -94,6 +94,22 @@ async fn a_saved_position_below_the_log_start_stops_the_job_naming_it_or_is_skip
     job.assert_holds(&expected);
 }
 
+/// `--exit-when-idle` reads the metadata again before it says the job is done: partitions added while the job
+/// waited (with the default 30 s `metadata_refresh`, far longer than the idle time) are read first.
+#[tokio::test(flavor = "multi_thread")]
+async fn exit_when_idle_finds_partitions_added_while_it_waited() {
+    let mut job = Job::new("idlegrow", 1, 2, "3s").await;
+    job.produce_to(0, 10).await;
+    let mut worker = job.spawn_worker(&["--exit-when-idle", "4s"]);
+    job.wait_delivered(Duration::from_secs(90));
+    job.add_partitions(3).await;
+    for partition in 1..3 {
+        job.produce_to(partition, 10).await;
+    }
+    worker.wait_exit(Duration::from_secs(120));
+    job.assert_exactly_once();
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn partitions_added_while_the_job_runs_are_read_from_their_beginning() {
     let mut job = Job::new("grow", 1, 2, "3s").await;
