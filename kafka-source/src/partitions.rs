@@ -219,6 +219,41 @@ impl Assignment {
         }
     }
 
+    /// The partitions whose consumer position is past the last record taken, with that position: librdkafka moves
+    /// the position past what read_committed skips (transaction markers, aborted records) once the fetch reached
+    /// it, so nothing between was handed out. A position that cannot be read is left for the next call.
+    pub(crate) fn past_skipped(&self, consumer: &BaseConsumer) -> Vec<(TopicPartition, i64)> {
+        let positions = match consumer.position() {
+            Ok(positions) => positions,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot read the consumer's positions");
+                return Vec::new();
+            }
+        };
+        positions
+            .elements()
+            .iter()
+            .filter_map(|element| {
+                let rdkafka::Offset::Offset(position) = element.offset() else {
+                    return None;
+                };
+                let taken = self
+                    .topics
+                    .get(element.topic())?
+                    .fetched
+                    .get(&element.partition())
+                    .copied()
+                    .flatten()?;
+                (position > taken).then(|| {
+                    (
+                        TopicPartition::new(element.topic(), element.partition()),
+                        position,
+                    )
+                })
+            })
+            .collect()
+    }
+
     /// Whether the periodic metadata refresh is due.
     pub(crate) fn refresh_due(&self) -> bool {
         self.refreshed.elapsed() >= self.refresh_every

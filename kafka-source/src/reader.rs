@@ -108,7 +108,10 @@ impl Reader {
         while chunk.records < self.batch_rows && !self.closed.load(Ordering::Relaxed) {
             let message = match next_message(&self.consumer, deadline) {
                 Polled::Message(message) => message,
-                Polled::Nothing if deadline.is_none() => return Ok(None),
+                Polled::Nothing if deadline.is_none() => {
+                    chunk.past_skipped(self);
+                    return chunk.finish(self);
+                }
                 Polled::Nothing => continue,
                 Polled::DeadlinePassed => break,
             };
@@ -222,6 +225,15 @@ impl ChunkState {
             self.gaps.push(gap);
         }
         Ok(())
+    }
+
+    /// With nothing to read: moves the positions past records the consumer skipped without handing them out
+    /// (transaction markers and aborted transactions' records under read_committed), so a checkpoint and the lag
+    /// group stand at the log end, not one marker short of it.
+    fn past_skipped(&mut self, reader: &Reader) {
+        let moved = reader.assignment.past_skipped(&reader.consumer);
+        self.skipped += moved.len();
+        self.next.extend(moved);
     }
 
     /// Takes one record into the chunk.

@@ -250,6 +250,33 @@ create_table = true
             .await;
     }
 
+    /// Produces the next `count` ids as JSON `{"id": n}` into the source topic in transactions of `per_transaction`
+    /// records (each ends in a commit marker, which read_committed readers skip).
+    pub fn produce_transactionally(&mut self, count: u64, per_transaction: u64) {
+        use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+        let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+            .set("bootstrap.servers", Services::get().kafka_bootstrap())
+            .set("transactional.id", format!("{}-test-input", self.name))
+            .create()
+            .unwrap();
+        let within = Duration::from_secs(30);
+        producer.init_transactions(within).unwrap();
+        let ids: Vec<i64> = (self.produced as i64..(self.produced + count) as i64).collect();
+        for chunk in ids.chunks(per_transaction as usize) {
+            producer.begin_transaction().unwrap();
+            for id in chunk {
+                let value = format!(r#"{{"id":{id}}}"#);
+                let key = id.to_string();
+                producer
+                    .send(BaseRecord::to(&self.topic).key(&key).payload(&value))
+                    .map_err(|(e, _)| e)
+                    .unwrap();
+            }
+            producer.commit_transaction(within).unwrap();
+        }
+        self.produced += count;
+    }
+
     async fn produce_encoded_into(
         &mut self,
         topic: &str,

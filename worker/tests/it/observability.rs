@@ -264,3 +264,40 @@ async fn decided_positions_show_as_consumer_group_lag() {
     assert_eq!(seen["offsets"].as_object().unwrap().len(), 2, "{seen}");
     assert_eq!(seen["members"], 0, "{seen}");
 }
+
+/// On a transactional input topic, each transaction ends in a commit marker that read_committed readers skip: the
+/// positions (and the lag group) still reach each partition's end offset, so the usual tools show a lag of zero,
+/// not one per partition for ever.
+#[tokio::test(flavor = "multi_thread")]
+async fn lag_reaches_zero_on_a_transactional_input_topic() {
+    let mut job = Job::new("txlag", 2, 2, "3s").await;
+    job.produce_transactionally(300, 50);
+    job.spawn_worker(&["--exit-when-idle", "2s"])
+        .wait_exit(Duration::from_secs(120));
+    job.assert_exactly_once();
+    let services = test_support::Services::get();
+    let ends = services.verify(
+        "kafka_end_offsets.py",
+        &[services.kafka_bootstrap(), &job.topic],
+    );
+    let group = format!("ratchet.{}", job.name);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let seen = services.verify(
+            "kafka_group_offsets.py",
+            &[services.kafka_bootstrap(), &group],
+        );
+        let offsets = seen["offsets"].as_object().unwrap();
+        let at_end = ends.as_object().unwrap().iter().all(|(partition, end)| {
+            offsets.get(&format!("{}/{partition}", job.topic)) == Some(end)
+        });
+        if at_end {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "group {group} shows {seen}, not the end offsets {ends}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
