@@ -94,6 +94,7 @@ async fn start(
     let selection = job.selection()?;
     let selected_now = KafkaSource::topics_held(&kafka, &selection, None).await?;
     crate::config::refuse_reading_written(&job, &selected_now)?;
+    crate::routing::instances(&job.sinks, &selected_now)?;
     crate::layout::check(
         &job.store,
         &job.job.name,

@@ -165,6 +165,11 @@ async fn run_until_stopped(
                 KafkaSource::topics_held(&context.kafka, &selection, Some(share(context, index)))
                     .await?;
             held.extend(new_topics.iter().cloned());
+            // Routed names must not collide across the whole job, not only within this subtask's share (`x-y`
+            // here and `x_y` in another subtask would both write `x_y`).
+            let mut everywhere = KafkaSource::topics_held(&context.kafka, &selection, None).await?;
+            everywhere.extend(held.iter().cloned());
+            crate::routing::instances(&context.job.sinks, &everywhere).map_err(config_error)?;
             held
         }
     };

@@ -42,6 +42,17 @@ impl Worker {
         );
     }
 
+    /// Waits for the exit (at most `within`), asserts it failed, and returns its log.
+    pub fn wait_failed(&mut self, within: Duration) -> String {
+        let status = self.wait_status(within);
+        assert!(
+            !status.success(),
+            "worker exited with {status}, expected a failure:\n{}",
+            self.log_text()
+        );
+        self.log_text()
+    }
+
     /// Waits for the exit (at most `within`) and asserts a drill killed it (SIGKILL).
     pub fn wait_killed(&mut self, within: Duration) {
         use std::os::unix::process::ExitStatusExt;

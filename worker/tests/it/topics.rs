@@ -309,6 +309,61 @@ async fn a_job_never_reads_what_it_writes() {
     );
 }
 
+/// Two topics whose `${topic_safe}` names collide (`x-y`, and `x_y` created later), held by different subtasks:
+/// the job stops naming both instead of writing both into one table (the check is job-wide, not per subtask).
+#[tokio::test(flavor = "multi_thread")]
+async fn routed_names_that_collide_across_subtasks_are_refused() {
+    let mut job = Job::new("collide", 1, 3, "3s").await;
+    let name = job.name.clone();
+    // Topics of one partition each, chosen to land on different subtasks of three (FNV-1a keeps the parity of
+    // names that differ in `-` and `_`, so two subtasks would always hold both together).
+    let (dashed, underscored) = (0..1000)
+        .map(|tag| (format!("{name}-t{tag}-x"), format!("{name}-t{tag}_x")))
+        .find(|(a, b)| kafka_source::topic_hash(a) % 3 != kafka_source::topic_hash(b) % 3)
+        .expect("names on different subtasks");
+    create_topic(&dashed, 1).await;
+    job.edit_config(
+        &format!("topic = \"{}\"", job.topic),
+        &format!("topic_pattern = \"{name}-t.*\"\nmetadata_refresh = \"1s\""),
+    );
+    job.edit_config(
+        &format!("table = \"{name}\"\nscope = \"{name}\""),
+        "table = \"c_${topic_safe}\"",
+    );
+    job.produce_into(&dashed, 10).await;
+    let mut worker = job.spawn_worker(&[]);
+    let services = Services::get();
+    let table = format!("c_{}", dashed.replace('-', "_"));
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let rows = || {
+        let exists = services.psql(&format!("select to_regclass('{table}') is not null"));
+        (exists.trim() == "t").then(|| services.psql(&format!("select count(*) from {table}")))
+    };
+    while rows().is_none_or(|n| n.trim() != "10") {
+        assert!(
+            Instant::now() < deadline,
+            "{table} never held the first topic's rows"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    create_topic(&underscored, 1).await;
+    job.produce_into(&underscored, 10).await;
+    let log = worker.wait_failed(Duration::from_secs(120));
+    assert!(
+        log.contains("route sink db to the same place")
+            && log.contains(&dashed)
+            && log.contains(&underscored),
+        "{log}"
+    );
+    assert_eq!(
+        services
+            .psql(&format!("select count(*) from {table}"))
+            .trim(),
+        "10",
+        "only the first topic's rows are in {table}"
+    );
+}
+
 /// Waits (polling the read_committed verifier) until `topic` holds `records` records.
 fn wait_copied(topic: &str, records: usize) {
     let services = Services::get();
