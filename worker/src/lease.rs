@@ -18,13 +18,13 @@
 
 use std::collections::BTreeSet;
 use std::fs::File;
-use std::future::Future;
 use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use async_trait::async_trait;
-use connector_common::postgres::PgConnectOptions;
+
+use crate::store_calls::BoundedSession;
 
 /// What a process should run now.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -70,8 +70,7 @@ const CREATE_TABLES: &str = "
 
 /// Leases in PostgreSQL; see the module docs.
 pub struct PgLeases {
-    options: PgConnectOptions,
-    client: tokio::sync::Mutex<Option<tokio_postgres::Client>>,
+    session: BoundedSession,
     job: String,
     member: String,
     subtasks: u32,
@@ -90,21 +89,25 @@ impl PgLeases {
         subtasks: u32,
         lease: Duration,
     ) -> Result<Self> {
+        // Every call bounded to half a lease (see `BoundedSession`).
         let leases = Self {
-            options: PgConnectOptions::parse(url)
-                .context("[store] url")?
-                .with_session_limits(lease / 2, &format!("ratchet leases {job} {member}")),
-            client: tokio::sync::Mutex::new(None),
+            session: BoundedSession::new(
+                url,
+                &format!("ratchet leases {job} {member}"),
+                lease / 2,
+            )?,
             job: job.to_string(),
             member,
             subtasks,
             lease_secs: lease.as_secs_f64(),
         };
         leases
+            .session
             .bounded("creating the lease tables", async {
-                let mut client = leases.client.lock().await;
-                let connected = leases.connected(&mut client).await?;
-                connected
+                leases
+                    .session
+                    .client()
+                    .await?
                     .batch_execute(&format!(
                         "BEGIN; SELECT pg_advisory_xact_lock({CREATE_LOCK}); {CREATE_TABLES} COMMIT;"
                     ))
@@ -113,40 +116,6 @@ impl PgLeases {
             })
             .await?;
         Ok(leases)
-    }
-
-    async fn connected<'a>(
-        &self,
-        slot: &'a mut Option<tokio_postgres::Client>,
-    ) -> Result<&'a tokio_postgres::Client> {
-        if slot.as_ref().is_none_or(tokio_postgres::Client::is_closed) {
-            let client = self.options.connect("the lease connection").await?;
-            *slot = Some(client);
-        }
-        Ok(slot.as_ref().expect("connected above"))
-    }
-
-    /// The other processes of the job whose membership has not expired.
-    ///
-    /// # Errors
-    /// The database cannot be reached.
-    pub async fn other_live_members(&self) -> Result<Vec<String>> {
-        self.bounded("listing the job's processes", self.other_live_members_now())
-            .await
-    }
-
-    async fn other_live_members_now(&self) -> Result<Vec<String>> {
-        let mut slot = self.client.lock().await;
-        let client = self.connected(&mut slot).await?;
-        let rows = client
-            .query(
-                "SELECT member FROM ratchet_worker_members
-                 WHERE job = $1 AND member <> $2 AND expires_at > now() ORDER BY member",
-                &[&self.job, &self.member],
-            )
-            .await
-            .context("cannot list the job's live processes")?;
-        Ok(rows.iter().map(|row| row.get(0)).collect())
     }
 
     async fn renew_on(&self, client: &tokio_postgres::Client) -> Result<Assignment> {
@@ -232,48 +201,35 @@ impl PgLeases {
     }
 }
 
-impl PgLeases {
-    /// `call` bounded to half a lease: a database that does not answer (a lost route, a hung server) must not
-    /// hold the process, which also handles signals and restarts, for longer than that. After any failure, a time-out
-    /// included, the connection is dropped and the next call opens a new one: a hung connection is never reused.
-    async fn bounded<T>(&self, what: &str, call: impl Future<Output = Result<T>>) -> Result<T> {
-        let limit = Duration::from_secs_f64(self.lease_secs / 2.0);
-        let outcome = match tokio::time::timeout(limit, call).await {
-            Ok(outcome) => outcome,
-            Err(_) => Err(crate::store_calls::DidNotAnswer::new(what, limit).into()),
-        };
-        if outcome.is_err() {
-            *self.client.lock().await = None;
-        }
-        outcome
-    }
-}
+impl PgLeases {}
 
 #[async_trait]
 impl Leases for PgLeases {
     async fn renew(&self) -> Result<Assignment> {
-        self.bounded("renewing the leases", async {
-            let mut slot = self.client.lock().await;
-            let client = self.connected(&mut slot).await?;
-            self.renew_on(client).await
-        })
-        .await
+        self.session
+            .bounded("renewing the leases", async {
+                let client = self.session.client().await?;
+                self.renew_on(&client).await
+            })
+            .await
     }
 
     async fn release(&self, subtask: u32) -> Result<()> {
-        self.bounded("releasing a lease", self.release_now(subtask))
+        self.session
+            .bounded("releasing a lease", self.release_now(subtask))
             .await
     }
 
     async fn leave(&self) -> Result<()> {
-        self.bounded("leaving the job", self.leave_now()).await
+        self.session
+            .bounded("leaving the job", self.leave_now())
+            .await
     }
 }
 
 impl PgLeases {
     async fn release_now(&self, subtask: u32) -> Result<()> {
-        let mut slot = self.client.lock().await;
-        let client = self.connected(&mut slot).await?;
+        let client = self.session.client().await?;
         client
             .execute(
                 "DELETE FROM ratchet_subtask_leases WHERE job = $1 AND subtask = $2 AND member = $3",
@@ -285,8 +241,7 @@ impl PgLeases {
     }
 
     async fn leave_now(&self) -> Result<()> {
-        let mut slot = self.client.lock().await;
-        let client = self.connected(&mut slot).await?;
+        let client = self.session.client().await?;
         client
             .batch_execute("BEGIN")
             .await

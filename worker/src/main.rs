@@ -17,6 +17,7 @@ mod layout;
 mod lease;
 mod operate;
 mod overrides;
+mod presence;
 mod rescale;
 mod routing;
 mod run;

@@ -12,6 +12,7 @@ use kafka_source::{KafkaSource, PartitionShare};
 use crate::cli::OperateArgs;
 use crate::config::{JobConfig, StoreConfig};
 use crate::lease::{Leases, LocalLease, PgLeases};
+use crate::presence::Presence;
 use crate::store::SubtaskStore;
 
 /// A driver for `subtask` (in layout `generation`) with every sink of the job (scoped as `job_id` says) and its
@@ -238,38 +239,41 @@ where
     F: FnOnce() -> Fut,
     Fut: std::future::Future<Output = Result<T>>,
 {
+    let mut presence = None;
     let leases: Box<dyn Leases> = match &job.store {
         StoreConfig::Local { path } => Box::new(LocalLease::take(path, &job.job.name, subtasks)?),
         StoreConfig::Postgres { url } => {
-            let leases = PgLeases::join(
-                url,
-                &job.job.name,
-                format!("{what}-{}", std::process::id()),
-                subtasks,
-                job.job.lease,
-            )
-            .await?;
-            // A process killed a moment ago stays a member until its lease expires: wait that long, no longer.
+            let process = format!("{what}-{}", std::process::id());
+            let leases =
+                PgLeases::join(url, &job.job.name, process.clone(), subtasks, job.job.lease)
+                    .await?;
+            let joined = Presence::join(url, &job.job.name, process, what, job.job.lease).await?;
+            // A process killed a moment ago stays alive until its presence expires: wait that long, no longer.
+            // Every mode's processes are there (leases, static members, the Kafka group, another operation).
             let patience = job.job.lease + job.job.lease / 5;
             let waited = std::time::Instant::now();
             loop {
-                let running = leases.other_live_members().await?;
+                let running = joined.others().await?;
                 if running.is_empty() {
                     break;
                 }
                 if waited.elapsed() >= patience {
                     let _ = leases.leave().await;
+                    let _ = joined.leave().await;
                     bail!(
-                        "job {:?} is running in {} process(es) ({}), still renewing their leases after \
-                         {patience:?}: stop it first to {what} it",
+                        "job {:?} is running in {} process(es): {}, still alive after {patience:?}: stop every \
+                         process of the job first to {what} it (whatever its membership: leases, static members, \
+                         the Kafka group)",
                         job.job.name,
                         running.len(),
                         running.join(", ")
                     );
                 }
-                tracing::info!(members = ?running, "waiting for the job's other processes to stop or their leases to expire");
+                tracing::info!(processes = ?running,
+                    "waiting for the job's other processes to stop or their presence to expire");
                 tokio::time::sleep(job.job.lease / 5).await;
             }
+            presence = Some(joined);
             Box::new(leases)
         }
     };
@@ -285,6 +289,11 @@ where
                     "cannot renew the leases; a worker may start once they expire (its claim then waits for this \
                      process's recovery guard, and a rescale's switch fails if it claimed a subtask)");
             }
+            if let Some(presence) = &presence
+                && let Err(e) = presence.renew().await
+            {
+                tracing::warn!(error = %format!("{e:#}"), "cannot renew this operation's presence");
+            }
         }
     };
     let outcome = tokio::select! {
@@ -293,6 +302,11 @@ where
     };
     if let Err(e) = leases.leave().await {
         tracing::warn!(error = %format!("{e:#}"), "cannot leave the job; its lease rows expire by themselves");
+    }
+    if let Some(presence) = &presence
+        && let Err(e) = presence.leave().await
+    {
+        tracing::warn!(error = %format!("{e:#}"), "cannot delete this operation's presence; it expires by itself");
     }
     outcome
 }

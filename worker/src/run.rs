@@ -31,6 +31,7 @@ use crate::cli::RunArgs;
 use crate::config::{JobConfig, KAFKA_REACHABLE_WITHIN, StoreConfig};
 use crate::health::{Health, Status};
 use crate::lease::{Assignment, Leases, LocalLease, PgLeases};
+use crate::presence::Presence;
 use crate::static_share::StaticShare;
 use crate::subtask::{self, Ended, Progress, Stop, SubtaskContext};
 
@@ -49,6 +50,8 @@ struct Process {
     job: Arc<JobConfig>,
     base: SubtaskContext,
     leases: Box<dyn Leases>,
+    /// This process's row among the job's live processes (PostgreSQL store).
+    presence: Option<Presence>,
     /// Static membership: the share this process was given (`None` when leases coordinate the processes).
     share: Option<StaticShare>,
     running: BTreeMap<u32, Running>,
@@ -170,6 +173,24 @@ async fn start(
             )
         }
     };
+    // Every process of a job on the PostgreSQL store says it is alive, whatever its membership: an operation that
+    // changes the layout (resolve, rescale) waits for it or is refused.
+    let presence = match &job.store {
+        StoreConfig::Postgres { url } => {
+            let mode = match (&share, group) {
+                (Some(share), _) => format!("static member {} of {}", share.index, share.of),
+                (None, true) => "kafka group".to_string(),
+                (None, false) => "leases".to_string(),
+            };
+            Some(
+                crate::store_calls::retried("joining the job's live processes", || {
+                    Presence::join(url, &job.job.name, member_id(), &mode, job.job.lease)
+                })
+                .await?,
+            )
+        }
+        StoreConfig::Local { .. } => None,
+    };
     // Under the local lock, so two fresh starts with different counts cannot both record theirs.
     let identity =
         crate::store::job_identity(&job.store, &job.job.name, job.job.subtasks, true).await?;
@@ -202,6 +223,7 @@ async fn start(
         job: job.clone(),
         base,
         leases,
+        presence,
         share,
         running: BTreeMap::new(),
         failures: BTreeMap::new(),
@@ -337,6 +359,13 @@ impl Process {
     /// Reaps ended subtasks, renews the leases and starts or stops subtasks to match them.
     async fn reconcile(&mut self) -> Result<()> {
         self.reap().await?;
+        if let Some(presence) = &self.presence
+            && let Err(e) = presence.renew().await
+        {
+            tracing::warn!(error = %format!("{e:#}"),
+                "cannot renew this process's presence; an operator's resolve or rescale may take it for stopped \
+                 once it expires (the store's claims still fence whatever that changes)");
+        }
         self.abort_if_lapsed();
         let asked = Instant::now();
         let assignment = match self.leases.renew().await {
@@ -607,6 +636,11 @@ impl Process {
         }
         if let Err(e) = self.leases.leave().await {
             tracing::warn!(error = %format!("{e:#}"), "cannot leave the job; the leases expire by themselves");
+        }
+        if let Some(presence) = &self.presence
+            && let Err(e) = presence.leave().await
+        {
+            tracing::warn!(error = %format!("{e:#}"), "cannot delete this process's presence; it expires by itself");
         }
         first_error.map_or(Ok(()), Err)
     }

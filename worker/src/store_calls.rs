@@ -105,6 +105,71 @@ pub async fn store_session(url: &str) -> anyhow::Result<tokio_postgres::Client> 
         .await?)
 }
 
+/// One connection to the checkpoint store's database for a process's periodic calls (leases, presence), each
+/// call bounded: a database that does not answer (a lost route, a hung server) must not hold the process, which
+/// also handles signals and restarts, for longer than `limit`. After any failure, a time-out included, the
+/// connection is dropped and the next call opens a new one: a hung connection is never reused.
+pub struct BoundedSession {
+    options: connector_common::postgres::PgConnectOptions,
+    client: tokio::sync::Mutex<Option<tokio_postgres::Client>>,
+    limit: Duration,
+    what: String,
+}
+
+impl BoundedSession {
+    /// A session to `url` whose calls each take at most `limit`, shown as `application_name` in
+    /// `pg_stat_activity`.
+    ///
+    /// # Errors
+    /// The URL is malformed.
+    pub fn new(url: &str, application_name: &str, limit: Duration) -> anyhow::Result<Self> {
+        use anyhow::Context;
+        Ok(Self {
+            options: connector_common::postgres::PgConnectOptions::parse(url)
+                .context("[store] url")?
+                .with_session_limits(limit, application_name),
+            client: tokio::sync::Mutex::new(None),
+            limit,
+            what: application_name.to_string(),
+        })
+    }
+
+    /// The connection, opened (again) when there is none or it closed; held while the guard lives.
+    ///
+    /// # Errors
+    /// The database cannot be reached.
+    pub async fn client(
+        &self,
+    ) -> anyhow::Result<tokio::sync::MappedMutexGuard<'_, tokio_postgres::Client>> {
+        let mut slot = self.client.lock().await;
+        if slot.as_ref().is_none_or(tokio_postgres::Client::is_closed) {
+            *slot = Some(self.options.connect(&self.what).await?);
+        }
+        Ok(tokio::sync::MutexGuard::map(slot, |slot| {
+            slot.as_mut().expect("connected above")
+        }))
+    }
+
+    /// `call` bounded to the session's limit; the connection is dropped after any failure.
+    ///
+    /// # Errors
+    /// `call`'s error, or [`DidNotAnswer`] when it outlived the limit.
+    pub async fn bounded<T>(
+        &self,
+        what: &str,
+        call: impl Future<Output = anyhow::Result<T>>,
+    ) -> anyhow::Result<T> {
+        let outcome = match tokio::time::timeout(self.limit, call).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(DidNotAnswer::new(what, self.limit).into()),
+        };
+        if outcome.is_err() {
+            *self.client.lock().await = None;
+        }
+        outcome
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicU32, Ordering};

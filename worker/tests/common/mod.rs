@@ -462,8 +462,14 @@ create_table = true
 
     /// Runs `ratchet <command> --config <the job file>` to completion.
     pub fn ratchet(&self, command: &str) -> std::process::Output {
+        self.ratchet_with(&[command])
+    }
+
+    /// `ratchet <args...> --config <job file>`, waited for.
+    pub fn ratchet_with(&self, args: &[&str]) -> std::process::Output {
         Command::new(env!("CARGO_BIN_EXE_ratchet"))
-            .args([command, "--config"])
+            .args(args)
+            .arg("--config")
             .arg(&self.config)
             .env("RUST_BACKTRACE", "0")
             .output()

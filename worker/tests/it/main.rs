@@ -20,6 +20,7 @@ mod identity;
 mod inspect;
 mod job_file;
 mod kafka_to_kafka;
+mod liveness;
 mod metadata;
 mod observability;
 mod reconfigure;
