@@ -273,6 +273,10 @@ impl Leases for KafkaGroup {
         }
         Ok(())
     }
+
+    fn mode(&self) -> String {
+        "kafka group".into()
+    }
 }
 
 /// Creates the coordination topic with `subtasks` partitions, or adds partitions up to `subtasks`.

@@ -56,6 +56,9 @@ pub trait Leases: Send + Sync {
 
     /// Leaves the job: deletes this process's membership and leases so the others take over at once.
     async fn leave(&self) -> Result<()>;
+
+    /// The membership mode, as logs, `/health` and the job's live processes name it.
+    fn mode(&self) -> String;
 }
 
 /// Serializes creation of the lease tables between processes starting at once.
@@ -225,6 +228,10 @@ impl Leases for PgLeases {
             .bounded("leaving the job", self.leave_now())
             .await
     }
+
+    fn mode(&self) -> String {
+        "leases".into()
+    }
 }
 
 impl PgLeases {
@@ -314,5 +321,9 @@ impl Leases for LocalLease {
 
     async fn leave(&self) -> Result<()> {
         Ok(())
+    }
+
+    fn mode(&self) -> String {
+        "local lock".into()
     }
 }

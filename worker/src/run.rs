@@ -177,11 +177,7 @@ async fn start(
     // changes the layout (resolve, rescale) waits for it or is refused.
     let presence = match &job.store {
         StoreConfig::Postgres { url } => {
-            let mode = match (&share, group) {
-                (Some(share), _) => format!("static member {} of {}", share.index, share.of),
-                (None, true) => "kafka group".to_string(),
-                (None, false) => "leases".to_string(),
-            };
+            let mode = leases.mode();
             Some(
                 crate::store_calls::retried("joining the job's live processes", || {
                     Presence::join(url, &job.job.name, member_id(), &mode, job.job.lease)
@@ -384,8 +380,8 @@ impl Process {
         };
         if assignment.members != self.assignment.members || assignment.held != self.assignment.held
         {
-            tracing::info!(members = assignment.members, quota = assignment.quota,
-                held = ?assignment.held, "leases");
+            tracing::info!(membership = %self.leases.mode(), members = assignment.members,
+                quota = assignment.quota, held = ?assignment.held, "membership");
         }
         // Lost leases: another process may be taking these over; stop them (a final checkpoint is fenced if it
         // already claimed them).
@@ -558,14 +554,13 @@ impl Process {
                 }
                 Ok(Ended::TakenOver) => {
                     self.failures.remove(&subtask);
-                    if let Some(share) = &self.share {
-                        // Nothing but a duplicate member claims a static member's subtask: claiming it back
-                        // would fence the other in turn, forever. Stop and say so.
+                    if self.share.is_some() {
+                        // Claiming it back would fence the other in turn, forever. Stop and say who claimed it.
                         let message = format!(
-                            "subtask {subtask} was claimed by another process while this one, member {} of {}, \
-                             ran it: another process runs as member {} (two pods or instances with one ordinal?); \
+                            "subtask {subtask} was claimed by another process while this one, {}, ran it: {}; \
                              this process leaves the subtask to it until restarted",
-                            share.index, share.of, share.index
+                            self.leases.mode(),
+                            self.claimed_by().await
                         );
                         tracing::error!("{message}");
                         self.duplicated.insert(subtask, message);
@@ -611,6 +606,58 @@ impl Process {
             }
         }
         Ok(())
+    }
+
+    /// Who took a static member's subtask, as far as the job's live processes tell: a second process of the same
+    /// member, members started with another `--of`, or an operation (resolve, rescale).
+    async fn claimed_by(&self) -> String {
+        let mine = self.leases.mode();
+        let others = match &self.presence {
+            Some(presence) => presence.others().await.unwrap_or_default(),
+            None => Vec::new(),
+        };
+        let same = others
+            .iter()
+            .filter(|o| o.ends_with(&format!("({mine})")))
+            .count();
+        let of = mine.rsplit(' ').next().unwrap_or_default();
+        let regrouped: Vec<&String> = others
+            .iter()
+            .filter(|o| o.contains("(static member ") && !o.ends_with(&format!(" of {of})")))
+            .collect();
+        let operations: Vec<&String> = others
+            .iter()
+            .filter(|o| o.ends_with("(resolve)") || o.ends_with("(rescale)"))
+            .collect();
+        if same > 0 {
+            format!(
+                "{same} other process(es) run as {mine} (two pods or instances with one ordinal): give each process \
+                 its own --member"
+            )
+        } else if !regrouped.is_empty() {
+            format!(
+                "processes run with another --of ({}): the members were changed while this one ran; restart every \
+                 member with the same --of",
+                regrouped
+                    .iter()
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        } else if !operations.is_empty() {
+            format!(
+                "an operation holds the job ({})",
+                operations
+                    .iter()
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        } else {
+            "no live process claims it now (a process of the same member, or an operator's resolve or rescale, \
+             that has ended)"
+                .to_string()
+        }
     }
 
     /// Stops every subtask gracefully, waits for them, and leaves the job.

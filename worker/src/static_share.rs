@@ -95,6 +95,10 @@ impl Leases for StaticShare {
     async fn leave(&self) -> Result<()> {
         Ok(())
     }
+
+    fn mode(&self) -> String {
+        format!("static member {} of {}", self.index, self.of)
+    }
 }
 
 #[cfg(test)]

@@ -112,7 +112,7 @@ async fn static_members_run_their_share_and_a_duplicate_is_fenced_and_reported()
     duplicate.wait_logged("subtask claimed and recovered", 2, Duration::from_secs(60));
     job.produce(3000).await;
     b.wait_logged(
-        "another process runs as member 1",
+        "1 other process(es) run as static member 1 of 2 (two pods or instances with one ordinal)",
         1,
         Duration::from_secs(60),
     );
