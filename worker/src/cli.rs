@@ -39,6 +39,11 @@ pub enum Command {
     /// subtasks by partition, and switch the job to the new layout in one atomic step (see docs/worker.md,
     /// "Rescaling"). Refused while the job runs. Set `subtasks` in the job file to the same number.
     Rescale(RescaleArgs),
+    /// Retire a topic the job no longer reads (removed from its selection): resolve every subtask (the topic's
+    /// decided work committed, its routed instances included), then drop the topic's positions, so no sink
+    /// instance is built for it any more and a topic created under its name is read as new. Refused while the job
+    /// runs. See docs/worker.md, "Retiring a topic".
+    ForgetTopic(ForgetTopicArgs),
     /// Demo: a generator produces orders to Kafka while `ratchet run` writes them to Parquet files, an Iceberg
     /// table, PostgreSQL and a Kafka topic at once; the worker is killed with SIGKILL mid-run and restarted; then
     /// every sink is read back and compared with the input. Needs `scripts/services.sh up kafka postgres`.
@@ -119,4 +124,15 @@ pub struct RescaleArgs {
     /// The new subtask count.
     #[arg(long)]
     pub to: u32,
+}
+
+/// Arguments of `ratchet forget-topic`.
+#[derive(Debug, Args)]
+pub struct ForgetTopicArgs {
+    /// The job file.
+    #[arg(long, short)]
+    pub config: PathBuf,
+    /// The topic to forget (no longer selected by the job file).
+    #[arg(long)]
+    pub topic: String,
 }

@@ -76,8 +76,9 @@ pub async fn check(
         Some(recorded) if recorded != layout => bail!(
             "job {job:?} read {} when it started, and its job file now reads {}: the two deal partitions to \
              subtasks differently, so subtasks would read partitions whose positions another subtask holds, from \
-             the beginning. Go back to {}, or run the new selection as a new job (a new [job] name: it reads its \
-             topics from the beginning into the sinks)",
+             the beginning. Go back to {} (nothing was written under the new selection). Running the new \
+             selection as a new job (a new [job] name) reads its topics from the beginning again: every record \
+             already in the sinks would be written a second time, unless every sink upserts by key",
             recorded.describe(),
             layout.describe(),
             recorded.describe()

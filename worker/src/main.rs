@@ -9,6 +9,7 @@ mod dead_letter;
 mod demo;
 mod drill;
 mod fast_path;
+mod forget;
 mod generations;
 mod group;
 mod health;
@@ -69,5 +70,6 @@ async fn run() -> anyhow::Result<()> {
         cli::Command::Inspect(args) => operate::inspect(args).await,
         cli::Command::Resolve(args) => operate::resolve(args).await,
         cli::Command::Rescale(args) => rescale::command(args).await,
+        cli::Command::ForgetTopic(args) => forget::command(args).await,
     }
 }

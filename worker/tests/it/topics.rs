@@ -364,6 +364,84 @@ async fn routed_names_that_collide_across_subtasks_are_refused() {
     );
 }
 
+/// A topic dropped from the selection keeps its positions (and its routed instances) until `ratchet forget-topic`
+/// retires it: refused while the topic is selected or the job runs; afterwards its routed table can be dropped
+/// and the job still starts, and the topic, selected again, is read as new: from its beginning, into a table of
+/// its own, once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_retired_topic_is_forgotten_and_read_as_new_when_selected_again() {
+    let mut job = Job::new("forget", 1, 2, "3s").await;
+    let name = job.name.clone();
+    let (kept, retired) = (job.topic.clone(), format!("{name}-old"));
+    create_topic(&retired, 2).await;
+    job.edit_config(
+        &format!("topic = \"{kept}\""),
+        &format!("topic_pattern = \"{name}-(in|old)\""),
+    );
+    job.edit_config(
+        &format!("table = \"{name}\"\nscope = \"{name}\""),
+        "table = \"f_${topic_safe}\"",
+    );
+    job.produce_into(&kept, 100).await;
+    job.produce_into(&retired, 100).await;
+    job.spawn_worker(&["--exit-when-idle", "2s"])
+        .wait_exit(Duration::from_secs(120));
+    let services = Services::get();
+    let table = |topic: &str| format!("f_{}", topic.replace('-', "_"));
+    let ids = |topic: &str| {
+        sorted_ids(
+            &services.verify(
+                "sql_table.py",
+                &["pg", services.pg_url(), &table(topic), "id"],
+            )["ids"],
+        )
+    };
+    assert_eq!(ids(&retired), (100..200).collect::<Vec<i64>>());
+
+    let forget = ["forget-topic", "--topic", retired.as_str()];
+    let out = job.ratchet_with(&forget);
+    assert!(
+        !out.status.success()
+            && String::from_utf8_lossy(&out.stderr).contains("still selects topic"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    job.edit_config(&format!("{name}-(in|old)"), &format!("{name}-(in)"));
+    let mut running = job.spawn_worker(&[]);
+    running.wait_logged("subtask claimed and recovered", 2, Duration::from_secs(60));
+    let out = job.ratchet_with(&forget);
+    assert!(
+        !out.status.success()
+            && String::from_utf8_lossy(&out.stderr).contains("is running in 1 process(es)"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    running.stop(Duration::from_secs(60));
+    let out = job.ratchet_with(&forget);
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success() && said.contains(&format!("forgot topic \"{retired}\"")),
+        "{said}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Its table dropped: the job starts without the topic's instance.
+    services.psql(&format!("drop table {}", table(&retired)));
+    job.produce_into(&kept, 50).await;
+    job.spawn_worker(&["--exit-when-idle", "2s"])
+        .wait_exit(Duration::from_secs(120));
+    assert_eq!(ids(&kept), (0..100).chain(200..250).collect::<Vec<i64>>());
+    // Selected again: read as new, from its beginning (its old records and new ones), into a new table.
+    job.edit_config(&format!("{name}-(in)"), &format!("{name}-(in|old)"));
+    job.produce_into(&retired, 50).await;
+    job.spawn_worker(&["--exit-when-idle", "2s"])
+        .wait_exit(Duration::from_secs(120));
+    assert_eq!(
+        ids(&retired),
+        (100..200).chain(250..300).collect::<Vec<i64>>()
+    );
+}
+
 /// Waits (polling the read_committed verifier) until `topic` holds `records` records.
 fn wait_copied(topic: &str, records: usize) {
     let services = Services::get();
