@@ -218,7 +218,10 @@ impl ConsumerContext for GroupContext {
                     "the job's Kafka group revokes subtasks: stopping them with a final checkpoint first");
                 state.revoking.extend(revoked.iter().copied());
                 let deadline = Instant::now() + shared.rebalance_timeout;
-                while !revoked.iter().all(|s| state.released.contains(s)) {
+                // Until every revoked subtask stopped, or the process closes (it stopped every subtask first).
+                while !shared.closed.load(Ordering::Relaxed)
+                    && !revoked.iter().all(|s| state.released.contains(s))
+                {
                     let left = deadline.saturating_duration_since(Instant::now());
                     if left.is_zero() {
                         tracing::warn!(subtasks = ?revoked, timeout = ?shared.rebalance_timeout,
@@ -263,7 +266,13 @@ impl Leases for KafkaGroup {
     }
 
     async fn leave(&self) -> Result<()> {
-        self.shared.closed.store(true, Ordering::Relaxed);
+        {
+            // Under the state lock, so a revocation waiting for its subtasks sees it (they are stopped: the
+            // process stops every subtask before it leaves) and lets the membership thread end at once.
+            let _state = self.shared.state.lock().expect("not poisoned");
+            self.shared.closed.store(true, Ordering::Relaxed);
+            self.shared.released.notify_all();
+        }
         let poller = self.poller.lock().expect("not poisoned").take();
         if let Some(poller) = poller {
             tokio::task::spawn_blocking(move || poller.join())

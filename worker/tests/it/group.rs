@@ -141,3 +141,47 @@ async fn kafka_group_members_share_subtasks_restart_without_moves_and_take_over_
         .wait_exit(Duration::from_secs(120));
     job.assert_exactly_once();
 }
+
+/// A SIGTERM while the group rebalances (a member joined, this one's subtasks being revoked) ends the process within
+/// a checkpoint and a call bound: it stops its subtasks and leaves without waiting out the rebalance timeout (30 s
+/// here), and the others go on; every record once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stop_during_a_rebalance_ends_promptly() {
+    let mut job = Job::new("grouprb", 6, 6, "6s").await;
+    job.edit_config(
+        "lease = \"6s\"",
+        "lease = \"6s\"\nmembership = \"kafka-group\"",
+    );
+    job.produce(400).await;
+    let mut a = job.spawn_worker(&["--member", "a"]);
+    let mut b = job.spawn_worker(&["--member", "b"]);
+    job.wait_delivered(Duration::from_secs(120));
+    wait_spread(&job, 2);
+    let mut c = job.spawn_worker(&["--member", "c"]);
+    a.wait_logged("revokes subtasks", 1, Duration::from_secs(60));
+    a.signal(Signal::SIGTERM);
+    let stopping = Instant::now();
+    let deadline = stopping + Duration::from_secs(60);
+    while a.exited().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "no exit within 60 s:\n{}",
+            a.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let took = stopping.elapsed();
+    assert!(
+        took < Duration::from_secs(15),
+        "the stop during a rebalance took {took:?}:\n{}",
+        a.log_text()
+    );
+    a.child = None;
+    job.produce(200).await;
+    job.wait_delivered(Duration::from_secs(120));
+    for worker in [&mut b, &mut c] {
+        worker.stop(Duration::from_secs(60));
+    }
+    job.assert_exactly_once();
+    println!("stopped {took:?} after SIGTERM during a rebalance");
+}
