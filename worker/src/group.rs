@@ -139,9 +139,14 @@ impl KafkaGroup {
         tracing::info!(%group, %topic, instance = instance.unwrap_or("(dynamic)"), session = ?session,
             rebalance_timeout = ?rebalance_timeout, "joining the job's Kafka group");
         let poller_shared = shared.clone();
+        let coordination = Coordination {
+            kafka: kafka.clone(),
+            topic,
+            group,
+        };
         let poller = std::thread::Builder::new()
             .name("ratchet-group".into())
-            .spawn(move || poll(consumer, &poller_shared, &group))
+            .spawn(move || poll(consumer, &poller_shared, &coordination))
             .context("cannot start the group membership thread")?;
         Ok(Self {
             shared,
@@ -150,25 +155,83 @@ impl KafkaGroup {
     }
 }
 
-/// Polls the membership consumer (which runs the rebalance callbacks) until the process leaves; reads the group's
-/// size now and then. Dropping the consumer closes it: a dynamic member leaves the group, a static one does not
-/// (its partitions wait for it until the session timeout).
-fn poll(consumer: BaseConsumer<GroupContext>, shared: &Shared, group: &str) {
+/// The job's coordination topic and group, watched by the membership thread.
+struct Coordination {
+    kafka: KafkaConnection,
+    topic: String,
+    group: String,
+}
+
+/// Polls the membership consumer (which runs the rebalance callbacks) until the process leaves; now and then reads
+/// the group's size and checks the coordination topic: one deleted (or left with fewer partitions than subtasks) is
+/// created again, so the members are assigned subtasks again instead of stalling with none. Dropping the consumer
+/// closes it: a dynamic member leaves the group, a static one does not (its partitions wait for it until the
+/// session timeout).
+fn poll(consumer: BaseConsumer<GroupContext>, shared: &Shared, coordination: &Coordination) {
     let mut described: Option<Instant> = None;
+    let mut runtime: Option<tokio::runtime::Runtime> = None;
     while !shared.closed.load(Ordering::Relaxed) {
         if let Some(Err(e)) = consumer.poll(Duration::from_millis(100)) {
             tracing::warn!(error = %e, "the job's Kafka group reported an error");
         }
         if described.is_none_or(|at| at.elapsed() >= DESCRIBE_EVERY) {
             described = Some(Instant::now());
-            if let Ok(list) = consumer.fetch_group_list(Some(group), Duration::from_secs(2))
+            if let Ok(list) =
+                consumer.fetch_group_list(Some(&coordination.group), Duration::from_secs(2))
                 && let Some(found) = list.groups().first()
             {
                 shared
                     .members
                     .store(found.members().len(), Ordering::Relaxed);
             }
+            check_topic(&consumer, shared, coordination, &mut runtime);
         }
+    }
+}
+
+/// Creates the coordination topic again when it is gone or short of partitions (a consumer's metadata request
+/// never creates a topic).
+fn check_topic(
+    consumer: &BaseConsumer<GroupContext>,
+    shared: &Shared,
+    coordination: &Coordination,
+    runtime: &mut Option<tokio::runtime::Runtime>,
+) {
+    let Ok(metadata) = consumer.fetch_metadata(Some(&coordination.topic), Duration::from_secs(2))
+    else {
+        return;
+    };
+    let partitions = metadata
+        .topics()
+        .iter()
+        .find(|t| t.name() == coordination.topic && t.error().is_none())
+        .map_or(0, |t| t.partitions().len());
+    if partitions >= shared.subtasks as usize {
+        return;
+    }
+    tracing::warn!(topic = %coordination.topic, partitions, subtasks = shared.subtasks,
+        "the job's coordination topic is gone or short of partitions (deleted?): creating it again, so the \
+         group assigns every subtask");
+    let runtime = match runtime {
+        Some(runtime) => runtime,
+        None => match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(built) => runtime.insert(built),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot start a runtime to create the coordination topic");
+                return;
+            }
+        },
+    };
+    if let Err(e) = runtime.block_on(ensure_topic(
+        &coordination.kafka,
+        &coordination.topic,
+        shared.subtasks,
+    )) {
+        tracing::warn!(error = %format!("{e:#}"), topic = %coordination.topic,
+            "cannot create the coordination topic again; trying again later");
     }
 }
 

@@ -185,3 +185,48 @@ async fn a_stop_during_a_rebalance_ends_promptly() {
     job.assert_exactly_once();
     println!("stopped {took:?} after SIGTERM during a rebalance");
 }
+
+/// The (empty) coordination topic deleted under running members: it is created again and the group assigns every
+/// subtask again, instead of stalling with none running; the records produced meanwhile land once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deleted_coordination_topic_is_created_again() {
+    use rdkafka::ClientConfig;
+    use rdkafka::admin::{AdminClient, AdminOptions};
+    use rdkafka::client::DefaultClientContext;
+
+    let mut job = Job::new("groupdel", 6, 6, "6s").await;
+    job.edit_config(
+        "lease = \"6s\"",
+        "lease = \"6s\"\nmembership = \"kafka-group\"",
+    );
+    job.produce(300).await;
+    let mut workers = [
+        job.spawn_worker(&["--member", "a"]),
+        job.spawn_worker(&["--member", "b"]),
+    ];
+    job.wait_delivered(Duration::from_secs(120));
+    wait_spread(&job, 2);
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", Services::get().kafka_bootstrap())
+        .create()
+        .unwrap();
+    let topic = format!("ratchet.{}.subtasks", job.name);
+    for result in admin
+        .delete_topics(
+            &[&topic],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))),
+        )
+        .await
+        .unwrap()
+    {
+        result.unwrap();
+    }
+    workers[0].wait_logged("creating it again", 1, Duration::from_secs(60));
+    job.produce(300).await;
+    job.wait_delivered(Duration::from_secs(120));
+    wait_spread(&job, 2);
+    for worker in &mut workers {
+        worker.stop(Duration::from_secs(60));
+    }
+    job.assert_exactly_once();
+}
