@@ -2,8 +2,9 @@
 """Fails when the top-level modules of a crate import each other in a cycle (`use crate::a` in b and `use
 crate::b` in a, or longer rings). A cycle means two modules cannot be understood, tested or moved apart; shared
 pieces belong in a leaf module both use. A submodule (a file under `src/<module>/`) counts as part of its
-top-level module, which is how one type's impl is split over files. Comments and `#[cfg(test)] mod tests` (inline,
-or a `tests.rs` file) are ignored.
+top-level module, which is how one type's impl is split over files. Counted: `crate::x` anywhere, `super::x` in a
+file directly under `src/` (there it means the crate root), and bare names in grouped uses (`use crate::{x, y}`).
+Comments and `#[cfg(test)] mod tests` (inline, or a `tests.rs` file) are ignored.
 
 Usage: scripts/check-module-cycles.py [CRATE_DIR ...]   (default: every workspace member with a src/)
 """
@@ -27,15 +28,23 @@ def top_level_modules(src):
     return modules
 
 
-def imports(paths, names):
+def imports(paths, names, src):
     found = set()
     for path in paths:
         text = open(path, encoding="utf-8").read()
         text = re.sub(r"#\[cfg\(test\)\]\s*mod tests \{.*", "", text, flags=re.S)
         text = "\n".join(l for l in text.split("\n") if not l.strip().startswith("//"))
-        found.update(m.group(1) for m in re.finditer(r"crate::([a-z_0-9]+)", text))
-        for group in re.finditer(r"use crate::\{([^}]*)\}", text, re.S):
-            found.update(re.findall(r"\b([a-z_0-9]+)::", group.group(1)))
+        # In a file directly under src/ (a top-level module), `super::` is the crate root: `crate::`.
+        roots = ["crate"]
+        if os.path.dirname(path) == src and os.path.basename(path) not in ("lib.rs", "main.rs"):
+            roots.append("super")
+        for root in roots:
+            found.update(m.group(1) for m in re.finditer(rf"\b{root}::([a-z_0-9]+)", text))
+            for group in re.finditer(rf"use {root}::\{{([^}}]*)\}}", text, re.S):
+                inner = group.group(1)
+                found.update(re.findall(r"\b([a-z_0-9]+)::", inner))
+                # Bare names in a grouped use (`use crate::{a, b}`): a module imported whole.
+                found.update(re.findall(r"(?:^|[{,\s])([a-z_0-9]+)\s*(?=,|$)", inner.strip()))
     return {name for name in found if name in names}
 
 
@@ -79,7 +88,8 @@ def main(crates):
     for crate in crates:
         modules = top_level_modules(os.path.join(root, crate, "src"))
         names = set(modules)
-        graph = {m: imports(paths, names) - {m, "lib"} for m, paths in modules.items() if m != "lib"}
+        src = os.path.join(root, crate, "src")
+        graph = {m: imports(paths, names, src) - {m, "lib"} for m, paths in modules.items() if m != "lib"}
         for ring in cycles(graph):
             failed = True
             edges = ", ".join(f"{a} -> {sorted(graph[a] & set(ring))}" for a in ring)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine or a warm one:
 #   1. scripts/services.sh up   (installs and starts Kafka, PostgreSQL, MariaDB, SeaweedFS, Toxiproxy, the verifiers)
-#   2. cargo fmt --check, cargo clippy --workspace --all-targets -D warnings, no import cycles between modules
+#   2. cargo fmt --check, cargo clippy --workspace --all-targets -D warnings, rustdoc -D warnings (broken or private
+#      links in doc comments), no import cycles between modules
 #   3. cargo test --workspace   (unit tests, and acceptance tests against the real services)
 #   4. the service self-checks (pytest selfcheck/: the Kafka broker's transaction behaviour)
 # then a summary. Exit status is non-zero when any step failed.
@@ -40,6 +41,7 @@ eval "$(scripts/services.sh env)"
 if [[ ${RATCHET_SKIP_LINT:-} != 1 ]]; then
   step fmt cargo fmt --all --check
   step clippy cargo clippy --workspace --all-targets --locked -- -D warnings
+  step doc env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --quiet
   step cycles "$RATCHET_PYTHON" scripts/check-module-cycles.py
 fi
 # Arguments select what to test (`-p file-sink`, a test name filter); without them, the whole workspace.

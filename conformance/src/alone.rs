@@ -6,7 +6,8 @@ use connector_api::{
 };
 
 use super::ConformanceTarget;
-use super::engine::{Job, Stats, sinks};
+use super::job::Job;
+use super::scenario::{Stats, sinks};
 use super::source::{conformance_batch as batch, conformance_positions as positions};
 
 /// A zombie of sink `a` begins checkpoint 1 and writes; a new job starts (recovering, which must fence it) and

@@ -8,8 +8,7 @@ use async_trait::async_trait;
 use connector_api::{CheckpointId, FaultAction, FaultPoint, Faults};
 use tokio::sync::Notify;
 
-use super::engine::sinks;
-use super::scenario::CrashAt;
+use super::scenario::{CrashAt, sinks};
 
 /// The crashes still to inject: (checkpoint, step). Shared with the driver's fault injector.
 pub(super) type Armed = Arc<Mutex<Vec<(u64, CrashAt)>>>;

@@ -5,7 +5,8 @@
 use connector_api::{CheckpointId, Committer, Report as ErrorReport, SubtaskId, TwoPhaseCommit};
 
 use super::ConformanceTarget;
-use super::engine::{Job, sinks};
+use super::job::Job;
+use super::scenario::sinks;
 use super::source::conformance_batch as batch;
 
 /// See [`Scenario::ForeignSubtaskHandover`](super::Scenario::ForeignSubtaskHandover). Every record of the run is

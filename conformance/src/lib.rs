@@ -63,6 +63,7 @@ mod alone;
 mod engine;
 mod faults;
 mod handover;
+mod job;
 pub mod kill9;
 mod overlap;
 pub mod reference;

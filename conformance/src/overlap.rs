@@ -10,8 +10,9 @@ use connector_api::{FaultPoint, Report as ErrorReport};
 use tokio::sync::Notify;
 
 use super::ConformanceTarget;
-use super::engine::{Job, Stats, sinks};
 use super::faults::Pause;
+use super::job::Job;
+use super::scenario::{Stats, sinks};
 use super::source::{Rng, conformance_positions as positions};
 
 /// How long a paused instance waits for the other one.

@@ -1,6 +1,6 @@
 //! The scenarios the harness runs, and where a crash lands.
 
-use connector_api::Step;
+use connector_api::{CheckpointId, SinkId, Step};
 
 use super::Conformance;
 
@@ -154,4 +154,24 @@ fn crash_name(at: CrashAt) -> &'static str {
         CrashAt::BetweenCommits => "between-commits",
         CrashAt::AfterCommit => "after-commit",
     }
+}
+
+/// Counters of one scenario run.
+#[derive(Default)]
+pub(super) struct Stats {
+    pub(super) crashes: u32,
+    pub(super) starts: u32,
+    pub(super) checkpoints: u64,
+    /// The checkpoint each start restores (loaded just before it starts).
+    pub(super) restored: Vec<Option<CheckpointId>>,
+    /// Restarts whose recovery was checked against the plan inspect made before it.
+    pub(super) plans_checked: u32,
+}
+
+/// The two sinks every scenario runs side by side.
+pub(super) fn sinks() -> [SinkId; 2] {
+    [
+        SinkId::new("a").expect("valid"),
+        SinkId::new("b").expect("valid"),
+    ]
 }

@@ -99,7 +99,7 @@ impl TableTarget {
 
     /// Commits the tables that ask for manifest merging through Ratchet's own commit to `catalog` (the
     /// configuration the target's catalog was opened from, under the name `catalog_name`): the SQL catalog's
-    /// compare-and-swap ([`crate::metadata_swap`]) or the REST catalog's commit endpoint ([`crate::rest_commit`]).
+    /// compare-and-swap (`metadata_swap`) or the REST catalog's commit endpoint (`rest_commit`).
     /// Without it, merging is skipped with a warning.
     ///
     /// # Errors
@@ -160,8 +160,8 @@ impl TableTarget {
     /// Makes every commit also expire snapshots by the table's standard retention properties
     /// (`history.expire.max-snapshot-age-ms`, `history.expire.min-snapshots-to-keep`, per-ref retention), in the
     /// same catalog commit as the snapshot it adds: the expiry lands exactly when the commit does, never on its
-    /// own. The ledger survives it (the subtask's state is also a table property, [`crate::ledger`]). After the
-    /// commit, the expired snapshots' manifest lists are deleted ([`crate::retire`]). A table that sets
+    /// own. The ledger survives it (the subtask's state is also a table property, `ledger`). After the
+    /// commit, the expired snapshots' manifest lists are deleted (`retire`). A table that sets
     /// `gc.enabled = false` is not expired (a warning says so once).
     pub fn with_snapshot_expiry(mut self, expire: bool) -> Self {
         self.expire_snapshots = expire;

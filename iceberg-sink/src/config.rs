@@ -309,7 +309,7 @@ pub struct IcebergSinkConfig {
     /// Delete this subtask's data files that no snapshot references at recovery.
     pub cleanup_on_recover: bool,
     /// Expire snapshots inside every commit by the table's standard retention properties, and delete the
-    /// manifest lists of the snapshots a commit expired ([`crate::retire`]).
+    /// manifest lists of the snapshots a commit expired (`retire`).
     pub expire_snapshots: bool,
     /// Apply the rows by these key columns (the upsert mode): each checkpoint's last change per key is written
     /// as one row, with an equality delete of the key, in one snapshot (a row delta); a change stream's deletes

@@ -121,6 +121,15 @@ pub struct DedupConfig {
     pub retention: Duration,
 }
 
+impl DedupConfig {
+    /// The table of seen ids of a sink writing `table`: as configured, or `<table>_ratchet_dedup`.
+    pub(crate) fn table_for(&self, table: &str) -> String {
+        self.table
+            .clone()
+            .unwrap_or_else(|| format!("{table}_ratchet_dedup"))
+    }
+}
+
 fn default_retention() -> Duration {
     Duration::from_secs(7 * 24 * 3600)
 }

@@ -11,7 +11,7 @@ use connector_api::{
 
 use crate::commit::JdbcCommitter;
 use crate::committable::JdbcCommittable;
-use crate::config::{DedupConfig, Dialect, JdbcSinkConfig};
+use crate::config::{Dialect, JdbcSinkConfig};
 use crate::database::{Coordinator, Session};
 use crate::keys::KeyDecoder;
 use crate::{Xid, mysql, pg};
@@ -325,12 +325,4 @@ impl TwoPhaseCommit for JdbcSink {
     async fn execute_recovery(&mut self, plan: RecoveryPlan<JdbcCommittable>) -> Result<()> {
         self.execute_plan(plan).await
     }
-}
-
-/// The dedup table of the append mode: as configured, or `<table>_ratchet_dedup`.
-pub(crate) fn dedup_table(config: &JdbcSinkConfig, dedup: &DedupConfig) -> String {
-    dedup
-        .table
-        .clone()
-        .unwrap_or_else(|| format!("{}_ratchet_dedup", config.table))
 }

@@ -83,7 +83,7 @@ pub async fn pg_generation(client: &tokio_postgres::Client, job: &str) -> Result
     Ok(row.map_or(0, |row| row.get::<_, i64>(0) as u64))
 }
 
-/// The layout generation of `job` now, for the check every claim makes ([`SubtaskStore`]).
+/// The layout generation of `job` now, for the check every claim makes ([`SubtaskStore`](crate::store::SubtaskStore)).
 ///
 /// # Errors
 /// [`Retryable`](connector_api::ErrorKind::Retryable) when the store cannot be read within its bound.

@@ -146,7 +146,7 @@ pub(crate) async fn prepare_database(client: &Client, config: &JdbcSinkConfig) -
         let column = shape.index(&dedup.message_id, "message_id")?;
         ddl.push_str(&format!(
             "CREATE TABLE IF NOT EXISTS {} (message_id {} PRIMARY KEY, seen_at timestamptz NOT NULL DEFAULT now());",
-            crate::columns::quote_table(dialect, &crate::sink::dedup_table(config, dedup)),
+            crate::columns::quote_table(dialect, &dedup.table_for(&config.table)),
             shape.types[column].ddl(dialect, true, None)
         ));
     }

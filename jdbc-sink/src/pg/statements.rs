@@ -11,7 +11,6 @@ use super::cell::PgColumn;
 
 use crate::columns::{SqlType, TableShape, quote, quote_table};
 use crate::config::{Dialect, JdbcSinkConfig, WriteMode, config_error};
-use crate::sink::dedup_table;
 
 const D: Dialect = Dialect::Postgres;
 
@@ -165,7 +164,7 @@ impl BatchStatements {
             WriteMode::Append { dedup } => {
                 shape.index(&dedup.message_id, "message_id")?;
                 let id = quote(D, &dedup.message_id);
-                let seen = quote_table(D, &dedup_table(config, dedup));
+                let seen = quote_table(D, &dedup.table_for(&config.table));
                 Self {
                     primary: format!(
                         "WITH s AS (SELECT * FROM {rows}), \

@@ -110,7 +110,7 @@ impl DebeziumDecoding {
 
     /// Envelopes written by the Avro converter through a schema registry (`avro` reads them: its reader schema
     /// is the topic's `Envelope` record); the table's columns are the fields of its `after` record, in the types
-    /// their semantic types say ([`semantic`]). Make `avro` with [`AvroDecoding::for_change_events`], so that
+    /// their semantic types say (the `semantic` module). Make `avro` with [`AvroDecoding::for_change_events`], so that
     /// events written before a column was dropped are still read.
     ///
     /// # Errors

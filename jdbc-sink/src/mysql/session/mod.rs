@@ -16,7 +16,6 @@ use crate::config::{Dialect, JdbcSinkConfig, WriteMode, config_error};
 use crate::database::{DedupCleanup, MARKERS_KEPT, MARKERS_TABLE, OWNERS_TABLE, Session};
 use crate::error::fenced;
 use crate::savepoint;
-use crate::sink::dedup_table;
 
 mod detach;
 mod rows;
@@ -155,7 +154,7 @@ impl MySqlSession {
             }
             WriteMode::Append { dedup } => {
                 let column = shape.index(&dedup.message_id, "message_id")?;
-                let seen = quote_table(d, &dedup_table(&config, dedup));
+                let seen = quote_table(d, &dedup.table_for(&config.table));
                 dedup_sql = Some(Dedup {
                     column,
                     target: MyColumn::from((
@@ -265,7 +264,7 @@ impl MySqlSession {
             dedup.target = dedup_column(
                 &mut conn,
                 &config,
-                &dedup_table(&config, settings),
+                &settings.table_for(&config.table),
                 shape.types[dedup.column],
             )
             .await?;
