@@ -3,11 +3,15 @@
 //! is paused with SIGSTOP past its lease in the middle of it and woken up later. The independent readers then see
 //! every record exactly once in every sink, and nothing left behind.
 //!
+//! Membership chaos: three processes in static membership, then in Kafka-group membership, under SIGKILL and
+//! SIGSTOP past the session, with a rescale (every process stopped, three started with the new count) halfway.
+//!
 //! Grey chaos: the same job with every link behind Toxiproxy (PostgreSQL: the checkpoint store, the leases, the
 //! JDBC sink and the Iceberg catalog; Kafka: the source and the Kafka sink), hit by random faults: latency, a
 //! silent blackhole, reset connections, on either link; SIGKILL and SIGSTOP of a process; and, in the long mode,
 //! restarts of PostgreSQL and Kafka themselves. Every sink exactly once afterwards, nothing left behind.
 //!
+//! `RATCHET_MEMBERSHIP_CHAOS_FAULTS` sets the membership chaos's faults (4 by default, as CI runs it).
 //! `RATCHET_CHAOS_KILLS` sets the number of kills (4 by default, as CI runs it; the long mode is hundreds: see
 //! docs/benchmarks.md, "Chaos"), `RATCHET_GREY_CHAOS_FAULTS` the number of grey faults (6 by default, as CI runs
 //! it), `RATCHET_GREY_CHAOS_RESTARTS=1` adds server restarts to them (they restart the shared test servers: not
@@ -79,6 +83,109 @@ async fn random_sigkills_and_a_pause_leave_every_sink_exactly_once() {
     // One last run recovers every subtask (removing what zombies left undecided), then the readers check.
     let mut last = job.spawn_worker(&["--exit-when-idle", "2s"]);
     last.wait_exit(Duration::from_secs(120));
+    job.assert_exactly_once();
+}
+
+/// How the chaos run's processes share the job.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Membership {
+    /// `--member i --of 3`.
+    Static,
+    /// `membership = "kafka-group"`, `--member <name>`.
+    KafkaGroup,
+}
+
+impl Membership {
+    /// Process `i`'s arguments of three.
+    fn args(self, i: usize) -> Vec<String> {
+        match self {
+            Membership::Static => vec!["--member".into(), i.to_string(), "--of".into(), "3".into()],
+            Membership::KafkaGroup => vec!["--member".into(), format!("m{i}")],
+        }
+    }
+}
+
+/// Starts process `i` and waits until it runs the job (signals are handled from then on).
+fn spawn_member(job: &mut Job, membership: Membership, i: usize) -> Worker {
+    let args = membership.args(i);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let worker = job.spawn_worker(&args);
+    worker.wait_logged("job starting", 1, Duration::from_secs(120));
+    worker
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn static_members_under_kills_pauses_and_a_rescale_stay_exactly_once() {
+    membership_chaos(Membership::Static).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_group_members_under_kills_pauses_and_a_rescale_stay_exactly_once() {
+    membership_chaos(Membership::KafkaGroup).await;
+}
+
+/// Three processes of one membership mode, hit `RATCHET_MEMBERSHIP_CHAOS_FAULTS` times (4 by default) at random:
+/// SIGKILL and a restart, or SIGSTOP past the session (the lease, 6 s) and SIGCONT; halfway, every process is
+/// stopped and the job rescaled from 6 to 4 subtasks by three processes started with the new count at once (as
+/// documented: the first rescales, the others find it done); records flow throughout. Every sink exactly once,
+/// nothing left prepared or pending (the readers check).
+async fn membership_chaos(membership: Membership) {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let faults = env_u64("RATCHET_MEMBERSHIP_CHAOS_FAULTS").unwrap_or(4);
+    let seed = seed();
+    eprintln!("membership chaos ({membership:?}): {faults} faults, RATCHET_CHAOS_SEED={seed}");
+    let mut rng = Rng(seed);
+    let mut job = Job::new("mchaos", 6, 6, "6s").await;
+    if membership == Membership::KafkaGroup {
+        job.edit_config(
+            "lease = \"6s\"",
+            "lease = \"6s\"\nmembership = \"kafka-group\"",
+        );
+    }
+    let mut workers: Vec<Worker> = (0..3)
+        .map(|i| spawn_member(&mut job, membership, i))
+        .collect();
+    job.produce(500).await;
+    job.wait_delivered(Duration::from_secs(120));
+    for fault in 0..faults {
+        if fault == faults / 2 {
+            // The rescale: every process stopped, then three started with the new count at once.
+            for worker in &mut workers {
+                worker.stop(Duration::from_secs(90));
+            }
+            job.edit_config("subtasks = 6", "subtasks = 4");
+            workers = (0..3)
+                .map(|i| spawn_member(&mut job, membership, i))
+                .collect();
+            eprintln!("rescaled to 4 subtasks");
+        }
+        job.produce(200 + rng.below(600)).await;
+        tokio::time::sleep(Duration::from_millis(rng.below(1500))).await;
+        let victim = rng.below(3) as usize;
+        if rng.below(2) == 0 {
+            workers[victim].kill9();
+            workers[victim] = spawn_member(&mut job, membership, victim);
+            eprintln!("fault {fault}: killed and restarted process {victim}");
+        } else {
+            workers[victim].signal(Signal::SIGSTOP);
+            job.produce(100).await;
+            tokio::time::sleep(Duration::from_secs(8)).await;
+            workers[victim].signal(Signal::SIGCONT);
+            eprintln!("fault {fault}: paused process {victim} for 8 s");
+        }
+    }
+    job.produce(500).await;
+    job.wait_delivered(Duration::from_secs(240));
+    for worker in &mut workers {
+        worker.stop(Duration::from_secs(90));
+    }
+    // One last run of the same mode recovers every subtask (what a paused process pre-committed after its
+    // subtask's new owner recovered is removed there), then the readers check.
+    let last = match membership {
+        Membership::Static => vec!["--member", "0", "--of", "1", "--exit-when-idle", "2s"],
+        Membership::KafkaGroup => vec!["--member", "last", "--exit-when-idle", "2s"],
+    };
+    job.spawn_worker(&last).wait_exit(Duration::from_secs(180));
     job.assert_exactly_once();
 }
 
