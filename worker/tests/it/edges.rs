@@ -100,7 +100,9 @@ async fn a_saved_position_below_the_log_start_stops_the_job_naming_it_or_is_skip
 async fn exit_when_idle_finds_partitions_added_while_it_waited() {
     let mut job = Job::new("idlegrow", 1, 2, "3s").await;
     job.produce_to(0, 10).await;
-    let mut worker = job.spawn_worker(&["--exit-when-idle", "4s"]);
+    // Idle for 15 s (far less than the default 30 s metadata refresh, far more than adding partitions takes): the
+    // partitions come while it waits.
+    let mut worker = job.spawn_worker(&["--exit-when-idle", "15s"]);
     job.wait_delivered(Duration::from_secs(90));
     job.add_partitions(3).await;
     for partition in 1..3 {
