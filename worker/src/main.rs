@@ -1,34 +1,14 @@
 //! `ratchet`: the standalone Kafka-to-sink worker.
 #![deny(missing_docs)]
 
-mod awaiting;
-mod check;
 mod cli;
+mod cmd;
 mod config;
-mod dead_letter;
-mod demo;
-mod drill;
-mod fast_path;
-mod forget;
-mod generations;
-mod group;
-mod health;
-mod lag;
-mod layout;
-mod lease;
-mod operate;
-mod overrides;
-mod presence;
-mod rescale;
-mod routing;
-mod run;
-mod signals;
-mod sinks;
-mod static_share;
-mod store;
-mod store_calls;
+mod job;
+mod jobstore;
+mod membership;
+mod ops;
 mod subtask;
-mod telemetry;
 
 use std::process::ExitCode;
 
@@ -64,12 +44,12 @@ async fn run() -> anyhow::Result<()> {
         logs.init();
     }
     match cli.command {
-        cli::Command::Demo(args) => demo::run(args).await,
-        cli::Command::Run(args) => run::run(args, !json).await,
-        cli::Command::CheckConfig(args) => check::run(args).await,
-        cli::Command::Inspect(args) => operate::inspect(args).await,
-        cli::Command::Resolve(args) => operate::resolve(args).await,
-        cli::Command::Rescale(args) => rescale::command(args).await,
-        cli::Command::ForgetTopic(args) => forget::command(args).await,
+        cli::Command::Demo(args) => cmd::demo::run(args).await,
+        cli::Command::Run(args) => cmd::run::run(args, !json).await,
+        cli::Command::CheckConfig(args) => cmd::check::run(args).await,
+        cli::Command::Inspect(args) => cmd::operate::inspect(args).await,
+        cli::Command::Resolve(args) => cmd::operate::resolve(args).await,
+        cli::Command::Rescale(args) => cmd::rescale::command(args).await,
+        cli::Command::ForgetTopic(args) => cmd::forget::command(args).await,
     }
 }

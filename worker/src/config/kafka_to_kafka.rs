@@ -1,4 +1,4 @@
-//! `[job] kafka_to_kafka = true`: what a job must look like to run on the fast path (`crate::fast_path`), and the
+//! `[job] kafka_to_kafka = true`: what a job must look like to run on the fast path (`crate::cmd::fast_path`), and the
 //! Kafka sink's settings it runs with.
 
 use anyhow::{Result, bail};
@@ -27,7 +27,7 @@ impl JobConfig {
         if self.source.single_topic().is_none() {
             return refuse("one source topic (not topics or topic_pattern)");
         }
-        if crate::routing::is_routed(sink) {
+        if crate::config::routed::is_routed(sink) {
             return refuse("a sink topic without ${topic} (records are copied to one topic)");
         }
         if self.job.subtasks != 1 || self.dead_letter.is_some() {

@@ -1,6 +1,6 @@
 //! The job file of `ratchet run` and `ratchet check-config`: TOML, every section refusing unknown keys (with the
 //! nearest valid key suggested), secrets and other values overridable from the environment
-//! ([`crate::overrides`]). The full reference is `docs/worker.md`.
+//! ([`crate::config::overrides`]). The full reference is `docs/worker.md`.
 //!
 //! ```toml
 //! [job]
@@ -39,10 +39,12 @@ use serde::Deserialize;
 pub const KAFKA_REACHABLE_WITHIN: std::time::Duration = std::time::Duration::from_secs(15);
 
 mod kafka_to_kafka;
+pub mod overrides;
+pub mod routed;
 mod source;
 mod written;
 
-/// The sink id the dead-letter topic's sink runs under ([`crate::dead_letter`]); no `[[sinks]]` entry may take it.
+/// The sink id the dead-letter topic's sink runs under ([`crate::job::dead_letter`]); no `[[sinks]]` entry may take it.
 pub const DEAD_LETTER_SINK_ID: &str = "dead-letter";
 
 pub use source::{DebeziumConverter, DecodingConfig, SourceConfig, is_connection_setting};
@@ -70,7 +72,7 @@ pub struct JobConfig {
     decodings: Arc<tokio::sync::OnceCell<(Decoding, MetadataColumns)>>,
 }
 
-/// `[dead_letter]`: a Kafka topic on the source's cluster ([`crate::dead_letter`]).
+/// `[dead_letter]`: a Kafka topic on the source's cluster ([`crate::job::dead_letter`]).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DeadLetterConfig {
@@ -88,7 +90,7 @@ pub struct JobSection {
     /// The job's name: checkpoint records and leases are kept under it; letters, digits, `-`, `_`, `.`.
     pub name: String,
     /// How many subtasks the job has (each owns a share of the partitions and its own checkpoint records; a
-    /// change is a rescale, [`crate::rescale`]).
+    /// change is a rescale, [`crate::cmd::rescale`]).
     #[serde(default = "one")]
     pub subtasks: u32,
     /// How often each subtask checkpoints (when it wrote something since the last checkpoint).
@@ -98,9 +100,9 @@ pub struct JobSection {
     /// process's subtasks are taken over by another process within about this long plus one renewal period.
     #[serde(default = "ten_seconds", with = "humantime_serde")]
     pub lease: Duration,
-    /// How processes share the job's subtasks ([`Membership`]).
+    /// How processes share the job's subtasks ([`MembershipConfig`]).
     #[serde(default)]
-    pub membership: Membership,
+    pub membership: MembershipConfig,
     /// A subtask that fails is restarted (recovering from its checkpoint) this many times in a row with a
     /// warning, then the job stops with the error.
     #[serde(default = "five")]
@@ -117,7 +119,7 @@ pub struct JobSection {
     /// orphaned claim guard (a process that went silent while recovering) before ending its session.
     #[serde(default = "one_minute", with = "humantime_serde")]
     pub max_recovery_time: Duration,
-    /// Copy Kafka to Kafka with the source offsets inside each transaction ([`crate::fast_path`]): one exactly-once
+    /// Copy Kafka to Kafka with the source offsets inside each transaction ([`crate::cmd::fast_path`]): one exactly-once
     /// Kafka sink on the source's cluster, one subtask, no checkpoint store.
     #[serde(default)]
     pub kafka_to_kafka: bool,
@@ -126,12 +128,12 @@ pub struct JobSection {
 /// `[job] membership`: which process runs which subtask. Safety is the checkpoint store's claims in every mode.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum Membership {
-    /// Leases in the PostgreSQL store ([`crate::lease`]), or with `--member i --of M`, static shares
-    /// ([`crate::static_share`]).
+pub enum MembershipConfig {
+    /// Leases in the PostgreSQL store ([`crate::membership::leases`]), or with `--member i --of M`, static shares
+    /// ([`crate::membership::static_share`]).
     #[default]
     Leases,
-    /// Kafka's group protocol on a coordination topic ([`crate::group`]).
+    /// Kafka's group protocol on a coordination topic ([`crate::membership::kafka_group`]).
     KafkaGroup,
 }
 
@@ -201,7 +203,7 @@ impl JobConfig {
     pub fn parse(text: &str, env: impl IntoIterator<Item = (String, String)>) -> Result<Self> {
         let explain = |e: toml::de::Error| anyhow::anyhow!("{}", with_suggestion(&e.to_string()));
         let mut table: toml::Table = toml::from_str(text).map_err(explain)?;
-        let config: Self = if crate::overrides::apply(&mut table, env)? == 0 {
+        let config: Self = if crate::config::overrides::apply(&mut table, env)? == 0 {
             // From the text, so that an error names its line.
             toml::from_str(text).map_err(explain)?
         } else {
@@ -263,7 +265,7 @@ impl JobConfig {
         if let Some((decoding, metadata)) = self.source.offline_decodings()? {
             metadata.schema(&decoding).context("[source] metadata")?;
         }
-        crate::routing::check(&self.sinks)?;
+        crate::config::routed::check(&self.sinks)?;
         if self.job.kafka_to_kafka {
             self.check_kafka_to_kafka()?;
         }
@@ -280,7 +282,7 @@ impl JobConfig {
         Ok(())
     }
 
-    /// The consumer group decided positions are committed to for lag ([`crate::lag`]): `[source] lag_group`, by
+    /// The consumer group decided positions are committed to for lag ([`crate::ops::lag`]): `[source] lag_group`, by
     /// default `ratchet.<job>`; `None` when set to `""`.
     pub fn lag_group(&self) -> Option<String> {
         match self.source.lag_group.as_deref() {
@@ -394,6 +396,16 @@ impl JobConfig {
             guard_idle: driver.max_recovery_time,
         }
     }
+}
+
+/// A job-file problem found while a subtask runs (a selection or schema the registry resolves), as the driver's
+/// [`Config`](connector_api::ErrorKind::Config) error: it stops the job, since a restart would meet it again.
+pub fn config_error(e: anyhow::Error) -> connector_api::Error {
+    connector_api::Error::new(
+        connector_api::ErrorKind::Config,
+        connector_api::Phase::Setup,
+        format!("{e:#}"),
+    )
 }
 
 #[cfg(test)]

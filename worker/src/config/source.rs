@@ -54,7 +54,7 @@ pub struct SourceConfig {
     #[serde(default)]
     pub registry: Option<RegistrySettings>,
     /// The Kafka consumer group decided positions are also committed to, for lag in the usual tools
-    /// (informational, never read back; default `ratchet.<job>`, `""` for none): [`crate::lag`].
+    /// (informational, never read back; default `ratchet.<job>`, `""` for none): [`crate::ops::lag`].
     #[serde(default)]
     pub lag_group: Option<String>,
 }

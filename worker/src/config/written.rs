@@ -21,7 +21,7 @@ use kafka_source::TopicSelection;
 use regex::Regex;
 
 use super::JobConfig;
-use crate::routing::{TOPIC, TOPIC_SAFE};
+use super::routed::{TOPIC, TOPIC_SAFE};
 
 /// A topic the job writes on the source's cluster.
 #[derive(Debug, Clone)]
@@ -45,7 +45,7 @@ impl WrittenTopic {
     fn rendered(&self, topic: &str) -> String {
         self.template
             .replace(TOPIC, topic)
-            .replace(TOPIC_SAFE, &crate::routing::safe_name(topic))
+            .replace(TOPIC_SAFE, &crate::config::routed::safe_name(topic))
     }
 }
 

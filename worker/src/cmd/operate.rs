@@ -2,74 +2,14 @@
 //! left in the checkpoint store and in every sink's external system, with what recovery will do; `ratchet resolve`
 //! does it (claims and recovers every subtask, then stops) without starting the job.
 
-use std::collections::BTreeSet;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
-use connector_api::{CheckpointStore, Driver, Inspection, JobId, Report, SubtaskId};
-use kafka_source::{KafkaSource, PartitionShare};
+use anyhow::{Context, Result};
+use connector_api::{Inspection, JobId, Report};
 
 use crate::cli::OperateArgs;
-use crate::config::{JobConfig, StoreConfig};
-use crate::lease::{Leases, LocalLease, PgLeases};
-use crate::presence::Presence;
-use crate::store::SubtaskStore;
-
-/// A driver for `subtask` (in layout `generation`) with every sink of the job (scoped as `job_id` says) and its
-/// dead-letter sink, not started. A routed entry
-/// ([`crate::routing`]) is there as the instances the subtask would build on its next start: for the topics its
-/// share holds now and those its last checkpoint has positions for.
-pub async fn driver_for(
-    job: &JobConfig,
-    job_id: Option<&JobId>,
-    subtask: u32,
-    generation: u64,
-) -> Result<Driver<SubtaskStore>> {
-    let id = SubtaskId(subtask);
-    let store = SubtaskStore::open(
-        &job.store,
-        &job.job.name,
-        generation,
-        id,
-        job.store_limits(),
-    )
-    .await
-    .context("checkpoint store")?;
-    let topics = routed_topics(job, &store, subtask).await?;
-    let mut driver = Driver::new(store, job.driver_config());
-    let registry = crate::sinks::registry();
-    let schema = job.schema().await?;
-    crate::subtask::add_job_sinks(&mut driver, job, &registry, job_id, id, &topics, &schema)
-        .await?;
-    Ok(driver)
-}
-
-/// The topics a routed entry has instances for in `subtask` (none when no entry is routed): those in which its
-/// share holds a partition now, and those of its last checkpoint's positions.
-async fn routed_topics(
-    job: &JobConfig,
-    store: &SubtaskStore,
-    subtask: u32,
-) -> Result<BTreeSet<String>> {
-    if !job.sinks.iter().any(crate::routing::is_routed) {
-        return Ok(BTreeSet::new());
-    }
-    let share = PartitionShare {
-        index: subtask,
-        of: job.job.subtasks,
-    };
-    let mut topics = KafkaSource::topics_held(&job.kafka()?, &job.selection()?, Some(share))
-        .await
-        .context("the topics of the routed sinks")?;
-    let loaded = store.load().await.context("checkpoint store")?;
-    topics.extend(
-        loaded
-            .record
-            .iter()
-            .flat_map(|r| r.positions.iter().map(|p| p.topic.clone())),
-    );
-    Ok(topics)
-}
+use crate::config::JobConfig;
+use crate::job::assemble::driver_for;
 
 /// `ratchet inspect`: prints every subtask's view.
 ///
@@ -84,9 +24,10 @@ pub async fn inspect(args: OperateArgs) -> Result<()> {
         job.sinks.len()
     );
     let identity =
-        crate::store::job_identity(&job.store, &job.job.name, job.job.subtasks, false).await?;
+        crate::jobstore::store::job_identity(&job.store, &job.job.name, job.job.subtasks, false)
+            .await?;
     let job_id = identity.job_id(&job.job.name)?;
-    let changes = crate::generations::history(&job.store, &job.job.name).await?;
+    let changes = crate::jobstore::generations::history(&job.store, &job.job.name).await?;
     if changes.is_empty() {
         println!(
             "layout: {} subtask(s) since the job first ran",
@@ -213,102 +154,23 @@ fn round(age: Duration) -> Duration {
 /// The job is running (it resolves its own transactions), or a recovery fails (named).
 pub async fn resolve(args: OperateArgs) -> Result<()> {
     let job = JobConfig::load(&args.config)?;
-    holding_every_subtask(&job, job.job.subtasks, "resolve", || async {
-        let identity =
-            crate::store::job_identity(&job.store, &job.job.name, job.job.subtasks, true).await?;
-        let job_id = identity.job_id(&job.job.name)?;
-        resolve_every_subtask(&job, job_id.as_ref(), identity.generation).await
-    })
+    crate::membership::exclusive::holding_every_subtask(
+        &job,
+        job.job.subtasks,
+        "resolve",
+        || async {
+            let identity = crate::jobstore::store::job_identity(
+                &job.store,
+                &job.job.name,
+                job.job.subtasks,
+                true,
+            )
+            .await?;
+            let job_id = identity.job_id(&job.job.name)?;
+            resolve_every_subtask(&job, job_id.as_ref(), identity.generation).await
+        },
+    )
     .await
-}
-
-/// Runs `work` while holding `job` the way a worker does (the local lock, or the leases of all `subtasks`,
-/// renewed every lease / 5 for as long as it takes, so a worker starting meanwhile waits for them), refusing when
-/// another process of the job is still alive after a lease and a renewal (a process killed just before counts as
-/// alive until its lease expires); `what` names this process in the lease table.
-///
-/// # Errors
-/// Another process of the job is alive (named), the store cannot be reached, or what `work` reports.
-pub async fn holding_every_subtask<T, F, Fut>(
-    job: &JobConfig,
-    subtasks: u32,
-    what: &str,
-    work: F,
-) -> Result<T>
-where
-    F: FnOnce() -> Fut,
-    Fut: std::future::Future<Output = Result<T>>,
-{
-    let mut presence = None;
-    let leases: Box<dyn Leases> = match &job.store {
-        StoreConfig::Local { path } => Box::new(LocalLease::take(path, &job.job.name, subtasks)?),
-        StoreConfig::Postgres { url } => {
-            let process = format!("{what}-{}", std::process::id());
-            let leases =
-                PgLeases::join(url, &job.job.name, process.clone(), subtasks, job.job.lease)
-                    .await?;
-            let joined = Presence::join(url, &job.job.name, process, what, job.job.lease).await?;
-            // A process killed a moment ago stays alive until its presence expires: wait that long, no longer.
-            // Every mode's processes are there (leases, static members, the Kafka group, another operation).
-            let patience = job.job.lease + job.job.lease / 5;
-            let waited = std::time::Instant::now();
-            loop {
-                let running = joined.others().await?;
-                if running.is_empty() {
-                    break;
-                }
-                if waited.elapsed() >= patience {
-                    let _ = leases.leave().await;
-                    let _ = joined.leave().await;
-                    bail!(
-                        "job {:?} is running in {} process(es): {}, still alive after {patience:?}: stop every \
-                         process of the job first to {what} it (whatever its membership: leases, static members, \
-                         the Kafka group)",
-                        job.job.name,
-                        running.len(),
-                        running.join(", ")
-                    );
-                }
-                tracing::info!(processes = ?running,
-                    "waiting for the job's other processes to stop or their presence to expire");
-                tokio::time::sleep(job.job.lease / 5).await;
-            }
-            presence = Some(joined);
-            Box::new(leases)
-        }
-    };
-    // The only member's quota is every subtask.
-    leases.renew().await?;
-    let renewing = async {
-        let mut tick = tokio::time::interval(job.job.lease / 5);
-        tick.tick().await;
-        loop {
-            tick.tick().await;
-            if let Err(e) = leases.renew().await {
-                tracing::warn!(error = %format!("{e:#}"),
-                    "cannot renew the leases; a worker may start once they expire (its claim then waits for this \
-                     process's recovery guard, and a rescale's switch fails if it claimed a subtask)");
-            }
-            if let Some(presence) = &presence
-                && let Err(e) = presence.renew().await
-            {
-                tracing::warn!(error = %format!("{e:#}"), "cannot renew this operation's presence");
-            }
-        }
-    };
-    let outcome = tokio::select! {
-        outcome = work() => outcome,
-        never = renewing => never,
-    };
-    if let Err(e) = leases.leave().await {
-        tracing::warn!(error = %format!("{e:#}"), "cannot leave the job; its lease rows expire by themselves");
-    }
-    if let Some(presence) = &presence
-        && let Err(e) = presence.leave().await
-    {
-        tracing::warn!(error = %format!("{e:#}"), "cannot delete this operation's presence; it expires by itself");
-    }
-    outcome
 }
 
 /// Claims and recovers every subtask in turn, then closes it; reports each.

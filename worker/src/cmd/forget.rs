@@ -24,7 +24,7 @@ use connector_api::{CheckpointRecord, CheckpointStore, SubtaskId};
 
 use crate::cli::ForgetTopicArgs;
 use crate::config::JobConfig;
-use crate::store::SubtaskStore;
+use crate::jobstore::store::SubtaskStore;
 
 /// `ratchet forget-topic`.
 ///
@@ -40,16 +40,19 @@ pub async fn command(args: ForgetTopicArgs) -> Result<()> {
              read it again from its beginning)"
         );
     }
-    crate::operate::holding_every_subtask(&job, job.job.subtasks, "forget-topic", || {
-        forget_held(&job, &topic)
-    })
+    crate::membership::exclusive::holding_every_subtask(
+        &job,
+        job.job.subtasks,
+        "forget-topic",
+        || forget_held(&job, &topic),
+    )
     .await
 }
 
 async fn forget_held(job: &JobConfig, topic: &str) -> Result<()> {
     let name = &job.job.name;
     let Some(recorded) =
-        crate::store::job_record(&job.store, name, job.job.subtasks, false).await?
+        crate::jobstore::store::job_record(&job.store, name, job.job.subtasks, false).await?
     else {
         bail!("job {name:?} has never run: there is no position to forget");
     };
@@ -66,7 +69,8 @@ async fn forget_held(job: &JobConfig, topic: &str) -> Result<()> {
     let mut forgotten = 0;
     for subtask in 0..recorded.subtasks {
         let mut driver =
-            crate::operate::driver_for(job, job_id.as_ref(), subtask, recorded.generation).await?;
+            crate::job::assemble::driver_for(job, job_id.as_ref(), subtask, recorded.generation)
+                .await?;
         let restored = driver
             .start()
             .await

@@ -35,8 +35,8 @@ use rdkafka::client::{ClientContext, DefaultClientContext};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::types::RDKafkaErrorCode;
 
+use super::{Assignment, Membership};
 use crate::config::JobConfig;
-use crate::lease::{Assignment, Leases};
 
 /// The broker's default `group.min.session.timeout.ms`: a shorter session is refused by the coordinator.
 const MIN_SESSION: Duration = Duration::from_secs(6);
@@ -310,7 +310,7 @@ impl ConsumerContext for GroupContext {
 }
 
 #[async_trait]
-impl Leases for KafkaGroup {
+impl Membership for KafkaGroup {
     async fn renew(&self) -> Result<Assignment> {
         let state = self.shared.state.lock().expect("not poisoned");
         Ok(Assignment {

@@ -1,7 +1,7 @@
 //! `ratchet run --config job.toml`: this process's share of a job's subtasks, kept in line with the leases, until
 //! a signal stops it.
 //!
-//! Every `lease / 5` the process renews its leases ([`crate::lease`]) and reconciles: it starts the subtasks it
+//! Every `lease / 5` the process renews its leases ([`crate::membership`]) and reconciles: it starts the subtasks it
 //! holds up to its quota, stops gracefully (checkpoint, commit, close) those above its quota and then releases
 //! them, and stops those whose lease it lost. A subtask that fails is restarted with a warning (its recovery
 //! resolves what the failure left), up to `max_restarts` times in a row without a checkpoint in between; then the
@@ -29,11 +29,13 @@ use tokio::time::Instant;
 
 use crate::cli::RunArgs;
 use crate::config::{JobConfig, KAFKA_REACHABLE_WITHIN, StoreConfig};
-use crate::health::{Health, Status};
-use crate::lease::{Assignment, Leases, LocalLease, PgLeases};
-use crate::presence::Presence;
-use crate::static_share::StaticShare;
-use crate::subtask::{self, Ended, Progress, Stop, SubtaskContext};
+use crate::job::assemble::SubtaskContext;
+use crate::membership::presence::Presence;
+use crate::membership::static_share::StaticShare;
+use crate::membership::{Assignment, Membership, member_id};
+use crate::ops::health::{Health, Status};
+use crate::ops::progress::Progress;
+use crate::subtask::{self, Ended, Stop};
 
 struct Running {
     stop: watch::Sender<Stop>,
@@ -49,7 +51,7 @@ struct Running {
 struct Process {
     job: Arc<JobConfig>,
     base: SubtaskContext,
-    leases: Box<dyn Leases>,
+    leases: Box<dyn Membership>,
     /// This process's row among the job's live processes (PostgreSQL store).
     presence: Option<Presence>,
     /// Static membership: the share this process was given (`None` when leases coordinate the processes).
@@ -90,6 +92,9 @@ async fn start(
     health: Arc<Health>,
     progress_line: bool,
 ) -> Result<Process> {
+    // The membership mode, chosen once, before anything is written: a flag combination no mode serves is refused
+    // here, not after a rescale.
+    let mode = crate::membership::Mode::choose(&job, args.member.as_deref(), args.of)?;
     // A schema registry's reader schemas, looked up once for the process (every subtask and sink uses these).
     job.decodings().await?;
     // What the source reads is checked before anything is written (a rescale writes the new layout): never a
@@ -97,22 +102,23 @@ async fn start(
     let selection = job.selection()?;
     let selected_now = KafkaSource::topics_held(&kafka, &selection, None).await?;
     crate::config::refuse_reading_written(&job, &selected_now)?;
-    crate::routing::instances(&job.sinks, &selected_now)?;
-    crate::layout::check(
+    crate::job::routing::instances(&job.sinks, &selected_now)?;
+    crate::jobstore::layout::check(
         &job.store,
         &job.job.name,
-        crate::layout::PartitionLayout::of(&selection),
+        crate::jobstore::layout::PartitionLayout::of(&selection),
         false,
     )
     .await?;
     // A changed subtask count: the job is rescaled first, when no other process of it is alive.
     if let Some(recorded) =
-        crate::store::job_record(&job.store, &job.job.name, job.job.subtasks, false).await?
+        crate::jobstore::store::job_record(&job.store, &job.job.name, job.job.subtasks, false)
+            .await?
         && recorded.subtasks != job.job.subtasks
     {
         tracing::info!(job = %job.job.name, from = recorded.subtasks, to = job.job.subtasks,
             "the job file changes the subtask count: rescaling the job first");
-        crate::rescale::rescale(&job, job.job.subtasks).await.with_context(|| {
+        crate::cmd::rescale::rescale(&job, job.job.subtasks).await.with_context(|| {
             format!(
                 "the job file says subtasks = {}, the store {}: rescaling failed (every other process of the job \
                  must be stopped)",
@@ -120,67 +126,15 @@ async fn start(
             )
         })?;
     }
-    let group = job.job.membership == crate::config::Membership::KafkaGroup;
-    let share = match (&args.member, args.of, group) {
-        (Some(member), Some(of), false) => Some(StaticShare::new(member, of, job.job.subtasks)?),
-        (Some(_), None, false) => anyhow::bail!(
-            "--member without --of: static membership needs both (--member 2 --of 3); with [job] membership = \
-             \"kafka-group\", --member names the process's static group member"
-        ),
-        (_, Some(_), true) => anyhow::bail!(
-            "--of is static membership, and [job] membership = \"kafka-group\" takes the members from the job's \
-             Kafka group: drop --of (--member then names this process's static group member)"
-        ),
-        _ => None,
-    };
-    let leases: Box<dyn Leases> = match (&job.store, &share) {
-        (StoreConfig::Local { .. }, _) if group => anyhow::bail!(
-            "[job] membership = \"kafka-group\" needs [store] kind = \"postgres\": the members' claims must meet \
-             in one store"
-        ),
-        (StoreConfig::Postgres { .. }, None) if group => {
-            Box::new(crate::group::KafkaGroup::join(&kafka, &job, args.member.as_deref()).await?)
-        }
-        (StoreConfig::Postgres { .. }, Some(share)) => {
-            tracing::info!(member = share.index, of = share.of, subtasks = ?share.subtasks(),
-                "static membership: running this member's subtasks");
-            Box::new(*share)
-        }
-        (StoreConfig::Local { .. }, Some(_)) => anyhow::bail!(
-            "static membership (--member, --of) needs [store] kind = \"postgres\": the members' claims must meet \
-             in one store, so that a duplicate member is fenced"
-        ),
-        (StoreConfig::Local { path }, None) => {
-            Box::new(LocalLease::take(path, &job.job.name, job.job.subtasks)?)
-        }
-        (StoreConfig::Postgres { url }, None) => {
-            tracing::info!(
-                "membership by leases (deprecated for new deployments: a rolling restart moves subtasks; use \
-                 --member/--of or [job] membership = \"kafka-group\", docs/worker.md \"Scale-out\")"
-            );
-            let member = member_id();
-            Box::new(
-                crate::store_calls::retried("joining the job's leases", || {
-                    PgLeases::join(
-                        url,
-                        &job.job.name,
-                        member.clone(),
-                        job.job.subtasks,
-                        job.job.lease,
-                    )
-                })
-                .await?,
-            )
-        }
-    };
+    let leases = mode.join(&job, &kafka).await?;
     // Every process of a job on the PostgreSQL store says it is alive, whatever its membership: an operation that
     // changes the layout (resolve, rescale) waits for it or is refused.
     let presence = match &job.store {
         StoreConfig::Postgres { url } => {
-            let mode = leases.mode();
+            let named = leases.mode();
             Some(
-                crate::store_calls::retried("joining the job's live processes", || {
-                    Presence::join(url, &job.job.name, member_id(), &mode, job.job.lease)
+                crate::jobstore::store_calls::retried("joining the job's live processes", || {
+                    Presence::join(url, &job.job.name, member_id(), &named, job.job.lease)
                 })
                 .await?,
             )
@@ -189,30 +143,32 @@ async fn start(
     };
     // Under the local lock, so two fresh starts with different counts cannot both record theirs.
     let identity =
-        crate::store::job_identity(&job.store, &job.job.name, job.job.subtasks, true).await?;
+        crate::jobstore::store::job_identity(&job.store, &job.job.name, job.job.subtasks, true)
+            .await?;
     // What a rescale that stopped after its switch left of the old layout.
-    crate::rescale::retire_old_generations(&job.store, &job.job.name, identity.generation).await?;
+    crate::cmd::rescale::retire_old_generations(&job.store, &job.job.name, identity.generation)
+        .await?;
     let job_id = identity.job_id(&job.job.name)?;
-    let layout = crate::layout::PartitionLayout::of(&selection);
-    crate::layout::check(&job.store, &job.job.name, layout, true).await?;
-    if identity.identity == crate::store::Identity::Sink {
+    let layout = crate::jobstore::layout::PartitionLayout::of(&selection);
+    crate::jobstore::layout::check(&job.store, &job.job.name, layout, true).await?;
+    if identity.identity == crate::jobstore::store::Identity::Sink {
         tracing::info!(job = %job.job.name,
             "this job ran before sinks were scoped by their job: its sinks keep their sink-id-scoped names");
     }
     let started = std::time::Instant::now();
     let lag = job
         .lag_group()
-        .map(|group| crate::lag::LagReporter::start(&kafka, &group))
+        .map(|group| crate::ops::lag::LagReporter::start(&kafka, &group))
         .transpose()?;
     let base = SubtaskContext {
         job: job.clone(),
         job_id,
         generation: identity.generation,
-        registry: Arc::new(crate::sinks::registry()),
+        registry: Arc::new(crate::job::sinks::registry()),
         kafka,
         progress: Arc::new(Progress::starting_at(0)),
         started,
-        drill: crate::drill::from_env()?,
+        drill: crate::ops::drill::from_env()?,
         lag,
     };
     Ok(Process {
@@ -220,7 +176,7 @@ async fn start(
         base,
         leases,
         presence,
-        share,
+        share: mode.share().copied(),
         running: BTreeMap::new(),
         failures: BTreeMap::new(),
         duplicated: BTreeMap::new(),
@@ -244,8 +200,8 @@ pub async fn run(args: RunArgs, progress_line: bool) -> Result<()> {
     let job = Arc::new(JobConfig::load(&args.config)?);
     let health = Arc::new(Health::default());
     if let Some(listen) = args.metrics_listen {
-        let metrics = crate::telemetry::install(&job.job.name)?;
-        crate::health::serve(listen, metrics, health.clone()).await?;
+        let metrics = crate::ops::telemetry::install(&job.job.name)?;
+        crate::ops::health::serve(listen, metrics, health.clone()).await?;
     }
     let kafka = job.kafka()?;
     kafka
@@ -253,10 +209,10 @@ pub async fn run(args: RunArgs, progress_line: bool) -> Result<()> {
         .await
         .context("[source]")?;
     if job.job.kafka_to_kafka {
-        return crate::fast_path::run(&job, &args).await;
+        return crate::cmd::fast_path::run(&job, args.exit_when_idle).await;
     }
     let starting = async {
-        crate::awaiting::source(&job).await?;
+        crate::cmd::awaiting::source(&job).await?;
         start(job.clone(), &args, kafka, health, progress_line).await
     };
     let mut process = tokio::select! {
@@ -276,7 +232,7 @@ pub async fn run(args: RunArgs, progress_line: bool) -> Result<()> {
                     break Err(e);
                 }
                 process.show_progress();
-                metrics::gauge!(crate::telemetry::SUBTASKS_RUNNING).set(process.running.len() as f64);
+                metrics::gauge!(crate::ops::telemetry::SUBTASKS_RUNNING).set(process.running.len() as f64);
                 if let Some(idle) = args.exit_when_idle
                     && process.idle_for(idle)
                 {
@@ -292,8 +248,8 @@ pub async fn run(args: RunArgs, progress_line: bool) -> Result<()> {
     tracing::info!(reason = %why, "stopping: finishing every subtask's checkpoint (a second SIGTERM/SIGINT stops at once)");
     tokio::select! {
         stopped = process.stop_all() => stopped?,
-        _ = terminate.recv() => crate::signals::fast_exit(),
-        _ = interrupt.recv() => crate::signals::fast_exit(),
+        _ = terminate.recv() => crate::ops::signals::fast_exit(),
+        _ = interrupt.recv() => crate::ops::signals::fast_exit(),
     }
     if let Some(lag) = process.base.lag.clone() {
         // Informational: a coordinator that does not answer costs the stop a few seconds, nothing else.
@@ -302,7 +258,7 @@ pub async fn run(args: RunArgs, progress_line: bool) -> Result<()> {
     let totals = process.totals();
     let origin = std::time::SystemTime::now() - process.base.started.elapsed();
     let at = |ms: Option<u64>| ms.map(|ms| origin + Duration::from_millis(ms));
-    crate::telemetry::log_stopped(
+    crate::ops::telemetry::log_stopped(
         totals.records,
         totals.checkpoints,
         at(totals.first_record_ms),
@@ -341,16 +297,6 @@ impl Totals {
 }
 
 /// A process id unique across machines and restarts: host, pid, start time.
-fn member_id() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_else(|_| "host".into());
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    format!("{host}-{}-{nanos}", std::process::id())
-}
-
 impl Process {
     /// Reaps ended subtasks, renews the leases and starts or stops subtasks to match them.
     async fn reconcile(&mut self) -> Result<()> {
@@ -484,9 +430,9 @@ impl Process {
                 })
                 .map(|(s, (n, _, e))| (*s, (*n, e.clone())))
                 .chain(
-                    self.duplicated
-                        .iter()
-                        .map(|(s, message)| (*s, (crate::health::CRASH_LOOP, message.clone()))),
+                    self.duplicated.iter().map(|(s, message)| {
+                        (*s, (crate::ops::health::CRASH_LOOP, message.clone()))
+                    }),
                 )
                 .collect(),
             interval: self.job.job.checkpoint_interval,
@@ -593,7 +539,7 @@ impl Process {
                             Report(&e)
                         );
                     }
-                    metrics::counter!(crate::telemetry::RESTARTS, "subtask" => subtask.to_string())
+                    metrics::counter!(crate::ops::telemetry::RESTARTS, "subtask" => subtask.to_string())
                         .increment(1);
                     let backoff = Duration::from_secs(u64::from(failures).min(10));
                     tracing::warn!(subtask, attempt = failures, max = self.job.job.max_restarts,

@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 use anyhow::{Result, bail};
 use async_trait::async_trait;
 
-use crate::lease::{Assignment, Leases};
+use super::{Assignment, Membership};
 
 /// Member `index` of `of`: the subtasks `s % of == index` of a job of `subtasks`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,7 +75,7 @@ impl StaticShare {
 }
 
 #[async_trait]
-impl Leases for StaticShare {
+impl Membership for StaticShare {
     /// Always the member's subtasks: nothing is renewed, nothing expires.
     async fn renew(&self) -> Result<Assignment> {
         let held = self.subtasks();

@@ -1,65 +1,21 @@
-//! Which process runs which subtask: leases in the checkpoint store's database.
+//! Leases in the PostgreSQL store ([`PgLeases`], `[job] membership = "leases"`, the default there).
 //!
-//! Leases decide *liveness* only (who should run a subtask now); *safety* comes from the checkpoint store's claims:
-//! a process that starts a subtask claims it (raising the owner epoch, fencing every earlier owner's saves) and
-//! recovers it, so two processes that both believe they hold a subtask (a paused one woken up after its lease
-//! expired) can never both decide a checkpoint. See docs/architecture.md, "Scale-out".
-//!
-//! PostgreSQL ([`PgLeases`]): every process is a row in `ratchet_worker_members` and holds its subtasks as rows in
-//! `ratchet_subtask_leases`, each with an expiry in the database's clock (no clock skew between machines). Every
-//! `lease / 5` a process renews its rows, and computes its quota from the live members ordered by id (N subtasks
-//! over M members: the first `N % M` get `N / M + 1`, the others `N / M`); it hands over subtasks above its quota
-//! (stopping them gracefully first, then deleting the lease) and takes free or expired ones up to it. A killed or
-//! paused process stops renewing: its leases expire after `lease`, and the others take its subtasks at their next
-//! renewal, so a subtask is picked up again within `lease + lease / 5` plus its recovery.
-//!
-//! Local directory ([`LocalLease`]): one process runs every subtask, holding an exclusive lock on
-//! `<path>/<job>/worker.lock`; a second process is refused at start.
+//! Every process is a row in `ratchet_worker_members` and holds its subtasks as rows in `ratchet_subtask_leases`,
+//! each with an expiry in the database's clock (no clock skew between machines). Every `lease / 5` a process renews
+//! its rows, and computes its quota from the live members ordered by id (N subtasks over M members: the first
+//! `N % M` get `N / M + 1`, the others `N / M`); it hands over subtasks above its quota (stopping them gracefully
+//! first, then deleting the lease) and takes free or expired ones up to it. A killed or paused process stops
+//! renewing: its leases expire after `lease`, and the others take its subtasks at their next renewal, so a subtask
+//! is picked up again within `lease + lease / 5` plus its recovery.
 
 use std::collections::BTreeSet;
-use std::fs::File;
-use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use async_trait::async_trait;
 
-use crate::store_calls::BoundedSession;
-
-/// What a process should run now.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Assignment {
-    /// Subtasks whose lease this process holds (renewed just now).
-    pub held: BTreeSet<u32>,
-    /// Of those, the ones to hand over now whatever the quota (a Kafka group revoking them): stop each with a
-    /// final checkpoint, then [`release`](Leases::release) it.
-    pub handing: BTreeSet<u32>,
-    /// How many subtasks this process should hold.
-    pub quota: usize,
-    /// Live processes of the job, this one included.
-    pub members: usize,
-}
-
-/// A process's view of the job's subtask leases.
-#[async_trait]
-pub trait Leases: Send + Sync {
-    /// Renews this process's membership and leases, takes free subtasks up to its quota, and returns what it
-    /// holds. Subtasks above the quota are still held: the caller stops them, then [`release`](Self::release)s.
-    ///
-    /// # Errors
-    /// The database cannot be reached: the caller keeps running what it runs and tries again (its leases expire
-    /// if this lasts, and the store's claims fence it when another process takes over).
-    async fn renew(&self) -> Result<Assignment>;
-
-    /// Gives up `subtask` (after stopping it).
-    async fn release(&self, subtask: u32) -> Result<()>;
-
-    /// Leaves the job: deletes this process's membership and leases so the others take over at once.
-    async fn leave(&self) -> Result<()>;
-
-    /// The membership mode, as logs, `/health` and the job's live processes name it.
-    fn mode(&self) -> String;
-}
+use super::{Assignment, Membership};
+use crate::jobstore::store_calls::BoundedSession;
 
 /// Serializes creation of the lease tables between processes starting at once.
 const CREATE_LOCK: i64 = 0x0072_6174_6c65_6173; // "ratleas"
@@ -204,10 +160,8 @@ impl PgLeases {
     }
 }
 
-impl PgLeases {}
-
 #[async_trait]
-impl Leases for PgLeases {
+impl Membership for PgLeases {
     async fn renew(&self) -> Result<Assignment> {
         self.session
             .bounded("renewing the leases", async {
@@ -267,63 +221,5 @@ impl PgLeases {
             .await
             .context("cannot leave the job")?;
         Ok(())
-    }
-}
-
-/// The local store's single process: holds every subtask while it holds `<dir>/worker.lock`.
-pub struct LocalLease {
-    _lock: File,
-    subtasks: u32,
-}
-
-impl LocalLease {
-    /// Takes the job's lock in `dir`.
-    ///
-    /// # Errors
-    /// Another process runs the job on this directory.
-    pub fn take(dir: &Path, job: &str, subtasks: u32) -> Result<Self> {
-        let dir = dir.join(job);
-        std::fs::create_dir_all(&dir)
-            .with_context(|| format!("cannot create the state directory {}", dir.display()))?;
-        let path = dir.join("worker.lock");
-        let lock = connector_common::fs::lock_exclusive(&path, Duration::ZERO).with_context(
-            || {
-                format!(
-                    "another ratchet process runs job {job:?} on the local store {} (it holds {}): the local \
-                     store serves one process; stop the other one, or use [store] kind = \"postgres\" to run \
-                     several processes",
-                    dir.display(),
-                    path.display()
-                )
-            },
-        )?;
-        Ok(Self {
-            _lock: lock,
-            subtasks,
-        })
-    }
-}
-
-#[async_trait]
-impl Leases for LocalLease {
-    async fn renew(&self) -> Result<Assignment> {
-        Ok(Assignment {
-            handing: BTreeSet::new(),
-            held: (0..self.subtasks).collect(),
-            quota: self.subtasks as usize,
-            members: 1,
-        })
-    }
-
-    async fn release(&self, _subtask: u32) -> Result<()> {
-        Ok(())
-    }
-
-    async fn leave(&self) -> Result<()> {
-        Ok(())
-    }
-
-    fn mode(&self) -> String {
-        "local lock".into()
     }
 }

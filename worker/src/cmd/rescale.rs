@@ -37,9 +37,9 @@ use connector_api::{
 use kafka_source::PartitionShare;
 
 use crate::config::{JobConfig, StoreConfig};
-use crate::drill::RescaleStep;
-use crate::generations::{LOCAL_LAYOUT, LayoutChange, LocalLayout, local_layout};
-use crate::store::{JobRecord, SubtaskStore, store_key};
+use crate::jobstore::generations::{LOCAL_LAYOUT, LayoutChange, LocalLayout, local_layout};
+use crate::jobstore::store::{JobRecord, SubtaskStore, store_key};
+use crate::ops::drill::RescaleStep;
 
 /// How long one statement of the switch or the generation check may take.
 const STATEMENT_WITHIN: Duration = Duration::from_secs(15);
@@ -73,7 +73,8 @@ pub async fn rescale(job: &JobConfig, to: u32) -> Result<()> {
     // Processes started together with the new count (a rolling update) rescale one at a time: the others wait
     // here, then find the job rescaled.
     let _serialized = RescaleLock::take(job).await?;
-    let Some(recorded) = crate::store::job_record(&job.store, name, to, false).await? else {
+    let Some(recorded) = crate::jobstore::store::job_record(&job.store, name, to, false).await?
+    else {
         bail!(
             "job {name:?} has never run: there is nothing to rescale; set subtasks = {to} in the job file and run it"
         );
@@ -87,15 +88,17 @@ pub async fn rescale(job: &JobConfig, to: u32) -> Result<()> {
         return Ok(());
     }
     let held = recorded.subtasks.max(to);
-    crate::operate::holding_every_subtask(job, held, "rescale", || rescale_held(job, recorded, to))
-        .await
+    crate::membership::exclusive::holding_every_subtask(job, held, "rescale", || {
+        rescale_held(job, recorded, to)
+    })
+    .await
 }
 
 async fn rescale_held(job: &JobConfig, recorded: JobRecord, to: u32) -> Result<()> {
     let name = &job.job.name;
     let (from, generation) = (recorded.subtasks, recorded.generation);
     // Recorded by a release from before the count was kept: give it its row first (the switch updates it).
-    crate::store::job_record(&job.store, name, from, true).await?;
+    crate::jobstore::store::job_record(&job.store, name, from, true).await?;
     tracing::info!(job = %name, from, to, generation, "rescaling: resolving every subtask of the old layout");
     let next = generation + 1;
     purge(&job.store, name, next).await?;
@@ -107,7 +110,7 @@ async fn rescale_held(job: &JobConfig, recorded: JobRecord, to: u32) -> Result<(
     let mut above = CheckpointId(1);
     for subtask in 0..from {
         let mut driver =
-            crate::operate::driver_for(&old, job_id.as_ref(), subtask, generation).await?;
+            crate::job::assemble::driver_for(&old, job_id.as_ref(), subtask, generation).await?;
         let restored = driver
             .start()
             .await
@@ -121,7 +124,7 @@ async fn rescale_held(job: &JobConfig, recorded: JobRecord, to: u32) -> Result<(
         positions.extend(restored.positions);
         owners.insert(subtask, restored.owner);
     }
-    crate::drill::rescale_reached(RescaleStep::Resolved);
+    crate::ops::drill::rescale_reached(RescaleStep::Resolved);
     let selection = job.selection()?;
     for subtask in 0..to {
         let share = PartitionShare {
@@ -152,9 +155,9 @@ async fn rescale_held(job: &JobConfig, recorded: JobRecord, to: u32) -> Result<(
         drop(claim.guard);
         store.save(claim.epoch, &record).await?;
     }
-    crate::drill::rescale_reached(RescaleStep::NewRecordsWritten);
+    crate::ops::drill::rescale_reached(RescaleStep::NewRecordsWritten);
     switch(&job.store, name, generation, from, to, &owners).await?;
-    crate::drill::rescale_reached(RescaleStep::Switched);
+    crate::ops::drill::rescale_reached(RescaleStep::Switched);
     retire_old_generations(&job.store, name, next).await?;
     println!(
         "job {name:?} rescaled from {from} to {to} subtasks (layout generation {next}): every old subtask's last \
@@ -179,7 +182,7 @@ impl RescaleLock {
             return Ok(Self { _session: None });
         };
         let patience = job.job.max_recovery_time * (job.job.subtasks + 1) + Duration::from_secs(60);
-        let client = crate::store_calls::store_session(url).await?;
+        let client = crate::jobstore::store_calls::store_session(url).await?;
         client
             .batch_execute(&format!("SET lock_timeout = {}", patience.as_millis()))
             .await
@@ -239,7 +242,7 @@ async fn switch(
             Ok(())
         }
         StoreConfig::Postgres { url } => {
-            let mut client = crate::store_calls::store_session(url).await?;
+            let mut client = crate::jobstore::store_calls::store_session(url).await?;
             let switched = async {
                 client
                     .batch_execute(
@@ -352,7 +355,7 @@ async fn purge(config: &StoreConfig, job: &str, generation: u64) -> Result<()> {
             Ok(())
         }
         StoreConfig::Postgres { url } => {
-            let client = crate::store_calls::store_session(url).await?;
+            let client = crate::jobstore::store_calls::store_session(url).await?;
             let key = store_key(job, generation);
             let purged = async {
                 client

@@ -12,7 +12,7 @@ use kafka_source::KafkaSource;
 use crate::cli::CheckArgs;
 use crate::config::JobConfig;
 use crate::config::KAFKA_REACHABLE_WITHIN;
-use crate::store::SubtaskStore;
+use crate::jobstore::store::SubtaskStore;
 
 /// Checks the job file in `args.config`; prints what was checked.
 ///
@@ -29,22 +29,23 @@ pub async fn run(args: CheckArgs) -> Result<()> {
         job.job.checkpoint_interval
     );
     let mut problems = 0;
-    let recorded = crate::store::job_record(&job.store, &job.job.name, job.job.subtasks, false)
-        .await
-        .and_then(|recorded| {
-            let recorded = recorded.unwrap_or(crate::store::JobRecord {
-                subtasks: job.job.subtasks,
-                identity: crate::store::Identity::Job,
-                generation: 0,
+    let recorded =
+        crate::jobstore::store::job_record(&job.store, &job.job.name, job.job.subtasks, false)
+            .await
+            .and_then(|recorded| {
+                let recorded = recorded.unwrap_or(crate::jobstore::store::JobRecord {
+                    subtasks: job.job.subtasks,
+                    identity: crate::jobstore::store::Identity::Job,
+                    generation: 0,
+                });
+                Ok((recorded, recorded.job_id(&job.job.name)?))
             });
-            Ok((recorded, recorded.job_id(&job.job.name)?))
-        });
     let job_id = recorded.as_ref().ok().and_then(|(_, id)| id.clone());
     let generation = recorded.as_ref().map_or(0, |(record, _)| record.generation);
     let counted = recorded.map(|(recorded, _)| {
         let scope = match recorded.identity {
-            crate::store::Identity::Job => "the job's name",
-            crate::store::Identity::Sink => "their ids (a job from before job scoping)",
+            crate::jobstore::store::Identity::Job => "the job's name",
+            crate::jobstore::store::Identity::Sink => "their ids (a job from before job scoping)",
         };
         let count = if recorded.subtasks == job.job.subtasks {
             format!("{} subtask(s), as the store records (or a fresh job)", recorded.subtasks)
@@ -71,8 +72,8 @@ pub async fn run(args: CheckArgs) -> Result<()> {
     report("job record".into(), counted);
     let layout = match job.selection() {
         Ok(selection) => {
-            let layout = crate::layout::PartitionLayout::of(&selection);
-            crate::layout::check(&job.store, &job.job.name, layout, false)
+            let layout = crate::jobstore::layout::PartitionLayout::of(&selection);
+            crate::jobstore::layout::check(&job.store, &job.job.name, layout, false)
                 .await
                 .map(|()| {
                     format!("{selection}, partitions dealt as the store records (or a fresh job)")
@@ -107,8 +108,8 @@ pub async fn run(args: CheckArgs) -> Result<()> {
         Err(e) => Err(anyhow::Error::from(e)),
     };
     report("checkpoint store".into(), store);
-    let registry = crate::sinks::registry();
-    let waiting = crate::awaiting::missing(&job).await.ok().flatten();
+    let registry = crate::job::sinks::registry();
+    let waiting = crate::cmd::awaiting::missing(&job).await.ok().flatten();
     match job.schema().await {
         Err(_) if waiting.is_some() => println!(
             "wait  source schema: {} does not exist yet: `ratchet run` waits for it; the sinks are checked \
@@ -119,12 +120,12 @@ pub async fn run(args: CheckArgs) -> Result<()> {
         Ok(schema) => {
             let budget = job.driver_config().budget();
             println!("timeout budget (each sink's transaction timeout must cover it):\n{budget}");
-            let routed = match job.sinks.iter().any(crate::routing::is_routed) {
+            let routed = match job.sinks.iter().any(crate::config::routed::is_routed) {
                 false => Ok(BTreeSet::new()),
                 true => routed_topics(&job).await,
             };
             let instances =
-                routed.and_then(|topics| crate::routing::instances(&job.sinks, &topics));
+                routed.and_then(|topics| crate::job::routing::instances(&job.sinks, &topics));
             let instances = match instances {
                 Ok(instances) => instances,
                 Err(e) => {
@@ -135,7 +136,7 @@ pub async fn run(args: CheckArgs) -> Result<()> {
             for spec in job
                 .sinks
                 .iter()
-                .filter(|spec| crate::routing::is_routed(spec))
+                .filter(|spec| crate::config::routed::is_routed(spec))
             {
                 if !instances.iter().any(|i| i.entry == spec.id) {
                     report(
@@ -210,7 +211,7 @@ async fn check_source(job: &JobConfig) -> Result<String> {
         .flatten()
         .find(|topic| !selected.iter().any(|(t, _)| t == topic))
     {
-        if let Some(what) = crate::awaiting::missing(job).await? {
+        if let Some(what) = crate::cmd::awaiting::missing(job).await? {
             return Ok(format!(
                 "{brokers} broker(s); {what} does not exist yet: `ratchet run` waits for it"
             ));

@@ -23,7 +23,7 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use metrics_exporter_prometheus::PrometheusHandle;
 
-use crate::subtask::Progress;
+use crate::ops::progress::Progress;
 
 /// Failures in a row, without a checkpoint in between, that make a subtask crash-looping for `/health`.
 pub const CRASH_LOOP: u32 = 2;

@@ -14,7 +14,7 @@ use crate::config::StoreConfig;
 const RETAIN: usize = 5;
 
 /// One subtask's checkpoint store, of either kind, in one layout generation of its job
-/// ([`crate::rescale`]): every claim is checked against the generation the job's record holds, so a process that
+/// ([`crate::cmd::rescale`]): every claim is checked against the generation the job's record holds, so a process that
 /// still runs an older layout (a subtask count the job was rescaled from) cannot claim a subtask and run on from
 /// positions that were redistributed.
 pub struct SubtaskStore {
@@ -157,13 +157,13 @@ impl SubtaskStore {
 impl CheckpointStore for SubtaskStore {
     /// Claims the subtask, then checks (under the claim) that the job is still in this store's layout
     /// generation: a rescale that switched the layout first makes this claim a refusal; one that has not switched
-    /// yet sees this claim's newer epoch and gives up (see [`crate::rescale`]).
+    /// yet sees this claim's newer epoch and gives up (see [`crate::cmd::rescale`]).
     async fn claim(&self) -> Result<Claim> {
         let claim = self.inner().claim().await?;
         if !self.checked {
             return Ok(claim);
         }
-        let now = crate::generations::generation_now(&self.config, &self.job).await?;
+        let now = crate::jobstore::generations::generation_now(&self.config, &self.job).await?;
         if now != self.generation {
             return Err(connector_api::Error::new(
                 connector_api::ErrorKind::Config,
@@ -252,7 +252,7 @@ pub struct JobRecord {
     /// How its sinks name what they own.
     pub identity: Identity,
     /// Its layout generation: 0 until its subtask count first changes, then one more at each change
-    /// ([`crate::rescale`]).
+    /// ([`crate::cmd::rescale`]).
     pub generation: u64,
 }
 
@@ -276,7 +276,7 @@ impl JobRecord {
 ///
 /// # Errors
 /// The count differs (named, with what to do), or the store cannot be read (a database outage is retried for
-/// about 30 s first: see [`crate::store_calls`]).
+/// about 30 s first: see [`crate::jobstore::store_calls`]).
 pub async fn job_identity(
     config: &StoreConfig,
     job: &str,
@@ -314,9 +314,10 @@ pub async fn job_record(
     match config {
         StoreConfig::Local { path } => local_job(&path.join(job), subtasks, record),
         StoreConfig::Postgres { url } => {
-            crate::store_calls::retried("recording the job in the checkpoint store", || {
-                pg_job(url, job, subtasks, record)
-            })
+            crate::jobstore::store_calls::retried(
+                "recording the job in the checkpoint store",
+                || pg_job(url, job, subtasks, record),
+            )
             .await
         }
     }
@@ -331,7 +332,7 @@ fn local_job(
 ) -> anyhow::Result<Option<JobRecord>> {
     use anyhow::Context;
     // After a rescale, the layout file holds the count and generation (written in one atomic replace).
-    let layout = crate::generations::local_layout(dir)?;
+    let layout = crate::jobstore::generations::local_layout(dir)?;
     let count_file = dir.join("subtasks");
     let identity_file = dir.join("identity");
     let counted = connector_common::fs::read_number(&count_file)
@@ -404,7 +405,7 @@ async fn pg_job(
     record: bool,
 ) -> anyhow::Result<Option<JobRecord>> {
     use anyhow::Context;
-    let client = crate::store_calls::store_session(url).await?;
+    let client = crate::jobstore::store_calls::store_session(url).await?;
     if record {
         client
             .batch_execute(&format!(
@@ -460,7 +461,7 @@ async fn pg_job(
         None
     };
     let generation = if has_jobs && listed.is_some() {
-        crate::generations::pg_generation(&client, job).await?
+        crate::jobstore::generations::pg_generation(&client, job).await?
     } else {
         0
     };
@@ -504,7 +505,7 @@ async fn pg_job(
     Ok(Some(JobRecord {
         subtasks: row.get::<_, i32>(0) as u32,
         identity: Identity::parse(&identity).context("ratchet_jobs holds an unknown identity")?,
-        generation: crate::generations::pg_generation(&client, job).await?,
+        generation: crate::jobstore::generations::pg_generation(&client, job).await?,
     }))
 }
 

@@ -12,14 +12,13 @@ use anyhow::Result;
 use kafka_sink::KafkaToKafka;
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::cli::RunArgs;
 use crate::config::JobConfig;
 
 /// Copies until a signal or `--exit-when-idle`.
 ///
 /// # Errors
 /// A failure of the copy (what was not committed is copied again by the next run).
-pub async fn run(job: &JobConfig, args: &RunArgs) -> Result<()> {
+pub async fn run(job: &JobConfig, exit_when_idle: Option<std::time::Duration>) -> Result<()> {
     job.check_kafka_to_kafka()?;
     let stop = Arc::new(AtomicBool::new(false));
     let pipeline = KafkaToKafka {
@@ -32,13 +31,13 @@ pub async fn run(job: &JobConfig, args: &RunArgs) -> Result<()> {
         sink: job.kafka_to_kafka_sink()?,
         commit_interval: job.job.checkpoint_interval,
         max_records_per_transaction: u64::MAX,
-        stop_when_idle: args.exit_when_idle,
+        stop_when_idle: exit_when_idle,
         stop_after_records: None,
         hook: None,
         observer: Some(metrics_of(&job.sinks[0].id)),
         stop: Some(stop.clone()),
     };
-    metrics::gauge!(crate::telemetry::SUBTASKS_RUNNING).set(1.0);
+    metrics::gauge!(crate::ops::telemetry::SUBTASKS_RUNNING).set(1.0);
     tracing::info!(job = %job.job.name, "Kafka-to-Kafka fast path: offsets committed in each transaction");
     let mut terminate = signal(SignalKind::terminate())?;
     let mut interrupt = signal(SignalKind::interrupt())?;
@@ -50,8 +49,8 @@ pub async fn run(job: &JobConfig, args: &RunArgs) -> Result<()> {
         _ = interrupt.recv() => stop_then(&stop, &mut copying, &mut terminate, &mut interrupt).await,
     }
     .map_err(anyhow::Error::from)?;
-    metrics::gauge!(crate::telemetry::SUBTASKS_RUNNING).set(0.0);
-    crate::telemetry::log_stopped(
+    metrics::gauge!(crate::ops::telemetry::SUBTASKS_RUNNING).set(0.0);
+    crate::ops::telemetry::log_stopped(
         stats.records,
         stats.transactions,
         stats.first_record_at,
@@ -67,9 +66,9 @@ fn metrics_of(sink: &connector_api::SinkId) -> kafka_sink::CommitObserver {
     let sink = sink.to_string();
     Arc::new(move |committed: &kafka_sink::CommittedTransaction| {
         let seconds = committed.closing.as_secs_f64();
-        metrics::counter!(crate::telemetry::RECORDS_IN, "subtask" => "0")
+        metrics::counter!(crate::ops::telemetry::RECORDS_IN, "subtask" => "0")
             .increment(committed.records);
-        metrics::counter!(crate::telemetry::RECORDS_OUT, "subtask" => "0", "sink" => sink.clone())
+        metrics::counter!(crate::ops::telemetry::RECORDS_OUT, "subtask" => "0", "sink" => sink.clone())
             .increment(committed.records);
         metrics::counter!(connector_api::metrics::CHECKPOINTS, "subtask" => "0").increment(1);
         metrics::histogram!(connector_api::metrics::CHECKPOINT_SECONDS, "subtask" => "0")
@@ -91,7 +90,7 @@ async fn stop_then<F: std::future::Future>(
     stop.store(true, Ordering::Relaxed);
     tokio::select! {
         stats = copying.as_mut() => stats,
-        _ = terminate.recv() => crate::signals::fast_exit(),
-        _ = interrupt.recv() => crate::signals::fast_exit(),
+        _ = terminate.recv() => crate::ops::signals::fast_exit(),
+        _ = interrupt.recv() => crate::ops::signals::fast_exit(),
     }
 }

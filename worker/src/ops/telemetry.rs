@@ -46,7 +46,7 @@ const BUCKETS: &[f64] = &[
 ];
 
 /// Records every metric from now on, labelled `job = <job>`; the handle renders them for `GET /metrics`
-/// ([`crate::health::serve`]).
+/// ([`crate::ops::health::serve`]).
 ///
 /// # Errors
 /// A recorder is already installed.

@@ -1,7 +1,7 @@
 //! Which processes of a job are alive, whatever their membership: the one answer to "is any process of this job
 //! running?" that `resolve`, `rescale` and a `run` that would rescale ask before they change anything.
 //!
-//! - Local store: the job's lock file (`worker.lock`, [`crate::lease::LocalLease`]) admits one process, and
+//! - Local store: the job's lock file (`worker.lock`, [`crate::membership::local::LocalLease`]) admits one process, and
 //!   whoever holds it is the job's only process; an operation that cannot take it is refused.
 //! - PostgreSQL store: every process of the job, in every membership mode (leases, static members, the Kafka
 //!   group), and every operation that holds the job (`resolve`, `rescale`), keeps a row in
@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
-use crate::store_calls::BoundedSession;
+use crate::jobstore::store_calls::BoundedSession;
 
 /// Serializes creation of the table between processes starting at once.
 const CREATE_LOCK: i64 = 0x0072_6174_7072_6573; // "ratpres"

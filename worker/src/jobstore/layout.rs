@@ -51,7 +51,7 @@ impl PartitionLayout {
 
 /// Checks `layout` against the one `job` recorded, recording it (with `record`) when there is none: for a job
 /// that never claimed a subtask, `layout`; for one that ran before layouts were recorded, [`OneTopic`]
-/// (the only one there was). Run after [`crate::store::job_identity`], under the job's local lock.
+/// (the only one there was). Run after [`crate::jobstore::store::job_identity`], under the job's local lock.
 ///
 /// [`OneTopic`]: PartitionLayout::OneTopic
 ///
@@ -66,7 +66,7 @@ pub async fn check(
     let recorded = match config {
         StoreConfig::Local { path } => local(&path.join(job), layout, record)?,
         StoreConfig::Postgres { url } => {
-            crate::store_calls::retried("recording the job's partition layout", || {
+            crate::jobstore::store_calls::retried("recording the job's partition layout", || {
                 postgres(url, job, layout, record)
             })
             .await?
@@ -127,7 +127,7 @@ async fn postgres(
     layout: PartitionLayout,
     record: bool,
 ) -> Result<Option<PartitionLayout>> {
-    let client = crate::store_calls::store_session(url).await?;
+    let client = crate::jobstore::store_calls::store_session(url).await?;
     let has_column: bool = client
         .query_one(
             "SELECT EXISTS (SELECT 1 FROM information_schema.columns

@@ -1,4 +1,4 @@
-//! A job's layout generations as the store records them ([`crate::rescale`]): the generation and subtask count
+//! A job's layout generations as the store records them ([`crate::cmd::rescale`]): the generation and subtask count
 //! in `ratchet_jobs` (PostgreSQL) or `layout.json` (local), and the history of changes, read by the store's claim
 //! check, `inspect` and the rescale.
 
@@ -83,7 +83,7 @@ pub async fn pg_generation(client: &tokio_postgres::Client, job: &str) -> Result
     Ok(row.map_or(0, |row| row.get::<_, i64>(0) as u64))
 }
 
-/// The layout generation of `job` now, for the check every claim makes ([`SubtaskStore`](crate::store::SubtaskStore)).
+/// The layout generation of `job` now, for the check every claim makes ([`SubtaskStore`](crate::jobstore::store::SubtaskStore)).
 ///
 /// # Errors
 /// [`Retryable`](connector_api::ErrorKind::Retryable) when the store cannot be read within its bound.
@@ -94,7 +94,7 @@ pub async fn generation_now(config: &StoreConfig, job: &str) -> connector_api::R
                 Ok(local_layout(&path.join(job))?.map_or(0, |l| l.generation))
             }
             StoreConfig::Postgres { url } => {
-                let client = crate::store_calls::store_session(url).await?;
+                let client = crate::jobstore::store_calls::store_session(url).await?;
                 pg_generation(&client, job).await
             }
         }
@@ -131,7 +131,7 @@ pub async fn history(config: &StoreConfig, job: &str) -> Result<Vec<LayoutChange
 }
 
 async fn pg_history(url: &str, job: &str) -> Result<Vec<LayoutChange>> {
-    let client = crate::store_calls::store_session(url).await?;
+    let client = crate::jobstore::store_calls::store_session(url).await?;
     let exists: bool = client
         .query_one("SELECT to_regclass('ratchet_job_layouts') IS NOT NULL", &[])
         .await?
