@@ -12,7 +12,7 @@ use kafka_source::KafkaSource;
 use crate::cli::CheckArgs;
 use crate::config::JobConfig;
 use crate::config::KAFKA_REACHABLE_WITHIN;
-use crate::jobstore::store::SubtaskStore;
+use crate::jobstore::subtask_store::SubtaskStore;
 
 /// Checks the job file in `args.config`; prints what was checked.
 ///
@@ -29,23 +29,24 @@ pub async fn run(args: CheckArgs) -> Result<()> {
         job.job.checkpoint_interval
     );
     let mut problems = 0;
-    let recorded =
-        crate::jobstore::store::job_record(&job.store, &job.job.name, job.job.subtasks, false)
-            .await
-            .and_then(|recorded| {
-                let recorded = recorded.unwrap_or(crate::jobstore::store::JobRecord {
-                    subtasks: job.job.subtasks,
-                    identity: crate::jobstore::store::Identity::Job,
-                    generation: 0,
-                });
-                Ok((recorded, recorded.job_id(&job.job.name)?))
+    let jobs = crate::jobstore::open(&job.store, &job.job.name);
+    let recorded = jobs
+        .record(job.job.subtasks, false)
+        .await
+        .and_then(|recorded| {
+            let recorded = recorded.unwrap_or(crate::jobstore::JobRecord {
+                subtasks: job.job.subtasks,
+                identity: crate::jobstore::Identity::Job,
+                generation: 0,
             });
+            Ok((recorded, recorded.job_id(&job.job.name)?))
+        });
     let job_id = recorded.as_ref().ok().and_then(|(_, id)| id.clone());
     let generation = recorded.as_ref().map_or(0, |(record, _)| record.generation);
     let counted = recorded.map(|(recorded, _)| {
         let scope = match recorded.identity {
-            crate::jobstore::store::Identity::Job => "the job's name",
-            crate::jobstore::store::Identity::Sink => "their ids (a job from before job scoping)",
+            crate::jobstore::Identity::Job => "the job's name",
+            crate::jobstore::Identity::Sink => "their ids (a job from before job scoping)",
         };
         let count = if recorded.subtasks == job.job.subtasks {
             format!("{} subtask(s), as the store records (or a fresh job)", recorded.subtasks)
@@ -73,7 +74,7 @@ pub async fn run(args: CheckArgs) -> Result<()> {
     let layout = match job.selection() {
         Ok(selection) => {
             let layout = crate::jobstore::layout::PartitionLayout::of(&selection);
-            crate::jobstore::layout::check(&job.store, &job.job.name, layout, false)
+            crate::jobstore::layout::check(jobs.as_ref(), layout, false)
                 .await
                 .map(|()| {
                     format!("{selection}, partitions dealt as the store records (or a fresh job)")
@@ -84,8 +85,7 @@ pub async fn run(args: CheckArgs) -> Result<()> {
     report("topics".into(), layout);
     // Read-only: a fresh job stays fresh (no directory, no table is created).
     let store = match SubtaskStore::open_existing(
-        &job.store,
-        &job.job.name,
+        &jobs,
         generation,
         SubtaskId(0),
         job.store_limits(),

@@ -24,7 +24,7 @@ use connector_api::{CheckpointRecord, CheckpointStore, SubtaskId};
 
 use crate::cli::ForgetTopicArgs;
 use crate::config::JobConfig;
-use crate::jobstore::store::SubtaskStore;
+use crate::jobstore::subtask_store::SubtaskStore;
 
 /// `ratchet forget-topic`.
 ///
@@ -51,9 +51,8 @@ pub async fn command(args: ForgetTopicArgs) -> Result<()> {
 
 async fn forget_held(job: &JobConfig, topic: &str) -> Result<()> {
     let name = &job.job.name;
-    let Some(recorded) =
-        crate::jobstore::store::job_record(&job.store, name, job.job.subtasks, false).await?
-    else {
+    let jobs = crate::jobstore::open(&job.store, name);
+    let Some(recorded) = jobs.record(job.job.subtasks, false).await? else {
         bail!("job {name:?} has never run: there is no position to forget");
     };
     if recorded.subtasks != job.job.subtasks {
@@ -68,9 +67,14 @@ async fn forget_held(job: &JobConfig, topic: &str) -> Result<()> {
     let job_id = recorded.job_id(name)?;
     let mut forgotten = 0;
     for subtask in 0..recorded.subtasks {
-        let mut driver =
-            crate::job::assemble::driver_for(job, job_id.as_ref(), subtask, recorded.generation)
-                .await?;
+        let mut driver = crate::job::assemble::driver_for(
+            job,
+            &jobs,
+            job_id.as_ref(),
+            subtask,
+            recorded.generation,
+        )
+        .await?;
         let restored = driver
             .start()
             .await
@@ -90,8 +94,7 @@ async fn forget_held(job: &JobConfig, topic: &str) -> Result<()> {
         }
         forgotten += dropped.len();
         let store = SubtaskStore::open(
-            &job.store,
-            name,
+            &jobs,
             recorded.generation,
             SubtaskId(subtask),
             job.store_limits(),

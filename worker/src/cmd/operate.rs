@@ -2,6 +2,7 @@
 //! left in the checkpoint store and in every sink's external system, with what recovery will do; `ratchet resolve`
 //! does it (claims and recovers every subtask, then stops) without starting the job.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -10,6 +11,7 @@ use connector_api::{Inspection, JobId, Report};
 use crate::cli::OperateArgs;
 use crate::config::JobConfig;
 use crate::job::assemble::driver_for;
+use crate::jobstore::JobStore;
 
 /// `ratchet inspect`: prints every subtask's view.
 ///
@@ -23,11 +25,10 @@ pub async fn inspect(args: OperateArgs) -> Result<()> {
         job.job.subtasks,
         job.sinks.len()
     );
-    let identity =
-        crate::jobstore::store::job_identity(&job.store, &job.job.name, job.job.subtasks, false)
-            .await?;
+    let jobs = crate::jobstore::open(&job.store, &job.job.name);
+    let identity = jobs.identity(job.job.subtasks, false).await?;
     let job_id = identity.job_id(&job.job.name)?;
-    let changes = crate::jobstore::generations::history(&job.store, &job.job.name).await?;
+    let changes = jobs.history().await?;
     if changes.is_empty() {
         println!(
             "layout: {} subtask(s) since the job first ran",
@@ -42,7 +43,8 @@ pub async fn inspect(args: OperateArgs) -> Result<()> {
     }
     let (mut commits, mut aborts) = (0, 0);
     for subtask in 0..job.job.subtasks {
-        let mut driver = driver_for(&job, job_id.as_ref(), subtask, identity.generation).await?;
+        let mut driver =
+            driver_for(&job, &jobs, job_id.as_ref(), subtask, identity.generation).await?;
         let inspection = driver
             .inspect()
             .await
@@ -159,15 +161,10 @@ pub async fn resolve(args: OperateArgs) -> Result<()> {
         job.job.subtasks,
         "resolve",
         || async {
-            let identity = crate::jobstore::store::job_identity(
-                &job.store,
-                &job.job.name,
-                job.job.subtasks,
-                true,
-            )
-            .await?;
+            let jobs = crate::jobstore::open(&job.store, &job.job.name);
+            let identity = jobs.identity(job.job.subtasks, true).await?;
             let job_id = identity.job_id(&job.job.name)?;
-            resolve_every_subtask(&job, job_id.as_ref(), identity.generation).await
+            resolve_every_subtask(&job, &jobs, job_id.as_ref(), identity.generation).await
         },
     )
     .await
@@ -176,12 +173,13 @@ pub async fn resolve(args: OperateArgs) -> Result<()> {
 /// Claims and recovers every subtask in turn, then closes it; reports each.
 async fn resolve_every_subtask(
     job: &JobConfig,
+    jobs: &Arc<dyn JobStore>,
     job_id: Option<&JobId>,
     generation: u64,
 ) -> Result<()> {
     let mut outcome = Ok(());
     for subtask in 0..job.job.subtasks {
-        let mut driver = driver_for(job, job_id, subtask, generation).await?;
+        let mut driver = driver_for(job, jobs, job_id, subtask, generation).await?;
         match driver.start().await {
             Ok(restored) => {
                 driver

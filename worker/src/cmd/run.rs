@@ -30,6 +30,7 @@ use tokio::time::Instant;
 use crate::cli::RunArgs;
 use crate::config::{JobConfig, KAFKA_REACHABLE_WITHIN, StoreConfig};
 use crate::job::assemble::SubtaskContext;
+use crate::jobstore::layout::PartitionLayout;
 use crate::membership::presence::Presence;
 use crate::membership::static_share::StaticShare;
 use crate::membership::{Assignment, Membership, member_id};
@@ -103,22 +104,16 @@ async fn start(
     let selected_now = KafkaSource::topics_held(&kafka, &selection, None).await?;
     crate::config::refuse_reading_written(&job, &selected_now)?;
     crate::job::routing::instances(&job.sinks, &selected_now)?;
-    crate::jobstore::layout::check(
-        &job.store,
-        &job.job.name,
-        crate::jobstore::layout::PartitionLayout::of(&selection),
-        false,
-    )
-    .await?;
+    let jobs = crate::jobstore::open(&job.store, &job.job.name);
+    let layout = PartitionLayout::of(&selection);
+    crate::jobstore::layout::check(jobs.as_ref(), layout, false).await?;
     // A changed subtask count: the job is rescaled first, when no other process of it is alive.
-    if let Some(recorded) =
-        crate::jobstore::store::job_record(&job.store, &job.job.name, job.job.subtasks, false)
-            .await?
+    if let Some(recorded) = jobs.record(job.job.subtasks, false).await?
         && recorded.subtasks != job.job.subtasks
     {
         tracing::info!(job = %job.job.name, from = recorded.subtasks, to = job.job.subtasks,
             "the job file changes the subtask count: rescaling the job first");
-        crate::cmd::rescale::rescale(&job, job.job.subtasks).await.with_context(|| {
+        crate::job::rescale::rescale(&job, job.job.subtasks).await.with_context(|| {
             format!(
                 "the job file says subtasks = {}, the store {}: rescaling failed (every other process of the job \
                  must be stopped)",
@@ -142,16 +137,12 @@ async fn start(
         StoreConfig::Local { .. } => None,
     };
     // Under the local lock, so two fresh starts with different counts cannot both record theirs.
-    let identity =
-        crate::jobstore::store::job_identity(&job.store, &job.job.name, job.job.subtasks, true)
-            .await?;
+    let identity = jobs.identity(job.job.subtasks, true).await?;
     // What a rescale that stopped after its switch left of the old layout.
-    crate::cmd::rescale::retire_old_generations(&job.store, &job.job.name, identity.generation)
-        .await?;
+    jobs.retire_old_generations(identity.generation).await?;
     let job_id = identity.job_id(&job.job.name)?;
-    let layout = crate::jobstore::layout::PartitionLayout::of(&selection);
-    crate::jobstore::layout::check(&job.store, &job.job.name, layout, true).await?;
-    if identity.identity == crate::jobstore::store::Identity::Sink {
+    crate::jobstore::layout::check(jobs.as_ref(), layout, true).await?;
+    if identity.identity == crate::jobstore::Identity::Sink {
         tracing::info!(job = %job.job.name,
             "this job ran before sinks were scoped by their job: its sinks keep their sink-id-scoped names");
     }
@@ -163,6 +154,7 @@ async fn start(
     let base = SubtaskContext {
         job: job.clone(),
         job_id,
+        jobs,
         generation: identity.generation,
         registry: Arc::new(crate::job::sinks::registry()),
         kafka,

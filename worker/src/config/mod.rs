@@ -90,7 +90,7 @@ pub struct JobSection {
     /// The job's name: checkpoint records and leases are kept under it; letters, digits, `-`, `_`, `.`.
     pub name: String,
     /// How many subtasks the job has (each owns a share of the partitions and its own checkpoint records; a
-    /// change is a rescale, [`crate::cmd::rescale`]).
+    /// change is a rescale, [`crate::job::rescale`]).
     #[serde(default = "one")]
     pub subtasks: u32,
     /// How often each subtask checkpoints (when it wrote something since the last checkpoint).

@@ -15,7 +15,8 @@ use connector_api::{
 use kafka_source::{KafkaConnection, KafkaSource, PartitionShare};
 
 use crate::config::{JobConfig, config_error};
-use crate::jobstore::store::SubtaskStore;
+use crate::jobstore::JobStore;
+use crate::jobstore::subtask_store::SubtaskStore;
 use crate::ops::progress::Progress;
 
 /// What a subtask needs to run.
@@ -25,7 +26,9 @@ pub struct SubtaskContext {
     pub job: Arc<JobConfig>,
     /// What the sinks are scoped by (`None`: the sink ids alone, for a job from before job scoping).
     pub job_id: Option<connector_api::JobId>,
-    /// The job's layout generation ([`crate::cmd::rescale`]): where its checkpoint records are.
+    /// The job's state in the checkpoint store.
+    pub jobs: Arc<dyn JobStore>,
+    /// The job's layout generation ([`crate::job::rescale`]): where its checkpoint records are.
     pub generation: u64,
     /// The sink factories.
     pub registry: Arc<SinkRegistry>,
@@ -95,8 +98,7 @@ pub async fn build(
     let subtask = SubtaskId(index);
     let schema = job.schema().await.map_err(config_error)?;
     let store = SubtaskStore::open(
-        &job.store,
-        &job.job.name,
+        &context.jobs,
         context.generation,
         subtask,
         job.store_limits(),
@@ -222,20 +224,15 @@ pub fn topics_of(positions: &[connector_api::SourceOffset]) -> BTreeSet<String> 
 /// share holds now and those its last checkpoint has positions for.
 pub async fn driver_for(
     job: &JobConfig,
+    jobs: &Arc<dyn JobStore>,
     job_id: Option<&JobId>,
     subtask: u32,
     generation: u64,
 ) -> anyhow::Result<Driver<SubtaskStore>> {
     let id = SubtaskId(subtask);
-    let store = SubtaskStore::open(
-        &job.store,
-        &job.job.name,
-        generation,
-        id,
-        job.store_limits(),
-    )
-    .await
-    .context("checkpoint store")?;
+    let store = SubtaskStore::open(jobs, generation, id, job.store_limits())
+        .await
+        .context("checkpoint store")?;
     let topics = topics_of_subtask(job, &store, subtask).await?;
     let mut driver = Driver::new(store, job.driver_config());
     let registry = crate::job::sinks::registry();

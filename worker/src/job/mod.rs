@@ -3,5 +3,6 @@
 
 pub mod assemble;
 pub mod dead_letter;
+pub mod rescale;
 pub mod routing;
 pub mod sinks;

@@ -12,7 +12,7 @@
 //!   keepalives), like a machine that lost its network. Steps: `after-load` (it holds the subtask's claim guard,
 //!   recovery not begun), `after-recover`, `after-pre-commit`, `after-record-durable`, `after-commit`.
 //! - `RATCHET_RESCALE_KILL_AT=<step>` makes a rescale (`ratchet rescale`, or `ratchet run` rescaling at start) kill
-//!   its process with SIGKILL at that step ([`crate::cmd::rescale`]): `after-resolve` (every old subtask resolved, the
+//!   its process with SIGKILL at that step ([`crate::job::rescale`]): `after-resolve` (every old subtask resolved, the
 //!   old layout in effect), `after-new-records` (the new layout's records written, not switched),
 //!   `after-switch` (the new layout in effect, the old one's records not retired).
 

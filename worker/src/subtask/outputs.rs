@@ -11,7 +11,7 @@ use connector_api::{Driver, Error, ErrorKind, Phase, Result, SinkHandle, SinkId}
 use kafka_source::{RejectedRecord, Tombstone};
 
 use crate::config::{JobConfig, config_error};
-use crate::jobstore::store::SubtaskStore;
+use crate::jobstore::subtask_store::SubtaskStore;
 
 /// One sink a subtask writes to.
 pub struct Output {

@@ -14,7 +14,7 @@ use super::outputs::Outputs;
 use super::{Ended, Served, Stop};
 use crate::config::config_error;
 use crate::job::assemble::SubtaskContext;
-use crate::jobstore::store::SubtaskStore;
+use crate::jobstore::subtask_store::SubtaskStore;
 
 /// How long the loop waits for a batch before looking at the clock and the stop signal again.
 const POLL: Duration = Duration::from_millis(100);
