@@ -9,6 +9,7 @@
 //!   other stage file of this subtask.
 //!
 //! `cargo run -p ratchet-examples --example custom_sink` runs the harness (no server needed) and prints the table.
+#![allow(clippy::disallowed_methods)] // tests, benches and examples read the services' endpoints and their modes from the environment
 
 use std::fs::{self, File};
 use std::io::Write;

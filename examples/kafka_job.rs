@@ -6,6 +6,7 @@
 //! scripts/services.sh up kafka
 //! cargo run -p ratchet-examples --example kafka_job -- 127.0.0.1:19092 orders /tmp/orders-job
 //! ```
+#![allow(clippy::disallowed_methods)] // tests, benches and examples read the services' endpoints and their modes from the environment
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

@@ -278,6 +278,7 @@ impl KillNine {
     }
 
     /// The run this process is the child of, when it is one ([`env_var`](Self::env_var) set).
+    #[allow(clippy::disallowed_methods)] // the harness's own variable, set for its child
     pub fn child_run(&self) -> Option<KilledRun> {
         std::env::var(self.env_var)
             .ok()
@@ -327,9 +328,13 @@ impl KillNine {
     async fn killed_run<T: KillTarget>(&self, target: &T, run: &KilledRun) {
         let label = format!("{} killed at {}", run.variant, run.step);
         let (child_test, env_var, spec) = (self.child_test, self.env_var, run.encode());
-        tokio::task::spawn_blocking(move || run_killed_child(child_test, env_var, &spec))
-            .await
-            .expect("the child's runner");
+        connector_api::blocking(
+            connector_api::Phase::Recover,
+            "running the killed child",
+            move || run_killed_child(child_test, env_var, &spec),
+        )
+        .await
+        .expect("the child's runner");
         let problems = target.crash_problems(run).await.expect("crash_problems");
         assert!(problems.is_empty(), "{label}: {problems:?}");
 

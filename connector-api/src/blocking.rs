@@ -8,6 +8,7 @@ use crate::{Error, Phase, Result};
 /// # Errors
 /// [`Bug`](crate::ErrorKind::Bug) in `phase`, naming `what`, when `f` panicked (the panic is the error's source):
 /// the caller stops with an error it can report instead of unwinding through the driver.
+#[allow(clippy::disallowed_methods)] // the one place that may call spawn_blocking
 pub async fn blocking<T: Send + 'static>(
     phase: Phase,
     what: &str,

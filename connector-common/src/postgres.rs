@@ -162,6 +162,7 @@ impl PgConnectOptions {
     /// # Errors
     /// [`Config`](crate::ErrorKind::Config) for a malformed URL, an unknown `sslmode`, `sslcert` without `sslkey`, or an
     /// unreadable CA, certificate or key file (named); the URL itself is never part of the message.
+    #[allow(clippy::disallowed_methods)] // the URL's settings read PGPASSWORD, as libpq does
     pub fn parse(url: &str) -> Result<Self> {
         Self::parse_with_env(url, |name| std::env::var(name).ok())
     }

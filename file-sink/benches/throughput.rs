@@ -5,6 +5,7 @@
 //! Run: `scripts/services.sh up && cargo bench -p file-sink --bench throughput` (see docs/benchmarks.md).
 //! `RATCHET_BENCH_RECORDS` sets records per run on local disk (default 50 million; S3 runs use 40% of it); the
 //! runs cycle through a pool of 128 batches of 8192 rows, so memory stays small whatever the count.
+#![allow(clippy::disallowed_methods)] // tests, benches and examples read the services' endpoints and their modes from the environment
 
 use std::time::{Duration, Instant};
 

@@ -24,6 +24,7 @@
 //! Run: `scripts/services.sh up venv && cargo bench -p iceberg-sink --bench throughput` (see docs/benchmarks.md).
 //! `RATCHET_BENCH_SECONDS` sets the length of each run (default 30: three 10 s checkpoints), `RATCHET_BENCH_RUNS`
 //! the runs per mode (default 3).
+#![allow(clippy::disallowed_methods)] // tests, benches and examples read the services' endpoints and their modes from the environment
 
 use std::time::{Duration, Instant};
 

@@ -233,6 +233,7 @@ impl CatalogConfig {
         };
         let mut props = extra.clone();
         if let Some(variable) = credential_env {
+            #[allow(clippy::disallowed_methods)] // the setting names the variable to read
             let credential = std::env::var(variable).map_err(|_| {
                 Error::new(
                     ErrorKind::Config,

@@ -7,6 +7,7 @@
 //! Run: `scripts/services.sh up && cargo bench -p jdbc-sink --bench throughput` (see docs/benchmarks.md).
 //! `RATCHET_BENCH_SECONDS` sets the length of each run (default 10), `RATCHET_BENCH_RUNS` the runs per mode
 //! (default 3).
+#![allow(clippy::disallowed_methods)] // tests, benches and examples read the services' endpoints and their modes from the environment
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

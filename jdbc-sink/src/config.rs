@@ -195,6 +195,7 @@ impl ConnectionConfig {
     ///
     /// # Errors
     /// [`Config`](ErrorKind::Config) naming the variable when it is not set.
+    #[allow(clippy::disallowed_methods)] // `password_env` names the variable to read
     pub fn password(&self) -> Result<Option<String>> {
         match &self.password_env {
             None => Ok(None),

@@ -4,6 +4,7 @@
 //!
 //! The checks of one database run one after another in one test (they find the sink's sessions by state on the
 //! server); the two databases run side by side.
+#![allow(clippy::disallowed_methods)] // tests, benches and examples read the services' endpoints and their modes from the environment
 
 mod common;
 

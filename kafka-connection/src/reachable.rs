@@ -26,21 +26,13 @@ impl KafkaConnection {
             )
             .with_source(e)
         })?;
-        let fetched = tokio::task::spawn_blocking(move || {
+        let fetched = connector_api::blocking(Phase::Setup, "the metadata request", move || {
             producer
                 .client()
                 .fetch_metadata(None, within)
                 .map(|metadata| metadata.brokers().len())
         })
-        .await
-        .map_err(|e| {
-            Error::new(
-                ErrorKind::Bug,
-                Phase::Setup,
-                "the metadata request task failed",
-            )
-            .with_source(e)
-        })?;
+        .await?;
         fetched.map_err(|e| {
             Error::new(
                 ErrorKind::Retryable,

@@ -4,6 +4,7 @@
 //!
 //! Run: `scripts/services.sh up && cargo bench -p kafka-sink --bench throughput` (see docs/benchmarks.md).
 //! `RATCHET_BENCH_SECONDS` sets the length of each run (default 20).
+#![allow(clippy::disallowed_methods)] // tests, benches and examples read the services' endpoints and their modes from the environment
 
 use std::time::{Duration, Instant};
 

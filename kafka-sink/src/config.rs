@@ -157,6 +157,7 @@ impl KafkaSinkConfig {
                     "client setting {key:?} is set both in `client` and in `client_env`; keep one"
                 )));
             }
+            #[allow(clippy::disallowed_methods)] // `client_env` names the variable to read
             let value = std::env::var(&variable).map_err(|_| {
                 config_error(format!(
                     "client_env reads {key:?} from the environment variable {variable}, which is not set (or not \
@@ -259,6 +260,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::disallowed_methods)] // the test reads a variable every environment has
     fn client_settings_come_from_the_environment_and_stay_redacted() {
         let home = std::env::var("HOME").expect("HOME is set for tests");
         let mut config = KafkaSinkConfig::new("b:9092", "t", "p");

@@ -152,11 +152,10 @@ impl KafkaToKafka {
         tracing::info!(source = %self.source_topic, target = %sink.topic, group = %self.group_id,
             setup = ?started.elapsed(), "Kafka-to-Kafka copying: prefix claimed, producers initialised, partitions assigned");
         let pipeline = self.clone();
-        tokio::task::spawn_blocking(move || pipeline.copy(&consumer, producers, &sink.topic))
-            .await
-            .map_err(|e| {
-                Error::new(ErrorKind::Bug, Phase::Write, "the copy thread panicked").with_source(e)
-            })?
+        connector_api::blocking(Phase::Write, "the copy thread", move || {
+            pipeline.copy(&consumer, producers, &sink.topic)
+        })
+        .await?
     }
 
     /// The copy loop, on a blocking thread: fill transaction N+1 on one producer while transaction N commits on

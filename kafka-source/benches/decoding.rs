@@ -6,6 +6,7 @@
 //!
 //! Run: `scripts/services.sh up && cargo bench -p kafka-source --bench decoding` (see docs/benchmarks.md).
 //! `RATCHET_BENCH_RECORDS` (default 2,000,000) and `RATCHET_BENCH_RUNS` (default 3) size it.
+#![allow(clippy::disallowed_methods)] // tests, benches and examples read the services' endpoints and their modes from the environment
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 
 use crate::RejectedRecord;
 use crate::decoding::Decoding;
+use crate::event::{SourceBatch, SourceEvent};
 use crate::metadata::MetadataColumns;
 use crate::partitions::{self, Assigned, Assignment, Gap, GapPolicy, TopicState};
 use crate::reader::{Chunk, Reader};
@@ -552,6 +553,32 @@ impl KafkaSource {
             return Ok(None);
         }
         Ok(Some(self.hand_out(chunk)))
+    }
+
+    /// The next thing the job must act on, waiting at most `idle` for a batch: [`next_batch`](Self::next_batch)
+    /// with what its follow-up calls would say folded in (a held batch's new topic or new schema, or the batch with
+    /// its topic, rejected records, tombstones and gaps). Cancel safe, as `next_batch`.
+    ///
+    /// # Errors
+    /// As [`next_batch`](Self::next_batch).
+    pub async fn next_event(&mut self, idle: Duration) -> Result<SourceEvent> {
+        let batch = self.next_batch(idle).await?;
+        if let Some(topic) = self.unexpected_topic() {
+            return Ok(SourceEvent::NewTopic(topic.to_string()));
+        }
+        if let Some(schema) = self.schema_change() {
+            return Ok(SourceEvent::SchemaChange(schema));
+        }
+        Ok(match batch {
+            None => SourceEvent::Idle,
+            Some(rows) => SourceEvent::Batch(SourceBatch {
+                topic: self.batch_topic.clone(),
+                rows,
+                rejected: self.take_rejected(),
+                tombstones: self.take_tombstones(),
+                gaps: self.take_gaps(),
+            }),
+        })
     }
 
     /// Moves the positions past `chunk` and keeps what it set aside; its batch.

@@ -133,6 +133,7 @@ impl Services {
         SERVICES.get_or_init(Services::load)
     }
 
+    #[allow(clippy::disallowed_methods)] // the endpoints come from the environment `scripts/services.sh env` sets
     fn load() -> Services {
         let mut vars: BTreeMap<String, String> = std::env::vars()
             .filter(|(k, _)| k.starts_with("RATCHET_"))

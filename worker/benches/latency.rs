@@ -19,6 +19,7 @@
 //! as `run.rs` measures it.
 //!
 //! Run: `scripts/services.sh up && cargo bench -p worker --bench latency` (see docs/benchmarks.md).
+#![allow(clippy::disallowed_methods)] // tests, benches and examples read the services' endpoints and their modes from the environment
 
 mod limits;
 

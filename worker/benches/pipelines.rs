@@ -13,6 +13,7 @@
 //! job runs (default 3; the median run is reported). Input: one partition of ~100-byte JSON values with keys,
 //! produced once per size. Checkpoints and transactions every 1 s. "In the job" counts from the first record read
 //! to the last one written and committed; "wall" adds start-up (claims, `init_transactions`, metadata).
+#![allow(clippy::disallowed_methods)] // tests, benches and examples read the services' endpoints and their modes from the environment
 
 mod limits;
 

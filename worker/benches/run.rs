@@ -7,6 +7,7 @@
 //! checkpoints, `--exit-when-idle 3s`; the rate counts from the first record read to the last (the worker's final
 //! log line), CPU time and peak RSS are the worker process's own (`getrusage`, start-up and the idle wait
 //! included).
+#![allow(clippy::disallowed_methods)] // tests, benches and examples read the services' endpoints and their modes from the environment
 
 mod limits;
 

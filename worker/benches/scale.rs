@@ -16,6 +16,7 @@
 //!   the event until every subtask the disturbed process ran is claimed again (by anyone): a take-over, or the
 //!   restarted process's own recovery. Killed and stopped processes are started again at once, as systemd or a
 //!   StatefulSet would; a SIGSTOP lasts two leases (10 s).
+#![allow(clippy::disallowed_methods)] // tests, benches and examples read the services' endpoints and their modes from the environment
 
 mod limits;
 

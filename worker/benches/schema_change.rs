@@ -7,6 +7,7 @@
 //!
 //! Run: `scripts/services.sh up && cargo bench -p worker --bench schema_change` (see docs/benchmarks.md).
 //! `RATCHET_BENCH_CHANGES` sets the changes per sink (default 5).
+#![allow(clippy::disallowed_methods)] // tests, benches and examples read the services' endpoints and their modes from the environment
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

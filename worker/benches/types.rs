@@ -8,6 +8,7 @@
 //! 3-partition topic, 1 s checkpoints, exactly-once, local checkpoint store, one sink, `--exit-when-idle 3s`; the
 //! rate counts from the first record read to the last (the worker's final log line), CPU time and peak RSS are the
 //! worker process's own (`getrusage`, start-up and the idle wait included).
+#![allow(clippy::disallowed_methods)] // tests, benches and examples read the services' endpoints and their modes from the environment
 
 mod limits;
 

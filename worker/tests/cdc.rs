@@ -14,6 +14,7 @@
 //! `RATCHET_CDC_OPS` sets the workload's operations (1200 by default, as CI runs it), `RATCHET_CDC_KILLS` the
 //! kills (3 by default; the long run is recorded in docs/benchmarks.md, "Chaos"), `RATCHET_CHAOS_SEED` replays a
 //! run (the seed is printed).
+#![allow(clippy::disallowed_methods)] // tests, benches and examples read the services' endpoints and their modes from the environment
 
 mod common;
 

@@ -17,6 +17,7 @@
 //! it), `RATCHET_GREY_CHAOS_RESTARTS=1` adds server restarts to them (they restart the shared test servers: not
 //! in CI), `RATCHET_CHAOS_SEED` replays a run (the seed is printed). The two tests take turns (one heavy job at a
 //! time on the machine).
+#![allow(clippy::disallowed_methods)] // tests, benches and examples read the services' endpoints and their modes from the environment
 
 mod common;
 

@@ -6,6 +6,7 @@
 //! - faults (kills every idle-in-transaction session of the database);
 //! - grey (time limits under Toxiproxy faults);
 //! - restart (restarts PostgreSQL);
+#![allow(clippy::disallowed_methods)] // tests, benches and examples read the services' endpoints and their modes from the environment
 
 mod changes;
 #[path = "../common/mod.rs"]

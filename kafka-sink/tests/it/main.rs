@@ -4,6 +4,7 @@
 //! Tests that disturb a shared server, or measure time limits under injected faults, are binaries of their own
 //! (`tests/*.rs`): cargo runs test binaries one after another, so nothing else runs while they do:
 //! - grey (cuts off the broker through the shared Toxiproxy proxy);
+#![allow(clippy::disallowed_methods)] // tests, benches and examples read the services' endpoints and their modes from the environment
 
 mod at_least_once;
 mod avro_values;

@@ -7,7 +7,6 @@ use std::collections::BTreeSet;
 
 use anyhow::{Result, bail};
 use connector_api::{CheckpointStore, SubtaskId};
-use kafka_source::KafkaSource;
 
 use crate::cli::CheckArgs;
 use crate::config::JobConfig;
@@ -120,13 +119,7 @@ pub async fn run(args: CheckArgs) -> Result<()> {
         Ok(schema) => {
             let budget = job.driver_config().budget();
             println!("timeout budget (each sink's transaction timeout must cover it):\n{budget}");
-            let routed = match job.sinks.iter().any(crate::config::routed::is_routed) {
-                false => Ok(BTreeSet::new()),
-                true => routed_topics(&job).await,
-            };
-            let instances =
-                routed.and_then(|topics| crate::job::routing::instances(&job.sinks, &topics));
-            let instances = match instances {
+            let instances = match crate::job::assemble::instances_of_job(&job).await {
                 Ok(instances) => instances,
                 Err(e) => {
                     report("sinks routed by topic".into(), Err(e));
@@ -178,12 +171,6 @@ pub async fn run(args: CheckArgs) -> Result<()> {
     }
     println!("the job file is ready to run");
     Ok(())
-}
-
-/// Every topic the source selects now, for checking a routed sink's instance for each.
-async fn routed_topics(job: &JobConfig) -> Result<BTreeSet<String>> {
-    let topics = KafkaSource::topics_held(&job.kafka()?, &job.selection()?, None).await?;
-    Ok(topics)
 }
 
 /// The cluster answers, the topics exist (named ones) or what a pattern selects now, and how their partitions

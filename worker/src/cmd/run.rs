@@ -245,7 +245,12 @@ pub async fn run(args: RunArgs, progress_line: bool) -> Result<()> {
     }
     if let Some(lag) = process.base.lag.clone() {
         // Informational: a coordinator that does not answer costs the stop a few seconds, nothing else.
-        let _ = tokio::task::spawn_blocking(move || lag.flush(Duration::from_secs(5))).await;
+        let _ = connector_api::blocking(
+            connector_api::Phase::Commit,
+            "flushing the lag group",
+            move || lag.flush(Duration::from_secs(5)),
+        )
+        .await;
     }
     let totals = process.totals();
     let origin = std::time::SystemTime::now() - process.base.started.elapsed();

@@ -189,6 +189,7 @@ impl JobConfig {
     ///
     /// # Errors
     /// The file and, for a key that does not parse, its line and the nearest valid key.
+    #[allow(clippy::disallowed_methods)] // the job file's `RATCHET__` overrides come from the environment
     pub fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read the job file {}", path.display()))?;

@@ -218,6 +218,21 @@ pub fn topics_of(positions: &[connector_api::SourceOffset]) -> BTreeSet<String> 
     positions.iter().map(|p| p.topic.clone()).collect()
 }
 
+/// Every sink instance of the job across all its subtasks, for the topics the source selects now (routed entries
+/// as one instance per topic): what `check-config` checks.
+///
+/// # Errors
+/// Kafka's metadata cannot be read; two topics' routed names collide.
+pub async fn instances_of_job(
+    job: &JobConfig,
+) -> anyhow::Result<Vec<crate::job::routing::Instance>> {
+    let topics = match job.sinks.iter().any(crate::config::routed::is_routed) {
+        false => BTreeSet::new(),
+        true => KafkaSource::topics_held(&job.kafka()?, &job.selection()?, None).await?,
+    };
+    crate::job::routing::instances(&job.sinks, &topics)
+}
+
 /// A driver for `subtask` (in layout `generation`) with every sink of the job (scoped as `job_id` says) and its
 /// dead-letter sink, not started. A routed entry
 /// ([`crate::job::routing`]) is there as the instances the subtask would build on its next start: for the topics its

@@ -338,10 +338,14 @@ impl Membership for KafkaGroup {
         }
         let poller = self.poller.lock().expect("not poisoned").take();
         if let Some(poller) = poller {
-            tokio::task::spawn_blocking(move || poller.join())
-                .await
-                .context("the group membership thread")?
-                .map_err(|_| anyhow::anyhow!("the group membership thread panicked"))?;
+            connector_api::blocking(
+                connector_api::Phase::Setup,
+                "joining the group membership thread",
+                move || poller.join(),
+            )
+            .await
+            .context("the group membership thread")?
+            .map_err(|_| anyhow::anyhow!("the group membership thread panicked"))?;
         }
         Ok(())
     }

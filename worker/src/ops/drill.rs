@@ -55,6 +55,7 @@ impl RescaleStep {
 pub const RESCALE_KILL_VARIABLE: &str = "RATCHET_RESCALE_KILL_AT";
 
 /// Kills this process with SIGKILL when `RATCHET_RESCALE_KILL_AT` names `step`.
+#[allow(clippy::disallowed_methods)] // a drill's switch, read where it is checked
 pub fn rescale_reached(step: RescaleStep) {
     if std::env::var(RESCALE_KILL_VARIABLE).is_ok_and(|at| at == step.name()) {
         tracing::warn!(
@@ -69,6 +70,7 @@ pub fn rescale_reached(step: RescaleStep) {
 ///
 /// # Errors
 /// A value that names no step the driver reaches in a running job, or both variables set.
+#[allow(clippy::disallowed_methods)] // the drills are configured by the environment
 pub fn from_env() -> Result<Option<FaultInjector>> {
     match (
         std::env::var(KILL_VARIABLE).ok(),

@@ -2,6 +2,7 @@
 //! path finishes its checkpoint), a second one exits at once.
 
 /// Exits at once on a second signal.
+#[allow(clippy::disallowed_methods)] // the one place the worker ends its process
 pub fn fast_exit() -> ! {
     eprintln!(
         "second signal: exiting now; checkpointed records are safe (the next start commits them), later ones are \

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use connector_api::{Driver, Result, SinkHandle};
-use kafka_source::KafkaSource;
+use kafka_source::{KafkaSource, SourceEvent};
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
 
@@ -87,17 +87,16 @@ pub(super) async fn serve(
                 }
                 next_checkpoint = Instant::now() + interval;
             }
-            batch = source.next_batch(POLL) => {
-                let batch = batch?;
-                if let Some(topic) = source.unexpected_topic() {
+            event = source.next_event(POLL) => match event? {
+                SourceEvent::Idle => {}
+                SourceEvent::NewTopic(topic) => {
                     // Held back, and not in the positions: checkpointed without it, read again after the start.
-                    let topic = topic.to_string();
                     if written {
                         checkpoint(driver, &source, context).await?;
                     }
                     return Ok(Served::NewTopic(topic));
                 }
-                if let Some(schema) = source.schema_change() {
+                SourceEvent::SchemaChange(schema) => {
                     // The source's schema gained columns: the batches before are checkpointed and committed, the
                     // sinks add the columns, then the batches of the new schema are written.
                     if written {
@@ -110,12 +109,10 @@ pub(super) async fn serve(
                     driver.evolve(&sinks, schema).await?;
                     source.accept_schema_change();
                 }
-                if let Some(batch) = batch {
-                    let rows = batch.num_rows() as u64;
-                    count_gaps(source.take_gaps(), &label);
-                    let rejected = source.take_rejected();
-                    let tombstones = source.take_tombstones();
-                    outputs.deliver(driver, &batch, source.batch_topic(), &rejected, &tombstones).await?;
+                SourceEvent::Batch(batch) => {
+                    let rows = batch.rows.num_rows() as u64;
+                    count_gaps(batch.gaps, &label);
+                    outputs.deliver(driver, &batch.rows, &batch.topic, &batch.rejected, &batch.tombstones).await?;
                     written = true;
                     context.progress.records.fetch_add(rows, Ordering::Relaxed);
                     let now = context.started.elapsed().as_millis() as u64;

@@ -23,6 +23,7 @@ impl Rng {
 ///
 /// # Panics
 /// It is set to something else.
+#[allow(clippy::disallowed_methods)] // a test's seed and size come from the environment
 pub fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().map(|v| {
         v.parse()

@@ -5,6 +5,7 @@
 //! (`tests/*.rs`): cargo runs test binaries one after another, so nothing else runs while they do:
 //! - chaos (restarts and cuts off the servers);
 //! - grey (cuts off the broker through the shared Toxiproxy proxy);
+#![allow(clippy::disallowed_methods)] // tests, benches and examples read the services' endpoints and their modes from the environment
 
 mod avro;
 mod check_config;
