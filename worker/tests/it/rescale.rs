@@ -2,16 +2,21 @@
 //! switch, then by `ratchet run` killed right after it) -> 1 (by `ratchet rescale`), with records produced between
 //! every step and a worker killed mid-checkpoint before each change. Every record lands once in all four sinks
 //! (the independent readers), nothing is left open or prepared, no old layout's checkpoint record stays, and
-//! `inspect` lists the layout history. On the PostgreSQL store and on the local store (the default).
+//! `inspect` lists the layout history. On the PostgreSQL store and on the local store (the default). The same with
+//! every sink routed by topic over two topics, and with kills at random moments within a rescale.
 
 use crate::common;
 
+use std::collections::BTreeMap;
+use std::ops::Range;
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use common::{Job, Rng, env_u64, seed};
+use common::{Job, Rng, create_topic, env_u64, seed};
 use test_support::Services;
+
+use crate::topics::{assert_each_topic_once, route_every_sink, wait_copied};
 
 /// `ratchet rescale --to <to>` on the job file, killed at `kill_at` when given.
 fn rescale(job: &Job, to: u32, kill_at: Option<&str>) -> Output {
@@ -165,6 +170,69 @@ async fn rescale_two_to_three_to_one(store: Store) {
         vec![format!("{}@2", job.name)],
         "only the current layout's records stay"
     );
+}
+
+/// A job whose every sink is routed by topic, over two topics: 2 -> 3 by `run` (after a `rescale` killed past
+/// its new records), then 3 -> 1 by `rescale`, with workers killed mid-checkpoint between the changes. Each
+/// topic's records land once in its own directory, Kafka topic, PostgreSQL table and Iceberg table: the routed
+/// instances' decided work is committed by the resolve and their positions dealt to the new subtasks.
+#[tokio::test(flavor = "multi_thread")]
+async fn rescaling_routed_sinks_over_several_topics_on_postgres() {
+    rescale_routed_sinks(Store::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rescaling_routed_sinks_over_several_topics_on_the_local_store() {
+    rescale_routed_sinks(Store::Local).await;
+}
+
+async fn rescale_routed_sinks(store: Store) {
+    let mut job = job_on(store, "rescale-routed", 2, 2).await;
+    let name = job.name.clone();
+    let (first, more) = (job.topic.clone(), format!("{name}-more"));
+    create_topic(&more, 3).await;
+    for topic in [&first, &more] {
+        create_topic(&format!("{name}-copy-{topic}"), 2).await;
+    }
+    route_every_sink(&job, &format!("{name}-(in|more)"));
+    let mut sent: BTreeMap<String, Vec<Range<i64>>> = BTreeMap::new();
+    let mut produce = async |job: &mut Job, count: u64| {
+        for topic in [&first, &more] {
+            let from = job.produced as i64;
+            job.produce_into(topic, count).await;
+            sent.entry(topic.to_string())
+                .or_default()
+                .push(from..job.produced as i64);
+        }
+    };
+    produce(&mut job, 400).await;
+    let mut worker = job.spawn_worker(&[]);
+    wait_copied(&format!("{name}-copy-{more}"), 400);
+    produce(&mut job, 200).await;
+    worker.kill9();
+
+    set_subtasks(&job, 2, 3);
+    let out = rescale(&job, 3, Some("after-new-records"));
+    assert_eq!(out.status.signal(), Some(9), "{}", said(&out));
+    produce(&mut job, 100).await;
+    // `run` rescales first, then runs the three subtasks with every topic's instances.
+    let mut worker = job.spawn_worker(&[]);
+    wait_copied(&format!("{name}-copy-{first}"), 700);
+    produce(&mut job, 100).await;
+    worker.kill9();
+
+    let out = rescale(&job, 1, None);
+    assert!(
+        out.status.success() && said(&out).contains("rescaled from 3 to 1 subtasks"),
+        "{}",
+        said(&out)
+    );
+    set_subtasks(&job, 3, 1);
+    produce(&mut job, 100).await;
+    job.spawn_worker(&["--exit-when-idle", "2s"])
+        .wait_exit(Duration::from_secs(120));
+    assert_each_topic_once(&job, &sent);
+    assert_eq!(recorded_count(&job), 1, "{}", store.name());
 }
 
 /// Two processes started at once with a new count (a rolling update): one rescales while the other waits for it,

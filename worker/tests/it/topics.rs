@@ -111,34 +111,7 @@ async fn routed_sinks_give_each_topic_its_own_table_directory_and_topic() {
     for topic in [&first, &more, &late] {
         create_topic(&copy(topic), 2).await;
     }
-    let out = job.dir.path().join("out").display().to_string();
-    for (from, to) in [
-        (
-            format!("topic = \"{first}\""),
-            format!("topic_pattern = \"{name}-(in|more|late)\"\nmetadata_refresh = \"1s\""),
-        ),
-        (
-            format!("path = \"{out}\""),
-            format!("path = \"{out}/${{topic}}\""),
-        ),
-        (
-            format!(
-                "topic = \"{}\"\ntransactional_id_prefix = \"{}\"",
-                job.copy_topic, job.copy_topic
-            ),
-            format!("topic = \"{name}-copy-${{topic}}\""),
-        ),
-        (
-            format!("table = \"{name}\"\nscope = \"{name}\""),
-            "table = \"r_${topic_safe}\"".to_string(),
-        ),
-        (
-            format!("table = \"{name}.orders\""),
-            format!("table = \"{name}.${{topic_safe}}\""),
-        ),
-    ] {
-        job.edit_config(&from, &to);
-    }
+    route_every_sink(&job, &format!("{name}-(in|more|late)"));
     let check = job.ratchet("check-config");
     let said = String::from_utf8_lossy(&check.stdout).to_string();
     assert!(
@@ -184,62 +157,7 @@ async fn routed_sinks_give_each_topic_its_own_table_directory_and_topic() {
     job.spawn_worker(&["--exit-when-idle", "2s"])
         .wait_exit(Duration::from_secs(120));
 
-    let services = Services::get();
-    let warehouse = format!("file://{}", job.dir.path().join("warehouse").display());
-    let catalog = services
-        .pg_url()
-        .replacen("postgres://", "postgresql+psycopg://", 1);
-    for (topic, ranges) in &sent {
-        let expected: Vec<i64> = ranges.iter().flat_map(|r| r.clone()).collect();
-        let safe = topic.replace('-', "_");
-        let files = services.verify(
-            "visible_ids.py",
-            &["local", &format!("{out}/{topic}"), "id"],
-        );
-        assert_eq!(
-            files["strays"],
-            serde_json::json!([]),
-            "{topic}: the file sink left strays"
-        );
-        let (kafka, _) = services.kafka_ids(services.kafka_bootstrap(), &copy(topic));
-        let table = services.verify(
-            "sql_table.py",
-            &["pg", services.pg_url(), &format!("r_{safe}"), "id"],
-        );
-        let lake = services.verify(
-            "iceberg_table.py",
-            &[
-                "ratchet",
-                &catalog,
-                &warehouse,
-                &format!("{name}.{safe}"),
-                "id",
-            ],
-        );
-        assert_eq!(
-            lake["unreferenced"],
-            serde_json::json!([]),
-            "{topic}: Iceberg files left behind"
-        );
-        for (sink, ids) in [
-            ("files", sorted_ids(&files["ids"])),
-            ("kafka", kafka),
-            ("table", sorted_ids(&table["ids"])),
-            ("iceberg", sorted_ids(&lake["ids"])),
-            ("iceberg (DuckDB)", sorted_ids(&lake["duckdb_ids"])),
-        ] {
-            assert!(
-                ids == expected,
-                "{topic} in {sink}: {} rows for {} records",
-                ids.len(),
-                expected.len()
-            );
-        }
-    }
-    let prepared = services.psql(&format!(
-        "select count(*) from pg_prepared_xacts where gid like 'ratchet.{name}~%'"
-    ));
-    assert_eq!(prepared.trim(), "0", "prepared transactions left");
+    assert_each_topic_once(&job, &sent);
 }
 
 /// A pattern that matches the job's own dead-letter topic is refused by `check-config` and by `run` before it
@@ -442,8 +360,108 @@ async fn a_retired_topic_is_forgotten_and_read_as_new_when_selected_again() {
     );
 }
 
+/// Makes every sink of `job` routed by topic, and its source the topics `pattern` matches: files under
+/// `out/${topic}`, Kafka into `<job>-copy-${topic}`, PostgreSQL table `r_${topic_safe}`, Iceberg table
+/// `<job>.${topic_safe}`.
+pub(crate) fn route_every_sink(job: &Job, pattern: &str) {
+    let name = &job.name;
+    let out = job.dir.path().join("out").display().to_string();
+    for (from, to) in [
+        (
+            format!("topic = \"{}\"", job.topic),
+            format!("topic_pattern = \"{pattern}\"\nmetadata_refresh = \"1s\""),
+        ),
+        (
+            format!("path = \"{out}\""),
+            format!("path = \"{out}/${{topic}}\""),
+        ),
+        (
+            format!(
+                "topic = \"{}\"\ntransactional_id_prefix = \"{}\"",
+                job.copy_topic, job.copy_topic
+            ),
+            format!("topic = \"{name}-copy-${{topic}}\""),
+        ),
+        (
+            format!("table = \"{name}\"\nscope = \"{name}\""),
+            "table = \"r_${topic_safe}\"".to_string(),
+        ),
+        (
+            format!("table = \"{name}.orders\""),
+            format!("table = \"{name}.${{topic_safe}}\""),
+        ),
+    ] {
+        job.edit_config(&from, &to);
+    }
+}
+
+/// Checks, with the independent readers, that each topic's records (the ids in `sent`) are each once in that
+/// topic's own directory, Kafka topic, PostgreSQL table and Iceberg table ([`route_every_sink`]), with no stray
+/// file, no unreferenced Iceberg file and no prepared transaction left.
+pub(crate) fn assert_each_topic_once(job: &Job, sent: &BTreeMap<String, Vec<Range<i64>>>) {
+    let name = &job.name;
+    let out = job.dir.path().join("out").display().to_string();
+    let copy = |topic: &str| format!("{name}-copy-{topic}");
+    let services = Services::get();
+    let warehouse = format!("file://{}", job.dir.path().join("warehouse").display());
+    let catalog = services
+        .pg_url()
+        .replacen("postgres://", "postgresql+psycopg://", 1);
+    for (topic, ranges) in sent {
+        let expected: Vec<i64> = ranges.iter().flat_map(|r| r.clone()).collect();
+        let safe = topic.replace('-', "_");
+        let files = services.verify(
+            "visible_ids.py",
+            &["local", &format!("{out}/{topic}"), "id"],
+        );
+        assert_eq!(
+            files["strays"],
+            serde_json::json!([]),
+            "{topic}: the file sink left strays"
+        );
+        let (kafka, _) = services.kafka_ids(services.kafka_bootstrap(), &copy(topic));
+        let table = services.verify(
+            "sql_table.py",
+            &["pg", services.pg_url(), &format!("r_{safe}"), "id"],
+        );
+        let lake = services.verify(
+            "iceberg_table.py",
+            &[
+                "ratchet",
+                &catalog,
+                &warehouse,
+                &format!("{name}.{safe}"),
+                "id",
+            ],
+        );
+        assert_eq!(
+            lake["unreferenced"],
+            serde_json::json!([]),
+            "{topic}: Iceberg files left behind"
+        );
+        for (sink, ids) in [
+            ("files", sorted_ids(&files["ids"])),
+            ("kafka", kafka),
+            ("table", sorted_ids(&table["ids"])),
+            ("iceberg", sorted_ids(&lake["ids"])),
+            ("iceberg (DuckDB)", sorted_ids(&lake["duckdb_ids"])),
+        ] {
+            assert!(
+                ids == expected,
+                "{topic} in {sink}: {} rows for {} records",
+                ids.len(),
+                expected.len()
+            );
+        }
+    }
+    let prepared = services.psql(&format!(
+        "select count(*) from pg_prepared_xacts where gid like 'ratchet.{name}~%'"
+    ));
+    assert_eq!(prepared.trim(), "0", "prepared transactions left");
+}
+
 /// Waits (polling the read_committed verifier) until `topic` holds `records` records.
-fn wait_copied(topic: &str, records: usize) {
+pub(crate) fn wait_copied(topic: &str, records: usize) {
     let services = Services::get();
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
