@@ -121,7 +121,10 @@ async fn start(
             )
         })?;
     }
-    let leases = mode.join(&job, &kafka).await?;
+    // The layout generation the job is in now (after a rescale above): the Kafka group's coordination topic is
+    // that layout's.
+    let generation = jobs.generation().await?;
+    let leases = mode.join(&job, &kafka, generation).await?;
     // Every process of a job on the PostgreSQL store says it is alive, whatever its membership: an operation that
     // changes the layout (resolve, rescale) waits for it or is refused.
     let presence = match &job.store {

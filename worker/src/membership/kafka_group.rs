@@ -70,18 +70,23 @@ struct State {
     released: BTreeSet<u32>,
 }
 
-/// The names a job's group uses: its coordination topic and its group id.
-pub fn names(job: &str) -> (String, String) {
-    (
-        format!("ratchet.{job}.subtasks"),
-        format!("ratchet.{job}.members"),
-    )
+/// The names a job's group uses in layout `generation`: its coordination topic (`ratchet.<job>.subtasks` for
+/// the first layout, `ratchet.<job>.subtasks-<g>` after the `g`-th change of the subtask count, so each layout's
+/// topic has exactly one partition per subtask: Kafka cannot take partitions away) and its group id (the same in
+/// every layout).
+pub fn names(job: &str, generation: u64) -> (String, String) {
+    let topic = match generation {
+        0 => format!("ratchet.{job}.subtasks"),
+        g => format!("ratchet.{job}.subtasks-{g}"),
+    };
+    (topic, format!("ratchet.{job}.members"))
 }
 
 impl KafkaGroup {
-    /// Joins the job's group as `instance` (a static member; `None`: a dynamic one), creating the coordination
-    /// topic (one partition per subtask, the broker's default replication) or adding partitions up to the subtask
-    /// count. The session timeout is `[job] lease` (at least 6 s, the broker's minimum); the rebalance timeout
+    /// Joins the job's group as `instance` (a static member; `None`: a dynamic one) on the coordination topic of
+    /// layout `generation`, creating it (one partition per subtask, the broker's default replication) or adding
+    /// partitions up to the subtask count; the topics of earlier layouts are deleted (a rescale stopped every
+    /// process first; a failure to delete is logged, nothing more). The session timeout is `[job] lease` (at least 6 s, the broker's minimum); the rebalance timeout
     /// covers a checkpoint and the calls around it.
     ///
     /// # Errors
@@ -90,10 +95,12 @@ impl KafkaGroup {
         kafka: &KafkaConnection,
         job: &JobConfig,
         instance: Option<&str>,
+        generation: u64,
     ) -> Result<Self> {
-        let (topic, group) = names(&job.job.name);
+        let (topic, group) = names(&job.job.name, generation);
         let subtasks = job.job.subtasks;
         ensure_topic(kafka, &topic, subtasks).await?;
+        retire_old_topics(kafka, &job.job.name, generation).await;
         let session = job.job.lease.max(MIN_SESSION);
         let rebalance_timeout =
             (job.job.checkpoint_interval + job.job.max_call_time * 3 + Duration::from_secs(10))
@@ -186,6 +193,52 @@ fn poll(consumer: BaseConsumer<GroupContext>, shared: &Shared, coordination: &Co
             }
             check_topic(&consumer, shared, coordination, &mut runtime);
         }
+    }
+}
+
+/// Deletes the coordination topics of the layouts before `generation` that are still there. Best effort: one left
+/// behind only costs its (empty) partitions.
+async fn retire_old_topics(kafka: &KafkaConnection, job: &str, generation: u64) {
+    if generation == 0 {
+        return;
+    }
+    const WITHIN: Duration = Duration::from_secs(30);
+    let old: Vec<String> = (0..generation).map(|g| names(job, g).0).collect();
+    let existing = match kafka.topics_metadata(Some(&old), WITHIN).await {
+        Ok(metadata) => old
+            .into_iter()
+            .filter(|t| metadata.get(t).is_some_and(|m| !m.partitions.is_empty()))
+            .collect::<Vec<_>>(),
+        Err(e) => {
+            tracing::warn!(error = %connector_api::Report(&e), "cannot look for earlier layouts' coordination topics");
+            return;
+        }
+    };
+    if existing.is_empty() {
+        return;
+    }
+    let deleted = async {
+        let admin: AdminClient<DefaultClientContext> = kafka.client_config().create()?;
+        let names: Vec<&str> = existing.iter().map(String::as_str).collect();
+        let options = AdminOptions::new()
+            .operation_timeout(Some(WITHIN))
+            .request_timeout(Some(WITHIN));
+        admin.delete_topics(&names, &options).await
+    };
+    match deleted.await {
+        Ok(results) => {
+            for result in results {
+                match result {
+                    Ok(topic) => {
+                        tracing::info!(%topic, "deleted an earlier layout's coordination topic")
+                    }
+                    Err((topic, code)) => tracing::warn!(%topic, %code,
+                        "cannot delete an earlier layout's coordination topic; it only costs its empty partitions"),
+                }
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, topics = ?existing,
+            "cannot delete earlier layouts' coordination topics; they only cost their empty partitions"),
     }
 }
 

@@ -127,7 +127,8 @@ impl Mode {
         }
     }
 
-    /// Joins the job in this mode: takes the local lock, joins the lease tables or the Kafka group.
+    /// Joins the job in this mode: takes the local lock, joins the lease tables or the Kafka group (on the
+    /// coordination topic of layout `generation`).
     ///
     /// # Errors
     /// Another process holds the local lock; the store or Kafka cannot be reached (after retries).
@@ -135,6 +136,7 @@ impl Mode {
         &self,
         job: &JobConfig,
         kafka: &kafka_source::KafkaConnection,
+        generation: u64,
     ) -> Result<Box<dyn Membership>> {
         Ok(match self {
             Self::LocalLock(path) => Box::new(local::LocalLease::take(
@@ -147,9 +149,9 @@ impl Mode {
                     "static membership: running this member's subtasks");
                 Box::new(*share)
             }
-            Self::KafkaGroup { member } => {
-                Box::new(kafka_group::KafkaGroup::join(kafka, job, member.as_deref()).await?)
-            }
+            Self::KafkaGroup { member } => Box::new(
+                kafka_group::KafkaGroup::join(kafka, job, member.as_deref(), generation).await?,
+            ),
             Self::Leases(url) => {
                 tracing::info!(
                     "membership by leases (deprecated for new deployments: a rolling restart moves subtasks; use \

@@ -221,10 +221,89 @@ async fn a_deleted_coordination_topic_is_created_again() {
     {
         result.unwrap();
     }
-    workers[0].wait_logged("creating it again", 1, Duration::from_secs(60));
+    // Whichever member looks first creates it; the other then finds it there.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !workers
+        .iter()
+        .any(|w| w.log_text().contains("creating it again"))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no member created the coordination topic again within 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
     job.produce(300).await;
     job.wait_delivered(Duration::from_secs(120));
     wait_spread(&job, 2);
+    for worker in &mut workers {
+        worker.stop(Duration::from_secs(60));
+    }
+    job.assert_exactly_once();
+}
+
+/// After a rescale 6 -> 2 (every member stopped first), two members hold one subtask each: the new layout has a
+/// coordination topic of two partitions (`ratchet.<job>.subtasks-1`), so no member is dealt only the partitions
+/// of subtasks that no longer exist, and the first layout's topic is deleted. Every record lands once.
+#[tokio::test(flavor = "multi_thread")]
+async fn after_a_scale_down_every_member_runs_a_subtask() {
+    let mut job = Job::new("groupdown", 6, 6, "6s").await;
+    job.edit_config(
+        "lease = \"6s\"",
+        "lease = \"6s\"\nmembership = \"kafka-group\"",
+    );
+    job.produce(300).await;
+    let mut workers = vec![
+        job.spawn_worker(&["--member", "a"]),
+        job.spawn_worker(&["--member", "b"]),
+        job.spawn_worker(&["--member", "c"]),
+    ];
+    job.wait_delivered(Duration::from_secs(120));
+    wait_spread(&job, 3);
+    for worker in &mut workers {
+        worker.stop(Duration::from_secs(60));
+    }
+    job.edit_config("subtasks = 6", "subtasks = 2");
+    job.produce(300).await;
+    // Two members start with the new count at once: one rescales, the other waits for it.
+    let mut workers = vec![
+        job.spawn_worker(&["--member", "a"]),
+        job.spawn_worker(&["--member", "b"]),
+    ];
+    job.wait_delivered(Duration::from_secs(180));
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let now = assignment(&job);
+        if now.len() == 2 && now.values().all(|subtasks| subtasks.len() == 1) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "two members on two subtasks did not get one each: {now:?}"
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let first_layout = format!("ratchet.{}.subtasks", job.name);
+    let consumer: rdkafka::consumer::BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", Services::get().kafka_bootstrap())
+        .set("allow.auto.create.topics", "false")
+        .create()
+        .unwrap();
+    let metadata = rdkafka::consumer::Consumer::fetch_metadata(
+        &consumer,
+        Some(&first_layout),
+        Duration::from_secs(30),
+    )
+    .unwrap();
+    let left = metadata
+        .topics()
+        .iter()
+        .find(|t| t.name() == first_layout && t.error().is_none())
+        .map_or(0, |t| t.partitions().len());
+    assert_eq!(
+        left, 0,
+        "the first layout's coordination topic is still there"
+    );
     for worker in &mut workers {
         worker.stop(Duration::from_secs(60));
     }
