@@ -165,6 +165,12 @@ impl Error {
         Self::new(ErrorKind::Config, Phase::Setup, message)
     }
 
+    /// The error with `what` (where it was found: a setting, a file) put before its message, as `what: message`.
+    pub fn context(mut self, what: impl fmt::Display) -> Self {
+        self.message = format!("{what}: {}", self.message);
+        self
+    }
+
     /// A [`Bug`](ErrorKind::Bug) in `phase`: an invariant of Ratchet's own code does not hold.
     pub fn bug(phase: Phase, message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Bug, phase, message)

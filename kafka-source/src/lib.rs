@@ -48,6 +48,7 @@ mod partitions;
 mod reader;
 mod record;
 mod reject;
+mod settings;
 mod source;
 mod tombstone;
 mod topics;
@@ -64,6 +65,10 @@ pub use kafka_connection::KafkaConnection;
 pub use metadata::{KeyDecoding, MetadataColumns, headers_field};
 pub use partitions::{Gap, GapPolicy};
 pub use reject::RejectedRecord;
+pub use settings::{
+    AvroFramingSettings, DebeziumConverter, DecodingSettings, KafkaSourceSettings,
+    MetadataSettings, OnGap, is_connection_setting,
+};
 pub use source::{KafkaSource, KafkaSourceOptions, Watermarks};
 pub use tombstone::Tombstone;
 pub use topics::{PartitionShare, TopicPartition, TopicSelection, topic_hash};

@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 
 use crate::config::JobConfig;
 use crate::config::KAFKA_REACHABLE_WITHIN;
-use crate::config::{DebeziumConverter, DecodingConfig};
+use kafka_source::{DebeziumConverter, DecodingSettings};
 
 /// How often the source is looked at while waiting.
 const POLL: Duration = Duration::from_secs(2);
@@ -20,7 +20,7 @@ const LOG_EVERY: Duration = Duration::from_secs(30);
 /// # Errors
 /// The cluster or the registry cannot be asked (unreachable, credentials refused).
 pub async fn missing(job: &JobConfig) -> Result<Option<String>> {
-    let DecodingConfig::Debezium { converter, .. } = &job.source.decoding else {
+    let DecodingSettings::Debezium { converter, .. } = &job.source.decoding else {
         return Ok(None);
     };
     let Some(topic) = job.source.single_topic() else {

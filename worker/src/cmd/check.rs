@@ -109,7 +109,7 @@ pub async fn run(args: CheckArgs) -> Result<()> {
     report("checkpoint store".into(), store);
     let registry = crate::job::sinks::registry();
     let waiting = crate::cmd::awaiting::missing(&job).await.ok().flatten();
-    match job.schema().await {
+    match job.resolve_source().await.map(|source| source.schema) {
         Err(_) if waiting.is_some() => println!(
             "wait  source schema: {} does not exist yet: `ratchet run` waits for it; the sinks are checked \
              against the change events' columns once it exists",

@@ -65,6 +65,7 @@ async fn forget_held(job: &JobConfig, topic: &str) -> Result<()> {
         );
     }
     let job_id = recorded.job_id(name)?;
+    let schema = job.resolve_source().await?.schema;
     let mut forgotten = 0;
     for subtask in 0..recorded.subtasks {
         let mut driver = crate::job::assemble::driver_for(
@@ -73,6 +74,7 @@ async fn forget_held(job: &JobConfig, topic: &str) -> Result<()> {
             job_id.as_ref(),
             subtask,
             recorded.generation,
+            &schema,
         )
         .await?;
         let restored = driver

@@ -41,10 +41,18 @@ pub async fn inspect(args: OperateArgs) -> Result<()> {
             change.generation, change.previous, change.subtasks, change.at
         );
     }
+    let schema = job.resolve_source().await?.schema;
     let (mut commits, mut aborts) = (0, 0);
     for subtask in 0..job.job.subtasks {
-        let mut driver =
-            driver_for(&job, &jobs, job_id.as_ref(), subtask, identity.generation).await?;
+        let mut driver = driver_for(
+            &job,
+            &jobs,
+            job_id.as_ref(),
+            subtask,
+            identity.generation,
+            &schema,
+        )
+        .await?;
         let inspection = driver
             .inspect()
             .await
@@ -177,9 +185,10 @@ async fn resolve_every_subtask(
     job_id: Option<&JobId>,
     generation: u64,
 ) -> Result<()> {
+    let schema = job.resolve_source().await?.schema;
     let mut outcome = Ok(());
     for subtask in 0..job.job.subtasks {
-        let mut driver = driver_for(job, jobs, job_id, subtask, generation).await?;
+        let mut driver = driver_for(job, jobs, job_id, subtask, generation, &schema).await?;
         match driver.start().await {
             Ok(restored) => {
                 driver

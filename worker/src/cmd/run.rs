@@ -97,7 +97,7 @@ async fn start(
     // here, not after a rescale.
     let mode = crate::membership::Mode::choose(&job, args.member.as_deref(), args.of)?;
     // A schema registry's reader schemas, looked up once for the process (every subtask and sink uses these).
-    job.decodings().await?;
+    let source = Arc::new(job.resolve_source().await?);
     // What the source reads is checked before anything is written (a rescale writes the new layout): never a
     // topic the job writes, and partitions dealt as the store records them.
     let selection = job.selection()?;
@@ -157,6 +157,7 @@ async fn start(
     let base = SubtaskContext {
         job: job.clone(),
         job_id,
+        source,
         jobs,
         generation: identity.generation,
         registry: Arc::new(crate::job::sinks::registry()),

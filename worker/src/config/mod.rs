@@ -24,14 +24,16 @@
 //! ```
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use arrow_schema::SchemaRef;
 use connector_api::{DriverConfig, SinkSpec};
 use connector_common::config::with_suggestion;
-use kafka_source::{Decoding, KafkaConnection, KafkaSourceOptions, MetadataColumns};
+use kafka_source::{
+    Decoding, KafkaConnection, KafkaSourceOptions, KafkaSourceSettings, MetadataColumns,
+    PartitionShare,
+};
 use serde::Deserialize;
 
 /// How long the source's Kafka cluster may take to answer at start (`run`, `check-config`, waiting for a change
@@ -41,13 +43,11 @@ pub const KAFKA_REACHABLE_WITHIN: std::time::Duration = std::time::Duration::fro
 mod kafka_to_kafka;
 pub mod overrides;
 pub mod routed;
-mod source;
 mod written;
 
 /// The sink id the dead-letter topic's sink runs under ([`crate::job::dead_letter`]); no `[[sinks]]` entry may take it.
 pub const DEAD_LETTER_SINK_ID: &str = "dead-letter";
 
-pub use source::{DebeziumConverter, DecodingConfig, SourceConfig, is_connection_setting};
 pub use written::refuse_reading_written;
 
 /// A whole job file.
@@ -57,7 +57,7 @@ pub struct JobConfig {
     /// Name, subtasks, timing.
     pub job: JobSection,
     /// The Kafka topic read.
-    pub source: SourceConfig,
+    pub source: KafkaSourceSettings,
     /// Where checkpoint records live (a local directory when absent).
     #[serde(default)]
     pub store: StoreConfig,
@@ -66,10 +66,6 @@ pub struct JobConfig {
     /// Where records that cannot be decoded or written go instead of stopping the job (absent: they stop it).
     #[serde(default)]
     pub dead_letter: Option<DeadLetterConfig>,
-    /// The source's decodings, resolved once per process (a registry's reader schemas are looked up once, so
-    /// every subtask and sink of the process sees the same columns).
-    #[serde(skip)]
-    decodings: Arc<tokio::sync::OnceCell<(Decoding, MetadataColumns)>>,
 }
 
 /// `[dead_letter]`: a Kafka topic on the source's cluster ([`crate::job::dead_letter`]).
@@ -298,21 +294,24 @@ impl JobConfig {
     /// # Errors
     /// A connection setting that cannot be honoured, named.
     pub fn kafka(&self) -> Result<KafkaConnection> {
-        KafkaConnection::new(&self.source.bootstrap_servers, &self.source.client)
-            .context("[source]")
+        Ok(self.source.connection()?)
     }
 
-    /// How the source decodes records, and the record metadata it adds as columns: resolved on first use (a
-    /// schema registry's reader schemas looked up), the same afterwards for the life of the process.
+    /// How the source decodes records, the record metadata it adds as columns, and the schema of the batches:
+    /// a schema registry's reader schemas looked up now. Resolved once per process (`run` keeps it for every
+    /// subtask, so all of them and every sink see the same columns) or per command.
     ///
     /// # Errors
     /// A decoding or metadata setting that is wrong, named; a registry subject without schemas, or a registry
-    /// that cannot be reached (after retries).
-    pub async fn decodings(&self) -> Result<(Decoding, MetadataColumns)> {
-        self.decodings
-            .get_or_try_init(|| self.source.decodings(self.evolves()))
-            .await
-            .cloned()
+    /// that cannot be reached (after retries); a metadata column named like a decoded column.
+    pub async fn resolve_source(&self) -> Result<SourceSetup> {
+        let (decoding, metadata) = self.source.decodings(self.evolves()).await?;
+        let schema = metadata.schema(&decoding).context("[source] metadata")?;
+        Ok(SourceSetup {
+            decoding,
+            metadata,
+            schema,
+        })
     }
 
     /// Whether the job takes new fields of the source's schema: every sink has `evolution = "add-columns"` (a
@@ -323,41 +322,6 @@ impl JobConfig {
                 .sinks
                 .iter()
                 .all(|s| s.evolution == connector_api::Evolution::AddColumns)
-    }
-
-    /// The schema of the batches every sink receives: the decoding's columns, then the metadata columns.
-    ///
-    /// # Errors
-    /// As [`decodings`](Self::decodings); a metadata column named like a decoded column.
-    pub async fn schema(&self) -> Result<SchemaRef> {
-        let (decoding, metadata) = self.decodings().await?;
-        metadata.schema(&decoding).context("[source] metadata")
-    }
-
-    /// The source options for one subtask (its share of the partitions is set by the caller).
-    ///
-    /// # Errors
-    /// As [`decodings`](Self::decodings).
-    pub async fn source_options(&self) -> Result<KafkaSourceOptions> {
-        let (decoding, metadata) = self.decodings().await?;
-        let mut options = KafkaSourceOptions {
-            decoding,
-            metadata,
-            client: self
-                .source
-                .client
-                .iter()
-                .filter(|(k, _)| !is_connection_setting(k))
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
-            on_gap: self.source.on_gap.policy(),
-            metadata_refresh: self.source.metadata_refresh,
-            ..KafkaSourceOptions::default()
-        };
-        if let Some(rows) = self.source.batch_rows {
-            options.batch_rows = rows;
-        }
-        Ok(options)
     }
 
     /// The driver configuration of every subtask.
@@ -396,6 +360,36 @@ impl JobConfig {
             claim_round: driver.max_call_time,
             guard_idle: driver.max_recovery_time,
         }
+    }
+}
+
+/// The source resolved for a run ([`JobConfig::resolve_source`]): decodings, metadata columns, and the schema of
+/// every batch the sinks receive.
+#[derive(Debug, Clone)]
+pub struct SourceSetup {
+    /// How values (and keys) become columns.
+    pub decoding: Decoding,
+    /// The record metadata added as columns.
+    pub metadata: MetadataColumns,
+    /// The decoding's columns, then the metadata columns.
+    pub schema: SchemaRef,
+}
+
+impl SourceSetup {
+    /// The reader's options for subtask `share` of `job`, diverting bad records when `divert` (the job has a
+    /// dead-letter topic).
+    pub fn options(
+        &self,
+        job: &JobConfig,
+        share: PartitionShare,
+        divert: bool,
+    ) -> KafkaSourceOptions {
+        let mut options = job
+            .source
+            .options(self.decoding.clone(), self.metadata.clone());
+        options.share = Some(share);
+        options.divert_bad_records = divert;
+        options
     }
 }
 

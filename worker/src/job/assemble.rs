@@ -26,6 +26,8 @@ pub struct SubtaskContext {
     pub job: Arc<JobConfig>,
     /// What the sinks are scoped by (`None`: the sink ids alone, for a job from before job scoping).
     pub job_id: Option<connector_api::JobId>,
+    /// The source, resolved once for the process (every subtask and sink sees the same columns).
+    pub source: Arc<crate::config::SourceSetup>,
     /// The job's state in the checkpoint store.
     pub jobs: Arc<dyn JobStore>,
     /// The job's layout generation ([`crate::job::rescale`]): where its checkpoint records are.
@@ -96,7 +98,7 @@ pub async fn build(
 ) -> Result<(Driver<SubtaskStore>, Prepared)> {
     let job = &context.job;
     let subtask = SubtaskId(index);
-    let schema = job.schema().await.map_err(config_error)?;
+    let schema = context.source.schema.clone();
     let store = SubtaskStore::open(
         &context.jobs,
         context.generation,
@@ -234,7 +236,7 @@ pub async fn instances_of_job(
 }
 
 /// A driver for `subtask` (in layout `generation`) with every sink of the job (scoped as `job_id` says) and its
-/// dead-letter sink, not started. A routed entry
+/// dead-letter sink (built for batches of `schema`), not started. A routed entry
 /// ([`crate::job::routing`]) is there as the instances the subtask would build on its next start: for the topics its
 /// share holds now and those its last checkpoint has positions for.
 pub async fn driver_for(
@@ -243,6 +245,7 @@ pub async fn driver_for(
     job_id: Option<&JobId>,
     subtask: u32,
     generation: u64,
+    schema: &arrow_schema::SchemaRef,
 ) -> anyhow::Result<Driver<SubtaskStore>> {
     let id = SubtaskId(subtask);
     let store = SubtaskStore::open(jobs, generation, id, job.store_limits())
@@ -251,8 +254,7 @@ pub async fn driver_for(
     let topics = topics_of_subtask(job, &store, subtask).await?;
     let mut driver = Driver::new(store, job.driver_config());
     let registry = crate::job::sinks::registry();
-    let schema = job.schema().await?;
-    add_job_sinks(&mut driver, job, &registry, job_id, id, &topics, &schema).await?;
+    add_job_sinks(&mut driver, job, &registry, job_id, id, &topics, schema).await?;
     Ok(driver)
 }
 

@@ -84,7 +84,7 @@ pub fn sink(job: &JobConfig, config: &DeadLetterConfig, subtask: SubtaskId) -> R
         .source
         .client
         .iter()
-        .filter(|(k, _)| crate::config::is_connection_setting(k))
+        .filter(|(k, _)| kafka_source::is_connection_setting(k))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     sink.records = RecordMapping {

@@ -91,13 +91,20 @@ async fn rescale_held(
     let mut old = job.clone();
     old.job.subtasks = from;
     let job_id = recorded.job_id(name)?;
+    let schema = job.resolve_source().await?.schema;
     let mut positions: Vec<SourceOffset> = Vec::new();
     let mut owners = BTreeMap::new();
     let mut above = CheckpointId(1);
     for subtask in 0..from {
-        let mut driver =
-            crate::job::assemble::driver_for(&old, jobs, job_id.as_ref(), subtask, generation)
-                .await?;
+        let mut driver = crate::job::assemble::driver_for(
+            &old,
+            jobs,
+            job_id.as_ref(),
+            subtask,
+            generation,
+            &schema,
+        )
+        .await?;
         let restored = driver
             .start()
             .await

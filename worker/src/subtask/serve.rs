@@ -33,9 +33,9 @@ pub(super) async fn serve(
     mut stop: watch::Receiver<Stop>,
 ) -> Result<Served> {
     let job = &context.job;
-    let mut options = job.source_options().await.map_err(config_error)?;
-    options.share = Some(context.share(index));
-    options.divert_bad_records = outputs.dead_letter.is_some();
+    let options = context
+        .source
+        .options(job, context.share(index), outputs.dead_letter.is_some());
     let mut source = KafkaSource::open_topics(
         &context.kafka,
         job.selection().map_err(config_error)?,

@@ -1,20 +1,47 @@
-//! `[source]` of a job file: the Kafka topic, how its records become rows, and what to do about a gap in its log.
+//! The source's settings as a job file writes them (`[source]` of Ratchet's worker, or any TOML or JSON an
+//! embedding job deserializes): the Kafka topics, how records become rows, which metadata become columns, what a
+//! gap in the log means, and the schema registry; resolved into the [`Decoding`], [`MetadataColumns`] and
+//! [`KafkaSourceOptions`] the reader takes. Every refusal is a [`Config`](ErrorKind::Config) error naming the
+//! setting and what to change.
+//!
+//! | key | meaning | default |
+//! |---|---|---|
+//! | `bootstrap_servers` | Kafka bootstrap servers | required |
+//! | `topic` / `topics` / `topic_pattern` | what is read: exactly one of the three | required |
+//! | `decoding` | `{ kind = "text" \| "binary" \| "json" \| "avro" \| "debezium", ... }` | `text` |
+//! | `headers` | add a `headers` column | false |
+//! | `[metadata]` | `topic`, `partition`, `offset`, `timestamp`, `key` (+ `key_decoding`), `headers` columns | none |
+//! | `batch_rows` | rows per batch at most | the reader's |
+//! | `client` | librdkafka settings (connection and consumer tuning) | none |
+//! | `on_gap` | `fail` or `earliest` for records removed before they were read | `fail` |
+//! | `metadata_refresh` | how often partitions and topics are looked for | 30 s |
+//! | `[registry]` | the schema registry Avro writer schemas come from | none |
+//! | `lag_group` | the consumer group decided positions are also committed to | the job's choice |
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
-use kafka_source::{
-    AvroDecoding, AvroFraming, DebeziumDecoding, Decoding, GapPolicy, JsonDecoding, JsonField,
-    KeyDecoding, MetadataColumns, ReaderSchema, TopicSelection, Truncate, UnknownFields,
-};
+use connector_api::{Error, ErrorKind, Result};
 use schema_registry::{RegistrySettings, SchemaRegistry, SubjectStrategy};
 use serde::Deserialize;
+
+use crate::{
+    AvroDecoding, AvroFraming, DebeziumDecoding, Decoding, GapPolicy, JsonDecoding, JsonField,
+    KafkaConnection, KafkaSourceOptions, KeyDecoding, MetadataColumns, ReaderSchema,
+    TopicSelection, Truncate, UnknownFields,
+};
+
+/// Refuses with a [`Config`](ErrorKind::Config) error: `refuse!(format-args)`.
+macro_rules! refuse {
+    ($($arg:tt)*) => {
+        return Err(Error::config(format!($($arg)*)))
+    };
+}
 
 /// `[source]`: Kafka topics, read with `isolation.level=read_committed` from the checkpointed positions.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct SourceConfig {
+pub struct KafkaSourceSettings {
     /// Kafka bootstrap servers.
     pub bootstrap_servers: String,
     /// The topic (or `topics`, or `topic_pattern`: exactly one of the three; [`selection`](Self::selection)).
@@ -29,13 +56,13 @@ pub struct SourceConfig {
     pub topic_pattern: Option<String>,
     /// How records become rows (`text` by default).
     #[serde(default)]
-    pub decoding: DecodingConfig,
+    pub decoding: DecodingSettings,
     /// Add a `headers` column (the same as `metadata.headers = "headers"`).
     #[serde(default)]
     pub headers: bool,
     /// Record metadata as columns after the decoding's (`[source.metadata]`).
     #[serde(default)]
-    pub metadata: MetadataConfig,
+    pub metadata: MetadataSettings,
     /// Rows per batch at most.
     #[serde(default)]
     pub batch_rows: Option<usize>,
@@ -54,7 +81,7 @@ pub struct SourceConfig {
     #[serde(default)]
     pub registry: Option<RegistrySettings>,
     /// The Kafka consumer group decided positions are also committed to, for lag in the usual tools
-    /// (informational, never read back; default `ratchet.<job>`, `""` for none): [`crate::ops::lag`].
+    /// (informational, never read back; Ratchet's worker defaults it to `ratchet.<job>`, `""` for none).
     #[serde(default)]
     pub lag_group: Option<String>,
 }
@@ -63,7 +90,7 @@ pub struct SourceConfig {
 /// Types and null rules: docs/worker.md, "Record metadata as columns".
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct MetadataConfig {
+pub struct MetadataSettings {
     /// The record's topic (`Utf8`).
     pub topic: Option<String>,
     /// Its partition (`Int32`).
@@ -76,12 +103,45 @@ pub struct MetadataConfig {
     pub key: Option<String>,
     /// How the key is decoded: `text` (the default), `binary`, `json` with fields, or `avro` like the value.
     #[serde(default)]
-    pub key_decoding: Option<DecodingConfig>,
+    pub key_decoding: Option<DecodingSettings>,
     /// Its headers (`Map<Utf8, Binary>`).
     pub headers: Option<String>,
 }
 
-impl SourceConfig {
+impl KafkaSourceSettings {
+    /// The connection to the source's cluster: the bootstrap servers and the `client` settings that say how to
+    /// reach it.
+    ///
+    /// # Errors
+    /// A connection setting that cannot be honoured, named.
+    pub fn connection(&self) -> Result<KafkaConnection> {
+        KafkaConnection::new(&self.bootstrap_servers, &self.client)
+            .map_err(|e| e.context("[source]"))
+    }
+
+    /// The reader's options with `decoding` and `metadata` (from [`decodings`](Self::decodings)): the consumer's
+    /// own `client` settings, the gap policy, the metadata refresh and the batch size. Which partitions it reads
+    /// (`share`) and whether bad records are diverted are the caller's.
+    pub fn options(&self, decoding: Decoding, metadata: MetadataColumns) -> KafkaSourceOptions {
+        let mut options = KafkaSourceOptions {
+            decoding,
+            metadata,
+            client: self
+                .client
+                .iter()
+                .filter(|(k, _)| !is_connection_setting(k))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            on_gap: self.on_gap.policy(),
+            metadata_refresh: self.metadata_refresh,
+            ..KafkaSourceOptions::default()
+        };
+        if let Some(rows) = self.batch_rows {
+            options.batch_rows = rows;
+        }
+        options
+    }
+
     /// What the source reads: exactly one of `topic`, `topics` (not empty, no topic twice) or `topic_pattern`.
     ///
     /// # Errors
@@ -91,21 +151,21 @@ impl SourceConfig {
             (Some(topic), None, None) => Ok(TopicSelection::One(topic.clone())),
             (None, Some(topics), None) => {
                 if topics.is_empty() {
-                    bail!("[source] topics is empty: name at least one topic");
+                    refuse!("[source] topics is empty: name at least one topic");
                 }
                 if let Some(twice) = topics
                     .iter()
                     .enumerate()
                     .find(|(i, t)| topics[..*i].contains(t))
                 {
-                    bail!("[source] topics names {:?} twice", twice.1);
+                    refuse!("[source] topics names {:?} twice", twice.1);
                 }
                 Ok(TopicSelection::List(topics.clone()))
             }
             (None, None, Some(pattern)) => {
-                TopicSelection::pattern(pattern).context("[source] topic_pattern")
+                TopicSelection::pattern(pattern).map_err(|e| e.context("[source] topic_pattern"))
             }
-            _ => bail!(
+            _ => refuse!(
                 "[source] names what it reads with exactly one of topic = \"..\", topics = [\"..\", ..] or \
                  topic_pattern = \"<regular expression>\""
             ),
@@ -132,9 +192,15 @@ impl SourceConfig {
         if self.schema_registry()?.is_some() {
             return Ok(None);
         }
-        let value = self.decoding.declared().context("[source] decoding")?;
+        let value = self
+            .decoding
+            .declared()
+            .map_err(|e| e.context("[source] decoding"))?;
         let key = match self.declared_key() {
-            Some(key) => Some(key.declared().context("[source.metadata] key_decoding")?),
+            Some(key) => Some(
+                key.declared()
+                    .map_err(|e| e.context("[source.metadata] key_decoding"))?,
+            ),
             None => None,
         };
         Ok(Some((value, self.metadata_columns(key)?)))
@@ -163,12 +229,12 @@ impl SourceConfig {
             .decoding
             .resolve(lookup(false))
             .await
-            .context("[source] decoding")?;
+            .map_err(|e| e.context("[source] decoding"))?;
         let key = match self.declared_key() {
             Some(key) => Some(
                 key.resolve(lookup(true))
                     .await
-                    .context("[source.metadata] key_decoding")?,
+                    .map_err(|e| e.context("[source.metadata] key_decoding"))?,
             ),
             None => None,
         };
@@ -183,33 +249,33 @@ impl SourceConfig {
         let Some(settings) = &self.registry else {
             return Ok(None);
         };
-        let avro = |d: &DecodingConfig| {
+        let avro = |d: &DecodingSettings| {
             matches!(
                 d,
-                DecodingConfig::Avro { .. }
-                    | DecodingConfig::Debezium {
+                DecodingSettings::Avro { .. }
+                    | DecodingSettings::Debezium {
                         converter: DebeziumConverter::Avro,
                         ..
                     }
             )
         };
         if !avro(&self.decoding) && !self.declared_key().is_some_and(avro) {
-            bail!(
+            refuse!(
                 "[source.registry] is set, but neither `decoding` nor `metadata.key_decoding` is Avro: remove it, \
                  or use kind = \"avro\" (or kind = \"debezium\" with converter = \"avro\")"
             );
         }
-        Ok(Some(
-            SchemaRegistry::new(settings).context("[source.registry]")?,
-        ))
+        Ok(Some(SchemaRegistry::new(settings).map_err(|e| {
+            Error::config("[source.registry]").with_source(e)
+        })?))
     }
 
     /// The key's decoding when it is JSON or Avro.
-    fn declared_key(&self) -> Option<&DecodingConfig> {
+    fn declared_key(&self) -> Option<&DecodingSettings> {
         self.metadata
             .key_decoding
             .as_ref()
-            .filter(|d| !matches!(d, DecodingConfig::Text | DecodingConfig::Binary))
+            .filter(|d| !matches!(d, DecodingSettings::Text | DecodingSettings::Binary))
     }
 
     /// The metadata columns `[source]` asks for (`headers = true` is `metadata.headers = "headers"`), the key
@@ -220,7 +286,7 @@ impl SourceConfig {
     fn metadata_columns(&self, key: Option<Decoding>) -> Result<MetadataColumns> {
         let metadata = &self.metadata;
         let headers = match (self.headers, &metadata.headers) {
-            (true, Some(name)) => bail!(
+            (true, Some(name)) => refuse!(
                 "[source] sets both `headers = true` and `metadata.headers = {name:?}`: keep one (`headers = true` \
                  is the column `headers`)"
             ),
@@ -229,7 +295,7 @@ impl SourceConfig {
         };
         let key = match (&metadata.key, &metadata.key_decoding) {
             (None, Some(_)) => {
-                bail!(
+                refuse!(
                     "[source.metadata] key_decoding needs `key`, the name of the key column (or column prefix)"
                 )
             }
@@ -237,7 +303,7 @@ impl SourceConfig {
             (Some(name), decoding) => {
                 let decoding = match (decoding, key) {
                     (_, Some(declared)) => KeyDecoding::Declared(declared),
-                    (Some(DecodingConfig::Binary), None) => KeyDecoding::Binary,
+                    (Some(DecodingSettings::Binary), None) => KeyDecoding::Binary,
                     _ => KeyDecoding::Text,
                 };
                 Some((name.clone(), decoding))
@@ -283,7 +349,7 @@ fn thirty_seconds() -> Duration {
 /// `decoding = { kind = ... }`.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
-pub enum DecodingConfig {
+pub enum DecodingSettings {
     /// `topic`, `partition`, `offset`, `key`, `value`; key and value as UTF-8 text.
     #[default]
     Text,
@@ -306,7 +372,7 @@ pub enum DecodingConfig {
         schema: Option<String>,
         /// How values frame the Avro body (`confluent` with a registry).
         #[serde(default)]
-        framing: Option<AvroFramingConfig>,
+        framing: Option<AvroFramingSettings>,
         /// The declared schema's id in the registry (`framing = "confluent"` without a registry).
         #[serde(default)]
         schema_id: Option<u32>,
@@ -359,14 +425,14 @@ fn yes() -> bool {
 /// `framing` of the Avro decoding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum AvroFramingConfig {
+pub enum AvroFramingSettings {
     /// Confluent Schema Registry's wire format: `0x00`, the 4-byte schema id, the body.
     Confluent,
     /// Avro's single-object encoding: `0xC3 0x01`, the schema's Rabin fingerprint, the body.
     SingleObject,
 }
 
-impl DecodingConfig {
+impl DecodingSettings {
     /// How the source decodes records with declared schemas only.
     ///
     /// # Errors
@@ -374,20 +440,20 @@ impl DecodingConfig {
     /// that only mean something with a registry.
     pub fn declared(&self) -> Result<Decoding> {
         Ok(match self {
-            DecodingConfig::Text => Decoding::Text,
-            DecodingConfig::Binary => Decoding::Binary,
-            DecodingConfig::Json {
+            DecodingSettings::Text => Decoding::Text,
+            DecodingSettings::Binary => Decoding::Binary,
+            DecodingSettings::Json {
                 fields,
                 unknown_fields,
             } => Decoding::Json(JsonDecoding::declared(fields, *unknown_fields)?),
-            DecodingConfig::Debezium {
+            DecodingSettings::Debezium {
                 converter: DebeziumConverter::Json,
                 schemas,
                 fields,
                 ..
             } => {
                 if fields.is_empty() {
-                    bail!(
+                    refuse!(
                         "kind = \"debezium\" with the JSON converter needs `fields`: the captured table's \
                          columns (name, type), as the change events' `after` holds them"
                     );
@@ -397,14 +463,14 @@ impl DecodingConfig {
                     self.debezium_settings(DebeziumDecoding::json(columns, *schemas)),
                 )
             }
-            DecodingConfig::Debezium {
+            DecodingSettings::Debezium {
                 converter: DebeziumConverter::Avro,
                 ..
-            } => bail!(
+            } => refuse!(
                 "kind = \"debezium\" with converter = \"avro\" reads each event's schema from a schema registry: \
                  add [source.registry]"
             ),
-            DecodingConfig::Avro {
+            DecodingSettings::Avro {
                 schema,
                 framing,
                 schema_id,
@@ -412,29 +478,29 @@ impl DecodingConfig {
                 record_name,
             } => {
                 if subject_strategy.is_some() || record_name.is_some() {
-                    bail!(
+                    refuse!(
                         "subject_strategy and record_name name a registry's subjects: add [source.registry], or \
                          remove them"
                     );
                 }
                 let Some(schema) = schema else {
-                    bail!(
+                    refuse!(
                         "kind = \"avro\" needs `schema` (the writer schema, Avro schema JSON), or a \
                          [source.registry] to look each record's schema up in"
                     );
                 };
                 let framing = match (framing, schema_id) {
-                    (Some(AvroFramingConfig::Confluent), Some(schema_id)) => {
+                    (Some(AvroFramingSettings::Confluent), Some(schema_id)) => {
                         AvroFraming::Confluent {
                             schema_id: *schema_id,
                         }
                     }
-                    (Some(AvroFramingConfig::Confluent), None) => bail!(
+                    (Some(AvroFramingSettings::Confluent), None) => refuse!(
                         "framing = \"confluent\" needs schema_id, the declared schema's id in the schema \
                          registry (or a [source.registry] to look ids up in)"
                     ),
-                    (Some(AvroFramingConfig::SingleObject), _) => AvroFraming::SingleObject,
-                    (None, _) => bail!(
+                    (Some(AvroFramingSettings::SingleObject), _) => AvroFraming::SingleObject,
+                    (None, _) => refuse!(
                         "kind = \"avro\" needs framing = \"confluent\" or \"single-object\" (how each value frames \
                          its Avro body)"
                     ),
@@ -446,7 +512,7 @@ impl DecodingConfig {
 
     /// `decoding` with the Debezium settings of this decoding (placeholder, truncate, unknown columns).
     fn debezium_settings(&self, decoding: DebeziumDecoding) -> DebeziumDecoding {
-        let DecodingConfig::Debezium {
+        let DecodingSettings::Debezium {
             unknown_fields,
             unavailable_placeholder,
             truncate,
@@ -470,18 +536,18 @@ impl DecodingConfig {
     /// As [`declared`](Self::declared); with a registry, single-object framing or a `schema_id`, a subject
     /// without schemas, a registry that cannot be reached (after retries) or refuses.
     async fn resolve(&self, lookup: Option<Lookup<'_>>) -> Result<Decoding> {
-        if let DecodingConfig::Debezium {
+        if let DecodingSettings::Debezium {
             converter, fields, ..
         } = self
         {
             if lookup.as_ref().is_some_and(|l| l.is_key) {
-                bail!("kind = \"debezium\" decodes values: decode the key as json or avro");
+                refuse!("kind = \"debezium\" decodes values: decode the key as json or avro");
             }
             let (DebeziumConverter::Avro, Some(lookup)) = (converter, lookup) else {
                 return self.declared();
             };
             if !fields.is_empty() {
-                bail!(
+                refuse!(
                     "with converter = \"avro\" the table's columns come from the registry's envelope schema: \
                      remove `fields`"
                 );
@@ -495,7 +561,7 @@ impl DecodingConfig {
             ));
         }
         let (
-            DecodingConfig::Avro {
+            DecodingSettings::Avro {
                 schema,
                 framing,
                 schema_id,
@@ -507,14 +573,14 @@ impl DecodingConfig {
         else {
             return self.declared();
         };
-        if *framing == Some(AvroFramingConfig::SingleObject) {
-            bail!(
+        if *framing == Some(AvroFramingSettings::SingleObject) {
+            refuse!(
                 "framing = \"single-object\" carries schema fingerprints, not registry ids: with \
                  [source.registry] use framing = \"confluent\""
             );
         }
         if schema_id.is_some() {
-            bail!(
+            refuse!(
                 "with [source.registry] each record's schema id is looked up: remove schema_id (a declared \
                  `schema` is then the reader schema)"
             );
@@ -546,12 +612,14 @@ async fn latest_schema(
     let topic = match (lookup.topic, strategy) {
         (Some(topic), _) => topic,
         (None, SubjectStrategy::RecordName) => "",
-        (None, _) => bail!(
+        (None, _) => refuse!(
             "the source reads several topics, so the reader schema cannot be looked up under a subject named after \
              the topic: set subject_strategy = \"record-name\" (with record_name), or declare the reader `schema`"
         ),
     };
-    let subject = strategy.subject(topic, lookup.is_key, record_name)?;
+    let subject = strategy
+        .subject(topic, lookup.is_key, record_name)
+        .map_err(|e| Error::config("the reader schema's subject").with_source(e))?;
     lookup.registry.latest(&subject).await.map_err(|e| {
         let hint = if e.is_not_found() {
             format!(
@@ -561,9 +629,17 @@ async fn latest_schema(
         } else {
             String::new()
         };
-        anyhow::Error::from(e).context(format!(
-            "cannot find the latest schema of subject {subject} in the schema registry{hint}"
-        ))
+        let kind = if e.is_not_found() {
+            ErrorKind::Config
+        } else {
+            ErrorKind::Retryable
+        };
+        Error::new(
+            kind,
+            connector_api::Phase::Setup,
+            format!("cannot find the latest schema of subject {subject} in the schema registry{hint}"),
+        )
+        .with_source(e)
     })
 }
 
@@ -577,9 +653,10 @@ impl OnGap {
     }
 }
 
-/// Connection settings are the connection's, not the consumer's (they reach librdkafka through the connection).
+/// Whether a `client` setting says how to reach the cluster ([`kafka_connection::CONNECTION_PREFIXES`]): the
+/// connection's, given to every client, not the consumer's tuning.
 pub fn is_connection_setting(key: &str) -> bool {
-    ["security.", "ssl.", "sasl.", "enable.ssl"]
+    kafka_connection::CONNECTION_PREFIXES
         .iter()
         .any(|p| key.starts_with(p))
 }
@@ -588,7 +665,7 @@ pub fn is_connection_setting(key: &str) -> bool {
 mod tests {
     use super::*;
 
-    fn source(extra: &str) -> SourceConfig {
+    fn source(extra: &str) -> KafkaSourceSettings {
         toml::from_str(&format!(
             "bootstrap_servers = \"127.0.0.1:9092\"\ntopic = \"orders\"\n{extra}"
         ))
