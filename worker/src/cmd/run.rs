@@ -574,7 +574,11 @@ impl Process {
             .collect();
         let operations: Vec<&String> = others
             .iter()
-            .filter(|o| o.ends_with("(resolve)") || o.ends_with("(rescale)"))
+            .filter(|o| {
+                crate::membership::exclusive::OPERATIONS
+                    .iter()
+                    .any(|op| o.ends_with(&format!("({op})")))
+            })
             .collect();
         if same > 0 {
             format!(
@@ -601,8 +605,8 @@ impl Process {
                     .join(", ")
             )
         } else {
-            "no live process claims it now (a process of the same member, or an operator's resolve or rescale, \
-             that has ended)"
+            "no live process claims it now (a process of the same member, or an operator's resolve, rescale or \
+             forget-topic, that has ended)"
                 .to_string()
         }
     }

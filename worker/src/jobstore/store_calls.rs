@@ -168,6 +168,27 @@ impl BoundedSession {
         }
         outcome
     }
+
+    /// Runs `ddl` (`CREATE TABLE IF NOT EXISTS ...`) in one transaction under the advisory lock `lock`, so
+    /// processes starting at once do not race on the catalog; bounded like every call.
+    ///
+    /// # Errors
+    /// The database cannot be reached or refuses, naming `tables`.
+    pub async fn create_tables(&self, lock: i64, ddl: &str, tables: &str) -> anyhow::Result<()> {
+        self.bounded(&format!("creating {tables}"), async {
+            use anyhow::Context;
+            self.client()
+                .await?
+                .batch_execute(&format!(
+                    "BEGIN; SELECT pg_advisory_xact_lock({lock}); {ddl} COMMIT;"
+                ))
+                .await
+                .with_context(|| {
+                    format!("cannot create {tables} in the checkpoint store's database")
+                })
+        })
+        .await
+    }
 }
 
 #[cfg(test)]

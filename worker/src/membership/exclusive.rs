@@ -5,6 +5,9 @@
 use anyhow::{Result, bail};
 
 use super::presence::Presence;
+
+/// The operations that hold a whole job, as their presence rows name their mode.
+pub const OPERATIONS: [&str; 3] = ["resolve", "rescale", "forget-topic"];
 use super::{Membership, leases, local};
 use crate::config::{JobConfig, StoreConfig};
 

@@ -62,17 +62,7 @@ impl PgLeases {
         };
         leases
             .session
-            .bounded("creating the lease tables", async {
-                leases
-                    .session
-                    .client()
-                    .await?
-                    .batch_execute(&format!(
-                        "BEGIN; SELECT pg_advisory_xact_lock({CREATE_LOCK}); {CREATE_TABLES} COMMIT;"
-                    ))
-                    .await
-                    .context("cannot create the lease tables in the checkpoint store's database")
-            })
+            .create_tables(CREATE_LOCK, CREATE_TABLES, "the lease tables")
             .await?;
         Ok(leases)
     }

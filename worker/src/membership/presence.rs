@@ -61,19 +61,7 @@ impl Presence {
         };
         presence
             .session
-            .bounded("creating ratchet_job_processes", async {
-                presence
-                    .session
-                    .client()
-                    .await?
-                    .batch_execute(&format!(
-                        "BEGIN; SELECT pg_advisory_xact_lock({CREATE_LOCK}); {CREATE_TABLE} COMMIT;"
-                    ))
-                    .await
-                    .context(
-                        "cannot create ratchet_job_processes in the checkpoint store's database",
-                    )
-            })
+            .create_tables(CREATE_LOCK, CREATE_TABLE, "ratchet_job_processes")
             .await?;
         presence.renew().await?;
         Ok(presence)
