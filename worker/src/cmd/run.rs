@@ -28,12 +28,12 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::cli::RunArgs;
-use crate::config::{JobConfig, KAFKA_REACHABLE_WITHIN, StoreConfig};
+use crate::config::{JobConfig, KAFKA_REACHABLE_WITHIN};
 use crate::job::assemble::SubtaskContext;
 use crate::jobstore::layout::PartitionLayout;
 use crate::membership::presence::Presence;
 use crate::membership::static_share::StaticShare;
-use crate::membership::{Assignment, Membership, member_id};
+use crate::membership::{Assignment, Membership};
 use crate::ops::health::{Health, Status};
 use crate::ops::progress::Progress;
 use crate::subtask::{self, Ended, Stop};
@@ -127,18 +127,7 @@ async fn start(
     let leases = mode.join(&job, &kafka, generation).await?;
     // Every process of a job on the PostgreSQL store says it is alive, whatever its membership: an operation that
     // changes the layout (resolve, rescale) waits for it or is refused.
-    let presence = match &job.store {
-        StoreConfig::Postgres { url } => {
-            let named = leases.mode();
-            Some(
-                crate::jobstore::store_calls::retried("joining the job's live processes", || {
-                    Presence::join(url, &job.job.name, member_id(), &named, job.job.lease)
-                })
-                .await?,
-            )
-        }
-        StoreConfig::Local { .. } => None,
-    };
+    let presence = Presence::of_process(&job, &leases.mode()).await?;
     // Under the local lock, so two fresh starts with different counts cannot both record theirs.
     let identity = jobs.identity(job.job.subtasks, true).await?;
     // What a rescale that stopped after its switch left of the old layout.

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
+use crate::config::{JobConfig, StoreConfig};
 use crate::jobstore::store_calls::BoundedSession;
 
 /// Serializes creation of the table between processes starting at once.
@@ -36,6 +37,24 @@ pub struct Presence {
 }
 
 impl Presence {
+    /// This process's row among `job`'s live processes, running in `mode`, on the PostgreSQL store (retried
+    /// through an outage); `None` on the local store, whose lock already says who runs the job.
+    ///
+    /// # Errors
+    /// The database cannot be reached (after retries).
+    pub async fn of_process(job: &JobConfig, mode: &str) -> Result<Option<Self>> {
+        let StoreConfig::Postgres { url } = &job.store else {
+            return Ok(None);
+        };
+        let process = super::member_id();
+        let joined =
+            crate::jobstore::store_calls::retried("joining the job's live processes", || {
+                Self::join(url, &job.job.name, process.clone(), mode, job.job.lease)
+            })
+            .await?;
+        Ok(Some(joined))
+    }
+
     /// Joins `job`'s live processes as `process`, running in `mode` (said to operators who find it alive), for
     /// `lease` at a time; creates the table if needed.
     ///
