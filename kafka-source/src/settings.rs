@@ -211,7 +211,7 @@ impl KafkaSourceSettings {
     ///
     /// # Errors
     /// A decoding that does not parse; a subject the registry does not have, or a registry that cannot be
-    /// reached (after retries); the metadata errors of [`metadata_columns`](Self::metadata_columns).
+    /// reached (after retries); the metadata errors of `metadata_columns`.
     ///
     /// With `evolve` (every sink of the job has `evolution = "add-columns"`), a registry-backed Avro value
     /// decoding widens its reader schema when a writer schema adds fields; the key's decoding never does.

@@ -71,14 +71,11 @@ pub async fn run(args: CheckArgs) -> Result<()> {
     );
     report("job record".into(), counted);
     let layout = match job.selection() {
-        Ok(selection) => {
-            let layout = crate::jobstore::layout::PartitionLayout::of(&selection);
-            crate::jobstore::layout::check(jobs.as_ref(), layout, false)
-                .await
-                .map(|()| {
-                    format!("{selection}, partitions dealt as the store records (or a fresh job)")
-                })
-        }
+        Ok(selection) => crate::job::preflight::check_layout(jobs.as_ref(), &selection, false)
+            .await
+            .map(|()| {
+                format!("{selection}, partitions dealt as the store records (or a fresh job)")
+            }),
         Err(e) => Err(e),
     };
     report("topics".into(), layout);
@@ -192,7 +189,7 @@ async fn check_source(job: &JobConfig) -> Result<String> {
         .filter(|(topic, m)| selection.selects(topic) && !m.partitions.is_empty())
         .collect();
     let now: BTreeSet<String> = selected.iter().map(|(t, _)| t.to_string()).collect();
-    crate::config::refuse_reading_written(job, &now)?;
+    crate::job::preflight::check_topics(job, &now)?;
     if let Some(missing) = named
         .iter()
         .flatten()

@@ -92,6 +92,7 @@ async fn forget_held(job: &JobConfig, topic: &str) -> Result<()> {
             .into_iter()
             .partition(|p| p.topic != topic);
         if dropped.is_empty() {
+            crate::ops::drill::forget_reached(subtask);
             continue;
         }
         forgotten += dropped.len();
@@ -119,6 +120,7 @@ async fn forget_held(job: &JobConfig, topic: &str) -> Result<()> {
             "subtask {subtask}: {} position(s) of topic {topic:?} forgotten (its decided work committed first)",
             dropped.len()
         );
+        crate::ops::drill::forget_reached(subtask);
     }
     if forgotten == 0 {
         println!("job {name:?} holds no position of topic {topic:?}: nothing to forget");

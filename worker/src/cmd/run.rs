@@ -21,7 +21,6 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use connector_api::Report;
-use kafka_source::KafkaSource;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -30,7 +29,6 @@ use tokio::time::Instant;
 use crate::cli::RunArgs;
 use crate::config::{JobConfig, KAFKA_REACHABLE_WITHIN};
 use crate::job::assemble::SubtaskContext;
-use crate::jobstore::layout::PartitionLayout;
 use crate::membership::presence::Presence;
 use crate::membership::static_share::StaticShare;
 use crate::membership::{Assignment, Membership};
@@ -100,13 +98,9 @@ async fn start(
     let source = Arc::new(job.resolve_source().await?);
     // What the source reads is checked before anything is written (a rescale writes the new layout): never a
     // topic the job writes, and partitions dealt as the store records them.
-    let selection = job.selection()?;
-    let selected_now = KafkaSource::topics_held(&kafka, &selection, None).await?;
-    crate::config::refuse_reading_written(&job, &selected_now)?;
-    crate::job::routing::instances(&job.sinks, &selected_now)?;
+    let selection = crate::job::preflight::checked_selection(&job, &kafka).await?;
     let jobs = crate::jobstore::open(&job.store, &job.job.name);
-    let layout = PartitionLayout::of(&selection);
-    crate::jobstore::layout::check(jobs.as_ref(), layout, false).await?;
+    crate::job::preflight::check_layout(jobs.as_ref(), &selection, false).await?;
     // A changed subtask count: the job is rescaled first, when no other process of it is alive.
     if let Some(recorded) = jobs.record(job.job.subtasks, false).await?
         && recorded.subtasks != job.job.subtasks
@@ -133,7 +127,7 @@ async fn start(
     // What a rescale that stopped after its switch left of the old layout.
     jobs.retire_old_generations(identity.generation).await?;
     let job_id = identity.job_id(&job.job.name)?;
-    crate::jobstore::layout::check(jobs.as_ref(), layout, true).await?;
+    crate::job::preflight::check_layout(jobs.as_ref(), &selection, true).await?;
     if identity.identity == crate::jobstore::Identity::Sink {
         tracing::info!(job = %job.job.name,
             "this job ran before sinks were scoped by their job: its sinks keep their sink-id-scoped names");
@@ -662,12 +656,16 @@ impl Process {
             return false;
         }
         // Quiet for `idle`: idle once each source's metadata was read again after that (a partition or topic
-        // added meanwhile is found by it, and read before the job says it is done).
+        // added meanwhile is found by it), and the source was seen at the end of every partition after that
+        // refresh (the records of a partition it added are read before the job says it is done).
         let mut refreshed = true;
         for r in self.running.values() {
             let idle_since = r.progress.last_activity_ms.load(Ordering::Relaxed) + idle_ms;
-            if r.progress.refreshed_ms.load(Ordering::Relaxed) < idle_since {
+            let refreshed_ms = r.progress.refreshed_ms.load(Ordering::Relaxed);
+            if refreshed_ms < idle_since {
                 r.progress.refresh_wanted.store(true, Ordering::Relaxed);
+                refreshed = false;
+            } else if r.progress.caught_up_ms.load(Ordering::Relaxed) < refreshed_ms {
                 refreshed = false;
             }
         }

@@ -88,11 +88,11 @@ impl JobConfig {
         written
     }
 
-    /// What the source reads: [`SourceConfig::selection`](super::SourceConfig::selection), never a topic the job
+    /// What the source reads: [`KafkaSourceSettings::selection`](kafka_source::KafkaSourceSettings::selection), never a topic the job
     /// writes (module docs).
     ///
     /// # Errors
-    /// As `SourceConfig::selection`, and a named topic the job writes (naming it and the writer).
+    /// As `KafkaSourceSettings::selection`, and a named topic the job writes (naming it and the writer).
     pub fn selection(&self) -> Result<TopicSelection> {
         let selection = self.source.selection()?;
         let written = self.written_topics();

@@ -3,6 +3,7 @@
 
 pub mod assemble;
 pub mod dead_letter;
+pub mod preflight;
 pub mod rescale;
 pub mod routing;
 pub mod sinks;

@@ -15,6 +15,8 @@
 //!   its process with SIGKILL at that step ([`crate::job::rescale`]): `after-resolve` (every old subtask resolved, the
 //!   old layout in effect), `after-new-records` (the new layout's records written, not switched),
 //!   `after-switch` (the new layout in effect, the old one's records not retired).
+//! - `RATCHET_FORGET_KILL_AT=after-subtask-<n>` makes `ratchet forget-topic` kill its process with SIGKILL once it
+//!   saved subtask `n` without the topic's positions, before the later subtasks ([`crate::cmd::forget`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -61,6 +63,22 @@ pub fn rescale_reached(step: RescaleStep) {
         tracing::warn!(
             step = step.name(),
             "rescale drill: this process kills itself with SIGKILL"
+        );
+        let _ = raise(Signal::SIGKILL);
+    }
+}
+
+/// The forget drill's variable.
+pub const FORGET_KILL_VARIABLE: &str = "RATCHET_FORGET_KILL_AT";
+
+/// Kills this process with SIGKILL when `RATCHET_FORGET_KILL_AT` is `after-subtask-<subtask>`.
+#[allow(clippy::disallowed_methods)] // a drill's switch, read where it is checked
+pub fn forget_reached(subtask: u32) {
+    if std::env::var(FORGET_KILL_VARIABLE).is_ok_and(|at| at == format!("after-subtask-{subtask}"))
+    {
+        tracing::warn!(
+            subtask,
+            "forget-topic drill: this process kills itself with SIGKILL"
         );
         let _ = raise(Signal::SIGKILL);
     }

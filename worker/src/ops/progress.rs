@@ -24,6 +24,11 @@ pub struct Progress {
     /// idle check counts a subtask idle only once a refresh began after its idle time was up, so partitions or
     /// topics added meanwhile are found first.
     pub refreshed_ms: AtomicU64,
+    /// When the source was last seen handing out everything up to every partition's end (watermarks read at that
+    /// moment, after the last refresh: partitions it added included; milliseconds since the process started; 0:
+    /// never). The idle check counts a subtask idle only once this follows its refresh: records of a partition a
+    /// refresh just added are read first.
+    pub caught_up_ms: AtomicU64,
     /// Set by the idle check: the source should refresh its metadata now.
     pub refresh_wanted: AtomicBool,
 }
@@ -39,6 +44,7 @@ impl Progress {
             last_record_ms: AtomicU64::new(0),
             last_cycle_ms: AtomicU64::new(u64::MAX),
             refreshed_ms: AtomicU64::new(0),
+            caught_up_ms: AtomicU64::new(0),
             refresh_wanted: AtomicBool::new(false),
         }
     }

@@ -81,8 +81,14 @@ pub(super) async fn serve(
                 let now = context.started.elapsed().as_millis() as u64;
                 context.progress.last_cycle_ms.store(now, Ordering::Relaxed);
                 report_refresh(&source, context);
-                if lag_measured.is_none_or(|at| at.elapsed() >= LAG_EVERY) {
-                    measure_lag(&source, &label);
+                // Measured every LAG_EVERY, and after each refresh until the source is seen caught up with it.
+                let unproven = context.progress.refreshed_ms.load(Ordering::Relaxed)
+                    > context.progress.caught_up_ms.load(Ordering::Relaxed);
+                if unproven || lag_measured.is_none_or(|at| at.elapsed() >= LAG_EVERY) {
+                    let began = context.started.elapsed().as_millis() as u64;
+                    if measure_lag(&source, &label) {
+                        context.progress.caught_up_ms.store(began.max(1), Ordering::Relaxed);
+                    }
                     lag_measured = Some(Instant::now());
                 }
                 next_checkpoint = Instant::now() + interval;
@@ -151,22 +157,24 @@ fn count_gaps(gaps: Vec<kafka_source::Gap>, label: &str) {
 }
 
 /// Sets the consumer-lag gauge of every partition the source reads (partitions added while running included) and
-/// the partition count; a failure only skips this measurement.
-fn measure_lag(source: &KafkaSource, label: &str) {
+/// the partition count; whether the source has handed out everything up to every partition's end now. A failure
+/// only skips this measurement (and says `false`).
+fn measure_lag(source: &KafkaSource, label: &str) -> bool {
     metrics::gauge!(crate::ops::telemetry::SOURCE_PARTITIONS, "subtask" => label.to_string())
         .set(source.partitions().len() as f64);
     let marks = match tokio::task::block_in_place(|| source.watermarks()) {
         Ok(marks) => marks,
         Err(e) => {
             tracing::debug!(error = %connector_api::Report(&e), "cannot measure the consumer lag");
-            return;
+            return false;
         }
     };
-    for (at, marks) in marks {
+    for (at, &marks) in &marks {
         metrics::gauge!(crate::ops::telemetry::CONSUMER_LAG, "subtask" => label.to_string(),
             "topic" => at.topic.clone(), "partition" => at.partition.to_string())
-        .set(source.lag(&at, marks) as f64);
+        .set(source.lag(at, marks) as f64);
     }
+    source.reached(&marks)
 }
 
 /// Passes the idle check's wish for a metadata refresh on to the source, and tells it when the last one began.

@@ -335,10 +335,29 @@ async fn a_retired_topic_is_forgotten_and_read_as_new_when_selected_again() {
         String::from_utf8_lossy(&out.stderr)
     );
     running.stop(Duration::from_secs(60));
+    // Killed once subtask 0 is saved without the topic: run again, it finishes with subtask 1.
+    let killed = std::process::Command::new(env!("CARGO_BIN_EXE_ratchet"))
+        .args(forget)
+        .arg("--config")
+        .arg(&job.config)
+        .env("RATCHET_FORGET_KILL_AT", "after-subtask-0")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&killed.stdout).to_string();
+    assert!(
+        std::os::unix::process::ExitStatusExt::signal(&killed.status) == Some(9)
+            && said.contains("subtask 0: 1 position(s)")
+            && !said.contains("subtask 1"),
+        "{said}\n{}",
+        String::from_utf8_lossy(&killed.stderr)
+    );
     let out = job.ratchet_with(&forget);
     let said = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(
-        out.status.success() && said.contains(&format!("forgot topic \"{retired}\"")),
+        out.status.success()
+            && !said.contains("subtask 0:")
+            && said.contains("subtask 1: 1 position(s)")
+            && said.contains(&format!("forgot topic \"{retired}\"")),
         "{said}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
