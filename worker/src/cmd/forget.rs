@@ -20,7 +20,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::{Context, Result, bail};
-use connector_api::{CheckpointRecord, CheckpointStore, SubtaskId};
+use connector_api::{CheckpointRecord, SubtaskId};
 
 use crate::cli::ForgetTopicArgs;
 use crate::config::JobConfig;
@@ -68,7 +68,7 @@ async fn forget_held(job: &JobConfig, topic: &str) -> Result<()> {
     let schema = job.resolve_source().await?.schema;
     let mut forgotten = 0;
     for subtask in 0..recorded.subtasks {
-        let mut driver = crate::job::assemble::driver_for(
+        let (restored, above) = crate::job::assemble::resolve_subtask(
             job,
             &jobs,
             job_id.as_ref(),
@@ -77,16 +77,6 @@ async fn forget_held(job: &JobConfig, topic: &str) -> Result<()> {
             &schema,
         )
         .await?;
-        let restored = driver
-            .start()
-            .await
-            .map_err(anyhow::Error::from)
-            .with_context(|| format!("resolving subtask {subtask}"))?;
-        let above = driver.current_checkpoint().next();
-        driver
-            .close()
-            .await
-            .with_context(|| format!("closing subtask {subtask}"))?;
         let (kept, dropped): (Vec<_>, Vec<_>) = restored
             .positions
             .into_iter()
@@ -103,17 +93,13 @@ async fn forget_held(job: &JobConfig, topic: &str) -> Result<()> {
             job.store_limits(),
         )
         .await?;
-        // The guard is let go before the save (the local store's save takes the directory lock itself); the job
-        // is held whole meanwhile, and a claim that came between would fence the save.
-        let claim = store.claim().await?;
-        drop(claim.guard);
         let record = CheckpointRecord {
             id: above,
             positions: kept,
             committables: BTreeMap::new(),
         };
         store
-            .save(claim.epoch, &record)
+            .save_under_new_claim(&record)
             .await
             .with_context(|| format!("saving subtask {subtask} without topic {topic:?}"))?;
         println!(

@@ -258,6 +258,35 @@ pub async fn driver_for(
     Ok(driver)
 }
 
+/// Resolves `subtask` as `ratchet resolve` does (claim, recover: every decided checkpoint committed in every sink,
+/// everything else aborted), then closes it: for the commands that rewrite a subtask's record afterwards
+/// (`rescale`, `forget-topic`). Returns what it restored and the checkpoint id a record written next must take
+/// (above every id the subtask used).
+///
+/// # Errors
+/// The store or a sink cannot be built, or the recovery fails (named with the subtask).
+pub async fn resolve_subtask(
+    job: &JobConfig,
+    jobs: &Arc<dyn JobStore>,
+    job_id: Option<&JobId>,
+    subtask: u32,
+    generation: u64,
+    schema: &arrow_schema::SchemaRef,
+) -> anyhow::Result<(connector_api::Restored, connector_api::CheckpointId)> {
+    let mut driver = driver_for(job, jobs, job_id, subtask, generation, schema).await?;
+    let restored = driver
+        .start()
+        .await
+        .map_err(anyhow::Error::from)
+        .with_context(|| format!("resolving subtask {subtask}"))?;
+    let next = driver.current_checkpoint().next();
+    driver
+        .close()
+        .await
+        .with_context(|| format!("closing subtask {subtask}"))?;
+    Ok((restored, next))
+}
+
 /// The topics a routed entry has instances for in `subtask` (none when no entry is routed): those in which its
 /// share holds a partition now, and those of its last checkpoint's positions.
 async fn topics_of_subtask(

@@ -32,7 +32,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use connector_api::{CheckpointId, CheckpointRecord, CheckpointStore, SourceOffset, SubtaskId};
+use connector_api::{CheckpointId, CheckpointRecord, SourceOffset, SubtaskId};
 use kafka_source::PartitionShare;
 
 use crate::config::JobConfig;
@@ -96,7 +96,7 @@ async fn rescale_held(
     let mut owners = BTreeMap::new();
     let mut above = CheckpointId(1);
     for subtask in 0..from {
-        let mut driver = crate::job::assemble::driver_for(
+        let (restored, next) = crate::job::assemble::resolve_subtask(
             &old,
             jobs,
             job_id.as_ref(),
@@ -104,17 +104,9 @@ async fn rescale_held(
             generation,
             &schema,
         )
-        .await?;
-        let restored = driver
-            .start()
-            .await
-            .map_err(anyhow::Error::from)
-            .with_context(|| format!("resolving subtask {subtask} of the old layout"))?;
-        above = above.max(driver.current_checkpoint().next());
-        driver
-            .close()
-            .await
-            .with_context(|| format!("closing subtask {subtask} of the old layout"))?;
+        .await
+        .context("the old layout")?;
+        above = above.max(next);
         positions.extend(restored.positions);
         owners.insert(subtask, restored.owner);
     }
@@ -137,12 +129,7 @@ async fn rescale_held(
         let store =
             SubtaskStore::open_next_generation(jobs, next, SubtaskId(subtask), job.store_limits())
                 .await?;
-        // The claim's guard is let go before the save: on the local store it is the directory's lock, which
-        // the save takes itself. The job stays held (every lease, or the job's lock) for the whole change, so no
-        // other claim comes between; one that did would fence the save.
-        let claim = store.claim().await?;
-        drop(claim.guard);
-        store.save(claim.epoch, &record).await?;
+        store.save_under_new_claim(&record).await?;
     }
     crate::ops::drill::rescale_reached(RescaleStep::NewRecordsWritten);
     jobs.switch(generation, from, to, &owners).await?;

@@ -224,15 +224,11 @@ fn local_job(
         // Ran before identities were recorded: its sinks are sink-scoped.
         (Some(count), None) => Some((count, Identity::Sink)),
     };
-    let found = found.map(|(subtasks, identity)| JobRecord {
-        subtasks,
-        identity,
-        generation,
-    });
+    let found = JobRecord::found(found, generation);
     if !record {
         return Ok(found);
     }
-    let (count, identity) = found.map_or((subtasks, Identity::Job), |f| (f.subtasks, f.identity));
+    let (count, identity) = JobRecord::to_record(found, subtasks);
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     if counted.is_none() {
         connector_common::fs::replace_file(dir, &count_file, count.to_string().as_bytes())

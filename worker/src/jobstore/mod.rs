@@ -296,6 +296,21 @@ pub struct JobRecord {
 }
 
 impl JobRecord {
+    /// What a store found: a subtask count and identity (`None`: a fresh job), in layout `generation`.
+    fn found(found: Option<(u32, Identity)>, generation: u64) -> Option<Self> {
+        found.map(|(subtasks, identity)| Self {
+            subtasks,
+            identity,
+            generation,
+        })
+    }
+
+    /// The count and identity to record for a job found as `found`: as found, or a fresh job-scoped one of
+    /// `subtasks`.
+    fn to_record(found: Option<Self>, subtasks: u32) -> (u32, Identity) {
+        found.map_or((subtasks, Identity::Job), |f| (f.subtasks, f.identity))
+    }
+
     /// The job id every sink of `name` is built with ([`Identity::job_id`]).
     ///
     /// # Errors

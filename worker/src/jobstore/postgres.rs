@@ -307,15 +307,11 @@ async fn pg_job(
         (Some((count, None)), _) | (None, Some(count)) => Some((count, Identity::Sink)),
         (None, None) => None,
     };
-    let found = found.map(|(subtasks, identity)| JobRecord {
-        subtasks,
-        identity,
-        generation,
-    });
+    let found = JobRecord::found(found, generation);
     if !record {
         return Ok(found);
     }
-    let (count, identity) = found.map_or((subtasks, Identity::Job), |f| (f.subtasks, f.identity));
+    let (count, identity) = JobRecord::to_record(found, subtasks);
     client
         .execute(
             "INSERT INTO ratchet_jobs (job, subtasks, identity) VALUES ($1, $2, $3)

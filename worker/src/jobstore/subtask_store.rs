@@ -80,6 +80,19 @@ impl SubtaskStore {
         Ok(store)
     }
 
+    /// Saves `record` under a new claim of the subtask, for a command that holds the whole job (`rescale`,
+    /// `forget-topic`) and rewrites the subtask's record. The claim's guard is let go before the save: on the
+    /// local store it is the directory's lock, which the save takes itself. The job stays held (every lease, or
+    /// the job's lock) meanwhile, so no other claim comes between; one that did would fence the save.
+    ///
+    /// # Errors
+    /// The claim or the save fails (a newer claim fences the save).
+    pub async fn save_under_new_claim(&self, record: &CheckpointRecord) -> Result<()> {
+        let claim = self.claim().await?;
+        drop(claim.guard);
+        self.save(claim.epoch, record).await
+    }
+
     fn of(inner: Box<dyn CheckpointStore>, jobs: &Arc<dyn JobStore>, generation: u64) -> Self {
         Self {
             inner,

@@ -81,9 +81,12 @@ pub(super) async fn serve(
                 let now = context.started.elapsed().as_millis() as u64;
                 context.progress.last_cycle_ms.store(now, Ordering::Relaxed);
                 report_refresh(&source, context);
-                // Measured every LAG_EVERY, and after each refresh until the source is seen caught up with it.
-                let unproven = context.progress.refreshed_ms.load(Ordering::Relaxed)
-                    > context.progress.caught_up_ms.load(Ordering::Relaxed);
+                // Measured every LAG_EVERY; and, for the idle check, on a quiet subtask (nothing read since its
+                // last refresh began) until it is seen caught up with that refresh. A busy one is not idle anyway,
+                // so the hot path never reads watermarks more often than LAG_EVERY.
+                let refreshed = context.progress.refreshed_ms.load(Ordering::Relaxed);
+                let unproven = refreshed > context.progress.caught_up_ms.load(Ordering::Relaxed)
+                    && context.progress.last_activity_ms.load(Ordering::Relaxed) <= refreshed;
                 if unproven || lag_measured.is_none_or(|at| at.elapsed() >= LAG_EVERY) {
                     let began = context.started.elapsed().as_millis() as u64;
                     if measure_lag(&source, &label) {
