@@ -51,6 +51,11 @@ pub struct SinkSpec {
     /// Whether it takes new columns when the source's schema gains fields (`none` by default).
     #[serde(default)]
     pub evolution: Evolution,
+    /// A SQL query over what the job's transforms give (the table `input`) for what only this sink receives
+    /// (a PII-free copy, fewer columns): applied by the worker before the sink, not by the sink itself. The
+    /// sink is built for the query's output schema.
+    #[serde(default)]
+    pub select: Option<String>,
     /// Everything else: the sink's own config, read by its factory.
     #[serde(flatten)]
     pub settings: serde_json::Map<String, serde_json::Value>,
@@ -139,9 +144,17 @@ pub trait SinkBuilder: Send + Sync + 'static {
     /// The `type` in a job file.
     const KIND: &'static str;
 
-    /// The sink's own settings: every key of its `[[sinks]]` entry other than `type`, `id`, `delivery` and `evolution`
-    /// (`#[serde(deny_unknown_fields)]`, with a key | meaning | default table in its docs).
+    /// The sink's own settings: every key of its `[[sinks]]` entry other than `type`, `id`, `delivery`,
+    /// `evolution` and `select` (`#[serde(deny_unknown_fields)]`, with a key | meaning | default table in its docs).
     type Settings: DeserializeOwned + Send + 'static;
+
+    /// The columns a sink of these settings writes rows by (an upsert key): a change to them would make a row
+    /// update or delete another row than the record's, so a transform in front of the sink must pass them
+    /// through unchanged. None by default (the sink appends).
+    fn key_columns(settings: &Self::Settings) -> Vec<String> {
+        let _ = settings;
+        Vec::new()
+    }
 
     /// Completes the raw settings from the job before they are parsed, for defaults derived from the job (the
     /// Kafka sink's transactional-id prefix). Unchanged by default.
@@ -200,6 +213,16 @@ impl<B: SinkBuilder> SinkFactory for B {
         let settings = parse_settings(&context.sink, B::KIND, settings)?;
         self.check_sink(settings, delivery, context).await
     }
+
+    fn key_columns(
+        &self,
+        settings: serde_json::Value,
+        context: &SinkContext,
+    ) -> Result<Vec<String>> {
+        let settings = B::complete_settings(settings, context);
+        let settings: B::Settings = parse_settings(&context.sink, B::KIND, settings)?;
+        Ok(B::key_columns(&settings))
+    }
 }
 
 /// Builds the sinks of one `type` from their settings, as JSON: what the [`SinkRegistry`] holds. Every
@@ -234,6 +257,16 @@ pub trait SinkFactory: Send + Sync {
         delivery: DeliveryGuarantee,
         context: SinkContext,
     ) -> Result<SinkCheck>;
+
+    /// The columns a sink of `settings` writes rows by ([`SinkBuilder::key_columns`]).
+    ///
+    /// # Errors
+    /// [`Config`](ErrorKind::Config) naming the key for settings that do not parse.
+    fn key_columns(
+        &self,
+        settings: serde_json::Value,
+        context: &SinkContext,
+    ) -> Result<Vec<String>>;
 }
 
 /// Reads a sink's settings into its config type, refusing unknown keys with the sink named.
@@ -297,6 +330,19 @@ impl SinkRegistry {
                 context,
             )
             .await
+            .map_err(|e| e.or_sink(&spec.id))
+    }
+
+    /// The columns the sink of `spec` writes rows by (an upsert key; empty for a sink that appends), for the
+    /// transforms in front of it ([`SinkBuilder::key_columns`]).
+    ///
+    /// # Errors
+    /// As [`build`](Self::build) for an unknown type or invalid settings.
+    pub fn key_columns(&self, spec: &SinkSpec, job: Option<&JobId>) -> Result<Vec<String>> {
+        let schema = std::sync::Arc::new(arrow_schema::Schema::empty());
+        let (factory, context) = self.factory(spec, job, SubtaskId(0), schema)?;
+        factory
+            .key_columns(serde_json::Value::Object(spec.settings.clone()), &context)
             .map_err(|e| e.or_sink(&spec.id))
     }
 

@@ -120,6 +120,10 @@ impl SinkBuilder for IcebergSinkFactory {
     const KIND: &'static str = "iceberg";
     type Settings = IcebergSinkSettings;
 
+    fn key_columns(settings: &IcebergSinkSettings) -> Vec<String> {
+        settings.upsert_key.clone()
+    }
+
     async fn build_sink(
         &self,
         settings: IcebergSinkSettings,

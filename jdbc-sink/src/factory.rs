@@ -81,6 +81,14 @@ impl SinkBuilder for JdbcSinkFactory {
     const KIND: &'static str = "jdbc";
     type Settings = JdbcSinkSettings;
 
+    fn key_columns(settings: &JdbcSinkSettings) -> Vec<String> {
+        settings
+            .mode
+            .key()
+            .map(<[String]>::to_vec)
+            .unwrap_or_default()
+    }
+
     async fn build_sink(
         &self,
         settings: JdbcSinkSettings,

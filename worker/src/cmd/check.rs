@@ -106,14 +106,29 @@ pub async fn run(args: CheckArgs) -> Result<()> {
     report("checkpoint store".into(), store);
     let registry = crate::job::sinks::registry();
     let waiting = crate::cmd::awaiting::missing(&job).await.ok().flatten();
-    match job.resolve_source().await.map(|source| source.schema) {
+    let shaped = job.resolve_source().await.and_then(|source| {
+        if job.shapes_rows() {
+            println!(
+                "ok    source columns: {}",
+                crate::job::shaping::describe(&source.schema, &source.hidden)
+            );
+        }
+        Ok(crate::job::shaping::Shaping::of_job(&job, &source)?)
+    });
+    match shaped {
         Err(_) if waiting.is_some() => println!(
             "wait  source schema: {} does not exist yet: `ratchet run` waits for it; the sinks are checked \
              against the change events' columns once it exists",
             waiting.unwrap_or_default()
         ),
-        Err(e) => report("source schema".into(), Err(e)),
-        Ok(schema) => {
+        Err(e) => report("source schema and transforms".into(), Err(e)),
+        Ok(shaping) => {
+            for stage in shaping.chain().stages() {
+                report(
+                    format!("transform {}", stage.name()),
+                    Ok(crate::job::shaping::describe(stage.output_schema(), &[])),
+                );
+            }
             let budget = job.driver_config().budget();
             println!("timeout budget (each sink's transaction timeout must cover it):\n{budget}");
             let instances = match crate::job::assemble::instances_of_job(&job).await {
@@ -149,8 +164,15 @@ pub async fn run(args: CheckArgs) -> Result<()> {
                         spec.delivery.name()
                     ),
                 };
+                let schema = shaping.sink_schema(&instance.entry);
+                if job.shapes_rows() {
+                    println!(
+                        "      {what} receives: {}",
+                        crate::job::shaping::describe(&schema, &[])
+                    );
+                }
                 let checked = registry
-                    .check(spec, job_id.as_ref(), SubtaskId(0), schema.clone())
+                    .check(spec, job_id.as_ref(), SubtaskId(0), schema)
                     .await
                     .map_err(anyhow::Error::from);
                 let budgeted = checked.and_then(|checked| {

@@ -65,7 +65,7 @@ async fn forget_held(job: &JobConfig, topic: &str) -> Result<()> {
         );
     }
     let job_id = recorded.job_id(name)?;
-    let schema = job.resolve_source().await?.schema;
+    let shaping = crate::job::shaping::Shaping::resolve(job).await?;
     let mut forgotten = 0;
     for subtask in 0..recorded.subtasks {
         let (restored, above) = crate::job::assemble::resolve_subtask(
@@ -74,7 +74,7 @@ async fn forget_held(job: &JobConfig, topic: &str) -> Result<()> {
             job_id.as_ref(),
             subtask,
             recorded.generation,
-            &schema,
+            &shaping,
         )
         .await?;
         let (kept, dropped): (Vec<_>, Vec<_>) = restored

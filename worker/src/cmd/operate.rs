@@ -41,7 +41,7 @@ pub async fn inspect(args: OperateArgs) -> Result<()> {
             change.generation, change.previous, change.subtasks, change.at
         );
     }
-    let schema = job.resolve_source().await?.schema;
+    let shaping = crate::job::shaping::Shaping::resolve(&job).await?;
     let (mut commits, mut aborts) = (0, 0);
     for subtask in 0..job.job.subtasks {
         let mut driver = driver_for(
@@ -50,7 +50,7 @@ pub async fn inspect(args: OperateArgs) -> Result<()> {
             job_id.as_ref(),
             subtask,
             identity.generation,
-            &schema,
+            &shaping,
         )
         .await?;
         let inspection = driver
@@ -185,10 +185,10 @@ async fn resolve_every_subtask(
     job_id: Option<&JobId>,
     generation: u64,
 ) -> Result<()> {
-    let schema = job.resolve_source().await?.schema;
+    let shaping = crate::job::shaping::Shaping::resolve(job).await?;
     let mut outcome = Ok(());
     for subtask in 0..job.job.subtasks {
-        let mut driver = driver_for(job, jobs, job_id, subtask, generation, &schema).await?;
+        let mut driver = driver_for(job, jobs, job_id, subtask, generation, &shaping).await?;
         match driver.start().await {
             Ok(restored) => {
                 driver

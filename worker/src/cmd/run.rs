@@ -96,6 +96,8 @@ async fn start(
     let mode = crate::membership::Mode::choose(&job, args.member.as_deref(), args.of)?;
     // A schema registry's reader schemas, looked up once for the process (every subtask and sink uses these).
     let source = Arc::new(job.resolve_source().await?);
+    // The transforms and selects, planned (and refused) before anything is written.
+    let shaping = Arc::new(crate::job::shaping::Shaping::of_job(&job, &source)?);
     // What the source reads is checked before anything is written (a rescale writes the new layout): never a
     // topic the job writes, and partitions dealt as the store records them.
     let selection = crate::job::preflight::checked_selection(&job, &kafka).await?;
@@ -141,6 +143,7 @@ async fn start(
         job: job.clone(),
         job_id,
         source,
+        shaping,
         jobs,
         generation: identity.generation,
         registry: Arc::new(crate::job::sinks::registry()),

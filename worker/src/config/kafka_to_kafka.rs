@@ -30,6 +30,9 @@ impl JobConfig {
         if crate::config::routed::is_routed(sink) {
             return refuse("a sink topic without ${topic} (records are copied to one topic)");
         }
+        if self.shapes_rows() {
+            return refuse("no [[transforms]] and no select (records are copied undecoded)");
+        }
         if self.job.subtasks != 1 || self.dead_letter.is_some() {
             return refuse("subtasks = 1 and no [dead_letter] (records are copied undecoded)");
         }

@@ -66,7 +66,27 @@ pub struct JobConfig {
     /// Where records that cannot be decoded or written go instead of stopping the job (absent: they stop it).
     #[serde(default)]
     pub dead_letter: Option<DeadLetterConfig>,
+    /// SQL applied to every batch before the sinks, in order ([`crate::job::shaping`]).
+    #[serde(default)]
+    pub transforms: Vec<TransformConfig>,
 }
+
+/// One `[[transforms]]` entry: a stateless `SELECT ... FROM input` over every batch.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TransformConfig {
+    /// Its name in errors, dead letters and `check-config` (default `transform-<n>`, counted from 1).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// The query; `input` is the previous transform's output (the source's rows for the first).
+    pub sql: String,
+}
+
+/// The source's partition column when the job shapes its rows and `[source.metadata]` does not add one: kept out
+/// of the transforms' `input`, it names a failing row's record in its dead letter.
+pub const HIDDEN_PARTITION: &str = "__ratchet_partition";
+/// The source's offset column, as [`HIDDEN_PARTITION`].
+pub const HIDDEN_OFFSET: &str = "__ratchet_offset";
 
 /// `[dead_letter]`: a Kafka topic on the source's cluster ([`crate::job::dead_letter`]).
 #[derive(Debug, Clone, Deserialize)]
@@ -305,13 +325,31 @@ impl JobConfig {
     /// A decoding or metadata setting that is wrong, named; a registry subject without schemas, or a registry
     /// that cannot be reached (after retries); a metadata column named like a decoded column.
     pub async fn resolve_source(&self) -> Result<SourceSetup> {
-        let (decoding, metadata) = self.source.decodings(self.evolves()).await?;
+        let (decoding, mut metadata) = self.source.decodings(self.evolves()).await?;
+        let mut hidden = Vec::new();
+        if self.shapes_rows() {
+            for (column, name) in [
+                (&mut metadata.partition, HIDDEN_PARTITION),
+                (&mut metadata.offset, HIDDEN_OFFSET),
+            ] {
+                if column.is_none() {
+                    *column = Some(name.to_string());
+                    hidden.push(name.to_string());
+                }
+            }
+        }
         let schema = metadata.schema(&decoding).context("[source] metadata")?;
         Ok(SourceSetup {
             decoding,
             metadata,
             schema,
+            hidden,
         })
+    }
+
+    /// Whether the job has transforms or a sink with a `select` ([`crate::job::shaping`]).
+    pub fn shapes_rows(&self) -> bool {
+        !self.transforms.is_empty() || self.sinks.iter().any(|s| s.select.is_some())
     }
 
     /// Whether the job takes new fields of the source's schema: every sink has `evolution = "add-columns"` (a
@@ -373,6 +411,9 @@ pub struct SourceSetup {
     pub metadata: MetadataColumns,
     /// The decoding's columns, then the metadata columns.
     pub schema: SchemaRef,
+    /// Metadata columns added only to name a failing row's record ([`HIDDEN_PARTITION`], [`HIDDEN_OFFSET`]):
+    /// not in the transforms' `input`, never written.
+    pub hidden: Vec<String>,
 }
 
 impl SourceSetup {

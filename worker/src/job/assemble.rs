@@ -15,6 +15,7 @@ use connector_api::{
 use kafka_source::{KafkaConnection, KafkaSource, PartitionShare};
 
 use crate::config::{JobConfig, config_error};
+use crate::job::shaping::Shaping;
 use crate::jobstore::JobStore;
 use crate::jobstore::subtask_store::SubtaskStore;
 use crate::ops::progress::Progress;
@@ -28,6 +29,8 @@ pub struct SubtaskContext {
     pub job_id: Option<connector_api::JobId>,
     /// The source, resolved once for the process (every subtask and sink sees the same columns).
     pub source: Arc<crate::config::SourceSetup>,
+    /// The job's transforms and selects, planned for the source's schema ([`crate::job::shaping`]).
+    pub shaping: Arc<Shaping>,
     /// The job's state in the checkpoint store.
     pub jobs: Arc<dyn JobStore>,
     /// The job's layout generation ([`crate::job::rescale`]): where its checkpoint records are.
@@ -81,10 +84,10 @@ pub async fn routed_topics_held(
     Ok(held)
 }
 
-/// What [`build`] leaves for after the start: what the source's batches look like and the dead-letter sink.
+/// What [`build`] leaves for after the start: what each sink receives and the dead-letter sink.
 pub struct Prepared {
-    /// What the source's batches look like (the registry's reader schema, or the fixed one).
-    pub schema: arrow_schema::SchemaRef,
+    /// The transforms and selects the sinks were built for.
+    pub shaping: Arc<Shaping>,
     /// The dead-letter sink, when the job has one.
     pub dead_letter: Option<SinkHandle>,
 }
@@ -98,7 +101,7 @@ pub async fn build(
 ) -> Result<(Driver<SubtaskStore>, Prepared)> {
     let job = &context.job;
     let subtask = SubtaskId(index);
-    let schema = context.source.schema.clone();
+    let shaping = context.shaping.clone();
     let store = SubtaskStore::open(
         &context.jobs,
         context.generation,
@@ -118,13 +121,13 @@ pub async fn build(
         context.job_id.as_ref(),
         subtask,
         topics,
-        &schema,
+        &shaping,
     )
     .await?;
     Ok((
         driver,
         Prepared {
-            schema,
+            shaping,
             dead_letter,
         },
     ))
@@ -143,11 +146,12 @@ pub async fn add_job_sinks(
     job_id: Option<&connector_api::JobId>,
     subtask: SubtaskId,
     topics: &BTreeSet<String>,
-    schema: &arrow_schema::SchemaRef,
+    shaping: &Shaping,
 ) -> Result<Option<SinkHandle>> {
     for instance in crate::job::routing::instances(&job.sinks, topics).map_err(config_error)? {
+        let schema = shaping.sink_schema(&instance.entry);
         let sink = registry
-            .build(&instance.spec, job_id, subtask, schema.clone())
+            .build(&instance.spec, job_id, subtask, schema)
             .await?;
         driver.add_dyn_sink(sink)?;
     }
@@ -170,10 +174,10 @@ pub fn instances_for_record(
 ) -> SinksForRecord {
     let routed = routed_specs(&context.job);
     let built = built.clone();
-    let (registry, job_id, schema) = (
+    let (registry, job_id, shaping) = (
         context.registry.clone(),
         context.job_id.clone(),
-        prepared.schema.clone(),
+        prepared.shaping.clone(),
     );
     Box::new(move |record| {
         let missing: BTreeSet<String> = record
@@ -196,7 +200,7 @@ pub fn instances_for_record(
                             &instance.spec,
                             job_id.as_ref(),
                             SubtaskId(index),
-                            schema.clone(),
+                            shaping.sink_schema(&instance.entry),
                         )
                         .await?,
                 );
@@ -236,7 +240,7 @@ pub async fn instances_of_job(
 }
 
 /// A driver for `subtask` (in layout `generation`) with every sink of the job (scoped as `job_id` says) and its
-/// dead-letter sink (built for batches of `schema`), not started. A routed entry
+/// dead-letter sink (each built for what `shaping` gives it), not started. A routed entry
 /// ([`crate::job::routing`]) is there as the instances the subtask would build on its next start: for the topics its
 /// share holds now and those its last checkpoint has positions for.
 pub async fn driver_for(
@@ -245,7 +249,7 @@ pub async fn driver_for(
     job_id: Option<&JobId>,
     subtask: u32,
     generation: u64,
-    schema: &arrow_schema::SchemaRef,
+    shaping: &Shaping,
 ) -> anyhow::Result<Driver<SubtaskStore>> {
     let id = SubtaskId(subtask);
     let store = SubtaskStore::open(jobs, generation, id, job.store_limits())
@@ -254,7 +258,7 @@ pub async fn driver_for(
     let topics = topics_of_subtask(job, &store, subtask).await?;
     let mut driver = Driver::new(store, job.driver_config());
     let registry = crate::job::sinks::registry();
-    add_job_sinks(&mut driver, job, &registry, job_id, id, &topics, schema).await?;
+    add_job_sinks(&mut driver, job, &registry, job_id, id, &topics, shaping).await?;
     Ok(driver)
 }
 
@@ -271,9 +275,9 @@ pub async fn resolve_subtask(
     job_id: Option<&JobId>,
     subtask: u32,
     generation: u64,
-    schema: &arrow_schema::SchemaRef,
+    shaping: &Shaping,
 ) -> anyhow::Result<(connector_api::Restored, connector_api::CheckpointId)> {
-    let mut driver = driver_for(job, jobs, job_id, subtask, generation, schema).await?;
+    let mut driver = driver_for(job, jobs, job_id, subtask, generation, shaping).await?;
     let restored = driver
         .start()
         .await

@@ -206,26 +206,10 @@ pub fn from_refused_rows(
     sink: &SinkId,
     topic: &str,
 ) -> Result<RecordBatch> {
-    let mut rows = Vec::with_capacity(refused.len());
-    for (row, _) in refused {
-        let mut writer = arrow_json::LineDelimitedWriter::new(Vec::new());
-        writer
-            .write(row)
-            .and_then(|()| writer.finish())
-            .map_err(|e| {
-                Error::new(
-                    ErrorKind::Bug,
-                    Phase::Write,
-                    "cannot write a refused row as JSON",
-                )
-                .with_source(e)
-            })?;
-        let mut json = writer.into_inner();
-        while json.last() == Some(&b'\n') {
-            json.pop();
-        }
-        rows.push(json);
-    }
+    let rows = refused
+        .iter()
+        .map(|(row, _)| row_json(row))
+        .collect::<Result<Vec<_>>>()?;
     let sink = sink.to_string();
     let letters: Vec<Letter<'_>> = refused
         .iter()
@@ -248,4 +232,63 @@ pub fn from_refused_rows(
         })
         .collect();
     batch(&letters)
+}
+
+/// Dead letters for the rows of `input` (the source's rows as the transforms saw them, read from `topic`) that a
+/// transform failed on: the row as a JSON object, the transform and expression in `ratchet.error`, the sink whose
+/// `select` failed in `ratchet.sink` (absent when a `[[transforms]]` entry failed: no sink got the row), and the
+/// record's partition and offset.
+///
+/// # Errors
+/// A row that cannot be written as JSON (a bug).
+pub fn from_failed_transforms(
+    input: &RecordBatch,
+    failures: &[crate::job::shaping::ShapingFailure],
+    topic: &str,
+) -> Result<RecordBatch> {
+    let rows = failures
+        .iter()
+        .map(|f| row_json(&input.slice(f.row, 1)))
+        .collect::<Result<Vec<_>>>()?;
+    let texts: Vec<(String, Option<String>)> = failures
+        .iter()
+        .map(|f| {
+            (
+                f.failure.to_string(),
+                f.sink.as_ref().map(|s| s.to_string()),
+            )
+        })
+        .collect();
+    let letters: Vec<Letter<'_>> = failures
+        .iter()
+        .zip(&rows)
+        .zip(&texts)
+        .map(|((f, json), (error, sink))| Letter {
+            key: None,
+            value: Some(json),
+            headers: Vec::new(),
+            error,
+            sink: sink.as_deref(),
+            topic,
+            partition: f.position.map(|(p, _)| p),
+            offset: f.position.map(|(_, o)| o),
+        })
+        .collect();
+    batch(&letters)
+}
+
+/// A one-row batch as a JSON object.
+fn row_json(row: &RecordBatch) -> Result<Vec<u8>> {
+    let mut writer = arrow_json::LineDelimitedWriter::new(Vec::new());
+    writer
+        .write(row)
+        .and_then(|()| writer.finish())
+        .map_err(|e| {
+            Error::new(ErrorKind::Bug, Phase::Write, "cannot write a row as JSON").with_source(e)
+        })?;
+    let mut json = writer.into_inner();
+    while json.last() == Some(&b'\n') {
+        json.pop();
+    }
+    Ok(json)
 }

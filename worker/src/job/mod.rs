@@ -6,4 +6,5 @@ pub mod dead_letter;
 pub mod preflight;
 pub mod rescale;
 pub mod routing;
+pub mod shaping;
 pub mod sinks;

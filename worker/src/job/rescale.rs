@@ -91,7 +91,7 @@ async fn rescale_held(
     let mut old = job.clone();
     old.job.subtasks = from;
     let job_id = recorded.job_id(name)?;
-    let schema = job.resolve_source().await?.schema;
+    let shaping = crate::job::shaping::Shaping::resolve(job).await?;
     let mut positions: Vec<SourceOffset> = Vec::new();
     let mut owners = BTreeMap::new();
     let mut above = CheckpointId(1);
@@ -102,7 +102,7 @@ async fn rescale_held(
             job_id.as_ref(),
             subtask,
             generation,
-            &schema,
+            &shaping,
         )
         .await
         .context("the old layout")?;

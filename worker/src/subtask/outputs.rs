@@ -11,6 +11,7 @@ use connector_api::{Driver, Error, ErrorKind, Phase, Result, SinkHandle, SinkId}
 use kafka_source::{RejectedRecord, Tombstone};
 
 use crate::config::{JobConfig, config_error};
+use crate::job::shaping::Shaped;
 use crate::jobstore::subtask_store::SubtaskStore;
 
 /// One sink a subtask writes to.
@@ -19,6 +20,8 @@ pub struct Output {
     pub handle: SinkHandle,
     /// Its id (a routed entry's instance id).
     pub id: SinkId,
+    /// The `[[sinks]]` entry it is an instance of (its `select`).
+    pub entry: SinkId,
     /// The topic whose batches it takes (a routed sink's instance); `None`: every batch.
     route: Option<String>,
 }
@@ -71,6 +74,7 @@ impl Outputs {
             sinks.push(Output {
                 handle,
                 id: instance.spec.id,
+                entry: instance.entry,
                 route: instance.route,
             });
         }
@@ -84,19 +88,19 @@ impl Outputs {
 }
 
 impl Outputs {
-    /// Writes `batch` to every sink, then the source's `tombstones` (which came after the batch's rows) to every
+    /// Writes `shaped` to every sink (each its own rows), then the source's `tombstones` (which came after the batch's rows) to every
     /// sink that can express a deletion (the others skip them, counted), and the source's `rejected` records and
     /// the rows a sink refuses to the dead-letter sink (when there is one; otherwise a refused batch stops the
     /// subtask, the record named).
     pub async fn deliver(
         &self,
         driver: &mut Driver<SubtaskStore>,
-        batch: &RecordBatch,
+        shaped: &Shaped,
         topic: &str,
         rejected: &[RejectedRecord],
         tombstones: &[Tombstone],
     ) -> Result<()> {
-        self.deliver_rows(driver, batch, topic, rejected).await?;
+        self.deliver_rows(driver, shaped, topic, rejected).await?;
         if tombstones.is_empty() {
             return Ok(());
         }
@@ -159,7 +163,7 @@ impl Outputs {
     async fn deliver_rows(
         &self,
         driver: &mut Driver<SubtaskStore>,
-        batch: &RecordBatch,
+        shaped: &Shaped,
         topic: &str,
         rejected: &[RejectedRecord],
     ) -> Result<()> {
@@ -173,14 +177,23 @@ impl Outputs {
                 .map_err(refused_dead_letter)?;
             self.count_dead_letters(rejected.len());
         }
-        let rows = batch.num_rows() as u64;
-        if rows == 0 {
+        self.set_aside(driver, shaped, topic).await?;
+        let input = shaped.input.num_rows() as u64;
+        if input == 0 {
             return Ok(());
         }
         for Output {
-            handle: sink, id, ..
+            handle: sink,
+            id,
+            entry,
+            ..
         } in self.sinks.iter().filter(|o| o.takes(topic))
         {
+            let batch = shaped.rows_for(entry);
+            let rows = batch.num_rows() as u64;
+            if rows == 0 {
+                continue;
+            }
             match self.dead_letter {
                 None => driver.write(*sink, batch).await?,
                 Some(dead_letter) => {
@@ -201,9 +214,49 @@ impl Outputs {
                 .increment(rows);
         }
         metrics::counter!(crate::ops::telemetry::RECORDS_IN, "subtask" => self.label.clone())
-            .increment(rows);
+            .increment(input);
         metrics::counter!(crate::ops::telemetry::BYTES_IN, "subtask" => self.label.clone())
-            .increment(batch.get_array_memory_size() as u64);
+            .increment(shaped.input.get_array_memory_size() as u64);
+        Ok(())
+    }
+
+    /// The rows a transform failed on go to the dead-letter sink; without one, the first stops the subtask,
+    /// naming the transform, the expression and the record.
+    async fn set_aside(
+        &self,
+        driver: &mut Driver<SubtaskStore>,
+        shaped: &Shaped,
+        topic: &str,
+    ) -> Result<()> {
+        if shaped.failures.is_empty() {
+            return Ok(());
+        }
+        let Some(dead_letter) = self.dead_letter else {
+            let first = &shaped.failures[0];
+            let at = match first.position {
+                Some((partition, offset)) => format!("{topic}/{partition}@{offset}"),
+                None => format!("a record of {topic}"),
+            };
+            return Err(Error::new(
+                ErrorKind::BadRecord,
+                Phase::Write,
+                format!(
+                    "the record at {at}: {}; set such records aside with a [dead_letter] topic, or make the \
+                     expression total (TRY_CAST, CASE)",
+                    first.failure
+                ),
+            ));
+        };
+        let letters = crate::job::dead_letter::from_failed_transforms(
+            &shaped.input,
+            &shaped.failures,
+            topic,
+        )?;
+        driver
+            .write(dead_letter, &letters)
+            .await
+            .map_err(refused_dead_letter)?;
+        self.count_dead_letters(shaped.failures.len());
         Ok(())
     }
 

@@ -2,6 +2,7 @@
 //! a schema change, and end at a stop (after a last checkpoint) or at a topic the routed sinks have no instance
 //! for; plus its metrics (gaps, lag) and the idle check's metadata refresh.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -10,10 +11,13 @@ use kafka_source::{KafkaSource, SourceEvent};
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
 
+use arrow_schema::SchemaRef;
+
 use super::outputs::Outputs;
 use super::{Ended, Served, Stop};
 use crate::config::config_error;
 use crate::job::assemble::SubtaskContext;
+use crate::job::shaping::Shaping;
 use crate::jobstore::subtask_store::SubtaskStore;
 
 /// How long the loop waits for a batch before looking at the clock and the stop signal again.
@@ -58,6 +62,8 @@ pub(super) async fn serve(
     let mut lag_measured: Option<Instant> = None;
     let mut next_checkpoint = Instant::now() + interval;
     let mut written = false;
+    // Replanned when the source's schema evolves.
+    let mut shaping = context.shaping.clone();
     loop {
         let asked = *stop.borrow_and_update();
         match asked {
@@ -114,14 +120,15 @@ pub(super) async fn serve(
                     }
                     tracing::info!(subtask = index, columns = schema.fields().len(),
                         "the source's schema changed: the sinks take the new columns");
-                    let sinks: Vec<SinkHandle> = outputs.sinks.iter().map(|output| output.handle).collect();
-                    driver.evolve(&sinks, schema).await?;
+                    shaping = Arc::new(shaping.replanned(job, &schema, &context.source)?);
+                    evolve(driver, outputs, &shaping).await?;
                     source.accept_schema_change();
                 }
                 SourceEvent::Batch(batch) => {
                     let rows = batch.rows.num_rows() as u64;
                     count_gaps(batch.gaps, &label);
-                    outputs.deliver(driver, &batch.rows, &batch.topic, &batch.rejected, &batch.tombstones).await?;
+                    let shaped = shaping.shape(&batch.rows)?;
+                    outputs.deliver(driver, &shaped, &batch.topic, &batch.rejected, &batch.tombstones).await?;
                     written = true;
                     context.progress.records.fetch_add(rows, Ordering::Relaxed);
                     let now = context.started.elapsed().as_millis() as u64;
@@ -132,6 +139,27 @@ pub(super) async fn serve(
             }
         }
     }
+}
+
+/// Makes every sink take the schema of what it receives now (`shaping` planned for the source's new schema):
+/// the sinks that receive the same schema in one driver call.
+async fn evolve(
+    driver: &mut Driver<SubtaskStore>,
+    outputs: &Outputs,
+    shaping: &Shaping,
+) -> Result<()> {
+    let mut groups: Vec<(SchemaRef, Vec<SinkHandle>)> = Vec::new();
+    for output in &outputs.sinks {
+        let schema = shaping.sink_schema(&output.entry);
+        match groups.iter_mut().find(|(s, _)| *s == schema) {
+            Some((_, handles)) => handles.push(output.handle),
+            None => groups.push((schema, vec![output.handle])),
+        }
+    }
+    for (schema, handles) in groups {
+        driver.evolve(&handles, schema).await?;
+    }
+    Ok(())
 }
 
 /// Checkpoints what was read up to the source's positions (the driver records the protocol's metrics), reports

@@ -30,4 +30,5 @@ mod rescale;
 mod scale_out;
 mod tombstones;
 mod topics;
+mod transforms;
 mod types;
