@@ -423,6 +423,104 @@ async fn debezium_changes_under_sigkill_reach_postgres_mariadb_and_iceberg_exact
     );
 }
 
+/// A transform in front of the replicas (`[[transforms]]`: every third key filtered out, `name` upper-cased,
+/// the key and the change columns passed through by `SELECT * REPLACE`), under SIGKILL: each replica and the
+/// Iceberg table kept by key equal the source table with the same filter and function applied, read by psycopg,
+/// pymysql and Iceberg's Java library. A filter on the key keeps the replica a function of the source; the docs
+/// say what a filter on a changing column means (a filtered change is not applied).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filtering_transform_in_front_of_the_replicas_applies_each_kept_change_once_under_sigkill()
+ {
+    let services = Services::get();
+    let seed = seed();
+    eprintln!("cdc transform: RATCHET_CHAOS_SEED={seed}");
+    let mut rng = Rng(seed);
+    let mut job = Job::new("cdcshape", 1, 1, "3s").await;
+    let name = job.name.clone();
+    let source = format!("public.{name}_src");
+    services.cdc(&[
+        "workload",
+        "--table",
+        &source,
+        "--ops",
+        "60",
+        "--seed",
+        &seed.to_string(),
+        "--create",
+    ]);
+    let connector = DebeziumConnector::register(&name, &source, Converter::Json { schemas: true });
+    let topic = connector.topic().to_string();
+    let text = job_file(&name, &topic, &job.dir.path().join("warehouse"))
+        + r#"
+[[transforms]]
+name = "kept"
+sql = "SELECT * REPLACE (upper(name) AS name) FROM input WHERE id % 3 <> 0"
+"#;
+    std::fs::write(&job.config, text).unwrap();
+    let checked = job.ratchet("check-config");
+    assert!(
+        checked.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&checked.stdout),
+        String::from_utf8_lossy(&checked.stderr)
+    );
+    let expected = || -> Vec<Value> {
+        rows("pg", services.pg_url(), &format!("{name}_src"))
+            .into_iter()
+            .filter(|row| row[0].as_i64().unwrap() % 3 != 0)
+            .map(|mut row| {
+                if let Some(name) = row[1].as_str() {
+                    row[1] = Value::from(name.to_uppercase());
+                }
+                row
+            })
+            .collect()
+    };
+    let worker = job.spawn_worker(&[]);
+    let workload = {
+        let source = source.clone();
+        let seed = (seed + 1).to_string();
+        std::thread::spawn(move || {
+            Services::get().cdc(&[
+                "workload", "--table", &source, "--ops", "400", "--seed", &seed,
+            ])
+        })
+    };
+    let (_, _last) = kill_during_then_settle(
+        &mut job,
+        worker,
+        Chaos {
+            kills: 2,
+            pause_ms: (1000, 2000),
+        },
+        &mut rng,
+        workload,
+        Duration::from_secs(180),
+        || match rows("pg", services.pg_url(), &format!("{name}_pg")) == expected() {
+            true => Ok(()),
+            false => Err("the PostgreSQL replica has not reached the filtered source".into()),
+        },
+    )
+    .await;
+    let expected = expected();
+    assert!(!expected.is_empty(), "the workload left rows");
+    assert_eq!(
+        rows("pg", services.pg_url(), &format!("{name}_pg")),
+        expected,
+        "PostgreSQL replica"
+    );
+    assert_eq!(
+        rows("mysql", services.mysql_url(), &format!("{name}_my")),
+        expected,
+        "MariaDB replica"
+    );
+    assert_eq!(
+        iceberg_state(&job, &name),
+        expected,
+        "the Iceberg table kept by key"
+    );
+}
+
 /// The CDC fidelity run: Debezium's PostgreSQL connector (precise decimals, the Avro converter through the
 /// registry) on a table with the column types CDC users have and a TOASTed column under the default `REPLICA
 /// IDENTITY`, a workload of primary-key changes, deletes and re-inserts in one transaction, updates to NULL, a swap

@@ -293,3 +293,96 @@ async fn check_config_prints_the_schemas_and_refuses_what_transforms_must_not_do
         "{text}"
     );
 }
+
+/// An `Order` with a nested `customer` record, then `extra` optional fields.
+fn nested_order_schema(extra: &[(&str, &str)]) -> String {
+    let mut fields = vec![
+        serde_json::json!({"name": "id", "type": "long"}),
+        serde_json::json!({"name": "note", "type": ["null", "string"], "default": null}),
+        serde_json::json!({"name": "customer", "type": {"type": "record", "name": "Customer", "fields": [
+            {"name": "name", "type": "string"},
+            {"name": "city", "type": ["null", "string"], "default": null},
+        ]}}),
+    ];
+    fields.extend(extra.iter().map(
+        |(name, kind)| serde_json::json!({"name": name, "type": ["null", kind], "default": null}),
+    ));
+    serde_json::json!({"type": "record", "name": "Order", "namespace": "ratchet.test", "fields": fields})
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn nested_avro_is_flattened_and_a_new_field_reaches_select_star_across_a_kill() {
+    let mut job = Job::with_sections("flatten", 2, 2, "3s", |_| {
+        r#"
+[[transforms]]
+name = "flatten"
+sql = "SELECT * EXCLUDE (customer), customer['name'] AS customer_name, customer['city'] AS customer_city FROM input"
+"#
+        .to_string()
+    })
+    .await;
+    job.read_registry_avro();
+    job.evolve_every_sink();
+    // The Kafka copy names its columns: a new source field does not reach it.
+    job.edit_config(
+        "id = \"copy\"\n",
+        "id = \"copy\"\nselect = \"SELECT id, customer_name FROM input\"\n",
+    );
+    let customer = |id: u64| serde_json::json!({"customer": {"name": format!("c{id}"), "city": if id % 2 == 0 { serde_json::Value::Null } else { format!("city{id}").into() }}});
+    job.produce_avro(&nested_order_schema(&[]), 100, customer);
+
+    // Killed once the first records are in, with the second schema's records waiting.
+    let mut worker = job.spawn_worker_with_env(&[], &[("RATCHET_KILL_AT", "before-evolve:1")]);
+    job.wait_copied(100, Duration::from_secs(60));
+    job.produce_avro(&nested_order_schema(&[("qty", "long")]), 100, |id| {
+        let mut record = customer(id);
+        record["qty"] = (id * 10).into();
+        record
+    });
+    worker.wait_killed(Duration::from_secs(90));
+    let mut worker = job.spawn_worker(&["--exit-when-idle", "5s"]);
+    worker.wait_exit(Duration::from_secs(120));
+    job.assert_exactly_once();
+
+    // PostgreSQL: flat columns with each record's values; `qty` added by the evolution, null before it.
+    let summary = Services::get().psql(&format!(
+        "SELECT count(*) FILTER (WHERE customer_name = 'c' || id), \
+                count(*) FILTER (WHERE id % 2 = 0 AND customer_city IS NULL), \
+                count(*) FILTER (WHERE id % 2 = 1 AND customer_city = 'city' || id), \
+                count(*) FILTER (WHERE id < 100 AND qty IS NULL), \
+                count(*) FILTER (WHERE id >= 100 AND qty = id * 10), \
+                count(*) FILTER (WHERE note = 'n' || id) FROM \"{}\"",
+        job.table
+    ));
+    assert_eq!(summary.trim(), "200|100|100|100|100|200");
+    let columns = Services::get().psql(&format!(
+        "SELECT string_agg(column_name, ',' ORDER BY ordinal_position) FROM information_schema.columns \
+         WHERE table_name = '{}'",
+        job.table
+    ));
+    assert_eq!(columns.trim(), "id,note,customer_name,customer_city,qty");
+    // Iceberg (pyiceberg): the same flat columns, `qty` only on the records that had it.
+    let lake = job.read_lake(&["--columns"]);
+    let ids = |from: i64, step: usize| {
+        serde_json::Value::from((from..200).step_by(step).collect::<Vec<i64>>())
+    };
+    assert_eq!(lake["columns"]["customer_name"], ids(0, 1));
+    assert_eq!(lake["columns"]["customer_city"], ids(1, 2));
+    assert_eq!(lake["columns"]["qty"], ids(100, 1));
+    assert!(lake["columns"].get("customer").is_none(), "{lake}");
+    // Kafka: the select's two columns, before and after the change.
+    let copy = Services::get().verify(
+        "kafka_read_committed.py",
+        &[Services::get().kafka_bootstrap(), &job.copy_topic],
+    );
+    for record in copy["records"].as_array().unwrap() {
+        let value: serde_json::Value =
+            serde_json::from_str(record["value"].as_str().unwrap()).unwrap();
+        let id = value["id"].as_i64().unwrap();
+        assert_eq!(
+            value,
+            serde_json::json!({"id": id, "customer_name": format!("c{id}")})
+        );
+    }
+}
