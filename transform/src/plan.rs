@@ -7,6 +7,8 @@ use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 use connector_api::{Error, Result};
 use datafusion::catalog::empty::EmptyTable;
+use datafusion::execution::SessionStateBuilder;
+use datafusion::optimizer::Optimizer;
 use datafusion::prelude::{SessionConfig, SessionContext};
 
 use crate::failure::Failure;
@@ -132,13 +134,32 @@ impl Transform {
     }
 }
 
+/// Optimizer rules left out: they move sub-expressions into projections of their own under generated names
+/// (`__common_expr_1`, `__datafusion_extracted_1`), for scans that can compute them; a transform has no such
+/// scan, and an error must name the expression as the user wrote it.
+const RULES_LEFT_OUT: [&str; 3] = [
+    "common_sub_expression_eliminate",
+    "extract_leaf_expressions",
+    "push_down_leaf_projections",
+];
+
 /// A session holding only what transforms use: one partition, the row-wise function families and the JSON
 /// functions.
 fn session() -> SessionContext {
     let config = SessionConfig::new()
         .with_target_partitions(1)
         .with_information_schema(false);
-    let mut context = SessionContext::new_with_config(config);
+    let rules = Optimizer::new()
+        .rules
+        .into_iter()
+        .filter(|rule| !RULES_LEFT_OUT.contains(&rule.name()))
+        .collect();
+    let state = SessionStateBuilder::new()
+        .with_config(config)
+        .with_default_features()
+        .with_optimizer_rules(rules)
+        .build();
+    let mut context = SessionContext::new_with_state(state);
     datafusion_functions_json::register_all(&mut context)
         .expect("the JSON functions register into a fresh session");
     context
