@@ -134,7 +134,8 @@ impl Shaping {
             selects,
         };
         for spec in &job.sinks {
-            let keys = registry.key_columns(spec, job_id)?;
+            // Settings that do not parse are the sink's own error, reported when it is built or checked.
+            let keys = registry.key_columns(spec, job_id).unwrap_or_default();
             shaping.check_keyed(&spec.id, &keys)?;
         }
         Ok(shaping)
@@ -314,4 +315,84 @@ pub fn describe(schema: &Schema, hidden: &[String]) -> String {
         })
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const JOB: &str = r#"
+[job]
+name = "orders"
+
+[source]
+bootstrap_servers = "127.0.0.1:19092"
+topic = "orders"
+decoding = { kind = "json", fields = [ { name = "id", type = "int64", nullable = false }, { name = "email", type = "string" }, { name = "country", type = "string" }, { name = "amount", type = "string" }, { name = "test", type = "boolean" } ] }
+
+[[sinks]]
+type = "file"
+id = "archive"
+storage = { kind = "local", path = "/tmp/x" }
+"#;
+
+    fn shaping_of(text: &str) -> Result<(JobConfig, Shaping)> {
+        let job = JobConfig::parse(text, Vec::new()).unwrap();
+        let (decoding, metadata) = job.source.offline_decodings().unwrap().unwrap();
+        let source = SourceSetup {
+            schema: metadata.schema(&decoding).unwrap(),
+            decoding,
+            metadata,
+            hidden: Vec::new(),
+        };
+        let shaping = Shaping::of_job(&job, &source)?;
+        Ok((job, shaping))
+    }
+
+    #[test]
+    fn the_transforms_in_docs_worker_md_plan() {
+        let doc = include_str!("../../../docs/worker.md");
+        let block = doc
+            .split("```toml\n")
+            .find(|block| block.starts_with("[[transforms]]\nname = \"mask\""))
+            .and_then(|block| block.split("```").next())
+            .expect("docs/worker.md shows transforms");
+        let (job, shaping) = shaping_of(&format!("{JOB}{block}")).unwrap();
+        assert_eq!(job.transforms.len(), 2);
+        assert_eq!(
+            describe(shaping.chain().output_schema(), &[]),
+            "id Int64 not null, country Utf8, email_hash Utf8, amount Decimal128(12, 2)"
+        );
+        let analytics = SinkId::new("analytics").unwrap();
+        assert_eq!(
+            describe(&shaping.sink_schema(&analytics), &[]),
+            "id Int64 not null, amount Decimal128(12, 2)"
+        );
+    }
+
+    #[test]
+    fn a_keyed_sink_needs_its_key_passed_through() {
+        let keyed = |sql: &str| {
+            format!(
+                "{JOB}\n[[sinks]]\ntype = \"jdbc\"\nid = \"db\"\nurl = \"postgresql://x@127.0.0.1/x\"\n\
+                 table = \"t\"\nmode = {{ kind = \"upsert\", key = [\"id\"] }}\n\n[[transforms]]\nsql = \"{sql}\"\n"
+            )
+        };
+        assert!(
+            shaping_of(&keyed(
+                "SELECT order_id AS id, email FROM (SELECT id AS order_id, email FROM input)"
+            ))
+            .is_ok()
+        );
+        for (sql, says) in [
+            ("SELECT id * 2 AS id, email FROM input", "computes"),
+            ("SELECT email FROM input", "drops"),
+        ] {
+            let err = shaping_of(&keyed(sql)).err().expect(sql).to_string();
+            assert!(
+                err.contains("sink db") && err.contains("\"id\"") && err.contains(says),
+                "{err}"
+            );
+        }
+    }
 }
