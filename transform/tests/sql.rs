@@ -313,3 +313,37 @@ fn a_pipeline_chains_and_traces_origins() {
     assert_eq!(out.num_rows(), 3);
     assert_eq!(pipeline.output_schema().fields().len(), 2);
 }
+
+#[test]
+fn casts_to_zoned_timestamps_and_json_operators() {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("at", DataType::Utf8, false),
+        Field::new("doc", DataType::Utf8, true),
+    ]));
+    let batch = RecordBatch::try_new(
+        schema.clone(),
+        vec![
+            Arc::new(StringArray::from(vec!["2026-12-05T10:00:00Z"])),
+            Arc::new(StringArray::from(vec![r#"{"a": {"b": "x"}, "n": 7}"#])),
+        ],
+    )
+    .unwrap();
+    let t = plan(
+        "SELECT arrow_cast(CAST(at AS TIMESTAMP), 'Timestamp(Microsecond, Some(\"UTC\"))') AS at_utc, \
+         doc->'a'->>'b' AS b, json_get_int(doc, 'n') AS n FROM input",
+        &schema,
+    );
+    let out = t.apply(&batch).unwrap();
+    assert_eq!(
+        out.schema().field(0).data_type(),
+        &DataType::Timestamp(arrow_schema::TimeUnit::Microsecond, Some("UTC".into()))
+    );
+    assert_eq!(
+        out.column(0)
+            .as_primitive::<arrow_array::types::TimestampMicrosecondType>()
+            .value(0),
+        1_796_464_800_000_000
+    );
+    assert_eq!(out.column(1).as_string::<i32>().value(0), "x");
+    assert_eq!(out.column(2).as_primitive::<Int64Type>().value(0), 7);
+}

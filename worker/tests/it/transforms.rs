@@ -329,7 +329,7 @@ sql = "SELECT * EXCLUDE (customer), customer['name'] AS customer_name, customer[
         "id = \"copy\"\n",
         "id = \"copy\"\nselect = \"SELECT id, customer_name FROM input\"\n",
     );
-    let customer = |id: u64| serde_json::json!({"customer": {"name": format!("c{id}"), "city": if id % 2 == 0 { serde_json::Value::Null } else { format!("city{id}").into() }}});
+    let customer = |id: u64| serde_json::json!({"customer": {"name": format!("c{id}"), "city": if id.is_multiple_of(2) { serde_json::Value::Null } else { format!("city{id}").into() }}});
     job.produce_avro(&nested_order_schema(&[]), 100, customer);
 
     // Killed once the first records are in, with the second schema's records waiting.
