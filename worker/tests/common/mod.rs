@@ -58,18 +58,37 @@ impl Job {
         decoding: &str,
     ) -> Self {
         let job = Self::new(prefix, partitions, subtasks, lease).await;
-        let text = std::fs::read_to_string(&job.config).unwrap();
-        let json = text
+        job.set_decoding(decoding);
+        job
+    }
+
+    /// Replaces the source's `decoding` (a TOML inline table) in the job file.
+    pub fn set_decoding(&self, decoding: &str) {
+        let text = std::fs::read_to_string(&self.config).unwrap();
+        let current = text
             .lines()
             .find(|l| l.starts_with("decoding = "))
             .unwrap()
             .to_string();
         std::fs::write(
-            &job.config,
-            text.replace(&json, &format!("decoding = {decoding}")),
+            &self.config,
+            text.replace(&current, &format!("decoding = {decoding}")),
         )
         .unwrap();
-        job
+    }
+
+    /// The JSON values a read_committed consumer (the independent verifier) sees in the Kafka copy.
+    pub fn copy_values(&self) -> Vec<serde_json::Value> {
+        let services = Services::get();
+        services.verify(
+            "kafka_read_committed.py",
+            &[services.kafka_bootstrap(), &self.copy_topic],
+        )["records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| serde_json::from_str(r["value"].as_str().unwrap()).unwrap())
+            .collect()
     }
 
     /// [`new`](Self::new), with more of the job file after the sinks: `extra` gets the job's name.

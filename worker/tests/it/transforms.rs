@@ -53,17 +53,7 @@ async fn masking_job(prefix: &str, dead_letter: bool) -> Job {
         extra
     })
     .await;
-    let text = std::fs::read_to_string(&job.config).unwrap();
-    let json = text
-        .lines()
-        .find(|l| l.starts_with("decoding = "))
-        .unwrap()
-        .to_string();
-    std::fs::write(
-        &job.config,
-        text.replace(&json, &format!("decoding = {DECODING}")),
-    )
-    .unwrap();
+    job.set_decoding(DECODING);
     job.edit_config(
         "id = \"copy\"\n",
         "id = \"copy\"\nselect = \"SELECT id, email_hash FROM input\"\n",
@@ -83,6 +73,8 @@ fn sha256_hex(text: &str) -> String {
 async fn a_masking_job_lands_every_transformed_row_once_through_sigkill() {
     let bad = 123;
     let mut job = masking_job("mask", true).await;
+    // The store a new user starts with.
+    job.store_locally();
     let services = Services::get();
     job.produce_encoded(400, |id| order(id, Some(bad))).await;
     let mut worker = job.spawn_worker(&[]);
@@ -125,13 +117,7 @@ async fn a_masking_job_lands_every_transformed_row_once_through_sigkill() {
     assert_eq!(columns.trim(), "id,email_hash,amount");
 
     // Kafka (read_committed): the select's two columns only.
-    let copy = services.verify(
-        "kafka_read_committed.py",
-        &[services.kafka_bootstrap(), &job.copy_topic],
-    );
-    for record in copy["records"].as_array().unwrap() {
-        let value: serde_json::Value =
-            serde_json::from_str(record["value"].as_str().unwrap()).unwrap();
+    for value in job.copy_values() {
         let id = value["id"].as_i64().unwrap();
         assert_eq!(
             value,
@@ -372,13 +358,7 @@ sql = "SELECT * EXCLUDE (customer), customer['name'] AS customer_name, customer[
     assert_eq!(lake["columns"]["qty"], ids(100, 1));
     assert!(lake["columns"].get("customer").is_none(), "{lake}");
     // Kafka: the select's two columns, before and after the change.
-    let copy = Services::get().verify(
-        "kafka_read_committed.py",
-        &[Services::get().kafka_bootstrap(), &job.copy_topic],
-    );
-    for record in copy["records"].as_array().unwrap() {
-        let value: serde_json::Value =
-            serde_json::from_str(record["value"].as_str().unwrap()).unwrap();
+    for value in job.copy_values() {
         let id = value["id"].as_i64().unwrap();
         assert_eq!(
             value,
