@@ -74,6 +74,7 @@ mod store;
 
 use async_trait::async_trait;
 use connector_api::{Result, SinkId, SubtaskId, TwoPhaseCommit};
+use futures::StreamExt;
 
 pub use report::{Report, ReportRow};
 pub use scenario::{CrashAt, Scenario};
@@ -154,6 +155,12 @@ pub struct Conformance {
     /// at most once, which the replay then writes again with no further effect. The end state is checked exactly
     /// as for every sink. `false` for every transactional sink.
     pub visible_at_pre_commit: bool,
+    /// How many scenarios run at once (at least 1). Every scenario writes into its own destination, so they
+    /// cannot see each other; running several overlaps their waits on the servers (transaction round trips, the
+    /// reader's polls), which is most of a run's time. The report lists them in [`Scenario::all`]'s order
+    /// whatever order they finish in. A target whose reader blocks its thread should call it through
+    /// `tokio::task::spawn_blocking`, or the scenarios wait for each other there.
+    pub parallel_scenarios: usize,
 }
 
 impl Default for Conformance {
@@ -167,20 +174,22 @@ impl Default for Conformance {
             random_records: 1_500,
             store_bug: None,
             visible_at_pre_commit: false,
+            parallel_scenarios: 4,
         }
     }
 }
 
-/// Runs every scenario against `target`, prints the scenario × outcome table, and returns the report.
+/// Runs every scenario against `target` ([`Conformance::parallel_scenarios`] at a time), prints the scenario × outcome table, and returns the report.
 pub async fn run_conformance<T: ConformanceTarget>(
     name: &str,
     target: &T,
     config: &Conformance,
 ) -> Report {
-    let mut rows = Vec::new();
-    for scenario in Scenario::all(config) {
-        rows.push(engine::run(target, &scenario, config).await);
-    }
+    let rows = futures::stream::iter(Scenario::all(config))
+        .map(|scenario| async move { engine::run(target, &scenario, config).await })
+        .buffered(config.parallel_scenarios.max(1))
+        .collect()
+        .await;
     let report = Report {
         target: name.to_string(),
         rows,

@@ -64,9 +64,10 @@ def main(bootstrap: str, topic: str, avro: bool = False) -> None:
     while len(done) < len(tps):
         if time.monotonic() > deadline:
             raise SystemExit(f"did not reach the LSO of every partition in 60 s: {lso}, done {done}")
-        msg = consumer.poll(0.5)
+        msg = consumer.poll(0.1)
         if msg is None:
-            # Positions move past transaction markers without returning a message.
+            # Positions move past transaction markers without returning a message (a short poll: the last record
+            # of a committed transaction is followed by its marker, so every read ends with an empty poll).
             for tp in consumer.position([TopicPartition(topic, p) for p in lso if p not in done]):
                 if tp.offset >= lso[tp.partition]:
                     done.add(tp.partition)
