@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use connector_api::{Error, ErrorKind, Phase, Result, SinkId, SubtaskId};
+use connector_api::{Error, ErrorKind, Phase, Result, RetryPolicy, SinkId, SubtaskId};
 use connector_common::Secret;
 use connector_common::config::redact_url;
 use connector_common::s3::S3Credentials;
@@ -167,13 +167,27 @@ impl CatalogConfig {
                     warehouse.trim_end_matches('/').to_string(),
                 );
                 props.insert(SQL_CATALOG_PROP_BIND_STYLE.to_string(), bind_style.into());
-                let catalog = SqlCatalogBuilder::default()
-                    .with_storage_factory(storage)
-                    .load(name, props)
-                    .await
-                    .map_err(|e| {
-                        setup_error(format!("cannot open SQL catalog {}", redact_url(uri)), e)
-                    })?;
+                // Opening creates the catalog's tables when the database has none yet (`CREATE TABLE IF NOT
+                // EXISTS`), which instances opening a fresh database at once race on (PostgreSQL refuses the
+                // loser with a unique violation in `pg_type`): the loser opens again and finds them.
+                let what = format!("opening SQL catalog {}", redact_url(uri));
+                let catalog = SQL_OPEN_RETRY
+                    .run(&what, || {
+                        let (storage, props) = (storage.clone(), props.clone());
+                        async move {
+                            SqlCatalogBuilder::default()
+                                .with_storage_factory(storage)
+                                .load(name, props)
+                                .await
+                                .map_err(|e| {
+                                    setup_error(
+                                        format!("cannot open SQL catalog {}", redact_url(uri)),
+                                        e,
+                                    )
+                                })
+                        }
+                    })
+                    .await?;
                 Arc::new(catalog)
             }
             CatalogConfig::Rest { uri, .. } => {
@@ -317,6 +331,15 @@ pub struct IcebergSinkConfig {
     /// delete their key. Empty: every row is appended (a change stream as a changelog).
     pub upsert_key: Vec<String>,
 }
+
+/// How opening a SQL catalog is retried: enough for the loser of two instances creating a fresh database's catalog
+/// tables at once, short enough that an unreachable database is reported within seconds.
+const SQL_OPEN_RETRY: RetryPolicy = RetryPolicy {
+    max_attempts: 3,
+    initial_backoff: Duration::from_millis(200),
+    max_backoff: Duration::from_secs(1),
+    max_total_backoff: Duration::from_secs(2),
+};
 
 /// The default target data file size: 128 MiB.
 pub const DEFAULT_TARGET_FILE_SIZE: usize = 128 * 1024 * 1024;

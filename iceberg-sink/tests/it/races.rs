@@ -421,3 +421,34 @@ async fn two_commit_at_once(kind: &str, own: bool) {
     assert_eq!(seen.ids, (0..40).collect::<Vec<_>>());
     assert_eq!(data_snapshots(&seen), 1);
 }
+
+/// Instances opening one fresh PostgreSQL database as their SQL catalog at once: opening creates the catalog's
+/// tables, which they race on (PostgreSQL refuses the loser of a concurrent `CREATE TABLE IF NOT EXISTS` with a
+/// unique violation); every instance opens, the loser by opening again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_opening_a_fresh_postgres_catalog_at_once_all_open() {
+    let services = test_support::Services::get();
+    let database = test_support::unique_name("fresh_catalog").replace('-', "_");
+    services.psql(&format!("CREATE DATABASE {database}"));
+    let url = services.pg_url();
+    let (base, query) = url
+        .split_once('?')
+        .map_or((url, None), |(b, q)| (b, Some(q)));
+    let server = &base[..base.rfind('/').unwrap()];
+    let uri = format!(
+        "{server}/{database}{}",
+        query.map_or(String::new(), |q| format!("?{q}"))
+    );
+    let warehouse = tempfile::tempdir().unwrap();
+    let config = iceberg_sink::CatalogConfig::Sql {
+        uri,
+        warehouse: warehouse.path().display().to_string(),
+    };
+    let s3 = iceberg_sink::S3Settings::default();
+    let opened = futures::future::join_all((0..4).map(|_| config.open("fresh", &s3))).await;
+    for outcome in opened {
+        let catalog = outcome.unwrap_or_else(|e| panic!("{}", connector_api::Report(&e)));
+        catalog.list_namespaces(None).await.unwrap();
+    }
+    services.psql(&format!("DROP DATABASE {database} WITH (FORCE)"));
+}
