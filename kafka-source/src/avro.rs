@@ -13,6 +13,7 @@ use connector_api::{Error, ErrorKind, Phase, Result};
 use schema_registry::SchemaRegistry;
 
 use crate::record::RecordAt;
+use crate::registry_lookup::{RegistryLookup, confluent_id};
 use crate::writer_schemas::{ReaderSchema, WriterSchemas};
 
 /// How each Kafka value frames its Avro body.
@@ -99,8 +100,7 @@ impl AvroDecoding {
         reader: ReaderSchema,
         evolve: bool,
     ) -> Result<Self> {
-        let runtime = registry_runtime()?;
-        let writers = WriterSchemas::new(registry, runtime, reader, evolve, false)?;
+        let writers = WriterSchemas::new(RegistryLookup::new(registry)?, reader, evolve, false)?;
         Ok(Self {
             writers: Writers::Registry(Arc::new(writers)),
         })
@@ -115,8 +115,7 @@ impl AvroDecoding {
     /// # Errors
     /// As [`from_registry`](Self::from_registry).
     pub fn for_change_events(registry: SchemaRegistry, reader: ReaderSchema) -> Result<Self> {
-        let runtime = registry_runtime()?;
-        let writers = WriterSchemas::new(registry, runtime, reader, false, true)?;
+        let writers = WriterSchemas::new(RegistryLookup::new(registry)?, reader, false, true)?;
         Ok(Self {
             writers: Writers::Registry(Arc::new(writers)),
         })
@@ -156,14 +155,6 @@ impl AvroDecoding {
     }
 }
 
-/// The schema id of a Confluent-framed value (`0x00`, 4-byte big-endian id, body).
-pub(crate) fn confluent_id(value: &[u8]) -> Option<u32> {
-    match value {
-        [0, a, b, c, d, ..] => Some(u32::from_be_bytes([*a, *b, *c, *d])),
-        _ => None,
-    }
-}
-
 impl Writers {
     /// A decoder of a declared schema for batches of up to `rows` rows.
     pub(crate) fn declared_decoder(
@@ -177,15 +168,4 @@ impl Writers {
             .with_active_fingerprint(fingerprint)
             .build_decoder()
     }
-}
-
-/// The tokio runtime a registry-backed decoding looks writer schemas up on (the one it is made in).
-fn registry_runtime() -> Result<tokio::runtime::Handle> {
-    tokio::runtime::Handle::try_current().map_err(|e| {
-        Error::bug(
-            Phase::Setup,
-            "a registry-backed Avro decoding is made outside a tokio runtime",
-        )
-        .with_source(e)
-    })
 }

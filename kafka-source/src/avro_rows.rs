@@ -13,8 +13,9 @@ use arrow_avro::reader::Decoder;
 use arrow_schema::SchemaRef;
 use connector_api::{Error, ErrorKind, Phase, Result};
 
-use crate::avro::{AvroDecoding, Writers, confluent_id};
+use crate::avro::{AvroDecoding, Writers};
 use crate::record::{RecordAt, bad_record};
+use crate::registry_lookup::confluent_id;
 use crate::writer_schemas::{Generation, WriterSchemas, reading_as};
 
 /// What a registry-backed batch reads with: the decoding's schemas, the reader generation of these rows, and the

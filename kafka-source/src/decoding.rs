@@ -7,6 +7,7 @@ use connector_api::{ErrorKind, Result};
 
 use crate::avro::AvroDecoding;
 use crate::debezium::{DebeziumDecoding, Envelope};
+use crate::json_schema::JsonSchemaDecoding;
 use crate::json_types::JsonDecoding;
 use crate::record::RecordAt;
 
@@ -21,6 +22,10 @@ pub enum Decoding {
     /// Each value is one JSON object, decoded into the declared columns exactly ([`JsonDecoding`]); a value that
     /// does not fit is a [`BadRecord`](ErrorKind::BadRecord) naming the record, the field and the value.
     Json(JsonDecoding),
+    /// Each value one JSON document in Confluent framing whose JSON Schema is in a schema registry: validated
+    /// against it, decoded into the reader schema's columns exactly ([`JsonSchemaDecoding`]); a value that does
+    /// not validate or fit is a [`BadRecord`](ErrorKind::BadRecord) naming the record and the violation.
+    JsonSchema(JsonSchemaDecoding),
     /// Each value is one Avro record of the declared schema in Confluent or single-object framing (arrow-avro); a
     /// value that does not decode is a [`BadRecord`](ErrorKind::BadRecord) naming the record.
     Avro(AvroDecoding),
@@ -36,19 +41,27 @@ impl Decoding {
             Self::Text => text_schema(),
             Self::Binary => binary_schema(),
             Self::Json(json) => json.schema(),
+            Self::JsonSchema(json) => json.schema(),
             Self::Avro(avro) => avro.schema(),
             Self::Debezium(debezium) => debezium.schema(),
         }
     }
 
-    /// Learns the writer schema of a value about to be read (a registry-backed Avro decoding looks up an id it
-    /// has not seen, which may widen the reader schema). A schema that is refused is reported when the value is
+    /// Learns the writer schema of a value about to be read (a registry-backed Avro or JSON Schema decoding looks
+    /// up an id it has not seen; Avro's may widen the reader schema). A schema that is refused is reported when the value is
     /// appended, naming the record, so it is not reported here.
     ///
     /// # Errors
     /// A registry that cannot be reached ([`Retryable`](ErrorKind::Retryable)) or refuses the client.
     pub(crate) fn learn_schema(&self, at: RecordAt<'_>, value: Option<&[u8]>) -> Result<()> {
         let avro = match self {
+            Self::JsonSchema(json) => {
+                return match value.map(|value| json.learn_schema(at, value)) {
+                    Some(Err(e)) if e.kind() == ErrorKind::BadRecord => Ok(()),
+                    Some(outcome) => outcome,
+                    None => Ok(()),
+                };
+            }
             Self::Avro(avro) => avro,
             Self::Debezium(debezium) => match debezium.envelope() {
                 Envelope::Avro(avro) => avro,
@@ -67,7 +80,10 @@ impl Decoding {
     /// sorts the batch out record by record ([`crate::reject`]). Such decodings' rows are the value's fields, so a
     /// record without a value (a tombstone) has no row.
     pub(crate) fn defers_failures(&self) -> bool {
-        matches!(self, Self::Json(_) | Self::Avro(_) | Self::Debezium(_))
+        matches!(
+            self,
+            Self::Json(_) | Self::JsonSchema(_) | Self::Avro(_) | Self::Debezium(_)
+        )
     }
 
     /// Whether a record without a value is read and left out: Debezium's tombstone after a delete event, which

@@ -13,8 +13,9 @@
 //! positions are per topic and partition.
 //!
 //! A consumer thread of its own polls librdkafka and decodes records straight into Arrow column builders (raw key
-//! and value as text or bytes, JSON values into declared columns (strictly: [`JsonField`]) or Avro values with
-//! arrow-avro, plus
+//! and value as text or bytes, JSON values into declared columns (strictly: [`JsonField`]), registry JSON Schema
+//! values validated and decoded into the schema's columns ([`JsonSchemaDecoding`]) or Avro values with arrow-avro,
+//! plus
 //! whichever record metadata the job asks for as columns: [`MetadataColumns`]), so consumption goes on while
 //! the job writes, pre-commits and saves; at most `buffered_batches` decoded batches wait for the job
 //! (backpressure).
@@ -42,11 +43,13 @@ mod decode;
 mod decoding;
 mod event;
 mod json_rows;
+mod json_schema;
 mod json_types;
 mod metadata;
 mod partitions;
 mod reader;
 mod record;
+mod registry_lookup;
 mod reject;
 mod settings;
 mod source;
@@ -60,6 +63,7 @@ pub use debezium::{DEFAULT_PLACEHOLDER, DebeziumDecoding, Truncate, UNAVAILABLE_
 pub use decoding::{Decoding, binary_schema, text_schema};
 pub use event::{SourceBatch, SourceEvent};
 pub use json_rows::UnknownFields;
+pub use json_schema::JsonSchemaDecoding;
 pub use json_types::{JsonDecoding, JsonField, JsonItem};
 pub use kafka_connection::KafkaConnection;
 pub use metadata::{KeyDecoding, MetadataColumns, headers_field};

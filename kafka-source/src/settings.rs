@@ -8,14 +8,14 @@
 //! |---|---|---|
 //! | `bootstrap_servers` | Kafka bootstrap servers | required |
 //! | `topic` / `topics` / `topic_pattern` | what is read: exactly one of the three | required |
-//! | `decoding` | `{ kind = "text" \| "binary" \| "json" \| "avro" \| "debezium", ... }` | `text` |
+//! | `decoding` | `{ kind = "text" \| "binary" \| "json" \| "json-schema" \| "avro" \| "debezium", ... }` | `text` |
 //! | `headers` | add a `headers` column | false |
 //! | `[metadata]` | `topic`, `partition`, `offset`, `timestamp`, `key` (+ `key_decoding`), `headers` columns | none |
 //! | `batch_rows` | rows per batch at most | the reader's |
 //! | `client` | librdkafka settings (connection and consumer tuning) | none |
 //! | `on_gap` | `fail` or `earliest` for records removed before they were read | `fail` |
 //! | `metadata_refresh` | how often partitions and topics are looked for | 30 s |
-//! | `[registry]` | the schema registry Avro writer schemas come from | none |
+//! | `[registry]` | the schema registry Avro writer schemas and JSON Schemas come from | none |
 //! | `lag_group` | the consumer group decided positions are also committed to | the job's choice |
 
 use std::collections::BTreeMap;
@@ -27,8 +27,8 @@ use serde::Deserialize;
 
 use crate::{
     AvroDecoding, AvroFraming, DebeziumDecoding, Decoding, GapPolicy, JsonDecoding, JsonField,
-    KafkaConnection, KafkaSourceOptions, KeyDecoding, MetadataColumns, ReaderSchema,
-    TopicSelection, Truncate, UnknownFields,
+    JsonSchemaDecoding, KafkaConnection, KafkaSourceOptions, KeyDecoding, MetadataColumns,
+    ReaderSchema, TopicSelection, Truncate, UnknownFields,
 };
 
 /// Refuses with a [`Config`](ErrorKind::Config) error: `refuse!(format-args)`.
@@ -253,6 +253,7 @@ impl KafkaSourceSettings {
             matches!(
                 d,
                 DecodingSettings::Avro { .. }
+                    | DecodingSettings::JsonSchema { .. }
                     | DecodingSettings::Debezium {
                         converter: DebeziumConverter::Avro,
                         ..
@@ -261,8 +262,8 @@ impl KafkaSourceSettings {
         };
         if !avro(&self.decoding) && !self.declared_key().is_some_and(avro) {
             refuse!(
-                "[source.registry] is set, but neither `decoding` nor `metadata.key_decoding` is Avro: remove it, \
-                 or use kind = \"avro\" (or kind = \"debezium\" with converter = \"avro\")"
+                "[source.registry] is set, but neither `decoding` nor `metadata.key_decoding` reads from it: remove \
+                 it, or use kind = \"avro\", kind = \"json-schema\" (or kind = \"debezium\" with converter = \"avro\")"
             );
         }
         Ok(Some(SchemaRegistry::new(settings).map_err(|e| {
@@ -383,6 +384,22 @@ pub enum DecodingSettings {
         #[serde(default)]
         record_name: Option<String>,
     },
+    /// Each value one JSON document in Confluent framing whose JSON Schema `[source.registry]` has: validated
+    /// against the schema its id names, decoded into the columns of the subject's latest schema
+    /// (`kafka_source::JsonSchemaDecoding`).
+    JsonSchema {
+        /// How the subject of the latest schema is named (default `topic-name`).
+        #[serde(default)]
+        subject_strategy: Option<SubjectStrategy>,
+        /// The schema's title, for the `record-name` and `topic-record-name` strategies.
+        #[serde(default)]
+        record_name: Option<String>,
+        /// What a key the schema's properties do not declare means (default `fail`: a bad record naming it, as
+        /// JSON Schema admits undeclared properties unless `additionalProperties` is false; `ignore` leaves it
+        /// out).
+        #[serde(default = "fail_unknown")]
+        unknown_fields: UnknownFields,
+    },
     /// Each value one Debezium change event: rows of the table's columns (after the change; before it for a
     /// delete) and the change columns (`__op`, `__source_*`), which keyed sinks apply and appending sinks keep.
     Debezium {
@@ -420,6 +437,10 @@ pub enum DebeziumConverter {
 
 fn yes() -> bool {
     true
+}
+
+fn fail_unknown() -> UnknownFields {
+    UnknownFields::Fail
 }
 
 /// `framing` of the Avro decoding.
@@ -463,6 +484,10 @@ impl DecodingSettings {
                     self.debezium_settings(DebeziumDecoding::json(columns, *schemas)),
                 )
             }
+            DecodingSettings::JsonSchema { .. } => refuse!(
+                "kind = \"json-schema\" reads each record's JSON Schema from a schema registry: add \
+                 [source.registry]"
+            ),
             DecodingSettings::Debezium {
                 converter: DebeziumConverter::Avro,
                 ..
@@ -559,6 +584,30 @@ impl DecodingSettings {
             return Ok(Decoding::Debezium(
                 self.debezium_settings(DebeziumDecoding::avro(avro)?),
             ));
+        }
+        if let (
+            DecodingSettings::JsonSchema {
+                subject_strategy,
+                record_name,
+                unknown_fields,
+            },
+            Some(lookup),
+        ) = (self, lookup.as_ref())
+        {
+            let latest = latest_schema(lookup, *subject_strategy, record_name.as_deref()).await?;
+            if latest.schema_type != schema_registry::SchemaType::Json {
+                refuse!(
+                    "kind = \"json-schema\" reads JSON Schema, but the reader schema, {}, is a {} schema: pick \
+                     the kind its producers write (kind = \"avro\" for AVRO)",
+                    ReaderSchema::latest(&latest).named(),
+                    latest.schema_type
+                );
+            }
+            return Ok(Decoding::JsonSchema(JsonSchemaDecoding::from_registry(
+                lookup.registry.clone(),
+                ReaderSchema::latest(&latest),
+                *unknown_fields,
+            )?));
         }
         let (
             DecodingSettings::Avro {

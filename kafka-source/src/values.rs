@@ -12,6 +12,7 @@ use crate::avro_rows::AvroRows;
 use crate::debezium::{DebeziumDecoding, DebeziumJsonRows, Envelope};
 use crate::decoding::{Decoding, raw_schema};
 use crate::json_rows::{JsonRows, RowContext};
+use crate::json_schema::JsonSchemaDecoding;
 use crate::record::{RecordAt, bad_record, text};
 
 /// Key and value columns of the raw decodings.
@@ -40,6 +41,8 @@ pub(crate) enum Values {
     Json {
         rows: Box<JsonRows>,
         schema: SchemaRef,
+        /// A JSON Schema decoding: each value's framing is taken off and the document validated first.
+        registry: Option<JsonSchemaDecoding>,
     },
     Avro(Box<AvroRows>),
     /// Debezium envelopes in Avro, made rows at the end.
@@ -81,6 +84,16 @@ impl Values {
                     capacity,
                 )),
                 schema: json.schema(),
+                registry: None,
+            },
+            Decoding::JsonSchema(json) => Self::Json {
+                rows: Box::new(JsonRows::new(
+                    json.schema().fields(),
+                    json.columns().unknown_fields(),
+                    capacity,
+                )),
+                schema: json.schema(),
+                registry: Some(json.clone()),
             },
             Decoding::Avro(avro) => Self::Avro(Box::new(AvroRows::new(avro, capacity)?)),
             Decoding::Debezium(debezium) => match debezium.envelope() {
@@ -131,14 +144,23 @@ impl Values {
                 partitions.append_value(at.partition);
                 offsets.append_value(at.offset);
             }
-            Self::Json { rows, .. } => {
+            Self::Json { rows, registry, .. } => {
                 let value = value.ok_or_else(|| bad_record(at, "has no value (a tombstone)"))?;
+                let value = match registry {
+                    Some(json) => json.document(at, value)?,
+                    None => value,
+                };
                 rows.append(value, &mut RowContext::default())
                     .map_err(|why| {
                         bad_record(
                             at,
                             &format!(
-                                "has a {role} that does not fit the declared JSON fields: {why}"
+                                "has a {role} that does not fit {}: {why}",
+                                if registry.is_some() {
+                                    "its JSON Schema's columns"
+                                } else {
+                                    "the declared JSON fields"
+                                }
                             ),
                         )
                     })?;
@@ -222,7 +244,7 @@ impl Values {
                     .with_source(e)
                 })
             }
-            Self::Json { rows, schema } => {
+            Self::Json { rows, schema, .. } => {
                 let count = rows.len();
                 let columns = rows.finish().map_err(|why| {
                     Error::new(

@@ -10,23 +10,22 @@
 //! dead letters sends the records there); a registry that cannot be reached is
 //! [`Retryable`](ErrorKind::Retryable) and never dead-letters anything.
 //!
-//! Lookups happen on the consumer thread, which blocks on the async registry client through the handle of the
-//! runtime the source was opened on (each lookup bounded and retried by the client). Ids are looked up once:
-//! accepted schemas and refusals are remembered for the life of the source.
+//! Lookups go through [`RegistryLookup`] (on the consumer thread, bounded, refusals remembered). Ids are looked up
+//! once: accepted schemas and refusals are remembered for the life of the source.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use arrow_avro::reader::{Decoder, ReaderBuilder};
 use arrow_avro::schema::{AvroSchema, Fingerprint, FingerprintAlgorithm, SchemaStore};
 use arrow_schema::{ArrowError, SchemaRef};
 use connector_api::{Error, ErrorKind, Phase, Result};
-use schema_registry::{RegisteredSchema, SchemaRegistry, SchemaType};
+use schema_registry::{RegisteredSchema, SchemaType};
 use serde_json::Value;
 
 use crate::avro_fields::{added_fields, resolution_reader, retyped_fields, widened};
-use crate::record::{RecordAt, bad_record};
+use crate::record::RecordAt;
+use crate::registry_lookup::RegistryLookup;
 
 /// The schema a registry-backed Avro decoding reads every record as: its fields are the columns.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,11 +82,6 @@ pub(crate) struct Generation {
     pub(crate) arrow: SchemaRef,
 }
 
-/// How long a registry that does not have a schema id is asked again before the record is refused (a replica
-/// behind its leader catches up), and how long that refusal then stands before the next record asks again.
-const NOT_FOUND_RETRY: Duration = Duration::from_secs(10);
-const NOT_FOUND_REMEMBERED: Duration = Duration::from_secs(60);
-
 /// A writer whose values need a reader of their own to keep their meaning ([`resolution_reader`]): decoded with
 /// it, then converted to the reader generation's types exactly.
 #[derive(Debug)]
@@ -100,8 +94,7 @@ pub(crate) struct Variant {
 
 /// Writer schemas by id, shared by every decoder of one decoding (and every subtask of a process).
 pub(crate) struct WriterSchemas {
-    registry: SchemaRegistry,
-    runtime: tokio::runtime::Handle,
+    lookup: RegistryLookup,
     /// Widen the reader with a writer's new top-level fields instead of refusing them.
     evolve: bool,
     /// Change events (Debezium): an older writer's row-image fields the reader lacks (a column dropped from the
@@ -113,7 +106,7 @@ pub(crate) struct WriterSchemas {
 impl std::fmt::Debug for WriterSchemas {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WriterSchemas")
-            .field("registry", &self.registry)
+            .field("lookup", &self.lookup)
             .field("evolve", &self.evolve)
             .finish_non_exhaustive()
     }
@@ -125,8 +118,6 @@ struct Known {
     store: SchemaStore,
     /// Accepted ids, each with the first generation that reads it without dropping a field.
     ids: BTreeMap<u32, usize>,
-    /// Why an id was refused; until when, for an id the registry did not have (asked again after that).
-    refused: HashMap<u32, (String, Option<Instant>)>,
     /// Accepted writers that need a reader of their own.
     variants: HashMap<u32, Arc<Variant>>,
     /// Accepted writers with row-image fields the reader lacks, left out.
@@ -206,14 +197,12 @@ impl WriterSchemas {
         Ok(Some(Variant { reader, store }))
     }
 
-    /// Writer schemas from `registry`, read as `reader` (widened as they add fields when `evolve`); lookups block
-    /// on `runtime`.
+    /// Writer schemas looked up through `lookup`, read as `reader` (widened as they add fields when `evolve`).
     ///
     /// # Errors
     /// [`Config`](ErrorKind::Config) when the reader schema does not parse or has no Arrow equivalent.
     pub(crate) fn new(
-        registry: SchemaRegistry,
-        runtime: tokio::runtime::Handle,
+        lookup: RegistryLookup,
         reader: ReaderSchema,
         evolve: bool,
         older_row_fields: bool,
@@ -241,8 +230,7 @@ impl WriterSchemas {
             .map_err(|e| config("has no Arrow equivalent", e))?
             .schema();
         Ok(Self {
-            registry,
-            runtime,
+            lookup,
             evolve,
             older_row_fields,
             known: Mutex::new(Known {
@@ -253,7 +241,6 @@ impl WriterSchemas {
                 })],
                 store,
                 ids,
-                refused: HashMap::new(),
                 variants: HashMap::new(),
                 dropping: HashSet::new(),
             }),
@@ -300,75 +287,19 @@ impl WriterSchemas {
     /// reader); [`Retryable`](ErrorKind::Retryable) when the registry cannot be reached (after the client's
     /// retries), any other registry error as [`Config`](ErrorKind::Config).
     pub(crate) fn resolve(&self, id: u32, at: RecordAt<'_>) -> Result<()> {
-        {
-            let known = self.lock();
-            if known.ids.contains_key(&id) {
-                return Ok(());
-            }
-            match known.refused.get(&id) {
-                Some((why, None)) => return Err(bad_record(at, why)),
-                Some((why, Some(until))) if Instant::now() < *until => {
-                    return Err(bad_record(at, why));
-                }
-                _ => {}
-            }
+        if self.lock().ids.contains_key(&id) {
+            return Ok(());
         }
-        let writer = match self.runtime.block_on(self.lookup(id)) {
-            Ok(writer) => writer,
-            Err(e) if e.is_not_found() => {
-                let why = format!(
-                    "carries schema id {id}, which the schema registry at {} does not have (asked for {:?})",
-                    self.registry.url(),
-                    NOT_FOUND_RETRY
-                );
-                let until = Instant::now() + NOT_FOUND_REMEMBERED;
-                self.lock().refused.insert(id, (why.clone(), Some(until)));
-                return Err(bad_record(at, &why));
-            }
-            Err(e) => {
-                return Err(Error::new(
-                    e.kind(),
-                    Phase::Write,
-                    format!(
-                        "cannot look up schema id {id} of record {}/{}@{}",
-                        at.topic, at.partition, at.offset
-                    ),
-                )
-                .with_source(e));
-            }
-        };
+        if let Some(refusal) = self.lookup.refusal(id, at) {
+            return Err(refusal);
+        }
+        let writer = self.lookup.fetch(id, at)?;
         let mut known = self.lock();
         if known.ids.contains_key(&id) {
             return Ok(()); // another thread accepted it meanwhile
         }
-        match self.accept(&mut known, &writer) {
-            Ok(()) => Ok(()),
-            Err(why) => {
-                tracing::warn!(id, %why, "schema registry: writer schema refused");
-                known.refused.insert(id, (why.clone(), None));
-                Err(bad_record(at, &why))
-            }
-        }
-    }
-
-    /// Schema `id` from the registry; a registry that does not have it (a replica behind its leader) is asked
-    /// again for [`NOT_FOUND_RETRY`], logged, before it counts as not found.
-    async fn lookup(
-        &self,
-        id: u32,
-    ) -> std::result::Result<RegisteredSchema, schema_registry::RegistryError> {
-        let deadline = Instant::now() + NOT_FOUND_RETRY;
-        let mut pause = Duration::from_millis(250);
-        loop {
-            match self.registry.schema(id).await {
-                Err(e) if e.is_not_found() && Instant::now() + pause < deadline => {
-                    tracing::warn!(id, registry = %self.registry.url(), "schema registry: schema id not found; asking again");
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(2));
-                }
-                other => return other,
-            }
-        }
+        self.accept(&mut known, &writer)
+            .map_err(|why| self.lookup.refuse(id, at, why))
     }
 
     /// Accepts `writer` under the current reader, or a widened one; why not, as the end of a sentence about a

@@ -9,7 +9,7 @@ use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderValue};
 
 use crate::schema::{ErrorBody, SchemaBody};
 use crate::settings::Auth;
-use crate::{RegisteredSchema, RegistryError, RegistrySettings};
+use crate::{RegisteredSchema, RegistryError, RegistrySettings, SchemaType};
 
 /// The API's request body type.
 const SCHEMA_REGISTRY_JSON: &str = "application/vnd.schemaregistry.v1+json";
@@ -140,9 +140,27 @@ impl SchemaRegistry {
     /// [`RegistryError::Status`] with 409 when the schema is incompatible with the subject's earlier versions, 422
     /// when it is not a valid schema; any other [`RegistryError`] when the request fails.
     pub async fn register(&self, subject: &str, schema: &str) -> Result<u32, RegistryError> {
+        self.register_as(subject, schema, SchemaType::Avro).await
+    }
+
+    /// As [`register`](Self::register), for a schema of kind `schema_type` (`schemaType` in the request; absent
+    /// for Avro, as the API defines).
+    ///
+    /// # Errors
+    /// As [`register`](Self::register).
+    pub async fn register_as(
+        &self,
+        subject: &str,
+        schema: &str,
+        schema_type: SchemaType,
+    ) -> Result<u32, RegistryError> {
         let url = self.path(&["subjects", subject, "versions"]);
         let request = format!("POST {}", url.path());
-        let body = serde_json::json!({ "schema": schema }).to_string();
+        let body = match schema_type {
+            SchemaType::Avro => serde_json::json!({ "schema": schema }),
+            other => serde_json::json!({ "schema": schema, "schemaType": other.to_string() }),
+        }
+        .to_string();
         let answer: RegisteredId = self
             .retry
             .run_when(&request, RegistryError::is_transient, || {

@@ -107,12 +107,12 @@ pub async fn run(args: CheckArgs) -> Result<()> {
     let registry = crate::job::sinks::registry();
     let waiting = crate::cmd::awaiting::missing(&job).await.ok().flatten();
     let shaped = job.resolve_source().await.and_then(|source| {
-        if job.shapes_rows() {
-            println!(
-                "ok    source columns: {}",
-                crate::job::shaping::describe(&source.schema, &source.hidden)
-            );
-        }
+        // The columns the decoding gives (a registry's schema, declared fields, metadata columns): what the
+        // transforms' `input` has, and without transforms what every sink receives.
+        println!(
+            "ok    source columns: {}",
+            crate::job::shaping::describe(&source.schema, &source.hidden)
+        );
         Ok(crate::job::shaping::Shaping::of_job(&job, &source)?)
     });
     match shaped {

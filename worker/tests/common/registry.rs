@@ -1,5 +1,5 @@
-//! A job reading Avro through the test services' schema registry, its records written by confluent-kafka's
-//! AvroSerializer (test-support/producers/confluent_avro.py).
+//! A job reading Avro or JSON Schema through the test services' schema registry, its records written by
+//! confluent-kafka's AvroSerializer or JSONSerializer (test-support/producers/confluent_avro.py, confluent_json.py).
 
 use serde_json::{Value, json};
 use test_support::Services;
@@ -40,6 +40,28 @@ impl Job {
             ),
         )
         .unwrap();
+    }
+
+    /// Reads the source as JSON Schema through the registry (`decoding = { kind = "json-schema" }` and
+    /// `[source.registry]`; the columns are the subject's latest schema's properties when the process starts).
+    pub fn read_registry_json_schema(&self) {
+        self.read_registry_avro();
+        self.set_decoding(r#"{ kind = "json-schema" }"#);
+    }
+
+    /// Writes `records` (JSON objects) with JSON Schema `schema` through confluent-kafka's JSONSerializer, which
+    /// validates each one; with `validate = false` they are framed with the schema's id unvalidated, as a producer
+    /// that skips validation writes them. Returns the schema id the values carry.
+    pub fn produce_json_schema(&self, schema: &str, records: &[Value], validate: bool) -> u64 {
+        let services = Services::get();
+        let records = Value::from(records.to_vec()).to_string();
+        let mut args = vec![services.kafka_bootstrap(), &self.topic, schema, &records];
+        if !validate {
+            args.push("--no-validate");
+        }
+        services.produce("confluent_json.py", &args)["schema_id"]
+            .as_u64()
+            .unwrap()
     }
 
     /// Sets `evolution = "add-columns"` on every sink.

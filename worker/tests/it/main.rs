@@ -20,6 +20,7 @@ mod group;
 mod identity;
 mod inspect;
 mod job_file;
+mod json_schema;
 mod kafka_to_kafka;
 mod liveness;
 mod metadata;

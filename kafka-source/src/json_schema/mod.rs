@@ -1,0 +1,418 @@
+//! JSON Schema through the schema registry: each value is Confluent-framed (`0x00`, the 4-byte big-endian schema id,
+//! the JSON document, as confluent-kafka's `JSONSerializer` writes it). The reader schema (the subject's latest
+//! version) gives the columns ([`columns`]: its root object's properties, decoded exactly as declared JSON fields
+//! are); every record is validated against the schema its id names before it is decoded.
+//!
+//! A record is a [`BadRecord`](ErrorKind::BadRecord) (dead-lettered when the job has a dead-letter topic) when it
+//! is not framed, its id is not a JSON Schema the registry has, it is not JSON, it violates its schema (the error
+//! names the JSON pointer of each violation, up to three), or a value does not fit its column exactly. A writer
+//! schema with properties the reader lacks is refused, naming them and both ids: their values would otherwise be
+//! dropped (widening the columns with them is planned, as for Avro's `add-columns`).
+
+mod columns;
+mod doc;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use arrow_schema::SchemaRef;
+use connector_api::{Error, ErrorKind, Phase, Result};
+use schema_registry::{RegisteredSchema, SchemaRegistry, SchemaType};
+
+use crate::json_rows::UnknownFields;
+use crate::json_types::{JsonDecoding, JsonField, JsonItem};
+use crate::record::{RecordAt, bad_record};
+use crate::registry_lookup::{RegistryLookup, confluent_id};
+use crate::writer_schemas::ReaderSchema;
+use doc::Doc;
+
+/// How many violations of one record its error names.
+const VIOLATIONS_NAMED: usize = 3;
+
+/// The JSON Schema decoding: the reader schema's columns, and the writer schemas by id that validate each record.
+#[derive(Debug, Clone)]
+pub struct JsonSchemaDecoding {
+    columns: JsonDecoding,
+    writers: Arc<JsonWriters>,
+}
+
+impl JsonSchemaDecoding {
+    /// The decoding of Confluent-framed JSON values whose schemas are in `registry`, decoded into the columns of
+    /// `reader` (a JSON Schema whose root is an object); keys no column declares mean what `unknown_fields` says.
+    /// Must be called inside a tokio runtime: the consumer thread looks up new schema ids through it.
+    ///
+    /// # Errors
+    /// [`Config`](ErrorKind::Config) when the reader schema is not JSON, has no columns (its root is not an
+    /// object with properties), or refers to other documents.
+    pub fn from_registry(
+        registry: SchemaRegistry,
+        reader: ReaderSchema,
+        unknown_fields: UnknownFields,
+    ) -> Result<Self> {
+        let refuse = |why: String| {
+            Error::new(
+                ErrorKind::Config,
+                Phase::Setup,
+                format!("JSON Schema {}: {why}", reader.named()),
+            )
+        };
+        let doc: Doc = serde_json::from_str(&reader.schema)
+            .map_err(|e| refuse(format!("is not JSON ({e})")))?;
+        let fields = columns::columns(&doc).map_err(|why| refuse(format!("its {why}")))?;
+        let columns = JsonDecoding::declared(&fields, unknown_fields)
+            .map_err(|e| e.context(format!("the columns of JSON Schema {}", reader.named())))?;
+        Ok(Self {
+            columns,
+            writers: Arc::new(JsonWriters {
+                lookup: RegistryLookup::new(registry)?,
+                reader,
+                fields,
+                validators: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+
+    /// The Arrow schema of the decoded rows.
+    pub fn schema(&self) -> SchemaRef {
+        self.columns.schema()
+    }
+
+    /// The reader schema the columns come from.
+    pub fn reader_schema(&self) -> &ReaderSchema {
+        &self.writers.reader
+    }
+
+    /// The columns, as the JSON decoding reads them.
+    pub(crate) fn columns(&self) -> &JsonDecoding {
+        &self.columns
+    }
+
+    /// Looks up the schema of a Confluent-framed `value`, if it is new.
+    ///
+    /// # Errors
+    /// As [`JsonWriters::resolve`].
+    pub(crate) fn learn_schema(&self, at: RecordAt<'_>, value: &[u8]) -> Result<()> {
+        match confluent_id(value) {
+            Some(id) => self.writers.resolve(id, at).map(drop),
+            None => Ok(()),
+        }
+    }
+
+    /// The JSON document of `value` (the record at `at`), validated against the schema its framing names.
+    ///
+    /// # Errors
+    /// [`BadRecord`](ErrorKind::BadRecord) naming the record: not framed, a refused schema id, not JSON, or a
+    /// violation of the schema; a registry that cannot be reached as for [`JsonWriters::resolve`].
+    pub(crate) fn document<'v>(&self, at: RecordAt<'_>, value: &'v [u8]) -> Result<&'v [u8]> {
+        let id = confluent_id(value).ok_or_else(|| {
+            bad_record(
+                at,
+                "is not in the schema registry's wire format (0x00, a 4-byte schema id, the JSON document), \
+                 which kind = \"json-schema\" reads",
+            )
+        })?;
+        let validator = self.writers.resolve(id, at)?;
+        let body = &value[5..];
+        let parsed: serde_json::Value = serde_json::from_slice(body)
+            .map_err(|e| bad_record(at, &format!("is not a JSON document ({e})")))?;
+        let violations: Vec<String> = validator
+            .iter_errors(&parsed)
+            .take(VIOLATIONS_NAMED + 1)
+            .map(|e| {
+                let path = e.instance_path().to_string();
+                format!("at `{}`: {e}", if path.is_empty() { "/" } else { &path })
+            })
+            .collect();
+        if violations.is_empty() {
+            return Ok(body);
+        }
+        let more = if violations.len() > VIOLATIONS_NAMED {
+            ", and more"
+        } else {
+            ""
+        };
+        let named: Vec<&str> = violations
+            .iter()
+            .take(VIOLATIONS_NAMED)
+            .map(String::as_str)
+            .collect();
+        Err(bad_record(
+            at,
+            &format!("violates JSON Schema id {id}: {}{more}", named.join("; ")),
+        ))
+    }
+}
+
+/// Writer schemas by id, each compiled into a validator once, shared by every decoder of one decoding.
+pub(crate) struct JsonWriters {
+    lookup: RegistryLookup,
+    reader: ReaderSchema,
+    /// The reader's columns, to find a writer's properties the reader lacks.
+    fields: Vec<JsonField>,
+    validators: Mutex<HashMap<u32, Arc<jsonschema::Validator>>>,
+}
+
+impl std::fmt::Debug for JsonWriters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JsonWriters")
+            .field("lookup", &self.lookup)
+            .field("reader", &self.reader.named())
+            .finish_non_exhaustive()
+    }
+}
+
+impl JsonWriters {
+    fn known(&self, id: u32) -> Option<Arc<jsonschema::Validator>> {
+        self.validators
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+            .cloned()
+    }
+
+    /// The validator of schema `id`, which the record at `at` carries: looked up and accepted once.
+    ///
+    /// # Errors
+    /// [`BadRecord`](ErrorKind::BadRecord) naming the record when the registry has no such id or it is refused
+    /// (not a JSON Schema, references to other subjects, a schema that does not compile, properties the reader
+    /// lacks); [`Retryable`](ErrorKind::Retryable) when the registry cannot be reached.
+    pub(crate) fn resolve(&self, id: u32, at: RecordAt<'_>) -> Result<Arc<jsonschema::Validator>> {
+        if let Some(validator) = self.known(id) {
+            return Ok(validator);
+        }
+        if let Some(refusal) = self.lookup.refusal(id, at) {
+            return Err(refusal);
+        }
+        let writer = self.lookup.fetch(id, at)?;
+        let validator = self
+            .accept(&writer)
+            .map_err(|why| self.lookup.refuse(id, at, why))?;
+        tracing::info!(id, reader = %self.reader.named(), "schema registry: new JSON Schema accepted");
+        let mut validators = self.validators.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(validators.entry(id).or_insert(validator).clone())
+    }
+
+    /// The validator of `writer` when it may be read as the reader's columns; why not, as the end of a sentence
+    /// about a record.
+    fn accept(
+        &self,
+        writer: &RegisteredSchema,
+    ) -> std::result::Result<Arc<jsonschema::Validator>, String> {
+        let id = writer.id;
+        if writer.schema_type != SchemaType::Json {
+            return Err(format!(
+                "is written with schema id {id}, a {} schema; kind = \"json-schema\" reads JSON Schema",
+                writer.schema_type
+            ));
+        }
+        if !writer.references.is_empty() {
+            let names: Vec<&str> = writer.references.iter().map(|r| r.name.as_str()).collect();
+            return Err(format!(
+                "is written with schema id {id}, which refers to other subjects' schemas ({}); schema references \
+                 are not resolved: register the schema with its definitions inlined",
+                names.join(", ")
+            ));
+        }
+        let not_json = |e: serde_json::Error| {
+            format!("is written with schema id {id}, which is not JSON ({e})")
+        };
+        let json: serde_json::Value = serde_json::from_str(&writer.schema).map_err(not_json)?;
+        let doc: Doc = serde_json::from_str(&writer.schema).map_err(not_json)?;
+        let fields = columns::columns(&doc)
+            .map_err(|why| format!("is written with schema id {id}, whose {why}"))?;
+        let mut added = Vec::new();
+        added_fields(&fields, &self.fields, "", &mut added);
+        if !added.is_empty() {
+            let named: Vec<String> = added.iter().map(|f| format!("`{f}`")).collect();
+            return Err(format!(
+                "is written with schema id {id}, which has propert{} {} that {} lacks; the job stops rather than \
+                 drop {} (widening a JSON Schema decoding's columns is planned: restart the job to read with \
+                 the subject's latest schema)",
+                if added.len() == 1 { "y" } else { "ies" },
+                named.join(", "),
+                self.reader.named(),
+                if added.len() == 1 {
+                    "its values"
+                } else {
+                    "their values"
+                },
+            ));
+        }
+        let validator = jsonschema::options()
+            .should_validate_formats(true)
+            .build(&json)
+            .map_err(|e| {
+                format!("is written with schema id {id}, which is not a valid JSON Schema: {e}")
+            })?;
+        Ok(Arc::new(validator))
+    }
+}
+
+/// The dotted paths of `writer`'s fields that `reader` lacks (through structs, list items and map values).
+fn added_fields(writer: &[JsonField], reader: &[JsonField], prefix: &str, out: &mut Vec<String>) {
+    for field in writer {
+        let path = format!("{prefix}{}", field.name);
+        match reader.iter().find(|r| r.name == field.name) {
+            None => out.push(path),
+            Some(known) => added_in_item(&item_of(field), &item_of(known), &path, out),
+        }
+    }
+}
+
+fn item_of(field: &JsonField) -> JsonItem {
+    JsonItem {
+        kind: field.kind.clone(),
+        nullable: field.nullable,
+        fields: field.fields.clone(),
+        items: field.items.clone(),
+        values: field.values.clone(),
+    }
+}
+
+fn added_in_item(writer: &JsonItem, reader: &JsonItem, path: &str, out: &mut Vec<String>) {
+    added_fields(&writer.fields, &reader.fields, &format!("{path}."), out);
+    if let (Some(w), Some(r)) = (&writer.items, &reader.items) {
+        added_in_item(w, r, &format!("{path}[]"), out);
+    }
+    if let (Some(w), Some(r)) = (&writer.values, &reader.values) {
+        added_in_item(w, r, &format!("{path}.*"), out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SCHEMA: &str = r#"{"type": "object", "required": ["id"],
+        "properties": {"id": {"type": "integer"}, "at": {"type": "string", "format": "date-time"}}}"#;
+
+    fn registered(id: u32, schema: &str, schema_type: SchemaType) -> RegisteredSchema {
+        RegisteredSchema {
+            id,
+            schema: schema.to_string(),
+            schema_type,
+            references: Vec::new(),
+            version: None,
+        }
+    }
+
+    /// The decoding of [`SCHEMA`] (id 7), with writer 7 accepted as a registry lookup would (the registry itself
+    /// is not asked: its address answers nothing).
+    fn decoding() -> JsonSchemaDecoding {
+        let settings: schema_registry::RegistrySettings =
+            serde_json::from_value(serde_json::json!({"url": "http://127.0.0.1:9/"})).unwrap();
+        let reader = ReaderSchema {
+            schema: SCHEMA.to_string(),
+            id: Some(7),
+            origin: "the test schema".to_string(),
+        };
+        let decoding = JsonSchemaDecoding::from_registry(
+            SchemaRegistry::new(&settings).unwrap(),
+            reader,
+            UnknownFields::Fail,
+        )
+        .unwrap();
+        let validator = decoding
+            .writers
+            .accept(&registered(7, SCHEMA, SchemaType::Json))
+            .unwrap();
+        decoding
+            .writers
+            .validators
+            .lock()
+            .unwrap()
+            .insert(7, validator);
+        decoding
+    }
+
+    fn framed(id: u32, body: &str) -> Vec<u8> {
+        let mut value = vec![0];
+        value.extend(id.to_be_bytes());
+        value.extend(body.as_bytes());
+        value
+    }
+
+    const AT: RecordAt<'static> = RecordAt {
+        topic: "orders",
+        partition: 1,
+        offset: 5,
+    };
+
+    #[tokio::test]
+    async fn each_value_is_unframed_and_validated_against_its_schema_id() {
+        let decoding = decoding();
+        let value = framed(7, r#"{"id": 1, "at": "2026-12-05T10:00:00Z"}"#);
+        assert_eq!(
+            decoding.document(AT, &value).unwrap(),
+            br#"{"id": 1, "at": "2026-12-05T10:00:00Z"}"#
+        );
+        let err = decoding
+            .document(AT, &framed(7, r#"{"id": "one", "at": "yesterday"}"#))
+            .unwrap_err();
+        let text = err.to_string();
+        assert_eq!(err.kind(), ErrorKind::BadRecord);
+        for part in ["orders/1@5", "violates JSON Schema id 7", "`/id`", "`/at`"] {
+            assert!(text.contains(part), "{part} in {text}");
+        }
+        let err = decoding.document(AT, br#"{"id": 1}"#).unwrap_err();
+        assert!(err.to_string().contains("wire format"), "{err}");
+        let err = decoding.document(AT, &framed(7, "{")).unwrap_err();
+        assert!(err.to_string().contains("not a JSON document"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn writer_schemas_the_columns_cannot_read_are_refused_naming_why() {
+        let decoding = decoding();
+        let wider = r#"{"type": "object", "properties": {"id": {"type": "integer"}, "note": {"type": "string"}}}"#;
+        let why = decoding
+            .writers
+            .accept(&registered(9, wider, SchemaType::Json))
+            .unwrap_err();
+        assert!(
+            why.contains("schema id 9")
+                && why.contains("`note`")
+                && why.contains("the test schema"),
+            "{why}"
+        );
+        let why = decoding
+            .writers
+            .accept(&registered(
+                10,
+                r#"{"type": "record", "name": "A", "fields": []}"#,
+                SchemaType::Avro,
+            ))
+            .unwrap_err();
+        assert!(why.contains("AVRO"), "{why}");
+        let narrower = r#"{"type": "object", "properties": {"id": {"type": "integer"}}}"#;
+        decoding
+            .writers
+            .accept(&registered(11, narrower, SchemaType::Json))
+            .unwrap();
+    }
+
+    fn fields(schema: &str) -> Vec<JsonField> {
+        columns::columns(&serde_json::from_str(schema).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn a_writers_new_properties_are_found_at_any_depth() {
+        let reader = fields(
+            r#"{"type": "object", "properties": {"id": {"type": "integer"},
+                "customer": {"type": "object", "properties": {"name": {"type": "string"}}},
+                "lines": {"type": "array", "items": {"type": "object", "properties": {"qty": {"type": "integer"}}}}}}"#,
+        );
+        let writer = fields(
+            r#"{"type": "object", "properties": {"id": {"type": "integer"}, "note": {"type": "string"},
+                "customer": {"type": "object", "properties": {"name": {"type": "string"}, "email": {"type": "string"}}},
+                "lines": {"type": "array", "items": {"type": "object", "properties": {"qty": {"type": "integer"},
+                                                                                       "sku": {"type": "string"}}}}}}"#,
+        );
+        let mut added = Vec::new();
+        added_fields(&writer, &reader, "", &mut added);
+        added.sort();
+        assert_eq!(added, ["customer.email", "lines[].sku", "note"]);
+        let mut none = Vec::new();
+        added_fields(&reader, &writer, "", &mut none);
+        assert!(none.is_empty(), "{none:?}");
+    }
+}
