@@ -1,10 +1,8 @@
 //! Record values as Avro through a schema registry (`records.value_format = "avro"`): each row encoded by
 //! arrow-avro in Confluent's wire format (`0x00`, the schema's 4-byte id, the body), its schema derived from the
-//! batches' Arrow schema and registered under the topic's value subject (`<topic>-value`, Confluent's
-//! TopicNameStrategy) before any record of it is sent. Registering is idempotent (the registry returns the id a
-//! subject already has for a schema); a new schema (the batches gained a column) is registered as the subject's
-//! next version, which the subject's compatibility rule (BACKWARD by default) accepts: added columns are nullable
-//! with default null.
+//! batches' Arrow schema and registered under the topic's value subject ([`RegisteredSubject`]) before any record
+//! of it is sent. A new schema (the batches gained a column) is registered as the subject's next version, which
+//! the subject's compatibility rule (BACKWARD by default) accepts: added columns are nullable with default null.
 
 use std::sync::Arc;
 
@@ -14,13 +12,14 @@ use arrow_avro::writer::WriterBuilder;
 use arrow_avro::writer::format::AvroSoeFormat;
 use arrow_schema::{Fields, Schema, SchemaRef};
 use connector_api::{Error, ErrorKind, Phase, Result};
-use schema_registry::{RegistrySettings, SchemaRegistry};
+use schema_registry::{RegistrySettings, SchemaType};
 use serde_json::Value;
 
-/// The registry, the subject, and the schema registered last.
+use crate::registered_subject::RegisteredSubject;
+
+/// The subject, and the schema registered last.
 pub(crate) struct AvroValues {
-    registry: SchemaRegistry,
-    subject: String,
+    subject: RegisteredSubject,
     registered: Option<Registered>,
 }
 
@@ -36,19 +35,10 @@ impl AvroValues {
     /// Values of `topic` registered in the registry `settings` describe.
     ///
     /// # Errors
-    /// [`Config`](ErrorKind::Config) for registry settings that cannot make a client.
+    /// As [`RegisteredSubject::new`].
     pub(crate) fn new(settings: &RegistrySettings, topic: &str) -> Result<Self> {
-        let registry = SchemaRegistry::new(settings).map_err(|e| {
-            Error::new(
-                ErrorKind::Config,
-                Phase::Setup,
-                "[registry] of the Kafka sink",
-            )
-            .with_source(e)
-        })?;
         Ok(Self {
-            registry,
-            subject: format!("{topic}-value"),
+            subject: RegisteredSubject::new(settings, topic)?,
             registered: None,
         })
     }
@@ -84,22 +74,7 @@ impl AvroValues {
             .with_source(e)
         })?;
         let text = optional_fields(&avro.json_string);
-        let id = self
-            .registry
-            .register(&self.subject, &text)
-            .await
-            .map_err(|e| {
-                Error::new(
-                    e.kind(),
-                    Phase::Write,
-                    format!(
-                        "cannot register the records' schema under subject {}",
-                        self.subject
-                    ),
-                )
-                .with_source(e)
-            })?;
-        tracing::info!(subject = %self.subject, id, "Kafka sink: value schema registered");
+        let id = self.subject.register(&text, SchemaType::Avro).await?;
         let metadata = [(SCHEMA_METADATA_KEY.to_string(), text)].into();
         self.registered = Some(Registered {
             fields: schema.fields().clone(),

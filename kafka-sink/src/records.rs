@@ -16,7 +16,7 @@ use std::borrow::Cow;
 /// | `partition_column` | Int32 column with an explicit partition; none = partitioned by key | none |
 /// | `topic_column` | Utf8 column naming each record's topic; none = the sink's `topic` | none |
 /// | `header_columns` | columns (Utf8 or Binary) sent as record headers named after the column; nulls are omitted | none |
-/// | `value_format` | the whole row as `json`, or as `avro` in Confluent's wire format with its schema registered in the sink's `[registry]` (subject `<topic>-value`); each type as docs/types.md says | `json` |
+/// | `value_format` | the whole row as `json`; or in Confluent's wire format with its schema registered in the sink's `[registry]` (subject `<topic>-value`): `avro`, or `json-schema` (the `json` text, its JSON Schema registered); each type as docs/types.md says | `json` |
 /// | `json_decimals` | JSON values: decimals as exact `number`s (`12.30`) or as `string`s (`"12.30"`, exact in readers that parse numbers as doubles) | `number` |
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -58,6 +58,19 @@ pub enum ValueFormat {
     Json,
     /// Avro in Confluent's wire format, its schema registered (the sink's `registry`).
     Avro,
+    /// The JSON object in Confluent's wire format, its JSON Schema registered (the sink's `registry`).
+    JsonSchema,
+}
+
+impl ValueFormat {
+    /// How the job file writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Json => "json",
+            Self::Avro => "avro",
+            Self::JsonSchema => "json-schema",
+        }
+    }
 }
 
 /// One record, borrowed from a batch where possible.
@@ -104,18 +117,19 @@ fn bytes_at<'a>(array: &'a ArrayRef, row: usize, name: &str) -> Result<Option<&'
 }
 
 impl RecordMapping {
-    /// Refuses settings that do not go together: Avro values need a registry and the whole row (no
-    /// `value_column`), and one subject (no `topic_column`).
+    /// Refuses settings that do not go together: Avro and JSON Schema values need a registry and the whole row
+    /// (no `value_column`), and one subject (no `topic_column`).
     ///
     /// # Errors
     /// [`Config`](connector_api::ErrorKind::Config) naming the settings.
     pub(crate) fn check_format(&self, registry: bool) -> connector_api::Result<()> {
-        if self.value_format != ValueFormat::Avro {
+        if self.value_format == ValueFormat::Json {
             return Ok(());
         }
         let refuse = |why: &str| {
             Err(connector_api::Error::config(format!(
-                "records.value_format = \"avro\" {why}"
+                "records.value_format = {:?} {why}",
+                self.value_format.name()
             )))
         };
         match (registry, &self.value_column, &self.topic_column) {

@@ -13,6 +13,7 @@ use rdkafka::types::RDKafkaErrorCode;
 
 use crate::avro_values::AvroValues;
 use crate::delivery::{SinkProducer, wait_delivered};
+use crate::json_schema_values::JsonSchemaValues;
 use crate::records::{RecordMapping, ValueFormat};
 use crate::{PartitionRange, classify};
 
@@ -28,10 +29,32 @@ pub(crate) struct RecordSender {
     mapping: Arc<RecordMapping>,
     default_topic: String,
     max_message_bytes: usize,
-    /// Whole rows as Avro through a registry (`records.value_format = "avro"`).
-    avro: Option<AvroValues>,
+    /// Whole rows in a registry format (`records.value_format = "avro"` or `"json-schema"`).
+    registered: Option<RegistryValues>,
     /// The batches' schema, and whether new columns may come (nothing to change on the broker).
     followed: FollowedSchema,
+}
+
+/// Whole rows as values of a registry format, their schema registered before any record of it.
+enum RegistryValues {
+    Avro(AvroValues),
+    JsonSchema(JsonSchemaValues),
+}
+
+impl RegistryValues {
+    async fn register(&mut self, schema: &Schema) -> Result<()> {
+        match self {
+            Self::Avro(values) => values.register(schema).await,
+            Self::JsonSchema(values) => values.register(schema).await,
+        }
+    }
+
+    fn encode(&self, batch: &RecordBatch) -> std::result::Result<Vec<Vec<u8>>, String> {
+        match self {
+            Self::Avro(values) => values.encode(batch),
+            Self::JsonSchema(values) => values.encode(batch),
+        }
+    }
 }
 
 impl RecordSender {
@@ -42,15 +65,28 @@ impl RecordSender {
     /// made.
     pub(crate) fn new(config: &crate::KafkaSinkConfig) -> Result<Self> {
         config.records.check_format(config.registry.is_some())?;
-        let avro = match (&config.registry, config.records.value_format) {
-            (Some(registry), ValueFormat::Avro) => Some(AvroValues::new(registry, &config.topic)?),
+        let registered = match (&config.registry, config.records.value_format) {
+            (Some(registry), ValueFormat::Avro) => Some(RegistryValues::Avro(AvroValues::new(
+                registry,
+                &config.topic,
+            )?)),
+            (Some(registry), ValueFormat::JsonSchema) => {
+                let options = connector_api::types::json::JsonOptions {
+                    decimals: config.records.json_decimals,
+                };
+                Some(RegistryValues::JsonSchema(JsonSchemaValues::new(
+                    registry,
+                    &config.topic,
+                    options,
+                )?))
+            }
             _ => None,
         };
         Ok(Self {
             mapping: Arc::new(config.records.clone()),
             default_topic: config.topic.clone(),
             max_message_bytes: config.max_message_bytes(),
-            avro,
+            registered,
             followed: FollowedSchema::default(),
         })
     }
@@ -80,8 +116,8 @@ impl RecordSender {
     /// # Errors
     /// As [`AvroValues::register`].
     pub(crate) async fn prepare(&mut self, schema: &Schema) -> Result<()> {
-        match &mut self.avro {
-            Some(avro) => avro.register(schema).await,
+        match &mut self.registered {
+            Some(values) => values.register(schema).await,
             None => Ok(()),
         }
     }
@@ -103,11 +139,12 @@ impl RecordSender {
         batch: &RecordBatch,
     ) -> Result<()> {
         let mapping = self.mapping.clone();
-        let whole_rows = match &mut self.avro {
-            Some(avro) => {
-                avro.register(batch.schema_ref()).await?;
+        let whole_rows = match &mut self.registered {
+            Some(values) => {
+                values.register(batch.schema_ref()).await?;
                 Some(
-                    avro.encode(batch)
+                    values
+                        .encode(batch)
                         .map_err(|m| Error::new(ErrorKind::BadRecord, Phase::Write, m))?,
                 )
             }

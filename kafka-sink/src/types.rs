@@ -37,7 +37,9 @@ pub(crate) fn check(
         return Ok(());
     }
     let refusals: Vec<Refusal> = match records.value_format {
-        ValueFormat::Json => json::check(schema).err().into_iter().collect(),
+        ValueFormat::Json | ValueFormat::JsonSchema => {
+            json::check(schema).err().into_iter().collect()
+        }
         ValueFormat::Avro => schema
             .fields()
             .iter()
@@ -55,6 +57,7 @@ pub(crate) fn check(
                     match records.value_format {
                         ValueFormat::Json => "JSON",
                         ValueFormat::Avro => "Avro",
+                        ValueFormat::JsonSchema => "JSON Schema",
                     }
                 ),
                 &refusals,

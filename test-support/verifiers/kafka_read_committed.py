@@ -1,13 +1,14 @@
 """Independent verifier: every record of a topic that a read_committed consumer sees, as JSON.
 
-usage: kafka_read_committed.py BOOTSTRAP TOPIC [--avro]
+usage: kafka_read_committed.py BOOTSTRAP TOPIC [--avro | --json-schema]
 
 Reads every partition from the beginning up to its last stable offset (LSO) with confluent-kafka (librdkafka's
 own client, no Ratchet code). Prints {"records": [{"partition", "offset", "key", "value", "headers"}...],
 "partitions": {p: {"lso": .., "high_watermark": ..}}}. An LSO below the high watermark means an open transaction
 is holding readers back. With --avro each value is decoded by confluent-kafka's AvroDeserializer against the schema
 registry (RATCHET_REGISTRY_URL, _USER, _PASSWORD): "value" is then the decoded record and "schema_id" the id its
-Confluent framing carries.
+Confluent framing carries. With --json-schema each value is decoded (and validated against the schema its id names)
+by confluent-kafka's JSONDeserializer the same way.
 """
 
 import json
@@ -24,11 +25,10 @@ def latest(admin: AdminClient, tps: list[TopicPartition], isolation: IsolationLe
     return {tp.partition: f.result(timeout=30).offset for tp, f in futures.items()}
 
 
-def avro_decoder():
+def registry_decoder(kind: str):
     import os
 
     from confluent_kafka.schema_registry import SchemaRegistryClient
-    from confluent_kafka.schema_registry.avro import AvroDeserializer
     from confluent_kafka.serialization import MessageField, SerializationContext
 
     registry = SchemaRegistryClient({
@@ -37,12 +37,19 @@ def avro_decoder():
         # Bounded (the client's default is none) and retried: a registry request once hung here forever.
         "timeout": 30,
     })
-    deserialize = AvroDeserializer(registry)
+    if kind == "--avro":
+        from confluent_kafka.schema_registry.avro import AvroDeserializer
+
+        deserialize = AvroDeserializer(registry)
+    else:
+        from confluent_kafka.schema_registry.json_schema import JSONDeserializer
+
+        deserialize = JSONDeserializer(None, schema_registry_client=registry)
     return lambda topic, value: deserialize(value, SerializationContext(topic, MessageField.VALUE))
 
 
-def main(bootstrap: str, topic: str, avro: bool = False) -> None:
-    decode = avro_decoder() if avro else None
+def main(bootstrap: str, topic: str, registry_format: str = "") -> None:
+    decode = registry_decoder(registry_format) if registry_format else None
     admin = AdminClient({"bootstrap.servers": bootstrap})
     meta = admin.list_topics(topic, timeout=30).topics[topic]
     if meta.error is not None:
@@ -95,6 +102,6 @@ def main(bootstrap: str, topic: str, avro: bool = False) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) not in (3, 4) or sys.argv[3:] not in ([], ["--avro"]):
+    if len(sys.argv) not in (3, 4) or sys.argv[3:] not in ([], ["--avro"], ["--json-schema"]):
         raise SystemExit(__doc__)
-    main(sys.argv[1], sys.argv[2], sys.argv[3:] == ["--avro"])
+    main(*sys.argv[1:])

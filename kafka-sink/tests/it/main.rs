@@ -12,6 +12,7 @@ mod claim_fence;
 mod conformance;
 mod coordinator;
 mod expiry;
+mod json_schema_values;
 mod kafka_to_kafka;
 mod kill9;
 mod probe;
