@@ -18,6 +18,15 @@ use super::source::{Rng, conformance_positions as positions};
 /// How long a paused instance waits for the other one.
 const MAX_PAUSE: Duration = Duration::from_secs(2);
 
+/// How long a pause whose release always comes (another instance's recovery finishing) may last: bounded only so
+/// that a sink whose recovery hangs fails the scenario instead of hanging the suite. A short bound here would let
+/// the paused instance go on before the other recovered when recoveries are slow (a loaded machine, TLS, several
+/// scenarios at once), and the scenario would no longer test what it names.
+const RELEASED_PAUSE: Duration = Duration::from_secs(60);
+
+/// A pause at `point` (of `checkpoint`, or any) that signals `reached` and waits for `release`, at most
+/// [`MAX_PAUSE`]: where two instances would otherwise wait for each other (a claim held while paused), the bound
+/// is what lets one go on.
 fn pause(
     point: FaultPoint,
     checkpoint: Option<u64>,
@@ -138,13 +147,17 @@ pub(super) async fn zombie_saves<T: ConformanceTarget>(
     let replacement_recovered = Arc::new(Notify::new());
     let zombie_done = Arc::new(Notify::new());
     let [_, b] = sinks();
+    // The zombie goes on only once the replacement recovered, however long that takes.
     let zombie = job
-        .driver(vec![pause(
-            FaultPoint::AfterPreCommit { sink: b.clone() },
-            Some(3),
-            &zombie_paused,
-            &replacement_recovered,
-        )])
+        .driver(vec![Pause {
+            max_wait: RELEASED_PAUSE,
+            ..pause(
+                FaultPoint::AfterPreCommit { sink: b.clone() },
+                Some(3),
+                &zombie_paused,
+                &replacement_recovered,
+            )
+        }])
         .await?;
     let (mut zombie, mut next) = job
         .start_driver(zombie, stats)
