@@ -1,8 +1,10 @@
 //! Registry-backed Avro decoding against declared-schema Avro decoding, through the Kafka source on the real broker:
 //! the same topic of Confluent-framed Avro records (one schema, registered in the test services' registry) read
-//! whole with each decoding, alternating, several runs each; and the pause a schema change costs the source (a
-//! writer schema that adds a field, with an evolving decoding: from the last batch of the old schema to the first
-//! of the new, the registry lookup and the decoder rebuild included). Prints a table and the ratio.
+//! whole with each decoding, alternating, several runs each; the same records as Confluent-framed JSON documents
+//! of a registered JSON Schema, read with the JSON Schema decoding (each validated, then decoded); and the pause a
+//! schema change costs the source (a writer schema that adds a field, with an evolving decoding: from the last
+//! batch of the old schema to the first of the new, the registry lookup and the decoder rebuild included). Prints
+//! a table and the ratios.
 //!
 //! Run: `scripts/services.sh up && cargo bench -p kafka-source --bench decoding` (see docs/benchmarks.md).
 //! `RATCHET_BENCH_RECORDS` (default 2,000,000) and `RATCHET_BENCH_RUNS` (default 3) size it.
@@ -17,14 +19,14 @@ use arrow_avro::writer::WriterBuilder;
 use arrow_avro::writer::format::AvroSoeFormat;
 use arrow_schema::{DataType, Field, Schema};
 use kafka_source::{
-    AvroDecoding, AvroFraming, Decoding, KafkaConnection, KafkaSource, KafkaSourceOptions,
-    ReaderSchema,
+    AvroDecoding, AvroFraming, Decoding, JsonSchemaDecoding, KafkaConnection, KafkaSource,
+    KafkaSourceOptions, ReaderSchema, UnknownFields,
 };
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
-use schema_registry::{RegistrySettings, SchemaRegistry};
+use schema_registry::{RegistrySettings, SchemaRegistry, SchemaType};
 use test_support::Services;
 
 const BATCH: usize = 8192;
@@ -81,6 +83,31 @@ fn encode(schema_text: &str, id: u32, start: i64, rows: usize, extra: bool) -> V
         .unwrap();
     encoder.encode(&batch).unwrap();
     encoder.flush().iter().map(|r| r.to_vec()).collect()
+}
+
+/// The JSON Schema of the same records.
+const JSON_SCHEMA: &str = r#"{"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
+  "required": ["id", "customer"], "additionalProperties": false,
+  "properties": {"id": {"type": "integer"}, "customer": {"type": "integer"},
+                 "note": {"anyOf": [{"type": "null"}, {"type": "string"}]}}}"#;
+
+/// `rows` records from `start` as JSON documents, Confluent-framed with schema id `id`.
+fn encode_json(id: u32, start: i64, rows: usize) -> Vec<Vec<u8>> {
+    (start..start + rows as i64)
+        .map(|i| {
+            let mut value = vec![0];
+            value.extend(id.to_be_bytes());
+            value.extend(
+                format!(
+                    r#"{{"id":{i},"customer":{},"note":"note {i} {}"}}"#,
+                    i % 9973,
+                    "x".repeat(40)
+                )
+                .into_bytes(),
+            );
+            value
+        })
+        .collect()
 }
 
 fn produce(producer: &ThreadedProducer<DefaultProducerContext>, topic: &str, values: &[Vec<u8>]) {
@@ -167,9 +194,33 @@ async fn main() {
         );
     }
 
+    let json_topic = format!("{topic}-json");
+    admin
+        .create_topics(
+            &[NewTopic::new(&json_topic, 1, TopicReplication::Fixed(1))],
+            &AdminOptions::new(),
+        )
+        .await
+        .unwrap();
+    let json_subject = format!("{json_topic}-value");
+    let json_id = registry
+        .register_as(&json_subject, JSON_SCHEMA, SchemaType::Json)
+        .await
+        .unwrap();
+    eprintln!("producing {records} JSON Schema records to {json_topic}");
+    for start in (0..records).step_by(100_000) {
+        let rows = 100_000.min(records - start);
+        produce(
+            &producer,
+            &json_topic,
+            &encode_json(json_id, start as i64, rows),
+        );
+    }
+
     let kafka = KafkaConnection::plaintext(&bootstrap);
     let latest = registry.latest(&subject).await.unwrap();
-    let (mut declared, mut looked_up) = (Vec::new(), Vec::new());
+    let latest_json = registry.latest(&json_subject).await.unwrap();
+    let (mut declared, mut looked_up, mut json) = (Vec::new(), Vec::new(), Vec::new());
     for run in 0..runs {
         let plain = AvroDecoding::new(&v1, AvroFraming::Confluent { schema_id: id }).unwrap();
         declared.push(read_all(&kafka, &topic, Decoding::Avro(plain), records).await);
@@ -177,9 +228,16 @@ async fn main() {
             AvroDecoding::from_registry(registry.clone(), ReaderSchema::latest(&latest), false)
                 .unwrap();
         looked_up.push(read_all(&kafka, &topic, Decoding::Avro(through), records).await);
+        let validated = JsonSchemaDecoding::from_registry(
+            registry.clone(),
+            ReaderSchema::latest(&latest_json),
+            UnknownFields::Fail,
+        )
+        .unwrap();
+        json.push(read_all(&kafka, &json_topic, Decoding::JsonSchema(validated), records).await);
         eprintln!(
-            "run {run}: declared {:?}, registry {:?}",
-            declared[run], looked_up[run]
+            "run {run}: declared {:?}, registry {:?}, JSON Schema {:?}",
+            declared[run], looked_up[run], json[run]
         );
     }
     let rate = |d: Duration| records as f64 / d.as_secs_f64();
@@ -187,7 +245,7 @@ async fn main() {
         v.sort();
         v[v.len() / 2]
     };
-    let (declared, looked_up) = (median(declared), median(looked_up));
+    let (declared, looked_up, json) = (median(declared), median(looked_up), median(json));
 
     // The schema change: a version that adds `qty`, read by an evolving decoding after the old records.
     let v2 = avro_schema(true);
@@ -233,10 +291,19 @@ async fn main() {
         looked_up.as_secs_f64(),
         rate(looked_up)
     );
+    println!(
+        "| JSON Schema, schema registry (validated) | {records} | {:.2} s | {:.0} |",
+        json.as_secs_f64(),
+        rate(json)
+    );
     println!();
     println!(
         "registry / declared: {:.1}%",
         100.0 * rate(looked_up) / rate(declared)
+    );
+    println!(
+        "JSON Schema / Avro through the registry: {:.1}%",
+        100.0 * rate(json) / rate(looked_up)
     );
     println!(
         "schema change pause at the source (last batch of the old schema to the first of the new, lookup and \
