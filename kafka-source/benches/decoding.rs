@@ -232,6 +232,7 @@ async fn main() {
             registry.clone(),
             ReaderSchema::latest(&latest_json),
             UnknownFields::Fail,
+            false,
         )
         .unwrap();
         json.push(read_all(&kafka, &json_topic, Decoding::JsonSchema(validated), records).await);

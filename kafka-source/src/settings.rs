@@ -213,8 +213,9 @@ impl KafkaSourceSettings {
     /// A decoding that does not parse; a subject the registry does not have, or a registry that cannot be
     /// reached (after retries); the metadata errors of `metadata_columns`.
     ///
-    /// With `evolve` (every sink of the job has `evolution = "add-columns"`), a registry-backed Avro value
-    /// decoding widens its reader schema when a writer schema adds fields; the key's decoding never does.
+    /// With `evolve` (every sink of the job has `evolution = "add-columns"`), a registry-backed Avro or JSON Schema
+    /// value decoding widens its columns when a writer schema adds (top-level) fields; the key's decoding never
+    /// does.
     pub async fn decodings(&self, evolve: bool) -> Result<(Decoding, MetadataColumns)> {
         let registry = self.schema_registry()?;
         let lookup = |is_key| {
@@ -607,6 +608,7 @@ impl DecodingSettings {
                 lookup.registry.clone(),
                 ReaderSchema::latest(&latest),
                 *unknown_fields,
+                lookup.evolve,
             )?));
         }
         let (

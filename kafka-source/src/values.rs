@@ -41,8 +41,9 @@ pub(crate) enum Values {
     Json {
         rows: Box<JsonRows>,
         schema: SchemaRef,
-        /// A JSON Schema decoding: each value's framing is taken off and the document validated first.
-        registry: Option<JsonSchemaDecoding>,
+        /// A JSON Schema decoding (each value's framing is taken off and the document validated first), and the
+        /// generation of its columns these rows have.
+        registry: Option<(JsonSchemaDecoding, usize)>,
     },
     Avro(Box<AvroRows>),
     /// Debezium envelopes in Avro, made rows at the end.
@@ -86,15 +87,18 @@ impl Values {
                 schema: json.schema(),
                 registry: None,
             },
-            Decoding::JsonSchema(json) => Self::Json {
-                rows: Box::new(JsonRows::new(
-                    json.schema().fields(),
-                    json.columns().unknown_fields(),
-                    capacity,
-                )),
-                schema: json.schema(),
-                registry: Some(json.clone()),
-            },
+            Decoding::JsonSchema(json) => {
+                let columns = json.columns();
+                Self::Json {
+                    rows: Box::new(JsonRows::new(
+                        columns.decoding.schema().fields(),
+                        columns.decoding.unknown_fields(),
+                        capacity,
+                    )),
+                    schema: columns.decoding.schema(),
+                    registry: Some((json.clone(), columns.number)),
+                }
+            }
             Decoding::Avro(avro) => Self::Avro(Box::new(AvroRows::new(avro, capacity)?)),
             Decoding::Debezium(debezium) => match debezium.envelope() {
                 Envelope::Avro(avro) => Self::Debezium {
@@ -147,7 +151,7 @@ impl Values {
             Self::Json { rows, registry, .. } => {
                 let value = value.ok_or_else(|| bad_record(at, "has no value (a tombstone)"))?;
                 let value = match registry {
-                    Some(json) => json.document(at, value)?,
+                    Some((json, _)) => json.document(at, value)?,
                     None => value,
                 };
                 rows.append(value, &mut RowContext::default())
@@ -200,6 +204,10 @@ impl Values {
         match self {
             Self::Avro(rows) => rows.outdated(),
             Self::Debezium { envelopes, .. } => envelopes.outdated(),
+            Self::Json {
+                registry: Some((json, generation)),
+                ..
+            } => json.columns().number != *generation,
             Self::Raw(_) | Self::Json { .. } | Self::DebeziumJson(_) => false,
         }
     }

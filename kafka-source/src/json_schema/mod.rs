@@ -6,8 +6,11 @@
 //! A record is a [`BadRecord`](ErrorKind::BadRecord) (dead-lettered when the job has a dead-letter topic) when it
 //! is not framed, its id is not a JSON Schema the registry has, it is not JSON, it violates its schema (the error
 //! names the JSON pointer of each violation, up to three), or a value does not fit its column exactly. A writer
-//! schema with properties the reader lacks is refused, naming them and both ids: their values would otherwise be
-//! dropped (widening the columns with them is planned, as for Avro's `add-columns`).
+//! schema with properties the reader lacks is refused, naming them and both ids (their values would otherwise be
+//! dropped), unless the decoding evolves (every sink has `evolution = "add-columns"`) and they are top-level: then
+//! they become nullable columns, in a new *generation* of the columns whose batches the source hands out as a
+//! schema change ([`KafkaSource::schema_change`](crate::KafkaSource::schema_change)). New nested properties are
+//! refused either way (planned).
 
 mod columns;
 mod doc;
@@ -29,17 +32,30 @@ use doc::Doc;
 /// How many violations of one record its error names.
 const VIOLATIONS_NAMED: usize = 3;
 
-/// The JSON Schema decoding: the reader schema's columns, and the writer schemas by id that validate each record.
+/// The JSON Schema decoding: the reader schema's columns (widened as writers add properties, when it evolves), and
+/// the writer schemas by id that validate each record.
 #[derive(Debug, Clone)]
 pub struct JsonSchemaDecoding {
-    columns: JsonDecoding,
     writers: Arc<JsonWriters>,
+}
+
+/// One generation of the columns: the reader schema's (0), then one more for each widening.
+#[derive(Debug)]
+pub(crate) struct Columns {
+    /// Its number.
+    pub(crate) number: usize,
+    /// The columns as declared JSON fields.
+    fields: Vec<JsonField>,
+    /// The decoding of them.
+    pub(crate) decoding: JsonDecoding,
 }
 
 impl JsonSchemaDecoding {
     /// The decoding of Confluent-framed JSON values whose schemas are in `registry`, decoded into the columns of
     /// `reader` (a JSON Schema whose root is an object); keys no column declares mean what `unknown_fields` says.
-    /// Must be called inside a tokio runtime: the consumer thread looks up new schema ids through it.
+    /// With `evolve`, a writer schema's new top-level properties become nullable columns instead of being refused:
+    /// a job reading with it must follow [`KafkaSource::schema_change`](crate::KafkaSource::schema_change). Must be
+    /// called inside a tokio runtime: the consumer thread looks up new schema ids through it.
     ///
     /// # Errors
     /// [`Config`](ErrorKind::Config) when the reader schema is not JSON, has no columns (its root is not an
@@ -48,6 +64,7 @@ impl JsonSchemaDecoding {
         registry: SchemaRegistry,
         reader: ReaderSchema,
         unknown_fields: UnknownFields,
+        evolve: bool,
     ) -> Result<Self> {
         let refuse = |why: String| {
             Error::new(
@@ -59,22 +76,27 @@ impl JsonSchemaDecoding {
         let doc: Doc = serde_json::from_str(&reader.schema)
             .map_err(|e| refuse(format!("is not JSON ({e})")))?;
         let fields = columns::columns(&doc).map_err(|why| refuse(format!("its {why}")))?;
-        let columns = JsonDecoding::declared(&fields, unknown_fields)
+        let decoding = JsonDecoding::declared(&fields, unknown_fields)
             .map_err(|e| e.context(format!("the columns of JSON Schema {}", reader.named())))?;
         Ok(Self {
-            columns,
             writers: Arc::new(JsonWriters {
                 lookup: RegistryLookup::new(registry)?,
                 reader,
-                fields,
+                unknown_fields,
+                evolve,
+                generations: Mutex::new(vec![Arc::new(Columns {
+                    number: 0,
+                    fields,
+                    decoding,
+                })]),
                 validators: Mutex::new(HashMap::new()),
             }),
         })
     }
 
-    /// The Arrow schema of the decoded rows.
+    /// The Arrow schema of the decoded rows (of the current generation of the columns).
     pub fn schema(&self) -> SchemaRef {
-        self.columns.schema()
+        self.columns().decoding.schema()
     }
 
     /// The reader schema the columns come from.
@@ -82,9 +104,9 @@ impl JsonSchemaDecoding {
         &self.writers.reader
     }
 
-    /// The columns, as the JSON decoding reads them.
-    pub(crate) fn columns(&self) -> &JsonDecoding {
-        &self.columns
+    /// The current generation of the columns.
+    pub(crate) fn columns(&self) -> Arc<Columns> {
+        self.writers.current()
     }
 
     /// Looks up the schema of a Confluent-framed `value`, if it is new.
@@ -147,8 +169,10 @@ impl JsonSchemaDecoding {
 pub(crate) struct JsonWriters {
     lookup: RegistryLookup,
     reader: ReaderSchema,
-    /// The reader's columns, to find a writer's properties the reader lacks.
-    fields: Vec<JsonField>,
+    unknown_fields: UnknownFields,
+    /// Widen the columns with a writer's new top-level properties instead of refusing them.
+    evolve: bool,
+    generations: Mutex<Vec<Arc<Columns>>>,
     validators: Mutex<HashMap<u32, Arc<jsonschema::Validator>>>,
 }
 
@@ -162,6 +186,18 @@ impl std::fmt::Debug for JsonWriters {
 }
 
 impl JsonWriters {
+    fn generations(&self) -> std::sync::MutexGuard<'_, Vec<Arc<Columns>>> {
+        self.generations.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The current generation of the columns.
+    fn current(&self) -> Arc<Columns> {
+        self.generations()
+            .last()
+            .expect("generation 0 always exists")
+            .clone()
+    }
+
     fn known(&self, id: u32) -> Option<Arc<jsonschema::Validator>> {
         self.validators
             .lock()
@@ -184,8 +220,13 @@ impl JsonWriters {
             return Err(refusal);
         }
         let writer = self.lookup.fetch(id, at)?;
+        // Accepted under the generations' lock: two subtasks meeting the same new id widen the columns once.
+        let mut generations = self.generations();
+        if let Some(validator) = self.known(id) {
+            return Ok(validator); // another thread accepted it meanwhile
+        }
         let validator = self
-            .accept(&writer)
+            .accept(&mut generations, &writer)
             .map_err(|why| self.lookup.refuse(id, at, why))?;
         tracing::info!(id, reader = %self.reader.named(), "schema registry: new JSON Schema accepted");
         let mut validators = self.validators.lock().unwrap_or_else(|p| p.into_inner());
@@ -196,6 +237,7 @@ impl JsonWriters {
     /// about a record.
     fn accept(
         &self,
+        generations: &mut Vec<Arc<Columns>>,
         writer: &RegisteredSchema,
     ) -> std::result::Result<Arc<jsonschema::Validator>, String> {
         let id = writer.id;
@@ -220,31 +262,70 @@ impl JsonWriters {
         let doc: Doc = serde_json::from_str(&writer.schema).map_err(not_json)?;
         let fields = columns::columns(&doc)
             .map_err(|why| format!("is written with schema id {id}, whose {why}"))?;
+        let current = generations.last().expect("generation 0 always exists");
         let mut added = Vec::new();
-        added_fields(&fields, &self.fields, "", &mut added);
-        if !added.is_empty() {
+        added_fields(&fields, &current.fields, "", &mut added);
+        let widened = self.widened(current, &fields, &added).map_err(|how| {
             let named: Vec<String> = added.iter().map(|f| format!("`{f}`")).collect();
-            return Err(format!(
+            format!(
                 "is written with schema id {id}, which has propert{} {} that {} lacks; the job stops rather than \
-                 drop {} (widening a JSON Schema decoding's columns is planned: restart the job to read with \
-                 the subject's latest schema)",
+                 drop {} ({how})",
                 if added.len() == 1 { "y" } else { "ies" },
                 named.join(", "),
                 self.reader.named(),
-                if added.len() == 1 {
-                    "its values"
-                } else {
-                    "their values"
-                },
-            ));
-        }
+                if added.len() == 1 { "its values" } else { "their values" },
+            )
+        })?;
         let validator = jsonschema::options()
             .should_validate_formats(true)
             .build(&json)
             .map_err(|e| {
                 format!("is written with schema id {id}, which is not a valid JSON Schema: {e}")
             })?;
+        if let Some(columns) = widened {
+            tracing::info!(id, fields = ?added, generation = columns.number,
+                "schema registry: JSON Schema columns widened with a writer's new properties");
+            generations.push(Arc::new(columns));
+        }
         Ok(Arc::new(validator))
+    }
+
+    /// The next generation of the columns with `added` (paths of `writer`'s properties `current` lacks) as
+    /// nullable columns, when there are any and the decoding may evolve; what to do instead, when not.
+    fn widened(
+        &self,
+        current: &Columns,
+        writer: &[JsonField],
+        added: &[String],
+    ) -> std::result::Result<Option<Columns>, String> {
+        const NESTED: &str = "new nested properties are not taken yet (planned): restart the job to read with \
+                              the subject's latest schema";
+        if added.is_empty() {
+            return Ok(None);
+        }
+        if added.iter().any(|f| f.contains(['.', '['])) {
+            return Err(NESTED.into());
+        }
+        if !self.evolve {
+            return Err("with evolution = \"add-columns\" on every sink they would become columns".into());
+        }
+        let mut fields = current.fields.clone();
+        fields.extend(
+            writer
+                .iter()
+                .filter(|f| added.contains(&f.name))
+                .map(|f| JsonField {
+                    nullable: true,
+                    ..f.clone()
+                }),
+        );
+        let decoding = JsonDecoding::declared(&fields, self.unknown_fields)
+            .map_err(|e| format!("they cannot be columns: {e}"))?;
+        Ok(Some(Columns {
+            number: current.number + 1,
+            fields,
+            decoding,
+        }))
     }
 }
 
@@ -310,11 +391,12 @@ mod tests {
             SchemaRegistry::new(&settings).unwrap(),
             reader,
             UnknownFields::Fail,
+            false,
         )
         .unwrap();
         let validator = decoding
             .writers
-            .accept(&registered(7, SCHEMA, SchemaType::Json))
+            .accept(&mut decoding.writers.generations(), &registered(7, SCHEMA, SchemaType::Json))
             .unwrap();
         decoding
             .writers
@@ -361,12 +443,56 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_evolving_decoding_takes_new_top_level_properties_as_nullable_columns() {
+        let settings: schema_registry::RegistrySettings =
+            serde_json::from_value(serde_json::json!({"url": "http://127.0.0.1:9/"})).unwrap();
+        let reader = ReaderSchema {
+            schema: SCHEMA.to_string(),
+            id: Some(7),
+            origin: "the test schema".to_string(),
+        };
+        let decoding = JsonSchemaDecoding::from_registry(
+            SchemaRegistry::new(&settings).unwrap(),
+            reader,
+            UnknownFields::Fail,
+            true,
+        )
+        .unwrap();
+        let wider = r#"{"type": "object", "required": ["id", "qty"], "properties": {"id": {"type": "integer"},
+            "at": {"type": "string", "format": "date-time"}, "qty": {"type": "integer"}}}"#;
+        decoding
+            .writers
+            .accept(&mut decoding.writers.generations(), &registered(9, wider, SchemaType::Json))
+            .unwrap();
+        let columns = decoding.columns();
+        assert_eq!(columns.number, 1);
+        let qty = decoding.schema().field_with_name("qty").unwrap().clone();
+        assert!(qty.is_nullable(), "{qty:?}");
+        // A new object is a new (struct) column; a property added inside it later is refused, naming it.
+        let with_customer = r#"{"type": "object", "properties": {"id": {"type": "integer"},
+            "customer": {"type": "object", "properties": {"email": {"type": "string"}}}}}"#;
+        decoding
+            .writers
+            .accept(&mut decoding.writers.generations(), &registered(10, with_customer, SchemaType::Json))
+            .unwrap();
+        assert_eq!(decoding.columns().number, 2);
+        let nested = r#"{"type": "object", "properties": {"id": {"type": "integer"},
+            "customer": {"type": "object", "properties": {"email": {"type": "string"}, "phone": {"type": "string"}}}}}"#;
+        let why = decoding
+            .writers
+            .accept(&mut decoding.writers.generations(), &registered(11, nested, SchemaType::Json))
+            .unwrap_err();
+        assert!(why.contains("`customer.phone`") && why.contains("planned"), "{why}");
+        assert_eq!(decoding.columns().number, 2);
+    }
+
+    #[tokio::test]
     async fn writer_schemas_the_columns_cannot_read_are_refused_naming_why() {
         let decoding = decoding();
         let wider = r#"{"type": "object", "properties": {"id": {"type": "integer"}, "note": {"type": "string"}}}"#;
         let why = decoding
             .writers
-            .accept(&registered(9, wider, SchemaType::Json))
+            .accept(&mut decoding.writers.generations(), &registered(9, wider, SchemaType::Json))
             .unwrap_err();
         assert!(
             why.contains("schema id 9")
@@ -376,7 +502,7 @@ mod tests {
         );
         let why = decoding
             .writers
-            .accept(&registered(
+            .accept(&mut decoding.writers.generations(), &registered(
                 10,
                 r#"{"type": "record", "name": "A", "fields": []}"#,
                 SchemaType::Avro,
@@ -386,7 +512,7 @@ mod tests {
         let narrower = r#"{"type": "object", "properties": {"id": {"type": "integer"}}}"#;
         decoding
             .writers
-            .accept(&registered(11, narrower, SchemaType::Json))
+            .accept(&mut decoding.writers.generations(), &registered(11, narrower, SchemaType::Json))
             .unwrap();
     }
 

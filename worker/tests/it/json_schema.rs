@@ -2,7 +2,9 @@
 //! confluent-kafka's JSONSerializer (each validated by the producer) and one that violates the schema (written
 //! unvalidated), read by a job killed with SIGKILL mid-stream. Every valid record reaches every sink once with its
 //! values as written (psql and the Kafka copy read back value by value); the violating one is dead-lettered once,
-//! naming the violation and its position; `check-config` prints the schema's columns.
+//! naming the violation and its position; `check-config` prints the schema's columns. A new version of the schema
+//! with a new property, with `evolution = "add-columns"` on every sink, adds the column everywhere through a
+//! SIGKILL.
 
 use crate::common;
 
@@ -168,4 +170,52 @@ async fn registry_json_schema_lands_every_valid_record_once_through_sigkill_and_
         ),
         "{headers}"
     );
+}
+
+/// A closed order schema (`additionalProperties` false): `id`, `note`, and with `qty` the optional `qty`, which a
+/// BACKWARD compatibility rule accepts as the next version.
+fn closed_schema(qty: bool) -> String {
+    let mut properties = json!({"id": {"type": "integer"}, "note": {"type": "string"}});
+    if qty {
+        properties["qty"] = json!({"type": "integer"});
+    }
+    json!({"type": "object", "required": ["id"], "additionalProperties": false, "properties": properties})
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_json_schema_property_becomes_a_column_in_every_sink_through_sigkill() {
+    let mut job = Job::new("jsonevolve", 2, 2, "3s").await;
+    job.read_registry_json_schema();
+    job.evolve_every_sink();
+    let services = Services::get();
+    let first: Vec<Value> = (0..150)
+        .map(|id| json!({"id": id, "note": format!("n{id}")}))
+        .collect();
+    job.produce_json_schema(&closed_schema(false), &first, true);
+    let mut worker = job.spawn_worker(&[]);
+    job.wait_copied(150, Duration::from_secs(90));
+    let second: Vec<Value> = (150..300)
+        .map(|id| json!({"id": id, "note": format!("n{id}"), "qty": id}))
+        .collect();
+    job.produce_json_schema(&closed_schema(true), &second, true);
+    job.wait_copied(200, Duration::from_secs(90));
+    worker.kill9();
+    let mut worker = job.spawn_worker(&["--exit-when-idle", "3s"]);
+    worker.wait_exit(Duration::from_secs(120));
+
+    job.assert_holds(&(0..300).collect::<Vec<_>>());
+    // PostgreSQL (psql): the new column, null before the new version, each record's own value after it.
+    let summary = services.psql(&format!(
+        "SELECT count(*) FILTER (WHERE qty IS NULL AND id < 150), count(*) FILTER (WHERE qty = id AND id >= 150), \
+         count(*) FILTER (WHERE note = 'n' || id) FROM \"{}\"",
+        job.table
+    ));
+    assert_eq!(summary.trim(), "150|150|300");
+    // Kafka (read_committed): the new field in the records of the new version.
+    for value in job.copy_values() {
+        let id = value["id"].as_i64().unwrap();
+        let qty = value.get("qty").filter(|q| !q.is_null());
+        assert_eq!(qty.cloned(), (id >= 150).then(|| json!(id)), "{value}");
+    }
 }
