@@ -235,7 +235,15 @@ async fn main() {
             false,
         )
         .unwrap();
-        json.push(read_all(&kafka, &json_topic, Decoding::JsonSchema(validated), records).await);
+        json.push(
+            read_all(
+                &kafka,
+                &json_topic,
+                Decoding::JsonSchema(validated),
+                records,
+            )
+            .await,
+        );
         eprintln!(
             "run {run}: declared {:?}, registry {:?}, JSON Schema {:?}",
             declared[run], looked_up[run], json[run]

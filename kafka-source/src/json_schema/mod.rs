@@ -307,7 +307,9 @@ impl JsonWriters {
             return Err(NESTED.into());
         }
         if !self.evolve {
-            return Err("with evolution = \"add-columns\" on every sink they would become columns".into());
+            return Err(
+                "with evolution = \"add-columns\" on every sink they would become columns".into(),
+            );
         }
         let mut fields = current.fields.clone();
         fields.extend(
@@ -396,7 +398,10 @@ mod tests {
         .unwrap();
         let validator = decoding
             .writers
-            .accept(&mut decoding.writers.generations(), &registered(7, SCHEMA, SchemaType::Json))
+            .accept(
+                &mut decoding.writers.generations(),
+                &registered(7, SCHEMA, SchemaType::Json),
+            )
             .unwrap();
         decoding
             .writers
@@ -462,7 +467,10 @@ mod tests {
             "at": {"type": "string", "format": "date-time"}, "qty": {"type": "integer"}}}"#;
         decoding
             .writers
-            .accept(&mut decoding.writers.generations(), &registered(9, wider, SchemaType::Json))
+            .accept(
+                &mut decoding.writers.generations(),
+                &registered(9, wider, SchemaType::Json),
+            )
             .unwrap();
         let columns = decoding.columns();
         assert_eq!(columns.number, 1);
@@ -473,16 +481,25 @@ mod tests {
             "customer": {"type": "object", "properties": {"email": {"type": "string"}}}}}"#;
         decoding
             .writers
-            .accept(&mut decoding.writers.generations(), &registered(10, with_customer, SchemaType::Json))
+            .accept(
+                &mut decoding.writers.generations(),
+                &registered(10, with_customer, SchemaType::Json),
+            )
             .unwrap();
         assert_eq!(decoding.columns().number, 2);
         let nested = r#"{"type": "object", "properties": {"id": {"type": "integer"},
             "customer": {"type": "object", "properties": {"email": {"type": "string"}, "phone": {"type": "string"}}}}}"#;
         let why = decoding
             .writers
-            .accept(&mut decoding.writers.generations(), &registered(11, nested, SchemaType::Json))
+            .accept(
+                &mut decoding.writers.generations(),
+                &registered(11, nested, SchemaType::Json),
+            )
             .unwrap_err();
-        assert!(why.contains("`customer.phone`") && why.contains("planned"), "{why}");
+        assert!(
+            why.contains("`customer.phone`") && why.contains("planned"),
+            "{why}"
+        );
         assert_eq!(decoding.columns().number, 2);
     }
 
@@ -492,7 +509,10 @@ mod tests {
         let wider = r#"{"type": "object", "properties": {"id": {"type": "integer"}, "note": {"type": "string"}}}"#;
         let why = decoding
             .writers
-            .accept(&mut decoding.writers.generations(), &registered(9, wider, SchemaType::Json))
+            .accept(
+                &mut decoding.writers.generations(),
+                &registered(9, wider, SchemaType::Json),
+            )
             .unwrap_err();
         assert!(
             why.contains("schema id 9")
@@ -502,17 +522,23 @@ mod tests {
         );
         let why = decoding
             .writers
-            .accept(&mut decoding.writers.generations(), &registered(
-                10,
-                r#"{"type": "record", "name": "A", "fields": []}"#,
-                SchemaType::Avro,
-            ))
+            .accept(
+                &mut decoding.writers.generations(),
+                &registered(
+                    10,
+                    r#"{"type": "record", "name": "A", "fields": []}"#,
+                    SchemaType::Avro,
+                ),
+            )
             .unwrap_err();
         assert!(why.contains("AVRO"), "{why}");
         let narrower = r#"{"type": "object", "properties": {"id": {"type": "integer"}}}"#;
         decoding
             .writers
-            .accept(&mut decoding.writers.generations(), &registered(11, narrower, SchemaType::Json))
+            .accept(
+                &mut decoding.writers.generations(),
+                &registered(11, narrower, SchemaType::Json),
+            )
             .unwrap();
     }
 
