@@ -12,7 +12,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use connector_api::{Error, Phase, Result};
-use schema_registry::{RegisteredSchema, SchemaRegistry};
+use schema_registry::{RegisteredSchema, SchemaRegistry, SchemaType};
 
 use crate::record::{RecordAt, bad_record};
 
@@ -130,6 +130,33 @@ impl RegistryLookup {
             }
         }
     }
+}
+
+/// Refuses `writer` unless it is a self-contained schema of kind `expected` (schema references to other subjects
+/// are not resolved); `reads` says what the decoding reads, `inline` what to inline instead. Why not, as the end of
+/// a sentence about a record.
+pub(crate) fn self_contained(
+    writer: &RegisteredSchema,
+    expected: SchemaType,
+    reads: &str,
+    inline: &str,
+) -> std::result::Result<(), String> {
+    let id = writer.id;
+    if writer.schema_type != expected {
+        return Err(format!(
+            "is written with schema id {id}, a {} schema; {reads}",
+            writer.schema_type
+        ));
+    }
+    if !writer.references.is_empty() {
+        let names: Vec<&str> = writer.references.iter().map(|r| r.name.as_str()).collect();
+        return Err(format!(
+            "is written with schema id {id}, which refers to other subjects' schemas ({}); schema references \
+             are not resolved: register the schema with {inline} inlined",
+            names.join(", ")
+        ));
+    }
+    Ok(())
 }
 
 /// The schema id of a Confluent-framed value (`0x00`, 4-byte big-endian id, body).

@@ -25,7 +25,7 @@ use serde_json::Value;
 
 use crate::avro_fields::{added_fields, resolution_reader, retyped_fields, widened};
 use crate::record::RecordAt;
-use crate::registry_lookup::RegistryLookup;
+use crate::registry_lookup::{RegistryLookup, self_contained};
 
 /// The schema a registry-backed Avro decoding reads every record as: its fields are the columns.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -312,20 +312,12 @@ impl WriterSchemas {
         let id = writer.id;
         let current = known.current().clone();
         let reader = current.reader.named();
-        if writer.schema_type != SchemaType::Avro {
-            return Err(format!(
-                "is written with schema id {id}, a {} schema; this decoding reads Avro",
-                writer.schema_type
-            ));
-        }
-        if !writer.references.is_empty() {
-            let names: Vec<&str> = writer.references.iter().map(|r| r.name.as_str()).collect();
-            return Err(format!(
-                "is written with schema id {id}, which refers to other subjects' schemas ({}); schema references \
-                 are not resolved: register the schema with those types inlined",
-                names.join(", ")
-            ));
-        }
+        self_contained(
+            writer,
+            SchemaType::Avro,
+            "this decoding reads Avro",
+            "those types",
+        )?;
         let parsed = |text: &str| serde_json::from_str::<Value>(text);
         let (Ok(writer_json), Ok(reader_json)) =
             (parsed(&writer.schema), parsed(&current.reader.schema))

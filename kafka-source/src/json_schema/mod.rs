@@ -25,7 +25,7 @@ use schema_registry::{RegisteredSchema, SchemaRegistry, SchemaType};
 use crate::json_rows::UnknownFields;
 use crate::json_types::{JsonDecoding, JsonField, JsonItem};
 use crate::record::{RecordAt, bad_record};
-use crate::registry_lookup::{RegistryLookup, confluent_id};
+use crate::registry_lookup::{RegistryLookup, confluent_id, self_contained};
 use crate::writer_schemas::ReaderSchema;
 use doc::Doc;
 
@@ -245,20 +245,12 @@ impl JsonWriters {
         writer: &RegisteredSchema,
     ) -> std::result::Result<Arc<jsonschema::Validator>, String> {
         let id = writer.id;
-        if writer.schema_type != SchemaType::Json {
-            return Err(format!(
-                "is written with schema id {id}, a {} schema; kind = \"json-schema\" reads JSON Schema",
-                writer.schema_type
-            ));
-        }
-        if !writer.references.is_empty() {
-            let names: Vec<&str> = writer.references.iter().map(|r| r.name.as_str()).collect();
-            return Err(format!(
-                "is written with schema id {id}, which refers to other subjects' schemas ({}); schema references \
-                 are not resolved: register the schema with its definitions inlined",
-                names.join(", ")
-            ));
-        }
+        self_contained(
+            writer,
+            SchemaType::Json,
+            "kind = \"json-schema\" reads JSON Schema",
+            "its definitions",
+        )?;
         let not_json = |e: serde_json::Error| {
             format!("is written with schema id {id}, which is not JSON ({e})")
         };
@@ -383,9 +375,9 @@ mod tests {
         }
     }
 
-    /// The decoding of [`SCHEMA`] (id 7), with writer 7 accepted as a registry lookup would (the registry itself
-    /// is not asked: its address answers nothing).
-    fn decoding() -> JsonSchemaDecoding {
+    /// The decoding of [`SCHEMA`] (id 7), evolving or not, over a registry that is never asked (its address
+    /// answers nothing).
+    fn decoding_of(evolve: bool) -> JsonSchemaDecoding {
         let settings: schema_registry::RegistrySettings =
             serde_json::from_value(serde_json::json!({"url": "http://127.0.0.1:9/"})).unwrap();
         let reader = ReaderSchema {
@@ -393,13 +385,18 @@ mod tests {
             id: Some(7),
             origin: "the test schema".to_string(),
         };
-        let decoding = JsonSchemaDecoding::from_registry(
+        JsonSchemaDecoding::from_registry(
             SchemaRegistry::new(&settings).unwrap(),
             reader,
             UnknownFields::Fail,
-            false,
+            evolve,
         )
-        .unwrap();
+        .unwrap()
+    }
+
+    /// [`decoding_of`] without evolving, with writer 7 accepted as a registry lookup would.
+    fn decoding() -> JsonSchemaDecoding {
+        let decoding = decoding_of(false);
         let validator = decoding
             .writers
             .accept(
@@ -453,20 +450,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_evolving_decoding_takes_new_top_level_properties_as_nullable_columns() {
-        let settings: schema_registry::RegistrySettings =
-            serde_json::from_value(serde_json::json!({"url": "http://127.0.0.1:9/"})).unwrap();
-        let reader = ReaderSchema {
-            schema: SCHEMA.to_string(),
-            id: Some(7),
-            origin: "the test schema".to_string(),
-        };
-        let decoding = JsonSchemaDecoding::from_registry(
-            SchemaRegistry::new(&settings).unwrap(),
-            reader,
-            UnknownFields::Fail,
-            true,
-        )
-        .unwrap();
+        let decoding = decoding_of(true);
         let wider = r#"{"type": "object", "required": ["id", "qty"], "properties": {"id": {"type": "integer"},
             "at": {"type": "string", "format": "date-time"}, "qty": {"type": "integer"}}}"#;
         decoding
