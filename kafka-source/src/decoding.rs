@@ -9,6 +9,7 @@ use crate::avro::AvroDecoding;
 use crate::debezium::{DebeziumDecoding, Envelope};
 use crate::json_schema::JsonSchemaDecoding;
 use crate::json_types::JsonDecoding;
+use crate::protobuf::ProtobufDecoding;
 use crate::record::RecordAt;
 
 /// How record values become rows.
@@ -26,6 +27,10 @@ pub enum Decoding {
     /// against it, decoded into the reader schema's columns exactly ([`JsonSchemaDecoding`]); a value that does
     /// not validate or fit is a [`BadRecord`](ErrorKind::BadRecord) naming the record and the violation.
     JsonSchema(JsonSchemaDecoding),
+    /// Each value one Protobuf message in Confluent framing whose schema is in a schema registry: decoded with
+    /// the schema its id names into the reader message's columns exactly ([`ProtobufDecoding`]); a value that
+    /// does not decode or fit is a [`BadRecord`](ErrorKind::BadRecord) naming the record and the field.
+    Protobuf(ProtobufDecoding),
     /// Each value is one Avro record of the declared schema in Confluent or single-object framing (arrow-avro); a
     /// value that does not decode is a [`BadRecord`](ErrorKind::BadRecord) naming the record.
     Avro(AvroDecoding),
@@ -42,13 +47,14 @@ impl Decoding {
             Self::Binary => binary_schema(),
             Self::Json(json) => json.schema(),
             Self::JsonSchema(json) => json.schema(),
+            Self::Protobuf(protobuf) => protobuf.schema(),
             Self::Avro(avro) => avro.schema(),
             Self::Debezium(debezium) => debezium.schema(),
         }
     }
 
-    /// Learns the writer schema of a value about to be read (a registry-backed Avro or JSON Schema decoding looks
-    /// up an id it has not seen; Avro's may widen the reader schema). A schema that is refused is reported when the value is
+    /// Learns the writer schema of a value about to be read (a registry-backed Avro, JSON Schema or Protobuf
+    /// decoding looks up an id it has not seen; Avro's may widen the reader schema). A schema that is refused is reported when the value is
     /// appended, naming the record, so it is not reported here.
     ///
     /// # Errors
@@ -57,6 +63,13 @@ impl Decoding {
         let avro = match self {
             Self::JsonSchema(json) => {
                 return match value.map(|value| json.learn_schema(at, value)) {
+                    Some(Err(e)) if e.kind() == ErrorKind::BadRecord => Ok(()),
+                    Some(outcome) => outcome,
+                    None => Ok(()),
+                };
+            }
+            Self::Protobuf(protobuf) => {
+                return match value.map(|value| protobuf.learn_schema(at, value)) {
                     Some(Err(e)) if e.kind() == ErrorKind::BadRecord => Ok(()),
                     Some(outcome) => outcome,
                     None => Ok(()),
@@ -82,7 +95,11 @@ impl Decoding {
     pub(crate) fn defers_failures(&self) -> bool {
         matches!(
             self,
-            Self::Json(_) | Self::JsonSchema(_) | Self::Avro(_) | Self::Debezium(_)
+            Self::Json(_)
+                | Self::JsonSchema(_)
+                | Self::Protobuf(_)
+                | Self::Avro(_)
+                | Self::Debezium(_)
         )
     }
 

@@ -47,6 +47,7 @@ mod json_schema;
 mod json_types;
 mod metadata;
 mod partitions;
+mod protobuf;
 mod reader;
 mod record;
 mod registry_lookup;
@@ -68,6 +69,7 @@ pub use json_types::{JsonDecoding, JsonField, JsonItem};
 pub use kafka_connection::KafkaConnection;
 pub use metadata::{KeyDecoding, MetadataColumns, headers_field};
 pub use partitions::{Gap, GapPolicy};
+pub use protobuf::ProtobufDecoding;
 pub use reject::RejectedRecord;
 pub use settings::{
     AvroFramingSettings, DebeziumConverter, DecodingSettings, KafkaSourceSettings,

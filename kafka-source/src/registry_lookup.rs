@@ -111,6 +111,15 @@ impl RegistryLookup {
         }
     }
 
+    /// Runs `request` of the registry to its end on the consumer thread (each request in it bounded and retried by
+    /// the client).
+    pub(crate) fn block_on<F: std::future::Future>(
+        &self,
+        request: impl FnOnce(SchemaRegistry) -> F,
+    ) -> F::Output {
+        self.runtime.block_on(request(self.registry.clone()))
+    }
+
     /// Schema `id` from the registry; a registry that does not have it (a replica behind its leader) is asked
     /// again for [`NOT_FOUND_RETRY`], logged, before it counts as not found.
     async fn lookup(

@@ -28,7 +28,7 @@ use serde::Deserialize;
 use crate::{
     AvroDecoding, AvroFraming, DebeziumDecoding, Decoding, GapPolicy, JsonDecoding, JsonField,
     JsonSchemaDecoding, KafkaConnection, KafkaSourceOptions, KeyDecoding, MetadataColumns,
-    ReaderSchema, TopicSelection, Truncate, UnknownFields,
+    ProtobufDecoding, ReaderSchema, TopicSelection, Truncate, UnknownFields,
 };
 
 /// Refuses with a [`Config`](ErrorKind::Config) error: `refuse!(format-args)`.
@@ -255,6 +255,7 @@ impl KafkaSourceSettings {
                 d,
                 DecodingSettings::Avro { .. }
                     | DecodingSettings::JsonSchema { .. }
+                    | DecodingSettings::Protobuf { .. }
                     | DecodingSettings::Debezium {
                         converter: DebeziumConverter::Avro,
                         ..
@@ -264,7 +265,7 @@ impl KafkaSourceSettings {
         if !avro(&self.decoding) && !self.declared_key().is_some_and(avro) {
             refuse!(
                 "[source.registry] is set, but neither `decoding` nor `metadata.key_decoding` reads from it: remove \
-                 it, or use kind = \"avro\", kind = \"json-schema\" (or kind = \"debezium\" with converter = \"avro\")"
+                 it, or use kind = \"avro\", \"json-schema\", \"protobuf\" (or kind = \"debezium\" with converter = \"avro\")"
             );
         }
         Ok(Some(SchemaRegistry::new(settings).map_err(|e| {
@@ -401,6 +402,18 @@ pub enum DecodingSettings {
         #[serde(default = "fail_unknown")]
         unknown_fields: UnknownFields,
     },
+    /// Each value one Protobuf message in Confluent framing whose schema `[source.registry]` has: decoded with
+    /// the schema its id names into the columns of the subject's latest schema's message
+    /// (`kafka_source::ProtobufDecoding`).
+    Protobuf {
+        /// How the subject of the latest schema is named (default `topic-name`).
+        #[serde(default)]
+        subject_strategy: Option<SubjectStrategy>,
+        /// The message's full name (`shop.Order`): the message of the latest schema the columns come from
+        /// (default: its file's first message), and the record name of the `record-name` strategies.
+        #[serde(default)]
+        record_name: Option<String>,
+    },
     /// Each value one Debezium change event: rows of the table's columns (after the change; before it for a
     /// delete) and the change columns (`__op`, `__source_*`), which keyed sinks apply and appending sinks keep.
     Debezium {
@@ -487,6 +500,10 @@ impl DecodingSettings {
             }
             DecodingSettings::JsonSchema { .. } => refuse!(
                 "kind = \"json-schema\" reads each record's JSON Schema from a schema registry: add \
+                 [source.registry]"
+            ),
+            DecodingSettings::Protobuf { .. } => refuse!(
+                "kind = \"protobuf\" reads each record's Protobuf schema from a schema registry: add \
                  [source.registry]"
             ),
             DecodingSettings::Debezium {
@@ -608,6 +625,49 @@ impl DecodingSettings {
                 lookup.registry.clone(),
                 ReaderSchema::latest(&latest),
                 *unknown_fields,
+                lookup.evolve,
+            )?));
+        }
+        if let (
+            DecodingSettings::Protobuf {
+                subject_strategy,
+                record_name,
+            },
+            Some(lookup),
+        ) = (self, lookup.as_ref())
+        {
+            let latest = latest_schema(lookup, *subject_strategy, record_name.as_deref()).await?;
+            let reader = ReaderSchema::latest(&latest);
+            if latest.schema_type != schema_registry::SchemaType::Protobuf {
+                refuse!(
+                    "kind = \"protobuf\" reads Protobuf, but the reader schema, {}, is a {} schema: pick the \
+                     kind its producers write",
+                    reader.named(),
+                    latest.schema_type
+                );
+            }
+            let file = crate::protobuf::compile(lookup.registry, &latest)
+                .await
+                .map_err(|e| {
+                    let kind = match &e {
+                        crate::protobuf::SchemaFileError::Registry { source, .. }
+                            if !source.is_not_found() =>
+                        {
+                            ErrorKind::Retryable
+                        }
+                        _ => ErrorKind::Config,
+                    };
+                    Error::new(
+                        kind,
+                        connector_api::Phase::Setup,
+                        format!("the reader schema, {}, cannot be read: {e}", reader.named()),
+                    )
+                })?;
+            return Ok(Decoding::Protobuf(ProtobufDecoding::from_registry(
+                lookup.registry.clone(),
+                reader,
+                &file,
+                record_name.as_deref(),
                 lookup.evolve,
             )?));
         }

@@ -13,6 +13,7 @@ use crate::debezium::{DebeziumDecoding, DebeziumJsonRows, Envelope};
 use crate::decoding::{Decoding, raw_schema};
 use crate::json_rows::{JsonRows, RowContext};
 use crate::json_schema::JsonSchemaDecoding;
+use crate::protobuf::ProtobufRows;
 use crate::record::{RecordAt, bad_record, text};
 
 /// Key and value columns of the raw decodings.
@@ -46,6 +47,7 @@ pub(crate) enum Values {
         registry: Option<(JsonSchemaDecoding, usize)>,
     },
     Avro(Box<AvroRows>),
+    Protobuf(Box<ProtobufRows>),
     /// Debezium envelopes in Avro, made rows at the end.
     Debezium {
         envelopes: Box<AvroRows>,
@@ -100,6 +102,9 @@ impl Values {
                 }
             }
             Decoding::Avro(avro) => Self::Avro(Box::new(AvroRows::new(avro, capacity)?)),
+            Decoding::Protobuf(protobuf) => {
+                Self::Protobuf(Box::new(ProtobufRows::new(protobuf, capacity)))
+            }
             Decoding::Debezium(debezium) => match debezium.envelope() {
                 Envelope::Avro(avro) => Self::Debezium {
                     envelopes: Box::new(AvroRows::new(avro, capacity)?),
@@ -173,6 +178,10 @@ impl Values {
                 let value = value.ok_or_else(|| bad_record(at, "has no value (a tombstone)"))?;
                 rows.append(at, value, role)?;
             }
+            Self::Protobuf(rows) => {
+                let value = value.ok_or_else(|| bad_record(at, "has no value (a tombstone)"))?;
+                rows.append(at, value, role)?;
+            }
             Self::Debezium { envelopes, .. } => {
                 let value = value.ok_or_else(|| bad_record(at, "has no value (a tombstone)"))?;
                 envelopes.append(at, value, role)?;
@@ -194,6 +203,7 @@ impl Values {
             },
             Self::Json { schema, .. } => schema.clone(),
             Self::Avro(rows) => rows.schema(),
+            Self::Protobuf(rows) => rows.schema(),
             Self::Debezium { decoding, .. } => decoding.schema(),
             Self::DebeziumJson(rows) => rows.schema(),
         }
@@ -203,6 +213,7 @@ impl Values {
     pub(crate) fn outdated(&self) -> bool {
         match self {
             Self::Avro(rows) => rows.outdated(),
+            Self::Protobuf(rows) => rows.outdated(),
             Self::Debezium { envelopes, .. } => envelopes.outdated(),
             Self::Json {
                 registry: Some((json, generation)),
@@ -272,6 +283,7 @@ impl Values {
                 })
             }
             Self::Avro(rows) => rows.finish(),
+            Self::Protobuf(rows) => rows.finish(),
             Self::Debezium {
                 envelopes,
                 decoding,

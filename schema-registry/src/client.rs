@@ -113,7 +113,20 @@ impl SchemaRegistry {
     /// [`RegistryError::Status`] with status 404 when the subject does not exist; [`RegistryError::Malformed`]
     /// when the answer has no id; any other [`RegistryError`] when the request fails.
     pub async fn latest(&self, subject: &str) -> Result<RegisteredSchema, RegistryError> {
-        let request = ["subjects", subject, "versions", "latest"];
+        self.version(subject, "latest").await
+    }
+
+    /// Version `version` (a number, or `latest`) of `subject` (`GET /subjects/{subject}/versions/{version}`),
+    /// as a schema reference names it: asked every time.
+    ///
+    /// # Errors
+    /// As [`latest`](Self::latest).
+    pub async fn version(
+        &self,
+        subject: &str,
+        version: &str,
+    ) -> Result<RegisteredSchema, RegistryError> {
+        let request = ["subjects", subject, "versions", version];
         let body = self.get(&request).await?;
         let id = body.id.ok_or_else(|| RegistryError::Malformed {
             url: self.base.to_string(),

@@ -1,5 +1,6 @@
-//! A job reading Avro or JSON Schema through the test services' schema registry, its records written by
-//! confluent-kafka's AvroSerializer or JSONSerializer (test-support/producers/confluent_avro.py, confluent_json.py).
+//! A job reading Avro, JSON Schema or Protobuf through the test services' schema registry, its records written by
+//! confluent-kafka's AvroSerializer, JSONSerializer or ProtobufSerializer (test-support/producers/confluent_avro.py,
+//! confluent_json.py, confluent_protobuf.py).
 
 use serde_json::{Value, json};
 use test_support::Services;
@@ -47,6 +48,33 @@ impl Job {
     pub fn read_registry_json_schema(&self) {
         self.read_registry_avro();
         self.set_decoding(r#"{ kind = "json-schema" }"#);
+    }
+
+    /// Reads the source as Protobuf through the registry (`decoding = { kind = "protobuf" }` and
+    /// `[source.registry]`; the columns are the first message of the subject's latest schema when the process
+    /// starts).
+    pub fn read_registry_protobuf(&self) {
+        self.read_registry_avro();
+        self.set_decoding(r#"{ kind = "protobuf" }"#);
+    }
+
+    /// Writes `records` (JSON objects in Protobuf's JSON mapping) as messages `message` of the `.proto` text
+    /// `proto` through confluent-kafka's ProtobufSerializer. Returns the schema id the values carry.
+    pub fn produce_protobuf(&self, proto: &str, message: &str, records: &[Value]) -> u64 {
+        let services = Services::get();
+        let records = Value::from(records.to_vec()).to_string();
+        services.produce(
+            "confluent_protobuf.py",
+            &[
+                services.kafka_bootstrap(),
+                &self.topic,
+                proto,
+                message,
+                &records,
+            ],
+        )["schema_id"]
+            .as_u64()
+            .unwrap()
     }
 
     /// Writes `records` (JSON objects) with JSON Schema `schema` through confluent-kafka's JSONSerializer, which

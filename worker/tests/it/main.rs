@@ -25,6 +25,7 @@ mod kafka_to_kafka;
 mod liveness;
 mod metadata;
 mod observability;
+mod protobuf;
 mod reconfigure;
 mod refusals;
 mod rescale;

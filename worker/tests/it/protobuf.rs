@@ -1,0 +1,225 @@
+//! Protobuf through the registry (`decoding = { kind = "protobuf" }`), through the binary: messages written by
+//! confluent-kafka's ProtobufSerializer (the `.proto` compiled by protoc, as an application's generated classes
+//! are), read by a job on the local checkpoint store killed with SIGKILL mid-stream. Every record reaches every sink
+//! once with its values as written (psql and the Kafka copy read back value by value: well-known types, an enum,
+//! a nested message, repeated and map fields, `optional` presence, a `oneof`); one whose timestamp has nanoseconds
+//! (which no microsecond column holds) is dead-lettered once naming the field; `check-config` prints the message's
+//! columns. A new version of the message with a new field, with `evolution = "add-columns"` on every sink, adds the
+//! column everywhere through a SIGKILL.
+
+use crate::common;
+
+use std::time::Duration;
+
+use common::Job;
+use serde_json::{Value, json};
+use test_support::Services;
+
+const ORDER: &str = r#"syntax = "proto3";
+package shop;
+import "google/protobuf/timestamp.proto";
+import "google/protobuf/wrappers.proto";
+
+message Order {
+  int64 id = 1;
+  optional string note = 2;
+  google.protobuf.Timestamp at = 3;
+  enum Status { STATUS_NEW = 0; STATUS_PAID = 1; STATUS_SHIPPED = 2; }
+  Status status = 4;
+  message Customer { string email = 1; uint32 visits = 2; }
+  Customer customer = 5;
+  repeated string tags = 6;
+  map<string, int64> counts = 7;
+  google.protobuf.Int64Value discount = 8;
+  oneof payment { string card = 9; string iban = 10; }
+}
+"#;
+
+const STATUSES: [&str; 3] = ["STATUS_NEW", "STATUS_PAID", "STATUS_SHIPPED"];
+
+/// Order `id` in Protobuf's JSON mapping.
+fn order(id: i64) -> Value {
+    let mut order = json!({
+        "id": id,
+        "at": format!("2026-12-05T10:{:02}:{:02}.{:06}Z", (id / 60) % 60, id % 60, id * 11),
+        "status": STATUSES[(id % 3) as usize],
+        "customer": {"email": format!("user{id}@example.com"), "visits": id},
+        "tags": (0..id % 3).map(|t| format!("t{t}")).collect::<Vec<_>>(),
+        "counts": {"a": id, "b": -id},
+    });
+    if id % 5 != 0 {
+        order["note"] = json!(format!("n{id}"));
+    }
+    if id % 4 != 0 {
+        order["discount"] = json!(id * 10);
+    }
+    if id % 2 == 0 {
+        order["card"] = json!(format!("card{id}"));
+    } else {
+        order["iban"] = json!(format!("iban{id}"));
+    }
+    order
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn registry_protobuf_lands_every_record_once_through_sigkill_and_dead_letters_what_would_change()
+ {
+    let mut job = Job::with_sections("protobuf", 2, 2, "3s", |name| {
+        format!("\n[dead_letter]\ntopic = \"{name}-dead\"\n")
+    })
+    .await;
+    job.read_registry_protobuf();
+    job.store_locally();
+    let services = Services::get();
+    let bad = 150;
+    let first: Vec<Value> = (0..bad).map(order).collect();
+    let schema_id = job.produce_protobuf(ORDER, "shop.Order", &first);
+    // A timestamp with nanoseconds: valid Protobuf, but no microsecond column holds it.
+    let mut nanos = order(bad);
+    nanos["at"] = json!("2026-12-05T10:00:00.000000001Z");
+    assert_eq!(
+        job.produce_protobuf(ORDER, "shop.Order", &[nanos]),
+        schema_id
+    );
+    let rest: Vec<Value> = (bad + 1..400).map(order).collect();
+    job.produce_protobuf(ORDER, "shop.Order", &rest);
+
+    let check = job.ratchet("check-config");
+    let printed = String::from_utf8_lossy(&check.stdout).to_string()
+        + &String::from_utf8_lossy(&check.stderr);
+    assert!(check.status.success(), "{printed}");
+    let line = printed
+        .lines()
+        .find_map(|l| l.strip_prefix("ok    source columns: "))
+        .unwrap_or_else(|| panic!("no source columns in {printed}"));
+    let columns = [
+        "id Int64 not null",
+        "note Utf8",
+        "at Timestamp(",
+        "status Dictionary(Int32, Utf8) not null",
+        "customer Struct",
+        "tags List",
+        "counts Map",
+        "discount Int64",
+        "card Utf8",
+        "iban Utf8",
+    ];
+    let mut last = 0;
+    for column in columns {
+        let place = line
+            .find(column)
+            .unwrap_or_else(|| panic!("{column} in {line}"));
+        assert!(place >= last, "columns out of the message's order: {line}");
+        last = place;
+    }
+
+    let mut worker = job.spawn_worker(&[]);
+    job.wait_copied(100, Duration::from_secs(90));
+    worker.kill9();
+    let mut worker = job.spawn_worker(&["--exit-when-idle", "3s"]);
+    worker.wait_exit(Duration::from_secs(120));
+
+    let expected: Vec<i64> = (0..400).filter(|id| *id != bad).collect();
+    job.assert_holds(&expected);
+
+    // PostgreSQL (psql): each value as written; unset `optional` and wrapper fields null, the unset oneof member
+    // null.
+    let rows = services.psql(&format!(
+        "SELECT id, coalesce(note, '<null>'), \
+         to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), status, customer->>'email', \
+         customer->>'visits', coalesce(discount::text, '<null>'), coalesce(card, '<null>'), coalesce(iban, '<null>') \
+         FROM \"{}\" ORDER BY id",
+        job.table
+    ));
+    let rows: Vec<Vec<&str>> = rows.lines().map(|l| l.split('|').collect()).collect();
+    assert_eq!(rows.len(), expected.len());
+    let or_null = |v: &Value| v.as_str().map_or("<null>".to_string(), str::to_string);
+    for (row, id) in rows.iter().zip(&expected) {
+        let written = order(*id);
+        let want = [
+            id.to_string(),
+            or_null(&written["note"]),
+            or_null(&written["at"]),
+            or_null(&written["status"]),
+            or_null(&written["customer"]["email"]),
+            id.to_string(),
+            written["discount"]
+                .as_i64()
+                .map_or("<null>".into(), |d| d.to_string()),
+            or_null(&written["card"]),
+            or_null(&written["iban"]),
+        ];
+        assert_eq!(row, &want, "order {id}");
+    }
+
+    // Kafka (read_committed): the repeated and map fields as written.
+    let copies = job.copy_values();
+    assert_eq!(copies.len(), expected.len());
+    for value in copies {
+        let id = value["id"].as_i64().unwrap();
+        let written = order(id);
+        assert_eq!(value["tags"], written["tags"], "{value}");
+        assert_eq!(value["counts"], written["counts"], "{value}");
+        assert_eq!(value["status"], written["status"], "{value}");
+    }
+
+    // The nanosecond timestamp: dead-lettered once, naming the field and the record's position.
+    let dead = services.verify(
+        "kafka_read_committed.py",
+        &[services.kafka_bootstrap(), &format!("{}-dead", job.name)],
+    );
+    let letters = dead["records"].as_array().unwrap();
+    assert_eq!(letters.len(), 1, "{dead}");
+    let headers = &letters[0]["headers"];
+    let error = headers["ratchet.error"].as_str().unwrap();
+    assert!(
+        error.contains("field `at`") && error.contains("nanoseconds"),
+        "{error}"
+    );
+    assert_eq!(letters[0]["key"], json!(bad.to_string()), "{dead}");
+}
+
+/// The order message: `id`, `note`, and with `qty` the new field 3.
+fn evolving_order(qty: bool) -> String {
+    let qty = if qty { "optional int64 qty = 3;" } else { "" };
+    format!(
+        "syntax = \"proto3\";\npackage shop;\nmessage Order {{ int64 id = 1; string note = 2; {qty} }}\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_protobuf_field_becomes_a_column_in_every_sink_through_sigkill() {
+    let mut job = Job::new("protoevolve", 2, 2, "3s").await;
+    job.read_registry_protobuf();
+    job.evolve_every_sink();
+    let services = Services::get();
+    let first: Vec<Value> = (0..150)
+        .map(|id| json!({"id": id, "note": format!("n{id}")}))
+        .collect();
+    job.produce_protobuf(&evolving_order(false), "shop.Order", &first);
+    let mut worker = job.spawn_worker(&[]);
+    job.wait_copied(150, Duration::from_secs(90));
+    let second: Vec<Value> = (150..300)
+        .map(|id| json!({"id": id, "note": format!("n{id}"), "qty": id}))
+        .collect();
+    job.produce_protobuf(&evolving_order(true), "shop.Order", &second);
+    job.wait_copied(200, Duration::from_secs(90));
+    worker.kill9();
+    let mut worker = job.spawn_worker(&["--exit-when-idle", "3s"]);
+    worker.wait_exit(Duration::from_secs(120));
+
+    job.assert_holds(&(0..300).collect::<Vec<_>>());
+    // PostgreSQL (psql): the new column, null before the new version, each record's own value after it.
+    let summary = services.psql(&format!(
+        "SELECT count(*) FILTER (WHERE qty IS NULL AND id < 150), count(*) FILTER (WHERE qty = id AND id >= 150), \
+         count(*) FILTER (WHERE note = 'n' || id) FROM \"{}\"",
+        job.table
+    ));
+    assert_eq!(summary.trim(), "150|150|300");
+    // Kafka (read_committed): the new field in the records of the new version.
+    for value in job.copy_values() {
+        let id = value["id"].as_i64().unwrap();
+        let qty = value.get("qty").filter(|q| !q.is_null());
+        assert_eq!(qty.cloned(), (id >= 150).then(|| json!(id)), "{value}");
+    }
+}
