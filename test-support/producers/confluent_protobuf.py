@@ -2,10 +2,12 @@
 SchemaRegistryClient and ProtobufSerializer (the schema registered under <topic>-value, values in the Confluent wire
 format: 0x00, the 4-byte schema id, the message-index path, the message). No Ratchet code and no hand-framed bytes.
 
-usage: confluent_protobuf.py BOOTSTRAP TOPIC PROTO MESSAGE RECORDS
+usage: confluent_protobuf.py BOOTSTRAP TOPIC PROTO MESSAGE RECORDS [IMPORTS]
 
-PROTO is the text of one .proto file (it may import google/protobuf/*.proto); it is compiled by protoc from
-grpcio-tools into a message class, as an application's generated code would be. MESSAGE is the full name of the
+PROTO is the text of one .proto file (`order.proto`); it may import google/protobuf/*.proto and the files IMPORTS
+(a JSON object of file name to .proto text) holds. It is compiled by protoc from grpcio-tools into a message class,
+as an application's generated code would be; the serializer registers each imported file under its own subject (its
+file name) and the schema with references to them. MESSAGE is the full name of the
 message to write; RECORDS a JSON list of objects in Protobuf's JSON mapping (Timestamps as RFC 3339 text, enums by
 name, bytes as base64), each parsed into the message by google.protobuf.json_format and keyed by its `id` field,
 when it has one, as text. The registry is RATCHET_REGISTRY_URL with RATCHET_REGISTRY_USER /
@@ -28,10 +30,15 @@ from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 
-def message_class(proto: str, message: str):
-    """The class of `message` in the .proto text `proto`, compiled by protoc (grpcio-tools) in a fresh pool."""
+def message_class(proto: str, message: str, imports: dict[str, str]):
+    """The class of `message` in the .proto text `proto` (importing `imports`), compiled by protoc (grpcio-tools)
+    in a fresh pool."""
     includes = os.path.join(os.path.dirname(grpc_tools.__file__), "_proto")
     with tempfile.TemporaryDirectory() as tmp:
+        for name, text in imports.items():
+            os.makedirs(os.path.dirname(os.path.join(tmp, name)), exist_ok=True)
+            with open(os.path.join(tmp, name), "w") as f:
+                f.write(text)
         source = os.path.join(tmp, "order.proto")
         with open(source, "w") as f:
             f.write(proto)
@@ -47,14 +54,14 @@ def message_class(proto: str, message: str):
     return message_factory.GetMessageClass(pool.FindMessageTypeByName(message))
 
 
-def main(bootstrap: str, topic: str, proto: str, message: str, records: str) -> None:
+def main(bootstrap: str, topic: str, proto: str, message: str, records: str, imports: str = "{}") -> None:
     registry = SchemaRegistryClient({
         "url": os.environ["RATCHET_REGISTRY_URL"],
         "basic.auth.user.info": f"{os.environ['RATCHET_REGISTRY_USER']}:{os.environ['RATCHET_REGISTRY_PASSWORD']}",
         # Bounded (the client's default is none) and retried: a registry request once hung here forever.
         "timeout": 30,
     })
-    cls = message_class(proto, message)
+    cls = message_class(proto, message, json.loads(imports))
     serialize = ProtobufSerializer(cls, registry, {"use.deprecated.format": False})
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
     failures = []

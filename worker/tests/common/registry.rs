@@ -59,10 +59,22 @@ impl Job {
     }
 
     /// Writes `records` (JSON objects in Protobuf's JSON mapping) as messages `message` of the `.proto` text
-    /// `proto` through confluent-kafka's ProtobufSerializer. Returns the schema id the values carry.
-    pub fn produce_protobuf(&self, proto: &str, message: &str, records: &[Value]) -> u64 {
+    /// `proto` through confluent-kafka's ProtobufSerializer; `imports` are the files (name, text) it imports,
+    /// registered as references. Returns the schema id the values carry.
+    pub fn produce_protobuf(
+        &self,
+        proto: &str,
+        message: &str,
+        records: &[Value],
+        imports: &[(&str, &str)],
+    ) -> u64 {
         let services = Services::get();
         let records = Value::from(records.to_vec()).to_string();
+        let imports: serde_json::Map<String, Value> = imports
+            .iter()
+            .map(|(name, text)| (name.to_string(), Value::from(*text)))
+            .collect();
+        let imports = Value::Object(imports).to_string();
         services.produce(
             "confluent_protobuf.py",
             &[
@@ -71,6 +83,7 @@ impl Job {
                 proto,
                 message,
                 &records,
+                &imports,
             ],
         )["schema_id"]
             .as_u64()

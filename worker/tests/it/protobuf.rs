@@ -2,7 +2,8 @@
 //! confluent-kafka's ProtobufSerializer (the `.proto` compiled by protoc, as an application's generated classes
 //! are), read by a job on the local checkpoint store killed with SIGKILL mid-stream. Every record reaches every sink
 //! once with its values as written (psql and the Kafka copy read back value by value: well-known types, an enum,
-//! a nested message, repeated and map fields, `optional` presence, a `oneof`); one whose timestamp has nanoseconds
+//! a message from an imported file (a schema reference resolved through the registry), repeated and map fields,
+//! `optional` presence, a `oneof`); one whose timestamp has nanoseconds
 //! (which no microsecond column holds) is dead-lettered once naming the field; `check-config` prints the message's
 //! columns. A new version of the message with a new field, with `evolution = "add-columns"` on every sink, adds the
 //! column everywhere through a SIGKILL.
@@ -19,6 +20,7 @@ const ORDER: &str = r#"syntax = "proto3";
 package shop;
 import "google/protobuf/timestamp.proto";
 import "google/protobuf/wrappers.proto";
+import "shop/customer.proto";
 
 message Order {
   int64 id = 1;
@@ -26,13 +28,18 @@ message Order {
   google.protobuf.Timestamp at = 3;
   enum Status { STATUS_NEW = 0; STATUS_PAID = 1; STATUS_SHIPPED = 2; }
   Status status = 4;
-  message Customer { string email = 1; uint32 visits = 2; }
   Customer customer = 5;
   repeated string tags = 6;
   map<string, int64> counts = 7;
   google.protobuf.Int64Value discount = 8;
   oneof payment { string card = 9; string iban = 10; }
 }
+"#;
+
+/// Imported by [`ORDER`]: the serializer registers it under its own subject, and the order's schema refers to it.
+const CUSTOMER: &str = r#"syntax = "proto3";
+package shop;
+message Customer { string email = 1; uint32 visits = 2; }
 "#;
 
 const STATUSES: [&str; 3] = ["STATUS_NEW", "STATUS_PAID", "STATUS_SHIPPED"];
@@ -73,16 +80,31 @@ async fn registry_protobuf_lands_every_record_once_through_sigkill_and_dead_lett
     let services = Services::get();
     let bad = 150;
     let first: Vec<Value> = (0..bad).map(order).collect();
-    let schema_id = job.produce_protobuf(ORDER, "shop.Order", &first);
+    let schema_id = job.produce_protobuf(
+        ORDER,
+        "shop.Order",
+        &first,
+        &[("shop/customer.proto", CUSTOMER)],
+    );
     // A timestamp with nanoseconds: valid Protobuf, but no microsecond column holds it.
     let mut nanos = order(bad);
     nanos["at"] = json!("2026-12-05T10:00:00.000000001Z");
     assert_eq!(
-        job.produce_protobuf(ORDER, "shop.Order", &[nanos]),
+        job.produce_protobuf(
+            ORDER,
+            "shop.Order",
+            &[nanos],
+            &[("shop/customer.proto", CUSTOMER)]
+        ),
         schema_id
     );
     let rest: Vec<Value> = (bad + 1..400).map(order).collect();
-    job.produce_protobuf(ORDER, "shop.Order", &rest);
+    job.produce_protobuf(
+        ORDER,
+        "shop.Order",
+        &rest,
+        &[("shop/customer.proto", CUSTOMER)],
+    );
 
     let check = job.ratchet("check-config");
     let printed = String::from_utf8_lossy(&check.stdout).to_string()
@@ -196,13 +218,13 @@ async fn a_new_protobuf_field_becomes_a_column_in_every_sink_through_sigkill() {
     let first: Vec<Value> = (0..150)
         .map(|id| json!({"id": id, "note": format!("n{id}")}))
         .collect();
-    job.produce_protobuf(&evolving_order(false), "shop.Order", &first);
+    job.produce_protobuf(&evolving_order(false), "shop.Order", &first, &[]);
     let mut worker = job.spawn_worker(&[]);
     job.wait_copied(150, Duration::from_secs(90));
     let second: Vec<Value> = (150..300)
         .map(|id| json!({"id": id, "note": format!("n{id}"), "qty": id}))
         .collect();
-    job.produce_protobuf(&evolving_order(true), "shop.Order", &second);
+    job.produce_protobuf(&evolving_order(true), "shop.Order", &second, &[]);
     job.wait_copied(200, Duration::from_secs(90));
     worker.kill9();
     let mut worker = job.spawn_worker(&["--exit-when-idle", "3s"]);
