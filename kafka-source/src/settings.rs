@@ -646,11 +646,11 @@ impl DecodingSettings {
                     latest.schema_type
                 );
             }
-            let file = crate::protobuf::compile(lookup.registry, &latest)
+            let file = schema_registry::protobuf::compile(lookup.registry, &latest)
                 .await
                 .map_err(|e| {
                     let kind = match &e {
-                        crate::protobuf::SchemaFileError::Registry { source, .. }
+                        schema_registry::protobuf::ProtobufSchemaError::Registry { source, .. }
                             if !source.is_not_found() =>
                         {
                             ErrorKind::Retryable

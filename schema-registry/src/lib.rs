@@ -25,6 +25,7 @@
 
 mod client;
 mod error;
+pub mod protobuf;
 mod schema;
 mod settings;
 mod subject;

@@ -323,7 +323,7 @@ mod tests {
             references: Vec::new(),
             version: None,
         };
-        let file = super::super::schema_files::compile(&registry, &schema)
+        let file = schema_registry::protobuf::compile(&registry, &schema)
             .await
             .unwrap();
         file.parent_pool().get_message_by_name(name).unwrap()

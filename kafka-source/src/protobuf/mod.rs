@@ -2,7 +2,7 @@
 //! the message-index path, the message), as confluent-kafka's `ProtobufSerializer` and Confluent's Java
 //! serializer write it. The reader schema (the subject's latest version) and its message (`record_name`, or the
 //! file's first message) give the columns ([`columns`]); every record is decoded with the schema its id names
-//! (compiled once per id, its references resolved through the registry, [`schema_files`]) and its fields read into
+//! (compiled once per id, its references resolved through the registry, [`schema_registry::protobuf`]) and its fields read into
 //! the columns by field number, converted exactly ([`rows`]).
 //!
 //! A record is a [`BadRecord`](ErrorKind::BadRecord) (dead-lettered when the job has a dead-letter topic) when it
@@ -15,7 +15,7 @@
 
 mod columns;
 mod rows;
-mod schema_files;
+mod message_path;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -31,7 +31,7 @@ use crate::registry_lookup::{RegistryLookup, confluent_id};
 use crate::writer_schemas::ReaderSchema;
 use columns::{ProtoColumn, arrow_fields};
 use rows::MessageRows;
-pub(crate) use schema_files::{SchemaFileError, compile};
+use schema_registry::protobuf::{ProtobufSchemaError, compile};
 
 /// The Protobuf decoding: the reader message's columns (widened as writers add fields, when it evolves), and the
 /// writer messages by schema id and message-index path.
@@ -165,7 +165,7 @@ fn framing<'v>(at: RecordAt<'_>, value: &'v [u8]) -> Result<(u32, Vec<usize>, &'
         )
     })?;
     let (mut path, body) =
-        schema_files::message_indexes(&value[5..]).map_err(|why| bad_record(at, &why))?;
+        message_path::message_indexes(&value[5..]).map_err(|why| bad_record(at, &why))?;
     if path == [0] {
         path.clear();
     }
@@ -290,7 +290,7 @@ impl ProtoWriters {
             .block_on(|registry| compile_owned(registry, writer))
         {
             Ok(file) => file,
-            Err(SchemaFileError::Registry { subject, source }) if !source.is_not_found() => {
+            Err(ProtobufSchemaError::Registry { subject, source }) if !source.is_not_found() => {
                 return Err(Error::new(
                     source.kind(),
                     Phase::Write,
@@ -325,7 +325,7 @@ impl ProtoWriters {
         file: &FileDescriptor,
         path: &[usize],
     ) -> std::result::Result<MessageDescriptor, String> {
-        let message = schema_files::message_at(file, path)
+        let message = message_path::message_at(file, path)
             .map_err(|why| format!("is written with schema id {id} and {why}"))?;
         if message.full_name() != self.message {
             return Err(format!(
@@ -396,7 +396,7 @@ impl ProtoWriters {
 async fn compile_owned(
     registry: SchemaRegistry,
     schema: RegisteredSchema,
-) -> std::result::Result<FileDescriptor, SchemaFileError> {
+) -> std::result::Result<FileDescriptor, ProtobufSchemaError> {
     compile(&registry, &schema).await
 }
 
