@@ -67,6 +67,8 @@ mod kafka_to_kafka;
 mod outcome;
 mod probe;
 mod producer;
+mod protobuf_schema;
+mod protobuf_values;
 mod records;
 mod recovery;
 mod registered_subject;

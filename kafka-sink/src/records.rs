@@ -60,6 +60,8 @@ pub enum ValueFormat {
     Avro,
     /// The JSON object in Confluent's wire format, its JSON Schema registered (the sink's `registry`).
     JsonSchema,
+    /// A Protobuf message in Confluent's wire format, its schema registered (the sink's `registry`).
+    Protobuf,
 }
 
 impl ValueFormat {
@@ -69,6 +71,7 @@ impl ValueFormat {
             Self::Json => "json",
             Self::Avro => "avro",
             Self::JsonSchema => "json-schema",
+            Self::Protobuf => "protobuf",
         }
     }
 }

@@ -14,6 +14,7 @@ use rdkafka::types::RDKafkaErrorCode;
 use crate::avro_values::AvroValues;
 use crate::delivery::{SinkProducer, wait_delivered};
 use crate::json_schema_values::JsonSchemaValues;
+use crate::protobuf_values::ProtobufValues;
 use crate::records::{RecordMapping, ValueFormat};
 use crate::{PartitionRange, classify};
 
@@ -29,7 +30,7 @@ pub(crate) struct RecordSender {
     mapping: Arc<RecordMapping>,
     default_topic: String,
     max_message_bytes: usize,
-    /// Whole rows in a registry format (`records.value_format = "avro"` or `"json-schema"`).
+    /// Whole rows in a registry format (`records.value_format = "avro"`, `"json-schema"` or `"protobuf"`).
     registered: Option<RegistryValues>,
     /// The batches' schema, and whether new columns may come (nothing to change on the broker).
     followed: FollowedSchema,
@@ -39,6 +40,7 @@ pub(crate) struct RecordSender {
 enum RegistryValues {
     Avro(AvroValues),
     JsonSchema(JsonSchemaValues),
+    Protobuf(ProtobufValues),
 }
 
 impl RegistryValues {
@@ -46,6 +48,7 @@ impl RegistryValues {
         match self {
             Self::Avro(values) => values.register(schema).await,
             Self::JsonSchema(values) => values.register(schema).await,
+            Self::Protobuf(values) => values.register(schema).await,
         }
     }
 
@@ -53,6 +56,7 @@ impl RegistryValues {
         match self {
             Self::Avro(values) => values.encode(batch),
             Self::JsonSchema(values) => values.encode(batch),
+            Self::Protobuf(values) => values.encode(batch),
         }
     }
 }
@@ -80,6 +84,9 @@ impl RecordSender {
                     options,
                 )?))
             }
+            (Some(registry), ValueFormat::Protobuf) => Some(RegistryValues::Protobuf(
+                ProtobufValues::new(registry, &config.topic)?,
+            )),
             _ => None,
         };
         Ok(Self {

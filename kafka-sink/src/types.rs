@@ -45,6 +45,15 @@ pub(crate) fn check(
             .iter()
             .filter_map(|f| avro_refusal(f.data_type()).err().map(|r| r.under(f.name())))
             .collect(),
+        ValueFormat::Protobuf => schema
+            .fields()
+            .iter()
+            .filter_map(|f| {
+                crate::protobuf_schema::refusal(f)
+                    .err()
+                    .map(|r| r.under(f.name()))
+            })
+            .collect(),
     };
     match refusals.is_empty() {
         true => Ok(()),
@@ -58,6 +67,7 @@ pub(crate) fn check(
                         ValueFormat::Json => "JSON",
                         ValueFormat::Avro => "Avro",
                         ValueFormat::JsonSchema => "JSON Schema",
+                        ValueFormat::Protobuf => "Protobuf",
                     }
                 ),
                 &refusals,

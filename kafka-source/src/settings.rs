@@ -650,11 +650,9 @@ impl DecodingSettings {
                 .await
                 .map_err(|e| {
                     let kind = match &e {
-                        schema_registry::protobuf::ProtobufSchemaError::Registry { source, .. }
-                            if !source.is_not_found() =>
-                        {
-                            ErrorKind::Retryable
-                        }
+                        schema_registry::protobuf::ProtobufSchemaError::Registry {
+                            source, ..
+                        } if !source.is_not_found() => ErrorKind::Retryable,
                         _ => ErrorKind::Config,
                     };
                     Error::new(

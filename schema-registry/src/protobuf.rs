@@ -8,11 +8,11 @@
 
 use std::collections::HashMap;
 
+use crate::{RegisteredSchema, RegistryError, SchemaRegistry};
 use base64::Engine;
 use prost_reflect::prost::Message;
 use prost_reflect::{FileDescriptor, prost_types};
 use protox::file::{ChainFileResolver, File, FileResolver, GoogleFileResolver};
-use crate::{RegisteredSchema, RegistryError, SchemaRegistry};
 
 /// How many files one schema may pull in through its references (a cycle or a runaway chain stops there).
 const MAX_REFERENCED_FILES: usize = 256;
@@ -141,7 +141,6 @@ impl FileResolver for RegistryFiles {
             .ok_or_else(|| protox::Error::file_not_found(name))
     }
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -17,6 +17,7 @@ mod kafka_to_kafka;
 mod kill9;
 mod probe;
 mod producer;
+mod protobuf_values;
 mod records;
 mod secure;
 mod shared_partition;

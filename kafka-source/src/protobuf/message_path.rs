@@ -74,7 +74,10 @@ mod tests {
     fn message_index_paths_read_as_kafka_writes_them() {
         assert_eq!(message_indexes(&[0, 9]).unwrap(), (vec![0], &[9][..]));
         // [1, 0] is written 02 02 00 (count 1 and index 1 zigzag-encoded as 2).
-        assert_eq!(message_indexes(&[4, 2, 0, 9]).unwrap(), (vec![1, 0], &[9][..]));
+        assert_eq!(
+            message_indexes(&[4, 2, 0, 9]).unwrap(),
+            (vec![1, 0], &[9][..])
+        );
         assert!(message_indexes(&[]).unwrap_err().contains("cut short"));
         assert!(message_indexes(&[1]).unwrap_err().contains("-1 entries"));
     }

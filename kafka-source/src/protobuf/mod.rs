@@ -14,8 +14,8 @@
 //! columns handed out as a schema change ([`KafkaSource::schema_change`](crate::KafkaSource::schema_change)).
 
 mod columns;
-mod rows;
 mod message_path;
+mod rows;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
