@@ -33,7 +33,7 @@ const CONTROLLED_KEYS: &[&str] = &[
 /// | `client` | other librdkafka producer settings, passed through (values of keys naming a password or secret are redacted in `Debug`) | none |
 /// | `client_env` | librdkafka settings read from environment variables at start, `{ "sasl.password" = "KAFKA_PASSWORD" }` | none |
 /// | `records` | how rows become records ([`RecordMapping`]) | the row as a JSON value, no key |
-/// | `registry` | the schema registry Avro and JSON Schema values are registered in (`records.value_format = "avro"` or `"json-schema"`; keys as `[source.registry]`: `schema_registry::RegistrySettings`) | none |
+/// | `registry` | the schema registry Avro, JSON Schema and Protobuf values are registered in (`records.value_format = "avro"`, `"json-schema"` or `"protobuf"`; keys as `[source.registry]`: `schema_registry::RegistrySettings`) | none |
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KafkaSinkConfig {
@@ -63,7 +63,8 @@ pub struct KafkaSinkConfig {
     /// How rows become records.
     #[serde(default)]
     pub records: RecordMapping,
-    /// The schema registry values are registered in (`records.value_format = "avro"` or `"json-schema"`).
+    /// The schema registry values are registered in (`records.value_format = "avro"`, `"json-schema"` or
+    /// `"protobuf"`).
     #[serde(default)]
     pub registry: Option<schema_registry::RegistrySettings>,
 }

@@ -16,7 +16,7 @@ use std::borrow::Cow;
 /// | `partition_column` | Int32 column with an explicit partition; none = partitioned by key | none |
 /// | `topic_column` | Utf8 column naming each record's topic; none = the sink's `topic` | none |
 /// | `header_columns` | columns (Utf8 or Binary) sent as record headers named after the column; nulls are omitted | none |
-/// | `value_format` | the whole row as `json`; or in Confluent's wire format with its schema registered in the sink's `[registry]` (subject `<topic>-value`): `avro`, or `json-schema` (the `json` text, its JSON Schema registered); each type as docs/types.md says | `json` |
+/// | `value_format` | the whole row as `json`; or in Confluent's wire format with its schema registered in the sink's `[registry]` (subject `<topic>-value`): `avro`, `json-schema` (the `json` text, its JSON Schema registered) or `protobuf` (a `ratchet.Row` message, its `.proto` registered); each type as docs/types.md says | `json` |
 /// | `json_decimals` | JSON values: decimals as exact `number`s (`12.30`) or as `string`s (`"12.30"`, exact in readers that parse numbers as doubles) | `number` |
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
