@@ -1,7 +1,8 @@
 //! Registry-backed Avro decoding against declared-schema Avro decoding, through the Kafka source on the real broker:
 //! the same topic of Confluent-framed Avro records (one schema, registered in the test services' registry) read
 //! whole with each decoding, alternating, several runs each; the same records as Confluent-framed JSON documents
-//! of a registered JSON Schema, read with the JSON Schema decoding (each validated, then decoded); and the pause a
+//! of a registered JSON Schema, read with the JSON Schema decoding (each validated, then decoded); the same records
+//! as Confluent-framed Protobuf messages of a registered `.proto`, read with the Protobuf decoding; and the pause a
 //! schema change costs the source (a writer schema that adds a field, with an evolving decoding: from the last
 //! batch of the old schema to the first of the new, the registry lookup and the decoder rebuild included). Prints
 //! a table and the ratios.
@@ -20,8 +21,10 @@ use arrow_avro::writer::format::AvroSoeFormat;
 use arrow_schema::{DataType, Field, Schema};
 use kafka_source::{
     AvroDecoding, AvroFraming, Decoding, JsonSchemaDecoding, KafkaConnection, KafkaSource,
-    KafkaSourceOptions, ReaderSchema, UnknownFields,
+    KafkaSourceOptions, ProtobufDecoding, ReaderSchema, UnknownFields,
 };
+use prost_reflect::prost::Message;
+use prost_reflect::{DynamicMessage, MessageDescriptor, Value};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -105,6 +108,29 @@ fn encode_json(id: u32, start: i64, rows: usize) -> Vec<Vec<u8>> {
                 )
                 .into_bytes(),
             );
+            value
+        })
+        .collect()
+}
+
+/// The `.proto` of the same records.
+const PROTO: &str = r#"syntax = "proto3";
+package ratchet.bench;
+message Order { int64 id = 1; int64 customer = 2; optional string note = 3; }
+"#;
+
+/// `rows` records from `start` as `Order` messages, Confluent-framed with schema id `id` and message index `[0]`.
+fn encode_protobuf(order: &MessageDescriptor, id: u32, start: i64, rows: usize) -> Vec<Vec<u8>> {
+    (start..start + rows as i64)
+        .map(|i| {
+            let mut message = DynamicMessage::new(order.clone());
+            message.set_field_by_number(1, Value::I64(i));
+            message.set_field_by_number(2, Value::I64(i % 9973));
+            message.set_field_by_number(3, Value::String(format!("note {i} {}", "x".repeat(40))));
+            let mut value = vec![0];
+            value.extend(id.to_be_bytes());
+            value.push(0);
+            message.encode(&mut value).unwrap();
             value
         })
         .collect()
@@ -217,10 +243,39 @@ async fn main() {
         );
     }
 
+    let proto_topic = format!("{topic}-protobuf");
+    admin
+        .create_topics(
+            &[NewTopic::new(&proto_topic, 1, TopicReplication::Fixed(1))],
+            &AdminOptions::new(),
+        )
+        .await
+        .unwrap();
+    let proto_subject = format!("{proto_topic}-value");
+    let proto_id = registry
+        .register_as(&proto_subject, PROTO, SchemaType::Protobuf)
+        .await
+        .unwrap();
+    let latest_proto = registry.latest(&proto_subject).await.unwrap();
+    let proto_file = schema_registry::protobuf::compile(&registry, &latest_proto)
+        .await
+        .unwrap();
+    let order = proto_file.messages().next().unwrap();
+    eprintln!("producing {records} Protobuf records to {proto_topic}");
+    for start in (0..records).step_by(100_000) {
+        let rows = 100_000.min(records - start);
+        produce(
+            &producer,
+            &proto_topic,
+            &encode_protobuf(&order, proto_id, start as i64, rows),
+        );
+    }
+
     let kafka = KafkaConnection::plaintext(&bootstrap);
     let latest = registry.latest(&subject).await.unwrap();
     let latest_json = registry.latest(&json_subject).await.unwrap();
-    let (mut declared, mut looked_up, mut json) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut declared, mut looked_up, mut json, mut proto) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for run in 0..runs {
         let plain = AvroDecoding::new(&v1, AvroFraming::Confluent { schema_id: id }).unwrap();
         declared.push(read_all(&kafka, &topic, Decoding::Avro(plain), records).await);
@@ -244,9 +299,18 @@ async fn main() {
             )
             .await,
         );
+        let messages = ProtobufDecoding::from_registry(
+            registry.clone(),
+            ReaderSchema::latest(&latest_proto),
+            &proto_file,
+            None,
+            false,
+        )
+        .unwrap();
+        proto.push(read_all(&kafka, &proto_topic, Decoding::Protobuf(messages), records).await);
         eprintln!(
-            "run {run}: declared {:?}, registry {:?}, JSON Schema {:?}",
-            declared[run], looked_up[run], json[run]
+            "run {run}: declared {:?}, registry {:?}, JSON Schema {:?}, Protobuf {:?}",
+            declared[run], looked_up[run], json[run], proto[run]
         );
     }
     let rate = |d: Duration| records as f64 / d.as_secs_f64();
@@ -254,7 +318,12 @@ async fn main() {
         v.sort();
         v[v.len() / 2]
     };
-    let (declared, looked_up, json) = (median(declared), median(looked_up), median(json));
+    let (declared, looked_up, json, proto) = (
+        median(declared),
+        median(looked_up),
+        median(json),
+        median(proto),
+    );
 
     // The schema change: a version that adds `qty`, read by an evolving decoding after the old records.
     let v2 = avro_schema(true);
@@ -305,6 +374,11 @@ async fn main() {
         json.as_secs_f64(),
         rate(json)
     );
+    println!(
+        "| Protobuf, schema registry | {records} | {:.2} s | {:.0} |",
+        proto.as_secs_f64(),
+        rate(proto)
+    );
     println!();
     println!(
         "registry / declared: {:.1}%",
@@ -313,6 +387,10 @@ async fn main() {
     println!(
         "JSON Schema / Avro through the registry: {:.1}%",
         100.0 * rate(json) / rate(looked_up)
+    );
+    println!(
+        "Protobuf / Avro through the registry: {:.1}%",
+        100.0 * rate(proto) / rate(looked_up)
     );
     println!(
         "schema change pause at the source (last batch of the old schema to the first of the new, lookup and \
