@@ -16,6 +16,7 @@
 mod columns;
 mod message_path;
 mod rows;
+mod wire;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -32,6 +33,7 @@ use crate::writer_schemas::ReaderSchema;
 use columns::{ProtoColumn, arrow_fields};
 use rows::MessageRows;
 use schema_registry::protobuf::{ProtobufSchemaError, compile};
+use wire::{FlatError, FlatPlan};
 
 /// The Protobuf decoding: the reader message's columns (widened as writers add fields, when it evolves), and the
 /// writer messages by schema id and message-index path.
@@ -135,24 +137,32 @@ impl ProtobufDecoding {
         }
     }
 
-    /// The message `value` (the record at `at`) holds, decoded with the schema its framing names.
+    /// The writer message of `value` (the record at `at`): its schema id, message-index path (empty for `[0]`),
+    /// descriptor, and body.
     ///
     /// # Errors
-    /// [`BadRecord`](ErrorKind::BadRecord) naming the record: not framed, a refused schema id or message, a body
-    /// that is not the message; a registry that cannot be reached as for [`ProtoWriters::resolve`].
-    pub(crate) fn message_of(&self, at: RecordAt<'_>, value: &[u8]) -> Result<DynamicMessage> {
+    /// [`BadRecord`](ErrorKind::BadRecord) naming the record: not framed, a refused schema id or message; a
+    /// registry that cannot be reached as for [`ProtoWriters::resolve`].
+    fn writer_message<'v>(
+        &self,
+        at: RecordAt<'_>,
+        value: &'v [u8],
+    ) -> Result<(u32, Vec<usize>, MessageDescriptor, &'v [u8])> {
         let (id, path, body) = framing(at, value)?;
         let descriptor = self.writers.resolve(id, &path, at)?;
-        DynamicMessage::decode(descriptor.clone(), body).map_err(|e| {
-            bad_record(
-                at,
-                &format!(
-                    "is not a {} message of schema id {id} ({e})",
-                    descriptor.full_name()
-                ),
-            )
-        })
+        Ok((id, path, descriptor, body))
     }
+}
+
+/// The refusal of the record at `at` whose body is not a valid `descriptor` message of schema `id`.
+fn not_the_message(at: RecordAt<'_>, id: u32, descriptor: &MessageDescriptor, why: &str) -> Error {
+    bad_record(
+        at,
+        &format!(
+            "is not a {} message of schema id {id} ({why})",
+            descriptor.full_name()
+        ),
+    )
 }
 
 /// The schema id, the message-index path (empty for `[0]`) and the body of a Confluent-framed Protobuf `value`.
@@ -405,6 +415,10 @@ pub(crate) struct ProtobufRows {
     decoding: ProtobufDecoding,
     columns: Arc<Columns>,
     rows: MessageRows,
+    /// The fast path of each writer message seen in this batch (by schema id and path), when it has one.
+    plans: HashMap<(u32, Vec<usize>), Option<FlatPlan>>,
+    /// The fast path's scratch space.
+    slots: Vec<Option<(usize, usize, u64)>>,
 }
 
 impl ProtobufRows {
@@ -415,24 +429,46 @@ impl ProtobufRows {
             rows: MessageRows::new(&columns.columns, capacity),
             decoding: decoding.clone(),
             columns,
+            plans: HashMap::new(),
+            slots: Vec::new(),
         }
     }
 
-    /// Appends the message of `value` (the record at `at`).
+    /// Appends the message of `value` (the record at `at`): straight from the wire when its columns are all
+    /// scalars ([`wire`]), else through a `DynamicMessage`.
     ///
     /// # Errors
-    /// As [`ProtobufDecoding::message_of`]; a value that does not fit its column. The builders are then unusable.
+    /// [`BadRecord`](ErrorKind::BadRecord) naming the record: not framed, a refused schema id or message, a body
+    /// that is not the message, a value that does not fit its column (the builders are then unusable); a registry
+    /// that cannot be reached as for [`ProtoWriters::resolve`].
     pub(crate) fn append(&mut self, at: RecordAt<'_>, value: &[u8], role: &str) -> Result<()> {
-        let message = self.decoding.message_of(at, value)?;
-        self.rows.append(&message).map_err(|why| {
+        let (id, path, descriptor, body) = self.decoding.writer_message(at, value)?;
+        let misfit = |why: rows::ValueError, decoding: &ProtobufDecoding| {
             bad_record(
                 at,
                 &format!(
                     "has a {role} that does not fit the columns of {}: {why}",
-                    self.decoding.reader_schema().named()
+                    decoding.reader_schema().named()
                 ),
             )
-        })
+        };
+        let key = (id, path);
+        if !self.plans.contains_key(&key) {
+            let plan = FlatPlan::new(&descriptor, &self.columns.columns);
+            self.plans.insert(key.clone(), plan);
+        }
+        if let Some(Some(plan)) = self.plans.get(&key) {
+            return match plan.decode(body, &mut self.rows, &mut self.slots) {
+                Ok(()) => Ok(()),
+                Err(FlatError::Invalid(why)) => Err(not_the_message(at, id, &descriptor, &why)),
+                Err(FlatError::Value(why)) => Err(misfit(why, &self.decoding)),
+            };
+        }
+        let message = DynamicMessage::decode(descriptor.clone(), body)
+            .map_err(|e| not_the_message(at, id, &descriptor, &e.to_string()))?;
+        self.rows
+            .append(&message)
+            .map_err(|why| misfit(why, &self.decoding))
     }
 
     /// The schema of these rows.

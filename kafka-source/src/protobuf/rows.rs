@@ -45,6 +45,41 @@ impl std::fmt::Display for ValueError {
     }
 }
 
+/// A scalar value of a message, borrowed where it is text or bytes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Scalar<'a> {
+    Bool(bool),
+    I32(i32),
+    I64(i64),
+    U32(u32),
+    U64(u64),
+    F32(f32),
+    F64(f64),
+    Str(&'a str),
+    Bytes(&'a [u8]),
+    /// An enum value's number.
+    Enum(i32),
+}
+
+impl<'a> Scalar<'a> {
+    /// `value` when it is a scalar.
+    pub(crate) fn of(value: &'a Value) -> Option<Self> {
+        Some(match value {
+            Value::Bool(v) => Self::Bool(*v),
+            Value::I32(v) => Self::I32(*v),
+            Value::I64(v) => Self::I64(*v),
+            Value::U32(v) => Self::U32(*v),
+            Value::U64(v) => Self::U64(*v),
+            Value::F32(v) => Self::F32(*v),
+            Value::F64(v) => Self::F64(*v),
+            Value::String(v) => Self::Str(v),
+            Value::Bytes(v) => Self::Bytes(v),
+            Value::EnumNumber(v) => Self::Enum(*v),
+            Value::Message(_) | Value::List(_) | Value::Map(_) => return None,
+        })
+    }
+}
+
 /// The columns of a message's fields under construction.
 pub(crate) struct MessageRows {
     children: Vec<Child>,
@@ -140,6 +175,27 @@ impl MessageRows {
                     .append(&Value::default_value_for_field(&reader.field)),
             };
             appended.map_err(|e| e.within(reader.name()))?;
+        }
+        self.len += 1;
+        Ok(())
+    }
+
+    /// Appends one row of scalar columns only: each column's value, or `None` for null.
+    ///
+    /// # Errors
+    /// A value that does not fit its column. The builders are then unusable: some columns have the row.
+    pub(crate) fn append_scalars<'v>(
+        &mut self,
+        values: impl Iterator<Item = Option<Scalar<'v>>>,
+    ) -> Result<(), ValueError> {
+        for (child, value) in self.children.iter_mut().zip(values) {
+            match value {
+                Some(value) => child
+                    .builder
+                    .append_scalar(value)
+                    .map_err(|e| e.within(child.column.name()))?,
+                None => child.builder.append_null(),
+            }
         }
         self.len += 1;
         Ok(())
@@ -255,36 +311,10 @@ impl Builder {
 
     /// Appends `value`, converted exactly to the column's type.
     fn append(&mut self, value: &Value) -> Result<(), ValueError> {
+        if let Some(scalar) = Scalar::of(value) {
+            return self.append_scalar(scalar);
+        }
         match (self, value) {
-            (Self::Bool(b), Value::Bool(v)) => b.append_value(*v),
-            (Self::Int32(b), Value::I32(v)) => b.append_value(*v),
-            (Self::Int64(b), Value::I64(v)) => b.append_value(*v),
-            (Self::Int64(b), Value::I32(v)) => b.append_value(i64::from(*v)),
-            (Self::Int64(b), Value::U32(v)) => b.append_value(i64::from(*v)),
-            (Self::UInt32(b), Value::U32(v)) => b.append_value(*v),
-            (Self::UInt64(b), Value::U64(v)) => b.append_value(*v),
-            (Self::UInt64(b), Value::U32(v)) => b.append_value(u64::from(*v)),
-            (Self::Float32(b), Value::F32(v)) => b.append_value(*v),
-            (Self::Float64(b), Value::F64(v)) => b.append_value(*v),
-            (Self::Float64(b), Value::F32(v)) => b.append_value(f64::from(*v)),
-            (Self::Utf8(b), Value::String(v)) => b.append_value(v),
-            (Self::Binary(b), Value::Bytes(v)) => b.append_value(v),
-            (
-                Self::Enum {
-                    keys,
-                    positions,
-                    name,
-                    ..
-                },
-                Value::EnumNumber(n),
-            ) => match positions.get(n) {
-                Some(position) => keys.append_value(*position),
-                None => {
-                    return Err(ValueError::new(format!(
-                        "has number {n}, which enum {name} of the reader schema does not declare"
-                    )));
-                }
-            },
             (Self::Timestamp(b), Value::Message(m)) => b.append_value(micros(m)?),
             (Self::Duration(b), Value::Message(m)) => {
                 let (seconds, nanos) = seconds_and_nanos(m);
@@ -341,6 +371,48 @@ impl Builder {
                 }
                 push_offset(offsets, entries.len())?;
             }
+            (_, value) => {
+                return Err(ValueError::new(format!(
+                    "has a value ({value:?}) of another type than its column"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Appends scalar `value`, converted exactly to the column's type (an exact widening: `int32` into `int64`,
+    /// `uint32` into `uint64` or `int64`, `float` into `double`).
+    pub(crate) fn append_scalar(&mut self, value: Scalar<'_>) -> Result<(), ValueError> {
+        match (self, value) {
+            (Self::Bool(b), Scalar::Bool(v)) => b.append_value(v),
+            (Self::Int32(b), Scalar::I32(v)) => b.append_value(v),
+            (Self::Int64(b), Scalar::I64(v)) => b.append_value(v),
+            (Self::Int64(b), Scalar::I32(v)) => b.append_value(i64::from(v)),
+            (Self::Int64(b), Scalar::U32(v)) => b.append_value(i64::from(v)),
+            (Self::UInt32(b), Scalar::U32(v)) => b.append_value(v),
+            (Self::UInt64(b), Scalar::U64(v)) => b.append_value(v),
+            (Self::UInt64(b), Scalar::U32(v)) => b.append_value(u64::from(v)),
+            (Self::Float32(b), Scalar::F32(v)) => b.append_value(v),
+            (Self::Float64(b), Scalar::F64(v)) => b.append_value(v),
+            (Self::Float64(b), Scalar::F32(v)) => b.append_value(f64::from(v)),
+            (Self::Utf8(b), Scalar::Str(v)) => b.append_value(v),
+            (Self::Binary(b), Scalar::Bytes(v)) => b.append_value(v),
+            (
+                Self::Enum {
+                    keys,
+                    positions,
+                    name,
+                    ..
+                },
+                Scalar::Enum(n),
+            ) => match positions.get(&n) {
+                Some(position) => keys.append_value(*position),
+                None => {
+                    return Err(ValueError::new(format!(
+                        "has number {n}, which enum {name} of the reader schema does not declare"
+                    )));
+                }
+            },
             (_, value) => {
                 return Err(ValueError::new(format!(
                     "has a value ({value:?}) of another type than its column"
