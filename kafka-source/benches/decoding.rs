@@ -2,7 +2,9 @@
 //! the same topic of Confluent-framed Avro records (one schema, registered in the test services' registry) read
 //! whole with each decoding, alternating, several runs each; the same records as Confluent-framed JSON documents
 //! of a registered JSON Schema, read with the JSON Schema decoding (each validated, then decoded); the same records
-//! as Confluent-framed Protobuf messages of a registered `.proto`, read with the Protobuf decoding; and the pause a
+//! as Confluent-framed Protobuf messages of a registered `.proto`, read with the Protobuf decoding (a message of
+//! scalars, which takes the decoding's fast path, and the same with `customer` a nested message, which takes the
+//! general path through prost-reflect's `DynamicMessage`); and the pause a
 //! schema change costs the source (a writer schema that adds a field, with an evolving decoding: from the last
 //! batch of the old schema to the first of the new, the registry lookup and the decoder rebuild included). Prints
 //! a table and the ratios.
@@ -119,13 +121,28 @@ package ratchet.bench;
 message Order { int64 id = 1; int64 customer = 2; optional string note = 3; }
 "#;
 
+/// The same records with the customer a nested message.
+const PROTO_NESTED: &str = r#"syntax = "proto3";
+package ratchet.bench;
+message Order { int64 id = 1; Customer customer = 2; optional string note = 3; }
+message Customer { int64 id = 1; }
+"#;
+
 /// `rows` records from `start` as `Order` messages, Confluent-framed with schema id `id` and message index `[0]`.
 fn encode_protobuf(order: &MessageDescriptor, id: u32, start: i64, rows: usize) -> Vec<Vec<u8>> {
+    let customer = order.get_field(2).unwrap();
     (start..start + rows as i64)
         .map(|i| {
             let mut message = DynamicMessage::new(order.clone());
             message.set_field_by_number(1, Value::I64(i));
-            message.set_field_by_number(2, Value::I64(i % 9973));
+            match customer.kind().as_message() {
+                Some(nested) => {
+                    let mut customer = DynamicMessage::new(nested.clone());
+                    customer.set_field_by_number(1, Value::I64(i % 9973));
+                    message.set_field_by_number(2, Value::Message(customer));
+                }
+                None => message.set_field_by_number(2, Value::I64(i % 9973)),
+            }
             message.set_field_by_number(3, Value::String(format!("note {i} {}", "x".repeat(40))));
             let mut value = vec![0];
             value.extend(id.to_be_bytes());
@@ -243,39 +260,43 @@ async fn main() {
         );
     }
 
-    let proto_topic = format!("{topic}-protobuf");
-    admin
-        .create_topics(
-            &[NewTopic::new(&proto_topic, 1, TopicReplication::Fixed(1))],
-            &AdminOptions::new(),
-        )
-        .await
-        .unwrap();
-    let proto_subject = format!("{proto_topic}-value");
-    let proto_id = registry
-        .register_as(&proto_subject, PROTO, SchemaType::Protobuf)
-        .await
-        .unwrap();
-    let latest_proto = registry.latest(&proto_subject).await.unwrap();
-    let proto_file = schema_registry::protobuf::compile(&registry, &latest_proto)
-        .await
-        .unwrap();
-    let order = proto_file.messages().next().unwrap();
-    eprintln!("producing {records} Protobuf records to {proto_topic}");
-    for start in (0..records).step_by(100_000) {
-        let rows = 100_000.min(records - start);
-        produce(
-            &producer,
-            &proto_topic,
-            &encode_protobuf(&order, proto_id, start as i64, rows),
-        );
+    let mut proto_topics = Vec::new();
+    for (suffix, proto) in [("protobuf", PROTO), ("protobuf-nested", PROTO_NESTED)] {
+        let proto_topic = format!("{topic}-{suffix}");
+        admin
+            .create_topics(
+                &[NewTopic::new(&proto_topic, 1, TopicReplication::Fixed(1))],
+                &AdminOptions::new(),
+            )
+            .await
+            .unwrap();
+        let proto_subject = format!("{proto_topic}-value");
+        let proto_id = registry
+            .register_as(&proto_subject, proto, SchemaType::Protobuf)
+            .await
+            .unwrap();
+        let latest_proto = registry.latest(&proto_subject).await.unwrap();
+        let proto_file = schema_registry::protobuf::compile(&registry, &latest_proto)
+            .await
+            .unwrap();
+        let order = proto_file.messages().next().unwrap();
+        eprintln!("producing {records} Protobuf records to {proto_topic}");
+        for start in (0..records).step_by(100_000) {
+            let rows = 100_000.min(records - start);
+            produce(
+                &producer,
+                &proto_topic,
+                &encode_protobuf(&order, proto_id, start as i64, rows),
+            );
+        }
+        proto_topics.push((proto_topic, latest_proto, proto_file));
     }
 
     let kafka = KafkaConnection::plaintext(&bootstrap);
     let latest = registry.latest(&subject).await.unwrap();
     let latest_json = registry.latest(&json_subject).await.unwrap();
-    let (mut declared, mut looked_up, mut json, mut proto) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut declared, mut looked_up, mut json) = (Vec::new(), Vec::new(), Vec::new());
+    let mut proto = [Vec::new(), Vec::new()];
     for run in 0..runs {
         let plain = AvroDecoding::new(&v1, AvroFraming::Confluent { schema_id: id }).unwrap();
         declared.push(read_all(&kafka, &topic, Decoding::Avro(plain), records).await);
@@ -299,18 +320,21 @@ async fn main() {
             )
             .await,
         );
-        let messages = ProtobufDecoding::from_registry(
-            registry.clone(),
-            ReaderSchema::latest(&latest_proto),
-            &proto_file,
-            None,
-            false,
-        )
-        .unwrap();
-        proto.push(read_all(&kafka, &proto_topic, Decoding::Protobuf(messages), records).await);
+        for ((proto_topic, latest_proto, proto_file), times) in proto_topics.iter().zip(&mut proto)
+        {
+            let messages = ProtobufDecoding::from_registry(
+                registry.clone(),
+                ReaderSchema::latest(latest_proto),
+                proto_file,
+                None,
+                false,
+            )
+            .unwrap();
+            times.push(read_all(&kafka, proto_topic, Decoding::Protobuf(messages), records).await);
+        }
         eprintln!(
-            "run {run}: declared {:?}, registry {:?}, JSON Schema {:?}, Protobuf {:?}",
-            declared[run], looked_up[run], json[run], proto[run]
+            "run {run}: declared {:?}, registry {:?}, JSON Schema {:?}, Protobuf {:?} (nested {:?})",
+            declared[run], looked_up[run], json[run], proto[0][run], proto[1][run]
         );
     }
     let rate = |d: Duration| records as f64 / d.as_secs_f64();
@@ -318,11 +342,13 @@ async fn main() {
         v.sort();
         v[v.len() / 2]
     };
-    let (declared, looked_up, json, proto) = (
+    let [flat, nested] = proto;
+    let (declared, looked_up, json, proto, nested) = (
         median(declared),
         median(looked_up),
         median(json),
-        median(proto),
+        median(flat),
+        median(nested),
     );
 
     // The schema change: a version that adds `qty`, read by an evolving decoding after the old records.
@@ -375,9 +401,14 @@ async fn main() {
         rate(json)
     );
     println!(
-        "| Protobuf, schema registry | {records} | {:.2} s | {:.0} |",
+        "| Protobuf, schema registry (scalars: the fast path) | {records} | {:.2} s | {:.0} |",
         proto.as_secs_f64(),
         rate(proto)
+    );
+    println!(
+        "| Protobuf, schema registry (a nested message: DynamicMessage) | {records} | {:.2} s | {:.0} |",
+        nested.as_secs_f64(),
+        rate(nested)
     );
     println!();
     println!(
@@ -389,8 +420,9 @@ async fn main() {
         100.0 * rate(json) / rate(looked_up)
     );
     println!(
-        "Protobuf / Avro through the registry: {:.1}%",
-        100.0 * rate(proto) / rate(looked_up)
+        "Protobuf / Avro through the registry: {:.1}% (scalars), {:.1}% (a nested message)",
+        100.0 * rate(proto) / rate(looked_up),
+        100.0 * rate(nested) / rate(looked_up)
     );
     println!(
         "schema change pause at the source (last batch of the old schema to the first of the new, lookup and \

@@ -126,7 +126,7 @@ impl JsonRows {
         for column in &mut self.columns {
             let name = column.field().name().clone();
             column
-                .append_null::<serde_json::Error>(&name)
+                .append_null::<serde_json::Error>(|| name)
                 .map_err(|e| e.to_string())?;
         }
         self.rows += 1;
@@ -303,11 +303,12 @@ impl Column {
         }
     }
 
-    /// Appends a null, or refuses one where the field (at `path`) is not nullable.
-    fn append_null<E: serde::de::Error>(&mut self, path: &str) -> Result<(), E> {
+    /// Appends a null, or refuses one where the field (at `path`, made only then) is not nullable.
+    fn append_null<E: serde::de::Error>(&mut self, path: impl FnOnce() -> String) -> Result<(), E> {
         if !self.field().is_nullable() {
             return Err(E::custom(format!(
-                "field `{path}` is null or missing, and it is declared not nullable"
+                "field `{}` is null or missing, and it is declared not nullable",
+                path()
             )));
         }
         self.append_masked_null();
@@ -560,8 +561,8 @@ impl<'de> Visitor<'de> for ObjectSeed<'_, '_> {
         }
         for (i, column) in columns.iter_mut().enumerate() {
             if !seen[i] {
-                let shown = shown_path(path, column.field());
-                column.append_null(&shown)?;
+                let field = column.field().clone();
+                column.append_null(|| shown_path(path, &field))?;
             }
         }
         Ok(())
@@ -585,9 +586,12 @@ impl<'de> DeserializeSeed<'de> for ValueSeed<'_> {
     type Value = bool;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<bool, D::Error> {
-        let path = match self.named {
-            true => shown_path(self.path, self.column.field()),
-            false => self.path.to_string(),
+        // The field's path is made only when it is needed (an error, or a nested value's fields): a value that
+        // fits costs no allocation for it.
+        let (parent, named, field) = (self.path, self.named, self.column.field().clone());
+        let path = move || match named {
+            true => shown_path(parent, &field),
+            false => parent.to_string(),
         };
         // Read from its text: decimals keep every digit, JSON fields their exact text, and a placeholder is
         // recognised before the value is read as its type.
@@ -604,9 +608,14 @@ impl<'de> DeserializeSeed<'de> for ValueSeed<'_> {
             return Ok(true);
         }
         let fail =
-            |why: String| D::Error::custom(format!("field `{path}` = {} {why}", shown(text)));
+            |why: String| D::Error::custom(format!("field `{}` = {} {why}", path(), shown(text)));
+        if let Column::Leaf { leaf, .. } = self.column {
+            read_leaf(leaf, text, self.semantic).map_err(fail)?;
+            return Ok(false);
+        }
+        let path = path();
         match self.column {
-            Column::Leaf { leaf, .. } => read_leaf(leaf, text, self.semantic).map_err(fail)?,
+            Column::Leaf { .. } => unreachable!("leaves are read above"),
             Column::List {
                 item,
                 offsets,
