@@ -156,7 +156,7 @@ impl Values {
             Self::Json { rows, registry, .. } => {
                 let value = value.ok_or_else(|| bad_record(at, "has no value (a tombstone)"))?;
                 let value = match registry {
-                    Some((json, _)) => json.document(at, value)?,
+                    Some((json, generation)) => json.document(at, value, *generation)?,
                     None => value,
                 };
                 rows.append(value, &mut RowContext::default())

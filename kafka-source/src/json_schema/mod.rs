@@ -14,6 +14,7 @@
 
 mod columns;
 mod doc;
+mod implied;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -125,7 +126,15 @@ impl JsonSchemaDecoding {
     /// # Errors
     /// [`BadRecord`](ErrorKind::BadRecord) naming the record: not framed, a refused schema id, not JSON, or a
     /// violation of the schema; a registry that cannot be reached as for [`JsonWriters::resolve`].
-    pub(crate) fn document<'v>(&self, at: RecordAt<'_>, value: &'v [u8]) -> Result<&'v [u8]> {
+    /// The validation is skipped where the writer's schema says nothing the strict decoding of the columns
+    /// (`generation`, the one the rows read with) does not enforce ([`implied`]): the decoding then refuses every
+    /// record the schema refuses.
+    pub(crate) fn document<'v>(
+        &self,
+        at: RecordAt<'_>,
+        value: &'v [u8],
+        generation: usize,
+    ) -> Result<&'v [u8]> {
         let id = confluent_id(value).ok_or_else(|| {
             bad_record(
                 at,
@@ -133,8 +142,12 @@ impl JsonSchemaDecoding {
                  which kind = \"json-schema\" reads",
             )
         })?;
-        let validator = self.writers.resolve(id, at)?;
+        let accepted = self.writers.resolve(id, at)?;
         let body = &value[5..];
+        if accepted.implied_in == Some(generation) {
+            return Ok(body);
+        }
+        let validator = &accepted.validator;
         let parsed: serde_json::Value = serde_json::from_slice(body)
             .map_err(|e| bad_record(at, &format!("is not a JSON document ({e})")))?;
         // The quick check first: the violations are only gathered (and allocated) for a record that has some.
@@ -169,6 +182,14 @@ impl JsonSchemaDecoding {
     }
 }
 
+/// An accepted writer schema: its validator, and the generation of the columns whose strict decoding enforces all
+/// it says, if one does ([`implied`]).
+#[derive(Debug)]
+pub(crate) struct Accepted {
+    validator: jsonschema::Validator,
+    implied_in: Option<usize>,
+}
+
 /// Writer schemas by id, each compiled into a validator once, shared by every decoder of one decoding.
 pub(crate) struct JsonWriters {
     lookup: RegistryLookup,
@@ -177,7 +198,7 @@ pub(crate) struct JsonWriters {
     /// Widen the columns with a writer's new top-level properties instead of refusing them.
     evolve: bool,
     generations: Mutex<Vec<Arc<Columns>>>,
-    validators: Mutex<HashMap<u32, Arc<jsonschema::Validator>>>,
+    validators: Mutex<HashMap<u32, Arc<Accepted>>>,
 }
 
 impl std::fmt::Debug for JsonWriters {
@@ -202,7 +223,7 @@ impl JsonWriters {
             .clone()
     }
 
-    fn known(&self, id: u32) -> Option<Arc<jsonschema::Validator>> {
+    fn known(&self, id: u32) -> Option<Arc<Accepted>> {
         self.validators
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -216,7 +237,7 @@ impl JsonWriters {
     /// [`BadRecord`](ErrorKind::BadRecord) naming the record when the registry has no such id or it is refused
     /// (not a JSON Schema, references to other subjects, a schema that does not compile, properties the reader
     /// lacks); [`Retryable`](ErrorKind::Retryable) when the registry cannot be reached.
-    pub(crate) fn resolve(&self, id: u32, at: RecordAt<'_>) -> Result<Arc<jsonschema::Validator>> {
+    pub(crate) fn resolve(&self, id: u32, at: RecordAt<'_>) -> Result<Arc<Accepted>> {
         if let Some(validator) = self.known(id) {
             return Ok(validator);
         }
@@ -243,7 +264,7 @@ impl JsonWriters {
         &self,
         generations: &mut Vec<Arc<Columns>>,
         writer: &RegisteredSchema,
-    ) -> std::result::Result<Arc<jsonschema::Validator>, String> {
+    ) -> std::result::Result<Arc<Accepted>, String> {
         let id = writer.id;
         self_contained(
             writer,
@@ -283,7 +304,21 @@ impl JsonWriters {
                 "schema registry: JSON Schema columns widened with a writer's new properties");
             generations.push(Arc::new(columns));
         }
-        Ok(Arc::new(validator))
+        let current = generations.last().expect("generation 0 always exists");
+        let implied_in = implied::implied(&doc, &fields, &current.fields, self.unknown_fields)
+            .then_some(current.number);
+        if implied_in.is_some() {
+            tracing::info!(
+                id,
+                generation = current.number,
+                "schema registry: the JSON Schema says nothing the strict decoding does not enforce; records are \
+                 checked by decoding them"
+            );
+        }
+        Ok(Arc::new(Accepted {
+            validator,
+            implied_in,
+        }))
     }
 
     /// The next generation of the columns with `added` (paths of `writer`'s properties `current` lacks) as
@@ -431,20 +466,20 @@ mod tests {
         let decoding = decoding();
         let value = framed(7, r#"{"id": 1, "at": "2026-12-05T10:00:00Z"}"#);
         assert_eq!(
-            decoding.document(AT, &value).unwrap(),
+            decoding.document(AT, &value, 0).unwrap(),
             br#"{"id": 1, "at": "2026-12-05T10:00:00Z"}"#
         );
         let err = decoding
-            .document(AT, &framed(7, r#"{"id": "one", "at": "yesterday"}"#))
+            .document(AT, &framed(7, r#"{"id": "one", "at": "yesterday"}"#), 0)
             .unwrap_err();
         let text = err.to_string();
         assert_eq!(err.kind(), ErrorKind::BadRecord);
         for part in ["orders/1@5", "violates JSON Schema id 7", "`/id`", "`/at`"] {
             assert!(text.contains(part), "{part} in {text}");
         }
-        let err = decoding.document(AT, br#"{"id": 1}"#).unwrap_err();
+        let err = decoding.document(AT, br#"{"id": 1}"#, 0).unwrap_err();
         assert!(err.to_string().contains("wire format"), "{err}");
-        let err = decoding.document(AT, &framed(7, "{")).unwrap_err();
+        let err = decoding.document(AT, &framed(7, "{"), 0).unwrap_err();
         assert!(err.to_string().contains("not a JSON document"), "{err}");
     }
 
@@ -528,6 +563,48 @@ mod tests {
                 &registered(11, narrower, SchemaType::Json),
             )
             .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_schema_the_decoding_enforces_is_not_validated_twice() {
+        let decoding = decoding();
+        // SCHEMA has a `format`, which only the validator checks.
+        assert_eq!(decoding.writers.resolve(7, AT).unwrap().implied_in, None);
+        let structural = r#"{"type": "object", "required": ["id"], "additionalProperties": false,
+            "properties": {"id": {"type": "integer"}, "at": {"type": ["string", "null"]}}}"#;
+        let accepted = decoding
+            .writers
+            .accept(
+                &mut decoding.writers.generations(),
+                &registered(8, structural, SchemaType::Json),
+            )
+            .unwrap();
+        assert_eq!(
+            accepted.implied_in, None,
+            "its columns are not the reader's (no date-time)"
+        );
+        let plain = JsonSchemaDecoding::from_registry(
+            SchemaRegistry::new(&schema_registry::RegistrySettings::new(
+                "http://127.0.0.1:9/",
+            ))
+            .unwrap(),
+            ReaderSchema {
+                schema: structural.to_string(),
+                id: Some(8),
+                origin: "the structural schema".to_string(),
+            },
+            UnknownFields::Fail,
+            false,
+        )
+        .unwrap();
+        let accepted = plain
+            .writers
+            .accept(
+                &mut plain.writers.generations(),
+                &registered(8, structural, SchemaType::Json),
+            )
+            .unwrap();
+        assert_eq!(accepted.implied_in, Some(0));
     }
 
     fn fields(schema: &str) -> Vec<JsonField> {

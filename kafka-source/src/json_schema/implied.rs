@@ -1,0 +1,293 @@
+//! Whether a writer's JSON Schema says nothing the strict decoding of the columns does not already enforce: then
+//! every document the schema refuses, the decoding refuses too (naming the field), and validating each record
+//! against the schema first would only repeat the work.
+//!
+//! Only *structural* schemas qualify, checked keyword by keyword, nothing assumed: objects with `properties`,
+//! `required` and `additionalProperties` (absent, `true`, or `false` with `unknown_fields = "fail"`), arrays with
+//! `items`, `boolean`, `integer`, `number` (without `multipleOf`), `string` (without `format` or
+//! `contentEncoding`), `null` only beside one other type (`["T", "null"]`, or `anyOf` / `oneOf` of `{"type":
+//! "null"}` and one schema), and annotations (`title`, `description`, `$schema`, `$id`, `default`, `examples`,
+//! Kafka Connect's `connect.type`, `connect.index`, `connect.version`). Each property must be `required` exactly
+//! when it does not admit `null` (the decoding reads a missing key and a `null` alike: a required property that
+//! admits null, or an optional one that does not, is enforced by the validator only). The columns must be the ones
+//! the schema itself gives. Anything else (`format`, `pattern`, `minimum`, `enum`, `const`, `$ref`, `allOf`,
+//! maps, decimals, ...) keeps the validator.
+//!
+//! Why this holds for what qualifies: the strict decoding refuses a value of another JSON type than its column's
+//! (`boolean` takes `true`/`false` only, integers take numbers with no fraction, which JSON Schema's `integer` also
+//! is, floats take numbers only, strings take strings only, structs objects and lists arrays), refuses `null` and
+//! a missing key where the column is not nullable, and refuses undeclared keys with `unknown_fields = "fail"`. The
+//! decoding may refuse more (an integer beyond `int64`, a key twice): those records are bad either way.
+
+use super::doc::Doc;
+use crate::json_rows::UnknownFields;
+use crate::json_types::JsonField;
+
+/// Keywords that annotate and constrain nothing.
+const ANNOTATIONS: [&str; 9] = [
+    "title",
+    "description",
+    "$schema",
+    "$id",
+    "default",
+    "examples",
+    "connect.type",
+    "connect.index",
+    "connect.version",
+];
+
+/// Whether the strict decoding of `columns` (read with `unknown`) refuses every document `schema` (whose own
+/// columns are `writer`) refuses.
+pub(crate) fn implied(
+    schema: &Doc,
+    writer: &[JsonField],
+    columns: &[JsonField],
+    unknown: UnknownFields,
+) -> bool {
+    writer == columns && object(schema, unknown)
+}
+
+/// Whether `schema` is an object schema that qualifies, its properties too.
+fn object(schema: &Doc, unknown: UnknownFields) -> bool {
+    let allowed = |key: &str| {
+        ANNOTATIONS.contains(&key)
+            || matches!(
+                key,
+                "type" | "properties" | "required" | "additionalProperties"
+            )
+    };
+    if !keys_in(schema, allowed) || non_null_type(schema) != Some("object") {
+        return false;
+    }
+    match schema.get("additionalProperties") {
+        None => {}
+        Some(Doc::Scalar(serde_json::Value::Bool(true))) => {}
+        Some(Doc::Scalar(serde_json::Value::Bool(false))) if unknown == UnknownFields::Fail => {}
+        Some(_) => return false,
+    }
+    let Some(properties) = schema.get("properties").and_then(Doc::as_object) else {
+        return false;
+    };
+    let required: Vec<&str> = match schema.get("required") {
+        None => Vec::new(),
+        Some(names) => match names.as_array() {
+            Some(names) => names.iter().filter_map(Doc::as_str).collect(),
+            None => return false,
+        },
+    };
+    properties.iter().all(|(name, property)| {
+        let Some((admits_null, value)) = without_null(property) else {
+            return false;
+        };
+        required.contains(&name.as_str()) != admits_null && value_schema(value, unknown)
+    })
+}
+
+/// Whether the schema of a non-null value qualifies.
+fn value_schema(schema: &Doc, unknown: UnknownFields) -> bool {
+    match non_null_type(schema) {
+        Some("object") => object(schema, unknown),
+        Some("array") => {
+            let allowed = |key: &str| ANNOTATIONS.contains(&key) || matches!(key, "type" | "items");
+            keys_in(schema, allowed)
+                && schema.get("items").is_some_and(|items| {
+                    // An item is null only where its schema admits null: the decoding's item nullability is the same.
+                    without_null(items).is_some_and(|(_, item)| value_schema(item, unknown))
+                })
+        }
+        Some("boolean" | "integer" | "number" | "string") => {
+            keys_in(schema, |key| ANNOTATIONS.contains(&key) || key == "type")
+        }
+        _ => false,
+    }
+}
+
+/// Whether a property's schema admits `null`, and the schema of its other values: a single type, `["T", "null"]`,
+/// or an `anyOf` / `oneOf` of `{"type": "null"}` and one schema. `None` for any other shape.
+fn without_null(schema: &Doc) -> Option<(bool, &Doc)> {
+    if let Some(types) = schema.get("type").and_then(Doc::as_array) {
+        let named: Vec<&str> = types.iter().filter_map(Doc::as_str).collect();
+        return match named.as_slice() {
+            [_] => Some((false, schema)),
+            [a, "null"] | ["null", a] if *a != "null" => Some((true, schema)),
+            _ => None,
+        };
+    }
+    for union in ["anyOf", "oneOf"] {
+        let Some(branches) = schema.get(union).and_then(Doc::as_array) else {
+            continue;
+        };
+        let others = |key: &str| ANNOTATIONS.contains(&key) || key == union;
+        if !keys_in(schema, others) {
+            return None;
+        }
+        let is_null = |b: &Doc| {
+            b.get("type").and_then(Doc::as_str) == Some("null")
+                && keys_in(b, |key| ANNOTATIONS.contains(&key) || key == "type")
+        };
+        return match branches {
+            [a, b] if is_null(a) && !is_null(b) => Some((true, b)),
+            [a, b] if is_null(b) && !is_null(a) => Some((true, a)),
+            _ => None,
+        };
+    }
+    schema
+        .get("type")
+        .and_then(Doc::as_str)
+        .map(|_| (false, schema))
+}
+
+/// The one type other than `null` that `schema`'s `type` names (a string, or an array of it and maybe `null`).
+fn non_null_type(schema: &Doc) -> Option<&str> {
+    match schema.get("type")? {
+        Doc::Array(types) => {
+            let others: Vec<&str> = types
+                .iter()
+                .filter_map(Doc::as_str)
+                .filter(|t| *t != "null")
+                .collect();
+            match others.as_slice() {
+                [one] if types.len() <= 2 => Some(one),
+                _ => None,
+            }
+        }
+        other => other.as_str(),
+    }
+}
+
+/// Whether every key of object `schema` is `allowed`.
+fn keys_in(schema: &Doc, allowed: impl Fn(&str) -> bool) -> bool {
+    schema
+        .as_object()
+        .is_some_and(|entries| entries.iter().all(|(key, _)| allowed(key)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::columns::columns;
+    use super::*;
+    use crate::json_rows::{JsonRows, RowContext};
+    use crate::json_types::JsonDecoding;
+
+    fn qualifies(schema: &str, unknown: UnknownFields) -> bool {
+        let doc: Doc = serde_json::from_str(schema).unwrap();
+        let fields = columns(&doc).unwrap();
+        implied(&doc, &fields, &fields, unknown)
+    }
+
+    const ORDER: &str = r#"{"$schema": "http://json-schema.org/draft-07/schema#", "title": "Order",
+        "type": "object", "required": ["id", "tags", "customer"], "additionalProperties": false,
+        "properties": {
+          "id": {"type": "integer", "connect.type": "int64"},
+          "note": {"anyOf": [{"type": "null"}, {"type": "string"}]},
+          "score": {"type": ["number", "null"]},
+          "paid": {"oneOf": [{"type": "boolean"}, {"type": "null"}]},
+          "tags": {"type": "array", "items": {"type": "string"}},
+          "customer": {"type": "object", "properties": {"email": {"type": ["string", "null"]}}},
+          "extra": {"type": ["object", "null"], "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+        }}"#;
+
+    #[test]
+    fn structural_schemas_qualify_and_constraints_keep_the_validator() {
+        assert!(qualifies(ORDER, UnknownFields::Fail));
+        // Closed objects need the decoding to refuse undeclared keys too.
+        assert!(!qualifies(ORDER, UnknownFields::Ignore));
+        for (from, to) in [
+            (
+                r#""type": "integer", "connect.type""#,
+                r#""type": "integer", "minimum": 0, "connect.type""#,
+            ),
+            (
+                r#"{"type": "string"}}"#,
+                r#"{"type": "string", "format": "email"}}"#,
+            ),
+            (
+                r#"{"type": "string"}}"#,
+                r#"{"type": "string", "maxLength": 3}}"#,
+            ),
+            // A required property that admits null, an optional one that does not.
+            (
+                r#""required": ["id", "tags", "customer"]"#,
+                r#""required": ["id", "tags", "customer", "note"]"#,
+            ),
+            (
+                r#""required": ["id", "tags", "customer"]"#,
+                r#""required": ["id", "customer"]"#,
+            ),
+            (
+                r#""items": {"type": "string"}"#,
+                r#""items": {"type": "string", "enum": ["a"]}"#,
+            ),
+            (
+                r#""additionalProperties": false"#,
+                r#""additionalProperties": {"type": "string"}"#,
+            ),
+        ] {
+            assert!(ORDER.contains(from), "{from}");
+            let changed = ORDER.replacen(from, to, 1);
+            assert!(!qualifies(&changed, UnknownFields::Fail), "{to}");
+        }
+    }
+
+    /// Every document the validator refuses, the decoding refuses (the documents probe each keyword).
+    #[test]
+    fn what_the_validator_refuses_the_decoding_refuses() {
+        let doc: Doc = serde_json::from_str(ORDER).unwrap();
+        let fields = columns(&doc).unwrap();
+        assert!(implied(&doc, &fields, &fields, UnknownFields::Fail));
+        let validator = jsonschema::validator_for(&serde_json::from_str(ORDER).unwrap()).unwrap();
+        let decoding = JsonDecoding::declared(&fields, UnknownFields::Fail).unwrap();
+        let base = serde_json::json!({"id": 1, "note": "n", "score": 1.5, "paid": true, "tags": ["a"],
+                                      "customer": {"email": "e"}});
+        let mut documents = vec![base.clone()];
+        let probes = [
+            serde_json::json!(null),
+            serde_json::json!(true),
+            serde_json::json!(1),
+            serde_json::json!(1.0),
+            serde_json::json!(1.5),
+            serde_json::json!(-7),
+            serde_json::json!("1"),
+            serde_json::json!("text"),
+            serde_json::json!([]),
+            serde_json::json!([null]),
+            serde_json::json!(["a", 1]),
+            serde_json::json!({}),
+            serde_json::json!({"email": null}),
+            serde_json::json!({"email": 3}),
+            serde_json::json!({"email": "e", "other": 1}),
+            serde_json::json!({"n": 1}),
+            serde_json::json!({"n": null}),
+            serde_json::json!({"n": "1"}),
+        ];
+        for key in ["id", "note", "score", "paid", "tags", "customer", "extra"] {
+            let mut missing = base.clone();
+            missing.as_object_mut().unwrap().remove(key);
+            documents.push(missing);
+            for probe in &probes {
+                let mut changed = base.clone();
+                changed[key] = probe.clone();
+                documents.push(changed);
+            }
+        }
+        let mut extra = base.clone();
+        extra["undeclared"] = serde_json::json!(1);
+        documents.push(extra);
+        let mut refused = 0;
+        for document in documents {
+            let text = document.to_string();
+            let mut rows = JsonRows::new(decoding.schema().fields(), UnknownFields::Fail, 1);
+            let decoded = rows
+                .append(text.as_bytes(), &mut RowContext::default())
+                .is_ok();
+            if !validator.is_valid(&document) {
+                refused += 1;
+                assert!(
+                    !decoded,
+                    "the validator refuses {text}, the decoding takes it"
+                );
+            }
+        }
+        assert!(refused > 40, "{refused}");
+    }
+}
