@@ -1,7 +1,8 @@
 //! Registry-backed Avro decoding against declared-schema Avro decoding, through the Kafka source on the real broker:
 //! the same topic of Confluent-framed Avro records (one schema, registered in the test services' registry) read
 //! whole with each decoding, alternating, several runs each; the same records as Confluent-framed JSON documents
-//! of a registered JSON Schema, read with the JSON Schema decoding (each validated, then decoded); the same records
+//! of a registered JSON Schema, read with the JSON Schema decoding (a structural schema, which the strict decoding
+//! enforces alone, and the same with a `minimum`, which needs each record validated first); the same records
 //! as Confluent-framed Protobuf messages of a registered `.proto`, read with the Protobuf decoding (a message of
 //! scalars, which takes the decoding's fast path, and the same with `customer` a nested message, which takes the
 //! general path through prost-reflect's `DynamicMessage`); and the pause a
@@ -237,27 +238,42 @@ async fn main() {
         );
     }
 
-    let json_topic = format!("{topic}-json");
-    admin
-        .create_topics(
-            &[NewTopic::new(&json_topic, 1, TopicReplication::Fixed(1))],
-            &AdminOptions::new(),
-        )
-        .await
-        .unwrap();
-    let json_subject = format!("{json_topic}-value");
-    let json_id = registry
-        .register_as(&json_subject, JSON_SCHEMA, SchemaType::Json)
-        .await
-        .unwrap();
-    eprintln!("producing {records} JSON Schema records to {json_topic}");
-    for start in (0..records).step_by(100_000) {
-        let rows = 100_000.min(records - start);
-        produce(
-            &producer,
-            &json_topic,
-            &encode_json(json_id, start as i64, rows),
-        );
+    // The same documents under a structural schema (checked by the strict decoding alone) and under one with a
+    // constraint only the validator checks (`minimum`).
+    let mut json_topics = Vec::new();
+    for (suffix, schema) in [
+        ("json", JSON_SCHEMA.to_string()),
+        (
+            "json-validated",
+            JSON_SCHEMA.replace(
+                r#""customer": {"type": "integer"}"#,
+                r#""customer": {"type": "integer", "minimum": 0}"#,
+            ),
+        ),
+    ] {
+        let json_topic = format!("{topic}-{suffix}");
+        admin
+            .create_topics(
+                &[NewTopic::new(&json_topic, 1, TopicReplication::Fixed(1))],
+                &AdminOptions::new(),
+            )
+            .await
+            .unwrap();
+        let json_subject = format!("{json_topic}-value");
+        let json_id = registry
+            .register_as(&json_subject, &schema, SchemaType::Json)
+            .await
+            .unwrap();
+        eprintln!("producing {records} JSON Schema records to {json_topic}");
+        for start in (0..records).step_by(100_000) {
+            let rows = 100_000.min(records - start);
+            produce(
+                &producer,
+                &json_topic,
+                &encode_json(json_id, start as i64, rows),
+            );
+        }
+        json_topics.push((json_topic, registry.latest(&json_subject).await.unwrap()));
     }
 
     let mut proto_topics = Vec::new();
@@ -294,8 +310,8 @@ async fn main() {
 
     let kafka = KafkaConnection::plaintext(&bootstrap);
     let latest = registry.latest(&subject).await.unwrap();
-    let latest_json = registry.latest(&json_subject).await.unwrap();
-    let (mut declared, mut looked_up, mut json) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut declared, mut looked_up) = (Vec::new(), Vec::new());
+    let mut json = [Vec::new(), Vec::new()];
     let mut proto = [Vec::new(), Vec::new()];
     for run in 0..runs {
         let plain = AvroDecoding::new(&v1, AvroFraming::Confluent { schema_id: id }).unwrap();
@@ -304,22 +320,17 @@ async fn main() {
             AvroDecoding::from_registry(registry.clone(), ReaderSchema::latest(&latest), false)
                 .unwrap();
         looked_up.push(read_all(&kafka, &topic, Decoding::Avro(through), records).await);
-        let validated = JsonSchemaDecoding::from_registry(
-            registry.clone(),
-            ReaderSchema::latest(&latest_json),
-            UnknownFields::Fail,
-            false,
-        )
-        .unwrap();
-        json.push(
-            read_all(
-                &kafka,
-                &json_topic,
-                Decoding::JsonSchema(validated),
-                records,
+        for ((json_topic, latest_json), times) in json_topics.iter().zip(&mut json) {
+            let documents = JsonSchemaDecoding::from_registry(
+                registry.clone(),
+                ReaderSchema::latest(latest_json),
+                UnknownFields::Fail,
+                false,
             )
-            .await,
-        );
+            .unwrap();
+            times
+                .push(read_all(&kafka, json_topic, Decoding::JsonSchema(documents), records).await);
+        }
         for ((proto_topic, latest_proto, proto_file), times) in proto_topics.iter().zip(&mut proto)
         {
             let messages = ProtobufDecoding::from_registry(
@@ -333,8 +344,8 @@ async fn main() {
             times.push(read_all(&kafka, proto_topic, Decoding::Protobuf(messages), records).await);
         }
         eprintln!(
-            "run {run}: declared {:?}, registry {:?}, JSON Schema {:?}, Protobuf {:?} (nested {:?})",
-            declared[run], looked_up[run], json[run], proto[0][run], proto[1][run]
+            "run {run}: declared {:?}, registry {:?}, JSON Schema {:?} (validated {:?}), Protobuf {:?} (nested {:?})",
+            declared[run], looked_up[run], json[0][run], json[1][run], proto[0][run], proto[1][run]
         );
     }
     let rate = |d: Duration| records as f64 / d.as_secs_f64();
@@ -343,10 +354,12 @@ async fn main() {
         v[v.len() / 2]
     };
     let [flat, nested] = proto;
-    let (declared, looked_up, json, proto, nested) = (
+    let [json, validated] = json;
+    let (declared, looked_up, json, validated, proto, nested) = (
         median(declared),
         median(looked_up),
         median(json),
+        median(validated),
         median(flat),
         median(nested),
     );
@@ -396,9 +409,14 @@ async fn main() {
         rate(looked_up)
     );
     println!(
-        "| JSON Schema, schema registry (validated) | {records} | {:.2} s | {:.0} |",
+        "| JSON Schema, schema registry (a structural schema: checked by the strict decoding) | {records} | {:.2} s | {:.0} |",
         json.as_secs_f64(),
         rate(json)
+    );
+    println!(
+        "| JSON Schema, schema registry (a `minimum`: each record validated, then decoded) | {records} | {:.2} s | {:.0} |",
+        validated.as_secs_f64(),
+        rate(validated)
     );
     println!(
         "| Protobuf, schema registry (scalars: the fast path) | {records} | {:.2} s | {:.0} |",
@@ -416,8 +434,9 @@ async fn main() {
         100.0 * rate(looked_up) / rate(declared)
     );
     println!(
-        "JSON Schema / Avro through the registry: {:.1}%",
-        100.0 * rate(json) / rate(looked_up)
+        "JSON Schema / Avro through the registry: {:.1}% (structural), {:.1}% (validated)",
+        100.0 * rate(json) / rate(looked_up),
+        100.0 * rate(validated) / rate(looked_up)
     );
     println!(
         "Protobuf / Avro through the registry: {:.1}% (scalars), {:.1}% (a nested message)",

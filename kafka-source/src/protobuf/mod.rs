@@ -417,8 +417,6 @@ pub(crate) struct ProtobufRows {
     rows: MessageRows,
     /// The fast path of each writer message seen in this batch (by schema id and path), when it has one.
     plans: HashMap<(u32, Vec<usize>), Option<FlatPlan>>,
-    /// The fast path's scratch space.
-    slots: Vec<Option<(usize, usize, u64)>>,
 }
 
 impl ProtobufRows {
@@ -430,12 +428,11 @@ impl ProtobufRows {
             decoding: decoding.clone(),
             columns,
             plans: HashMap::new(),
-            slots: Vec::new(),
         }
     }
 
-    /// Appends the message of `value` (the record at `at`): straight from the wire when its columns are all
-    /// scalars ([`wire`]), else through a `DynamicMessage`.
+    /// Appends the message of `value` (the record at `at`): straight from the wire when its columns allow
+    /// ([`wire`]), else through a `DynamicMessage`.
     ///
     /// # Errors
     /// [`BadRecord`](ErrorKind::BadRecord) naming the record: not framed, a refused schema id or message, a body
@@ -458,11 +455,14 @@ impl ProtobufRows {
             self.plans.insert(key.clone(), plan);
         }
         if let Some(Some(plan)) = self.plans.get(&key) {
-            return match plan.decode(body, &mut self.rows, &mut self.slots) {
-                Ok(()) => Ok(()),
-                Err(FlatError::Invalid(why)) => Err(not_the_message(at, id, &descriptor, &why)),
-                Err(FlatError::Value(why)) => Err(misfit(why, &self.decoding)),
-            };
+            match plan.decode(body, &mut self.rows) {
+                Ok(()) => return Ok(()),
+                Err(FlatError::Invalid(why)) => {
+                    return Err(not_the_message(at, id, &descriptor, &why));
+                }
+                Err(FlatError::Value(why)) => return Err(misfit(why, &self.decoding)),
+                Err(FlatError::Merge) => {} // the general path merges the repeated message
+            }
         }
         let message = DynamicMessage::decode(descriptor.clone(), body)
             .map_err(|e| not_the_message(at, id, &descriptor, &e.to_string()))?;

@@ -80,6 +80,21 @@ impl<'a> Scalar<'a> {
     }
 }
 
+/// One column's value of a row the wire fast path decoded.
+pub(crate) enum Cell<'a> {
+    /// Null (a field with presence, unset).
+    Null,
+    /// A scalar (a wrapper's value too).
+    Scalar(Scalar<'a>),
+    /// A `Timestamp` or `Duration`: seconds and nanoseconds.
+    Time(i64, i32),
+    /// A nested message: appends its row to the struct's rows.
+    Message(FillRow<'a>),
+}
+
+/// Appends one row to a nested message's rows.
+pub(crate) type FillRow<'a> = Box<dyn FnOnce(&mut MessageRows) -> Result<(), ValueError> + 'a>;
+
 /// The columns of a message's fields under construction.
 pub(crate) struct MessageRows {
     children: Vec<Child>,
@@ -180,22 +195,28 @@ impl MessageRows {
         Ok(())
     }
 
-    /// Appends one row of scalar columns only: each column's value, or `None` for null.
+    /// Appends one row given cell by cell (the wire fast path's values), one cell per column.
     ///
     /// # Errors
     /// A value that does not fit its column. The builders are then unusable: some columns have the row.
-    pub(crate) fn append_scalars<'v>(
-        &mut self,
-        values: impl Iterator<Item = Option<Scalar<'v>>>,
-    ) -> Result<(), ValueError> {
-        for (child, value) in self.children.iter_mut().zip(values) {
-            match value {
-                Some(value) => child
-                    .builder
-                    .append_scalar(value)
-                    .map_err(|e| e.within(child.column.name()))?,
-                None => child.builder.append_null(),
-            }
+    pub(crate) fn append_cells(&mut self, cells: Vec<Cell<'_>>) -> Result<(), ValueError> {
+        for (child, cell) in self.children.iter_mut().zip(cells) {
+            let appended = match (cell, &mut child.builder) {
+                (Cell::Null, builder) => {
+                    builder.append_null();
+                    Ok(())
+                }
+                (Cell::Scalar(value), Builder::Wrapper(inner)) => inner.append_scalar(value),
+                (Cell::Scalar(value), builder) => builder.append_scalar(value),
+                (Cell::Time(seconds, nanos), builder) => builder.append_time(seconds, nanos),
+                (Cell::Message(fill), Builder::Struct { rows, nulls }) => {
+                    fill(rows).map(|()| nulls.append_non_null())
+                }
+                (Cell::Message(_), _) => {
+                    Err(ValueError::new("has a message where its column holds none"))
+                }
+            };
+            appended.map_err(|e| e.within(child.column.name()))?;
         }
         self.len += 1;
         Ok(())
@@ -315,18 +336,9 @@ impl Builder {
             return self.append_scalar(scalar);
         }
         match (self, value) {
-            (Self::Timestamp(b), Value::Message(m)) => b.append_value(micros(m)?),
-            (Self::Duration(b), Value::Message(m)) => {
+            (builder @ (Self::Timestamp(_) | Self::Duration(_)), Value::Message(m)) => {
                 let (seconds, nanos) = seconds_and_nanos(m);
-                let value = seconds
-                    .checked_mul(1_000_000_000)
-                    .and_then(|n| n.checked_add(i64::from(nanos)))
-                    .ok_or_else(|| {
-                        ValueError::new(format!(
-                            "is a duration of {seconds} s, past what 64-bit nanoseconds hold"
-                        ))
-                    })?;
-                b.append_value(value);
+                builder.append_time(seconds, nanos)?;
             }
             (Self::Json(b), Value::Message(m)) => {
                 let text = serde_json::to_string(m)
@@ -376,6 +388,30 @@ impl Builder {
                     "has a value ({value:?}) of another type than its column"
                 )));
             }
+        }
+        Ok(())
+    }
+
+    /// Appends the `Timestamp` or `Duration` of `seconds` and `nanos`, exactly (a timestamp in microseconds, a
+    /// duration in nanoseconds).
+    ///
+    /// # Errors
+    /// A timestamp with nanoseconds that are not whole microseconds; a value past what the column's 64 bits hold.
+    fn append_time(&mut self, seconds: i64, nanos: i32) -> Result<(), ValueError> {
+        match self {
+            Self::Timestamp(b) => b.append_value(micros(seconds, nanos)?),
+            Self::Duration(b) => {
+                let value = seconds
+                    .checked_mul(1_000_000_000)
+                    .and_then(|n| n.checked_add(i64::from(nanos)))
+                    .ok_or_else(|| {
+                        ValueError::new(format!(
+                            "is a duration of {seconds} s, past what 64-bit nanoseconds hold"
+                        ))
+                    })?;
+                b.append_value(value);
+            }
+            _ => return Err(ValueError::new("has a time where its column holds none")),
         }
         Ok(())
     }
@@ -537,12 +573,11 @@ fn seconds_and_nanos(message: &DynamicMessage) -> (i64, i32) {
     (seconds, nanos)
 }
 
-/// A `Timestamp` message as microseconds since the epoch.
+/// A `Timestamp` of `seconds` and `nanos` as microseconds since the epoch.
 ///
 /// # Errors
 /// Nanoseconds that are not whole microseconds, or an instant past what 64-bit microseconds hold.
-fn micros(message: &DynamicMessage) -> Result<i64, ValueError> {
-    let (seconds, nanos) = seconds_and_nanos(message);
+fn micros(seconds: i64, nanos: i32) -> Result<i64, ValueError> {
     if nanos % 1000 != 0 {
         return Err(ValueError::new(format!(
             "is a timestamp with nanoseconds ({seconds} s + {nanos} ns), and the column holds microseconds ({})",

@@ -1,64 +1,118 @@
-//! The fast path of the Protobuf decoding: a message whose columns are all scalars (numbers, booleans, strings,
-//! bytes, enums) read straight from the wire into the builders, without a `DynamicMessage` in between. Every other
-//! message (nested messages, well-known types, `repeated`, maps, real `oneof`s, groups) takes the general path.
+//! The fast path of the Protobuf decoding: a message read straight from the wire into the builders, without a
+//! `DynamicMessage` in between, when its columns are scalars (numbers, booleans, strings, bytes, enums), nested
+//! messages of such columns, `google.protobuf.Timestamp` / `Duration` or wrappers. Every other message (`repeated`,
+//! maps, real `oneof`s, `Struct` / `Value`, groups) takes the general path, and so does a record whose nested
+//! message appears twice on the wire (Protobuf merges the two: the general path does that).
 //!
-//! The wire semantics are Protobuf's: a field seen twice keeps its last value, unknown fields are skipped by wire
+//! The wire semantics are Protobuf's: a scalar seen twice keeps its last value, unknown fields are skipped by wire
 //! type, each value is parsed as the writer's field type says (`sint64` zigzag, `fixed32` little-endian, ...) and
-//! then converted exactly to the reader's column; strings must be UTF-8.
+//! then converted exactly to the reader's column; strings must be UTF-8. A record is read whole first
+//! ([`FlatPlan::scan`]), so one that is not a valid message leaves the builders untouched.
 
 use prost_reflect::{Kind, MessageDescriptor, Value};
 
 use super::columns::{ProtoColumn, ProtoType};
-use super::rows::{MessageRows, Scalar, ValueError};
+use super::rows::{Cell, MessageRows, Scalar, ValueError};
 
 /// The largest field number the fast path indexes directly.
 const MAX_NUMBER: u32 = 512;
 
-/// How one writer message is read into scalar columns: by field number, the column and how the writer encodes it.
+/// How one writer message is read into its columns: by field number, the column and how the writer encodes it.
 #[derive(Debug)]
 pub(crate) struct FlatPlan {
     /// Indexed by field number: the column it fills.
     columns: Vec<Option<usize>>,
-    /// Per column: the writer's type of the field that fills it, if the writer has one.
-    kinds: Vec<Option<Kind>>,
+    /// Per column: how the writer's field that fills it is read, if the writer has one.
+    fields: Vec<Option<WireField>>,
     /// Per column: the value when the writer did not set it (`None`: null, the column has presence).
     defaults: Vec<Option<Value>>,
 }
 
+/// How a writer's field is read.
+#[derive(Debug)]
+enum WireField {
+    /// A scalar of this type.
+    Scalar(Kind),
+    /// A nested message, into a struct column.
+    Message(Box<FlatPlan>),
+    /// `google.protobuf.Timestamp` or `Duration`: seconds (field 1) and nanoseconds (field 2).
+    Time,
+    /// A `google.protobuf.*Value` wrapper: its `value` (field 1) of this type.
+    Wrapper(Kind),
+}
+
 /// Why the fast path did not decode a message.
 pub(crate) enum FlatError {
-    /// The body is not a valid message.
+    /// The body is not a valid message (the builders are untouched).
     Invalid(String),
-    /// A value does not fit its column.
+    /// The record needs the general path (a nested message twice on the wire, which Protobuf merges); the
+    /// builders are untouched.
+    Merge,
+    /// A value does not fit its column (the builders are then unusable).
     Value(ValueError),
 }
 
+/// One column's raw value as read from the wire.
+enum Raw<'a> {
+    /// A varint's bits.
+    Bits(u64),
+    /// A fixed-width or length-delimited value's bytes.
+    Bytes(&'a [u8]),
+    /// A nested message, read.
+    Message(Vec<Option<Raw<'a>>>),
+    /// A `Timestamp` or `Duration`.
+    Time(i64, i32),
+    /// A wrapper, and its value if set.
+    Wrapper(Option<Box<Raw<'a>>>),
+}
+
 impl FlatPlan {
-    /// The plan of writer message `writer` read into `columns`, when every column is a scalar and every field
-    /// that fills one is a singular scalar outside a real `oneof`.
+    /// The plan of writer message `writer` read into `columns`, when every column and the field that fills it
+    /// can take the fast path.
     pub(crate) fn new(writer: &MessageDescriptor, columns: &[ProtoColumn]) -> Option<Self> {
         let mut by_number = Vec::new();
-        let mut kinds = Vec::with_capacity(columns.len());
+        let mut fields = Vec::with_capacity(columns.len());
         let mut defaults = Vec::with_capacity(columns.len());
         for (index, column) in columns.iter().enumerate() {
-            if !is_scalar(&column.kind) {
-                return None;
-            }
             let Some(field) = writer.get_field(column.field.number()) else {
-                kinds.push(None);
+                if !fast_column(&column.kind) {
+                    return None;
+                }
+                fields.push(None);
                 defaults.push(
                     (!column.nullable).then(|| Value::default_value_for_field(&column.field)),
                 );
                 continue;
             };
             let real_oneof = field.containing_oneof().is_some_and(|o| !o.is_synthetic());
-            if field.is_list()
-                || field.is_map()
-                || real_oneof
-                || matches!(field.kind(), Kind::Message(_))
-            {
+            if field.is_list() || field.is_map() || real_oneof {
                 return None;
             }
+            let wire = match (&column.kind, field.kind()) {
+                (ProtoType::Message(nested), Kind::Message(message)) => {
+                    WireField::Message(Box::new(Self::new(&message, nested)?))
+                }
+                (ProtoType::Timestamp, Kind::Message(m))
+                    if m.full_name() == "google.protobuf.Timestamp" =>
+                {
+                    WireField::Time
+                }
+                (ProtoType::Duration, Kind::Message(m))
+                    if m.full_name() == "google.protobuf.Duration" =>
+                {
+                    WireField::Time
+                }
+                (ProtoType::Wrapper(_), Kind::Message(m))
+                    if m.full_name().starts_with("google.protobuf.") =>
+                {
+                    WireField::Wrapper(m.get_field(1)?.kind())
+                }
+                (ProtoType::Json | ProtoType::List(_) | ProtoType::Map(..), _)
+                | (_, Kind::Message(_)) => {
+                    return None;
+                }
+                (_, kind) => WireField::Scalar(kind),
+            };
             let number = field.number();
             if number > MAX_NUMBER {
                 return None;
@@ -68,99 +122,201 @@ impl FlatPlan {
                 by_number.resize(slot + 1, None);
             }
             by_number[slot] = Some(index);
-            kinds.push(Some(field.kind()));
+            fields.push(Some(wire));
             defaults.push((!column.nullable).then(|| Value::default_value_for_field(&field)));
         }
         Some(Self {
             columns: by_number,
-            kinds,
+            fields,
             defaults,
         })
     }
 
-    /// Decodes `body` into one row of `rows`; `slots` is scratch space, reused across records.
+    /// Decodes `body` into one row of `rows`.
     ///
     /// # Errors
-    /// [`FlatError::Invalid`] for a body that is not a valid message (the builders are untouched);
-    /// [`FlatError::Value`] for a value that does not fit its column (the builders are then unusable).
-    pub(crate) fn decode(
-        &self,
-        body: &[u8],
-        rows: &mut MessageRows,
-        slots: &mut Vec<Option<(usize, usize, u64)>>,
-    ) -> Result<(), FlatError> {
-        slots.clear();
-        slots.resize(self.kinds.len(), None);
+    /// As [`FlatError`].
+    pub(crate) fn decode(&self, body: &[u8], rows: &mut MessageRows) -> Result<(), FlatError> {
+        let scanned = self.scan(body)?;
+        rows.append_cells(self.cells(scanned))
+            .map_err(FlatError::Value)
+    }
+
+    /// The raw value of each column in `body`, every nested message read too.
+    fn scan<'a>(&self, body: &'a [u8]) -> Result<Vec<Option<Raw<'a>>>, FlatError> {
+        let mut raw: Vec<Option<Raw<'a>>> = (0..self.fields.len()).map(|_| None).collect();
         let mut at = 0;
         while at < body.len() {
-            let tag = varint(body, &mut at)?;
-            let (number, wire) = (tag >> 3, (tag & 7) as u8);
-            if number == 0 || number > u64::from(u32::MAX >> 3) {
-                return Err(invalid(format!("has field number {number}")));
-            }
-            let (start, end, bits) = match wire {
-                0 => (at, at, varint(body, &mut at)?),
-                1 => (at, take(body, &mut at, 8)?, 0),
-                2 => {
-                    let len = usize::try_from(varint(body, &mut at)?)
-                        .map_err(|_| invalid("has a length past memory".into()))?;
-                    (at, take(body, &mut at, len)?, 0)
-                }
-                5 => (at, take(body, &mut at, 4)?, 0),
-                _ => {
-                    return Err(invalid(format!(
-                        "has wire type {wire} (a group), which is not read here"
-                    )));
-                }
-            };
+            let (number, wire, value) = next_field(body, &mut at)?;
             let Some(Some(column)) = usize::try_from(number)
                 .ok()
                 .and_then(|n| self.columns.get(n))
             else {
                 continue; // a field the columns do not read
             };
-            let kind = self.kinds[*column]
+            let field = self.fields[*column]
                 .as_ref()
-                .expect("a numbered column has its writer's kind");
-            if wire != wire_type(kind) {
+                .expect("a numbered column has its writer's field");
+            let expected = match field {
+                WireField::Scalar(kind) => wire_type(kind),
+                _ => 2,
+            };
+            if wire != expected {
                 return Err(invalid(format!(
-                    "has field {number} in wire type {wire}, and its type is written in wire type {}",
-                    wire_type(kind)
+                    "has field {number} in wire type {wire}, and its type is written in wire type {expected}"
                 )));
             }
-            slots[*column] = Some((start, end, bits));
-        }
-        let mut values = Vec::with_capacity(self.kinds.len());
-        for ((slot, kind), default) in slots.iter().zip(&self.kinds).zip(&self.defaults) {
-            values.push(match (slot, kind) {
-                (Some((start, end, bits)), Some(kind)) => {
-                    Some(scalar(kind, *bits, &body[*start..*end])?)
+            if !matches!(field, WireField::Scalar(_)) && raw[*column].is_some() {
+                return Err(FlatError::Merge);
+            }
+            raw[*column] = Some(match field {
+                WireField::Scalar(kind) => utf8_checked(kind, value)?,
+                WireField::Message(plan) => Raw::Message(plan.scan(bytes_of(&value))?),
+                WireField::Time => {
+                    let (mut seconds, mut nanos) = (0, 0);
+                    let inner = bytes_of(&value);
+                    let mut at = 0;
+                    while at < inner.len() {
+                        match next_field(inner, &mut at)? {
+                            (1, 0, Raw::Bits(bits)) => seconds = bits as i64,
+                            (2, 0, Raw::Bits(bits)) => nanos = bits as i32,
+                            (1 | 2, wire, _) => {
+                                return Err(invalid(format!(
+                                    "has a time field in wire type {wire}"
+                                )));
+                            }
+                            _ => {}
+                        }
+                    }
+                    Raw::Time(seconds, nanos)
                 }
-                _ => default.as_ref().and_then(Scalar::of),
+                WireField::Wrapper(kind) => {
+                    let inner = bytes_of(&value);
+                    let mut wrapped = None;
+                    let mut at = 0;
+                    while at < inner.len() {
+                        let (number, wire, value) = next_field(inner, &mut at)?;
+                        if number == 1 {
+                            if wire != wire_type(kind) {
+                                return Err(invalid(format!(
+                                    "has a wrapper's value in wire type {wire}"
+                                )));
+                            }
+                            wrapped = Some(Box::new(utf8_checked(kind, value)?));
+                        }
+                    }
+                    Raw::Wrapper(wrapped)
+                }
             });
         }
-        rows.append_scalars(values.into_iter())
-            .map_err(FlatError::Value)
+        Ok(raw)
     }
+
+    /// The cells of one scanned message, one per column.
+    fn cells<'a>(&'a self, raw: Vec<Option<Raw<'a>>>) -> Vec<Cell<'a>> {
+        raw.into_iter()
+            .zip(&self.fields)
+            .zip(&self.defaults)
+            .map(|((raw, field), default)| match (raw, field) {
+                (Some(raw), Some(field)) => self.cell(raw, field),
+                _ => default
+                    .as_ref()
+                    .and_then(Scalar::of)
+                    .map_or(Cell::Null, Cell::Scalar),
+            })
+            .collect()
+    }
+
+    fn cell<'a>(&'a self, raw: Raw<'a>, field: &'a WireField) -> Cell<'a> {
+        match (raw, field) {
+            (Raw::Message(nested), WireField::Message(plan)) => {
+                Cell::Message(Box::new(move |rows: &mut MessageRows| {
+                    rows.append_cells(plan.cells(nested))
+                }))
+            }
+            (Raw::Time(seconds, nanos), _) => Cell::Time(seconds, nanos),
+            (Raw::Wrapper(Some(value)), WireField::Wrapper(kind)) => scalar_cell(kind, *value),
+            (Raw::Wrapper(None), WireField::Wrapper(kind)) => Cell::Scalar(default_scalar(kind)),
+            (raw, WireField::Scalar(kind)) => scalar_cell(kind, raw),
+            _ => Cell::Null,
+        }
+    }
+}
+
+/// The cell of a scalar of type `kind` read as `raw`.
+fn scalar_cell<'a>(kind: &Kind, raw: Raw<'a>) -> Cell<'a> {
+    Cell::Scalar(scalar(kind, raw))
+}
+
+/// `raw`, once a string's bytes are checked to be UTF-8.
+///
+/// # Errors
+/// A string that is not UTF-8.
+fn utf8_checked<'a>(kind: &Kind, raw: Raw<'a>) -> Result<Raw<'a>, FlatError> {
+    if let (Kind::String, Raw::Bytes(bytes)) = (kind, &raw) {
+        std::str::from_utf8(bytes)
+            .map_err(|e| invalid(format!("has a string field that is not UTF-8 ({e})")))?;
+    }
+    Ok(raw)
+}
+
+/// The value of a wrapper whose `value` is unset: its type's default.
+fn default_scalar(kind: &Kind) -> Scalar<'static> {
+    match kind {
+        Kind::Bool => Scalar::Bool(false),
+        Kind::Int32 | Kind::Sint32 | Kind::Sfixed32 => Scalar::I32(0),
+        Kind::Int64 | Kind::Sint64 | Kind::Sfixed64 => Scalar::I64(0),
+        Kind::Uint32 | Kind::Fixed32 => Scalar::U32(0),
+        Kind::Uint64 | Kind::Fixed64 => Scalar::U64(0),
+        Kind::Float => Scalar::F32(0.0),
+        Kind::Double => Scalar::F64(0.0),
+        Kind::String => Scalar::Str(""),
+        Kind::Bytes | Kind::Message(_) => Scalar::Bytes(&[]),
+        Kind::Enum(_) => Scalar::Enum(0),
+    }
+}
+
+fn bytes_of<'a>(raw: &Raw<'a>) -> &'a [u8] {
+    match raw {
+        Raw::Bytes(bytes) => bytes,
+        _ => &[],
+    }
+}
+
+/// The next field of `body` at `at`: its number, wire type and raw value.
+fn next_field<'a>(body: &'a [u8], at: &mut usize) -> Result<(u64, u8, Raw<'a>), FlatError> {
+    let tag = varint(body, at)?;
+    let (number, wire) = (tag >> 3, (tag & 7) as u8);
+    if number == 0 || number > u64::from(u32::MAX >> 3) {
+        return Err(invalid(format!("has field number {number}")));
+    }
+    let raw = match wire {
+        0 => Raw::Bits(varint(body, at)?),
+        1 => Raw::Bytes(take(body, at, 8)?),
+        2 => {
+            let len = usize::try_from(varint(body, at)?)
+                .map_err(|_| invalid("has a length past memory".into()))?;
+            Raw::Bytes(take(body, at, len)?)
+        }
+        5 => Raw::Bytes(take(body, at, 4)?),
+        _ => {
+            return Err(invalid(format!(
+                "has wire type {wire} (a group), which is not read here"
+            )));
+        }
+    };
+    Ok((number, wire, raw))
 }
 
 fn invalid(why: String) -> FlatError {
     FlatError::Invalid(why)
 }
 
-fn is_scalar(kind: &ProtoType) -> bool {
-    matches!(
+/// Whether a column the writer lacks can be filled on the fast path (with its default or null).
+fn fast_column(kind: &ProtoType) -> bool {
+    !matches!(
         kind,
-        ProtoType::Bool
-            | ProtoType::Int32
-            | ProtoType::Int64
-            | ProtoType::UInt32
-            | ProtoType::UInt64
-            | ProtoType::Float32
-            | ProtoType::Float64
-            | ProtoType::Utf8
-            | ProtoType::Binary
-            | ProtoType::Enum(_)
+        ProtoType::List(_) | ProtoType::Map(..) | ProtoType::Json
     )
 }
 
@@ -174,14 +330,17 @@ fn wire_type(kind: &Kind) -> u8 {
     }
 }
 
-/// The value of a field of type `kind`: from its varint `bits`, or its fixed-width or length-delimited `bytes`.
-///
-/// # Errors
-/// A string that is not UTF-8.
-fn scalar<'a>(kind: &Kind, bits: u64, bytes: &'a [u8]) -> Result<Scalar<'a>, FlatError> {
+/// The value of a field of type `kind` read as `raw` (its varint's bits, or its fixed-width or length-delimited
+/// bytes; a string's checked to be UTF-8 by [`utf8_checked`]).
+fn scalar<'a>(kind: &Kind, raw: Raw<'a>) -> Scalar<'a> {
+    let (bits, bytes) = match raw {
+        Raw::Bits(bits) => (bits, &[][..]),
+        Raw::Bytes(bytes) => (0, bytes),
+        _ => (0, &[][..]),
+    };
     let fixed32 = || u32::from_le_bytes(bytes.try_into().unwrap_or([0; 4]));
     let fixed64 = || u64::from_le_bytes(bytes.try_into().unwrap_or([0; 8]));
-    Ok(match kind {
+    match kind {
         Kind::Bool => Scalar::Bool(bits != 0),
         // int32 is written sign-extended to 64 bits; the low 32 bits are the value.
         Kind::Int32 => Scalar::I32(bits as i32),
@@ -197,12 +356,9 @@ fn scalar<'a>(kind: &Kind, bits: u64, bytes: &'a [u8]) -> Result<Scalar<'a>, Fla
         Kind::Fixed64 => Scalar::U64(fixed64()),
         Kind::Sfixed64 => Scalar::I64(fixed64() as i64),
         Kind::Double => Scalar::F64(f64::from_bits(fixed64())),
-        Kind::String => Scalar::Str(
-            std::str::from_utf8(bytes)
-                .map_err(|e| invalid(format!("has a string field that is not UTF-8 ({e})")))?,
-        ),
+        Kind::String => Scalar::Str(std::str::from_utf8(bytes).unwrap_or_default()),
         Kind::Bytes | Kind::Message(_) => Scalar::Bytes(bytes),
-    })
+    }
 }
 
 /// A varint off `body` at `at` (at most 10 bytes).
@@ -221,28 +377,32 @@ fn varint(body: &[u8], at: &mut usize) -> Result<u64, FlatError> {
     Err(invalid("has a varint longer than 10 bytes".into()))
 }
 
-/// Moves `at` past `len` bytes of `body`; where they end.
-fn take(body: &[u8], at: &mut usize, len: usize) -> Result<usize, FlatError> {
+/// The `len` bytes of `body` at `at`, moving `at` past them.
+fn take<'a>(body: &'a [u8], at: &mut usize, len: usize) -> Result<&'a [u8], FlatError> {
     let end = at
         .checked_add(len)
         .filter(|end| *end <= body.len())
         .ok_or_else(|| invalid(format!("is cut short inside a field of {len} bytes")))?;
+    let bytes = &body[*at..end];
     *at = end;
-    Ok(end)
+    Ok(bytes)
 }
 
 #[cfg(test)]
 mod tests {
-    use prost_reflect::DynamicMessage;
     use prost_reflect::prost::Message;
+    use prost_reflect::{DynamicMessage, ReflectMessage};
 
     use super::super::columns::columns;
     use super::*;
 
     const READER: &str = r#"syntax = "proto3"; package t;
+        import "google/protobuf/timestamp.proto"; import "google/protobuf/wrappers.proto";
         message Flat {
           int64 a = 1; sint64 b = 2; fixed32 c = 3; sfixed64 d = 4; double e = 5; float f = 6; bool g = 7;
           enum E { ZERO = 0; ONE = 1; } E h = 8; string i = 9; bytes j = 10; optional int32 k = 11; uint64 l = 12;
+          message Sub { int32 x = 1; string y = 2; } Sub sub = 13; google.protobuf.Timestamp at = 14;
+          google.protobuf.StringValue w = 15;
         }"#;
     /// An older writer: `a` was an int32 (read into the reader's int64), `k` and `l` did not exist, and it has a
     /// field the reader lacks (skipped).
@@ -250,6 +410,7 @@ mod tests {
         message Flat {
           int32 a = 1; sint64 b = 2; fixed32 c = 3; sfixed64 d = 4; double e = 5; float f = 6; bool g = 7;
           enum E { ZERO = 0; ONE = 1; } E h = 8; string i = 9; bytes j = 10; string extra = 20;
+          message Sub { int32 x = 1; } Sub sub = 13;
         }"#;
 
     async fn message(source: &str) -> MessageDescriptor {
@@ -296,6 +457,56 @@ mod tests {
         }
         set(&mut m, "l", Value::U64(u64::MAX - i as u64));
         set(&mut m, "extra", Value::String("x".into()));
+        let nested = |name: &str, fields: &[(u32, Value)]| {
+            let field = descriptor.get_field_by_name(name)?;
+            let mut inner = DynamicMessage::new(field.kind().as_message()?.clone());
+            for (number, value) in fields {
+                if inner.descriptor().get_field(*number).is_some() {
+                    inner.set_field_by_number(*number, value.clone());
+                }
+            }
+            Some(Value::Message(inner))
+        };
+        if i % 4 != 1 {
+            let sub = nested(
+                "sub",
+                &[
+                    (1, Value::I32(i as i32)),
+                    (2, Value::String(format!("y{i}"))),
+                ],
+            );
+            if let Some(sub) = sub {
+                m.set_field_by_name("sub", sub);
+            }
+        }
+        if i % 2 == 0 {
+            let at = nested(
+                "at",
+                &[
+                    (1, Value::I64(1_700_000_000 + i)),
+                    (2, Value::I32(i as i32 * 1000)),
+                ],
+            );
+            if let Some(at) = at {
+                m.set_field_by_name("at", at);
+            }
+        }
+        if i % 3 != 2 {
+            let w = nested(
+                "w",
+                &[(
+                    1,
+                    Value::String(if i == 0 {
+                        String::new()
+                    } else {
+                        format!("w{i}")
+                    }),
+                )],
+            );
+            if let Some(w) = w {
+                m.set_field_by_name("w", w);
+            }
+        }
         m
     }
 
@@ -307,10 +518,18 @@ mod tests {
             let plan = FlatPlan::new(&writer, &columns).expect("a flat message");
             let (mut fast, mut general) =
                 (MessageRows::new(&columns, 8), MessageRows::new(&columns, 8));
-            let mut slots = Vec::new();
             for i in 0..6 {
                 let message = filled(&writer, i);
                 let mut body = message.encode_to_vec();
+                if i == 4 {
+                    // A nested message seen twice is merged: the general path's work.
+                    let again = DynamicMessage::decode(writer.clone(), &body[..]).unwrap();
+                    let twice = [body.clone(), again.encode_to_vec()].concat();
+                    assert!(matches!(
+                        plan.decode(&twice, &mut fast),
+                        Err(FlatError::Merge)
+                    ));
+                }
                 if i == 5 {
                     // A field seen twice keeps its last value.
                     let again = DynamicMessage::decode(writer.clone(), &body[..]).unwrap();
@@ -318,13 +537,13 @@ mod tests {
                     twice.set_field_by_name("b", Value::I64(77));
                     body.extend(twice.encode_to_vec());
                 }
-                assert!(plan.decode(&body, &mut fast, &mut slots).is_ok());
+                assert!(plan.decode(&body, &mut fast).is_ok());
                 general
                     .append(&DynamicMessage::decode(writer.clone(), &body[..]).unwrap())
                     .unwrap();
             }
             let (fast, general) = (fast.finish().unwrap(), general.finish().unwrap());
-            assert_eq!(fast.len(), 12);
+            assert_eq!(fast.len(), columns.len());
             for ((f, g), column) in fast.iter().zip(&general).zip(&columns) {
                 assert_eq!(
                     f.to_data(),
@@ -338,20 +557,19 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn bodies_that_are_not_the_message_are_refused_and_nested_messages_take_the_general_path()
+    async fn bodies_that_are_not_the_message_are_refused_and_repeated_fields_take_the_general_path()
     {
         let reader = message(READER).await;
         let columns = columns(&reader).unwrap();
         let plan = FlatPlan::new(&reader, &columns).unwrap();
         let mut rows = MessageRows::new(&columns, 1);
-        let mut slots = Vec::new();
         // Field 9 (a string) with invalid UTF-8; field 1 as a length-delimited value; a cut varint.
         for (body, why) in [
             (&[0x4a, 1, 0xff][..], "UTF-8"),
             (&[0x0a, 1, 0][..], "wire type 2"),
             (&[0x08, 0x80][..], "cut short"),
         ] {
-            match plan.decode(body, &mut rows, &mut slots) {
+            match plan.decode(body, &mut rows) {
                 Err(FlatError::Invalid(message)) => {
                     assert!(message.contains(why), "{why}: {message}")
                 }
@@ -359,11 +577,11 @@ mod tests {
             }
         }
         assert_eq!(rows.len(), 0);
-        let nested = message(
-            r#"syntax = "proto3"; message N { int64 id = 1; message M { int32 x = 1; } M m = 2; }"#,
+        let repeated = message(
+            r#"syntax = "proto3"; message N { int64 id = 1; message M { repeated int32 x = 1; } M m = 2; }"#,
         )
         .await;
-        let nested_columns = super::super::columns::columns(&nested).unwrap();
-        assert!(FlatPlan::new(&nested, &nested_columns).is_none());
+        let repeated_columns = super::super::columns::columns(&repeated).unwrap();
+        assert!(FlatPlan::new(&repeated, &repeated_columns).is_none());
     }
 }
