@@ -17,7 +17,10 @@
 //!
 //! Refused (by `check-config` and at start, naming the field): unions, intervals, `Date64`, `Float16`, `Null`,
 //! lists of lists or maps, maps whose values are lists or maps, map keys that are not integers, strings or
-//! booleans, and field names that are not Protobuf identifiers.
+//! booleans, and field names that are not Protobuf identifiers. Names that collide in a message's scope (a map's
+//! entry message `<Field>Entry` named like a field, an `optional` field's oneof `_<field>` named like a field, two
+//! fields with one JSON name) are refused when the schema is registered, naming them. A struct's nested message
+//! takes its field's name in CamelCase, numbered on (`Address2`) where that is taken.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -148,7 +151,7 @@ pub(crate) fn file(
         schema.fields(),
         previous,
         &mut dependencies,
-    );
+    )?;
     Ok(FileDescriptorProto {
         name: Some(FILE.into()),
         package: Some(PACKAGE.into()),
@@ -160,25 +163,43 @@ pub(crate) fn file(
 }
 
 /// The message `name` (full name `full`, with a leading dot) of `fields`.
+///
+/// # Errors
+/// Names that collide in the message's scope (fields, nested messages and the `_<field>` oneofs of `optional`
+/// fields share it; a map's entry message must be named `<Field>Entry`), as a message naming them.
 fn message(
     name: &str,
     full: &str,
     fields: &Fields,
     previous: Option<&MessageDescriptor>,
     dependencies: &mut BTreeSet<&'static str>,
-) -> DescriptorProto {
+) -> Result<DescriptorProto, String> {
     let mut message = DescriptorProto {
         name: Some(name.into()),
         ..Default::default()
     };
     let mut numbers = Numbers::new(previous);
+    // Fields and nested messages share the message's scope; map entries take protoc's names before structs pick.
     let mut nested_names = NestedNames::default();
+    for field in fields {
+        nested_names.0.insert(field.name().clone());
+    }
+    for field in fields.iter().filter(|f| map_types(f.data_type()).is_some()) {
+        let entry = format!("{}Entry", camel(field.name()));
+        if !nested_names.0.insert(entry.clone()) {
+            return Err(format!(
+                "field `{}` is a map, whose entry message {entry} is named like another field or map's: rename one \
+                 in a transform",
+                field.name()
+            ));
+        }
+    }
     let mut optional = Vec::new();
     for field in fields {
         let old = previous.and_then(|p| p.get_field_by_name(field.name()));
+        // No `json_name`: the compiler's default (lowerCamelCase), as the registered source compiles to.
         let mut proto = FieldDescriptorProto {
             name: Some(field.name().clone()),
-            json_name: Some(field.name().clone()),
             label: Some(Label::Optional as i32),
             ..Default::default()
         };
@@ -189,8 +210,9 @@ fn message(
             }
             _ => (field.as_ref().clone(), false),
         };
+        let mut same = false;
         if let Some((key, value)) = map_types(field.data_type()) {
-            let entry = nested_names.take(&format!("{}Entry", camel(field.name())));
+            let entry = format!("{}Entry", camel(field.name()));
             let entry_full = format!("{full}.{entry}");
             let old_value = old.as_ref().and_then(|o| match o.kind() {
                 Kind::Message(m) if m.is_map_entry() => Some(m.map_entry_value_field()),
@@ -216,7 +238,7 @@ fn message(
                 full,
                 dependencies,
                 &mut message,
-            );
+            )?;
             let mut value_proto = scalar_field("value", 2);
             let value_previous = old_value.and_then(|v| match v.kind() {
                 Kind::Message(m) => Some(m),
@@ -230,7 +252,15 @@ fn message(
                 full,
                 dependencies,
                 &mut message,
-            );
+            )?;
+            // The number is kept only when the key and value types are too.
+            same = old.as_ref().is_some_and(|o| match o.kind() {
+                Kind::Message(m) if m.is_map_entry() => {
+                    kind_matches(&m.map_entry_key_field().kind(), &key_proto)
+                        && kind_matches(&m.map_entry_value_field().kind(), &value_proto)
+                }
+                _ => false,
+            });
             entry_message.field = vec![key_proto, value_proto];
             message.nested_type.push(entry_message);
             proto.label = Some(Label::Repeated as i32);
@@ -249,7 +279,10 @@ fn message(
                 full,
                 dependencies,
                 &mut message,
-            );
+            )?;
+            same = old.as_ref().is_some_and(|o| {
+                !o.is_map() && o.cardinality() == cardinality(&proto) && kind_matches(&o.kind(), &proto)
+            });
             if repeated {
                 proto.label = Some(Label::Repeated as i32);
             } else if field.is_nullable() && proto.r#type != Some(Type::Message as i32) {
@@ -257,28 +290,32 @@ fn message(
                 optional.push(message.field.len());
             }
         }
-        let same = old.as_ref().is_some_and(|o| {
-            o.cardinality() == cardinality(&proto) && kind_matches(&o.kind(), &proto)
-        });
         proto.number = Some(numbers.number(field.name(), same));
         message.field.push(proto);
     }
     for index in optional {
         let field = &mut message.field[index];
+        let oneof = format!("_{}", field.name());
+        if fields.iter().any(|f| f.name() == &oneof) {
+            return Err(format!(
+                "field `{}` is optional, whose oneof `{oneof}` is named like field `{oneof}`: rename one in a \
+                 transform",
+                field.name()
+            ));
+        }
         field.oneof_index = Some(i32::try_from(message.oneof_decl.len()).unwrap_or(i32::MAX));
         message.oneof_decl.push(OneofDescriptorProto {
-            name: Some(format!("_{}", field.name())),
+            name: Some(oneof),
             ..Default::default()
         });
     }
     message.reserved_range = numbers.reserved();
-    message
+    Ok(message)
 }
 
 fn scalar_field(name: &str, number: i32) -> FieldDescriptorProto {
     FieldDescriptorProto {
         name: Some(name.into()),
-        json_name: Some(name.into()),
         number: Some(number),
         label: Some(Label::Optional as i32),
         ..Default::default()
@@ -287,6 +324,9 @@ fn scalar_field(name: &str, number: i32) -> FieldDescriptorProto {
 
 /// Sets `proto`'s type to `field`'s (its items' for a list): a scalar, a well-known message, or a nested message
 /// added to `parent` (full name `parent_full`).
+///
+/// # Errors
+/// As [`message`], for a nested message.
 fn set_type(
     proto: &mut FieldDescriptorProto,
     field: &Field,
@@ -295,7 +335,7 @@ fn set_type(
     parent_full: &str,
     dependencies: &mut BTreeSet<&'static str>,
     parent: &mut DescriptorProto,
-) {
+) -> Result<(), String> {
     use DataType::*;
     let (scalar, type_name) = match field.data_type() {
         Boolean => (Type::Bool, None),
@@ -323,7 +363,7 @@ fn set_type(
             let full = format!("{parent_full}.{name}");
             parent
                 .nested_type
-                .push(message(&name, &full, fields, previous, dependencies));
+                .push(message(&name, &full, fields, previous, dependencies)?);
             (Type::Message, Some(full))
         }
         // Utf8 and every type written as its exact text.
@@ -331,6 +371,7 @@ fn set_type(
     };
     proto.r#type = Some(scalar as i32);
     proto.type_name = type_name;
+    Ok(())
 }
 
 fn cardinality(proto: &FieldDescriptorProto) -> Cardinality {
@@ -772,5 +813,43 @@ mod tests {
                 .to_string()
                 .contains("field name")
         );
+    }
+
+    #[test]
+    fn names_that_collide_in_protobuf_are_refused_and_a_retyped_map_takes_a_new_number() {
+        let map = |value: DataType| {
+            DataType::Map(
+                Arc::new(Field::new(
+                    "entries",
+                    DataType::Struct(
+                        vec![Field::new("key", DataType::Utf8, false), Field::new("value", value, true)].into(),
+                    ),
+                    false,
+                )),
+                false,
+            )
+        };
+        let struct_named = |name: &str| {
+            Field::new(name, DataType::Struct(vec![Field::new("n", DataType::Int64, true)].into()), true)
+        };
+        for (fields, part) in [
+            (vec![Field::new("foo", map(DataType::Int64), false), Field::new("FooEntry", DataType::Int64, false)], "FooEntry"),
+            (vec![Field::new("foo", DataType::Int64, true), Field::new("_foo", DataType::Int64, false)], "_foo"),
+        ] {
+            let why = file(&schema(fields), None).unwrap_err();
+            assert!(why.contains(part), "{why}");
+        }
+        // A struct takes a name beside a field of its own name, and the map's entry keeps protoc's name.
+        let v1 = row(
+            &schema(vec![
+                struct_named("Address"),
+                struct_named("foo_entry"),
+                Field::new("foo", map(DataType::Int64), false),
+            ]),
+            None,
+        );
+        assert_eq!(v1.get_field_by_name("foo").unwrap().kind().as_message().unwrap().name(), "FooEntry");
+        let v2 = row(&schema(vec![Field::new("foo", map(DataType::Utf8), false)]), Some(&v1));
+        assert_eq!(v2.get_field_by_name("foo").unwrap().number(), 4);
     }
 }

@@ -19,6 +19,7 @@ use arrow_array::types::{
     TimestampNanosecondType, TimestampSecondType, UInt8Type, UInt16Type, UInt32Type, UInt64Type,
 };
 use arrow_array::{Array, ArrayRef, RecordBatch};
+use arrow::buffer::NullBuffer;
 use arrow_schema::{DataType, Field, Fields, Schema, TimeUnit};
 use connector_api::types::marks::{self, Mark};
 use connector_api::{Error, ErrorKind, Phase, Result};
@@ -77,11 +78,10 @@ impl ProtobufValues {
             .map_err(|why| Error::config(format!("the Kafka sink's Protobuf values: {why}")))?;
         let mut pool = DescriptorPool::global();
         pool.add_file_descriptor_proto(file.clone()).map_err(|e| {
-            Error::bug(
-                Phase::Write,
-                "the values' Protobuf schema does not make a descriptor",
-            )
-            .with_source(e)
+            Error::config(format!(
+                "the Kafka sink's Protobuf values: the columns do not make a valid Protobuf schema ({e}); rename \
+                 the columns it names in a transform"
+            ))
         })?;
         let row = pool
             .get_message_by_name(&format!("{PACKAGE}.{MESSAGE}"))
@@ -153,7 +153,7 @@ impl ProtobufValues {
             .zip(batch.schema().fields())
             .zip(batch.columns())
             .map(|((descriptor, field), column)| {
-                values(column, field, descriptor).map_err(|e| e.within(field.name()))
+                values(column, field, descriptor, None).map_err(|e| e.within(field.name()))
             })
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(|e| e.to_string())?;
@@ -199,6 +199,13 @@ impl ValueError {
         self.path.push(name.to_string());
         self
     }
+
+    /// This error of a list's item or a map's entry (`self.row` its index among all items) as the error of the row
+    /// whose `offsets` hold it.
+    fn of_row_holding(mut self, offsets: &[usize]) -> Self {
+        self.row = offsets.partition_point(|o| *o <= self.row).saturating_sub(1);
+        self
+    }
 }
 
 impl std::fmt::Display for ValueError {
@@ -216,19 +223,38 @@ impl std::fmt::Display for ValueError {
 
 type Values = std::result::Result<Vec<Option<Value>>, ValueError>;
 
+/// The rows where an enclosing struct is null (`None`: every row has its parents): a value there is not written,
+/// whatever it is.
+type Absent<'a> = Option<&'a NullBuffer>;
+
 /// The Protobuf values of `array` (of Arrow field `field`, written as `descriptor`), one per row (`None` for a
 /// null, left unset).
-fn values(array: &ArrayRef, field: &Field, descriptor: &FieldDescriptor) -> Values {
+fn values(
+    array: &ArrayRef,
+    field: &Field,
+    descriptor: &FieldDescriptor,
+    absent: Absent<'_>,
+) -> Values {
     if descriptor.is_map() {
-        return map_values(array, descriptor);
+        return map_values(array, descriptor, absent);
     }
     if descriptor.is_list() {
-        return list_values(array, field, descriptor);
+        return list_values(array, field, descriptor, absent);
     }
-    item_values(array, field, &descriptor.kind())
+    item_values(array, field, &descriptor.kind(), absent)
 }
 
-fn list_values(array: &ArrayRef, field: &Field, descriptor: &FieldDescriptor) -> Values {
+/// Whether `row` of a column under `absent` has no parent struct.
+fn parentless(absent: Absent<'_>, row: usize) -> bool {
+    absent.is_some_and(|nulls| nulls.is_null(row))
+}
+
+fn list_values(
+    array: &ArrayRef,
+    field: &Field,
+    descriptor: &FieldDescriptor,
+    absent: Absent<'_>,
+) -> Values {
     let (offsets, items, item_field): (Vec<usize>, ArrayRef, &Field) = match field.data_type() {
         DataType::List(item) => {
             let list = array.as_list::<i32>();
@@ -250,9 +276,13 @@ fn list_values(array: &ArrayRef, field: &Field, descriptor: &FieldDescriptor) ->
         }
         other => return Err(ValueError::new(0, format!("is a {other}, not a list"))),
     };
-    let items = item_values(&items, item_field, &descriptor.kind())?;
+    let items = item_values(&items, item_field, &descriptor.kind(), None)
+        .map_err(|e| e.of_row_holding(&offsets))?;
     (0..array.len())
         .map(|row| {
+            if parentless(absent, row) {
+                return Ok(None);
+            }
             if array.is_null(row) {
                 return Err(not_null(row, "list", "a repeated field"));
             }
@@ -272,7 +302,7 @@ fn list_values(array: &ArrayRef, field: &Field, descriptor: &FieldDescriptor) ->
         .collect()
 }
 
-fn map_values(array: &ArrayRef, descriptor: &FieldDescriptor) -> Values {
+fn map_values(array: &ArrayRef, descriptor: &FieldDescriptor, absent: Absent<'_>) -> Values {
     let map = array.as_map();
     let Kind::Message(entry) = descriptor.kind() else {
         return Err(ValueError::new(0, "is a map without an entry message"));
@@ -281,15 +311,27 @@ fn map_values(array: &ArrayRef, descriptor: &FieldDescriptor) -> Values {
         [k, v] => (k.clone(), v.clone()),
         _ => return Err(ValueError::new(0, "is a map without key and value")),
     };
-    let keys = item_values(map.keys(), &key_field, &entry.map_entry_key_field().kind())?;
+    let offsets = map.value_offsets();
+    let rows_of: Vec<usize> = offsets.iter().map(|o| *o as usize).collect();
+    let keys = item_values(
+        map.keys(),
+        &key_field,
+        &entry.map_entry_key_field().kind(),
+        None,
+    )
+    .map_err(|e| e.of_row_holding(&rows_of))?;
     let entries = item_values(
         map.values(),
         &value_field,
         &entry.map_entry_value_field().kind(),
-    )?;
-    let offsets = map.value_offsets();
+        None,
+    )
+    .map_err(|e| e.of_row_holding(&rows_of))?;
     (0..array.len())
         .map(|row| {
+            if parentless(absent, row) {
+                return Ok(None);
+            }
             if array.is_null(row) {
                 return Err(not_null(row, "map", "a map field"));
             }
@@ -332,7 +374,7 @@ fn map_key(value: &Value) -> Option<MapKey> {
 }
 
 /// The values of a column of single values (a list's items, a map's keys or values) of Protobuf type `kind`.
-fn item_values(array: &ArrayRef, field: &Field, kind: &Kind) -> Values {
+fn item_values(array: &ArrayRef, field: &Field, kind: &Kind, absent: Absent<'_>) -> Values {
     let each = |value: &dyn Fn(usize) -> Value| -> Values {
         Ok((0..array.len())
             .map(|row| array.is_valid(row).then(|| value(row)))
@@ -419,7 +461,7 @@ fn item_values(array: &ArrayRef, field: &Field, kind: &Kind) -> Values {
             let (ticks, per_second) = ticks(array, unit, true);
             each(&|i| seconds_and_nanos(m, ticks[i], per_second, true))
         }
-        (DataType::Struct(fields), Kind::Message(m)) => struct_values(array, fields, m),
+        (DataType::Struct(fields), Kind::Message(m)) => struct_values(array, fields, m, absent),
         (_, Kind::String) => {
             // Every other type as its exact text (decimals, dates, times, local timestamps, enums).
             let formatter = ArrayFormatter::try_new(array.as_ref(), &FormatOptions::default())
@@ -433,8 +475,15 @@ fn item_values(array: &ArrayRef, field: &Field, kind: &Kind) -> Values {
     }
 }
 
-fn struct_values(array: &ArrayRef, fields: &Fields, message: &MessageDescriptor) -> Values {
+fn struct_values(
+    array: &ArrayRef,
+    fields: &Fields,
+    message: &MessageDescriptor,
+    absent: Absent<'_>,
+) -> Values {
     let array = array.as_struct();
+    // The children of a null struct have no parent either.
+    let children_absent = NullBuffer::union(absent, array.nulls());
     let descriptors: Vec<FieldDescriptor> = fields
         .iter()
         .map(|f| {
@@ -448,7 +497,8 @@ fn struct_values(array: &ArrayRef, fields: &Fields, message: &MessageDescriptor)
         .zip(&descriptors)
         .zip(array.columns())
         .map(|((field, descriptor), column)| {
-            values(column, field, descriptor).map_err(|e| e.within(field.name()))
+            values(column, field, descriptor, children_absent.as_ref())
+                .map_err(|e| e.within(field.name()))
         })
         .collect::<std::result::Result<Vec<_>, _>>()?;
     Ok((0..array.len())
@@ -532,6 +582,7 @@ mod tests {
     use std::sync::Arc;
 
     use arrow_array::builder::{Int64Builder, ListBuilder};
+    use arrow_schema::Fields;
 
     use super::*;
 
@@ -584,5 +635,52 @@ mod tests {
             message.get_field_by_name("ns").unwrap().as_list().unwrap(),
             [Value::I64(7)]
         );
+    }
+
+    #[test]
+    fn a_null_list_under_a_null_struct_is_no_error_and_item_errors_name_their_row() {
+        let inner = Fields::from(vec![Field::new("tags", DataType::new_list(DataType::Utf8, true), true)]);
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("s", DataType::Struct(inner.clone()), true),
+            Field::new("lines", DataType::new_list(DataType::Struct(inner.clone()), true), true),
+        ]));
+        let values = registered(&schema);
+        let tags = |rows: &[Option<Vec<&str>>]| {
+            let mut tags = ListBuilder::new(arrow_array::builder::StringBuilder::new());
+            for row in rows {
+                match row {
+                    Some(items) => {
+                        for item in items {
+                            tags.values().append_value(item);
+                        }
+                        tags.append(true);
+                    }
+                    None => tags.append(false),
+                }
+            }
+            Arc::new(tags.finish()) as ArrayRef
+        };
+        // Row 0: `s` null and its `tags` null (no error); row 1: `s.tags` ["a"].
+        let s = arrow_array::StructArray::new(
+            inner.clone(),
+            vec![tags(&[None, Some(vec!["a"])])],
+            Some(NullBuffer::from(vec![false, true])),
+        );
+        // `lines`: row 0 has three lines, row 1 one line whose `tags` is null: the error names row 1.
+        let line_structs = arrow_array::StructArray::new(
+            inner.clone(),
+            vec![tags(&[Some(vec![]), Some(vec![]), Some(vec![]), None])],
+            None,
+        );
+        let lines = arrow_array::ListArray::new(
+            Arc::new(Field::new_list_field(DataType::Struct(inner), true)),
+            arrow::buffer::OffsetBuffer::new(vec![0, 3, 4].into()),
+            Arc::new(line_structs),
+            None,
+        );
+        let batch = RecordBatch::try_new(schema, vec![Arc::new(s), Arc::new(lines)]).unwrap();
+        let why = values.encode(&batch).unwrap_err();
+        assert!(why.contains("row 1") && why.contains("null list"), "{why}");
+        assert_eq!(values.encode(&batch.slice(0, 1)).unwrap().len(), 1);
     }
 }

@@ -816,7 +816,11 @@ fn read_leaf(leaf: &mut Leaf, text: &str, semantic: Option<Semantic>) -> Result<
         Leaf::U64(b) => b.append_value(in_range(integer(text)?, "uint64")?),
         Leaf::F32(b) => {
             number("float32")?;
-            b.append_value(float(text, F32_EXACT)? as f32)
+            let value = float(text, F32_EXACT)? as f32;
+            if !value.is_finite() {
+                return Err("is out of the range of float32".into());
+            }
+            b.append_value(value)
         }
         Leaf::F64(b) => {
             number("float64")?;

@@ -6,12 +6,14 @@
 //! `required` and `additionalProperties` (absent, `true`, or `false` with `unknown_fields = "fail"`), arrays with
 //! `items`, `boolean`, `integer`, `number` (without `multipleOf`), `string` (without `format` or
 //! `contentEncoding`), `null` only beside one other type (`["T", "null"]`, or `anyOf` / `oneOf` of `{"type":
-//! "null"}` and one schema), and annotations (`title`, `description`, `$schema`, `$id`, `default`, `examples`,
-//! Kafka Connect's `connect.type`, `connect.index`, `connect.version`). Each property must be `required` exactly
-//! when it does not admit `null` (the decoding reads a missing key and a `null` alike: a required property that
-//! admits null, or an optional one that does not, is enforced by the validator only). The columns must be the ones
-//! the schema itself gives. Anything else (`format`, `pattern`, `minimum`, `enum`, `const`, `$ref`, `allOf`,
-//! maps, decimals, ...) keeps the validator.
+//! "null"}` and one schema of a single type), and annotations (`title`, `description`, `$id`, `default`,
+//! `examples`, Kafka Connect's `connect.type`, `connect.index`, `connect.version`; `$schema` when it names draft 6
+//! or later, whose `integer` is any number without a fraction, as the decoding's is). Each property must be
+//! `required` exactly when it does not admit `null` (the decoding reads a missing key and a `null` alike: a required
+//! property that admits null, or an optional one that does not, is enforced by the validator only), and `required`
+//! must name properties only. The decoding must refuse undeclared keys (`unknown_fields = "fail"`, the default: an
+//! ignored key's value is not checked at all). The columns must be the ones the schema itself gives. Anything else
+//! (`format`, `pattern`, `minimum`, `enum`, `const`, `$ref`, `allOf`, maps, decimals, ...) keeps the validator.
 //!
 //! Why this holds for what qualifies: the strict decoding refuses a value of another JSON type than its column's
 //! (`boolean` takes `true`/`false` only, integers take numbers with no fraction, which JSON Schema's `integer` also
@@ -24,10 +26,9 @@ use crate::json_rows::UnknownFields;
 use crate::json_types::JsonField;
 
 /// Keywords that annotate and constrain nothing.
-const ANNOTATIONS: [&str; 9] = [
+const ANNOTATIONS: [&str; 8] = [
     "title",
     "description",
-    "$schema",
     "$id",
     "default",
     "examples",
@@ -44,13 +45,30 @@ pub(crate) fn implied(
     columns: &[JsonField],
     unknown: UnknownFields,
 ) -> bool {
-    writer == columns && object(schema, unknown)
+    let draft_6_or_later = match schema.get("$schema") {
+        None => true,
+        Some(draft) => draft.as_str().is_some_and(|uri| {
+            ["draft-06", "draft-07", "2019-09", "2020-12"]
+                .iter()
+                .any(|d| uri.contains(d))
+        }),
+    };
+    writer == columns
+        && unknown == UnknownFields::Fail
+        && draft_6_or_later
+        && object_with(schema, unknown, |key| key == "$schema")
 }
 
 /// Whether `schema` is an object schema that qualifies, its properties too.
 fn object(schema: &Doc, unknown: UnknownFields) -> bool {
+    object_with(schema, unknown, |_| false)
+}
+
+/// [`object`], with the keys `also` admits besides (the root's `$schema`).
+fn object_with(schema: &Doc, unknown: UnknownFields, also: impl Fn(&str) -> bool) -> bool {
     let allowed = |key: &str| {
         ANNOTATIONS.contains(&key)
+            || also(key)
             || matches!(
                 key,
                 "type" | "properties" | "required" | "additionalProperties"
@@ -75,6 +93,13 @@ fn object(schema: &Doc, unknown: UnknownFields) -> bool {
             None => return false,
         },
     };
+    // A required name that is no property: only the validator refuses its absence.
+    if !required
+        .iter()
+        .all(|name| properties.iter().any(|(p, _)| p == name))
+    {
+        return false;
+    }
     properties.iter().all(|(name, property)| {
         let Some((admits_null, value)) = without_null(property) else {
             return false;
@@ -125,9 +150,12 @@ fn without_null(schema: &Doc) -> Option<(bool, &Doc)> {
             b.get("type").and_then(Doc::as_str) == Some("null")
                 && keys_in(b, |key| ANNOTATIONS.contains(&key) || key == "type")
         };
+        // The other branch names one type, so it does not admit null too (`oneOf` would then refuse a null that
+        // both branches take).
+        let single = |b: &Doc| b.get("type").and_then(Doc::as_str).is_some_and(|t| t != "null");
         return match branches {
-            [a, b] if is_null(a) && !is_null(b) => Some((true, b)),
-            [a, b] if is_null(b) && !is_null(a) => Some((true, a)),
+            [a, b] if is_null(a) && single(b) => Some((true, b)),
+            [a, b] if is_null(b) && single(a) => Some((true, a)),
             _ => None,
         };
     }
@@ -190,7 +218,7 @@ mod tests {
     #[test]
     fn structural_schemas_qualify_and_constraints_keep_the_validator() {
         assert!(qualifies(ORDER, UnknownFields::Fail));
-        // Closed objects need the decoding to refuse undeclared keys too.
+        // The decoding must refuse undeclared keys (an ignored key's value is not read).
         assert!(!qualifies(ORDER, UnknownFields::Ignore));
         for (from, to) in [
             (
@@ -222,6 +250,17 @@ mod tests {
                 r#""additionalProperties": false"#,
                 r#""additionalProperties": {"type": "string"}"#,
             ),
+            // A required name that is no property; a oneOf whose other branch admits null too; draft 4, whose
+            // integers have no point.
+            (
+                r#""required": ["id", "tags", "customer"]"#,
+                r#""required": ["id", "tags", "customer", "ghost"]"#,
+            ),
+            (
+                r#"{"oneOf": [{"type": "boolean"}, {"type": "null"}]}"#,
+                r#"{"oneOf": [{"type": ["boolean", "null"]}, {"type": "null"}]}"#,
+            ),
+            ("draft-07", "draft-04"),
         ] {
             assert!(ORDER.contains(from), "{from}");
             let changed = ORDER.replacen(from, to, 1);

@@ -461,7 +461,7 @@ impl ProtobufRows {
                     return Err(not_the_message(at, id, &descriptor, &why));
                 }
                 Err(FlatError::Value(why)) => return Err(misfit(why, &self.decoding)),
-                Err(FlatError::Merge) => {} // the general path merges the repeated message
+                Err(FlatError::General) => {} // a repeated nested message (merged) or a group
             }
         }
         let message = DynamicMessage::decode(descriptor.clone(), body)

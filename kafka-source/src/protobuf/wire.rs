@@ -45,9 +45,9 @@ enum WireField {
 pub(crate) enum FlatError {
     /// The body is not a valid message (the builders are untouched).
     Invalid(String),
-    /// The record needs the general path (a nested message twice on the wire, which Protobuf merges); the
-    /// builders are untouched.
-    Merge,
+    /// The record needs the general path (a nested message twice on the wire, which Protobuf merges, or a group);
+    /// the builders are untouched.
+    General,
     /// A value does not fit its column (the builders are then unusable).
     Value(ValueError),
 }
@@ -85,7 +85,10 @@ impl FlatPlan {
                 continue;
             };
             let real_oneof = field.containing_oneof().is_some_and(|o| !o.is_synthetic());
-            if field.is_list() || field.is_map() || real_oneof {
+            // A reader field with presence read from a writer field without it: a value on the wire equal to the
+            // default reads as null (as `DynamicMessage` has it), which the general path decides.
+            let presence_differs = column.nullable && !field.supports_presence();
+            if field.is_list() || field.is_map() || field.is_group() || real_oneof || presence_differs {
                 return None;
             }
             let wire = match (&column.kind, field.kind()) {
@@ -167,7 +170,7 @@ impl FlatPlan {
                 )));
             }
             if !matches!(field, WireField::Scalar(_)) && raw[*column].is_some() {
-                return Err(FlatError::Merge);
+                return Err(FlatError::General);
             }
             raw[*column] = Some(match field {
                 WireField::Scalar(kind) => utf8_checked(kind, value)?,
@@ -299,11 +302,8 @@ fn next_field<'a>(body: &'a [u8], at: &mut usize) -> Result<(u64, u8, Raw<'a>), 
             Raw::Bytes(take(body, at, len)?)
         }
         5 => Raw::Bytes(take(body, at, 4)?),
-        _ => {
-            return Err(invalid(format!(
-                "has wire type {wire} (a group), which is not read here"
-            )));
-        }
+        3 | 4 => return Err(FlatError::General), // a group: the general path reads (or skips) it
+        _ => return Err(invalid(format!("has wire type {wire}, which Protobuf does not have"))),
     };
     Ok((number, wire, raw))
 }
@@ -369,6 +369,9 @@ fn varint(body: &[u8], at: &mut usize) -> Result<u64, FlatError> {
             .get(*at)
             .ok_or_else(|| invalid("is cut short inside a varint".into()))?;
         *at += 1;
+        if shift == 9 && byte > 1 {
+            return Err(invalid("has a varint past 64 bits".into()));
+        }
         value |= u64::from(byte & 0x7f) << (7 * shift);
         if byte & 0x80 == 0 {
             return Ok(value);
@@ -527,7 +530,7 @@ mod tests {
                     let twice = [body.clone(), again.encode_to_vec()].concat();
                     assert!(matches!(
                         plan.decode(&twice, &mut fast),
-                        Err(FlatError::Merge)
+                        Err(FlatError::General)
                     ));
                 }
                 if i == 5 {
@@ -563,11 +566,13 @@ mod tests {
         let columns = columns(&reader).unwrap();
         let plan = FlatPlan::new(&reader, &columns).unwrap();
         let mut rows = MessageRows::new(&columns, 1);
-        // Field 9 (a string) with invalid UTF-8; field 1 as a length-delimited value; a cut varint.
+        // Field 9 (a string) with invalid UTF-8; field 1 as a length-delimited value; a cut varint; a varint past
+        // 64 bits.
         for (body, why) in [
             (&[0x4a, 1, 0xff][..], "UTF-8"),
             (&[0x0a, 1, 0][..], "wire type 2"),
             (&[0x08, 0x80][..], "cut short"),
+            (&[0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f][..], "past 64 bits"),
         ] {
             match plan.decode(body, &mut rows) {
                 Err(FlatError::Invalid(message)) => {
@@ -577,6 +582,11 @@ mod tests {
             }
         }
         assert_eq!(rows.len(), 0);
+        // A group on the wire (field 30, start and end): the general path's.
+        assert!(matches!(plan.decode(&[0xf3, 0x01, 0xf4, 0x01], &mut rows), Err(FlatError::General)));
+        // A reader `optional` read from a writer field without presence: the general path decides null.
+        let implicit = message(r#"syntax = "proto3"; message Flat { int32 k = 11; }"#).await;
+        assert!(FlatPlan::new(&implicit, &columns).is_none());
         let repeated = message(
             r#"syntax = "proto3"; message N { int64 id = 1; message M { repeated int32 x = 1; } M m = 2; }"#,
         )
