@@ -60,7 +60,7 @@ impl std::error::Error for ProtobufSchemaError {
 /// # Errors
 /// [`ProtobufSchemaError::Registry`] when a reference cannot be fetched; [`ProtobufSchemaError::Invalid`] when a file is
 /// neither `.proto` text nor a base64 descriptor, does not compile, or the references run past
-/// [`MAX_REFERENCED_FILES`].
+/// `MAX_REFERENCED_FILES` (256).
 pub async fn compile(
     registry: &SchemaRegistry,
     schema: &RegisteredSchema,
