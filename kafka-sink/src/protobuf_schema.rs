@@ -210,7 +210,7 @@ fn message(
             }
             _ => (field.as_ref().clone(), false),
         };
-        let mut same = false;
+        let same;
         if let Some((key, value)) = map_types(field.data_type()) {
             let entry = format!("{}Entry", camel(field.name()));
             let entry_full = format!("{full}.{entry}");
@@ -280,15 +280,17 @@ fn message(
                 dependencies,
                 &mut message,
             )?;
-            same = old.as_ref().is_some_and(|o| {
-                !o.is_map() && o.cardinality() == cardinality(&proto) && kind_matches(&o.kind(), &proto)
-            });
             if repeated {
                 proto.label = Some(Label::Repeated as i32);
             } else if field.is_nullable() && proto.r#type != Some(Type::Message as i32) {
                 proto.proto3_optional = Some(true);
                 optional.push(message.field.len());
             }
+            same = old.as_ref().is_some_and(|o| {
+                !o.is_map()
+                    && o.cardinality() == cardinality(&proto)
+                    && kind_matches(&o.kind(), &proto)
+            });
         }
         proto.number = Some(numbers.number(field.name(), same));
         message.field.push(proto);
@@ -822,7 +824,11 @@ mod tests {
                 Arc::new(Field::new(
                     "entries",
                     DataType::Struct(
-                        vec![Field::new("key", DataType::Utf8, false), Field::new("value", value, true)].into(),
+                        vec![
+                            Field::new("key", DataType::Utf8, false),
+                            Field::new("value", value, true),
+                        ]
+                        .into(),
                     ),
                     false,
                 )),
@@ -830,11 +836,27 @@ mod tests {
             )
         };
         let struct_named = |name: &str| {
-            Field::new(name, DataType::Struct(vec![Field::new("n", DataType::Int64, true)].into()), true)
+            Field::new(
+                name,
+                DataType::Struct(vec![Field::new("n", DataType::Int64, true)].into()),
+                true,
+            )
         };
         for (fields, part) in [
-            (vec![Field::new("foo", map(DataType::Int64), false), Field::new("FooEntry", DataType::Int64, false)], "FooEntry"),
-            (vec![Field::new("foo", DataType::Int64, true), Field::new("_foo", DataType::Int64, false)], "_foo"),
+            (
+                vec![
+                    Field::new("foo", map(DataType::Int64), false),
+                    Field::new("FooEntry", DataType::Int64, false),
+                ],
+                "FooEntry",
+            ),
+            (
+                vec![
+                    Field::new("foo", DataType::Int64, true),
+                    Field::new("_foo", DataType::Int64, false),
+                ],
+                "_foo",
+            ),
         ] {
             let why = file(&schema(fields), None).unwrap_err();
             assert!(why.contains(part), "{why}");
@@ -848,8 +870,19 @@ mod tests {
             ]),
             None,
         );
-        assert_eq!(v1.get_field_by_name("foo").unwrap().kind().as_message().unwrap().name(), "FooEntry");
-        let v2 = row(&schema(vec![Field::new("foo", map(DataType::Utf8), false)]), Some(&v1));
+        assert_eq!(
+            v1.get_field_by_name("foo")
+                .unwrap()
+                .kind()
+                .as_message()
+                .unwrap()
+                .name(),
+            "FooEntry"
+        );
+        let v2 = row(
+            &schema(vec![Field::new("foo", map(DataType::Utf8), false)]),
+            Some(&v1),
+        );
         assert_eq!(v2.get_field_by_name("foo").unwrap().number(), 4);
     }
 }

@@ -11,6 +11,7 @@
 
 use std::collections::HashMap;
 
+use arrow::buffer::NullBuffer;
 use arrow::util::display::{ArrayFormatter, FormatOptions};
 use arrow_array::cast::AsArray;
 use arrow_array::types::{
@@ -19,7 +20,6 @@ use arrow_array::types::{
     TimestampNanosecondType, TimestampSecondType, UInt8Type, UInt16Type, UInt32Type, UInt64Type,
 };
 use arrow_array::{Array, ArrayRef, RecordBatch};
-use arrow::buffer::NullBuffer;
 use arrow_schema::{DataType, Field, Fields, Schema, TimeUnit};
 use connector_api::types::marks::{self, Mark};
 use connector_api::{Error, ErrorKind, Phase, Result};
@@ -203,7 +203,9 @@ impl ValueError {
     /// This error of a list's item or a map's entry (`self.row` its index among all items) as the error of the row
     /// whose `offsets` hold it.
     fn of_row_holding(mut self, offsets: &[usize]) -> Self {
-        self.row = offsets.partition_point(|o| *o <= self.row).saturating_sub(1);
+        self.row = offsets
+            .partition_point(|o| *o <= self.row)
+            .saturating_sub(1);
         self
     }
 }
@@ -276,6 +278,10 @@ fn list_values(
         }
         other => return Err(ValueError::new(0, format!("is a {other}, not a list"))),
     };
+    // Only the items the rows hold (a sliced list's values array holds others too), the offsets made theirs.
+    let (first, last) = (offsets[0], offsets[offsets.len() - 1]);
+    let items = items.slice(first, last - first);
+    let offsets: Vec<usize> = offsets.iter().map(|o| o - first).collect();
     let items = item_values(&items, item_field, &descriptor.kind(), None)
         .map_err(|e| e.of_row_holding(&offsets))?;
     (0..array.len())
@@ -311,17 +317,24 @@ fn map_values(array: &ArrayRef, descriptor: &FieldDescriptor, absent: Absent<'_>
         [k, v] => (k.clone(), v.clone()),
         _ => return Err(ValueError::new(0, "is a map without key and value")),
     };
+    // Only the entries the rows hold (a sliced map's entries hold others too), the offsets made theirs.
     let offsets = map.value_offsets();
-    let rows_of: Vec<usize> = offsets.iter().map(|o| *o as usize).collect();
+    let first = offsets[0] as usize;
+    let count = offsets[offsets.len() - 1] as usize - first;
+    let rows_of: Vec<usize> = offsets.iter().map(|o| *o as usize - first).collect();
+    let (map_keys, map_values) = (
+        map.keys().slice(first, count),
+        map.values().slice(first, count),
+    );
     let keys = item_values(
-        map.keys(),
+        &map_keys,
         &key_field,
         &entry.map_entry_key_field().kind(),
         None,
     )
     .map_err(|e| e.of_row_holding(&rows_of))?;
     let entries = item_values(
-        map.values(),
+        &map_values,
         &value_field,
         &entry.map_entry_value_field().kind(),
         None,
@@ -336,7 +349,7 @@ fn map_values(array: &ArrayRef, descriptor: &FieldDescriptor, absent: Absent<'_>
                 return Err(not_null(row, "map", "a map field"));
             }
             let mut out = HashMap::new();
-            for i in offsets[row] as usize..offsets[row + 1] as usize {
+            for i in rows_of[row]..rows_of[row + 1] {
                 let key = keys[i]
                     .as_ref()
                     .and_then(map_key)
@@ -639,10 +652,18 @@ mod tests {
 
     #[test]
     fn a_null_list_under_a_null_struct_is_no_error_and_item_errors_name_their_row() {
-        let inner = Fields::from(vec![Field::new("tags", DataType::new_list(DataType::Utf8, true), true)]);
+        let inner = Fields::from(vec![Field::new(
+            "tags",
+            DataType::new_list(DataType::Utf8, true),
+            true,
+        )]);
         let schema = Arc::new(Schema::new(vec![
             Field::new("s", DataType::Struct(inner.clone()), true),
-            Field::new("lines", DataType::new_list(DataType::Struct(inner.clone()), true), true),
+            Field::new(
+                "lines",
+                DataType::new_list(DataType::Struct(inner.clone()), true),
+                true,
+            ),
         ]));
         let values = registered(&schema);
         let tags = |rows: &[Option<Vec<&str>>]| {

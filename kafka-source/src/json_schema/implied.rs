@@ -152,7 +152,11 @@ fn without_null(schema: &Doc) -> Option<(bool, &Doc)> {
         };
         // The other branch names one type, so it does not admit null too (`oneOf` would then refuse a null that
         // both branches take).
-        let single = |b: &Doc| b.get("type").and_then(Doc::as_str).is_some_and(|t| t != "null");
+        let single = |b: &Doc| {
+            b.get("type")
+                .and_then(Doc::as_str)
+                .is_some_and(|t| t != "null")
+        };
         return match branches {
             [a, b] if is_null(a) && single(b) => Some((true, b)),
             [a, b] if is_null(b) && single(a) => Some((true, a)),

@@ -88,7 +88,12 @@ impl FlatPlan {
             // A reader field with presence read from a writer field without it: a value on the wire equal to the
             // default reads as null (as `DynamicMessage` has it), which the general path decides.
             let presence_differs = column.nullable && !field.supports_presence();
-            if field.is_list() || field.is_map() || field.is_group() || real_oneof || presence_differs {
+            if field.is_list()
+                || field.is_map()
+                || field.is_group()
+                || real_oneof
+                || presence_differs
+            {
                 return None;
             }
             let wire = match (&column.kind, field.kind()) {
@@ -303,7 +308,11 @@ fn next_field<'a>(body: &'a [u8], at: &mut usize) -> Result<(u64, u8, Raw<'a>), 
         }
         5 => Raw::Bytes(take(body, at, 4)?),
         3 | 4 => return Err(FlatError::General), // a group: the general path reads (or skips) it
-        _ => return Err(invalid(format!("has wire type {wire}, which Protobuf does not have"))),
+        _ => {
+            return Err(invalid(format!(
+                "has wire type {wire}, which Protobuf does not have"
+            )));
+        }
     };
     Ok((number, wire, raw))
 }
@@ -572,7 +581,12 @@ mod tests {
             (&[0x4a, 1, 0xff][..], "UTF-8"),
             (&[0x0a, 1, 0][..], "wire type 2"),
             (&[0x08, 0x80][..], "cut short"),
-            (&[0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f][..], "past 64 bits"),
+            (
+                &[
+                    0x08, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f,
+                ][..],
+                "past 64 bits",
+            ),
         ] {
             match plan.decode(body, &mut rows) {
                 Err(FlatError::Invalid(message)) => {
@@ -583,7 +597,10 @@ mod tests {
         }
         assert_eq!(rows.len(), 0);
         // A group on the wire (field 30, start and end): the general path's.
-        assert!(matches!(plan.decode(&[0xf3, 0x01, 0xf4, 0x01], &mut rows), Err(FlatError::General)));
+        assert!(matches!(
+            plan.decode(&[0xf3, 0x01, 0xf4, 0x01], &mut rows),
+            Err(FlatError::General)
+        ));
         // A reader `optional` read from a writer field without presence: the general path decides null.
         let implicit = message(r#"syntax = "proto3"; message Flat { int32 k = 11; }"#).await;
         assert!(FlatPlan::new(&implicit, &columns).is_none());
