@@ -2,7 +2,7 @@
 SchemaRegistryClient and ProtobufSerializer (the schema registered under <topic>-value, values in the Confluent wire
 format: 0x00, the 4-byte schema id, the message-index path, the message). No Ratchet code and no hand-framed bytes.
 
-usage: confluent_protobuf.py BOOTSTRAP TOPIC PROTO MESSAGE RECORDS [IMPORTS]
+usage: confluent_protobuf.py BOOTSTRAP TOPIC PROTO MESSAGE RECORDS [IMPORTS [KEY_MESSAGE]]
 
 PROTO is the text of one .proto file (`order.proto`); it may import google/protobuf/*.proto and the files IMPORTS
 (a JSON object of file name to .proto text) holds. It is compiled by protoc from grpcio-tools into a message class,
@@ -10,7 +10,9 @@ as an application's generated code would be; the serializer registers each impor
 file name) and the schema with references to them. MESSAGE is the full name of the
 message to write; RECORDS a JSON list of objects in Protobuf's JSON mapping (Timestamps as RFC 3339 text, enums by
 name, bytes as base64), each parsed into the message by google.protobuf.json_format and keyed by its `id` field,
-when it has one, as text. The registry is RATCHET_REGISTRY_URL with RATCHET_REGISTRY_USER /
+when it has one, as text; with KEY_MESSAGE (a message of the same file) the key is that message holding the `id`
+instead, written by a ProtobufSerializer for keys (subject <topic>-key, its message-index path naming the key
+message). The registry is RATCHET_REGISTRY_URL with RATCHET_REGISTRY_USER /
 RATCHET_REGISTRY_PASSWORD. Every record is acknowledged before the script ends. Prints {"schema_id": the id the
 values carry, "count": records written}.
 """
@@ -54,7 +56,8 @@ def message_class(proto: str, message: str, imports: dict[str, str]):
     return message_factory.GetMessageClass(pool.FindMessageTypeByName(message))
 
 
-def main(bootstrap: str, topic: str, proto: str, message: str, records: str, imports: str = "{}") -> None:
+def main(bootstrap: str, topic: str, proto: str, message: str, records: str, imports: str = "{}",
+         key_message: str = "") -> None:
     registry = SchemaRegistryClient({
         "url": os.environ["RATCHET_REGISTRY_URL"],
         "basic.auth.user.info": f"{os.environ['RATCHET_REGISTRY_USER']}:{os.environ['RATCHET_REGISTRY_PASSWORD']}",
@@ -63,6 +66,10 @@ def main(bootstrap: str, topic: str, proto: str, message: str, records: str, imp
     })
     cls = message_class(proto, message, json.loads(imports))
     serialize = ProtobufSerializer(cls, registry, {"use.deprecated.format": False})
+    key_cls = None
+    if key_message:
+        key_cls = message_factory.GetMessageClass(cls.DESCRIPTOR.file.pool.FindMessageTypeByName(key_message))
+        serialize_key = ProtobufSerializer(key_cls, registry, {"use.deprecated.format": False})
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
     failures = []
     schema_ids = set()
@@ -76,7 +83,11 @@ def main(bootstrap: str, topic: str, proto: str, message: str, records: str, imp
     for row in rows:
         value = serialize(json_format.ParseDict(row, cls()), context)
         schema_ids.add(int.from_bytes(value[1:5], "big"))
-        key = str(row["id"]).encode() if "id" in row else None
+        if key_cls is not None:
+            key = serialize_key(json_format.ParseDict({"id": row["id"]}, key_cls()),
+                                SerializationContext(topic, MessageField.KEY))
+        else:
+            key = str(row["id"]).encode() if "id" in row else None
         producer.produce(topic, key=key, value=value, on_delivery=delivered)
         producer.poll(0)
     if producer.flush(30) != 0 or failures:

@@ -68,6 +68,29 @@ impl Job {
         records: &[Value],
         imports: &[(&str, &str)],
     ) -> u64 {
+        self.protobuf_producer(proto, message, records, imports, None)
+    }
+
+    /// As [`produce_protobuf`](Self::produce_protobuf), each record keyed by a `key_message` (of the same file)
+    /// holding its `id`, written by a ProtobufSerializer for keys (subject `<topic>-key`).
+    pub fn produce_protobuf_keyed(
+        &self,
+        proto: &str,
+        message: &str,
+        key_message: &str,
+        records: &[Value],
+    ) -> u64 {
+        self.protobuf_producer(proto, message, records, &[], Some(key_message))
+    }
+
+    fn protobuf_producer(
+        &self,
+        proto: &str,
+        message: &str,
+        records: &[Value],
+        imports: &[(&str, &str)],
+        key_message: Option<&str>,
+    ) -> u64 {
         let services = Services::get();
         let records = Value::from(records.to_vec()).to_string();
         let imports: serde_json::Map<String, Value> = imports
@@ -75,17 +98,16 @@ impl Job {
             .map(|(name, text)| (name.to_string(), Value::from(*text)))
             .collect();
         let imports = Value::Object(imports).to_string();
-        services.produce(
-            "confluent_protobuf.py",
-            &[
-                services.kafka_bootstrap(),
-                &self.topic,
-                proto,
-                message,
-                &records,
-                &imports,
-            ],
-        )["schema_id"]
+        let mut args = vec![
+            services.kafka_bootstrap(),
+            &self.topic,
+            proto,
+            message,
+            &records,
+            &imports,
+        ];
+        args.extend(key_message);
+        services.produce("confluent_protobuf.py", &args)["schema_id"]
             .as_u64()
             .unwrap()
     }

@@ -6,7 +6,8 @@
 //! `optional` presence, a `oneof`); one whose timestamp has nanoseconds
 //! (which no microsecond column holds) is dead-lettered once naming the field; `check-config` prints the message's
 //! columns. A new version of the message with a new field, with `evolution = "add-columns"` on every sink, adds the
-//! column everywhere through a SIGKILL.
+//! column everywhere through a SIGKILL. Keys written as Protobuf messages (the key message second in its file, so
+//! its message-index path is `[1]`) become key columns.
 
 use crate::common;
 
@@ -244,4 +245,39 @@ async fn a_new_protobuf_field_becomes_a_column_in_every_sink_through_sigkill() {
         let qty = value.get("qty").filter(|q| !q.is_null());
         assert_eq!(qty.cloned(), (id >= 150).then(|| json!(id)), "{value}");
     }
+}
+
+/// An order and its key message, second in the file (the key's message-index path is `[1]`).
+const KEYED: &str = r#"syntax = "proto3";
+package shop;
+message Order { int64 id = 1; string note = 2; }
+message OrderKey { int64 id = 1; }
+"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn protobuf_keys_become_key_columns() {
+    let job = Job::new("protokey", 1, 2, "3s").await;
+    job.read_registry_protobuf();
+    job.set_decoding(r#"{ kind = "protobuf", record_name = "shop.Order" }"#);
+    let text = std::fs::read_to_string(&job.config).unwrap();
+    std::fs::write(
+        &job.config,
+        text.replace(
+            "[source.registry]",
+            "[source.metadata]\nkey = \"k\"\nkey_decoding = { kind = \"protobuf\", record_name = \"shop.OrderKey\" }\n\n[source.registry]",
+        ),
+    )
+    .unwrap();
+    let services = Services::get();
+    let records: Vec<Value> = (0..50).map(|id| json!({"id": id, "note": format!("n{id}")})).collect();
+    job.produce_protobuf_keyed(KEYED, "shop.Order", "shop.OrderKey", &records);
+    let mut worker = job.spawn_worker(&["--exit-when-idle", "3s"]);
+    worker.wait_exit(Duration::from_secs(120));
+    job.assert_holds(&(0..50).collect::<Vec<_>>());
+    // PostgreSQL (psql): each row's key column holds the id its key message carried.
+    let summary = services.psql(&format!(
+        "SELECT count(*) FILTER (WHERE k_id = id), count(*) FROM \"{}\"",
+        job.table
+    ));
+    assert_eq!(summary.trim(), "50|50");
 }
