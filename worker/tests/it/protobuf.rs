@@ -256,7 +256,7 @@ message OrderKey { int64 id = 1; }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn protobuf_keys_become_key_columns() {
-    let job = Job::new("protokey", 1, 2, "3s").await;
+    let mut job = Job::new("protokey", 1, 2, "3s").await;
     job.read_registry_protobuf();
     job.set_decoding(r#"{ kind = "protobuf", record_name = "shop.Order" }"#);
     let text = std::fs::read_to_string(&job.config).unwrap();
@@ -269,7 +269,9 @@ async fn protobuf_keys_become_key_columns() {
     )
     .unwrap();
     let services = Services::get();
-    let records: Vec<Value> = (0..50).map(|id| json!({"id": id, "note": format!("n{id}")})).collect();
+    let records: Vec<Value> = (0..50)
+        .map(|id| json!({"id": id, "note": format!("n{id}")}))
+        .collect();
     job.produce_protobuf_keyed(KEYED, "shop.Order", "shop.OrderKey", &records);
     let mut worker = job.spawn_worker(&["--exit-when-idle", "3s"]);
     worker.wait_exit(Duration::from_secs(120));
