@@ -312,20 +312,7 @@ mod tests {
     use super::*;
 
     async fn message(source: &str, name: &str) -> MessageDescriptor {
-        let registry = schema_registry::SchemaRegistry::new(
-            &schema_registry::RegistrySettings::new("http://127.0.0.1:9/"),
-        )
-        .unwrap();
-        let schema = schema_registry::RegisteredSchema {
-            id: 1,
-            schema: source.to_string(),
-            schema_type: schema_registry::SchemaType::Protobuf,
-            references: Vec::new(),
-            version: None,
-        };
-        let file = schema_registry::protobuf::compile(&registry, &schema)
-            .await
-            .unwrap();
+        let file = super::super::test_files::compiled(source).await;
         file.parent_pool().get_message_by_name(name).unwrap()
     }
 

@@ -136,22 +136,6 @@ impl ProtobufDecoding {
             Err(_) => Ok(()),
         }
     }
-
-    /// The writer message of `value` (the record at `at`): its schema id, message-index path (empty for `[0]`),
-    /// descriptor, and body.
-    ///
-    /// # Errors
-    /// [`BadRecord`](ErrorKind::BadRecord) naming the record: not framed, a refused schema id or message; a
-    /// registry that cannot be reached as for [`ProtoWriters::resolve`].
-    fn writer_message<'v>(
-        &self,
-        at: RecordAt<'_>,
-        value: &'v [u8],
-    ) -> Result<(u32, Vec<usize>, MessageDescriptor, &'v [u8])> {
-        let (id, path, body) = framing(at, value)?;
-        let descriptor = self.writers.resolve(id, &path, at)?;
-        Ok((id, path, descriptor, body))
-    }
 }
 
 /// The refusal of the record at `at` whose body is not a valid `descriptor` message of schema `id`.
@@ -415,8 +399,9 @@ pub(crate) struct ProtobufRows {
     decoding: ProtobufDecoding,
     columns: Arc<Columns>,
     rows: MessageRows,
-    /// The fast path of each writer message seen in this batch (by schema id and path), when it has one.
-    plans: HashMap<(u32, Vec<usize>), Option<FlatPlan>>,
+    /// Each writer message accepted in this batch (by schema id and path), with its fast path when it has one:
+    /// a record of a known writer needs no lookup in the shared (locked) writers.
+    plans: HashMap<(u32, Vec<usize>), (MessageDescriptor, Option<FlatPlan>)>,
 }
 
 impl ProtobufRows {
@@ -439,7 +424,7 @@ impl ProtobufRows {
     /// that is not the message, a value that does not fit its column (the builders are then unusable); a registry
     /// that cannot be reached as for [`ProtoWriters::resolve`].
     pub(crate) fn append(&mut self, at: RecordAt<'_>, value: &[u8], role: &str) -> Result<()> {
-        let (id, path, descriptor, body) = self.decoding.writer_message(at, value)?;
+        let (id, path, body) = framing(at, value)?;
         let misfit = |why: rows::ValueError, decoding: &ProtobufDecoding| {
             bad_record(
                 at,
@@ -451,21 +436,23 @@ impl ProtobufRows {
         };
         let key = (id, path);
         if !self.plans.contains_key(&key) {
+            let descriptor = self.decoding.writers.resolve(id, &key.1, at)?;
             let plan = FlatPlan::new(&descriptor, &self.columns.columns);
-            self.plans.insert(key.clone(), plan);
+            self.plans.insert(key.clone(), (descriptor, plan));
         }
-        if let Some(Some(plan)) = self.plans.get(&key) {
+        let (descriptor, plan) = &self.plans[&key];
+        if let Some(plan) = plan {
             match plan.decode(body, &mut self.rows) {
                 Ok(()) => return Ok(()),
                 Err(FlatError::Invalid(why)) => {
-                    return Err(not_the_message(at, id, &descriptor, &why));
+                    return Err(not_the_message(at, id, descriptor, &why));
                 }
                 Err(FlatError::Value(why)) => return Err(misfit(why, &self.decoding)),
                 Err(FlatError::General) => {} // a repeated nested message (merged) or a group
             }
         }
         let message = DynamicMessage::decode(descriptor.clone(), body)
-            .map_err(|e| not_the_message(at, id, &descriptor, &e.to_string()))?;
+            .map_err(|e| not_the_message(at, id, descriptor, &e.to_string()))?;
         self.rows
             .append(&message)
             .map_err(|why| misfit(why, &self.decoding))
@@ -505,6 +492,36 @@ impl ProtobufRows {
     }
 }
 
+/// Schemas compiled for the unit tests, over a registry that is never asked (its address answers nothing).
+#[cfg(test)]
+pub(crate) mod test_files {
+    use prost_reflect::FileDescriptor;
+    use schema_registry::{RegisteredSchema, RegistrySettings, SchemaRegistry, SchemaType};
+
+    /// A registry client whose address answers nothing.
+    pub(crate) fn registry() -> SchemaRegistry {
+        SchemaRegistry::new(&RegistrySettings::new("http://127.0.0.1:9/")).unwrap()
+    }
+
+    /// `source` registered as Protobuf schema `id`, without references.
+    pub(crate) fn registered(id: u32, source: &str) -> RegisteredSchema {
+        RegisteredSchema {
+            id,
+            schema: source.to_string(),
+            schema_type: SchemaType::Protobuf,
+            references: Vec::new(),
+            version: None,
+        }
+    }
+
+    /// `source` compiled (as schema id 1).
+    pub(crate) async fn compiled(source: &str) -> FileDescriptor {
+        schema_registry::protobuf::compile(&registry(), &registered(1, source))
+            .await
+            .unwrap()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use arrow_array::Array;
@@ -532,26 +549,7 @@ mod tests {
         offset: 4,
     };
 
-    async fn file(source: &str) -> FileDescriptor {
-        compile(&registry(), &registered(1, source)).await.unwrap()
-    }
-
-    fn registry() -> SchemaRegistry {
-        SchemaRegistry::new(&schema_registry::RegistrySettings::new(
-            "http://127.0.0.1:9/",
-        ))
-        .unwrap()
-    }
-
-    fn registered(id: u32, source: &str) -> RegisteredSchema {
-        RegisteredSchema {
-            id,
-            schema: source.to_string(),
-            schema_type: SchemaType::Protobuf,
-            references: Vec::new(),
-            version: None,
-        }
-    }
+    use super::test_files::{compiled as file, registered, registry};
 
     /// The decoding of `reader` (id 1) with `writers` (by id) compiled as a registry lookup would have; a registry
     /// that is never asked.
