@@ -52,5 +52,5 @@ pub use registry::{
     parse_settings,
 };
 pub use retry::{Attempts, RetryPolicy};
-pub use schema_change::{FollowedSchema, added_columns, columns_to_add};
+pub use schema_change::{FollowedSchema, SchemaChange, Widened, widens};
 pub use txn::{Committer, TwoPhaseCommit};

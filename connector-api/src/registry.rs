@@ -80,9 +80,10 @@ pub struct SinkContext {
     pub evolution: Evolution,
 }
 
-/// `evolution` of a `[[sinks]]` entry: what a sink does when the source's schema gains fields (a schema
-/// registry's writer schema added some).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+/// `evolution` of a `[[sinks]]` entry: what a sink does when the source's schema changes (a schema registry's
+/// writer schema added fields, widened a type or made a field optional). The modes are ordered: each takes what
+/// the one before it takes, and a job evolves as far as its least evolving sink.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Evolution {
     /// Never changes the external system's schema: a record with a new field stops the job, naming the field
@@ -92,6 +93,30 @@ pub enum Evolution {
     /// Adds the new columns (nullable) at a checkpoint boundary before any row of them is written, and at start
     /// the columns the external system lacks ([`TwoPhaseCommit::evolve`]).
     AddColumns,
+    /// As `AddColumns`, and also widens a column's type the way every engine reads (int to long, float to double,
+    /// a decimal's precision up at the same scale) and makes a required column optional ([`SchemaChange`](crate::SchemaChange)).
+    Evolve,
+}
+
+impl Evolution {
+    /// Whether new (nullable) columns are taken.
+    pub fn adds_columns(self) -> bool {
+        self >= Evolution::AddColumns
+    }
+
+    /// Whether widened types and columns made optional are taken.
+    pub fn changes_columns(self) -> bool {
+        self >= Evolution::Evolve
+    }
+
+    /// The setting's value in a job file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Evolution::None => "none",
+            Evolution::AddColumns => "add-columns",
+            Evolution::Evolve => "evolve",
+        }
+    }
 }
 
 impl SinkContext {

@@ -234,8 +234,9 @@ pub struct FileSinkConfig {
     pub partition: PartitionConfig,
     /// When files roll.
     pub rolling: RollingPolicy,
-    /// Take new columns when the batches' schema gains some (new files have them; files already written keep
-    /// theirs): `add-columns`; `none` refuses.
+    /// Take new columns, widened types and columns made optional when the batches' schema changes (new files
+    /// have the new schema; files already written keep theirs): `add-columns` takes new columns, `evolve` all of
+    /// them; `none` refuses.
     pub evolution: connector_api::Evolution,
 }
 

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use arrow_array::RecordBatch;
 use async_trait::async_trait;
 use connector_api::{
-    CheckpointId, Error, ErrorKind, Phase, RecoveryPlan, Result, SinkId, TwoPhaseCommit,
+    CheckpointId, Error, ErrorKind, Phase, RecoveryPlan, Result, SchemaChange, SinkId,
+    TwoPhaseCommit,
 };
 
 use crate::FileName;
@@ -173,23 +174,24 @@ impl TwoPhaseCommit for FileSink {
         Ok(())
     }
 
-    /// `evolution = "add-columns"`: the files opened from now on have the new schema (no file is open: the
-    /// driver evolves between checkpoints, and each checkpoint seals its files). Files already published keep
-    /// the schema they were written with; a reader merging schemas (Spark, DuckDB `union_by_name`, pyarrow
-    /// datasets) sees null in the new columns for them.
+    /// `evolution = "add-columns"` or `"evolve"`: the files opened from now on have the new schema (no file is
+    /// open: the driver evolves between checkpoints, and each checkpoint seals its files). Files already
+    /// published keep the schema they were written with; a reader merging schemas (Spark, DuckDB
+    /// `union_by_name`, pyarrow datasets) sees null in the new columns for them, and reads a widened column's
+    /// older files with the narrower type (Spark and DuckDB widen int to long and float to double when merging).
     ///
     /// # Errors
-    /// [`Config`](ErrorKind::Config) with `evolution = "none"`, for a change other than added nullable columns, or
-    /// a format that cannot hold the new schema (CSV and nested columns).
+    /// [`Config`](ErrorKind::Config) for a change `evolution` does not allow ([`SchemaChange::to_make`]), or a
+    /// format that cannot hold the new schema (CSV and nested columns).
     async fn evolve(&mut self, schema: arrow_schema::SchemaRef) -> Result<()> {
-        let added = connector_api::columns_to_add(
+        let change = SchemaChange::to_make(
             &self.config.sink,
             self.config.evolution,
             "the files' schema",
             &self.config.schema,
             &schema,
         )?;
-        if added.is_empty() {
+        if change.is_empty() {
             return Ok(());
         }
         if !self.open.is_empty() {

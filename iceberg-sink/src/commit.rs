@@ -110,6 +110,11 @@ impl TableTarget {
         Ok(self)
     }
 
+    /// Ratchet's own catalog commit, when the target was built with one.
+    pub(crate) fn own_commit(&self) -> Option<&OwnCommit> {
+        self.own_commit.as_ref()
+    }
+
     /// Ratchet's own commit when the snapshot needs it: it adds delete files (a row delta, which iceberg cannot
     /// commit), or `table` asks for manifest merging; `None` for iceberg's own commit.
     ///

@@ -1,31 +1,61 @@
-//! Schema evolution of the table (`evolution = "add-columns"`): the batches' columns the table lacks are added as
+//! Schema evolution of the table. `evolution = "add-columns"`: the batches' columns the table lacks are added as
 //! optional columns, in one schema update through the catalog (iceberg-rust's `UpdateSchemaAction`, committed with
-//! the requirement that the table's current schema is the one it was built on). Nothing is written when the table
-//! has every column, so an instance opening an evolved table changes nothing.
+//! the requirement that the table's current schema is the one it was built on). `evolution = "evolve"` also
+//! widens the columns whose batches' type is wider (int to long, float to double, a decimal's precision up: the
+//! promotions Iceberg's spec allows) and makes optional the required columns whose batches take nulls, in a second
+//! schema update committed by Ratchet's own catalog commit (iceberg-rust 0.10 has no update-column action): a new
+//! schema with the same field ids, made current under the requirement that the current schema is still the one
+//! it was built from. Nothing is written when the table already fits, so an instance opening an evolved table
+//! changes nothing.
 //!
-//! Two instances adding the same column at once: the loser's commit fails its requirement (or its add is refused
-//! because the column exists by then); the table is loaded again and the columns counted again, a few times at
-//! most. A data file written before the change lacks the column: readers see null there, which is also what a
-//! record without the field means.
+//! Two instances changing the schema at once: the loser's commit fails its requirement (or its add is refused
+//! because the column exists by then); the table is loaded again and the changes counted again, a few times at
+//! most. A commit whose outcome is unknown is found out the same way. A data file written before the change lacks
+//! a new column (readers see null there, which is also what a record without the field means) and holds a widened
+//! column's values in the narrower type, which every Iceberg reader promotes.
 
-use arrow_schema::SchemaRef;
-use connector_api::{Error, ErrorKind, Phase, Result, SinkId};
+use arrow_schema::{Field, SchemaRef};
+use connector_api::{Error, ErrorKind, Evolution, Phase, Result, SinkId};
+use iceberg::spec::{NestedField, PrimitiveType, Type};
 use iceberg::table::Table;
 use iceberg::transaction::{AddColumn, ApplyTransactionAction, Transaction};
+use iceberg::{TableRequirement, TableUpdate};
 
 use crate::commit::TableTarget;
 use crate::error::iceberg_error;
+use crate::swap_outcome::SwapOutcome;
 use crate::types;
 
 /// How many times a schema update that lost a race is tried again.
 const ATTEMPTS: u32 = 4;
+
+/// Changes the table as `evolution` allows so that it takes batches of `schema`: adds the columns it lacks, then
+/// (`evolve`) widens and makes optional the columns that need it. Returns the table as it then is.
+///
+/// # Errors
+/// As [`add_missing_columns`] and [`change_columns`].
+pub(crate) async fn evolve_table(
+    target: &TableTarget,
+    schema: &SchemaRef,
+    sink: &SinkId,
+    evolution: Evolution,
+) -> Result<Table> {
+    let table = match evolution.adds_columns() {
+        true => add_missing_columns(target, schema, sink).await?,
+        false => target.load(Phase::Setup).await?,
+    };
+    match evolution.changes_columns() {
+        true => change_columns(target, schema, sink).await,
+        false => Ok(table),
+    }
+}
 
 /// Adds the columns of `schema` the table lacks; returns the table as it then is.
 ///
 /// # Errors
 /// [`Retryable`](ErrorKind::Retryable) when the catalog cannot be reached or the update kept losing races;
 /// [`Config`](ErrorKind::Config) when a column has no exact Iceberg type ([`crate::types`]).
-pub(crate) async fn add_missing_columns(
+async fn add_missing_columns(
     target: &TableTarget,
     schema: &SchemaRef,
     sink: &SinkId,
@@ -102,5 +132,205 @@ pub(crate) async fn add_missing_columns(
                 .with_sink(sink));
             }
         }
+    }
+}
+
+/// The table's top-level field as the batches' column `field` needs it: its type widened, optional where the
+/// column takes nulls; `None` when the field already takes the column's values (or cannot: the fit check refuses
+/// it then, naming it).
+fn changed_field(current: &NestedField, field: &Field) -> Option<NestedField> {
+    let (wanted, _) = types::fields_of(std::iter::once(field), &mut 0);
+    let wanted = wanted.first()?;
+    let mut changed = current.clone();
+    if let (Type::Primitive(from), Type::Primitive(to)) =
+        (current.field_type.as_ref(), wanted.field_type.as_ref())
+        && promotes(from, to)
+    {
+        changed.field_type = Box::new(Type::Primitive(to.clone()));
+    }
+    if current.required && field.is_nullable() {
+        changed.required = false;
+    }
+    (changed != *current).then_some(changed)
+}
+
+/// Whether Iceberg's spec lets a column of type `from` be promoted to `to`.
+fn promotes(from: &PrimitiveType, to: &PrimitiveType) -> bool {
+    match (from, to) {
+        (PrimitiveType::Int, PrimitiveType::Long)
+        | (PrimitiveType::Float, PrimitiveType::Double) => true,
+        (
+            PrimitiveType::Decimal {
+                precision: p1,
+                scale: s1,
+            },
+            PrimitiveType::Decimal {
+                precision: p2,
+                scale: s2,
+            },
+        ) => s1 == s2 && p1 < p2,
+        _ => false,
+    }
+}
+
+/// `evolution = "evolve"`: widens the table's columns whose batches' type is wider and makes optional the ones
+/// whose batches take nulls (top-level columns; the field ids stay); returns the table as it then is.
+///
+/// # Errors
+/// [`Retryable`](ErrorKind::Retryable) when the catalog cannot be reached, a commit's outcome stayed unknown or
+/// the update kept losing races; [`Config`](ErrorKind::Config) when the catalog has no commit Ratchet can make.
+async fn change_columns(target: &TableTarget, schema: &SchemaRef, sink: &SinkId) -> Result<Table> {
+    let own = target.own_commit().ok_or_else(|| {
+        Error::new(
+            ErrorKind::Config,
+            Phase::Setup,
+            format!(
+                "widening columns of table {} needs Ratchet's own catalog commit, which this catalog lacks",
+                target.table
+            ),
+        )
+        .with_sink(sink)
+    })?;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let table = target.load(Phase::Setup).await?;
+        let current = table.metadata().current_schema();
+        let mut changed = Vec::new();
+        let fields: Vec<_> = current
+            .as_struct()
+            .fields()
+            .iter()
+            .map(|f| {
+                let Ok(column) = schema.field_with_name(&f.name) else {
+                    return f.clone();
+                };
+                match changed_field(f, column) {
+                    Some(new) => {
+                        changed.push(f.name.clone());
+                        std::sync::Arc::new(new)
+                    }
+                    None => f.clone(),
+                }
+            })
+            .collect();
+        if changed.is_empty() {
+            return Ok(table);
+        }
+        let names = changed.join(", ");
+        let evolved = iceberg::spec::Schema::builder()
+            .with_schema_id(current.schema_id() + 1)
+            .with_fields(fields)
+            .with_identifier_field_ids(current.identifier_field_ids())
+            .build()
+            .map_err(|e| {
+                iceberg_error(
+                    Phase::Setup,
+                    format!(
+                        "cannot build table {}'s schema with {names} changed",
+                        target.table
+                    ),
+                    e,
+                )
+                .with_sink(sink)
+            })?;
+        let requirements = vec![TableRequirement::CurrentSchemaIdMatch {
+            current_schema_id: current.schema_id(),
+        }];
+        let updates = vec![
+            TableUpdate::AddSchema { schema: evolved },
+            TableUpdate::SetCurrentSchema { schema_id: -1 },
+        ];
+        let outcome = tokio::time::timeout(
+            target.commit_timeout,
+            own.commit(&table, requirements, updates),
+        )
+        .await;
+        let failure = match outcome {
+            Ok(Ok(SwapOutcome::Committed(table))) => {
+                tracing::info!(%sink, table = %target.table, columns = %names,
+                    "widened the table's columns (or made them optional) for the batches' schema");
+                return Ok(*table);
+            }
+            Ok(Ok(SwapOutcome::Conflict)) => "another writer moved the table first".to_string(),
+            Ok(Err(e)) if e.kind() == iceberg::ErrorKind::DataInvalid => {
+                return Err(iceberg_error(
+                    Phase::Setup,
+                    format!(
+                        "the catalog refused to change column(s) {names} of table {}",
+                        target.table
+                    ),
+                    e,
+                )
+                .with_kind(ErrorKind::Config)
+                .with_sink(sink));
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("the commit took longer than {:?}", target.commit_timeout),
+        };
+        // The table is loaded again: whether the change is there decides (an unknown outcome included).
+        if attempt >= ATTEMPTS {
+            return Err(Error::new(
+                ErrorKind::Retryable,
+                Phase::Setup,
+                format!(
+                    "cannot change column(s) {names} of table {} after {ATTEMPTS} attempts: {failure}",
+                    target.table
+                ),
+            )
+            .with_sink(sink));
+        }
+        tracing::info!(%sink, table = %target.table, %failure,
+            "the column change did not commit; loading the table again");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow_schema::DataType;
+
+    use super::*;
+
+    #[test]
+    fn only_iceberg_promotions_and_nulls_change_a_field() {
+        let int = NestedField::required(1, "qty", Type::Primitive(PrimitiveType::Int));
+        let long = Field::new("qty", DataType::Int64, false);
+        let changed = changed_field(&int, &long).unwrap();
+        assert_eq!(*changed.field_type, Type::Primitive(PrimitiveType::Long));
+        assert!(changed.required && changed.id == 1);
+        let optional = changed_field(&int, &Field::new("qty", DataType::Int32, true)).unwrap();
+        assert!(!optional.required);
+        assert_eq!(*optional.field_type, Type::Primitive(PrimitiveType::Int));
+        assert!(changed_field(&int, &Field::new("qty", DataType::Int16, false)).is_none());
+        assert!(changed_field(&int, &Field::new("qty", DataType::Utf8, false)).is_none());
+        let price = NestedField::optional(
+            2,
+            "price",
+            Type::Primitive(PrimitiveType::Decimal {
+                precision: 9,
+                scale: 2,
+            }),
+        );
+        let wider = changed_field(
+            &price,
+            &Field::new("price", DataType::Decimal128(12, 2), true),
+        )
+        .unwrap();
+        assert_eq!(
+            *wider.field_type,
+            Type::Primitive(PrimitiveType::Decimal {
+                precision: 12,
+                scale: 2
+            })
+        );
+        assert!(
+            changed_field(
+                &price,
+                &Field::new("price", DataType::Decimal128(12, 3), true)
+            )
+            .is_none()
+        );
+        let float = NestedField::optional(3, "ratio", Type::Primitive(PrimitiveType::Float));
+        assert!(changed_field(&float, &Field::new("ratio", DataType::Float64, true)).is_some());
     }
 }

@@ -7,7 +7,7 @@ use arrow_array::RecordBatch;
 use async_trait::async_trait;
 use connector_api::{
     AppliedChanges, ChangeColumns, CheckpointId, Error, ErrorKind, Evolution, Phase, RecoveryPlan,
-    Result, SinkId, TwoPhaseCommit,
+    Result, SchemaChange, SinkId, TwoPhaseCommit,
 };
 use iceberg::table::Table;
 use iceberg::{NamespaceIdent, TableCreation, TableIdent};
@@ -20,7 +20,7 @@ use crate::committable::{IcebergCommittable, PendingFile};
 use crate::config::IcebergSinkConfig;
 use crate::equality_deletes::EqualityDeletes;
 use crate::error::iceberg_error;
-use crate::evolve::add_missing_columns;
+use crate::evolve::evolve_table;
 use crate::ledger::SubtaskKey;
 use crate::manifest_merge::MANIFEST_MERGE_ENABLED;
 use crate::retire::DELETE_METADATA_AFTER_COMMIT;
@@ -114,8 +114,14 @@ impl IcebergSink {
             key: key.clone(),
             epoch: Arc::default(),
         };
-        if config.evolution == Evolution::AddColumns {
-            add_missing_columns(&committer.target, &table_schema(&config)?, &config.sink).await?;
+        if config.evolution != Evolution::None {
+            evolve_table(
+                &committer.target,
+                &table_schema(&config)?,
+                &config.sink,
+                config.evolution,
+            )
+            .await?;
         }
         // Refused now, with the table and the fields named, rather than at the first write or pre-commit.
         let table = committer.target.load(Phase::Setup).await?;
@@ -226,29 +232,30 @@ impl TwoPhaseCommit for IcebergSink {
     }
 
     /// `evolution = "add-columns"`: adds the new columns to the table as optional columns (one schema update
-    /// through the catalog; nothing when another instance already added them), then opens the checkpoint's
-    /// writers again on the new schema (the ones `begin` opened wrote nothing).
+    /// through the catalog; nothing when another instance already added them); `"evolve"` also widens the
+    /// columns whose type the batches widen and makes optional the ones they make optional ([`crate::evolve`]).
+    /// Then opens the checkpoint's writers again on the new schema (the ones `begin` opened wrote nothing).
     ///
     /// # Errors
-    /// [`Config`](ErrorKind::Config) with `evolution = "none"` (naming the new columns and the setting) or for a
-    /// change other than added nullable columns; [`Retryable`](ErrorKind::Retryable) when the catalog cannot be
-    /// reached.
+    /// [`Config`](ErrorKind::Config) for a change `evolution` does not allow, naming the columns and the setting
+    /// ([`SchemaChange::to_make`]); [`Retryable`](ErrorKind::Retryable) when the catalog cannot be reached.
     async fn evolve(&mut self, schema: arrow_schema::SchemaRef) -> Result<()> {
         let target = format!("table {}", self.config.table);
-        let added = connector_api::columns_to_add(
+        let change = SchemaChange::to_make(
             &self.config.sink,
             self.config.evolution,
             &target,
             &self.config.schema,
             &schema,
         )?;
-        if added.is_empty() {
+        if change.is_empty() {
             return Ok(());
         }
-        let table = add_missing_columns(
+        let table = evolve_table(
             &self.committer.target,
             &table_columns(&self.config.upsert_key, &schema)?,
             &self.config.sink,
+            self.config.evolution,
         )
         .await?;
         self.table = Some(table);

@@ -615,6 +615,49 @@ impl TableShape {
     }
 }
 
+/// A numeric column type as far as widening it goes: the three families whose columns `evolution = "evolve"`
+/// widens in place (an integer to a wider one, a float to a double, a decimal to one with as many digits on both
+/// sides of the point).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Numeric {
+    /// A signed integer of this many bytes.
+    Integer(u8),
+    /// A floating-point number of this many bytes.
+    Float(u8),
+    /// A decimal of this precision and scale.
+    Decimal(u64, u64),
+}
+
+impl Numeric {
+    /// The numeric type `create_table` gives `sql` in `dialect` (MariaDB holds floats as DOUBLE).
+    pub(crate) fn of(sql: SqlType, dialect: Dialect) -> Option<Self> {
+        Some(match sql {
+            SqlType::Int16 => Numeric::Integer(2),
+            SqlType::Int32 => Numeric::Integer(4),
+            SqlType::Int64 => Numeric::Integer(8),
+            SqlType::Float32 if dialect == Dialect::Postgres => Numeric::Float(4),
+            SqlType::Float32 | SqlType::Float64 => Numeric::Float(8),
+            SqlType::Decimal { precision, scale } => {
+                Numeric::Decimal(u64::from(precision), scale.max(0) as u64)
+            }
+            _ => return None,
+        })
+    }
+
+    /// Whether a column of this type widened to `wanted` keeps every value it holds, and holds more.
+    pub(crate) fn widens_to(self, wanted: Numeric) -> bool {
+        match (self, wanted) {
+            (Numeric::Integer(a), Numeric::Integer(b)) | (Numeric::Float(a), Numeric::Float(b)) => {
+                a < b
+            }
+            (Numeric::Decimal(p1, s1), Numeric::Decimal(p2, s2)) => {
+                s2 >= s1 && p2.saturating_sub(s2) >= p1.saturating_sub(s1) && (p1, s1) != (p2, s2)
+            }
+            _ => false,
+        }
+    }
+}
+
 /// `name` as a quoted SQL identifier.
 pub(crate) fn quote(dialect: Dialect, name: &str) -> String {
     match dialect {
@@ -637,6 +680,26 @@ mod tests {
     use arrow_array::{Decimal128Array, Int64Array, StringArray, TimestampMicrosecondArray};
 
     use super::*;
+
+    #[test]
+    fn numeric_columns_widen_only_without_losing_values() {
+        let int = Numeric::of(SqlType::Int32, Dialect::Postgres).unwrap();
+        let long = Numeric::of(SqlType::Int64, Dialect::Postgres).unwrap();
+        assert!(int.widens_to(long) && !long.widens_to(int) && !int.widens_to(int));
+        let real = Numeric::of(SqlType::Float32, Dialect::Postgres).unwrap();
+        let double = Numeric::of(SqlType::Float64, Dialect::Postgres).unwrap();
+        assert!(real.widens_to(double));
+        assert_eq!(Numeric::of(SqlType::Float32, Dialect::MySql), Some(double));
+        assert!(!int.widens_to(double));
+        let decimal = |precision, scale| {
+            Numeric::of(SqlType::Decimal { precision, scale }, Dialect::MySql).unwrap()
+        };
+        assert!(decimal(9, 2).widens_to(decimal(12, 2)));
+        assert!(decimal(9, 2).widens_to(decimal(12, 4)));
+        assert!(!decimal(9, 2).widens_to(decimal(10, 4)));
+        assert!(!decimal(12, 2).widens_to(decimal(9, 2)));
+        assert!(Numeric::of(SqlType::Text, Dialect::MySql).is_none());
+    }
 
     #[test]
     fn cells_and_ddl_follow_the_type_table() {

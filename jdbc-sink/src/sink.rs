@@ -188,23 +188,26 @@ impl TwoPhaseCommit for JdbcSink {
     }
 
     /// `evolution = "add-columns"`: adds the new columns to the table (`ALTER TABLE .. ADD COLUMN IF NOT
-    /// EXISTS`, from a new writer connection, bounded by `lock_timeout`, after the open transaction, still empty,
-    /// is rolled back), prepares the statements for the new schema and opens the checkpoint's transaction again.
+    /// EXISTS`); `"evolve"` also widens the numeric columns the batches widen and drops NOT NULL where they take
+    /// nulls (`ALTER COLUMN .. TYPE` / `MODIFY COLUMN`). Both from a new writer connection, bounded by
+    /// `lock_timeout`, after the open transaction, still empty, is rolled back; then the statements are prepared
+    /// for the new schema and the checkpoint's transaction opened again.
     ///
     /// # Errors
-    /// [`Config`](ErrorKind::Config) with `evolution = "none"` (naming the new columns and the setting), or for a
-    /// change other than added nullable columns; [`Retryable`](ErrorKind::Retryable) when the server cannot be
-    /// reached or the table stayed locked (another writer's prepared transaction) for `lock_timeout`.
+    /// [`Config`](ErrorKind::Config) for a change `evolution` does not allow (naming the columns and the setting:
+    /// [`SchemaChange::to_make`](connector_api::SchemaChange::to_make)); [`Retryable`](ErrorKind::Retryable) when
+    /// the server cannot be reached or the table stayed locked (another writer's prepared transaction) for
+    /// `lock_timeout`.
     async fn evolve(&mut self, schema: arrow_schema::SchemaRef) -> Result<()> {
         let target = format!("table {}", self.config.table);
-        let added = connector_api::columns_to_add(
+        let change = connector_api::SchemaChange::to_make(
             &self.sink,
             self.config.evolution,
             &target,
             &self.config.schema,
             &schema,
         )?;
-        if added.is_empty() {
+        if change.is_empty() {
             return Ok(());
         }
         self.session.rollback().await?;

@@ -316,9 +316,12 @@ async fn main() {
     for run in 0..runs {
         let plain = AvroDecoding::new(&v1, AvroFraming::Confluent { schema_id: id }).unwrap();
         declared.push(read_all(&kafka, &topic, Decoding::Avro(plain), records).await);
-        let through =
-            AvroDecoding::from_registry(registry.clone(), ReaderSchema::latest(&latest), false)
-                .unwrap();
+        let through = AvroDecoding::from_registry(
+            registry.clone(),
+            ReaderSchema::latest(&latest),
+            connector_api::Evolution::None,
+        )
+        .unwrap();
         looked_up.push(read_all(&kafka, &topic, Decoding::Avro(through), records).await);
         for ((json_topic, latest_json), times) in json_topics.iter().zip(&mut json) {
             let documents = JsonSchemaDecoding::from_registry(
@@ -372,8 +375,12 @@ async fn main() {
         &topic,
         &encode(&v2, id2, records as i64, 10_000, true),
     );
-    let evolving =
-        AvroDecoding::from_registry(registry.clone(), ReaderSchema::latest(&latest), true).unwrap();
+    let evolving = AvroDecoding::from_registry(
+        registry.clone(),
+        ReaderSchema::latest(&latest),
+        connector_api::Evolution::AddColumns,
+    )
+    .unwrap();
     let mut source = KafkaSource::open_with(&kafka, &topic, &[], options(Decoding::Avro(evolving)))
         .await
         .unwrap();

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use arrow_avro::reader::{Decoder, ReaderBuilder};
 use arrow_avro::schema::{AvroSchema, Fingerprint, FingerprintAlgorithm, SchemaStore};
 use arrow_schema::{ArrowError, SchemaRef};
-use connector_api::{Error, ErrorKind, Phase, Result};
+use connector_api::{Error, ErrorKind, Evolution, Phase, Result};
 use schema_registry::SchemaRegistry;
 
 use crate::record::RecordAt;
@@ -87,8 +87,10 @@ impl AvroDecoding {
     }
 
     /// The decoding of Confluent-framed values whose writer schemas are in `registry`, each record read as
-    /// `reader` (its fields are the columns). With `evolve`, a writer schema with new top-level fields widens the
-    /// reader (the batches from then on have the new columns, nullable) instead of being refused: a job reading
+    /// `reader` (its fields are the columns). With `evolution` `add-columns`, a writer schema with new top-level
+    /// fields widens the reader (the batches from then on have the new columns, nullable) instead of being refused;
+    /// with `evolve`, so does a writer schema that widens a field's type (int to long, float to double, a decimal's
+    /// precision up at the same scale) or makes a required field optional (a union with null). A job reading
     /// with it must follow [`KafkaSource::schema_change`](crate::KafkaSource::schema_change) (the source holds the
     /// first batch of the new schema until the job accepts it). Must be called inside a tokio runtime: the
     /// consumer thread looks up new schema ids through it.
@@ -98,9 +100,9 @@ impl AvroDecoding {
     pub fn from_registry(
         registry: SchemaRegistry,
         reader: ReaderSchema,
-        evolve: bool,
+        evolution: Evolution,
     ) -> Result<Self> {
-        let writers = WriterSchemas::new(RegistryLookup::new(registry)?, reader, evolve, false)?;
+        let writers = WriterSchemas::new(RegistryLookup::new(registry)?, reader, evolution, false)?;
         Ok(Self {
             writers: Writers::Registry(Arc::new(writers)),
         })
@@ -115,7 +117,12 @@ impl AvroDecoding {
     /// # Errors
     /// As [`from_registry`](Self::from_registry).
     pub fn for_change_events(registry: SchemaRegistry, reader: ReaderSchema) -> Result<Self> {
-        let writers = WriterSchemas::new(RegistryLookup::new(registry)?, reader, false, true)?;
+        let writers = WriterSchemas::new(
+            RegistryLookup::new(registry)?,
+            reader,
+            Evolution::None,
+            true,
+        )?;
         Ok(Self {
             writers: Writers::Registry(Arc::new(writers)),
         })

@@ -287,6 +287,101 @@ pub(crate) fn widened(reader: &Value, writer: &Value, added: &[String]) -> Resul
     Ok(widened)
 }
 
+/// A type and whether it admits null: a union of `null` and one other type is that type, nullable; `None` for
+/// other unions.
+fn nullable_part(ty: &Value) -> Option<(bool, &Value)> {
+    match ty {
+        Value::Array(branches) => {
+            let others: Vec<&Value> = branches
+                .iter()
+                .filter(|b| b.as_str() != Some("null"))
+                .collect();
+            match (others.as_slice(), branches.len()) {
+                ([only], 2) => Some((true, *only)),
+                ([only], 1) => Some((false, *only)),
+                _ => None,
+            }
+        }
+        other => Some((false, other)),
+    }
+}
+
+/// Whether values of Avro type `writer` read into a column of `reader`'s type only once the column is widened:
+/// `int` to `long`, `float` to `double`, a decimal of greater precision at the same scale (the promotions every
+/// sink makes in place); `Some(false)` when the types are the same, `None` when neither widens the other.
+fn widens(reader: &Value, writer: &Value) -> Option<bool> {
+    if reader == writer {
+        return Some(false);
+    }
+    let (r, w) = (signature(reader)?, signature(writer)?);
+    match (r.0.as_str(), w.0.as_str(), r.2.as_deref(), w.2.as_deref()) {
+        ("int", "long", None, None) | ("float", "double", None, None) => Some(true),
+        (_, _, Some("decimal"), Some("decimal")) if r.4.unwrap_or(0) == w.4.unwrap_or(0) => {
+            let (rp, wp) = (r.3?, w.3?);
+            (wp >= rp).then_some(wp > rp)
+        }
+        _ => None,
+    }
+}
+
+/// The top-level fields both schemas have whose reader column must change to take `writer`'s values: a type
+/// widened ([`widens`]) or a required field made optional (a union with `null`), possibly both.
+pub(crate) fn promoted_fields(reader: &Value, writer: &Value) -> Vec<String> {
+    let fields = |schema: &Value| schema["fields"].as_array().cloned().unwrap_or_default();
+    let reader_fields = fields(reader);
+    fields(writer)
+        .iter()
+        .filter_map(|w| {
+            let name = w["name"].as_str()?;
+            let r = reader_fields
+                .iter()
+                .find(|r| r["name"].as_str() == Some(name))?;
+            let (r_null, r_type) = nullable_part(&r["type"])?;
+            let (w_null, w_type) = nullable_part(&w["type"])?;
+            let wider = widens(r_type, w_type)?;
+            let relaxed = w_null && !r_null;
+            (w_null >= r_null && (wider || relaxed)).then(|| name.to_string())
+        })
+        .collect()
+}
+
+/// `reader` with each of the top-level fields `names` typed as `writer` types it: its default the writer's, or
+/// else the reader's where that still fits (not for a union, whose default must fit its first branch).
+pub(crate) fn promoted(reader: &Value, writer: &Value, names: &[String]) -> Value {
+    let mut promoted = reader.clone();
+    let writer_fields = writer["fields"].as_array().cloned().unwrap_or_default();
+    if let Some(fields) = promoted["fields"].as_array_mut() {
+        for field in fields.iter_mut() {
+            let Some(name) = field["name"].as_str().map(str::to_string) else {
+                continue;
+            };
+            if !names.contains(&name) {
+                continue;
+            }
+            let Some(written) = writer_fields
+                .iter()
+                .find(|w| w["name"].as_str() == Some(&name))
+            else {
+                continue;
+            };
+            field["type"] = written["type"].clone();
+            let Some(object) = field.as_object_mut() else {
+                continue;
+            };
+            match written.get("default") {
+                Some(default) => {
+                    object.insert("default".into(), default.clone());
+                }
+                None if written["type"].is_array() => {
+                    object.remove("default");
+                }
+                None => {}
+            }
+        }
+    }
+    promoted
+}
+
 /// `field` with `null` among its type's branches (after the first, which its default must fit).
 fn nullable(field: &Value) -> Value {
     let mut field = field.clone();
@@ -363,6 +458,49 @@ mod tests {
             "a promotion stays arrow-avro's"
         );
         assert!(resolution_reader(&reader, &reader).is_none());
+    }
+
+    #[test]
+    fn widened_and_optional_fields_are_promoted_and_others_left_to_resolution() {
+        let reader = json!({"type":"record","name":"O","fields":[
+            {"name":"id","type":"long"},
+            {"name":"qty","type":"int","default":0},
+            {"name":"ratio","type":["null","float"],"default":null},
+            {"name":"price","type":{"type":"bytes","logicalType":"decimal","precision":9,"scale":2}},
+            {"name":"note","type":"string"},
+            {"name":"code","type":"long"}]});
+        let writer = json!({"type":"record","name":"O","fields":[
+            {"name":"id","type":"long"},
+            {"name":"qty","type":["null","long"],"default":null},
+            {"name":"ratio","type":["null","double"],"default":null},
+            {"name":"price","type":{"type":"bytes","logicalType":"decimal","precision":12,"scale":2}},
+            {"name":"note","type":["null","string"]},
+            {"name":"code","type":"int"}]});
+        let names = promoted_fields(&reader, &writer);
+        assert_eq!(
+            names,
+            ["qty", "ratio", "price", "note"],
+            "code narrows: resolution's"
+        );
+        let promoted = promoted(&reader, &writer, &names);
+        assert_eq!(
+            promoted["fields"][1],
+            json!({"name":"qty","type":["null","long"],"default":null})
+        );
+        assert_eq!(promoted["fields"][3]["type"]["precision"], 12);
+        assert_eq!(
+            promoted["fields"][4],
+            json!({"name":"note","type":["null","string"]})
+        );
+        assert_eq!(promoted["fields"][5], json!({"name":"code","type":"long"}));
+        // Neither way a widening: a scale change, a string to a number, optional to required.
+        let other = json!({"type":"record","name":"O","fields":[
+            {"name":"id","type":"string"},
+            {"name":"qty","type":"int"},
+            {"name":"ratio","type":"double"},
+            {"name":"price","type":{"type":"bytes","logicalType":"decimal","precision":12,"scale":3}}]});
+        assert!(promoted_fields(&reader, &other).is_empty());
+        assert!(promoted_fields(&reader, &reader).is_empty());
     }
 
     #[test]

@@ -21,7 +21,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use connector_api::{Error, ErrorKind, Result};
+use connector_api::{Error, ErrorKind, Evolution, Result};
 use schema_registry::{RegistrySettings, SchemaRegistry, SubjectStrategy};
 use serde::Deserialize;
 
@@ -213,17 +213,18 @@ impl KafkaSourceSettings {
     /// A decoding that does not parse; a subject the registry does not have, or a registry that cannot be
     /// reached (after retries); the metadata errors of `metadata_columns`.
     ///
-    /// With `evolve` (every sink of the job has `evolution = "add-columns"`), a registry-backed Avro or JSON Schema
-    /// value decoding widens its columns when a writer schema adds (top-level) fields; the key's decoding never
-    /// does.
-    pub async fn decodings(&self, evolve: bool) -> Result<(Decoding, MetadataColumns)> {
+    /// `evolution` is the job's (its least evolving sink's): with `add-columns` or more, a registry-backed value
+    /// decoding (Avro, JSON Schema, Protobuf) widens its columns when a writer schema adds (top-level) fields; with
+    /// `evolve`, a registry-backed Avro decoding also widens a field's type and makes a field optional the way a
+    /// writer schema does. The key's decoding never evolves.
+    pub async fn decodings(&self, evolution: Evolution) -> Result<(Decoding, MetadataColumns)> {
         let registry = self.schema_registry()?;
         let lookup = |is_key| {
             registry.as_ref().map(|registry| Lookup {
                 registry,
                 topic: self.single_topic(),
                 is_key,
-                evolve: evolve && !is_key,
+                evolution: if is_key { Evolution::None } else { evolution },
             })
         };
         let value = self
@@ -330,8 +331,8 @@ struct Lookup<'a> {
     /// The topic a `topic-name` subject is named after (`None`: the source reads several).
     topic: Option<&'a str>,
     is_key: bool,
-    /// Widen the reader schema with a writer's new fields.
-    evolve: bool,
+    /// How far the reader schema follows a writer's changes.
+    evolution: Evolution,
 }
 
 /// `on_gap`: what a subtask does when records were removed from the log before it read them.
@@ -625,7 +626,7 @@ impl DecodingSettings {
                 lookup.registry.clone(),
                 ReaderSchema::latest(&latest),
                 *unknown_fields,
-                lookup.evolve,
+                lookup.evolution.adds_columns(),
             )?));
         }
         if let (
@@ -666,7 +667,7 @@ impl DecodingSettings {
                 reader,
                 &file,
                 record_name.as_deref(),
-                lookup.evolve,
+                lookup.evolution.adds_columns(),
             )?));
         }
         let (
@@ -703,7 +704,7 @@ impl DecodingSettings {
         Ok(Decoding::Avro(AvroDecoding::from_registry(
             lookup.registry.clone(),
             reader,
-            lookup.evolve,
+            lookup.evolution,
         )?))
     }
 }
@@ -851,7 +852,7 @@ mod tests {
             (", schema_id = 4", "remove schema_id"),
         ] {
             let text = format!("decoding = {{ kind = \"avro\"{settings} }}\n{registry}");
-            let err = source(&text).decodings(false).await.unwrap_err();
+            let err = source(&text).decodings(Evolution::None).await.unwrap_err();
             assert!(format!("{err:#}").contains(expected), "{text}: {err:#}");
         }
     }

@@ -6,9 +6,12 @@
 //! field the reader schema lacks: such a field's values would be dropped without a word, so the record is refused
 //! instead, naming the field and both schema ids, unless the decoding evolves (`add-columns`): then the reader
 //! schema is widened with the writer's new top-level fields (nullable, default null, so older records still read),
-//! a new *generation* of the reader whose batches have the new columns. Refusals are [`BadRecord`](ErrorKind::BadRecord)s (a job with
-//! dead letters sends the records there); a registry that cannot be reached is
-//! [`Retryable`](ErrorKind::Retryable) and never dead-letters anything.
+//! a new *generation* of the reader whose batches have the new columns. With `evolve`, a writer whose top-level
+//! field is wider than the reader's (`int` to `long`, `float` to `double`, a decimal's precision up at the same
+//! scale) or optional where the reader's is required also makes a new generation, with the writer's type for that
+//! field: older writers still resolve to it (Avro promotes their narrower values). Refusals are
+//! [`BadRecord`](ErrorKind::BadRecord)s (a job with dead letters sends the records there); a registry that cannot
+//! be reached is [`Retryable`](ErrorKind::Retryable) and never dead-letters anything.
 //!
 //! Lookups go through [`RegistryLookup`] (on the consumer thread, bounded, refusals remembered). Ids are looked up
 //! once: accepted schemas and refusals are remembered for the life of the source.
@@ -19,11 +22,13 @@ use std::sync::{Arc, Mutex};
 use arrow_avro::reader::{Decoder, ReaderBuilder};
 use arrow_avro::schema::{AvroSchema, Fingerprint, FingerprintAlgorithm, SchemaStore};
 use arrow_schema::{ArrowError, SchemaRef};
-use connector_api::{Error, ErrorKind, Phase, Result};
+use connector_api::{Error, ErrorKind, Evolution, Phase, Result};
 use schema_registry::{RegisteredSchema, SchemaType};
 use serde_json::Value;
 
-use crate::avro_fields::{added_fields, resolution_reader, retyped_fields, widened};
+use crate::avro_fields::{
+    added_fields, promoted, promoted_fields, resolution_reader, retyped_fields, widened,
+};
 use crate::record::RecordAt;
 use crate::registry_lookup::{RegistryLookup, self_contained};
 
@@ -95,8 +100,9 @@ pub(crate) struct Variant {
 /// Writer schemas by id, shared by every decoder of one decoding (and every subtask of a process).
 pub(crate) struct WriterSchemas {
     lookup: RegistryLookup,
-    /// Widen the reader with a writer's new top-level fields instead of refusing them.
-    evolve: bool,
+    /// How far the reader follows a writer: its new top-level fields (`add-columns`), also its widened and
+    /// optional fields (`evolve`).
+    evolution: Evolution,
     /// Change events (Debezium): an older writer's row-image fields the reader lacks (a column dropped from the
     /// table since) are left out, counted, instead of refused.
     older_row_fields: bool,
@@ -107,7 +113,7 @@ impl std::fmt::Debug for WriterSchemas {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WriterSchemas")
             .field("lookup", &self.lookup)
-            .field("evolve", &self.evolve)
+            .field("evolution", &self.evolution)
             .finish_non_exhaustive()
     }
 }
@@ -197,14 +203,14 @@ impl WriterSchemas {
         Ok(Some(Variant { reader, store }))
     }
 
-    /// Writer schemas looked up through `lookup`, read as `reader` (widened as they add fields when `evolve`).
+    /// Writer schemas looked up through `lookup`, read as `reader` (widened as `evolution` allows).
     ///
     /// # Errors
     /// [`Config`](ErrorKind::Config) when the reader schema does not parse or has no Arrow equivalent.
     pub(crate) fn new(
         lookup: RegistryLookup,
         reader: ReaderSchema,
-        evolve: bool,
+        evolution: Evolution,
         older_row_fields: bool,
     ) -> Result<Self> {
         let config = |what: &str, e: ArrowError| {
@@ -231,7 +237,7 @@ impl WriterSchemas {
             .schema();
         Ok(Self {
             lookup,
-            evolve,
+            evolution,
             older_row_fields,
             known: Mutex::new(Known {
                 generations: vec![Arc::new(Generation {
@@ -342,9 +348,9 @@ impl WriterSchemas {
             .iter()
             .all(|f| f.starts_with("before.") || f.starts_with("after."));
         let dropping = !added.is_empty() && self.older_row_fields && older && only_row_images;
-        let generation = if added.is_empty() || dropping {
-            current.clone()
-        } else if !self.evolve {
+        let adding = !added.is_empty() && !dropping;
+        let promoting = promoted_fields(&reader_json, &writer_json);
+        if adding && !self.evolution.adds_columns() {
             return Err(format!(
                 "is written with schema id {id}, which has field{} {named} that {reader} lacks; the job stops \
                  rather than drop {} (a sink with evolution = \"add-columns\" would add {})",
@@ -360,22 +366,53 @@ impl WriterSchemas {
                     "the columns"
                 },
             ));
+        }
+        let promoting = match self.evolution.changes_columns() {
+            true => promoting,
+            false => {
+                if !promoting.is_empty() {
+                    tracing::debug!(id, fields = ?promoting,
+                        "schema registry: a writer widens fields; evolution = \"evolve\" would widen the columns");
+                }
+                Vec::new()
+            }
+        };
+        let generation = if !adding && promoting.is_empty() {
+            current.clone()
         } else {
-            let widened = widened(&reader_json, &writer_json, &added).map_err(|why| {
-                format!("is written with schema id {id}, which {why} (read as {reader})")
-            })?;
+            let mut next = reader_json.clone();
+            let mut what = Vec::new();
+            if adding {
+                next = widened(&next, &writer_json, &added).map_err(|why| {
+                    format!("is written with schema id {id}, which {why} (read as {reader})")
+                })?;
+                what.push(format!("with {named}"));
+            }
+            if !promoting.is_empty() {
+                next = promoted(&next, &writer_json, &promoting);
+                what.push(format!(
+                    "with {} widened",
+                    promoting
+                        .iter()
+                        .map(|f| format!("`{f}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            }
             let reader = ReaderSchema {
-                schema: widened.to_string(),
+                schema: next.to_string(),
                 id: None,
                 origin: format!(
-                    "the reader schema widened with {named} from schema id {id} ({})",
+                    "the reader schema {} from schema id {id} ({})",
+                    what.join(" and "),
                     current.reader.origin
                 ),
             };
             let arrow = reading_as(store.clone(), &reader, 1)
                 .map_err(|e| {
                     format!(
-                        "is written with schema id {id}, whose fields {named} cannot be added: {e}"
+                        "is written with schema id {id}, which cannot be read as {}: {e}",
+                        reader.named()
                     )
                 })?
                 .schema();
@@ -400,8 +437,14 @@ impl WriterSchemas {
                         .join(", ")
                 ),
             };
+            let hint = match self.evolution.changes_columns() {
+                false if !promoted_fields(&reader_json, &writer_json).is_empty() => {
+                    " (with evolution = \"evolve\" on every sink the column would be widened)"
+                }
+                _ => "",
+            };
             format!(
-                "is written with schema id {id}, which cannot be read as {}{fields}: {e}",
+                "is written with schema id {id}, which cannot be read as {}{fields}: {e}{hint}",
                 generation.reader.named()
             )
         })?;
@@ -420,8 +463,8 @@ impl WriterSchemas {
             known.dropping.insert(id);
         }
         if generation.number != current.number {
-            tracing::info!(id, fields = %named, generation = generation.number,
-                "schema registry: reader schema widened with a writer's new fields");
+            tracing::info!(id, reader = %generation.reader.named(), generation = generation.number,
+                "schema registry: reader schema widened for a writer's fields");
             known.generations.push(generation);
         } else {
             tracing::info!(id, reader = %reader, "schema registry: new writer schema accepted");

@@ -6,7 +6,7 @@ mod session;
 mod statements;
 pub(crate) mod table;
 
-use connector_api::{Error, ErrorKind, Evolution, Phase, Result};
+use connector_api::{Error, ErrorKind, Phase, Result};
 use connector_common::postgres::PgConnectOptions;
 use tokio_postgres::Client;
 use tokio_postgres::error::SqlState;
@@ -15,6 +15,7 @@ pub(crate) use coordinator::PgCoordinator;
 pub(crate) use session::PgSession;
 
 use crate::Xid;
+use crate::columns::Numeric;
 use crate::config::{ConnectionConfig, JdbcSinkConfig, WriteMode};
 use crate::database::{MARKERS_TABLE, OWNERS_TABLE};
 
@@ -154,9 +155,98 @@ pub(crate) async fn prepare_database(client: &Client, config: &JdbcSinkConfig) -
     client.batch_execute(&ddl).await.map_err(|e| {
         pg_error(Phase::Setup, None, "cannot create Ratchet's tables", e).with_sink(&config.sink)
     })?;
-    if config.evolution == Evolution::AddColumns {
+    if config.evolution.adds_columns() {
         add_missing_columns(client, config, &shape).await?;
     }
+    if config.evolution.changes_columns() {
+        change_columns(client, config, &shape).await?;
+    }
+    Ok(())
+}
+
+/// A PostgreSQL column type (as `format_type` names it) as far as widening it goes.
+fn numeric_of(type_name: &str) -> Option<Numeric> {
+    Some(match type_name {
+        "smallint" => Numeric::Integer(2),
+        "integer" => Numeric::Integer(4),
+        "bigint" => Numeric::Integer(8),
+        "real" => Numeric::Float(4),
+        "double precision" => Numeric::Float(8),
+        other => {
+            let (precision, scale) = other
+                .strip_prefix("numeric(")?
+                .strip_suffix(')')?
+                .split_once(',')?;
+            Numeric::Decimal(precision.trim().parse().ok()?, scale.trim().parse().ok()?)
+        }
+    })
+}
+
+/// `evolution = "evolve"`: widens the table's numeric columns whose batches' type is wider ([`Numeric`]; `ALTER
+/// COLUMN .. TYPE`, which rewrites the table) and drops NOT NULL from the columns whose batches take nulls (not
+/// the key's), in one `ALTER TABLE` (nothing when the table fits, so no lock is taken then). A table that does not
+/// exist is left to the fit check to report. Another instance changing the same column at once is harmless: the
+/// statement is idempotent in effect, and the second waits for the first's lock (bounded by `lock_timeout`).
+async fn change_columns(
+    client: &Client,
+    config: &JdbcSinkConfig,
+    shape: &crate::columns::TableShape,
+) -> Result<()> {
+    let dialect = crate::config::Dialect::Postgres;
+    let table = crate::columns::quote_table(dialect, &config.table);
+    let existing = client
+        .query(
+            "SELECT attname::text, format_type(atttypid, atttypmod), attnotnull FROM pg_attribute \
+             WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped",
+            &[&table],
+        )
+        .await
+        .map_err(|e| {
+            pg_error(
+                Phase::Setup,
+                None,
+                "cannot read the table's column types",
+                e,
+            )
+            .with_sink(&config.sink)
+        })?;
+    let key = config.mode.key().unwrap_or_default();
+    let mut clauses = Vec::new();
+    for (i, name) in shape.names.iter().enumerate() {
+        let Some(row) = existing.iter().find(|r| r.get::<_, &str>(0) == name) else {
+            continue;
+        };
+        let column = crate::columns::quote(dialect, name);
+        let wanted = Numeric::of(shape.types[i], dialect);
+        if let (Some(now), Some(wanted)) = (numeric_of(row.get(1)), wanted)
+            && now.widens_to(wanted)
+        {
+            clauses.push(format!(
+                "ALTER COLUMN {column} TYPE {}",
+                shape.types[i].ddl(dialect, false, None)
+            ));
+        }
+        if row.get::<_, bool>(2) && shape.fields[i].is_nullable() && !key.contains(name) {
+            clauses.push(format!("ALTER COLUMN {column} DROP NOT NULL"));
+        }
+    }
+    if clauses.is_empty() {
+        return Ok(());
+    }
+    let alter = format!("ALTER TABLE {table} {}", clauses.join(", "));
+    tracing::info!(sink = %config.sink, table = %config.table, statement = %alter, "widening columns");
+    client.batch_execute(&alter).await.map_err(|e| {
+        pg_error(
+            Phase::Setup,
+            None,
+            &format!(
+                "cannot widen the columns of {} for the batches' schema",
+                config.table
+            ),
+            e,
+        )
+        .with_sink(&config.sink)
+    })?;
     Ok(())
 }
 
@@ -197,6 +287,22 @@ async fn add_missing_columns(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn numeric_column_types_are_read_from_format_type() {
+        use crate::columns::Numeric;
+        assert_eq!(super::numeric_of("integer"), Some(Numeric::Integer(4)));
+        assert_eq!(
+            super::numeric_of("double precision"),
+            Some(Numeric::Float(8))
+        );
+        assert_eq!(
+            super::numeric_of("numeric(12,2)"),
+            Some(Numeric::Decimal(12, 2))
+        );
+        assert_eq!(super::numeric_of("numeric"), None);
+        assert_eq!(super::numeric_of("text"), None);
+    }
+
     #[test]
     fn a_server_that_cannot_prepare_is_refused_with_the_fix() {
         let err = super::check_max_prepared_transactions("0").unwrap_err();

@@ -90,7 +90,12 @@ async fn decoding(topic: &str) -> Decoding {
         .unwrap();
     let latest = registry.latest(&subject).await.unwrap();
     Decoding::Avro(
-        AvroDecoding::from_registry(registry, ReaderSchema::latest(&latest), false).unwrap(),
+        AvroDecoding::from_registry(
+            registry,
+            ReaderSchema::latest(&latest),
+            connector_api::Evolution::None,
+        )
+        .unwrap(),
     )
 }
 
@@ -206,7 +211,9 @@ async fn a_field_the_reader_lacks_stops_the_source_naming_it_and_both_ids() {
         id: Some(v1),
         origin: "version 1".to_string(),
     };
-    let as_v1 = Decoding::Avro(AvroDecoding::from_registry(registry(), version_1, false).unwrap());
+    let as_v1 = Decoding::Avro(
+        AvroDecoding::from_registry(registry(), version_1, connector_api::Evolution::None).unwrap(),
+    );
     let mut source = open(&topic, as_v1, true).await;
     let batches = read_rows(&mut source, 3).await;
     assert_eq!(column::<Int64Type>(&batches, "id"), [0, 1, 3].map(Some));
@@ -265,7 +272,12 @@ async fn an_unknown_id_is_a_bad_record_and_an_unreachable_registry_is_not() {
     .unwrap()
     .with_retry(RetryPolicy::NEVER);
     let decoding = Decoding::Avro(
-        AvroDecoding::from_registry(dead, ReaderSchema::latest(&latest), false).unwrap(),
+        AvroDecoding::from_registry(
+            dead,
+            ReaderSchema::latest(&latest),
+            connector_api::Evolution::None,
+        )
+        .unwrap(),
     );
     let mut source = open(&topic, decoding, true).await;
     let err = loop {
@@ -291,7 +303,12 @@ async fn an_evolving_decoding_widens_its_reader_at_a_batch_boundary_held_until_a
     let latest = registry.latest(&format!("{topic}-value")).await.unwrap();
     assert_eq!(latest.id, v1);
     let decoding = Decoding::Avro(
-        AvroDecoding::from_registry(registry, ReaderSchema::latest(&latest), true).unwrap(),
+        AvroDecoding::from_registry(
+            registry,
+            ReaderSchema::latest(&latest),
+            connector_api::Evolution::AddColumns,
+        )
+        .unwrap(),
     );
     let mut source = open(&topic, decoding, false).await;
     let before = read_rows(&mut source, 2).await;
@@ -375,7 +392,12 @@ async fn an_incompatible_change_is_refused_naming_the_field_and_both_ids_even_wh
     produce(&topic, &schema(&[]), json!([{"id": 3}]));
 
     let decoding = Decoding::Avro(
-        AvroDecoding::from_registry(registry, ReaderSchema::latest(&latest), true).unwrap(),
+        AvroDecoding::from_registry(
+            registry,
+            ReaderSchema::latest(&latest),
+            connector_api::Evolution::AddColumns,
+        )
+        .unwrap(),
     );
     let mut source = open(&topic, decoding, true).await;
     let batches = read_rows(&mut source, 2).await;
@@ -532,7 +554,12 @@ async fn a_schema_id_the_registry_does_not_have_yet_is_asked_again_before_the_re
     let (url, asked) = lagging_registry(v1, 2);
     let lagging = SchemaRegistry::new(&RegistrySettings::new(&url)).unwrap();
     let decoding = Decoding::Avro(
-        AvroDecoding::from_registry(lagging, ReaderSchema::latest(&latest), false).unwrap(),
+        AvroDecoding::from_registry(
+            lagging,
+            ReaderSchema::latest(&latest),
+            connector_api::Evolution::None,
+        )
+        .unwrap(),
     );
     let mut source = open(&topic, decoding, true).await;
     let batches = read_rows(&mut source, 2).await;
@@ -545,5 +572,121 @@ async fn a_schema_id_the_registry_does_not_have_yet_is_asked_again_before_the_re
         asked.load(std::sync::atomic::Ordering::SeqCst),
         3,
         "asked until found"
+    );
+}
+
+/// A `Measure` record: `id`, then `qty`, `ratio` and `price` as each version types them.
+fn measure(qty: serde_json::Value, ratio: &str, precision: u32) -> String {
+    json!({"type": "record", "name": "Measure", "namespace": "ratchet.test", "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "qty", "type": qty},
+        {"name": "ratio", "type": ratio},
+        {"name": "price", "type": {"type": "bytes", "logicalType": "decimal", "precision": precision, "scale": 2}},
+    ]})
+    .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn widened_and_optional_fields_widen_the_reader_only_with_evolve() {
+    let topic = topic("registry-widen", 1).await;
+    let v1 = produce(
+        &topic,
+        &measure(json!("int"), "float", 9),
+        json!([{"id": 0, "qty": 7, "ratio": 0.25, "price": "1234567.89"}]),
+    );
+    let registry = registry();
+    let latest = registry.latest(&format!("{topic}-value")).await.unwrap();
+    let v2 = produce(
+        &topic,
+        &measure(json!(["null", "long"]), "double", 12),
+        json!([
+            {"id": 1, "qty": 100_000_000_000_i64, "ratio": 0.1, "price": "1234567890.12"},
+            {"id": 2, "qty": null, "ratio": 2.5, "price": "-0.01"}
+        ]),
+    );
+    produce(
+        &topic,
+        &measure(json!("int"), "float", 9),
+        json!([{"id": 3, "qty": -8, "ratio": 1.5, "price": "-9999999.99"}]),
+    );
+
+    // add-columns: the widened writer is refused, naming the field, both ids and the setting that takes it.
+    let decoding = Decoding::Avro(
+        AvroDecoding::from_registry(
+            registry.clone(),
+            ReaderSchema::latest(&latest),
+            connector_api::Evolution::AddColumns,
+        )
+        .unwrap(),
+    );
+    let mut source = open(&topic, decoding, true).await;
+    let batches = read_rows(&mut source, 2).await;
+    assert_eq!(column::<Int64Type>(&batches, "id"), [Some(0), Some(3)]);
+    let rejected = source.take_rejected();
+    assert_eq!(rejected.len(), 2, "{rejected:?}");
+    let reason = &rejected[0].reason;
+    for expected in [
+        format!("schema id {v2}"),
+        format!("reader schema id {v1}"),
+        "`qty`".to_string(),
+        "evolution = \"evolve\"".to_string(),
+    ] {
+        assert!(reason.contains(&expected), "{expected} in {reason}");
+    }
+
+    // evolve: a new generation with the writer's types; the older writer's values read into it exactly.
+    let decoding = Decoding::Avro(
+        AvroDecoding::from_registry(
+            registry,
+            ReaderSchema::latest(&latest),
+            connector_api::Evolution::Evolve,
+        )
+        .unwrap(),
+    );
+    let mut source = open(&topic, decoding, false).await;
+    let before = read_rows(&mut source, 1).await;
+    assert_eq!(column::<Int32Type>(&before, "qty"), [Some(7)]);
+    let started = std::time::Instant::now();
+    let widened = loop {
+        assert!(started.elapsed() < WAIT, "no schema change");
+        assert!(
+            source
+                .next_batch(Duration::from_millis(200))
+                .await
+                .unwrap()
+                .is_none()
+        );
+        if let Some(schema) = source.schema_change() {
+            break schema;
+        }
+    };
+    let types: Vec<(String, String, bool)> = widened
+        .fields()
+        .iter()
+        .map(|f| (f.name().clone(), f.data_type().to_string(), f.is_nullable()))
+        .collect();
+    let expected: Vec<(String, String, bool)> = [
+        ("id", "Int64", false),
+        ("qty", "Int64", true),
+        ("ratio", "Float64", false),
+        ("price", "Decimal128(12, 2)", false),
+    ]
+    .map(|(n, t, null)| (n.to_string(), t.to_string(), null))
+    .to_vec();
+    assert_eq!(types, expected);
+    source.accept_schema_change();
+    let after = read_rows(&mut source, 3).await;
+    assert_eq!(column::<Int64Type>(&after, "id"), [1, 2, 3].map(Some));
+    assert_eq!(
+        column::<Int64Type>(&after, "qty"),
+        [Some(100_000_000_000), None, Some(-8)]
+    );
+    assert_eq!(
+        column::<arrow_array::types::Float64Type>(&after, "ratio"),
+        [Some(0.1), Some(2.5), Some(1.5)]
+    );
+    assert_eq!(
+        column::<Decimal128Type>(&after, "price"),
+        [Some(123_456_789_012), Some(-1), Some(-999_999_999)]
     );
 }

@@ -325,7 +325,7 @@ impl JobConfig {
     /// A decoding or metadata setting that is wrong, named; a registry subject without schemas, or a registry
     /// that cannot be reached (after retries); a metadata column named like a decoded column.
     pub async fn resolve_source(&self) -> Result<SourceSetup> {
-        let (decoding, mut metadata) = self.source.decodings(self.evolves()).await?;
+        let (decoding, mut metadata) = self.source.decodings(self.evolution()).await?;
         let mut hidden = Vec::new();
         if self.shapes_rows() {
             for (column, name) in [
@@ -352,14 +352,14 @@ impl JobConfig {
         !self.transforms.is_empty() || self.sinks.iter().any(|s| s.select.is_some())
     }
 
-    /// Whether the job takes new fields of the source's schema: every sink has `evolution = "add-columns"` (a
-    /// sink that does not would refuse the new columns, so the records are refused at the source instead, named).
-    pub fn evolves(&self) -> bool {
-        !self.sinks.is_empty()
-            && self
-                .sinks
-                .iter()
-                .all(|s| s.evolution == connector_api::Evolution::AddColumns)
+    /// How far the job follows the source's schema: as far as its least evolving sink (a sink that does not take
+    /// a change would refuse it, so the records are refused at the source instead, named). `none` without sinks.
+    pub fn evolution(&self) -> connector_api::Evolution {
+        self.sinks
+            .iter()
+            .map(|s| s.evolution)
+            .min()
+            .unwrap_or_default()
     }
 
     /// The driver configuration of every subtask.

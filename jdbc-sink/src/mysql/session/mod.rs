@@ -4,14 +4,14 @@
 use arrow_array::RecordBatch;
 use async_trait::async_trait;
 
-use connector_api::{Error, ErrorKind, Evolution, Phase, Result};
+use connector_api::{Error, ErrorKind, Phase, Result};
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, Value};
 
 use super::target::{COLUMNS_QUERY, ColumnRow, MyColumn};
 use super::{check_xa_version, connect, my_error, server_code};
 use crate::Xid;
-use crate::columns::{SqlType, TableShape, quote, quote_table};
+use crate::columns::{Numeric, SqlType, TableShape, quote, quote_table};
 use crate::config::{Dialect, JdbcSinkConfig, WriteMode, config_error};
 use crate::database::{DedupCleanup, MARKERS_KEPT, MARKERS_TABLE, OWNERS_TABLE, Session};
 use crate::error::fenced;
@@ -229,8 +229,11 @@ impl MySqlSession {
                 .await
                 .map_err(fail("cannot create Ratchet's tables"))?;
         }
-        if config.evolution == Evolution::AddColumns {
+        if config.evolution.adds_columns() {
             add_missing_columns(&mut conn, &config, &shape).await?;
+        }
+        if config.evolution.changes_columns() {
+            change_columns(&mut conn, &config, &shape).await?;
         }
         conn.query_drop(format!("SELECT {columns} FROM {table} LIMIT 0"))
             .await
@@ -608,6 +611,166 @@ async fn add_missing_columns(
             .with_sink(&config.sink)
         })?;
     }
+    Ok(())
+}
+
+/// What `MODIFY COLUMN` must restate of a column to leave it as it is (MariaDB replaces the whole definition).
+const RESTATED_QUERY: &str = "SELECT COLUMN_NAME, LOWER(DATA_TYPE), COLUMN_TYPE, NUMERIC_PRECISION, \
+     NUMERIC_SCALE, IS_NULLABLE, COLUMN_DEFAULT, COLUMN_COMMENT, EXTRA, CHARACTER_SET_NAME, COLLATION_NAME \
+     FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?";
+
+/// A row of [`RESTATED_QUERY`].
+type RestatedRow = (
+    String,
+    String,
+    String,
+    Option<u64>,
+    Option<u64>,
+    String,
+    Option<String>,
+    String,
+    String,
+    Option<String>,
+    Option<String>,
+);
+
+/// A MariaDB column type (`DATA_TYPE`, `COLUMN_TYPE`, precision, scale) as far as widening it goes: signed integers,
+/// FLOAT and DOUBLE, DECIMAL.
+fn numeric_of(
+    data_type: &str,
+    column_type: &str,
+    precision: Option<u64>,
+    scale: Option<u64>,
+) -> Option<Numeric> {
+    if column_type.contains("unsigned") {
+        return None;
+    }
+    Some(match data_type {
+        "tinyint" => Numeric::Integer(1),
+        "smallint" => Numeric::Integer(2),
+        "mediumint" => Numeric::Integer(3),
+        "int" => Numeric::Integer(4),
+        "bigint" => Numeric::Integer(8),
+        "float" => Numeric::Float(4),
+        "double" => Numeric::Float(8),
+        "decimal" => Numeric::Decimal(precision?, scale?),
+        _ => return None,
+    })
+}
+
+/// `evolution = "evolve"`: widens the table's numeric columns whose batches' type is wider ([`Numeric`]) and makes
+/// nullable the columns whose batches take nulls (not the key's), in one `ALTER TABLE .. MODIFY COLUMN ..` that
+/// restates each changed column's character set, collation, default and comment (nothing when the table fits). A
+/// table that does not exist is left to the fit check to report.
+///
+/// # Errors
+/// [`Config`](ErrorKind::Config) naming a column that must change but has `EXTRA` attributes (auto-increment,
+/// generated, `ON UPDATE`) MODIFY would have to restate: the message gives the statement to run by hand.
+async fn change_columns(
+    conn: &mut Conn,
+    config: &JdbcSinkConfig,
+    shape: &TableShape,
+) -> Result<()> {
+    let d = Dialect::MySql;
+    let (schema, name) = match config.table.split_once('.') {
+        Some((schema, name)) => (Some(schema.to_string()), name.to_string()),
+        None => (None, config.table.clone()),
+    };
+    let rows: Vec<RestatedRow> = conn
+        .exec(RESTATED_QUERY, (schema, name))
+        .await
+        .map_err(|e| {
+            my_error(
+                Phase::Setup,
+                None,
+                "cannot read the table's column types",
+                e,
+            )
+        })?;
+    let key = config.mode.key().unwrap_or_default();
+    let mut clauses = Vec::new();
+    for (i, name) in shape.names.iter().enumerate() {
+        let Some(row) = rows.iter().find(|r| r.0.eq_ignore_ascii_case(name)) else {
+            continue;
+        };
+        let (
+            _,
+            data_type,
+            column_type,
+            precision,
+            scale,
+            nullable,
+            default,
+            comment,
+            extra,
+            charset,
+            collation,
+        ) = row;
+        let widened = match (
+            numeric_of(data_type, column_type, *precision, *scale),
+            Numeric::of(shape.types[i], d),
+        ) {
+            (Some(now), Some(wanted)) if now.widens_to(wanted) => {
+                Some(shape.types[i].ddl(d, false, None))
+            }
+            _ => None,
+        };
+        let relaxed = nullable == "NO" && shape.fields[i].is_nullable() && !key.contains(name);
+        if widened.is_none() && !relaxed {
+            continue;
+        }
+        let ty = widened.unwrap_or_else(|| column_type.clone());
+        let mut clause = format!("MODIFY COLUMN {} {ty}", quote(d, name));
+        if let (Some(charset), Some(collation)) = (charset, collation) {
+            clause.push_str(&format!(" CHARACTER SET {charset} COLLATE {collation}"));
+        }
+        clause.push_str(if nullable == "YES" || relaxed {
+            " NULL"
+        } else {
+            " NOT NULL"
+        });
+        if let Some(default) = default.as_deref().filter(|d| *d != "NULL") {
+            clause.push_str(&format!(" DEFAULT {default}"));
+        }
+        if !comment.is_empty() {
+            clause.push_str(&format!(
+                " COMMENT '{}'",
+                comment.replace('\\', "\\\\").replace('\'', "''")
+            ));
+        }
+        if !extra.is_empty() {
+            return Err(config_error(format!(
+                "column {name:?} of table {} must change for the batches' schema, but it is {extra}, which MariaDB \
+                 would have to restate: run `ALTER TABLE {} {clause} {extra}` yourself, or set evolution = \
+                 \"add-columns\"",
+                config.table,
+                quote_table(d, &config.table)
+            ))
+            .with_sink(&config.sink));
+        }
+        clauses.push(clause);
+    }
+    if clauses.is_empty() {
+        return Ok(());
+    }
+    let alter = format!(
+        "ALTER TABLE {} {}",
+        quote_table(d, &config.table),
+        clauses.join(", ")
+    );
+    tracing::info!(sink = %config.sink, table = %config.table, statement = %alter, "widening columns");
+    conn.query_drop(&alter).await.map_err(|e| {
+        my_error(
+            Phase::Setup,
+            None,
+            &format!(
+                "cannot widen the columns of {} for the batches' schema",
+                config.table
+            ),
+            e,
+        )
+        .with_sink(&config.sink)
+    })?;
     Ok(())
 }
 
