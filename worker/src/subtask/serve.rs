@@ -119,7 +119,7 @@ pub(super) async fn serve(
                         written = false;
                     }
                     tracing::info!(subtask = index, columns = schema.fields().len(),
-                        "the source's schema changed: the sinks take the new columns");
+                        "the source's schema changed: the sinks take the new schema");
                     shaping = Arc::new(shaping.replanned(job, &schema, &context.source)?);
                     evolve(driver, outputs, &shaping).await?;
                     source.accept_schema_change();

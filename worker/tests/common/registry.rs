@@ -129,10 +129,18 @@ impl Job {
 
     /// Sets `evolution = "add-columns"` on every sink.
     pub fn evolve_every_sink(&self) {
+        self.set_every_sink_evolution("add-columns");
+    }
+
+    /// Sets `evolution = "<mode>"` on every sink.
+    pub fn set_every_sink_evolution(&self, mode: &str) {
         let text = std::fs::read_to_string(&self.config).unwrap();
         std::fs::write(
             &self.config,
-            text.replace("[[sinks]]\n", "[[sinks]]\nevolution = \"add-columns\"\n"),
+            text.replace(
+                "[[sinks]]\n",
+                &format!("[[sinks]]\nevolution = \"{mode}\"\n"),
+            ),
         )
         .unwrap();
     }

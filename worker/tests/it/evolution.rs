@@ -198,3 +198,197 @@ async fn two_processes_on_different_schema_versions_write_each_record_once() {
     ));
     assert_eq!(summary.trim(), "100|100");
 }
+
+/// An `Order` whose `qty`, `ratio`, `price` and `code` are typed as each version of the widening test types them.
+fn typed_order(qty: &str, ratio: &str, precision: u32, code: Value) -> String {
+    json!({"type": "record", "name": "Order", "namespace": "ratchet.test", "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "note", "type": ["null", "string"], "default": null},
+        {"name": "qty", "type": qty},
+        {"name": "ratio", "type": ratio},
+        {"name": "price", "type": {"type": "bytes", "logicalType": "decimal", "precision": precision, "scale": 2}},
+        {"name": "code", "type": code},
+    ]})
+    .to_string()
+}
+
+/// The values each id of the widening test is produced with (`qty`, `ratio`'s text, `price`, `code`): ids below
+/// 100 are version 1 (int, float, decimal(9, 2), required code), 100-199 version 2 (long, double), 200-299
+/// version 3 (decimal(12, 2)), 300-399 version 4 (code optional, null for odd ids).
+fn typed_values(id: u64) -> (i64, String, String, Option<String>) {
+    let cents = format!("{:02}", id % 100);
+    let qty = match id < 100 {
+        true => id as i64,
+        false => id as i64 * 100_000_000_000,
+    };
+    let ratio = match id < 100 {
+        true => format!("{id}.25"),
+        false => format!("{id}.1"),
+    };
+    let price = match id {
+        0..100 => format!("1234567.{cents}"),
+        100..200 => format!("7654321.{cents}"),
+        _ => format!("1234567890.{cents}"),
+    };
+    let code = (id < 300 || id % 2 == 0).then(|| format!("c{id}"));
+    (qty, ratio, price, code)
+}
+
+/// The record fields of id `id` (besides `id` and `note`).
+fn typed_record(id: u64) -> Value {
+    let (qty, ratio, price, code) = typed_values(id);
+    json!({"qty": qty, "ratio": ratio.parse::<f64>().unwrap(), "price": price, "code": code})
+}
+
+/// Asserts `rows` (sql_values.py's, or the Iceberg readers' as objects) hold each id's own values, exactly (a
+/// float as sql_values.py's `{"float": repr}`, Iceberg Java's text or a JSON number).
+fn assert_typed_rows(reader: &str, rows: &[Value]) {
+    assert_eq!(rows.len(), 400, "{reader}");
+    for row in rows {
+        let id = row["id"].as_u64().unwrap();
+        let (qty, ratio, price, code) = typed_values(id);
+        let read_ratio = match &row["ratio"] {
+            Value::Object(float) => float["float"].as_str().and_then(|f| f.parse::<f64>().ok()),
+            Value::String(text) => text.parse::<f64>().ok(),
+            other => other.as_f64(),
+        };
+        let read_ratio = read_ratio.unwrap_or_else(|| panic!("{reader} ratio of {row}"));
+        assert_eq!(row["qty"].as_i64(), Some(qty), "{reader} qty of {row}");
+        assert_eq!(
+            read_ratio,
+            ratio.parse::<f64>().unwrap(),
+            "{reader} ratio of {row}"
+        );
+        assert_eq!(
+            row["price"].as_str(),
+            Some(price.as_str()),
+            "{reader} price of {row}"
+        );
+        assert_eq!(
+            row["code"].as_str(),
+            code.as_deref(),
+            "{reader} code of {row}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn widened_and_optional_fields_change_every_sink_exactly_once_across_kills() {
+    let mut job = Job::with_sections("widen", 2, 2, "3s", |name| {
+        format!(
+            "\n[[sinks]]\ntype = \"jdbc\"\nid = \"mariadb\"\nurl = \"{}\"\ntable = \"{name}\"\ncreate_table = true\n",
+            Services::get().mysql_url()
+        )
+    })
+    .await;
+    job.read_registry_avro();
+    job.set_every_sink_evolution("evolve");
+    let code = json!("string");
+    let optional_code = json!(["null", "string"]);
+    job.produce_avro(
+        &typed_order("int", "float", 9, code.clone()),
+        100,
+        typed_record,
+    );
+
+    // int to long and float to double: killed before any sink evolved; the restart opens every sink on version 2,
+    // and each widens its columns as it opens.
+    let v2 = typed_order("long", "double", 9, code.clone());
+    killed_at_the_change(&mut job, "before-evolve", &v2, 100, typed_record).await;
+    // decimal(9, 2) to decimal(12, 2): killed after the first sink evolved.
+    let v3 = typed_order("long", "double", 12, code);
+    killed_at_the_change(&mut job, "after-evolve", &v3, 100, typed_record).await;
+
+    // A required field made optional while the last process runs: every sink takes it between checkpoints.
+    let mut worker = job.spawn_worker(&["--exit-when-idle", "5s"]);
+    job.wait_copied(job.produced as usize, Duration::from_secs(60));
+    job.produce_avro(
+        &typed_order("long", "double", 12, optional_code),
+        100,
+        typed_record,
+    );
+    worker.wait_exit(Duration::from_secs(120));
+    assert!(
+        worker.log_text().contains("sink took the new schema"),
+        "{}",
+        worker.log_text()
+    );
+    job.assert_exactly_once();
+
+    let services = Services::get();
+    let pg = services.verify(
+        "sql_values.py",
+        &["pg", services.pg_url(), &job.table, "id"],
+    );
+    assert_typed_rows("PostgreSQL", pg["rows"].as_array().unwrap());
+    let types = &pg["types"];
+    assert_eq!(
+        [&types["qty"], &types["ratio"], &types["price"]],
+        [
+            &json!("bigint"),
+            &json!("double precision"),
+            &json!("numeric(12,2)")
+        ],
+        "{types}"
+    );
+    let maria = services.verify(
+        "sql_values.py",
+        &["mysql", services.mysql_url(), &job.table, "id"],
+    );
+    assert_typed_rows("MariaDB", maria["rows"].as_array().unwrap());
+    let types = &maria["types"];
+    assert_eq!(
+        [&types["qty"], &types["price"]],
+        [&json!("bigint(20)"), &json!("decimal(12,2)")],
+        "{types}"
+    );
+
+    // pyiceberg and Iceberg's Java library read the older files' narrower values promoted, and the nulls.
+    let lake = job.read_lake(&["--rows", "--java-rows"]);
+    for (reader, names, rows) in [
+        ("pyiceberg", "column_names", "rows"),
+        ("iceberg-java", "java_column_names", "java_rows"),
+    ] {
+        let names: Vec<&str> = lake[names]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n.as_str().unwrap())
+            .collect();
+        let rows: Vec<Value> = lake[rows]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|row| {
+                let mut object: serde_json::Map<String, Value> = names
+                    .iter()
+                    .zip(row.as_array().unwrap())
+                    .map(|(n, v)| (n.to_string(), v.clone()))
+                    .collect();
+                // Decimals as text, in both readers' renderings.
+                if let Some(price) = object.get("price").cloned() {
+                    let text = price
+                        .as_str()
+                        .map(str::to_string)
+                        .unwrap_or(price.to_string());
+                    object.insert("price".into(), Value::from(text));
+                }
+                Value::Object(object)
+            })
+            .collect();
+        assert_typed_rows(reader, &rows);
+    }
+
+    // The Kafka copy's JSON has each record's values as its schema version wrote them.
+    for value in job.copy_values() {
+        let id = value["id"].as_u64().unwrap();
+        let (qty, ratio, _, code) = typed_values(id);
+        assert_eq!(value["qty"].as_i64(), Some(qty), "{value}");
+        assert_eq!(
+            value["ratio"].as_f64(),
+            Some(ratio.parse::<f64>().unwrap()),
+            "{value}"
+        );
+        assert_eq!(value["code"].as_str(), code.as_deref(), "{value}");
+    }
+}
