@@ -49,7 +49,13 @@ pub(crate) async fn check(config: &IcebergSinkConfig) -> Result<SinkCheck> {
                 let table = catalog.load_table(&ident).await.map_err(|e| {
                     iceberg_error(Phase::Setup, format!("cannot load table {ident}"), e)
                 })?;
-                crate::sink::check_columns(config, &table)?;
+                let changed = match config.evolution.changes_columns() {
+                    true => {
+                        crate::evolve::changed_columns(&table, &*crate::sink::table_schema(config)?)
+                    }
+                    false => Vec::new(),
+                };
+                crate::sink::check_columns(config, &table, &changed)?;
                 if let Some(keyed) = &keyed {
                     EqualityDeletes::of(&table, keyed.key())
                         .map_err(|e| e.with_sink(&config.sink))?;
@@ -57,8 +63,15 @@ pub(crate) async fn check(config: &IcebergSinkConfig) -> Result<SinkCheck> {
                 (
                     "the catalog answers",
                     Some(format!(
-                        "table {ident} exists ({} snapshot(s))",
-                        table.metadata().snapshots().count()
+                        "table {ident} exists ({} snapshot(s)){}",
+                        table.metadata().snapshots().count(),
+                        match changed.is_empty() {
+                            true => String::new(),
+                            false => format!(
+                                "; the first run widens (or makes optional) column(s) {}",
+                                changed.join(", ")
+                            ),
+                        }
                     )),
                 )
             } else {

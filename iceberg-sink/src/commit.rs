@@ -192,6 +192,12 @@ impl TableTarget {
         gc
     }
 
+    /// Makes `table` the seed of the next commit: the table as a schema change of this sink left it (a seed older
+    /// than the change would decode the files written since against the old schema).
+    pub(crate) fn reseed(&self, table: Table) {
+        *self.seed.lock().expect("seed lock") = Some(table);
+    }
+
     /// The table as the last commit left it, or freshly loaded.
     pub async fn recent(&self, phase: Phase) -> Result<Table> {
         let cached = self.seed.lock().expect("seed lock").clone();
@@ -414,6 +420,23 @@ impl TableTarget {
         state: SubtaskState,
         files: Vec<DataFile>,
     ) -> iceberg::Result<Transaction> {
+        // Files written before a column was widened carry bounds in the narrower type: promoted to the types of
+        // the schema the snapshot's manifests are written with.
+        let metadata = table.metadata();
+        let spec = metadata.default_partition_spec();
+        let partition_type = spec.partition_type(metadata.current_schema())?;
+        let files = files
+            .into_iter()
+            .map(|file| {
+                crate::promoted_bounds::promote_file(
+                    file,
+                    spec.spec_id(),
+                    metadata.current_schema(),
+                    &partition_type,
+                    metadata.format_version(),
+                )
+            })
+            .collect::<iceberg::Result<Vec<_>>>()?;
         let mut tx = Transaction::new(table);
         if self.expires(table) {
             // Before the append: every action requires main to be where it saw it, and the catalog checks them
@@ -638,7 +661,12 @@ impl IcebergCommitter {
             return Ok(CommitOutcome::AlreadyCommitted);
         }
         let table = self.target.recent(Phase::Commit).await?;
-        let files = decode_files(&table, &committable.files)?;
+        // A file written on a schema newer than the last commit saw (another instance widened a column since)
+        // decodes against the table as it is now.
+        let files = match decode_files(&table, &committable.files) {
+            Ok(files) => files,
+            Err(_) => decode_files(&self.target.load(Phase::Commit).await?, &committable.files)?,
+        };
         self.target
             .commit_files(key, epoch, committable.checkpoint, files)
             .await

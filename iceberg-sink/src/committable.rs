@@ -90,7 +90,9 @@ pub(crate) fn decode_files(table: &Table, files: &[PendingFile]) -> Result<Vec<D
             let partition_type = spec
                 .partition_type(schema)
                 .map_err(|e| iceberg_error(Phase::Commit, "cannot derive the partition type", e))?;
-            deserialize_data_file_from_json(&file.data_file, file.spec_id, &partition_type, schema)
+            // Written before a column was widened, its bounds are promoted first (crate::promoted_bounds).
+            crate::promoted_bounds::promote_json(&file.data_file, schema)
+                .and_then(|json| deserialize_data_file_from_json(&json, file.spec_id, &partition_type, schema))
                 .map_err(|e| iceberg_error(Phase::Commit, format!("cannot decode data file {}", file.path), e))
         })
         .collect()

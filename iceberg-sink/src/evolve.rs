@@ -154,6 +154,23 @@ fn changed_field(current: &NestedField, field: &Field) -> Option<NestedField> {
     (changed != *current).then_some(changed)
 }
 
+/// The table's top-level columns [`change_columns`] would change for batches of `schema` (read only).
+pub(crate) fn changed_columns(table: &Table, schema: &arrow_schema::Schema) -> Vec<String> {
+    table
+        .metadata()
+        .current_schema()
+        .as_struct()
+        .fields()
+        .iter()
+        .filter(|f| {
+            schema
+                .field_with_name(&f.name)
+                .is_ok_and(|column| changed_field(f, column).is_some())
+        })
+        .map(|f| f.name.clone())
+        .collect()
+}
+
 /// Whether Iceberg's spec lets a column of type `from` be promoted to `to`.
 fn promotes(from: &PrimitiveType, to: &PrimitiveType) -> bool {
     match (from, to) {

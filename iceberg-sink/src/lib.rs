@@ -60,6 +60,7 @@ mod location;
 mod manifest_merge;
 mod metadata_swap;
 mod own_commit;
+mod promoted_bounds;
 mod recovery;
 mod rest_commit;
 mod retire;

@@ -289,11 +289,19 @@ async fn rewrite_bin(
         (_, ManifestContentType::Data) => builder.build_v2_data(),
         (_, ManifestContentType::Deletes) => builder.build_v2_deletes(),
     };
+    let partition_type = spec.partition_type(metadata.current_schema())?;
     for &i in bin {
         let manifest = manifests[i].load_manifest(base.file_io()).await?;
         for entry in manifest.entries() {
             let ours = entry.snapshot_id == Some(planned.snapshot_id());
-            let data_file = entry.data_file.clone();
+            // An entry of a manifest written before a column was widened: its bounds in the wider type.
+            let data_file = crate::promoted_bounds::promote_file(
+                entry.data_file.clone(),
+                spec.spec_id(),
+                metadata.current_schema(),
+                &partition_type,
+                metadata.format_version(),
+            )?;
             match entry.status {
                 ManifestStatus::Added if ours => writer.add_file(data_file, -1)?,
                 // A deleted entry keeps the file's own data sequence number (spec "Manifests").

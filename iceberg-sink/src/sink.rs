@@ -125,7 +125,7 @@ impl IcebergSink {
         }
         // Refused now, with the table and the fields named, rather than at the first write or pre-commit.
         let table = committer.target.load(Phase::Setup).await?;
-        check_columns(&config, &table)?;
+        check_columns(&config, &table, &[])?;
         if let Some(keyed) = &keyed {
             EqualityDeletes::of(&table, keyed.key()).map_err(|e| e.with_sink(&config.sink))?;
         }
@@ -258,6 +258,7 @@ impl TwoPhaseCommit for IcebergSink {
             self.config.evolution,
         )
         .await?;
+        self.committer.target.reseed(table.clone());
         self.table = Some(table);
         if let Some(keyed) = &mut self.keyed {
             *keyed = KeyedRows::new(keyed.key().to_vec(), &schema)?;
@@ -391,11 +392,16 @@ impl TwoPhaseCommit for IcebergSink {
     }
 }
 
-/// Every column of the batches must convert exactly into `table`'s column of that name ([`types`]).
+/// Every column of the batches but `skip` (the ones evolution changes first) must convert exactly into `table`'s
+/// column of that name ([`types`]).
 ///
 /// # Errors
 /// [`Config`](ErrorKind::Config) naming every field that does not.
-pub(crate) fn check_columns(config: &IcebergSinkConfig, table: &Table) -> Result<()> {
+pub(crate) fn check_columns(
+    config: &IcebergSinkConfig,
+    table: &Table,
+    skip: &[String],
+) -> Result<()> {
     let arrow =
         iceberg::arrow::schema_to_arrow_schema(table.metadata().current_schema()).map_err(|e| {
             iceberg_error(
@@ -407,7 +413,12 @@ pub(crate) fn check_columns(config: &IcebergSinkConfig, table: &Table) -> Result
                 e,
             )
         })?;
-    let refusals = types::refusals_against(table_schema(config)?.as_ref(), &arrow);
+    let mut refusals = types::refusals_against(table_schema(config)?.as_ref(), &arrow);
+    refusals.retain(|r| {
+        !skip
+            .iter()
+            .any(|s| r.path == *s || r.path.starts_with(&format!("{s}.")))
+    });
     match refusals.is_empty() {
         true => Ok(()),
         false => Err(types::refused(&config.sink, &config.table, &refusals)),

@@ -1,6 +1,7 @@
 //! `ratchet check-config` for a JDBC sink: connects, reads what the mode needs from the server and whether the
 //! table is there, and checks every column against the type contract (the table's columns when it exists, the
-//! types `create_table` would give them otherwise). Changes nothing: no table (Ratchet's or the target), no
+//! types `create_table` would give them otherwise). Columns the sink's `evolution` would add or change when it
+//! opens are named in the summary instead of checked. Changes nothing: no table (Ratchet's or the target), no
 //! transaction.
 
 use connector_api::{Error, ErrorKind, Phase, Result, SinkCheck};
@@ -22,12 +23,12 @@ pub(crate) async fn check(config: &JdbcSinkConfig) -> Result<SinkCheck> {
     shape
         .check_create(dialect)
         .map_err(|e| e.with_sink(&config.sink))?;
-    let (server, exists) = match dialect {
+    let (server, exists, evolved) = match dialect {
         Dialect::Postgres => postgres(config, &shape).await?,
         Dialect::MySql => mysql(config, &shape).await?,
     };
     let table = match (exists, config.create_table) {
-        (true, _) => format!("table {} exists", config.table),
+        (true, _) => format!("table {} exists{}", config.table, evolved.summary()),
         (false, true) => format!(
             "table {} does not exist yet: the first run creates it",
             config.table
@@ -49,8 +50,62 @@ pub(crate) async fn check(config: &JdbcSinkConfig) -> Result<SinkCheck> {
     })
 }
 
-/// The server's name for messages, and whether the table exists.
-async fn postgres(config: &JdbcSinkConfig, shape: &TableShape) -> Result<(String, bool)> {
+/// What the sink's `evolution` would change in an existing table when it opens: the columns it adds, and the ones
+/// it widens or makes nullable.
+#[derive(Debug, Default)]
+struct Evolved {
+    added: Vec<String>,
+    changed: Vec<String>,
+}
+
+impl Evolved {
+    /// The columns `existing` lacks (with `add-columns` or more) and the changes `changes` plans (`evolve`).
+    fn of(
+        config: &JdbcSinkConfig,
+        shape: &TableShape,
+        existing: &[String],
+        changes: Vec<(String, String)>,
+    ) -> Self {
+        let added = match config.evolution.adds_columns() {
+            true => shape
+                .names
+                .iter()
+                .filter(|n| !existing.iter().any(|e| e.eq_ignore_ascii_case(n)))
+                .cloned()
+                .collect(),
+            false => Vec::new(),
+        };
+        let mut changed: Vec<String> = changes.into_iter().map(|(name, _)| name).collect();
+        changed.dedup();
+        Self { added, changed }
+    }
+
+    /// The shape whose columns must fit the table as it is.
+    fn checked(&self, shape: &TableShape) -> TableShape {
+        shape.without(&[self.added.clone(), self.changed.clone()].concat())
+    }
+
+    /// The end of the summary: what the first run changes.
+    fn summary(&self) -> String {
+        let mut out = String::new();
+        if !self.added.is_empty() {
+            out.push_str(&format!(
+                "; the first run adds column(s) {}",
+                self.added.join(", ")
+            ));
+        }
+        if !self.changed.is_empty() {
+            out.push_str(&format!(
+                "; the first run widens (or makes nullable) column(s) {}",
+                self.changed.join(", ")
+            ));
+        }
+        out
+    }
+}
+
+/// The server's name for messages, whether the table exists, and what evolution would change in it.
+async fn postgres(config: &JdbcSinkConfig, shape: &TableShape) -> Result<(String, bool, Evolved)> {
     let client = crate::pg::options(&config.connection)?
         .connect("the JDBC sink's PostgreSQL database")
         .await?;
@@ -70,13 +125,30 @@ async fn postgres(config: &JdbcSinkConfig, shape: &TableShape) -> Result<(String
         .await
         .map_err(read("cannot look up the table"))?
         .get(0);
+    let mut evolved = Evolved::default();
     if exists {
-        crate::pg::table::columns(&client, config, shape).await?;
+        let existing: Vec<String> = client
+            .query(
+                "SELECT attname::text FROM pg_attribute \
+                 WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped",
+                &[&config.table],
+            )
+            .await
+            .map_err(read("cannot read the table's columns"))?
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        let changes = match config.evolution.changes_columns() {
+            true => crate::pg::column_changes(&client, config, shape).await?,
+            false => Vec::new(),
+        };
+        evolved = Evolved::of(config, shape, &existing, changes);
+        crate::pg::table::columns(&client, config, &evolved.checked(shape)).await?;
     }
-    Ok(("PostgreSQL".to_string(), exists))
+    Ok(("PostgreSQL".to_string(), exists, evolved))
 }
 
-async fn mysql(config: &JdbcSinkConfig, shape: &TableShape) -> Result<(String, bool)> {
+async fn mysql(config: &JdbcSinkConfig, shape: &TableShape) -> Result<(String, bool, Evolved)> {
     let opts = crate::mysql::options(&config.connection)?;
     let mut conn = crate::mysql::connect(
         &opts,
@@ -112,14 +184,39 @@ async fn mysql(config: &JdbcSinkConfig, shape: &TableShape) -> Result<(String, b
         .exec_first(
             "SELECT COUNT(*) FROM information_schema.tables \
              WHERE table_schema = COALESCE(?, DATABASE()) AND table_name = ?",
-            (schema, name),
+            (schema.clone(), name.clone()),
         )
         .await
         .map_err(read("cannot look up the table"))?;
+    let mut evolved = Evolved::default();
     if count.unwrap_or(0) > 0 {
+        let existing: Vec<String> = conn
+            .exec(
+                "SELECT COLUMN_NAME FROM information_schema.COLUMNS \
+                 WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?",
+                (schema, name),
+            )
+            .await
+            .map_err(read("cannot read the table's columns"))?;
+        let changes = match config.evolution.changes_columns() {
+            true => crate::mysql::column_changes(&mut conn, config, shape).await?,
+            false => Vec::new(),
+        };
+        evolved = Evolved::of(config, shape, &existing, changes);
         let key = config.mode.key().unwrap_or_default();
-        crate::mysql::table_columns(&mut conn, config, &config.table, shape, key).await?;
+        crate::mysql::table_columns(
+            &mut conn,
+            config,
+            &config.table,
+            &evolved.checked(shape),
+            key,
+        )
+        .await?;
     }
     let _ = conn.disconnect().await;
-    Ok((format!("MySQL/MariaDB {version}"), count.unwrap_or(0) > 0))
+    Ok((
+        format!("MySQL/MariaDB {version}"),
+        count.unwrap_or(0) > 0,
+        evolved,
+    ))
 }

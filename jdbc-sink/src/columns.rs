@@ -605,6 +605,18 @@ impl TableShape {
             .collect()
     }
 
+    /// This shape without the columns `names`.
+    pub(crate) fn without(&self, names: &[String]) -> Self {
+        let kept: Vec<usize> = (0..self.names.len())
+            .filter(|i| !names.contains(&self.names[*i]))
+            .collect();
+        Self {
+            names: kept.iter().map(|i| self.names[*i].clone()).collect(),
+            types: kept.iter().map(|i| self.types[*i]).collect(),
+            fields: kept.iter().map(|i| self.fields[*i].clone()).collect(),
+        }
+    }
+
     /// The column list, quoted.
     pub(crate) fn column_list(&self, dialect: Dialect) -> String {
         self.names

@@ -192,6 +192,39 @@ async fn change_columns(
     config: &JdbcSinkConfig,
     shape: &crate::columns::TableShape,
 ) -> Result<()> {
+    let changes = column_changes(client, config, shape).await?;
+    if changes.is_empty() {
+        return Ok(());
+    }
+    let clauses: Vec<&str> = changes.iter().map(|(_, clause)| clause.as_str()).collect();
+    let alter = format!(
+        "ALTER TABLE {} {}",
+        crate::columns::quote_table(crate::config::Dialect::Postgres, &config.table),
+        clauses.join(", ")
+    );
+    tracing::info!(sink = %config.sink, table = %config.table, statement = %alter, "widening columns");
+    client.batch_execute(&alter).await.map_err(|e| {
+        pg_error(
+            Phase::Setup,
+            None,
+            &format!(
+                "cannot widen the columns of {} for the batches' schema",
+                config.table
+            ),
+            e,
+        )
+        .with_sink(&config.sink)
+    })?;
+    Ok(())
+}
+
+/// What `evolution = "evolve"` changes in the table for `shape` (read only): each column's name and `ALTER TABLE`
+/// clause, a column once per clause (see [`change_columns`]). Nothing when the table does not exist.
+pub(crate) async fn column_changes(
+    client: &Client,
+    config: &JdbcSinkConfig,
+    shape: &crate::columns::TableShape,
+) -> Result<Vec<(String, String)>> {
     let dialect = crate::config::Dialect::Postgres;
     let table = crate::columns::quote_table(dialect, &config.table);
     let existing = client
@@ -211,7 +244,7 @@ async fn change_columns(
             .with_sink(&config.sink)
         })?;
     let key = config.mode.key().unwrap_or_default();
-    let mut clauses = Vec::new();
+    let mut changes = Vec::new();
     for (i, name) in shape.names.iter().enumerate() {
         let Some(row) = existing.iter().find(|r| r.get::<_, &str>(0) == name) else {
             continue;
@@ -221,33 +254,17 @@ async fn change_columns(
         if let (Some(now), Some(wanted)) = (numeric_of(row.get(1)), wanted)
             && now.widens_to(wanted)
         {
-            clauses.push(format!(
+            let clause = format!(
                 "ALTER COLUMN {column} TYPE {}",
                 shape.types[i].ddl(dialect, false, None)
-            ));
+            );
+            changes.push((name.clone(), clause));
         }
         if row.get::<_, bool>(2) && shape.fields[i].is_nullable() && !key.contains(name) {
-            clauses.push(format!("ALTER COLUMN {column} DROP NOT NULL"));
+            changes.push((name.clone(), format!("ALTER COLUMN {column} DROP NOT NULL")));
         }
     }
-    if clauses.is_empty() {
-        return Ok(());
-    }
-    let alter = format!("ALTER TABLE {table} {}", clauses.join(", "));
-    tracing::info!(sink = %config.sink, table = %config.table, statement = %alter, "widening columns");
-    client.batch_execute(&alter).await.map_err(|e| {
-        pg_error(
-            Phase::Setup,
-            None,
-            &format!(
-                "cannot widen the columns of {} for the batches' schema",
-                config.table
-            ),
-            e,
-        )
-        .with_sink(&config.sink)
-    })?;
-    Ok(())
+    Ok(changes)
 }
 
 /// `evolution = "add-columns"`: adds the batches' columns the table lacks (nothing when it has them all, so no

@@ -299,6 +299,33 @@ async fn widened_and_optional_fields_change_every_sink_exactly_once_across_kills
     let v3 = typed_order("long", "double", 12, code);
     killed_at_the_change(&mut job, "after-evolve", &v3, 100, typed_record).await;
 
+    // check-config sees the tables still on decimal(9, 2): with evolve it names what the next run widens, with
+    // add-columns it refuses the column.
+    let check = job.ratchet("check-config");
+    let out = String::from_utf8_lossy(&check.stdout).to_string()
+        + &String::from_utf8_lossy(&check.stderr);
+    assert!(check.status.success(), "{out}");
+    assert!(
+        out.contains("widens (or makes nullable) column(s) price"),
+        "{out}"
+    );
+    assert!(
+        out.contains("widens (or makes optional) column(s) price"),
+        "{out}"
+    );
+    let evolving = std::fs::read_to_string(&job.config).unwrap();
+    std::fs::write(
+        &job.config,
+        evolving.replace("\"evolve\"", "\"add-columns\""),
+    )
+    .unwrap();
+    let check = job.ratchet("check-config");
+    let out = String::from_utf8_lossy(&check.stdout).to_string()
+        + &String::from_utf8_lossy(&check.stderr);
+    assert!(!check.status.success(), "{out}");
+    assert!(out.contains("price"), "{out}");
+    std::fs::write(&job.config, evolving).unwrap();
+
     // A required field made optional while the last process runs: every sink takes it between checkpoints.
     let mut worker = job.spawn_worker(&["--exit-when-idle", "5s"]);
     job.wait_copied(job.produced as usize, Duration::from_secs(60));

@@ -664,13 +664,49 @@ fn numeric_of(
 /// table that does not exist is left to the fit check to report.
 ///
 /// # Errors
-/// [`Config`](ErrorKind::Config) naming a column that must change but has `EXTRA` attributes (auto-increment,
-/// generated, `ON UPDATE`) MODIFY would have to restate: the message gives the statement to run by hand.
+/// As [`column_changes`]; retryable when the statement fails (a lock held past `lock_wait_timeout`).
 async fn change_columns(
     conn: &mut Conn,
     config: &JdbcSinkConfig,
     shape: &TableShape,
 ) -> Result<()> {
+    let changes = column_changes(conn, config, shape).await?;
+    if changes.is_empty() {
+        return Ok(());
+    }
+    let clauses: Vec<&str> = changes.iter().map(|(_, clause)| clause.as_str()).collect();
+    let alter = format!(
+        "ALTER TABLE {} {}",
+        quote_table(Dialect::MySql, &config.table),
+        clauses.join(", ")
+    );
+    tracing::info!(sink = %config.sink, table = %config.table, statement = %alter, "widening columns");
+    conn.query_drop(&alter).await.map_err(|e| {
+        my_error(
+            Phase::Setup,
+            None,
+            &format!(
+                "cannot widen the columns of {} for the batches' schema",
+                config.table
+            ),
+            e,
+        )
+        .with_sink(&config.sink)
+    })?;
+    Ok(())
+}
+
+/// What `evolution = "evolve"` changes in the table for `shape` (read only): each changed column's name and
+/// `MODIFY COLUMN` clause (see [`change_columns`]). Nothing when the table does not exist.
+///
+/// # Errors
+/// [`Config`](ErrorKind::Config) naming a column that must change but has `EXTRA` attributes (auto-increment,
+/// generated, `ON UPDATE`) MODIFY would have to restate: the message gives the statement to run by hand.
+pub(crate) async fn column_changes(
+    conn: &mut Conn,
+    config: &JdbcSinkConfig,
+    shape: &TableShape,
+) -> Result<Vec<(String, String)>> {
     let d = Dialect::MySql;
     let (schema, name) = match config.table.split_once('.') {
         Some((schema, name)) => (Some(schema.to_string()), name.to_string()),
@@ -688,7 +724,7 @@ async fn change_columns(
             )
         })?;
     let key = config.mode.key().unwrap_or_default();
-    let mut clauses = Vec::new();
+    let mut changes = Vec::new();
     for (i, name) in shape.names.iter().enumerate() {
         let Some(row) = rows.iter().find(|r| r.0.eq_ignore_ascii_case(name)) else {
             continue;
@@ -748,30 +784,9 @@ async fn change_columns(
             ))
             .with_sink(&config.sink));
         }
-        clauses.push(clause);
+        changes.push((name.clone(), clause));
     }
-    if clauses.is_empty() {
-        return Ok(());
-    }
-    let alter = format!(
-        "ALTER TABLE {} {}",
-        quote_table(d, &config.table),
-        clauses.join(", ")
-    );
-    tracing::info!(sink = %config.sink, table = %config.table, statement = %alter, "widening columns");
-    conn.query_drop(&alter).await.map_err(|e| {
-        my_error(
-            Phase::Setup,
-            None,
-            &format!(
-                "cannot widen the columns of {} for the batches' schema",
-                config.table
-            ),
-            e,
-        )
-        .with_sink(&config.sink)
-    })?;
-    Ok(())
+    Ok(changes)
 }
 
 /// The table's column of each batch column (`information_schema`), each checked against the type contract
