@@ -1,8 +1,9 @@
-//! Schema evolution (`evolution = "add-columns"`) against PostgreSQL and MariaDB, read back with psql and mariadb:
+//! Schema evolution against PostgreSQL and MariaDB, read back with psql and mariadb. `evolution = "add-columns"`:
 //! at a checkpoint boundary the sink adds the new column (`ALTER TABLE .. ADD COLUMN IF NOT EXISTS`) before any
 //! row of it is written, in xa and upsert mode; an instance still on the old schema goes on writing into the
 //! evolved table; a sink opening with a schema the table lacks adds the column, or with `evolution = "none"`
-//! refuses naming it.
+//! refuses naming it. `evolution = "evolve"`: a column widened and made nullable at the boundary while a killed
+//! instance's prepared transaction holds the table.
 
 use crate::common;
 
@@ -215,4 +216,168 @@ async fn a_table_lacking_a_column_is_extended_at_open_or_refused_without_evoluti
             "{text}"
         );
     }
+}
+
+/// The conformance schema with `qty` as each side of the widening types it.
+fn with_qty_typed(qty: DataType, nullable: bool) -> SchemaRef {
+    let mut fields: Vec<Field> = conformance_schema()
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    fields.push(Field::new("qty", qty, nullable));
+    Arc::new(Schema::new(fields))
+}
+
+/// Rows `ids` of `schema`: `qty` the id as an int, or, widened, the id times ten billion and null for odd ids.
+fn typed_rows(schema: &SchemaRef, ids: std::ops::Range<i64>) -> RecordBatch {
+    let base = rows(&conformance_schema(), ids.clone());
+    let qty: arrow_array::ArrayRef = match schema.field(2).data_type() {
+        DataType::Int32 => Arc::new(arrow_array::Int32Array::from_iter_values(
+            ids.map(|i| i as i32),
+        )),
+        _ => Arc::new(Int64Array::from_iter(
+            ids.map(|i| (i % 2 == 0).then_some(i * 10_000_000_000)),
+        )),
+    };
+    let mut columns = base.columns().to_vec();
+    columns.push(qty);
+    RecordBatch::try_new(schema.clone(), columns).unwrap()
+}
+
+/// A driver of the sink `config`, crashing after its checkpoint record is durable when `crash` (its prepared
+/// transaction stays on the server, holding the table).
+async fn evolving_driver(
+    config: JdbcSinkConfig,
+    state: &std::path::Path,
+    crash: bool,
+) -> (Driver<LocalCheckpointStore>, connector_api::SinkHandle) {
+    let crashes: connector_api::FaultInjector = Arc::new(
+        move |_: connector_api::CheckpointId, point: &connector_api::FaultPoint| {
+            crash && matches!(point, connector_api::FaultPoint::AfterRecordDurable)
+        },
+    );
+    let mut driver = Driver::new(
+        LocalCheckpointStore::open(state, 3).unwrap(),
+        DriverConfig::default(),
+    )
+    .with_fault_injector(crashes);
+    let sink = driver
+        .add_sink(JdbcSink::new(config).await.unwrap())
+        .unwrap();
+    driver.start().await.unwrap();
+    (driver, sink)
+}
+
+/// `evolution = "evolve"` on a table the user made (`qty integer NOT NULL`; on MariaDB with a default and a comment):
+/// at a checkpoint boundary the sink widens `qty` to bigint and lets it take nulls, while a killed instance's
+/// prepared transaction still holds the table: the change waits (each try bounded by `lock_timeout`, retried by
+/// the driver) until that instance's recovery commits it. Every row once with its own value; MariaDB keeps the
+/// column's default and comment.
+async fn widens_at_a_checkpoint_boundary(db: Db) {
+    let unique = test_support::unique_name("jdbc-widen");
+    let narrow = with_qty_typed(DataType::Int32, false);
+    let wide = with_qty_typed(DataType::Int64, true);
+    let config = JdbcSinkConfig {
+        schema: narrow.clone(),
+        ..sink_config(db, &unique, WriteMode::Xa, Evolution::Evolve)
+    };
+    let table = config.table.clone();
+    cli(
+        db,
+        &match db {
+            Db::Postgres => format!(
+                "CREATE TABLE {table} (id bigint NOT NULL, payload text NOT NULL, qty integer NOT NULL)"
+            ),
+            Db::MariaDb => format!(
+                "CREATE TABLE {table} (id BIGINT NOT NULL, payload LONGTEXT NOT NULL, \
+                 qty INT NOT NULL DEFAULT 0 COMMENT 'the order''s count')"
+            ),
+        },
+    );
+    let killed_config = JdbcSinkConfig {
+        subtask: connector_api::SubtaskId(1),
+        ..config.clone()
+    };
+    let killed_state = tempfile::tempdir().unwrap();
+    let (mut killed, killed_sink) =
+        evolving_driver(killed_config.clone(), killed_state.path(), true).await;
+    killed
+        .write(killed_sink, &typed_rows(&narrow, 10..12))
+        .await
+        .unwrap();
+    let crashed = killed.checkpoint(positions(12)).await.unwrap_err();
+    assert!(crashed.to_string().contains("injected crash"), "{crashed}");
+    drop(killed);
+
+    let state = tempfile::tempdir().unwrap();
+    let (mut driver, sink) = evolving_driver(config.clone(), state.path(), false).await;
+    driver
+        .write(sink, &typed_rows(&narrow, 0..3))
+        .await
+        .unwrap();
+    driver.checkpoint(positions(3)).await.unwrap();
+    // The killed instance comes back after a few lock timeouts: its recovery commits the prepared transaction.
+    let recovery = tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+        let (recovered, _) = evolving_driver(killed_config, killed_state.path(), false).await;
+        recovered.close().await.unwrap();
+    });
+    driver.evolve(&[sink], wide.clone()).await.unwrap();
+    recovery.await.unwrap();
+    driver.write(sink, &typed_rows(&wide, 3..6)).await.unwrap();
+    driver.checkpoint(positions(6)).await.unwrap();
+    driver.close().await.unwrap();
+
+    let values = cli(
+        db,
+        &format!("SELECT id, COALESCE(CAST(qty AS CHAR(20)), 'null') FROM {table} ORDER BY id")
+            .replace(
+                "CHAR(20)",
+                if db == Db::Postgres {
+                    "text"
+                } else {
+                    "CHAR(20)"
+                },
+            ),
+    );
+    assert_eq!(
+        values.replace('\t', "|"),
+        "0|0\n1|1\n2|2\n3|null\n4|40000000000\n5|null\n10|10\n11|11"
+    );
+    let column = match db {
+        Db::Postgres => cli(
+            db,
+            &format!(
+                "SELECT data_type, is_nullable FROM information_schema.columns \
+                 WHERE table_name = '{table}' AND column_name = 'qty'"
+            ),
+        ),
+        Db::MariaDb => cli(
+            db,
+            &format!(
+                "SELECT COLUMN_TYPE, IS_NULLABLE, COLUMN_DEFAULT, COLUMN_COMMENT FROM information_schema.COLUMNS \
+                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{table}' AND COLUMN_NAME = 'qty'"
+            ),
+        ),
+    };
+    let expected = match db {
+        Db::Postgres => "bigint|YES",
+        Db::MariaDb => "bigint(20)|YES|0|the order's count",
+    };
+    assert_eq!(column.replace('\t', "|"), expected);
+    let (mut ids, prepared) = common::read(db, &table, &[config.scope.as_str()]);
+    ids.sort_unstable();
+    assert_eq!(ids, [0, 1, 2, 3, 4, 5, 10, 11]);
+    assert!(prepared.is_empty(), "{prepared:?}");
+}
+
+#[tokio::test]
+async fn postgres_widens_the_column_while_a_prepared_transaction_holds_the_table() {
+    widens_at_a_checkpoint_boundary(Db::Postgres).await;
+}
+
+#[tokio::test]
+async fn mariadb_widens_the_column_while_a_prepared_transaction_holds_the_table() {
+    widens_at_a_checkpoint_boundary(Db::MariaDb).await;
 }
