@@ -205,11 +205,12 @@ pub trait TwoPhaseCommit: Send + 'static {
     }
 
     /// Takes `schema` for every batch written from now on: the schema this instance was built with (or last took)
-    /// with new nullable columns added (a source's reader schema widened). Called by
+    /// with new nullable columns added, and columns widened or made nullable (a source's reader schema changed;
+    /// [`SchemaChange::to_make`](crate::SchemaChange::to_make) checks what the sink's `evolution` allows). Called by
     /// [`Driver::evolve`](crate::Driver::evolve) at a checkpoint boundary: every earlier checkpoint is committed and
-    /// the open transaction holds nothing yet. The sink makes the external system hold the new columns (`ALTER
-    /// TABLE .. ADD COLUMN`, an Iceberg schema update) before it returns, outside the open transaction, so no row
-    /// with a value for a column ever reaches a table without it.
+    /// the open transaction holds nothing yet. The sink makes the external system hold the new columns and types
+    /// (`ALTER TABLE .. ADD COLUMN` / `ALTER COLUMN .. TYPE`, an Iceberg schema update) before it returns, outside
+    /// the open transaction, so no row with a value for a column ever reaches a table that cannot hold it.
     ///
     /// # Idempotence
     /// The external system may already have the columns (another instance evolved it, or this one did and crashed

@@ -1,10 +1,11 @@
-//! A schema change at a checkpoint boundary: the source's batches gained columns (a registry's reader schema was
-//! widened), and the sinks take the new schema before any batch of it is written.
+//! A schema change at a checkpoint boundary: the source's batches gained columns, or widened or relaxed some (a
+//! registry's reader schema took a writer's change), and the sinks take the new schema before any batch of it is
+//! written.
 //!
 //! Order: every checkpoint before the change is committed (its commit awaited), then each sink evolves (outside
 //! the open, still empty transaction), then the caller writes batches of the new schema. A crash before a sink
-//! evolved leaves the old schema and replays from the last checkpoint; a crash after leaves new nullable columns
-//! the replayed rows fill, or leave null (as records without the field would). Both are crash points
+//! evolved leaves the old schema and replays from the last checkpoint; a crash after leaves new nullable (or wider)
+//! columns the replayed rows fill, or leave null (as records without the field would). Both are crash points
 //! ([`Step::BeforeEvolve`](super::Step::BeforeEvolve), [`Step::AfterEvolve`](super::Step::AfterEvolve)).
 
 use arrow_schema::SchemaRef;

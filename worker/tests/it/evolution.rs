@@ -230,7 +230,7 @@ fn typed_values(id: u64) -> (i64, String, String, Option<String>) {
         100..200 => format!("7654321.{cents}"),
         _ => format!("1234567890.{cents}"),
     };
-    let code = (id < 300 || id % 2 == 0).then(|| format!("c{id}"));
+    let code = (id < 300 || id.is_multiple_of(2)).then(|| format!("c{id}"));
     (qty, ratio, price, code)
 }
 
