@@ -233,7 +233,7 @@ impl TwoPhaseCommit for IcebergSink {
 
     /// `evolution = "add-columns"`: adds the new columns to the table as optional columns (one schema update
     /// through the catalog; nothing when another instance already added them); `"evolve"` also widens the
-    /// columns whose type the batches widen and makes optional the ones they make optional ([`crate::evolve`]).
+    /// columns whose type the batches widen and makes optional the ones they make optional.
     /// Then opens the checkpoint's writers again on the new schema (the ones `begin` opened wrote nothing).
     ///
     /// # Errors
