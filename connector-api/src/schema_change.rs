@@ -146,7 +146,8 @@ impl SchemaChange {
 
 /// Whether values of type `from` read as type `to` without any change (the widenings Avro, Protobuf, Iceberg and
 /// SQL databases share): a signed integer to a wider one, a float to a wider one, a decimal to a greater
-/// precision at the same scale.
+/// precision at the same scale; and, nested, a struct that gains nullable fields or whose fields widen or become
+/// nullable, a list or map whose items do.
 pub fn widens(from: &DataType, to: &DataType) -> bool {
     use DataType::*;
     let int_width = |t: &DataType| match t {
@@ -175,7 +176,28 @@ pub fn widens(from: &DataType, to: &DataType) -> bool {
     if let (Some((p1, s1)), Some((p2, s2))) = (decimal(from), decimal(to)) {
         return s1 == s2 && p1 < p2;
     }
-    false
+    // A nested field keeps its values when its type is the same or widened and it does not become required.
+    let keeps = |a: &arrow_schema::Field, b: &arrow_schema::Field| {
+        (a.data_type() == b.data_type() || widens(a.data_type(), b.data_type()))
+            && (b.is_nullable() || !a.is_nullable())
+    };
+    match (from, to) {
+        (Struct(old), Struct(new)) => {
+            from != to
+                && old.iter().all(|a| {
+                    new.iter()
+                        .find(|b| b.name() == a.name())
+                        .is_some_and(|b| keeps(a, b))
+                })
+                && new
+                    .iter()
+                    .filter(|b| !old.iter().any(|a| a.name() == b.name()))
+                    .all(|b| b.is_nullable())
+        }
+        (List(a), List(b)) | (LargeList(a), LargeList(b)) => from != to && keeps(a, b),
+        (Map(a, sorted_a), Map(b, sorted_b)) => sorted_a == sorted_b && from != to && keeps(a, b),
+        _ => false,
+    }
 }
 
 /// The schema of a sink that writes whatever columns a batch has (the Kafka sink's JSON records): there is nothing
@@ -343,6 +365,48 @@ mod tests {
             (Int32, Decimal128(20, 0)),
         ] {
             assert!(!widens(&from, &to), "{from} to {to}");
+        }
+    }
+
+    #[test]
+    fn a_nested_struct_widens_by_nullable_fields_and_widened_ones() {
+        use DataType::*;
+        let customer = |fields: Vec<Field>| Struct(fields.into());
+        let old = customer(vec![
+            Field::new("name", Utf8, false),
+            Field::new("age", Int32, true),
+        ]);
+        let added = customer(vec![
+            Field::new("name", Utf8, false),
+            Field::new("age", Int32, true),
+            Field::new("email", Utf8, true),
+        ]);
+        assert!(widens(&old, &added));
+        let wider = customer(vec![
+            Field::new("name", Utf8, true),
+            Field::new("age", Int64, true),
+        ]);
+        assert!(widens(&old, &wider));
+        let items = |item: DataType| List(Arc::new(Field::new("item", item, true)));
+        assert!(widens(&items(old.clone()), &items(added.clone())));
+        assert!(!widens(&old, &old));
+        for refused in [
+            customer(vec![Field::new("name", Utf8, false)]),
+            customer(vec![
+                Field::new("name", Utf8, false),
+                Field::new("age", Int32, false),
+            ]),
+            customer(vec![
+                Field::new("name", Utf8, false),
+                Field::new("age", Int32, true),
+                Field::new("email", Utf8, false),
+            ]),
+            customer(vec![
+                Field::new("name", Int64, false),
+                Field::new("age", Int32, true),
+            ]),
+        ] {
+            assert!(!widens(&old, &refused), "{refused}");
         }
     }
 }

@@ -14,9 +14,11 @@
 //! a new column (readers see null there, which is also what a record without the field means) and holds a widened
 //! column's values in the narrower type, which every Iceberg reader promotes.
 
+use std::sync::Arc;
+
 use arrow_schema::{Field, SchemaRef};
 use connector_api::{Error, ErrorKind, Evolution, Phase, Result, SinkId};
-use iceberg::spec::{NestedField, PrimitiveType, Type};
+use iceberg::spec::{ListType, MapType, NestedField, PrimitiveType, StructType, Type};
 use iceberg::table::Table;
 use iceberg::transaction::{AddColumn, ApplyTransactionAction, Transaction};
 use iceberg::{TableRequirement, TableUpdate};
@@ -135,27 +137,114 @@ async fn add_missing_columns(
     }
 }
 
-/// The table's top-level field as the batches' column `field` needs it: its type widened, optional where the
-/// column takes nulls; `None` when the field already takes the column's values (or cannot: the fit check refuses
-/// it then, naming it).
-fn changed_field(current: &NestedField, field: &Field) -> Option<NestedField> {
+/// The table's top-level field as the batches' column `field` needs it: its type widened (nested: fields added,
+/// with ids after `next_id`, widened or made optional), optional where the column takes nulls; `None` when the
+/// field already takes the column's values (or cannot: the fit check refuses it then, naming it).
+fn changed_field(current: &NestedField, field: &Field, next_id: &mut i32) -> Option<NestedField> {
     let (wanted, _) = types::fields_of(std::iter::once(field), &mut 0);
     let wanted = wanted.first()?;
+    evolved_field(current, wanted, next_id)
+}
+
+/// `current` changed to take the values of `wanted` (a field built from the batches, its ids placeholders): its
+/// type evolved ([`evolved_type`]) and `required` lifted where `wanted` is optional; `None` when nothing changes.
+fn evolved_field(
+    current: &NestedField,
+    wanted: &NestedField,
+    next_id: &mut i32,
+) -> Option<NestedField> {
     let mut changed = current.clone();
-    if let (Type::Primitive(from), Type::Primitive(to)) =
-        (current.field_type.as_ref(), wanted.field_type.as_ref())
-        && promotes(from, to)
-    {
-        changed.field_type = Box::new(Type::Primitive(to.clone()));
+    if let Some(ty) = evolved_type(&current.field_type, &wanted.field_type, next_id) {
+        changed.field_type = Box::new(ty);
     }
-    if current.required && field.is_nullable() {
+    if current.required && !wanted.required {
         changed.required = false;
     }
     (changed != *current).then_some(changed)
 }
 
+/// `current` changed to take the values of `wanted`: a primitive promoted ([`promotes`]); a struct with the fields
+/// it lacks appended (fresh ids after `next_id`) and its fields evolved; a list's element or a map's value evolved.
+/// `None` when nothing changes.
+fn evolved_type(current: &Type, wanted: &Type, next_id: &mut i32) -> Option<Type> {
+    match (current, wanted) {
+        (Type::Primitive(from), Type::Primitive(to)) => promotes(from, to).then(|| wanted.clone()),
+        (Type::Struct(have), Type::Struct(want)) => {
+            let mut changed = false;
+            let mut fields: Vec<_> = have
+                .fields()
+                .iter()
+                .map(|f| {
+                    match want
+                        .field_by_name(&f.name)
+                        .and_then(|w| evolved_field(f, w, next_id))
+                    {
+                        Some(evolved) => {
+                            changed = true;
+                            Arc::new(evolved)
+                        }
+                        None => f.clone(),
+                    }
+                })
+                .collect();
+            for added in want
+                .fields()
+                .iter()
+                .filter(|w| have.field_by_name(&w.name).is_none())
+            {
+                changed = true;
+                fields.push(Arc::new(with_fresh_ids(added, next_id)));
+            }
+            changed.then(|| Type::Struct(StructType::new(fields)))
+        }
+        (Type::List(have), Type::List(want)) => {
+            let element = evolved_field(&have.element_field, &want.element_field, next_id)?;
+            Some(Type::List(ListType {
+                element_field: Arc::new(element),
+            }))
+        }
+        (Type::Map(have), Type::Map(want)) => {
+            let value = evolved_field(&have.value_field, &want.value_field, next_id)?;
+            Some(Type::Map(MapType {
+                key_field: have.key_field.clone(),
+                value_field: Arc::new(value),
+            }))
+        }
+        _ => None,
+    }
+}
+
+/// `field` (built from the batches, its ids placeholders) with ids after `next_id`, its nested fields' too.
+fn with_fresh_ids(field: &NestedField, next_id: &mut i32) -> NestedField {
+    *next_id += 1;
+    let id = *next_id;
+    let field_type = match field.field_type.as_ref() {
+        Type::Struct(fields) => Type::Struct(StructType::new(
+            fields
+                .fields()
+                .iter()
+                .map(|f| Arc::new(with_fresh_ids(f, next_id)))
+                .collect(),
+        )),
+        Type::List(list) => Type::List(ListType {
+            element_field: Arc::new(with_fresh_ids(&list.element_field, next_id)),
+        }),
+        Type::Map(map) => Type::Map(MapType {
+            key_field: Arc::new(with_fresh_ids(&map.key_field, next_id)),
+            value_field: Arc::new(with_fresh_ids(&map.value_field, next_id)),
+        }),
+        primitive => primitive.clone(),
+    };
+    NestedField {
+        id,
+        field_type: Box::new(field_type),
+        ..field.clone()
+    }
+}
+
 /// The table's top-level columns [`change_columns`] would change for batches of `schema` (read only).
 pub(crate) fn changed_columns(table: &Table, schema: &arrow_schema::Schema) -> Vec<String> {
+    let mut next_id = table.metadata().last_column_id();
     table
         .metadata()
         .current_schema()
@@ -165,7 +254,7 @@ pub(crate) fn changed_columns(table: &Table, schema: &arrow_schema::Schema) -> V
         .filter(|f| {
             schema
                 .field_with_name(&f.name)
-                .is_ok_and(|column| changed_field(f, column).is_some())
+                .is_ok_and(|column| changed_field(f, column, &mut next_id).is_some())
         })
         .map(|f| f.name.clone())
         .collect()
@@ -213,6 +302,7 @@ async fn change_columns(target: &TableTarget, schema: &SchemaRef, sink: &SinkId)
         attempt += 1;
         let table = target.load(Phase::Setup).await?;
         let current = table.metadata().current_schema();
+        let mut next_id = table.metadata().last_column_id();
         let mut changed = Vec::new();
         let fields: Vec<_> = current
             .as_struct()
@@ -222,10 +312,10 @@ async fn change_columns(target: &TableTarget, schema: &SchemaRef, sink: &SinkId)
                 let Ok(column) = schema.field_with_name(&f.name) else {
                     return f.clone();
                 };
-                match changed_field(f, column) {
+                match changed_field(f, column, &mut next_id) {
                     Some(new) => {
                         changed.push(f.name.clone());
-                        std::sync::Arc::new(new)
+                        Arc::new(new)
                     }
                     None => f.clone(),
                 }
@@ -312,14 +402,15 @@ mod tests {
     fn only_iceberg_promotions_and_nulls_change_a_field() {
         let int = NestedField::required(1, "qty", Type::Primitive(PrimitiveType::Int));
         let long = Field::new("qty", DataType::Int64, false);
-        let changed = changed_field(&int, &long).unwrap();
+        let changed = changed_field(&int, &long, &mut 9).unwrap();
         assert_eq!(*changed.field_type, Type::Primitive(PrimitiveType::Long));
         assert!(changed.required && changed.id == 1);
-        let optional = changed_field(&int, &Field::new("qty", DataType::Int32, true)).unwrap();
+        let optional =
+            changed_field(&int, &Field::new("qty", DataType::Int32, true), &mut 9).unwrap();
         assert!(!optional.required);
         assert_eq!(*optional.field_type, Type::Primitive(PrimitiveType::Int));
-        assert!(changed_field(&int, &Field::new("qty", DataType::Int16, false)).is_none());
-        assert!(changed_field(&int, &Field::new("qty", DataType::Utf8, false)).is_none());
+        assert!(changed_field(&int, &Field::new("qty", DataType::Int16, false), &mut 9).is_none());
+        assert!(changed_field(&int, &Field::new("qty", DataType::Utf8, false), &mut 9).is_none());
         let price = NestedField::optional(
             2,
             "price",
@@ -331,6 +422,7 @@ mod tests {
         let wider = changed_field(
             &price,
             &Field::new("price", DataType::Decimal128(12, 2), true),
+            &mut 9,
         )
         .unwrap();
         assert_eq!(
@@ -343,11 +435,76 @@ mod tests {
         assert!(
             changed_field(
                 &price,
-                &Field::new("price", DataType::Decimal128(12, 3), true)
+                &Field::new("price", DataType::Decimal128(12, 3), true),
+                &mut 9,
             )
             .is_none()
         );
         let float = NestedField::optional(3, "ratio", Type::Primitive(PrimitiveType::Float));
-        assert!(changed_field(&float, &Field::new("ratio", DataType::Float64, true)).is_some());
+        assert!(
+            changed_field(
+                &float,
+                &Field::new("ratio", DataType::Float64, true),
+                &mut 9
+            )
+            .is_some()
+        );
+    }
+
+    #[test]
+    fn a_nested_struct_gains_fields_with_fresh_ids_and_keeps_its_own() {
+        let customer = NestedField::optional(
+            4,
+            "customer",
+            Type::Struct(StructType::new(vec![
+                NestedField::required(5, "name", Type::Primitive(PrimitiveType::String)).into(),
+                NestedField::optional(6, "age", Type::Primitive(PrimitiveType::Int)).into(),
+            ])),
+        );
+        let address =
+            DataType::Struct(vec![arrow_schema::Field::new("city", DataType::Utf8, true)].into());
+        let column = Field::new(
+            "customer",
+            DataType::Struct(
+                vec![
+                    Field::new("name", DataType::Utf8, false),
+                    Field::new("age", DataType::Int64, true),
+                    Field::new("email", DataType::Utf8, true),
+                    Field::new("address", address, true),
+                ]
+                .into(),
+            ),
+            true,
+        );
+        let mut next_id = 6;
+        let changed = changed_field(&customer, &column, &mut next_id).unwrap();
+        let Type::Struct(fields) = changed.field_type.as_ref() else {
+            panic!("{changed:?}")
+        };
+        let summary: Vec<(i32, &str, bool)> = fields
+            .fields()
+            .iter()
+            .map(|f| (f.id, f.name.as_str(), f.required))
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                (5, "name", true),
+                (6, "age", false),
+                (7, "email", false),
+                (8, "address", false)
+            ]
+        );
+        assert_eq!(
+            *fields.field_by_name("age").unwrap().field_type,
+            Type::Primitive(PrimitiveType::Long)
+        );
+        let Type::Struct(address) = fields.field_by_name("address").unwrap().field_type.as_ref()
+        else {
+            panic!()
+        };
+        assert_eq!(address.fields()[0].id, 9);
+        assert_eq!(next_id, 9);
+        assert_eq!(changed.id, 4);
     }
 }

@@ -250,41 +250,115 @@ fn same_kind(a: &Value, b: &Value) -> bool {
         && (kind(a).as_deref() != Some("record") || name(a) == name(b))
 }
 
-/// `reader` with the top-level fields `added` (names) of `writer` appended, each readable from records that lack
-/// it (its default) and nullable as a column: a field whose type is not a union with `null` gets one, after its
-/// own type so its default still fits (`"long", default 0` becomes `["long", "null"], default 0`).
+/// `reader` with every field `writer` has and it lacks (the `added` paths, [`added_fields`]) added where the writer
+/// has it: at the top level or inside a nested record (through unions, arrays and maps), each readable from records
+/// that lack it (its default) and nullable as a column: a field whose type is not a union with `null` gets one,
+/// after its own type so its default still fits (`"long", default 0` becomes `["long", "null"], default 0`).
 ///
 /// # Errors
-/// Why not, as the end of a sentence: an added field below the top level (a column holds a whole nested value),
-/// an added field without a default (records written before it have no value for it: Avro calls that
-/// incompatible), or a schema that is not a record.
+/// Why not, as the end of a sentence: an added field without a default (records written before it have no value
+/// for it: Avro calls that incompatible), or a schema that is not a record.
 pub(crate) fn widened(reader: &Value, writer: &Value, added: &[String]) -> Result<Value, String> {
-    if let Some(nested) = added.iter().find(|f| f.contains(['.', '['])) {
-        return Err(format!(
-            "adds the nested field `{nested}`; schema evolution adds top-level columns only"
-        ));
+    if !writer.is_object() || writer["fields"].as_array().is_none() {
+        return Err("is not a record".into());
     }
-    let writer_fields = writer["fields"].as_array().ok_or("is not a record")?;
+    if reader["fields"].as_array().is_none() {
+        return Err("has a reader that is not a record".into());
+    }
     let mut widened = reader.clone();
-    let fields = widened["fields"]
-        .as_array_mut()
-        .ok_or("has a reader that is not a record")?;
-    for name in added {
-        let Some(field) = writer_fields
-            .iter()
-            .find(|f| f["name"].as_str() == Some(name))
-        else {
-            continue;
-        };
-        if field.get("default").is_none() {
-            return Err(format!(
-                "adds the field `{name}` without a default, so records written before it cannot be read with it \
-                 (an incompatible change: give it a default, e.g. null)"
-            ));
-        }
-        fields.push(nullable(field));
-    }
+    merge_added(&mut widened, writer, "", added)?;
     Ok(widened)
+}
+
+/// Adds to `reader` the fields of `writer` it lacks whose paths are in `added` (see [`widened`]).
+fn merge_added(
+    reader: &mut Value,
+    writer: &Value,
+    path: &str,
+    added: &[String],
+) -> Result<(), String> {
+    match writer {
+        Value::Array(branches) => {
+            for branch in branches {
+                if let Some(matching) = counterpart_mut(branch, reader) {
+                    merge_added(matching, branch, path, added)?;
+                }
+            }
+        }
+        Value::Object(w) => {
+            let Some(r) = counterpart_mut(writer, reader) else {
+                return Ok(());
+            };
+            match w.get("type").and_then(Value::as_str) {
+                Some("record") => {
+                    for field in w
+                        .get("fields")
+                        .and_then(Value::as_array)
+                        .into_iter()
+                        .flatten()
+                    {
+                        let Some(name) = field.get("name").and_then(Value::as_str) else {
+                            continue;
+                        };
+                        let full = match path.is_empty() {
+                            true => name.to_string(),
+                            false => format!("{path}.{name}"),
+                        };
+                        let Some(fields) = r.get_mut("fields").and_then(Value::as_array_mut) else {
+                            return Ok(());
+                        };
+                        let matching = fields.iter_mut().find(|f| {
+                            f.get("name").and_then(Value::as_str) == Some(name)
+                                || f.get("aliases")
+                                    .and_then(Value::as_array)
+                                    .is_some_and(|a| a.iter().any(|x| x.as_str() == Some(name)))
+                        });
+                        match matching {
+                            Some(m) => merge_added(&mut m["type"], &field["type"], &full, added)?,
+                            None if !added.contains(&full) => {}
+                            None if field.get("default").is_none() => {
+                                return Err(format!(
+                                    "adds the field `{full}` without a default, so records written before it \
+                                     cannot be read with it (an incompatible change: give it a default, e.g. null)"
+                                ));
+                            }
+                            None => fields.push(nullable(field)),
+                        }
+                    }
+                }
+                Some("array") => {
+                    merge_added(&mut r["items"], &w["items"], &format!("{path}[]"), added)?;
+                }
+                Some("map") => {
+                    merge_added(
+                        &mut r["values"],
+                        &w["values"],
+                        &format!("{path}{{}}"),
+                        added,
+                    )?;
+                }
+                _ => {}
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// [`counterpart`], mutable.
+fn counterpart_mut<'r>(writer: &Value, reader: &'r mut Value) -> Option<&'r mut Value> {
+    if reader.is_array() {
+        let index = {
+            let found = counterpart(writer, reader)?;
+            reader
+                .as_array()?
+                .iter()
+                .position(|b| std::ptr::eq(b, found))?
+        };
+        return reader.as_array_mut()?.get_mut(index);
+    }
+    counterpart(writer, reader)?;
+    Some(reader)
 }
 
 /// A type and whether it admits null: a union of `null` and one other type is that type, nullable; `None` for
@@ -522,7 +596,46 @@ mod tests {
         );
         let err = super::widened(&reader, &writer, &["tag".to_string()]).unwrap_err();
         assert!(err.contains("`tag` without a default"), "{err}");
-        let err = super::widened(&reader, &writer, &["customer.email".to_string()]).unwrap_err();
-        assert!(err.contains("top-level columns only"), "{err}");
+    }
+
+    #[test]
+    fn nested_fields_are_added_where_the_writer_has_them() {
+        let customer = |fields: Value| json!(["null", {"type": "record", "name": "Customer", "fields": fields}]);
+        let line = |fields: Value| json!({"type": "array", "items": {"type": "record", "name": "Line", "fields": fields}});
+        let reader = json!({"type":"record","name":"O","fields":[
+            {"name":"id","type":"long"},
+            {"name":"customer","type":customer(json!([{"name":"name","type":"string"}])),"default":null},
+            {"name":"lines","type":line(json!([{"name":"sku","type":"string"}]))}]});
+        let writer = json!({"type":"record","name":"O","fields":[
+            {"name":"id","type":"long"},
+            {"name":"customer","type":customer(json!([
+                {"name":"name","type":"string"},
+                {"name":"email","type":["null","string"],"default":null}])),"default":null},
+            {"name":"lines","type":line(json!([
+                {"name":"sku","type":"string"},
+                {"name":"qty","type":"int","default":1}]))}]});
+        let mut added = Vec::new();
+        added_fields(&writer, &reader, "", &mut added);
+        assert_eq!(added, ["customer.email", "lines[].qty"]);
+        let widened = widened(&reader, &writer, &added).unwrap();
+        assert_eq!(
+            widened["fields"][1]["type"][1]["fields"][1],
+            json!({"name":"email","type":["null","string"],"default":null})
+        );
+        assert_eq!(
+            widened["fields"][2]["type"]["items"]["fields"][1],
+            json!({"name":"qty","type":["int","null"],"default":1})
+        );
+        // Only the paths asked for are added; one without a default is refused by path.
+        let only = super::widened(&reader, &writer, &["customer.email".to_string()]).unwrap();
+        assert_eq!(only["fields"][2], reader["fields"][2]);
+        let strict = json!({"type":"record","name":"O","fields":[
+            {"name":"id","type":"long"},
+            {"name":"customer","type":customer(json!([
+                {"name":"name","type":"string"},
+                {"name":"email","type":"string"}])),"default":null},
+            {"name":"lines","type":line(json!([{"name":"sku","type":"string"}]))}]});
+        let err = super::widened(&reader, &strict, &["customer.email".to_string()]).unwrap_err();
+        assert!(err.contains("`customer.email` without a default"), "{err}");
     }
 }

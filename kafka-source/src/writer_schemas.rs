@@ -350,6 +350,31 @@ impl WriterSchemas {
         let dropping = !added.is_empty() && self.older_row_fields && older && only_row_images;
         let adding = !added.is_empty() && !dropping;
         let promoting = promoted_fields(&reader_json, &writer_json);
+        let nested: Vec<&String> = added.iter().filter(|f| f.contains(['.', '['])).collect();
+        if adding
+            && self.evolution.adds_columns()
+            && !self.evolution.changes_columns()
+            && !nested.is_empty()
+        {
+            return Err(format!(
+                "is written with schema id {id}, which adds the nested field{} {} that {reader} lacks; the job \
+                 stops rather than drop {} (with evolution = \"evolve\" on every sink the nested column{} would \
+                 gain {})",
+                if nested.len() == 1 { "" } else { "s" },
+                nested
+                    .iter()
+                    .map(|f| format!("`{f}`"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                if nested.len() == 1 {
+                    "its values"
+                } else {
+                    "their values"
+                },
+                if nested.len() == 1 { "" } else { "s" },
+                if nested.len() == 1 { "it" } else { "them" },
+            ));
+        }
         if adding && !self.evolution.adds_columns() {
             return Err(format!(
                 "is written with schema id {id}, which has field{} {named} that {reader} lacks; the job stops \

@@ -690,3 +690,96 @@ async fn widened_and_optional_fields_widen_the_reader_only_with_evolve() {
         [Some(123_456_789_012), Some(-1), Some(-999_999_999)]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_field_added_inside_a_nested_record_is_taken_only_with_evolve() {
+    let topic = topic("registry-nested", 1).await;
+    let customer = |email: bool| {
+        let mut fields = vec![json!({"name": "name", "type": "string"})];
+        if email {
+            fields.push(json!({"name": "email", "type": ["null", "string"], "default": null}));
+        }
+        schema(&[
+            json!({"name": "customer", "type": {"type": "record", "name": "Customer", "fields": fields}}),
+        ])
+    };
+    let v1 = produce(
+        &topic,
+        &customer(false),
+        json!([{"id": 0, "customer": {"name": "a"}}]),
+    );
+    let registry = registry();
+    let latest = registry.latest(&format!("{topic}-value")).await.unwrap();
+    let v2 = produce(
+        &topic,
+        &customer(true),
+        json!([{"id": 1, "customer": {"name": "b", "email": "b@x"}}]),
+    );
+    produce(
+        &topic,
+        &customer(false),
+        json!([{"id": 2, "customer": {"name": "c"}}]),
+    );
+
+    let decoding = |evolution| {
+        Decoding::Avro(
+            AvroDecoding::from_registry(registry.clone(), ReaderSchema::latest(&latest), evolution)
+                .unwrap(),
+        )
+    };
+    let mut source = open(&topic, decoding(connector_api::Evolution::AddColumns), true).await;
+    let batches = read_rows(&mut source, 2).await;
+    assert_eq!(column::<Int64Type>(&batches, "id"), [Some(0), Some(2)]);
+    let rejected = source.take_rejected();
+    assert_eq!(rejected.len(), 1, "{rejected:?}");
+    let reason = &rejected[0].reason;
+    for expected in [
+        format!("schema id {v2}"),
+        format!("reader schema id {v1}"),
+        "nested field `customer.email`".to_string(),
+        "evolution = \"evolve\"".to_string(),
+    ] {
+        assert!(reason.contains(&expected), "{expected} in {reason}");
+    }
+
+    let mut source = open(&topic, decoding(connector_api::Evolution::Evolve), false).await;
+    read_rows(&mut source, 1).await;
+    let started = std::time::Instant::now();
+    let widened = loop {
+        assert!(started.elapsed() < WAIT, "no schema change");
+        assert!(
+            source
+                .next_batch(Duration::from_millis(200))
+                .await
+                .unwrap()
+                .is_none()
+        );
+        if let Some(schema) = source.schema_change() {
+            break schema;
+        }
+    };
+    let arrow_schema::DataType::Struct(fields) =
+        widened.field_with_name("customer").unwrap().data_type()
+    else {
+        panic!("{widened:?}")
+    };
+    let names: Vec<&str> = fields.iter().map(|f| f.name().as_str()).collect();
+    assert_eq!(names, ["name", "email"]);
+    source.accept_schema_change();
+    let after = read_rows(&mut source, 2).await;
+    let emails: Vec<Option<String>> = after
+        .iter()
+        .flat_map(|b| {
+            let customer = b.column_by_name("customer").unwrap().as_struct().clone();
+            let email = customer
+                .column_by_name("email")
+                .unwrap()
+                .as_string::<i32>()
+                .clone();
+            (0..email.len())
+                .map(|i| email.is_valid(i).then(|| email.value(i).to_string()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(emails, [Some("b@x".to_string()), None]);
+}

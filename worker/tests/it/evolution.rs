@@ -6,7 +6,9 @@
 //! open. At the end every record is in every sink once (read back by the independent readers), with its own values
 //! in the new columns and null where its schema had no such field. With `evolution = "none"` (the default) such a
 //! record stops the job, naming the field and both schema ids. Two processes that started on different schema
-//! versions write into the same tables at once, each record once.
+//! versions write into the same tables at once, each record once. With `evolution = "evolve"`, fields widened
+//! (int to long, float to double, decimal precision up), made optional, or added inside a nested record change
+//! every sink in place, killed before and after the change likewise.
 
 use crate::common;
 
@@ -199,8 +201,13 @@ async fn two_processes_on_different_schema_versions_write_each_record_once() {
     assert_eq!(summary.trim(), "100|100");
 }
 
-/// An `Order` whose `qty`, `ratio`, `price` and `code` are typed as each version of the widening test types them.
+/// An `Order` whose `qty`, `ratio`, `price` and `code` are typed as each version of the widening test types them;
+/// its `customer` record has `email` from version 3 (decimal(12, 2)) on.
 fn typed_order(qty: &str, ratio: &str, precision: u32, code: Value) -> String {
+    let mut customer = vec![json!({"name": "name", "type": "string"})];
+    if precision == 12 {
+        customer.push(json!({"name": "email", "type": ["null", "string"], "default": null}));
+    }
     json!({"type": "record", "name": "Order", "namespace": "ratchet.test", "fields": [
         {"name": "id", "type": "long"},
         {"name": "note", "type": ["null", "string"], "default": null},
@@ -208,6 +215,7 @@ fn typed_order(qty: &str, ratio: &str, precision: u32, code: Value) -> String {
         {"name": "ratio", "type": ratio},
         {"name": "price", "type": {"type": "bytes", "logicalType": "decimal", "precision": precision, "scale": 2}},
         {"name": "code", "type": code},
+        {"name": "customer", "type": {"type": "record", "name": "Customer", "fields": customer}},
     ]})
     .to_string()
 }
@@ -237,7 +245,33 @@ fn typed_values(id: u64) -> (i64, String, String, Option<String>) {
 /// The record fields of id `id` (besides `id` and `note`).
 fn typed_record(id: u64) -> Value {
     let (qty, ratio, price, code) = typed_values(id);
-    json!({"qty": qty, "ratio": ratio.parse::<f64>().unwrap(), "price": price, "code": code})
+    let customer = match id >= 200 {
+        true => json!({"name": format!("n{id}"), "email": format!("e{id}")}),
+        false => json!({"name": format!("n{id}")}),
+    };
+    json!({"qty": qty, "ratio": ratio.parse::<f64>().unwrap(), "price": price, "code": code,
+        "customer": customer})
+}
+
+/// Asserts a reader's `customer` value (a JSON object, `{"json": ..}` from sql_values.py, or JSON text) is id
+/// `id`'s: its name, and its email from version 3 on (null or absent before: the nested field did not exist).
+fn assert_customer(reader: &str, id: u64, customer: &Value) {
+    let customer = match customer {
+        Value::Object(o) if o.contains_key("json") => o["json"].clone(),
+        Value::String(text) => serde_json::from_str(text).unwrap(),
+        other => other.clone(),
+    };
+    assert_eq!(
+        customer["name"],
+        json!(format!("n{id}")),
+        "{reader} customer of {id}: {customer}"
+    );
+    let email = (id >= 200).then(|| format!("e{id}"));
+    assert_eq!(
+        customer["email"].as_str(),
+        email.as_deref(),
+        "{reader} customer of {id}: {customer}"
+    );
 }
 
 /// Asserts `rows` (sql_values.py's, or the Iceberg readers' as objects) hold each id's own values, exactly (a
@@ -295,7 +329,8 @@ async fn widened_and_optional_fields_change_every_sink_exactly_once_across_kills
     // and each widens its columns as it opens.
     let v2 = typed_order("long", "double", 9, code.clone());
     killed_at_the_change(&mut job, "before-evolve", &v2, 100, typed_record).await;
-    // decimal(9, 2) to decimal(12, 2): killed after the first sink evolved.
+    // decimal(9, 2) to decimal(12, 2) and `customer.email` added inside a nested record: killed after the first sink
+    // evolved.
     let v3 = typed_order("long", "double", 12, code);
     killed_at_the_change(&mut job, "after-evolve", &v3, 100, typed_record).await;
 
@@ -417,5 +452,6 @@ async fn widened_and_optional_fields_change_every_sink_exactly_once_across_kills
             "{value}"
         );
         assert_eq!(value["code"].as_str(), code.as_deref(), "{value}");
+        assert_customer("Kafka", id, &value["customer"]);
     }
 }
