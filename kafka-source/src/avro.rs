@@ -108,21 +108,22 @@ impl AvroDecoding {
         })
     }
 
-    /// As [`from_registry`](Self::from_registry) without evolving, for change events (Debezium's envelopes): a
-    /// writer schema older than the reader (a smaller id) whose row images (`before`, `after`) have fields the
-    /// reader lacks, a column dropped from the table since, is read without them (they are left out, and the
-    /// records counted in `ratchet_source_dropped_column_records_total`) instead of refused, so a backlog written
-    /// before the column was dropped is still read.
+    /// As [`from_registry`](Self::from_registry), for change events (Debezium's envelopes): a writer schema older
+    /// than the reader (a smaller id) whose row images (`before`, `after`) have fields the reader lacks, a column
+    /// dropped from the table since, is read without them (they are left out, and the records counted in
+    /// `ratchet_source_dropped_column_records_total`) instead of refused, so a backlog written before the column
+    /// was dropped is still read. A newer writer whose row images have new fields (a column added to the table
+    /// while the job runs) widens the reader like a new top-level field when `evolution` adds columns: they are
+    /// new columns of the rows.
     ///
     /// # Errors
     /// As [`from_registry`](Self::from_registry).
-    pub fn for_change_events(registry: SchemaRegistry, reader: ReaderSchema) -> Result<Self> {
-        let writers = WriterSchemas::new(
-            RegistryLookup::new(registry)?,
-            reader,
-            Evolution::None,
-            true,
-        )?;
+    pub fn for_change_events(
+        registry: SchemaRegistry,
+        reader: ReaderSchema,
+        evolution: Evolution,
+    ) -> Result<Self> {
+        let writers = WriterSchemas::new(RegistryLookup::new(registry)?, reader, evolution, true)?;
         Ok(Self {
             writers: Writers::Registry(Arc::new(writers)),
         })

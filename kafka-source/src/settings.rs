@@ -599,7 +599,8 @@ impl DecodingSettings {
             let reader = ReaderSchema::latest(&latest_schema(&lookup, None, None).await?);
             // A captured table's new column is a field of the nested row records, which the reader schema does
             // not widen into (planned): the reader stays the envelope schema the job started with.
-            let avro = AvroDecoding::for_change_events(lookup.registry.clone(), reader)?;
+            let avro =
+                AvroDecoding::for_change_events(lookup.registry.clone(), reader, lookup.evolution)?;
             return Ok(Decoding::Debezium(
                 self.debezium_settings(DebeziumDecoding::avro(avro)?),
             ));

@@ -204,7 +204,10 @@ impl Values {
             Self::Json { schema, .. } => schema.clone(),
             Self::Avro(rows) => rows.schema(),
             Self::Protobuf(rows) => rows.schema(),
-            Self::Debezium { decoding, .. } => decoding.schema(),
+            Self::Debezium {
+                envelopes,
+                decoding,
+            } => decoding.columns_of(&envelopes.schema()).1,
             Self::DebeziumJson(rows) => rows.schema(),
         }
     }

@@ -104,7 +104,7 @@ pub(crate) struct WriterSchemas {
     /// optional fields (`evolve`).
     evolution: Evolution,
     /// Change events (Debezium): an older writer's row-image fields the reader lacks (a column dropped from the
-    /// table since) are left out, counted, instead of refused.
+    /// table since) are left out, counted, instead of refused; a newer writer's are new columns of the rows.
     older_row_fields: bool,
     known: Mutex<Known>,
 }
@@ -350,7 +350,11 @@ impl WriterSchemas {
         let dropping = !added.is_empty() && self.older_row_fields && older && only_row_images;
         let adding = !added.is_empty() && !dropping;
         let promoting = promoted_fields(&reader_json, &writer_json);
-        let nested: Vec<&String> = added.iter().filter(|f| f.contains(['.', '['])).collect();
+        // A change event's new row-image fields are new columns of its rows, not nested fields.
+        let nested: Vec<&String> = match self.older_row_fields && only_row_images {
+            true => Vec::new(),
+            false => added.iter().filter(|f| f.contains(['.', '['])).collect(),
+        };
         if adding
             && self.evolution.adds_columns()
             && !self.evolution.changes_columns()

@@ -18,6 +18,7 @@ impl DebeziumDecoding {
     /// image it needs, or a value does not convert to its column, naming what; the reader then sorts the batch
     /// out record by record.
     pub(crate) fn rows(&self, decoded: &RecordBatch) -> Result<RecordBatch> {
+        let (table_columns, schema) = self.columns_of(&decoded.schema());
         let envelope = StructArray::from(decoded.clone());
         let op = envelope
             .column_by_name("op")
@@ -46,8 +47,8 @@ impl DebeziumDecoding {
         }
         let deleted = BooleanArray::from(deleted);
         let mut unavailable: Vec<Vec<String>> = vec![Vec::new(); rows];
-        let mut columns: Vec<ArrayRef> = Vec::with_capacity(self.schema.fields().len());
-        for field in self.columns.fields() {
+        let mut columns: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
+        for field in table_columns.fields() {
             let side = |image: Option<&StructArray>| -> Result<ArrayRef> {
                 let (Some(image), DataType::Struct(fields)) =
                     (image, image.map_or(&DataType::Null, |i| i.data_type()))
@@ -122,7 +123,7 @@ impl DebeziumDecoding {
             });
         }
         columns.extend(changes.finish());
-        RecordBatch::try_new(self.schema.clone(), columns).map_err(|e| {
+        RecordBatch::try_new(schema, columns).map_err(|e| {
             Error::bug(Phase::Write, "the change rows do not match their schema").with_source(e)
         })
     }

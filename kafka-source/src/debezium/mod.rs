@@ -117,49 +117,38 @@ impl DebeziumDecoding {
     /// [`Config`](ErrorKind::Config) when the reader schema is not a Debezium envelope (no `op`, or no `after`
     /// record).
     pub fn avro(avro: AvroDecoding) -> Result<Self> {
-        let envelope = avro.schema();
-        let after = envelope
-            .field_with_name("after")
-            .ok()
-            .map(|f| f.data_type());
-        let (Some(DataType::Struct(fields)), Ok(_)) = (after, envelope.field_with_name("op"))
-        else {
-            return Err(Error::new(
+        let columns = row_columns(&avro.schema()).ok_or_else(|| {
+            Error::new(
                 ErrorKind::Config,
                 Phase::Setup,
                 "the Avro reader schema is not a Debezium change event envelope (a record with `op` and an \
                  `after` record): check the topic and subject the Debezium decoding reads",
-            ));
-        };
-        let columns: Vec<Field> = fields.iter().map(|f| semantic::field(f)).collect();
-        let columns = nullable(&Schema::new(columns));
+            )
+        })?;
         Ok(Self::with(Envelope::Avro(avro), columns))
     }
 
     fn with(envelope: Envelope, columns: SchemaRef) -> Self {
-        let mut fields: Vec<Field> = columns
-            .fields()
-            .iter()
-            .map(|f| f.as_ref().clone())
-            .collect();
-        fields.push(change_column(OP_COLUMN, DataType::Utf8, false, "op"));
-        fields.push(change_column("__ts_ms", DataType::Int64, true, "source"));
-        for (_, column, ty) in &SOURCE_COLUMNS {
-            fields.push(change_column(column, ty.clone(), true, "source"));
-        }
-        fields.push(change_column(
-            UNAVAILABLE_COLUMN,
-            unavailable_type(),
-            true,
-            "unavailable",
-        ));
         Self {
             envelope,
+            schema: with_change_columns(&columns),
             columns,
-            schema: Arc::new(Schema::new(fields)),
             placeholder: DEFAULT_PLACEHOLDER.to_string(),
             truncate: Truncate::Apply,
             unknown_fields: UnknownFields::Ignore,
+        }
+    }
+
+    /// The table's columns and the rows' schema of envelopes of `envelope`'s schema: a generation of the Avro
+    /// reader widened with a column added to the table while the job runs has one more column (the decoding's own,
+    /// otherwise).
+    pub(crate) fn columns_of(&self, envelope: &Schema) -> (SchemaRef, SchemaRef) {
+        match row_columns(envelope) {
+            Some(columns) if columns != self.columns => {
+                let schema = with_change_columns(&columns);
+                (columns, schema)
+            }
+            _ => (self.columns.clone(), self.schema.clone()),
         }
     }
 
@@ -181,9 +170,13 @@ impl DebeziumDecoding {
         self
     }
 
-    /// The rows' schema: the table's columns (all nullable), then the change columns.
+    /// The rows' schema: the table's columns (all nullable), then the change columns; for Avro envelopes, those
+    /// of the reader schema's current generation.
     pub fn schema(&self) -> SchemaRef {
-        self.schema.clone()
+        match &self.envelope {
+            Envelope::Avro(avro) => self.columns_of(&avro.schema()).1,
+            Envelope::Json { .. } => self.schema.clone(),
+        }
     }
 
     /// The decoding of the envelopes themselves.
@@ -305,6 +298,39 @@ impl ChangeBuilders {
             Arc::new(self.unavailable.finish()),
         ]
     }
+}
+
+/// The table's columns of a Debezium Avro envelope's schema: the fields of its `after` record in the types their
+/// semantic types say, every one nullable; `None` when the schema is not an envelope (no `op`, or no `after`
+/// record).
+fn row_columns(envelope: &Schema) -> Option<SchemaRef> {
+    envelope.field_with_name("op").ok()?;
+    let DataType::Struct(fields) = envelope.field_with_name("after").ok()?.data_type() else {
+        return None;
+    };
+    let columns: Vec<Field> = fields.iter().map(|f| semantic::field(f)).collect();
+    Some(nullable(&Schema::new(columns)))
+}
+
+/// `columns`, then the change columns.
+fn with_change_columns(columns: &Schema) -> SchemaRef {
+    let mut fields: Vec<Field> = columns
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    fields.push(change_column(OP_COLUMN, DataType::Utf8, false, "op"));
+    fields.push(change_column("__ts_ms", DataType::Int64, true, "source"));
+    for (_, column, ty) in &SOURCE_COLUMNS {
+        fields.push(change_column(column, ty.clone(), true, "source"));
+    }
+    fields.push(change_column(
+        UNAVAILABLE_COLUMN,
+        unavailable_type(),
+        true,
+        "unavailable",
+    ));
+    Arc::new(Schema::new(fields))
 }
 
 fn bad(what: &str) -> Error {

@@ -45,8 +45,12 @@ async fn decoding(converter: Converter, topic: &str) -> Decoding {
             })
             .unwrap();
             let latest = registry.latest(&format!("{topic}-value")).await.unwrap();
-            let avro =
-                AvroDecoding::for_change_events(registry, ReaderSchema::latest(&latest)).unwrap();
+            let avro = AvroDecoding::for_change_events(
+                registry,
+                ReaderSchema::latest(&latest),
+                connector_api::Evolution::None,
+            )
+            .unwrap();
             Decoding::Debezium(DebeziumDecoding::avro(avro).unwrap())
         }
     }
@@ -239,5 +243,135 @@ async fn debezium_avro_events_written_before_a_column_was_dropped_still_read() {
         }
     }
     assert_eq!(rows, ["r 1 a", "r 2 b", "u 2 b2", "c 3 c"]);
+    drop(connector);
+}
+
+/// A column the source added while the job runs: the connector registers a new version with it, and a source
+/// that evolves (`add-columns`) widens its reader at that event, holding the first batch of the new schema until
+/// the job takes it: the column is a nullable column of the rows after the table's own, before the change
+/// columns; the events before it read as before. Without evolving, the event is refused naming the column.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debezium_avro_takes_a_column_added_while_running() {
+    let services = Services::get();
+    let name = test_support::unique_name("dbzadd").replace('-', "_");
+    let table = format!("public.{name}");
+    services.psql(&format!(
+        "CREATE TABLE {table} (id int PRIMARY KEY, name text); INSERT INTO {table} VALUES (1, 'a'), (2, 'b')"
+    ));
+    let connector = DebeziumConnector::register(&name, &table, Converter::Avro);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while events_in(connector.topic()) < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no snapshot within 60 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    }
+    let open = |evolution| {
+        let topic = connector.topic().to_string();
+        async move {
+            let endpoint = Services::get().registry();
+            let registry = SchemaRegistry::new(&RegistrySettings {
+                username: Some(endpoint.user),
+                password: Some(endpoint.password.into()),
+                ..RegistrySettings::new(&endpoint.url)
+            })
+            .unwrap();
+            let latest = registry.latest(&format!("{topic}-value")).await.unwrap();
+            let avro =
+                AvroDecoding::for_change_events(registry, ReaderSchema::latest(&latest), evolution)
+                    .unwrap();
+            KafkaSource::open_with(
+                &KafkaConnection::plaintext(bootstrap()),
+                &topic,
+                &[],
+                KafkaSourceOptions {
+                    decoding: Decoding::Debezium(DebeziumDecoding::avro(avro).unwrap()),
+                    divert_bad_records: true,
+                    ..KafkaSourceOptions::default()
+                },
+            )
+            .await
+            .unwrap()
+        }
+    };
+    // Both sources start on the version without `qty`.
+    let mut evolving = open(connector_api::Evolution::AddColumns).await;
+    let mut fixed = open(connector_api::Evolution::None).await;
+    let before = read_rows(&mut evolving, 2).await;
+    assert!(before[0].schema().field_with_name("qty").is_err());
+    services.psql(&format!(
+        "ALTER TABLE {table} ADD COLUMN qty bigint; INSERT INTO {table} VALUES (3, 'c', 30); \
+         UPDATE {table} SET qty = 10 WHERE id = 1"
+    ));
+    while events_in(connector.topic()) < 4 {
+        assert!(std::time::Instant::now() < deadline + std::time::Duration::from_secs(60));
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    }
+    let started = std::time::Instant::now();
+    let widened = loop {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "no schema change"
+        );
+        let batch = evolving
+            .next_batch(std::time::Duration::from_millis(200))
+            .await
+            .unwrap();
+        // Nothing of the old schema is left but, perhaps, an empty batch moving the positions.
+        assert!(batch.as_ref().is_none_or(|b| b.num_rows() == 0), "{batch:?}");
+        if let Some(schema) = evolving.schema_change() {
+            break schema;
+        }
+    };
+    let names: Vec<&str> = widened.fields().iter().map(|f| f.name().as_str()).collect();
+    assert_eq!(&names[..4], ["id", "name", "qty", "__op"], "{names:?}");
+    assert!(widened.field_with_name("qty").unwrap().is_nullable());
+    evolving.accept_schema_change();
+    let after = read_rows(&mut evolving, 2).await;
+    let mut rows = Vec::new();
+    for batch in &after {
+        let ids = batch
+            .column_by_name("id")
+            .unwrap()
+            .as_primitive::<Int32Type>();
+        let qty = batch
+            .column_by_name("qty")
+            .unwrap()
+            .as_primitive::<Int64Type>();
+        let ops = batch.column_by_name("__op").unwrap().as_string::<i32>();
+        for i in 0..batch.num_rows() {
+            rows.push(format!(
+                "{} {} {}",
+                ops.value(i),
+                ids.value(i),
+                qty.value(i)
+            ));
+        }
+    }
+    assert_eq!(rows, ["c 3 30", "u 1 10"]);
+
+    // Without evolving, the events with the column are refused, naming it.
+    read_rows(&mut fixed, 2).await;
+    let started = std::time::Instant::now();
+    let rejected = loop {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "nothing refused"
+        );
+        let batch = fixed
+            .next_batch(std::time::Duration::from_millis(200))
+            .await
+            .unwrap();
+        assert!(batch.as_ref().is_none_or(|b| b.num_rows() == 0), "{batch:?}");
+        let rejected = fixed.take_rejected();
+        if rejected.len() >= 2 {
+            break rejected;
+        }
+    };
+    assert!(
+        rejected[0].reason.contains("`before.qty`") || rejected[0].reason.contains("qty"),
+        "{rejected:?}"
+    );
     drop(connector);
 }
