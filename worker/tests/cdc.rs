@@ -760,3 +760,192 @@ upsert_key = ["id"]
         "prepared transactions left behind"
     );
 }
+
+/// The columns the column-adding test's source table ends with.
+const GROWN_COLUMNS: [&str; 4] = ["id", "name", "qty", "tag"];
+
+/// Columns added to the captured table while the job runs (Debezium's Avro converter registers a new version of
+/// the envelope at the first event after each `ALTER TABLE .. ADD COLUMN`), every sink with `evolution =
+/// "add-columns"`: the worker is killed at the first change before any sink took it, and at the second after the
+/// first sink did; each restart opens on the latest version and the sinks add what their tables lack. The
+/// PostgreSQL replica (`xa_upsert`), the MariaDB replica (`upsert`) and the Iceberg table kept by key then equal the
+/// source row for row, the new columns included (null where the row predates them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debezium_columns_added_while_running_reach_every_replica_across_kills() {
+    let services = Services::get();
+    let mut job = Job::new("cdcgrow", 1, 1, "3s").await;
+    let name = job.name.clone();
+    let source = format!("public.{name}_src");
+    services.psql(&format!(
+        "CREATE TABLE {source} (id int PRIMARY KEY, name text); \
+         INSERT INTO {source} SELECT i, 'n' || i FROM generate_series(1, 20) i"
+    ));
+    let topic = DebeziumConnector::topic_of(&name, &source);
+    let registry = services.registry();
+    let warehouse = job.dir.path().join("warehouse");
+    std::fs::write(
+        &job.config,
+        format!(
+            r#"
+[job]
+name = "{name}"
+checkpoint_interval = "1s"
+lease = "3s"
+
+[source]
+bootstrap_servers = "{bootstrap}"
+topic = "{topic}"
+decoding = {{ kind = "debezium", converter = "avro" }}
+
+[source.registry]
+url = "{registry_url}/"
+username = "{user}"
+password = "{password}"
+
+[store]
+kind = "postgres"
+url = "{pg}"
+
+[[sinks]]
+type = "jdbc"
+id = "replica"
+url = "{pg}"
+table = "{name}_pg"
+create_table = true
+evolution = "add-columns"
+mode = {{ kind = "xa_upsert", key = ["id"] }}
+
+[[sinks]]
+type = "jdbc"
+id = "mariadb"
+url = "{mysql}"
+table = "{name}_my"
+create_table = true
+evolution = "add-columns"
+mode = {{ kind = "upsert", key = ["id"] }}
+
+[[sinks]]
+type = "iceberg"
+id = "lake"
+catalog = {{ kind = "sql", uri = "{pg}", warehouse = "file://{warehouse}" }}
+table = "{name}.state"
+create_table = true
+evolution = "add-columns"
+upsert_key = ["id"]
+"#,
+            bootstrap = services.kafka_bootstrap(),
+            pg = services.pg_url(),
+            mysql = services.mysql_url(),
+            registry_url = registry.url,
+            user = registry.user,
+            password = registry.password,
+            warehouse = warehouse.display(),
+        ),
+    )
+    .unwrap();
+    let _connector = DebeziumConnector::register(&name, &source, Converter::Avro);
+    // Whether the replica has `column` and a row where `filter` holds (polled: both appear as the job goes on).
+    let replica_rows = |column: &str, filter: &str| {
+        let services = Services::get();
+        services
+            .psql(&format!(
+                "SELECT count(*) FROM information_schema.columns WHERE table_name = '{name}_pg' \
+                 AND column_name = '{column}'"
+            ))
+            .trim()
+            == "1"
+            && services
+                .psql(&format!("SELECT count(*) FROM {name}_pg WHERE {filter}"))
+                .trim()
+                != "0"
+    };
+    let wait_for = |what: &str, ready: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while !ready() {
+            assert!(Instant::now() < deadline, "{what} within 90 s");
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    };
+
+    // The first column: killed before any sink took it.
+    let mut worker = job.spawn_worker_with_env(&[], &[("RATCHET_KILL_AT", "before-evolve:1")]);
+    wait_for("the snapshot in the replica", &|| {
+        replica_rows("id", "id = 20")
+    });
+    services.psql(&format!(
+        "ALTER TABLE {source} ADD COLUMN qty bigint; UPDATE {source} SET qty = id * 10 WHERE id <= 5; \
+         INSERT INTO {source} SELECT i, 'n' || i, i * 10 FROM generate_series(21, 30) i"
+    ));
+    worker.wait_killed(Duration::from_secs(90));
+    assert!(
+        worker.log_text().contains("the source's schema changed"),
+        "{}",
+        worker.log_text()
+    );
+
+    // The second: killed after the first sink took it (the restart opened on the version with `qty`).
+    let mut worker = job.spawn_worker_with_env(&[], &[("RATCHET_KILL_AT", "after-evolve:1")]);
+    wait_for("the rows with qty in the replica", &|| {
+        replica_rows("qty", "id = 30 AND qty = 300")
+    });
+    services.psql(&format!(
+        "ALTER TABLE {source} ADD COLUMN tag text; UPDATE {source} SET tag = 't' || id WHERE id % 3 = 0; \
+         DELETE FROM {source} WHERE id = 2; INSERT INTO {source} VALUES (31, 'n31', 310, 't31')"
+    ));
+    worker.wait_killed(Duration::from_secs(90));
+
+    let mut last = job.spawn_worker(&[]);
+    wait_for("the last insert in the replica", &|| {
+        replica_rows("tag", "id = 31")
+    });
+    last.stop(Duration::from_secs(60));
+
+    let read = |kind: &str, url: &str, table: &str| {
+        let mut args = vec![kind, url, table, "id"];
+        args.extend(GROWN_COLUMNS);
+        Services::get().verify("sql_rows.py", &args)["rows"]
+            .as_array()
+            .unwrap()
+            .clone()
+    };
+    let expected_grown = read("pg", services.pg_url(), &source);
+    assert_eq!(expected_grown.len(), 30, "{expected_grown:?}");
+    assert_eq!(
+        read("pg", services.pg_url(), &format!("{name}_pg")),
+        expected_grown
+    );
+    assert_eq!(
+        read("mysql", services.mysql_url(), &format!("{name}_my")),
+        expected_grown
+    );
+    let lake = read_table(&job, &format!("{name}.state"));
+    let names: Vec<&str> = lake["column_names"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .collect();
+    let positions: Vec<usize> = GROWN_COLUMNS
+        .iter()
+        .map(|c| names.iter().position(|n| n == c).unwrap())
+        .collect();
+    let mut iceberg: Vec<Value> = lake["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| {
+            Value::from(
+                positions
+                    .iter()
+                    .map(|p| row[*p].clone())
+                    .collect::<Vec<_>>(),
+            )
+        })
+        .collect();
+    iceberg.sort_by_key(|row| row[0].as_i64());
+    assert_eq!(
+        Value::from(iceberg),
+        Value::from(expected_grown.clone()),
+        "Iceberg"
+    );
+}

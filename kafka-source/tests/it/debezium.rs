@@ -319,7 +319,10 @@ async fn debezium_avro_takes_a_column_added_while_running() {
             .await
             .unwrap();
         // Nothing of the old schema is left but, perhaps, an empty batch moving the positions.
-        assert!(batch.as_ref().is_none_or(|b| b.num_rows() == 0), "{batch:?}");
+        assert!(
+            batch.as_ref().is_none_or(|b| b.num_rows() == 0),
+            "{batch:?}"
+        );
         if let Some(schema) = evolving.schema_change() {
             break schema;
         }
@@ -363,7 +366,10 @@ async fn debezium_avro_takes_a_column_added_while_running() {
             .next_batch(std::time::Duration::from_millis(200))
             .await
             .unwrap();
-        assert!(batch.as_ref().is_none_or(|b| b.num_rows() == 0), "{batch:?}");
+        assert!(
+            batch.as_ref().is_none_or(|b| b.num_rows() == 0),
+            "{batch:?}"
+        );
         let rejected = fixed.take_rejected();
         if rejected.len() >= 2 {
             break rejected;
