@@ -328,7 +328,7 @@ async fn main() {
                 registry.clone(),
                 ReaderSchema::latest(latest_json),
                 UnknownFields::Fail,
-                false,
+                connector_api::Evolution::None,
             )
             .unwrap();
             times
@@ -341,7 +341,7 @@ async fn main() {
                 ReaderSchema::latest(latest_proto),
                 proto_file,
                 None,
-                false,
+                connector_api::Evolution::None,
             )
             .unwrap();
             times.push(read_all(&kafka, proto_topic, Decoding::Protobuf(messages), records).await);

@@ -11,11 +11,14 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
+use crate::json_schema::Read;
+
 use arrow_array::builder::{
     BinaryBuilder, BooleanBuilder, Decimal128Builder, Decimal256Builder, FixedSizeBinaryBuilder,
     Float32Builder, Float64Builder, Int8Builder, Int16Builder, Int32Builder, Int64Builder,
-    StringBuilder, UInt8Builder, UInt16Builder, UInt32Builder, UInt64Builder,
+    PrimitiveBuilder, StringBuilder, UInt8Builder, UInt16Builder, UInt32Builder, UInt64Builder,
 };
+use arrow_array::types::ArrowPrimitiveType;
 use arrow_array::{Array, ArrayRef, ListArray, MapArray, StructArray, make_array};
 use arrow_buffer::{NullBufferBuilder, OffsetBuffer, ScalarBuffer, i256};
 use arrow_schema::{DataType, Field, FieldRef, Fields, TimeUnit};
@@ -133,10 +136,55 @@ impl JsonRows {
         Ok(())
     }
 
+    /// The value the last row appended has in top-level column `index`, as far as a JSON Schema's bounds go: an
+    /// integer, a float or a text leaf; [`Read::Null`] for a null and for any other column.
+    pub(crate) fn last(&self, index: usize) -> Read<'_> {
+        let Some(Column::Leaf { leaf, .. }) = self.columns.get(index) else {
+            return Read::Null;
+        };
+        let integer = |v: Option<i64>| v.map_or(Read::Null, Read::Integer);
+        match leaf {
+            Leaf::I8(b) => integer(last_value(b).map(i64::from)),
+            Leaf::I16(b) => integer(last_value(b).map(i64::from)),
+            Leaf::I32(b) => integer(last_value(b).map(i64::from)),
+            Leaf::I64(b) => integer(last_value(b)),
+            Leaf::U8(b) => integer(last_value(b).map(i64::from)),
+            Leaf::U16(b) => integer(last_value(b).map(i64::from)),
+            Leaf::U32(b) => integer(last_value(b).map(i64::from)),
+            Leaf::F32(b) => last_value(b).map_or(Read::Null, |v| Read::Float(f64::from(v))),
+            Leaf::F64(b) => last_value(b).map_or(Read::Null, Read::Float),
+            Leaf::Text(b) => last_text(b).map_or(Read::Null, Read::Text),
+            _ => Read::Null,
+        }
+    }
+
     /// The columns of every row appended.
     pub(crate) fn finish(self) -> Result<Vec<ArrayRef>, String> {
         self.columns.into_iter().map(Column::finish).collect()
     }
+}
+
+/// The last value appended to `builder`, `None` when it is null (or nothing was appended).
+fn last_value<T: ArrowPrimitiveType>(builder: &PrimitiveBuilder<T>) -> Option<T::Native> {
+    let last = builder.len().checked_sub(1)?;
+    let valid = builder
+        .validity_slice()
+        .is_none_or(|bits| arrow_buffer::bit_util::get_bit(bits, last));
+    valid.then(|| builder.values_slice()[last])
+}
+
+/// The last text appended to `builder`, `None` when it is null (or nothing was appended).
+fn last_text(builder: &StringBuilder) -> Option<&str> {
+    let last = builder.len().checked_sub(1)?;
+    if builder
+        .validity_slice()
+        .is_some_and(|bits| !arrow_buffer::bit_util::get_bit(bits, last))
+    {
+        return None;
+    }
+    let offsets = builder.offsets_slice();
+    let bytes = &builder.values_slice()[offsets[last] as usize..offsets[last + 1] as usize];
+    std::str::from_utf8(bytes).ok()
 }
 
 fn names(fields: &Fields) -> HashMap<String, usize> {

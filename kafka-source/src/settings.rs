@@ -627,7 +627,7 @@ impl DecodingSettings {
                 lookup.registry.clone(),
                 ReaderSchema::latest(&latest),
                 *unknown_fields,
-                lookup.evolution.adds_columns(),
+                lookup.evolution,
             )?));
         }
         if let (
@@ -668,7 +668,7 @@ impl DecodingSettings {
                 reader,
                 &file,
                 record_name.as_deref(),
-                lookup.evolution.adds_columns(),
+                lookup.evolution,
             )?));
         }
         let (

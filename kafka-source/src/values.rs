@@ -155,9 +155,12 @@ impl Values {
             }
             Self::Json { rows, registry, .. } => {
                 let value = value.ok_or_else(|| bad_record(at, "has no value (a tombstone)"))?;
-                let value = match registry {
-                    Some((json, generation)) => json.document(at, value, *generation)?,
-                    None => value,
+                let (value, bounds) = match registry {
+                    Some((json, generation)) => {
+                        let document = json.document(at, value, *generation)?;
+                        (document.body, document.bounds.map(|b| (document.id, b)))
+                    }
+                    None => (value, None),
                 };
                 rows.append(value, &mut RowContext::default())
                     .map_err(|why| {
@@ -173,6 +176,16 @@ impl Values {
                             ),
                         )
                     })?;
+                // Bounds the validator was spared: checked on the values just read (a violation leaves the
+                // builders with the row, and the reader then sorts the batch out record by record).
+                for (id, column) in bounds.iter().flat_map(|(id, b)| b.iter().map(move |c| (id, c))) {
+                    if let Some(why) = column.bounds.violation(rows.last(column.index)) {
+                        return Err(bad_record(
+                            at,
+                            &format!("violates JSON Schema id {id}: at `/{}`: {why}", column.name),
+                        ));
+                    }
+                }
             }
             Self::Avro(rows) => {
                 let value = value.ok_or_else(|| bad_record(at, "has no value (a tombstone)"))?;

@@ -2,7 +2,8 @@
 //! every document the schema refuses, the decoding refuses too (naming the field), and validating each record
 //! against the schema first would only repeat the work.
 //!
-//! Only *structural* schemas qualify, checked keyword by keyword, nothing assumed: objects with `properties`,
+//! Only *structural* schemas qualify, checked keyword by keyword, nothing assumed (but for the bounds of top-level
+//! scalars, below): objects with `properties`,
 //! `required` and `additionalProperties` (absent, `true`, or `false` with `unknown_fields = "fail"`), arrays with
 //! `items`, `boolean`, `integer`, `number` (without `multipleOf`), `string` (without `format` or
 //! `contentEncoding`), `null` only beside one other type (`["T", "null"]`, or `anyOf` / `oneOf` of `{"type":
@@ -13,7 +14,11 @@
 //! property that admits null, or an optional one that does not, is enforced by the validator only), and `required`
 //! must name properties only. The decoding must refuse undeclared keys (`unknown_fields = "fail"`, the default: an
 //! ignored key's value is not checked at all). The columns must be the ones the schema itself gives. Anything else
-//! (`format`, `pattern`, `minimum`, `enum`, `const`, `$ref`, `allOf`, maps, decimals, ...) keeps the validator.
+//! (`format`, `pattern`, `enum`, `const`, `$ref`, `allOf`, maps, decimals, bounds below the top level, ...) keeps
+//! the validator. A top-level `integer` or `number` property may also have `minimum`, `maximum`,
+//! `exclusiveMinimum`, `exclusiveMaximum`, and a top-level `string` `minLength`, `maxLength`: those bounds are
+//! returned, and the decoding checks each record's value against them right after reading it
+//! ([`super::bounds`]).
 //!
 //! Why this holds for what qualifies: the strict decoding refuses a value of another JSON type than its column's
 //! (`boolean` takes `true`/`false` only, integers take numbers with no fraction, which JSON Schema's `integer` also
@@ -21,6 +26,7 @@
 //! a missing key where the column is not nullable, and refuses undeclared keys with `unknown_fields = "fail"`. The
 //! decoding may refuse more (an integer beyond `int64`, a key twice): those records are bad either way.
 
+use super::bounds::{Bounds, NUMBER_KEYWORDS, STRING_KEYWORDS};
 use super::doc::Doc;
 use crate::json_rows::UnknownFields;
 use crate::json_types::JsonField;
@@ -37,14 +43,15 @@ const ANNOTATIONS: [&str; 8] = [
     "connect.version",
 ];
 
-/// Whether the strict decoding of `columns` (read with `unknown`) refuses every document `schema` (whose own
-/// columns are `writer`) refuses.
+/// Whether the strict decoding of `columns` (read with `unknown`), with the bounds returned checked on each
+/// record's top-level values, refuses every document `schema` (whose own columns are `writer`) refuses: the bounds
+/// by property name when it does, `None` when the validator must judge.
 pub(crate) fn implied(
     schema: &Doc,
     writer: &[JsonField],
     columns: &[JsonField],
     unknown: UnknownFields,
-) -> bool {
+) -> Option<Vec<(String, Bounds)>> {
     let draft_6_or_later = match schema.get("$schema") {
         None => true,
         Some(draft) => draft.as_str().is_some_and(|uri| {
@@ -53,19 +60,26 @@ pub(crate) fn implied(
                 .any(|d| uri.contains(d))
         }),
     };
-    writer == columns
-        && unknown == UnknownFields::Fail
-        && draft_6_or_later
-        && object_with(schema, unknown, |key| key == "$schema")
+    if writer != columns || unknown != UnknownFields::Fail || !draft_6_or_later {
+        return None;
+    }
+    let mut bounds = Vec::new();
+    object_with(schema, unknown, |key| key == "$schema", Some(&mut bounds)).then_some(bounds)
 }
 
-/// Whether `schema` is an object schema that qualifies, its properties too.
+/// Whether `schema` is an object schema that qualifies, its properties too (no bounds: it is not the root).
 fn object(schema: &Doc, unknown: UnknownFields) -> bool {
-    object_with(schema, unknown, |_| false)
+    object_with(schema, unknown, |_| false, None)
 }
 
-/// [`object`], with the keys `also` admits besides (the root's `$schema`).
-fn object_with(schema: &Doc, unknown: UnknownFields, also: impl Fn(&str) -> bool) -> bool {
+/// [`object`], with the keys `also` admits besides (the root's `$schema`); with `bounds` (the root), its scalar
+/// properties may have bounds, gathered there.
+fn object_with(
+    schema: &Doc,
+    unknown: UnknownFields,
+    also: impl Fn(&str) -> bool,
+    mut bounds: Option<&mut Vec<(String, Bounds)>>,
+) -> bool {
     let allowed = |key: &str| {
         ANNOTATIONS.contains(&key)
             || also(key)
@@ -100,16 +114,25 @@ fn object_with(schema: &Doc, unknown: UnknownFields, also: impl Fn(&str) -> bool
     {
         return false;
     }
-    properties.iter().all(|(name, property)| {
+    for (name, property) in properties {
         let Some((admits_null, value)) = without_null(property) else {
             return false;
         };
-        required.contains(&name.as_str()) != admits_null && value_schema(value, unknown)
-    })
+        let bounded = bounds.as_deref_mut().map(|b| (name.as_str(), b));
+        if required.contains(&name.as_str()) == admits_null || !value_schema(value, unknown, bounded) {
+            return false;
+        }
+    }
+    true
 }
 
-/// Whether the schema of a non-null value qualifies.
-fn value_schema(schema: &Doc, unknown: UnknownFields) -> bool {
+/// Whether the schema of a non-null value qualifies; with `bounds` (a top-level property's name and where its
+/// bounds go), a scalar's bounds qualify too.
+fn value_schema(
+    schema: &Doc,
+    unknown: UnknownFields,
+    bounds: Option<(&str, &mut Vec<(String, Bounds)>)>,
+) -> bool {
     match non_null_type(schema) {
         Some("object") => object(schema, unknown),
         Some("array") => {
@@ -117,11 +140,32 @@ fn value_schema(schema: &Doc, unknown: UnknownFields) -> bool {
             keys_in(schema, allowed)
                 && schema.get("items").is_some_and(|items| {
                     // An item is null only where its schema admits null: the decoding's item nullability is the same.
-                    without_null(items).is_some_and(|(_, item)| value_schema(item, unknown))
+                    without_null(items).is_some_and(|(_, item)| value_schema(item, unknown, None))
                 })
         }
-        Some("boolean" | "integer" | "number" | "string") => {
-            keys_in(schema, |key| ANNOTATIONS.contains(&key) || key == "type")
+        Some(ty @ ("boolean" | "integer" | "number" | "string")) => {
+            let bound_keys: &[&str] = match (ty, &bounds) {
+                (_, None) => &[],
+                ("integer" | "number", Some(_)) => &NUMBER_KEYWORDS,
+                ("string", Some(_)) => &STRING_KEYWORDS,
+                _ => &[],
+            };
+            if !keys_in(schema, |key| {
+                ANNOTATIONS.contains(&key) || key == "type" || bound_keys.contains(&key)
+            }) {
+                return false;
+            }
+            let Some((name, gathered)) = bounds else {
+                return true;
+            };
+            match Bounds::of(schema) {
+                None => false,
+                Some(found) if found.is_empty() => true,
+                Some(found) => {
+                    gathered.push((name.to_string(), found));
+                    true
+                }
+            }
         }
         _ => false,
     }
@@ -204,7 +248,7 @@ mod tests {
     fn qualifies(schema: &str, unknown: UnknownFields) -> bool {
         let doc: Doc = serde_json::from_str(schema).unwrap();
         let fields = columns(&doc).unwrap();
-        implied(&doc, &fields, &fields, unknown)
+        implied(&doc, &fields, &fields, unknown).is_some()
     }
 
     const ORDER: &str = r#"{"$schema": "http://json-schema.org/draft-07/schema#", "title": "Order",
@@ -225,9 +269,14 @@ mod tests {
         // The decoding must refuse undeclared keys (an ignored key's value is not read).
         assert!(!qualifies(ORDER, UnknownFields::Ignore));
         for (from, to) in [
+            // A bound below the top level.
+            (
+                r#""email": {"type": ["string", "null"]}"#,
+                r#""email": {"type": ["string", "null"], "minLength": 1}"#,
+            ),
             (
                 r#""type": "integer", "connect.type""#,
-                r#""type": "integer", "minimum": 0, "connect.type""#,
+                r#""type": "integer", "minimum": "zero", "connect.type""#,
             ),
             (
                 r#"{"type": "string"}}"#,
@@ -270,6 +319,17 @@ mod tests {
             let changed = ORDER.replacen(from, to, 1);
             assert!(!qualifies(&changed, UnknownFields::Fail), "{to}");
         }
+        // Bounds of top-level scalars qualify, returned to be checked after decoding.
+        let bounded = ORDER.replacen(
+            r#""type": "integer", "connect.type""#,
+            r#""type": "integer", "minimum": 0, "maximum": 10, "connect.type""#,
+            1,
+        );
+        let doc: Doc = serde_json::from_str(&bounded).unwrap();
+        let fields = columns(&doc).unwrap();
+        let bounds = implied(&doc, &fields, &fields, UnknownFields::Fail).unwrap();
+        assert_eq!(bounds.len(), 1);
+        assert_eq!(bounds[0].0, "id");
     }
 
     /// Every document the validator refuses, the decoding refuses (the documents probe each keyword).
@@ -277,7 +337,7 @@ mod tests {
     fn what_the_validator_refuses_the_decoding_refuses() {
         let doc: Doc = serde_json::from_str(ORDER).unwrap();
         let fields = columns(&doc).unwrap();
-        assert!(implied(&doc, &fields, &fields, UnknownFields::Fail));
+        assert_eq!(implied(&doc, &fields, &fields, UnknownFields::Fail), Some(Vec::new()));
         let validator = jsonschema::validator_for(&serde_json::from_str(ORDER).unwrap()).unwrap();
         let decoding = JsonDecoding::declared(&fields, UnknownFields::Fail).unwrap();
         let base = serde_json::json!({"id": 1, "note": "n", "score": 1.5, "paid": true, "tags": ["a"],

@@ -7,23 +7,26 @@
 //! is not framed, its id is not a JSON Schema the registry has, it is not JSON, it violates its schema (the error
 //! names the JSON pointer of each violation, up to three), or a value does not fit its column exactly. A writer
 //! schema with properties the reader lacks is refused, naming them and both ids (their values would otherwise be
-//! dropped), unless the decoding evolves (every sink has `evolution = "add-columns"`) and they are top-level: then
-//! they become nullable columns, in a new *generation* of the columns whose batches the source hands out as a
-//! schema change ([`KafkaSource::schema_change`](crate::KafkaSource::schema_change)). New nested properties are
-//! refused either way (planned).
+//! dropped), unless the decoding evolves: with every sink's `evolution = "add-columns"` new top-level properties
+//! become nullable columns, and with `"evolve"` also properties added inside objects and required properties made
+//! optional, in a new *generation* of the columns whose batches the source hands out as a schema change
+//! ([`KafkaSource::schema_change`](crate::KafkaSource::schema_change)).
 
 mod columns;
 mod doc;
+mod bounds;
 mod implied;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use arrow_schema::SchemaRef;
-use connector_api::{Error, ErrorKind, Phase, Result};
+use connector_api::{Error, ErrorKind, Evolution, Phase, Result};
 use schema_registry::{RegisteredSchema, SchemaRegistry, SchemaType};
 
 use crate::json_rows::UnknownFields;
+use bounds::Bounds;
+pub(crate) use bounds::Read;
 use crate::json_types::{JsonDecoding, JsonField, JsonItem};
 use crate::record::{RecordAt, bad_record};
 use crate::registry_lookup::{RegistryLookup, confluent_id, self_contained};
@@ -54,9 +57,11 @@ pub(crate) struct Columns {
 impl JsonSchemaDecoding {
     /// The decoding of Confluent-framed JSON values whose schemas are in `registry`, decoded into the columns of
     /// `reader` (a JSON Schema whose root is an object); keys no column declares mean what `unknown_fields` says.
-    /// With `evolve`, a writer schema's new top-level properties become nullable columns instead of being refused:
-    /// a job reading with it must follow [`KafkaSource::schema_change`](crate::KafkaSource::schema_change). Must be
-    /// called inside a tokio runtime: the consumer thread looks up new schema ids through it.
+    /// With `evolution` `add-columns`, a writer schema's new top-level properties become nullable columns instead
+    /// of being refused; with `evolve`, also its properties added inside objects, and its optional properties the
+    /// reader requires make their columns nullable. A job reading with it must follow
+    /// [`KafkaSource::schema_change`](crate::KafkaSource::schema_change). Must be called inside a tokio runtime: the
+    /// consumer thread looks up new schema ids through it.
     ///
     /// # Errors
     /// [`Config`](ErrorKind::Config) when the reader schema is not JSON, has no columns (its root is not an
@@ -65,7 +70,7 @@ impl JsonSchemaDecoding {
         registry: SchemaRegistry,
         reader: ReaderSchema,
         unknown_fields: UnknownFields,
-        evolve: bool,
+        evolution: Evolution,
     ) -> Result<Self> {
         let refuse = |why: String| {
             Error::new(
@@ -84,7 +89,7 @@ impl JsonSchemaDecoding {
                 lookup: RegistryLookup::new(registry)?,
                 reader,
                 unknown_fields,
-                evolve,
+                evolution,
                 generations: Mutex::new(vec![Arc::new(Columns {
                     number: 0,
                     fields,
@@ -134,7 +139,7 @@ impl JsonSchemaDecoding {
         at: RecordAt<'_>,
         value: &'v [u8],
         generation: usize,
-    ) -> Result<&'v [u8]> {
+    ) -> Result<Document<'v>> {
         let id = confluent_id(value).ok_or_else(|| {
             bad_record(
                 at,
@@ -144,15 +149,16 @@ impl JsonSchemaDecoding {
         })?;
         let accepted = self.writers.resolve(id, at)?;
         let body = &value[5..];
-        if accepted.implied_in == Some(generation) {
-            return Ok(body);
+        let checked = |bounds| Document { body, id, bounds };
+        if let Some(implied) = accepted.implied.as_ref().filter(|i| i.generation == generation) {
+            return Ok(checked(Some(implied.bounds.clone()).filter(|b| !b.is_empty())));
         }
         let validator = &accepted.validator;
         let parsed: serde_json::Value = serde_json::from_slice(body)
             .map_err(|e| bad_record(at, &format!("is not a JSON document ({e})")))?;
         // The quick check first: the violations are only gathered (and allocated) for a record that has some.
         if validator.is_valid(&parsed) {
-            return Ok(body);
+            return Ok(checked(None));
         }
         let violations: Vec<String> = validator
             .iter_errors(&parsed)
@@ -163,7 +169,7 @@ impl JsonSchemaDecoding {
             })
             .collect();
         if violations.is_empty() {
-            return Ok(body);
+            return Ok(checked(None));
         }
         let more = if violations.len() > VIOLATIONS_NAMED {
             ", and more"
@@ -182,12 +188,37 @@ impl JsonSchemaDecoding {
     }
 }
 
-/// An accepted writer schema: its validator, and the generation of the columns whose strict decoding enforces all
-/// it says, if one does ([`implied`]).
+/// An accepted writer schema: its validator, and what makes it unneeded, if anything does ([`implied`]).
 #[derive(Debug)]
 pub(crate) struct Accepted {
     validator: jsonschema::Validator,
-    implied_in: Option<usize>,
+    implied: Option<Implied>,
+}
+
+/// A writer schema the strict decoding of one generation of the columns enforces, with bounds on top-level
+/// columns checked on each decoded value.
+#[derive(Debug)]
+struct Implied {
+    generation: usize,
+    bounds: Arc<Vec<BoundColumn>>,
+}
+
+/// A top-level column's bounds.
+#[derive(Debug)]
+pub(crate) struct BoundColumn {
+    /// The column's position.
+    pub(crate) index: usize,
+    /// Its name (the JSON pointer of its violations).
+    pub(crate) name: String,
+    pub(crate) bounds: Bounds,
+}
+
+/// A document ready to decode ([`JsonSchemaDecoding::document`]): its body, its writer schema's id, and the bounds to
+/// check on its decoded values (empty: none, or the validator already judged it).
+pub(crate) struct Document<'v> {
+    pub(crate) body: &'v [u8],
+    pub(crate) id: u32,
+    pub(crate) bounds: Option<Arc<Vec<BoundColumn>>>,
 }
 
 /// Writer schemas by id, each compiled into a validator once, shared by every decoder of one decoding.
@@ -195,8 +226,9 @@ pub(crate) struct JsonWriters {
     lookup: RegistryLookup,
     reader: ReaderSchema,
     unknown_fields: UnknownFields,
-    /// Widen the columns with a writer's new top-level properties instead of refusing them.
-    evolve: bool,
+    /// How far the columns follow a writer: its new top-level properties (`add-columns`), also nested and
+    /// optional ones (`evolve`).
+    evolution: Evolution,
     generations: Mutex<Vec<Arc<Columns>>>,
     validators: Mutex<HashMap<u32, Arc<Accepted>>>,
 }
@@ -305,61 +337,136 @@ impl JsonWriters {
             generations.push(Arc::new(columns));
         }
         let current = generations.last().expect("generation 0 always exists");
-        let implied_in = implied::implied(&doc, &fields, &current.fields, self.unknown_fields)
-            .then_some(current.number);
-        if implied_in.is_some() {
+        let implied = implied::implied(&doc, &fields, &current.fields, self.unknown_fields).and_then(|bounds| {
+            let columns = bounds
+                .into_iter()
+                .map(|(name, bounds)| {
+                    let index = current.fields.iter().position(|f| f.name == name)?;
+                    Some(BoundColumn { index, name, bounds })
+                })
+                .collect::<Option<Vec<_>>>()?;
+            Some(Implied {
+                generation: current.number,
+                bounds: Arc::new(columns),
+            })
+        });
+        if let Some(implied) = &implied {
             tracing::info!(
                 id,
                 generation = current.number,
-                "schema registry: the JSON Schema says nothing the strict decoding does not enforce; records are \
-                 checked by decoding them"
+                bounds = implied.bounds.len(),
+                "schema registry: the JSON Schema says nothing the strict decoding does not enforce (but for bounds \
+                 checked on the decoded values); records are checked by decoding them"
             );
         }
-        Ok(Arc::new(Accepted {
-            validator,
-            implied_in,
-        }))
+        Ok(Arc::new(Accepted { validator, implied }))
     }
 
-    /// The next generation of the columns with `added` (paths of `writer`'s properties `current` lacks) as
-    /// nullable columns, when there are any and the decoding may evolve; what to do instead, when not.
+    /// The next generation of the columns taking `writer`'s properties, when it has any `current` lacks (`added`,
+    /// their paths) or, with `evolve`, makes a required property optional, and the decoding may evolve that far;
+    /// what to do instead, when not. New top-level properties need `add-columns`; nested ones and optional ones
+    /// `evolve`.
     fn widened(
         &self,
         current: &Columns,
         writer: &[JsonField],
         added: &[String],
     ) -> std::result::Result<Option<Columns>, String> {
-        const NESTED: &str = "new nested properties are not taken yet (planned): restart the job to read with \
-                              the subject's latest schema";
-        if added.is_empty() {
+        let presence = self.evolution.changes_columns();
+        let mut changes = Vec::new();
+        let fields = evolved_fields(&current.fields, writer, "", presence, &mut changes);
+        if changes.is_empty() {
             return Ok(None);
         }
-        if added.iter().any(|f| f.contains(['.', '['])) {
-            return Err(NESTED.into());
-        }
-        if !self.evolve {
+        let nested: Vec<&String> = added.iter().filter(|f| f.contains(['.', '['])).collect();
+        if !added.is_empty() && !self.evolution.adds_columns() {
             return Err(
                 "with evolution = \"add-columns\" on every sink they would become columns".into(),
             );
         }
-        let mut fields = current.fields.clone();
-        fields.extend(
-            writer
-                .iter()
-                .filter(|f| added.contains(&f.name))
-                .map(|f| JsonField {
-                    nullable: true,
-                    ..f.clone()
-                }),
-        );
+        if !nested.is_empty() && !self.evolution.changes_columns() {
+            return Err(
+                "with evolution = \"evolve\" on every sink the nested columns would take them".into(),
+            );
+        }
         let decoding = JsonDecoding::declared(&fields, self.unknown_fields)
             .map_err(|e| format!("they cannot be columns: {e}"))?;
+        tracing::info!(changes = ?changes, generation = current.number + 1,
+            "schema registry: JSON Schema columns widened for a writer's properties");
         Ok(Some(Columns {
             number: current.number + 1,
             fields,
             decoding,
         }))
     }
+}
+
+/// The reader's fields `reader` changed to take `writer`'s: the properties it lacks appended (nullable), at the
+/// top level or inside objects (through list items and map values); with `presence`, a field the writer makes
+/// optional made nullable. Every change's dotted path is listed in `changes`. A property whose type differs keeps
+/// the reader's (its values are decoded strictly, record by record).
+fn evolved_fields(
+    reader: &[JsonField],
+    writer: &[JsonField],
+    prefix: &str,
+    presence: bool,
+    changes: &mut Vec<String>,
+) -> Vec<JsonField> {
+    let mut fields: Vec<JsonField> = reader
+        .iter()
+        .map(|r| {
+            let path = format!("{prefix}{}", r.name);
+            let Some(w) = writer.iter().find(|w| w.name == r.name) else {
+                return r.clone();
+            };
+            let item = evolved_item(&item_of(r), &item_of(w), &path, presence, changes);
+            JsonField {
+                name: r.name.clone(),
+                kind: item.kind,
+                nullable: item.nullable,
+                fields: item.fields,
+                items: item.items,
+                values: item.values,
+            }
+        })
+        .collect();
+    for w in writer {
+        if reader.iter().all(|r| r.name != w.name) {
+            changes.push(format!("{prefix}{}", w.name));
+            fields.push(JsonField {
+                nullable: true,
+                ..w.clone()
+            });
+        }
+    }
+    fields
+}
+
+/// A reader's item (a field's type, a list's items, a map's values) changed to take the writer's (see
+/// [`evolved_fields`]).
+fn evolved_item(
+    reader: &JsonItem,
+    writer: &JsonItem,
+    path: &str,
+    presence: bool,
+    changes: &mut Vec<String>,
+) -> JsonItem {
+    let mut item = reader.clone();
+    if reader.kind != writer.kind {
+        return item;
+    }
+    if presence && writer.nullable && !reader.nullable {
+        changes.push(path.to_string());
+        item.nullable = true;
+    }
+    item.fields = evolved_fields(&reader.fields, &writer.fields, &format!("{path}."), presence, changes);
+    if let (Some(r), Some(w)) = (&reader.items, &writer.items) {
+        item.items = Some(Box::new(evolved_item(r, w, &format!("{path}[]"), presence, changes)));
+    }
+    if let (Some(r), Some(w)) = (&reader.values, &writer.values) {
+        item.values = Some(Box::new(evolved_item(r, w, &format!("{path}.*"), presence, changes)));
+    }
+    item
 }
 
 /// The dotted paths of `writer`'s fields that `reader` lacks (through structs, list items and map values).
@@ -412,7 +519,7 @@ mod tests {
 
     /// The decoding of [`SCHEMA`] (id 7), evolving or not, over a registry that is never asked (its address
     /// answers nothing).
-    fn decoding_of(evolve: bool) -> JsonSchemaDecoding {
+    fn decoding_of(evolution: Evolution) -> JsonSchemaDecoding {
         let settings: schema_registry::RegistrySettings =
             serde_json::from_value(serde_json::json!({"url": "http://127.0.0.1:9/"})).unwrap();
         let reader = ReaderSchema {
@@ -424,14 +531,14 @@ mod tests {
             SchemaRegistry::new(&settings).unwrap(),
             reader,
             UnknownFields::Fail,
-            evolve,
+            evolution,
         )
         .unwrap()
     }
 
     /// [`decoding_of`] without evolving, with writer 7 accepted as a registry lookup would.
     fn decoding() -> JsonSchemaDecoding {
-        let decoding = decoding_of(false);
+        let decoding = decoding_of(Evolution::None);
         let validator = decoding
             .writers
             .accept(
@@ -485,7 +592,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_evolving_decoding_takes_new_top_level_properties_as_nullable_columns() {
-        let decoding = decoding_of(true);
+        let decoding = decoding_of(Evolution::AddColumns);
         let wider = r#"{"type": "object", "required": ["id", "qty"], "properties": {"id": {"type": "integer"},
             "at": {"type": "string", "format": "date-time"}, "qty": {"type": "integer"}}}"#;
         decoding
@@ -520,9 +627,44 @@ mod tests {
             )
             .unwrap_err();
         assert!(
-            why.contains("`customer.phone`") && why.contains("planned"),
+            why.contains("`customer.phone`") && why.contains("evolve"),
             "{why}"
         );
+        assert_eq!(decoding.columns().number, 2);
+    }
+
+    #[tokio::test]
+    async fn with_evolve_nested_and_optional_properties_widen_the_columns() {
+        let decoding = decoding_of(Evolution::Evolve);
+        let evolved = r#"{"type": "object", "properties": {"id": {"type": "integer"},
+            "at": {"type": "string", "format": "date-time"},
+            "customer": {"type": "object", "properties": {"email": {"type": "string"}}}}}"#;
+        decoding
+            .writers
+            .accept(
+                &mut decoding.writers.generations(),
+                &registered(9, evolved, SchemaType::Json),
+            )
+            .unwrap();
+        let schema = decoding.schema();
+        assert!(schema.field_with_name("id").unwrap().is_nullable(), "id made optional");
+        let nested = r#"{"type": "object", "properties": {"id": {"type": "integer"},
+            "customer": {"type": "object", "properties": {"email": {"type": "string"}, "phone": {"type": "string"}}}}}"#;
+        decoding
+            .writers
+            .accept(
+                &mut decoding.writers.generations(),
+                &registered(10, nested, SchemaType::Json),
+            )
+            .unwrap();
+        let schema = decoding.schema();
+        let arrow_schema::DataType::Struct(customer) = schema.field_with_name("customer").unwrap().data_type()
+        else {
+            panic!("{schema:?}")
+        };
+        let names: Vec<&str> = customer.iter().map(|f| f.name().as_str()).collect();
+        assert_eq!(names, ["email", "phone"]);
+        assert!(customer[1].is_nullable());
         assert_eq!(decoding.columns().number, 2);
     }
 

@@ -296,6 +296,114 @@ pub(crate) fn fields_readable(
     Ok(())
 }
 
+/// How a writer changes the reader's columns ([`evolved_columns`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Change {
+    /// A top-level field the reader lacks: a new nullable column.
+    Added,
+    /// A field the reader lacks inside a message column: the struct gains a nullable field.
+    AddedNested,
+    /// A scalar wider than the reader's (`int32` to `int64`, `uint32` to `uint64`, `float` to `double`).
+    Widened,
+    /// A field with presence (`optional`, a `oneof` member) where the reader's has none: the column takes nulls.
+    Optional,
+}
+
+/// The reader's columns `reader` changed to read `writer` (by field number, as [`fields_readable`]): the writer's
+/// fields the reader lacks appended (nullable), at the top level or inside message columns; a scalar the writer
+/// widens given the writer's wider type; with `presence`, a field the writer gives presence made nullable (without,
+/// a presence the reader lacks reads as the field's default, as before). Every change is listed in `changes` by
+/// dotted path.
+///
+/// # Errors
+/// A field whose type neither reads as the reader's nor widens it, as [`readable`] says.
+pub(crate) fn evolved_columns(
+    writer: &[ProtoColumn],
+    reader: &[ProtoColumn],
+    prefix: &str,
+    presence: bool,
+    changes: &mut Vec<(String, Change)>,
+) -> Result<Vec<ProtoColumn>, String> {
+    let mut columns = Vec::with_capacity(reader.len());
+    for r in reader {
+        let path = format!("{prefix}{}", r.name());
+        match writer.iter().find(|w| w.field.number() == r.field.number()) {
+            None => columns.push(r.clone()),
+            Some(w) => {
+                let kind = evolved_kind(&w.kind, &r.kind, &path, presence, changes)?;
+                let nullable = r.nullable || (presence && w.nullable);
+                if nullable && !r.nullable {
+                    changes.push((path, Change::Optional));
+                }
+                columns.push(ProtoColumn {
+                    kind,
+                    nullable,
+                    ..r.clone()
+                });
+            }
+        }
+    }
+    for w in writer {
+        if reader.iter().all(|r| r.field.number() != w.field.number()) {
+            let change = match prefix.is_empty() {
+                true => Change::Added,
+                false => Change::AddedNested,
+            };
+            changes.push((format!("{prefix}{}", w.name()), change));
+            columns.push(ProtoColumn {
+                nullable: true,
+                ..w.clone()
+            });
+        }
+    }
+    Ok(columns)
+}
+
+/// The reader's column type `reader` changed to read the writer's `writer` type (see [`evolved_columns`]).
+fn evolved_kind(
+    writer: &ProtoType,
+    reader: &ProtoType,
+    path: &str,
+    presence: bool,
+    changes: &mut Vec<(String, Change)>,
+) -> Result<ProtoType, String> {
+    use ProtoType as P;
+    match (writer, reader) {
+        (P::Int64, P::Int32) | (P::UInt64, P::UInt32) | (P::Float64, P::Float32) => {
+            changes.push((path.to_string(), Change::Widened));
+            Ok(writer.clone())
+        }
+        (P::Wrapper(w), P::Wrapper(r)) => {
+            Ok(P::Wrapper(Box::new(evolved_kind(w, r, path, presence, changes)?)))
+        }
+        (P::List(w), P::List(r)) => Ok(P::List(Box::new(evolved_kind(
+            w,
+            r,
+            &format!("{path}[]"),
+            presence,
+            changes,
+        )?))),
+        (P::Map(wk, wv), P::Map(rk, rv)) => {
+            readable(wk, rk, path, &mut Vec::new())?;
+            Ok(P::Map(
+                rk.clone(),
+                Box::new(evolved_kind(wv, rv, &format!("{path}{{}}"), presence, changes)?),
+            ))
+        }
+        (P::Message(w), P::Message(r)) => Ok(P::Message(evolved_columns(
+            w,
+            r,
+            &format!("{path}."),
+            presence,
+            changes,
+        )?)),
+        _ => {
+            readable(writer, reader, path, &mut Vec::new())?;
+            Ok(reader.clone())
+        }
+    }
+}
+
 fn describe(kind: &ProtoType) -> String {
     match kind {
         ProtoType::Enum(e) => format!("enum {}", e.full_name()),

@@ -9,9 +9,10 @@
 //! is not framed, its id is not a Protobuf schema the registry has, its message-index path names no message or a
 //! message other than the reader's, its body is not that message, or a value does not fit its column exactly (a
 //! timestamp with nanoseconds, an enum number the reader does not declare). A writer whose fields the reader
-//! lacks is refused naming them and both ids, unless the decoding evolves (every sink has `evolution =
-//! "add-columns"`) and they are top-level: then they become nullable columns, in a new *generation* of the
-//! columns handed out as a schema change ([`KafkaSource::schema_change`](crate::KafkaSource::schema_change)).
+//! lacks is refused naming them and both ids, unless the decoding evolves: with every sink's `evolution =
+//! "add-columns"` new top-level fields become nullable columns, and with `"evolve"` also fields added inside
+//! message columns, scalars the writer widens and fields it gives presence, in a new *generation* of the columns
+//! handed out as a schema change ([`KafkaSource::schema_change`](crate::KafkaSource::schema_change)).
 
 mod columns;
 mod message_path;
@@ -23,14 +24,14 @@ use std::sync::{Arc, Mutex};
 
 use arrow_array::{ArrayRef, RecordBatch};
 use arrow_schema::{Schema, SchemaRef};
-use connector_api::{Error, ErrorKind, Phase, Result};
+use connector_api::{Error, ErrorKind, Evolution, Phase, Result};
 use prost_reflect::{DynamicMessage, FileDescriptor, MessageDescriptor};
 use schema_registry::{RegisteredSchema, SchemaRegistry, SchemaType};
 
 use crate::record::{RecordAt, bad_record};
 use crate::registry_lookup::{RegistryLookup, confluent_id};
 use crate::writer_schemas::ReaderSchema;
-use columns::{ProtoColumn, arrow_fields};
+use columns::{Change, ProtoColumn, arrow_fields};
 use rows::MessageRows;
 use schema_registry::protobuf::{ProtobufSchemaError, compile};
 use wire::{FlatError, FlatPlan};
@@ -54,9 +55,12 @@ pub(crate) struct Columns {
 impl ProtobufDecoding {
     /// The decoding of Confluent-framed Protobuf values whose schemas are in `registry`, decoded into the columns
     /// of message `message` (a full name; `None`: the first message) of `file`, the compiled `reader` schema.
-    /// With `evolve`, a writer's new top-level fields become nullable columns instead of being refused: a job
-    /// reading with it must follow [`KafkaSource::schema_change`](crate::KafkaSource::schema_change). Must be
-    /// called inside a tokio runtime: the consumer thread looks up new schema ids through it.
+    /// With `evolution` `add-columns`, a writer's new top-level fields become nullable columns instead of being
+    /// refused; with `evolve`, also its fields added inside message columns, its scalars wider than the reader's
+    /// (`int32` to `int64`, `uint32` to `uint64`, `float` to `double`) and its fields with presence where the
+    /// reader's have none (nullable columns). A job reading with it must follow
+    /// [`KafkaSource::schema_change`](crate::KafkaSource::schema_change). Must be called inside a tokio runtime:
+    /// the consumer thread looks up new schema ids through it.
     ///
     /// # Errors
     /// [`Config`](ErrorKind::Config) when the file has no such message (naming the ones it has) or a field of it
@@ -66,7 +70,7 @@ impl ProtobufDecoding {
         reader: ReaderSchema,
         file: &FileDescriptor,
         message: Option<&str>,
-        evolve: bool,
+        evolution: Evolution,
     ) -> Result<Self> {
         let refuse = |why: String| {
             Error::new(
@@ -98,7 +102,7 @@ impl ProtobufDecoding {
                 lookup: RegistryLookup::new(registry)?,
                 reader,
                 message: descriptor.full_name().to_string(),
-                evolve,
+                evolution,
                 generations: Mutex::new(vec![Arc::new(Columns::new(0, columns))]),
                 files: Mutex::new(HashMap::new()),
                 messages: Mutex::new(HashMap::new()),
@@ -183,8 +187,9 @@ pub(crate) struct ProtoWriters {
     reader: ReaderSchema,
     /// The full name of the reader's message.
     message: String,
-    /// Widen the columns with a writer's new top-level fields instead of refusing them.
-    evolve: bool,
+    /// How far the columns follow a writer: its new top-level fields (`add-columns`), also nested fields, wider
+    /// scalars and presence (`evolve`).
+    evolution: Evolution,
     generations: Mutex<Vec<Arc<Columns>>>,
     files: Mutex<HashMap<u32, FileDescriptor>>,
     messages: Mutex<HashMap<(u32, Vec<usize>), MessageDescriptor>>,
@@ -332,55 +337,59 @@ impl ProtoWriters {
         let writer = columns::columns(&message)
             .map_err(|why| format!("is written with schema id {id}, whose {why}"))?;
         let current = generations.last().expect("generation 0 always exists");
-        let mut added = Vec::new();
-        columns::fields_readable(&writer, &current.columns, "", &mut added).map_err(|why| {
-            format!(
-                "is written with schema id {id}, which {} cannot read: {why}",
-                self.reader.named()
-            )
-        })?;
-        if added.is_empty() {
+        let mut changes = Vec::new();
+        let presence = self.evolution.changes_columns();
+        let evolved = columns::evolved_columns(&writer, &current.columns, "", presence, &mut changes)
+            .map_err(|why| {
+                format!(
+                    "is written with schema id {id}, which {} cannot read: {why}",
+                    self.reader.named()
+                )
+            })?;
+        if changes.is_empty() {
             return Ok(message);
         }
-        let named: Vec<String> = added.iter().map(|f| format!("`{f}`")).collect();
-        let refuse = |how: &str| {
+        let named = |kinds: &[Change]| -> Vec<String> {
+            changes
+                .iter()
+                .filter(|(_, c)| kinds.contains(c))
+                .map(|(path, _)| format!("`{path}`"))
+                .collect()
+        };
+        let added = named(&[Change::Added]);
+        let changed = named(&[Change::AddedNested, Change::Widened, Change::Optional]);
+        let refuse = |fields: &[String], what: &str, how: &str| {
             format!(
-                "is written with schema id {id}, which has field{} {} that {} lacks; the job stops rather than \
-                 drop {} ({how})",
-                if added.len() == 1 { "" } else { "s" },
-                named.join(", "),
+                "is written with schema id {id}, which {what} field{} {} that {} {}; the job stops rather than {} \
+                 ({how})",
+                if fields.len() == 1 { "" } else { "s" },
+                fields.join(", "),
                 self.reader.named(),
-                if added.len() == 1 {
-                    "its values"
+                if what == "has" { "lacks" } else { "reads narrower" },
+                if what == "has" {
+                    "drop their values"
                 } else {
-                    "their values"
+                    "change their values"
                 },
             )
         };
-        if added.iter().any(|f| f.contains(['.', '[', '{'])) {
+        if !added.is_empty() && !self.evolution.adds_columns() {
             return Err(refuse(
-                "new nested fields are not taken yet (planned): restart the job to read with the subject's \
-                 latest schema",
-            ));
-        }
-        if !self.evolve {
-            return Err(refuse(
+                &added,
+                "has",
                 "with evolution = \"add-columns\" on every sink they would become columns",
             ));
         }
-        let mut widened = current.columns.clone();
-        widened.extend(
-            writer
-                .into_iter()
-                .filter(|w| added.iter().any(|a| a == w.name()))
-                .map(|w| ProtoColumn {
-                    nullable: true,
-                    ..w
-                }),
-        );
-        let columns = Columns::new(current.number + 1, widened);
-        tracing::info!(id, fields = ?added, generation = columns.number,
-            "schema registry: Protobuf columns widened with a writer's new fields");
+        if !changed.is_empty() && !self.evolution.changes_columns() {
+            return Err(refuse(
+                &changed,
+                "widens, makes optional or adds nested",
+                "with evolution = \"evolve\" on every sink the columns would take them",
+            ));
+        }
+        let columns = Columns::new(current.number + 1, evolved);
+        tracing::info!(id, changes = ?changes, generation = columns.number,
+            "schema registry: Protobuf columns widened for a writer's fields");
         generations.push(Arc::new(columns));
         Ok(message)
     }
@@ -553,14 +562,18 @@ mod tests {
 
     /// The decoding of `reader` (id 1) with `writers` (by id) compiled as a registry lookup would have; a registry
     /// that is never asked.
-    async fn decoding(reader: &str, writers: &[(u32, &str)], evolve: bool) -> ProtobufDecoding {
+    async fn decoding(
+        reader: &str,
+        writers: &[(u32, &str)],
+        evolution: Evolution,
+    ) -> ProtobufDecoding {
         let reader_file = file(reader).await;
         let decoding = ProtobufDecoding::from_registry(
             registry(),
             ReaderSchema::latest(&registered(1, reader)),
             &reader_file,
             None,
-            evolve,
+            evolution,
         )
         .unwrap();
         let mut compiled = vec![(1, reader_file)];
@@ -746,7 +759,12 @@ mod tests {
 
     #[tokio::test]
     async fn writers_read_by_field_number_and_new_fields_evolve_or_are_refused() {
-        let evolving = decoding(NARROW, &[(2, WIDER), (3, NESTED), (5, RETYPED)], true).await;
+        let evolving = decoding(
+            NARROW,
+            &[(2, WIDER), (3, NESTED), (5, RETYPED)],
+            Evolution::AddColumns,
+        )
+        .await;
         evolving.writers.resolve(2, &[], AT).unwrap();
         // The renamed field stays on its column; the new one is a nullable column of the next generation.
         let schema = evolving.schema();
@@ -759,19 +777,58 @@ mod tests {
             .resolve(3, &[], AT)
             .unwrap_err()
             .to_string();
-        assert!(err.contains("`line.n`") && err.contains("planned"), "{err}");
+        assert!(err.contains("`line.n`") && err.contains("evolve"), "{err}");
         let err = evolving
             .writers
             .resolve(5, &[], AT)
             .unwrap_err()
             .to_string();
         assert!(err.contains("`id`") && err.contains("schema id 5"), "{err}");
-        let fixed = decoding(NARROW, &[(2, WIDER)], false).await;
+        let fixed = decoding(NARROW, &[(2, WIDER)], Evolution::None).await;
         let err = fixed.writers.resolve(2, &[], AT).unwrap_err().to_string();
         assert!(
             err.contains("`qty`") && err.contains("add-columns"),
             "{err}"
         );
         assert_eq!(fixed.columns().number, 0);
+    }
+
+    /// `qty` widened to int64, `ratio` to double, `note` given presence, `line.n` new: one generation with all.
+    const EVOLVED: &str = r#"syntax = "proto3"; package shop;
+        message Order { int64 id = 1; optional string note = 2; int64 qty = 3; double ratio = 5;
+            message Line { string sku = 1; int32 n = 2; } Line line = 4; }"#;
+    const TYPED: &str = r#"syntax = "proto3"; package shop;
+        message Order { int64 id = 1; string note = 2; int32 qty = 3; float ratio = 5;
+            message Line { string sku = 1; } Line line = 4; }"#;
+
+    #[tokio::test]
+    async fn with_evolve_wider_scalars_presence_and_nested_fields_widen_the_columns() {
+        let evolving = decoding(TYPED, &[(2, EVOLVED), (3, TYPED)], Evolution::Evolve).await;
+        evolving.writers.resolve(2, &[], AT).unwrap();
+        let schema = evolving.schema();
+        let described: Vec<String> = schema
+            .fields()
+            .iter()
+            .map(|f| format!("{} {} {}", f.name(), f.data_type(), f.is_nullable()))
+            .collect();
+        assert_eq!(described[1], "note Utf8 true");
+        assert_eq!(described[2], "qty Int64 false");
+        assert_eq!(described[3], "ratio Float64 false");
+        let arrow_schema::DataType::Struct(line) = schema.field(4).data_type() else {
+            panic!("{schema:?}")
+        };
+        assert_eq!(line.len(), 2);
+        assert!(line[1].is_nullable());
+        assert_eq!(evolving.columns().number, 1);
+        // The older writer reads into the widened columns as it is.
+        evolving.writers.resolve(3, &[], AT).unwrap();
+        assert_eq!(evolving.columns().number, 1);
+        // Without evolve the same writer is refused, naming what it changes and the setting.
+        let adding = decoding(TYPED, &[(2, EVOLVED)], Evolution::AddColumns).await;
+        let err = adding.writers.resolve(2, &[], AT).unwrap_err().to_string();
+        for expected in ["`qty`", "`ratio`", "`line.n`", "evolve"] {
+            assert!(err.contains(expected), "{expected} in {err}");
+        }
+        assert!(!err.contains("`note`"), "presence is evolve's only: {err}");
     }
 }

@@ -247,6 +247,79 @@ async fn a_new_protobuf_field_becomes_a_column_in_every_sink_through_sigkill() {
     }
 }
 
+/// The order message of the widening test: version 1 with `int32 qty`, `float ratio` and a `Customer` of a name;
+/// version 2 with `int64 qty`, `double ratio` and the customer's `email` (field 2 of the nested message).
+fn typed_order(wide: bool) -> String {
+    let (qty, ratio, email) = match wide {
+        true => ("int64", "double", "string email = 2;"),
+        false => ("int32", "float", ""),
+    };
+    format!(
+        "syntax = \"proto3\";\npackage shop;\nmessage Order {{ int64 id = 1; string note = 2; {qty} qty = 3; \
+         {ratio} ratio = 4; message Customer {{ string name = 1; {email} }} Customer customer = 5; }}\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn protobuf_fields_widened_or_added_inside_a_message_change_every_sink_killed_at_the_change() {
+    let mut job = Job::new("protowiden", 2, 2, "3s").await;
+    job.read_registry_protobuf();
+    job.set_every_sink_evolution("evolve");
+    let services = Services::get();
+    let first: Vec<Value> = (0..100)
+        .map(|id| {
+            json!({"id": id, "note": format!("n{id}"), "qty": id, "ratio": id as f64 + 0.25,
+                "customer": {"name": format!("c{id}")}})
+        })
+        .collect();
+    job.produce_protobuf(&typed_order(false), "shop.Order", &first, &[]);
+    let mut worker = job.spawn_worker_with_env(&[], &[("RATCHET_KILL_AT", "after-evolve:1")]);
+    job.wait_copied(100, Duration::from_secs(90));
+    let second: Vec<Value> = (100..200)
+        .map(|id| {
+            json!({"id": id, "note": format!("n{id}"), "qty": (id as i64 * 10_000_000_000).to_string(),
+                "ratio": format!("{id}.1").parse::<f64>().unwrap(),
+                "customer": {"name": format!("c{id}"), "email": format!("e{id}")}})
+        })
+        .collect();
+    job.produce_protobuf(&typed_order(true), "shop.Order", &second, &[]);
+    worker.wait_killed(Duration::from_secs(90));
+    let mut worker = job.spawn_worker(&["--exit-when-idle", "3s"]);
+    worker.wait_exit(Duration::from_secs(120));
+
+    job.assert_holds(&(0..200).collect::<Vec<_>>());
+    // PostgreSQL (psql): the widened columns hold both versions' values exactly, the customer its new field.
+    let summary = services.psql(&format!(
+        "SELECT count(*) FILTER (WHERE id < 100 AND qty = id AND ratio = id + 0.25 AND customer->>'email' IS NULL), \
+                count(*) FILTER (WHERE id >= 100 AND qty = id * 10000000000 \
+                    AND ratio::text = (id::text || '.1')::float8::text AND customer->>'email' = 'e' || id), \
+                count(*) FILTER (WHERE customer->>'name' = 'c' || id) FROM \"{}\"",
+        job.table
+    ));
+    assert_eq!(summary.trim(), "100|100|200");
+    let types = services.psql(&format!(
+        "SELECT string_agg(attname || ' ' || format_type(atttypid, atttypmod), ', ' ORDER BY attname) \
+         FROM pg_attribute WHERE attrelid = '\"{}\"'::regclass AND attname IN ('qty', 'ratio')",
+        job.table
+    ));
+    assert_eq!(types.trim(), "qty bigint, ratio double precision");
+    // pyiceberg: the nested field is a column of the customer struct, null before version 2.
+    let lake = job.read_lake(&["--rows"]);
+    let names: Vec<&str> = lake["column_names"].as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect();
+    let (id_at, qty_at, customer_at) = (
+        names.iter().position(|n| *n == "id").unwrap(),
+        names.iter().position(|n| *n == "qty").unwrap(),
+        names.iter().position(|n| *n == "customer").unwrap(),
+    );
+    for row in lake["rows"].as_array().unwrap() {
+        let id = row[id_at].as_i64().unwrap();
+        let qty = if id < 100 { id } else { id * 10_000_000_000 };
+        assert_eq!(row[qty_at].as_i64(), Some(qty), "{row}");
+        let email = (id >= 100).then(|| format!("e{id}"));
+        assert_eq!(row[customer_at]["email"].as_str(), email.as_deref(), "{row}");
+    }
+}
+
 /// An order and its key message, second in the file (the key's message-index path is `[1]`).
 const KEYED: &str = r#"syntax = "proto3";
 package shop;
