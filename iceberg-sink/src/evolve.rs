@@ -164,7 +164,7 @@ fn evolved_field(
 }
 
 /// `current` changed to take the values of `wanted`: a primitive promoted ([`promotes`]); a struct with the fields
-/// it lacks appended (fresh ids after `next_id`) and its fields evolved; a list's element or a map's value evolved.
+/// it lacks appended (optional, fresh ids after `next_id`) and its fields evolved; a list's element or a map's value evolved.
 /// `None` when nothing changes.
 fn evolved_type(current: &Type, wanted: &Type, next_id: &mut i32) -> Option<Type> {
     match (current, wanted) {
@@ -193,7 +193,11 @@ fn evolved_type(current: &Type, wanted: &Type, next_id: &mut i32) -> Option<Type
                 .filter(|w| have.field_by_name(&w.name).is_none())
             {
                 changed = true;
-                fields.push(Arc::new(with_fresh_ids(added, next_id)));
+                // Optional whatever the batches say: the data files written before it lack it (Iceberg refuses a
+                // required field that is not in a file).
+                let mut field = with_fresh_ids(added, next_id);
+                field.required = false;
+                fields.push(Arc::new(field));
             }
             changed.then(|| Type::Struct(StructType::new(fields)))
         }
@@ -469,7 +473,8 @@ mod tests {
                 vec![
                     Field::new("name", DataType::Utf8, false),
                     Field::new("age", DataType::Int64, true),
-                    Field::new("email", DataType::Utf8, true),
+                    // Required in the batches (a Protobuf scalar without presence), optional in the table.
+                    Field::new("email", DataType::Utf8, false),
                     Field::new("address", address, true),
                 ]
                 .into(),

@@ -14,9 +14,10 @@ use std::sync::Arc;
 use crate::json_schema::Read;
 
 use arrow_array::builder::{
-    BinaryBuilder, BooleanBuilder, Decimal128Builder, Decimal256Builder, FixedSizeBinaryBuilder,
-    Float32Builder, Float64Builder, Int8Builder, Int16Builder, Int32Builder, Int64Builder,
-    PrimitiveBuilder, StringBuilder, UInt8Builder, UInt16Builder, UInt32Builder, UInt64Builder,
+    ArrayBuilder, BinaryBuilder, BooleanBuilder, Decimal128Builder, Decimal256Builder,
+    FixedSizeBinaryBuilder, Float32Builder, Float64Builder, Int8Builder, Int16Builder,
+    Int32Builder, Int64Builder, PrimitiveBuilder, StringBuilder, UInt8Builder, UInt16Builder,
+    UInt32Builder, UInt64Builder,
 };
 use arrow_array::types::ArrowPrimitiveType;
 use arrow_array::{Array, ArrayRef, ListArray, MapArray, StructArray, make_array};
@@ -166,7 +167,7 @@ impl JsonRows {
 
 /// The last value appended to `builder`, `None` when it is null (or nothing was appended).
 fn last_value<T: ArrowPrimitiveType>(builder: &PrimitiveBuilder<T>) -> Option<T::Native> {
-    let last = builder.len().checked_sub(1)?;
+    let last = ArrayBuilder::len(builder).checked_sub(1)?;
     let valid = builder
         .validity_slice()
         .is_none_or(|bits| arrow_buffer::bit_util::get_bit(bits, last));
@@ -175,7 +176,7 @@ fn last_value<T: ArrowPrimitiveType>(builder: &PrimitiveBuilder<T>) -> Option<T:
 
 /// The last text appended to `builder`, `None` when it is null (or nothing was appended).
 fn last_text(builder: &StringBuilder) -> Option<&str> {
-    let last = builder.len().checked_sub(1)?;
+    let last = ArrayBuilder::len(builder).checked_sub(1)?;
     if builder
         .validity_slice()
         .is_some_and(|bits| !arrow_buffer::bit_util::get_bit(bits, last))

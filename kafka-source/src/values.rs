@@ -178,7 +178,10 @@ impl Values {
                     })?;
                 // Bounds the validator was spared: checked on the values just read (a violation leaves the
                 // builders with the row, and the reader then sorts the batch out record by record).
-                for (id, column) in bounds.iter().flat_map(|(id, b)| b.iter().map(move |c| (id, c))) {
+                for (id, column) in bounds
+                    .iter()
+                    .flat_map(|(id, b)| b.iter().map(move |c| (id, c)))
+                {
                     if let Some(why) = column.bounds.violation(rows.last(column.index)) {
                         return Err(bad_record(
                             at,

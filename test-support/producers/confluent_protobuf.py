@@ -2,7 +2,7 @@
 SchemaRegistryClient and ProtobufSerializer (the schema registered under <topic>-value, values in the Confluent wire
 format: 0x00, the 4-byte schema id, the message-index path, the message). No Ratchet code and no hand-framed bytes.
 
-usage: confluent_protobuf.py BOOTSTRAP TOPIC PROTO MESSAGE RECORDS [IMPORTS [KEY_MESSAGE]]
+usage: confluent_protobuf.py [--compatibility=LEVEL] BOOTSTRAP TOPIC PROTO MESSAGE RECORDS [IMPORTS [KEY_MESSAGE]]
 
 PROTO is the text of one .proto file (`order.proto`); it may import google/protobuf/*.proto and the files IMPORTS
 (a JSON object of file name to .proto text) holds. It is compiled by protoc from grpcio-tools into a message class,
@@ -14,7 +14,9 @@ when it has one, as text; with KEY_MESSAGE (a message of the same file) the key 
 instead, written by a ProtobufSerializer for keys (subject <topic>-key, its message-index path naming the key
 message). The registry is RATCHET_REGISTRY_URL with RATCHET_REGISTRY_USER /
 RATCHET_REGISTRY_PASSWORD. Every record is acknowledged before the script ends. Prints {"schema_id": the id the
-values carry, "count": records written}.
+values carry, "count": records written}. With --compatibility, the subject <topic>-value's compatibility is set to
+LEVEL first (NONE lets a test register a change the registry's BACKWARD default refuses, such as int32 to int64,
+which Apicurio's Protobuf rule calls a changed field type).
 """
 
 import json
@@ -57,13 +59,15 @@ def message_class(proto: str, message: str, imports: dict[str, str]):
 
 
 def main(bootstrap: str, topic: str, proto: str, message: str, records: str, imports: str = "{}",
-         key_message: str = "") -> None:
+         key_message: str = "", compatibility: str = "") -> None:
     registry = SchemaRegistryClient({
         "url": os.environ["RATCHET_REGISTRY_URL"],
         "basic.auth.user.info": f"{os.environ['RATCHET_REGISTRY_USER']}:{os.environ['RATCHET_REGISTRY_PASSWORD']}",
         # Bounded (the client's default is none) and retried: a registry request once hung here forever.
         "timeout": 30,
     })
+    if compatibility:
+        registry.set_compatibility(f"{topic}-value", compatibility)
     cls = message_class(proto, message, json.loads(imports))
     serialize = ProtobufSerializer(cls, registry, {"use.deprecated.format": False})
     key_cls = None
@@ -98,4 +102,6 @@ def main(bootstrap: str, topic: str, proto: str, message: str, records: str, imp
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    flags = [a for a in sys.argv[1:] if a.startswith("--compatibility=")]
+    positional = [a for a in sys.argv[1:] if not a.startswith("--compatibility=")]
+    main(*positional, compatibility=flags[-1].split("=", 1)[1] if flags else "")

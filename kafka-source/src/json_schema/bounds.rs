@@ -84,9 +84,17 @@ impl Bounds {
             Read::Text(v) => serde_json::Value::from(v).to_string(),
             Read::Null => "null".to_string(),
         };
-        let checks: [(&Option<Number>, fn(Ordering) -> bool, &str); 4] = [
-            (&self.minimum, |o| o == Ordering::Less, "less than the minimum of"),
-            (&self.maximum, |o| o == Ordering::Greater, "greater than the maximum of"),
+        let checks: [NumberCheck<'_>; 4] = [
+            (
+                &self.minimum,
+                |o| o == Ordering::Less,
+                "less than the minimum of",
+            ),
+            (
+                &self.maximum,
+                |o| o == Ordering::Greater,
+                "greater than the maximum of",
+            ),
             (
                 &self.exclusive_minimum,
                 |o| o != Ordering::Greater,
@@ -108,15 +116,26 @@ impl Bounds {
         if let Read::Text(text) = value {
             let length = text.chars().count() as u64;
             if let Some(min) = self.min_length.filter(|min| length < *min) {
-                return Some(format!("{} is shorter than {min} character{}", shown(), plural(min)));
+                return Some(format!(
+                    "{} is shorter than {min} character{}",
+                    shown(),
+                    plural(min)
+                ));
             }
             if let Some(max) = self.max_length.filter(|max| length > *max) {
-                return Some(format!("{} is longer than {max} character{}", shown(), plural(max)));
+                return Some(format!(
+                    "{} is longer than {max} character{}",
+                    shown(),
+                    plural(max)
+                ));
             }
         }
         None
     }
 }
+
+/// A numeric bound, what comparison of the value with it violates it, and how the violation reads.
+type NumberCheck<'b> = (&'b Option<Number>, fn(Ordering) -> bool, &'static str);
 
 fn plural(n: u64) -> &'static str {
     if n == 1 { "" } else { "s" }
@@ -168,15 +187,33 @@ mod tests {
         ];
         let integers = [i64::MIN, -9, -4, -3, -2, 0, 1, 7, 10, 11, i64::MAX];
         let floats = [-1.0, 0.0, 0.1, 0.10000000000000002, 1.5, 2.0, 3.0];
-        let texts = ["", "a", "ab", "abc", "abcd", "é", "éé", "日本語", "😀😀😀😀"];
+        let texts = [
+            "",
+            "a",
+            "ab",
+            "abc",
+            "abcd",
+            "é",
+            "éé",
+            "日本語",
+            "😀😀😀😀",
+        ];
         for schema in schemas {
             let json: serde_json::Value = serde_json::from_str(schema).unwrap();
             let validator = jsonschema::validator_for(&json).unwrap();
             let bounds = bounds(schema);
             let mut values: Vec<(serde_json::Value, Read<'_>)> = Vec::new();
             match json["type"].as_str().unwrap() {
-                "integer" => values.extend(integers.iter().map(|v| (serde_json::json!(v), Read::Integer(*v)))),
-                "number" => values.extend(floats.iter().map(|v| (serde_json::json!(v), Read::Float(*v)))),
+                "integer" => values.extend(
+                    integers
+                        .iter()
+                        .map(|v| (serde_json::json!(v), Read::Integer(*v))),
+                ),
+                "number" => values.extend(
+                    floats
+                        .iter()
+                        .map(|v| (serde_json::json!(v), Read::Float(*v))),
+                ),
                 _ => values.extend(texts.iter().map(|v| (serde_json::json!(v), Read::Text(v)))),
             }
             for (value, read) in values {
@@ -190,7 +227,9 @@ mod tests {
         }
         assert!(bounds(r#"{"type": "integer"}"#).is_empty());
         assert!(Bounds::of(&serde_json::from_str(r#"{"minLength": -1}"#).unwrap()).is_none());
-        let message = bounds(r#"{"minimum": 0}"#).violation(Read::Integer(-5)).unwrap();
+        let message = bounds(r#"{"minimum": 0}"#)
+            .violation(Read::Integer(-5))
+            .unwrap();
         assert_eq!(message, "-5 is less than the minimum of 0");
     }
 }

@@ -119,7 +119,9 @@ fn object_with(
             return false;
         };
         let bounded = bounds.as_deref_mut().map(|b| (name.as_str(), b));
-        if required.contains(&name.as_str()) == admits_null || !value_schema(value, unknown, bounded) {
+        if required.contains(&name.as_str()) == admits_null
+            || !value_schema(value, unknown, bounded)
+        {
             return false;
         }
     }
@@ -337,7 +339,10 @@ mod tests {
     fn what_the_validator_refuses_the_decoding_refuses() {
         let doc: Doc = serde_json::from_str(ORDER).unwrap();
         let fields = columns(&doc).unwrap();
-        assert_eq!(implied(&doc, &fields, &fields, UnknownFields::Fail), Some(Vec::new()));
+        assert_eq!(
+            implied(&doc, &fields, &fields, UnknownFields::Fail),
+            Some(Vec::new())
+        );
         let validator = jsonschema::validator_for(&serde_json::from_str(ORDER).unwrap()).unwrap();
         let decoding = JsonDecoding::declared(&fields, UnknownFields::Fail).unwrap();
         let base = serde_json::json!({"id": 1, "note": "n", "score": 1.5, "paid": true, "tags": ["a"],

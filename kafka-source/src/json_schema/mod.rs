@@ -12,9 +12,9 @@
 //! optional, in a new *generation* of the columns whose batches the source hands out as a schema change
 //! ([`KafkaSource::schema_change`](crate::KafkaSource::schema_change)).
 
+mod bounds;
 mod columns;
 mod doc;
-mod bounds;
 mod implied;
 
 use std::collections::HashMap;
@@ -25,12 +25,12 @@ use connector_api::{Error, ErrorKind, Evolution, Phase, Result};
 use schema_registry::{RegisteredSchema, SchemaRegistry, SchemaType};
 
 use crate::json_rows::UnknownFields;
-use bounds::Bounds;
-pub(crate) use bounds::Read;
 use crate::json_types::{JsonDecoding, JsonField, JsonItem};
 use crate::record::{RecordAt, bad_record};
 use crate::registry_lookup::{RegistryLookup, confluent_id, self_contained};
 use crate::writer_schemas::ReaderSchema;
+use bounds::Bounds;
+pub(crate) use bounds::Read;
 use doc::Doc;
 
 /// How many violations of one record its error names.
@@ -150,8 +150,14 @@ impl JsonSchemaDecoding {
         let accepted = self.writers.resolve(id, at)?;
         let body = &value[5..];
         let checked = |bounds| Document { body, id, bounds };
-        if let Some(implied) = accepted.implied.as_ref().filter(|i| i.generation == generation) {
-            return Ok(checked(Some(implied.bounds.clone()).filter(|b| !b.is_empty())));
+        if let Some(implied) = accepted
+            .implied
+            .as_ref()
+            .filter(|i| i.generation == generation)
+        {
+            return Ok(checked(
+                Some(implied.bounds.clone()).filter(|b| !b.is_empty()),
+            ));
         }
         let validator = &accepted.validator;
         let parsed: serde_json::Value = serde_json::from_slice(body)
@@ -215,6 +221,7 @@ pub(crate) struct BoundColumn {
 
 /// A document ready to decode ([`JsonSchemaDecoding::document`]): its body, its writer schema's id, and the bounds to
 /// check on its decoded values (empty: none, or the validator already judged it).
+#[derive(Debug)]
 pub(crate) struct Document<'v> {
     pub(crate) body: &'v [u8],
     pub(crate) id: u32,
@@ -337,19 +344,24 @@ impl JsonWriters {
             generations.push(Arc::new(columns));
         }
         let current = generations.last().expect("generation 0 always exists");
-        let implied = implied::implied(&doc, &fields, &current.fields, self.unknown_fields).and_then(|bounds| {
-            let columns = bounds
-                .into_iter()
-                .map(|(name, bounds)| {
-                    let index = current.fields.iter().position(|f| f.name == name)?;
-                    Some(BoundColumn { index, name, bounds })
+        let implied = implied::implied(&doc, &fields, &current.fields, self.unknown_fields)
+            .and_then(|bounds| {
+                let columns = bounds
+                    .into_iter()
+                    .map(|(name, bounds)| {
+                        let index = current.fields.iter().position(|f| f.name == name)?;
+                        Some(BoundColumn {
+                            index,
+                            name,
+                            bounds,
+                        })
+                    })
+                    .collect::<Option<Vec<_>>>()?;
+                Some(Implied {
+                    generation: current.number,
+                    bounds: Arc::new(columns),
                 })
-                .collect::<Option<Vec<_>>>()?;
-            Some(Implied {
-                generation: current.number,
-                bounds: Arc::new(columns),
-            })
-        });
+            });
         if let Some(implied) = &implied {
             tracing::info!(
                 id,
@@ -386,7 +398,8 @@ impl JsonWriters {
         }
         if !nested.is_empty() && !self.evolution.changes_columns() {
             return Err(
-                "with evolution = \"evolve\" on every sink the nested columns would take them".into(),
+                "with evolution = \"evolve\" on every sink the nested columns would take them"
+                    .into(),
             );
         }
         let decoding = JsonDecoding::declared(&fields, self.unknown_fields)
@@ -459,12 +472,30 @@ fn evolved_item(
         changes.push(path.to_string());
         item.nullable = true;
     }
-    item.fields = evolved_fields(&reader.fields, &writer.fields, &format!("{path}."), presence, changes);
+    item.fields = evolved_fields(
+        &reader.fields,
+        &writer.fields,
+        &format!("{path}."),
+        presence,
+        changes,
+    );
     if let (Some(r), Some(w)) = (&reader.items, &writer.items) {
-        item.items = Some(Box::new(evolved_item(r, w, &format!("{path}[]"), presence, changes)));
+        item.items = Some(Box::new(evolved_item(
+            r,
+            w,
+            &format!("{path}[]"),
+            presence,
+            changes,
+        )));
     }
     if let (Some(r), Some(w)) = (&reader.values, &writer.values) {
-        item.values = Some(Box::new(evolved_item(r, w, &format!("{path}.*"), presence, changes)));
+        item.values = Some(Box::new(evolved_item(
+            r,
+            w,
+            &format!("{path}.*"),
+            presence,
+            changes,
+        )));
     }
     item
 }
@@ -573,7 +604,7 @@ mod tests {
         let decoding = decoding();
         let value = framed(7, r#"{"id": 1, "at": "2026-12-05T10:00:00Z"}"#);
         assert_eq!(
-            decoding.document(AT, &value, 0).unwrap(),
+            decoding.document(AT, &value, 0).unwrap().body,
             br#"{"id": 1, "at": "2026-12-05T10:00:00Z"}"#
         );
         let err = decoding
@@ -647,7 +678,10 @@ mod tests {
             )
             .unwrap();
         let schema = decoding.schema();
-        assert!(schema.field_with_name("id").unwrap().is_nullable(), "id made optional");
+        assert!(
+            schema.field_with_name("id").unwrap().is_nullable(),
+            "id made optional"
+        );
         let nested = r#"{"type": "object", "properties": {"id": {"type": "integer"},
             "customer": {"type": "object", "properties": {"email": {"type": "string"}, "phone": {"type": "string"}}}}}"#;
         decoding
@@ -658,7 +692,8 @@ mod tests {
             )
             .unwrap();
         let schema = decoding.schema();
-        let arrow_schema::DataType::Struct(customer) = schema.field_with_name("customer").unwrap().data_type()
+        let arrow_schema::DataType::Struct(customer) =
+            schema.field_with_name("customer").unwrap().data_type()
         else {
             panic!("{schema:?}")
         };
@@ -711,7 +746,7 @@ mod tests {
     async fn a_schema_the_decoding_enforces_is_not_validated_twice() {
         let decoding = decoding();
         // SCHEMA has a `format`, which only the validator checks.
-        assert_eq!(decoding.writers.resolve(7, AT).unwrap().implied_in, None);
+        assert!(decoding.writers.resolve(7, AT).unwrap().implied.is_none());
         let structural = r#"{"type": "object", "required": ["id"], "additionalProperties": false,
             "properties": {"id": {"type": "integer"}, "at": {"type": ["string", "null"]}}}"#;
         let accepted = decoding
@@ -721,8 +756,8 @@ mod tests {
                 &registered(8, structural, SchemaType::Json),
             )
             .unwrap();
-        assert_eq!(
-            accepted.implied_in, None,
+        assert!(
+            accepted.implied.is_none(),
             "its columns are not the reader's (no date-time)"
         );
         let plain = JsonSchemaDecoding::from_registry(
@@ -736,7 +771,7 @@ mod tests {
                 origin: "the structural schema".to_string(),
             },
             UnknownFields::Fail,
-            false,
+            Evolution::None,
         )
         .unwrap();
         let accepted = plain
@@ -746,7 +781,50 @@ mod tests {
                 &registered(8, structural, SchemaType::Json),
             )
             .unwrap();
-        assert_eq!(accepted.implied_in, Some(0));
+        assert_eq!(accepted.implied.as_ref().map(|i| i.generation), Some(0));
+        assert!(accepted.implied.as_ref().unwrap().bounds.is_empty());
+    }
+
+    #[tokio::test]
+    async fn top_level_bounds_are_checked_on_decoded_values_instead_of_validating() {
+        let bounded = r#"{"type": "object", "required": ["id", "code"], "additionalProperties": false,
+            "properties": {"id": {"type": "integer", "minimum": 0}, "code": {"type": "string", "maxLength": 2}}}"#;
+        let decoding = JsonSchemaDecoding::from_registry(
+            SchemaRegistry::new(&schema_registry::RegistrySettings::new(
+                "http://127.0.0.1:9/",
+            ))
+            .unwrap(),
+            ReaderSchema {
+                schema: bounded.to_string(),
+                id: Some(8),
+                origin: "the bounded schema".to_string(),
+            },
+            UnknownFields::Fail,
+            Evolution::None,
+        )
+        .unwrap();
+        let accepted = decoding
+            .writers
+            .accept(
+                &mut decoding.writers.generations(),
+                &registered(8, bounded, SchemaType::Json),
+            )
+            .unwrap();
+        decoding
+            .writers
+            .validators
+            .lock()
+            .unwrap()
+            .insert(8, accepted);
+        // Not validated: the document comes back with the bounds to check once decoded.
+        let value = framed(8, r#"{"id": -1, "code": "abc"}"#);
+        let document = decoding.document(AT, &value, 0).unwrap();
+        let bounds = document.bounds.unwrap();
+        let names: Vec<&str> = bounds.iter().map(|b| b.name.as_str()).collect();
+        assert_eq!(names, ["id", "code"]);
+        assert!(bounds[0].bounds.violation(Read::Integer(-1)).is_some());
+        assert!(bounds[1].bounds.violation(Read::Text("abc")).is_some());
+        assert!(bounds[1].bounds.violation(Read::Text("ab")).is_none());
     }
 
     fn fields(schema: &str) -> Vec<JsonField> {

@@ -373,9 +373,9 @@ fn evolved_kind(
             changes.push((path.to_string(), Change::Widened));
             Ok(writer.clone())
         }
-        (P::Wrapper(w), P::Wrapper(r)) => {
-            Ok(P::Wrapper(Box::new(evolved_kind(w, r, path, presence, changes)?)))
-        }
+        (P::Wrapper(w), P::Wrapper(r)) => Ok(P::Wrapper(Box::new(evolved_kind(
+            w, r, path, presence, changes,
+        )?))),
         (P::List(w), P::List(r)) => Ok(P::List(Box::new(evolved_kind(
             w,
             r,
@@ -387,7 +387,13 @@ fn evolved_kind(
             readable(wk, rk, path, &mut Vec::new())?;
             Ok(P::Map(
                 rk.clone(),
-                Box::new(evolved_kind(wv, rv, &format!("{path}{{}}"), presence, changes)?),
+                Box::new(evolved_kind(
+                    wv,
+                    rv,
+                    &format!("{path}{{}}"),
+                    presence,
+                    changes,
+                )?),
             ))
         }
         (P::Message(w), P::Message(r)) => Ok(P::Message(evolved_columns(

@@ -783,3 +783,69 @@ async fn a_field_added_inside_a_nested_record_is_taken_only_with_evolve() {
         .collect();
     assert_eq!(emails, [Some("b@x".to_string()), None]);
 }
+
+/// A JSON Schema whose only non-structural keywords are bounds on top-level properties: the records are not run
+/// through the validator, the bounds are checked on each decoded value, and a record out of bounds is refused
+/// naming the schema id, the property and the bound, as the validator would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_schema_bounds_are_checked_on_decoded_values() {
+    let topic = topic("registry-bounds", 1).await;
+    let schema =
+        json!({"type": "object", "required": ["id", "code"], "additionalProperties": false,
+        "properties": {"id": {"type": "integer", "minimum": 0},
+                       "code": {"type": "string", "maxLength": 3},
+                       "ratio": {"type": ["number", "null"], "exclusiveMaximum": 1}}})
+        .to_string();
+    let produce = |records: serde_json::Value, flags: &[&str]| {
+        let records = records.to_string();
+        let mut args = vec![
+            bootstrap(),
+            topic.as_str(),
+            schema.as_str(),
+            records.as_str(),
+        ];
+        args.extend(flags);
+        let out = Services::get().produce("confluent_json.py", &args);
+        u32::try_from(out["schema_id"].as_u64().unwrap()).unwrap()
+    };
+    let id = produce(
+        json!([{"id": 0, "code": "abc", "ratio": 0.5}, {"id": 1, "code": "日本語", "ratio": null}]),
+        &[],
+    );
+    produce(
+        json!([{"id": -1, "code": "a"}, {"id": 2, "code": "abcd"}, {"id": 3, "code": "a", "ratio": 1},
+               {"id": 4, "code": "ok"}]),
+        &["--no-validate"],
+    );
+    let registry = registry();
+    let latest = registry.latest(&format!("{topic}-value")).await.unwrap();
+    let decoding = Decoding::JsonSchema(
+        kafka_source::JsonSchemaDecoding::from_registry(
+            registry,
+            ReaderSchema::latest(&latest),
+            kafka_source::UnknownFields::Fail,
+            connector_api::Evolution::None,
+        )
+        .unwrap(),
+    );
+    let mut source = open(&topic, decoding, true).await;
+    let batches = read_rows(&mut source, 3).await;
+    assert_eq!(
+        column::<Int64Type>(&batches, "id"),
+        [Some(0), Some(1), Some(4)]
+    );
+    let mut rejected = source.take_rejected();
+    rejected.sort_by_key(|r| r.offset);
+    let reasons: Vec<&str> = rejected.iter().map(|r| r.reason.as_str()).collect();
+    assert_eq!(reasons.len(), 3, "{reasons:?}");
+    for (reason, expected) in reasons.iter().zip([
+        "at `/id`: -1 is less than the minimum of 0",
+        "at `/code`: \"abcd\" is longer than 3 characters",
+        "at `/ratio`: 1 is greater than or equal to the maximum of 1",
+    ]) {
+        assert!(
+            reason.contains(&format!("violates JSON Schema id {id}")) && reason.contains(expected),
+            "{expected} in {reason}"
+        );
+    }
+}

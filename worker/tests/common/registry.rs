@@ -68,7 +68,19 @@ impl Job {
         records: &[Value],
         imports: &[(&str, &str)],
     ) -> u64 {
-        self.protobuf_producer(proto, message, records, imports, None)
+        self.protobuf_producer(proto, message, records, imports, None, None)
+    }
+
+    /// As [`produce_protobuf`](Self::produce_protobuf), the subject's compatibility set to `compatibility` first
+    /// (`NONE`: a change Apicurio's BACKWARD rule refuses, such as `int32` to `int64`).
+    pub fn produce_protobuf_with_compatibility(
+        &self,
+        proto: &str,
+        message: &str,
+        records: &[Value],
+        compatibility: &str,
+    ) -> u64 {
+        self.protobuf_producer(proto, message, records, &[], None, Some(compatibility))
     }
 
     /// As [`produce_protobuf`](Self::produce_protobuf), each record keyed by a `key_message` (of the same file)
@@ -80,7 +92,7 @@ impl Job {
         key_message: &str,
         records: &[Value],
     ) -> u64 {
-        self.protobuf_producer(proto, message, records, &[], Some(key_message))
+        self.protobuf_producer(proto, message, records, &[], Some(key_message), None)
     }
 
     fn protobuf_producer(
@@ -90,6 +102,7 @@ impl Job {
         records: &[Value],
         imports: &[(&str, &str)],
         key_message: Option<&str>,
+        compatibility: Option<&str>,
     ) -> u64 {
         let services = Services::get();
         let records = Value::from(records.to_vec()).to_string();
@@ -107,6 +120,8 @@ impl Job {
             &imports,
         ];
         args.extend(key_message);
+        let flag = compatibility.map(|level| format!("--compatibility={level}"));
+        args.extend(flag.as_deref());
         services.produce("confluent_protobuf.py", &args)["schema_id"]
             .as_u64()
             .unwrap()

@@ -239,7 +239,8 @@ fn nested_schema(evolved: bool) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn json_schema_properties_made_optional_or_added_inside_objects_change_every_sink_killed_at_the_change() {
+async fn json_schema_properties_made_optional_or_added_inside_objects_change_every_sink_killed_at_the_change()
+ {
     let mut job = Job::new("jsonwiden", 2, 2, "3s").await;
     job.read_registry_json_schema();
     job.set_every_sink_evolution("evolve");

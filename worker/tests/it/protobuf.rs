@@ -261,7 +261,8 @@ fn typed_order(wide: bool) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn protobuf_fields_widened_or_added_inside_a_message_change_every_sink_killed_at_the_change() {
+async fn protobuf_fields_widened_or_added_inside_a_message_change_every_sink_killed_at_the_change()
+{
     let mut job = Job::new("protowiden", 2, 2, "3s").await;
     job.read_registry_protobuf();
     job.set_every_sink_evolution("evolve");
@@ -282,7 +283,8 @@ async fn protobuf_fields_widened_or_added_inside_a_message_change_every_sink_kil
                 "customer": {"name": format!("c{id}"), "email": format!("e{id}")}})
         })
         .collect();
-    job.produce_protobuf(&typed_order(true), "shop.Order", &second, &[]);
+    // Apicurio's BACKWARD rule calls int32 to int64 a changed field type: the subject takes it with NONE.
+    job.produce_protobuf_with_compatibility(&typed_order(true), "shop.Order", &second, "NONE");
     worker.wait_killed(Duration::from_secs(90));
     let mut worker = job.spawn_worker(&["--exit-when-idle", "3s"]);
     worker.wait_exit(Duration::from_secs(120));
@@ -305,7 +307,12 @@ async fn protobuf_fields_widened_or_added_inside_a_message_change_every_sink_kil
     assert_eq!(types.trim(), "qty bigint, ratio double precision");
     // pyiceberg: the nested field is a column of the customer struct, null before version 2.
     let lake = job.read_lake(&["--rows"]);
-    let names: Vec<&str> = lake["column_names"].as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect();
+    let names: Vec<&str> = lake["column_names"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .collect();
     let (id_at, qty_at, customer_at) = (
         names.iter().position(|n| *n == "id").unwrap(),
         names.iter().position(|n| *n == "qty").unwrap(),
@@ -316,7 +323,11 @@ async fn protobuf_fields_widened_or_added_inside_a_message_change_every_sink_kil
         let qty = if id < 100 { id } else { id * 10_000_000_000 };
         assert_eq!(row[qty_at].as_i64(), Some(qty), "{row}");
         let email = (id >= 100).then(|| format!("e{id}"));
-        assert_eq!(row[customer_at]["email"].as_str(), email.as_deref(), "{row}");
+        assert_eq!(
+            row[customer_at]["email"].as_str(),
+            email.as_deref(),
+            "{row}"
+        );
     }
 }
 
