@@ -2,7 +2,8 @@
 //! the same topic of Confluent-framed Avro records (one schema, registered in the test services' registry) read
 //! whole with each decoding, alternating, several runs each; the same records as Confluent-framed JSON documents
 //! of a registered JSON Schema, read with the JSON Schema decoding (a structural schema, which the strict decoding
-//! enforces alone, and the same with a `minimum`, which needs each record validated first); the same records
+//! enforces alone; the same with a `minimum`, a bound checked on the decoded values; and with a `multipleOf`, which
+//! needs each record validated first); the same records
 //! as Confluent-framed Protobuf messages of a registered `.proto`, read with the Protobuf decoding (a message of
 //! scalars, and the same with `customer` a nested message, both read straight from the wire by the decoding's fast
 //! path); and the pause a
@@ -238,16 +239,24 @@ async fn main() {
         );
     }
 
-    // The same documents under a structural schema (checked by the strict decoding alone) and under one with a
-    // constraint only the validator checks (`minimum`).
+    // The same documents under a structural schema (checked by the strict decoding alone), under one with a bound
+    // (`minimum`, checked on the decoded values) and under one with a constraint only the validator checks
+    // (`multipleOf`).
     let mut json_topics = Vec::new();
     for (suffix, schema) in [
         ("json", JSON_SCHEMA.to_string()),
         (
-            "json-validated",
+            "json-bounded",
             JSON_SCHEMA.replace(
                 r#""customer": {"type": "integer"}"#,
                 r#""customer": {"type": "integer", "minimum": 0}"#,
+            ),
+        ),
+        (
+            "json-validated",
+            JSON_SCHEMA.replace(
+                r#""customer": {"type": "integer"}"#,
+                r#""customer": {"type": "integer", "multipleOf": 1}"#,
             ),
         ),
     ] {
@@ -311,7 +320,7 @@ async fn main() {
     let kafka = KafkaConnection::plaintext(&bootstrap);
     let latest = registry.latest(&subject).await.unwrap();
     let (mut declared, mut looked_up) = (Vec::new(), Vec::new());
-    let mut json = [Vec::new(), Vec::new()];
+    let mut json = [Vec::new(), Vec::new(), Vec::new()];
     let mut proto = [Vec::new(), Vec::new()];
     for run in 0..runs {
         let plain = AvroDecoding::new(&v1, AvroFraming::Confluent { schema_id: id }).unwrap();
@@ -347,8 +356,15 @@ async fn main() {
             times.push(read_all(&kafka, proto_topic, Decoding::Protobuf(messages), records).await);
         }
         eprintln!(
-            "run {run}: declared {:?}, registry {:?}, JSON Schema {:?} (validated {:?}), Protobuf {:?} (nested {:?})",
-            declared[run], looked_up[run], json[0][run], json[1][run], proto[0][run], proto[1][run]
+            "run {run}: declared {:?}, registry {:?}, JSON Schema {:?} (bounded {:?}, validated {:?}), Protobuf {:?} \
+             (nested {:?})",
+            declared[run],
+            looked_up[run],
+            json[0][run],
+            json[1][run],
+            json[2][run],
+            proto[0][run],
+            proto[1][run]
         );
     }
     let rate = |d: Duration| records as f64 / d.as_secs_f64();
@@ -357,11 +373,12 @@ async fn main() {
         v[v.len() / 2]
     };
     let [flat, nested] = proto;
-    let [json, validated] = json;
-    let (declared, looked_up, json, validated, proto, nested) = (
+    let [json, bounded, validated] = json;
+    let (declared, looked_up, json, bounded, validated, proto, nested) = (
         median(declared),
         median(looked_up),
         median(json),
+        median(bounded),
         median(validated),
         median(flat),
         median(nested),
@@ -421,7 +438,12 @@ async fn main() {
         rate(json)
     );
     println!(
-        "| JSON Schema, schema registry (a `minimum`: each record validated, then decoded) | {records} | {:.2} s | {:.0} |",
+        "| JSON Schema, schema registry (a `minimum`: checked on the decoded values) | {records} | {:.2} s | {:.0} |",
+        bounded.as_secs_f64(),
+        rate(bounded)
+    );
+    println!(
+        "| JSON Schema, schema registry (a `multipleOf`: each record validated, then decoded) | {records} | {:.2} s | {:.0} |",
         validated.as_secs_f64(),
         rate(validated)
     );
@@ -441,8 +463,9 @@ async fn main() {
         100.0 * rate(looked_up) / rate(declared)
     );
     println!(
-        "JSON Schema / Avro through the registry: {:.1}% (structural), {:.1}% (validated)",
+        "JSON Schema / Avro through the registry: {:.1}% (structural), {:.1}% (bounded), {:.1}% (validated)",
         100.0 * rate(json) / rate(looked_up),
+        100.0 * rate(bounded) / rate(looked_up),
         100.0 * rate(validated) / rate(looked_up)
     );
     println!(
