@@ -398,62 +398,158 @@ fn widens(reader: &Value, writer: &Value) -> Option<bool> {
     }
 }
 
-/// The top-level fields both schemas have whose reader column must change to take `writer`'s values: a type
-/// widened ([`widens`]) or a required field made optional (a union with `null`), possibly both.
+/// The fields both schemas have whose reader type must change to take `writer`'s values, by dotted path: a type
+/// widened ([`widens`]) or a required field made optional (a union with `null`), possibly both; at the top level or
+/// inside records (through unions, arrays and maps, as [`added_fields`] walks them).
 pub(crate) fn promoted_fields(reader: &Value, writer: &Value) -> Vec<String> {
-    let fields = |schema: &Value| schema["fields"].as_array().cloned().unwrap_or_default();
-    let reader_fields = fields(reader);
-    fields(writer)
-        .iter()
-        .filter_map(|w| {
-            let name = w["name"].as_str()?;
-            let r = reader_fields
-                .iter()
-                .find(|r| r["name"].as_str() == Some(name))?;
-            let (r_null, r_type) = nullable_part(&r["type"])?;
-            let (w_null, w_type) = nullable_part(&w["type"])?;
-            let wider = widens(r_type, w_type)?;
-            let relaxed = w_null && !r_null;
-            (w_null >= r_null && (wider || relaxed)).then(|| name.to_string())
-        })
-        .collect()
+    let mut out = Vec::new();
+    promoted_in(reader, writer, "", &mut out);
+    out
 }
 
-/// `reader` with each of the top-level fields `names` typed as `writer` types it: its default the writer's, or
-/// else the reader's where that still fits (not for a union, whose default must fit its first branch).
-pub(crate) fn promoted(reader: &Value, writer: &Value, names: &[String]) -> Value {
-    let mut promoted = reader.clone();
-    let writer_fields = writer["fields"].as_array().cloned().unwrap_or_default();
-    if let Some(fields) = promoted["fields"].as_array_mut() {
-        for field in fields.iter_mut() {
-            let Some(name) = field["name"].as_str().map(str::to_string) else {
-                continue;
-            };
-            if !names.contains(&name) {
-                continue;
-            }
-            let Some(written) = writer_fields
-                .iter()
-                .find(|w| w["name"].as_str() == Some(&name))
-            else {
-                continue;
-            };
-            field["type"] = written["type"].clone();
-            let Some(object) = field.as_object_mut() else {
-                continue;
-            };
-            match written.get("default") {
-                Some(default) => {
-                    object.insert("default".into(), default.clone());
+/// [`promoted_fields`] below `path`.
+fn promoted_in(reader: &Value, writer: &Value, path: &str, out: &mut Vec<String>) {
+    match writer {
+        Value::Array(branches) => {
+            for branch in branches {
+                if let Some(matching) = counterpart(branch, reader) {
+                    promoted_in(matching, branch, path, out);
                 }
-                None if written["type"].is_array() => {
-                    object.remove("default");
-                }
-                None => {}
             }
         }
+        Value::Object(w) => {
+            let Some(r) = counterpart(writer, reader) else {
+                return;
+            };
+            match w.get("type").and_then(Value::as_str) {
+                Some("record") => {
+                    let reader_fields = r.get("fields").and_then(Value::as_array);
+                    for field in w
+                        .get("fields")
+                        .and_then(Value::as_array)
+                        .into_iter()
+                        .flatten()
+                    {
+                        let Some(name) = field["name"].as_str() else {
+                            continue;
+                        };
+                        let Some(known) = reader_fields.and_then(|fields| {
+                            fields.iter().find(|f| f["name"].as_str() == Some(name))
+                        }) else {
+                            continue;
+                        };
+                        let full = match path.is_empty() {
+                            true => name.to_string(),
+                            false => format!("{path}.{name}"),
+                        };
+                        if promotes(&known["type"], &field["type"]) {
+                            out.push(full);
+                        } else {
+                            promoted_in(&known["type"], &field["type"], &full, out);
+                        }
+                    }
+                }
+                Some("array") => promoted_in(&r["items"], &w["items"], &format!("{path}[]"), out),
+                Some("map") => promoted_in(&r["values"], &w["values"], &format!("{path}{{}}"), out),
+                _ => {}
+            }
+        }
+        _ => {}
     }
+}
+
+/// Whether a field typed `reader` must become `writer` to take its values: widened, or made optional.
+fn promotes(reader: &Value, writer: &Value) -> bool {
+    let (Some((r_null, r_type)), Some((w_null, w_type))) =
+        (nullable_part(reader), nullable_part(writer))
+    else {
+        return false;
+    };
+    let Some(wider) = widens(r_type, w_type) else {
+        return false;
+    };
+    w_null >= r_null && (wider || (w_null && !r_null))
+}
+
+/// `reader` with each of the fields at `paths` ([`promoted_fields`]) typed as `writer` types it: its default the
+/// writer's, or else the reader's where that still fits (not for a union, whose default must fit its first branch).
+pub(crate) fn promoted(reader: &Value, writer: &Value, paths: &[String]) -> Value {
+    let mut promoted = reader.clone();
+    promote_in(&mut promoted, writer, "", paths);
     promoted
+}
+
+/// [`promoted`] below `path`.
+fn promote_in(reader: &mut Value, writer: &Value, path: &str, paths: &[String]) {
+    match writer {
+        Value::Array(branches) => {
+            for branch in branches {
+                if let Some(matching) = counterpart_mut(branch, reader) {
+                    promote_in(matching, branch, path, paths);
+                }
+            }
+        }
+        Value::Object(w) => {
+            let Some(r) = counterpart_mut(writer, reader) else {
+                return;
+            };
+            match w.get("type").and_then(Value::as_str) {
+                Some("record") => {
+                    for written in w
+                        .get("fields")
+                        .and_then(Value::as_array)
+                        .into_iter()
+                        .flatten()
+                    {
+                        let Some(name) = written["name"].as_str() else {
+                            continue;
+                        };
+                        let full = match path.is_empty() {
+                            true => name.to_string(),
+                            false => format!("{path}.{name}"),
+                        };
+                        let Some(field) = r
+                            .get_mut("fields")
+                            .and_then(Value::as_array_mut)
+                            .and_then(|fields| {
+                                fields.iter_mut().find(|f| f["name"].as_str() == Some(name))
+                            })
+                        else {
+                            continue;
+                        };
+                        if !paths.contains(&full) {
+                            promote_in(&mut field["type"], &written["type"], &full, paths);
+                            continue;
+                        }
+                        field["type"] = written["type"].clone();
+                        let Some(object) = field.as_object_mut() else {
+                            continue;
+                        };
+                        match written.get("default") {
+                            Some(default) => {
+                                object.insert("default".into(), default.clone());
+                            }
+                            None if written["type"].is_array() => {
+                                object.remove("default");
+                            }
+                            None => {}
+                        }
+                    }
+                }
+                Some("array") => {
+                    promote_in(&mut r["items"], &w["items"], &format!("{path}[]"), paths)
+                }
+                Some("map") => promote_in(
+                    &mut r["values"],
+                    &w["values"],
+                    &format!("{path}{{}}"),
+                    paths,
+                ),
+                _ => {}
+            }
+        }
+        _ => {}
+    }
 }
 
 /// `field` with `null` among its type's branches (after the first, which its default must fit).
@@ -567,6 +663,26 @@ mod tests {
             json!({"name":"note","type":["null","string"]})
         );
         assert_eq!(promoted["fields"][5], json!({"name":"code","type":"long"}));
+        // Nested: a field widened inside a record (Debezium's row images) is found by path and promoted there.
+        let row = |qty: &str| {
+            json!({"type":"record","name":"E","fields":[
+                {"name":"before","type":["null",{"type":"record","name":"Value","fields":[
+                    {"name":"id","type":"int"},{"name":"qty","type":["null",qty],"default":null}]}],"default":null},
+                {"name":"after","type":["null","Value"],"default":null},
+                {"name":"op","type":"string"}]})
+        };
+        let names = promoted_fields(&row("int"), &row("long"));
+        assert_eq!(names, ["before.qty"]);
+        let widened = super::promoted(&row("int"), &row("long"), &names);
+        assert_eq!(
+            widened["fields"][0]["type"][1]["fields"][1]["type"],
+            json!(["null", "long"])
+        );
+        assert_eq!(
+            widened["fields"][1],
+            row("int")["fields"][1],
+            "`after` names the same record"
+        );
         // Neither way a widening: a scale change, a string to a number, optional to required.
         let other = json!({"type":"record","name":"O","fields":[
             {"name":"id","type":"string"},

@@ -766,10 +766,11 @@ const GROWN_COLUMNS: [&str; 4] = ["id", "name", "qty", "tag"];
 
 /// Columns added to the captured table while the job runs (Debezium's Avro converter registers a new version of
 /// the envelope at the first event after each `ALTER TABLE .. ADD COLUMN`), every sink with `evolution =
-/// "add-columns"`: the worker is killed at the first change before any sink took it, and at the second after the
-/// first sink did; each restart opens on the latest version and the sinks add what their tables lack. The
-/// PostgreSQL replica (`xa_upsert`), the MariaDB replica (`upsert`) and the Iceberg table kept by key then equal the
-/// source row for row, the new columns included (null where the row predates them).
+/// "evolve"`: the worker is killed at the first change before any sink took it, and at the second after the
+/// first sink did; each restart opens on the latest version and the sinks add what their tables lack. Then a
+/// column's type is widened (`ALTER COLUMN qty TYPE bigint`) while the last process runs: every replica widens it.
+/// The PostgreSQL replica (`xa_upsert`), the MariaDB replica (`upsert`) and the Iceberg table kept by key then equal
+/// the source row for row, the new columns included (null where the row predates them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn debezium_columns_added_while_running_reach_every_replica_across_kills() {
     let services = Services::get();
@@ -812,7 +813,7 @@ id = "replica"
 url = "{pg}"
 table = "{name}_pg"
 create_table = true
-evolution = "add-columns"
+evolution = "evolve"
 mode = {{ kind = "xa_upsert", key = ["id"] }}
 
 [[sinks]]
@@ -821,7 +822,7 @@ id = "mariadb"
 url = "{mysql}"
 table = "{name}_my"
 create_table = true
-evolution = "add-columns"
+evolution = "evolve"
 mode = {{ kind = "upsert", key = ["id"] }}
 
 [[sinks]]
@@ -830,7 +831,7 @@ id = "lake"
 catalog = {{ kind = "sql", uri = "{pg}", warehouse = "file://{warehouse}" }}
 table = "{name}.state"
 create_table = true
-evolution = "add-columns"
+evolution = "evolve"
 upsert_key = ["id"]
 "#,
             bootstrap = services.kafka_bootstrap(),
@@ -873,7 +874,7 @@ upsert_key = ["id"]
         replica_rows("id", "id = 20")
     });
     services.psql(&format!(
-        "ALTER TABLE {source} ADD COLUMN qty bigint; UPDATE {source} SET qty = id * 10 WHERE id <= 5; \
+        "ALTER TABLE {source} ADD COLUMN qty int; UPDATE {source} SET qty = id * 10 WHERE id <= 5; \
          INSERT INTO {source} SELECT i, 'n' || i, i * 10 FROM generate_series(21, 30) i"
     ));
     worker.wait_killed(Duration::from_secs(90));
