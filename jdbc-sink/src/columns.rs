@@ -35,7 +35,7 @@ use arrow_array::types::{
 };
 use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_buffer::i256;
-use arrow_schema::{DataType, Field, FieldRef, Schema, TimeUnit};
+use arrow_schema::{DataType, Field, FieldRef, Schema, SchemaRef, TimeUnit};
 use chrono::{DateTime, NaiveDate, NaiveDateTime, NaiveTime, Utc};
 use connector_api::Result;
 use connector_api::types::marks::{Mark, mark};
@@ -627,6 +627,28 @@ impl TableShape {
     }
 }
 
+/// The schema metadata key that marks a keyed sink's table schema as a change stream's rows (its change columns
+/// taken off): every column of such rows is nullable (a delete's row may hold only the key), which says nothing
+/// about the source table's columns.
+const CHANGE_STREAM: &str = "ratchet.jdbc.change_stream";
+
+/// `table` (a change stream's rows without the change columns) marked as such ([`is_change_stream`]).
+pub(crate) fn marked_change_stream(table: &SchemaRef) -> SchemaRef {
+    let mut metadata = table.metadata().clone();
+    metadata.insert(CHANGE_STREAM.to_string(), "true".to_string());
+    Arc::new(table.as_ref().clone().with_metadata(metadata))
+}
+
+/// Whether batches of `schema` are a change stream's rows: their nullability is no reason to drop a table's NOT
+/// NULL (`evolution = "evolve"` relaxes columns only for rows that are not).
+pub(crate) fn is_change_stream(schema: &Schema) -> bool {
+    schema.metadata().contains_key(CHANGE_STREAM)
+        || schema
+            .fields()
+            .iter()
+            .any(|f| f.metadata().contains_key(connector_api::CHANGE_COLUMN))
+}
+
 /// A numeric column type as far as widening it goes: the three families whose columns `evolution = "evolve"`
 /// widens in place (an integer to a wider one, a float to a double, a decimal to one with as many digits on both
 /// sides of the point).
@@ -641,14 +663,15 @@ pub(crate) enum Numeric {
 }
 
 impl Numeric {
-    /// The numeric type `create_table` gives `sql` in `dialect` (MariaDB holds floats as DOUBLE).
-    pub(crate) fn of(sql: SqlType, dialect: Dialect) -> Option<Self> {
+    /// The narrowest numeric column type that holds `sql`'s values in `dialect`.
+    pub(crate) fn of(sql: SqlType) -> Option<Self> {
         Some(match sql {
             SqlType::Int16 => Numeric::Integer(2),
             SqlType::Int32 => Numeric::Integer(4),
             SqlType::Int64 => Numeric::Integer(8),
-            SqlType::Float32 if dialect == Dialect::Postgres => Numeric::Float(4),
-            SqlType::Float32 | SqlType::Float64 => Numeric::Float(8),
+            // A float32 needs no more than FLOAT (MariaDB's DDL gives it DOUBLE, but a FLOAT column holds it).
+            SqlType::Float32 => Numeric::Float(4),
+            SqlType::Float64 => Numeric::Float(8),
             SqlType::Decimal { precision, scale } => {
                 Numeric::Decimal(u64::from(precision), scale.max(0) as u64)
             }
@@ -695,22 +718,21 @@ mod tests {
 
     #[test]
     fn numeric_columns_widen_only_without_losing_values() {
-        let int = Numeric::of(SqlType::Int32, Dialect::Postgres).unwrap();
-        let long = Numeric::of(SqlType::Int64, Dialect::Postgres).unwrap();
+        let int = Numeric::of(SqlType::Int32).unwrap();
+        let long = Numeric::of(SqlType::Int64).unwrap();
         assert!(int.widens_to(long) && !long.widens_to(int) && !int.widens_to(int));
-        let real = Numeric::of(SqlType::Float32, Dialect::Postgres).unwrap();
-        let double = Numeric::of(SqlType::Float64, Dialect::Postgres).unwrap();
+        let real = Numeric::of(SqlType::Float32).unwrap();
+        let double = Numeric::of(SqlType::Float64).unwrap();
         assert!(real.widens_to(double));
-        assert_eq!(Numeric::of(SqlType::Float32, Dialect::MySql), Some(double));
+        assert_eq!(Numeric::of(SqlType::Float32), Some(real));
         assert!(!int.widens_to(double));
-        let decimal = |precision, scale| {
-            Numeric::of(SqlType::Decimal { precision, scale }, Dialect::MySql).unwrap()
-        };
+        let decimal =
+            |precision, scale| Numeric::of(SqlType::Decimal { precision, scale }).unwrap();
         assert!(decimal(9, 2).widens_to(decimal(12, 2)));
         assert!(decimal(9, 2).widens_to(decimal(12, 4)));
         assert!(!decimal(9, 2).widens_to(decimal(10, 4)));
         assert!(!decimal(12, 2).widens_to(decimal(9, 2)));
-        assert!(Numeric::of(SqlType::Text, Dialect::MySql).is_none());
+        assert!(Numeric::of(SqlType::Text).is_none());
     }
 
     #[test]

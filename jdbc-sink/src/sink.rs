@@ -134,8 +134,12 @@ fn applied_changes(config: &JdbcSinkConfig) -> Result<Option<ChangeColumns>> {
 pub(crate) fn table_config(config: &JdbcSinkConfig) -> Result<JdbcSinkConfig> {
     let mut table = config.clone();
     if config.mode.key().is_some() {
-        table.schema =
+        let rows =
             ChangeColumns::table_schema(&config.schema).map_err(|e| e.with_sink(&config.sink))?;
+        table.schema = match Arc::ptr_eq(&rows, &config.schema) {
+            true => rows,
+            false => crate::columns::marked_change_stream(&rows),
+        };
     }
     Ok(table)
 }

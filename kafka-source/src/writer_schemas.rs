@@ -85,6 +85,9 @@ pub(crate) struct Generation {
     pub(crate) reader: ReaderSchema,
     /// The Arrow schema of the rows it decodes into.
     pub(crate) arrow: SchemaRef,
+    /// The newest registry id this generation's reader was made from: the reader's own, or the writer that widened
+    /// it last (`None`: a declared reader never widened). A writer with a smaller id is older than the reader.
+    pub(crate) newest: Option<u32>,
 }
 
 /// A writer whose values need a reader of their own to keep their meaning ([`resolution_reader`]): decoded with
@@ -242,6 +245,7 @@ impl WriterSchemas {
             known: Mutex::new(Known {
                 generations: vec![Arc::new(Generation {
                     number: 0,
+                    newest: reader.id,
                     reader,
                     arrow,
                 })],
@@ -343,7 +347,9 @@ impl WriterSchemas {
         store
             .set(Fingerprint::Id(id), AvroSchema::new(writer.schema.clone()))
             .map_err(|e| format!("is written with schema id {id}, which does not parse: {e}"))?;
-        let older = writer.id < current.reader.id.unwrap_or(u32::MAX);
+        // Compared with the newest schema the reader was made from: after a widening its own id is gone, and a column
+        // added again later (a newer writer) must widen it once more, not be taken for an older writer's leftover.
+        let older = writer.id < current.newest.unwrap_or(u32::MAX);
         let only_row_images = added
             .iter()
             .all(|f| f.starts_with("before.") || f.starts_with("after."));
@@ -449,6 +455,7 @@ impl WriterSchemas {
                 number: current.number + 1,
                 reader,
                 arrow,
+                newest: Some(current.newest.map_or(id, |newest| newest.max(id))),
             })
         };
         // Every accepted writer, this one included, must resolve to the (possibly widened) reader.

@@ -184,7 +184,7 @@ fn numeric_of(type_name: &str) -> Option<Numeric> {
 
 /// `evolution = "evolve"`: widens the table's numeric columns whose batches' type is wider ([`Numeric`]; `ALTER
 /// COLUMN .. TYPE`, which rewrites the table) and drops NOT NULL from the columns whose batches take nulls (not
-/// the key's), in one `ALTER TABLE` (nothing when the table fits, so no lock is taken then). A table that does not
+/// the key's or the primary key's, and not for a change stream's rows, which are all nullable), in one `ALTER TABLE` (nothing when the table fits, so no lock is taken then). A table that does not
 /// exist is left to the fit check to report. Another instance changing the same column at once is harmless: the
 /// statement is idempotent in effect, and the second waits for the first's lock (bounded by `lock_timeout`).
 async fn change_columns(
@@ -229,8 +229,10 @@ pub(crate) async fn column_changes(
     let table = crate::columns::quote_table(dialect, &config.table);
     let existing = client
         .query(
-            "SELECT attname::text, format_type(atttypid, atttypmod), attnotnull FROM pg_attribute \
-             WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped",
+            "SELECT attname::text, format_type(atttypid, atttypmod), attnotnull, \
+                    EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = attrelid AND i.indisprimary \
+                            AND attnum = ANY (i.indkey)) \
+             FROM pg_attribute WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped",
             &[&table],
         )
         .await
@@ -244,13 +246,14 @@ pub(crate) async fn column_changes(
             .with_sink(&config.sink)
         })?;
     let key = config.mode.key().unwrap_or_default();
+    let relaxes = !crate::columns::is_change_stream(&config.schema);
     let mut changes = Vec::new();
     for (i, name) in shape.names.iter().enumerate() {
         let Some(row) = existing.iter().find(|r| r.get::<_, &str>(0) == name) else {
             continue;
         };
         let column = crate::columns::quote(dialect, name);
-        let wanted = Numeric::of(shape.types[i], dialect);
+        let wanted = Numeric::of(shape.types[i]);
         if let (Some(now), Some(wanted)) = (numeric_of(row.get(1)), wanted)
             && now.widens_to(wanted)
         {
@@ -260,7 +263,13 @@ pub(crate) async fn column_changes(
             );
             changes.push((name.clone(), clause));
         }
-        if row.get::<_, bool>(2) && shape.fields[i].is_nullable() && !key.contains(name) {
+        let primary = row.get::<_, bool>(3);
+        if relaxes
+            && row.get::<_, bool>(2)
+            && shape.fields[i].is_nullable()
+            && !primary
+            && !key.contains(name)
+        {
             changes.push((name.clone(), format!("ALTER COLUMN {column} DROP NOT NULL")));
         }
     }

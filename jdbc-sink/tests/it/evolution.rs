@@ -273,11 +273,18 @@ async fn evolving_driver(
 /// at a checkpoint boundary the sink widens `qty` to bigint and lets it take nulls, while a killed instance's
 /// prepared transaction still holds the table: the change waits (each try bounded by `lock_timeout`, retried by
 /// the driver) until that instance's recovery commits it. Every row once with its own value; MariaDB keeps the
-/// column's default and comment.
+/// column's default and comment; the primary key keeps NOT NULL though the batches' `id` admits null.
 async fn widens_at_a_checkpoint_boundary(db: Db) {
     let unique = test_support::unique_name("jdbc-widen");
     let narrow = with_qty_typed(DataType::Int32, false);
-    let wide = with_qty_typed(DataType::Int64, true);
+    // `id` nullable in the batches too: the table's primary key keeps NOT NULL all the same.
+    let wide = Arc::new(Schema::new(
+        with_qty_typed(DataType::Int64, true)
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone().with_nullable(true))
+            .collect::<Vec<_>>(),
+    ));
     let config = JdbcSinkConfig {
         schema: narrow.clone(),
         ..sink_config(db, &unique, WriteMode::Xa, Evolution::Evolve)
@@ -287,10 +294,10 @@ async fn widens_at_a_checkpoint_boundary(db: Db) {
         db,
         &match db {
             Db::Postgres => format!(
-                "CREATE TABLE {table} (id bigint NOT NULL, payload text NOT NULL, qty integer NOT NULL)"
+                "CREATE TABLE {table} (id bigint PRIMARY KEY, payload text NOT NULL, qty integer NOT NULL)"
             ),
             Db::MariaDb => format!(
-                "CREATE TABLE {table} (id BIGINT NOT NULL, payload LONGTEXT NOT NULL, \
+                "CREATE TABLE {table} (id BIGINT PRIMARY KEY, payload LONGTEXT NOT NULL, \
                  qty INT NOT NULL DEFAULT 0 COMMENT 'the order''s count')"
             ),
         },

@@ -152,10 +152,12 @@ fn compare_integer(value: i64, bound: &Number) -> Ordering {
     let Some(bound) = bound.as_f64() else {
         return Ordering::Equal;
     };
-    if bound >= 9.3e18 {
+    // Beyond i64's range (2^63 is exact as an f64): every value is below, or above.
+    const TWO_TO_63: f64 = 9_223_372_036_854_775_808.0;
+    if bound >= TWO_TO_63 {
         return Ordering::Less;
     }
-    if bound <= -9.3e18 {
+    if bound < -TWO_TO_63 {
         return Ordering::Greater;
     }
     let floor = bound.floor();
@@ -182,6 +184,7 @@ mod tests {
             r#"{"type": "integer", "exclusiveMinimum": -3, "exclusiveMaximum": 7}"#,
             r#"{"type": "integer", "maximum": -2.5}"#,
             r#"{"type": "integer", "maximum": 18446744073709551615}"#,
+            r#"{"type": "integer", "exclusiveMinimum": -9.25e18, "exclusiveMaximum": 9.25e18}"#,
             r#"{"type": "number", "minimum": 0.1, "exclusiveMaximum": 2}"#,
             r#"{"type": "string", "minLength": 2, "maxLength": 3}"#,
         ];

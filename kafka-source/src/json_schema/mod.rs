@@ -350,7 +350,8 @@ impl JsonWriters {
                     .into_iter()
                     .map(|(name, bounds)| {
                         let index = current.fields.iter().position(|f| f.name == name)?;
-                        Some(BoundColumn {
+                        // A float32 column holds the value rounded: its bounds are the validator's to judge.
+                        (current.fields[index].kind != "float32").then_some(BoundColumn {
                             index,
                             name,
                             bounds,
@@ -387,6 +388,14 @@ impl JsonWriters {
         let presence = self.evolution.changes_columns();
         let mut changes = Vec::new();
         let fields = evolved_fields(&current.fields, writer, "", presence, &mut changes);
+        // A property the reader lacks inside one whose type differs (an object where the reader has a string)
+        // cannot be a column: refused up front, as its values would be.
+        if added.iter().any(|path| !changes.contains(path)) {
+            return Err(
+                "they lie inside a property whose type differs from the reader's, so they cannot be columns"
+                    .into(),
+            );
+        }
         if changes.is_empty() {
             return Ok(None);
         }

@@ -303,7 +303,7 @@ pub(crate) enum Change {
     Added,
     /// A field the reader lacks inside a message column: the struct gains a nullable field.
     AddedNested,
-    /// A scalar wider than the reader's (`int32` to `int64`, `uint32` to `uint64`, `float` to `double`).
+    /// A scalar wider than the reader's (`int32` to `int64`, `float` to `double`).
     Widened,
     /// A field with presence (`optional`, a `oneof` member) where the reader's has none: the column takes nulls.
     Optional,
@@ -369,7 +369,7 @@ fn evolved_kind(
 ) -> Result<ProtoType, String> {
     use ProtoType as P;
     match (writer, reader) {
-        (P::Int64, P::Int32) | (P::UInt64, P::UInt32) | (P::Float64, P::Float32) => {
+        (P::Int64, P::Int32) | (P::Float64, P::Float32) => {
             changes.push((path.to_string(), Change::Widened));
             Ok(writer.clone())
         }

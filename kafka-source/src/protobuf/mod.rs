@@ -57,7 +57,7 @@ impl ProtobufDecoding {
     /// of message `message` (a full name; `None`: the first message) of `file`, the compiled `reader` schema.
     /// With `evolution` `add-columns`, a writer's new top-level fields become nullable columns instead of being
     /// refused; with `evolve`, also its fields added inside message columns, its scalars wider than the reader's
-    /// (`int32` to `int64`, `uint32` to `uint64`, `float` to `double`) and its fields with presence where the
+    /// (`int32` to `int64`, `float` to `double`) and its fields with presence where the
     /// reader's have none (nullable columns). A job reading with it must follow
     /// [`KafkaSource::schema_change`](crate::KafkaSource::schema_change). Must be called inside a tokio runtime:
     /// the consumer thread looks up new schema ids through it.

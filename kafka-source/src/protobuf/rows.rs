@@ -167,8 +167,9 @@ impl MessageRows {
         self.len
     }
 
-    /// Appends `message`'s fields: each column's value is the writer's field of the same number (its default,
-    /// or null for a field with presence, when unset or when the writer has no such field).
+    /// Appends `message`'s fields: each column's value is the writer's field of the same number (its default
+    /// when unset and the writer's field has no presence; null when unset and it has, or when the writer has no such
+    /// field and the column takes null).
     ///
     /// # Errors
     /// A value that does not fit its column. The builders are then unusable: some columns have the row.
@@ -177,8 +178,15 @@ impl MessageRows {
         for child in &mut self.children {
             let reader = &child.column;
             let writer = descriptor.get_field(reader.field.number());
+            // A writer field without presence always has a value (its default when unset): read as it is, also
+            // into a nullable column (one a newer writer gave presence), where an unset field is null only if
+            // the writer could tell.
             let appended = match writer {
-                Some(writer) if !reader.nullable || message.has_field(&writer) => {
+                Some(writer)
+                    if !reader.nullable
+                        || !writer.supports_presence()
+                        || message.has_field(&writer) =>
+                {
                     child.builder.append(&message.get_field(&writer))
                 }
                 _ if reader.nullable => {

@@ -85,8 +85,8 @@ impl FlatPlan {
                 continue;
             };
             let real_oneof = field.containing_oneof().is_some_and(|o| !o.is_synthetic());
-            // A reader field with presence read from a writer field without it: a value on the wire equal to the
-            // default reads as null (as `DynamicMessage` has it), which the general path decides.
+            // A reader field with presence read from a writer field without it: the writer's value, its default when
+            // unset, is read as it is; the general path does that.
             let presence_differs = column.nullable && !field.supports_presence();
             if field.is_list()
                 || field.is_map()

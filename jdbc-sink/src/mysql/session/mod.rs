@@ -616,8 +616,8 @@ async fn add_missing_columns(
 
 /// What `MODIFY COLUMN` must restate of a column to leave it as it is (MariaDB replaces the whole definition).
 const RESTATED_QUERY: &str = "SELECT COLUMN_NAME, LOWER(DATA_TYPE), COLUMN_TYPE, NUMERIC_PRECISION, \
-     NUMERIC_SCALE, IS_NULLABLE, COLUMN_DEFAULT, COLUMN_COMMENT, EXTRA, CHARACTER_SET_NAME, COLLATION_NAME \
-     FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?";
+     NUMERIC_SCALE, IS_NULLABLE, COLUMN_DEFAULT, COLUMN_COMMENT, EXTRA, CHARACTER_SET_NAME, COLLATION_NAME, \
+     COLUMN_KEY FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?";
 
 /// A row of [`RESTATED_QUERY`].
 type RestatedRow = (
@@ -632,6 +632,7 @@ type RestatedRow = (
     String,
     Option<String>,
     Option<String>,
+    String,
 );
 
 /// A MariaDB column type (`DATA_TYPE`, `COLUMN_TYPE`, precision, scale) as far as widening it goes: signed integers,
@@ -659,7 +660,8 @@ fn numeric_of(
 }
 
 /// `evolution = "evolve"`: widens the table's numeric columns whose batches' type is wider ([`Numeric`]) and makes
-/// nullable the columns whose batches take nulls (not the key's), in one `ALTER TABLE .. MODIFY COLUMN ..` that
+/// nullable the columns whose batches take nulls (not the key's or the primary key's, and not for a change
+/// stream's rows, which are all nullable), in one `ALTER TABLE .. MODIFY COLUMN ..` that
 /// restates each changed column's character set, collation, default and comment (nothing when the table fits). A
 /// table that does not exist is left to the fit check to report.
 ///
@@ -723,7 +725,16 @@ pub(crate) async fn column_changes(
                 e,
             )
         })?;
+    // MariaDB gives a column's default as an SQL expression (`'abc'`, `NULL`), MySQL as the bare literal (`abc`,
+    // no row for none): restated as MySQL's string literal there.
+    let version: String = conn
+        .query_first("SELECT VERSION()")
+        .await
+        .map_err(|e| my_error(Phase::Setup, None, "cannot read the server version", e))?
+        .unwrap_or_default();
+    let mariadb = version.contains("MariaDB");
     let key = config.mode.key().unwrap_or_default();
+    let relaxes = !crate::columns::is_change_stream(&config.schema);
     let mut changes = Vec::new();
     for (i, name) in shape.names.iter().enumerate() {
         let Some(row) = rows.iter().find(|r| r.0.eq_ignore_ascii_case(name)) else {
@@ -741,17 +752,22 @@ pub(crate) async fn column_changes(
             extra,
             charset,
             collation,
+            column_key,
         ) = row;
         let widened = match (
             numeric_of(data_type, column_type, *precision, *scale),
-            Numeric::of(shape.types[i], d),
+            Numeric::of(shape.types[i]),
         ) {
             (Some(now), Some(wanted)) if now.widens_to(wanted) => {
                 Some(shape.types[i].ddl(d, false, None))
             }
             _ => None,
         };
-        let relaxed = nullable == "NO" && shape.fields[i].is_nullable() && !key.contains(name);
+        let relaxed = relaxes
+            && nullable == "NO"
+            && shape.fields[i].is_nullable()
+            && column_key != "PRI"
+            && !key.contains(name);
         if widened.is_none() && !relaxed {
             continue;
         }
@@ -765,14 +781,14 @@ pub(crate) async fn column_changes(
         } else {
             " NOT NULL"
         });
-        if let Some(default) = default.as_deref().filter(|d| *d != "NULL") {
-            clause.push_str(&format!(" DEFAULT {default}"));
+        match default.as_deref() {
+            Some("NULL") if mariadb => {}
+            Some(default) if mariadb => clause.push_str(&format!(" DEFAULT {default}")),
+            Some(default) => clause.push_str(&format!(" DEFAULT {}", string_literal(default))),
+            None => {}
         }
         if !comment.is_empty() {
-            clause.push_str(&format!(
-                " COMMENT '{}'",
-                comment.replace('\\', "\\\\").replace('\'', "''")
-            ));
+            clause.push_str(&format!(" COMMENT {}", string_literal(comment)));
         }
         if !extra.is_empty() {
             return Err(config_error(format!(
@@ -787,6 +803,11 @@ pub(crate) async fn column_changes(
         changes.push((name.clone(), clause));
     }
     Ok(changes)
+}
+
+/// `text` as a MariaDB/MySQL string literal.
+fn string_literal(text: &str) -> String {
+    format!("'{}'", text.replace('\\', "\\\\").replace('\'', "''"))
 }
 
 /// The table's column of each batch column (`information_schema`), each checked against the type contract
