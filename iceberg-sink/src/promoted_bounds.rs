@@ -1,11 +1,11 @@
 //! A data file's column bounds in the types the table's current schema gives their columns. A file written before
-//! a column was widened (`evolution = "evolve"`: int to long, float to double) carries 4-byte bounds for it; the
-//! Iceberg spec reads those as the wider type (Iceberg's Java library promotes them when it reads), but iceberg-rust
-//! 0.10 decodes a bound by the current type only and refuses 4 bytes for a long. So a file is promoted before it
-//! is decoded against the current schema (a committable pre-committed before the change, or written by an instance
-//! still on the old schema) and before a manifest written with the current schema carries it (a merged manifest):
-//! an int bound sign-extended to 8 bytes, a float bound converted to the double of the same value. Decimal bounds
-//! (the unscaled value's bytes) read the same at any precision.
+//! a column was widened (`evolution = "evolve"`: int to long, float to double) carries 4-byte bounds for it. Readers
+//! promote those (the spec's rule; iceberg-rust 0.10 and Iceberg's Java library both do), but a manifest Ratchet
+//! writes with the current schema would hold an `int` bound for a `long` column. So a file is promoted before it is
+//! committed (a committable pre-committed before the change, or written by an instance still on the old schema)
+//! and before a merged manifest carries it: an int bound sign-extended to 8 bytes, a float bound converted to the
+//! double of the same value, as a file written after the change has them. Decimal bounds (the unscaled value's
+//! bytes) read the same at any precision.
 
 use iceberg::spec::{
     DataFile, FormatVersion, PrimitiveType, Schema, StructType, deserialize_data_file_from_json,
