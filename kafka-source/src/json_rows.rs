@@ -11,8 +11,6 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
-use crate::json_schema::Read;
-
 use arrow_array::builder::{
     ArrayBuilder, BinaryBuilder, BooleanBuilder, Decimal128Builder, Decimal256Builder,
     FixedSizeBinaryBuilder, Float32Builder, Float64Builder, Int8Builder, Int16Builder,
@@ -75,6 +73,16 @@ pub(crate) struct RowContext<'c> {
     pub(crate) json_in_strings: bool,
     /// The top-level fields that held the placeholder (written null).
     pub(crate) unavailable: Vec<String>,
+}
+
+/// A value the decoding read, as far as a JSON Schema's bounds go ([`JsonRows::last`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Read<'a> {
+    /// Null or absent: no bound applies (JSON Schema's bounds constrain values of their own type only).
+    Null,
+    Integer(i64),
+    Float(f64),
+    Text(&'a str),
 }
 
 /// The builders of one batch of rows of `fields`.

@@ -9,6 +9,7 @@ use std::cmp::Ordering;
 use serde_json::Number;
 
 use super::doc::Doc;
+use crate::json_rows::Read;
 
 /// The bounds of one property (every one absent: no bound).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -25,16 +26,6 @@ pub(crate) struct Bounds {
 pub(crate) const NUMBER_KEYWORDS: [&str; 4] =
     ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"];
 pub(crate) const STRING_KEYWORDS: [&str; 2] = ["minLength", "maxLength"];
-
-/// A value the decoding read, as far as bounds go.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Read<'a> {
-    /// Null or absent: no bound applies (JSON Schema's bounds constrain values of their own type only).
-    Null,
-    Integer(i64),
-    Float(f64),
-    Text(&'a str),
-}
 
 impl Bounds {
     /// The bounds `schema` states; `None` when a bound keyword's value is not what JSON Schema (draft 6 or later)

@@ -30,7 +30,6 @@ use crate::record::{RecordAt, bad_record};
 use crate::registry_lookup::{RegistryLookup, confluent_id, self_contained};
 use crate::writer_schemas::ReaderSchema;
 use bounds::Bounds;
-pub(crate) use bounds::Read;
 use doc::Doc;
 
 /// How many violations of one record its error names.
@@ -543,6 +542,7 @@ fn added_in_item(writer: &JsonItem, reader: &JsonItem, path: &str, out: &mut Vec
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::json_rows::Read;
 
     const SCHEMA: &str = r#"{"type": "object", "required": ["id"],
         "properties": {"id": {"type": "integer"}, "at": {"type": "string", "format": "date-time"}}}"#;
