@@ -176,10 +176,7 @@ async fn mysql(config: &JdbcSinkConfig, shape: &TableShape) -> Result<(String, b
             .with_source(e)
         })?;
     }
-    let (schema, name) = match config.table.split_once('.') {
-        Some((schema, name)) => (Some(schema.to_string()), name.to_string()),
-        None => (None, config.table.clone()),
-    };
+    let (schema, name) = crate::mysql::schema_and_name(&config.table);
     let count: Option<u64> = conn
         .exec_first(
             "SELECT COUNT(*) FROM information_schema.tables \

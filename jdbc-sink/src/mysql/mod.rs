@@ -9,7 +9,7 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, OptsBuilder};
 
 pub(crate) use coordinator::MySqlCoordinator;
-pub(crate) use session::{MySqlSession, column_changes, table_columns};
+pub(crate) use session::{MySqlSession, column_changes, schema_and_name, table_columns};
 
 use crate::Xid;
 use crate::config::{ConnectionConfig, config_error};

@@ -710,10 +710,7 @@ pub(crate) async fn column_changes(
     shape: &TableShape,
 ) -> Result<Vec<(String, String)>> {
     let d = Dialect::MySql;
-    let (schema, name) = match config.table.split_once('.') {
-        Some((schema, name)) => (Some(schema.to_string()), name.to_string()),
-        None => (None, config.table.clone()),
-    };
+    let (schema, name) = schema_and_name(&config.table);
     let rows: Vec<RestatedRow> = conn
         .exec(RESTATED_QUERY, (schema, name))
         .await
@@ -805,6 +802,14 @@ pub(crate) async fn column_changes(
     Ok(changes)
 }
 
+/// A table name's schema (`None`: the connection's database) and name, as `information_schema` queries take them.
+pub(crate) fn schema_and_name(table: &str) -> (Option<String>, String) {
+    match table.split_once('.') {
+        Some((schema, name)) => (Some(schema.to_string()), name.to_string()),
+        None => (None, table.to_string()),
+    }
+}
+
 /// `text` as a MariaDB/MySQL string literal.
 fn string_literal(text: &str) -> String {
     format!("'{}'", text.replace('\\', "\\\\").replace('\'', "''"))
@@ -856,10 +861,7 @@ pub(crate) async fn table_columns(
 
 /// The columns of `table` as `information_schema` describes them.
 async fn described_columns(conn: &mut Conn, table: &str) -> Result<Vec<MyColumn>> {
-    let (schema, name) = match table.split_once('.') {
-        Some((schema, name)) => (Some(schema.to_string()), name.to_string()),
-        None => (None, table.to_string()),
-    };
+    let (schema, name) = schema_and_name(table);
     let rows: Vec<ColumnRow> = conn
         .exec(COLUMNS_QUERY, (schema, name))
         .await
