@@ -31,7 +31,7 @@ use async_trait::async_trait;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
-use crate::driver::ErasedSink;
+use crate::driver::{ErasedSink, IgnoringSink, Kept};
 use crate::{
     DeliveryGuarantee, Error, ErrorKind, GuaranteedSink, JobId, Phase, Result, SinkId, SinkScope,
     SubtaskId, TwoPhaseCommit,
@@ -90,6 +90,12 @@ pub enum Evolution {
     /// (or goes to the dead-letter topic), and a table that lacks a column of the batches is refused at start.
     #[default]
     None,
+    /// Never changes the external system's schema, and leaves out of what it writes the columns of the batches
+    /// its table lacks: the ones it lacked when the sink was built, and every column the batches gain while it
+    /// runs (the values left out are counted, [`IGNORED_VALUES`](crate::metrics::IGNORED_VALUES)). For sinks that
+    /// write into a table ([`SinkBuilder::lacking_columns`]). A widened or optional field is refused as under
+    /// `AddColumns`: the source follows the writers that far for such a sink ([`Evolution::source_follows`]).
+    Ignore,
     /// Adds the new columns (nullable) at a checkpoint boundary before any row of them is written, and at start
     /// the columns the external system lacks ([`TwoPhaseCommit::evolve`]).
     AddColumns,
@@ -109,10 +115,21 @@ impl Evolution {
         self >= Evolution::Evolve
     }
 
+    /// How far the source may follow the writers' schemas for a sink of this mode: `Ignore` takes new fields as
+    /// the other modes do (the sink leaves them out), so as far as `AddColumns`; every other mode as far as itself.
+    /// A job follows the least of its sinks'.
+    pub fn source_follows(self) -> Evolution {
+        match self {
+            Evolution::Ignore => Evolution::AddColumns,
+            other => other,
+        }
+    }
+
     /// The setting's value in a job file.
     pub fn as_str(self) -> &'static str {
         match self {
             Evolution::None => "none",
+            Evolution::Ignore => "ignore",
             Evolution::AddColumns => "add-columns",
             Evolution::Evolve => "evolve",
         }
@@ -179,6 +196,32 @@ pub trait SinkBuilder: Send + Sync + 'static {
     fn key_columns(settings: &Self::Settings) -> Vec<String> {
         let _ = settings;
         Vec::new()
+    }
+
+    /// The columns of the batches (`context.schema`) that the sink's external system lacks now: what a sink with
+    /// `evolution = "ignore"` leaves out (empty when it would create its table with every column). Read only.
+    /// By default refused: only a sink that writes into a table whose columns it can read keeps them.
+    ///
+    /// # Errors
+    /// [`Config`](ErrorKind::Config) for a sink type without a table, or settings that cannot work; whatever
+    /// reaching the server reports.
+    async fn lacking_columns(
+        &self,
+        settings: Self::Settings,
+        context: SinkContext,
+    ) -> Result<Vec<String>> {
+        let _ = settings;
+        Err(Error::new(
+            ErrorKind::Config,
+            Phase::Setup,
+            format!(
+                "evolution = \"ignore\" keeps the columns of a sink's table, and a {} sink has no table: it \
+                 writes each batch's columns as they come. Use evolution = \"none\" (refuse new fields), \
+                 \"add-columns\" or \"evolve\"",
+                Self::KIND
+            ),
+        )
+        .with_sink(&context.sink))
     }
 
     /// Completes the raw settings from the job before they are parsed, for defaults derived from the job (the
@@ -248,6 +291,16 @@ impl<B: SinkBuilder> SinkFactory for B {
         let settings: B::Settings = parse_settings(&context.sink, B::KIND, settings)?;
         Ok(B::key_columns(&settings))
     }
+
+    async fn lacking_columns(
+        &self,
+        settings: serde_json::Value,
+        context: SinkContext,
+    ) -> Result<Vec<String>> {
+        let settings = B::complete_settings(settings, &context);
+        let settings = parse_settings(&context.sink, B::KIND, settings)?;
+        B::lacking_columns(self, settings, context).await
+    }
 }
 
 /// Builds the sinks of one `type` from their settings, as JSON: what the [`SinkRegistry`] holds. Every
@@ -291,6 +344,16 @@ pub trait SinkFactory: Send + Sync {
         &self,
         settings: serde_json::Value,
         context: &SinkContext,
+    ) -> Result<Vec<String>>;
+
+    /// The columns of the batches the sink's external system lacks ([`SinkBuilder::lacking_columns`]).
+    ///
+    /// # Errors
+    /// As [`SinkBuilder::lacking_columns`].
+    async fn lacking_columns(
+        &self,
+        settings: serde_json::Value,
+        context: SinkContext,
     ) -> Result<Vec<String>>;
 }
 
@@ -348,14 +411,21 @@ impl SinkRegistry {
         schema: SchemaRef,
     ) -> Result<SinkCheck> {
         let (factory, context) = self.factory(spec, job, subtask, schema)?;
-        factory
-            .check(
-                serde_json::Value::Object(spec.settings.clone()),
-                spec.delivery,
-                context,
-            )
+        let settings = serde_json::Value::Object(spec.settings.clone());
+        let (context, kept) = kept_columns(factory, &settings, context)
             .await
-            .map_err(|e| e.or_sink(&spec.id))
+            .map_err(|e| e.or_sink(&spec.id))?;
+        let mut check = factory
+            .check(settings, spec.delivery, context)
+            .await
+            .map_err(|e| e.or_sink(&spec.id))?;
+        if let Some(kept) = kept.filter(|k| !k.left_out().is_empty()) {
+            check.summary.push_str(&format!(
+                "; leaves out column(s) {} (evolution = \"ignore\": the table lacks them)",
+                kept.left_out().join(", ")
+            ));
+        }
+        Ok(check)
     }
 
     /// The columns the sink of `spec` writes rows by (an upsert key; empty for a sink that appends), for the
@@ -412,15 +482,38 @@ impl SinkRegistry {
         schema: SchemaRef,
     ) -> Result<DynSink> {
         let (factory, context) = self.factory(spec, job, subtask, schema)?;
-        factory
-            .build(
-                serde_json::Value::Object(spec.settings.clone()),
-                spec.delivery,
-                context,
-            )
-            .await
-            .map_err(|e| e.or_sink(&spec.id))
+        let settings = serde_json::Value::Object(spec.settings.clone());
+        let built = async {
+            let (context, kept) = kept_columns(factory, &settings, context).await?;
+            let sink = factory.build(settings, spec.delivery, context).await?;
+            Ok(match kept {
+                Some(kept) => DynSink(Box::new(IgnoringSink::new(sink.0, kept))),
+                None => sink,
+            })
+        };
+        built.await.map_err(|e: Error| e.or_sink(&spec.id))
     }
+}
+
+/// For a sink with `evolution = "ignore"`: the columns of `context`'s batches it keeps (the ones its table has),
+/// and the context with their schema, what it is built or checked for. Other sinks: `context` as it is.
+async fn kept_columns(
+    factory: &dyn SinkFactory,
+    settings: &serde_json::Value,
+    context: SinkContext,
+) -> Result<(SinkContext, Option<Kept>)> {
+    if context.evolution != Evolution::Ignore {
+        return Ok((context, None));
+    }
+    let lacking = factory
+        .lacking_columns(settings.clone(), context.clone())
+        .await?;
+    let kept = Kept::without(context.schema.clone(), &lacking)?;
+    let context = SinkContext {
+        schema: kept.schema(),
+        ..context
+    };
+    Ok((context, Some(kept)))
 }
 
 #[cfg(test)]
@@ -511,5 +604,43 @@ mod tests {
             .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Bug, "{err}");
         assert!(err.to_string().contains("parsed size 3"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn ignore_on_a_sink_without_a_table_is_refused_naming_the_other_modes() {
+        let mut registry = SinkRegistry::new();
+        registry.register(Nothing);
+        let schema = std::sync::Arc::new(arrow_schema::Schema::empty());
+        let parsed = spec("type = \"nothing\"\nid = \"s\"\nevolution = \"ignore\"\nsize = 3");
+        assert_eq!(parsed.evolution, Evolution::Ignore);
+        let check = registry
+            .check(&parsed, None, SubtaskId(0), schema.clone())
+            .await
+            .unwrap_err();
+        let build = registry
+            .build(&parsed, None, SubtaskId(0), schema)
+            .await
+            .unwrap_err();
+        for err in [check, build] {
+            assert_eq!(err.kind(), ErrorKind::Config);
+            let text = err.to_string();
+            assert!(
+                text.contains("sink s")
+                    && text.contains("a nothing sink has no table")
+                    && text.contains("\"add-columns\""),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_ignoring_sink_lets_the_source_follow_new_fields_only() {
+        assert_eq!(Evolution::Ignore.source_follows(), Evolution::AddColumns);
+        assert!(!Evolution::Ignore.adds_columns() && !Evolution::Ignore.changes_columns());
+        let job = [Evolution::Ignore, Evolution::Evolve]
+            .map(Evolution::source_follows)
+            .into_iter()
+            .min();
+        assert_eq!(job, Some(Evolution::AddColumns));
     }
 }

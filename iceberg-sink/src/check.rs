@@ -25,58 +25,38 @@ const CATALOG_TABLE: &str = "iceberg_tables";
 /// retryable when the catalog's database cannot be read.
 pub(crate) async fn check(config: &IcebergSinkConfig) -> Result<SinkCheck> {
     let keyed = KeyedRows::of_config(config)?;
-    let ident = TableIdent::from_strs(config.table.split('.')).map_err(|_| {
-        Error::new(
-            ErrorKind::Config,
-            Phase::Setup,
-            format!("table {:?} is not `namespace.name`", config.table),
-        )
-    })?;
-    let (catalog, found) = match &config.catalog {
-        CatalogConfig::Sql { uri, .. } if !sql_catalog_has_tables(uri).await? => (
+    let ident = table_ident(config)?;
+    let (catalog, found) = match existing_table(config, &ident).await? {
+        Existing::NoCatalogTables => (
             "the SQL catalog has no tables yet (the first run creates them)",
             None,
         ),
-        _ => {
-            let catalog = config
-                .catalog
-                .open(&config.catalog_name, &config.s3)
-                .await?;
-            let exists = catalog.table_exists(&ident).await.map_err(|e| {
-                iceberg_error(Phase::Setup, format!("cannot look up table {ident}"), e)
-            })?;
-            if exists {
-                let table = catalog.load_table(&ident).await.map_err(|e| {
-                    iceberg_error(Phase::Setup, format!("cannot load table {ident}"), e)
-                })?;
-                let changed = match config.evolution.changes_columns() {
-                    true => {
-                        crate::evolve::changed_columns(&table, &*crate::sink::table_schema(config)?)
-                    }
-                    false => Vec::new(),
-                };
-                crate::sink::check_columns(config, &table, &changed)?;
-                if let Some(keyed) = &keyed {
-                    EqualityDeletes::of(&table, keyed.key())
-                        .map_err(|e| e.with_sink(&config.sink))?;
+        Existing::Missing => ("the catalog answers", None),
+        Existing::Table(table) => {
+            let changed = match config.evolution.changes_columns() {
+                true => {
+                    crate::evolve::changed_columns(&table, &*crate::sink::table_schema(config)?)
                 }
-                (
-                    "the catalog answers",
-                    Some(format!(
-                        "table {ident} exists ({} snapshot(s)){}",
-                        table.metadata().snapshots().count(),
-                        match changed.is_empty() {
-                            true => String::new(),
-                            false => format!(
-                                "; the first run widens (or makes optional) column(s) {}",
-                                changed.join(", ")
-                            ),
-                        }
-                    )),
-                )
-            } else {
-                ("the catalog answers", None)
+                false => Vec::new(),
+            };
+            crate::sink::check_columns(config, &table, &changed)?;
+            if let Some(keyed) = &keyed {
+                EqualityDeletes::of(&table, keyed.key()).map_err(|e| e.with_sink(&config.sink))?;
             }
+            (
+                "the catalog answers",
+                Some(format!(
+                    "table {ident} exists ({} snapshot(s)){}",
+                    table.metadata().snapshots().count(),
+                    match changed.is_empty() {
+                        true => String::new(),
+                        false => format!(
+                            "; the first run widens (or makes optional) column(s) {}",
+                            changed.join(", ")
+                        ),
+                    }
+                )),
+            )
         }
     };
     let table = match (found, config.create_table) {
@@ -107,6 +87,72 @@ pub(crate) async fn check(config: &IcebergSinkConfig) -> Result<SinkCheck> {
     Ok(SinkCheck {
         summary: format!("settings valid; {catalog}; {table}{mode}"),
         transaction_timeout: None,
+    })
+}
+
+/// What the catalog holds of the sink's table.
+enum Existing {
+    /// A SQL catalog whose database has no catalog tables yet: nothing exists (opening it would create them).
+    NoCatalogTables,
+    /// The catalog answers and has no such table.
+    Missing,
+    /// The table as loaded.
+    Table(Box<iceberg::table::Table>),
+}
+
+/// Looks `ident` up in `config`'s catalog, read only.
+async fn existing_table(config: &IcebergSinkConfig, ident: &TableIdent) -> Result<Existing> {
+    if let CatalogConfig::Sql { uri, .. } = &config.catalog
+        && !sql_catalog_has_tables(uri).await?
+    {
+        return Ok(Existing::NoCatalogTables);
+    }
+    let catalog = config
+        .catalog
+        .open(&config.catalog_name, &config.s3)
+        .await?;
+    let exists = catalog
+        .table_exists(ident)
+        .await
+        .map_err(|e| iceberg_error(Phase::Setup, format!("cannot look up table {ident}"), e))?;
+    if !exists {
+        return Ok(Existing::Missing);
+    }
+    let table = catalog
+        .load_table(ident)
+        .await
+        .map_err(|e| iceberg_error(Phase::Setup, format!("cannot load table {ident}"), e))?;
+    Ok(Existing::Table(Box::new(table)))
+}
+
+/// The batches' columns that `config`'s table lacks (none when it does not exist yet: the first run creates it
+/// with every column): what `evolution = "ignore"` leaves out. Read only.
+///
+/// # Errors
+/// As [`check`], for a catalog that cannot be opened or read, or a malformed table name.
+pub(crate) async fn lacking_columns(config: &IcebergSinkConfig) -> Result<Vec<String>> {
+    let ident = table_ident(config)?;
+    let Existing::Table(table) = existing_table(config, &ident).await? else {
+        return Ok(Vec::new());
+    };
+    let current = table.metadata().current_schema();
+    Ok(crate::sink::table_schema(config)?
+        .fields()
+        .iter()
+        .map(|f| f.name())
+        .filter(|name| current.field_by_name(name).is_none())
+        .cloned()
+        .collect())
+}
+
+/// The table's identifier, `namespace.name`.
+fn table_ident(config: &IcebergSinkConfig) -> Result<TableIdent> {
+    TableIdent::from_strs(config.table.split('.')).map_err(|_| {
+        Error::new(
+            ErrorKind::Config,
+            Phase::Setup,
+            format!("table {:?} is not `namespace.name`", config.table),
+        )
     })
 }
 

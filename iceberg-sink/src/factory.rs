@@ -144,6 +144,15 @@ impl SinkBuilder for IcebergSinkFactory {
         refuse_commit_every(&settings, delivery, &context)?;
         crate::check::check(&config(settings, context)?).await
     }
+
+    /// The batches' columns the table lacks (none before the first run creates it).
+    async fn lacking_columns(
+        &self,
+        settings: IcebergSinkSettings,
+        context: SinkContext,
+    ) -> Result<Vec<String>> {
+        crate::check::lacking_columns(&config(settings, context)?).await
+    }
 }
 
 /// `commit_every > 1` needs exactly-once: at-least-once and at-most-once keep no committable in the checkpoint

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use arrow_array::RecordBatch;
 use async_trait::async_trait;
 use connector_api::{
-    AppliedChanges, ChangeColumns, CheckpointId, Error, ErrorKind, Evolution, Phase, RecoveryPlan,
-    Result, SchemaChange, SinkId, TwoPhaseCommit,
+    AppliedChanges, ChangeColumns, CheckpointId, Error, ErrorKind, Phase, RecoveryPlan, Result,
+    SchemaChange, SinkId, TwoPhaseCommit,
 };
 use iceberg::table::Table;
 use iceberg::{NamespaceIdent, TableCreation, TableIdent};
@@ -114,7 +114,7 @@ impl IcebergSink {
             key: key.clone(),
             epoch: Arc::default(),
         };
-        if config.evolution != Evolution::None {
+        if config.evolution.adds_columns() {
             evolve_table(
                 &committer.target,
                 &table_schema(&config)?,

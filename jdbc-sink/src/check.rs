@@ -67,12 +67,7 @@ impl Evolved {
         changes: Vec<(String, String)>,
     ) -> Self {
         let added = match config.evolution.adds_columns() {
-            true => shape
-                .names
-                .iter()
-                .filter(|n| !existing.iter().any(|e| e.eq_ignore_ascii_case(n)))
-                .cloned()
-                .collect(),
+            true => missing(shape, existing),
             false => Vec::new(),
         };
         let mut changed: Vec<String> = changes.into_iter().map(|(name, _)| name).collect();
@@ -104,6 +99,107 @@ impl Evolved {
     }
 }
 
+/// The columns of `shape` that a table of `existing` columns lacks (names compared without case, as the servers
+/// fold unquoted ones).
+fn missing(shape: &TableShape, existing: &[String]) -> Vec<String> {
+    shape
+        .names
+        .iter()
+        .filter(|n| !existing.iter().any(|e| e.eq_ignore_ascii_case(n)))
+        .cloned()
+        .collect()
+}
+
+/// The batches' columns that `config`'s table lacks (none when it does not exist yet: the first run creates it
+/// with every column): what `evolution = "ignore"` leaves out. Read only.
+///
+/// # Errors
+/// Retryable when the server cannot be reached (named); [`Config`](ErrorKind::Config) for a batch column the
+/// sink cannot write.
+pub(crate) async fn lacking_columns(config: &JdbcSinkConfig) -> Result<Vec<String>> {
+    let dialect = Dialect::of_url(&config.connection.url)?;
+    let config = &crate::sink::table_config(config)?;
+    let shape = TableShape::of(&config.schema).map_err(|e| e.with_sink(&config.sink))?;
+    let existing = match dialect {
+        Dialect::Postgres => {
+            let client = crate::pg::options(&config.connection)?
+                .connect("the JDBC sink's PostgreSQL database")
+                .await?;
+            pg_columns(&client, &config.table).await?
+        }
+        Dialect::MySql => {
+            let opts = crate::mysql::options(&config.connection)?;
+            let mut conn = crate::mysql::connect(
+                &opts,
+                Phase::Setup,
+                "the JDBC sink's MySQL/MariaDB database",
+            )
+            .await?;
+            let existing = mysql_columns(&mut conn, &config.table).await?;
+            let _ = conn.disconnect().await;
+            existing
+        }
+    };
+    Ok(existing
+        .map(|existing| missing(&shape, &existing))
+        .unwrap_or_default())
+}
+
+/// The columns of PostgreSQL table `table`, `None` when it does not exist.
+async fn pg_columns(client: &tokio_postgres::Client, table: &str) -> Result<Option<Vec<String>>> {
+    let read = |what: &'static str| {
+        move |e: tokio_postgres::Error| crate::pg::pg_error(Phase::Setup, None, what, e)
+    };
+    let exists: bool = client
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])
+        .await
+        .map_err(read("cannot look up the table"))?
+        .get(0);
+    if !exists {
+        return Ok(None);
+    }
+    let columns = client
+        .query(
+            "SELECT attname::text FROM pg_attribute \
+             WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped",
+            &[&table],
+        )
+        .await
+        .map_err(read("cannot read the table's columns"))?
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    Ok(Some(columns))
+}
+
+/// The columns of MySQL/MariaDB table `table` (`name` or `schema.name`), `None` when it does not exist.
+async fn mysql_columns(conn: &mut mysql_async::Conn, table: &str) -> Result<Option<Vec<String>>> {
+    let read = |what: &'static str| {
+        move |e: mysql_async::Error| crate::mysql::my_error(Phase::Setup, None, what, e)
+    };
+    let (schema, name) = crate::mysql::schema_and_name(table);
+    let count: Option<u64> = conn
+        .exec_first(
+            "SELECT COUNT(*) FROM information_schema.tables \
+             WHERE table_schema = COALESCE(?, DATABASE()) AND table_name = ?",
+            (schema.clone(), name.clone()),
+        )
+        .await
+        .map_err(read("cannot look up the table"))?;
+    if count.unwrap_or(0) == 0 {
+        return Ok(None);
+    }
+    let columns = conn
+        .exec(
+            "SELECT COLUMN_NAME FROM information_schema.COLUMNS \
+             WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?",
+            (schema, name),
+        )
+        .await
+        .map_err(read("cannot read the table's columns"))?;
+    Ok(Some(columns))
+}
+
 /// The server's name for messages, whether the table exists, and what evolution would change in it.
 async fn postgres(config: &JdbcSinkConfig, shape: &TableShape) -> Result<(String, bool, Evolved)> {
     let client = crate::pg::options(&config.connection)?
@@ -120,24 +216,10 @@ async fn postgres(config: &JdbcSinkConfig, shape: &TableShape) -> Result<(String
             .get(0);
         crate::pg::check_max_prepared_transactions(&max)?;
     }
-    let exists: bool = client
-        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&config.table])
-        .await
-        .map_err(read("cannot look up the table"))?
-        .get(0);
+    let existing = pg_columns(&client, &config.table).await?;
+    let exists = existing.is_some();
     let mut evolved = Evolved::default();
-    if exists {
-        let existing: Vec<String> = client
-            .query(
-                "SELECT attname::text FROM pg_attribute \
-                 WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped",
-                &[&config.table],
-            )
-            .await
-            .map_err(read("cannot read the table's columns"))?
-            .iter()
-            .map(|row| row.get(0))
-            .collect();
+    if let Some(existing) = existing {
         let changes = match config.evolution.changes_columns() {
             true => crate::pg::column_changes(&client, config, shape).await?,
             false => Vec::new(),
@@ -176,25 +258,10 @@ async fn mysql(config: &JdbcSinkConfig, shape: &TableShape) -> Result<(String, b
             .with_source(e)
         })?;
     }
-    let (schema, name) = crate::mysql::schema_and_name(&config.table);
-    let count: Option<u64> = conn
-        .exec_first(
-            "SELECT COUNT(*) FROM information_schema.tables \
-             WHERE table_schema = COALESCE(?, DATABASE()) AND table_name = ?",
-            (schema.clone(), name.clone()),
-        )
-        .await
-        .map_err(read("cannot look up the table"))?;
+    let existing = mysql_columns(&mut conn, &config.table).await?;
+    let exists = existing.is_some();
     let mut evolved = Evolved::default();
-    if count.unwrap_or(0) > 0 {
-        let existing: Vec<String> = conn
-            .exec(
-                "SELECT COLUMN_NAME FROM information_schema.COLUMNS \
-                 WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?",
-                (schema, name),
-            )
-            .await
-            .map_err(read("cannot read the table's columns"))?;
+    if let Some(existing) = existing {
         let changes = match config.evolution.changes_columns() {
             true => crate::mysql::column_changes(&mut conn, config, shape).await?,
             false => Vec::new(),
@@ -211,9 +278,5 @@ async fn mysql(config: &JdbcSinkConfig, shape: &TableShape) -> Result<(String, b
         .await?;
     }
     let _ = conn.disconnect().await;
-    Ok((
-        format!("MySQL/MariaDB {version}"),
-        count.unwrap_or(0) > 0,
-        evolved,
-    ))
+    Ok((format!("MySQL/MariaDB {version}"), exists, evolved))
 }

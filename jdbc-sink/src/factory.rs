@@ -107,6 +107,15 @@ impl SinkBuilder for JdbcSinkFactory {
     ) -> Result<SinkCheck> {
         crate::check::check(&config(settings, context)?).await
     }
+
+    /// The batches' columns the table lacks (none before the first run creates it).
+    async fn lacking_columns(
+        &self,
+        settings: JdbcSinkSettings,
+        context: SinkContext,
+    ) -> Result<Vec<String>> {
+        crate::check::lacking_columns(&config(settings, context)?).await
+    }
 }
 
 /// The sink's config from its settings and the job.

@@ -33,6 +33,7 @@ mod config;
 mod erased;
 mod evolve;
 mod fault;
+mod ignored;
 mod restore;
 mod start;
 mod stream;
@@ -45,6 +46,7 @@ use arrow_array::RecordBatch;
 pub(crate) use erased::ErasedSink;
 pub use erased::committables_in;
 pub use fault::{FaultAction, FaultInjector, FaultPoint, Faults, Step};
+pub(crate) use ignored::{IgnoringSink, Kept};
 pub use stream::StreamEvent;
 
 pub use self::budget::TimeoutBudget;

@@ -353,11 +353,12 @@ impl JobConfig {
     }
 
     /// How far the job follows the source's schema: as far as its least evolving sink (a sink that does not take
-    /// a change would refuse it, so the records are refused at the source instead, named). `none` without sinks.
+    /// a change would refuse it, so the records are refused at the source instead, named; an `ignore` sink takes
+    /// new fields by leaving them out). `none` without sinks.
     pub fn evolution(&self) -> connector_api::Evolution {
         self.sinks
             .iter()
-            .map(|s| s.evolution)
+            .map(|s| s.evolution.source_follows())
             .min()
             .unwrap_or_default()
     }

@@ -8,6 +8,7 @@
 //! | `ratchet_records_out_total` | counter | `subtask`, `sink` | rows written into a sink's open transaction |
 //! | `ratchet_bytes_in_total` | counter | `subtask` | Arrow bytes of the decoded batches |
 //! | `ratchet_checkpoints_total`, `ratchet_checkpoint_seconds`, `ratchet_commit_seconds`, `ratchet_pending_commit_age_seconds` | | `subtask` (and `sink`) | the protocol's metrics, recorded by the driver: [`connector_api::metrics`] |
+//! | `ratchet_ignored_values_total` | counter | `sink`, `column` | values of columns a sink with `evolution = "ignore"` left out: [`connector_api::metrics`] |
 //! | `ratchet_consumer_lag` | gauge | `subtask`, `partition` | high watermark minus the next offset to read |
 //! | `ratchet_source_partitions` | gauge | `subtask` | partitions the subtask reads (grows when the topic gets new ones) |
 //! | `ratchet_source_gap_records_total` | counter | `subtask`, `partition` | offsets removed from the log before they were read, skipped with `on_gap = "earliest"` |

@@ -8,14 +8,16 @@
 //! record stops the job, naming the field and both schema ids. Two processes that started on different schema
 //! versions write into the same tables at once, each record once. With `evolution = "evolve"`, fields widened
 //! (int to long, float to double, decimal precision up), made optional, or added inside a nested record change
-//! every sink in place, killed before and after the change likewise.
+//! every sink in place, killed before and after the change likewise. With `evolution = "ignore"` on the table
+//! sinks (on the default local store), their tables keep their columns through every change and kill, the new
+//! fields left out and counted, while the other sinks of the job take them.
 
 use crate::common;
 
 use std::os::unix::process::ExitStatusExt;
 use std::time::{Duration, Instant};
 
-use common::{Job, order_schema};
+use common::{Job, free_port, order_schema, scrape, total};
 use serde_json::{Value, json};
 use test_support::Services;
 
@@ -453,5 +455,137 @@ async fn widened_and_optional_fields_change_every_sink_exactly_once_across_kills
         );
         assert_eq!(value["code"].as_str(), code.as_deref(), "{value}");
         assert_customer("Kafka", id, &value["customer"]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ignoring_table_sinks_keep_their_columns_exactly_once_across_kills() {
+    let mut job = Job::with_sections("ignore", 2, 2, "3s", |name| {
+        format!(
+            "\n[[sinks]]\ntype = \"jdbc\"\nid = \"mariadb\"\nurl = \"{}\"\ntable = \"{name}\"\ncreate_table = true\n",
+            Services::get().mysql_url()
+        )
+    })
+    .await;
+    job.store_locally();
+    job.read_registry_avro();
+    // The file and Kafka sinks take the new fields; the three tables ignore them.
+    job.evolve_every_sink();
+    for kind in ["jdbc", "iceberg"] {
+        let text = std::fs::read_to_string(&job.config).unwrap().replace(
+            &format!("evolution = \"add-columns\"\ntype = \"{kind}\""),
+            &format!("evolution = \"ignore\"\ntype = \"{kind}\""),
+        );
+        std::fs::write(&job.config, text).unwrap();
+    }
+    job.produce_avro(&order_schema(&[]), 100, |_| json!({}));
+
+    let with_qty = order_schema(&[("qty", "long")]);
+    killed_at_the_change(
+        &mut job,
+        "before-evolve",
+        &with_qty,
+        100,
+        |id| json!({ "qty": id }),
+    )
+    .await;
+    let with_tag = order_schema(&[("qty", "long"), ("tag", "string")]);
+    killed_at_the_change(
+        &mut job,
+        "after-evolve",
+        &with_tag,
+        100,
+        |id| json!({ "qty": id, "tag": format!("t{id}") }),
+    )
+    .await;
+
+    // check-config names what each table sink leaves out; a file sink cannot ignore (it has no table).
+    let check = job.ratchet("check-config");
+    let out = String::from_utf8_lossy(&check.stdout).to_string()
+        + &String::from_utf8_lossy(&check.stderr);
+    assert!(check.status.success(), "{out}");
+    assert_eq!(
+        out.matches("leaves out column(s) qty, tag (evolution = \"ignore\"")
+            .count(),
+        3,
+        "{out}"
+    );
+    let evolving = std::fs::read_to_string(&job.config).unwrap();
+    std::fs::write(
+        &job.config,
+        evolving.replacen(
+            "evolution = \"add-columns\"\ntype = \"file\"",
+            "evolution = \"ignore\"\ntype = \"file\"",
+            1,
+        ),
+    )
+    .unwrap();
+    let check = job.ratchet("check-config");
+    let out = String::from_utf8_lossy(&check.stdout).to_string()
+        + &String::from_utf8_lossy(&check.stderr);
+    assert!(!check.status.success(), "{out}");
+    assert!(out.contains("a file sink has no table"), "{out}");
+    std::fs::write(&job.config, evolving).unwrap();
+
+    // The last process opens on the latest schema (the tables lack qty and tag: left out from the start) and meets
+    // one more change while it runs.
+    let port = free_port();
+    let mut worker = job.spawn_worker(&["--metrics-listen", &format!("127.0.0.1:{port}")]);
+    job.wait_copied(job.produced as usize, Duration::from_secs(60));
+    let with_price = order_schema(&[("qty", "long"), ("tag", "string"), ("price", "double")]);
+    job.produce_avro(
+        &with_price,
+        100,
+        |id| json!({ "qty": id, "tag": format!("t{id}"), "price": id as f64 / 2.0 }),
+    );
+    job.wait_copied(job.produced as usize, Duration::from_secs(90));
+    // Values left out in this process: qty and tag of the 100 records replayed after the last kill, and qty, tag
+    // and price of the last 100, in each of the three table sinks.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let body = loop {
+        let body = scrape(port).unwrap_or_default();
+        if total(&body, "ratchet_ignored_values_total") >= 1500.0 {
+            break body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the left-out values were not counted:\n{body}\n{}",
+            worker.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert!(body.contains("column=\"price\""), "{body}");
+    worker.stop(Duration::from_secs(60));
+    let log = worker.log_text();
+    assert!(
+        log.contains("the batches' new columns are left out"),
+        "{log}"
+    );
+    job.assert_exactly_once();
+
+    // Every table still has only its first columns, each row with its own values.
+    let services = Services::get();
+    for (kind, url) in [("pg", services.pg_url()), ("mysql", services.mysql_url())] {
+        let table = services.verify("sql_values.py", &[kind, url, &job.table, "id"]);
+        assert_eq!(table["columns"], json!(["id", "note"]), "{kind}: {table}");
+        let rows = table["rows"].as_array().unwrap();
+        assert_eq!(rows.len(), 400, "{kind}");
+        for row in rows {
+            let id = row["id"].as_i64().unwrap();
+            assert_eq!(row["note"], json!(format!("n{id}")), "{kind}: {row}");
+        }
+    }
+    let lake = job.read_lake(&["--columns"]);
+    let columns: Vec<&String> = lake["columns"].as_object().unwrap().keys().collect();
+    assert_eq!(columns, ["id", "note"], "{lake}");
+    assert_eq!(
+        lake["columns"]["note"],
+        Value::from((0..400).collect::<Vec<i64>>())
+    );
+    // The Kafka copy took the new fields.
+    for value in job.copy_values() {
+        let id = value["id"].as_i64().unwrap();
+        let qty = (id >= 100).then_some(id);
+        assert_eq!(value["qty"].as_i64(), qty, "{value}");
     }
 }
