@@ -37,12 +37,7 @@ pub(crate) fn added_fields(writer: &Value, reader: &Value, path: &str, out: &mut
                         } else {
                             format!("{path}.{name}")
                         };
-                        let matching = reader_fields.iter().find(|f| {
-                            f.get("name").and_then(Value::as_str) == Some(name)
-                                || f.get("aliases")
-                                    .and_then(Value::as_array)
-                                    .is_some_and(|a| a.iter().any(|x| x.as_str() == Some(name)))
-                        });
+                        let matching = reader_fields.iter().find(|f| same_field(&field, f));
                         match matching {
                             None => out.push(full),
                             Some(m) => added_fields(&field["type"], &m["type"], &full, out),
@@ -60,6 +55,26 @@ pub(crate) fn added_fields(writer: &Value, reader: &Value, path: &str, out: &mut
     }
 }
 
+/// Whether the writer's record field `writer` is the reader's `reader`: the same name, or either names the other
+/// among its `aliases` (a renamed field; arrow-avro's resolution matches both ways).
+pub(crate) fn same_field(writer: &Value, reader: &Value) -> bool {
+    let name = |f: &Value| f.get("name").and_then(Value::as_str).map(str::to_string);
+    let aliases = |f: &Value| -> Vec<String> {
+        f.get("aliases")
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(|x| x.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let (Some(w), Some(r)) = (name(writer), name(reader)) else {
+        return false;
+    };
+    w == r || aliases(reader).contains(&w) || aliases(writer).contains(&r)
+}
+
 /// The top-level fields both schemas have whose types are written differently: where to look when a writer
 /// schema cannot be resolved to a reader schema.
 pub(crate) fn retyped_fields(writer: &Value, reader: &Value) -> Vec<String> {
@@ -69,9 +84,7 @@ pub(crate) fn retyped_fields(writer: &Value, reader: &Value) -> Vec<String> {
         .iter()
         .filter_map(|w| {
             let name = w["name"].as_str()?;
-            let r = reader_fields
-                .iter()
-                .find(|r| r["name"].as_str() == Some(name))?;
+            let r = reader_fields.iter().find(|r| same_field(w, r))?;
             (r["type"] != w["type"]).then(|| name.to_string())
         })
         .collect()
@@ -196,25 +209,7 @@ fn replace_logical(reader: &mut Value, writer: &Value) -> bool {
                     let mut changed = false;
                     if let Some(fields) = r.get_mut("fields").and_then(Value::as_array_mut) {
                         for field in fields {
-                            let name = field
-                                .get("name")
-                                .and_then(Value::as_str)
-                                .map(str::to_string);
-                            let aliases: Vec<String> = field
-                                .get("aliases")
-                                .and_then(Value::as_array)
-                                .map(|a| {
-                                    a.iter()
-                                        .filter_map(|x| x.as_str().map(str::to_string))
-                                        .collect()
-                                })
-                                .unwrap_or_default();
-                            let matching = writer_fields.iter().find(|wf| {
-                                let wn = wf.get("name").and_then(Value::as_str);
-                                wn.is_some()
-                                    && (wn.map(str::to_string) == name
-                                        || aliases.iter().any(|a| Some(a.as_str()) == wn))
-                            });
+                            let matching = writer_fields.iter().find(|wf| same_field(wf, field));
                             if let Some(wf) = matching {
                                 changed |= replace_logical(&mut field["type"], &wf["type"]);
                             }
@@ -307,12 +302,7 @@ fn merge_added(
                         let Some(fields) = r.get_mut("fields").and_then(Value::as_array_mut) else {
                             return Ok(());
                         };
-                        let matching = fields.iter_mut().find(|f| {
-                            f.get("name").and_then(Value::as_str) == Some(name)
-                                || f.get("aliases")
-                                    .and_then(Value::as_array)
-                                    .is_some_and(|a| a.iter().any(|x| x.as_str() == Some(name)))
-                        });
+                        let matching = fields.iter_mut().find(|f| same_field(field, f));
                         match matching {
                             Some(m) => merge_added(&mut m["type"], &field["type"], &full, added)?,
                             None if !added.contains(&full) => {}
@@ -433,9 +423,9 @@ fn promoted_in(reader: &Value, writer: &Value, path: &str, out: &mut Vec<String>
                         let Some(name) = field["name"].as_str() else {
                             continue;
                         };
-                        let Some(known) = reader_fields.and_then(|fields| {
-                            fields.iter().find(|f| f["name"].as_str() == Some(name))
-                        }) else {
+                        let Some(known) = reader_fields
+                            .and_then(|fields| fields.iter().find(|f| same_field(field, f)))
+                        else {
                             continue;
                         };
                         let full = match path.is_empty() {
@@ -511,9 +501,7 @@ fn promote_in(reader: &mut Value, writer: &Value, path: &str, paths: &[String]) 
                         let Some(field) = r
                             .get_mut("fields")
                             .and_then(Value::as_array_mut)
-                            .and_then(|fields| {
-                                fields.iter_mut().find(|f| f["name"].as_str() == Some(name))
-                            })
+                            .and_then(|fields| fields.iter_mut().find(|f| same_field(written, f)))
                         else {
                             continue;
                         };
@@ -582,6 +570,18 @@ mod tests {
             &mut out,
         );
         out
+    }
+
+    #[test]
+    fn a_field_renamed_by_either_side_s_aliases_is_not_added() {
+        let reader = r#"{"type":"record","name":"O","fields":[{"name":"qty","type":"long"}]}"#;
+        let renamed = r#"{"type":"record","name":"O","fields":[
+            {"name":"quantity","type":"long","aliases":["qty"]}]}"#;
+        assert!(added(renamed, reader).is_empty());
+        assert!(added(reader, renamed).is_empty());
+        let unrelated = r#"{"type":"record","name":"O","fields":[
+            {"name":"quantity","type":"long","aliases":["amount"]}]}"#;
+        assert_eq!(added(unrelated, reader), ["quantity"]);
     }
 
     #[test]

@@ -52,6 +52,7 @@ mod reader;
 mod record;
 mod registry_lookup;
 mod reject;
+mod renames;
 mod settings;
 mod source;
 mod tombstone;

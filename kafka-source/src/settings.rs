@@ -663,13 +663,21 @@ impl DecodingSettings {
                         format!("the reader schema, {}, cannot be read: {e}", reader.named()),
                     )
                 })?;
-            return Ok(Decoding::Protobuf(ProtobufDecoding::from_registry(
+            let decoding = ProtobufDecoding::from_registry(
                 lookup.registry.clone(),
                 reader,
                 &file,
                 record_name.as_deref(),
                 lookup.evolution,
-            )?));
+            )?;
+            let names = match file.parent_pool().get_message_by_name(decoding.message()) {
+                Some(message) => {
+                    crate::renames::protobuf_column_names(lookup.registry, &latest, &message)
+                        .await?
+                }
+                None => Default::default(),
+            };
+            return Ok(Decoding::Protobuf(decoding.keeping_column_names(&names)));
         }
         let (
             DecodingSettings::Avro {
@@ -698,9 +706,14 @@ impl DecodingSettings {
         }
         let reader = match schema {
             Some(schema) => ReaderSchema::declared(schema),
-            None => ReaderSchema::latest(
-                &latest_schema(&lookup, *subject_strategy, record_name.as_deref()).await?,
-            ),
+            None => {
+                let latest =
+                    latest_schema(&lookup, *subject_strategy, record_name.as_deref()).await?;
+                ReaderSchema {
+                    schema: crate::renames::avro_reader(lookup.registry, &latest).await?,
+                    ..ReaderSchema::latest(&latest)
+                }
+            }
         };
         Ok(Decoding::Avro(AvroDecoding::from_registry(
             lookup.registry.clone(),

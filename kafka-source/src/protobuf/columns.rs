@@ -47,7 +47,10 @@ pub(crate) enum ProtoType {
 /// One field of a message read as a column.
 #[derive(Debug, Clone)]
 pub(crate) struct ProtoColumn {
-    /// The reader's field: its name is the column's, its number finds the writer's field.
+    /// The column's name: the reader's field's, or the name its number had when the column was first made (a
+    /// renamed field keeps its column, [`crate::renames`]).
+    pub(crate) name: String,
+    /// The reader's field: its number finds the writer's field.
     pub(crate) field: FieldDescriptor,
     /// Null when the writer did not set it (the field has presence: a message, `optional`, a `oneof` member).
     pub(crate) nullable: bool,
@@ -57,7 +60,7 @@ pub(crate) struct ProtoColumn {
 impl ProtoColumn {
     /// The column's name.
     pub(crate) fn name(&self) -> &str {
-        self.field.name()
+        &self.name
     }
 }
 
@@ -81,6 +84,7 @@ fn message_columns(
             let path = format!("{prefix}{}", field.name());
             let kind = field_type(&field, within, &path)?;
             Ok(ProtoColumn {
+                name: field.name().to_string(),
                 nullable: field.supports_presence() && !field.is_list() && !field.is_map(),
                 field,
                 kind,

@@ -110,6 +110,37 @@ impl ProtobufDecoding {
         })
     }
 
+    /// The same decoding with the top-level columns of the field numbers in `names` named as it says: a renamed
+    /// field keeps the column its number had ([`crate::renames`]). Before any record is decoded.
+    pub(crate) fn keeping_column_names(
+        self,
+        names: &std::collections::BTreeMap<u32, String>,
+    ) -> Self {
+        if names.is_empty() {
+            return self;
+        }
+        {
+            let mut generations = self
+                .writers
+                .generations
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let columns = generations[0]
+                .columns
+                .iter()
+                .cloned()
+                .map(|mut column| {
+                    if let Some(name) = names.get(&column.field.number()) {
+                        column.name = name.clone();
+                    }
+                    column
+                })
+                .collect();
+            generations[0] = Arc::new(Columns::new(0, columns));
+        }
+        self
+    }
+
     /// The Arrow schema of the decoded rows (of the current generation of the columns).
     pub fn schema(&self) -> SchemaRef {
         self.columns().schema.clone()

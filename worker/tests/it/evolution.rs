@@ -10,7 +10,8 @@
 //! (int to long, float to double, decimal precision up), made optional, or added inside a nested record change
 //! every sink in place, killed before and after the change likewise. With `evolution = "ignore"` on the table
 //! sinks (on the default local store), their tables keep their columns through every change and kill, the new
-//! fields left out and counted, while the other sinks of the job take them.
+//! fields left out and counted, while the other sinks of the job take them. A field renamed by Avro aliases (twice)
+//! stays on its column within a run, across a kill and in the restart that reads with the renamed schema.
 
 use crate::common;
 
@@ -587,5 +588,74 @@ async fn ignoring_table_sinks_keep_their_columns_exactly_once_across_kills() {
         let id = value["id"].as_i64().unwrap();
         let qty = (id >= 100).then_some(id);
         assert_eq!(value["qty"].as_i64(), qty, "{value}");
+    }
+}
+
+/// The order schema with `qty` renamed to `name`, its earlier names in `aliases`.
+fn renamed_order(name: &str, aliases: &[&str]) -> String {
+    let mut schema: Value = serde_json::from_str(&order_schema(&[(name, "long")])).unwrap();
+    schema["fields"][2]["aliases"] = json!(aliases);
+    schema.to_string()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_field_renamed_by_aliases_keeps_its_column_across_restarts_and_kills() {
+    let mut job = Job::new("rename", 2, 2, "3s").await;
+    job.read_registry_avro();
+    // With add-columns, a rename taken for a new field would add a column: it must not.
+    job.evolve_every_sink();
+    job.produce_avro(
+        &order_schema(&[("qty", "long")]),
+        100,
+        |id| json!({ "qty": id }),
+    );
+    let mut worker = job.spawn_worker(&[]);
+    job.wait_copied(100, Duration::from_secs(60));
+    // Renamed while the job runs: the running reader (version 1) reads `quantity` into `qty`.
+    job.produce_avro(
+        &renamed_order("quantity", &["qty"]),
+        100,
+        |id| json!({ "quantity": id }),
+    );
+    job.wait_copied(150, Duration::from_secs(60));
+    worker.kill9();
+    // Renamed again before the restart, which reads with version 3 (`amount`, aliases `quantity`) and replays
+    // what the kill left uncommitted: the column keeps the name of version 1.
+    job.produce_avro(
+        &renamed_order("amount", &["quantity"]),
+        100,
+        |id| json!({ "amount": id }),
+    );
+    let mut worker = job.spawn_worker(&["--exit-when-idle", "5s"]);
+    worker.wait_exit(Duration::from_secs(120));
+    assert!(
+        !worker.log_text().contains("the source's schema changed"),
+        "{}",
+        worker.log_text()
+    );
+    job.assert_exactly_once();
+
+    let services = Services::get();
+    let table = services.verify(
+        "sql_values.py",
+        &["pg", services.pg_url(), &job.table, "id"],
+    );
+    assert_eq!(table["columns"], json!(["id", "note", "qty"]), "{table}");
+    for row in table["rows"].as_array().unwrap() {
+        assert_eq!(row["qty"], row["id"], "{row}");
+    }
+    let lake = job.read_lake(&["--columns"]);
+    let columns: Vec<&String> = lake["columns"].as_object().unwrap().keys().collect();
+    assert_eq!(columns, ["id", "note", "qty"], "{lake}");
+    assert_eq!(
+        lake["columns"]["qty"],
+        Value::from((0..300).collect::<Vec<i64>>())
+    );
+    for value in job.copy_values() {
+        assert_eq!(value["qty"], value["id"], "{value}");
+        assert!(
+            value.get("quantity").is_none() && value.get("amount").is_none(),
+            "{value}"
+        );
     }
 }
