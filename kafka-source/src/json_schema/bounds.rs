@@ -1,5 +1,6 @@
 //! Bounds a JSON Schema puts on a top-level scalar property (`minimum`, `maximum`, `exclusiveMinimum`,
-//! `exclusiveMaximum` on a number or integer, `minLength`, `maxLength` on a string), checked on the value the strict
+//! `exclusiveMaximum` on a number or integer, a whole `multipleOf` on an integer, `minLength`, `maxLength` on a
+//! string), checked on the value the strict
 //! decoding just read instead of validating the whole document ([`super::implied`]). The comparisons are exact:
 //! an integer against a fractional bound compares with the bound's floor and ceiling, not through `f64`; a string's
 //! length counts Unicode code points, as JSON Schema does.
@@ -18,6 +19,8 @@ pub(crate) struct Bounds {
     maximum: Option<Number>,
     exclusive_minimum: Option<Number>,
     exclusive_maximum: Option<Number>,
+    /// A whole, positive `multipleOf` (of an integer property; a fractional one is the validator's).
+    multiple_of: Option<u64>,
     min_length: Option<u64>,
     max_length: Option<u64>,
 }
@@ -26,6 +29,8 @@ pub(crate) struct Bounds {
 pub(crate) const NUMBER_KEYWORDS: [&str; 4] =
     ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"];
 pub(crate) const STRING_KEYWORDS: [&str; 2] = ["minLength", "maxLength"];
+/// The keyword [`Bounds`] reads on an integer only.
+pub(crate) const INTEGER_KEYWORD: &str = "multipleOf";
 
 impl Bounds {
     /// The bounds `schema` states; `None` when a bound keyword's value is not what JSON Schema (draft 6 or later)
@@ -50,6 +55,10 @@ impl Bounds {
             maximum: number("maximum")?,
             exclusive_minimum: number("exclusiveMinimum")?,
             exclusive_maximum: number("exclusiveMaximum")?,
+            multiple_of: match length(INTEGER_KEYWORD)? {
+                Some(0) => return None,
+                whole => whole,
+            },
             min_length: length("minLength")?,
             max_length: length("maxLength")?,
         })
@@ -103,6 +112,11 @@ impl Bounds {
             {
                 return Some(format!("{} is {what} {bound}", shown()));
             }
+        }
+        if let (Read::Integer(v), Some(m)) = (value, self.multiple_of)
+            && i128::from(v) % i128::from(m) != 0
+        {
+            return Some(format!("{v} is not a multiple of {m}"));
         }
         if let Read::Text(text) = value {
             let length = text.chars().count() as u64;
@@ -176,6 +190,8 @@ mod tests {
             r#"{"type": "integer", "maximum": -2.5}"#,
             r#"{"type": "integer", "maximum": 18446744073709551615}"#,
             r#"{"type": "integer", "exclusiveMinimum": -9.25e18, "exclusiveMaximum": 9.25e18}"#,
+            r#"{"type": "integer", "multipleOf": 1}"#,
+            r#"{"type": "integer", "multipleOf": 5, "minimum": -9}"#,
             r#"{"type": "number", "minimum": 0.1, "exclusiveMaximum": 2}"#,
             r#"{"type": "string", "minLength": 2, "maxLength": 3}"#,
         ];
@@ -221,6 +237,23 @@ mod tests {
         }
         assert!(bounds(r#"{"type": "integer"}"#).is_empty());
         assert!(Bounds::of(&serde_json::from_str(r#"{"minLength": -1}"#).unwrap()).is_none());
+        for fractional in [r#"{"multipleOf": 0.5}"#, r#"{"multipleOf": 0}"#, r#"{"multipleOf": 2.0}"#] {
+            assert!(
+                Bounds::of(&serde_json::from_str(fractional).unwrap()).is_none(),
+                "{fractional} is the validator's"
+            );
+        }
+        let message = bounds(r#"{"multipleOf": 5}"#)
+            .violation(Read::Integer(12))
+            .unwrap();
+        assert_eq!(message, "12 is not a multiple of 5");
+        // Exact where the validator divides in floating point (-2^63 / (2^63 - 1) rounds to -1 there).
+        let huge = bounds(r#"{"multipleOf": 9223372036854775807}"#);
+        assert!(huge.violation(Read::Integer(i64::MIN)).is_some());
+        assert!(huge.violation(Read::Integer(i64::MAX)).is_none());
+        assert!(huge.violation(Read::Integer(0)).is_none());
+        let beyond = bounds(r#"{"multipleOf": 18446744073709551615}"#);
+        assert!(beyond.violation(Read::Integer(i64::MAX)).is_some());
         let message = bounds(r#"{"minimum": 0}"#)
             .violation(Read::Integer(-5))
             .unwrap();

@@ -16,7 +16,8 @@
 //! ignored key's value is not checked at all). The columns must be the ones the schema itself gives. Anything else
 //! (`format`, `pattern`, `enum`, `const`, `$ref`, `allOf`, maps, decimals, bounds below the top level, ...) keeps
 //! the validator. A top-level `integer` or `number` property may also have `minimum`, `maximum`,
-//! `exclusiveMinimum`, `exclusiveMaximum`, and a top-level `string` `minLength`, `maxLength`: those bounds are
+//! `exclusiveMinimum`, `exclusiveMaximum`, a top-level `integer` a whole `multipleOf`, and a top-level `string`
+//! `minLength`, `maxLength`: those bounds are
 //! returned, and the decoding checks each record's value against them right after reading it
 //! ([`super::bounds`]).
 //!
@@ -26,7 +27,7 @@
 //! a missing key where the column is not nullable, and refuses undeclared keys with `unknown_fields = "fail"`. The
 //! decoding may refuse more (an integer beyond `int64`, a key twice): those records are bad either way.
 
-use super::bounds::{Bounds, NUMBER_KEYWORDS, STRING_KEYWORDS};
+use super::bounds::{Bounds, INTEGER_KEYWORD, NUMBER_KEYWORDS, STRING_KEYWORDS};
 use super::doc::Doc;
 use crate::json_rows::UnknownFields;
 use crate::json_types::JsonField;
@@ -152,8 +153,12 @@ fn value_schema(
                 ("string", Some(_)) => &STRING_KEYWORDS,
                 _ => &[],
             };
+            let integer_bound = ty == "integer" && bounds.is_some();
             if !keys_in(schema, |key| {
-                ANNOTATIONS.contains(&key) || key == "type" || bound_keys.contains(&key)
+                ANNOTATIONS.contains(&key)
+                    || key == "type"
+                    || bound_keys.contains(&key)
+                    || (integer_bound && key == INTEGER_KEYWORD)
             }) {
                 return false;
             }
