@@ -182,7 +182,7 @@ impl Values {
                     .iter()
                     .flat_map(|(id, b)| b.iter().map(move |c| (id, c)))
                 {
-                    if let Some(why) = column.bounds.violation(rows.last(column.index)) {
+                    if let Some(why) = column.violation(rows.last(column.index)) {
                         return Err(bad_record(
                             at,
                             &format!("violates JSON Schema id {id}: at `/{}`: {why}", column.name),

@@ -19,7 +19,8 @@ pub(crate) struct Bounds {
     maximum: Option<Number>,
     exclusive_minimum: Option<Number>,
     exclusive_maximum: Option<Number>,
-    /// A whole, positive `multipleOf` (of an integer property; a fractional one is the validator's).
+    /// A whole `multipleOf` (of an integer property; a fractional one is checked by the property's own
+    /// validator, `implied::PropertyCheck::validated`).
     multiple_of: Option<u64>,
     min_length: Option<u64>,
     max_length: Option<u64>,
@@ -55,13 +56,23 @@ impl Bounds {
             maximum: number("maximum")?,
             exclusive_minimum: number("exclusiveMinimum")?,
             exclusive_maximum: number("exclusiveMaximum")?,
-            multiple_of: match length(INTEGER_KEYWORD)? {
-                Some(0) => return None,
-                whole => whole,
+            multiple_of: match schema.get(INTEGER_KEYWORD) {
+                None => None,
+                Some(Doc::Scalar(serde_json::Value::Number(n)))
+                    if n.as_f64().is_some_and(|m| m > 0.0) =>
+                {
+                    n.as_u64()
+                }
+                Some(_) => return None,
             },
             min_length: length("minLength")?,
             max_length: length("maxLength")?,
         })
+    }
+
+    /// Whether a whole `multipleOf` is among the bounds.
+    pub(crate) fn has_multiple_of(&self) -> bool {
+        self.multiple_of.is_some()
     }
 
     /// Whether no bound is set.
@@ -237,9 +248,10 @@ mod tests {
         }
         assert!(bounds(r#"{"type": "integer"}"#).is_empty());
         assert!(Bounds::of(&serde_json::from_str(r#"{"minLength": -1}"#).unwrap()).is_none());
-        for fractional in [r#"{"multipleOf": 0.5}"#, r#"{"multipleOf": 0}"#, r#"{"multipleOf": 2.0}"#] {
+        assert!(Bounds::of(&serde_json::from_str(r#"{"multipleOf": 0}"#).unwrap()).is_none());
+        for fractional in [r#"{"multipleOf": 0.5}"#, r#"{"multipleOf": 2.0}"#] {
             assert!(
-                Bounds::of(&serde_json::from_str(fractional).unwrap()).is_none(),
+                bounds(fractional).is_empty(),
                 "{fractional} is the validator's"
             );
         }

@@ -26,6 +26,20 @@ impl Doc {
         }
     }
 
+    /// This as a `serde_json::Value` (objects' keys sorted; a key written twice: the last one).
+    pub(crate) fn to_value(&self) -> Value {
+        match self {
+            Doc::Object(entries) => Value::Object(
+                entries
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.to_value()))
+                    .collect(),
+            ),
+            Doc::Array(items) => Value::Array(items.iter().map(Doc::to_value).collect()),
+            Doc::Scalar(value) => value.clone(),
+        }
+    }
+
     /// The string this is.
     pub(crate) fn as_str(&self) -> Option<&str> {
         match self {

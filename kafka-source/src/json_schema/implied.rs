@@ -17,9 +17,11 @@
 //! (`format`, `pattern`, `enum`, `const`, `$ref`, `allOf`, maps, decimals, bounds below the top level, ...) keeps
 //! the validator. A top-level `integer` or `number` property may also have `minimum`, `maximum`,
 //! `exclusiveMinimum`, `exclusiveMaximum`, a top-level `integer` a whole `multipleOf`, and a top-level `string`
-//! `minLength`, `maxLength`: those bounds are
-//! returned, and the decoding checks each record's value against them right after reading it
-//! ([`super::bounds`]).
+//! `minLength`, `maxLength`: those bounds are returned, and the decoding checks each record's value against them
+//! right after reading it ([`super::bounds`]). So are a top-level string's `pattern`, `enum` and `const`, an
+//! integer's or number's `enum` and `const`, and an integer's fractional `multipleOf` (`enum` and `const` only on a
+//! property that does not admit null): they are returned as a schema of their own, and each record's decoded value
+//! is validated against it alone, which is far cheaper than parsing and validating the whole document.
 //!
 //! Why this holds for what qualifies: the strict decoding refuses a value of another JSON type than its column's
 //! (`boolean` takes `true`/`false` only, integers take numbers with no fraction, which JSON Schema's `integer` also
@@ -44,15 +46,35 @@ const ANNOTATIONS: [&str; 8] = [
     "connect.version",
 ];
 
-/// Whether the strict decoding of `columns` (read with `unknown`), with the bounds returned checked on each
-/// record's top-level values, refuses every document `schema` (whose own columns are `writer`) refuses: the bounds
-/// by property name when it does, `None` when the validator must judge.
+/// Keywords of a top-level string property checked by a validator of that property alone, on the decoded value.
+const STRING_VALIDATED: [&str; 3] = ["pattern", "enum", "const"];
+/// The same for an integer (a fractional `multipleOf`; a whole one is a [`Bounds`]) or a number property.
+const NUMBER_VALIDATED: [&str; 3] = ["enum", "const", "multipleOf"];
+/// Validated keywords that also judge `null`, so they qualify only on a property that does not admit it (the
+/// decoding reads a missing key and `null` alike, and only `null` would be judged).
+const JUDGE_NULL: [&str; 2] = ["enum", "const"];
+
+/// What is checked on one top-level property's decoded value instead of validating the whole document.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct PropertyCheck {
+    /// The property.
+    pub(crate) name: String,
+    /// Its bounds, checked exactly.
+    pub(crate) bounds: Bounds,
+    /// A schema of its keywords that only a validator checks (`pattern`, `enum`, `const`, a fractional
+    /// `multipleOf`), for a validator of the value alone; `None`: none.
+    pub(crate) validated: Option<serde_json::Value>,
+}
+
+/// Whether the strict decoding of `columns` (read with `unknown`), with the checks returned run on each record's
+/// top-level values, refuses every document `schema` (whose own columns are `writer`) refuses: the checks by
+/// property when it does, `None` when the validator must judge the whole document.
 pub(crate) fn implied(
     schema: &Doc,
     writer: &[JsonField],
     columns: &[JsonField],
     unknown: UnknownFields,
-) -> Option<Vec<(String, Bounds)>> {
+) -> Option<Vec<PropertyCheck>> {
     let draft_6_or_later = match schema.get("$schema") {
         None => true,
         Some(draft) => draft.as_str().is_some_and(|uri| {
@@ -79,7 +101,7 @@ fn object_with(
     schema: &Doc,
     unknown: UnknownFields,
     also: impl Fn(&str) -> bool,
-    mut bounds: Option<&mut Vec<(String, Bounds)>>,
+    mut bounds: Option<&mut Vec<PropertyCheck>>,
 ) -> bool {
     let allowed = |key: &str| {
         ANNOTATIONS.contains(&key)
@@ -119,7 +141,9 @@ fn object_with(
         let Some((admits_null, value)) = without_null(property) else {
             return false;
         };
-        let bounded = bounds.as_deref_mut().map(|b| (name.as_str(), b));
+        let bounded = bounds
+            .as_deref_mut()
+            .map(|b| (name.as_str(), admits_null, b));
         if required.contains(&name.as_str()) == admits_null
             || !value_schema(value, unknown, bounded)
         {
@@ -129,12 +153,12 @@ fn object_with(
     true
 }
 
-/// Whether the schema of a non-null value qualifies; with `bounds` (a top-level property's name and where its
-/// bounds go), a scalar's bounds qualify too.
+/// Whether the schema of a non-null value qualifies; with `bounds` (a top-level property's name, whether it admits
+/// null, and where its checks go), a scalar's bounds and validated keywords qualify too.
 fn value_schema(
     schema: &Doc,
     unknown: UnknownFields,
-    bounds: Option<(&str, &mut Vec<(String, Bounds)>)>,
+    bounds: Option<(&str, bool, &mut Vec<PropertyCheck>)>,
 ) -> bool {
     match non_null_type(schema) {
         Some("object") => object(schema, unknown),
@@ -147,32 +171,52 @@ fn value_schema(
                 })
         }
         Some(ty @ ("boolean" | "integer" | "number" | "string")) => {
-            let bound_keys: &[&str] = match (ty, &bounds) {
-                (_, None) => &[],
-                ("integer" | "number", Some(_)) => &NUMBER_KEYWORDS,
-                ("string", Some(_)) => &STRING_KEYWORDS,
-                _ => &[],
+            let (bound_keys, validated_keys): (&[&str], &[&str]) = match (ty, &bounds) {
+                (_, None) => (&[], &[]),
+                ("integer", Some(_)) => (&NUMBER_KEYWORDS, &NUMBER_VALIDATED),
+                // A number's multipleOf makes its column a decimal (a power of ten), whose values are not read
+                // back for a check: the validator's.
+                ("number", Some(_)) => (&NUMBER_KEYWORDS, &NUMBER_VALIDATED[..2]),
+                ("string", Some(_)) => (&STRING_KEYWORDS, &STRING_VALIDATED),
+                _ => (&[], &[]),
             };
-            let integer_bound = ty == "integer" && bounds.is_some();
+            let admits_null = bounds.as_ref().is_some_and(|(_, null, _)| *null);
+            let validated = |key: &str| {
+                validated_keys.contains(&key) && !(admits_null && JUDGE_NULL.contains(&key))
+            };
             if !keys_in(schema, |key| {
                 ANNOTATIONS.contains(&key)
                     || key == "type"
                     || bound_keys.contains(&key)
-                    || (integer_bound && key == INTEGER_KEYWORD)
+                    || validated(key)
             }) {
                 return false;
             }
-            let Some((name, gathered)) = bounds else {
+            let Some((name, _, gathered)) = bounds else {
                 return true;
             };
-            match Bounds::of(schema) {
-                None => false,
-                Some(found) if found.is_empty() => true,
-                Some(found) => {
-                    gathered.push((name.to_string(), found));
-                    true
-                }
+            let Some(found) = Bounds::of(schema) else {
+                return false;
+            };
+            // A whole multipleOf is a bound; any other, the property's validator's.
+            let whole = |key: &str| key == INTEGER_KEYWORD && found.has_multiple_of();
+            let keywords: serde_json::Map<String, serde_json::Value> = match schema {
+                Doc::Object(entries) => entries
+                    .iter()
+                    .filter(|(key, _)| validated(key) && !whole(key))
+                    .map(|(key, value)| (key.clone(), value.to_value()))
+                    .collect(),
+                _ => serde_json::Map::new(),
+            };
+            let validated = (!keywords.is_empty()).then_some(serde_json::Value::Object(keywords));
+            if !found.is_empty() || validated.is_some() {
+                gathered.push(PropertyCheck {
+                    name: name.to_string(),
+                    bounds: found,
+                    validated,
+                });
             }
+            true
         }
         _ => false,
     }
@@ -336,7 +380,7 @@ mod tests {
         let fields = columns(&doc).unwrap();
         let bounds = implied(&doc, &fields, &fields, UnknownFields::Fail).unwrap();
         assert_eq!(bounds.len(), 1);
-        assert_eq!(bounds[0].0, "id");
+        assert_eq!(bounds[0].name, "id");
     }
 
     /// Every document the validator refuses, the decoding refuses (the documents probe each keyword).

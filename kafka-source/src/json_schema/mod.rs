@@ -24,7 +24,7 @@ use arrow_schema::SchemaRef;
 use connector_api::{Error, ErrorKind, Evolution, Phase, Result};
 use schema_registry::{RegisteredSchema, SchemaRegistry, SchemaType};
 
-use crate::json_rows::UnknownFields;
+use crate::json_rows::{Read, UnknownFields};
 use crate::json_types::{JsonDecoding, JsonField, JsonItem};
 use crate::record::{RecordAt, bad_record};
 use crate::registry_lookup::{RegistryLookup, confluent_id, self_contained};
@@ -208,7 +208,7 @@ struct Implied {
     bounds: Arc<Vec<BoundColumn>>,
 }
 
-/// A top-level column's bounds.
+/// What is checked on a top-level column's decoded values ([`implied::PropertyCheck`]).
 #[derive(Debug)]
 pub(crate) struct BoundColumn {
     /// The column's position.
@@ -216,6 +216,35 @@ pub(crate) struct BoundColumn {
     /// Its name (the JSON pointer of its violations).
     pub(crate) name: String,
     pub(crate) bounds: Bounds,
+    /// The validator of the property's keywords only a validator checks, run on the value alone.
+    validator: Option<jsonschema::Validator>,
+}
+
+/// The column types whose decoded values [`JsonRows::last`](crate::json_rows::JsonRows::last) reads back exactly
+/// (a `float32` column holds the value rounded, a decimal or a timestamp is not read back): the only ones checked
+/// on decoded values.
+const CHECKED_KINDS: [&str; 9] = [
+    "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "float64", "string",
+];
+
+impl BoundColumn {
+    /// What `value` (the column's decoded value) violates, as the validator would say it.
+    pub(crate) fn violation(&self, value: Read<'_>) -> Option<String> {
+        if let Some(why) = self.bounds.violation(value) {
+            return Some(why);
+        }
+        let validator = self.validator.as_ref()?;
+        let value = match value {
+            Read::Null => return None,
+            Read::Integer(v) => serde_json::Value::from(v),
+            Read::Float(v) => serde_json::Value::from(serde_json::Number::from_f64(v)?),
+            Read::Text(v) => serde_json::Value::from(v),
+        };
+        validator
+            .iter_errors(&value)
+            .next()
+            .map(|error| error.to_string())
+    }
 }
 
 /// A document ready to decode ([`JsonSchemaDecoding::document`]): its body, its writer schema's id, and the bounds to
@@ -344,16 +373,23 @@ impl JsonWriters {
         }
         let current = generations.last().expect("generation 0 always exists");
         let implied = implied::implied(&doc, &fields, &current.fields, self.unknown_fields)
-            .and_then(|bounds| {
-                let columns = bounds
+            .and_then(|checks| {
+                let columns = checks
                     .into_iter()
-                    .map(|(name, bounds)| {
-                        let index = current.fields.iter().position(|f| f.name == name)?;
-                        // A float32 column holds the value rounded: its bounds are the validator's to judge.
-                        (current.fields[index].kind != "float32").then_some(BoundColumn {
+                    .map(|check| {
+                        let index = current.fields.iter().position(|f| f.name == check.name)?;
+                        if !CHECKED_KINDS.contains(&current.fields[index].kind.as_str()) {
+                            return None;
+                        }
+                        let validator = match &check.validated {
+                            None => None,
+                            Some(keywords) => Some(jsonschema::validator_for(keywords).ok()?),
+                        };
+                        Some(BoundColumn {
                             index,
-                            name,
-                            bounds,
+                            name: check.name,
+                            bounds: check.bounds,
+                            validator,
                         })
                     })
                     .collect::<Option<Vec<_>>>()?;
@@ -834,6 +870,80 @@ mod tests {
         assert!(bounds[0].bounds.violation(Read::Integer(-1)).is_some());
         assert!(bounds[1].bounds.violation(Read::Text("abc")).is_some());
         assert!(bounds[1].bounds.violation(Read::Text("ab")).is_none());
+    }
+
+    /// A top-level `pattern`, `enum`, `const` or fractional `multipleOf` is checked on the decoded value by a
+    /// validator of that property alone, and judges as the whole document's validator does, document by document.
+    #[tokio::test]
+    async fn top_level_keywords_are_validated_on_the_decoded_value_alone_as_the_document_would_be()
+    {
+        let schema = r#"{"type": "object", "required": ["id", "kind"], "additionalProperties": false,
+            "properties": {"id": {"type": "integer", "multipleOf": 2.5},
+                           "kind": {"type": "string", "enum": ["a", "b"]},
+                           "code": {"type": ["string", "null"], "pattern": "^[A-Z]{3}$"},
+                           "ratio": {"type": ["number", "null"], "minimum": 0}}}"#;
+        let decoding = JsonSchemaDecoding::from_registry(
+            SchemaRegistry::new(&schema_registry::RegistrySettings::new(
+                "http://127.0.0.1:9/",
+            ))
+            .unwrap(),
+            ReaderSchema {
+                schema: schema.to_string(),
+                id: Some(8),
+                origin: "the schema".to_string(),
+            },
+            UnknownFields::Fail,
+            Evolution::None,
+        )
+        .unwrap();
+        let accepted = decoding
+            .writers
+            .accept(
+                &mut decoding.writers.generations(),
+                &registered(8, schema, SchemaType::Json),
+            )
+            .unwrap();
+        let checks = accepted.implied.as_ref().expect("not validated whole");
+        let names: Vec<&str> = checks.bounds.iter().map(|b| b.name.as_str()).collect();
+        assert_eq!(names, ["id", "kind", "code", "ratio"]);
+        let whole = jsonschema::validator_for(&serde_json::from_str(schema).unwrap()).unwrap();
+        let documents = [
+            r#"{"id": 5, "kind": "a"}"#,
+            r#"{"id": 4, "kind": "a"}"#,
+            r#"{"id": 0, "kind": "c"}"#,
+            r#"{"id": -10, "kind": "b", "code": "ABC"}"#,
+            r#"{"id": 10, "kind": "b", "code": "AB"}"#,
+            r#"{"id": 10, "kind": "b", "code": null}"#,
+            r#"{"id": 10, "kind": "b", "ratio": -0.5}"#,
+            r#"{"id": 10, "kind": "b", "ratio": 0.5, "code": "XYZ"}"#,
+        ];
+        let schema = decoding.columns().decoding.schema();
+        for document in documents {
+            let mut rows = crate::json_rows::JsonRows::new(schema.fields(), UnknownFields::Fail, 1);
+            rows.append(document.as_bytes(), &mut Default::default())
+                .unwrap();
+            let refused = checks
+                .bounds
+                .iter()
+                .find_map(|column| column.violation(rows.last(column.index)));
+            let value: serde_json::Value = serde_json::from_str(document).unwrap();
+            assert_eq!(
+                refused.is_some(),
+                !whole.is_valid(&value),
+                "{document}: {refused:?}"
+            );
+        }
+        // A nullable property's `enum` would judge a null the decoding cannot tell from a missing key: the whole
+        // document is validated.
+        let nullable_enum = r#"{"type": "object", "properties": {"kind": {"type": ["string", "null"], "enum": ["a"]}}}"#;
+        let plain = decoding
+            .writers
+            .accept(
+                &mut decoding.writers.generations(),
+                &registered(9, nullable_enum, SchemaType::Json),
+            )
+            .unwrap();
+        assert!(plain.implied.is_none());
     }
 
     fn fields(schema: &str) -> Vec<JsonField> {
