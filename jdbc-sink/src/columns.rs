@@ -551,8 +551,8 @@ impl TableShape {
         }
     }
 
-    /// Column `i`'s type in `CREATE TABLE` / `ADD COLUMN` for `dialect`.
-    fn column_ddl(&self, dialect: Dialect, i: usize, key: bool) -> String {
+    /// Column `i`'s type in `CREATE TABLE` / `ADD COLUMN` / `ALTER COLUMN .. TYPE` for `dialect`.
+    pub(crate) fn column_ddl(&self, dialect: Dialect, i: usize, key: bool) -> String {
         self.types[i].ddl(dialect, key, self.item(i))
     }
 

@@ -182,8 +182,8 @@ fn numeric_of(type_name: &str) -> Option<Numeric> {
     })
 }
 
-/// `evolution = "evolve"`: widens the table's numeric columns whose batches' type is wider ([`Numeric`]; `ALTER
-/// COLUMN .. TYPE`, which rewrites the table) and drops NOT NULL from the columns whose batches take nulls (not
+/// `evolution = "evolve"`: widens the table's numeric columns, and arrays of numbers, whose batches' type is wider
+/// ([`Numeric`]; `ALTER COLUMN .. TYPE`, which rewrites the table) and drops NOT NULL from the columns whose batches take nulls (not
 /// the key's or the primary key's, and not for a change stream's rows, which are all nullable), in one `ALTER TABLE` (nothing when the table fits, so no lock is taken then). A table that does not
 /// exist is left to the fit check to report. Another instance changing the same column at once is harmless: the
 /// statement is idempotent in effect, and the second waits for the first's lock (bounded by `lock_timeout`).
@@ -253,13 +253,23 @@ pub(crate) async fn column_changes(
             continue;
         };
         let column = crate::columns::quote(dialect, name);
-        let wanted = Numeric::of(shape.types[i]);
-        if let (Some(now), Some(wanted)) = (numeric_of(row.get(1)), wanted)
-            && now.widens_to(wanted)
-        {
+        // A numeric column, or an array of numbers (`integer[]` to `bigint[]`: PostgreSQL casts each item).
+        let now: &str = row.get(1);
+        let widened = match (
+            Numeric::of(shape.types[i]),
+            shape.item(i).and_then(Numeric::of),
+        ) {
+            (Some(wanted), _) => numeric_of(now).is_some_and(|n| n.widens_to(wanted)),
+            (None, Some(item)) => now
+                .strip_suffix("[]")
+                .and_then(numeric_of)
+                .is_some_and(|n| n.widens_to(item)),
+            (None, None) => false,
+        };
+        if widened {
             let clause = format!(
                 "ALTER COLUMN {column} TYPE {}",
-                shape.types[i].ddl(dialect, false, None)
+                shape.column_ddl(dialect, i, false)
             );
             changes.push((name.clone(), clause));
         }

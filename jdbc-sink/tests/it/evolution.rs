@@ -3,7 +3,8 @@
 //! row of it is written, in xa and upsert mode; an instance still on the old schema goes on writing into the
 //! evolved table; a sink opening with a schema the table lacks adds the column, or with `evolution = "none"`
 //! refuses naming it. `evolution = "evolve"`: a column widened and made nullable at the boundary while a killed
-//! instance's prepared transaction holds the table.
+//! instance's prepared transaction holds the table; a PostgreSQL array column's items widened (`integer[]` to
+//! `bigint[]`).
 
 use crate::common;
 
@@ -387,4 +388,99 @@ async fn postgres_widens_the_column_while_a_prepared_transaction_holds_the_table
 #[tokio::test]
 async fn mariadb_widens_the_column_while_a_prepared_transaction_holds_the_table() {
     widens_at_a_checkpoint_boundary(Db::MariaDb).await;
+}
+
+/// The conformance schema with `counts`, a nullable list of `item`.
+fn with_counts(item: DataType) -> SchemaRef {
+    let mut fields: Vec<Field> = conformance_schema()
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    fields.push(Field::new_list(
+        "counts",
+        Field::new_list_field(item, true),
+        true,
+    ));
+    Arc::new(Schema::new(fields))
+}
+
+/// Rows `ids` of `schema`: `counts` = [id, null, id * 10^10 when the items are wide], null for id 4.
+fn counted_rows(schema: &SchemaRef, ids: std::ops::Range<i64>) -> RecordBatch {
+    let base = rows(&conformance_schema(), ids.clone());
+    let wide = matches!(schema.field(2).data_type(), DataType::List(item) if item.data_type() == &DataType::Int64);
+    let counts: arrow_array::ArrayRef = if wide {
+        let mut list =
+            arrow_array::builder::ListBuilder::new(arrow_array::builder::Int64Builder::new());
+        for i in ids {
+            if i == 4 {
+                list.append_null();
+                continue;
+            }
+            list.values().append_value(i);
+            list.values().append_null();
+            list.values().append_value(i * 10_000_000_000);
+            list.append(true);
+        }
+        Arc::new(list.finish())
+    } else {
+        let mut list =
+            arrow_array::builder::ListBuilder::new(arrow_array::builder::Int32Builder::new());
+        for i in ids {
+            list.values().append_value(i as i32);
+            list.values().append_null();
+            list.append(true);
+        }
+        Arc::new(list.finish())
+    };
+    let mut columns = base.columns().to_vec();
+    columns.push(counts);
+    RecordBatch::try_new(schema.clone(), columns).unwrap()
+}
+
+/// `evolution = "evolve"`: a list of int32 widened to a list of int64 widens the table's array column
+/// (`integer[]` to `bigint[]`, each item cast) at a checkpoint boundary: the rows before keep their items, the rows
+/// after carry items beyond int32, read back by psql.
+#[tokio::test]
+async fn postgres_widens_an_array_column_s_items() {
+    let unique = test_support::unique_name("jdbc-widen-array");
+    let narrow = with_counts(DataType::Int32);
+    let wide = with_counts(DataType::Int64);
+    let config = JdbcSinkConfig {
+        schema: narrow.clone(),
+        create_table: true,
+        ..sink_config(Db::Postgres, &unique, WriteMode::Xa, Evolution::Evolve)
+    };
+    let table = config.table.clone();
+    let state = tempfile::tempdir().unwrap();
+    let (mut driver, sink) = evolving_driver(config.clone(), state.path(), false).await;
+    driver
+        .write(sink, &counted_rows(&narrow, 0..2))
+        .await
+        .unwrap();
+    driver.checkpoint(positions(2)).await.unwrap();
+    driver.evolve(&[sink], wide.clone()).await.unwrap();
+    driver
+        .write(sink, &counted_rows(&wide, 2..5))
+        .await
+        .unwrap();
+    driver.checkpoint(positions(5)).await.unwrap();
+    driver.close().await.unwrap();
+
+    let values = cli(
+        Db::Postgres,
+        &format!("SELECT id, COALESCE(counts::text, 'null') FROM {table} ORDER BY id"),
+    );
+    assert_eq!(
+        values.replace('\t', "|"),
+        "0|{0,NULL}\n1|{1,NULL}\n2|{2,NULL,20000000000}\n3|{3,NULL,30000000000}\n4|null"
+    );
+    let column = cli(
+        Db::Postgres,
+        &format!(
+            "SELECT format_type(atttypid, atttypmod) FROM pg_attribute \
+             WHERE attrelid = '{table}'::regclass AND attname = 'counts'"
+        ),
+    );
+    assert_eq!(column, "bigint[]");
 }
