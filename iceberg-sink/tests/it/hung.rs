@@ -3,7 +3,9 @@
 //! REST catalog, each reached only through the proxy (the readers go around it). While it hangs, every commit ends
 //! within the sink's `commit_timeout` (times the driver's retries) instead of hanging the job; once it answers
 //! again, a restarted job lands every record exactly once, as pyiceberg and DuckDB read it, and nothing of the
-//! sink is left unreferenced. Also: the catalog database ending the sessions of a running job between commits.
+//! sink is left unreferenced. Also: the catalog database ending the sessions of a running job between commits; and
+//! a catalog that stops answering right before a schema change (the new column's catalog commit is abandoned
+//! within the driver's bound; the restart on the new schema adds it when it opens).
 
 use crate::common;
 
@@ -192,5 +194,112 @@ async fn catalog_sessions_the_server_killed_are_replaced_at_the_next_commit() {
     assert_eq!(
         common::checkpoints_in_two_snapshots(&seen.snapshots),
         Vec::<String>::new()
+    );
+}
+
+/// The conformance schema with a nullable `qty`, and rows `ids` of it (`qty` = id).
+fn with_qty(ids: std::ops::Range<i64>) -> (arrow_schema::SchemaRef, arrow_array::RecordBatch) {
+    let mut fields: Vec<arrow_schema::Field> = conformance_schema()
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    fields.push(arrow_schema::Field::new(
+        "qty",
+        arrow_schema::DataType::Int64,
+        true,
+    ));
+    let schema = std::sync::Arc::new(arrow_schema::Schema::new(fields));
+    let mut columns = batch(ids.clone()).columns().to_vec();
+    columns.push(std::sync::Arc::new(
+        arrow_array::Int64Array::from_iter_values(ids),
+    ));
+    (
+        schema.clone(),
+        arrow_array::RecordBatch::try_new(schema, columns).unwrap(),
+    )
+}
+
+/// A job of `schema` taking new columns (`add-columns`), over the store in `state`.
+async fn evolving_job(
+    lake: &Lake,
+    table: &str,
+    state: &std::path::Path,
+    schema: arrow_schema::SchemaRef,
+) -> (Driver<LocalCheckpointStore>, connector_api::SinkHandle) {
+    let mut job = Driver::new(
+        LocalCheckpointStore::open(state, 3).unwrap(),
+        driver_config(),
+    );
+    let config = IcebergSinkConfig {
+        schema,
+        evolution: connector_api::Evolution::AddColumns,
+        ..config(lake, table)
+    };
+    let sink = job
+        .add_sink(IcebergSink::new(config).await.unwrap())
+        .unwrap();
+    job.start().await.unwrap();
+    (job, sink)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_catalog_that_stops_answering_at_a_schema_change_bounds_it_and_loses_nothing() {
+    let services = Services::get();
+    let lake = Lake::rest("hungevolve");
+    let proxy = services
+        .toxiproxy()
+        .proxy("hung-evolve", &lake.catalog_server().unwrap())
+        .await;
+    let proxied = lake.through(proxy.address());
+    let table = lake.table(&["events"]);
+    let state = tempfile::tempdir().unwrap();
+    let (wide, wide_rows) = with_qty(ROWS..2 * ROWS);
+
+    let (mut running, sink) =
+        evolving_job(&proxied, &table, state.path(), conformance_schema()).await;
+    let next = committed_step(&mut running, sink, 0).await;
+    proxy.blackhole().await;
+    let started = Instant::now();
+    let evolved = running.evolve(&[sink], wide.clone()).await;
+    let took = started.elapsed();
+    assert!(
+        evolved.is_err(),
+        "a schema change through a blackholed catalog cannot succeed"
+    );
+    let bound = driver_config()
+        .retry
+        .worst_case(DriverConfig::default().max_call_time)
+        + Duration::from_secs(3);
+    assert!(
+        took < bound,
+        "the hung schema change took {took:?}, more than {bound:?}"
+    );
+    drop(running);
+    proxy.heal().await;
+
+    // Restarted on the new schema after the catalog answers again: the sink adds the column as it opens.
+    let (mut restarted, sink) = evolving_job(&proxied, &table, state.path(), wide).await;
+    restarted.write(sink, &wide_rows).await.unwrap();
+    let next = next + ROWS;
+    restarted
+        .checkpoint(conformance_positions(next))
+        .await
+        .unwrap();
+    restarted.close().await.unwrap();
+    proxy.delete().await;
+
+    let seen = tokio::task::spawn_blocking({
+        let (lake, table) = (lake.clone(), table.clone());
+        move || (lake.read(&table), lake.non_null_ids(&table))
+    })
+    .await
+    .unwrap();
+    let (seen, columns) = seen;
+    assert_eq!(seen.ids, (0..next).collect::<Vec<_>>(), "pyiceberg");
+    assert!(seen.unreferenced.is_empty(), "{:?}", seen.unreferenced);
+    assert_eq!(
+        columns["qty"],
+        serde_json::Value::from((ROWS..next).collect::<Vec<_>>())
     );
 }
