@@ -318,6 +318,7 @@ async fn widened_and_optional_fields_change_every_sink_exactly_once_across_kills
         )
     })
     .await;
+    job.store_locally();
     job.read_registry_avro();
     job.set_every_sink_evolution("evolve");
     let code = json!("string");
@@ -601,6 +602,7 @@ fn renamed_order(name: &str, aliases: &[&str]) -> String {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_field_renamed_by_aliases_keeps_its_column_across_restarts_and_kills() {
     let mut job = Job::new("rename", 2, 2, "3s").await;
+    job.store_locally();
     job.read_registry_avro();
     // With add-columns, a rename taken for a new field would add a column: it must not.
     job.evolve_every_sink();
