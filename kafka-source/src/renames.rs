@@ -1,18 +1,19 @@
 //! Renamed fields keep their columns across restarts. Every process reads with its subject's latest schema; a
 //! field renamed in it (an Avro field whose `aliases` name its earlier name, a Protobuf field under a new name with
-//! the same number) would come back after a restart as a new column, and its column would stop filling. So the
-//! column of a renamed top-level field keeps the name the field had in the oldest version of the subject that has
-//! it, looked up in the registry when the decoding is made:
+//! the same number) would come back after a restart as a new column (or a new field of its struct), and its column
+//! would stop filling. So the column of a renamed field, at any depth (inside records and messages, through
+//! unions, arrays and maps), keeps the name the field had in the oldest version of the subject that has it, looked
+//! up in the registry when the decoding is made:
 //!
 //! - Avro: the reader schema's field takes that name and keeps its newer names among its `aliases`, which Avro's
-//!   resolution matches (only when the latest schema has top-level aliases: otherwise nothing is looked up);
-//! - Protobuf: the column of that field number takes that name.
+//!   resolution matches (only when the latest schema has aliases somewhere: otherwise nothing is looked up);
+//! - Protobuf: the column (or struct field) of that field number takes that name.
 //!
 //! Within a run, a writer's renamed field already reads into the reader's column (Avro: either side's aliases,
 //! `avro_fields::same_field`; Protobuf: numbers). Every process computes the same names from the same registry,
 //! so two processes on different versions write the same columns. Versions deleted from the subject are skipped: a
-//! field's oldest name still there decides. Fields renamed inside nested records or messages are not kept this
-//! way (planned): after a restart such a field is a new field of its struct.
+//! field's oldest name still there decides. A type referred to by name (an Avro named type used twice) is renamed
+//! where it is defined.
 
 use std::collections::BTreeMap;
 
@@ -67,8 +68,8 @@ fn names_of(field: &Value) -> Vec<String> {
     names
 }
 
-/// The Avro reader schema `latest` (JSON) with each renamed top-level field named as its column was first
-/// ([`avro_column_names`]); unchanged when it has no top-level aliases.
+/// The Avro reader schema `latest` (JSON) with each renamed field named as its column was first
+/// ([`rename_fields`]); unchanged when it has no aliases.
 ///
 /// # Errors
 /// [`Retryable`](ErrorKind::Retryable) when an older version cannot be read.
@@ -79,10 +80,7 @@ pub(crate) async fn avro_reader(
     let Ok(mut reader) = serde_json::from_str::<Value>(&latest.schema) else {
         return Ok(latest.schema.clone());
     };
-    let has_aliases = reader["fields"]
-        .as_array()
-        .is_some_and(|fields| fields.iter().any(|f| names_of(f).len() > 1));
-    if !has_aliases {
+    if !has_aliases(&reader) {
         return Ok(latest.schema.clone());
     }
     let older: Vec<Value> = older_versions(registry, latest)
@@ -91,41 +89,93 @@ pub(crate) async fn avro_reader(
         .filter(|s| s.schema_type == SchemaType::Avro)
         .filter_map(|s| serde_json::from_str(&s.schema).ok())
         .collect();
-    let renamed = avro_column_names(&reader, &older);
+    let older: Vec<&Value> = older.iter().collect();
+    let mut renamed = Vec::new();
+    if let Some(record) = record_mut(&mut reader) {
+        rename_fields(record, &older, "", &mut renamed);
+    }
     if renamed.is_empty() {
         return Ok(latest.schema.clone());
     }
-    let fields = reader["fields"].as_array_mut().expect("checked above");
-    for field in fields.iter_mut() {
-        let Some(column) = field["name"].as_str().and_then(|n| renamed.get(n)).cloned() else {
-            continue;
-        };
-        let mut aliases = names_of(field);
-        aliases.retain(|n| n != &column);
-        tracing::info!(field = %aliases[0], column = %column,
+    for (field, column) in &renamed {
+        tracing::info!(field = %field, column = %column,
             "a renamed field keeps its column: the name it had in the oldest version of its subject");
-        field["name"] = Value::from(column);
-        field["aliases"] = Value::from(aliases);
     }
     Ok(reader.to_string())
 }
 
-/// The column names of `reader`'s renamed top-level fields, by their name in `reader`: each field followed back
-/// through `older` (newest first) by its names and aliases, to the name it had in the oldest. A name another
-/// field of `reader` has is not taken (the field keeps its own).
-fn avro_column_names(reader: &Value, older: &[Value]) -> BTreeMap<String, String> {
-    let fields = reader["fields"].as_array().cloned().unwrap_or_default();
+/// Whether a record field anywhere in `schema` has aliases.
+fn has_aliases(schema: &Value) -> bool {
+    match schema {
+        Value::Array(branches) => branches.iter().any(has_aliases),
+        Value::Object(o) => {
+            o.get("fields")
+                .and_then(Value::as_array)
+                .is_some_and(|fields| {
+                    fields
+                        .iter()
+                        .any(|f| names_of(f).len() > 1 || has_aliases(&f["type"]))
+                })
+                || ["items", "values"]
+                    .iter()
+                    .any(|k| o.get(*k).is_some_and(has_aliases))
+        }
+        _ => false,
+    }
+}
+
+/// The record `schema` is or holds (through a union's branches, an array's items, a map's values).
+fn record_in(schema: &Value) -> Option<&Value> {
+    match schema {
+        Value::Array(branches) => branches.iter().find_map(record_in),
+        Value::Object(o) => match o.get("type").and_then(Value::as_str) {
+            Some("record") => Some(schema),
+            Some("array") => record_in(o.get("items")?),
+            Some("map") => record_in(o.get("values")?),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// [`record_in`], mutable.
+fn record_mut(schema: &mut Value) -> Option<&mut Value> {
+    match schema {
+        Value::Array(branches) => branches.iter_mut().find_map(record_mut),
+        Value::Object(o) => match o.get("type").and_then(Value::as_str) {
+            Some("record") => Some(schema),
+            Some("array") => record_mut(schema.get_mut("items")?),
+            Some("map") => record_mut(schema.get_mut("values")?),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// Renames the fields of `record` (at `path`) that `older` (its counterparts in the older versions, newest first)
+/// knew under another name: each field followed back by its names and aliases to the name it had in the oldest;
+/// then the same inside each field's record. A name another field of `record` has is not taken (the field keeps
+/// its own). Each rename is listed in `renamed` (the field's path as the latest names it, and its column).
+fn rename_fields(
+    record: &mut Value,
+    older: &[&Value],
+    path: &str,
+    renamed: &mut Vec<(String, String)>,
+) {
+    let Some(fields) = record.get_mut("fields").and_then(Value::as_array_mut) else {
+        return;
+    };
     let taken: Vec<String> = fields
         .iter()
         .filter_map(|f| f["name"].as_str().map(str::to_string))
         .collect();
-    let mut out = BTreeMap::new();
-    for field in fields.iter().filter(|f| names_of(f).len() > 1) {
-        let Some(name) = field["name"].as_str() else {
+    for field in fields.iter_mut() {
+        let Some(name) = field["name"].as_str().map(str::to_string) else {
             continue;
         };
         let mut known = names_of(field);
-        let mut column = name.to_string();
+        let mut column = name.clone();
+        let mut counterparts: Vec<&Value> = Vec::new();
         for schema in older {
             let found = schema["fields"]
                 .as_array()
@@ -133,20 +183,31 @@ fn avro_column_names(reader: &Value, older: &[Value]) -> BTreeMap<String, String
                 .flatten()
                 .find(|f| names_of(f).iter().any(|n| known.contains(n)));
             if let Some(found) = found {
-                column = found["name"].as_str().unwrap_or(name).to_string();
+                column = found["name"].as_str().unwrap_or(&name).to_string();
                 known.extend(names_of(found));
+                counterparts.extend(record_in(&found["type"]));
             }
         }
+        let full = match path.is_empty() {
+            true => name.clone(),
+            false => format!("{path}.{name}"),
+        };
         if column != name && !taken.contains(&column) {
-            out.insert(name.to_string(), column);
+            let mut aliases = names_of(field);
+            aliases.retain(|n| n != &column);
+            field["name"] = Value::from(column.clone());
+            field["aliases"] = Value::from(aliases);
+            renamed.push((full.clone(), column));
+        }
+        if let Some(inner) = record_mut(&mut field["type"]) {
+            rename_fields(inner, &counterparts, &full, renamed);
         }
     }
-    out
 }
 
-/// The column names of message `message`'s renamed top-level fields, by field number: the name each number had
-/// in the oldest version of `latest`'s subject that has it, where that differs from `latest`'s (and no other
-/// field of `latest` has it).
+/// The column names of message `current`'s renamed fields, at any depth, by path of field numbers: the name each
+/// number had in the oldest version of `latest`'s subject that has it, where that differs from `current`'s (and no
+/// other field of its message has it).
 ///
 /// # Errors
 /// [`Retryable`](ErrorKind::Retryable) when an older version cannot be read; a version that does not compile or
@@ -155,8 +216,8 @@ pub(crate) async fn protobuf_column_names(
     registry: &SchemaRegistry,
     latest: &RegisteredSchema,
     current: &prost_reflect::MessageDescriptor,
-) -> Result<BTreeMap<u32, String>> {
-    let mut first: BTreeMap<u32, String> = BTreeMap::new();
+) -> Result<BTreeMap<Vec<u32>, String>> {
+    let mut older_messages = Vec::new();
     for older in older_versions(registry, latest).await? {
         if older.schema_type != SchemaType::Protobuf {
             continue;
@@ -164,23 +225,65 @@ pub(crate) async fn protobuf_column_names(
         let Ok(file) = schema_registry::protobuf::compile(registry, &older).await else {
             continue;
         };
-        let Some(message) = file.parent_pool().get_message_by_name(current.full_name()) else {
-            continue;
-        };
-        // Newest first: an older version's name replaces a newer one's.
-        for field in message.fields() {
-            first.insert(field.number(), field.name().to_string());
-        }
+        older_messages.extend(file.parent_pool().get_message_by_name(current.full_name()));
     }
-    let taken: Vec<String> = current.fields().map(|f| f.name().to_string()).collect();
-    Ok(current
-        .fields()
-        .filter_map(|field| {
-            let column = first.get(&field.number())?;
-            (column != field.name() && !taken.contains(column))
-                .then(|| (field.number(), column.clone()))
+    Ok(protobuf_renames(current, &older_messages))
+}
+
+/// [`protobuf_column_names`] given the message in the older versions, newest first.
+fn protobuf_renames(
+    current: &prost_reflect::MessageDescriptor,
+    older: &[prost_reflect::MessageDescriptor],
+) -> BTreeMap<Vec<u32>, String> {
+    let mut first: BTreeMap<Vec<u32>, String> = BTreeMap::new();
+    // Newest first: an older version's name replaces a newer one's.
+    for message in older {
+        names_by_number(message, &mut Vec::new(), &mut first);
+    }
+    let mut now = BTreeMap::new();
+    names_by_number(current, &mut Vec::new(), &mut now);
+    now.iter()
+        .filter_map(|(path, name)| {
+            let column = first.get(path)?;
+            let parent = &path[..path.len() - 1];
+            let taken = now
+                .iter()
+                .any(|(p, n)| p.len() == path.len() && &p[..p.len() - 1] == parent && n == column);
+            (column != name && !taken).then(|| (path.clone(), column.clone()))
         })
-        .collect())
+        .collect()
+}
+
+/// Every field of `message`, at any depth (inside message fields, items and values), by its path of numbers.
+fn names_by_number(
+    message: &prost_reflect::MessageDescriptor,
+    path: &mut Vec<u32>,
+    out: &mut BTreeMap<Vec<u32>, String>,
+) {
+    // A recursive message has no columns (refused): never walked deeper than any real schema nests.
+    if path.len() > 32 {
+        return;
+    }
+    for field in message.fields() {
+        path.push(field.number());
+        out.insert(path.clone(), field.name().to_string());
+        let inner = match field.kind() {
+            prost_reflect::Kind::Message(m) if m.is_map_entry() => {
+                match m.map_entry_value_field().kind() {
+                    prost_reflect::Kind::Message(v) => Some(v),
+                    _ => None,
+                }
+            }
+            prost_reflect::Kind::Message(m) if !m.full_name().starts_with("google.protobuf.") => {
+                Some(m)
+            }
+            _ => None,
+        };
+        if let Some(inner) = inner {
+            names_by_number(&inner, path, out);
+        }
+        path.pop();
+    }
 }
 
 #[cfg(test)]
@@ -188,6 +291,15 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    /// The names `reader` takes, renamed as the `older` versions (newest first) say.
+    fn renamed(reader: &Value, older: &[Value]) -> (Value, Vec<(String, String)>) {
+        let mut reader = reader.clone();
+        let older: Vec<&Value> = older.iter().collect();
+        let mut renamed = Vec::new();
+        rename_fields(&mut reader, &older, "", &mut renamed);
+        (reader, renamed)
+    }
 
     #[test]
     fn a_field_renamed_twice_keeps_its_first_name() {
@@ -197,16 +309,18 @@ mod tests {
             {"name":"id","type":"long"},{"name":"quantity","type":"long","aliases":["qty"]}]});
         let v3 = json!({"type":"record","name":"O","fields":[
             {"name":"id","type":"long"},{"name":"amount","type":"long","aliases":["quantity"]}]});
-        let names = avro_column_names(&v3, &[v2.clone(), v1.clone()]);
-        assert_eq!(names, BTreeMap::from([("amount".into(), "qty".into())]));
-        // Versions deleted: the oldest left decides.
-        let names = avro_column_names(&v3, &[v2]);
+        let (reader, names) = renamed(&v3, &[v2.clone(), v1.clone()]);
+        assert_eq!(names, [("amount".to_string(), "qty".to_string())]);
         assert_eq!(
-            names,
-            BTreeMap::from([("amount".into(), "quantity".into())])
+            reader["fields"][1],
+            json!({"name":"qty","type":"long","aliases":["amount","quantity"]})
         );
+        // Versions deleted: the oldest left decides.
+        let (_, names) = renamed(&v3, &[v2]);
+        assert_eq!(names, [("amount".to_string(), "quantity".to_string())]);
         // A field whose aliases name nothing older keeps its name.
-        assert!(avro_column_names(&v3, &[]).is_empty());
+        assert!(renamed(&v3, &[]).1.is_empty());
+        assert!(has_aliases(&v3) && !has_aliases(&v1));
     }
 
     #[test]
@@ -214,6 +328,79 @@ mod tests {
         let v1 = json!({"type":"record","name":"O","fields":[{"name":"qty","type":"long"}]});
         let v2 = json!({"type":"record","name":"O","fields":[
             {"name":"quantity","type":"long","aliases":["qty"]},{"name":"qty","type":["null","string"],"default":null}]});
-        assert!(avro_column_names(&v2, &[v1]).is_empty());
+        assert!(renamed(&v2, &[v1]).1.is_empty());
+    }
+
+    #[test]
+    fn fields_renamed_inside_nested_records_keep_their_names_at_any_depth() {
+        let v1 = json!({"type":"record","name":"O","fields":[
+            {"name":"customer","type":["null",{"type":"record","name":"C","fields":[{"name":"mail","type":"string"}]}]},
+            {"name":"lines","type":{"type":"array","items":{"type":"record","name":"L","fields":[{"name":"qty","type":"int"}]}}}]});
+        let v2 = json!({"type":"record","name":"O","fields":[
+            {"name":"client","aliases":["customer"],"type":["null",{"type":"record","name":"C","fields":[
+                {"name":"email","aliases":["mail"],"type":"string"}]}]},
+            {"name":"lines","type":{"type":"array","items":{"type":"record","name":"L","fields":[
+                {"name":"count","aliases":["qty"],"type":"int"}]}}}]});
+        assert!(has_aliases(&v2));
+        let (reader, names) = renamed(&v2, &[v1]);
+        assert_eq!(
+            names,
+            [
+                ("client".to_string(), "customer".to_string()),
+                ("client.email".to_string(), "mail".to_string()),
+                ("lines.count".to_string(), "qty".to_string()),
+            ]
+        );
+        assert_eq!(reader["fields"][0]["type"][1]["fields"][0]["name"], "mail");
+        assert_eq!(
+            reader["fields"][1]["type"]["items"]["fields"][0]["name"],
+            "qty"
+        );
+    }
+
+    #[tokio::test]
+    async fn protobuf_fields_keep_the_name_their_number_had_first_at_any_depth() {
+        use crate::protobuf::test_files::compiled;
+        let v1 = r#"syntax = "proto3"; package shop;
+            message Customer { string mail = 1; }
+            message Order { int64 id = 1; int64 qty = 2; Customer customer = 3; map<string, Customer> by_name = 4; }"#;
+        let v2 = r#"syntax = "proto3"; package shop;
+            message Customer { string email = 1; string phone = 2; }
+            message Order { int64 id = 1; int64 quantity = 2; Customer client = 3; map<string, Customer> by_name = 4;
+                            int64 qty = 5; }"#;
+        let message = |file: prost_reflect::FileDescriptor| {
+            file.parent_pool()
+                .get_message_by_name("shop.Order")
+                .unwrap()
+        };
+        let file = compiled(v2).await;
+        let (old, new) = (message(compiled(v1).await), message(file.clone()));
+        let names = protobuf_renames(&new, &[old]);
+        assert_eq!(
+            names,
+            BTreeMap::from([
+                // `quantity` (2) would take `qty`, which field 5 has now: it keeps its name.
+                (vec![3], "customer".to_string()),
+                (vec![3, 1], "mail".to_string()),
+                (vec![4, 1], "mail".to_string()),
+            ])
+        );
+        // The decoding's columns and struct fields take them.
+        let decoding = crate::ProtobufDecoding::from_registry(
+            crate::protobuf::test_files::registry(),
+            crate::ReaderSchema::latest(&crate::protobuf::test_files::registered(1, v2)),
+            &file,
+            Some("shop.Order"),
+            connector_api::Evolution::None,
+        )
+        .unwrap()
+        .keeping_column_names(&names);
+        let schema = decoding.schema();
+        let top: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+        assert_eq!(top, ["id", "quantity", "customer", "by_name", "qty"]);
+        let arrow_schema::DataType::Struct(customer) = schema.field(2).data_type() else {
+            panic!("{schema:?}");
+        };
+        assert_eq!(customer[0].name(), "mail");
     }
 }

@@ -64,6 +64,36 @@ impl ProtoColumn {
     }
 }
 
+/// Names the columns at the paths of field numbers in `names` (from `path`, inside message columns, their items
+/// and map values) as it says.
+pub(crate) fn rename(
+    columns: &mut [ProtoColumn],
+    names: &std::collections::BTreeMap<Vec<u32>, String>,
+    path: &mut Vec<u32>,
+) {
+    for column in columns {
+        path.push(column.field.number());
+        if let Some(name) = names.get(path.as_slice()) {
+            column.name = name.clone();
+        }
+        rename_within(&mut column.kind, names, path);
+        path.pop();
+    }
+}
+
+fn rename_within(
+    kind: &mut ProtoType,
+    names: &std::collections::BTreeMap<Vec<u32>, String>,
+    path: &mut Vec<u32>,
+) {
+    match kind {
+        ProtoType::Message(columns) => rename(columns, names, path),
+        ProtoType::List(item) => rename_within(item, names, path),
+        ProtoType::Map(_, value) => rename_within(value, names, path),
+        _ => {}
+    }
+}
+
 /// The columns of `message`'s fields, in declaration order.
 ///
 /// # Errors

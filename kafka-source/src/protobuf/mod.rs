@@ -110,11 +110,11 @@ impl ProtobufDecoding {
         })
     }
 
-    /// The same decoding with the top-level columns of the field numbers in `names` named as it says: a renamed
-    /// field keeps the column its number had ([`crate::renames`]). Before any record is decoded.
+    /// The same decoding with the columns (and struct fields) of the paths of field numbers in `names` named as
+    /// it says: a renamed field keeps the column its number had ([`crate::renames`]). Before any record is decoded.
     pub(crate) fn keeping_column_names(
         self,
-        names: &std::collections::BTreeMap<u32, String>,
+        names: &std::collections::BTreeMap<Vec<u32>, String>,
     ) -> Self {
         if names.is_empty() {
             return self;
@@ -125,17 +125,8 @@ impl ProtobufDecoding {
                 .generations
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
-            let columns = generations[0]
-                .columns
-                .iter()
-                .cloned()
-                .map(|mut column| {
-                    if let Some(name) = names.get(&column.field.number()) {
-                        column.name = name.clone();
-                    }
-                    column
-                })
-                .collect();
+            let mut columns = generations[0].columns.clone();
+            columns::rename(&mut columns, names, &mut Vec::new());
             generations[0] = Arc::new(Columns::new(0, columns));
         }
         self
