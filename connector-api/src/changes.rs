@@ -229,7 +229,8 @@ impl ChangeColumns {
         Ok(steps)
     }
 
-    /// The columns change row `i` of `batch` did not carry ([`UNAVAILABLE_COLUMN`]), sorted.
+    /// The columns change row `i` of `batch` did not carry ([`UNAVAILABLE_COLUMN`]), sorted: those of the table's
+    /// rows only (a name of a column the batches do not have, one a sink left out, says nothing about them).
     pub fn unchanged(&self, batch: &RecordBatch, i: usize) -> Vec<String> {
         let Some(column) = self.unavailable else {
             return Vec::new();
@@ -243,6 +244,7 @@ impl ChangeColumns {
             .as_string::<i32>()
             .iter()
             .flatten()
+            .filter(|name| self.table.index_of(name).is_ok())
             .map(str::to_string)
             .collect();
         names.sort();

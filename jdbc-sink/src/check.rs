@@ -61,13 +61,14 @@ struct Evolved {
 impl Evolved {
     /// The columns `existing` lacks (with `add-columns` or more) and the changes `changes` plans (`evolve`).
     fn of(
+        dialect: Dialect,
         config: &JdbcSinkConfig,
         shape: &TableShape,
         existing: &[String],
         changes: Vec<(String, String)>,
     ) -> Self {
         let added = match config.evolution.adds_columns() {
-            true => missing(shape, existing),
+            true => missing(dialect, shape, existing),
             false => Vec::new(),
         };
         let mut changed: Vec<String> = changes.into_iter().map(|(name, _)| name).collect();
@@ -99,15 +100,15 @@ impl Evolved {
     }
 }
 
-/// The columns of `shape` that a table of `existing` columns lacks (names compared without case, as the servers
-/// fold unquoted ones).
-fn missing(shape: &TableShape, existing: &[String]) -> Vec<String> {
-    shape
-        .names
-        .iter()
-        .filter(|n| !existing.iter().any(|e| e.eq_ignore_ascii_case(n)))
-        .cloned()
-        .collect()
+/// The columns of `shape` that a table of `existing` columns lacks, names compared as `dialect` compares the
+/// sink's identifiers: exactly on PostgreSQL (the sink quotes them), without case on MariaDB (whose column names
+/// never are case-sensitive).
+fn missing(dialect: Dialect, shape: &TableShape, existing: &[String]) -> Vec<String> {
+    let has = |name: &str| match dialect {
+        Dialect::Postgres => existing.iter().any(|e| e == name),
+        Dialect::MySql => existing.iter().any(|e| e.eq_ignore_ascii_case(name)),
+    };
+    shape.names.iter().filter(|n| !has(n)).cloned().collect()
 }
 
 /// The batches' columns that `config`'s table lacks (none when it does not exist yet: the first run creates it
@@ -141,12 +142,14 @@ pub(crate) async fn lacking_columns(config: &JdbcSinkConfig) -> Result<Vec<Strin
         }
     };
     Ok(existing
-        .map(|existing| missing(&shape, &existing))
+        .map(|existing| missing(dialect, &shape, &existing))
         .unwrap_or_default())
 }
 
-/// The columns of PostgreSQL table `table`, `None` when it does not exist.
+/// The columns of PostgreSQL table `table` (named as the sink names it: quoted, so its case is kept), `None` when
+/// it does not exist.
 async fn pg_columns(client: &tokio_postgres::Client, table: &str) -> Result<Option<Vec<String>>> {
+    let table = crate::columns::quote_table(Dialect::Postgres, table);
     let read = |what: &'static str| {
         move |e: tokio_postgres::Error| crate::pg::pg_error(Phase::Setup, None, what, e)
     };
@@ -224,7 +227,7 @@ async fn postgres(config: &JdbcSinkConfig, shape: &TableShape) -> Result<(String
             true => crate::pg::column_changes(&client, config, shape).await?,
             false => Vec::new(),
         };
-        evolved = Evolved::of(config, shape, &existing, changes);
+        evolved = Evolved::of(Dialect::Postgres, config, shape, &existing, changes);
         crate::pg::table::columns(&client, config, &evolved.checked(shape)).await?;
     }
     Ok(("PostgreSQL".to_string(), exists, evolved))
@@ -266,7 +269,7 @@ async fn mysql(config: &JdbcSinkConfig, shape: &TableShape) -> Result<(String, b
             true => crate::mysql::column_changes(&mut conn, config, shape).await?,
             false => Vec::new(),
         };
-        evolved = Evolved::of(config, shape, &existing, changes);
+        evolved = Evolved::of(Dialect::MySql, config, shape, &existing, changes);
         let key = config.mode.key().unwrap_or_default();
         crate::mysql::table_columns(
             &mut conn,

@@ -55,24 +55,68 @@ pub(crate) fn added_fields(writer: &Value, reader: &Value, path: &str, out: &mut
     }
 }
 
-/// Whether the writer's record field `writer` is the reader's `reader`: the same name, or either names the other
-/// among its `aliases` (a renamed field; arrow-avro's resolution matches both ways).
+/// Whether the writer's record field `writer` is the reader's `reader`: their names and `aliases` overlap (the same
+/// name, or a renamed field: either names the other, or both name an earlier name; arrow-avro's resolution matches
+/// names and aliases both ways).
 pub(crate) fn same_field(writer: &Value, reader: &Value) -> bool {
-    let name = |f: &Value| f.get("name").and_then(Value::as_str).map(str::to_string);
+    let names = |f: &Value| -> Vec<String> {
+        let own = f.get("name").and_then(Value::as_str).map(str::to_string);
+        own.into_iter()
+            .chain(
+                f.get("aliases")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|x| x.as_str().map(str::to_string)),
+            )
+            .collect()
+    };
+    let (w, r) = (names(writer), names(reader));
+    !w.is_empty() && !r.is_empty() && w.iter().any(|n| r.contains(n))
+}
+
+/// The writer's top-level fields that Avro's resolution would leave unread although they are a reader field by
+/// name or alias ([`same_field`]): a field renamed while another writer field took its old name, so the reader's
+/// field reads the other one. Such a writer is refused, naming them, instead of dropping their values.
+///
+/// The matching is arrow-avro's: a reader field takes the writer field of its name, else of one of its aliases,
+/// else the writer field that has its name as an alias; each writer field is read once.
+pub(crate) fn ambiguous_fields(writer: &Value, reader: &Value) -> Vec<String> {
+    let fields = |schema: &Value| schema["fields"].as_array().cloned().unwrap_or_default();
+    let (writer_fields, reader_fields) = (fields(writer), fields(reader));
+    let name = |f: &Value| f["name"].as_str().unwrap_or_default().to_string();
     let aliases = |f: &Value| -> Vec<String> {
-        f.get("aliases")
-            .and_then(Value::as_array)
-            .map(|a| {
-                a.iter()
-                    .filter_map(|x| x.as_str().map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default()
+        f["aliases"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a.as_str().map(str::to_string))
+            .collect()
     };
-    let (Some(w), Some(r)) = (name(writer), name(reader)) else {
-        return false;
-    };
-    w == r || aliases(reader).contains(&w) || aliases(writer).contains(&r)
+    let mut lookup: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for (i, w) in writer_fields.iter().enumerate() {
+        lookup.insert(name(w), i);
+    }
+    for (i, w) in writer_fields.iter().enumerate() {
+        for alias in aliases(w) {
+            lookup.entry(alias).or_insert(i);
+        }
+    }
+    let mut read = vec![false; writer_fields.len()];
+    for r in &reader_fields {
+        let found = lookup
+            .get(&name(r))
+            .or_else(|| aliases(r).iter().find_map(|a| lookup.get(a)));
+        if let Some(&i) = found {
+            read[i] = true;
+        }
+    }
+    writer_fields
+        .iter()
+        .zip(read)
+        .filter(|(w, read)| !read && reader_fields.iter().any(|r| same_field(w, r)))
+        .map(|(w, _)| format!("`{}`", name(w)))
+        .collect()
 }
 
 /// The top-level fields both schemas have whose types are written differently: where to look when a writer
@@ -570,6 +614,28 @@ mod tests {
             &mut out,
         );
         out
+    }
+
+    #[test]
+    fn a_field_renamed_twice_matches_through_a_shared_alias() {
+        // After a restart the reader keeps the column's first name with the newer ones as aliases.
+        let reader = r#"{"type":"record","name":"O","fields":[{"name":"qty","type":"long","aliases":["quantity"]}]}"#;
+        let writer = r#"{"type":"record","name":"O","fields":[
+            {"name":"amount","type":"long","aliases":["quantity"]}]}"#;
+        assert!(added(writer, reader).is_empty());
+        // A writer that renamed the field and reuses its old name for a new one: ambiguous, refused.
+        let reused = r#"{"type":"record","name":"O","fields":[
+            {"name":"amount","type":"long","aliases":["quantity"]},{"name":"qty","type":["null","long"],"default":null}]}"#;
+        let ambiguous = ambiguous_fields(
+            &serde_json::from_str(reused).unwrap(),
+            &serde_json::from_str(reader).unwrap(),
+        );
+        assert_eq!(ambiguous, ["`amount`"]);
+        // A schema with a renamed field beside a field of its old name reads itself: both fields are read.
+        let both = r#"{"type":"record","name":"O","fields":[
+            {"name":"quantity","type":"long","aliases":["qty"]},{"name":"qty","type":["null","long"],"default":null}]}"#;
+        let both: Value = serde_json::from_str(both).unwrap();
+        assert!(ambiguous_fields(&both, &both).is_empty());
     }
 
     #[test]

@@ -7,7 +7,8 @@
 //!
 //! - Avro: the reader schema's field takes that name and keeps its newer names among its `aliases`, which Avro's
 //!   resolution matches (only when the latest schema has aliases somewhere: otherwise nothing is looked up);
-//! - Protobuf: the column (or struct field) of that field number takes that name.
+//! - Protobuf: the column (or struct field) of that field number takes that name, the number followed back while
+//!   each version has it with the same kind of value (a number reused for another field keeps its own name).
 //!
 //! Within a run, a writer's renamed field already reads into the reader's column (Avro: either side's aliases,
 //! `avro_fields::same_field`; Protobuf: numbers). Every process computes the same names from the same registry,
@@ -222,68 +223,116 @@ pub(crate) async fn protobuf_column_names(
         if older.schema_type != SchemaType::Protobuf {
             continue;
         }
-        let Ok(file) = schema_registry::protobuf::compile(registry, &older).await else {
-            continue;
+        let file = match schema_registry::protobuf::compile(registry, &older).await {
+            Ok(file) => file,
+            // A reference that could not be fetched: asked again at the next start, never skipped (the names
+            // would differ from another process's).
+            Err(schema_registry::protobuf::ProtobufSchemaError::Registry { source, .. })
+                if !source.is_not_found() =>
+            {
+                return Err(Error::new(
+                    ErrorKind::Retryable,
+                    Phase::Setup,
+                    format!(
+                        "cannot read the references of schema id {} (to keep renamed fields on their columns)",
+                        older.id
+                    ),
+                )
+                .with_source(source));
+            }
+            // A version that does not compile here says nothing about the columns.
+            Err(_) => continue,
         };
         older_messages.extend(file.parent_pool().get_message_by_name(current.full_name()));
     }
     Ok(protobuf_renames(current, &older_messages))
 }
 
-/// [`protobuf_column_names`] given the message in the older versions, newest first.
+/// [`protobuf_column_names`] given the message in the older versions, newest first. Each field of `current` (by
+/// its path of numbers) is followed back version by version while the number is there with the same kind of value;
+/// the name it had in the last of them is its column's. A number that went missing in between, or changed kind, is
+/// not followed further (a number reused for another field keeps its own name).
 fn protobuf_renames(
     current: &prost_reflect::MessageDescriptor,
     older: &[prost_reflect::MessageDescriptor],
 ) -> BTreeMap<Vec<u32>, String> {
-    let mut first: BTreeMap<Vec<u32>, String> = BTreeMap::new();
-    // Newest first: an older version's name replaces a newer one's.
-    for message in older {
-        names_by_number(message, &mut Vec::new(), &mut first);
-    }
     let mut now = BTreeMap::new();
-    names_by_number(current, &mut Vec::new(), &mut now);
-    now.iter()
-        .filter_map(|(path, name)| {
-            let column = first.get(path)?;
-            let parent = &path[..path.len() - 1];
-            let taken = now
-                .iter()
-                .any(|(p, n)| p.len() == path.len() && &p[..p.len() - 1] == parent && n == column);
-            (column != name && !taken).then(|| (path.clone(), column.clone()))
-        })
-        .collect()
+    fields_by_number(current, &mut Vec::new(), &mut now);
+    let mut out = BTreeMap::new();
+    for (path, field) in &now {
+        let mut column = field.name().to_string();
+        for message in older {
+            match field_at(message, path) {
+                Some(found) if same_kind(&found.kind(), &field.kind()) => {
+                    column = found.name().to_string();
+                }
+                _ => break,
+            }
+        }
+        let parent = &path[..path.len() - 1];
+        let taken = now.iter().any(|(p, f)| {
+            p.len() == path.len() && &p[..p.len() - 1] == parent && f.name() == column
+        });
+        if column != field.name() && !taken {
+            out.insert(path.clone(), column);
+        }
+    }
+    out
 }
 
-/// Every field of `message`, at any depth (inside message fields, items and values), by its path of numbers.
-fn names_by_number(
+/// Every field of `message` (a message the decoding reads, so not recursive), inside message fields, items and map
+/// values too, by its path of numbers.
+fn fields_by_number(
     message: &prost_reflect::MessageDescriptor,
     path: &mut Vec<u32>,
-    out: &mut BTreeMap<Vec<u32>, String>,
+    out: &mut BTreeMap<Vec<u32>, prost_reflect::FieldDescriptor>,
 ) {
-    // A recursive message has no columns (refused): never walked deeper than any real schema nests.
-    if path.len() > 32 {
-        return;
-    }
     for field in message.fields() {
         path.push(field.number());
-        out.insert(path.clone(), field.name().to_string());
-        let inner = match field.kind() {
-            prost_reflect::Kind::Message(m) if m.is_map_entry() => {
-                match m.map_entry_value_field().kind() {
-                    prost_reflect::Kind::Message(v) => Some(v),
-                    _ => None,
-                }
-            }
-            prost_reflect::Kind::Message(m) if !m.full_name().starts_with("google.protobuf.") => {
-                Some(m)
-            }
-            _ => None,
-        };
-        if let Some(inner) = inner {
-            names_by_number(&inner, path, out);
+        if let Some(inner) = inner_message(&field) {
+            fields_by_number(&inner, path, out);
         }
+        out.insert(path.clone(), field);
         path.pop();
     }
+}
+
+/// The message a field's values are (or, for a map, its values are), unless a well-known type.
+fn inner_message(
+    field: &prost_reflect::FieldDescriptor,
+) -> Option<prost_reflect::MessageDescriptor> {
+    let prost_reflect::Kind::Message(m) = field.kind() else {
+        return None;
+    };
+    let m = match m.is_map_entry() {
+        true => match m.map_entry_value_field().kind() {
+            prost_reflect::Kind::Message(v) => v,
+            _ => return None,
+        },
+        false => m,
+    };
+    (!m.full_name().starts_with("google.protobuf.")).then_some(m)
+}
+
+/// The field of `message` at `path` (numbers through message fields and map values), if it has one.
+fn field_at(
+    message: &prost_reflect::MessageDescriptor,
+    path: &[u32],
+) -> Option<prost_reflect::FieldDescriptor> {
+    let (last, within) = path.split_last()?;
+    let mut at = message.clone();
+    for number in within {
+        at = inner_message(&at.get_field(*number)?)?;
+    }
+    at.get_field(*last)
+}
+
+/// Whether two fields' values are of the same kind (a message counts as one kind: its fields are compared one by
+/// one).
+fn same_kind(a: &prost_reflect::Kind, b: &prost_reflect::Kind) -> bool {
+    use prost_reflect::Kind::Message;
+    matches!((a, b), (Message(_), Message(_)))
+        || std::mem::discriminant(a) == std::mem::discriminant(b)
 }
 
 #[cfg(test)]
@@ -363,11 +412,16 @@ mod tests {
         use crate::protobuf::test_files::compiled;
         let v1 = r#"syntax = "proto3"; package shop;
             message Customer { string mail = 1; }
-            message Order { int64 id = 1; int64 qty = 2; Customer customer = 3; map<string, Customer> by_name = 4; }"#;
+            message Order { int64 id = 1; int64 qty = 2; Customer customer = 3; map<string, Customer> by_name = 4;
+                            string label = 6; string gone = 7; }"#;
+        let between = r#"syntax = "proto3"; package shop;
+            message Customer { string mail = 1; }
+            message Order { int64 id = 1; int64 qty = 2; Customer customer = 3; map<string, Customer> by_name = 4;
+                            string label = 6; }"#;
         let v2 = r#"syntax = "proto3"; package shop;
             message Customer { string email = 1; string phone = 2; }
             message Order { int64 id = 1; int64 quantity = 2; Customer client = 3; map<string, Customer> by_name = 4;
-                            int64 qty = 5; }"#;
+                            int64 qty = 5; int64 count = 6; string back = 7; }"#;
         let message = |file: prost_reflect::FileDescriptor| {
             file.parent_pool()
                 .get_message_by_name("shop.Order")
@@ -375,11 +429,13 @@ mod tests {
         };
         let file = compiled(v2).await;
         let (old, new) = (message(compiled(v1).await), message(file.clone()));
-        let names = protobuf_renames(&new, &[old]);
+        let names = protobuf_renames(&new, &[message(compiled(between).await), old]);
         assert_eq!(
             names,
             BTreeMap::from([
-                // `quantity` (2) would take `qty`, which field 5 has now: it keeps its name.
+                // `quantity` (2) would take `qty`, which field 5 has now: it keeps its name. Number 6 changed
+                // kind (a string `label`, now an int64 `count`) and number 7 was gone in between (`gone`, now
+                // `back`): numbers reused for other fields keep their own names.
                 (vec![3], "customer".to_string()),
                 (vec![3, 1], "mail".to_string()),
                 (vec![4, 1], "mail".to_string()),
@@ -397,7 +453,12 @@ mod tests {
         .keeping_column_names(&names);
         let schema = decoding.schema();
         let top: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
-        assert_eq!(top, ["id", "quantity", "customer", "by_name", "qty"]);
+        assert_eq!(
+            top,
+            [
+                "id", "quantity", "customer", "by_name", "qty", "count", "back"
+            ]
+        );
         let arrow_schema::DataType::Struct(customer) = schema.field(2).data_type() else {
             panic!("{schema:?}");
         };

@@ -27,7 +27,8 @@ use schema_registry::{RegisteredSchema, SchemaType};
 use serde_json::Value;
 
 use crate::avro_fields::{
-    added_fields, promoted, promoted_fields, resolution_reader, retyped_fields, widened,
+    added_fields, ambiguous_fields, promoted, promoted_fields, resolution_reader, retyped_fields,
+    widened,
 };
 use crate::record::RecordAt;
 use crate::registry_lookup::{RegistryLookup, self_contained};
@@ -336,6 +337,16 @@ impl WriterSchemas {
                 "is written with schema id {id}, which is not Avro schema JSON"
             ));
         };
+        let ambiguous = ambiguous_fields(&writer_json, &reader_json);
+        if !ambiguous.is_empty() {
+            return Err(format!(
+                "is written with schema id {id}, whose field(s) {} are renamed from a name another of its fields \
+                 now has, so {} would read that other field in their place and drop their values: give the new \
+                 field another name",
+                ambiguous.join(", "),
+                current.reader.named()
+            ));
+        }
         let mut added = Vec::new();
         added_fields(&writer_json, &reader_json, "", &mut added);
         let named = added

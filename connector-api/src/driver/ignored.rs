@@ -15,7 +15,7 @@ use arrow_schema::{Schema, SchemaRef};
 use async_trait::async_trait;
 
 use super::erased::{ErasedSink, PendingCommit};
-use crate::{CheckpointId, DeliveryGuarantee, Error, Phase, Result, SinkId};
+use crate::{CheckpointId, DeliveryGuarantee, Error, ErrorKind, Phase, Result, SinkId};
 
 /// The columns of one batch schema a sink keeps, and the ones it leaves out.
 #[derive(Debug, Clone, PartialEq)]
@@ -37,14 +37,42 @@ impl Kept {
         Self::keeping(batches, keep)
     }
 
-    /// Keeps the columns of `batches` that `kept` names (the ones the sink was built with).
+    /// Keeps the columns of `batches` that `kept` names (the ones the sink was built with), in `kept`'s order.
     fn among(batches: SchemaRef, kept: &Schema) -> Result<Self> {
-        Self::keeping(batches, |name| kept.field_with_name(name).is_ok())
+        let mut among = Self::keeping(batches.clone(), |name| kept.field_with_name(name).is_ok())?;
+        among.indices = kept
+            .fields()
+            .iter()
+            .filter_map(|f| batches.index_of(f.name()).ok())
+            .collect();
+        among.schema = std::sync::Arc::new(batches.project(&among.indices).map_err(|e| {
+            Error::bug(Phase::Setup, "the columns evolution = \"ignore\" keeps").with_source(e)
+        })?);
+        Ok(among)
     }
 
     fn keeping(batches: SchemaRef, keep: impl Fn(&str) -> bool) -> Result<Self> {
         let (kept, left): (Vec<usize>, Vec<usize>) =
             (0..batches.fields().len()).partition(|&i| keep(batches.field(i).name()));
+        // A change stream's operation (or unavailable-columns) column is how the sink tells deletes and partial
+        // rows: leaving it out would write deletes as rows.
+        if let Some(&i) = left.iter().find(|&&i| {
+            batches
+                .field(i)
+                .metadata()
+                .contains_key(crate::CHANGE_COLUMN)
+        }) {
+            return Err(Error::new(
+                ErrorKind::Config,
+                Phase::Setup,
+                format!(
+                    "the sink's table lacks the change stream's column {:?}, which evolution = \"ignore\" cannot \
+                     leave out (the sink would apply deletes as rows): add it to the table, or let the sink key \
+                     its rows (an upsert mode)",
+                    batches.field(i).name()
+                ),
+            ));
+        }
         let schema = batches.project(&kept).map_err(|e| {
             Error::bug(Phase::Setup, "the columns evolution = \"ignore\" keeps").with_source(e)
         })?;
@@ -379,7 +407,7 @@ mod tests {
     async fn a_batch_of_an_equal_but_other_schema_is_projected_by_name() {
         let first = schema(&[("id", DataType::Int32), ("note", DataType::Utf8)]);
         let (mut sink, seen) = ignoring(&first, &["note"]);
-        // The same columns in another order, with metadata: projected by name.
+        // The same columns in another order, with metadata: projected by name, in the sink's order.
         let other = Arc::new(
             Schema::new(vec![
                 Field::new("note", DataType::Utf8, true),
@@ -402,6 +430,19 @@ mod tests {
         sink.evolve(widened.clone()).await.unwrap();
         let seen = seen.lock().unwrap();
         assert_eq!(seen.evolved, [widened]);
+    }
+
+    #[test]
+    fn a_change_stream_s_operation_column_is_never_left_out() {
+        let op = Field::new(crate::OP_COLUMN, DataType::Utf8, false)
+            .with_metadata([(crate::CHANGE_COLUMN.to_string(), "op".to_string())].into());
+        let batches = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int32, false),
+            op,
+        ]));
+        let err = Kept::without(batches, &[crate::OP_COLUMN.to_string()]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Config);
+        assert!(err.to_string().contains("deletes as rows"), "{err}");
     }
 
     #[tokio::test]

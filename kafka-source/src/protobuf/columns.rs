@@ -379,6 +379,15 @@ pub(crate) fn evolved_columns(
     }
     for w in writer {
         if reader.iter().all(|r| r.field.number() != w.field.number()) {
+            if let Some(r) = columns.iter().find(|c| c.name() == w.name()) {
+                return Err(format!(
+                    "adds field `{prefix}{}` (number {}), whose name the column of number {} has (a field renamed \
+                     from it): the two would share one column; give the new field another name",
+                    w.name(),
+                    w.field.number(),
+                    r.field.number()
+                ));
+            }
             let change = match prefix.is_empty() {
                 true => Change::Added,
                 false => Change::AddedNested,
