@@ -10,8 +10,9 @@
 //! (int to long, float to double, decimal precision up), made optional, or added inside a nested record change
 //! every sink in place, killed before and after the change likewise. With `evolution = "ignore"` on the table
 //! sinks (on the default local store), their tables keep their columns through every change and kill, the new
-//! fields left out and counted, while the other sinks of the job take them. A field renamed by Avro aliases (twice)
-//! stays on its column within a run, across a kill and in the restart that reads with the renamed schema.
+//! fields left out and counted, while the other sinks of the job take them. A field renamed by Avro aliases (twice),
+//! at the top level and inside a nested record, stays on its column within a run, across a kill and in the restart
+//! that reads with the renamed schema.
 
 use crate::common;
 
@@ -592,10 +593,17 @@ async fn ignoring_table_sinks_keep_their_columns_exactly_once_across_kills() {
     }
 }
 
-/// The order schema with `qty` renamed to `name`, its earlier names in `aliases`.
-fn renamed_order(name: &str, aliases: &[&str]) -> String {
+/// The order schema with `qty` named `name` (its earlier names in `aliases`), and a nested `customer` record
+/// whose one field is named `contact` (its earlier names in `contact_aliases`).
+fn renamed_order(name: &str, aliases: &[&str], contact: &str, contact_aliases: &[&str]) -> String {
     let mut schema: Value = serde_json::from_str(&order_schema(&[(name, "long")])).unwrap();
     schema["fields"][2]["aliases"] = json!(aliases);
+    let customer = json!({"type": "record", "name": "Customer", "fields": [
+        {"name": contact, "aliases": contact_aliases, "type": ["null", "string"], "default": null}]});
+    schema["fields"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "customer", "type": ["null", customer], "default": null}));
     schema.to_string()
 }
 
@@ -607,26 +615,27 @@ async fn a_field_renamed_by_aliases_keeps_its_column_across_restarts_and_kills()
     // With add-columns, a rename taken for a new field would add a column: it must not.
     job.evolve_every_sink();
     job.produce_avro(
-        &order_schema(&[("qty", "long")]),
+        &renamed_order("qty", &[], "mail", &[]),
         100,
-        |id| json!({ "qty": id }),
+        |id| json!({ "qty": id, "customer": { "mail": format!("m{id}") } }),
     );
     let mut worker = job.spawn_worker(&[]);
     job.wait_copied(100, Duration::from_secs(60));
-    // Renamed while the job runs: the running reader (version 1) reads `quantity` into `qty`.
+    // Renamed while the job runs: the running reader (version 1) reads `quantity` into `qty`, and the nested
+    // `email` into `customer.mail`.
     job.produce_avro(
-        &renamed_order("quantity", &["qty"]),
+        &renamed_order("quantity", &["qty"], "email", &["mail"]),
         100,
-        |id| json!({ "quantity": id }),
+        |id| json!({ "quantity": id, "customer": { "email": format!("m{id}") } }),
     );
     job.wait_copied(150, Duration::from_secs(60));
     worker.kill9();
     // Renamed again before the restart, which reads with version 3 (`amount`, aliases `quantity`) and replays
     // what the kill left uncommitted: the column keeps the name of version 1.
     job.produce_avro(
-        &renamed_order("amount", &["quantity"]),
+        &renamed_order("amount", &["quantity"], "contact", &["email"]),
         100,
-        |id| json!({ "amount": id }),
+        |id| json!({ "amount": id, "customer": { "contact": format!("m{id}") } }),
     );
     let mut worker = job.spawn_worker(&["--exit-when-idle", "5s"]);
     worker.wait_exit(Duration::from_secs(120));
@@ -642,13 +651,24 @@ async fn a_field_renamed_by_aliases_keeps_its_column_across_restarts_and_kills()
         "sql_values.py",
         &["pg", services.pg_url(), &job.table, "id"],
     );
-    assert_eq!(table["columns"], json!(["id", "note", "qty"]), "{table}");
+    assert_eq!(
+        table["columns"],
+        json!(["id", "note", "qty", "customer"]),
+        "{table}"
+    );
     for row in table["rows"].as_array().unwrap() {
         assert_eq!(row["qty"], row["id"], "{row}");
+        // The struct column (jsonb, which the verifier shows as {"json": value}) keys its field by the name of
+        // version 1.
+        assert_eq!(
+            row["customer"],
+            json!({ "json": { "mail": format!("m{}", row["id"]) } }),
+            "{row}"
+        );
     }
     let lake = job.read_lake(&["--columns"]);
     let columns: Vec<&String> = lake["columns"].as_object().unwrap().keys().collect();
-    assert_eq!(columns, ["id", "note", "qty"], "{lake}");
+    assert_eq!(columns, ["customer", "id", "note", "qty"], "{lake}");
     assert_eq!(
         lake["columns"]["qty"],
         Value::from((0..300).collect::<Vec<i64>>())
@@ -657,6 +677,14 @@ async fn a_field_renamed_by_aliases_keeps_its_column_across_restarts_and_kills()
         assert_eq!(value["qty"], value["id"], "{value}");
         assert!(
             value.get("quantity").is_none() && value.get("amount").is_none(),
+            "{value}"
+        );
+        // The nested field keeps the name of version 1 in the JSON copy too.
+        let customer = value["customer"].to_string();
+        assert!(
+            customer.contains(&format!("\"mail\":\"m{}\"", value["id"]))
+                && !customer.contains("email")
+                && !customer.contains("contact"),
             "{value}"
         );
     }
