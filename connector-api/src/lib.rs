@@ -48,8 +48,8 @@ pub use ids::{CheckpointId, JobId, SinkId, SinkScope, SubtaskId};
 pub use inspect::{Inspection, OpenTransaction, Resolution, SinkInspection};
 pub use recovery::{Fence, FenceOrder, PlanSummary, RecoveryPlan};
 pub use registry::{
-    DynSink, Evolution, SinkBuilder, SinkCheck, SinkContext, SinkFactory, SinkRegistry, SinkSpec,
-    parse_settings,
+    DEFAULT_SETUP_TIMEOUT, DynSink, Evolution, SinkBuilder, SinkCheck, SinkContext, SinkFactory,
+    SinkRegistry, SinkSpec, parse_settings,
 };
 pub use retry::{Attempts, RetryPolicy};
 pub use schema_change::{FollowedSchema, SchemaChange, Widened, widens};

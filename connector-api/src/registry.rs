@@ -25,6 +25,7 @@
 //! iceberg-rust's `CatalogBuilder` turns properties into a catalog.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use arrow_schema::SchemaRef;
 use async_trait::async_trait;
@@ -376,16 +377,59 @@ pub fn parse_settings<T: serde::de::DeserializeOwned>(
     })
 }
 
+/// How long building or checking one sink may take by default ([`SinkRegistry::with_setup_timeout`]).
+pub const DEFAULT_SETUP_TIMEOUT: Duration = Duration::from_secs(120);
+
 /// The factories a job can use, by `type`.
-#[derive(Default)]
 pub struct SinkRegistry {
     factories: BTreeMap<&'static str, Box<dyn SinkFactory>>,
+    setup_timeout: Duration,
+}
+
+impl Default for SinkRegistry {
+    fn default() -> Self {
+        Self {
+            factories: BTreeMap::new(),
+            setup_timeout: DEFAULT_SETUP_TIMEOUT,
+        }
+    }
 }
 
 impl SinkRegistry {
     /// An empty registry.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Bounds building or checking one sink (its factory's connect, lookups and setup, and the lookup of the
+    /// columns an `evolution = "ignore"` sink's table lacks) by `timeout`: a server that accepts the connection
+    /// and then answers nothing fails the start (retryable, naming the sink) instead of hanging it.
+    /// [`DEFAULT_SETUP_TIMEOUT`] unless set.
+    pub fn with_setup_timeout(&mut self, timeout: Duration) -> &mut Self {
+        self.setup_timeout = timeout;
+        self
+    }
+
+    /// `work` (what `doing` says, for `spec`'s sink) within the setup timeout.
+    async fn bounded<T>(
+        &self,
+        spec: &SinkSpec,
+        doing: &str,
+        work: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
+        match tokio::time::timeout(self.setup_timeout, work).await {
+            Ok(done) => done.map_err(|e| e.or_sink(&spec.id)),
+            Err(_) => Err(Error::new(
+                ErrorKind::Retryable,
+                Phase::Setup,
+                format!(
+                    "{doing} this {} sink did not finish within {:?}: its server accepts connections but does \
+                     not answer; check the server and the network (a start retries)",
+                    spec.kind, self.setup_timeout
+                ),
+            )
+            .with_sink(&spec.id)),
+        }
     }
 
     /// Adds `factory` for its [`kind`](SinkFactory::kind); a later one for the same kind replaces it.
@@ -412,13 +456,12 @@ impl SinkRegistry {
     ) -> Result<SinkCheck> {
         let (factory, context) = self.factory(spec, job, subtask, schema)?;
         let settings = serde_json::Value::Object(spec.settings.clone());
-        let (context, kept) = kept_columns(factory, &settings, context)
-            .await
-            .map_err(|e| e.or_sink(&spec.id))?;
-        let mut check = factory
-            .check(settings, spec.delivery, context)
-            .await
-            .map_err(|e| e.or_sink(&spec.id))?;
+        let checked = async {
+            let (context, kept) = kept_columns(factory, &settings, context).await?;
+            let check = factory.check(settings, spec.delivery, context).await?;
+            Ok((check, kept))
+        };
+        let (mut check, kept) = self.bounded(spec, "checking", checked).await?;
         if let Some(kept) = kept.filter(|k| !k.left_out().is_empty()) {
             check.summary.push_str(&format!(
                 "; leaves out column(s) {} (evolution = \"ignore\": the table lacks them)",
@@ -491,7 +534,7 @@ impl SinkRegistry {
                 None => sink,
             })
         };
-        built.await.map_err(|e: Error| e.or_sink(&spec.id))
+        self.bounded(spec, "building", built).await
     }
 }
 
@@ -554,6 +597,35 @@ mod tests {
                 summary: "nothing to check".into(),
                 transaction_timeout: None,
             })
+        }
+    }
+
+    /// A sink whose server accepts the connection and then answers nothing.
+    struct Silent;
+
+    #[async_trait]
+    impl SinkBuilder for Silent {
+        const KIND: &'static str = "silent";
+        type Settings = NothingSettings;
+
+        async fn lacking_columns(&self, _: NothingSettings, _: SinkContext) -> Result<Vec<String>> {
+            std::future::pending().await
+        }
+        async fn build_sink(
+            &self,
+            _: NothingSettings,
+            _: DeliveryGuarantee,
+            _: SinkContext,
+        ) -> Result<DynSink> {
+            std::future::pending().await
+        }
+        async fn check_sink(
+            &self,
+            _: NothingSettings,
+            _: DeliveryGuarantee,
+            _: SinkContext,
+        ) -> Result<SinkCheck> {
+            std::future::pending().await
         }
     }
 
@@ -630,6 +702,45 @@ mod tests {
                     && text.contains("\"add-columns\""),
                 "{text}"
             );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_sink_whose_server_never_answers_fails_its_build_and_check_within_the_setup_timeout()
+    {
+        let mut registry = SinkRegistry::new();
+        registry
+            .register(Silent)
+            .with_setup_timeout(Duration::from_millis(300));
+        let schema = std::sync::Arc::new(arrow_schema::Schema::empty());
+        for evolution in ["none", "ignore"] {
+            let parsed = spec(&format!(
+                "type = \"silent\"\nid = \"s\"\nevolution = \"{evolution}\"\nsize = 3"
+            ));
+            let started = std::time::Instant::now();
+            let check = registry
+                .check(&parsed, None, SubtaskId(0), schema.clone())
+                .await
+                .unwrap_err();
+            let build = registry
+                .build(&parsed, None, SubtaskId(0), schema.clone())
+                .await
+                .unwrap_err();
+            let waited = started.elapsed();
+            assert!(
+                waited >= Duration::from_millis(600) && waited < Duration::from_secs(10),
+                "{waited:?}"
+            );
+            for (err, doing) in [(check, "checking"), (build, "building")] {
+                assert_eq!(err.kind(), ErrorKind::Retryable, "{err}");
+                let text = err.to_string();
+                assert!(
+                    text.contains("sink s")
+                        && text.contains(&format!("{doing} this silent sink"))
+                        && text.contains("within 300ms"),
+                    "{text}"
+                );
+            }
         }
     }
 

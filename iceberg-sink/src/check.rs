@@ -100,8 +100,30 @@ enum Existing {
     Table(Box<iceberg::table::Table>),
 }
 
-/// Looks `ident` up in `config`'s catalog, read only.
+/// Looks `ident` up in `config`'s catalog, read only, within `commit_timeout` (the longest one catalog call may
+/// take): a catalog that hangs instead of answering is reported, not waited on.
+///
+/// # Errors
+/// [`Retryable`](ErrorKind::Retryable) when the lookup took longer than `commit_timeout`; as [`check`] otherwise.
 async fn existing_table(config: &IcebergSinkConfig, ident: &TableIdent) -> Result<Existing> {
+    tokio::time::timeout(config.commit_timeout, look_up(config, ident))
+        .await
+        .unwrap_or_else(|_| {
+            Err(Error::new(
+                ErrorKind::Retryable,
+                Phase::Setup,
+                format!(
+                    "the catalog did not answer a lookup of table {ident} within commit_timeout ({:?}); check \
+                     that it is reachable, or raise commit_timeout",
+                    config.commit_timeout
+                ),
+            )
+            .with_sink(&config.sink))
+        })
+}
+
+/// [`existing_table`], unbounded.
+async fn look_up(config: &IcebergSinkConfig, ident: &TableIdent) -> Result<Existing> {
     if let CatalogConfig::Sql { uri, .. } = &config.catalog
         && !sql_catalog_has_tables(uri).await?
     {

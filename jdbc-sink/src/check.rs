@@ -23,10 +23,13 @@ pub(crate) async fn check(config: &JdbcSinkConfig) -> Result<SinkCheck> {
     shape
         .check_create(dialect)
         .map_err(|e| e.with_sink(&config.sink))?;
-    let (server, exists, evolved) = match dialect {
-        Dialect::Postgres => postgres(config, &shape).await?,
-        Dialect::MySql => mysql(config, &shape).await?,
+    let mut server = Server::connect(dialect, config).await?;
+    let checked = match &mut server {
+        Server::Postgres(client) => postgres(client, config, &shape).await,
+        Server::MySql(conn) => mysql(conn, config, &shape).await,
     };
+    server.close().await;
+    let (server, exists, evolved) = checked?;
     let table = match (exists, config.create_table) {
         (true, _) => format!("table {} exists{}", config.table, evolved.summary()),
         (false, true) => format!(
@@ -121,29 +124,53 @@ pub(crate) async fn lacking_columns(config: &JdbcSinkConfig) -> Result<Vec<Strin
     let dialect = Dialect::of_url(&config.connection.url)?;
     let config = &crate::sink::table_config(config)?;
     let shape = TableShape::of(&config.schema).map_err(|e| e.with_sink(&config.sink))?;
-    let existing = match dialect {
-        Dialect::Postgres => {
-            let client = crate::pg::options(&config.connection)?
-                .connect("the JDBC sink's PostgreSQL database")
-                .await?;
-            pg_columns(&client, &config.table).await?
-        }
-        Dialect::MySql => {
-            let opts = crate::mysql::options(&config.connection)?;
-            let mut conn = crate::mysql::connect(
-                &opts,
-                Phase::Setup,
-                "the JDBC sink's MySQL/MariaDB database",
-            )
-            .await?;
-            let existing = mysql_columns(&mut conn, &config.table).await?;
-            let _ = conn.disconnect().await;
-            existing
-        }
+    let mut server = Server::connect(dialect, config).await?;
+    let existing = match &mut server {
+        Server::Postgres(client) => pg_columns(client, &config.table).await,
+        Server::MySql(conn) => mysql_columns(conn, &config.table).await,
     };
-    Ok(existing
+    server.close().await;
+    Ok(existing?
         .map(|existing| missing(dialect, &shape, &existing))
         .unwrap_or_default())
+}
+
+/// A connection to the sink's server for the read-only checks.
+enum Server {
+    Postgres(tokio_postgres::Client),
+    MySql(mysql_async::Conn),
+}
+
+impl Server {
+    /// Connects to `config`'s server, as the sink connects (timeouts, TLS, session settings).
+    ///
+    /// # Errors
+    /// Retryable when the server cannot be reached (named); [`Config`](ErrorKind::Config) for a refused login or a
+    /// malformed URL.
+    async fn connect(dialect: Dialect, config: &JdbcSinkConfig) -> Result<Self> {
+        Ok(match dialect {
+            Dialect::Postgres => Self::Postgres(
+                crate::pg::options(&config.connection)?
+                    .connect("the JDBC sink's PostgreSQL database")
+                    .await?,
+            ),
+            Dialect::MySql => Self::MySql(
+                crate::mysql::connect(
+                    &crate::mysql::options(&config.connection)?,
+                    Phase::Setup,
+                    "the JDBC sink's MySQL/MariaDB database",
+                )
+                .await?,
+            ),
+        })
+    }
+
+    /// Ends the session (a MariaDB connection says goodbye; a PostgreSQL client closes when dropped).
+    async fn close(self) {
+        if let Self::MySql(conn) = self {
+            let _ = conn.disconnect().await;
+        }
+    }
 }
 
 /// The columns of PostgreSQL table `table` (named as the sink names it: quoted, so its case is kept), `None` when
@@ -204,10 +231,11 @@ async fn mysql_columns(conn: &mut mysql_async::Conn, table: &str) -> Result<Opti
 }
 
 /// The server's name for messages, whether the table exists, and what evolution would change in it.
-async fn postgres(config: &JdbcSinkConfig, shape: &TableShape) -> Result<(String, bool, Evolved)> {
-    let client = crate::pg::options(&config.connection)?
-        .connect("the JDBC sink's PostgreSQL database")
-        .await?;
+async fn postgres(
+    client: &tokio_postgres::Client,
+    config: &JdbcSinkConfig,
+    shape: &TableShape,
+) -> Result<(String, bool, Evolved)> {
     let read = |what: &'static str| {
         move |e: tokio_postgres::Error| crate::pg::pg_error(Phase::Setup, None, what, e)
     };
@@ -219,28 +247,26 @@ async fn postgres(config: &JdbcSinkConfig, shape: &TableShape) -> Result<(String
             .get(0);
         crate::pg::check_max_prepared_transactions(&max)?;
     }
-    let existing = pg_columns(&client, &config.table).await?;
+    let existing = pg_columns(client, &config.table).await?;
     let exists = existing.is_some();
     let mut evolved = Evolved::default();
     if let Some(existing) = existing {
         let changes = match config.evolution.changes_columns() {
-            true => crate::pg::column_changes(&client, config, shape).await?,
+            true => crate::pg::column_changes(client, config, shape).await?,
             false => Vec::new(),
         };
         evolved = Evolved::of(Dialect::Postgres, config, shape, &existing, changes);
-        crate::pg::table::columns(&client, config, &evolved.checked(shape)).await?;
+        crate::pg::table::columns(client, config, &evolved.checked(shape)).await?;
     }
     Ok(("PostgreSQL".to_string(), exists, evolved))
 }
 
-async fn mysql(config: &JdbcSinkConfig, shape: &TableShape) -> Result<(String, bool, Evolved)> {
-    let opts = crate::mysql::options(&config.connection)?;
-    let mut conn = crate::mysql::connect(
-        &opts,
-        Phase::Setup,
-        "the JDBC sink's MySQL/MariaDB database",
-    )
-    .await?;
+/// [`postgres`], for MySQL/MariaDB.
+async fn mysql(
+    conn: &mut mysql_async::Conn,
+    config: &JdbcSinkConfig,
+    shape: &TableShape,
+) -> Result<(String, bool, Evolved)> {
     let read = |what: &'static str| {
         move |e: mysql_async::Error| crate::mysql::my_error(Phase::Setup, None, what, e)
     };
@@ -261,25 +287,18 @@ async fn mysql(config: &JdbcSinkConfig, shape: &TableShape) -> Result<(String, b
             .with_source(e)
         })?;
     }
-    let existing = mysql_columns(&mut conn, &config.table).await?;
+    let existing = mysql_columns(conn, &config.table).await?;
     let exists = existing.is_some();
     let mut evolved = Evolved::default();
     if let Some(existing) = existing {
         let changes = match config.evolution.changes_columns() {
-            true => crate::mysql::column_changes(&mut conn, config, shape).await?,
+            true => crate::mysql::column_changes(conn, config, shape).await?,
             false => Vec::new(),
         };
         evolved = Evolved::of(Dialect::MySql, config, shape, &existing, changes);
         let key = config.mode.key().unwrap_or_default();
-        crate::mysql::table_columns(
-            &mut conn,
-            config,
-            &config.table,
-            &evolved.checked(shape),
-            key,
-        )
-        .await?;
+        crate::mysql::table_columns(conn, config, &config.table, &evolved.checked(shape), key)
+            .await?;
     }
-    let _ = conn.disconnect().await;
     Ok((format!("MySQL/MariaDB {version}"), exists, evolved))
 }

@@ -8,6 +8,7 @@
 //! refused by the sink's own [`evolve`](crate::TwoPhaseCommit::evolve), naming the column (the source refuses such
 //! changes first: a job with an `ignore` sink follows the writers only as far as `add-columns`).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use arrow_array::{Array, RecordBatch};
@@ -174,10 +175,12 @@ impl ErasedSink for IgnoringSink {
     /// given last, by [`evolve`](ErasedSink::evolve) or when built).
     async fn write(&mut self, batch: &RecordBatch) -> Result<()> {
         let other;
-        let kept = match batch.schema() == self.kept.batches {
+        let schema = batch.schema_ref();
+        // The usual batch shares the schema the sink was given (one Arc): no field-by-field compare.
+        let kept = match Arc::ptr_eq(schema, &self.kept.batches) || **schema == *self.kept.batches {
             true => &self.kept,
             false => {
-                other = Kept::among(batch.schema(), &self.kept.schema)?;
+                other = Kept::among(schema.clone(), &self.kept.schema)?;
                 &other
             }
         };
