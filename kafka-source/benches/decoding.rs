@@ -3,8 +3,8 @@
 //! whole with each decoding, alternating, several runs each; the same records as Confluent-framed JSON documents
 //! of a registered JSON Schema, read with the JSON Schema decoding (a structural schema, which the strict decoding
 //! enforces alone; the same with a `minimum`, a bound checked on the decoded values; with a `pattern`, checked on
-//! the decoded value by a validator of that property alone; and with a `$ref`, which needs each record validated
-//! whole first); the same records
+//! the decoded value by a validator of that property alone; with a `$ref` into `definitions`, judged written out;
+//! and with an `allOf`, which needs each record validated whole first); the same records
 //! as Confluent-framed Protobuf messages of a registered `.proto`, read with the Protobuf decoding (a message of
 //! scalars, and the same with `customer` a nested message, both read straight from the wire by the decoding's fast
 //! path); and the pause a
@@ -98,6 +98,50 @@ const JSON_SCHEMA: &str = r#"{"$schema": "http://json-schema.org/draft-07/schema
   "required": ["id", "customer"], "additionalProperties": false,
   "properties": {"id": {"type": "integer"}, "customer": {"type": "integer"},
                  "note": {"anyOf": [{"type": "null"}, {"type": "string"}]}}}"#;
+
+/// The JSON Schema cases, each read from a topic of its own: the topic's suffix, what the table says of it, the
+/// schema the documents are registered under.
+fn json_cases() -> Vec<(&'static str, &'static str, String)> {
+    let customer = r#""customer": {"type": "integer"}"#;
+    vec![
+        (
+            "structural",
+            "a structural schema: checked by the strict decoding",
+            JSON_SCHEMA.to_string(),
+        ),
+        (
+            "minimum",
+            "a `minimum`: checked on the decoded values",
+            JSON_SCHEMA.replace(customer, r#""customer": {"type": "integer", "minimum": 0}"#),
+        ),
+        (
+            "pattern",
+            "a `pattern`: checked on the decoded value by the property's validator",
+            JSON_SCHEMA.replace(
+                r#"{"type": "string"}"#,
+                r#"{"type": "string", "pattern": "^note [0-9]+ x+$"}"#,
+            ),
+        ),
+        (
+            "ref",
+            "a `$ref` to `definitions`: judged written out, checked by the strict decoding",
+            JSON_SCHEMA
+                .replace(customer, r##""customer": {"$ref": "#/definitions/customer"}"##)
+                .replace(
+                    r#""additionalProperties": false,"#,
+                    r#""additionalProperties": false, "definitions": {"customer": {"type": "integer"}},"#,
+                ),
+        ),
+        (
+            "whole",
+            "an `allOf`: each record validated whole, then decoded",
+            JSON_SCHEMA.replace(
+                customer,
+                r#""customer": {"allOf": [{"type": "integer"}, {"minimum": 0}]}"#,
+            ),
+        ),
+    ]
+}
 
 /// `rows` records from `start` as JSON documents, Confluent-framed with schema id `id`.
 fn encode_json(id: u32, start: i64, rows: usize) -> Vec<Vec<u8>> {
@@ -240,39 +284,9 @@ async fn main() {
         );
     }
 
-    // The same documents under a structural schema (checked by the strict decoding alone), under one with a bound
-    // (`minimum`, checked on the decoded values), under one with a top-level `pattern` (the property's validator,
-    // on the decoded value) and under one the whole-document validator judges (a `$ref`).
+    // The same documents under each of the JSON Schema cases.
     let mut json_topics = Vec::new();
-    for (suffix, schema) in [
-        ("json", JSON_SCHEMA.to_string()),
-        (
-            "json-bounded",
-            JSON_SCHEMA.replace(
-                r#""customer": {"type": "integer"}"#,
-                r#""customer": {"type": "integer", "minimum": 0}"#,
-            ),
-        ),
-        (
-            "json-pattern",
-            JSON_SCHEMA.replace(
-                r#"{"type": "string"}"#,
-                r#"{"type": "string", "pattern": "^note [0-9]+ x+$"}"#,
-            ),
-        ),
-        (
-            "json-validated",
-            JSON_SCHEMA
-                .replace(
-                    r#""customer": {"type": "integer"}"#,
-                    r##""customer": {"$ref": "#/definitions/customer"}"##,
-                )
-                .replace(
-                    r#""additionalProperties": false,"#,
-                    r#""additionalProperties": false, "definitions": {"customer": {"type": "integer"}},"#,
-                ),
-        ),
-    ] {
+    for (suffix, _, schema) in json_cases() {
         let json_topic = format!("{topic}-{suffix}");
         admin
             .create_topics(
@@ -333,7 +347,7 @@ async fn main() {
     let kafka = KafkaConnection::plaintext(&bootstrap);
     let latest = registry.latest(&subject).await.unwrap();
     let (mut declared, mut looked_up) = (Vec::new(), Vec::new());
-    let mut json = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
+    let mut json = vec![Vec::new(); json_topics.len()];
     let mut proto = [Vec::new(), Vec::new()];
     for run in 0..runs {
         let plain = AvroDecoding::new(&v1, AvroFraming::Confluent { schema_id: id }).unwrap();
@@ -368,15 +382,12 @@ async fn main() {
             .unwrap();
             times.push(read_all(&kafka, proto_topic, Decoding::Protobuf(messages), records).await);
         }
+        let json_runs: Vec<String> = json.iter().map(|t| format!("{:?}", t[run])).collect();
         eprintln!(
-            "run {run}: declared {:?}, registry {:?}, JSON Schema {:?} (bounded {:?}, pattern {:?}, validated {:?}), \
-             Protobuf {:?} (nested {:?})",
+            "run {run}: declared {:?}, registry {:?}, JSON Schema {}, Protobuf {:?} (nested {:?})",
             declared[run],
             looked_up[run],
-            json[0][run],
-            json[1][run],
-            json[2][run],
-            json[3][run],
+            json_runs.join(" / "),
             proto[0][run],
             proto[1][run]
         );
@@ -387,14 +398,10 @@ async fn main() {
         v[v.len() / 2]
     };
     let [flat, nested] = proto;
-    let [json, bounded, pattern, validated] = json;
-    let (declared, looked_up, json, bounded, pattern, validated, proto, nested) = (
+    let json: Vec<Duration> = json.into_iter().map(median).collect();
+    let (declared, looked_up, proto, nested) = (
         median(declared),
         median(looked_up),
-        median(json),
-        median(bounded),
-        median(pattern),
-        median(validated),
         median(flat),
         median(nested),
     );
@@ -447,26 +454,13 @@ async fn main() {
         looked_up.as_secs_f64(),
         rate(looked_up)
     );
-    println!(
-        "| JSON Schema, schema registry (a structural schema: checked by the strict decoding) | {records} | {:.2} s | {:.0} |",
-        json.as_secs_f64(),
-        rate(json)
-    );
-    println!(
-        "| JSON Schema, schema registry (a `minimum`: checked on the decoded values) | {records} | {:.2} s | {:.0} |",
-        bounded.as_secs_f64(),
-        rate(bounded)
-    );
-    println!(
-        "| JSON Schema, schema registry (a `pattern`: checked on the decoded value by the property's validator) | {records} | {:.2} s | {:.0} |",
-        pattern.as_secs_f64(),
-        rate(pattern)
-    );
-    println!(
-        "| JSON Schema, schema registry (a `$ref`: each record validated whole, then decoded) | {records} | {:.2} s | {:.0} |",
-        validated.as_secs_f64(),
-        rate(validated)
-    );
+    for ((_, what, _), time) in json_cases().iter().zip(&json) {
+        println!(
+            "| JSON Schema, schema registry ({what}) | {records} | {:.2} s | {:.0} |",
+            time.as_secs_f64(),
+            rate(*time)
+        );
+    }
     println!(
         "| Protobuf, schema registry (scalars: the fast path) | {records} | {:.2} s | {:.0} |",
         proto.as_secs_f64(),
@@ -482,13 +476,16 @@ async fn main() {
         "registry / declared: {:.1}%",
         100.0 * rate(looked_up) / rate(declared)
     );
+    let json_ratios: Vec<String> = json_cases()
+        .iter()
+        .zip(&json)
+        .map(|((suffix, _, _), time)| {
+            format!("{:.1}% ({suffix})", 100.0 * rate(*time) / rate(looked_up))
+        })
+        .collect();
     println!(
-        "JSON Schema / Avro through the registry: {:.1}% (structural), {:.1}% (bounded), {:.1}% (pattern), {:.1}% \
-         (validated whole)",
-        100.0 * rate(json) / rate(looked_up),
-        100.0 * rate(bounded) / rate(looked_up),
-        100.0 * rate(pattern) / rate(looked_up),
-        100.0 * rate(validated) / rate(looked_up)
+        "JSON Schema / Avro through the registry: {}",
+        json_ratios.join(", ")
     );
     println!(
         "Protobuf / Avro through the registry: {:.1}% (scalars), {:.1}% (a nested message)",

@@ -136,9 +136,8 @@ impl JsonRows {
     /// Appends a row of nulls (a row image an event lacks), refusing a column that is not nullable.
     pub(crate) fn append_null_row(&mut self) -> Result<(), String> {
         for column in &mut self.columns {
-            let name = column.field().name().clone();
             column
-                .append_null::<serde_json::Error>(|| name)
+                .append_null::<serde_json::Error>(|field| field.name().clone())
                 .map_err(|e| e.to_string())?;
         }
         self.rows += 1;
@@ -360,12 +359,15 @@ impl Column {
         }
     }
 
-    /// Appends a null, or refuses one where the field (at `path`, made only then) is not nullable.
-    fn append_null<E: serde::de::Error>(&mut self, path: impl FnOnce() -> String) -> Result<(), E> {
+    /// Appends a null, or refuses one where the field (at `path` of it, made only then) is not nullable.
+    fn append_null<E: serde::de::Error>(
+        &mut self,
+        path: impl FnOnce(&Field) -> String,
+    ) -> Result<(), E> {
         if !self.field().is_nullable() {
             return Err(E::custom(format!(
                 "field `{}` is null or missing, and it is declared not nullable",
-                path()
+                path(self.field())
             )));
         }
         self.append_masked_null();
@@ -570,9 +572,15 @@ impl<'de> Visitor<'de> for ObjectSeed<'_, '_> {
             path,
             mut context,
         } = self;
-        let mut seen = vec![false; columns.len()];
+        let mut seen = Seen::new(columns.len());
+        let mut next = 0;
         while let Some(key) = map.next_key::<Cow<'de, str>>()? {
-            let Some(&i) = names.get(key.as_ref()) else {
+            // Writers mostly send the fields in their declared order: the next one is tried before the map.
+            let found = match columns.get(next) {
+                Some(column) if column.field().name() == key.as_ref() => Some(next),
+                _ => names.get(key.as_ref()).copied(),
+            };
+            let Some(i) = found else {
                 match unknown {
                     UnknownFields::Ignore => {
                         map.next_value::<IgnoredAny>()?;
@@ -588,7 +596,8 @@ impl<'de> Visitor<'de> for ObjectSeed<'_, '_> {
                     }
                 }
             };
-            if std::mem::replace(&mut seen[i], true) {
+            next = i + 1;
+            if seen.mark(i) {
                 return Err(A::Error::custom(format!(
                     "has the field `{}` twice",
                     shown_path(path, columns[i].field())
@@ -617,12 +626,46 @@ impl<'de> Visitor<'de> for ObjectSeed<'_, '_> {
             }
         }
         for (i, column) in columns.iter_mut().enumerate() {
-            if !seen[i] {
-                let field = column.field().clone();
-                column.append_null(|| shown_path(path, &field))?;
+            if !seen.has(i) {
+                column.append_null(|field| shown_path(path, field))?;
             }
         }
         Ok(())
+    }
+}
+
+/// The fields of one object read so far: a bit each for up to 128 fields (no allocation per record), a vector
+/// beyond.
+enum Seen {
+    Bits(u128),
+    Many(Vec<bool>),
+}
+
+impl Seen {
+    fn new(fields: usize) -> Self {
+        match fields <= 128 {
+            true => Self::Bits(0),
+            false => Self::Many(vec![false; fields]),
+        }
+    }
+
+    /// Marks field `i`; whether it was marked already.
+    fn mark(&mut self, i: usize) -> bool {
+        match self {
+            Self::Bits(bits) => {
+                let was = *bits & (1 << i) != 0;
+                *bits |= 1 << i;
+                was
+            }
+            Self::Many(seen) => std::mem::replace(&mut seen[i], true),
+        }
+    }
+
+    fn has(&self, i: usize) -> bool {
+        match self {
+            Self::Bits(bits) => *bits & (1 << i) != 0,
+            Self::Many(seen) => seen[i],
+        }
     }
 }
 
@@ -645,9 +688,9 @@ impl<'de> DeserializeSeed<'de> for ValueSeed<'_> {
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<bool, D::Error> {
         // The field's path is made only when it is needed (an error, or a nested value's fields): a value that
         // fits costs no allocation for it.
-        let (parent, named, field) = (self.path, self.named, self.column.field().clone());
-        let path = move || match named {
-            true => shown_path(parent, &field),
+        let (parent, named) = (self.path, self.named);
+        let path = move |field: &Field| match named {
+            true => shown_path(parent, field),
             false => parent.to_string(),
         };
         // Read from its text: decimals keep every digit, JSON fields their exact text, and a placeholder is
@@ -664,13 +707,13 @@ impl<'de> DeserializeSeed<'de> for ValueSeed<'_> {
             self.column.append_masked_null();
             return Ok(true);
         }
-        let fail =
-            |why: String| D::Error::custom(format!("field `{}` = {} {why}", path(), shown(text)));
-        if let Column::Leaf { leaf, .. } = self.column {
-            read_leaf(leaf, text, self.semantic).map_err(fail)?;
+        if let Column::Leaf { leaf, field } = self.column {
+            read_leaf(leaf, text, self.semantic).map_err(|why| {
+                D::Error::custom(format!("field `{}` = {} {why}", path(field), shown(text)))
+            })?;
             return Ok(false);
         }
-        let path = path();
+        let path = path(self.column.field());
         match self.column {
             Column::Leaf { .. } => unreachable!("leaves are read above"),
             Column::List {
@@ -1201,6 +1244,34 @@ mod tests {
             rows.append(value.as_bytes(), &mut RowContext::default())?;
         }
         rows.finish()
+    }
+
+    #[test]
+    fn fields_in_any_order_each_once_at_any_width() {
+        for width in [3, 128, 130] {
+            let declared: Vec<JsonField> = (0..width)
+                .map(|i| JsonField::new(format!("f{i}"), "int64", true))
+                .collect();
+            let last = width - 1;
+            let ordered = format!(r#"{{"f0": 0, "f1": 1, "f{last}": {last}}}"#);
+            let reversed = format!(r#"{{"f{last}": {last}, "f1": 1, "f0": 0}}"#);
+            let columns = decode(&declared, &[&ordered, &reversed]).unwrap();
+            for row in 0..2 {
+                for (i, column) in columns.iter().enumerate() {
+                    let column = column.as_primitive::<Int64Type>();
+                    match i == 0 || i == 1 || i == last {
+                        true => assert_eq!(column.value(row), i as i64, "width {width}, f{i}"),
+                        false => assert!(column.is_null(row), "width {width}, f{i}"),
+                    }
+                }
+            }
+            let twice = format!(r#"{{"f{last}": 1, "f0": 0, "f{last}": 2}}"#);
+            let err = decode(&declared, &[&twice]).unwrap_err();
+            assert!(
+                err.contains(&format!("has the field `f{last}` twice")),
+                "{err}"
+            );
+        }
     }
 
     #[test]

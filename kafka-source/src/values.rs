@@ -12,7 +12,7 @@ use crate::avro_rows::AvroRows;
 use crate::debezium::{DebeziumDecoding, DebeziumJsonRows, Envelope};
 use crate::decoding::{Decoding, raw_schema};
 use crate::json_rows::{JsonRows, RowContext};
-use crate::json_schema::JsonSchemaDecoding;
+use crate::json_schema::{JsonSchemaDecoding, LastWriter};
 use crate::protobuf::ProtobufRows;
 use crate::record::{RecordAt, bad_record, text};
 
@@ -42,9 +42,9 @@ pub(crate) enum Values {
     Json {
         rows: Box<JsonRows>,
         schema: SchemaRef,
-        /// A JSON Schema decoding (each value's framing is taken off and the document validated first), and the
-        /// generation of its columns these rows have.
-        registry: Option<(JsonSchemaDecoding, usize)>,
+        /// A JSON Schema decoding (each value's framing is taken off and the document validated first), the
+        /// generation of its columns these rows have, and the last writer schema met.
+        registry: Option<(JsonSchemaDecoding, usize, LastWriter)>,
     },
     Avro(Box<AvroRows>),
     Protobuf(Box<ProtobufRows>),
@@ -98,7 +98,7 @@ impl Values {
                         capacity,
                     )),
                     schema: columns.decoding.schema(),
-                    registry: Some((json.clone(), columns.number)),
+                    registry: Some((json.clone(), columns.number, None)),
                 }
             }
             Decoding::Avro(avro) => Self::Avro(Box::new(AvroRows::new(avro, capacity)?)),
@@ -156,8 +156,8 @@ impl Values {
             Self::Json { rows, registry, .. } => {
                 let value = value.ok_or_else(|| bad_record(at, "has no value (a tombstone)"))?;
                 let (value, bounds) = match registry {
-                    Some((json, generation)) => {
-                        let document = json.document(at, value, *generation)?;
+                    Some((json, generation, last)) => {
+                        let document = json.document(at, value, *generation, last)?;
                         (document.body, document.bounds.map(|b| (document.id, b)))
                     }
                     None => (value, None),
@@ -235,7 +235,7 @@ impl Values {
             Self::Protobuf(rows) => rows.outdated(),
             Self::Debezium { envelopes, .. } => envelopes.outdated(),
             Self::Json {
-                registry: Some((json, generation)),
+                registry: Some((json, generation, _)),
                 ..
             } => json.columns().number != *generation,
             Self::Raw(_) | Self::Json { .. } | Self::DebeziumJson(_) => false,

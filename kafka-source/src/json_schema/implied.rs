@@ -14,8 +14,9 @@
 //! property that admits null, or an optional one that does not, is enforced by the validator only), and `required`
 //! must name properties only. The decoding must refuse undeclared keys (`unknown_fields = "fail"`, the default: an
 //! ignored key's value is not checked at all). The columns must be the ones the schema itself gives. Anything else
-//! (`format`, `pattern`, `enum`, `const`, `$ref`, `allOf`, maps, decimals, bounds below the top level, ...) keeps
-//! the validator. A top-level `integer` or `number` property may also have `minimum`, `maximum`,
+//! (`format`, `pattern`, `enum`, `const`, `allOf`, maps, decimals, bounds below the top level, ...) keeps
+//! the validator. Local `$ref`s are judged written out ([`super::inline`]): a `$ref` that cannot be written out
+//! exactly keeps the validator too. A top-level `integer` or `number` property may also have `minimum`, `maximum`,
 //! `exclusiveMinimum`, `exclusiveMaximum`, a top-level `integer` a whole `multipleOf`, and a top-level `string`
 //! `minLength`, `maxLength`: those bounds are returned, and the decoding checks each record's value against them
 //! right after reading it ([`super::bounds`]). So are a top-level string's `pattern`, `enum` and `const`, an

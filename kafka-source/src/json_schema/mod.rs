@@ -16,6 +16,7 @@ mod bounds;
 mod columns;
 mod doc;
 mod implied;
+mod inline;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -133,11 +134,14 @@ impl JsonSchemaDecoding {
     /// The validation is skipped where the writer's schema says nothing the strict decoding of the columns
     /// (`generation`, the one the rows read with) does not enforce ([`implied`]): the decoding then refuses every
     /// record the schema refuses.
+    /// `last` is the caller's last schema id and what it was accepted as: records mostly carry the id of the one
+    /// before, which is then not looked up again (the shared map takes a lock).
     pub(crate) fn document<'v>(
         &self,
         at: RecordAt<'_>,
         value: &'v [u8],
         generation: usize,
+        last: &mut LastWriter,
     ) -> Result<Document<'v>> {
         let id = confluent_id(value).ok_or_else(|| {
             bad_record(
@@ -146,7 +150,10 @@ impl JsonSchemaDecoding {
                  which kind = \"json-schema\" reads",
             )
         })?;
-        let accepted = self.writers.resolve(id, at)?;
+        if !matches!(last, Some((known, _)) if *known == id) {
+            *last = Some((id, self.writers.resolve(id, at)?));
+        }
+        let accepted = &last.as_ref().expect("set above").1;
         let body = &value[5..];
         let checked = |bounds| Document { body, id, bounds };
         if let Some(implied) = accepted
@@ -192,6 +199,10 @@ impl JsonSchemaDecoding {
         ))
     }
 }
+
+/// The last writer schema a reader of documents met: its id and what it was accepted as
+/// ([`JsonSchemaDecoding::document`]).
+pub(crate) type LastWriter = Option<(u32, Arc<Accepted>)>;
 
 /// An accepted writer schema: its validator, and what makes it unneeded, if anything does ([`implied`]).
 #[derive(Debug)]
@@ -240,6 +251,10 @@ impl BoundColumn {
             Read::Float(v) => serde_json::Value::from(serde_json::Number::from_f64(v)?),
             Read::Text(v) => serde_json::Value::from(v),
         };
+        // The quick check first: the error is only made (and allocated) for a value that has one.
+        if validator.is_valid(&value) {
+            return None;
+        }
         validator
             .iter_errors(&value)
             .next()
@@ -372,32 +387,39 @@ impl JsonWriters {
             generations.push(Arc::new(columns));
         }
         let current = generations.last().expect("generation 0 always exists");
-        let implied = implied::implied(&doc, &fields, &current.fields, self.unknown_fields)
-            .and_then(|checks| {
-                let columns = checks
-                    .into_iter()
-                    .map(|check| {
-                        let index = current.fields.iter().position(|f| f.name == check.name)?;
-                        if !CHECKED_KINDS.contains(&current.fields[index].kind.as_str()) {
-                            return None;
-                        }
-                        let validator = match &check.validated {
-                            None => None,
-                            Some(keywords) => Some(jsonschema::validator_for(keywords).ok()?),
-                        };
-                        Some(BoundColumn {
-                            index,
-                            name: check.name,
-                            bounds: check.bounds,
-                            validator,
-                        })
+        // Judged written out: a schema that only names its pieces in definitions says no more than without them.
+        let written_out = inline::inlined(&doc);
+        let implied = implied::implied(
+            written_out.as_ref().unwrap_or(&doc),
+            &fields,
+            &current.fields,
+            self.unknown_fields,
+        )
+        .and_then(|checks| {
+            let columns = checks
+                .into_iter()
+                .map(|check| {
+                    let index = current.fields.iter().position(|f| f.name == check.name)?;
+                    if !CHECKED_KINDS.contains(&current.fields[index].kind.as_str()) {
+                        return None;
+                    }
+                    let validator = match &check.validated {
+                        None => None,
+                        Some(keywords) => Some(jsonschema::validator_for(keywords).ok()?),
+                    };
+                    Some(BoundColumn {
+                        index,
+                        name: check.name,
+                        bounds: check.bounds,
+                        validator,
                     })
-                    .collect::<Option<Vec<_>>>()?;
-                Some(Implied {
-                    generation: current.number,
-                    bounds: Arc::new(columns),
                 })
-            });
+                .collect::<Option<Vec<_>>>()?;
+            Some(Implied {
+                generation: current.number,
+                bounds: Arc::new(columns),
+            })
+        });
         if let Some(implied) = &implied {
             tracing::info!(
                 id,
@@ -649,20 +671,29 @@ mod tests {
         let decoding = decoding();
         let value = framed(7, r#"{"id": 1, "at": "2026-12-05T10:00:00Z"}"#);
         assert_eq!(
-            decoding.document(AT, &value, 0).unwrap().body,
+            decoding.document(AT, &value, 0, &mut None).unwrap().body,
             br#"{"id": 1, "at": "2026-12-05T10:00:00Z"}"#
         );
         let err = decoding
-            .document(AT, &framed(7, r#"{"id": "one", "at": "yesterday"}"#), 0)
+            .document(
+                AT,
+                &framed(7, r#"{"id": "one", "at": "yesterday"}"#),
+                0,
+                &mut None,
+            )
             .unwrap_err();
         let text = err.to_string();
         assert_eq!(err.kind(), ErrorKind::BadRecord);
         for part in ["orders/1@5", "violates JSON Schema id 7", "`/id`", "`/at`"] {
             assert!(text.contains(part), "{part} in {text}");
         }
-        let err = decoding.document(AT, br#"{"id": 1}"#, 0).unwrap_err();
+        let err = decoding
+            .document(AT, br#"{"id": 1}"#, 0, &mut None)
+            .unwrap_err();
         assert!(err.to_string().contains("wire format"), "{err}");
-        let err = decoding.document(AT, &framed(7, "{"), 0).unwrap_err();
+        let err = decoding
+            .document(AT, &framed(7, "{"), 0, &mut None)
+            .unwrap_err();
         assert!(err.to_string().contains("not a JSON document"), "{err}");
     }
 
@@ -863,7 +894,7 @@ mod tests {
             .insert(8, accepted);
         // Not validated: the document comes back with the bounds to check once decoded.
         let value = framed(8, r#"{"id": -1, "code": "abc"}"#);
-        let document = decoding.document(AT, &value, 0).unwrap();
+        let document = decoding.document(AT, &value, 0, &mut None).unwrap();
         let bounds = document.bounds.unwrap();
         let names: Vec<&str> = bounds.iter().map(|b| b.name.as_str()).collect();
         assert_eq!(names, ["id", "code"]);
@@ -917,22 +948,7 @@ mod tests {
             r#"{"id": 10, "kind": "b", "ratio": -0.5}"#,
             r#"{"id": 10, "kind": "b", "ratio": 0.5, "code": "XYZ"}"#,
         ];
-        let schema = decoding.columns().decoding.schema();
-        for document in documents {
-            let mut rows = crate::json_rows::JsonRows::new(schema.fields(), UnknownFields::Fail, 1);
-            rows.append(document.as_bytes(), &mut Default::default())
-                .unwrap();
-            let refused = checks
-                .bounds
-                .iter()
-                .find_map(|column| column.violation(rows.last(column.index)));
-            let value: serde_json::Value = serde_json::from_str(document).unwrap();
-            assert_eq!(
-                refused.is_some(),
-                !whole.is_valid(&value),
-                "{document}: {refused:?}"
-            );
-        }
+        judged_as_the_validator_does(&decoding, checks, &whole, &documents);
         // A nullable property's `enum` would judge a null the decoding cannot tell from a missing key: the whole
         // document is validated.
         let nullable_enum = r#"{"type": "object", "properties": {"kind": {"type": ["string", "null"], "enum": ["a"]}}}"#;
@@ -944,6 +960,86 @@ mod tests {
             )
             .unwrap();
         assert!(plain.implied.is_none());
+    }
+
+    /// Asserts that each of `documents` is refused by the strict decoding of `decoding`'s columns and `checks`
+    /// exactly when `whole` (the writer schema's validator) refuses it.
+    fn judged_as_the_validator_does(
+        decoding: &JsonSchemaDecoding,
+        checks: &Implied,
+        whole: &jsonschema::Validator,
+        documents: &[&str],
+    ) {
+        let schema = decoding.columns().decoding.schema();
+        for document in documents {
+            let mut rows = crate::json_rows::JsonRows::new(schema.fields(), UnknownFields::Fail, 1);
+            let refused = match rows.append(document.as_bytes(), &mut Default::default()) {
+                Err(why) => Some(why),
+                Ok(()) => checks
+                    .bounds
+                    .iter()
+                    .find_map(|column| column.violation(rows.last(column.index))),
+            };
+            let value: serde_json::Value = serde_json::from_str(document).unwrap();
+            assert_eq!(
+                refused.is_some(),
+                !whole.is_valid(&value),
+                "{document}: {refused:?}"
+            );
+        }
+    }
+
+    /// A schema that names its pieces in `definitions` and refers to them is judged written out: its records are
+    /// checked by the decoding (and the bounds on decoded values), exactly as its validator would judge them.
+    #[tokio::test]
+    async fn local_references_are_judged_written_out_as_the_validator_would() {
+        let schema = r##"{"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
+            "required": ["id", "customer"], "additionalProperties": false,
+            "definitions": {"customer": {"type": "integer", "minimum": 0},
+                            "line": {"type": "object", "required": ["sku"], "additionalProperties": false,
+                                     "properties": {"sku": {"type": "string"}}}},
+            "properties": {"id": {"type": "integer"}, "customer": {"$ref": "#/definitions/customer"},
+                           "note": {"type": ["string", "null"]},
+                           "line": {"anyOf": [{"type": "null"}, {"$ref": "#/definitions/line"}]}}}"##;
+        let decoding = JsonSchemaDecoding::from_registry(
+            SchemaRegistry::new(&schema_registry::RegistrySettings::new(
+                "http://127.0.0.1:9/",
+            ))
+            .unwrap(),
+            ReaderSchema {
+                schema: schema.to_string(),
+                id: Some(8),
+                origin: "the schema".to_string(),
+            },
+            UnknownFields::Fail,
+            Evolution::None,
+        )
+        .unwrap();
+        let accepted = decoding
+            .writers
+            .accept(
+                &mut decoding.writers.generations(),
+                &registered(8, schema, SchemaType::Json),
+            )
+            .unwrap();
+        let checks = accepted.implied.as_ref().expect("not validated whole");
+        let names: Vec<&str> = checks.bounds.iter().map(|b| b.name.as_str()).collect();
+        assert_eq!(names, ["customer"]);
+        let whole = jsonschema::validator_for(&serde_json::from_str(schema).unwrap()).unwrap();
+        let documents = [
+            r#"{"id": 1, "customer": 2}"#,
+            r#"{"id": 1, "customer": 2, "note": "n", "line": {"sku": "a"}}"#,
+            r#"{"id": 1, "customer": 2, "line": null}"#,
+            r#"{"id": 1, "customer": -2}"#,
+            r#"{"id": 1, "customer": 2.5}"#,
+            r#"{"id": 1}"#,
+            r#"{"id": 1, "customer": 2, "line": {"sku": 3}}"#,
+            r#"{"id": 1, "customer": 2, "line": {"sku": "a", "qty": 1}}"#,
+            r#"{"id": 1, "customer": 2, "line": {}}"#,
+            r#"{"id": 1, "customer": 2, "line": []}"#,
+            r#"{"id": 1, "customer": 2, "other": 1}"#,
+        ];
+        judged_as_the_validator_does(&decoding, checks, &whole, &documents);
     }
 
     fn fields(schema: &str) -> Vec<JsonField> {
