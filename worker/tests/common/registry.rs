@@ -160,6 +160,34 @@ impl Job {
         .unwrap();
     }
 
+    /// Sets `evolution = "ignore"` on the table sinks (JDBC, Iceberg) of a job whose sinks all have
+    /// `add-columns` ([`Job::evolve_every_sink`]): the file and Kafka sinks keep taking new fields.
+    pub fn ignore_in_tables(&self) {
+        for kind in ["jdbc", "iceberg"] {
+            let text = std::fs::read_to_string(&self.config).unwrap().replace(
+                &format!("evolution = \"add-columns\"\ntype = \"{kind}\""),
+                &format!("evolution = \"ignore\"\ntype = \"{kind}\""),
+            );
+            std::fs::write(&self.config, text).unwrap();
+        }
+    }
+
+    /// Registers Avro `schema` under `<topic>-value` without producing a record of it (a writer's new version that
+    /// a process starting now reads with).
+    pub async fn register_value_schema(&self, schema: &str) {
+        let endpoint = Services::get().registry();
+        let registry = schema_registry::SchemaRegistry::new(&schema_registry::RegistrySettings {
+            username: Some(endpoint.user.clone()),
+            password: Some(endpoint.password.clone().into()),
+            ..schema_registry::RegistrySettings::new(&endpoint.url)
+        })
+        .unwrap();
+        registry
+            .register(&format!("{}-value", self.topic), schema)
+            .await
+            .unwrap();
+    }
+
     /// Produces the next `count` ids with `schema` (AvroSerializer, registered under `<topic>-value`), each record
     /// `{"id": n, "note": "n<n>"}` with the fields `extra(n)` returns (a JSON object) added.
     pub fn produce_avro(&mut self, schema: &str, count: u64, extra: impl Fn(u64) -> Value) {

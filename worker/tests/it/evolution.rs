@@ -172,17 +172,7 @@ async fn two_processes_on_different_schema_versions_write_each_record_once() {
     // Version 2 is registered before any record of it: the second process starts on it (its sinks add `qty` to
     // the tables while the first process goes on writing version-1 rows into them) and takes one subtask.
     let with_qty = order_schema(&[("qty", "long")]);
-    let endpoint = Services::get().registry();
-    let registry = schema_registry::SchemaRegistry::new(&schema_registry::RegistrySettings {
-        username: Some(endpoint.user.clone()),
-        password: Some(endpoint.password.clone().into()),
-        ..schema_registry::RegistrySettings::new(&endpoint.url)
-    })
-    .unwrap();
-    registry
-        .register(&format!("{}-value", job.topic), &with_qty)
-        .await
-        .unwrap();
+    job.register_value_schema(&with_qty).await;
     let mut second = job.spawn_worker(&[]);
     job.wait_spread(2, 2, Duration::from_secs(60));
 
@@ -474,13 +464,7 @@ async fn ignoring_table_sinks_keep_their_columns_exactly_once_across_kills() {
     job.read_registry_avro();
     // The file and Kafka sinks take the new fields; the three tables ignore them.
     job.evolve_every_sink();
-    for kind in ["jdbc", "iceberg"] {
-        let text = std::fs::read_to_string(&job.config).unwrap().replace(
-            &format!("evolution = \"add-columns\"\ntype = \"{kind}\""),
-            &format!("evolution = \"ignore\"\ntype = \"{kind}\""),
-        );
-        std::fs::write(&job.config, text).unwrap();
-    }
+    job.ignore_in_tables();
     job.produce_avro(&order_schema(&[]), 100, |_| json!({}));
 
     let with_qty = order_schema(&[("qty", "long")]);
@@ -685,6 +669,86 @@ async fn a_field_renamed_by_aliases_keeps_its_column_across_restarts_and_kills()
             customer.contains(&format!("\"mail\":\"m{}\"", value["id"]))
                 && !customer.contains("email")
                 && !customer.contains("contact"),
+            "{value}"
+        );
+    }
+}
+
+/// Two processes on either side of a change that renames a field (top-level and nested, by Avro aliases) and adds
+/// one: the first reads with version 1; the second starts once version 2 is registered (before any record of it)
+/// and takes a subtask. Both read version 2's records into the renamed fields' columns (`qty`, `customer.mail`):
+/// the renames are found from the registry by each process alone, and they agree. The PostgreSQL and Iceberg
+/// tables (`ignore`) leave the added field out in both; the Kafka copy (`add-columns`) takes it. Every record once.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_processes_on_either_side_of_a_rename_and_an_ignored_field_write_each_record_once() {
+    let mut job = Job::new("rename_two", 2, 2, "3s").await;
+    job.read_registry_avro();
+    job.evolve_every_sink();
+    job.ignore_in_tables();
+    job.produce_avro(
+        &renamed_order("qty", &[], "mail", &[]),
+        100,
+        |id| json!({ "qty": id, "customer": { "mail": format!("m{id}") } }),
+    );
+    let mut first = job.spawn_worker(&[]);
+    job.wait_spread(2, 1, Duration::from_secs(60));
+    job.wait_copied(100, Duration::from_secs(60));
+
+    let mut renamed: Value =
+        serde_json::from_str(&renamed_order("quantity", &["qty"], "email", &["mail"])).unwrap();
+    renamed["fields"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "tag", "type": ["null", "string"], "default": null}));
+    let renamed = renamed.to_string();
+    job.register_value_schema(&renamed).await;
+    let mut second = job.spawn_worker(&[]);
+    job.wait_spread(2, 2, Duration::from_secs(60));
+    job.produce_avro(&renamed, 100, |id| {
+        json!({ "quantity": id, "customer": { "email": format!("m{id}") }, "tag": format!("t{id}") })
+    });
+    job.wait_copied(200, Duration::from_secs(90));
+    first.stop(Duration::from_secs(60));
+    second.stop(Duration::from_secs(60));
+    job.assert_exactly_once();
+
+    let services = Services::get();
+    let table = services.verify(
+        "sql_values.py",
+        &["pg", services.pg_url(), &job.table, "id"],
+    );
+    assert_eq!(
+        table["columns"],
+        json!(["id", "note", "qty", "customer"]),
+        "{table}"
+    );
+    let rows = table["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 200, "{table}");
+    for row in rows {
+        assert_eq!(row["qty"], row["id"], "{row}");
+        assert_eq!(
+            row["customer"],
+            json!({ "json": { "mail": format!("m{}", row["id"]) } }),
+            "{row}"
+        );
+    }
+    let lake = job.read_lake(&["--columns"]);
+    let columns: Vec<&String> = lake["columns"].as_object().unwrap().keys().collect();
+    assert_eq!(columns, ["customer", "id", "note", "qty"], "{lake}");
+    assert_eq!(
+        lake["columns"]["qty"],
+        Value::from((0..200).collect::<Vec<i64>>())
+    );
+    for value in job.copy_values() {
+        let id = value["id"].as_u64().unwrap();
+        assert_eq!(value["qty"], value["id"], "{value}");
+        let tag = (id >= 100).then(|| format!("t{id}"));
+        assert_eq!(value["tag"].as_str(), tag.as_deref(), "{value}");
+        assert!(
+            value.get("quantity").is_none()
+                && value["customer"]
+                    .to_string()
+                    .contains(&format!("\"mail\":\"m{id}\"")),
             "{value}"
         );
     }
