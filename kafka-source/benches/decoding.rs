@@ -397,6 +397,32 @@ async fn main() {
         v.sort();
         v[v.len() / 2]
     };
+    // Paired: each run's ratio to the registry Avro read just before it, then the median of the runs (lowest and
+    // highest beside it), which a machine slowing down for a while moves less than a ratio of medians.
+    let paired = |times: &[Duration]| {
+        let mut ratios: Vec<f64> = times
+            .iter()
+            .zip(&looked_up)
+            .map(|(time, avro)| 100.0 * avro.as_secs_f64() / time.as_secs_f64())
+            .collect();
+        ratios.sort_by(f64::total_cmp);
+        format!(
+            "{:.1}% ({:.1}-{:.1})",
+            ratios[ratios.len() / 2],
+            ratios[0],
+            ratios[ratios.len() - 1]
+        )
+    };
+    let json_ratios: Vec<String> = json_cases()
+        .iter()
+        .zip(&json)
+        .map(|((suffix, _, _), times)| format!("{} {suffix}", paired(times)))
+        .collect();
+    let proto_ratios = format!(
+        "{} scalars, {} a nested message",
+        paired(&proto[0]),
+        paired(&proto[1])
+    );
     let [flat, nested] = proto;
     let json: Vec<Duration> = json.into_iter().map(median).collect();
     let (declared, looked_up, proto, nested) = (
@@ -476,22 +502,11 @@ async fn main() {
         "registry / declared: {:.1}%",
         100.0 * rate(looked_up) / rate(declared)
     );
-    let json_ratios: Vec<String> = json_cases()
-        .iter()
-        .zip(&json)
-        .map(|((suffix, _, _), time)| {
-            format!("{:.1}% ({suffix})", 100.0 * rate(*time) / rate(looked_up))
-        })
-        .collect();
     println!(
-        "JSON Schema / Avro through the registry: {}",
+        "JSON Schema / Avro through the registry, paired by run (median, lowest-highest): {}",
         json_ratios.join(", ")
     );
-    println!(
-        "Protobuf / Avro through the registry: {:.1}% (scalars), {:.1}% (a nested message)",
-        100.0 * rate(proto) / rate(looked_up),
-        100.0 * rate(nested) / rate(looked_up)
-    );
+    println!("Protobuf / Avro through the registry, paired by run: {proto_ratios}");
     println!(
         "schema change pause at the source (last batch of the old schema to the first of the new, lookup and \
          decoder rebuild included): {:.1} ms",
