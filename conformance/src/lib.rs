@@ -89,6 +89,16 @@ pub use source::{
 /// # Panics
 /// When any step fails (a test helper).
 pub async fn run_one_checkpoint(sink: connector_api::DynSink, records: i64) {
+    run_one_checkpoint_of(sink, &conformance_batch(0..records)).await;
+}
+
+/// [`run_one_checkpoint`] of `batch` (any schema: the one the sink was built for), its positions ending at its
+/// row count.
+///
+/// # Panics
+/// As [`run_one_checkpoint`].
+pub async fn run_one_checkpoint_of(sink: connector_api::DynSink, batch: &arrow_array::RecordBatch) {
+    let records = batch.num_rows() as i64;
     let state = tempfile::tempdir().expect("temporary checkpoint directory");
     let mut driver = connector_api::Driver::new(
         connector_api::LocalCheckpointStore::open(state.path(), 3).expect("checkpoint store"),
@@ -96,10 +106,7 @@ pub async fn run_one_checkpoint(sink: connector_api::DynSink, records: i64) {
     );
     let handle = driver.add_dyn_sink(sink).expect("add the sink");
     driver.start().await.expect("start");
-    driver
-        .write(handle, &conformance_batch(0..records))
-        .await
-        .expect("write");
+    driver.write(handle, batch).await.expect("write");
     driver
         .checkpoint(conformance_positions(records))
         .await

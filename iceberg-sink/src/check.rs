@@ -12,7 +12,6 @@ use sqlx::Connection;
 use crate::config::{CatalogConfig, IcebergSinkConfig};
 use crate::equality_deletes::EqualityDeletes;
 use crate::error::iceberg_error;
-use crate::types;
 use crate::upsert::KeyedRows;
 
 /// The SQL catalog's table of tables (iceberg-rust's and pyiceberg's `SqlCatalog`).
@@ -25,6 +24,9 @@ const CATALOG_TABLE: &str = "iceberg_tables";
 /// retryable when the catalog's database cannot be read.
 pub(crate) async fn check(config: &IcebergSinkConfig) -> Result<SinkCheck> {
     let keyed = KeyedRows::of_config(config)?;
+    config
+        .layout
+        .check_settings(&config.sink, config.create_table, &config.upsert_key)?;
     let ident = table_ident(config)?;
     let (catalog, found) = match existing_table(config, &ident).await? {
         Existing::NoCatalogTables => (
@@ -46,8 +48,15 @@ pub(crate) async fn check(config: &IcebergSinkConfig) -> Result<SinkCheck> {
             (
                 "the catalog answers",
                 Some(format!(
-                    "table {ident} exists ({} snapshot(s)){}",
+                    "table {ident} exists ({} snapshot(s)){}{}",
                     table.metadata().snapshots().count(),
+                    match config.layout.is_default() {
+                        true => "",
+                        false => {
+                            "; it keeps its own layout (partition_by, sort_by and properties shape only a \
+                             table the sink creates)"
+                        }
+                    },
                     match changed.is_empty() {
                         true => String::new(),
                         false => format!(
@@ -62,9 +71,18 @@ pub(crate) async fn check(config: &IcebergSinkConfig) -> Result<SinkCheck> {
     let table = match (found, config.create_table) {
         (Some(found), _) => found,
         (None, true) => {
-            types::table_schema(crate::sink::table_schema(config)?.as_ref())
-                .map_err(|refusals| types::refused(&config.sink, &config.table, &refusals))?;
-            format!("table {ident} does not exist yet: the first run creates it")
+            crate::sink::created_table(config)?;
+            let layout = &config.layout;
+            let shaped = [
+                ("partitioned by", &layout.partition_by),
+                ("sorted by", &layout.sort_by),
+            ]
+            .iter()
+            .filter(|(_, terms)| !terms.is_empty())
+            .map(|(how, terms)| format!(" {how} {}", terms.join(", ")))
+            .collect::<Vec<_>>()
+            .join(",");
+            format!("table {ident} does not exist yet: the first run creates it{shaped}")
         }
         (None, false) => {
             return Err(Error::new(
@@ -72,7 +90,7 @@ pub(crate) async fn check(config: &IcebergSinkConfig) -> Result<SinkCheck> {
                 Phase::Setup,
                 format!(
                     "table {ident} does not exist in the catalog: create it, or set create_table = true to \
-                     create an unpartitioned table from the input schema"
+                     create it from the input schema"
                 ),
             ));
         }

@@ -330,6 +330,8 @@ pub struct IcebergSinkConfig {
     /// as one row, with an equality delete of the key, in one snapshot (a row delta); a change stream's deletes
     /// delete their key. Empty: every row is appended (a change stream as a changelog).
     pub upsert_key: Vec<String>,
+    /// The partition spec, sort order and properties of a table the sink creates (`create_table`).
+    pub layout: crate::layout::TableLayout,
 }
 
 /// How opening a SQL catalog is retried: enough for the loser of two instances creating a fresh database's catalog

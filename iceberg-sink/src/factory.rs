@@ -21,7 +21,7 @@ use crate::config::{
 /// | `catalog` | `{ kind = "sql", uri = "sqlite:///path/catalog.db?mode=rwc", warehouse = "file:///path" }` (or a `postgres://` uri, an `s3://` warehouse), or `{ kind = "rest", uri = "http://host:port", warehouse = ".." }` | required |
 /// | `catalog_name` | the catalog's name (pyiceberg's `SqlCatalog(name, ..)` must use the same) | `ratchet` |
 /// | `table` | `namespace.name` | required |
-/// | `create_table` | create the namespace and an unpartitioned table from the input schema when missing | false |
+/// | `create_table` | create the namespace and a table from the input schema when missing (unpartitioned unless `partition_by` says otherwise; with `upsert_key`, its identifier fields are the key when every key column is required) | false |
 /// | `job` | the job identity recorded in every snapshot (the ledger key, with the sink id and subtask); must stay the same across restarts and replacements, and differ between jobs writing the same table with the same sink id | the job's name (jobs first run before job scoping, and sinks built without a job: the sink id) |
 /// | `s3` | `{ endpoint, region, access_key_id, secret_access_key, force_path_style }` for an `s3://` warehouse | the AWS environment |
 /// | `target_file_size` | bytes after which a data file is closed and the next one opened | 128 MiB |
@@ -29,6 +29,9 @@ use crate::config::{
 /// | `commit_timeout` | the longest one catalog call may take before its outcome counts as unknown (then the next attempt checks the table's history first) | 60s |
 /// | `cleanup_on_recover` | delete this subtask's data files no snapshot references when recovering | true |
 /// | `upsert_key` | apply the rows by these key columns (`["id"]`): per checkpoint the last change of each key is written as one row plus an equality delete of the key, in one snapshot (a row delta, merge-on-read); a change stream's `d` rows delete their key, and the table holds the rows without the change columns. Needs an unpartitioned format-version 2 table, `commit_every = 1`, and each key in one Kafka partition (the default partitioner and Debezium key by the key; a key in two partitions reaches two subtasks, whose deletes would race); readers must apply equality deletes (Spark, Trino, Flink, Iceberg's Java library; pyiceberg 0.12 cannot, DuckDB 1.4.4 misreads them) | none: rows appended, a change stream as a changelog |
+/// | `partition_by` | the partition spec of a table the sink creates, in Spark's terms: `["day(created)", "bucket(16, id)", "region"]` (`identity`, `year`, `month`, `day`, `hour`, `bucket(N, c)`, `truncate(W, c)`; fields named as Spark names them: `created_day`, `id_bucket`); needs `create_table`; not with `upsert_key` (planned) | unpartitioned |
+/// | `sort_by` | the sort order recorded on a table the sink creates, for the engines that rewrite it: `["id", "created desc nulls last"]` (the sink writes rows in arrival order); needs `create_table` | unsorted |
+/// | `properties` | table properties of a table the sink creates (`{ "write.parquet.compression-codec" = "zstd" }`), set over the sink's defaults; not `ratchet.*`; needs `create_table` | the sink's defaults (below) |
 /// | `expire_snapshots` | expire snapshots inside every commit by the table's `history.expire.max-snapshot-age-ms` (default 5 days) and `history.expire.min-snapshots-to-keep` (default 1), as Iceberg's expire-snapshots procedure does, and delete the expired snapshots' manifest lists; skipped while the table sets `gc.enabled = false` | false |
 ///
 /// Manifest merging is a table property, not a sink key: a table that sets `commit.manifest-merge.enabled = true`
@@ -85,6 +88,15 @@ pub struct IcebergSinkSettings {
     /// Apply the rows by these key columns (row deltas with equality deletes).
     #[serde(default)]
     pub upsert_key: Vec<String>,
+    /// The partition terms of a created table.
+    #[serde(default)]
+    pub partition_by: Vec<String>,
+    /// The sort terms of a created table.
+    #[serde(default)]
+    pub sort_by: Vec<String>,
+    /// The properties of a created table.
+    #[serde(default)]
+    pub properties: std::collections::BTreeMap<String, String>,
 }
 
 fn default_catalog_name() -> String {
@@ -202,5 +214,10 @@ fn config(settings: IcebergSinkSettings, context: SinkContext) -> Result<Iceberg
         cleanup_on_recover: settings.cleanup_on_recover,
         expire_snapshots: settings.expire_snapshots,
         upsert_key: settings.upsert_key,
+        layout: crate::TableLayout {
+            partition_by: settings.partition_by,
+            sort_by: settings.sort_by,
+            properties: settings.properties,
+        },
     })
 }

@@ -55,6 +55,7 @@ mod error;
 mod evolve;
 mod factory;
 mod guarded;
+mod layout;
 mod ledger;
 mod location;
 mod manifest_merge;
@@ -80,6 +81,7 @@ pub use config::{
     CatalogConfig, DEFAULT_COMMIT_TIMEOUT, DEFAULT_TARGET_FILE_SIZE, IcebergSinkConfig, S3Settings,
 };
 pub use factory::{IcebergSinkFactory, IcebergSinkSettings};
+pub use layout::TableLayout;
 pub use ledger::{
     CHECKPOINT_PROPERTY, EPOCH_PROPERTY, JOB_PROPERTY, SINK_PROPERTY, SUBTASK_PROPERTY, SubtaskKey,
     SubtaskState,

@@ -21,6 +21,7 @@ use crate::config::IcebergSinkConfig;
 use crate::equality_deletes::EqualityDeletes;
 use crate::error::iceberg_error;
 use crate::evolve::evolve_table;
+use crate::layout::BoundLayout;
 use crate::ledger::SubtaskKey;
 use crate::manifest_merge::MANIFEST_MERGE_ENABLED;
 use crate::retire::DELETE_METADATA_AFTER_COMMIT;
@@ -77,6 +78,9 @@ impl IcebergSink {
             return Err(Error::config("commit_every must be at least 1"));
         }
         let keyed = KeyedRows::of_config(&config)?;
+        config
+            .layout
+            .check_settings(&config.sink, config.create_table, &config.upsert_key)?;
         let catalog = config
             .catalog
             .open(&config.catalog_name, &config.s3)
@@ -93,13 +97,12 @@ impl IcebergSink {
             if !config.create_table {
                 return Err(Error::config(format!(
                     "table {ident} does not exist in the catalog: create it, or set create_table = true to \
-                     create an unpartitioned table from the input schema"
+                     create it from the input schema"
                 ))
                 .with_sink(&config.sink));
             }
-            let schema = types::table_schema(table_schema(&config)?.as_ref())
-                .map_err(|refusals| types::refused(&config.sink, &config.table, &refusals))?;
-            create_table(catalog.as_ref(), &ident, schema).await?;
+            let (schema, layout) = created_table(&config)?;
+            create_table(catalog.as_ref(), &ident, schema, layout).await?;
         }
         let key = SubtaskKey {
             job: config.job.clone(),
@@ -425,11 +428,48 @@ pub(crate) fn check_columns(
     }
 }
 
-/// Creates the namespace (if missing) and an unpartitioned table of `iceberg_schema` ([`types::table_schema`]).
+/// The schema and layout a table `config`'s sink creates is created with: the batches' columns
+/// ([`types::table_schema`]), the upsert key as its identifier fields when every key column is required (Iceberg
+/// requires that of identifier fields), and the job file's partition spec, sort order and properties.
+///
+/// # Errors
+/// [`Config`](ErrorKind::Config) for a column without an exact Iceberg type, or a layout that does not fit the
+/// columns (naming the term).
+pub(crate) fn created_table(
+    config: &IcebergSinkConfig,
+) -> Result<(iceberg::spec::Schema, BoundLayout)> {
+    let schema = types::table_schema(table_schema(config)?.as_ref())
+        .map_err(|refusals| types::refused(&config.sink, &config.table, &refusals))?;
+    let key: Option<Vec<i32>> = config
+        .upsert_key
+        .iter()
+        .map(|name| {
+            schema
+                .field_by_name(name)
+                .filter(|f| f.required)
+                .map(|f| f.id)
+        })
+        .collect();
+    let schema = match key.filter(|ids| !ids.is_empty()) {
+        Some(ids) => schema
+            .into_builder()
+            .with_identifier_field_ids(ids)
+            .build()
+            .map_err(|e| {
+                iceberg_error(Phase::Setup, "cannot set the key as identifier fields", e)
+            })?,
+        None => schema,
+    };
+    let layout = config.layout.bind(&config.sink, &schema)?;
+    Ok((schema, layout))
+}
+
+/// Creates the namespace (if missing) and a table of `iceberg_schema` laid out as `layout` says.
 async fn create_table(
     catalog: &dyn iceberg::Catalog,
     ident: &TableIdent,
     iceberg_schema: iceberg::spec::Schema,
+    layout: BoundLayout,
 ) -> Result<()> {
     let namespace: &NamespaceIdent = ident.namespace();
     let exists = catalog
@@ -451,13 +491,18 @@ async fn create_table(
     // A streaming writer commits often: keep only the last 100 metadata versions on storage, and merge manifests
     // once 100 pile up (Iceberg's standard properties, which `TableTarget` honours on every commit; iceberg-rust
     // itself does neither).
+    // The job file's properties are set over these.
+    let mut properties = HashMap::from([
+        (DELETE_METADATA_AFTER_COMMIT.to_string(), "true".to_string()),
+        (MANIFEST_MERGE_ENABLED.to_string(), "true".to_string()),
+    ]);
+    properties.extend(layout.properties);
     let creation = TableCreation::builder()
         .name(ident.name().to_string())
         .schema(iceberg_schema)
-        .properties(HashMap::from([
-            (DELETE_METADATA_AFTER_COMMIT.to_string(), "true".to_string()),
-            (MANIFEST_MERGE_ENABLED.to_string(), "true".to_string()),
-        ]))
+        .partition_spec(layout.partition_spec)
+        .sort_order(layout.sort_order)
+        .properties(properties)
         .build();
     if let Err(e) = catalog.create_table(namespace, creation).await
         && !catalog.table_exists(ident).await.unwrap_or(false)

@@ -24,7 +24,10 @@ names), "current_manifests" (how many manifests the current snapshot's list name
 "rows": rows pyiceberg reads at that snapshot, "total_records": its summary's total-records}] for every retained
 snapshot), "inconsistent_entries" (data files whose live entries disagree across the retained snapshots' manifests
 on the snapshot that added them, their data or their file sequence number: a manifest rewrite must keep all three)
-and "metadata_json_files" (how many metadata JSON files metadata/ holds).
+and "metadata_json_files" (how many metadata JSON files metadata/ holds). With --layout it also prints "layout":
+{"partition_fields": [[name, transform, source column]], "sort_fields": [[column, transform, "asc"/"desc",
+"nulls-first"/"nulls-last"]], "identifier_fields": [names], "file_partitions": [each live data file's partition
+values as a JSON list, sorted; null for a snapshot with equality deletes]}.
 """
 
 import json
@@ -350,11 +353,36 @@ def main(name: str, uri: str, warehouse: str, table_name: str, id_column: str, *
         read = java_read(table.metadata_location)
         out["java_column_names"] = read["column_names"]
         out["java_rows"] = read["rows"]
+    if "--layout" in flags:
+        out["layout"] = layout(table)
     if "--rows" in flags:
         rows = read_rows(table)
         out["column_names"] = rows.column_names
         out["rows"] = [list(r.values()) for r in rows.to_pylist()]
     json.dump(out, sys.stdout, default=str)
+
+
+def layout(table) -> dict:
+    """The table's partition spec, sort order and identifier fields as pyiceberg reads them, and the partition of
+    every live data file."""
+    schema = table.schema()
+    current = table.current_snapshot()
+    name = lambda field_id: schema.find_column_name(field_id)
+    return {
+        "partition_fields": [[f.name, str(f.transform), name(f.source_id)] for f in table.spec().fields],
+        "sort_fields": [
+            [name(f.source_id), str(f.transform), str(f.direction.value), str(f.null_order.value)]
+            for f in table.sort_order().fields
+        ],
+        "identifier_fields": sorted(schema.identifier_field_names()),
+        # pyiceberg 0.12 plans no scan of a snapshot with equality deletes: null there.
+        "file_partitions": None
+        if current is not None and has_deletes(table, current)
+        else sorted(
+            json.dumps([task.file.partition[i] for i in range(len(task.file.partition))], default=str)
+            for task in table.scan().plan_files()
+        ),
+    }
 
 
 if __name__ == "__main__":

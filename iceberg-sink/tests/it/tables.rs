@@ -15,7 +15,7 @@ use connector_api::{
 use iceberg::TableCreation;
 use iceberg::spec::{NestedField, PrimitiveType, Schema, Transform, Type, UnboundPartitionSpec};
 use iceberg_sink::{IcebergSink, IcebergSinkFactory};
-use ratchet_conformance::{conformance_schema, run_one_checkpoint};
+use ratchet_conformance::{conformance_schema, run_one_checkpoint, run_one_checkpoint_of};
 
 fn registry() -> SinkRegistry {
     let mut registry = SinkRegistry::new();
@@ -58,6 +58,142 @@ async fn a_job_file_entry_writes_through_the_registry() {
     assert_eq!(last["summary"]["ratchet.job"], "orders-pipeline");
     assert_eq!(last["summary"]["ratchet.sink"], "lake");
     assert_eq!(last["summary"]["ratchet.subtask"], "0");
+}
+
+/// A table the sink creates takes its partition spec, sort order and properties from the job file entry, and an
+/// upsert table its key as identifier fields; pyiceberg reads them back, with each data file in its partition and
+/// every row (DuckDB too). check-config says what the first run creates, and refuses a term that does not fit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_created_table_is_laid_out_as_the_job_file_says() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::sqlite_local(dir.path(), "layout");
+    let iceberg_sink::CatalogConfig::Sql { uri, warehouse } = &lake.catalog else {
+        unreachable!()
+    };
+    let entry = |id: &str, table: &str, more: &str| -> SinkSpec {
+        toml::from_str(&format!(
+            r#"
+            type = "iceberg"
+            id = "{id}"
+            catalog = {{ kind = "sql", uri = "{uri}", warehouse = "{warehouse}" }}
+            table = "{table}"
+            create_table = true
+            {more}
+            "#
+        ))
+        .unwrap()
+    };
+    let events_table = lake.table(&["events"]);
+    let laid_out = entry(
+        "lake",
+        &events_table,
+        r#"partition_by = ["day(at)", "bucket(4, id)"]
+           sort_by = ["region", "at desc"]
+           properties = { "write.parquet.compression-codec" = "zstd", "owner" = "ratchet-test" }"#,
+    );
+    let check = registry()
+        .check(&laid_out, None, SubtaskId(0), event_schema())
+        .await
+        .unwrap();
+    assert!(
+        check.summary.contains(
+            "the first run creates it partitioned by day(at), bucket(4, id), sorted by region, at desc"
+        ),
+        "{}",
+        check.summary
+    );
+    let sink = registry()
+        .build(&laid_out, None, SubtaskId(0), event_schema())
+        .await
+        .unwrap();
+    run_one_checkpoint_of(sink, &events(0..300)).await;
+
+    let keyed_table = lake.table(&["keyed"]);
+    let keyed = entry(
+        "keyed",
+        &keyed_table,
+        r#"upsert_key = ["id"]
+           sort_by = ["id"]"#,
+    );
+    let sink = registry()
+        .build(&keyed, None, SubtaskId(0), event_schema())
+        .await
+        .unwrap();
+    run_one_checkpoint_of(sink, &events(0..30)).await;
+
+    // A term the columns do not take is refused by check-config, naming it.
+    let wrong = entry(
+        "wrong",
+        &lake.table(&["wrong"]),
+        r#"partition_by = ["day(region)"]"#,
+    );
+    let err = registry()
+        .check(&wrong, None, SubtaskId(0), event_schema())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("sink wrong") && err.contains("partition_by term \"day(region)\""),
+        "{err}"
+    );
+
+    let (seen, keyed_seen) = tokio::task::spawn_blocking(move || {
+        (
+            lake.read_with(&events_table, "--layout"),
+            lake.read_with(&keyed_table, "--layout"),
+        )
+    })
+    .await
+    .unwrap();
+    let layout = &seen["layout"];
+    assert_eq!(
+        layout["partition_fields"],
+        serde_json::json!([["at_day", "day", "at"], ["id_bucket", "bucket[4]", "id"]]),
+        "{seen}"
+    );
+    assert_eq!(
+        layout["sort_fields"],
+        serde_json::json!([
+            ["region", "identity", "asc", "nulls-first"],
+            ["at", "identity", "desc", "nulls-last"]
+        ]),
+        "{seen}"
+    );
+    assert_eq!(seen["properties"]["owner"], "ratchet-test", "{seen}");
+    assert_eq!(
+        seen["properties"]["write.parquet.compression-codec"], "zstd",
+        "{seen}"
+    );
+    assert_eq!(
+        seen["properties"]["write.metadata.delete-after-commit.enabled"], "true",
+        "the sink's defaults stay: {seen}"
+    );
+    // Three days (the events' timestamps) by four buckets: every data file in one of them.
+    let partitions: std::collections::BTreeSet<String> = layout["file_partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(partitions.len(), 12, "{partitions:?}");
+    assert_eq!(
+        seen["ids"],
+        serde_json::json!((0..300).collect::<Vec<i64>>())
+    );
+    assert_eq!(seen["duckdb_ids"], seen["ids"]);
+    assert_eq!(
+        keyed_seen["layout"]["identifier_fields"],
+        serde_json::json!(["id"]),
+        "{keyed_seen}"
+    );
+    assert_eq!(
+        keyed_seen["layout"]["sort_fields"],
+        serde_json::json!([["id", "identity", "asc", "nulls-first"]])
+    );
+    assert_eq!(
+        keyed_seen["second_ids"],
+        serde_json::json!((0..30).collect::<Vec<i64>>())
+    );
 }
 
 #[tokio::test]
