@@ -199,6 +199,14 @@ pub trait SinkBuilder: Send + Sync + 'static {
         Vec::new()
     }
 
+    /// The longest building or checking a sink of `settings` may take when it is longer than the registry's setup
+    /// timeout ([`SinkRegistry::with_setup_timeout`]): a sink whose calls have their own, longer bounds (an Iceberg
+    /// `commit_timeout` raised for a slow catalog) says so here. None by default.
+    fn setup_time(settings: &Self::Settings) -> Option<Duration> {
+        let _ = settings;
+        None
+    }
+
     /// The columns of the batches (`context.schema`) that the sink's external system lacks now: what a sink with
     /// `evolution = "ignore"` leaves out (empty when it would create its table with every column). Read only.
     /// By default refused: only a sink that writes into a table whose columns it can read keeps them.
@@ -293,6 +301,12 @@ impl<B: SinkBuilder> SinkFactory for B {
         Ok(B::key_columns(&settings))
     }
 
+    fn setup_time(&self, settings: serde_json::Value, context: &SinkContext) -> Option<Duration> {
+        let settings = B::complete_settings(settings, context);
+        let settings: B::Settings = parse_settings(&context.sink, B::KIND, settings).ok()?;
+        B::setup_time(&settings)
+    }
+
     async fn lacking_columns(
         &self,
         settings: serde_json::Value,
@@ -356,6 +370,10 @@ pub trait SinkFactory: Send + Sync {
         settings: serde_json::Value,
         context: SinkContext,
     ) -> Result<Vec<String>>;
+
+    /// A sink of `settings`' own bound on building or checking it ([`SinkBuilder::setup_time`]); None for
+    /// settings that do not parse (building reports them).
+    fn setup_time(&self, settings: serde_json::Value, context: &SinkContext) -> Option<Duration>;
 }
 
 /// Reads a sink's settings into its config type, refusing unknown keys with the sink named.
@@ -410,22 +428,25 @@ impl SinkRegistry {
         self
     }
 
-    /// `work` (what `doing` says, for `spec`'s sink) within the setup timeout.
+    /// `work` (what `doing` says, for `spec`'s sink) within the setup timeout, or the sink's own longer one
+    /// ([`SinkFactory::setup_time`]).
     async fn bounded<T>(
         &self,
         spec: &SinkSpec,
+        own: Option<Duration>,
         doing: &str,
         work: impl Future<Output = Result<T>>,
     ) -> Result<T> {
-        match tokio::time::timeout(self.setup_timeout, work).await {
+        let limit = own.map_or(self.setup_timeout, |own| own.max(self.setup_timeout));
+        match tokio::time::timeout(limit, work).await {
             Ok(done) => done.map_err(|e| e.or_sink(&spec.id)),
             Err(_) => Err(Error::new(
                 ErrorKind::Retryable,
                 Phase::Setup,
                 format!(
-                    "{doing} this {} sink did not finish within {:?}: its server accepts connections but does \
-                     not answer; check the server and the network (a start retries)",
-                    spec.kind, self.setup_timeout
+                    "{doing} this {} sink did not finish within {limit:?}: its server accepts connections but \
+                     does not answer; check the server and the network (a start retries)",
+                    spec.kind
                 ),
             )
             .with_sink(&spec.id)),
@@ -456,12 +477,13 @@ impl SinkRegistry {
     ) -> Result<SinkCheck> {
         let (factory, context) = self.factory(spec, job, subtask, schema)?;
         let settings = serde_json::Value::Object(spec.settings.clone());
+        let own = factory.setup_time(settings.clone(), &context);
         let checked = async {
             let (context, kept) = kept_columns(factory, &settings, context).await?;
             let check = factory.check(settings, spec.delivery, context).await?;
             Ok((check, kept))
         };
-        let (mut check, kept) = self.bounded(spec, "checking", checked).await?;
+        let (mut check, kept) = self.bounded(spec, own, "checking", checked).await?;
         if let Some(kept) = kept.filter(|k| !k.left_out().is_empty()) {
             check.summary.push_str(&format!(
                 "; leaves out column(s) {} (evolution = \"ignore\": the table lacks them)",
@@ -526,6 +548,7 @@ impl SinkRegistry {
     ) -> Result<DynSink> {
         let (factory, context) = self.factory(spec, job, subtask, schema)?;
         let settings = serde_json::Value::Object(spec.settings.clone());
+        let own = factory.setup_time(settings.clone(), &context);
         let built = async {
             let (context, kept) = kept_columns(factory, &settings, context).await?;
             let sink = factory.build(settings, spec.delivery, context).await?;
@@ -534,7 +557,7 @@ impl SinkRegistry {
                 None => sink,
             })
         };
-        self.bounded(spec, "building", built).await
+        self.bounded(spec, own, "building", built).await
     }
 }
 
@@ -626,6 +649,39 @@ mod tests {
             _: SinkContext,
         ) -> Result<SinkCheck> {
             std::future::pending().await
+        }
+    }
+
+    /// A sink whose checks take longer than the registry's setup timeout, and that says so.
+    struct Slow;
+
+    #[async_trait]
+    impl SinkBuilder for Slow {
+        const KIND: &'static str = "slow";
+        type Settings = NothingSettings;
+
+        fn setup_time(settings: &NothingSettings) -> Option<Duration> {
+            Some(Duration::from_secs(u64::from(settings.size)))
+        }
+        async fn build_sink(
+            &self,
+            _: NothingSettings,
+            _: DeliveryGuarantee,
+            _: SinkContext,
+        ) -> Result<DynSink> {
+            std::future::pending().await
+        }
+        async fn check_sink(
+            &self,
+            _: NothingSettings,
+            _: DeliveryGuarantee,
+            _: SinkContext,
+        ) -> Result<SinkCheck> {
+            tokio::time::sleep(Duration::from_millis(600)).await;
+            Ok(SinkCheck {
+                summary: "slow but fine".into(),
+                transaction_timeout: None,
+            })
         }
     }
 
@@ -742,6 +798,38 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[tokio::test]
+    async fn a_sink_s_own_longer_setup_time_raises_the_bound() {
+        let mut registry = SinkRegistry::new();
+        registry
+            .register(Slow)
+            .with_setup_timeout(Duration::from_millis(300));
+        let schema = std::sync::Arc::new(arrow_schema::Schema::empty());
+        let check = registry
+            .check(
+                &spec("type = \"slow\"\nid = \"s\"\nsize = 5"),
+                None,
+                SubtaskId(0),
+                schema.clone(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(check.summary, "slow but fine");
+        // Its bound still holds: building never finishes, and fails at the sink's own 1 s.
+        let started = std::time::Instant::now();
+        let err = registry
+            .build(
+                &spec("type = \"slow\"\nid = \"s\"\nsize = 1"),
+                None,
+                SubtaskId(0),
+                schema,
+            )
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("within 1s"), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(10));
     }
 
     #[test]

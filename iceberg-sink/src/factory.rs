@@ -99,6 +99,10 @@ pub struct IcebergSinkSettings {
     pub properties: std::collections::BTreeMap<String, String>,
 }
 
+/// The catalog calls opening a sink makes at most, each within `commit_timeout` (namespace lookup and creation,
+/// table lookup, creation, load, a schema change's commit).
+const SETUP_CATALOG_CALLS: u32 = 6;
+
 fn default_catalog_name() -> String {
     "ratchet".into()
 }
@@ -134,6 +138,12 @@ impl SinkBuilder for IcebergSinkFactory {
 
     fn key_columns(settings: &IcebergSinkSettings) -> Vec<String> {
         settings.upsert_key.clone()
+    }
+
+    /// Opening takes a few catalog calls, each bounded by `commit_timeout`: the table's lookup, its creation or
+    /// load, and a schema change's commit, with the namespace's lookup and creation.
+    fn setup_time(settings: &IcebergSinkSettings) -> Option<Duration> {
+        Some(settings.commit_timeout * SETUP_CATALOG_CALLS)
     }
 
     async fn build_sink(

@@ -16,8 +16,8 @@ use std::sync::Arc;
 
 use connector_api::{Error, ErrorKind, Phase, Result, SinkId};
 use iceberg::spec::{
-    NullOrder, PartitionSpec, Schema, SortDirection, SortField, SortOrder, Transform,
-    UnboundPartitionSpec,
+    NullOrder, PartitionSpec, Schema, SortDirection, SortField, SortOrder, TableProperties,
+    Transform, UnboundPartitionSpec,
 };
 
 use crate::ledger::JOB_PROPERTY;
@@ -141,6 +141,21 @@ impl TableLayout {
         let sort_order = order
             .build_unbound()
             .map_err(|e| refuse("sort_by", &self.sort_by.join(", "), e.message().to_string()))?;
+        if let Some(key) = self
+            .properties
+            .keys()
+            .find(|key| TableProperties::RESERVED_PROPERTIES.contains(&key.as_str()))
+        {
+            return Err(Error::new(
+                ErrorKind::Config,
+                Phase::Setup,
+                format!(
+                    "properties key {key:?} is reserved by Iceberg (it describes the table's metadata, and no \
+                     catalog stores it as a property); leave it out (tables the sink creates are format version 2)"
+                ),
+            )
+            .with_sink(sink));
+        }
         let prefix = JOB_PROPERTY.split('.').next().unwrap_or("ratchet");
         if let Some(key) = self
             .properties
@@ -450,6 +465,15 @@ mod tests {
         let err = own.bind(&sink(), &schema()).unwrap_err().to_string();
         assert!(
             err.contains("ratchet.epoch") && err.contains("sink's own"),
+            "{err}"
+        );
+        let reserved = TableLayout {
+            properties: BTreeMap::from([("format-version".into(), "3".into())]),
+            ..TableLayout::default()
+        };
+        let err = reserved.bind(&sink(), &schema()).unwrap_err().to_string();
+        assert!(
+            err.contains("format-version") && err.contains("reserved"),
             "{err}"
         );
     }

@@ -9,6 +9,7 @@ use connector_api::{
     AppliedChanges, ChangeColumns, CheckpointId, Error, ErrorKind, Phase, RecoveryPlan, Result,
     SchemaChange, SinkId, TwoPhaseCommit,
 };
+use iceberg::spec::{PrimitiveType, Type};
 use iceberg::table::Table;
 use iceberg::{NamespaceIdent, TableCreation, TableIdent};
 
@@ -429,8 +430,9 @@ pub(crate) fn check_columns(
 }
 
 /// The schema and layout a table `config`'s sink creates is created with: the batches' columns
-/// ([`types::table_schema`]), the upsert key as its identifier fields when every key column is required (Iceberg
-/// requires that of identifier fields), and the job file's partition spec, sort order and properties.
+/// ([`types::table_schema`]), the upsert key as its identifier fields when every key column is a required
+/// primitive other than a float or double (what Iceberg allows as identifier fields), and the job file's partition
+/// spec, sort order and properties.
 ///
 /// # Errors
 /// [`Config`](ErrorKind::Config) for a column without an exact Iceberg type, or a layout that does not fit the
@@ -446,7 +448,11 @@ pub(crate) fn created_table(
         .map(|name| {
             schema
                 .field_by_name(name)
-                .filter(|f| f.required)
+                .filter(|f| {
+                    f.required
+                        && matches!(&*f.field_type, Type::Primitive(p)
+                            if !matches!(p, PrimitiveType::Float | PrimitiveType::Double))
+                })
                 .map(|f| f.id)
         })
         .collect();

@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use connector_api::{Error, Phase, Result};
@@ -27,6 +28,9 @@ pub(crate) struct RegistryLookup {
     runtime: tokio::runtime::Handle,
     /// Why an id was refused; until when, for an id the registry did not have (asked again after that).
     refused: Mutex<HashMap<u32, (String, Option<Instant>)>>,
+    /// The last id a decoding accepted, plus one (0: none yet): nearly every record carries the id of the one
+    /// before, which is then known without taking the decoding's locks.
+    last_accepted: AtomicU64,
 }
 
 impl std::fmt::Debug for RegistryLookup {
@@ -54,7 +58,22 @@ impl RegistryLookup {
             registry,
             runtime,
             refused: Mutex::new(HashMap::new()),
+            last_accepted: AtomicU64::new(0),
         })
+    }
+
+    /// Whether `id` is the last id noted accepted ([`Self::note_accepted`]): a decoding never forgets an id it
+    /// accepted, so a stale answer is still a right one.
+    pub(crate) fn accepted_last(&self, id: u32) -> bool {
+        // Acquire: a caller that sees the id also sees the columns its acceptance widened (the generation number
+        // stored before it).
+        self.last_accepted.load(Ordering::Acquire) == u64::from(id) + 1
+    }
+
+    /// Notes `id` as accepted by the decoding.
+    pub(crate) fn note_accepted(&self, id: u32) {
+        self.last_accepted
+            .store(u64::from(id) + 1, Ordering::Release);
     }
 
     fn refusals(&self) -> std::sync::MutexGuard<'_, HashMap<u32, (String, Option<Instant>)>> {

@@ -237,7 +237,7 @@ impl Values {
             Self::Json {
                 registry: Some((json, generation, _)),
                 ..
-            } => json.columns().number != *generation,
+            } => json.generation() != *generation,
             Self::Raw(_) | Self::Json { .. } | Self::DebeziumJson(_) => false,
         }
     }

@@ -6,8 +6,9 @@
 //! Only what keeps the meaning exactly is inlined, else nothing is (and the validator judges the records):
 //! - a `$ref` must be the only key of its object (from draft 2019-09 on, keywords beside a `$ref` apply as well;
 //!   before, they are ignored: either way, that schema is not the target alone);
-//! - it must be a pointer into this document (`#/...`), resolved against the root: no `$id` below the root may
-//!   move the base a pointer is resolved against;
+//! - it must be a pointer into this document (`#/...`, without percent-encoding), resolved against the root: no
+//!   `$id` anywhere below the root (on the way to a target, or in it) may move the base a pointer is resolved
+//!   against;
 //! - references that nest deeper than [`MAX_DEPTH`] (a recursive schema) or would write out more than
 //!   [`MAX_NODES`] values are not inlined;
 //! - the values of `enum`, `const`, `default` and `examples` are data, not schemas: they are kept as written.
@@ -29,11 +30,11 @@ const DATA_KEYWORDS: [&str; 4] = ["enum", "const", "default", "examples"];
 /// `schema` with every local `$ref` replaced by what it points at and the root's definitions left out; `None` when
 /// it has no `$ref` or one cannot be inlined exactly (see the module's rules).
 pub(crate) fn inlined(schema: &Doc) -> Option<Doc> {
-    if !has_ref(schema) {
+    if !has_key(schema, "$ref") || nested_id(schema) {
         return None;
     }
     let mut budget = MAX_NODES;
-    let Doc::Object(entries) = inline(schema, schema, 0, true, &mut budget)? else {
+    let Doc::Object(entries) = inline(schema, schema, 0, &mut budget)? else {
         return None;
     };
     Some(Doc::Object(
@@ -44,37 +45,43 @@ pub(crate) fn inlined(schema: &Doc) -> Option<Doc> {
     ))
 }
 
-/// Whether `doc` has a `$ref` key anywhere.
-fn has_ref(doc: &Doc) -> bool {
+/// Whether `doc` has the key `wanted` anywhere.
+fn has_key(doc: &Doc, wanted: &str) -> bool {
     match doc {
         Doc::Object(entries) => entries
             .iter()
-            .any(|(key, value)| key == "$ref" || has_ref(value)),
-        Doc::Array(items) => items.iter().any(has_ref),
+            .any(|(key, value)| key == wanted || has_key(value, wanted)),
+        Doc::Array(items) => items.iter().any(|item| has_key(item, wanted)),
+        Doc::Scalar(_) => false,
+    }
+}
+
+/// Whether any value below the root has an `$id` (a property named so counts too: refusing is safe).
+fn nested_id(root: &Doc) -> bool {
+    match root {
+        Doc::Object(entries) => entries.iter().any(|(_, value)| has_key(value, "$id")),
+        Doc::Array(items) => items.iter().any(|item| has_key(item, "$id")),
         Doc::Scalar(_) => false,
     }
 }
 
 /// `here` (a schema, or a value holding schemas) inlined against `root`, `depth` references deep.
-fn inline(root: &Doc, here: &Doc, depth: usize, is_root: bool, budget: &mut usize) -> Option<Doc> {
+fn inline(root: &Doc, here: &Doc, depth: usize, budget: &mut usize) -> Option<Doc> {
     *budget = budget.checked_sub(1)?;
     match here {
         Doc::Object(entries) => {
             if let Some(reference) = here.get("$ref") {
                 let pointer = reference.as_str()?.strip_prefix('#')?;
-                if entries.len() != 1 || depth >= MAX_DEPTH {
+                if entries.len() != 1 || depth >= MAX_DEPTH || pointer.contains('%') {
                     return None;
                 }
-                return inline(root, root.pointer(pointer)?, depth + 1, false, budget);
-            }
-            if !is_root && here.get("$id").is_some() {
-                return None;
+                return inline(root, root.pointer(pointer)?, depth + 1, budget);
             }
             let mut out = Vec::with_capacity(entries.len());
             for (key, value) in entries {
                 let value = match DATA_KEYWORDS.contains(&key.as_str()) {
                     true => value.clone(),
-                    false => inline(root, value, depth, false, budget)?,
+                    false => inline(root, value, depth, budget)?,
                 };
                 out.push((key.clone(), value));
             }
@@ -82,7 +89,7 @@ fn inline(root: &Doc, here: &Doc, depth: usize, is_root: bool, budget: &mut usiz
         }
         Doc::Array(items) => items
             .iter()
-            .map(|item| inline(root, item, depth, false, budget))
+            .map(|item| inline(root, item, depth, budget))
             .collect::<Option<Vec<_>>>()
             .map(Doc::Array),
         Doc::Scalar(_) => Some(here.clone()),
@@ -154,6 +161,18 @@ mod tests {
                 json!({"$id": "http://example.com/x", "type": "object",
                        "properties": {"a": {"$ref": "#/definitions/a"}}}),
                 json!({"a": {"type": "integer"}}),
+            ),
+            // An `$id` on the way to the target: the validator resolves the target's own `$ref` against it.
+            with(
+                json!({"$ref": "#/definitions/w/definitions/a"}),
+                json!({"c": {"type": "integer"},
+                       "w": {"$id": "http://example.com/w.json",
+                             "definitions": {"c": {"type": "string"}, "a": {"$ref": "#/definitions/c"}}}}),
+            ),
+            // Percent-encoded pointers.
+            with(
+                json!({"$ref": "#/definitions/a%20b"}),
+                json!({"a b": {"type": "integer"}, "a%20b": {"type": "string"}}),
             ),
         ];
         for schema in cases {

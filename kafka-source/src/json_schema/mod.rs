@@ -19,6 +19,7 @@ mod implied;
 mod inline;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arrow_schema::SchemaRef;
@@ -95,6 +96,7 @@ impl JsonSchemaDecoding {
                     fields,
                     decoding,
                 })]),
+                generation: AtomicUsize::new(0),
                 validators: Mutex::new(HashMap::new()),
             }),
         })
@@ -121,9 +123,18 @@ impl JsonSchemaDecoding {
     /// As [`JsonWriters::resolve`].
     pub(crate) fn learn_schema(&self, at: RecordAt<'_>, value: &[u8]) -> Result<()> {
         match confluent_id(value) {
-            Some(id) => self.writers.resolve(id, at).map(drop),
-            None => Ok(()),
+            Some(id) if !self.writers.lookup.accepted_last(id) => {
+                self.writers.resolve(id, at)?;
+                self.writers.lookup.note_accepted(id);
+                Ok(())
+            }
+            _ => Ok(()),
         }
+    }
+
+    /// The number of the current generation of the columns, read without a lock (asked for every record).
+    pub(crate) fn generation(&self) -> usize {
+        self.writers.generation.load(Ordering::Acquire)
     }
 
     /// The JSON document of `value` (the record at `at`), validated against the schema its framing names.
@@ -280,6 +291,8 @@ pub(crate) struct JsonWriters {
     /// optional ones (`evolve`).
     evolution: Evolution,
     generations: Mutex<Vec<Arc<Columns>>>,
+    /// The last generation's number, set under the generations' lock after it is pushed.
+    generation: AtomicUsize,
     validators: Mutex<HashMap<u32, Arc<Accepted>>>,
 }
 
@@ -384,7 +397,9 @@ impl JsonWriters {
         if let Some(columns) = widened {
             tracing::info!(id, fields = ?added, generation = columns.number,
                 "schema registry: JSON Schema columns widened with a writer's new properties");
+            let number = columns.number;
             generations.push(Arc::new(columns));
+            self.generation.store(number, Ordering::Release);
         }
         let current = generations.last().expect("generation 0 always exists");
         // Judged written out: a schema that only names its pieces in definitions says no more than without them.

@@ -20,6 +20,7 @@ mod rows;
 mod wire;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arrow_array::{ArrayRef, RecordBatch};
@@ -104,6 +105,7 @@ impl ProtobufDecoding {
                 message: descriptor.full_name().to_string(),
                 evolution,
                 generations: Mutex::new(vec![Arc::new(Columns::new(0, columns))]),
+                generation: AtomicUsize::new(0),
                 files: Mutex::new(HashMap::new()),
                 messages: Mutex::new(HashMap::new()),
             }),
@@ -158,7 +160,15 @@ impl ProtobufDecoding {
     /// As [`ProtoWriters::resolve`].
     pub(crate) fn learn_schema(&self, at: RecordAt<'_>, value: &[u8]) -> Result<()> {
         match framing(at, value) {
-            Ok((id, path, _)) => self.writers.resolve(id, &path, at).map(drop),
+            // The first message of the schema (the usual one) of the id accepted last: known without a lock.
+            Ok((id, path, _)) if path.is_empty() && self.writers.lookup.accepted_last(id) => Ok(()),
+            Ok((id, path, _)) => {
+                self.writers.resolve(id, &path, at)?;
+                if path.is_empty() {
+                    self.writers.lookup.note_accepted(id);
+                }
+                Ok(())
+            }
             Err(_) => Ok(()),
         }
     }
@@ -213,6 +223,8 @@ pub(crate) struct ProtoWriters {
     /// scalars and presence (`evolve`).
     evolution: Evolution,
     generations: Mutex<Vec<Arc<Columns>>>,
+    /// The last generation's number, set under the generations' lock after it is pushed.
+    generation: AtomicUsize,
     files: Mutex<HashMap<u32, FileDescriptor>>,
     messages: Mutex<HashMap<(u32, Vec<usize>), MessageDescriptor>>,
 }
@@ -417,7 +429,9 @@ impl ProtoWriters {
         let columns = Columns::new(current.number + 1, evolved);
         tracing::info!(id, changes = ?changes, generation = columns.number,
             "schema registry: Protobuf columns widened for a writer's fields");
+        let number = columns.number;
         generations.push(Arc::new(columns));
+        self.generation.store(number, Ordering::Release);
         Ok(message)
     }
 }
@@ -437,8 +451,11 @@ pub(crate) struct ProtobufRows {
     rows: MessageRows,
     /// Each writer message accepted in this batch (by schema id and path), with its fast path when it has one:
     /// a record of a known writer needs no lookup in the shared (locked) writers.
-    plans: HashMap<(u32, Vec<usize>), (MessageDescriptor, Option<FlatPlan>)>,
+    plans: Vec<WriterPlan>,
 }
+
+/// A writer message (its schema id and message-index path), its descriptor, and its fast path when it has one.
+type WriterPlan = ((u32, Vec<usize>), MessageDescriptor, Option<FlatPlan>);
 
 impl ProtobufRows {
     /// Builders for up to `capacity` rows of `decoding`'s current columns.
@@ -448,7 +465,7 @@ impl ProtobufRows {
             rows: MessageRows::new(&columns.columns, capacity),
             decoding: decoding.clone(),
             columns,
-            plans: HashMap::new(),
+            plans: Vec::new(),
         }
     }
 
@@ -470,13 +487,21 @@ impl ProtobufRows {
                 ),
             )
         };
-        let key = (id, path);
-        if !self.plans.contains_key(&key) {
-            let descriptor = self.decoding.writers.resolve(id, &key.1, at)?;
-            let plan = FlatPlan::new(&descriptor, &self.columns.columns);
-            self.plans.insert(key.clone(), (descriptor, plan));
-        }
-        let (descriptor, plan) = &self.plans[&key];
+        // A batch meets few writers: a scan finds the plan without hashing the path.
+        let known = self
+            .plans
+            .iter()
+            .position(|(known, _, _)| known.0 == id && known.1 == path);
+        let index = match known {
+            Some(index) => index,
+            None => {
+                let descriptor = self.decoding.writers.resolve(id, &path, at)?;
+                let plan = FlatPlan::new(&descriptor, &self.columns.columns);
+                self.plans.push(((id, path), descriptor, plan));
+                self.plans.len() - 1
+            }
+        };
+        let (_, descriptor, plan) = &self.plans[index];
         if let Some(plan) = plan {
             match plan.decode(body, &mut self.rows) {
                 Ok(()) => return Ok(()),
@@ -501,7 +526,7 @@ impl ProtobufRows {
 
     /// Whether the decoding's columns widened since these builders were made.
     pub(crate) fn outdated(&self) -> bool {
-        self.decoding.columns().number != self.columns.number
+        self.decoding.writers.generation.load(Ordering::Acquire) != self.columns.number
     }
 
     /// The batch of every row appended.
