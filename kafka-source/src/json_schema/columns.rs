@@ -17,7 +17,8 @@
 //!
 //! A property is nullable unless the object lists it in `required` and its type does not admit `null`. Local
 //! `$ref`s (`#/definitions/..`, `#/$defs/..`, any `#/` pointer) are followed; a recursive one is refused, as are
-//! references to other documents (the registry's schema references).
+//! references to other documents (the registry's schema references) and references under a nested `$id` (they
+//! resolve against that `$id`, not the document).
 
 use super::doc::Doc;
 use crate::json_types::{JsonField, JsonItem};
@@ -28,6 +29,12 @@ const MAX_REF_DEPTH: usize = 32;
 /// The columns of `schema` (a JSON Schema document whose root is an object); why not, as the end of a sentence
 /// about the schema ("..., whose ...").
 pub(crate) fn columns(schema: &Doc) -> Result<Vec<JsonField>, String> {
+    if let Some(id) = schema.nested_id_over_ref() {
+        return Err(format!(
+            "`$id` {id:?} below the root has `$ref`s under it, which resolve against that `$id` rather than the \
+             document (not followed here): register the schema with its definitions at the root and no nested `$id`"
+        ));
+    }
     let walk = Walk { root: schema };
     let root = walk.follow(schema, 0)?;
     if !is_object_schema(root) {
@@ -406,6 +413,18 @@ mod tests {
         let recursive = json!({"type": "object", "definitions": {"A": {"$ref": "#/definitions/A"}},
                                "properties": {"a": {"$ref": "#/definitions/A"}}});
         assert!(columns(&doc(recursive)).unwrap_err().contains("recursive"));
+        // A reference under a nested `$id` resolves against it (here to a string, not the root's integer).
+        let rebased = json!({"type": "object",
+            "definitions": {"c": {"type": "integer"},
+                            "w": {"$id": "http://example.com/w.json",
+                                  "definitions": {"c": {"type": "string"}, "a": {"$ref": "#/definitions/c"}}}},
+            "properties": {"b": {"$ref": "#/definitions/w/definitions/a"}}});
+        let err = columns(&doc(rebased)).unwrap_err();
+        assert!(err.contains("http://example.com/w.json"), "{err}");
+        // A nested `$id` with no reference under it changes nothing.
+        let named = json!({"type": "object", "$id": "http://example.com/root.json",
+            "properties": {"a": {"$id": "http://example.com/a.json", "type": "integer"}}});
+        assert_eq!(columns(&doc(named)).unwrap().len(), 1);
         let err = columns(&doc(
             json!({"type": "object", "properties": {"z": {"type": "null"}}}),
         ))

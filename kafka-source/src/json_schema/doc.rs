@@ -40,6 +40,40 @@ impl Doc {
         }
     }
 
+    /// Whether this has the key `wanted` anywhere (itself or any value below it).
+    pub(crate) fn has_key(&self, wanted: &str) -> bool {
+        match self {
+            Doc::Object(entries) => entries
+                .iter()
+                .any(|(key, value)| key == wanted || value.has_key(wanted)),
+            Doc::Array(items) => items.iter().any(|item| item.has_key(wanted)),
+            Doc::Scalar(_) => false,
+        }
+    }
+
+    /// The first `$id` below the root (the root's own is not looked at) with a `$ref` under it: such a reference
+    /// resolves against that `$id`'s resource, not against the document.
+    pub(crate) fn nested_id_over_ref(&self) -> Option<&str> {
+        fn under(doc: &Doc) -> Option<&str> {
+            match doc {
+                Doc::Object(entries) => {
+                    let own = doc
+                        .get("$id")
+                        .and_then(Doc::as_str)
+                        .filter(|_| doc.has_key("$ref"));
+                    own.or_else(|| entries.iter().find_map(|(_, value)| under(value)))
+                }
+                Doc::Array(items) => items.iter().find_map(under),
+                Doc::Scalar(_) => None,
+            }
+        }
+        match self {
+            Doc::Object(entries) => entries.iter().find_map(|(_, value)| under(value)),
+            Doc::Array(items) => items.iter().find_map(under),
+            Doc::Scalar(_) => None,
+        }
+    }
+
     /// The string this is.
     pub(crate) fn as_str(&self) -> Option<&str> {
         match self {

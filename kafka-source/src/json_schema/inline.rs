@@ -30,7 +30,7 @@ const DATA_KEYWORDS: [&str; 4] = ["enum", "const", "default", "examples"];
 /// `schema` with every local `$ref` replaced by what it points at and the root's definitions left out; `None` when
 /// it has no `$ref` or one cannot be inlined exactly (see the module's rules).
 pub(crate) fn inlined(schema: &Doc) -> Option<Doc> {
-    if !has_key(schema, "$ref") || nested_id(schema) {
+    if !schema.has_key("$ref") || nested_id(schema) {
         return None;
     }
     let mut budget = MAX_NODES;
@@ -45,22 +45,11 @@ pub(crate) fn inlined(schema: &Doc) -> Option<Doc> {
     ))
 }
 
-/// Whether `doc` has the key `wanted` anywhere.
-fn has_key(doc: &Doc, wanted: &str) -> bool {
-    match doc {
-        Doc::Object(entries) => entries
-            .iter()
-            .any(|(key, value)| key == wanted || has_key(value, wanted)),
-        Doc::Array(items) => items.iter().any(|item| has_key(item, wanted)),
-        Doc::Scalar(_) => false,
-    }
-}
-
 /// Whether any value below the root has an `$id` (a property named so counts too: refusing is safe).
 fn nested_id(root: &Doc) -> bool {
     match root {
-        Doc::Object(entries) => entries.iter().any(|(_, value)| has_key(value, "$id")),
-        Doc::Array(items) => items.iter().any(|item| has_key(item, "$id")),
+        Doc::Object(entries) => entries.iter().any(|(_, value)| value.has_key("$id")),
+        Doc::Array(items) => items.iter().any(|item| item.has_key("$id")),
         Doc::Scalar(_) => false,
     }
 }
