@@ -196,6 +196,57 @@ async fn a_created_table_is_laid_out_as_the_job_file_says() {
     );
 }
 
+/// Two subtasks starting at once on a table that does not exist yet both create it with the job file's layout:
+/// one creation wins, the other finds the table, and both write into it, every row once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_subtasks_creating_a_laid_out_table_at_once_share_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::sqlite_local(dir.path(), "layout2");
+    let iceberg_sink::CatalogConfig::Sql { uri, warehouse } = &lake.catalog else {
+        unreachable!()
+    };
+    let table = lake.table(&["events"]);
+    let spec: SinkSpec = toml::from_str(&format!(
+        r#"
+        type = "iceberg"
+        id = "lake"
+        catalog = {{ kind = "sql", uri = "{uri}", warehouse = "{warehouse}" }}
+        table = "{table}"
+        create_table = true
+        partition_by = ["bucket(2, id)"]
+        sort_by = ["id"]
+        "#
+    ))
+    .unwrap();
+    let registry = registry();
+    let (first, second) = tokio::join!(
+        registry.build(&spec, None, SubtaskId(0), event_schema()),
+        registry.build(&spec, None, SubtaskId(1), event_schema()),
+    );
+    let (low, high) = (events(0..300), events(300..600));
+    tokio::join!(
+        run_one_checkpoint_of(first.unwrap(), &low),
+        run_one_checkpoint_of(second.unwrap(), &high),
+    );
+    let seen = tokio::task::spawn_blocking(move || lake.read_with(&table, "--layout"))
+        .await
+        .unwrap();
+    assert_eq!(
+        seen["ids"],
+        serde_json::json!((0..600).collect::<Vec<i64>>())
+    );
+    assert_eq!(seen["duckdb_ids"], seen["ids"]);
+    assert_eq!(
+        seen["layout"]["partition_fields"],
+        serde_json::json!([["id_bucket", "bucket[2]", "id"]]),
+        "{seen}"
+    );
+    assert_eq!(
+        seen["layout"]["sort_fields"],
+        serde_json::json!([["id", "identity", "asc", "nulls-first"]])
+    );
+}
+
 #[tokio::test]
 async fn misspelt_keys_and_missing_tables_are_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
