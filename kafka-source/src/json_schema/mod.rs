@@ -650,6 +650,24 @@ mod tests {
     }
 
     /// [`decoding_of`] without evolving, with writer 7 accepted as a registry lookup would.
+    /// A decoding reading `schema` (id 8) strictly, not evolving, over a registry that is never asked.
+    fn strict_decoding(schema: &str) -> JsonSchemaDecoding {
+        JsonSchemaDecoding::from_registry(
+            SchemaRegistry::new(&schema_registry::RegistrySettings::new(
+                "http://127.0.0.1:9/",
+            ))
+            .unwrap(),
+            ReaderSchema {
+                schema: schema.to_string(),
+                id: Some(8),
+                origin: "the schema".to_string(),
+            },
+            UnknownFields::Fail,
+            Evolution::None,
+        )
+        .unwrap()
+    }
+
     fn decoding() -> JsonSchemaDecoding {
         let decoding = decoding_of(Evolution::None);
         let validator = decoding
@@ -851,20 +869,7 @@ mod tests {
             accepted.implied.is_none(),
             "its columns are not the reader's (no date-time)"
         );
-        let plain = JsonSchemaDecoding::from_registry(
-            SchemaRegistry::new(&schema_registry::RegistrySettings::new(
-                "http://127.0.0.1:9/",
-            ))
-            .unwrap(),
-            ReaderSchema {
-                schema: structural.to_string(),
-                id: Some(8),
-                origin: "the structural schema".to_string(),
-            },
-            UnknownFields::Fail,
-            Evolution::None,
-        )
-        .unwrap();
+        let plain = strict_decoding(structural);
         let accepted = plain
             .writers
             .accept(
@@ -880,20 +885,7 @@ mod tests {
     async fn top_level_bounds_are_checked_on_decoded_values_instead_of_validating() {
         let bounded = r#"{"type": "object", "required": ["id", "code"], "additionalProperties": false,
             "properties": {"id": {"type": "integer", "minimum": 0}, "code": {"type": "string", "maxLength": 2}}}"#;
-        let decoding = JsonSchemaDecoding::from_registry(
-            SchemaRegistry::new(&schema_registry::RegistrySettings::new(
-                "http://127.0.0.1:9/",
-            ))
-            .unwrap(),
-            ReaderSchema {
-                schema: bounded.to_string(),
-                id: Some(8),
-                origin: "the bounded schema".to_string(),
-            },
-            UnknownFields::Fail,
-            Evolution::None,
-        )
-        .unwrap();
+        let decoding = strict_decoding(bounded);
         let accepted = decoding
             .writers
             .accept(
@@ -928,20 +920,7 @@ mod tests {
                            "kind": {"type": "string", "enum": ["a", "b"]},
                            "code": {"type": ["string", "null"], "pattern": "^[A-Z]{3}$"},
                            "ratio": {"type": ["number", "null"], "minimum": 0}}}"#;
-        let decoding = JsonSchemaDecoding::from_registry(
-            SchemaRegistry::new(&schema_registry::RegistrySettings::new(
-                "http://127.0.0.1:9/",
-            ))
-            .unwrap(),
-            ReaderSchema {
-                schema: schema.to_string(),
-                id: Some(8),
-                origin: "the schema".to_string(),
-            },
-            UnknownFields::Fail,
-            Evolution::None,
-        )
-        .unwrap();
+        let decoding = strict_decoding(schema);
         let accepted = decoding
             .writers
             .accept(
@@ -1016,20 +995,7 @@ mod tests {
             "properties": {"id": {"type": "integer"}, "customer": {"$ref": "#/definitions/customer"},
                            "note": {"type": ["string", "null"]},
                            "line": {"anyOf": [{"type": "null"}, {"$ref": "#/definitions/line"}]}}}"##;
-        let decoding = JsonSchemaDecoding::from_registry(
-            SchemaRegistry::new(&schema_registry::RegistrySettings::new(
-                "http://127.0.0.1:9/",
-            ))
-            .unwrap(),
-            ReaderSchema {
-                schema: schema.to_string(),
-                id: Some(8),
-                origin: "the schema".to_string(),
-            },
-            UnknownFields::Fail,
-            Evolution::None,
-        )
-        .unwrap();
+        let decoding = strict_decoding(schema);
         let accepted = decoding
             .writers
             .accept(
