@@ -591,6 +591,40 @@ fn renamed_order(name: &str, aliases: &[&str], contact: &str, contact_aliases: &
     schema.to_string()
 }
 
+/// Asserts the PostgreSQL table (psql) and the Iceberg table (pyiceberg) hold ids `0..count` under version 1's
+/// names: `qty` equal to the id, and the struct column `customer` keying its field `mail`.
+fn assert_tables_keep_version_1_names(job: &Job, count: i64) {
+    let services = Services::get();
+    let table = services.verify(
+        "sql_values.py",
+        &["pg", services.pg_url(), &job.table, "id"],
+    );
+    assert_eq!(
+        table["columns"],
+        json!(["id", "note", "qty", "customer"]),
+        "{table}"
+    );
+    let rows = table["rows"].as_array().unwrap();
+    assert_eq!(rows.len() as i64, count, "{table}");
+    for row in rows {
+        assert_eq!(row["qty"], row["id"], "{row}");
+        // The struct column (jsonb, which the verifier shows as {"json": value}) keys its field by the name of
+        // version 1.
+        assert_eq!(
+            row["customer"],
+            json!({ "json": { "mail": format!("m{}", row["id"]) } }),
+            "{row}"
+        );
+    }
+    let lake = job.read_lake(&["--columns"]);
+    let columns: Vec<&String> = lake["columns"].as_object().unwrap().keys().collect();
+    assert_eq!(columns, ["customer", "id", "note", "qty"], "{lake}");
+    assert_eq!(
+        lake["columns"]["qty"],
+        Value::from((0..count).collect::<Vec<i64>>())
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_field_renamed_by_aliases_keeps_its_column_across_restarts_and_kills() {
     let mut job = Job::new("rename", 2, 2, "3s").await;
@@ -630,33 +664,7 @@ async fn a_field_renamed_by_aliases_keeps_its_column_across_restarts_and_kills()
     );
     job.assert_exactly_once();
 
-    let services = Services::get();
-    let table = services.verify(
-        "sql_values.py",
-        &["pg", services.pg_url(), &job.table, "id"],
-    );
-    assert_eq!(
-        table["columns"],
-        json!(["id", "note", "qty", "customer"]),
-        "{table}"
-    );
-    for row in table["rows"].as_array().unwrap() {
-        assert_eq!(row["qty"], row["id"], "{row}");
-        // The struct column (jsonb, which the verifier shows as {"json": value}) keys its field by the name of
-        // version 1.
-        assert_eq!(
-            row["customer"],
-            json!({ "json": { "mail": format!("m{}", row["id"]) } }),
-            "{row}"
-        );
-    }
-    let lake = job.read_lake(&["--columns"]);
-    let columns: Vec<&String> = lake["columns"].as_object().unwrap().keys().collect();
-    assert_eq!(columns, ["customer", "id", "note", "qty"], "{lake}");
-    assert_eq!(
-        lake["columns"]["qty"],
-        Value::from((0..300).collect::<Vec<i64>>())
-    );
+    assert_tables_keep_version_1_names(&job, 300);
     for value in job.copy_values() {
         assert_eq!(value["qty"], value["id"], "{value}");
         assert!(
@@ -712,33 +720,7 @@ async fn two_processes_on_either_side_of_a_rename_and_an_ignored_field_write_eac
     second.stop(Duration::from_secs(60));
     job.assert_exactly_once();
 
-    let services = Services::get();
-    let table = services.verify(
-        "sql_values.py",
-        &["pg", services.pg_url(), &job.table, "id"],
-    );
-    assert_eq!(
-        table["columns"],
-        json!(["id", "note", "qty", "customer"]),
-        "{table}"
-    );
-    let rows = table["rows"].as_array().unwrap();
-    assert_eq!(rows.len(), 200, "{table}");
-    for row in rows {
-        assert_eq!(row["qty"], row["id"], "{row}");
-        assert_eq!(
-            row["customer"],
-            json!({ "json": { "mail": format!("m{}", row["id"]) } }),
-            "{row}"
-        );
-    }
-    let lake = job.read_lake(&["--columns"]);
-    let columns: Vec<&String> = lake["columns"].as_object().unwrap().keys().collect();
-    assert_eq!(columns, ["customer", "id", "note", "qty"], "{lake}");
-    assert_eq!(
-        lake["columns"]["qty"],
-        Value::from((0..200).collect::<Vec<i64>>())
-    );
+    assert_tables_keep_version_1_names(&job, 200);
     for value in job.copy_values() {
         let id = value["id"].as_u64().unwrap();
         assert_eq!(value["qty"], value["id"], "{value}");
