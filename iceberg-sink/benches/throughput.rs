@@ -112,6 +112,7 @@ fn config(lake: &Lake) -> IcebergSinkConfig {
         cleanup_on_recover: true,
         expire_snapshots: false,
         upsert_key: Vec::new(),
+        upsert_deletes: Default::default(),
         layout: iceberg_sink::TableLayout::default(),
     }
 }

@@ -242,6 +242,20 @@ impl TableTarget {
         checkpoint: CheckpointId,
         files: Vec<DataFile>,
     ) -> Result<CommitOutcome> {
+        self.commit_checkpoint(key, epoch, checkpoint, files, None)
+            .await
+    }
+
+    /// [`commit_files`](Self::commit_files) with the upsert mode's position deletes written on the key index's
+    /// view of snapshot `deletes_based_on` ([`IcebergCommittable::deletes_based_on`]).
+    pub(crate) async fn commit_checkpoint(
+        &self,
+        key: &SubtaskKey,
+        epoch: u64,
+        checkpoint: CheckpointId,
+        files: Vec<DataFile>,
+        deletes_based_on: Option<i64>,
+    ) -> Result<CommitOutcome> {
         let context = |e: Error| {
             e.with_checkpoint(checkpoint)
                 .with_txn(self.table.to_string())
@@ -260,7 +274,10 @@ impl TableTarget {
             epoch,
             checkpoint: Some(checkpoint),
         };
-        match self.commit_snapshot(key, state, files, &check).await {
+        match self
+            .commit_snapshot(key, state, files, deletes_based_on, &check)
+            .await
+        {
             Ok(None) => Ok(CommitOutcome::Committed),
             Ok(Some(Verdict::AlreadyCommitted)) => Ok(CommitOutcome::AlreadyCommitted),
             Ok(Some(Verdict::Fenced(newer))) => Err(context(Error::new(
@@ -301,7 +318,7 @@ impl TableTarget {
                 checkpoint: before.checkpoint,
             };
             match self
-                .commit_snapshot(key, raised, Vec::new(), &check)
+                .commit_snapshot(key, raised, Vec::new(), None, &check)
                 .await
                 .map_err(|e| e.at_phase(Phase::Recover))?
             {
@@ -327,6 +344,7 @@ impl TableTarget {
         key: &SubtaskKey,
         state: SubtaskState,
         files: Vec<DataFile>,
+        deletes_based_on: Option<i64>,
         check: &Check<'_>,
     ) -> Result<Option<Verdict>> {
         // The first load only seeds the transaction; `commit` loads again through the guard and builds on that.
@@ -347,7 +365,11 @@ impl TableTarget {
             }
             Some(own) => {
                 let guarded = guarded.capturing();
-                let own = self.commit_own(&guarded, table, key, state, (&files, &deletes), own);
+                let deletes = DeleteFiles {
+                    files: &deletes,
+                    based_on: deletes_based_on,
+                };
+                let own = self.commit_own(&guarded, table, key, state, (&files, deletes), own);
                 let committed = tokio::time::timeout(self.commit_timeout, own).await;
                 (guarded, committed)
             }
@@ -474,7 +496,7 @@ impl TableTarget {
         mut seed: Table,
         key: &SubtaskKey,
         state: SubtaskState,
-        (files, deletes): (&[DataFile], &[DataFile]),
+        (files, deletes): (&[DataFile], DeleteFiles<'_>),
         own: &OwnCommit,
     ) -> iceberg::Result<Table> {
         let retry = seed.metadata().table_properties()?;
@@ -506,13 +528,16 @@ impl TableTarget {
             });
             // The planned list is read once; each rewrite hands the next the manifests its list names.
             let mut manifests = match &planned_snapshot {
-                Some(snapshot) if !deletes.is_empty() || policy.is_some() => {
+                Some(snapshot) if !deletes.files.is_empty() || policy.is_some() => {
                     read_list(&base, snapshot).await?
                 }
                 _ => Vec::new(),
             };
-            if let (false, Some(snapshot)) = (deletes.is_empty(), planned_snapshot.as_deref_mut()) {
-                let delta = add_delete_files(&base, snapshot, manifests, deletes).await?;
+            let chosen = choose_deletes(&base, key, deletes.files, deletes.based_on);
+            if let (false, Some(snapshot)) =
+                (chosen.commit.is_empty(), planned_snapshot.as_deref_mut())
+            {
+                let delta = add_delete_files(&base, snapshot, manifests, &chosen.commit).await?;
                 *snapshot = delta.snapshot;
                 manifests = delta.manifests;
                 written = delta.written;
@@ -554,6 +579,9 @@ impl TableTarget {
                     if !written.is_empty() {
                         drill("after-own-commit");
                     }
+                    // Nothing names the delete files this commit did not choose: they are the checkpoint's
+                    // alternative, never committed (one left behind is deleted by recovery's cleanup).
+                    discard(&base, &chosen.unused).await;
                     return Ok(*table);
                 }
                 SwapOutcome::Conflict => {
@@ -586,6 +614,58 @@ impl TableTarget {
                  (no reader uses them)"
             );
         }
+    }
+}
+
+/// The delete files of one commit: the checkpoint's, and the snapshot the key index showed when its position
+/// deletes were written.
+#[derive(Debug, Clone, Copy)]
+struct DeleteFiles<'a> {
+    files: &'a [DataFile],
+    based_on: Option<i64>,
+}
+
+/// Which of a checkpoint's delete files one commit attempt on `base` commits.
+#[derive(Debug)]
+struct ChosenDeletes {
+    commit: Vec<DataFile>,
+    /// Paths of the delete files it leaves out.
+    unused: Vec<String>,
+}
+
+/// The upsert mode writes a checkpoint's deletes twice when positions are asked for: position-delete files (the
+/// rows the key index located on snapshot `based_on`) and equality-delete files (the keys). The positions are
+/// committed unless a snapshot in `base`'s history since `based_on` that `key` did not commit removed data files
+/// (a rewrite, an overwrite: a located row may live in another file now), or the history no longer reaches
+/// `based_on` (expired, rolled back); then the equality deletes are, which reach the keys' rows wherever they moved
+/// (every data file of a lower sequence number). Delete files of one kind only are committed as they are.
+fn choose_deletes(
+    base: &Table,
+    key: &SubtaskKey,
+    files: &[DataFile],
+    based_on: Option<i64>,
+) -> ChosenDeletes {
+    let (positions, equalities): (Vec<&DataFile>, Vec<&DataFile>) = files
+        .iter()
+        .partition(|f| f.content_type() == DataContentType::PositionDeletes);
+    let (commit, unused) = if positions.is_empty() || equalities.is_empty() {
+        (files.iter().collect(), Vec::new())
+    } else {
+        match crate::key_scan::moved_rows_since(base, key, based_on) {
+            None => (positions, equalities),
+            Some(why) => {
+                tracing::info!(
+                    table = %base.identifier(),
+                    subtask = %key.subtask,
+                    "{why}: this commit deletes the checkpoint's keys by equality instead of by position"
+                );
+                (equalities, positions)
+            }
+        }
+    };
+    ChosenDeletes {
+        commit: commit.into_iter().cloned().collect(),
+        unused: unused.iter().map(|f| f.file_path().to_string()).collect(),
     }
 }
 
@@ -668,7 +748,13 @@ impl IcebergCommitter {
             Err(_) => decode_files(&self.target.load(Phase::Commit).await?, &committable.files)?,
         };
         self.target
-            .commit_files(key, epoch, committable.checkpoint, files)
+            .commit_checkpoint(
+                key,
+                epoch,
+                committable.checkpoint,
+                files,
+                committable.deletes_based_on,
+            )
             .await
     }
 

@@ -34,6 +34,12 @@ pub struct IcebergCommittable {
     /// `false` when the sink commits every K checkpoints and this one is carried into a later commit: the
     /// driver's commit of it does nothing, recovery commits it (its record is durable).
     pub commit: bool,
+    /// The upsert mode's position deletes (`upsert_deletes = "position"`): the snapshot the key index showed when
+    /// they were written (absent: a table with no snapshot yet, or no position deletes). A commit whose base has a
+    /// snapshot since that removed data files (a rewrite) commits the checkpoint's equality-delete files instead:
+    /// a row the positions name may have moved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deletes_based_on: Option<i64>,
 }
 
 pub(crate) fn encode_files(table: &Table, files: Vec<DataFile>) -> Result<Vec<PendingFile>> {

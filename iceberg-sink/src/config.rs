@@ -330,8 +330,26 @@ pub struct IcebergSinkConfig {
     /// as one row, with an equality delete of the key, in one snapshot (a row delta); a change stream's deletes
     /// delete their key. Empty: every row is appended (a change stream as a changelog).
     pub upsert_key: Vec<String>,
+    /// How the upsert mode deletes a key's previous row: by position (the default) or by an equality delete.
+    pub upsert_deletes: UpsertDeletes,
     /// The partition spec, sort order and properties of a table the sink creates (`create_table`).
     pub layout: crate::layout::TableLayout,
+}
+
+/// How the upsert mode (`upsert_key`) deletes the row a checkpoint's upsert or delete of a key replaces.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum UpsertDeletes {
+    /// Position-delete files naming the replaced rows (data file and position), found by the sink's key index
+    /// (`key_index.rs`): read by every engine that reads format-version 2 deletes (pyiceberg and DuckDB too), and
+    /// costing a reader nothing per older snapshot. The index holds every key of the table in memory per subtask
+    /// and is rebuilt from the table at recovery.
+    #[default]
+    Position,
+    /// Equality-delete files holding the keys: no index, but readers must apply equality deletes (pyiceberg 0.12
+    /// refuses them, DuckDB 1.4.4 misreads them) and their cost grows with every commit until the table is
+    /// rewritten.
+    Equality,
 }
 
 /// How opening a SQL catalog is retried: enough for the loser of two instances creating a fresh database's catalog

@@ -88,6 +88,9 @@ pub struct IcebergSinkSettings {
     /// Apply the rows by these key columns (row deltas with equality deletes).
     #[serde(default)]
     pub upsert_key: Vec<String>,
+    /// How the upsert mode deletes a key's previous row.
+    #[serde(default)]
+    pub upsert_deletes: crate::UpsertDeletes,
     /// The partition terms of a created table.
     #[serde(default)]
     pub partition_by: Vec<String>,
@@ -224,6 +227,7 @@ fn config(settings: IcebergSinkSettings, context: SinkContext) -> Result<Iceberg
         cleanup_on_recover: settings.cleanup_on_recover,
         expire_snapshots: settings.expire_snapshots,
         upsert_key: settings.upsert_key,
+        upsert_deletes: settings.upsert_deletes,
         layout: crate::TableLayout {
             partition_by: settings.partition_by,
             sort_by: settings.sort_by,

@@ -89,7 +89,7 @@ impl SubtaskKey {
         summary
     }
 
-    fn owns(&self, summary: &HashMap<String, String>) -> bool {
+    pub(crate) fn owns(&self, summary: &HashMap<String, String>) -> bool {
         let is = |key: &str, value: &str| summary.get(key).map(String::as_str) == Some(value);
         is(JOB_PROPERTY, self.job.as_str())
             && is(SINK_PROPERTY, self.sink.as_str())

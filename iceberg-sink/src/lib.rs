@@ -55,12 +55,15 @@ mod error;
 mod evolve;
 mod factory;
 mod guarded;
+mod key_index;
+mod key_scan;
 mod layout;
 mod ledger;
 mod location;
 mod manifest_merge;
 mod metadata_swap;
 mod own_commit;
+mod position_deletes;
 mod promoted_bounds;
 mod recovery;
 mod rest_commit;
@@ -79,6 +82,7 @@ pub use commit::{CommitOutcome, IcebergCommitter, TableTarget};
 pub use committable::{IcebergCommittable, PendingFile};
 pub use config::{
     CatalogConfig, DEFAULT_COMMIT_TIMEOUT, DEFAULT_TARGET_FILE_SIZE, IcebergSinkConfig, S3Settings,
+    UpsertDeletes,
 };
 pub use factory::{IcebergSinkFactory, IcebergSinkSettings};
 pub use layout::TableLayout;

@@ -13,6 +13,8 @@ use connector_api::{
 
 use crate::cleanup::{delete_unreferenced_files, unreferenced_files};
 use crate::committable::IcebergCommittable;
+use crate::key_index::KeyIndex;
+use crate::key_scan;
 use crate::ledger::SubtaskKey;
 use crate::location::canonical;
 use crate::sink::IcebergSink;
@@ -128,7 +130,23 @@ impl IcebergSink {
                     .map_err(context)?;
             }
         }
-        self.table = Some(self.committer.target.load(Phase::Recover).await?);
+        let table = self.committer.target.load(Phase::Recover).await?;
+        if let Some(keyed) = &self.keyed
+            && self.index.is_some()
+        {
+            // Built afresh on the table as recovered: no change of an undecided checkpoint survives.
+            let index = self
+                .index
+                .insert(KeyIndex::new(&table, keyed.key()).map_err(context)?);
+            key_scan::within(
+                self.config.commit_timeout,
+                &table,
+                key_scan::rebuild(index, &table, &self.key, Phase::Recover),
+            )
+            .await
+            .map_err(context)?;
+        }
+        self.table = Some(table);
         Ok(())
     }
 

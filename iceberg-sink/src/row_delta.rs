@@ -1,4 +1,4 @@
-//! A row delta: data files and equality-delete files in one snapshot (the upsert mode's commit). iceberg-rust 0.10
+//! A row delta: data files and delete files (position or equality deletes) in one snapshot (the upsert mode's commit). iceberg-rust 0.10
 //! commits data files only (`fast_append`), so the delete files ride on Ratchet's own commit: iceberg plans the
 //! snapshot with the data files as always (guard, ledger, expiry), then [`add_delete_files`] writes a delete
 //! manifest for it, a manifest list naming the planned manifests and the delete manifest, and the summary of a row
@@ -17,7 +17,7 @@
 //! orphans no metadata names, never a changed table.
 
 use iceberg::spec::{
-    DataFile, ManifestFile, ManifestWriterBuilder, Operation, Snapshot, Summary,
+    DataContentType, DataFile, ManifestFile, ManifestWriterBuilder, Operation, Snapshot, Summary,
     UNASSIGNED_SEQUENCE_NUMBER,
 };
 use iceberg::table::Table;
@@ -25,7 +25,7 @@ use iceberg::{Error, ErrorKind, Result};
 
 use crate::rewritten::{RewrittenSnapshot, write_list};
 
-/// Adds `deletes` (equality-delete files of the table's unpartitioned spec) to `planned`, a snapshot planned on
+/// Adds `deletes` (position- or equality-delete files of the table's unpartitioned spec) to `planned`, a snapshot planned on
 /// `base` and not yet committed, whose list names `planned_manifests`: writes their delete manifest and a manifest list naming it first, then the
 /// planned manifests, and returns the snapshot naming that list with a row delta's summary. The list `planned`
 /// named is deleted (nothing else refers to it).
@@ -47,7 +47,7 @@ pub(crate) async fn add_delete_files(
         return Err(Error::new(
             ErrorKind::DataInvalid,
             format!(
-                "table {} was partitioned after the equality deletes were written for its unpartitioned spec; \
+                "table {} was partitioned after the delete files were written for its unpartitioned spec; \
                  upserts by key write unpartitioned tables only",
                 base.identifier()
             ),
@@ -110,18 +110,32 @@ fn delta_summary(planned: &Summary, deletes: &[DataFile]) -> Summary {
             .and_then(|v| v.parse().ok())
             .unwrap_or(0)
     };
+    let of = |content: DataContentType| -> (u64, u64) {
+        let files = deletes.iter().filter(|f| f.content_type() == content);
+        (
+            files.clone().count() as u64,
+            files.map(DataFile::record_count).sum(),
+        )
+    };
+    let (equality_files, equality_records) = of(DataContentType::EqualityDeletes);
+    let (position_files, position_records) = of(DataContentType::PositionDeletes);
     let files = deletes.len() as u64;
-    let records: u64 = deletes.iter().map(DataFile::record_count).sum();
     let size: u64 = deletes.iter().map(DataFile::file_size_in_bytes).sum();
     for (key, added) in [
         ("added-delete-files", files),
-        ("added-equality-delete-files", files),
-        ("added-equality-deletes", records),
+        ("added-equality-delete-files", equality_files),
+        ("added-equality-deletes", equality_records),
+        ("added-position-delete-files", position_files),
+        ("added-position-deletes", position_records),
         ("added-files-size", size),
         ("total-delete-files", files),
-        ("total-equality-deletes", records),
+        ("total-equality-deletes", equality_records),
+        ("total-position-deletes", position_records),
         ("total-files-size", size),
-    ] {
+    ]
+    .into_iter()
+    .filter(|(_, added)| *added > 0)
+    {
         let value = count(&properties, key) + added;
         properties.insert(key.to_string(), value.to_string());
     }
@@ -164,6 +178,15 @@ mod tests {
         assert_eq!(property("total-delete-files"), "4");
         assert_eq!(property("total-equality-deletes"), "14");
         assert_eq!(property("ratchet.checkpoint"), "4");
+        let positions = [position_delete(5, 10)];
+        let summary = delta_summary(&planned, &positions);
+        let property = |key: &str| summary.additional_properties.get(key).map(String::as_str);
+        assert_eq!(property("added-position-delete-files"), Some("1"));
+        assert_eq!(property("added-position-deletes"), Some("5"));
+        assert_eq!(property("total-position-deletes"), Some("5"));
+        assert_eq!(property("total-delete-files"), Some("3"));
+        assert_eq!(property("added-equality-delete-files"), None);
+        assert_eq!(property("total-equality-deletes"), Some("7"));
         let deletes_only = Summary {
             operation: Operation::Append,
             additional_properties: HashMap::new(),
@@ -174,9 +197,21 @@ mod tests {
         );
     }
 
+    fn position_delete(records: u64, size: u64) -> DataFile {
+        iceberg::spec::DataFileBuilder::default()
+            .content(DataContentType::PositionDeletes)
+            .file_path(format!("file:///t/data/p-{records}.parquet"))
+            .file_format(iceberg::spec::DataFileFormat::Parquet)
+            .partition(iceberg::spec::Struct::empty())
+            .record_count(records)
+            .file_size_in_bytes(size)
+            .build()
+            .unwrap()
+    }
+
     fn equality_delete(records: u64, size: u64) -> DataFile {
         iceberg::spec::DataFileBuilder::default()
-            .content(iceberg::spec::DataContentType::EqualityDeletes)
+            .content(DataContentType::EqualityDeletes)
             .file_path(format!("file:///t/data/d-{records}.parquet"))
             .file_format(iceberg::spec::DataFileFormat::Parquet)
             .partition(iceberg::spec::Struct::empty())

@@ -19,12 +19,16 @@ use crate::commit::TableTarget;
 use crate::committable::encode_files;
 use crate::committable::{IcebergCommittable, PendingFile};
 use crate::config::IcebergSinkConfig;
+use crate::config::UpsertDeletes;
 use crate::equality_deletes::EqualityDeletes;
 use crate::error::iceberg_error;
 use crate::evolve::evolve_table;
+use crate::key_index::{KeyIndex, Shown};
+use crate::key_scan;
 use crate::layout::BoundLayout;
 use crate::ledger::SubtaskKey;
 use crate::manifest_merge::MANIFEST_MERGE_ENABLED;
+use crate::position_deletes::{DeletedRows, write_position_deletes};
 use crate::retire::DELETE_METADATA_AFTER_COMMIT;
 use crate::types;
 use crate::unavailable::{PreviousRows, fill};
@@ -57,6 +61,8 @@ pub struct IcebergSink {
     pub(crate) keyed: Option<KeyedRows>,
     /// The upsert mode's rows of the previous checkpoint, for the values a change does not carry.
     pub(crate) previous: PreviousRows,
+    /// The upsert mode's key index (`upsert_deletes = "position"`): where every key's current row lives.
+    pub(crate) index: Option<KeyIndex>,
 }
 
 impl std::fmt::Debug for IcebergSink {
@@ -133,6 +139,12 @@ impl IcebergSink {
         if let Some(keyed) = &keyed {
             EqualityDeletes::of(&table, keyed.key()).map_err(|e| e.with_sink(&config.sink))?;
         }
+        let index = match (&keyed, config.upsert_deletes) {
+            (Some(keyed), UpsertDeletes::Position) => {
+                Some(KeyIndex::new(&table, keyed.key()).map_err(|e| e.with_sink(&config.sink))?)
+            }
+            _ => None,
+        };
         Ok(Self {
             config,
             key,
@@ -145,6 +157,7 @@ impl IcebergSink {
             open: None,
             keyed,
             previous: PreviousRows::default(),
+            index,
         })
     }
 
@@ -223,6 +236,9 @@ impl TwoPhaseCommit for IcebergSink {
     async fn begin(&mut self, checkpoint: CheckpointId) -> Result<()> {
         let epoch = self.committer.epoch(Phase::Begin)?;
         // The previous checkpoint is decided by now (the driver begins only after saving its record).
+        if let Some(index) = &mut self.index {
+            index.settle();
+        }
         if let Some(previous) = self.pre_committed.take() {
             if previous.commit {
                 self.carried.clear();
@@ -266,6 +282,9 @@ impl TwoPhaseCommit for IcebergSink {
         self.table = Some(table);
         if let Some(keyed) = &mut self.keyed {
             *keyed = KeyedRows::new(keyed.key().to_vec(), &schema)?;
+            if let (Some(index), Some(table)) = (&mut self.index, &self.table) {
+                index.retype(table, keyed.key())?;
+            }
         }
         self.config.schema = schema;
         if let Some(checkpoint) = self.open {
@@ -313,6 +332,7 @@ impl TwoPhaseCommit for IcebergSink {
                 "pre_commit() outside a transaction",
             )
         })?;
+        let mut based_on = None;
         let written = match self.keyed.as_mut().map(KeyedRows::take).transpose()? {
             None => writer.close().await?,
             Some(mut applied) => {
@@ -321,12 +341,21 @@ impl TwoPhaseCommit for IcebergSink {
                     .as_ref()
                     .map(|k| k.key().to_vec())
                     .unwrap_or_default();
+                // The table as committed now: every checkpoint but the previous one (in `previous`).
+                let table = self.committer.target.load(Phase::PreCommit).await?;
+                if let Some(index) = &mut self.index {
+                    key_scan::within(
+                        self.config.commit_timeout,
+                        &table,
+                        key_scan::catch_up(index, &table, &self.key, Phase::PreCommit),
+                    )
+                    .await
+                    .map_err(|e| e.or_sink(&self.config.sink))?;
+                }
                 if applied
                     .iter()
                     .any(|a| a.unchanged.iter().any(|u| !u.is_empty()))
                 {
-                    // The table as committed now: every checkpoint but the previous one (in `previous`).
-                    let table = self.committer.target.load(Phase::PreCommit).await?;
                     fill(&table, &key, &self.previous, &mut applied)
                         .await
                         .map_err(|e| e.or_sink(&self.config.sink))?;
@@ -340,15 +369,28 @@ impl TwoPhaseCommit for IcebergSink {
                 }
                 let deletes = EqualityDeletes::of(self.table(Phase::PreCommit)?, &key)
                     .map_err(|e| e.at_phase(Phase::PreCommit).or_sink(&self.config.sink))?;
-                write_applied(
-                    self.table(Phase::PreCommit)?,
-                    writer,
-                    &deletes,
-                    applied,
-                    format!("{}e{epoch}.c{checkpoint}", self.key.file_prefix()),
-                    self.config.target_file_size,
-                )
-                .await?
+                let written = Written {
+                    table: self.table.as_ref().ok_or_else(|| {
+                        Error::bug(
+                            Phase::PreCommit,
+                            "the Iceberg sink was used before recover()",
+                        )
+                    })?,
+                    file_prefix: format!("{}e{epoch}.c{checkpoint}", self.key.file_prefix()),
+                    target_file_size: self.config.target_file_size,
+                };
+                match &mut self.index {
+                    Some(index) => {
+                        based_on = match index.shown() {
+                            Shown::At(snapshot) => snapshot,
+                            Shown::Stale => None,
+                        };
+                        written
+                            .by_position(writer, index, checkpoint, &deletes, applied)
+                            .await?
+                    }
+                    None => written.by_equality(writer, &deletes, applied).await?,
+                }
             }
         };
         let mut files = self.carried.clone();
@@ -359,6 +401,7 @@ impl TwoPhaseCommit for IcebergSink {
             checkpoint,
             files,
             commit: self.carried_checkpoints + 1 >= self.config.commit_every,
+            deletes_based_on: based_on,
         };
         self.pre_committed = Some(committable.clone());
         Ok(committable)
@@ -372,6 +415,9 @@ impl TwoPhaseCommit for IcebergSink {
         self.previous.forget();
         if let Some(keyed) = &mut self.keyed {
             keyed.clear();
+        }
+        if let Some(index) = &mut self.index {
+            index.undo();
         }
         if let Some(aborted) = self.pre_committed.take() {
             let table = self.table(Phase::Abort)?;
@@ -540,29 +586,101 @@ fn table_columns(
     }
 }
 
-/// The upsert mode's pre-commit: the checkpoint's last change per key, `applied`, written as data files (the
-/// upserted rows, by `writer`) and equality-delete files named `<file_prefix>-<n>-eqdel.parquet` (the key of every
-/// upserted or deleted row).
-async fn write_applied(
-    table: &Table,
-    mut writer: CheckpointWriter,
-    deletes: &EqualityDeletes,
-    applied: Vec<AppliedChanges>,
+/// Where the upsert mode's pre-commit writes: the table, the checkpoint's file name prefix and file size.
+struct Written<'a> {
+    table: &'a Table,
     file_prefix: String,
     target_file_size: usize,
-) -> Result<Vec<iceberg::spec::DataFile>> {
-    for part in applied.iter().filter(|a| a.upserts.num_rows() > 0) {
-        writer.write(&part.upserts).await?;
+}
+
+impl Written<'_> {
+    /// `upsert_deletes = "equality"`: the checkpoint's last change per key, `applied`, written as data files (the
+    /// upserted rows, by `writer`) and equality-delete files named `<file_prefix>-<n>-eqdel.parquet` (the key of
+    /// every upserted or deleted row).
+    async fn by_equality(
+        &self,
+        mut writer: CheckpointWriter,
+        deletes: &EqualityDeletes,
+        applied: Vec<AppliedChanges>,
+    ) -> Result<Vec<iceberg::spec::DataFile>> {
+        for part in applied.iter().filter(|a| a.upserts.num_rows() > 0) {
+            writer.write(&part.upserts).await?;
+        }
+        let mut files = writer.close().await?;
+        files.extend(self.equality_deletes(deletes, &applied).await?);
+        Ok(files)
     }
-    let mut files = writer.close().await?;
-    let keys: Vec<&RecordBatch> = applied
-        .iter()
-        .flat_map(|a| [&a.upserts, &a.deletes])
-        .collect();
-    files.extend(
+
+    /// `upsert_deletes = "position"`: the upserted rows written by `writer`, each key pointed at its new row in
+    /// `index` (staged for `checkpoint`), and the rows they replace, with the rows of deleted keys, written as
+    /// position-delete files `<file_prefix>-<n>-posdel.parquet`. When there are any, the keys are also written as
+    /// equality-delete files: the commit takes those instead if the rows moved in between
+    /// ([`IcebergCommittable::deletes_based_on`]).
+    async fn by_position(
+        &self,
+        mut writer: CheckpointWriter,
+        index: &mut KeyIndex,
+        checkpoint: CheckpointId,
+        deletes: &EqualityDeletes,
+        applied: Vec<AppliedChanges>,
+    ) -> Result<Vec<iceberg::spec::DataFile>> {
+        let name = self.table.identifier().to_string();
+        let mut replaced = DeletedRows::new();
+        let mut replace = |row: Option<(Arc<str>, u64)>| {
+            if let Some((file, pos)) = row {
+                replaced.entry(file).or_default().push(pos);
+            }
+        };
+        for part in &applied {
+            if part.upserts.num_rows() > 0 {
+                let keys = index.keys(&name, &part.upserts)?;
+                let Some((file, start)) = writer.write_located(&part.upserts).await? else {
+                    continue;
+                };
+                for (i, key) in keys.iter().enumerate() {
+                    replace(index.stage(checkpoint, key.as_ref(), Some((&file, start + i as u64))));
+                }
+            }
+            if part.deletes.num_rows() > 0 {
+                let keys = index.keys(&name, &part.deletes)?;
+                for key in keys.iter() {
+                    replace(index.stage(checkpoint, key.as_ref(), None));
+                }
+            }
+        }
+        let mut files = writer.close().await?;
+        let positions = write_position_deletes(
+            self.table,
+            self.file_prefix.clone(),
+            self.target_file_size,
+            replaced,
+        )
+        .await?;
+        if !positions.is_empty() {
+            files.extend(positions);
+            files.extend(self.equality_deletes(deletes, &applied).await?);
+        }
+        Ok(files)
+    }
+
+    /// The keys of every upserted or deleted row of `applied`, as equality-delete files
+    /// `<file_prefix>-<n>-eqdel.parquet`.
+    async fn equality_deletes(
+        &self,
+        deletes: &EqualityDeletes,
+        applied: &[AppliedChanges],
+    ) -> Result<Vec<iceberg::spec::DataFile>> {
+        let keys: Vec<&RecordBatch> = applied
+            .iter()
+            .flat_map(|a| [&a.upserts, &a.deletes])
+            .collect();
         deletes
-            .write(table, file_prefix, target_file_size, &keys)
-            .await?,
-    );
-    Ok(files)
+            .write(
+                self.table,
+                self.file_prefix.clone(),
+                self.target_file_size,
+                &keys,
+            )
+            .await
+    }
 }

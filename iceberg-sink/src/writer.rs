@@ -9,13 +9,13 @@ use connector_api::{Error, ErrorKind, Phase, Result};
 use iceberg::arrow::RecordBatchPartitionSplitter;
 use iceberg::spec::{DataFile, DataFileFormat};
 use iceberg::table::Table;
-use iceberg::writer::base_writer::data_file_writer::DataFileWriterBuilder;
+use iceberg::writer::base_writer::data_file_writer::{DataFileWriter, DataFileWriterBuilder};
 use iceberg::writer::file_writer::ParquetWriterBuilder;
 use iceberg::writer::file_writer::location_generator::DefaultFileNameGenerator;
 use iceberg::writer::file_writer::rolling_writer::RollingFileWriterBuilder;
 use iceberg::writer::partitioning::PartitioningWriter;
 use iceberg::writer::partitioning::fanout_writer::FanoutWriter;
-use iceberg::writer::{IcebergWriter, IcebergWriterBuilder};
+use iceberg::writer::{CurrentFileStatus, IcebergWriter, IcebergWriterBuilder};
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 
@@ -24,9 +24,10 @@ use crate::location::EscapedLocations;
 
 type FileWriterBuilder =
     DataFileWriterBuilder<ParquetWriterBuilder, EscapedLocations, DefaultFileNameGenerator>;
+type FileWriter = DataFileWriter<ParquetWriterBuilder, EscapedLocations, DefaultFileNameGenerator>;
 
 enum Layout {
-    Unpartitioned(Box<dyn IcebergWriter>),
+    Unpartitioned(Box<FileWriter>),
     Partitioned(Box<Partitioned>),
 }
 
@@ -127,6 +128,39 @@ impl CheckpointWriter {
                 Ok(())
             }
         }
+    }
+
+    /// Writes one batch of an unpartitioned table and returns where its rows went: row `i` of the batch is row
+    /// `start + i` of data file `path` (a batch never spans two files: iceberg's rolling writer rolls only before
+    /// a batch, and the Parquet writer keeps the rows in order). `None` for an empty batch.
+    ///
+    /// # Errors
+    /// As [`write`](Self::write); [`Bug`](ErrorKind::Bug) for a partitioned table (the upsert mode, the only
+    /// caller, writes unpartitioned tables).
+    pub(crate) async fn write_located(
+        &mut self,
+        batch: &RecordBatch,
+    ) -> Result<Option<(String, u64)>> {
+        if batch.num_rows() == 0 {
+            return Ok(None);
+        }
+        let Layout::Unpartitioned(writer) = &mut self.layout else {
+            return Err(Error::bug(
+                Phase::PreCommit,
+                format!(
+                    "rows of partitioned table {} were written by position",
+                    self.table
+                ),
+            ));
+        };
+        let batch = to_table_batch(&self.table, &self.table_schema, batch)?;
+        let rows = batch.num_rows();
+        writer
+            .write(batch)
+            .await
+            .map_err(|e| iceberg_error(Phase::PreCommit, "cannot write a data file", e))?;
+        let start = writer.current_row_num() - rows;
+        Ok(Some((writer.current_file_path(), start as u64)))
     }
 
     /// Checks that `batch` fits the table's schema, writing nothing (the upsert mode checks its rows when they

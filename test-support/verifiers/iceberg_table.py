@@ -5,8 +5,8 @@ usage: iceberg_table.py CATALOG_NAME CATALOG_URI WAREHOUSE TABLE ID_COLUMN [--co
 CATALOG_URI is a SQLAlchemy URI (sqlite:////abs/path.db or postgresql+psycopg://...) of a SQL catalog, or the
 http:// URI of a REST catalog (SeaweedFS's: OAuth2 client credential RATCHET_S3_ACCESS_KEY:RATCHET_S3_SECRET_KEY).
 An s3:// warehouse is read with RATCHET_S3_ENDPOINT / _REGION / _ACCESS_KEY / _SECRET_KEY from the environment. Prints
-{"exists": bool, "ids": [sorted ID_COLUMN values per pyiceberg (for a snapshot with equality deletes, which
-pyiceberg 0.12 refuses: per this script's own merge-on-read of the manifests pyiceberg reads)], "duckdb_ids": [the same per DuckDB's
+{"exists": bool, "ids": [sorted ID_COLUMN values per pyiceberg, position deletes applied (for a snapshot with
+equality deletes, which pyiceberg 0.12 refuses: per this script's own merge-on-read of the manifests pyiceberg reads)], "duckdb_ids": [the same per DuckDB's
 iceberg_scan of the current metadata file], "snapshots": [{"snapshot_id", "parent_id", "summary"}...],
 "second_reader": "duckdb", or "iceberg-java" when the current snapshot has delete files, "second_ids": the
 second reader's ids (with "second_column_names" and "second_rows", every row, from iceberg-java), "properties":
@@ -27,7 +27,9 @@ on the snapshot that added them, their data or their file sequence number: a man
 and "metadata_json_files" (how many metadata JSON files metadata/ holds). With --layout it also prints "layout":
 {"partition_fields": [[name, transform, source column]], "sort_fields": [[column, transform, "asc"/"desc",
 "nulls-first"/"nulls-last"]], "identifier_fields": [names], "file_partitions": [each live data file's partition
-values as a JSON list, sorted; null for a snapshot with equality deletes]}.
+values as a JSON list, sorted; null for a snapshot with equality deletes]}. "duckdb_ids" is the current snapshot's
+ids as DuckDB reads them whatever its deletes (it misreads equality deletes; callers compare it for position deletes);
+"equality_deletes" says whether the current snapshot has live equality-delete files.
 """
 
 import json
@@ -81,12 +83,27 @@ def has_deletes(table, snapshot) -> bool:
     return any(m.content == ManifestContent.DELETES for m in snapshot.manifests(table.io))
 
 
+def has_equality_deletes(table, snapshot) -> bool:
+    """Whether a live delete file of `snapshot` is an equality delete (pyiceberg 0.12 plans no scan of such a
+    snapshot; it reads position deletes itself)."""
+    from pyiceberg.manifest import DataFileContent, ManifestContent
+
+    return any(
+        entry.data_file.content == DataFileContent.EQUALITY_DELETES
+        for m in snapshot.manifests(table.io)
+        if m.content == ManifestContent.DELETES
+        for entry in m.fetch_manifest_entry(table.io, discard_deleted=True)
+    )
+
+
 def merge_on_read(table, snapshot):
     """The rows of `snapshot` read here from its manifests, as the Iceberg spec defines them ("Scan Planning"):
     every live data file's rows except those an equality-delete file of a strictly higher data sequence number
-    names (its equality_ids columns, null equal to null). pyiceberg 0.12 refuses tables with equality deletes, so
-    this is the second reader beside DuckDB for them; it reads unpartitioned tables (a delete applies to every data
-    file), columns by name, and refuses position deletes (Ratchet writes none)."""
+    names (its equality_ids columns, null equal to null) and those a Parquet position-delete file of a data
+    sequence number at least the data file's names (file_path, pos). pyiceberg 0.12 refuses tables with equality
+    deletes, so this is the reader beside Iceberg's Java library for them (a table written with equality deletes
+    and then position deletes has both); it reads unpartitioned tables (a delete applies to every data file),
+    columns by name."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     from pyiceberg.manifest import DataFileContent
@@ -97,7 +114,7 @@ def merge_on_read(table, snapshot):
         with io.new_input(path).open() as f:
             return pq.read_table(f)
 
-    data, deletes = [], []
+    data, deletes, positions = [], [], []
     for manifest in snapshot.manifests(io):
         for entry in manifest.fetch_manifest_entry(io, discard_deleted=True):
             file = entry.data_file
@@ -107,12 +124,22 @@ def merge_on_read(table, snapshot):
                 names = [table.schema().find_field(i).name for i in file.equality_ids]
                 keys = read(file.file_path)
                 deletes.append((entry.sequence_number, names, set(zip(*(keys.column(n).to_pylist() for n in names)))))
+            elif file.file_format.value.lower() != "parquet":
+                raise SystemExit(f"{file.file_path}: deletion vectors are not read by this verifier")
             else:
-                raise SystemExit(f"{file.file_path}: position deletes are not read by this verifier")
+                rows = read(file.file_path)
+                named = {}
+                for path, pos in zip(rows.column("file_path").to_pylist(), rows.column("pos").to_pylist()):
+                    named.setdefault(path, set()).add(pos)
+                positions.append((entry.sequence_number, named))
     parts = []
     for sequence_number, file in data:
         rows = read(file.file_path)
         keep = [True] * rows.num_rows
+        for delete_sequence_number, named in positions:
+            if delete_sequence_number >= sequence_number:
+                for pos in named.get(file.file_path, ()):
+                    keep[pos] = False
         for delete_sequence_number, names, keys in deletes:
             if delete_sequence_number > sequence_number:
                 for i, key in enumerate(zip(*(rows.column(n).to_pylist() for n in names))):
@@ -127,10 +154,10 @@ def merge_on_read(table, snapshot):
 
 
 def read_rows(table, snapshot_id=None, columns=None):
-    """The rows of the table at snapshot_id (default: current) as a pyarrow table: pyiceberg's scan, or
-    merge_on_read where the snapshot has delete files."""
+    """The rows of the table at snapshot_id (default: current) as a pyarrow table: pyiceberg's scan (position
+    deletes applied by pyiceberg), or merge_on_read where the snapshot has equality-delete files."""
     snapshot = table.snapshot_by_id(snapshot_id) if snapshot_id is not None else table.current_snapshot()
-    if snapshot is not None and has_deletes(table, snapshot):
+    if snapshot is not None and has_equality_deletes(table, snapshot):
         rows = merge_on_read(table, snapshot)
         return rows.select(list(columns)) if columns else rows
     scan = table.scan(snapshot_id=snapshot_id, selected_fields=tuple(columns) if columns else ("*",))
@@ -331,6 +358,7 @@ def main(name: str, uri: str, warehouse: str, table_name: str, id_column: str, *
     }
     out["second_ids"] = out["duckdb_ids"]
     current = table.current_snapshot()
+    out["equality_deletes"] = current is not None and has_equality_deletes(table, current)
     if current is not None and has_deletes(table, current):
         # DuckDB 1.4.4's iceberg extension (the newest on PyPI) misreads equality deletes: it drops rows no delete
         # names once a scan spans a few data files (see docs/services.md). Iceberg's Java library is the second reader.
@@ -377,7 +405,7 @@ def layout(table) -> dict:
         "identifier_fields": sorted(schema.identifier_field_names()),
         # pyiceberg 0.12 plans no scan of a snapshot with equality deletes: null there.
         "file_partitions": None
-        if current is not None and has_deletes(table, current)
+        if current is not None and has_equality_deletes(table, current)
         else sorted(
             json.dumps([task.file.partition[i] for i in range(len(task.file.partition))], default=str)
             for task in table.scan().plan_files()

@@ -1,14 +1,17 @@
-//! The upsert mode (`upsert_key`): a change stream applied by key as row deltas (data files and equality-delete
-//! files in one snapshot, committed by Ratchet's own catalog commit), read back merged-on-read by Apache Iceberg's
-//! Java library (IcebergGenerics) and by the verifier's own reading of the manifests (pyiceberg 0.12 refuses
-//! equality deletes; DuckDB 1.4.4's iceberg extension, the newest on PyPI, misreads them: docs/services.md):
+//! The upsert mode (`upsert_key`): a change stream applied by key as row deltas (data files and delete files in
+//! one snapshot, committed by Ratchet's own catalog commit). With position deletes (the default) it is read back
+//! by pyiceberg, DuckDB and Apache Iceberg's Java library (IcebergGenerics); with equality deletes by Java and the
+//! verifier's own reading of the manifests (pyiceberg 0.12 refuses equality deletes; DuckDB 1.4.4's iceberg
+//! extension, the newest on PyPI, misreads them: docs/services.md):
 //!
 //! - two subtasks apply inserts, updates and deletes of their keys over three runs (keys change several times
-//!   within a checkpoint), on a SQLite catalog and on SeaweedFS's REST catalog with manifest merging at 2 and
-//!   snapshot expiry: after every run both readers see exactly the last state of every key;
+//!   within a checkpoint), on a SQLite catalog (a run with equality deletes, then two by position on the same
+//!   table: the key index is rebuilt from a table holding both) and on SeaweedFS's REST catalog with manifest
+//!   merging at 2 and snapshot expiry: after every run every reader sees exactly the last state of every key;
 //! - a real `kill -9` after the delete manifest and list are written (nothing committed) and after the row delta
-//!   landed (nothing deleted): the restarted job ends in the same state as an uninterrupted run, no checkpoint in
-//!   two snapshots, no file of the sink unreferenced;
+//!   landed (nothing deleted), for both kinds of deletes: the restarted job (its key index rebuilt from the table)
+//!   ends in the same state as an uninterrupted run, no checkpoint in two snapshots, no file of the sink
+//!   unreferenced;
 //! - the settings it cannot honour are refused at start: `commit_every` > 1, a key column the rows lack, a key
 //!   column the table lacks (naming the table).
 
@@ -26,11 +29,12 @@ use common::Lake;
 use connector_api::{
     CHANGE_COLUMN, Driver, DriverConfig, ErrorKind, LocalCheckpointStore, OP_COLUMN, SinkId,
 };
-use iceberg_sink::{IcebergSink, IcebergSinkConfig};
+use iceberg_sink::{IcebergSink, IcebergSinkConfig, UpsertDeletes};
 use ratchet_conformance::conformance_positions;
 
 const CHILD_DIR: &str = "RATCHET_ICEBERG_UPSERT_CHILD";
 const CHILD_TABLE: &str = "RATCHET_ICEBERG_UPSERT_TABLE";
+const CHILD_DELETES: &str = "RATCHET_ICEBERG_UPSERT_DELETES";
 /// Changes per checkpoint.
 const CHANGES: i64 = 30;
 /// Keys per subtask: each key changes 2-3 times per checkpoint.
@@ -110,9 +114,16 @@ fn config(lake: &Lake, table: &str, subtask: u32) -> IcebergSinkConfig {
 
 /// Runs `checkpoints` checkpoints of [`CHANGES`] changes of `subtask` from the store in `state`, each committed
 /// before the next; returns the next offset.
-async fn run(lake: &Lake, table: &str, subtask: u32, state: &Path, checkpoints: i64) -> i64 {
+async fn run(
+    lake: &Lake,
+    table: &str,
+    (subtask, deletes): (u32, UpsertDeletes),
+    state: &Path,
+    checkpoints: i64,
+) -> i64 {
     let config = IcebergSinkConfig {
         expire_snapshots: true,
+        upsert_deletes: deletes,
         ..config(lake, table, subtask)
     };
     let mut job = Driver::new(
@@ -165,30 +176,66 @@ async fn read(
     (state, java, seen)
 }
 
-/// Both readers see exactly `expected`; every snapshot that added rows also added equality deletes.
-async fn assert_reads(lake: &Lake, table: &str, expected: &BTreeMap<i64, String>, context: &str) {
+/// Every reader sees exactly `expected`; the retained snapshots deleted the keys' older rows the way `deletes`
+/// says: by position only (and some did), or by equality with every snapshot that added rows.
+async fn assert_reads(
+    lake: &Lake,
+    table: &str,
+    expected: &BTreeMap<i64, String>,
+    deletes: UpsertDeletes,
+    context: &str,
+) {
     let (state, mut java, seen) = read(lake, table).await;
-    assert_eq!(
-        &state, expected,
-        "{context}: merge-on-read of the manifests"
-    );
+    let first_reader = match deletes {
+        UpsertDeletes::Position => "pyiceberg",
+        UpsertDeletes::Equality => "merge-on-read of the manifests",
+    };
+    assert_eq!(&state, expected, "{context}: {first_reader}");
+    // DuckDB misreads equality deletes, which a table written with them before keeps.
+    if seen["equality_deletes"] == serde_json::json!(false) {
+        assert_eq!(
+            seen["duckdb_ids"],
+            serde_json::json!(expected.keys().collect::<Vec<_>>()),
+            "{context}: DuckDB"
+        );
+    }
     java.sort();
     assert_eq!(
         java,
         expected.clone().into_iter().collect::<Vec<_>>(),
         "{context}: Iceberg's Java library (IcebergGenerics)"
     );
-    for snapshot in seen["snapshots"].as_array().unwrap() {
-        let summary = &snapshot["summary"];
-        if summary["added-data-files"]
-            .as_str()
-            .is_some_and(|n| n != "0")
-        {
+    let summaries = seen["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| &s["summary"]);
+    let added =
+        |summary: &serde_json::Value, key: &str| summary[key].as_str().is_some_and(|n| n != "0");
+    match deletes {
+        UpsertDeletes::Equality => {
+            for summary in summaries.filter(|s| added(s, "added-data-files")) {
+                assert!(
+                    added(summary, "added-equality-delete-files")
+                        && !added(summary, "added-position-delete-files"),
+                    "{context}: a snapshot adding rows without their keys' equality deletes: {summary}"
+                );
+            }
+        }
+        UpsertDeletes::Position => {
+            // The first rows of a key replace nothing: not every snapshot deletes, but some must.
+            let summaries: Vec<_> = summaries.collect();
             assert!(
-                summary["added-equality-delete-files"]
-                    .as_str()
-                    .is_some_and(|n| n != "0"),
-                "{context}: a snapshot adding rows without their keys' deletes: {summary}"
+                summaries
+                    .iter()
+                    .all(|s| !added(s, "added-equality-delete-files")),
+                "{context}: equality deletes although no rewrite moved rows: {summaries:?}"
+            );
+            assert!(
+                summaries
+                    .iter()
+                    .any(|s| added(s, "added-position-delete-files")),
+                "{context}: no snapshot deleted by position: {summaries:?}"
             );
         }
     }
@@ -205,8 +252,9 @@ async fn assert_reads(lake: &Lake, table: &str, expected: &BTreeMap<i64, String>
     );
 }
 
-/// Two subtasks, three runs of 4 checkpoints each: both readers see each key's last change after every run.
-async fn applies_changes_by_key(lake: Lake, merge_at: Option<usize>) {
+/// Two subtasks, three runs of 4 checkpoints each, deleting by `rounds[i]` in run `i`: every reader sees each key's
+/// last change after every run.
+async fn applies_changes_by_key(lake: Lake, merge_at: Option<usize>, rounds: [UpsertDeletes; 3]) {
     let table = lake.table(&["upserted"]);
     let states = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
     IcebergSink::new(config(&lake, &table, 0)).await.unwrap();
@@ -215,14 +263,15 @@ async fn applies_changes_by_key(lake: Lake, merge_at: Option<usize>) {
         lake.set_merge(&table, min_count).await;
     }
     let mut upto = [0, 0];
-    for round in 0..3 {
+    for (round, deletes) in rounds.into_iter().enumerate() {
         for subtask in 0..2u32 {
             let state = states[subtask as usize].path();
-            upto[subtask as usize] = run(&lake, &table, subtask, state, 4).await;
+            upto[subtask as usize] = run(&lake, &table, (subtask, deletes), state, 4).await;
         }
         let expected = expected(&[(0, upto[0]), (1, upto[1])]);
         assert!(expected.len() > KEYS as usize, "both subtasks' keys");
-        assert_reads(&lake, &table, &expected, &format!("round {round}")).await;
+        let context = format!("round {round} ({deletes:?})");
+        assert_reads(&lake, &table, &expected, deletes, &context).await;
     }
 }
 
@@ -230,13 +279,18 @@ async fn applies_changes_by_key(lake: Lake, merge_at: Option<usize>) {
 async fn a_change_stream_is_applied_by_key_on_a_sql_catalog() {
     test_support::Services::get();
     let dir = tempfile::tempdir().unwrap();
-    applies_changes_by_key(Lake::sqlite_local(dir.path(), "upsert"), None).await;
+    let rounds = [
+        UpsertDeletes::Equality,
+        UpsertDeletes::Position,
+        UpsertDeletes::Position,
+    ];
+    applies_changes_by_key(Lake::sqlite_local(dir.path(), "upsert"), None, rounds).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_stream_is_applied_by_key_on_a_rest_catalog_merging_manifests() {
     test_support::Services::get();
-    applies_changes_by_key(Lake::rest("upsert"), Some(2)).await;
+    applies_changes_by_key(Lake::rest("upsert"), Some(2), [UpsertDeletes::Position; 3]).await;
 }
 
 /// The child of the kill test: runs 4 checkpoints of subtask 0 on the table in `CHILD_TABLE` from the store
@@ -247,14 +301,31 @@ async fn child() {
     let (Ok(dir), Ok(table)) = (std::env::var(CHILD_DIR), std::env::var(CHILD_TABLE)) else {
         return;
     };
+    let deletes = match std::env::var(CHILD_DELETES).as_deref() {
+        Ok("equality") => UpsertDeletes::Equality,
+        _ => UpsertDeletes::Position,
+    };
     let lake = Lake::sqlite_local(Path::new(&dir), "child");
-    run(&lake, &table, 0, &Path::new(&dir).join("state"), 4).await;
+    run(
+        &lake,
+        &table,
+        (0, deletes),
+        &Path::new(&dir).join("state"),
+        4,
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kill_9_at_each_step_of_a_row_delta_loses_nothing_and_doubles_nothing() {
     test_support::Services::get();
-    for step in ["after-row-delta", "after-own-commit"] {
+    for (step, deletes) in [
+        ("after-row-delta", UpsertDeletes::Position),
+        ("after-own-commit", UpsertDeletes::Position),
+        ("after-own-commit", UpsertDeletes::Equality),
+    ] {
+        let step_name = format!("{step} ({deletes:?})");
+        let step_name = step_name.as_str();
         let dir = tempfile::tempdir().unwrap();
         let lake = Lake::sqlite_local(dir.path(), "killed");
         let table = lake.table(&["upserted"]);
@@ -264,6 +335,13 @@ async fn a_kill_9_at_each_step_of_a_row_delta_loses_nothing_and_doubles_nothing(
             .env(CHILD_DIR, dir.path())
             .env(CHILD_TABLE, &table)
             .env(iceberg_sink::KILL_VARIABLE, step)
+            .env(
+                CHILD_DELETES,
+                match deletes {
+                    UpsertDeletes::Position => "position",
+                    UpsertDeletes::Equality => "equality",
+                },
+            )
             .status()
             .unwrap();
         assert_eq!(
@@ -272,14 +350,14 @@ async fn a_kill_9_at_each_step_of_a_row_delta_loses_nothing_and_doubles_nothing(
             "{step}: the child should have killed itself at the step ({status})"
         );
         let state = dir.path().join("state");
-        let next = run(&lake, &table, 0, &state, 2).await;
+        let next = run(&lake, &table, (0, deletes), &state, 2).await;
         let decided = common::decided_offset(&state).await;
         assert_eq!(next, decided, "{step}: the last checkpoint is decided");
         assert!(
             next > 2 * CHANGES,
             "{step}: the killed run's first checkpoint counts"
         );
-        assert_reads(&lake, &table, &expected(&[(0, next)]), step).await;
+        assert_reads(&lake, &table, &expected(&[(0, next)]), deletes, step_name).await;
     }
 }
 

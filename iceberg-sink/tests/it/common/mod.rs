@@ -189,6 +189,7 @@ impl Lake {
             cleanup_on_recover: true,
             expire_snapshots: false,
             upsert_key: Vec::new(),
+            upsert_deletes: Default::default(),
             layout: iceberg_sink::TableLayout::default(),
         }
     }

@@ -1,0 +1,551 @@
+//! The key index of the upsert mode's position deletes (`upsert_deletes = "position"`): for every key of the
+//! table, where its current row lives (data file, row position). A checkpoint's upsert of a key deletes the
+//! row the index names by position and points the key at its new row; a delete of a key deletes that row and
+//! forgets the key.
+//!
+//! # What the index shows
+//! The table at one snapshot ([`KeyIndex::shown`], refreshed by [`crate::key_scan`]) with this subtask's decided
+//! checkpoints on top (they may not be committed yet: [`pending`](KeyIndex::settle)) and the pre-committed one
+//! staged (undone when its checkpoint aborts). A key whose row another writer deleted may still point at that row:
+//! deleting a row that is already deleted changes nothing, so such an entry is harmless. A key with a live row the
+//! index does not know would keep two rows after an upsert, so every live row is indexed: rebuilt from the table
+//! at recovery and whenever a snapshot removed data files, caught up with every other writer's new data files
+//! before each pre-commit.
+//!
+//! # Keys
+//! The key columns are encoded in the table's types (`arrow_row`: exact, so a widened `int` key and its `long`
+//! column compare equal once both are in the table's type), never hashed alone: a hash collision would delete
+//! another key's row.
+//!
+//! # Memory
+//! A key costs its encoded bytes (a `bigint` key: 9 bytes; a text key: its length + 2 per 32 bytes), a 16-byte
+//! location and the hash map's slot and control byte; `docs/benchmarks.md` has the measured bytes per million keys.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+use arrow_row::{RowConverter, Rows, SortField};
+use connector_api::{CheckpointId, Error, ErrorKind, Phase, Result};
+use iceberg::table::Table;
+
+use crate::error::iceberg_error;
+use crate::writer::to_table_batch;
+
+/// Where one key's current row lives: an index into [`KeyIndex`]'s file paths and the row's position there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Location {
+    file: u32,
+    pos: u64,
+}
+
+/// A row: its data file's path and its position there.
+pub(crate) type Row = (Arc<str>, u64);
+
+/// One key's change by a checkpoint: the encoded key, its row before and after (paths, not indices: a rebuild
+/// renumbers the files).
+#[derive(Debug)]
+struct Change {
+    key: Box<[u8]>,
+    before: Option<Row>,
+    after: Option<Row>,
+}
+
+/// The table state the entries were built or caught up from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Shown {
+    /// Nothing yet (before recovery), or a change made it unusable (a key column's type changed): rebuild.
+    Stale,
+    /// The table at this snapshot (`None`: a table with no snapshot yet).
+    At(Option<i64>),
+}
+
+/// Key → (data file, position) of every live row of the table, for one subtask (module docs).
+pub(crate) struct KeyIndex {
+    /// The key columns, in the table's Arrow types with their field ids.
+    key_schema: arrow_schema::SchemaRef,
+    converter: RowConverter,
+    files: Vec<Arc<str>>,
+    by_path: HashMap<Arc<str>, u32>,
+    rows: HashMap<Box<[u8]>, Location>,
+    shown: Shown,
+    /// The changes of decided checkpoints the table may not show yet, oldest first (re-applied over a rebuild).
+    pending: Vec<(CheckpointId, Vec<Change>)>,
+    /// The changes of the pre-committed checkpoint, undone if it aborts.
+    staged: Option<(CheckpointId, Vec<Change>)>,
+}
+
+impl std::fmt::Debug for KeyIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyIndex")
+            .field("keys", &self.rows.len())
+            .field("files", &self.files.len())
+            .field("shown", &self.shown)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KeyIndex {
+    /// An empty, stale index of `table` by the columns `key` (their types as the table's current schema has them).
+    ///
+    /// # Errors
+    /// [`Config`](ErrorKind::Config) naming a key column the table lacks or one `arrow_row` cannot encode.
+    pub(crate) fn new(table: &Table, key: &[String]) -> Result<Self> {
+        let key_schema = key_schema(table, key)?;
+        let converter = RowConverter::new(
+            key_schema
+                .fields()
+                .iter()
+                .map(|f| SortField::new(f.data_type().clone()))
+                .collect(),
+        )
+        .map_err(|e| {
+            Error::config(format!(
+                "upsert_key: the key columns of table {} cannot be indexed: {e}",
+                table.identifier()
+            ))
+        })?;
+        Ok(Self {
+            key_schema,
+            converter,
+            files: Vec::new(),
+            by_path: HashMap::new(),
+            rows: HashMap::new(),
+            shown: Shown::Stale,
+            pending: Vec::new(),
+            staged: None,
+        })
+    }
+
+    /// The table state the index shows.
+    pub(crate) fn shown(&self) -> Shown {
+        self.shown
+    }
+
+    /// The key columns in the table's types.
+    pub(crate) fn key_schema(&self) -> &arrow_schema::SchemaRef {
+        &self.key_schema
+    }
+
+    /// How many keys have a location.
+    pub(crate) fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// The keys of `batch`'s rows (any batch holding the key columns by name, in any type that converts exactly
+    /// into the table's), in row order.
+    ///
+    /// # Errors
+    /// [`BadRecord`](ErrorKind::BadRecord) naming the column when a key column is missing or does not convert.
+    pub(crate) fn keys(&self, table: &str, batch: &RecordBatch) -> Result<Rows> {
+        let keys = key_columns(table, &self.key_schema, batch)?;
+        self.encode(&keys)
+    }
+
+    /// Encodes key columns already in the table's types (`key_schema`'s order).
+    pub(crate) fn encode(&self, keys: &RecordBatch) -> Result<Rows> {
+        self.converter.convert_columns(keys.columns()).map_err(|e| {
+            Error::bug(Phase::PreCommit, "cannot encode the key columns").with_source(e)
+        })
+    }
+
+    /// The data file and position of `key`'s current row.
+    #[cfg(test)]
+    fn locate(&self, key: &[u8]) -> Option<(&Arc<str>, u64)> {
+        self.rows
+            .get(key)
+            .map(|l| (&self.files[l.file as usize], l.pos))
+    }
+
+    /// Points `key` at row `pos` of `file` (table state: used while building and catching up).
+    pub(crate) fn insert(&mut self, key: &[u8], file: &str, pos: u64) {
+        let location = self.location(file, pos);
+        match self.rows.get_mut(key) {
+            Some(slot) => *slot = location,
+            None => {
+                self.rows.insert(key.into(), location);
+            }
+        }
+    }
+
+    /// Records that the pre-commit of `checkpoint` puts `key` at row `pos` of `file` (`None`: deletes it), and
+    /// returns the row it replaces, to be deleted.
+    pub(crate) fn stage(
+        &mut self,
+        checkpoint: CheckpointId,
+        key: &[u8],
+        at: Option<(&str, u64)>,
+    ) -> Option<Row> {
+        let after = at.map(|(file, pos)| self.location(file, pos));
+        let before = match after {
+            Some(after) => self.rows.insert(key.into(), after),
+            None => self.rows.remove(key),
+        }
+        .map(|l| self.row(l));
+        let after = after.map(|l| self.row(l));
+        let staged = self.staged.get_or_insert_with(|| (checkpoint, Vec::new()));
+        staged.1.push(Change {
+            key: key.into(),
+            before: before.clone(),
+            after,
+        });
+        before
+    }
+
+    /// The pre-committed checkpoint was decided (the next one begins): its changes stay, and are re-applied over
+    /// a rebuild until the table shows the checkpoint.
+    pub(crate) fn settle(&mut self) {
+        if let Some(decided) = self.staged.take() {
+            self.pending.push(decided);
+        }
+    }
+
+    /// The pre-committed checkpoint aborted: its changes are undone, newest first.
+    pub(crate) fn undo(&mut self) {
+        let Some((_, changes)) = self.staged.take() else {
+            return;
+        };
+        for change in changes.into_iter().rev() {
+            self.put(change.key, change.before);
+        }
+    }
+
+    /// Follows a schema change of `table`: when a key column's type changed (a widened `int` key), the index is
+    /// rebuilt at its next use, and the changes of decided and staged checkpoints are encoded in the new types
+    /// (they are re-applied over the rebuild).
+    ///
+    /// # Errors
+    /// As [`new`](Self::new); [`Bug`](ErrorKind::Bug) when a key does not convert to the new type (a schema
+    /// change only widens).
+    pub(crate) fn retype(&mut self, table: &Table, key: &[String]) -> Result<()> {
+        let mut retyped = Self::new(table, key)?;
+        if retyped.key_schema.fields() == self.key_schema.fields() {
+            return Ok(());
+        }
+        let recode = |changes: Vec<Change>| -> Result<Vec<Change>> {
+            if changes.is_empty() {
+                return Ok(changes);
+            }
+            let parser = self.converter.parser();
+            let columns = self
+                .converter
+                .convert_rows(changes.iter().map(|c| parser.parse(&c.key)))
+                .map_err(|e| {
+                    Error::bug(Phase::Setup, "cannot decode the indexed keys").with_source(e)
+                })?;
+            let columns = columns
+                .iter()
+                .zip(retyped.key_schema.fields())
+                .map(|(c, f)| arrow_cast::cast(c, f.data_type()))
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(|e| {
+                    Error::bug(Phase::Setup, "cannot widen the indexed keys").with_source(e)
+                })?;
+            let keys = RecordBatch::try_new(retyped.key_schema.clone(), columns).map_err(|e| {
+                Error::bug(Phase::Setup, "cannot widen the indexed keys").with_source(e)
+            })?;
+            let rows = retyped.encode(&keys)?;
+            Ok(changes
+                .into_iter()
+                .zip(rows.iter())
+                .map(|(change, row)| Change {
+                    key: row.as_ref().into(),
+                    ..change
+                })
+                .collect())
+        };
+        let mut pending = Vec::with_capacity(self.pending.len());
+        for (checkpoint, changes) in std::mem::take(&mut self.pending) {
+            pending.push((checkpoint, recode(changes)?));
+        }
+        let staged = match self.staged.take() {
+            Some((checkpoint, changes)) => Some((checkpoint, recode(changes)?)),
+            None => None,
+        };
+        retyped.pending = pending;
+        retyped.staged = staged;
+        *self = retyped;
+        Ok(())
+    }
+
+    /// Starts a rebuild: forgets every entry (the decided and staged changes stay, to be re-applied by
+    /// [`finish_rebuild`](Self::finish_rebuild)).
+    pub(crate) fn clear(&mut self) {
+        self.files.clear();
+        self.by_path.clear();
+        self.rows.clear();
+    }
+
+    /// Ends a rebuild at `snapshot`, where this subtask's ledger shows `committed`: the changes of decided
+    /// checkpoints the table does not show yet, and the staged ones, are applied again.
+    pub(crate) fn finish_rebuild(
+        &mut self,
+        snapshot: Option<i64>,
+        committed: Option<CheckpointId>,
+    ) {
+        self.caught_up(snapshot, committed);
+        let mut changes: Vec<(Box<[u8]>, Option<Row>)> = Vec::new();
+        for (_, checkpoint) in self.pending.iter().chain(self.staged.iter()) {
+            changes.extend(checkpoint.iter().map(|c| (c.key.clone(), c.after.clone())));
+        }
+        for (key, after) in changes {
+            self.put(key, after);
+        }
+        self.shown = Shown::At(snapshot);
+    }
+
+    /// Marks the index as showing `snapshot` (with this subtask's changes on top), where this subtask's ledger
+    /// shows `committed`: the decided changes the table shows are no longer needed for a rebuild.
+    pub(crate) fn caught_up(&mut self, snapshot: Option<i64>, committed: Option<CheckpointId>) {
+        if let Some(committed) = committed {
+            self.pending
+                .retain(|(checkpoint, _)| *checkpoint > committed);
+        }
+        self.shown = Shown::At(snapshot);
+    }
+
+    /// The number of decided checkpoints whose changes the table may not show yet.
+    #[cfg(test)]
+    fn pending_checkpoints(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Points `key` at `row`, or forgets it.
+    fn put(&mut self, key: Box<[u8]>, row: Option<Row>) {
+        match row {
+            Some((file, pos)) => {
+                let location = self.location(&file, pos);
+                self.rows.insert(key, location);
+            }
+            None => {
+                self.rows.remove(&key);
+            }
+        }
+    }
+
+    fn row(&self, location: Location) -> Row {
+        (self.files[location.file as usize].clone(), location.pos)
+    }
+
+    fn location(&mut self, file: &str, pos: u64) -> Location {
+        let file = match self.by_path.get(file) {
+            Some(&index) => index,
+            None => {
+                let path: Arc<str> = file.into();
+                let index = u32::try_from(self.files.len()).expect("fewer than 2^32 data files");
+                self.files.push(path.clone());
+                self.by_path.insert(path, index);
+                index
+            }
+        };
+        Location { file, pos }
+    }
+}
+
+/// The key columns of `table`, in its Arrow types with their field ids (required, as keys are).
+fn key_schema(table: &Table, key: &[String]) -> Result<arrow_schema::SchemaRef> {
+    let arrow =
+        iceberg::arrow::schema_to_arrow_schema(table.metadata().current_schema()).map_err(|e| {
+            iceberg_error(
+                Phase::Setup,
+                "cannot convert the table's schema to Arrow",
+                e,
+            )
+        })?;
+    let fields = key
+        .iter()
+        .map(|name| {
+            arrow
+                .field_with_name(name)
+                .map(|f| f.clone().with_nullable(false))
+                .map_err(|_| {
+                    Error::config(format!(
+                        "upsert_key: table {} has no column {name:?}",
+                        table.identifier()
+                    ))
+                })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Arc::new(arrow_schema::Schema::new(fields)))
+}
+
+/// The columns of `key_schema` taken from `batch` by name and converted exactly into their table types
+/// ([`to_table_batch`]).
+///
+/// # Errors
+/// [`BadRecord`](ErrorKind::BadRecord) naming a key column the batch lacks, one that does not convert, or a null
+/// key.
+pub(crate) fn key_columns(
+    table: &str,
+    key_schema: &arrow_schema::SchemaRef,
+    batch: &RecordBatch,
+) -> Result<RecordBatch> {
+    let columns = key_schema
+        .fields()
+        .iter()
+        .map(|field| {
+            batch.column_by_name(field.name()).cloned().ok_or_else(|| {
+                Error::new(
+                    ErrorKind::BadRecord,
+                    Phase::PreCommit,
+                    format!("the rows have no key column {:?}", field.name()),
+                )
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let plain = arrow_schema::Schema::new(
+        key_schema
+            .fields()
+            .iter()
+            .zip(&columns)
+            .map(|(f, c)| arrow_schema::Field::new(f.name(), c.data_type().clone(), true))
+            .collect::<Vec<_>>(),
+    );
+    let keys = RecordBatch::try_new(Arc::new(plain), columns).map_err(|e| {
+        Error::bug(Phase::PreCommit, "cannot collect the key columns").with_source(e)
+    })?;
+    to_table_batch(table, key_schema, &keys)
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow_array::{ArrayRef, Int32Array, Int64Array, StringArray};
+    use arrow_schema::{DataType, Field, Schema};
+
+    use super::*;
+
+    fn index(fields: Vec<Field>) -> KeyIndex {
+        let key_schema = Arc::new(Schema::new(fields));
+        KeyIndex {
+            converter: RowConverter::new(
+                key_schema
+                    .fields()
+                    .iter()
+                    .map(|f| SortField::new(f.data_type().clone()))
+                    .collect(),
+            )
+            .unwrap(),
+            key_schema,
+            files: Vec::new(),
+            by_path: HashMap::new(),
+            rows: HashMap::new(),
+            shown: Shown::Stale,
+            pending: Vec::new(),
+            staged: None,
+        }
+    }
+
+    fn batch(columns: Vec<(&str, ArrayRef)>) -> RecordBatch {
+        RecordBatch::try_from_iter(columns).unwrap()
+    }
+
+    #[test]
+    fn an_int_key_and_its_widened_long_column_are_the_same_key() {
+        let index = index(vec![Field::new("id", DataType::Int64, false)]);
+        let narrow = index
+            .keys(
+                "t",
+                &batch(vec![("id", Arc::new(Int32Array::from(vec![7, -1])))]),
+            )
+            .unwrap();
+        let wide = index
+            .keys(
+                "t",
+                &batch(vec![("id", Arc::new(Int64Array::from(vec![7, -1])))]),
+            )
+            .unwrap();
+        assert_eq!(narrow.row(0).as_ref(), wide.row(0).as_ref());
+        assert_eq!(narrow.row(1).as_ref(), wide.row(1).as_ref());
+        assert_ne!(narrow.row(0).as_ref(), narrow.row(1).as_ref());
+    }
+
+    #[test]
+    fn composite_keys_differ_by_any_column_and_never_run_into_each_other() {
+        let index = index(vec![
+            Field::new("a", DataType::Utf8, false),
+            Field::new("b", DataType::Utf8, false),
+        ]);
+        let keys = index
+            .keys(
+                "t",
+                &batch(vec![
+                    ("b", Arc::new(StringArray::from(vec!["c", "", "bc"]))),
+                    ("a", Arc::new(StringArray::from(vec!["ab", "abc", "a"]))),
+                ]),
+            )
+            .unwrap();
+        assert_ne!(keys.row(0).as_ref(), keys.row(1).as_ref());
+        assert_ne!(keys.row(0).as_ref(), keys.row(2).as_ref());
+        assert_ne!(keys.row(1).as_ref(), keys.row(2).as_ref());
+    }
+
+    #[test]
+    fn a_staged_checkpoint_replaces_and_deletes_rows_and_an_abort_undoes_it() {
+        let mut index = index(vec![Field::new("id", DataType::Int64, false)]);
+        let keys = index
+            .keys(
+                "t",
+                &batch(vec![("id", Arc::new(Int64Array::from(vec![1, 2, 3])))]),
+            )
+            .unwrap();
+        let (one, two, three) = (keys.row(0), keys.row(1), keys.row(2));
+        index.clear();
+        index.insert(one.as_ref(), "a.parquet", 0);
+        index.insert(two.as_ref(), "a.parquet", 1);
+        index.finish_rebuild(Some(10), None);
+        let c = CheckpointId(5);
+        let replaced = index.stage(c, one.as_ref(), Some(("b.parquet", 0)));
+        assert_eq!(replaced, Some((Arc::from("a.parquet"), 0)));
+        assert_eq!(
+            index.stage(c, two.as_ref(), None),
+            Some((Arc::from("a.parquet"), 1))
+        );
+        assert_eq!(index.stage(c, three.as_ref(), Some(("b.parquet", 1))), None);
+        // Changed twice in one checkpoint: undone to the state before the checkpoint, not the one in between.
+        index.stage(c, one.as_ref(), Some(("b.parquet", 2)));
+        assert_eq!(index.len(), 2);
+        index.undo();
+        assert_eq!(
+            index.locate(one.as_ref()).map(|(f, p)| (&**f, p)),
+            Some(("a.parquet", 0))
+        );
+        assert_eq!(
+            index.locate(two.as_ref()).map(|(f, p)| (&**f, p)),
+            Some(("a.parquet", 1))
+        );
+        assert_eq!(index.locate(three.as_ref()), None);
+    }
+
+    #[test]
+    fn decided_changes_survive_a_rebuild_until_the_table_shows_their_checkpoint() {
+        let mut index = index(vec![Field::new("id", DataType::Int64, false)]);
+        let keys = index
+            .keys(
+                "t",
+                &batch(vec![("id", Arc::new(Int64Array::from(vec![1, 2])))]),
+            )
+            .unwrap();
+        let (one, two) = (keys.row(0), keys.row(1));
+        index.finish_rebuild(Some(1), None);
+        index.stage(CheckpointId(3), one.as_ref(), Some(("c3.parquet", 0)));
+        index.settle();
+        index.stage(CheckpointId(4), two.as_ref(), Some(("c4.parquet", 0)));
+        // A rebuild on a table that shows neither checkpoint 3 nor 4 yet.
+        index.clear();
+        index.finish_rebuild(Some(2), Some(CheckpointId(2)));
+        assert_eq!(
+            index.locate(one.as_ref()).map(|(f, p)| (&**f, p)),
+            Some(("c3.parquet", 0))
+        );
+        assert_eq!(
+            index.locate(two.as_ref()).map(|(f, p)| (&**f, p)),
+            Some(("c4.parquet", 0))
+        );
+        assert_eq!(index.pending_checkpoints(), 1);
+        // Once the table shows checkpoint 3, its changes come from the table.
+        index.caught_up(Some(3), Some(CheckpointId(3)));
+        assert_eq!(index.pending_checkpoints(), 0);
+        index.undo();
+        assert_eq!(index.locate(two.as_ref()), None);
+    }
+}
