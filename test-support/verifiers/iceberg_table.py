@@ -310,17 +310,21 @@ def referenced_files(table) -> set:
     return paths
 
 
-def main(name: str, uri: str, warehouse: str, table_name: str, id_column: str, *flags: str) -> None:
+def open_catalog(name: str, uri: str, warehouse: str):
+    """The SQL catalog at SQLAlchemy URI `uri`, or the REST catalog at http URI `uri` (SeaweedFS's credentials)."""
     # Imported lazily: each catalog module costs about half a second, and tests run this script often.
     if uri.startswith("http"):
         from pyiceberg.catalog.rest import RestCatalog
 
         credential = f'{os.environ["RATCHET_S3_ACCESS_KEY"]}:{os.environ["RATCHET_S3_SECRET_KEY"]}'
-        catalog = RestCatalog(name, uri=uri, warehouse=warehouse, credential=credential, **s3_props())
-    else:
-        from pyiceberg.catalog.sql import SqlCatalog
+        return RestCatalog(name, uri=uri, warehouse=warehouse, credential=credential, **s3_props())
+    from pyiceberg.catalog.sql import SqlCatalog
 
-        catalog = SqlCatalog(name, uri=uri, warehouse=warehouse, **s3_props())
+    return SqlCatalog(name, uri=uri, warehouse=warehouse, **s3_props())
+
+
+def main(name: str, uri: str, warehouse: str, table_name: str, id_column: str, *flags: str) -> None:
+    catalog = open_catalog(name, uri, warehouse)
     try:
         table = catalog.load_table(table_name)
     except NoSuchTableError:

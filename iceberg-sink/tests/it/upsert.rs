@@ -408,3 +408,96 @@ async fn settings_the_upsert_mode_cannot_honour_are_refused_at_start() {
     let said = connector_api::Report(&refused).to_string();
     assert!(said.contains("region") && said.contains(&table), "{said}");
 }
+
+/// pyiceberg's copy-on-write delete of key `id` from `table` (another writer): every data file holding it is
+/// rewritten into a new file without it, so the file's other rows move. Returns the snapshot's summary.
+fn foreign_delete(lake: &Lake, table: &str, id: i64) -> serde_json::Value {
+    let id = id.to_string();
+    let args = [
+        "ratchet",
+        &lake.python_uri,
+        &lake.warehouse,
+        table,
+        "id",
+        &id,
+    ];
+    test_support::Services::get().produce("iceberg_foreign_delete.py", &args)["summary"].clone()
+}
+
+/// The newest snapshot's summary as the verifier reads it.
+fn newest_summary(seen: &serde_json::Value) -> &serde_json::Value {
+    &seen["snapshots"].as_array().unwrap().last().unwrap()["summary"]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_another_writer_moved_are_deleted_by_key_and_the_index_rebuilds() {
+    use connector_api::{CheckpointId, Committer, TwoPhaseCommit};
+    test_support::Services::get();
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::sqlite_local(dir.path(), "moved");
+    let table = lake.table(&["upserted"]);
+    let mut sink = IcebergSink::new(config(&lake, &table, 0)).await.unwrap();
+    sink.recover(None).await.unwrap();
+    let committer = sink.committer();
+    let mut next = 0;
+    let mut pre_commit = async |sink: &mut IcebergSink, checkpoint: u64, next: &mut i64| {
+        sink.begin(CheckpointId(checkpoint)).await.unwrap();
+        sink.write(&changes(0, *next..*next + CHANGES))
+            .await
+            .unwrap();
+        *next += CHANGES;
+        sink.pre_commit(CheckpointId(checkpoint)).await.unwrap()
+    };
+    for checkpoint in 1..=2 {
+        let committable = pre_commit(&mut sink, checkpoint, &mut next).await;
+        committer.commit(vec![committable]).await.unwrap();
+    }
+    // Checkpoint 3 located the rows it replaces; then another writer rewrites the file holding them.
+    let committable = pre_commit(&mut sink, 3, &mut next).await;
+    assert!(committable.deletes_based_on.is_some());
+    let rewrite = foreign_delete(&lake, &table, 4);
+    assert_ne!(
+        rewrite["deleted-data-files"],
+        serde_json::json!("0"),
+        "{rewrite}"
+    );
+    committer.commit(vec![committable]).await.unwrap();
+    let (state, mut java, seen) = read(&lake, &table).await;
+    let summary = newest_summary(&seen);
+    assert!(
+        summary["added-equality-delete-files"].as_str() > Some("0")
+            && summary.get("added-position-delete-files").is_none(),
+        "the commit after the rewrite deletes by key: {summary}"
+    );
+    let expected_now = expected(&[(0, next)]);
+    assert_eq!(state, expected_now, "after the fallback: merge-on-read");
+    java.sort();
+    assert_eq!(
+        java,
+        expected_now.clone().into_iter().collect::<Vec<_>>(),
+        "after the fallback: Java"
+    );
+    // The next pre-commit sees the rewrite in the history and rebuilds the index: positions again, exact.
+    let committable = pre_commit(&mut sink, 4, &mut next).await;
+    committer.commit(vec![committable]).await.unwrap();
+    let (state, mut java, seen) = read(&lake, &table).await;
+    let summary = newest_summary(&seen);
+    assert!(
+        summary["added-position-delete-files"].as_str() > Some("0")
+            && summary.get("added-equality-delete-files").is_none(),
+        "the commit after a rebuild deletes by position: {summary}"
+    );
+    let expected_now = expected(&[(0, next)]);
+    assert_eq!(state, expected_now, "after the rebuild: merge-on-read");
+    java.sort();
+    assert_eq!(
+        java,
+        expected_now.into_iter().collect::<Vec<_>>(),
+        "after the rebuild: Java"
+    );
+    assert_eq!(
+        seen["unreferenced"],
+        serde_json::json!([]),
+        "the unused delete files are gone"
+    );
+}
