@@ -28,7 +28,8 @@ use crate::config::{
 /// | `commit_every` | commit one snapshot every this many checkpoints (fewer, larger snapshots; data becomes visible up to K checkpoints later: the worker keeps checkpointing while files wait, records or not; after a clean stop, at the next start; exactly-once only) | 1 |
 /// | `commit_timeout` | the longest one catalog call may take before its outcome counts as unknown (then the next attempt checks the table's history first) | 60s |
 /// | `cleanup_on_recover` | delete this subtask's data files no snapshot references when recovering | true |
-/// | `upsert_key` | apply the rows by these key columns (`["id"]`): per checkpoint the last change of each key is written as one row plus an equality delete of the key, in one snapshot (a row delta, merge-on-read); a change stream's `d` rows delete their key, and the table holds the rows without the change columns. Needs an unpartitioned format-version 2 table, `commit_every = 1`, and each key in one Kafka partition (the default partitioner and Debezium key by the key; a key in two partitions reaches two subtasks, whose deletes would race); readers must apply equality deletes (Spark, Trino, Flink, Iceberg's Java library; pyiceberg 0.12 cannot, DuckDB 1.4.4 misreads them) | none: rows appended, a change stream as a changelog |
+/// | `upsert_key` | apply the rows by these key columns (`["id"]`): per checkpoint the last change of each key is written as one row, and the row it replaces deleted, in one snapshot (a row delta, merge-on-read); a change stream's `d` rows delete their key, and the table holds the rows without the change columns. Needs an unpartitioned format-version 2 table, `commit_every = 1`, and each key in one Kafka partition (the default partitioner and Debezium key by the key; a key in two partitions reaches two subtasks, whose deletes would race) | none: rows appended, a change stream as a changelog |
+/// | `upsert_deletes` | how `upsert_key` deletes a key's previous row: `"position"` (position-delete files found by a key index each subtask keeps in memory, rebuilt from the table at recovery; read by every engine that reads v2 deletes, pyiceberg and DuckDB included) or `"equality"` (equality-delete files of the keys; no index, but pyiceberg 0.12 refuses them and DuckDB 1.4.4 misreads them) | `"position"` |
 /// | `partition_by` | the partition spec of a table the sink creates, in Spark's terms: `["day(created)", "bucket(16, id)", "region"]` (`identity`, `year`, `month`, `day`, `hour`, `bucket(N, c)`, `truncate(W, c)`; fields named as Spark names them: `created_day`, `id_bucket`); needs `create_table`; not with `upsert_key` (planned) | unpartitioned |
 /// | `sort_by` | the sort order recorded on a table the sink creates, for the engines that rewrite it: `["id", "created desc nulls last"]` (the sink writes rows in arrival order); needs `create_table` | unsorted |
 /// | `properties` | table properties of a table the sink creates (`{ "write.parquet.compression-codec" = "zstd" }`), set over the sink's defaults; not `ratchet.*`; needs `create_table` | the sink's defaults (below) |
@@ -85,7 +86,7 @@ pub struct IcebergSinkSettings {
     /// Expire snapshots inside every commit.
     #[serde(default)]
     pub expire_snapshots: bool,
-    /// Apply the rows by these key columns (row deltas with equality deletes).
+    /// Apply the rows by these key columns (row deltas).
     #[serde(default)]
     pub upsert_key: Vec<String>,
     /// How the upsert mode deletes a key's previous row.

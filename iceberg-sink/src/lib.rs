@@ -19,16 +19,21 @@
 //!
 //! # Upserts by key (row deltas)
 //! With `upsert_key`, a checkpoint's rows are applied by key: the last change of each key is written as one row,
-//! and an equality-delete file holds the key of every row it upserted or deleted; both land in one snapshot (a row
-//! delta, `row_delta.rs`, through Ratchet's own catalog commit, since iceberg-rust 0.10 commits
-//! data files only). The deletes carry the snapshot's sequence number, so they remove the keys' older rows and
-//! none of the snapshot's own. Readers must apply equality deletes (merge-on-read: Spark, Trino, Flink, Iceberg's
-//! Java library; pyiceberg 0.12 refuses such tables, DuckDB 1.4.4 misreads them). Unpartitioned format-version 2
-//! tables, `commit_every = 1`; the checkpoint's rows are held in memory until its pre-commit.
+//! and the rows it replaces are deleted, by position (`upsert_deletes = "position"`, the default: a
+//! position-delete file names each replaced row's data file and position, which the subtask's key index knows,
+//! `key_index.rs` / `key_scan.rs`) or by key (`"equality"`: an equality-delete file holds every upserted or
+//! deleted key). Data and delete files land in one snapshot (a row delta, `row_delta.rs`, through Ratchet's own
+//! catalog commit, since iceberg-rust 0.10 commits data files only). The deletes carry the snapshot's sequence
+//! number, so they remove the keys' older rows and none of the snapshot's own. Position deletes are read by every
+//! engine that reads format-version 2 deletes (pyiceberg and DuckDB too); equality deletes need one that applies
+//! them (Spark, Trino, Flink, Iceberg's Java library; pyiceberg 0.12 refuses them, DuckDB 1.4.4 misreads them).
+//! Unpartitioned format-version 2 tables, `commit_every = 1`; the checkpoint's rows are held in memory until its
+//! pre-commit, and the key index holds every key of the table.
 //!
 //! # Not supported by iceberg-rust 0.10 (and not built here)
-//! Position deletes, overwrite and compaction of data files; orphan-file cleanup of other writers' files; custom
-//! commit conditions (worked around by checking the load a commit is built on).
+//! Position-delete and deletion-vector writers (written here: `position_deletes.rs`; deletion vectors are planned),
+//! overwrite and compaction of data files; orphan-file cleanup of other writers' files; custom commit conditions
+//! (worked around by checking the load a commit is built on).
 //!
 //! # Memory
 //! Each open data file buffers its current Parquet row group (up to 1M rows) before encoding it; a partitioned

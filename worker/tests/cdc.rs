@@ -141,17 +141,16 @@ fn rows(kind: &str, url: &str, table: &str) -> Vec<Value> {
         .clone()
 }
 
-/// Every row of the Iceberg table `table` of the job's lake, as the verifier reads it (`iceberg_table.py --rows`).
-fn read_table(job: &Job, table: &str) -> Value {
+/// The Iceberg table `table` of the job's lake as the verifier reads it (`iceberg_table.py` with `flags`).
+fn read_table(job: &Job, table: &str, flags: &[&str]) -> Value {
     let services = Services::get();
     let uri = services
         .pg_url()
         .replacen("postgres://", "postgresql+psycopg://", 1);
     let warehouse = format!("file://{}", job.dir.path().join("warehouse").display());
-    services.verify(
-        "iceberg_table.py",
-        &["ratchet", &uri, &warehouse, table, "id", "--rows"],
-    )
+    let mut args = vec!["ratchet", &uri, &warehouse, table, "id"];
+    args.extend(flags);
+    services.verify("iceberg_table.py", &args)
 }
 
 /// The changelog as pyiceberg reads it, checked against the topic: every change event (a record with a value)
@@ -159,7 +158,7 @@ fn read_table(job: &Job, table: &str) -> Value {
 /// id, in [`COLUMNS`] order. `last_log` (the last worker's log) goes into a failure's message.
 fn applied_changelog(job: &Job, name: &str, topic: &str, last_log: &str) -> Vec<Value> {
     let services = Services::get();
-    let read = read_table(job, &format!("{name}.changes"));
+    let read = read_table(job, &format!("{name}.changes"), &["--rows"]);
     let names: Vec<&str> = read["column_names"]
         .as_array()
         .unwrap()
@@ -269,14 +268,10 @@ fn comparable(column: &str, value: &Value) -> Value {
 }
 
 /// The Iceberg table the upsert sink keeps (`upsert_key = ["id"]`), ordered by id in [`COLUMNS`] order: as
-/// Iceberg's Java library reads it (merge-on-read), after checking that the verifier's own merge-on-read of the
-/// manifests agrees.
+/// Iceberg's Java library reads it (merge-on-read), after checking that pyiceberg (or the verifier's own
+/// merge-on-read of the manifests, for equality deletes) and DuckDB (for position deletes) agree.
 fn iceberg_state(job: &Job, name: &str) -> Vec<Value> {
-    let read = read_table(job, &format!("{name}.state"));
-    assert_eq!(
-        read["second_reader"], "iceberg-java",
-        "the state table holds equality deletes"
-    );
+    let read = read_table(job, &format!("{name}.state"), &["--rows", "--java-rows"]);
     let table = |names: &Value, rows: &Value| -> Vec<Value> {
         let names: Vec<&str> = names
             .as_array()
@@ -303,12 +298,17 @@ fn iceberg_state(job: &Job, name: &str) -> Vec<Value> {
         table.sort_by_key(|row| row[0].as_i64().unwrap());
         table
     };
-    let java = table(&read["second_column_names"], &read["second_rows"]);
+    let java = table(&read["java_column_names"], &read["java_rows"]);
     assert_eq!(
         table(&read["column_names"], &read["rows"]),
         java,
-        "the verifier's merge-on-read and Iceberg's Java library agree"
+        "pyiceberg (the verifier's merge-on-read where equality deletes are live) and Iceberg's Java library agree"
     );
+    // Position deletes (the default): DuckDB reads them too (it misreads equality deletes).
+    if read["equality_deletes"] == Value::Bool(false) {
+        let ids: Vec<Value> = java.iter().map(|row| row[0].clone()).collect();
+        assert_eq!(read["duckdb_ids"], Value::from(ids), "DuckDB agrees");
+    }
     java
 }
 
@@ -919,7 +919,7 @@ upsert_key = ["id"]
         read("mysql", services.mysql_url(), &format!("{name}_my")),
         expected_grown
     );
-    let lake = read_table(&job, &format!("{name}.state"));
+    let lake = read_table(&job, &format!("{name}.state"), &["--rows"]);
     let names: Vec<&str> = lake["column_names"]
         .as_array()
         .unwrap()
