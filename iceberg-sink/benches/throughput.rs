@@ -18,8 +18,10 @@
 //! `RATCHET_BENCH_DAY=1` it simulates a day at 1 s (86 400 commits of 10 rows) with expiry and merging.
 //!
 //! At 1 s it also runs the sink in the upsert mode (`upsert_key = ["id"]`: each checkpoint a row delta of data
-//! files and the ids' equality deletes; ids distinct within a checkpoint, cycling through 8.4M, so later
-//! checkpoints' deletes replace earlier rows).
+//! files and deletes of the rows they replace; ids distinct within a checkpoint, cycling through 8.4M, so later
+//! checkpoints' deletes replace earlier rows), once by position deletes (the key index) and once by equality
+//! deletes. After each position run, a second sink recovers on the table: the time its key index takes to
+//! rebuild, its keys, and the process's resident memory before and after (the index's share per million keys).
 //!
 //! Run: `scripts/services.sh up venv && cargo bench -p iceberg-sink --bench throughput` (see docs/benchmarks.md).
 //! `RATCHET_BENCH_SECONDS` sets the length of each run (default 30: three 10 s checkpoints), `RATCHET_BENCH_RUNS`
@@ -33,7 +35,7 @@ use connector_api::{CheckpointId, Committer, SinkId, SubtaskId, TwoPhaseCommit};
 use iceberg::transaction::{ApplyTransactionAction, Transaction};
 use iceberg_sink::{
     CatalogConfig, CheckpointWriter, DEFAULT_TARGET_FILE_SIZE, IcebergSink, IcebergSinkConfig,
-    MANIFEST_MERGE_ENABLED, S3Settings,
+    MANIFEST_MERGE_ENABLED, S3Settings, UpsertDeletes,
 };
 use ratchet_conformance::{conformance_batch_with, conformance_schema};
 use test_support::Services;
@@ -149,19 +151,56 @@ fn with_ids(batch: &RecordBatch, first: i64) -> RecordBatch {
     RecordBatch::try_new(batch.schema(), columns).unwrap()
 }
 
-/// The sink, exactly once, checkpointing every `interval`; with `upsert`, by key `id` (row deltas), the ids cycling
-/// through [`UPSERT_KEYS`].
-async fn run_sink(interval: Duration, seconds: Duration, upsert: bool) -> Measured {
+/// What a recovery on an upsert table took: the key index's keys, the time `recover` took (the epoch raise and
+/// the rebuild), and the process's resident memory before and after.
+#[derive(Debug, Clone, Copy)]
+struct Rebuilt {
+    keys: usize,
+    seconds: f64,
+    rss_before: u64,
+    rss_after: u64,
+}
+
+/// The process's resident set in bytes (`/proc/self/statm`).
+fn resident_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+    let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * 4096
+}
+
+/// A second sink recovering on the upsert table `config` names (after the first closed).
+async fn rebuild(config: IcebergSinkConfig) -> Rebuilt {
+    let rss_before = resident_bytes();
+    let mut sink = IcebergSink::new(config).await.unwrap();
+    let t0 = Instant::now();
+    sink.recover(None).await.unwrap();
+    let seconds = t0.elapsed().as_secs_f64();
+    Rebuilt {
+        keys: sink.indexed_keys().unwrap(),
+        seconds,
+        rss_before,
+        rss_after: resident_bytes(),
+    }
+}
+
+/// The sink, exactly once, checkpointing every `interval`; with `upsert`, by key `id` (row deltas deleting the
+/// way it says), the ids cycling through [`UPSERT_KEYS`]. A run by position deletes ends with a second sink's
+/// recovery on the table ([`Rebuilt`]).
+async fn run_sink(
+    interval: Duration,
+    seconds: Duration,
+    upsert: Option<UpsertDeletes>,
+) -> (Measured, Option<Rebuilt>) {
     let lake = lake();
     let config = IcebergSinkConfig {
-        upsert_key: if upsert {
-            vec!["id".into()]
-        } else {
-            Vec::new()
+        upsert_key: match upsert {
+            Some(_) => vec!["id".into()],
+            None => Vec::new(),
         },
+        upsert_deletes: upsert.unwrap_or_default(),
         ..config(&lake)
     };
-    let mut sink = IcebergSink::new(config).await.unwrap();
+    let mut sink = IcebergSink::new(config.clone()).await.unwrap();
     sink.recover(None).await.unwrap();
     let committer = sink.committer();
     let batches = distinct_batches();
@@ -175,7 +214,7 @@ async fn run_sink(interval: Duration, seconds: Duration, upsert: bool) -> Measur
         let opened = Instant::now();
         while opened.elapsed() < interval {
             let batch = &batches[((rows / BATCH_ROWS) % DISTINCT_BATCHES) as usize];
-            if upsert {
+            if upsert.is_some() {
                 sink.write(&with_ids(batch, rows % UPSERT_KEYS))
                     .await
                     .unwrap();
@@ -199,11 +238,17 @@ async fn run_sink(interval: Duration, seconds: Duration, upsert: bool) -> Measur
     if let Some(previous) = pending.take() {
         commits_ms.push(previous.await.unwrap());
     }
-    Measured {
+    let measured = Measured {
         rows,
         elapsed: start.elapsed(),
         commits_ms,
-    }
+    };
+    drop(sink);
+    let rebuilt = match upsert {
+        Some(UpsertDeletes::Position) => Some(rebuild(config).await),
+        _ => None,
+    };
+    (measured, rebuilt)
 }
 
 /// The same files by the same writer, closed every `interval`, never committed.
@@ -445,27 +490,42 @@ async fn main() {
     let runs = env_u64("RATCHET_BENCH_RUNS", 3);
     println!("| mode | interval | rows/s | commit p50 ms | commit p99 ms |\n|---|---|---|---|---|");
     let mut rates = std::collections::HashMap::new();
-    let mut upserts = None;
+    let mut upserts = Vec::new();
+    let mut rebuilds = Vec::new();
     for interval in [Duration::from_secs(1), Duration::from_secs(10)] {
         let mut limit = Vec::new();
         let mut sink = Vec::new();
-        let mut upsert = Vec::new();
+        let mut by_position = Vec::new();
+        let mut by_equality = Vec::new();
         for _ in 0..runs {
             limit.push(run_limit(interval, seconds).await);
-            sink.push(run_sink(interval, seconds, false).await);
+            sink.push(run_sink(interval, seconds, None).await.0);
             // The upsert mode holds a checkpoint's rows until its pre-commit: at 1 s only (10 s is ~1 GB here).
             if interval.as_secs() == 1 {
-                upsert.push(run_sink(interval, seconds, true).await);
+                let (measured, rebuilt) =
+                    run_sink(interval, seconds, Some(UpsertDeletes::Position)).await;
+                by_position.push(measured);
+                rebuilds.extend(rebuilt);
+                by_equality.push(
+                    run_sink(interval, seconds, Some(UpsertDeletes::Equality))
+                        .await
+                        .0,
+                );
             }
         }
         let (limit, sink) = (median(limit), median(sink));
-        let upsert = (!upsert.is_empty()).then(|| median(upsert));
+        let by_position = (!by_position.is_empty()).then(|| median(by_position));
+        let by_equality = (!by_equality.is_empty()).then(|| median(by_equality));
         for (name, m) in [
             ("limit (files, no commit)", Some(&limit)),
             ("sink, exactly-once", Some(&sink)),
             (
-                "sink, exactly-once, upsert by id (row deltas)",
-                upsert.as_ref(),
+                "sink, exactly-once, upsert by id, position deletes",
+                by_position.as_ref(),
+            ),
+            (
+                "sink, exactly-once, upsert by id, equality deletes",
+                by_equality.as_ref(),
             ),
         ] {
             let Some(m) = m else { continue };
@@ -477,8 +537,13 @@ async fn main() {
                 m.quantile(0.99)
             );
         }
-        if let Some(upsert) = &upsert {
-            upserts = Some((interval.as_secs(), upsert.rate() / sink.rate()));
+        if let (Some(position), Some(equality)) = (&by_position, &by_equality) {
+            upserts.push((
+                interval.as_secs(),
+                position.rate() / sink.rate(),
+                equality.rate() / sink.rate(),
+                position.rate() / equality.rate(),
+            ));
         }
         rates.insert(interval.as_secs(), (limit.rate(), sink.rate()));
     }
@@ -500,10 +565,28 @@ async fn main() {
             sink / peer.rate()
         );
     }
-    if let Some((interval, ratio)) = upserts {
+    for (interval, position, equality, between) in upserts {
         println!(
-            "at {interval} s: upsert by id / append = {:.0}%",
-            100.0 * ratio
+            "at {interval} s: upsert by position deletes / append = {:.0}%, by equality deletes / append = {:.0}%, \
+             position / equality = {:.0}%",
+            100.0 * position,
+            100.0 * equality,
+            100.0 * between
+        );
+    }
+    println!(
+        "\n| key index rebuild at recovery | keys | seconds | resident MB before | after | MB per million keys |\n\
+         |---|---|---|---|---|---|"
+    );
+    for r in rebuilds {
+        let mb = |bytes: u64| bytes as f64 / 1e6;
+        println!(
+            "| run | {} | {:.2} | {:.0} | {:.0} | {:.0} |",
+            r.keys,
+            r.seconds,
+            mb(r.rss_before),
+            mb(r.rss_after),
+            mb(r.rss_after.saturating_sub(r.rss_before)) / (r.keys as f64 / 1e6)
         );
     }
 }

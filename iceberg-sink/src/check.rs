@@ -24,9 +24,12 @@ const CATALOG_TABLE: &str = "iceberg_tables";
 /// retryable when the catalog's database cannot be read.
 pub(crate) async fn check(config: &IcebergSinkConfig) -> Result<SinkCheck> {
     let keyed = KeyedRows::of_config(config)?;
-    config
-        .layout
-        .check_settings(&config.sink, config.create_table, &config.upsert_key)?;
+    config.layout.check_settings(
+        &config.sink,
+        config.create_table,
+        &config.upsert_key,
+        config.upsert_deletes,
+    )?;
     let ident = table_ident(config)?;
     let (catalog, found) = match existing_table(config, &ident).await? {
         Existing::NoCatalogTables => (

@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use arrow_array::RecordBatch;
 use connector_api::{Error, ErrorKind, Phase, Result};
-use iceberg::spec::{DataFile, DataFileFormat, FormatVersion, PrimitiveType, Schema, Type};
+use iceberg::spec::{
+    DataFile, DataFileFormat, FormatVersion, PartitionKey, PrimitiveType, Schema, Type,
+};
 use iceberg::table::Table;
 use iceberg::writer::base_writer::equality_delete_writer::{
     EqualityDeleteFileWriterBuilder, EqualityDeleteWriterConfig,
@@ -36,13 +38,34 @@ pub(crate) struct EqualityDeletes {
 }
 
 impl EqualityDeletes {
+    /// Refuses a partitioned `table` for `upsert_deletes = "equality"`: an equality delete reaches only the rows
+    /// of its own partition, so a key whose row changes partition would keep its old row.
+    ///
+    /// # Errors
+    /// [`Config`](ErrorKind::Config) naming the table and what to change.
+    pub(crate) fn refuse_partitioned(table: &Table) -> Result<()> {
+        if table.metadata().default_partition_spec().is_unpartitioned() {
+            return Ok(());
+        }
+        Err(Error::new(
+            ErrorKind::Config,
+            Phase::Setup,
+            format!(
+                "upsert_key: table {} is partitioned, and equality deletes (upsert_deletes = \"equality\") reach \
+                 only their own partition's rows: delete by position (upsert_deletes = \"position\", the \
+                 default), or use an unpartitioned table",
+                table.identifier()
+            ),
+        ))
+    }
+
     /// The equality deletes of `table` by the columns `key`.
     ///
     /// # Errors
     /// [`Config`](ErrorKind::Config) naming the table and what to change when the table cannot take them: a
-    /// format-version 1 table (no delete files) or a version 3 one (row lineage is not assigned), a partitioned one (a key's delete would have to reach its rows in
-    /// every partition: planned), a key column the table does not have, or one that is not a primitive, non
-    /// floating-point column (the spec's rule for equality fields).
+    /// format-version 1 table (no delete files) or a version 3 one (row lineage is not assigned), a key column the
+    /// table does not have, or one that is not a primitive, non floating-point column (the spec's rule for
+    /// equality fields).
     pub(crate) fn of(table: &Table, key: &[String]) -> Result<Self> {
         let metadata = table.metadata();
         let name = table.identifier();
@@ -69,13 +92,6 @@ impl EqualityDeletes {
                      upsert_key (a changelog)"
                 )));
             }
-        }
-        if !metadata.default_partition_spec().is_unpartitioned() {
-            return Err(refuse(
-                "is partitioned; upserts by key write unpartitioned tables only (planned): use an unpartitioned \
-                 table"
-                    .into(),
-            ));
         }
         if key.is_empty() {
             return Err(refuse("was given no key column".into()));
@@ -122,7 +138,8 @@ impl EqualityDeletes {
     }
 
     /// Writes the keys of `batches` (each holding at least the key columns, by name) into equality-delete files
-    /// named `<file_prefix>-<n>-eqdel.parquet` in the table's data directory; nothing when they hold no row.
+    /// named `<file_prefix>-<n>-eqdel.parquet` in the table's data directory, filed under `partition` (`None`:
+    /// unpartitioned; it reaches only that partition's rows); nothing when they hold no row.
     ///
     /// # Errors
     /// [`BadRecord`](ErrorKind::BadRecord) when a key column's type does not fit the table; retryable/fatal
@@ -132,6 +149,7 @@ impl EqualityDeletes {
         table: &Table,
         file_prefix: String,
         target_file_size: usize,
+        partition: Option<PartitionKey>,
         batches: &[&RecordBatch],
     ) -> Result<Vec<DataFile>> {
         if batches.iter().all(|b| b.num_rows() == 0) {
@@ -155,7 +173,7 @@ impl EqualityDeletes {
             ),
         );
         let mut writer = EqualityDeleteFileWriterBuilder::new(files, config)
-            .build(None)
+            .build(partition)
             .await
             .map_err(|e| {
                 iceberg_error(Phase::PreCommit, "cannot open an equality-delete file", e)

@@ -27,20 +27,30 @@ use std::sync::Arc;
 use arrow_array::RecordBatch;
 use arrow_row::{RowConverter, Rows, SortField};
 use connector_api::{CheckpointId, Error, ErrorKind, Phase, Result};
+use iceberg::spec::Struct;
 use iceberg::table::Table;
 
 use crate::error::iceberg_error;
 use crate::writer::to_table_batch;
 
-/// Where one key's current row lives: an index into [`KeyIndex`]'s file paths and the row's position there.
+/// A data file the index points into: its path, and the partition spec and partition its rows belong to (what a
+/// position-delete file of its rows is filed under).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct IndexedFile {
+    pub(crate) path: String,
+    pub(crate) spec_id: i32,
+    pub(crate) partition: Struct,
+}
+
+/// Where one key's current row lives: an index into [`KeyIndex`]'s files and the row's position there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Location {
     file: u32,
     pos: u64,
 }
 
-/// A row: its data file's path and its position there.
-pub(crate) type Row = (Arc<str>, u64);
+/// A row: its data file and its position there.
+pub(crate) type Row = (Arc<IndexedFile>, u64);
 
 /// One key's change by a checkpoint: the encoded key, its row before and after (paths, not indices: a rebuild
 /// renumbers the files).
@@ -65,8 +75,8 @@ pub(crate) struct KeyIndex {
     /// The key columns, in the table's Arrow types with their field ids.
     key_schema: arrow_schema::SchemaRef,
     converter: RowConverter,
-    files: Vec<Arc<str>>,
-    by_path: HashMap<Arc<str>, u32>,
+    files: Vec<Arc<IndexedFile>>,
+    by_path: HashMap<String, u32>,
     rows: HashMap<Box<[u8]>, Location>,
     shown: Shown,
     /// The changes of decided checkpoints the table may not show yet, oldest first (re-applied over a rebuild).
@@ -137,7 +147,8 @@ impl KeyIndex {
     ///
     /// # Errors
     /// [`BadRecord`](ErrorKind::BadRecord) naming the column when a key column is missing or does not convert.
-    pub(crate) fn keys(&self, table: &str, batch: &RecordBatch) -> Result<Rows> {
+    #[cfg(test)]
+    fn keys(&self, table: &str, batch: &RecordBatch) -> Result<Rows> {
         let keys = key_columns(table, &self.key_schema, batch)?;
         self.encode(&keys)
     }
@@ -151,14 +162,14 @@ impl KeyIndex {
 
     /// The data file and position of `key`'s current row.
     #[cfg(test)]
-    fn locate(&self, key: &[u8]) -> Option<(&Arc<str>, u64)> {
+    fn locate(&self, key: &[u8]) -> Option<(&str, u64)> {
         self.rows
             .get(key)
-            .map(|l| (&self.files[l.file as usize], l.pos))
+            .map(|l| (self.files[l.file as usize].path.as_str(), l.pos))
     }
 
     /// Points `key` at row `pos` of `file` (table state: used while building and catching up).
-    pub(crate) fn insert(&mut self, key: &[u8], file: &str, pos: u64) {
+    pub(crate) fn insert(&mut self, key: &[u8], file: &Arc<IndexedFile>, pos: u64) {
         let location = self.location(file, pos);
         match self.rows.get_mut(key) {
             Some(slot) => *slot = location,
@@ -174,7 +185,7 @@ impl KeyIndex {
         &mut self,
         checkpoint: CheckpointId,
         key: &[u8],
-        at: Option<(&str, u64)>,
+        at: Option<(&Arc<IndexedFile>, u64)>,
     ) -> Option<Row> {
         let after = at.map(|(file, pos)| self.location(file, pos));
         let before = match after {
@@ -327,14 +338,13 @@ impl KeyIndex {
         (self.files[location.file as usize].clone(), location.pos)
     }
 
-    fn location(&mut self, file: &str, pos: u64) -> Location {
-        let file = match self.by_path.get(file) {
+    fn location(&mut self, file: &Arc<IndexedFile>, pos: u64) -> Location {
+        let file = match self.by_path.get(&file.path) {
             Some(&index) => index,
             None => {
-                let path: Arc<str> = file.into();
                 let index = u32::try_from(self.files.len()).expect("fewer than 2^32 data files");
-                self.files.push(path.clone());
-                self.by_path.insert(path, index);
+                self.files.push(file.clone());
+                self.by_path.insert(file.path.clone(), index);
                 index
             }
         };
@@ -435,6 +445,14 @@ mod tests {
         }
     }
 
+    fn file(path: &str) -> Arc<IndexedFile> {
+        Arc::new(IndexedFile {
+            path: path.into(),
+            spec_id: 0,
+            partition: Struct::empty(),
+        })
+    }
+
     fn batch(columns: Vec<(&str, ArrayRef)>) -> RecordBatch {
         RecordBatch::try_from_iter(columns).unwrap()
     }
@@ -490,29 +508,26 @@ mod tests {
             .unwrap();
         let (one, two, three) = (keys.row(0), keys.row(1), keys.row(2));
         index.clear();
-        index.insert(one.as_ref(), "a.parquet", 0);
-        index.insert(two.as_ref(), "a.parquet", 1);
+        index.insert(one.as_ref(), &file("a.parquet"), 0);
+        index.insert(two.as_ref(), &file("a.parquet"), 1);
         index.finish_rebuild(Some(10), None);
         let c = CheckpointId(5);
-        let replaced = index.stage(c, one.as_ref(), Some(("b.parquet", 0)));
-        assert_eq!(replaced, Some((Arc::from("a.parquet"), 0)));
+        let replaced = index.stage(c, one.as_ref(), Some((&file("b.parquet"), 0)));
+        assert_eq!(replaced, Some((file("a.parquet"), 0)));
         assert_eq!(
             index.stage(c, two.as_ref(), None),
-            Some((Arc::from("a.parquet"), 1))
+            Some((file("a.parquet"), 1))
         );
-        assert_eq!(index.stage(c, three.as_ref(), Some(("b.parquet", 1))), None);
+        assert_eq!(
+            index.stage(c, three.as_ref(), Some((&file("b.parquet"), 1))),
+            None
+        );
         // Changed twice in one checkpoint: undone to the state before the checkpoint, not the one in between.
-        index.stage(c, one.as_ref(), Some(("b.parquet", 2)));
+        index.stage(c, one.as_ref(), Some((&file("b.parquet"), 2)));
         assert_eq!(index.len(), 2);
         index.undo();
-        assert_eq!(
-            index.locate(one.as_ref()).map(|(f, p)| (&**f, p)),
-            Some(("a.parquet", 0))
-        );
-        assert_eq!(
-            index.locate(two.as_ref()).map(|(f, p)| (&**f, p)),
-            Some(("a.parquet", 1))
-        );
+        assert_eq!(index.locate(one.as_ref()), Some(("a.parquet", 0)));
+        assert_eq!(index.locate(two.as_ref()), Some(("a.parquet", 1)));
         assert_eq!(index.locate(three.as_ref()), None);
     }
 
@@ -527,20 +542,22 @@ mod tests {
             .unwrap();
         let (one, two) = (keys.row(0), keys.row(1));
         index.finish_rebuild(Some(1), None);
-        index.stage(CheckpointId(3), one.as_ref(), Some(("c3.parquet", 0)));
+        index.stage(
+            CheckpointId(3),
+            one.as_ref(),
+            Some((&file("c3.parquet"), 0)),
+        );
         index.settle();
-        index.stage(CheckpointId(4), two.as_ref(), Some(("c4.parquet", 0)));
+        index.stage(
+            CheckpointId(4),
+            two.as_ref(),
+            Some((&file("c4.parquet"), 0)),
+        );
         // A rebuild on a table that shows neither checkpoint 3 nor 4 yet.
         index.clear();
         index.finish_rebuild(Some(2), Some(CheckpointId(2)));
-        assert_eq!(
-            index.locate(one.as_ref()).map(|(f, p)| (&**f, p)),
-            Some(("c3.parquet", 0))
-        );
-        assert_eq!(
-            index.locate(two.as_ref()).map(|(f, p)| (&**f, p)),
-            Some(("c4.parquet", 0))
-        );
+        assert_eq!(index.locate(one.as_ref()), Some(("c3.parquet", 0)));
+        assert_eq!(index.locate(two.as_ref()), Some(("c4.parquet", 0)));
         assert_eq!(index.pending_checkpoints(), 1);
         // Once the table shows checkpoint 3, its changes come from the table.
         index.caught_up(Some(3), Some(CheckpointId(3)));

@@ -35,7 +35,7 @@ use parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
 use parquet::arrow::{PARQUET_FIELD_ID_META_KEY, ProjectionMask};
 
 use crate::error::iceberg_error;
-use crate::key_index::{KeyIndex, Shown};
+use crate::key_index::{IndexedFile, KeyIndex, Shown};
 use crate::ledger::SubtaskKey;
 
 /// How many data files a rebuild reads at once.
@@ -106,8 +106,8 @@ pub(crate) async fn catch_up(
         let deleted = deleted_positions(table, &entries, phase).await?;
         let data = entries
             .iter()
-            .filter(|e| e.content_type() == DataContentType::Data)
-            .map(|e| (e.file_path().to_string(), e.file_size_in_bytes()))
+            .filter(|(_, e)| e.content_type() == DataContentType::Data)
+            .map(indexed)
             .collect();
         insert_files(index, table, data, &deleted, phase).await?;
     }
@@ -153,20 +153,24 @@ pub(crate) async fn rebuild(
             .load_manifest(table.file_io())
             .await
             .map_err(read_error)?;
-        entries.extend(manifest.entries().iter().filter(|e| e.is_alive()).cloned());
+        let spec_id = manifest.metadata().partition_spec().spec_id();
+        entries.extend(
+            manifest
+                .entries()
+                .iter()
+                .filter(|e| e.is_alive())
+                .map(|e| (spec_id, e.clone())),
+        );
     }
     let deleted = deleted_positions(table, &entries, phase).await?;
-    let mut data: Vec<&ManifestEntryRef> = entries
+    let mut data: Vec<&(i32, ManifestEntryRef)> = entries
         .iter()
-        .filter(|e| e.content_type() == DataContentType::Data)
+        .filter(|(_, e)| e.content_type() == DataContentType::Data)
         .collect();
     // Oldest first: a key's row in a newer file replaces its row in an older one.
-    data.sort_by_key(|e| e.sequence_number().unwrap_or(0));
+    data.sort_by_key(|(_, e)| e.sequence_number().unwrap_or(0));
     let files = data.len();
-    let data = data
-        .into_iter()
-        .map(|e| (e.file_path().to_string(), e.file_size_in_bytes()))
-        .collect();
+    let data = data.into_iter().map(indexed).collect();
     insert_files(index, table, data, &deleted, phase).await?;
     index.finish_rebuild(Some(snapshot.snapshot_id()), committed);
     tracing::info!(
@@ -251,12 +255,22 @@ fn removes_data_files(snapshot: &Snapshot) -> bool {
             .is_some_and(|n| n > 0)
 }
 
-/// The live entries `snapshot` added, from the manifests it wrote.
+/// A data file's entry (with its manifest's partition spec) as the index files it, and its size.
+fn indexed((spec_id, entry): &(i32, ManifestEntryRef)) -> (Arc<IndexedFile>, u64) {
+    let file = IndexedFile {
+        path: entry.file_path().to_string(),
+        spec_id: *spec_id,
+        partition: entry.data_file().partition().clone(),
+    };
+    (Arc::new(file), entry.file_size_in_bytes())
+}
+
+/// The live entries `snapshot` added, from the manifests it wrote, with their manifest's partition spec.
 async fn entries_added_by(
     table: &Table,
     snapshot: &iceberg::spec::SnapshotRef,
     phase: Phase,
-) -> Result<Vec<ManifestEntryRef>> {
+) -> Result<Vec<(i32, ManifestEntryRef)>> {
     let read_error = |e| {
         iceberg_error(
             phase,
@@ -279,6 +293,7 @@ async fn entries_added_by(
             .load_manifest(table.file_io())
             .await
             .map_err(read_error)?;
+        let spec_id = manifest.metadata().partition_spec().spec_id();
         added.extend(
             manifest
                 .entries()
@@ -287,7 +302,7 @@ async fn entries_added_by(
                     e.status() == ManifestStatus::Added
                         && e.snapshot_id() == Some(snapshot.snapshot_id())
                 })
-                .cloned(),
+                .map(|e| (spec_id, e.clone())),
         );
     }
     Ok(added)
@@ -299,13 +314,13 @@ async fn entries_added_by(
 /// [`Config`](ErrorKind::Config) for a deletion vector (format version 3: planned); storage errors.
 async fn deleted_positions(
     table: &Table,
-    entries: &[ManifestEntryRef],
+    entries: &[(i32, ManifestEntryRef)],
     phase: Phase,
 ) -> Result<HashMap<String, Vec<u64>>> {
     let mut deleted: HashMap<String, Vec<u64>> = HashMap::new();
-    for entry in entries
+    for (_, entry) in entries
         .iter()
-        .filter(|e| e.content_type() == DataContentType::PositionDeletes)
+        .filter(|(_, e)| e.content_type() == DataContentType::PositionDeletes)
     {
         if entry.file_format() != DataFileFormat::Parquet {
             return Err(Error::new(
@@ -375,7 +390,7 @@ async fn deleted_positions(
 async fn insert_files(
     index: &mut KeyIndex,
     table: &Table,
-    files: Vec<(String, u64)>,
+    files: Vec<(Arc<IndexedFile>, u64)>,
     deleted: &HashMap<String, Vec<u64>>,
     phase: Phase,
 ) -> Result<()> {
@@ -390,16 +405,17 @@ async fn insert_files(
         .iter()
         .map(|f| f.name().as_str())
         .collect();
-    let mut reads = futures::stream::iter(files.into_iter().map(|(path, size)| {
+    let mut reads = futures::stream::iter(files.into_iter().map(|(file, size)| {
         let (ids, names) = (&ids, &names);
         async move {
-            let batches = read_columns(table, &path, size, ids, names, phase).await?;
-            Ok::<_, Error>((path, batches))
+            let batches = read_columns(table, &file.path, size, ids, names, phase).await?;
+            Ok::<_, Error>((file, batches))
         }
     }))
     .buffered(READ_AHEAD);
-    while let Some((path, batches)) = reads.try_next().await? {
-        let gone = deleted.get(&path).map(Vec::as_slice).unwrap_or_default();
+    while let Some((file, batches)) = reads.try_next().await? {
+        let path = file.path.as_str();
+        let gone = deleted.get(path).map(Vec::as_slice).unwrap_or_default();
         let mut pos = 0u64;
         for batch in batches {
             let columns = batch
@@ -428,7 +444,7 @@ async fn insert_files(
             let rows = index.encode(&keys)?;
             for row in rows.iter() {
                 if gone.binary_search(&pos).is_err() {
-                    index.insert(row.as_ref(), &path, pos);
+                    index.insert(row.as_ref(), &file, pos);
                 }
                 pos += 1;
             }

@@ -59,6 +59,7 @@ impl TableLayout {
         sink: &SinkId,
         create_table: bool,
         upsert_key: &[String],
+        upsert_deletes: crate::UpsertDeletes,
     ) -> Result<()> {
         let refuse = |why: &str| {
             Err(Error::new(ErrorKind::Config, Phase::Setup, why.to_string()).with_sink(sink))
@@ -70,11 +71,15 @@ impl TableLayout {
                  (Spark's ALTER TABLE)",
             );
         }
-        if !upsert_key.is_empty() && !self.partition_by.is_empty() {
+        if !upsert_key.is_empty()
+            && !self.partition_by.is_empty()
+            && upsert_deletes == crate::UpsertDeletes::Equality
+        {
             return refuse(
-                "partition_by with upsert_key: upserts write equality deletes, which reach only the rows of \
-                 their own partition, so a key whose row changes partition would keep its old row; leave the \
-                 upsert table unpartitioned (planned: partitioned upserts by a key index)",
+                "partition_by with upsert_key and upsert_deletes = \"equality\": equality deletes reach only the \
+                 rows of their own partition, so a key whose row changes partition would keep its old row; \
+                 delete by position (upsert_deletes = \"position\", the default), whose key index knows each \
+                 row's partition, or leave the upsert table unpartitioned",
             );
         }
         Ok(())
@@ -390,31 +395,38 @@ mod tests {
     }
 
     #[test]
-    fn a_layout_is_refused_where_the_sink_creates_no_table_or_upserts_by_key() {
+    fn a_layout_is_refused_where_the_sink_creates_no_table_or_upserts_by_equality() {
+        use crate::UpsertDeletes;
         let partitioned = TableLayout {
             partition_by: vec!["day(created)".into()],
             ..TableLayout::default()
         };
+        let (position, equality) = (UpsertDeletes::Position, UpsertDeletes::Equality);
         let err = partitioned
-            .check_settings(&sink(), false, &[])
+            .check_settings(&sink(), false, &[], position)
             .unwrap_err()
             .to_string();
         assert!(err.contains("create_table = true"), "{err}");
         let err = partitioned
-            .check_settings(&sink(), true, &["id".into()])
+            .check_settings(&sink(), true, &["id".into()], equality)
             .unwrap_err()
             .to_string();
         assert!(err.contains("partition_by with upsert_key"), "{err}");
-        partitioned.check_settings(&sink(), true, &[]).unwrap();
+        partitioned
+            .check_settings(&sink(), true, &["id".into()], position)
+            .unwrap();
+        partitioned
+            .check_settings(&sink(), true, &[], equality)
+            .unwrap();
         let sorted = TableLayout {
             sort_by: vec!["id".into()],
             ..TableLayout::default()
         };
         sorted
-            .check_settings(&sink(), true, &["id".into()])
+            .check_settings(&sink(), true, &["id".into()], equality)
             .unwrap();
         TableLayout::default()
-            .check_settings(&sink(), false, &["id".into()])
+            .check_settings(&sink(), false, &["id".into()], equality)
             .unwrap();
     }
 

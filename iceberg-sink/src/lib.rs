@@ -27,8 +27,9 @@
 //! number, so they remove the keys' older rows and none of the snapshot's own. Position deletes are read by every
 //! engine that reads format-version 2 deletes (pyiceberg and DuckDB too); equality deletes need one that applies
 //! them (Spark, Trino, Flink, Iceberg's Java library; pyiceberg 0.12 refuses them, DuckDB 1.4.4 misreads them).
-//! Unpartitioned format-version 2 tables, `commit_every = 1`; the checkpoint's rows are held in memory until its
-//! pre-commit, and the key index holds every key of the table.
+//! Format-version 2 tables (partitioned by any column with position deletes: a delete is filed under the replaced
+//! row's partition; unpartitioned with equality deletes), `commit_every = 1`; the checkpoint's rows are held in
+//! memory until its pre-commit, and the key index holds every key of the table.
 //!
 //! # Not supported by iceberg-rust 0.10 (and not built here)
 //! Position-delete and deletion-vector writers (written here: `position_deletes.rs`; deletion vectors are planned),

@@ -7,13 +7,13 @@
 //! The file's `file_path` bounds are written untruncated, so a reader that sees both bounds equal (one data file)
 //! can match the file to its data file by path alone; such a file also records it as `referenced_data_file`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use arrow_array::{Int64Array, RecordBatch, StringArray};
 use connector_api::{Phase, Result};
 use iceberg::metadata_columns::{delete_file_path_field, delete_file_pos_field};
-use iceberg::spec::{DataContentType, DataFile, DataFileFormat, Schema, Struct};
+use iceberg::spec::{DataContentType, DataFile, DataFileFormat, PartitionKey, Schema, Struct};
 use iceberg::table::Table;
 use iceberg::writer::file_writer::ParquetWriterBuilder;
 use iceberg::writer::file_writer::location_generator::DefaultFileNameGenerator;
@@ -22,29 +22,77 @@ use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 
 use crate::error::iceberg_error;
+use crate::key_index::IndexedFile;
 use crate::location::EscapedLocations;
 
 /// The suffix of a position-delete file's name: `<data file prefix>-<n>-posdel.parquet`.
 const FILE_SUFFIX: &str = "posdel";
 
-/// The rows to delete: data file path → positions (any order, no duplicates needed).
-pub(crate) type DeletedRows = BTreeMap<Arc<str>, Vec<u64>>;
+/// The rows to delete: data file → positions (any order, no duplicates needed).
+pub(crate) type DeletedRows = HashMap<Arc<IndexedFile>, Vec<u64>>;
 
-/// Writes `deleted` as position-delete files named `<file_prefix>-<n>-posdel.parquet` in the table's data
-/// directory (unpartitioned tables: the upsert mode's), rolling past `target_file_size`; nothing when empty.
+/// Writes `deleted` as position-delete files named `<file_prefix>-<n>-posdel.parquet`, one per partition of the
+/// data files they name (under that partition's directory, filed under it), rolling past `target_file_size`;
+/// nothing when empty.
 ///
 /// # Errors
-/// Retryable/fatal storage errors (the files written so far are unreferenced: recovery's cleanup deletes them).
+/// [`Config`](connector_api::ErrorKind::Config) naming the data file when a row to delete lives in a file of a
+/// partition spec other than the table's current one; retryable/fatal storage errors (the files written so far
+/// are unreferenced: recovery's cleanup deletes them).
 pub(crate) async fn write_position_deletes(
     table: &Table,
     file_prefix: String,
     target_file_size: usize,
-    mut deleted: DeletedRows,
+    deleted: DeletedRows,
 ) -> Result<Vec<DataFile>> {
-    deleted.retain(|_, positions| !positions.is_empty());
-    if deleted.is_empty() {
-        return Ok(Vec::new());
+    let metadata = table.metadata();
+    let spec = metadata.default_partition_spec();
+    let mut by_partition: HashMap<&Struct, BTreeMap<&str, Vec<u64>>> = HashMap::new();
+    for (file, positions) in deleted.iter().filter(|(_, p)| !p.is_empty()) {
+        if file.spec_id != spec.spec_id() {
+            return Err(connector_api::Error::new(
+                connector_api::ErrorKind::Config,
+                Phase::PreCommit,
+                format!(
+                    "table {}: a row the upsert replaces lives in data file {} of partition spec {}, not the \
+                     table's current spec {}; position deletes are written for the current spec only: rewrite the \
+                     older files into it (Spark's rewrite_data_files) and restart",
+                    table.identifier(),
+                    file.path,
+                    file.spec_id,
+                    spec.spec_id()
+                ),
+            ));
+        }
+        by_partition
+            .entry(&file.partition)
+            .or_default()
+            .insert(&file.path, positions.clone());
     }
+    let mut files = Vec::new();
+    for (partition, rows) in by_partition {
+        let key = (!spec.is_unpartitioned()).then(|| {
+            PartitionKey::new(
+                spec.as_ref().clone(),
+                metadata.current_schema().clone(),
+                partition.clone(),
+            )
+        });
+        files.extend(
+            write_partition(table, file_prefix.clone(), target_file_size, key, rows).await?,
+        );
+    }
+    Ok(files)
+}
+
+/// One partition's position-delete file: `rows` (path → positions) sorted by path then position.
+async fn write_partition(
+    table: &Table,
+    file_prefix: String,
+    target_file_size: usize,
+    partition: Option<PartitionKey>,
+    rows: BTreeMap<&str, Vec<u64>>,
+) -> Result<Vec<DataFile>> {
     let error = |what: &str, e| iceberg_error(Phase::PreCommit, what.to_string(), e);
     let schema = Arc::new(
         Schema::builder()
@@ -59,13 +107,16 @@ pub(crate) async fn write_position_deletes(
         iceberg::arrow::schema_to_arrow_schema(&schema)
             .map_err(|e| error("cannot convert the position-delete schema", e))?,
     );
+    let only_file = (rows.len() == 1)
+        .then(|| rows.keys().next().map(|p| p.to_string()))
+        .flatten();
     let mut paths = Vec::new();
     let mut positions = Vec::new();
-    for (path, mut rows) in deleted.iter().map(|(p, r)| (p, r.clone())) {
-        rows.sort_unstable();
-        rows.dedup();
-        paths.extend(std::iter::repeat_n(path.as_ref(), rows.len()));
-        positions.extend(rows.into_iter().map(|p| p as i64));
+    for (path, mut named) in rows {
+        named.sort_unstable();
+        named.dedup();
+        paths.extend(std::iter::repeat_n(path, named.len()));
+        positions.extend(named.into_iter().map(|p| p as i64));
     }
     let batch = RecordBatch::try_new(
         arrow,
@@ -96,13 +147,13 @@ pub(crate) async fn write_position_deletes(
     )
     .build();
     writer
-        .write(&None, &batch)
+        .write(&partition, &batch)
         .await
         .map_err(|e| error("cannot write a position-delete file", e))?;
     let spec_id = table.metadata().default_partition_spec_id();
-    let only_file = (deleted.len() == 1)
-        .then(|| deleted.keys().next().map(|p| p.to_string()))
-        .flatten();
+    let data = partition
+        .as_ref()
+        .map_or_else(Struct::empty, |k| k.data().clone());
     writer
         .close()
         .await
@@ -110,7 +161,7 @@ pub(crate) async fn write_position_deletes(
         .into_iter()
         .map(|mut file| {
             file.content(DataContentType::PositionDeletes)
-                .partition(Struct::empty())
+                .partition(data.clone())
                 .partition_spec_id(spec_id)
                 .referenced_data_file(only_file.clone());
             file.build().map_err(|e| {

@@ -25,14 +25,16 @@ use iceberg::{Error, ErrorKind, Result};
 
 use crate::rewritten::{RewrittenSnapshot, write_list};
 
-/// Adds `deletes` (position- or equality-delete files of the table's unpartitioned spec) to `planned`, a snapshot planned on
-/// `base` and not yet committed, whose list names `planned_manifests`: writes their delete manifest and a manifest list naming it first, then the
-/// planned manifests, and returns the snapshot naming that list with a row delta's summary. The list `planned`
-/// named is deleted (nothing else refers to it).
+/// Adds `deletes` (position- or equality-delete files written for the table's current partition spec, each filed
+/// under its partition) to `planned`, a snapshot planned on `base` and not yet committed, whose list names
+/// `planned_manifests`: writes their delete manifest and a manifest list naming it first, then the planned
+/// manifests, and returns the snapshot naming that list with a row delta's summary. The list `planned` named is
+/// deleted (nothing else refers to it).
 ///
 /// # Errors
 /// A storage failure writing the manifest or list (the commit attempt fails retryably, nothing committed);
-/// [`DataInvalid`](ErrorKind::DataInvalid) when the table no longer has an unpartitioned spec to write them for.
+/// [`DataInvalid`](ErrorKind::DataInvalid) when a delete file's partition does not fit the table's current spec
+/// (the spec changed since the pre-commit).
 pub(crate) async fn add_delete_files(
     base: &Table,
     planned: &Snapshot,
@@ -43,13 +45,16 @@ pub(crate) async fn add_delete_files(
     let file_io = base.file_io();
     let list_path = planned.manifest_list();
     let spec = metadata.default_partition_spec();
-    if !spec.is_unpartitioned() {
+    if let Some(misfit) = deletes
+        .iter()
+        .find(|f| f.partition().fields().len() != spec.fields().len())
+    {
         return Err(Error::new(
             ErrorKind::DataInvalid,
             format!(
-                "table {} was partitioned after the delete files were written for its unpartitioned spec; \
-                 upserts by key write unpartitioned tables only",
-                base.identifier()
+                "table {}'s partition spec changed after delete file {} was written for the one before",
+                base.identifier(),
+                misfit.file_path()
             ),
         ));
     }

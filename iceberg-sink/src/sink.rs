@@ -3,13 +3,13 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use arrow_array::RecordBatch;
+use arrow_array::{RecordBatch, UInt32Array};
 use async_trait::async_trait;
 use connector_api::{
     AppliedChanges, ChangeColumns, CheckpointId, Error, ErrorKind, Phase, RecoveryPlan, Result,
     SchemaChange, SinkId, TwoPhaseCommit,
 };
-use iceberg::spec::{PrimitiveType, Type};
+use iceberg::spec::{PartitionKey, PrimitiveType, Struct, Type};
 use iceberg::table::Table;
 use iceberg::{NamespaceIdent, TableCreation, TableIdent};
 
@@ -23,7 +23,7 @@ use crate::config::UpsertDeletes;
 use crate::equality_deletes::EqualityDeletes;
 use crate::error::iceberg_error;
 use crate::evolve::evolve_table;
-use crate::key_index::{KeyIndex, Shown};
+use crate::key_index::{IndexedFile, KeyIndex, Row, Shown, key_columns};
 use crate::key_scan;
 use crate::layout::BoundLayout;
 use crate::ledger::SubtaskKey;
@@ -85,9 +85,12 @@ impl IcebergSink {
             return Err(Error::config("commit_every must be at least 1"));
         }
         let keyed = KeyedRows::of_config(&config)?;
-        config
-            .layout
-            .check_settings(&config.sink, config.create_table, &config.upsert_key)?;
+        config.layout.check_settings(
+            &config.sink,
+            config.create_table,
+            &config.upsert_key,
+            config.upsert_deletes,
+        )?;
         let catalog = config
             .catalog
             .open(&config.catalog_name, &config.s3)
@@ -138,6 +141,10 @@ impl IcebergSink {
         check_columns(&config, &table, &[])?;
         if let Some(keyed) = &keyed {
             EqualityDeletes::of(&table, keyed.key()).map_err(|e| e.with_sink(&config.sink))?;
+            if config.upsert_deletes == UpsertDeletes::Equality {
+                EqualityDeletes::refuse_partitioned(&table)
+                    .map_err(|e| e.with_sink(&config.sink))?;
+            }
         }
         let index = match (&keyed, config.upsert_deletes) {
             (Some(keyed), UpsertDeletes::Position) => {
@@ -183,6 +190,12 @@ impl IcebergSink {
                 "the Iceberg sink was used before recover()",
             )
         })
+    }
+
+    /// How many keys the upsert mode's key index holds (`upsert_deletes = "position"`; `None` otherwise): every
+    /// key with a row in the table once recovery rebuilt it, with this subtask's pre-committed changes on top.
+    pub fn indexed_keys(&self) -> Option<usize> {
+        self.index.as_ref().map(KeyIndex::len)
     }
 
     /// Deletes this subtask's data files that no snapshot of the table references, of this instance's owner epoch
@@ -613,9 +626,10 @@ impl Written<'_> {
 
     /// `upsert_deletes = "position"`: the upserted rows written by `writer`, each key pointed at its new row in
     /// `index` (staged for `checkpoint`), and the rows they replace, with the rows of deleted keys, written as
-    /// position-delete files `<file_prefix>-<n>-posdel.parquet`. When there are any, the keys are also written as
-    /// equality-delete files: the commit takes those instead if the rows moved in between
-    /// ([`IcebergCommittable::deletes_based_on`]).
+    /// position-delete files `<file_prefix>-<n>-posdel.parquet` in the replaced rows' partitions. When there are
+    /// any, the keys of the replaced rows are also written as equality-delete files in the same partitions: the
+    /// commit takes those instead if the rows moved in between ([`IcebergCommittable::deletes_based_on`]; a
+    /// rewrite keeps a row in its partition).
     async fn by_position(
         &self,
         mut writer: CheckpointWriter,
@@ -625,27 +639,65 @@ impl Written<'_> {
         applied: Vec<AppliedChanges>,
     ) -> Result<Vec<iceberg::spec::DataFile>> {
         let name = self.table.identifier().to_string();
+        let spec_id = self.table.metadata().default_partition_spec_id();
         let mut replaced = DeletedRows::new();
-        let mut replace = |row: Option<(Arc<str>, u64)>| {
-            if let Some((file, pos)) = row {
-                replaced.entry(file).or_default().push(pos);
+        // Per partition of a replaced row: the keys whose row it was (for the equality deletes).
+        let mut replaced_keys: HashMap<Struct, Vec<RecordBatch>> = HashMap::new();
+        let mut replace = |keys: &RecordBatch, rows: Vec<Option<Row>>| -> Result<()> {
+            let mut by_partition: HashMap<&Struct, Vec<u32>> = HashMap::new();
+            for (i, row) in rows.iter().enumerate() {
+                if let Some((file, pos)) = row {
+                    replaced.entry(file.clone()).or_default().push(*pos);
+                    by_partition
+                        .entry(&file.partition)
+                        .or_default()
+                        .push(i as u32);
+                }
             }
+            for (partition, rows) in by_partition {
+                let taken = arrow_select::take::take_record_batch(keys, &UInt32Array::from(rows))
+                    .map_err(|e| {
+                    Error::bug(Phase::PreCommit, "cannot collect replaced keys").with_source(e)
+                })?;
+                replaced_keys
+                    .entry(partition.clone())
+                    .or_default()
+                    .push(taken);
+            }
+            Ok(())
         };
         for part in &applied {
             if part.upserts.num_rows() > 0 {
-                let keys = index.keys(&name, &part.upserts)?;
-                let Some((file, start)) = writer.write_located(&part.upserts).await? else {
-                    continue;
-                };
-                for (i, key) in keys.iter().enumerate() {
-                    replace(index.stage(checkpoint, key.as_ref(), Some((&file, start + i as u64))));
+                for located in writer.write_located(&part.upserts).await? {
+                    let keys = key_columns(&name, index.key_schema(), &located.rows)?;
+                    let encoded = index.encode(&keys)?;
+                    let file = Arc::new(IndexedFile {
+                        path: located.file,
+                        spec_id,
+                        partition: located.partition,
+                    });
+                    let rows = encoded
+                        .iter()
+                        .enumerate()
+                        .map(|(i, key)| {
+                            index.stage(
+                                checkpoint,
+                                key.as_ref(),
+                                Some((&file, located.start + i as u64)),
+                            )
+                        })
+                        .collect();
+                    replace(&keys, rows)?;
                 }
             }
             if part.deletes.num_rows() > 0 {
-                let keys = index.keys(&name, &part.deletes)?;
-                for key in keys.iter() {
-                    replace(index.stage(checkpoint, key.as_ref(), None));
-                }
+                let keys = key_columns(&name, index.key_schema(), &part.deletes)?;
+                let encoded = index.encode(&keys)?;
+                let rows = encoded
+                    .iter()
+                    .map(|key| index.stage(checkpoint, key.as_ref(), None))
+                    .collect();
+                replace(&keys, rows)?;
             }
         }
         let mut files = writer.close().await?;
@@ -658,7 +710,29 @@ impl Written<'_> {
         .await?;
         if !positions.is_empty() {
             files.extend(positions);
-            files.extend(self.equality_deletes(deletes, &applied).await?);
+            let metadata = self.table.metadata();
+            let spec = metadata.default_partition_spec();
+            for (partition, keys) in replaced_keys {
+                let key = (!spec.is_unpartitioned()).then(|| {
+                    PartitionKey::new(
+                        spec.as_ref().clone(),
+                        metadata.current_schema().clone(),
+                        partition,
+                    )
+                });
+                let keys: Vec<&RecordBatch> = keys.iter().collect();
+                files.extend(
+                    deletes
+                        .write(
+                            self.table,
+                            self.file_prefix.clone(),
+                            self.target_file_size,
+                            key,
+                            &keys,
+                        )
+                        .await?,
+                );
+            }
         }
         Ok(files)
     }
@@ -679,6 +753,7 @@ impl Written<'_> {
                 self.table,
                 self.file_prefix.clone(),
                 self.target_file_size,
+                None,
                 &keys,
             )
             .await

@@ -1,20 +1,19 @@
 //! Writing one checkpoint's Arrow batches into zstd Parquet data files of a table, following its partition spec
 //! and rolling to a new file past a target size. The files are invisible until a snapshot references them.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow_array::{Array, RecordBatch};
 use connector_api::types::exact;
 use connector_api::{Error, ErrorKind, Phase, Result};
 use iceberg::arrow::RecordBatchPartitionSplitter;
-use iceberg::spec::{DataFile, DataFileFormat};
+use iceberg::spec::{DataFile, DataFileFormat, PartitionKey, Struct};
 use iceberg::table::Table;
 use iceberg::writer::base_writer::data_file_writer::{DataFileWriter, DataFileWriterBuilder};
 use iceberg::writer::file_writer::ParquetWriterBuilder;
 use iceberg::writer::file_writer::location_generator::DefaultFileNameGenerator;
 use iceberg::writer::file_writer::rolling_writer::RollingFileWriterBuilder;
-use iceberg::writer::partitioning::PartitioningWriter;
-use iceberg::writer::partitioning::fanout_writer::FanoutWriter;
 use iceberg::writer::{CurrentFileStatus, IcebergWriter, IcebergWriterBuilder};
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
@@ -26,20 +25,25 @@ type FileWriterBuilder =
     DataFileWriterBuilder<ParquetWriterBuilder, EscapedLocations, DefaultFileNameGenerator>;
 type FileWriter = DataFileWriter<ParquetWriterBuilder, EscapedLocations, DefaultFileNameGenerator>;
 
-enum Layout {
-    Unpartitioned(Box<FileWriter>),
-    Partitioned(Box<Partitioned>),
-}
-
-struct Partitioned {
-    splitter: RecordBatchPartitionSplitter,
-    fanout: FanoutWriter<FileWriterBuilder>,
+/// Where rows written by [`CheckpointWriter::write_located`] went: row `i` of `rows` (the rows of one partition,
+/// in the table's Arrow schema) is row `start + i` of data file `file`, of partition `partition`.
+#[derive(Debug)]
+pub(crate) struct Located {
+    pub(crate) rows: RecordBatch,
+    pub(crate) file: String,
+    pub(crate) start: u64,
+    pub(crate) partition: Struct,
 }
 
 /// The data files of one checkpoint attempt, being written.
 pub struct CheckpointWriter {
     table_schema: arrow_schema::SchemaRef,
-    layout: Layout,
+    builder: FileWriterBuilder,
+    /// Splits a batch by the partition spec (`None`: an unpartitioned table).
+    splitter: Option<RecordBatchPartitionSplitter>,
+    /// The open file writer of each partition written so far (one for an unpartitioned table, under
+    /// [`Struct::empty`]).
+    open: HashMap<Struct, FileWriter>,
     table: String,
 }
 
@@ -72,34 +76,34 @@ impl CheckpointWriter {
             names,
         ));
         let spec = metadata.default_partition_spec();
-        let layout = if spec.is_unpartitioned() {
-            let writer = builder
-                .build(None)
-                .await
-                .map_err(|e| iceberg_error(Phase::Begin, "cannot open a data file writer", e))?;
-            Layout::Unpartitioned(Box::new(writer))
-        } else {
-            let splitter = RecordBatchPartitionSplitter::try_new_with_computed_values(
-                metadata.current_schema().clone(),
-                spec.clone(),
-            )
-            .map_err(|e| {
-                iceberg_error(
-                    Phase::Begin,
-                    format!("cannot follow the partition spec of {name}"),
-                    e,
+        let splitter = match spec.is_unpartitioned() {
+            true => None,
+            false => Some(
+                RecordBatchPartitionSplitter::try_new_with_computed_values(
+                    metadata.current_schema().clone(),
+                    spec.clone(),
                 )
-            })?;
-            Layout::Partitioned(Box::new(Partitioned {
-                splitter,
-                fanout: FanoutWriter::new(builder),
-            }))
+                .map_err(|e| {
+                    iceberg_error(
+                        Phase::Begin,
+                        format!("cannot follow the partition spec of {name}"),
+                        e,
+                    )
+                })?,
+            ),
         };
-        Ok(Self {
+        let mut writer = Self {
             table_schema,
-            layout,
+            builder,
+            splitter,
+            open: HashMap::new(),
             table: name,
-        })
+        };
+        if writer.splitter.is_none() {
+            // Opened now, as before a first write: a storage that refuses is reported at begin.
+            writer.writer_for(None, Phase::Begin).await?;
+        }
+        Ok(writer)
     }
 
     /// Writes one batch.
@@ -108,59 +112,89 @@ impl CheckpointWriter {
     /// [`BadRecord`](ErrorKind::BadRecord) naming the column when the batch does not fit the table's schema
     /// (nothing of the batch is written); retryable/fatal storage errors otherwise.
     pub async fn write(&mut self, batch: &RecordBatch) -> Result<()> {
-        let batch = to_table_batch(&self.table, &self.table_schema, batch)?;
-        let write_error = |e| iceberg_error(Phase::Write, "cannot write a data file", e);
-        match &mut self.layout {
-            Layout::Unpartitioned(writer) => writer.write(batch).await.map_err(write_error),
-            Layout::Partitioned(partitioned) => {
-                let Partitioned { splitter, fanout } = partitioned.as_mut();
-                let parts = splitter.split(&batch).map_err(|e| {
-                    Error::new(
-                        ErrorKind::BadRecord,
-                        Phase::Write,
-                        format!("cannot compute the partition of a batch for {}", self.table),
-                    )
-                    .with_source(e)
-                })?;
-                for (key, part) in parts {
-                    fanout.write(key, part).await.map_err(write_error)?;
-                }
-                Ok(())
-            }
+        for (key, part) in self.split(batch, Phase::Write)? {
+            let writer = self.writer_for(key, Phase::Write).await?;
+            writer
+                .write(part)
+                .await
+                .map_err(|e| iceberg_error(Phase::Write, "cannot write a data file", e))?;
         }
+        Ok(())
     }
 
-    /// Writes one batch of an unpartitioned table and returns where its rows went: row `i` of the batch is row
-    /// `start + i` of data file `path` (a batch never spans two files: iceberg's rolling writer rolls only before
-    /// a batch, and the Parquet writer keeps the rows in order). `None` for an empty batch.
+    /// Writes one batch and returns where its rows went, per partition: each part's rows (in the table's types,
+    /// the batch's order within the partition) and the file and position of its first row. A part never spans two
+    /// files: iceberg's rolling writer rolls only before a batch, and the Parquet writer keeps the rows in order.
     ///
     /// # Errors
-    /// As [`write`](Self::write); [`Bug`](ErrorKind::Bug) for a partitioned table (the upsert mode, the only
-    /// caller, writes unpartitioned tables).
-    pub(crate) async fn write_located(
-        &mut self,
-        batch: &RecordBatch,
-    ) -> Result<Option<(String, u64)>> {
-        if batch.num_rows() == 0 {
-            return Ok(None);
+    /// As [`write`](Self::write).
+    pub(crate) async fn write_located(&mut self, batch: &RecordBatch) -> Result<Vec<Located>> {
+        let mut located = Vec::new();
+        for (key, part) in self.split(batch, Phase::PreCommit)? {
+            if part.num_rows() == 0 {
+                continue;
+            }
+            let partition = key
+                .as_ref()
+                .map_or_else(Struct::empty, |k| k.data().clone());
+            let writer = self.writer_for(key, Phase::PreCommit).await?;
+            writer
+                .write(part.clone())
+                .await
+                .map_err(|e| iceberg_error(Phase::PreCommit, "cannot write a data file", e))?;
+            let start = writer.current_row_num() - part.num_rows();
+            located.push(Located {
+                file: writer.current_file_path(),
+                start: start as u64,
+                rows: part,
+                partition,
+            });
         }
-        let Layout::Unpartitioned(writer) = &mut self.layout else {
-            return Err(Error::bug(
-                Phase::PreCommit,
-                format!(
-                    "rows of partitioned table {} were written by position",
-                    self.table
-                ),
-            ));
-        };
+        Ok(located)
+    }
+
+    /// `batch` in the table's types, split by the partition spec (one part, no key, for an unpartitioned table).
+    fn split(
+        &self,
+        batch: &RecordBatch,
+        phase: Phase,
+    ) -> Result<Vec<(Option<PartitionKey>, RecordBatch)>> {
         let batch = to_table_batch(&self.table, &self.table_schema, batch)?;
-        let rows = batch.num_rows();
-        writer
-            .write(batch)
-            .await
-            .map_err(|e| iceberg_error(Phase::PreCommit, "cannot write a data file", e))?;
-        let start = writer.current_row_num() - rows;
-        Ok(Some((writer.current_file_path(), start as u64)))
+        let Some(splitter) = &self.splitter else {
+            return Ok(vec![(None, batch)]);
+        };
+        let parts = splitter.split(&batch).map_err(|e| {
+            Error::new(
+                ErrorKind::BadRecord,
+                phase,
+                format!("cannot compute the partition of a batch for {}", self.table),
+            )
+            .with_source(e)
+        })?;
+        Ok(parts
+            .into_iter()
+            .map(|(key, part)| (Some(key), part))
+            .collect())
+    }
+
+    /// The open writer of the partition `key` names (opened now if it is the partition's first rows).
+    async fn writer_for(
+        &mut self,
+        key: Option<PartitionKey>,
+        phase: Phase,
+    ) -> Result<&mut FileWriter> {
+        let partition = key
+            .as_ref()
+            .map_or_else(Struct::empty, |k| k.data().clone());
+        if !self.open.contains_key(&partition) {
+            let writer = self
+                .builder
+                .build(key)
+                .await
+                .map_err(|e| iceberg_error(phase, "cannot open a data file writer", e))?;
+            self.open.insert(partition.clone(), writer);
+        }
+        Ok(self.open.get_mut(&partition).expect("opened above"))
     }
 
     /// Checks that `batch` fits the table's schema, writing nothing (the upsert mode checks its rows when they
@@ -174,13 +208,16 @@ impl CheckpointWriter {
 
     /// Closes every open file and returns the data files written.
     pub async fn close(self) -> Result<Vec<DataFile>> {
-        let close_error = |e| iceberg_error(Phase::PreCommit, "cannot close data files", e);
-        match self.layout {
-            Layout::Unpartitioned(mut writer) => writer.close().await.map_err(close_error),
-            Layout::Partitioned(partitioned) => {
-                partitioned.fanout.close().await.map_err(close_error)
-            }
+        let mut files = Vec::new();
+        for (_, mut writer) in self.open {
+            files.extend(
+                writer
+                    .close()
+                    .await
+                    .map_err(|e| iceberg_error(Phase::PreCommit, "cannot close data files", e))?,
+            );
         }
+        Ok(files)
     }
 }
 

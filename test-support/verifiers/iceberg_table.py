@@ -102,8 +102,8 @@ def merge_on_read(table, snapshot):
     names (its equality_ids columns, null equal to null) and those a Parquet position-delete file of a data
     sequence number at least the data file's names (file_path, pos). pyiceberg 0.12 refuses tables with equality
     deletes, so this is the reader beside Iceberg's Java library for them (a table written with equality deletes
-    and then position deletes has both); it reads unpartitioned tables (a delete applies to every data file),
-    columns by name."""
+    and then position deletes has both); columns by name, an equality delete of a partitioned spec applied to its
+    own partition's data files only."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     from pyiceberg.manifest import DataFileContent
@@ -123,7 +123,9 @@ def merge_on_read(table, snapshot):
             elif file.content == DataFileContent.EQUALITY_DELETES:
                 names = [table.schema().find_field(i).name for i in file.equality_ids]
                 keys = read(file.file_path)
-                deletes.append((entry.sequence_number, names, set(zip(*(keys.column(n).to_pylist() for n in names)))))
+                # A partitioned equality delete reaches only its own partition's rows; an unpartitioned one every row.
+                scope = None if table.specs()[file.spec_id].is_unpartitioned() else (file.spec_id, repr(file.partition))
+                deletes.append((entry.sequence_number, names, set(zip(*(keys.column(n).to_pylist() for n in names))), scope))
             elif file.file_format.value.lower() != "parquet":
                 raise SystemExit(f"{file.file_path}: deletion vectors are not read by this verifier")
             else:
@@ -140,7 +142,9 @@ def merge_on_read(table, snapshot):
             if delete_sequence_number >= sequence_number:
                 for pos in named.get(file.file_path, ()):
                     keep[pos] = False
-        for delete_sequence_number, names, keys in deletes:
+        for delete_sequence_number, names, keys, scope in deletes:
+            if scope is not None and scope != (file.spec_id, repr(file.partition)):
+                continue
             if delete_sequence_number > sequence_number:
                 for i, key in enumerate(zip(*(rows.column(n).to_pylist() for n in names))):
                     if key in keys:

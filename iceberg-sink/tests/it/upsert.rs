@@ -12,6 +12,13 @@
 //!   landed (nothing deleted), for both kinds of deletes: the restarted job (its key index rebuilt from the table)
 //!   ends in the same state as an uninterrupted run, no checkpoint in two snapshots, no file of the sink
 //!   unreferenced;
+//! - a table partitioned by a column other than the key (keys move between partitions), two subtasks over three
+//!   runs, position deletes filed under the replaced rows' partitions;
+//! - pyiceberg's copy-on-write delete (another writer) rewriting the file between a checkpoint's pre-commit and its
+//!   commit, unpartitioned and partitioned: the commit deletes by key instead, the next pre-commit rebuilds the
+//!   index and deletes by position again, every key once;
+//! - every run writes a checkpoint as three batches with a 1-byte target file size, so a checkpoint's rows span
+//!   several data files and positions count per file;
 //! - the settings it cannot honour are refused at start: `commit_every` > 1, a key column the rows lack, a key
 //!   column the table lacks (naming the table).
 
@@ -99,9 +106,23 @@ fn expected(subtasks: &[(u32, i64)]) -> BTreeMap<i64, String> {
     state
 }
 
+/// `config` creating its table partitioned by `partition_by` (Spark's terms).
+fn partitioned(config: IcebergSinkConfig, partition_by: &[&str]) -> IcebergSinkConfig {
+    IcebergSinkConfig {
+        layout: iceberg_sink::TableLayout {
+            partition_by: partition_by.iter().map(|t| t.to_string()).collect(),
+            ..Default::default()
+        },
+        ..config
+    }
+}
+
+/// The upsert sink of `subtask`, rolling to a new data file before every batch (a 1-byte target), so a
+/// checkpoint's rows span several files and each row's position counts from its own file's start.
 fn config(lake: &Lake, table: &str, subtask: u32) -> IcebergSinkConfig {
     IcebergSinkConfig {
         upsert_key: vec!["id".into()],
+        target_file_size: 1,
         ..lake.config(
             "upserting",
             &SinkId::new("lake").unwrap(),
@@ -136,9 +157,13 @@ async fn run(
     let restored = job.start().await.unwrap();
     let mut next = restored.positions.first().map_or(0, |p| p.next_offset);
     for _ in 0..checkpoints {
-        job.write(sink, &changes(subtask, next..next + CHANGES))
-            .await
-            .unwrap();
+        // Three batches: a checkpoint's applied rows come per batch, each into a file of its own (`config`).
+        for third in 0..3 {
+            let from = next + third * CHANGES / 3;
+            job.write(sink, &changes(subtask, from..from + CHANGES / 3))
+                .await
+                .unwrap();
+        }
         next += CHANGES;
         job.checkpoint(conformance_positions(next)).await.unwrap();
         job.finish_commit().await.unwrap();
@@ -237,6 +262,15 @@ async fn assert_reads(
                     .any(|s| added(s, "added-position-delete-files")),
                 "{context}: no snapshot deleted by position: {summaries:?}"
             );
+            let files = |s: &serde_json::Value| {
+                s["added-data-files"]
+                    .as_str()
+                    .map_or(0, |n| n.parse::<u32>().unwrap())
+            };
+            assert!(
+                summaries.iter().any(|s| files(s) > 1),
+                "{context}: no checkpoint's rows span two data files (the test's 1-byte target): {summaries:?}"
+            );
         }
     }
     let snapshots = seen["snapshots"].as_array().unwrap();
@@ -253,11 +287,18 @@ async fn assert_reads(
 }
 
 /// Two subtasks, three runs of 4 checkpoints each, deleting by `rounds[i]` in run `i`: every reader sees each key's
-/// last change after every run.
-async fn applies_changes_by_key(lake: Lake, merge_at: Option<usize>, rounds: [UpsertDeletes; 3]) {
+/// last change after every run. The table is created partitioned by `partition_by`.
+async fn applies_changes_by_key(
+    lake: Lake,
+    merge_at: Option<usize>,
+    rounds: [UpsertDeletes; 3],
+    partition_by: &[&str],
+) {
     let table = lake.table(&["upserted"]);
     let states = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
-    IcebergSink::new(config(&lake, &table, 0)).await.unwrap();
+    IcebergSink::new(partitioned(config(&lake, &table, 0), partition_by))
+        .await
+        .unwrap();
     lake.set_retention(&table, 4).await;
     if let Some(min_count) = merge_at {
         lake.set_merge(&table, min_count).await;
@@ -284,13 +325,34 @@ async fn a_change_stream_is_applied_by_key_on_a_sql_catalog() {
         UpsertDeletes::Position,
         UpsertDeletes::Position,
     ];
-    applies_changes_by_key(Lake::sqlite_local(dir.path(), "upsert"), None, rounds).await;
+    applies_changes_by_key(Lake::sqlite_local(dir.path(), "upsert"), None, rounds, &[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_stream_is_applied_by_key_on_a_rest_catalog_merging_manifests() {
     test_support::Services::get();
-    applies_changes_by_key(Lake::rest("upsert"), Some(2), [UpsertDeletes::Position; 3]).await;
+    applies_changes_by_key(
+        Lake::rest("upsert"),
+        Some(2),
+        [UpsertDeletes::Position; 3],
+        &[],
+    )
+    .await;
+}
+
+/// Partitioned by a column that is not the key: a key's new row often lands in another partition than its old
+/// one, whose position delete is filed under the old row's partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_stream_is_applied_by_key_to_a_table_partitioned_by_another_column() {
+    test_support::Services::get();
+    let dir = tempfile::tempdir().unwrap();
+    applies_changes_by_key(
+        Lake::sqlite_local(dir.path(), "partitioned"),
+        None,
+        [UpsertDeletes::Position; 3],
+        &["bucket(3, v)"],
+    )
+    .await;
 }
 
 /// The child of the kill test: runs 4 checkpoints of subtask 0 on the table in `CHILD_TABLE` from the store
@@ -431,16 +493,24 @@ fn newest_summary(seen: &serde_json::Value) -> &serde_json::Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rows_another_writer_moved_are_deleted_by_key_and_the_index_rebuilds() {
-    use connector_api::{CheckpointId, Committer, TwoPhaseCommit};
     test_support::Services::get();
     let dir = tempfile::tempdir().unwrap();
     let lake = Lake::sqlite_local(dir.path(), "moved");
-    let table = lake.table(&["upserted"]);
-    let mut sink = IcebergSink::new(config(&lake, &table, 0)).await.unwrap();
+    moved_rows(&lake, "unpartitioned", &[]).await;
+    moved_rows(&lake, "partitioned", &["bucket(3, v)"]).await;
+}
+
+/// Four checkpoints of subtask 0 on table `name` (created partitioned by `partition_by`); between the third's
+/// pre-commit and its commit, another writer rewrites the file holding the rows it replaces.
+async fn moved_rows(lake: &Lake, name: &str, partition_by: &[&str]) {
+    use connector_api::{CheckpointId, Committer, TwoPhaseCommit};
+    let table = lake.table(&[name]);
+    let config = partitioned(config(lake, &table, 0), partition_by);
+    let mut sink = IcebergSink::new(config).await.unwrap();
     sink.recover(None).await.unwrap();
     let committer = sink.committer();
     let mut next = 0;
-    let mut pre_commit = async |sink: &mut IcebergSink, checkpoint: u64, next: &mut i64| {
+    let pre_commit = async |sink: &mut IcebergSink, checkpoint: u64, next: &mut i64| {
         sink.begin(CheckpointId(checkpoint)).await.unwrap();
         sink.write(&changes(0, *next..*next + CHANGES))
             .await
@@ -455,14 +525,14 @@ async fn rows_another_writer_moved_are_deleted_by_key_and_the_index_rebuilds() {
     // Checkpoint 3 located the rows it replaces; then another writer rewrites the file holding them.
     let committable = pre_commit(&mut sink, 3, &mut next).await;
     assert!(committable.deletes_based_on.is_some());
-    let rewrite = foreign_delete(&lake, &table, 4);
+    let rewrite = foreign_delete(lake, &table, 4);
     assert_ne!(
         rewrite["deleted-data-files"],
         serde_json::json!("0"),
         "{rewrite}"
     );
     committer.commit(vec![committable]).await.unwrap();
-    let (state, mut java, seen) = read(&lake, &table).await;
+    let (state, mut java, seen) = read(lake, &table).await;
     let summary = newest_summary(&seen);
     assert!(
         summary["added-equality-delete-files"].as_str() > Some("0")
@@ -480,7 +550,7 @@ async fn rows_another_writer_moved_are_deleted_by_key_and_the_index_rebuilds() {
     // The next pre-commit sees the rewrite in the history and rebuilds the index: positions again, exact.
     let committable = pre_commit(&mut sink, 4, &mut next).await;
     committer.commit(vec![committable]).await.unwrap();
-    let (state, mut java, seen) = read(&lake, &table).await;
+    let (state, mut java, seen) = read(lake, &table).await;
     let summary = newest_summary(&seen);
     assert!(
         summary["added-position-delete-files"].as_str() > Some("0")
