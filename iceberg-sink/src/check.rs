@@ -9,6 +9,7 @@ use connector_api::{Error, ErrorKind, Phase, Result, SinkCheck};
 use iceberg::TableIdent;
 use sqlx::Connection;
 
+use crate::UpsertDeletes;
 use crate::config::{CatalogConfig, IcebergSinkConfig};
 use crate::equality_deletes::EqualityDeletes;
 use crate::error::iceberg_error;
@@ -47,6 +48,10 @@ pub(crate) async fn check(config: &IcebergSinkConfig) -> Result<SinkCheck> {
             crate::sink::check_columns(config, &table, &changed)?;
             if let Some(keyed) = &keyed {
                 EqualityDeletes::of(&table, keyed.key()).map_err(|e| e.with_sink(&config.sink))?;
+                if config.upsert_deletes == UpsertDeletes::Equality {
+                    EqualityDeletes::refuse_partitioned(&table)
+                        .map_err(|e| e.with_sink(&config.sink))?;
+                }
             }
             (
                 "the catalog answers",
@@ -100,8 +105,16 @@ pub(crate) async fn check(config: &IcebergSinkConfig) -> Result<SinkCheck> {
     };
     let mode = match &keyed {
         Some(keyed) => format!(
-            "; upserts by key ({}) as row deltas",
-            keyed.key().join(", ")
+            "; upserts by key ({}) as row deltas, {}",
+            keyed.key().join(", "),
+            match config.upsert_deletes {
+                UpsertDeletes::Position => {
+                    "deleting replaced rows by position (a key index of the whole table per subtask, in \
+                     memory, rebuilt at each start)"
+                }
+                UpsertDeletes::Equality =>
+                    "deleting replaced rows by equality deletes of their keys",
+            }
         ),
         None => String::new(),
     };

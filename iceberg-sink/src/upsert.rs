@@ -30,8 +30,9 @@ impl KeyedRows {
     ///
     /// # Errors
     /// [`Config`](connector_api::ErrorKind::Config) naming the sink with `commit_every` > 1 (checkpoints carried
-    /// into one snapshot would share its sequence number, so a key changed in two of them would show twice), or
-    /// for a change stream without an operation column.
+    /// into one snapshot would share its sequence number: equality deletes, and the position deletes' fallback to
+    /// them after a rewrite, could not order a key's changes in two of them), or for a change stream without an
+    /// operation column.
     pub(crate) fn of_config(config: &IcebergSinkConfig) -> Result<Option<Self>> {
         if config.upsert_key.is_empty() {
             return Ok(None);
@@ -39,8 +40,9 @@ impl KeyedRows {
         if config.commit_every > 1 {
             return Err(Error::config(format!(
                 "upsert_key commits every checkpoint: commit_every = {} would put several checkpoints' changes of \
-                 a key into one snapshot, where its equality deletes cannot order them; set commit_every = 1 (a \
-                 longer checkpoint interval makes fewer snapshots)",
+                 a key into one snapshot, where equality deletes (upsert_deletes = \"equality\", and the \
+                 fallback of position deletes after another writer's rewrite) cannot order them; set \
+                 commit_every = 1 (a longer checkpoint interval makes fewer snapshots)",
                 config.commit_every
             ))
             .with_sink(&config.sink));
