@@ -115,6 +115,7 @@ fn config(lake: &Lake) -> IcebergSinkConfig {
         expire_snapshots: false,
         upsert_key: Vec::new(),
         upsert_deletes: Default::default(),
+        sweep_orphans_after: None,
         layout: iceberg_sink::TableLayout::default(),
     }
 }

@@ -106,7 +106,7 @@ pub async fn delete_unreferenced_files(
 /// [`referenced_files`] of `table`; when a manifest list or manifest cannot be read and the table has moved since
 /// (another writer's commit expired the snapshot naming it and deleted the file: merges make that common at 1 s
 /// commits), again on the fresh table, which `table` becomes, up to three times.
-async fn referenced_by_fresh_snapshots(
+pub(crate) async fn referenced_by_fresh_snapshots(
     target: &TableTarget,
     table: &mut Table,
 ) -> Result<HashSet<String>> {
@@ -127,13 +127,15 @@ async fn referenced_by_fresh_snapshots(
     }
 }
 
-/// Every data file path any retained snapshot's manifests list, in [`canonical`] spelling.
+/// Every file path the retained snapshots reference, in [`canonical`] spelling: their manifest lists, the
+/// manifests those name, and every data and delete file the manifests list (added, existing or deleted).
 async fn referenced_files(table: &Table) -> Result<HashSet<String>> {
     let metadata = table.metadata_ref();
     let read_error = |e| iceberg_error(Phase::Recover, "cannot read the table's manifests", e);
     let mut manifests = HashSet::new();
     let mut files = HashSet::new();
     for snapshot in metadata.snapshots() {
+        files.insert(canonical(snapshot.manifest_list()));
         let list = table
             .manifest_list_reader(snapshot)
             .load()
@@ -143,6 +145,7 @@ async fn referenced_files(table: &Table) -> Result<HashSet<String>> {
             if !manifests.insert(manifest.manifest_path.clone()) {
                 continue;
             }
+            files.insert(canonical(&manifest.manifest_path));
             let manifest = manifest
                 .load_manifest(table.file_io())
                 .await
@@ -160,6 +163,19 @@ async fn referenced_files(table: &Table) -> Result<HashSet<String>> {
 
 /// Full paths (with scheme) of the files under `dir` (recursively) whose name starts with `prefix`.
 async fn list_files(dir: &str, prefix: &str, s3: &S3Settings) -> Result<Vec<String>> {
+    Ok(list_files_modified(dir, prefix, s3)
+        .await?
+        .into_iter()
+        .map(|(path, _)| path)
+        .collect())
+}
+
+/// [`list_files`] with each file's last modification time, when the storage reports one.
+pub(crate) async fn list_files_modified(
+    dir: &str,
+    prefix: &str,
+    s3: &S3Settings,
+) -> Result<Vec<(String, Option<std::time::SystemTime>)>> {
     let (operator, root, scheme_root) = operator_for(dir, s3)?;
     let listed = operator
         .lister_with(&root)
@@ -174,7 +190,13 @@ async fn list_files(dir: &str, prefix: &str, s3: &S3Settings) -> Result<Vec<Stri
         .into_iter()
         .filter(|entry| entry.metadata().is_file())
         .filter(|entry| entry.name().starts_with(prefix))
-        .map(|entry| format!("{scheme_root}{}", entry.path()))
+        .map(|entry| {
+            let modified = entry
+                .metadata()
+                .last_modified()
+                .map(std::time::SystemTime::from);
+            (format!("{scheme_root}{}", entry.path()), modified)
+        })
         .collect())
 }
 

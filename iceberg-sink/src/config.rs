@@ -332,6 +332,9 @@ pub struct IcebergSinkConfig {
     pub upsert_key: Vec<String>,
     /// How the upsert mode deletes a key's previous row: by position (the default) or by an equality delete.
     pub upsert_deletes: UpsertDeletes,
+    /// Subtask 0's recovery deletes the files under the table's `data/` and `metadata/` that nothing references
+    /// and that were last modified longer ago than this ([`crate::sweep_orphans`]); `None`: no sweep.
+    pub sweep_orphans_after: Option<Duration>,
     /// The partition spec, sort order and properties of a table the sink creates (`create_table`).
     pub layout: crate::layout::TableLayout,
 }

@@ -68,6 +68,7 @@ mod ledger;
 mod location;
 mod manifest_merge;
 mod metadata_swap;
+mod orphan_sweep;
 mod own_commit;
 mod position_deletes;
 mod promoted_bounds;
@@ -99,6 +100,7 @@ pub use ledger::{
 pub use manifest_merge::{
     MANIFEST_MERGE_ENABLED, MANIFEST_MIN_COUNT_TO_MERGE, MANIFEST_TARGET_SIZE_BYTES,
 };
+pub use orphan_sweep::{MIN_COMMIT_TIMEOUTS, sweep_orphans};
 pub use retire::{DELETE_METADATA_AFTER_COMMIT, KILL_VARIABLE};
 pub use sink::IcebergSink;
 pub use writer::CheckpointWriter;

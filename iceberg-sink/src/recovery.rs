@@ -19,6 +19,10 @@ use crate::ledger::SubtaskKey;
 use crate::location::canonical;
 use crate::sink::IcebergSink;
 
+/// How many `commit_timeout`s the orphan sweep may take (it lists two directories and reads every retained
+/// manifest).
+const SWEEP_TIMEOUTS: u32 = 10;
+
 impl IcebergSink {
     /// Found: the subtask's data files that no snapshot references, and those of every other subtask whose
     /// committables `restored` holds (a takeover). Recovery commits the restored files the table does not show
@@ -129,6 +133,18 @@ impl IcebergSink {
                     .await
                     .map_err(context)?;
             }
+        }
+        if let (Some(after), 0) = (self.config.sweep_orphans_after, self.key.subtask.0) {
+            connector_api::ensure_claim_held("sweeping orphan files").await?;
+            crate::orphan_sweep::sweep_within(
+                self.config.commit_timeout * SWEEP_TIMEOUTS,
+                &self.committer.target,
+                &self.key,
+                after,
+                &self.config.s3,
+            )
+            .await
+            .map_err(context)?;
         }
         let table = self.committer.target.load(Phase::Recover).await?;
         if let Some(keyed) = &self.keyed

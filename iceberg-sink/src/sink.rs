@@ -84,6 +84,10 @@ impl IcebergSink {
         if config.commit_every == 0 {
             return Err(Error::config("commit_every must be at least 1"));
         }
+        if let Some(after) = config.sweep_orphans_after {
+            crate::orphan_sweep::check_bound(after, config.commit_timeout)
+                .map_err(|e| e.with_sink(&config.sink))?;
+        }
         let keyed = KeyedRows::of_config(&config)?;
         config.layout.check_settings(
             &config.sink,

@@ -147,6 +147,16 @@ async fn run(
         upsert_deletes: deletes,
         ..config(lake, table, subtask)
     };
+    run_config(config, subtask, state, checkpoints).await
+}
+
+/// [`run`] with the sink of `config`.
+async fn run_config(
+    config: IcebergSinkConfig,
+    subtask: u32,
+    state: &Path,
+    checkpoints: i64,
+) -> i64 {
     let mut job = Driver::new(
         LocalCheckpointStore::open(state, 3).unwrap(),
         DriverConfig::default(),
@@ -569,5 +579,133 @@ async fn moved_rows(lake: &Lake, name: &str, partition_by: &[&str]) {
         seen["unreferenced"],
         serde_json::json!([]),
         "the unused delete files are gone"
+    );
+}
+
+/// Sets the modification time of every file under `dir` to `at`.
+fn age_files(dir: &Path, at: std::time::SystemTime) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            age_files(&path, at);
+        } else {
+            std::fs::File::options()
+                .write(true)
+                .open(&path)
+                .unwrap()
+                .set_modified(at)
+                .unwrap();
+        }
+    }
+}
+
+/// The files under `dir` (recursively) whose name starts with `prefix`.
+fn files_named(dir: &Path, prefix: &str) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            found.extend(files_named(&path, prefix));
+        } else if path
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with(prefix)
+        {
+            found.push(path);
+        }
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_orphan_sweep_deletes_only_old_files_nothing_references() {
+    use std::time::{Duration, SystemTime};
+    test_support::Services::get();
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::sqlite_local(dir.path(), "swept");
+    let table = lake.table(&["upserted"]);
+    let state = dir.path().join("state");
+    let next = run(&lake, &table, (0, UpsertDeletes::Position), &state, 3).await;
+    // Everything the table holds is two hours old: only the references keep it.
+    let two_hours_ago = SystemTime::now() - Duration::from_secs(7200);
+    let warehouse = dir.path().join("warehouse");
+    age_files(&warehouse, two_hours_ago);
+    let data_dir = files_named(&warehouse, "ratchet.upserting.lake.0.")[0]
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let metadata_dir = files_named(&warehouse, "00000-")[0]
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let plant = |path: std::path::PathBuf, at: SystemTime| {
+        std::fs::write(&path, b"orphan").unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(at)
+            .unwrap();
+        path
+    };
+    let old_orphans = [
+        plant(
+            data_dir.join("00000-0-killed-writer.parquet"),
+            two_hours_ago,
+        ),
+        plant(metadata_dir.join("snap-1-1-killed.avro"), two_hours_ago),
+        plant(
+            metadata_dir.join("00077-lost-swap.metadata.json"),
+            two_hours_ago,
+        ),
+    ];
+    let kept = [
+        // Too young: a commit in flight may still name it.
+        plant(
+            data_dir.join("00000-0-in-flight.parquet"),
+            SystemTime::now(),
+        ),
+        // Another subtask's file of this sink: its own recovery decides (a decided checkpoint may carry it).
+        plant(
+            data_dir.join("ratchet.upserting.lake.1.e1.c9-00000-0.parquet"),
+            two_hours_ago,
+        ),
+    ];
+    let too_short = IcebergSinkConfig {
+        sweep_orphans_after: Some(Duration::from_secs(60)),
+        ..config(&lake, &table, 0)
+    };
+    let refused = IcebergSink::new(too_short).await.unwrap_err();
+    assert!(
+        refused.to_string().contains("sweep_orphans_after"),
+        "{refused}"
+    );
+    let sweeping = IcebergSinkConfig {
+        expire_snapshots: true,
+        sweep_orphans_after: Some(Duration::from_secs(3600)),
+        ..config(&lake, &table, 0)
+    };
+    let next = run_config(sweeping, 0, &state, 1).await.max(next);
+    for orphan in &old_orphans {
+        assert!(!orphan.exists(), "{} should be swept", orphan.display());
+    }
+    for file in &kept {
+        assert!(file.exists(), "{} should stay", file.display());
+    }
+    // Every file the table references stayed: every reader reads each key's last state.
+    let (state_read, mut java, seen) = read(&lake, &table).await;
+    let expected = expected(&[(0, next)]);
+    assert_eq!(state_read, expected, "pyiceberg after the sweep");
+    java.sort();
+    assert_eq!(
+        java,
+        expected.clone().into_iter().collect::<Vec<_>>(),
+        "Java after the sweep"
+    );
+    assert_eq!(
+        seen["duckdb_ids"],
+        serde_json::json!(expected.keys().collect::<Vec<_>>()),
+        "DuckDB after the sweep"
     );
 }

@@ -190,6 +190,7 @@ impl Lake {
             expire_snapshots: false,
             upsert_key: Vec::new(),
             upsert_deletes: Default::default(),
+            sweep_orphans_after: None,
             layout: iceberg_sink::TableLayout::default(),
         }
     }
