@@ -20,24 +20,26 @@
 //! At 1 s it also runs the sink in the upsert mode (`upsert_key = ["id"]`: each checkpoint a row delta of data
 //! files and deletes of the rows they replace; ids distinct within a checkpoint, cycling through 8.4M, so later
 //! checkpoints' deletes replace earlier rows), once by position deletes (the key index) and once by equality
-//! deletes. After each position run, a second sink recovers on the table: the time its key index takes to
-//! rebuild, its keys, and the process's resident memory before and after (the index's share per million keys).
+//! deletes. (The key index's memory and rebuild time: `benches/key_index.rs`.)
 //!
 //! Run: `scripts/services.sh up venv && cargo bench -p iceberg-sink --bench throughput` (see docs/benchmarks.md).
 //! `RATCHET_BENCH_SECONDS` sets the length of each run (default 30: three 10 s checkpoints), `RATCHET_BENCH_RUNS`
 //! the runs per mode (default 3).
 #![allow(clippy::disallowed_methods)] // tests, benches and examples read the services' endpoints and their modes from the environment
 
+mod lake;
+
 use std::time::{Duration, Instant};
 
 use arrow_array::RecordBatch;
-use connector_api::{CheckpointId, Committer, SinkId, SubtaskId, TwoPhaseCommit};
+use connector_api::{CheckpointId, Committer, TwoPhaseCommit};
 use iceberg::transaction::{ApplyTransactionAction, Transaction};
 use iceberg_sink::{
-    CatalogConfig, CheckpointWriter, DEFAULT_TARGET_FILE_SIZE, IcebergSink, IcebergSinkConfig,
+    CheckpointWriter, DEFAULT_TARGET_FILE_SIZE, IcebergSink, IcebergSinkConfig,
     MANIFEST_MERGE_ENABLED, S3Settings, UpsertDeletes,
 };
-use ratchet_conformance::{conformance_batch_with, conformance_schema};
+use lake::{config, lake};
+use ratchet_conformance::conformance_batch_with;
 use test_support::Services;
 
 const BATCH_ROWS: i64 = 8192;
@@ -75,51 +77,6 @@ fn distinct_batches() -> Vec<RecordBatch> {
         .collect()
 }
 
-struct Lake {
-    _dir: tempfile::TempDir,
-    uri: String,
-    python_uri: String,
-    warehouse: String,
-}
-
-fn lake() -> Lake {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("catalog.db");
-    Lake {
-        uri: format!("sqlite://{}?mode=rwc", db.display()),
-        python_uri: format!("sqlite:///{}", db.display()),
-        warehouse: format!("file://{}", dir.path().join("warehouse").display()),
-        _dir: dir,
-    }
-}
-
-fn config(lake: &Lake) -> IcebergSinkConfig {
-    IcebergSinkConfig {
-        job: SinkId::new("bench").unwrap(),
-        sink: SinkId::new("lake").unwrap(),
-        subtask: SubtaskId(0),
-        schema: conformance_schema(),
-        catalog: CatalogConfig::Sql {
-            uri: lake.uri.clone(),
-            warehouse: lake.warehouse.clone(),
-        },
-        catalog_name: "ratchet".into(),
-        s3: S3Settings::default(),
-        table: "bench.events".into(),
-        create_table: true,
-        evolution: connector_api::Evolution::None,
-        target_file_size: DEFAULT_TARGET_FILE_SIZE,
-        commit_every: 1,
-        commit_timeout: Duration::from_secs(60),
-        cleanup_on_recover: true,
-        expire_snapshots: false,
-        upsert_key: Vec::new(),
-        upsert_deletes: Default::default(),
-        sweep_orphans_after: None,
-        layout: iceberg_sink::TableLayout::default(),
-    }
-}
-
 struct Measured {
     rows: i64,
     elapsed: Duration,
@@ -152,46 +109,13 @@ fn with_ids(batch: &RecordBatch, first: i64) -> RecordBatch {
     RecordBatch::try_new(batch.schema(), columns).unwrap()
 }
 
-/// What a recovery on an upsert table took: the key index's keys, the time `recover` took (the epoch raise and
-/// the rebuild), and the process's resident memory before and after.
-#[derive(Debug, Clone, Copy)]
-struct Rebuilt {
-    keys: usize,
-    seconds: f64,
-    rss_before: u64,
-    rss_after: u64,
-}
-
-/// The process's resident set in bytes (`/proc/self/statm`).
-fn resident_bytes() -> u64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
-    let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
-    pages * 4096
-}
-
-/// A second sink recovering on the upsert table `config` names (after the first closed).
-async fn rebuild(config: IcebergSinkConfig) -> Rebuilt {
-    let rss_before = resident_bytes();
-    let mut sink = IcebergSink::new(config).await.unwrap();
-    let t0 = Instant::now();
-    sink.recover(None).await.unwrap();
-    let seconds = t0.elapsed().as_secs_f64();
-    Rebuilt {
-        keys: sink.indexed_keys().unwrap(),
-        seconds,
-        rss_before,
-        rss_after: resident_bytes(),
-    }
-}
-
 /// The sink, exactly once, checkpointing every `interval`; with `upsert`, by key `id` (row deltas deleting the
-/// way it says), the ids cycling through [`UPSERT_KEYS`]. A run by position deletes ends with a second sink's
-/// recovery on the table ([`Rebuilt`]).
+/// way it says), the ids cycling through [`UPSERT_KEYS`].
 async fn run_sink(
     interval: Duration,
     seconds: Duration,
     upsert: Option<UpsertDeletes>,
-) -> (Measured, Option<Rebuilt>) {
+) -> Measured {
     let lake = lake();
     let config = IcebergSinkConfig {
         upsert_key: match upsert {
@@ -201,7 +125,7 @@ async fn run_sink(
         upsert_deletes: upsert.unwrap_or_default(),
         ..config(&lake)
     };
-    let mut sink = IcebergSink::new(config.clone()).await.unwrap();
+    let mut sink = IcebergSink::new(config).await.unwrap();
     sink.recover(None).await.unwrap();
     let committer = sink.committer();
     let batches = distinct_batches();
@@ -239,17 +163,11 @@ async fn run_sink(
     if let Some(previous) = pending.take() {
         commits_ms.push(previous.await.unwrap());
     }
-    let measured = Measured {
+    Measured {
         rows,
         elapsed: start.elapsed(),
         commits_ms,
-    };
-    drop(sink);
-    let rebuilt = match upsert {
-        Some(UpsertDeletes::Position) => Some(rebuild(config).await),
-        _ => None,
-    };
-    (measured, rebuilt)
+    }
 }
 
 /// The same files by the same writer, closed every `interval`, never committed.
@@ -492,7 +410,6 @@ async fn main() {
     println!("| mode | interval | rows/s | commit p50 ms | commit p99 ms |\n|---|---|---|---|---|");
     let mut rates = std::collections::HashMap::new();
     let mut upserts = Vec::new();
-    let mut rebuilds = Vec::new();
     for interval in [Duration::from_secs(1), Duration::from_secs(10)] {
         let mut limit = Vec::new();
         let mut sink = Vec::new();
@@ -500,18 +417,11 @@ async fn main() {
         let mut by_equality = Vec::new();
         for _ in 0..runs {
             limit.push(run_limit(interval, seconds).await);
-            sink.push(run_sink(interval, seconds, None).await.0);
+            sink.push(run_sink(interval, seconds, None).await);
             // The upsert mode holds a checkpoint's rows until its pre-commit: at 1 s only (10 s is ~1 GB here).
             if interval.as_secs() == 1 {
-                let (measured, rebuilt) =
-                    run_sink(interval, seconds, Some(UpsertDeletes::Position)).await;
-                by_position.push(measured);
-                rebuilds.extend(rebuilt);
-                by_equality.push(
-                    run_sink(interval, seconds, Some(UpsertDeletes::Equality))
-                        .await
-                        .0,
-                );
+                by_position.push(run_sink(interval, seconds, Some(UpsertDeletes::Position)).await);
+                by_equality.push(run_sink(interval, seconds, Some(UpsertDeletes::Equality)).await);
             }
         }
         let (limit, sink) = (median(limit), median(sink));
@@ -573,21 +483,6 @@ async fn main() {
             100.0 * position,
             100.0 * equality,
             100.0 * between
-        );
-    }
-    println!(
-        "\n| key index rebuild at recovery | keys | seconds | resident MB before | after | MB per million keys |\n\
-         |---|---|---|---|---|---|"
-    );
-    for r in rebuilds {
-        let mb = |bytes: u64| bytes as f64 / 1e6;
-        println!(
-            "| run | {} | {:.2} | {:.0} | {:.0} | {:.0} |",
-            r.keys,
-            r.seconds,
-            mb(r.rss_before),
-            mb(r.rss_after),
-            mb(r.rss_after.saturating_sub(r.rss_before)) / (r.keys as f64 / 1e6)
         );
     }
 }

@@ -142,6 +142,36 @@ impl KeyIndex {
         self.rows.len()
     }
 
+    /// The heap the index holds, in bytes: the hash table's buckets (its capacity at the load factor of 7/8, a
+    /// power of two, each slot a key handle and a location plus one control byte), every key's allocation and the
+    /// decided and staged changes, each allocation rounded up as glibc's malloc does (the request plus an 8-byte
+    /// header in 16-byte granules, 32 bytes at least).
+    pub(crate) fn heap_bytes(&self) -> usize {
+        let chunk = |size: usize| ((size + 8 + 15) & !15).max(32);
+        let buckets = match self.rows.capacity() {
+            0 => 0,
+            capacity => (capacity * 8 / 7).next_power_of_two(),
+        };
+        let slot = std::mem::size_of::<(Box<[u8]>, Location)>();
+        let table = chunk(buckets * (slot + 1) + 16);
+        let keys: usize = self.rows.keys().map(|k| chunk(k.len())).sum();
+        let files: usize = self
+            .files
+            .iter()
+            .map(|f| chunk(std::mem::size_of::<IndexedFile>() + 16) + chunk(f.path.len()))
+            .sum();
+        let change = std::mem::size_of::<Change>();
+        let changes: usize = self
+            .pending
+            .iter()
+            .chain(self.staged.iter())
+            .map(|(_, c)| {
+                chunk(c.capacity() * change) + c.iter().map(|c| chunk(c.key.len())).sum::<usize>()
+            })
+            .sum();
+        table + keys + files + changes
+    }
+
     /// The keys of `batch`'s rows (any batch holding the key columns by name, in any type that converts exactly
     /// into the table's), in row order.
     ///

@@ -54,7 +54,7 @@ const TIMEOUT_FACTOR: u32 = 10;
 /// [`Retryable`](ErrorKind::Retryable) naming the table and the bound when it takes longer (a storage that hangs;
 /// a table too large for the bound: raise `commit_timeout`); `read`'s own errors.
 pub(crate) async fn within(
-    commit_timeout: std::time::Duration,
+    (commit_timeout, phase): (std::time::Duration, Phase),
     table: &Table,
     read: impl std::future::Future<Output = Result<()>>,
 ) -> Result<()> {
@@ -63,7 +63,7 @@ pub(crate) async fn within(
         Ok(done) => done,
         Err(_) => Err(Error::new(
             ErrorKind::Retryable,
-            Phase::PreCommit,
+            phase,
             format!(
                 "reading table {} into the upsert key index took longer than {bound:?} ({TIMEOUT_FACTOR} x \
                  commit_timeout): check the storage, or raise commit_timeout for a table this large",
@@ -178,6 +178,7 @@ pub(crate) async fn rebuild(
         snapshot = snapshot.snapshot_id(),
         files,
         keys = index.len(),
+        bytes = index.heap_bytes(),
         took = ?started.elapsed(),
         "key index rebuilt"
     );

@@ -155,7 +155,7 @@ impl IcebergSink {
                 .index
                 .insert(KeyIndex::new(&table, keyed.key()).map_err(context)?);
             key_scan::within(
-                self.config.commit_timeout,
+                (self.config.commit_timeout, Phase::Recover),
                 &table,
                 key_scan::rebuild(index, &table, &self.key, Phase::Recover),
             )

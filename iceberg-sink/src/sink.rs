@@ -202,6 +202,12 @@ impl IcebergSink {
         self.index.as_ref().map(KeyIndex::len)
     }
 
+    /// The heap the upsert mode's key index holds, in bytes (`None` without one): computed from its tables'
+    /// capacities and its keys' allocations as glibc's malloc sizes them.
+    pub fn key_index_bytes(&self) -> Option<usize> {
+        self.index.as_ref().map(KeyIndex::heap_bytes)
+    }
+
     /// Deletes this subtask's data files that no snapshot of the table references, of this instance's owner epoch
     /// or older (the maintenance call; recovery runs it when `cleanup_on_recover`).
     ///
@@ -358,22 +364,26 @@ impl TwoPhaseCommit for IcebergSink {
                     .as_ref()
                     .map(|k| k.key().to_vec())
                     .unwrap_or_default();
-                // The table as committed now: every checkpoint but the previous one (in `previous`).
-                let table = self.committer.target.load(Phase::PreCommit).await?;
-                if let Some(index) = &mut self.index {
+                let fills = applied
+                    .iter()
+                    .any(|a| a.unchanged.iter().any(|u| !u.is_empty()));
+                // The table as committed now (every checkpoint but the previous one, in `previous`): loaded when
+                // the key index catches up with it or a change lacks columns.
+                let table = match self.index.is_some() || fills {
+                    true => Some(self.committer.target.load(Phase::PreCommit).await?),
+                    false => None,
+                };
+                if let (Some(index), Some(table)) = (&mut self.index, &table) {
                     key_scan::within(
-                        self.config.commit_timeout,
-                        &table,
-                        key_scan::catch_up(index, &table, &self.key, Phase::PreCommit),
+                        (self.config.commit_timeout, Phase::PreCommit),
+                        table,
+                        key_scan::catch_up(index, table, &self.key, Phase::PreCommit),
                     )
                     .await
                     .map_err(|e| e.or_sink(&self.config.sink))?;
                 }
-                if applied
-                    .iter()
-                    .any(|a| a.unchanged.iter().any(|u| !u.is_empty()))
-                {
-                    fill(&table, &key, &self.previous, &mut applied)
+                if let (true, Some(table)) = (fills, &table) {
+                    fill(table, &key, &self.previous, &mut applied)
                         .await
                         .map_err(|e| e.or_sink(&self.config.sink))?;
                 }

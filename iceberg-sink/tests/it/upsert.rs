@@ -481,6 +481,22 @@ async fn settings_the_upsert_mode_cannot_honour_are_refused_at_start() {
     assert!(said.contains("region") && said.contains(&table), "{said}");
 }
 
+/// Begins `checkpoint` on `sink`, writes the next [`CHANGES`] changes of subtask 0 from `next` (advanced), and
+/// pre-commits it.
+async fn pre_commit(
+    sink: &mut IcebergSink,
+    checkpoint: u64,
+    next: &mut i64,
+) -> iceberg_sink::IcebergCommittable {
+    use connector_api::{CheckpointId, TwoPhaseCommit};
+    sink.begin(CheckpointId(checkpoint)).await.unwrap();
+    sink.write(&changes(0, *next..*next + CHANGES))
+        .await
+        .unwrap();
+    *next += CHANGES;
+    sink.pre_commit(CheckpointId(checkpoint)).await.unwrap()
+}
+
 /// pyiceberg's copy-on-write delete of key `id` from `table` (another writer): every data file holding it is
 /// rewritten into a new file without it, so the file's other rows move. Returns the snapshot's summary.
 fn foreign_delete(lake: &Lake, table: &str, id: i64) -> serde_json::Value {
@@ -513,21 +529,13 @@ async fn rows_another_writer_moved_are_deleted_by_key_and_the_index_rebuilds() {
 /// Four checkpoints of subtask 0 on table `name` (created partitioned by `partition_by`); between the third's
 /// pre-commit and its commit, another writer rewrites the file holding the rows it replaces.
 async fn moved_rows(lake: &Lake, name: &str, partition_by: &[&str]) {
-    use connector_api::{CheckpointId, Committer, TwoPhaseCommit};
+    use connector_api::{Committer, TwoPhaseCommit};
     let table = lake.table(&[name]);
     let config = partitioned(config(lake, &table, 0), partition_by);
     let mut sink = IcebergSink::new(config).await.unwrap();
     sink.recover(None).await.unwrap();
     let committer = sink.committer();
     let mut next = 0;
-    let pre_commit = async |sink: &mut IcebergSink, checkpoint: u64, next: &mut i64| {
-        sink.begin(CheckpointId(checkpoint)).await.unwrap();
-        sink.write(&changes(0, *next..*next + CHANGES))
-            .await
-            .unwrap();
-        *next += CHANGES;
-        sink.pre_commit(CheckpointId(checkpoint)).await.unwrap()
-    };
     for checkpoint in 1..=2 {
         let committable = pre_commit(&mut sink, checkpoint, &mut next).await;
         committer.commit(vec![committable]).await.unwrap();
@@ -707,5 +715,58 @@ async fn the_orphan_sweep_deletes_only_old_files_nothing_references() {
         seen["duckdb_ids"],
         serde_json::json!(expected.keys().collect::<Vec<_>>()),
         "DuckDB after the sweep"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zombie_whose_index_missed_the_take_over_is_fenced_and_every_key_stays_once() {
+    use connector_api::{CheckpointId, Committer, TwoPhaseCommit};
+    test_support::Services::get();
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::sqlite_local(dir.path(), "zombie");
+    let table = lake.table(&["upserted"]);
+    let mut zombie = IcebergSink::new(config(&lake, &table, 0)).await.unwrap();
+    zombie.recover(None).await.unwrap();
+    let mut next = 0;
+    for checkpoint in 1..=2 {
+        let committable = pre_commit(&mut zombie, checkpoint, &mut next).await;
+        zombie.committer().commit(vec![committable]).await.unwrap();
+    }
+    // The first instance pre-commits checkpoint 3 on its index, then stalls before its commit.
+    let mut stalled_next = next;
+    let stalled = pre_commit(&mut zombie, 3, &mut stalled_next).await;
+    // A second instance takes over from checkpoint 2's record, rebuilds its index from the table, replays the
+    // changes after checkpoint 2 and goes on.
+    let mut second = IcebergSink::new(config(&lake, &table, 0)).await.unwrap();
+    second
+        .recover(Some((CheckpointId(2), Vec::new())))
+        .await
+        .unwrap();
+    assert_eq!(second.indexed_keys(), Some(expected(&[(0, next)]).len()));
+    for checkpoint in 3..=4 {
+        let committable = pre_commit(&mut second, checkpoint, &mut next).await;
+        second.committer().commit(vec![committable]).await.unwrap();
+    }
+    // The zombie resumes: its commit, and its next checkpoint on an index that never saw the second's rows, are
+    // refused.
+    let refused = zombie.committer().commit(vec![stalled]).await.unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::Fenced, "{refused}");
+    let mut zombie_next = stalled_next;
+    let later = pre_commit(&mut zombie, 4, &mut zombie_next).await;
+    let refused = zombie.committer().commit(vec![later]).await.unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::Fenced, "{refused}");
+    let (state, mut java, seen) = read(&lake, &table).await;
+    let expected_now = expected(&[(0, next)]);
+    assert_eq!(state, expected_now, "pyiceberg");
+    java.sort();
+    assert_eq!(
+        java,
+        expected_now.clone().into_iter().collect::<Vec<_>>(),
+        "Java"
+    );
+    assert_eq!(
+        seen["duckdb_ids"],
+        serde_json::json!(expected_now.keys().collect::<Vec<_>>()),
+        "DuckDB"
     );
 }
