@@ -24,7 +24,7 @@ use parquet::file::properties::WriterProperties;
 
 use crate::error::iceberg_error;
 use crate::location::EscapedLocations;
-use crate::writer::to_table_batch;
+use crate::writer::key_columns;
 
 /// The suffix of an equality-delete file's name: `<data file prefix>-<n>-eqdel.parquet`.
 const FILE_SUFFIX: &str = "eqdel";
@@ -179,7 +179,7 @@ impl EqualityDeletes {
                 iceberg_error(Phase::PreCommit, "cannot open an equality-delete file", e)
             })?;
         for batch in batches.iter().filter(|b| b.num_rows() > 0) {
-            let keys = self.keys_of(&name, batch)?;
+            let keys = key_columns(&name, &self.arrow, batch)?;
             writer.write(keys).await.map_err(|e| {
                 iceberg_error(Phase::PreCommit, "cannot write an equality-delete file", e)
             })?;
@@ -188,35 +188,5 @@ impl EqualityDeletes {
             .close()
             .await
             .map_err(|e| iceberg_error(Phase::PreCommit, "cannot close equality-delete files", e))
-    }
-
-    /// The key columns of `batch`, in the key's Arrow schema (with its field ids).
-    fn keys_of(&self, table: &str, batch: &RecordBatch) -> Result<RecordBatch> {
-        let columns = self
-            .arrow
-            .fields()
-            .iter()
-            .map(|field| {
-                batch.column_by_name(field.name()).cloned().ok_or_else(|| {
-                    Error::new(
-                        ErrorKind::BadRecord,
-                        Phase::PreCommit,
-                        format!("the rows have no key column {:?}", field.name()),
-                    )
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let plain = arrow_schema::Schema::new(
-            self.arrow
-                .fields()
-                .iter()
-                .zip(&columns)
-                .map(|(f, c)| arrow_schema::Field::new(f.name(), c.data_type().clone(), true))
-                .collect::<Vec<_>>(),
-        );
-        let keys = RecordBatch::try_new(Arc::new(plain), columns).map_err(|e| {
-            Error::bug(Phase::PreCommit, "cannot collect the key columns").with_source(e)
-        })?;
-        to_table_batch(table, &self.arrow, &keys)
     }
 }

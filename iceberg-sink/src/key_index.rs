@@ -26,12 +26,11 @@ use std::sync::Arc;
 
 use arrow_array::RecordBatch;
 use arrow_row::{RowConverter, Rows, SortField};
-use connector_api::{CheckpointId, Error, ErrorKind, Phase, Result};
+use connector_api::{CheckpointId, Error, Phase, Result};
 use iceberg::spec::Struct;
 use iceberg::table::Table;
 
 use crate::error::iceberg_error;
-use crate::writer::to_table_batch;
 
 /// A data file the index points into: its path, and the partition spec and partition its rows belong to (what a
 /// position-delete file of its rows is filed under).
@@ -99,7 +98,7 @@ impl KeyIndex {
     /// An empty, stale index of `table` by the columns `key` (their types as the table's current schema has them).
     ///
     /// # Errors
-    /// [`Config`](ErrorKind::Config) naming a key column the table lacks or one `arrow_row` cannot encode.
+    /// [`Config`](connector_api::ErrorKind::Config) naming a key column the table lacks or one `arrow_row` cannot encode.
     pub(crate) fn new(table: &Table, key: &[String]) -> Result<Self> {
         let key_schema = key_schema(table, key)?;
         let converter = RowConverter::new(
@@ -176,10 +175,10 @@ impl KeyIndex {
     /// into the table's), in row order.
     ///
     /// # Errors
-    /// [`BadRecord`](ErrorKind::BadRecord) naming the column when a key column is missing or does not convert.
+    /// [`BadRecord`](connector_api::ErrorKind::BadRecord) naming the column when a key column is missing or does not convert.
     #[cfg(test)]
     fn keys(&self, table: &str, batch: &RecordBatch) -> Result<Rows> {
-        let keys = key_columns(table, &self.key_schema, batch)?;
+        let keys = crate::writer::key_columns(table, &self.key_schema, batch)?;
         self.encode(&keys)
     }
 
@@ -256,7 +255,7 @@ impl KeyIndex {
     /// (they are re-applied over the rebuild).
     ///
     /// # Errors
-    /// As [`new`](Self::new); [`Bug`](ErrorKind::Bug) when a key does not convert to the new type (a schema
+    /// As [`new`](Self::new); [`Bug`](connector_api::ErrorKind::Bug) when a key does not convert to the new type (a schema
     /// change only widens).
     pub(crate) fn retype(&mut self, table: &Table, key: &[String]) -> Result<()> {
         let mut retyped = Self::new(table, key)?;
@@ -407,44 +406,6 @@ fn key_schema(table: &Table, key: &[String]) -> Result<arrow_schema::SchemaRef> 
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(Arc::new(arrow_schema::Schema::new(fields)))
-}
-
-/// The columns of `key_schema` taken from `batch` by name and converted exactly into their table types
-/// ([`to_table_batch`]).
-///
-/// # Errors
-/// [`BadRecord`](ErrorKind::BadRecord) naming a key column the batch lacks, one that does not convert, or a null
-/// key.
-pub(crate) fn key_columns(
-    table: &str,
-    key_schema: &arrow_schema::SchemaRef,
-    batch: &RecordBatch,
-) -> Result<RecordBatch> {
-    let columns = key_schema
-        .fields()
-        .iter()
-        .map(|field| {
-            batch.column_by_name(field.name()).cloned().ok_or_else(|| {
-                Error::new(
-                    ErrorKind::BadRecord,
-                    Phase::PreCommit,
-                    format!("the rows have no key column {:?}", field.name()),
-                )
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let plain = arrow_schema::Schema::new(
-        key_schema
-            .fields()
-            .iter()
-            .zip(&columns)
-            .map(|(f, c)| arrow_schema::Field::new(f.name(), c.data_type().clone(), true))
-            .collect::<Vec<_>>(),
-    );
-    let keys = RecordBatch::try_new(Arc::new(plain), columns).map_err(|e| {
-        Error::bug(Phase::PreCommit, "cannot collect the key columns").with_source(e)
-    })?;
-    to_table_batch(table, key_schema, &keys)
 }
 
 #[cfg(test)]

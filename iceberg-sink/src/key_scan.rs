@@ -102,7 +102,7 @@ pub(crate) async fn catch_up(
         }
     };
     for snapshot in foreign.iter().rev() {
-        let entries = entries_added_by(table, snapshot, phase).await?;
+        let entries = entries_of(table, snapshot, Entries::AddedBySnapshot, phase).await?;
         let deleted = deleted_positions(table, &entries, phase).await?;
         let data = entries
             .iter()
@@ -135,33 +135,7 @@ pub(crate) async fn rebuild(
         index.finish_rebuild(None, committed);
         return Ok(());
     };
-    let read_error = |e| {
-        iceberg_error(
-            phase,
-            format!("cannot read the manifests of table {}", table.identifier()),
-            e,
-        )
-    };
-    let list = table
-        .manifest_list_reader(snapshot)
-        .load()
-        .await
-        .map_err(read_error)?;
-    let mut entries = Vec::new();
-    for manifest in list.entries() {
-        let manifest = manifest
-            .load_manifest(table.file_io())
-            .await
-            .map_err(read_error)?;
-        let spec_id = manifest.metadata().partition_spec().spec_id();
-        entries.extend(
-            manifest
-                .entries()
-                .iter()
-                .filter(|e| e.is_alive())
-                .map(|e| (spec_id, e.clone())),
-        );
-    }
+    let entries = entries_of(table, snapshot, Entries::Live, phase).await?;
     let deleted = deleted_positions(table, &entries, phase).await?;
     let mut data: Vec<&(i32, ManifestEntryRef)> = entries
         .iter()
@@ -266,10 +240,20 @@ fn indexed((spec_id, entry): &(i32, ManifestEntryRef)) -> (Arc<IndexedFile>, u64
     (Arc::new(file), entry.file_size_in_bytes())
 }
 
-/// The live entries `snapshot` added, from the manifests it wrote, with their manifest's partition spec.
-async fn entries_added_by(
+/// Which manifest entries of a snapshot [`entries_of`] reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Entries {
+    /// Every live entry (a rebuild).
+    Live,
+    /// The entries the snapshot itself added, from the manifests it wrote (a catch-up).
+    AddedBySnapshot,
+}
+
+/// The manifest entries of `snapshot` that `which` says, each with its manifest's partition spec.
+async fn entries_of(
     table: &Table,
     snapshot: &iceberg::spec::SnapshotRef,
+    which: Entries,
     phase: Phase,
 ) -> Result<Vec<(i32, ManifestEntryRef)>> {
     let read_error = |e| {
@@ -279,34 +263,37 @@ async fn entries_added_by(
             e,
         )
     };
+    let id = snapshot.snapshot_id();
     let list = table
         .manifest_list_reader(snapshot)
         .load()
         .await
         .map_err(read_error)?;
-    let mut added = Vec::new();
+    let mut entries = Vec::new();
     for manifest in list
         .entries()
         .iter()
-        .filter(|m| m.added_snapshot_id == snapshot.snapshot_id())
+        .filter(|m| which == Entries::Live || m.added_snapshot_id == id)
     {
         let manifest = manifest
             .load_manifest(table.file_io())
             .await
             .map_err(read_error)?;
         let spec_id = manifest.metadata().partition_spec().spec_id();
-        added.extend(
+        entries.extend(
             manifest
                 .entries()
                 .iter()
-                .filter(|e| {
-                    e.status() == ManifestStatus::Added
-                        && e.snapshot_id() == Some(snapshot.snapshot_id())
+                .filter(|e| match which {
+                    Entries::Live => e.is_alive(),
+                    Entries::AddedBySnapshot => {
+                        e.status() == ManifestStatus::Added && e.snapshot_id() == Some(id)
+                    }
                 })
                 .map(|e| (spec_id, e.clone())),
         );
     }
-    Ok(added)
+    Ok(entries)
 }
 
 /// The positions the position-delete files among `entries` delete, per data file path (sorted).

@@ -23,7 +23,7 @@ use crate::config::UpsertDeletes;
 use crate::equality_deletes::EqualityDeletes;
 use crate::error::iceberg_error;
 use crate::evolve::evolve_table;
-use crate::key_index::{IndexedFile, KeyIndex, Row, Shown, key_columns};
+use crate::key_index::{IndexedFile, KeyIndex, Row, Shown};
 use crate::key_scan;
 use crate::layout::BoundLayout;
 use crate::ledger::SubtaskKey;
@@ -33,7 +33,7 @@ use crate::retire::DELETE_METADATA_AFTER_COMMIT;
 use crate::types;
 use crate::unavailable::{PreviousRows, fill};
 use crate::upsert::KeyedRows;
-use crate::writer::CheckpointWriter;
+use crate::writer::{CheckpointWriter, key_columns};
 
 /// The Iceberg sink for one subtask.
 ///

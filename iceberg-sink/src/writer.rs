@@ -292,6 +292,44 @@ pub(crate) fn to_table_batch(
     })
 }
 
+/// The columns of `key_schema` taken from `batch` by name and converted exactly into their table types
+/// ([`to_table_batch`]).
+///
+/// # Errors
+/// [`BadRecord`](ErrorKind::BadRecord) naming a key column the batch lacks, one that does not convert, or a null
+/// key.
+pub(crate) fn key_columns(
+    table: &str,
+    key_schema: &arrow_schema::SchemaRef,
+    batch: &RecordBatch,
+) -> Result<RecordBatch> {
+    let columns = key_schema
+        .fields()
+        .iter()
+        .map(|field| {
+            batch.column_by_name(field.name()).cloned().ok_or_else(|| {
+                Error::new(
+                    ErrorKind::BadRecord,
+                    Phase::PreCommit,
+                    format!("the rows have no key column {:?}", field.name()),
+                )
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let plain = arrow_schema::Schema::new(
+        key_schema
+            .fields()
+            .iter()
+            .zip(&columns)
+            .map(|(f, c)| arrow_schema::Field::new(f.name(), c.data_type().clone(), true))
+            .collect::<Vec<_>>(),
+    );
+    let keys = RecordBatch::try_new(Arc::new(plain), columns).map_err(|e| {
+        Error::bug(Phase::PreCommit, "cannot collect the key columns").with_source(e)
+    })?;
+    to_table_batch(table, key_schema, &keys)
+}
+
 /// A UUID column's values as their canonical text.
 fn uuid_text(column: &arrow_array::ArrayRef) -> arrow_array::ArrayRef {
     use arrow_array::cast::AsArray;
