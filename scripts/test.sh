@@ -50,7 +50,7 @@ if (($#)); then
 else
   step cargo-test cargo test --workspace --locked
 fi
-step selfcheck "$RATCHET_PYTHON" -m pytest -p no:cacheprovider -q selfcheck
+step selfcheck "$RATCHET_PYTHON" -m pytest -p no:cacheprovider -q --durations=5 -o faulthandler_timeout=300 selfcheck
 
 # Count tests from the runners' own summary lines.
 passed=0 failures=0

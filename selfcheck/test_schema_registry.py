@@ -27,13 +27,19 @@ def order_schema(*extra: dict) -> str:
     return json.dumps({"type": "record", "name": "Order", "namespace": "ratchet.selfcheck", "fields": fields + list(extra)})
 
 
+def client_of(url: str, user_info: str) -> SchemaRegistryClient:
+    """A client whose every request is bounded (the library's default is no timeout) and so retried: a request
+    on a kept-alive connection once got no answer until the registry's 30-minute idle timeout closed it."""
+    return SchemaRegistryClient({"url": url, "basic.auth.user.info": user_info, "timeout": 30})
+
+
 @pytest.fixture(scope="module")
 def registry() -> tuple[str, str]:
     """The registry's Confluent API base URL and `user:password`; fails (never skips) when it does not answer."""
     env = _service_env()
     url, user_info = env["RATCHET_REGISTRY_URL"], f"{env['RATCHET_REGISTRY_USER']}:{env['RATCHET_REGISTRY_PASSWORD']}"
     try:
-        SchemaRegistryClient({"url": url, "basic.auth.user.info": user_info}).get_subjects()
+        client_of(url, user_info).get_subjects()
     except Exception as e:  # noqa: BLE001 - turned into an actionable failure
         pytest.fail(f"the schema registry at {url} does not answer ({e}); start it with `scripts/services.sh up`")
     return url, user_info
@@ -48,7 +54,7 @@ def test_the_api_needs_credentials(registry):
 
 def test_values_are_framed_with_the_registered_id_and_evolve_compatibly(registry):
     url, user_info = registry
-    client = SchemaRegistryClient({"url": url, "basic.auth.user.info": user_info})
+    client = client_of(url, user_info)
     topic = f"selfcheck-{uuid.uuid4().hex[:8]}"
     context = SerializationContext(topic, MessageField.VALUE)
 

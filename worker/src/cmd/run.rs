@@ -128,6 +128,9 @@ async fn start(
     let identity = jobs.identity(job.job.subtasks, true).await?;
     // What a rescale that stopped after its switch left of the old layout.
     jobs.retire_old_generations(identity.generation).await?;
+    // What a rescale killed before its switch wrote of the next layout.
+    jobs.discard_unswitched_generation(crate::job::rescale::patience(&job))
+        .await?;
     let job_id = identity.job_id(&job.job.name)?;
     crate::job::preflight::check_layout(jobs.as_ref(), &selection, true).await?;
     if identity.identity == crate::jobstore::Identity::Sink {

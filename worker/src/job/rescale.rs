@@ -19,8 +19,10 @@
 //!    that claimed one meanwhile makes the change fail, the old layout intact).
 //! 5. **Retire** the old generation's records and claims.
 //!
-//! A crash before step 4 leaves the old layout (its transactions resolved, which the next start would have done);
-//! after it, the new one; step 5 is repeated by every later start. Every claim checks the generation under the
+//! A crash before step 4 leaves the old layout (its transactions resolved, which the next start would have done)
+//! and what step 3 wrote of the next generation, which every later start discards under the rescale lock
+//! ([`discard_unswitched_generation`](crate::jobstore::JobStore)); after it, the new one; step 5 is repeated by
+//! every later start. Every claim checks the generation under the
 //! claim ([`SubtaskStore`]), so a process still running the old layout cannot claim a subtask again and read from
 //! redistributed positions. The old subtasks' sink state is resolved in step 2: nothing stays open or prepared,
 //! and no staged file stays; what the external systems keep by themselves (Kafka transactional ids until
@@ -53,8 +55,7 @@ pub async fn rescale(job: &JobConfig, to: u32) -> Result<()> {
     // Processes started together with the new count (a rolling update) rescale one at a time: the others wait
     // here, then find the job rescaled.
     let jobs = crate::jobstore::open(&job.store, name);
-    let patience = job.job.max_recovery_time * (job.job.subtasks + 1) + Duration::from_secs(60);
-    let _serialized = jobs.lock_rescale(patience).await?;
+    let _serialized = jobs.lock_rescale(patience(job)).await?;
     let Some(recorded) = jobs.record(to, false).await? else {
         bail!(
             "job {name:?} has never run: there is nothing to rescale; set subtasks = {to} in the job file and run it"
@@ -73,6 +74,11 @@ pub async fn rescale(job: &JobConfig, to: u32) -> Result<()> {
         rescale_held(job, &jobs, recorded, to)
     })
     .await
+}
+
+/// How long a process waits for another one's rescale of `job`: long enough for it to resolve every subtask.
+pub fn patience(job: &JobConfig) -> Duration {
+    job.job.max_recovery_time * (job.job.subtasks + 1) + Duration::from_secs(60)
 }
 
 async fn rescale_held(

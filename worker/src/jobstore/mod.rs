@@ -190,6 +190,19 @@ impl dyn JobStore {
         }
         Ok(())
     }
+
+    /// Deletes what a rescale killed before its switch (step 4 of [`crate::job::rescale`]) wrote of the next
+    /// layout generation: records and claims no layout will use (the next rescale would discard them first too).
+    /// Taken under the rescale lock (waiting at most `patience`) with the generation read under it, so a rescale
+    /// under way is never cut short: it holds that lock from its discard to its switch. Idempotent.
+    ///
+    /// # Errors
+    /// Another rescale held the lock for longer than `patience` (named), or the store cannot be read or written.
+    pub async fn discard_unswitched_generation(&self, patience: Duration) -> Result<()> {
+        let _serialized = self.lock_rescale(patience).await?;
+        let current = self.generation().await?;
+        self.purge(current + 1).await
+    }
 }
 
 /// The name a job's checkpoint records and claims are kept under in layout generation `generation`: the job's

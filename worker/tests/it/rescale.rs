@@ -131,6 +131,21 @@ async fn rescale_two_to_three_to_one(store: Store) {
         );
         job.produce(100).await;
     }
+    // Killed after its new records: they stay unused until a start with the old count discards them.
+    let abandoned = format!("{}@1", job.name);
+    assert!(
+        keys_with_records(&job, store).contains(&abandoned),
+        "the killed rescale wrote {abandoned}'s records"
+    );
+    set_subtasks(&job, 3, 2);
+    job.spawn_worker(&["--exit-when-idle", "2s"])
+        .wait_exit(Duration::from_secs(120));
+    assert_eq!(
+        keys_with_records(&job, store),
+        vec![job.name.clone()],
+        "a start discards what a rescale killed before its switch wrote"
+    );
+    set_subtasks(&job, 2, 3);
     // `run` rescales first; killed right after the switch, before the old layout's records are retired.
     job.spawn_worker_with_env(&[], &[("RATCHET_RESCALE_KILL_AT", "after-switch")])
         .wait_killed(Duration::from_secs(120));
