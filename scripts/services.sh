@@ -177,6 +177,7 @@ ensure_up() { [[ -n ${UP_DONE[$1]:-} ]] || { "${1}_up"; UP_DONE[$1]=1; }; }
 
 venv_up() {
   iceberg_java_up
+  spark_jars_up
   local req=$HERE/requirements.txt stamp=$VENV/.requirements
   if [[ -x $PY ]] && cmp -s "$req" "$stamp"; then return 0; fi
   log "venv: installing pinned verifiers into $VENV"
@@ -185,7 +186,7 @@ venv_up() {
   cp "$req" "$stamp"
 }
 venv_status() {
-  if [[ -x $PY ]] && cmp -s "$HERE/requirements.txt" "$VENV/.requirements" && iceberg_java_current; then
+  if [[ -x $PY ]] && cmp -s "$HERE/requirements.txt" "$VENV/.requirements" && iceberg_java_current && spark_jars_current; then
     echo "venv      $("$PY" --version 2>&1), verifiers pinned in scripts/services/requirements.txt, Iceberg Java reader   ok"
   else
     echo "venv      not installed                                    DOWN"; return 1
@@ -213,6 +214,23 @@ iceberg_java_up() {
     || die "venv: javac could not compile IcebergRead.java"
   iceberg_java_stamp >"$ICEBERG_JAVA.tmp/.stamp"
   rm -rf "$ICEBERG_JAVA"; mv "$ICEBERG_JAVA.tmp" "$ICEBERG_JAVA"
+}
+
+# Spark's Iceberg runtime and the SQLite JDBC driver (test-support/verifiers/spark/pom.xml) under $CACHE/spark-jars,
+# for spark_iceberg.py (pyspark itself is in requirements.txt). Copied again when the pom changes.
+SPARK_POM=$ROOT/test-support/verifiers/spark/pom.xml
+SPARK_JARS=$CACHE/spark-jars
+spark_jars_current() { [[ -f $SPARK_JARS/.stamp && $(cat "$SPARK_JARS/.stamp") == "$(sha256sum <"$SPARK_POM" | cut -d' ' -f1)" ]]; }
+spark_jars_up() {
+  spark_jars_current && return 0
+  command -v mvn >/dev/null || apt_install maven
+  log "venv: resolving Spark's Iceberg runtime ($SPARK_POM) from Maven Central"
+  rm -rf "$SPARK_JARS.tmp"
+  mvn -B -q -C -Dstyle.color=never -f "$SPARK_POM" -Dmaven.repo.local="$CACHE/m2" \
+    dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$SPARK_JARS.tmp" >&2 \
+    || die "venv: Maven could not resolve $SPARK_POM"
+  sha256sum <"$SPARK_POM" | cut -d' ' -f1 >"$SPARK_JARS.tmp/.stamp"
+  rm -rf "$SPARK_JARS"; mv "$SPARK_JARS.tmp" "$SPARK_JARS"
 }
 
 # --- Kafka: the real Apache Kafka broker from Maven Central, KRaft single-node combined mode ----------------
@@ -788,6 +806,7 @@ print_env() {
   cat <<EOF
 export RATCHET_SERVICES_DIR=$CACHE
 export RATCHET_PYTHON=$PY
+export RATCHET_SPARK_JARS=$SPARK_JARS
 export RATCHET_KAFKA_BOOTSTRAP=127.0.0.1:$KAFKA_PORT
 export RATCHET_KAFKA_EXPIRING_BOOTSTRAP=127.0.0.1:$KAFKA_EXPIRING_PORT
 export RATCHET_KAFKA_SASL_SSL_BOOTSTRAP=127.0.0.1:$KAFKA_SASL_SSL_PORT

@@ -7,8 +7,8 @@
 //! Only files the committed metadata no longer references are deleted, and only after the catalog accepted the
 //! commit: a reader of the current metadata never meets a missing file. A commit whose outcome is unknown deletes
 //! nothing. A process killed between the commit and the deletions (drill step `after-expiring-commit`) or
-//! during them (`while-retiring`) leaves the rest as orphans no snapshot references; nothing deletes those later
-//! yet (an orphan sweep of `metadata/` is planned, docs/design/iceberg-commit-path.md). The deletions are bounded
+//! during them (`while-retiring`) leaves the rest as orphans no snapshot references, which the orphan sweep
+//! deletes once they are old enough, when it is on (`sweep_orphans_after`, [`crate::orphan_sweep`]). The deletions are bounded
 //! by the sink's `commit_timeout`; what a hung storage did not delete stays an orphan too.
 //!
 //! # Drill

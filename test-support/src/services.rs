@@ -351,6 +351,23 @@ impl Services {
             .unwrap_or_else(|e| panic!("{script} printed no JSON ({e}):\n{stdout}"))
     }
 
+    /// Starts the verifier `test-support/verifiers/<script>` with `args` as a process of its own that runs beside
+    /// the test (a foreign writer or maintainer): its stdout piped (what it prints at the end), its stderr into
+    /// the file `log` (a pipe nobody reads while it runs would fill and stop it); the caller waits for it.
+    pub fn spawn_verifier(&self, script: &str, args: &[&str], log: &Path) -> std::process::Child {
+        let path = repo_root().join("test-support/verifiers").join(script);
+        let log = std::fs::File::create(log)
+            .unwrap_or_else(|e| panic!("cannot create {}: {e}", log.display()));
+        Command::new(self.python())
+            .arg(&path)
+            .args(args)
+            .envs(&self.vars)
+            .stdout(std::process::Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", path.display()))
+    }
+
     /// Runs the Python script at `path` in the verifiers' venv (with the services' environment) and returns what
     /// it printed (JSON); benchmarks run their Python peers this way. Fails with the script's stderr when it fails.
     pub fn python_script(&self, path: &std::path::Path, args: &[&str]) -> serde_json::Value {

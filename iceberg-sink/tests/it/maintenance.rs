@@ -20,6 +20,7 @@ use crate::common;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 
 use common::Lake;
 use connector_api::{
@@ -266,6 +267,23 @@ async fn child() {
     run(&lake, &table, 0, &Path::new(&dir).join("state"), 0, 8).await;
 }
 
+/// Runs [`child`] (subtask 0 of the SQLite lake in `dir`, its store in `dir/state`) until it kills itself with
+/// SIGKILL at `step`.
+fn killed_at(dir: &Path, table: &str, step: &str) {
+    let status = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "maintenance::child", "--nocapture"])
+        .env(CHILD_DIR, dir)
+        .env(CHILD_TABLE, table)
+        .env(iceberg_sink::KILL_VARIABLE, step)
+        .status()
+        .unwrap();
+    assert_eq!(
+        status.signal(),
+        Some(9),
+        "{step}: the child should have killed itself at the step ({status})"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kill_9_at_each_step_of_an_expiring_or_merging_commit_loses_nothing() {
     test_support::Services::get();
@@ -284,18 +302,7 @@ async fn a_kill_9_at_each_step_of_an_expiring_or_merging_commit_loses_nothing() 
         } else {
             create_with_retention(&lake, &table, 2).await;
         }
-        let status = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "maintenance::child", "--nocapture"])
-            .env(CHILD_DIR, dir.path())
-            .env(CHILD_TABLE, &table)
-            .env(iceberg_sink::KILL_VARIABLE, step)
-            .status()
-            .unwrap();
-        assert_eq!(
-            status.signal(),
-            Some(9),
-            "{step}: the child should have killed itself at the step ({status})"
-        );
+        killed_at(dir.path(), &table, step);
         let killed = metadata_files(&lake, &table).await;
 
         let state = dir.path().join("state");
@@ -344,4 +351,72 @@ async fn a_kill_9_at_each_step_of_an_expiring_or_merging_commit_loses_nothing() 
             "{step}: checkpoints in two snapshots"
         );
     }
+}
+
+/// Spark (4.1 with Iceberg 1.12's runtime) maintaining an append table while the sink writes it, merging its
+/// manifests, and is killed with SIGKILL after the merged manifests are written and after the merging commit
+/// landed, each followed by a restarted run: rewrite_data_files (small groups, each committed), rewrite_manifests,
+/// expire_snapshots and the removal of orphan files older than 20 s, in a loop, until Spark has committed
+/// rewrites and expiries in between. Spark, pyiceberg and DuckDB then read every row once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spark_maintenance_beside_appends_and_kills_leaves_every_row_once() {
+    test_support::Services::get();
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::sqlite_local(dir.path(), "spark");
+    let table = lake.table(&["events"]);
+    // The sink merges manifests; Spark alone expires snapshots (the sink's expiry keeps Iceberg's defaults).
+    IcebergSink::new(config(&lake, &table, 0)).await.unwrap();
+    lake.set_merge(&table, 3).await;
+    let state = dir.path().join("state");
+    run(&lake, &table, 0, &state, 0, 2).await;
+    let mut spark = common::SparkMaintainer::start(&lake, &table, Duration::from_secs(20));
+    let committed = |spark: &mut common::SparkMaintainer, procedure: &str| {
+        spark.progress().map_or(0, |p| {
+            p["procedures"][procedure]["committed"].as_u64().unwrap()
+        })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    let mut rounds = 0;
+    while rounds < 2
+        || committed(&mut spark, "rewrite_data_files") < 2
+        || committed(&mut spark, "expire_snapshots") < 2
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "Spark committed too little beside {rounds} rounds of the sink: {:?}\n{}",
+            spark.progress(),
+            spark.last_exceptions()
+        );
+        for step in ["after-merging", "after-own-commit"] {
+            killed_at(dir.path(), &table, step);
+            run(&lake, &table, 0, &state, 0, 2).await;
+        }
+        rounds += 1;
+    }
+    let done = spark.stop();
+    eprintln!("Spark's maintenance beside {rounds} rounds: {done}");
+    assert!(done["rewritten_data_files"].as_u64().unwrap() > 0, "{done}");
+
+    let next = common::decided_offset(&state).await;
+    let expected: Vec<i64> = (0..next).collect();
+    let (spark_lake, spark_table) = (lake.clone(), table.clone());
+    let seen = tokio::task::spawn_blocking(move || spark_lake.spark_read(&spark_table))
+        .await
+        .unwrap();
+    let id = seen["column_names"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .position(|c| c == "id")
+        .unwrap();
+    let spark_ids: Vec<i64> = seen["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r[id].as_i64().unwrap())
+        .collect();
+    assert_eq!(spark_ids, expected, "Spark");
+    let read = read(&lake, &table).await;
+    assert_eq!(read.ids, expected, "pyiceberg");
+    assert_eq!(read.duckdb_ids, expected, "DuckDB");
 }

@@ -29,6 +29,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
+use std::time::Duration;
 
 use arrow_array::{Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
@@ -408,6 +409,30 @@ async fn child() {
     .await;
 }
 
+/// Runs [`child`] (subtask 0 of the SQLite lake in `dir`, its store in `dir/state`) until it kills itself with
+/// SIGKILL at `step`.
+fn killed_at(dir: &Path, table: &str, step: &str, deletes: UpsertDeletes) {
+    let status = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "upsert::child", "--nocapture"])
+        .env(CHILD_DIR, dir)
+        .env(CHILD_TABLE, table)
+        .env(iceberg_sink::KILL_VARIABLE, step)
+        .env(
+            CHILD_DELETES,
+            match deletes {
+                UpsertDeletes::Position => "position",
+                UpsertDeletes::Equality => "equality",
+            },
+        )
+        .status()
+        .unwrap();
+    assert_eq!(
+        status.signal(),
+        Some(9),
+        "{step}: the child should have killed itself at the step ({status})"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kill_9_at_each_step_of_a_row_delta_loses_nothing_and_doubles_nothing() {
     test_support::Services::get();
@@ -422,25 +447,7 @@ async fn a_kill_9_at_each_step_of_a_row_delta_loses_nothing_and_doubles_nothing(
         let lake = Lake::sqlite_local(dir.path(), "killed");
         let table = lake.table(&["upserted"]);
         IcebergSink::new(config(&lake, &table, 0)).await.unwrap();
-        let status = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "upsert::child", "--nocapture"])
-            .env(CHILD_DIR, dir.path())
-            .env(CHILD_TABLE, &table)
-            .env(iceberg_sink::KILL_VARIABLE, step)
-            .env(
-                CHILD_DELETES,
-                match deletes {
-                    UpsertDeletes::Position => "position",
-                    UpsertDeletes::Equality => "equality",
-                },
-            )
-            .status()
-            .unwrap();
-        assert_eq!(
-            status.signal(),
-            Some(9),
-            "{step}: the child should have killed itself at the step ({status})"
-        );
+        killed_at(dir.path(), &table, step, deletes);
         let state = dir.path().join("state");
         let next = run(&lake, &table, (0, deletes), &state, 2).await;
         let decided = common::decided_offset(&state).await;
@@ -632,7 +639,7 @@ fn files_named(dir: &Path, prefix: &str) -> Vec<std::path::PathBuf> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_orphan_sweep_deletes_only_old_files_nothing_references() {
-    use std::time::{Duration, SystemTime};
+    use std::time::SystemTime;
     test_support::Services::get();
     let dir = tempfile::tempdir().unwrap();
     let lake = Lake::sqlite_local(dir.path(), "swept");
@@ -757,4 +764,102 @@ async fn a_zombie_whose_index_missed_the_take_over_is_fenced_and_every_key_stays
         serde_json::json!(false),
         "DuckDB read it too"
     );
+}
+
+/// Spark (4.1 with Iceberg 1.12's runtime) maintaining the table while the sink applies changes and is killed:
+/// rewrite_data_files (every file, deletes applied, in small groups committed one by one), rewrite_manifests,
+/// expire_snapshots and the removal of orphan files older than 20 s, in a loop.
+///
+/// 1. Beside it, rounds of a `kill -9` after the row delta is written and after it landed, each followed by a
+///    restarted run, until Spark has run two rounds and committed expiries in between (a rewrite group holding a
+///    file the sink deleted from since the rewrite began is refused by Iceberg's validation: the loop counts it;
+///    with every key changing in every checkpoint, that is most of them).
+/// 2. Then the dangerous moment, Spark winning: checkpoints pre-committed (their deletes located by position),
+///    held until Spark's next rewrite has replaced the files, then committed: the sink deletes by key instead.
+///
+/// Spark, pyiceberg (or the verifier's merge-on-read while equality deletes are live) and Iceberg's Java library
+/// then read each key's last state, once. The orphan cut-off is shorter than the sink's own sweep bound on
+/// purpose, as operators set it: it holds because every killed run restarts within it (docs/worker.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spark_maintenance_beside_the_upserts_and_kills_leaves_each_key_once() {
+    use connector_api::{Committer, TwoPhaseCommit};
+    test_support::Services::get();
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::sqlite_local(dir.path(), "spark");
+    let table = lake.table(&["upserted"]);
+    let state = dir.path().join("state");
+    run(&lake, &table, (0, UpsertDeletes::Position), &state, 2).await;
+    let mut spark = common::SparkMaintainer::start(&lake, &table, Duration::from_secs(20));
+    let count = |spark: &mut common::SparkMaintainer, procedure: &str, outcome: &str| {
+        spark
+            .progress()
+            .map_or(0, |p| p["procedures"][procedure][outcome].as_u64().unwrap())
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    let mut rounds = 0;
+    // Every key changes in every checkpoint, so a rewrite racing these commits mostly loses: two of Spark's
+    // rounds, whatever their outcome, with expiries committed.
+    while rounds < 2
+        || count(&mut spark, "rewrite_data_files", "committed")
+            + count(&mut spark, "rewrite_data_files", "lost")
+            < 2
+        || count(&mut spark, "expire_snapshots", "committed") < 2
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "Spark committed too little beside {rounds} rounds of the sink: {:?}\n{}",
+            spark.progress(),
+            spark.last_exceptions()
+        );
+        for step in ["after-row-delta", "after-own-commit"] {
+            killed_at(dir.path(), &table, step, UpsertDeletes::Position);
+            run(&lake, &table, (0, UpsertDeletes::Position), &state, 2).await;
+        }
+        rounds += 1;
+    }
+    // Subtask 0 goes on without its store: checkpoint ids above every one its runs used.
+    let mut next = common::decided_offset(&state).await;
+    let mut sink = IcebergSink::new(config(&lake, &table, 0)).await.unwrap();
+    sink.recover(None).await.unwrap();
+    let committer = sink.committer();
+    for checkpoint in 1_000_000..1_000_003 {
+        let committable = pre_commit(&mut sink, checkpoint, &mut next).await;
+        assert!(
+            committable.deletes_based_on.is_some(),
+            "located by position"
+        );
+        let before = count(&mut spark, "rewrite_data_files", "committed");
+        let waited = std::time::Instant::now();
+        while count(&mut spark, "rewrite_data_files", "committed") == before {
+            assert!(
+                waited.elapsed() < Duration::from_secs(120),
+                "no rewrite of Spark's landed while checkpoint {checkpoint} waited"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        committer.commit(vec![committable]).await.unwrap();
+    }
+    let done = spark.stop();
+    eprintln!("Spark's maintenance beside {rounds} rounds and 3 held checkpoints: {done}");
+    assert!(done["rewritten_data_files"].as_u64().unwrap() > 0, "{done}");
+    assert!(done["orphans_removed"].as_u64().unwrap() > 0, "{done}");
+
+    let expected = expected(&[(0, next)]);
+    let (spark_lake, spark_table) = (lake.clone(), table.clone());
+    let seen = tokio::task::spawn_blocking(move || spark_lake.spark_read(&spark_table))
+        .await
+        .unwrap();
+    assert_eq!(seen["column_names"], serde_json::json!(["id", "v"]));
+    let spark_rows: Vec<(i64, String)> = seen["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r[0].as_i64().unwrap(), r[1].as_str().unwrap().to_string()))
+        .collect();
+    assert_eq!(
+        spark_rows,
+        expected.clone().into_iter().collect::<Vec<_>>(),
+        "Spark reads each key's last state once"
+    );
+    readers_see(&lake, &table, &expected, "after Spark's maintenance").await;
 }

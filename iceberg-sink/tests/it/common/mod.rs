@@ -247,6 +247,94 @@ impl Lake {
     }
 }
 
+impl Lake {
+    /// The catalog database and warehouse Spark opens: a [`sqlite_local`](Self::sqlite_local) lake's (Spark's
+    /// JdbcCatalog over the same SQLite file).
+    fn spark_catalog(&self) -> [&str; 2] {
+        let db = self
+            .python_uri
+            .strip_prefix("sqlite:///")
+            .expect("Spark opens the SQLite lakes (sqlite_local)");
+        [db, &self.warehouse]
+    }
+
+    /// What Spark with Iceberg's runtime reads of `table` (`column_names`, `rows` sorted by `id`), blocking.
+    pub fn spark_read(&self, table: &str) -> serde_json::Value {
+        let [db, warehouse] = self.spark_catalog();
+        let script = test_support::repo_root().join("test-support/verifiers/spark_iceberg.py");
+        Services::get().python_script(&script, &["read", db, warehouse, table, "id"])
+    }
+}
+
+/// Spark's maintenance procedures (rewrite_data_files, rewrite_manifests, expire_snapshots, remove_orphan_files)
+/// running in a loop on a table while a test writes it (`spark_iceberg.py maintain`).
+pub struct SparkMaintainer {
+    child: std::process::Child,
+    stop: tempfile::TempDir,
+}
+
+impl SparkMaintainer {
+    /// Starts the loop on `table`; remove_orphan_files deletes unreferenced files older than `orphan_cut_off`.
+    pub fn start(lake: &Lake, table: &str, orphan_cut_off: Duration) -> Self {
+        let stop = tempfile::tempdir().unwrap();
+        let stop_file = stop.path().join("stop");
+        let [db, warehouse] = lake.spark_catalog();
+        let child = Services::get().spawn_verifier(
+            "spark_iceberg.py",
+            &[
+                "maintain",
+                db,
+                warehouse,
+                table,
+                &stop_file.display().to_string(),
+                &orphan_cut_off.as_secs().to_string(),
+            ],
+            &stop.path().join("stderr"),
+        );
+        SparkMaintainer { child, stop }
+    }
+
+    /// What the loop did by its last finished round (as [`stop`](Self::stop) returns it), or `None` before one;
+    /// a loop that ended (it only ends on an error before [`stop`](Self::stop)) fails the test with its error.
+    pub fn progress(&mut self) -> Option<serde_json::Value> {
+        if self.child.try_wait().unwrap().is_some() {
+            panic!("Spark's maintenance ended on its own:\n{}", self.stderr());
+        }
+        let text = std::fs::read(self.stop.path().join("progress")).ok()?;
+        Some(serde_json::from_slice(&text).unwrap())
+    }
+
+    /// What the loop wrote to its stderr so far (Spark's log, and the error that ended it).
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(self.stop.path().join("stderr")).unwrap_or_default()
+    }
+
+    /// The last exceptions in Spark's log (a procedure's refusal says why it lost).
+    pub fn last_exceptions(&self) -> String {
+        let log = self.stderr();
+        let lines: Vec<&str> = log.lines().filter(|l| l.contains("Exception")).collect();
+        lines[lines.len().saturating_sub(6)..].join("\n")
+    }
+
+    /// Asks the loop to end after its current round and returns what it did (per procedure, the runs committed
+    /// and lost to the sink's commits; the data files rewritten), blocking; a failed loop fails the test.
+    pub fn stop(self) -> serde_json::Value {
+        std::fs::write(self.stop.path().join("stop"), b"").unwrap();
+        let out = self.child.wait_with_output().unwrap();
+        let stderr = std::fs::read_to_string(self.stop.path().join("stderr")).unwrap_or_default();
+        assert!(
+            out.status.success(),
+            "Spark's maintenance failed:\n{stderr}"
+        );
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "Spark's maintenance printed no JSON ({e}):\n{}",
+                String::from_utf8_lossy(&out.stdout)
+            )
+        })
+    }
+}
+
 /// The checkpoints that `snapshots` (the verifier's) show added by more than one snapshot with data files.
 pub fn checkpoints_in_two_snapshots(snapshots: &[serde_json::Value]) -> Vec<String> {
     let mut committed: Vec<&str> = snapshots

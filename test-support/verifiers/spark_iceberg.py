@@ -1,0 +1,164 @@
+"""Apache Spark with Iceberg's Spark runtime over a table Ratchet writes: the engine most users read and maintain
+Iceberg tables with, run here as an independent reader and as a foreign maintainer (not Ratchet code).
+
+    spark_iceberg.py read     <catalog.db> <warehouse> <namespace.table> <id column>
+    spark_iceberg.py maintain <catalog.db> <warehouse> <namespace.table> <stop file> <orphan cut-off seconds>
+
+The catalog is the SQLite database the sink commits to, opened with Iceberg's JdbcCatalog (catalog name
+`ratchet`, as the tests name it); the warehouse is a local directory.
+
+`read` prints {"column_names": [...], "rows": [[...], ...]} (sorted by the id column), read merge-on-read: every
+position, equality and deletion-vector delete applied by Spark's own scan.
+
+`maintain` runs Spark's maintenance procedures in a loop while the sink writes, until the stop file exists (after
+each round it writes what it did so far to `progress` beside the stop file):
+rewrite_data_files (every file, delete files applied: `rewrite-all`), rewrite_manifests, expire_snapshots (keeping
+the last 2) and Spark's orphan-file removal (the DeleteOrphanFiles action behind remove_orphan_files) with the
+cut-off. Each procedure's commit can lose a race with the sink's
+commits; Iceberg then refuses it (a validation or commit-state error) and the loop counts it as a conflict and goes
+on: losing is the foreign side's correct outcome. Any other error fails the script. Prints per procedure how many
+runs committed and how many lost, and how many data files the rewrites replaced.
+
+The jars (iceberg-spark-runtime-4.1_2.13, sqlite-jdbc) come from RATCHET_SPARK_JARS (scripts/services.sh copies
+them, pinned in test-support/verifiers/spark/pom.xml); pyspark is pinned in scripts/services/requirements.txt.
+"""
+
+import glob
+import json
+import os
+import sys
+import time
+
+CATALOG = "ratchet"
+# What a procedure meets when it loses a race with the sink, by procedure: a commit whose base moved (retried, then
+# given up), Iceberg's validation of a rewrite against deletes committed since it started, and for every procedure
+# a file of a snapshot the sink's own expiry deleted after the procedure loaded the table (the procedure fails
+# before it changes anything). Anything else fails the script.
+MOVED = ("CommitFailedException", "SQLITE_BUSY")
+EXPIRED = ("NotFoundException",)
+LOST_RACE = {
+    "rewrite_data_files": MOVED + EXPIRED + ("ValidationException", "Cannot commit rewrite"),
+    "rewrite_manifests": MOVED + EXPIRED,
+    "expire_snapshots": MOVED + EXPIRED,
+    "remove_orphan_files": EXPIRED,
+}
+
+
+def session(db: str, warehouse: str):
+    from pyspark.sql import SparkSession
+
+    jars = sorted(glob.glob(os.path.join(os.environ["RATCHET_SPARK_JARS"], "*.jar")))
+    if not jars:
+        sys.exit(f"no jars in {os.environ['RATCHET_SPARK_JARS']}: run scripts/services.sh up")
+    prefix = f"spark.sql.catalog.{CATALOG}"
+    return (
+        SparkSession.builder.master("local[1]")
+        .appName("ratchet-spark-iceberg")
+        .config("spark.jars", ",".join(jars))
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.memory", "1g")
+        .config("spark.sql.extensions", "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions")
+        .config(prefix, "org.apache.iceberg.spark.SparkCatalog")
+        .config(f"{prefix}.type", "jdbc")
+        .config(f"{prefix}.uri", f"jdbc:sqlite:{db}")
+        .config(f"{prefix}.warehouse", warehouse)
+        # The sink's SQL catalog has no view support column: the catalog schema Iceberg calls V0.
+        .config(f"{prefix}.jdbc.schema-version", "V0")
+        .getOrCreate()
+    )
+
+
+def read(db: str, warehouse: str, table: str, id_column: str) -> None:
+    spark = session(db, warehouse)
+    frame = spark.table(f"{CATALOG}.{table}").orderBy(id_column)
+    rows = [[value for value in row] for row in frame.collect()]
+    json.dump({"column_names": frame.columns, "rows": rows}, sys.stdout, default=str)
+    spark.stop()
+
+
+def lost_race(procedure: str, error: Exception) -> bool:
+    text = str(error)
+    return any(marker in text for marker in LOST_RACE[procedure])
+
+
+def remove_orphan_files(spark, table: str, cutoff_s: float) -> int:
+    """Spark's DeleteOrphanFiles action (what the remove_orphan_files procedure runs; the procedure refuses a
+    cut-off under 24 hours and says to use the action for a shorter one): deletes the table's files no snapshot
+    references that are older than `cutoff_s`; returns how many."""
+    jvm = spark._jvm
+    loaded = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, table)
+    older_than = int((time.time() - cutoff_s) * 1000)
+    action = jvm.org.apache.iceberg.spark.actions.SparkActions.get(spark._jsparkSession).deleteOrphanFiles(loaded)
+    result = action.olderThan(older_than).execute()
+    removed, locations = 0, result.orphanFileLocations().iterator()
+    while locations.hasNext():
+        locations.next()
+        removed += 1
+    return removed
+
+
+def maintain(db: str, warehouse: str, table: str, stop_file: str, orphan_cutoff_s: str) -> None:
+    spark = session(db, warehouse)
+    name = f"{CATALOG}.{table}"
+    done = {p: {"committed": 0, "lost": 0} for p in
+            ("rewrite_data_files", "rewrite_manifests", "expire_snapshots", "remove_orphan_files")}
+    rewritten = 0
+    orphans = 0
+    progress = os.path.join(os.path.dirname(stop_file), "progress")
+
+    def report() -> dict:
+        summary = {"procedures": done, "rewritten_data_files": rewritten, "orphans_removed": orphans}
+        with open(progress + ".tmp", "w") as f:
+            json.dump(summary, f)
+        os.replace(progress + ".tmp", progress)
+        return summary
+
+    def attempt(procedure: str, run):
+        try:
+            result = run()
+        except Exception as e:  # noqa: BLE001 - a lost race is counted, anything else re-raised
+            if not lost_race(procedure, e):
+                raise
+            done[procedure]["lost"] += 1
+            return None
+        done[procedure]["committed"] += 1
+        return result
+
+    def call(procedure: str, sql: str):
+        return attempt(procedure, lambda: spark.sql(sql).collect())
+
+    while not os.path.exists(stop_file):
+        result = call(
+            "rewrite_data_files",
+            f"CALL {CATALOG}.system.rewrite_data_files(table => '{name}', "
+            # Small groups committed one by one: a group holding a file the sink deleted from since the rewrite
+            # began loses (Iceberg's validation), the others land.
+            "options => map('rewrite-all', 'true', 'min-input-files', '1', 'max-file-group-size-bytes', '20000', "
+            "'partial-progress.enabled', 'true', 'partial-progress.max-commits', '20'))",
+        )
+        if result:
+            rewritten += result[0]["rewritten_data_files_count"]
+            if result[0]["rewritten_data_files_count"] == 0:
+                # Every group lost (partial progress reports them as failed instead of raising).
+                done["rewrite_data_files"]["committed"] -= 1
+                done["rewrite_data_files"]["lost"] += 1
+        call("rewrite_manifests", f"CALL {CATALOG}.system.rewrite_manifests(table => '{name}')")
+        call(
+            "expire_snapshots",
+            f"CALL {CATALOG}.system.expire_snapshots(table => '{name}', "
+            f"older_than => TIMESTAMP '{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(time.time() + 1))}', "
+            "retain_last => 2)",
+        )
+        removed = attempt("remove_orphan_files", lambda: remove_orphan_files(spark, name, float(orphan_cutoff_s)))
+        orphans += removed or 0
+        report()
+    json.dump(report(), sys.stdout)
+    spark.stop()
+
+
+if __name__ == "__main__":
+    command, *args = sys.argv[1:]
+    os.environ.setdefault("TZ", "UTC")
+    {"read": read, "maintain": maintain}[command](*args)
