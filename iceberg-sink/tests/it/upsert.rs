@@ -863,3 +863,54 @@ async fn spark_maintenance_beside_the_upserts_and_kills_leaves_each_key_once() {
     );
     readers_see(&lake, &table, &expected, "after Spark's maintenance").await;
 }
+
+/// A `kill -9` after the row delta was written leaves a decided checkpoint whose files no snapshot references;
+/// one of them is deleted while the subtask is down (as a foreign orphan removal with a short cut-off would):
+/// the restart refuses to commit, naming the file and the cause, and the table stays readable as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decided_checkpoint_whose_file_was_deleted_meanwhile_is_refused_naming_it() {
+    test_support::Services::get();
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::sqlite_local(dir.path(), "gone");
+    let table = lake.table(&["upserted"]);
+    IcebergSink::new(config(&lake, &table, 0)).await.unwrap();
+    killed_at(
+        dir.path(),
+        &table,
+        "after-row-delta",
+        UpsertDeletes::Position,
+    );
+    let (reader, name) = (lake.clone(), table.clone());
+    let rows = move || reader.read_with(&name, "--rows");
+    let seen = tokio::task::spawn_blocking(rows.clone()).await.unwrap();
+    // A data file of the killed commit (not one of its delete files).
+    let gone = seen["unreferenced"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|path| path.as_str().unwrap().to_string())
+        .find(|path| !path.ends_with("del.parquet"))
+        .unwrap_or_else(|| panic!("the killed commit's data files: {seen}"));
+    std::fs::remove_file(gone.strip_prefix("file://").unwrap()).unwrap();
+
+    let mut job = Driver::new(
+        LocalCheckpointStore::open(dir.path().join("state"), 3).unwrap(),
+        DriverConfig::default(),
+    );
+    job.add_sink(IcebergSink::new(config(&lake, &table, 0)).await.unwrap())
+        .unwrap();
+    let refused = job.start().await.unwrap_err();
+    let said = connector_api::Report(&refused).to_string();
+    assert_eq!(refused.kind(), ErrorKind::Fatal, "{said}");
+    let name = gone.rsplit('/').next().unwrap();
+    assert!(
+        said.contains(name) && said.contains("remove_orphan_files"),
+        "{said}"
+    );
+    let after = tokio::task::spawn_blocking(rows).await.unwrap();
+    assert_eq!(after["rows"], seen["rows"], "nothing was committed");
+    assert_eq!(
+        after["snapshots"], seen["snapshots"],
+        "nothing was committed"
+    );
+}
