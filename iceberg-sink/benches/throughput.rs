@@ -15,7 +15,11 @@
 //! data and metadata the table holds afterwards, the manifests its current snapshot names and how long pyiceberg
 //! takes to plan a scan of it: at 1 s without maintenance, with `expire_snapshots` on a table that keeps 100
 //! snapshots, and with expiry and manifest merging (the sink's default for tables it creates). With
-//! `RATCHET_BENCH_DAY=1` it simulates a day at 1 s (86 400 commits of 10 rows) with expiry and merging.
+//! `RATCHET_BENCH_DAY=1` it simulates a day at 1 s (86 400 commits of 10 rows) with expiry and merging. With
+//! `RATCHET_BENCH_UPSERT_HOUR=1` it simulates an hour of upserts at 1 s (3 600 commits of 1 000 rows whose ids
+//! cycle through 100 000 keys, position deletes, expiry and merging), then has Spark 4.1.4 time a full scan of
+//! the table, compact it (rewrite_data_files, rewrite_position_delete_files) and time the scan again
+//! (`test-support/verifiers/spark_iceberg.py scan`).
 //!
 //! At 1 s it also runs the sink in the upsert mode (`upsert_key = ["id"]`: each checkpoint a row delta of data
 //! files and deletes of the rows they replace; ids distinct within a checkpoint, cycling through 8.4M, so later
@@ -271,12 +275,21 @@ struct SmallFiles {
     rows_per_commit: i64,
     keep: Option<usize>,
     merge: bool,
+    /// Upserts by `id` (position deletes), the ids cycling through this many keys (a multiple of
+    /// `rows_per_commit`); appends of new ids without it.
+    upsert_keys: Option<i64>,
 }
 
-async fn small_files(run: SmallFiles) {
+/// Runs `run`, prints its row of the table; for an upsert run, returns what Spark measured of the table
+/// (`spark_iceberg.py scan`: scan time before and after Spark's own compaction).
+async fn small_files(run: SmallFiles) -> Option<serde_json::Value> {
     let lake = lake();
     let config = IcebergSinkConfig {
         expire_snapshots: run.keep.is_some(),
+        upsert_key: match run.upsert_keys {
+            Some(_) => vec!["id".into()],
+            None => Vec::new(),
+        },
         ..config(&lake)
     };
     let mut sink = IcebergSink::new(config.clone()).await.unwrap();
@@ -309,6 +322,7 @@ async fn small_files(run: SmallFiles) {
     for checkpoint in 1..=run.commits {
         sink.begin(CheckpointId(checkpoint)).await.unwrap();
         let start = (checkpoint as i64 - 1) * rows;
+        let start = run.upsert_keys.map_or(start, |keys| start % keys);
         sink.write(&conformance_batch_with(start..start + rows, payload))
             .await
             .unwrap();
@@ -363,13 +377,21 @@ async fn small_files(run: SmallFiles) {
         simulated.as_secs_f64(),
         (run.commits as i64 * rows) as f64 / simulated.as_secs_f64(),
     );
+    run.upsert_keys.map(|_| {
+        let db = lake.python_uri.strip_prefix("sqlite:///").unwrap();
+        Services::get().python_script(
+            &test_support::repo_root().join("test-support/verifiers/spark_iceberg.py"),
+            &["scan", db, &lake.warehouse, "bench.events"],
+        )
+    })
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let small = std::env::var("RATCHET_BENCH_SMALL_FILES").is_ok();
     let day = std::env::var("RATCHET_BENCH_DAY").is_ok();
-    if small || day {
+    let upsert_hour = std::env::var("RATCHET_BENCH_UPSERT_HOUR").is_ok();
+    if small || day || upsert_hour {
         println!(
             "| run | snapshots | data files | data MB | metadata files | metadata MB | newest metadata.json KB | manifests in the current snapshot | commit p99, first / last 100 commits, ms | pyiceberg scan plan, s | simulated in s | rows/s |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
         );
@@ -379,6 +401,7 @@ async fn main() {
             rows_per_commit: 1_000 * seconds,
             keep,
             merge,
+            upsert_keys: None,
         };
         if small {
             small_files(hour("1 h at 60 s", 60, None, true)).await;
@@ -400,8 +423,46 @@ async fn main() {
                 rows_per_commit: 10,
                 keep: Some(100),
                 merge: true,
+                upsert_keys: None,
             })
             .await;
+        }
+        if upsert_hour {
+            let spark = small_files(SmallFiles {
+                upsert_keys: Some(100_000),
+                ..hour(
+                    "1 h at 1 s, upserts by id over 100 000 keys (position deletes), expiry (keep 100) + merging (at 100)",
+                    1,
+                    Some(100),
+                    true,
+                )
+            })
+            .await
+            .unwrap();
+            let (before, after) = (&spark["before"], &spark["after"]);
+            println!(
+                "\n| Spark 4.1.4 full scan of the upsert table | rows | data files | position-delete files | scan s |\n|---|---|---|---|---|"
+            );
+            for (label, m) in [
+                ("after the hour, as the sink left it", before),
+                (
+                    "after Spark's rewrite_data_files + rewrite_position_delete_files",
+                    after,
+                ),
+            ] {
+                println!(
+                    "| {label} | {} | {} | {} | {:.2} |",
+                    m["rows"],
+                    m["data_files"],
+                    m["position_delete_files"],
+                    m["scan_seconds"].as_f64().unwrap()
+                );
+            }
+            println!(
+                "\nSpark's compaction took {:.1} s; the scan before it took {:.0}x as long as after",
+                spark["compaction_seconds"].as_f64().unwrap(),
+                before["scan_seconds"].as_f64().unwrap() / after["scan_seconds"].as_f64().unwrap()
+            );
         }
         return;
     }

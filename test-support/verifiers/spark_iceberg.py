@@ -3,12 +3,19 @@ Iceberg tables with, run here as an independent reader and as a foreign maintain
 
     spark_iceberg.py read     <catalog.db> <warehouse> <namespace.table> <id column>
     spark_iceberg.py maintain <catalog.db> <warehouse> <namespace.table> <stop file> <orphan cut-off seconds>
+    spark_iceberg.py scan     <catalog.db> <warehouse> <namespace.table>
 
 The catalog is the SQLite database the sink commits to, opened with Iceberg's JdbcCatalog (catalog name
 `ratchet`, as the tests name it); the warehouse is a local directory.
 
 `read` prints {"column_names": [...], "rows": [[...], ...]} (sorted by the id column), read merge-on-read: every
 position, equality and deletion-vector delete applied by Spark's own scan.
+
+`scan` (a benchmark's reader-side cost) times a full scan of the table (Spark's `noop` sink: every row read and
+merged, nothing collected; the faster of two after a warm-up count), counts its live data and delete files, then
+compacts it the way an operator would (rewrite_data_files of every file with deletes applied, then
+rewrite_position_delete_files, which drops the deletes left dangling) and measures again; prints
+{"before": {...}, "compaction_seconds": s, "after": {...}}.
 
 `maintain` runs Spark's maintenance procedures in a loop while the sink writes, until the stop file exists (after
 each round it writes what it did so far to `progress` beside the stop file):
@@ -75,6 +82,32 @@ def read(db: str, warehouse: str, table: str, id_column: str) -> None:
     frame = spark.table(f"{CATALOG}.{table}").orderBy(id_column)
     rows = [[value for value in row] for row in frame.collect()]
     json.dump({"column_names": frame.columns, "rows": rows}, sys.stdout, default=str)
+    spark.stop()
+
+
+def scan(db: str, warehouse: str, table: str) -> None:
+    spark = session(db, warehouse)
+    name = f"{CATALOG}.{table}"
+
+    def measured() -> dict:
+        files = {row["content"]: row["n"] for row in
+                 spark.sql(f"SELECT content, count(*) AS n FROM {name}.files GROUP BY content").collect()}
+        rows = spark.table(name).count()
+        seconds = []
+        for _ in range(2):
+            started = time.perf_counter()
+            spark.table(name).write.format("noop").mode("overwrite").save()
+            seconds.append(time.perf_counter() - started)
+        return {"rows": rows, "data_files": files.get(0, 0), "position_delete_files": files.get(1, 0),
+                "equality_delete_files": files.get(2, 0), "scan_seconds": min(seconds)}
+
+    before = measured()
+    started = time.perf_counter()
+    spark.sql(f"CALL {CATALOG}.system.rewrite_data_files(table => '{name}', options => map('rewrite-all', 'true'))")
+    spark.sql(f"CALL {CATALOG}.system.rewrite_position_delete_files(table => '{name}', "
+              "options => map('rewrite-all', 'true'))")
+    compaction = time.perf_counter() - started
+    json.dump({"before": before, "compaction_seconds": compaction, "after": measured()}, sys.stdout)
     spark.stop()
 
 
@@ -161,4 +194,4 @@ def maintain(db: str, warehouse: str, table: str, stop_file: str, orphan_cutoff_
 if __name__ == "__main__":
     command, *args = sys.argv[1:]
     os.environ.setdefault("TZ", "UTC")
-    {"read": read, "maintain": maintain}[command](*args)
+    {"read": read, "maintain": maintain, "scan": scan}[command](*args)
