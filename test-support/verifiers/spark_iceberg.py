@@ -38,13 +38,14 @@ import time
 
 CATALOG = "ratchet"
 # What a procedure meets when it loses a race with the sink, by procedure: a commit whose base moved (retried, then
-# given up), Iceberg's validation of a rewrite against deletes committed since it started, and for every procedure
-# a file of a snapshot the sink's own expiry deleted after the procedure loaded the table (the procedure fails
-# before it changes anything). Anything else fails the script.
-MOVED = ("CommitFailedException", "SQLITE_BUSY")
+# given up); Iceberg's validation on that retry (a rewrite of data files the sink deleted from since it started,
+# a rewrite of manifests the sink's own merging replaced meanwhile); and for every procedure a file of a snapshot
+# the sink's own expiry deleted after the procedure loaded the table (the procedure fails before it changes
+# anything). Anything else fails the script.
+MOVED = ("CommitFailedException", "SQLITE_BUSY", "ValidationException")
 EXPIRED = ("NotFoundException",)
 LOST_RACE = {
-    "rewrite_data_files": MOVED + EXPIRED + ("ValidationException", "Cannot commit rewrite"),
+    "rewrite_data_files": MOVED + EXPIRED + ("Cannot commit rewrite",),
     "rewrite_manifests": MOVED + EXPIRED,
     "expire_snapshots": MOVED + EXPIRED,
     "remove_orphan_files": EXPIRED,

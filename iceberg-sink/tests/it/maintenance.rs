@@ -24,8 +24,7 @@ use std::time::Duration;
 
 use common::Lake;
 use connector_api::{
-    CheckpointStore, Driver, DriverConfig, LocalCheckpointStore, SinkId, TwoPhaseCommit,
-    committables_in,
+    CheckpointStore, LocalCheckpointStore, SinkId, TwoPhaseCommit, committables_in,
 };
 use iceberg_sink::{IcebergSink, IcebergSinkConfig};
 use ratchet_conformance::{conformance_batch as batch, conformance_positions, conformance_schema};
@@ -78,29 +77,10 @@ fn assert_every_snapshot_reads_back(seen: &serde_json::Value, context: &str) {
     }
 }
 
-/// A driver over the checkpoint store in `state` with one expiring sink of `subtask`.
-async fn driver(
-    lake: &Lake,
-    table: &str,
-    subtask: u32,
-    state: &Path,
-) -> (Driver<LocalCheckpointStore>, connector_api::SinkHandle) {
-    let mut driver = Driver::new(
-        LocalCheckpointStore::open(state, 3).unwrap(),
-        DriverConfig::default(),
-    );
-    let sink = IcebergSink::new(config(lake, table, subtask))
-        .await
-        .unwrap();
-    let handle = driver.add_sink(sink).unwrap();
-    (driver, handle)
-}
-
 /// Runs `checkpoints` checkpoints of [`ROWS`] records with ids from `first` (positions count from 0), each
 /// committed before the next.
 async fn run(lake: &Lake, table: &str, subtask: u32, state: &Path, first: i64, checkpoints: i64) {
-    let (mut job, sink) = driver(lake, table, subtask, state).await;
-    let restored = job.start().await.unwrap();
+    let (mut job, sink, restored) = common::started(state, &config(lake, table, subtask)).await;
     let mut next = restored.positions.first().map_or(0, |p| p.next_offset);
     for _ in 0..checkpoints {
         job.write(sink, &batch(first + next..first + next + ROWS))

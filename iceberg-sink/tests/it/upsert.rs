@@ -158,14 +158,7 @@ async fn run_config(
     state: &Path,
     checkpoints: i64,
 ) -> i64 {
-    let mut job = Driver::new(
-        LocalCheckpointStore::open(state, 3).unwrap(),
-        DriverConfig::default(),
-    );
-    let sink = job
-        .add_sink(IcebergSink::new(config).await.unwrap())
-        .unwrap();
-    let restored = job.start().await.unwrap();
+    let (mut job, sink, restored) = common::started(state, &config).await;
     let mut next = restored.positions.first().map_or(0, |p| p.next_offset);
     for _ in 0..checkpoints {
         // Three batches: a checkpoint's applied rows come per batch, each into a file of its own (`config`).

@@ -335,6 +335,44 @@ impl SparkMaintainer {
     }
 }
 
+/// A driver over the local store in `state` with the sink of `config`, started the way the worker starts a
+/// subtask: a retryable error (a foreign writer's commits or expiry racing the recovery) is printed and the start
+/// tried again with a new driver, at most 5 times; any other error fails the test with its report.
+pub async fn started(
+    state: &Path,
+    config: &IcebergSinkConfig,
+) -> (
+    connector_api::Driver<connector_api::LocalCheckpointStore>,
+    connector_api::SinkHandle,
+    connector_api::Restored,
+) {
+    let mut attempt = 1;
+    loop {
+        let mut job = connector_api::Driver::new(
+            connector_api::LocalCheckpointStore::open(state, 3).unwrap(),
+            connector_api::DriverConfig::default(),
+        );
+        let sink = job
+            .add_sink(
+                iceberg_sink::IcebergSink::new(config.clone())
+                    .await
+                    .unwrap(),
+            )
+            .unwrap();
+        match job.start().await {
+            Ok(restored) => return (job, sink, restored),
+            Err(e) if e.is_retryable() && attempt < 5 => {
+                eprintln!(
+                    "start attempt {attempt} failed, retrying: {}",
+                    connector_api::Report(&e)
+                );
+                attempt += 1;
+            }
+            Err(e) => panic!("the start failed: {}", connector_api::Report(&e)),
+        }
+    }
+}
+
 /// The checkpoints that `snapshots` (the verifier's) show added by more than one snapshot with data files.
 pub fn checkpoints_in_two_snapshots(snapshots: &[serde_json::Value]) -> Vec<String> {
     let mut committed: Vec<&str> = snapshots
