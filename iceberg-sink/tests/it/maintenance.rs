@@ -350,16 +350,11 @@ async fn spark_maintenance_beside_appends_and_kills_leaves_every_row_once() {
     let state = dir.path().join("state");
     run(&lake, &table, 0, &state, 0, 2).await;
     let mut spark = common::SparkMaintainer::start(&lake, &table, Duration::from_secs(20));
-    let committed = |spark: &mut common::SparkMaintainer, procedure: &str| {
-        spark.progress().map_or(0, |p| {
-            p["procedures"][procedure]["committed"].as_u64().unwrap()
-        })
-    };
     let deadline = std::time::Instant::now() + Duration::from_secs(300);
     let mut rounds = 0;
     while rounds < 2
-        || committed(&mut spark, "rewrite_data_files") < 2
-        || committed(&mut spark, "expire_snapshots") < 2
+        || spark.count("rewrite_data_files", "committed") < 2
+        || spark.count("expire_snapshots", "committed") < 2
     {
         assert!(
             std::time::Instant::now() < deadline,
@@ -379,21 +374,11 @@ async fn spark_maintenance_beside_appends_and_kills_leaves_every_row_once() {
 
     let next = common::decided_offset(&state).await;
     let expected: Vec<i64> = (0..next).collect();
-    let (spark_lake, spark_table) = (lake.clone(), table.clone());
-    let seen = tokio::task::spawn_blocking(move || spark_lake.spark_read(&spark_table))
+    let spark_ids: Vec<i64> = lake
+        .spark_rows(&table)
         .await
-        .unwrap();
-    let id = seen["column_names"]
-        .as_array()
-        .unwrap()
         .iter()
-        .position(|c| c == "id")
-        .unwrap();
-    let spark_ids: Vec<i64> = seen["rows"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r[id].as_i64().unwrap())
+        .map(|row| row["id"].as_i64().unwrap())
         .collect();
     assert_eq!(spark_ids, expected, "Spark");
     let read = read(&lake, &table).await;

@@ -783,20 +783,15 @@ async fn spark_maintenance_beside_the_upserts_and_kills_leaves_each_key_once() {
     let state = dir.path().join("state");
     run(&lake, &table, (0, UpsertDeletes::Position), &state, 2).await;
     let mut spark = common::SparkMaintainer::start(&lake, &table, Duration::from_secs(20));
-    let count = |spark: &mut common::SparkMaintainer, procedure: &str, outcome: &str| {
-        spark
-            .progress()
-            .map_or(0, |p| p["procedures"][procedure][outcome].as_u64().unwrap())
-    };
     let deadline = std::time::Instant::now() + Duration::from_secs(300);
     let mut rounds = 0;
     // Every key changes in every checkpoint, so a rewrite racing these commits mostly loses: two of Spark's
     // rounds, whatever their outcome, with expiries committed.
     while rounds < 2
-        || count(&mut spark, "rewrite_data_files", "committed")
-            + count(&mut spark, "rewrite_data_files", "lost")
+        || spark.count("rewrite_data_files", "committed")
+            + spark.count("rewrite_data_files", "lost")
             < 2
-        || count(&mut spark, "expire_snapshots", "committed") < 2
+        || spark.count("expire_snapshots", "committed") < 2
     {
         assert!(
             std::time::Instant::now() < deadline,
@@ -821,9 +816,9 @@ async fn spark_maintenance_beside_the_upserts_and_kills_leaves_each_key_once() {
             committable.deletes_based_on.is_some(),
             "located by position"
         );
-        let before = count(&mut spark, "rewrite_data_files", "committed");
+        let before = spark.count("rewrite_data_files", "committed");
         let waited = std::time::Instant::now();
-        while count(&mut spark, "rewrite_data_files", "committed") == before {
+        while spark.count("rewrite_data_files", "committed") == before {
             assert!(
                 waited.elapsed() < Duration::from_secs(120),
                 "no rewrite of Spark's landed while checkpoint {checkpoint} waited"
@@ -838,16 +833,22 @@ async fn spark_maintenance_beside_the_upserts_and_kills_leaves_each_key_once() {
     assert!(done["orphans_removed"].as_u64().unwrap() > 0, "{done}");
 
     let expected = expected(&[(0, next)]);
-    let (spark_lake, spark_table) = (lake.clone(), table.clone());
-    let seen = tokio::task::spawn_blocking(move || spark_lake.spark_read(&spark_table))
-        .await
-        .unwrap();
-    assert_eq!(seen["column_names"], serde_json::json!(["id", "v"]));
-    let spark_rows: Vec<(i64, String)> = seen["rows"]
-        .as_array()
-        .unwrap()
+    let rows = lake.spark_rows(&table).await;
+    for row in &rows {
+        assert_eq!(
+            row.keys().collect::<Vec<_>>(),
+            ["id", "v"],
+            "Spark's columns"
+        );
+    }
+    let spark_rows: Vec<(i64, String)> = rows
         .iter()
-        .map(|r| (r[0].as_i64().unwrap(), r[1].as_str().unwrap().to_string()))
+        .map(|r| {
+            (
+                r["id"].as_i64().unwrap(),
+                r["v"].as_str().unwrap().to_string(),
+            )
+        })
         .collect();
     assert_eq!(
         spark_rows,

@@ -200,7 +200,7 @@ impl dyn JobStore {
     /// Another rescale held the lock for longer than `patience` (named), or the store cannot be read or written.
     pub async fn discard_unswitched_generation(&self, patience: Duration) -> Result<()> {
         let _serialized = self.lock_rescale(patience).await?;
-        let current = self.generation().await?;
+        let current = self.generation_within_bound().await?;
         self.purge(current + 1).await
     }
 }

@@ -258,11 +258,29 @@ impl Lake {
         [db, &self.warehouse]
     }
 
-    /// What Spark with Iceberg's runtime reads of `table` (`column_names`, `rows` sorted by `id`), blocking.
-    pub fn spark_read(&self, table: &str) -> serde_json::Value {
-        let [db, warehouse] = self.spark_catalog();
-        let script = test_support::repo_root().join("test-support/verifiers/spark_iceberg.py");
-        Services::get().python_script(&script, &["read", db, warehouse, table, "id"])
+    /// Every row Spark with Iceberg's runtime reads of `table`, sorted by `id`, each as its columns by name.
+    pub async fn spark_rows(&self, table: &str) -> Vec<serde_json::Map<String, serde_json::Value>> {
+        let (lake, table) = (self.clone(), table.to_string());
+        let seen = tokio::task::spawn_blocking(move || {
+            let [db, warehouse] = lake.spark_catalog();
+            let script = test_support::repo_root().join("test-support/verifiers/spark_iceberg.py");
+            Services::get().python_script(&script, &["read", db, warehouse, &table, "id"])
+        })
+        .await
+        .unwrap();
+        let columns = seen["column_names"].as_array().unwrap();
+        seen["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|row| {
+                columns
+                    .iter()
+                    .zip(row.as_array().unwrap())
+                    .map(|(name, value)| (name.as_str().unwrap().to_string(), value.clone()))
+                    .collect()
+            })
+            .collect()
     }
 }
 
@@ -302,6 +320,13 @@ impl SparkMaintainer {
         }
         let text = std::fs::read(self.stop.path().join("progress")).ok()?;
         Some(serde_json::from_slice(&text).unwrap())
+    }
+
+    /// How many runs of `procedure` the loop's last finished round reports with `outcome` (`committed` or
+    /// `lost`); 0 before the first round.
+    pub fn count(&mut self, procedure: &str, outcome: &str) -> u64 {
+        self.progress()
+            .map_or(0, |p| p["procedures"][procedure][outcome].as_u64().unwrap())
     }
 
     /// What the loop wrote to its stderr so far (Spark's log, and the error that ended it).
