@@ -273,7 +273,7 @@ def read_iceberg(uri: str, warehouse: str, table_name: str) -> list:
 
     catalog = SqlCatalog("ratchet", uri=uri, warehouse=warehouse, **iceberg_table.s3_props())
     try:
-        table = catalog.load_table(table_name)
+        table = iceberg_table.load_table(catalog, table_name)
     except NoSuchTableError:
         return []
     if table.metadata.current_snapshot_id is None:

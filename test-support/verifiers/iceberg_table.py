@@ -35,6 +35,7 @@ ids as DuckDB reads them whatever its deletes (it misreads equality deletes; cal
 import json
 import os
 import sys
+import time
 
 from pyiceberg.exceptions import NoSuchTableError
 
@@ -327,10 +328,30 @@ def open_catalog(name: str, uri: str, warehouse: str):
     return SqlCatalog(name, uri=uri, warehouse=warehouse, **s3_props())
 
 
+def load_table(catalog, table_name: str):
+    """`catalog.load_table`, with up to two more tries on SQLite's "disk I/O error" (each on a fresh connection).
+
+    Seen once in CI (2026-12-06) from a SQLite catalog that the sink process was writing in WAL mode beside this
+    long-lived verifier process; the read is of the catalog's row only, so reading it again on a new connection is
+    the same check. Any other error, or the third I/O error, is raised.
+    """
+    from sqlalchemy.exc import OperationalError
+
+    for attempt in range(3):
+        try:
+            return catalog.load_table(table_name)
+        except OperationalError as e:
+            if "disk I/O error" not in str(e) or attempt == 2:
+                raise
+            print(f"load_table({table_name}): {e.orig}; retrying on a fresh connection", file=sys.stderr)
+            catalog.engine.dispose()
+            time.sleep(0.2)
+
+
 def main(name: str, uri: str, warehouse: str, table_name: str, id_column: str, *flags: str) -> None:
     catalog = open_catalog(name, uri, warehouse)
     try:
-        table = catalog.load_table(table_name)
+        table = load_table(catalog, table_name)
     except NoSuchTableError:
         json.dump(
             {

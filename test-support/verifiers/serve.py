@@ -11,6 +11,7 @@ not the server. The server ends when stdin closes.
 """
 
 import contextlib
+import gc
 import io
 import json
 import os
@@ -59,6 +60,9 @@ def main() -> None:
         response = run(request["path"], [str(a) for a in request["args"]])
         sys.stdout.write(json.dumps(response) + "\n")
         sys.stdout.flush()
+        # Close what the run left behind now (SQLAlchemy engines hold their SQLite connections in reference cycles),
+        # not at some later run's allocation: a connection to a catalog file must not outlive the read that opened it.
+        gc.collect()
 
 
 if __name__ == "__main__":

@@ -411,7 +411,7 @@ def read_iceberg(uri: str, warehouse: str, table_name: str) -> list:
     from pyiceberg.catalog.sql import SqlCatalog
 
     catalog = SqlCatalog("ratchet", uri=uri, warehouse=warehouse, **iceberg_table.s3_props())
-    table = catalog.load_table(table_name)
+    table = iceberg_table.load_table(catalog, table_name)
     read = iceberg_table.java_read(table.metadata_location)
     return [dict(zip(read["column_names"], values)) for values in read["rows"]]
 
