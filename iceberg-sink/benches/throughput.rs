@@ -19,7 +19,9 @@
 //! `RATCHET_BENCH_UPSERT_HOUR=1` it simulates an hour of upserts at 1 s (3 600 commits of 1 000 rows whose ids
 //! cycle through 100 000 keys, position deletes, expiry and merging), then has Spark 4.1.4 time a full scan of
 //! the table, compact it (rewrite_data_files, rewrite_position_delete_files) and time the scan again
-//! (`test-support/verifiers/spark_iceberg.py scan`).
+//! (`test-support/verifiers/spark_iceberg.py scan`). With `RATCHET_BENCH_COMPACT=1` it runs the hour at 1 s and
+//! `RATCHET_BENCH_COMPACT_COMMITS` (default 86 400: the day) commits of 10 rows with expiry, merging and the
+//! sink's compaction (`compact`, default policy); the data-files column then says how many are live.
 //!
 //! At 1 s it also runs the sink in the upsert mode (`upsert_key = ["id"]`: each checkpoint a row delta of data
 //! files and deletes of the rows they replace; ids distinct within a checkpoint, cycling through 8.4M, so later
@@ -278,6 +280,8 @@ struct SmallFiles {
     /// Upserts by `id` (position deletes), the ids cycling through this many keys (a multiple of
     /// `rows_per_commit`); appends of new ids without it.
     upsert_keys: Option<i64>,
+    /// Compaction inside the commits (`compact`, the default policy: 128 MiB, 8 files).
+    compact: bool,
 }
 
 /// Runs `run`, prints its row of the table; for an upsert run, returns what Spark measured of the table
@@ -286,6 +290,7 @@ async fn small_files(run: SmallFiles) -> Option<serde_json::Value> {
     let lake = lake();
     let config = IcebergSinkConfig {
         expire_snapshots: run.keep.is_some(),
+        compact: run.compact.then(iceberg_sink::CompactPolicy::default),
         upsert_key: match run.upsert_keys {
             Some(_) => vec!["id".into()],
             None => Vec::new(),
@@ -368,7 +373,8 @@ async fn small_files(run: SmallFiles) -> Option<serde_json::Value> {
     );
     let mode = &run.label;
     println!(
-        "| {mode} | {snapshots} | {data_files} | {:.1} | {metadata_files} | {:.1} | {:.0} | {} | {first:.0} / {last:.0} | {:.2} | {:.0} | {:.0} |",
+        "| {mode} | {snapshots} | {data_files} ({} live) | {:.1} | {metadata_files} | {:.1} | {:.0} | {} | {first:.0} / {last:.0} | {:.2} | {:.0} | {:.0} |",
+        plan["data_files"],
         data_bytes as f64 / 1e6,
         metadata_bytes as f64 / 1e6,
         newest_json as f64 / 1e3,
@@ -391,7 +397,8 @@ async fn main() {
     let small = std::env::var("RATCHET_BENCH_SMALL_FILES").is_ok();
     let day = std::env::var("RATCHET_BENCH_DAY").is_ok();
     let upsert_hour = std::env::var("RATCHET_BENCH_UPSERT_HOUR").is_ok();
-    if small || day || upsert_hour {
+    let compacting = std::env::var("RATCHET_BENCH_COMPACT").is_ok();
+    if small || day || upsert_hour || compacting {
         println!(
             "| run | snapshots | data files | data MB | metadata files | metadata MB | newest metadata.json KB | manifests in the current snapshot | commit p99, first / last 100 commits, ms | pyiceberg scan plan, s | simulated in s | rows/s |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
         );
@@ -402,6 +409,7 @@ async fn main() {
             keep,
             merge,
             upsert_keys: None,
+            compact: false,
         };
         if small {
             small_files(hour("1 h at 60 s", 60, None, true)).await;
@@ -424,6 +432,33 @@ async fn main() {
                 keep: Some(100),
                 merge: true,
                 upsert_keys: None,
+                compact: false,
+            })
+            .await;
+        }
+        if compacting {
+            small_files(SmallFiles {
+                compact: true,
+                ..hour(
+                    "1 h at 1 s, expiry (keep 100) + merging (at 100) + compaction (128 MiB, 8 files)",
+                    1,
+                    Some(100),
+                    true,
+                )
+            })
+            .await;
+            let commits = env_u64("RATCHET_BENCH_COMPACT_COMMITS", 86_400);
+            small_files(SmallFiles {
+                label: format!(
+                    "{commits} commits at 1 s (10 rows per commit), expiry (keep 100) + merging (at 100) + \
+                     compaction (128 MiB, 8 files)"
+                ),
+                commits,
+                rows_per_commit: 10,
+                keep: Some(100),
+                merge: true,
+                upsert_keys: None,
+                compact: true,
             })
             .await;
         }

@@ -37,12 +37,14 @@ use iceberg::{Catalog, TableIdent, TableUpdate};
 
 use crate::committable::IcebergCommittable;
 use crate::committable::decode_files;
+use crate::compaction::CompactedFiles;
 use crate::config::CatalogConfig;
 use crate::error::iceberg_error;
 use crate::guarded::{Check, GuardedCatalog, Planned, Verdict};
 use crate::ledger::{SubtaskKey, SubtaskState};
 use crate::manifest_merge::{MergePolicy, merge_manifests};
 use crate::own_commit::OwnCommit;
+use crate::replace::remove_data_files;
 use crate::retire::{ManifestListCache, delete_retired_files, drill};
 use crate::rewritten::read_list;
 use crate::row_delta::add_delete_files;
@@ -242,12 +244,13 @@ impl TableTarget {
         checkpoint: CheckpointId,
         files: Vec<DataFile>,
     ) -> Result<CommitOutcome> {
-        self.commit_checkpoint(key, epoch, checkpoint, files, None)
+        self.commit_checkpoint(key, epoch, checkpoint, files, None, None)
             .await
     }
 
     /// [`commit_files`](Self::commit_files) with the upsert mode's position deletes written on the key index's
-    /// view of snapshot `deletes_based_on` ([`IcebergCommittable::deletes_based_on`]).
+    /// view of snapshot `deletes_based_on` ([`IcebergCommittable::deletes_based_on`]) and a compaction's
+    /// `replacement`, dropped when one of its inputs is no longer live ([`crate::replace`]).
     pub(crate) async fn commit_checkpoint(
         &self,
         key: &SubtaskKey,
@@ -255,6 +258,7 @@ impl TableTarget {
         checkpoint: CheckpointId,
         files: Vec<DataFile>,
         deletes_based_on: Option<i64>,
+        replacement: Option<Replacement>,
     ) -> Result<CommitOutcome> {
         let context = |e: Error| {
             e.with_checkpoint(checkpoint)
@@ -275,7 +279,7 @@ impl TableTarget {
             checkpoint: Some(checkpoint),
         };
         match self
-            .commit_snapshot(key, state, files, deletes_based_on, &check)
+            .commit_snapshot(key, state, files, deletes_based_on, replacement, &check)
             .await
         {
             Ok(None) => Ok(CommitOutcome::Committed),
@@ -318,7 +322,7 @@ impl TableTarget {
                 checkpoint: before.checkpoint,
             };
             match self
-                .commit_snapshot(key, raised, Vec::new(), None, &check)
+                .commit_snapshot(key, raised, Vec::new(), None, None, &check)
                 .await
                 .map_err(|e| e.at_phase(Phase::Recover))?
             {
@@ -345,6 +349,7 @@ impl TableTarget {
         state: SubtaskState,
         files: Vec<DataFile>,
         deletes_based_on: Option<i64>,
+        replacement: Option<Replacement>,
         check: &Check<'_>,
     ) -> Result<Option<Verdict>> {
         // The first load only seeds the transaction; `commit` loads again through the guard and builds on that.
@@ -352,7 +357,22 @@ impl TableTarget {
         let (deletes, files): (Vec<DataFile>, Vec<DataFile>) = files
             .into_iter()
             .partition(|f| f.content_type() != DataContentType::Data);
-        let merging = self.own_commit_for(&table, !deletes.is_empty())?;
+        let replacement = replacement.filter(|r| {
+            let own = self.own_commit.is_some();
+            if !own {
+                tracing::warn!(
+                    table = %self.table,
+                    inputs = r.inputs.len(),
+                    "a compaction needs Ratchet's own catalog commit (TableTarget::with_own_commit); this commit \
+                     drops it"
+                );
+            }
+            own
+        });
+        let merging = match self.own_commit_for(&table, !deletes.is_empty())? {
+            None if replacement.is_some() => self.own_commit.as_ref(),
+            merging => merging,
+        };
         let guarded = GuardedCatalog::new(self.catalog.as_ref(), check);
         let (guarded, committed) = match merging {
             None => {
@@ -369,7 +389,14 @@ impl TableTarget {
                     files: &deletes,
                     based_on: deletes_based_on,
                 };
-                let own = self.commit_own(&guarded, table, key, state, (&files, deletes), own);
+                let own = self.commit_own(
+                    &guarded,
+                    table,
+                    key,
+                    state,
+                    (&files, deletes, replacement.as_ref()),
+                    own,
+                );
                 let committed = tokio::time::timeout(self.commit_timeout, own).await;
                 (guarded, committed)
             }
@@ -489,16 +516,24 @@ impl TableTarget {
     /// files and replans on fresh metadata after a jittered exponential wait, by the table's
     /// `commit.retry.num-retries`, `commit.retry.min-wait-ms` and `commit.retry.max-wait-ms` (the sink's
     /// `commit_timeout` bounds the whole commit instead of `commit.retry.total-timeout-ms`). A refused check stops
-    /// with the verdict in `guarded`.
+    /// with the verdict in `guarded`. A compaction's `replacement` adds its outputs to the planned files and
+    /// replaces its inputs ([`crate::replace`]); an attempt whose base no longer holds every input replans without
+    /// it, and once committed without it its outputs are deleted.
     async fn commit_own(
         &self,
         guarded: &GuardedCatalog<'_>,
         mut seed: Table,
         key: &SubtaskKey,
         state: SubtaskState,
-        (files, deletes): (&[DataFile], DeleteFiles<'_>),
+        (files, deletes, mut replacement): (&[DataFile], DeleteFiles<'_>, Option<&Replacement>),
         own: &OwnCommit,
     ) -> iceberg::Result<Table> {
+        let dropped = replacement.map(|r| {
+            r.outputs
+                .iter()
+                .map(|f| f.file_path().to_string())
+                .collect::<Vec<_>>()
+        });
         let retry = seed.metadata().table_properties()?;
         let mut wait = Duration::from_millis(retry.commit_min_retry_wait_ms.max(1));
         for attempt in 0..=retry.commit_num_retries {
@@ -506,7 +541,11 @@ impl TableTarget {
                 tokio::time::sleep(jittered(wait)).await;
                 wait = (wait * 2).min(Duration::from_millis(retry.commit_max_retry_wait_ms.max(1)));
             }
-            self.plan(&seed, key, state, files.to_vec())?
+            let mut planned_files = files.to_vec();
+            if let Some(replacement) = replacement {
+                planned_files.extend(replacement.outputs.iter().cloned());
+            }
+            self.plan(&seed, key, state, planned_files)?
                 .commit(guarded)
                 .await?;
             let Some(Planned {
@@ -528,7 +567,9 @@ impl TableTarget {
             });
             // The planned list is read once; each rewrite hands the next the manifests its list names.
             let mut manifests = match &planned_snapshot {
-                Some(snapshot) if !deletes.files.is_empty() || policy.is_some() => {
+                Some(snapshot)
+                    if !deletes.files.is_empty() || policy.is_some() || replacement.is_some() =>
+                {
                     read_list(&base, snapshot).await?
                 }
                 _ => Vec::new(),
@@ -541,6 +582,30 @@ impl TableTarget {
                 *snapshot = delta.snapshot;
                 manifests = delta.manifests;
                 written = delta.written;
+            }
+            if let (Some(replacing), Some(snapshot)) =
+                (replacement, planned_snapshot.as_deref_mut())
+            {
+                match remove_data_files(&base, snapshot, manifests, &replacing.inputs).await? {
+                    Some(replaced) => {
+                        *snapshot = replaced.snapshot;
+                        manifests = replaced.manifests;
+                        written.extend(replaced.written);
+                    }
+                    None => {
+                        tracing::info!(
+                            table = %self.table,
+                            subtask = %key.subtask,
+                            inputs = replacing.inputs.len(),
+                            "a file the checkpoint's compaction rewrote is no longer live (another writer \
+                             rewrote or removed it): the checkpoint is committed without the compaction"
+                        );
+                        discard(&base, &written).await;
+                        replacement = None;
+                        seed = base;
+                        continue;
+                    }
+                }
             }
             if let (Some(policy), Some(snapshot)) = (policy, planned_snapshot) {
                 match merge_manifests(&base, snapshot, manifests, policy).await {
@@ -582,6 +647,9 @@ impl TableTarget {
                     // Nothing names the delete files this commit did not choose: they are the checkpoint's
                     // alternative, never committed (one left behind is deleted by recovery's cleanup).
                     discard(&base, &chosen.unused).await;
+                    if let (None, Some(outputs)) = (replacement, &dropped) {
+                        discard(&base, outputs).await;
+                    }
                     return Ok(*table);
                 }
                 SwapOutcome::Conflict => {
@@ -615,6 +683,14 @@ impl TableTarget {
             );
         }
     }
+}
+
+/// A compaction to commit with a checkpoint ([`crate::compaction`]): its `outputs` hold exactly the rows of its
+/// `inputs` (paths as the table's manifests name them).
+#[derive(Debug)]
+pub(crate) struct Replacement {
+    pub(crate) inputs: Vec<String>,
+    pub(crate) outputs: Vec<DataFile>,
 }
 
 /// The delete files of one commit: the checkpoint's, and the snapshot the key index showed when its position
@@ -743,9 +819,17 @@ impl IcebergCommitter {
         let table = self.target.recent(Phase::Commit).await?;
         // A file written on a schema newer than the last commit saw (another instance widened a column since)
         // decodes against the table as it is now.
-        let files = match decode_files(&table, &committable.files) {
-            Ok(files) => files,
-            Err(_) => decode_files(&self.target.load(Phase::Commit).await?, &committable.files)?,
+        let (table, files) = match decode_files(&table, &committable.files) {
+            Ok(files) => (table, files),
+            Err(_) => {
+                let table = self.target.load(Phase::Commit).await?;
+                let files = decode_files(&table, &committable.files)?;
+                (table, files)
+            }
+        };
+        let replacement = match &committable.compaction {
+            Some(compaction) => self.replacement(&table, compaction).await?,
+            None => None,
         };
         self.target
             .commit_checkpoint(
@@ -754,8 +838,61 @@ impl IcebergCommitter {
                 committable.checkpoint,
                 files,
                 committable.deletes_based_on,
+                replacement,
             )
             .await
+    }
+
+    /// The compaction a committable carries, to commit with it; `None` (logged) when one of its outputs is gone
+    /// (a foreign orphan removal with a short cut-off deleted it while nothing referenced it): its inputs still
+    /// hold the rows, so the checkpoint is committed without it. Each existence check is bounded by
+    /// `commit_timeout`.
+    ///
+    /// # Errors
+    /// [`Retryable`](ErrorKind::Retryable) when the storage does not answer in time; a committable whose outputs
+    /// do not decode.
+    async fn replacement(
+        &self,
+        table: &Table,
+        compaction: &CompactedFiles,
+    ) -> Result<Option<Replacement>> {
+        for output in &compaction.outputs {
+            let exists = tokio::time::timeout(
+                self.target.commit_timeout,
+                table.file_io().exists(&output.path),
+            )
+            .await
+            .map_err(|_| {
+                Error::new(
+                    ErrorKind::Retryable,
+                    Phase::Commit,
+                    format!(
+                        "checking that compacted file {} exists got no answer within {:?}",
+                        output.path, self.target.commit_timeout
+                    ),
+                )
+            })?
+            .map_err(|e| {
+                iceberg_error(
+                    Phase::Commit,
+                    format!("cannot check that {} exists", output.path),
+                    e,
+                )
+            })?;
+            if !exists {
+                tracing::warn!(
+                    table = %self.target.table,
+                    file = %output.path,
+                    "a compacted file is gone before its commit (a foreign orphan removal?): the checkpoint is \
+                     committed without its compaction"
+                );
+                return Ok(None);
+            }
+        }
+        Ok(Some(Replacement {
+            inputs: compaction.inputs.clone(),
+            outputs: decode_files(table, &compaction.outputs)?,
+        }))
     }
 
     /// The ledger key of the subtask that wrote `committable`.

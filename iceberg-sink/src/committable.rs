@@ -40,6 +40,10 @@ pub struct IcebergCommittable {
     /// a row the positions name may have moved.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deletes_based_on: Option<i64>,
+    /// A compaction riding on this checkpoint's snapshot (`compact`, [`CompactedFiles`]): its outputs replace its
+    /// inputs in the same snapshot, or the commit drops it when an input is no longer live.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compaction: Option<crate::compaction::CompactedFiles>,
 }
 
 pub(crate) fn encode_files(table: &Table, files: Vec<DataFile>) -> Result<Vec<PendingFile>> {

@@ -31,6 +31,7 @@ use crate::config::{
 /// | `upsert_key` | apply the rows by these key columns (`["id"]`): per checkpoint the last change of each key is written as one row, and the row it replaces deleted, in one snapshot (a row delta, merge-on-read); a change stream's `d` rows delete their key, and the table holds the rows without the change columns. Needs a format-version 2 table (partitioned by any column with position deletes, unpartitioned with equality deletes), `commit_every = 1`, and each key in one Kafka partition (the default partitioner and Debezium key by the key; a key in two partitions reaches two subtasks, whose deletes would race) | none: rows appended, a change stream as a changelog |
 /// | `upsert_deletes` | how `upsert_key` deletes a key's previous row: `"position"` (position-delete files found by a key index each subtask keeps in memory, rebuilt from the table at recovery; read by every engine that reads v2 deletes, pyiceberg and DuckDB included) or `"equality"` (equality-delete files of the keys; no index, but pyiceberg 0.12 refuses them and DuckDB 1.4.4 misreads them) | `"position"` |
 /// | `sweep_orphans_after` | subtask 0's recovery deletes the files under the table's `data/` and `metadata/` that nothing in the table references (left by killed writers, Ratchet's or another engine's) and that were last modified longer ago than this (`"1d"`); at least 3 × `commit_timeout`, and longer than any other writer's commit; never this sink's own data files (each subtask's recovery deletes those) | none: no sweep |
+/// | `compact` | rewrite small data files this subtask wrote into larger ones inside the checkpoints' own commits: `{ target_file_size = "128MB", min_input_files = 8 }` (either key may be left out: those are the defaults). Small: under ¾ of the target; a partition's files of one size tier (within a factor `min_input_files`) are rewritten once `min_input_files` of them are live, at most `target_file_size` of input per checkpoint; the checkpoint's snapshot adds its rows and replaces the rewritten files (operation `overwrite`). A file a foreign writer removed meanwhile drops that compaction, never a row. Not with `upsert_key` (planned) | none: no compaction |
 /// | `partition_by` | the partition spec of a table the sink creates, in Spark's terms: `["day(created)", "bucket(16, id)", "region"]` (`identity`, `year`, `month`, `day`, `hour`, `bucket(N, c)`, `truncate(W, c)`; fields named as Spark names them: `created_day`, `id_bucket`); needs `create_table`; not with `upsert_key` (planned) | unpartitioned |
 /// | `sort_by` | the sort order recorded on a table the sink creates, for the engines that rewrite it: `["id", "created desc nulls last"]` (the sink writes rows in arrival order); needs `create_table` | unsorted |
 /// | `properties` | table properties of a table the sink creates (`{ "write.parquet.compression-codec" = "zstd" }`), set over the sink's defaults; not `ratchet.*`; needs `create_table` | the sink's defaults (below) |
@@ -96,6 +97,9 @@ pub struct IcebergSinkSettings {
     /// Sweep the table's orphan files older than this at subtask 0's recovery.
     #[serde(with = "humantime_serde", default)]
     pub sweep_orphans_after: Option<Duration>,
+    /// Compaction inside the commits.
+    #[serde(default)]
+    pub compact: Option<crate::compaction::CompactPolicy>,
     /// The partition terms of a created table.
     #[serde(default)]
     pub partition_by: Vec<String>,
@@ -234,6 +238,7 @@ fn config(settings: IcebergSinkSettings, context: SinkContext) -> Result<Iceberg
         upsert_key: settings.upsert_key,
         upsert_deletes: settings.upsert_deletes,
         sweep_orphans_after: settings.sweep_orphans_after,
+        compact: settings.compact,
         layout: crate::TableLayout {
             partition_by: settings.partition_by,
             sort_by: settings.sort_by,

@@ -47,14 +47,16 @@
 //! own commits by the table's standard retention properties and deletes what they retired ([`TableTarget`]'s
 //! `with_snapshot_expiry`, `retire.rs`); the sink's ledger survives expiry through its table property. Tables
 //! that set `commit.manifest-merge.enabled` (every table the sink creates) have their manifests merged inside the
-//! commits (`manifest_merge.rs`). Data files are not compacted (planned): compact them with your usual Iceberg
-//! maintenance (Spark).
+//! commits (`manifest_merge.rs`). `compact` rewrites the small data files of append tables inside the checkpoints'
+//! own commits (`compaction.rs`, `replace.rs`); upsert tables are compacted by your usual Iceberg maintenance
+//! (Spark) for now (planned).
 #![deny(missing_docs)]
 
 mod check;
 mod cleanup;
 mod commit;
 mod committable;
+mod compaction;
 mod config;
 mod equality_deletes;
 mod error;
@@ -73,6 +75,7 @@ mod own_commit;
 mod position_deletes;
 mod promoted_bounds;
 mod recovery;
+mod replace;
 mod rest_commit;
 mod retire;
 mod rewritten;
@@ -87,6 +90,10 @@ mod writer;
 pub use cleanup::{delete_unreferenced_files, unreferenced_files};
 pub use commit::{CommitOutcome, IcebergCommitter, TableTarget};
 pub use committable::{IcebergCommittable, PendingFile};
+pub use compaction::{
+    CompactPolicy, CompactedFiles, DEFAULT_COMPACT_MIN_INPUT_FILES,
+    DEFAULT_COMPACT_TARGET_FILE_SIZE,
+};
 pub use config::{
     CatalogConfig, DEFAULT_COMMIT_TIMEOUT, DEFAULT_TARGET_FILE_SIZE, IcebergSinkConfig, S3Settings,
     UpsertDeletes,

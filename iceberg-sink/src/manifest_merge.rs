@@ -23,8 +23,8 @@
 use std::collections::BTreeMap;
 
 use iceberg::spec::{
-    FormatVersion, ManifestContentType, ManifestFile, ManifestStatus, ManifestWriterBuilder,
-    Snapshot, TableMetadata, UNASSIGNED_SEQUENCE_NUMBER,
+    DataFile, FormatVersion, ManifestContentType, ManifestEntry, ManifestFile, ManifestStatus,
+    ManifestWriter, ManifestWriterBuilder, Snapshot, TableMetadata, UNASSIGNED_SEQUENCE_NUMBER,
 };
 use iceberg::table::Table;
 use iceberg::{Error, ErrorKind, Result};
@@ -265,79 +265,144 @@ async fn rewrite_bin(
     bin: &[usize],
     path: &str,
 ) -> Result<ManifestFile> {
-    let metadata = base.metadata();
-    let first = &manifests[bin[0]];
-    let spec = metadata
-        .partition_spec_by_id(first.partition_spec_id)
-        .ok_or_else(|| {
-            Error::new(
-                ErrorKind::DataInvalid,
-                format!(
-                    "manifest {} names partition spec {}, which the table does not have",
-                    first.manifest_path, first.partition_spec_id
-                ),
-            )
-        })?;
-    let builder = ManifestWriterBuilder::new(
-        base.file_io().new_output(path)?,
-        Some(planned.snapshot_id()),
-        metadata.current_schema().clone(),
-        spec.as_ref().clone(),
-    );
-    let mut writer = match (metadata.format_version(), &first.content) {
-        (FormatVersion::V1, _) => builder.build_v1(),
-        (_, ManifestContentType::Data) => builder.build_v2_data(),
-        (_, ManifestContentType::Deletes) => builder.build_v2_deletes(),
-    };
-    let partition_type = spec.partition_type(metadata.current_schema())?;
+    let mut rewriting = ManifestRewrite::open(base, planned, &manifests[bin[0]], path)?;
     for &i in bin {
         let manifest = manifests[i].load_manifest(base.file_io()).await?;
         for entry in manifest.entries() {
-            let ours = entry.snapshot_id == Some(planned.snapshot_id());
-            // An entry of a manifest written before a column was widened: its bounds in the wider type.
-            let data_file = crate::promoted_bounds::promote_file(
-                entry.data_file.clone(),
-                spec.spec_id(),
-                metadata.current_schema(),
-                &partition_type,
-                metadata.format_version(),
-            )?;
-            match entry.status {
-                ManifestStatus::Added if ours => writer.add_file(data_file, -1)?,
-                // A deleted entry keeps the file's own data sequence number (spec "Manifests").
-                ManifestStatus::Deleted if ours => writer.add_delete_file(
-                    data_file,
-                    entry.sequence_number.unwrap_or(planned.sequence_number()),
-                    entry.file_sequence_number,
-                )?,
-                ManifestStatus::Deleted => {}
-                ManifestStatus::Added | ManifestStatus::Existing => {
-                    let missing = |what: &str| {
-                        Error::new(
-                            ErrorKind::DataInvalid,
-                            format!(
-                                "an entry of manifest {} has no {what}: it cannot be carried into a merged manifest",
-                                manifests[i].manifest_path
-                            ),
-                        )
-                    };
-                    writer.add_existing_file(
-                        data_file,
-                        entry.snapshot_id.ok_or_else(|| missing("snapshot id"))?,
-                        entry
-                            .sequence_number
-                            .ok_or_else(|| missing("sequence number"))?,
-                        Some(
-                            entry
-                                .file_sequence_number
-                                .ok_or_else(|| missing("file sequence number"))?,
+            rewriting.carry(entry, &manifests[i].manifest_path)?;
+        }
+    }
+    rewriting.writer.write_manifest_file().await
+}
+
+/// A manifest of snapshot `planned` being written at a new path from the entries of manifests like `like` (same
+/// content and partition spec): what merging and a compaction's replacing ([`crate::replace`]) write.
+pub(crate) struct ManifestRewrite<'a> {
+    pub(crate) writer: ManifestWriter,
+    planned: &'a Snapshot,
+    base: &'a Table,
+    spec: iceberg::spec::PartitionSpecRef,
+    partition_type: iceberg::spec::StructType,
+}
+
+impl<'a> ManifestRewrite<'a> {
+    /// Opens the writer at `path`.
+    ///
+    /// # Errors
+    /// A spec the table does not have; storage failures.
+    pub(crate) fn open(
+        base: &'a Table,
+        planned: &'a Snapshot,
+        like: &ManifestFile,
+        path: &str,
+    ) -> Result<Self> {
+        let metadata = base.metadata();
+        let spec = metadata
+            .partition_spec_by_id(like.partition_spec_id)
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::DataInvalid,
+                    format!(
+                        "manifest {} names partition spec {}, which the table does not have",
+                        like.manifest_path, like.partition_spec_id
+                    ),
+                )
+            })?
+            .clone();
+        let builder = ManifestWriterBuilder::new(
+            base.file_io().new_output(path)?,
+            Some(planned.snapshot_id()),
+            metadata.current_schema().clone(),
+            spec.as_ref().clone(),
+        );
+        let writer = match (metadata.format_version(), &like.content) {
+            (FormatVersion::V1, _) => builder.build_v1(),
+            (_, ManifestContentType::Data) => builder.build_v2_data(),
+            (_, ManifestContentType::Deletes) => builder.build_v2_deletes(),
+        };
+        let partition_type = spec.partition_type(metadata.current_schema())?;
+        Ok(Self {
+            writer,
+            planned,
+            base,
+            spec,
+            partition_type,
+        })
+    }
+
+    /// `entry`'s file in the table's current types: an entry of a manifest written before a column was widened
+    /// has its bounds in the wider type.
+    pub(crate) fn promoted(&self, entry: &ManifestEntry) -> Result<DataFile> {
+        let metadata = self.base.metadata();
+        crate::promoted_bounds::promote_file(
+            entry.data_file.clone(),
+            self.spec.spec_id(),
+            metadata.current_schema(),
+            &self.partition_type,
+            metadata.format_version(),
+        )
+    }
+
+    /// Carries `entry` (of manifest `from`) as it is: an entry `planned` added or deleted stays so, an earlier
+    /// deleted entry is dropped (its snapshot's manifests keep it), any other live entry becomes existing.
+    ///
+    /// # Errors
+    /// An entry lacking its snapshot id or sequence numbers.
+    pub(crate) fn carry(&mut self, entry: &ManifestEntry, from: &str) -> Result<()> {
+        let ours = entry.snapshot_id == Some(self.planned.snapshot_id());
+        let data_file = self.promoted(entry)?;
+        match entry.status {
+            ManifestStatus::Added if ours => self.writer.add_file(data_file, -1),
+            // A deleted entry keeps the file's own data sequence number (spec "Manifests").
+            ManifestStatus::Deleted if ours => self.writer.add_delete_file(
+                data_file,
+                entry
+                    .sequence_number
+                    .unwrap_or(self.planned.sequence_number()),
+                entry.file_sequence_number,
+            ),
+            ManifestStatus::Deleted => Ok(()),
+            ManifestStatus::Added | ManifestStatus::Existing => {
+                let missing = |what: &str| {
+                    Error::new(
+                        ErrorKind::DataInvalid,
+                        format!(
+                            "an entry of manifest {from} has no {what}: it cannot be carried into a rewritten \
+                             manifest"
                         ),
-                    )?
-                }
+                    )
+                };
+                self.writer.add_existing_file(
+                    data_file,
+                    entry.snapshot_id.ok_or_else(|| missing("snapshot id"))?,
+                    entry
+                        .sequence_number
+                        .ok_or_else(|| missing("sequence number"))?,
+                    Some(
+                        entry
+                            .file_sequence_number
+                            .ok_or_else(|| missing("file sequence number"))?,
+                    ),
+                )
             }
         }
     }
-    writer.write_manifest_file().await
+
+    /// Writes `entry`'s live file as deleted by `planned` (a compaction replaced it), keeping its sequence numbers.
+    ///
+    /// # Errors
+    /// An entry lacking its sequence number.
+    pub(crate) fn delete(&mut self, entry: &ManifestEntry) -> Result<()> {
+        let data_file = self.promoted(entry)?;
+        let sequence = entry.sequence_number.ok_or_else(|| {
+            Error::new(
+                ErrorKind::DataInvalid,
+                format!("the entry of {} has no sequence number", entry.file_path()),
+            )
+        })?;
+        self.writer
+            .add_delete_file(data_file, sequence, entry.file_sequence_number)
+    }
 }
 
 #[cfg(test)]

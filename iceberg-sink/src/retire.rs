@@ -15,8 +15,10 @@
 //! `RATCHET_ICEBERG_KILL_AT=<step>` makes the process kill itself with SIGKILL at that step of the first commit
 //! that expired snapshots: `after-expiring-commit` (committed, nothing deleted) or `while-retiring` (one file
 //! deleted). Manifest merging adds `after-merging` (merged manifests and list written, nothing committed), row
-//! deltas `after-row-delta` (delete manifest and list written, nothing committed), and both `after-own-commit` (a
-//! commit with merged manifests or delete files landed, nothing deleted). For tests of crash safety; never set it
+//! deltas `after-row-delta` (delete manifest and list written, nothing committed), compaction `after-compacting`
+//! (a pre-commit's rewritten files written, nothing recorded) and `after-replacing` (the rewritten manifests and
+//! list written, nothing committed), and all three `after-own-commit` (a commit with merged manifests, delete files
+//! or a compaction landed, nothing deleted). For tests of crash safety; never set it
 //! in production.
 //!
 //! [`TableTarget::with_snapshot_expiry`]: crate::commit::TableTarget::with_snapshot_expiry

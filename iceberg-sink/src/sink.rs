@@ -18,6 +18,7 @@ use crate::commit::IcebergCommitter;
 use crate::commit::TableTarget;
 use crate::committable::encode_files;
 use crate::committable::{IcebergCommittable, PendingFile};
+use crate::compaction::CompactedFiles;
 use crate::config::IcebergSinkConfig;
 use crate::config::UpsertDeletes;
 use crate::equality_deletes::EqualityDeletes;
@@ -53,6 +54,9 @@ pub struct IcebergSink {
     pub(crate) carried: Vec<PendingFile>,
     /// Checkpoints in `carried`.
     pub(crate) carried_checkpoints: u32,
+    /// Checkpoints since compaction last looked for small files (`compact`): it looks every `min_input_files`
+    /// checkpoints (a fresh instance at its first).
+    pub(crate) compact_wait: usize,
     /// The committable of the last pre-commit, until the next begin decides what it carries.
     pub(crate) pre_committed: Option<IcebergCommittable>,
     /// The checkpoint whose writers are open (begun, not yet pre-committed or aborted).
@@ -87,6 +91,9 @@ impl IcebergSink {
         if let Some(after) = config.sweep_orphans_after {
             crate::orphan_sweep::check_bound(after, config.commit_timeout)
                 .map_err(|e| e.with_sink(&config.sink))?;
+        }
+        if let Some(policy) = &config.compact {
+            policy.check(&config.sink, &config.upsert_key)?;
         }
         let keyed = KeyedRows::of_config(&config)?;
         config.layout.check_settings(
@@ -156,6 +163,7 @@ impl IcebergSink {
             }
             _ => None,
         };
+        let compact_wait = config.compact.map_or(0, |p| p.min_input_files);
         Ok(Self {
             config,
             key,
@@ -164,6 +172,7 @@ impl IcebergSink {
             writer: None,
             carried: Vec::new(),
             carried_checkpoints: 0,
+            compact_wait,
             pre_committed: None,
             open: None,
             keyed,
@@ -184,6 +193,24 @@ impl IcebergSink {
         }
         self.open = Some(checkpoint);
         Ok(())
+    }
+
+    /// The compaction this checkpoint carries, when `compact` is set and it is time to look
+    /// ([`crate::compaction::compact`]).
+    async fn compact(&mut self, epoch: u64, checkpoint: CheckpointId) -> Option<CompactedFiles> {
+        let policy = self.config.compact?;
+        self.compact_wait += 1;
+        if self.compact_wait < policy.min_input_files {
+            return None;
+        }
+        self.compact_wait = 0;
+        crate::compaction::compact(
+            &self.committer.target,
+            &self.key,
+            &policy,
+            crate::compaction::file_prefix(&self.key, epoch, checkpoint),
+        )
+        .await
     }
 
     fn table(&self, phase: Phase) -> Result<&Table> {
@@ -420,6 +447,11 @@ impl TwoPhaseCommit for IcebergSink {
                 }
             }
         };
+        let commit = self.carried_checkpoints + 1 >= self.config.commit_every;
+        let compaction = match commit && !written.is_empty() {
+            true => self.compact(epoch, checkpoint).await,
+            false => None,
+        };
         let mut files = self.carried.clone();
         files.extend(encode_files(self.table(Phase::PreCommit)?, written)?);
         let committable = IcebergCommittable {
@@ -427,8 +459,9 @@ impl TwoPhaseCommit for IcebergSink {
             epoch,
             checkpoint,
             files,
-            commit: self.carried_checkpoints + 1 >= self.config.commit_every,
+            commit,
             deletes_based_on: based_on,
+            compaction,
         };
         self.pre_committed = Some(committable.clone());
         Ok(committable)
@@ -448,7 +481,13 @@ impl TwoPhaseCommit for IcebergSink {
         }
         if let Some(aborted) = self.pre_committed.take() {
             let table = self.table(Phase::Abort)?;
-            for file in aborted.files.iter().filter(|f| !self.carried.contains(f)) {
+            let compacted = aborted.compaction.iter().flat_map(|c| &c.outputs);
+            for file in aborted
+                .files
+                .iter()
+                .filter(|f| !self.carried.contains(f))
+                .chain(compacted)
+            {
                 table.file_io().delete(&file.path).await.map_err(|e| {
                     iceberg_error(Phase::Abort, format!("cannot delete {}", file.path), e)
                 })?;

@@ -297,6 +297,8 @@ def metadata_files(table, id_column: str) -> dict:
                     inconsistent.add(path)
     return {
         "inconsistent_entries": sorted(inconsistent),
+        # The data files pyiceberg's scan of the current snapshot plans, by name (compaction bounds them).
+        "planned_data_files": sorted(canonical(t.file.file_path) for t in table.scan().plan_files()) if current else [],
         "unreferenced_manifest_lists": sorted(lists - named),
         "unreferenced_manifests": sorted(manifests - named_manifests),
         "current_manifests": len(current.manifests(io)) if current else 0,

@@ -4,6 +4,7 @@ Iceberg tables with, run here as an independent reader and as a foreign maintain
     spark_iceberg.py read     <catalog.db> <warehouse> <namespace.table> <id column>
     spark_iceberg.py maintain <catalog.db> <warehouse> <namespace.table> <stop file> <orphan cut-off seconds>
     spark_iceberg.py scan     <catalog.db> <warehouse> <namespace.table>
+    spark_iceberg.py rewrite  <catalog.db> <warehouse> <namespace.table>
 
 The catalog is the SQLite database the sink commits to, opened with Iceberg's JdbcCatalog (catalog name
 `ratchet`, as the tests name it); the warehouse is a local directory.
@@ -16,6 +17,9 @@ merged, nothing collected; the faster of two after a warm-up count), counts its 
 compacts it the way an operator would (rewrite_data_files of every file with deletes applied, then
 rewrite_position_delete_files, which drops the deletes left dangling) and measures again; prints
 {"before": {...}, "compaction_seconds": s, "after": {...}}.
+
+`rewrite` runs one rewrite_data_files of every data file (a foreign compaction) and prints
+{"rewritten_data_files": n}.
 
 `maintain` runs Spark's maintenance procedures in a loop while the sink writes, until the stop file exists (after
 each round it writes what it did so far to `progress` beside the stop file):
@@ -112,6 +116,18 @@ def scan(db: str, warehouse: str, table: str) -> None:
     spark.stop()
 
 
+def rewrite(db: str, warehouse: str, table: str) -> None:
+    """One rewrite_data_files of every data file (a foreign compaction), committed; prints how many it rewrote."""
+    spark = session(db, warehouse)
+    name = f"{CATALOG}.{table}"
+    result = spark.sql(
+        f"CALL {CATALOG}.system.rewrite_data_files(table => '{name}', "
+        "options => map('rewrite-all', 'true', 'min-input-files', '1'))"
+    ).collect()
+    json.dump({"rewritten_data_files": result[0]["rewritten_data_files_count"]}, sys.stdout)
+    spark.stop()
+
+
 def lost_race(procedure: str, error: Exception) -> bool:
     text = str(error)
     return any(marker in text for marker in LOST_RACE[procedure])
@@ -195,4 +211,4 @@ def maintain(db: str, warehouse: str, table: str, stop_file: str, orphan_cutoff_
 if __name__ == "__main__":
     command, *args = sys.argv[1:]
     os.environ.setdefault("TZ", "UTC")
-    {"read": read, "maintain": maintain, "scan": scan}[command](*args)
+    {"read": read, "maintain": maintain, "scan": scan, "rewrite": rewrite}[command](*args)

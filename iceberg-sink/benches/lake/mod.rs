@@ -50,6 +50,7 @@ pub fn config(lake: &Lake) -> IcebergSinkConfig {
         upsert_key: Vec::new(),
         upsert_deletes: Default::default(),
         sweep_orphans_after: None,
+        compact: None,
         layout: iceberg_sink::TableLayout::default(),
     }
 }

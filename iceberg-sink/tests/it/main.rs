@@ -4,6 +4,7 @@
 
 mod cleanup;
 mod common;
+mod compaction;
 mod conformance;
 mod evolution;
 mod hung;

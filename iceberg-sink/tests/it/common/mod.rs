@@ -191,6 +191,7 @@ impl Lake {
             upsert_key: Vec::new(),
             upsert_deletes: Default::default(),
             sweep_orphans_after: None,
+            compact: None,
             layout: iceberg_sink::TableLayout::default(),
         }
     }
@@ -281,6 +282,22 @@ impl Lake {
                     .collect()
             })
             .collect()
+    }
+}
+
+impl Lake {
+    /// Spark's rewrite_data_files of every data file of `table`, once (`spark_iceberg.py rewrite`); returns how
+    /// many files it rewrote.
+    pub async fn spark_rewrite(&self, table: &str) -> u64 {
+        let (lake, table) = (self.clone(), table.to_string());
+        let done = tokio::task::spawn_blocking(move || {
+            let [db, warehouse] = lake.spark_catalog();
+            let script = test_support::repo_root().join("test-support/verifiers/spark_iceberg.py");
+            Services::get().python_script(&script, &["rewrite", db, warehouse, &table])
+        })
+        .await
+        .unwrap();
+        done["rewritten_data_files"].as_u64().unwrap()
     }
 }
 

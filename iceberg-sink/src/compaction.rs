@@ -1,0 +1,510 @@
+//! Compaction inside the sink's commits (the job file's `compact = { target_file_size = "128MB",
+//! min_input_files = 8 }`): at a pre-commit, small data files this subtask wrote are rewritten into one larger file
+//! per group, and the checkpoint's snapshot both adds the checkpoint's files and replaces the group's files by the
+//! rewritten one ([`crate::replace`]), through the same guarded commit as every checkpoint.
+//!
+//! # Which files
+//! Live data files of the current snapshot, in the table's default partition spec, named by this subtask
+//! ([`SubtaskKey::file_stamp`]: another subtask's or another engine's files are never touched, so subtasks never
+//! race each other for a file), smaller than ¾ of `target_file_size` (Iceberg's default `min-file-size-bytes`).
+//! They are grouped by partition and by size tier (sizes within a factor `min_input_files` of each other): a tier
+//! holding at least `min_input_files` files is rewritten, smallest first, up to `target_file_size` of input. So a
+//! byte is rewritten about once per tier (a handful of times up to the target), never once per checkpoint, and a
+//! partition holds at most about `min_input_files` files per tier. One pre-commit rewrites at most
+//! `target_file_size` of input; a backlog is worked off over the following checkpoints.
+//!
+//! # Failure cases
+//! - The rewrite fails or outlasts `commit_timeout` (storage down, a file gone): logged as a warning, the
+//!   checkpoint goes on without compaction (its rows are unaffected); the partial outputs carry this subtask's
+//!   name and are deleted by its next recovery's cleanup.
+//! - A group's file is no longer live when the snapshot is committed (a foreign rewrite, Spark's
+//!   `rewrite_data_files`, or an overwrite removed it since): that attempt drops the compaction and commits the
+//!   checkpoint's files alone; the outputs are deleted. A row is never lost (the inputs stay until a snapshot
+//!   replaces them all) nor doubled (the outputs are added only by the snapshot that removes every input).
+//! - An output is gone before the commit (a foreign orphan removal with a short cut-off): the compaction is
+//!   dropped the same way.
+//! - A crash anywhere: the compaction rides in the checkpoint's committable; recovery commits it by the same rules
+//!   or drops it.
+
+use std::collections::BTreeMap;
+
+use connector_api::{CheckpointId, Error, ErrorKind, Phase, Result, SinkId};
+use futures::TryStreamExt;
+use iceberg::arrow::ArrowReaderBuilder;
+use iceberg::scan::FileScanTask;
+use iceberg::spec::{DataContentType, DataFile, DataFileFormat, ManifestContentType, Struct};
+use iceberg::table::Table;
+use serde::{Deserialize, Deserializer, Serialize};
+
+use crate::commit::TableTarget;
+use crate::committable::{PendingFile, encode_files};
+use crate::error::iceberg_error;
+use crate::ledger::SubtaskKey;
+use crate::writer::CheckpointWriter;
+
+/// The default `compact.target_file_size`: 128 MiB, Iceberg's `write.target-file-size-bytes`.
+pub const DEFAULT_COMPACT_TARGET_FILE_SIZE: u64 = 128 << 20;
+/// The default `compact.min_input_files`: Iceberg's `rewrite_data_files` default `min-input-files` is 5; 8 keeps
+/// the write amplification of 1 s checkpoints lower.
+pub const DEFAULT_COMPACT_MIN_INPUT_FILES: usize = 8;
+
+/// The job file's `compact` policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompactPolicy {
+    /// The size a rewritten file aims at, in bytes or with a unit (`"128MB"`: powers of 1024, as Spark reads
+    /// them); files under ¾ of it are small.
+    #[serde(default = "default_target_file_size", deserialize_with = "byte_size")]
+    pub target_file_size: u64,
+    /// How many small files of one partition and size tier a rewrite waits for (at least 2).
+    #[serde(default = "default_min_input_files")]
+    pub min_input_files: usize,
+}
+
+impl Default for CompactPolicy {
+    fn default() -> Self {
+        Self {
+            target_file_size: DEFAULT_COMPACT_TARGET_FILE_SIZE,
+            min_input_files: DEFAULT_COMPACT_MIN_INPUT_FILES,
+        }
+    }
+}
+
+fn default_target_file_size() -> u64 {
+    DEFAULT_COMPACT_TARGET_FILE_SIZE
+}
+
+fn default_min_input_files() -> usize {
+    DEFAULT_COMPACT_MIN_INPUT_FILES
+}
+
+impl CompactPolicy {
+    /// Checks the policy of sink `sink`, whose rows are upserted by `upsert_key` (empty: appended).
+    ///
+    /// # Errors
+    /// [`Config`](ErrorKind::Config) naming the key: `min_input_files` below 2, `target_file_size` below 1 KiB,
+    /// or an upsert key (a rewrite of an upsert table must carry its deletes and the key index along: planned).
+    pub fn check(&self, sink: &SinkId, upsert_key: &[String]) -> Result<()> {
+        let refuse = |why: String| Err(Error::config(format!("sink {sink}: compact: {why}")));
+        if !upsert_key.is_empty() {
+            return refuse(
+                "the sink compacts append tables only; an upsert table's rewrite must carry its position deletes \
+                 and the key index along, which it does not do yet (planned). Remove `compact` and compact the \
+                 table with Spark's rewrite_data_files beside the sink (docs/worker.md, \"Maintaining a table \
+                 with Spark\")"
+                    .to_string(),
+            );
+        }
+        if self.min_input_files < 2 {
+            return refuse(format!(
+                "min_input_files = {} rewrites nothing useful: use 2 or more (the default is {})",
+                self.min_input_files, DEFAULT_COMPACT_MIN_INPUT_FILES
+            ));
+        }
+        if self.target_file_size < 1024 {
+            return refuse(format!(
+                "target_file_size = {} bytes is smaller than a Parquet file's own overhead: use at least \"1KB\" \
+                 (the default is \"128MB\")",
+                self.target_file_size
+            ));
+        }
+        Ok(())
+    }
+
+    /// Files at or above this size are not small.
+    fn small_below(&self) -> u64 {
+        self.target_file_size / 4 * 3
+    }
+
+    /// The size tier of a file of `size` bytes: sizes within a factor `min_input_files` share one.
+    fn tier(&self, size: u64) -> u32 {
+        size.max(1).ilog(self.min_input_files as u64)
+    }
+}
+
+/// `"128MB"`, `"64 KiB"`, `"1g"` or a number of bytes.
+fn byte_size<'de, D: Deserializer<'de>>(deserializer: D) -> std::result::Result<u64, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Bytes(u64),
+        Text(String),
+    }
+    match Raw::deserialize(deserializer)? {
+        Raw::Bytes(bytes) => Ok(bytes),
+        Raw::Text(text) => parse_byte_size(&text).map_err(serde::de::Error::custom),
+    }
+}
+
+/// Parses a size: digits, then an optional unit `B`, `K`/`KB`/`KiB`, `M`/`MB`/`MiB`, `G`/`GB`/`GiB` (any case;
+/// powers of 1024, as Spark's byte strings).
+pub(crate) fn parse_byte_size(text: &str) -> std::result::Result<u64, String> {
+    let trimmed = text.trim();
+    let split = trimmed
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(trimmed.len());
+    let (digits, unit) = trimmed.split_at(split);
+    let number: u64 = digits.parse().map_err(|_| {
+        format!("{text:?} is not a size: write a number of bytes (134217728) or one with a unit (\"128MB\")")
+    })?;
+    let factor: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        other => {
+            return Err(format!(
+                "unknown unit {other:?} in {text:?}: use B, KB, MB or GB (powers of 1024)"
+            ));
+        }
+    };
+    number
+        .checked_mul(factor)
+        .ok_or_else(|| format!("{text:?} is too large"))
+}
+
+/// A compaction a checkpoint carries: its commit replaces `inputs` by `outputs`, which hold exactly their rows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CompactedFiles {
+    /// The live data files rewritten, as the table's manifests name them.
+    pub inputs: Vec<String>,
+    /// The rewritten files (same partition, the table's default spec).
+    pub outputs: Vec<PendingFile>,
+}
+
+/// The groups of `files` (small data files of one spec) to rewrite now by `policy`: per partition and size tier,
+/// the smallest files of a tier holding at least `min_input_files`, up to `target_file_size` of input per group
+/// and in all. Lower tiers first.
+pub(crate) fn groups(files: Vec<DataFile>, policy: &CompactPolicy) -> Vec<Vec<DataFile>> {
+    let mut tiers: BTreeMap<(u32, String), (Struct, Vec<DataFile>)> = BTreeMap::new();
+    for file in files {
+        let tier = policy.tier(file.file_size_in_bytes());
+        // Struct is not Ord: its debug form orders partitions deterministically.
+        let partition = format!("{:?}", file.partition());
+        tiers
+            .entry((tier, partition))
+            .or_insert_with(|| (file.partition().clone(), Vec::new()))
+            .1
+            .push(file);
+    }
+    let mut budget = policy.target_file_size;
+    let mut chosen = Vec::new();
+    for (_, (_, mut files)) in tiers {
+        if files.len() < policy.min_input_files {
+            continue;
+        }
+        files.sort_by(|a, b| {
+            (a.file_size_in_bytes(), a.file_path()).cmp(&(b.file_size_in_bytes(), b.file_path()))
+        });
+        let mut group = Vec::new();
+        let mut size = 0;
+        for file in files {
+            if size + file.file_size_in_bytes() > budget {
+                break;
+            }
+            size += file.file_size_in_bytes();
+            group.push(file);
+        }
+        if group.len() < 2 {
+            continue;
+        }
+        budget = budget.saturating_sub(size);
+        chosen.push(group);
+        if budget == 0 {
+            break;
+        }
+    }
+    chosen
+}
+
+/// The live data files of `table`'s current snapshot that `key`'s subtask wrote and `policy` calls small, in the
+/// default partition spec.
+///
+/// # Errors
+/// A manifest list or manifest that cannot be read.
+pub(crate) async fn small_files(
+    table: &Table,
+    key: &SubtaskKey,
+    policy: &CompactPolicy,
+) -> iceberg::Result<Vec<DataFile>> {
+    let metadata = table.metadata();
+    let Some(snapshot) = metadata.current_snapshot() else {
+        return Ok(Vec::new());
+    };
+    let spec_id = metadata.default_partition_spec_id();
+    let list = table.manifest_list_reader(snapshot).load().await?;
+    let mut small = Vec::new();
+    for manifest in list
+        .entries()
+        .iter()
+        .filter(|m| m.content == ManifestContentType::Data && m.partition_spec_id == spec_id)
+    {
+        let manifest = manifest.load_manifest(table.file_io()).await?;
+        small.extend(
+            manifest
+                .entries()
+                .iter()
+                .filter(|entry| entry.is_alive())
+                .map(|entry| entry.data_file())
+                .filter(|file| {
+                    file.content_type() == DataContentType::Data
+                        && file.file_format() == DataFileFormat::Parquet
+                        && file.file_size_in_bytes() < policy.small_below()
+                        && key.file_stamp(file.file_path()).is_some()
+                })
+                .cloned(),
+        );
+    }
+    Ok(small)
+}
+
+/// Rewrites `group` (live data files of one partition of `table`'s default spec) into files named
+/// `<file_prefix>-<n>.parquet`, read in the table's current schema (columns added since a file was written read
+/// as nulls, widened ones widened, as every Iceberg reader reads them). Returns the files written.
+///
+/// # Errors
+/// A file that cannot be read or written (the caller drops the compaction).
+pub(crate) async fn rewrite(
+    table: &Table,
+    group: &[DataFile],
+    file_prefix: String,
+    target_file_size: u64,
+) -> Result<Vec<DataFile>> {
+    let schema = table.metadata().current_schema().clone();
+    let field_ids: Vec<i32> = schema.as_struct().fields().iter().map(|f| f.id).collect();
+    let tasks: Vec<iceberg::Result<FileScanTask>> = group
+        .iter()
+        .map(|file| {
+            Ok(FileScanTask::builder()
+                .with_file_size_in_bytes(file.file_size_in_bytes())
+                .with_start(0)
+                .with_length(file.file_size_in_bytes())
+                .with_record_count(Some(file.record_count()))
+                .with_data_file_path(file.file_path().to_string())
+                .with_data_file_format(DataFileFormat::Parquet)
+                .with_schema(schema.clone())
+                .with_project_field_ids(field_ids.clone())
+                .with_case_sensitive(true)
+                .build())
+        })
+        .collect();
+    let reader =
+        ArrowReaderBuilder::new(table.file_io().clone(), iceberg::Runtime::current()).build();
+    let mut batches = reader
+        .read(Box::pin(futures::stream::iter(tasks)))
+        .map_err(|e| iceberg_error(Phase::PreCommit, "cannot read the files to compact", e))?
+        .stream();
+    let size = usize::try_from(target_file_size).unwrap_or(usize::MAX);
+    let mut writer = CheckpointWriter::open(table, file_prefix, size).await?;
+    while let Some(batch) = batches
+        .try_next()
+        .await
+        .map_err(|e| iceberg_error(Phase::PreCommit, "cannot read a file to compact", e))?
+    {
+        writer.write(&batch).await?;
+    }
+    let written = writer.close().await?;
+    let (rows_in, rows_out) = (
+        group.iter().map(DataFile::record_count).sum::<u64>(),
+        written.iter().map(DataFile::record_count).sum::<u64>(),
+    );
+    if rows_in != rows_out {
+        return Err(Error::new(
+            ErrorKind::Bug,
+            Phase::PreCommit,
+            format!(
+                "compacting {} files of {} rows wrote {rows_out} rows; the compaction is dropped",
+                group.len(),
+                rows_in
+            ),
+        ));
+    }
+    Ok(written)
+}
+
+/// Looks for small files of `key`'s subtask in the table as committed now and rewrites the groups due
+/// ([`groups`]) into files named `<file_prefix><g>-<n>.parquet`, within the target's `commit_timeout`. `None` when
+/// nothing is due, and when anything fails (logged as a warning: the checkpoint goes on without compaction; what
+/// was written carries the checkpoint's stamp, and recovery's cleanup deletes it).
+pub(crate) async fn compact(
+    target: &TableTarget,
+    key: &SubtaskKey,
+    policy: &CompactPolicy,
+    file_prefix: String,
+) -> Option<CompactedFiles> {
+    let work = async {
+        let table = target.load(Phase::PreCommit).await?;
+        let small = small_files(&table, key, policy)
+            .await
+            .map_err(|e| iceberg_error(Phase::PreCommit, "cannot list the small files", e))?;
+        let mut inputs = Vec::new();
+        let mut outputs = Vec::new();
+        for (g, group) in groups(small, policy).into_iter().enumerate() {
+            let written = rewrite(
+                &table,
+                &group,
+                format!("{file_prefix}{g}"),
+                policy.target_file_size,
+            )
+            .await?;
+            inputs.extend(group.iter().map(|f| f.file_path().to_string()));
+            outputs.extend(written);
+        }
+        if inputs.is_empty() {
+            return Ok(None);
+        }
+        crate::retire::drill("after-compacting");
+        Ok::<_, Error>(Some(CompactedFiles {
+            inputs,
+            outputs: encode_files(&table, outputs)?,
+        }))
+    };
+    match tokio::time::timeout(target.commit_timeout, work).await {
+        Ok(Ok(compacted)) => compacted,
+        Ok(Err(e)) => {
+            tracing::warn!(
+                table = %target.table,
+                subtask = %key.subtask,
+                error = %e,
+                "compacting small files failed; this checkpoint is committed without compaction"
+            );
+            None
+        }
+        Err(_) => {
+            tracing::warn!(
+                table = %target.table,
+                subtask = %key.subtask,
+                timeout = ?target.commit_timeout,
+                "compacting small files took longer than commit_timeout; this checkpoint is committed without \
+                 compaction"
+            );
+            None
+        }
+    }
+}
+
+/// The prefix of the files compacting at `checkpoint` under `epoch` writes: this subtask's checkpoint stamp, so
+/// cleanup and abort treat them as the checkpoint's files.
+pub(crate) fn file_prefix(key: &SubtaskKey, epoch: u64, checkpoint: CheckpointId) -> String {
+    format!("{}e{epoch}.c{checkpoint}-compacted", key.file_prefix())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(name: &str, size: u64, partition: i32) -> DataFile {
+        iceberg::spec::DataFileBuilder::default()
+            .content(DataContentType::Data)
+            .file_path(format!("file:///t/data/{name}.parquet"))
+            .file_format(DataFileFormat::Parquet)
+            .partition(Struct::from_iter([Some(iceberg::spec::Literal::int(
+                partition,
+            ))]))
+            .record_count(10)
+            .file_size_in_bytes(size)
+            .build()
+            .unwrap()
+    }
+
+    fn policy(target: u64, min: usize) -> CompactPolicy {
+        CompactPolicy {
+            target_file_size: target,
+            min_input_files: min,
+        }
+    }
+
+    fn names(groups: &[Vec<DataFile>]) -> Vec<Vec<String>> {
+        groups
+            .iter()
+            .map(|g| {
+                g.iter()
+                    .map(|f| {
+                        let name = f.file_path().rsplit('/').next().unwrap();
+                        name.trim_end_matches(".parquet").to_string()
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn sizes_parse_with_and_without_units() {
+        assert_eq!(parse_byte_size("128MB"), Ok(128 << 20));
+        assert_eq!(parse_byte_size("64 KiB"), Ok(64 << 10));
+        assert_eq!(parse_byte_size("1g"), Ok(1 << 30));
+        assert_eq!(parse_byte_size("4096"), Ok(4096));
+        assert!(
+            parse_byte_size("12 parsecs")
+                .unwrap_err()
+                .contains("unknown unit")
+        );
+        assert!(parse_byte_size("MB").unwrap_err().contains("not a size"));
+        let parsed: CompactPolicy = toml::from_str("target_file_size = \"2MB\"").unwrap();
+        assert_eq!(parsed, policy(2 << 20, DEFAULT_COMPACT_MIN_INPUT_FILES));
+        let parsed: CompactPolicy =
+            toml::from_str("target_file_size = 4096\nmin_input_files = 3").unwrap();
+        assert_eq!(parsed, policy(4096, 3));
+        assert!(toml::from_str::<CompactPolicy>("min_files = 3").is_err());
+    }
+
+    #[test]
+    fn a_policy_below_two_files_or_a_kilobyte_or_with_an_upsert_key_is_refused_naming_the_key() {
+        let sink = SinkId::new("lake").unwrap();
+        let err = policy(1 << 20, 1)
+            .check(&sink, &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("min_input_files = 1") && err.contains("lake"),
+            "{err}"
+        );
+        let err = policy(100, 4).check(&sink, &[]).unwrap_err().to_string();
+        assert!(err.contains("target_file_size = 100"), "{err}");
+        let err = policy(1 << 20, 2)
+            .check(&sink, &["id".to_string()])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("append tables only"), "{err}");
+        policy(1 << 20, 2).check(&sink, &[]).unwrap();
+    }
+
+    #[test]
+    fn a_tier_is_rewritten_once_it_holds_min_input_files_smallest_first() {
+        let p = policy(1 << 20, 4);
+        let three: Vec<DataFile> = (0..3).map(|i| file(&format!("a{i}"), 1000, 1)).collect();
+        assert!(groups(three.clone(), &p).is_empty());
+        let mut four = three;
+        four.push(file("a3", 900, 1));
+        assert_eq!(names(&groups(four, &p)), [["a3", "a0", "a1", "a2"]]);
+    }
+
+    #[test]
+    fn a_rewritten_file_waits_for_its_own_tier_instead_of_joining_every_rewrite() {
+        // 4 KB files and one earlier output of 64 KB: the small ones are rewritten without the big one.
+        let p = policy(1 << 20, 4);
+        let mut files: Vec<DataFile> = (0..4).map(|i| file(&format!("s{i}"), 4000, 1)).collect();
+        files.push(file("big", 64_000, 1));
+        assert_eq!(names(&groups(files, &p)), [["s0", "s1", "s2", "s3"]]);
+    }
+
+    #[test]
+    fn partitions_are_grouped_apart_and_the_input_stays_within_the_target() {
+        let p = policy(10_000, 2);
+        let files = vec![
+            file("p1a", 3000, 1),
+            file("p2a", 3000, 2),
+            file("p1b", 3000, 1),
+            file("p2b", 3000, 2),
+            file("p1c", 3000, 1),
+        ];
+        // Partition 1's tier fills the budget with three files (9 000 of 10 000); partition 2 waits.
+        assert_eq!(names(&groups(files, &p)), [["p1a", "p1b", "p1c"]]);
+    }
+
+    #[test]
+    fn files_at_or_above_three_quarters_of_the_target_are_not_small() {
+        let p = policy(4000, 2);
+        assert_eq!(p.small_below(), 3000);
+    }
+}

@@ -1,0 +1,203 @@
+//! The replacing half of a compaction's commit ([`crate::compaction`]): iceberg plans the checkpoint's snapshot
+//! with the checkpoint's files and the compaction's outputs appended, then [`remove_data_files`] rewrites every
+//! manifest naming one of the compaction's inputs with that entry `DELETED` by the new snapshot (the others carried
+//! as `EXISTING`), writes a manifest list naming the rewritten manifests in their place, and counts the removed
+//! files into the summary (operation `overwrite`: the snapshot adds rows and replaces files, as Iceberg's
+//! `OverwriteFiles` records it). The guard and the catalog's compare-and-swap are unchanged: the outputs appear
+//! and the inputs disappear in the checkpoint's snapshot, once.
+//!
+//! # Conflicts
+//! Every input must be live in the snapshot the commit builds on. One that is not (a foreign rewrite, an overwrite
+//! or a delete removed it since the pre-commit) makes [`remove_data_files`] answer `None`: the caller commits the
+//! checkpoint without the compaction. Because the catalog's swap requires the table to be exactly the base that
+//! was checked, a foreign commit landing in between makes the swap fail and the next attempt checks again.
+//!
+//! # Crash safety
+//! Only new files are written (named after the planned list, which carries a fresh UUID); a kill before the swap
+//! (drill step `after-replacing`) leaves orphans no metadata names.
+
+use std::collections::{HashMap, HashSet};
+
+use iceberg::Result;
+use iceberg::spec::{ManifestContentType, ManifestFile, Operation, Snapshot, Summary};
+use iceberg::table::Table;
+
+use crate::location::canonical;
+use crate::manifest_merge::ManifestRewrite;
+use crate::rewritten::{RewrittenSnapshot, write_list};
+
+/// What the rewritten manifests removed.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Removed {
+    files: u64,
+    records: u64,
+    bytes: u64,
+}
+
+/// Marks `inputs` deleted in `planned` (a snapshot planned on `base`, not yet committed, whose list names
+/// `manifests`): `None` when one of them is not live in those manifests (nothing is left written), else the
+/// snapshot naming the new list. The list `planned` named is deleted (nothing else refers to it).
+///
+/// # Errors
+/// A storage failure reading or writing a manifest or list (the attempt fails retryably, nothing committed).
+pub(crate) async fn remove_data_files(
+    base: &Table,
+    planned: &Snapshot,
+    manifests: Vec<ManifestFile>,
+    inputs: &[String],
+) -> Result<Option<RewrittenSnapshot>> {
+    let file_io = base.file_io();
+    let wanted: HashSet<String> = inputs.iter().map(|p| canonical(p)).collect();
+    let list_path = planned.manifest_list();
+    let stem = list_path.strip_suffix(".avro").unwrap_or(list_path);
+    let (directory, name) = stem.rsplit_once('/').unwrap_or(("", stem));
+    let mut found = HashSet::new();
+    let mut removed = Removed::default();
+    let mut written = Vec::new();
+    let mut replaced: HashMap<usize, ManifestFile> = HashMap::new();
+    for (i, manifest_file) in manifests.iter().enumerate() {
+        if manifest_file.content != ManifestContentType::Data
+            || manifest_file.added_snapshot_id == planned.snapshot_id()
+        {
+            continue;
+        }
+        let manifest = manifest_file.load_manifest(file_io).await?;
+        let hits = manifest
+            .entries()
+            .iter()
+            .any(|e| e.is_alive() && wanted.contains(&canonical(e.file_path())));
+        if !hits {
+            continue;
+        }
+        let path = format!("{directory}/replaced-{name}-r{i}.avro");
+        let mut rewriting = ManifestRewrite::open(base, planned, manifest_file, &path)?;
+        for entry in manifest.entries() {
+            let path = canonical(entry.file_path());
+            if entry.is_alive() && wanted.contains(&path) {
+                rewriting.delete(entry)?;
+                found.insert(path);
+                removed.files += 1;
+                removed.records += entry.record_count();
+                removed.bytes += entry.file_size_in_bytes();
+            } else {
+                rewriting.carry(entry, &manifest_file.manifest_path)?;
+            }
+        }
+        replaced.insert(i, rewriting.writer.write_manifest_file().await?);
+        written.push(path);
+    }
+    if found.len() != wanted.len() {
+        discard(base, &written).await;
+        return Ok(None);
+    }
+    let manifests: Vec<ManifestFile> = manifests
+        .into_iter()
+        .enumerate()
+        .map(|(i, m)| replaced.remove(&i).unwrap_or(m))
+        .collect();
+    let new_list = format!("{stem}-replaced.avro");
+    let snapshot = match write_list(
+        base,
+        planned,
+        &manifests,
+        &new_list,
+        replace_summary(planned.summary(), removed),
+    )
+    .await
+    {
+        Ok(snapshot) => snapshot,
+        Err(e) => {
+            discard(base, &written).await;
+            return Err(e);
+        }
+    };
+    written.push(new_list);
+    crate::retire::drill("after-replacing");
+    if let Err(e) = file_io.delete(list_path).await {
+        tracing::debug!(file = list_path, error = %e, "cannot delete the planned list a compaction replaced");
+    }
+    Ok(Some(RewrittenSnapshot {
+        snapshot,
+        manifests,
+        written,
+    }))
+}
+
+/// Deletes files of an attempt nothing names; one that cannot be deleted stays an orphan.
+async fn discard(base: &Table, written: &[String]) {
+    for file in written {
+        if let Err(e) = base.file_io().delete(file).await {
+            tracing::debug!(file, error = %e, "cannot delete a file of an abandoned compaction");
+        }
+    }
+}
+
+/// `planned`'s summary (an append's) with the replaced files counted out, operation `overwrite`.
+fn replace_summary(planned: &Summary, removed: Removed) -> Summary {
+    let mut properties = planned.additional_properties.clone();
+    let count = |properties: &HashMap<String, String>, key: &str| -> u64 {
+        properties
+            .get(key)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    for (key, value) in [
+        ("deleted-data-files", removed.files),
+        ("deleted-records", removed.records),
+        ("removed-files-size", removed.bytes),
+    ] {
+        let value = count(&properties, key) + value;
+        properties.insert(key.to_string(), value.to_string());
+    }
+    for (key, value) in [
+        ("total-data-files", removed.files),
+        ("total-records", removed.records),
+        ("total-files-size", removed.bytes),
+    ] {
+        if let Some(total) = properties.get(key).and_then(|v| v.parse::<u64>().ok()) {
+            properties.insert(key.to_string(), total.saturating_sub(value).to_string());
+        }
+    }
+    Summary {
+        operation: Operation::Overwrite,
+        additional_properties: properties,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_replace_counts_the_removed_files_out_of_an_appends_summary() {
+        let planned = Summary {
+            operation: Operation::Append,
+            additional_properties: HashMap::from([
+                ("added-data-files".to_string(), "2".to_string()),
+                ("added-records".to_string(), "60".to_string()),
+                ("total-data-files".to_string(), "10".to_string()),
+                ("total-records".to_string(), "500".to_string()),
+                ("total-files-size".to_string(), "9000".to_string()),
+                ("ratchet.checkpoint".to_string(), "7".to_string()),
+            ]),
+        };
+        let summary = replace_summary(
+            &planned,
+            Removed {
+                files: 4,
+                records: 40,
+                bytes: 4000,
+            },
+        );
+        assert_eq!(summary.operation, Operation::Overwrite);
+        let property = |key: &str| summary.additional_properties[key].as_str();
+        assert_eq!(property("deleted-data-files"), "4");
+        assert_eq!(property("deleted-records"), "40");
+        assert_eq!(property("removed-files-size"), "4000");
+        assert_eq!(property("total-data-files"), "6");
+        assert_eq!(property("total-records"), "460");
+        assert_eq!(property("total-files-size"), "5000");
+        assert_eq!(property("added-data-files"), "2");
+        assert_eq!(property("ratchet.checkpoint"), "7");
+    }
+}

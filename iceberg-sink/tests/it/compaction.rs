@@ -1,0 +1,307 @@
+//! Compaction inside the sink's commits (`compact`), on a SQLite catalog with a local warehouse, read back by
+//! pyiceberg, DuckDB, Iceberg's Java library and Spark 4.1 with Iceberg 1.12's runtime:
+//!
+//! - two subtasks over three runs each compact their own small files: the current snapshot's data files stay
+//!   bounded, every retained snapshot reads back its `total-records`, every row is there once;
+//! - a real `kill -9` after a pre-commit's rewritten files are written, after the replacing manifests are written
+//!   (before the swap), and after the compacting commit landed: the restarted job lands every row once, and what
+//!   the killed process wrote and no snapshot took is deleted by the restart's cleanup;
+//! - a checkpoint carrying a compaction whose inputs Spark's rewrite_data_files replaced before the checkpoint's
+//!   commit: the commit drops the compaction (its files deleted), Spark and pyiceberg read every row once.
+
+use crate::common;
+
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::Command;
+
+use common::Lake;
+use connector_api::SinkId;
+use iceberg_sink::{CompactPolicy, IcebergSink, IcebergSinkConfig};
+use ratchet_conformance::{conformance_batch as batch, conformance_positions, conformance_schema};
+
+const CHILD_DIR: &str = "RATCHET_ICEBERG_COMPACTION_CHILD";
+const CHILD_TABLE: &str = "RATCHET_ICEBERG_COMPACTION_TABLE";
+const ROWS: i64 = 50;
+
+fn config(lake: &Lake, table: &str, subtask: u32, min_input_files: usize) -> IcebergSinkConfig {
+    IcebergSinkConfig {
+        compact: Some(CompactPolicy {
+            target_file_size: 1 << 20,
+            min_input_files,
+        }),
+        ..lake.config(
+            "compacted",
+            &SinkId::new("lake").unwrap(),
+            subtask,
+            table,
+            conformance_schema(),
+        )
+    }
+}
+
+/// Runs `checkpoints` checkpoints of [`ROWS`] records with ids from `first` (positions count from 0), each
+/// committed before the next.
+async fn run(
+    lake: &Lake,
+    table: &str,
+    (subtask, min_input_files): (u32, usize),
+    state: &Path,
+    first: i64,
+    checkpoints: i64,
+) {
+    let config = config(lake, table, subtask, min_input_files);
+    let (mut job, sink, restored) = common::started(state, &config).await;
+    let mut next = restored.positions.first().map_or(0, |p| p.next_offset);
+    for _ in 0..checkpoints {
+        job.write(sink, &batch(first + next..first + next + ROWS))
+            .await
+            .unwrap();
+        next += ROWS;
+        job.checkpoint(conformance_positions(next)).await.unwrap();
+        job.finish_commit().await.unwrap();
+    }
+    job.close().await.unwrap();
+}
+
+async fn metadata_files(lake: &Lake, table: &str) -> serde_json::Value {
+    let (lake, table) = (lake.clone(), table.to_string());
+    tokio::task::spawn_blocking(move || lake.metadata_files(&table))
+        .await
+        .unwrap()
+}
+
+async fn read(lake: &Lake, table: &str) -> common::Seen {
+    let (lake, table) = (lake.clone(), table.to_string());
+    tokio::task::spawn_blocking(move || lake.read(&table))
+        .await
+        .unwrap()
+}
+
+fn ids(value: &serde_json::Value) -> Vec<i64> {
+    value
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_i64().unwrap())
+        .collect()
+}
+
+/// The snapshots of `seen` (the verifier's) that Ratchet committed (its ledger keys in the summary) and whose
+/// summary counts replaced data files.
+fn compacting_snapshots(seen: &serde_json::Value) -> usize {
+    seen["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| {
+            let summary = s["summary"].as_object().unwrap();
+            summary.contains_key("deleted-data-files")
+                && summary.contains_key(iceberg_sink::CHECKPOINT_PROPERTY)
+        })
+        .count()
+}
+
+/// Every retained snapshot of `seen` read back its summary's `total-records` in pyiceberg, and no data file
+/// changed its snapshot id or sequence numbers between manifests.
+fn assert_every_snapshot_reads_back(seen: &serde_json::Value, context: &str) {
+    assert_eq!(
+        seen["inconsistent_entries"],
+        serde_json::json!([]),
+        "{context}: files whose snapshot id or sequence numbers changed between manifests"
+    );
+    for state in seen["snapshot_rows"].as_array().unwrap() {
+        assert_eq!(
+            state["rows"], state["total_records"],
+            "{context}: pyiceberg at snapshot {}",
+            state["snapshot_id"]
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_files_compact_inside_the_commits_and_every_snapshot_reads_back() {
+    test_support::Services::get();
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::sqlite_local(dir.path(), "compact");
+    let table = lake.table(&["events"]);
+    let checkpoints = 12;
+    for round in 0..3 {
+        for subtask in 0..2u32 {
+            let state = dir.path().join(format!("state-{subtask}"));
+            run(
+                &lake,
+                &table,
+                (subtask, 4),
+                &state,
+                i64::from(subtask) * 1_000_000,
+                checkpoints,
+            )
+            .await;
+        }
+        let seen = metadata_files(&lake, &table).await;
+        let written = (round + 1) * checkpoints * ROWS;
+        let expected: Vec<i64> = (0..written).chain(1_000_000..1_000_000 + written).collect();
+        let context = format!("after round {round}");
+        assert_eq!(ids(&seen["ids"]), expected, "{context}: pyiceberg");
+        assert_eq!(ids(&seen["duckdb_ids"]), expected, "{context}: DuckDB");
+        assert_every_snapshot_reads_back(&seen, &context);
+        // Without compaction each subtask would show one file per checkpoint; with it, a few per size tier.
+        let files = seen["planned_data_files"].as_array().unwrap();
+        let uncompacted = (round + 1) * checkpoints * 2;
+        assert!(
+            (files.len() as i64) * 2 <= uncompacted,
+            "{context}: {} data files of {uncompacted} checkpoints: {files:#?}",
+            files.len()
+        );
+        assert!(
+            files
+                .iter()
+                .any(|f| f.as_str().unwrap().contains("-compacted")),
+            "{context}: {files:#?}"
+        );
+        assert!(compacting_snapshots(&seen) > 0, "{context}");
+    }
+    let read = read(&lake, &table).await;
+    assert!(read.unreferenced.is_empty(), "{:?}", read.unreferenced);
+}
+
+/// The child of the kill test: runs 8 checkpoints (compacting at 2 files) of the table in `CHILD_TABLE` from the
+/// store under `CHILD_DIR`; the drill in its environment kills it at the first compacting step. Returns at once in
+/// a normal test run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child() {
+    let (Ok(dir), Ok(table)) = (std::env::var(CHILD_DIR), std::env::var(CHILD_TABLE)) else {
+        return;
+    };
+    let lake = Lake::sqlite_local(Path::new(&dir), "child");
+    run(&lake, &table, (0, 2), &Path::new(&dir).join("state"), 0, 8).await;
+}
+
+/// Runs [`child`] until it kills itself with SIGKILL at `step`.
+fn killed_at(dir: &Path, table: &str, step: &str) {
+    let status = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "compaction::child", "--nocapture"])
+        .env(CHILD_DIR, dir)
+        .env(CHILD_TABLE, table)
+        .env(iceberg_sink::KILL_VARIABLE, step)
+        .status()
+        .unwrap();
+    assert_eq!(
+        status.signal(),
+        Some(9),
+        "{step}: the child should have killed itself at the step ({status})"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_9_at_each_step_of_a_compacting_commit_loses_nothing() {
+    test_support::Services::get();
+    for step in ["after-compacting", "after-replacing", "after-own-commit"] {
+        let dir = tempfile::tempdir().unwrap();
+        let lake = Lake::sqlite_local(dir.path(), "killed");
+        let table = lake.table(&["events"]);
+        IcebergSink::new(config(&lake, &table, 0, 2)).await.unwrap();
+        killed_at(dir.path(), &table, step);
+
+        let state = dir.path().join("state");
+        run(&lake, &table, (0, 2), &state, 0, 4).await;
+        let seen = metadata_files(&lake, &table).await;
+        let next = common::decided_offset(&state).await;
+        let expected: Vec<i64> = (0..next).collect();
+        assert_eq!(ids(&seen["ids"]), expected, "{step}: pyiceberg");
+        assert_eq!(ids(&seen["duckdb_ids"]), expected, "{step}: DuckDB");
+        assert_every_snapshot_reads_back(&seen, step);
+        assert!(compacting_snapshots(&seen) > 0, "{step}");
+        let snapshots = seen["snapshots"].as_array().unwrap();
+        assert_eq!(
+            common::checkpoints_in_two_snapshots(snapshots),
+            Vec::<String>::new(),
+            "{step}: checkpoints in two snapshots"
+        );
+        // The killed pre-commit's rewritten files (no checkpoint took them) are deleted by the restart.
+        let read = read(&lake, &table).await;
+        assert!(
+            read.unreferenced.is_empty(),
+            "{step}: {:?}",
+            read.unreferenced
+        );
+        if step == "after-replacing" {
+            let java = lake.read_with(&table, "--java-rows");
+            let position = java["java_column_names"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .position(|c| c == "id")
+                .unwrap();
+            let mut java_ids: Vec<i64> = java["java_rows"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|row| row[position].as_i64().unwrap())
+                .collect();
+            java_ids.sort_unstable();
+            assert_eq!(java_ids, expected, "{step}: Iceberg's Java library");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compaction_whose_files_spark_rewrote_meanwhile_is_dropped_and_no_row_is_lost() {
+    test_support::Services::get();
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::sqlite_local(dir.path(), "foreign");
+    let table = lake.table(&["events"]);
+    use connector_api::{CheckpointId, Committer, TwoPhaseCommit};
+    let mut sink = IcebergSink::new(config(&lake, &table, 0, 2)).await.unwrap();
+    sink.recover(None).await.unwrap();
+    let committer = sink.committer();
+    // Checkpoints commit small files until a pre-commit (compaction looks every 2) carries a compaction of them.
+    let mut next = 0;
+    let mut checkpoint = 0;
+    let committable = loop {
+        checkpoint += 1;
+        assert!(
+            checkpoint <= 12,
+            "no pre-commit compacted in 12 checkpoints"
+        );
+        sink.begin(CheckpointId(checkpoint)).await.unwrap();
+        sink.write(&batch(next..next + ROWS)).await.unwrap();
+        next += ROWS;
+        let committable = sink.pre_commit(CheckpointId(checkpoint)).await.unwrap();
+        if committable.compaction.is_some() {
+            break committable;
+        }
+        committer.commit(vec![committable]).await.unwrap();
+    };
+    let inputs = committable.compaction.as_ref().unwrap().inputs.len();
+    assert!(inputs >= 2, "{committable:?}");
+    // Spark rewrites every live file first; the checkpoint's commit then finds its inputs gone.
+    let rewritten = lake.spark_rewrite(&table).await;
+    assert!(rewritten >= inputs as u64, "{rewritten}");
+    committer.commit(vec![committable]).await.unwrap();
+
+    let expected: Vec<i64> = (0..next).collect();
+    let seen = metadata_files(&lake, &table).await;
+    assert_eq!(ids(&seen["ids"]), expected, "pyiceberg");
+    assert_every_snapshot_reads_back(&seen, "after the dropped compaction");
+    assert_eq!(
+        compacting_snapshots(&seen),
+        0,
+        "Ratchet's compaction should have been dropped: {:#}",
+        seen["snapshots"]
+    );
+    let read = read(&lake, &table).await;
+    assert!(
+        read.unreferenced.is_empty(),
+        "the dropped compaction's files: {:?}",
+        read.unreferenced
+    );
+    let spark_ids: Vec<i64> = lake
+        .spark_rows(&table)
+        .await
+        .iter()
+        .map(|row| row["id"].as_i64().unwrap())
+        .collect();
+    assert_eq!(spark_ids, expected, "Spark");
+}
