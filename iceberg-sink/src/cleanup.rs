@@ -5,8 +5,9 @@
 //! then `e<epoch>.c<checkpoint>-`) and carries an owner epoch at or below the caller's claim: a newer instance's
 //! files (a higher epoch) are never touched, whatever an older instance's cleanup finds. The data directory is
 //! listed first and the table loaded after, so a file committed in between is seen as referenced; a candidate is
-//! kept when any manifest of any snapshot the table retains lists it (added, existing or deleted: a compaction or
-//! a manifest rewrite may reference this sink's files from snapshots that are not its own). Locations are compared
+//! kept when any manifest of any snapshot the table retains lists it as live (added or existing: a compaction or a
+//! manifest rewrite may reference this sink's files from snapshots that are not its own); a file listed only as
+//! deleted is read by no retained snapshot (a compaction's input once the snapshots before it expired). Locations are compared
 //! in one spelling ([`canonical`]): a manifest may say `wh//ns/t/...` where storage lists `wh/ns/t/...`. Deleting
 //! runs only while the table still shows the caller's epoch for the subtask.
 
@@ -128,7 +129,9 @@ pub(crate) async fn referenced_by_fresh_snapshots(
 }
 
 /// Every file path the retained snapshots reference, in [`canonical`] spelling: their manifest lists, the
-/// manifests those name, and every data and delete file the manifests list (added, existing or deleted).
+/// manifests those name, and every data and delete file the manifests list as live (added or existing). A file
+/// listed only as deleted is read by no retained snapshot (one that reads it lists it as live): a compaction's
+/// input once the snapshots before the compaction expired.
 async fn referenced_files(table: &Table) -> Result<HashSet<String>> {
     let metadata = table.metadata_ref();
     let read_error = |e| iceberg_error(Phase::Recover, "cannot read the table's manifests", e);
@@ -154,6 +157,7 @@ async fn referenced_files(table: &Table) -> Result<HashSet<String>> {
                 manifest
                     .entries()
                     .iter()
+                    .filter(|entry| entry.is_alive())
                     .map(|entry| canonical(entry.data_file().file_path())),
             );
         }

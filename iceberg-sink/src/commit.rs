@@ -44,7 +44,7 @@ use crate::guarded::{Check, GuardedCatalog, Planned, Verdict};
 use crate::ledger::{SubtaskKey, SubtaskState};
 use crate::manifest_merge::{MergePolicy, merge_manifests};
 use crate::own_commit::OwnCommit;
-use crate::replace::remove_data_files;
+use crate::replace::{Replaced, remove_data_files};
 use crate::retire::{ManifestListCache, delete_retired_files, drill};
 use crate::rewritten::read_list;
 use crate::row_delta::add_delete_files;
@@ -81,6 +81,9 @@ pub struct TableTarget {
     /// The table as the last commit left it: the seed of the next commit (which reloads through the guard
     /// anyway, so a stale seed costs nothing but a rebuild).
     seed: Arc<Mutex<Option<Table>>>,
+    /// The inputs of the compactions this target committed, with the sequence number of the snapshot that
+    /// replaced them, until expiry leaves no snapshot before it ([`crate::replace::due_inputs`]).
+    replaced: Arc<Mutex<Vec<Replaced>>>,
 }
 
 impl TableTarget {
@@ -96,6 +99,7 @@ impl TableTarget {
             warned_no_own_commit: Arc::default(),
             lists: Arc::default(),
             seed: Arc::default(),
+            replaced: Arc::default(),
         }
     }
 
@@ -647,8 +651,17 @@ impl TableTarget {
                     // Nothing names the delete files this commit did not choose: they are the checkpoint's
                     // alternative, never committed (one left behind is deleted by recovery's cleanup).
                     discard(&base, &chosen.unused).await;
-                    if let (None, Some(outputs)) = (replacement, &dropped) {
-                        discard(&base, outputs).await;
+                    match (replacement, &dropped) {
+                        (None, Some(outputs)) => discard(&base, outputs).await,
+                        (Some(replaced), _) => {
+                            if let Some(snapshot) = table.metadata().current_snapshot() {
+                                self.replaced.lock().expect("replaced lock").push(Replaced {
+                                    sequence: snapshot.sequence_number(),
+                                    inputs: replaced.inputs.clone(),
+                                });
+                            }
+                        }
+                        (None, None) => {}
                     }
                     return Ok(*table);
                 }
@@ -664,13 +677,41 @@ impl TableTarget {
         ))
     }
 
+    /// Takes over the compactions recovery found `committed` (the table as recovered) retaining for this target's
+    /// subtask ([`crate::replace::retained_replacements`]), and deletes the inputs of those no retained snapshot
+    /// reads any more, bounded like a commit.
+    pub(crate) async fn resume_replaced(&self, committed: &Table, found: Vec<Replaced>) {
+        let inputs = {
+            let mut replaced = self.replaced.lock().expect("replaced lock");
+            *replaced = found;
+            crate::replace::due_inputs(&mut replaced, committed)
+        };
+        let deleting = crate::replace::delete_inputs(committed, &inputs);
+        if tokio::time::timeout(self.commit_timeout, deleting)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                table = %self.table,
+                "deleting compacted files took longer than commit_timeout; the rest stay until a later recovery"
+            );
+        }
+    }
+
     /// Deletes what the commit from `base` to `committed` retired ([`crate::retire`]), bounded like the commit:
     /// a storage that hangs leaves the rest as orphans, never the job. With `merged_manifests`, also the
     /// manifests that merges replaced and no retained snapshot names any more.
     async fn retire(&self, base: Option<Table>, committed: &Table, merged_manifests: bool) {
         let Some(base) = base else { return };
         let lists = merged_manifests.then_some(self.lists.as_ref());
-        let retiring = delete_retired_files(&base, committed, lists);
+        let inputs = crate::replace::due_inputs(
+            &mut self.replaced.lock().expect("replaced lock"),
+            committed,
+        );
+        let retiring = async {
+            delete_retired_files(&base, committed, lists).await;
+            crate::replace::delete_inputs(committed, &inputs).await;
+        };
         if tokio::time::timeout(self.commit_timeout, retiring)
             .await
             .is_err()

@@ -106,7 +106,11 @@ impl IcebergSink {
         let pending: BTreeSet<String> = plan
             .commit
             .iter()
-            .flat_map(|c| &c.files)
+            .flat_map(|c| {
+                c.files
+                    .iter()
+                    .chain(c.compaction.iter().flat_map(|x| &x.outputs))
+            })
             .map(|f| canonical(&f.path))
             .collect();
         for key in self.recovered_keys(&plan.commit) {
@@ -212,6 +216,19 @@ impl IcebergSink {
             .map_err(context)?;
         }
         let table = self.committer.target.load(Phase::Recover).await?;
+        if self.config.compact.is_some() {
+            let found = crate::replace::retained_replacements(&table, &self.key)
+                .await
+                .map_err(|e| {
+                    crate::error::iceberg_error(
+                        Phase::Recover,
+                        "cannot read the table's compacting snapshots",
+                        e,
+                    )
+                })
+                .map_err(context)?;
+            self.committer.target.resume_replaced(&table, found).await;
+        }
         if let Some(keyed) = &self.keyed
             && self.index.is_some()
         {

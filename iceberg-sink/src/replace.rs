@@ -19,9 +19,12 @@
 use std::collections::{HashMap, HashSet};
 
 use iceberg::Result;
-use iceberg::spec::{ManifestContentType, ManifestFile, Operation, Snapshot, Summary};
+use iceberg::spec::{
+    ManifestContentType, ManifestFile, ManifestStatus, Operation, Snapshot, Summary,
+};
 use iceberg::table::Table;
 
+use crate::ledger::SubtaskKey;
 use crate::location::canonical;
 use crate::manifest_merge::ManifestRewrite;
 use crate::rewritten::{RewrittenSnapshot, write_list};
@@ -121,6 +124,87 @@ pub(crate) async fn remove_data_files(
         manifests,
         written,
     }))
+}
+
+/// A committed compaction's inputs and the sequence number of the snapshot that replaced them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Replaced {
+    pub(crate) sequence: i64,
+    pub(crate) inputs: Vec<String>,
+}
+
+/// The compactions `key`'s subtask committed that `table` still retains, as [`due_inputs`] takes them: per
+/// retained snapshot of the subtask that replaced data files, its sequence number and the files its own manifests
+/// mark deleted by it. Recovery seeds the target with them (the list of a process that ended is gone).
+///
+/// # Errors
+/// A manifest list or manifest that cannot be read.
+pub(crate) async fn retained_replacements(
+    table: &Table,
+    key: &SubtaskKey,
+) -> Result<Vec<Replaced>> {
+    let mut found = Vec::new();
+    for snapshot in table.metadata().snapshots() {
+        let summary = &snapshot.summary().additional_properties;
+        if !key.owns(summary) || !summary.contains_key("deleted-data-files") {
+            continue;
+        }
+        let id = snapshot.snapshot_id();
+        let list = table.manifest_list_reader(snapshot).load().await?;
+        let mut inputs = Vec::new();
+        for manifest in list.entries().iter().filter(|m| {
+            m.content == ManifestContentType::Data
+                && m.added_snapshot_id == id
+                && m.deleted_files_count != Some(0)
+        }) {
+            let manifest = manifest.load_manifest(table.file_io()).await?;
+            inputs.extend(
+                manifest
+                    .entries()
+                    .iter()
+                    .filter(|e| {
+                        e.status() == ManifestStatus::Deleted && e.snapshot_id() == Some(id)
+                    })
+                    .map(|e| e.file_path().to_string()),
+            );
+        }
+        if !inputs.is_empty() {
+            found.push(Replaced {
+                sequence: snapshot.sequence_number(),
+                inputs,
+            });
+        }
+    }
+    Ok(found)
+}
+
+/// The inputs of committed compactions (taken out of `replaced`) that no snapshot `committed` retains can read any more: every snapshot before the replacing one was
+/// expired. (The replacing snapshot and later ones name them only as deleted entries, which no reader reads.)
+pub(crate) fn due_inputs(replaced: &mut Vec<Replaced>, committed: &Table) -> Vec<String> {
+    let Some(oldest) = committed
+        .metadata()
+        .snapshots()
+        .map(|s| s.sequence_number())
+        .min()
+    else {
+        return Vec::new();
+    };
+    let (due, kept): (Vec<_>, Vec<_>) = std::mem::take(replaced)
+        .into_iter()
+        .partition(|r| r.sequence <= oldest);
+    *replaced = kept;
+    due.into_iter().flat_map(|r| r.inputs).collect()
+}
+
+/// Deletes compacted inputs [`due_inputs`] named, after the commit that expired their last reader's snapshot
+/// landed. Best effort: one that cannot be deleted stays on storage, and the subtask's next recovery deletes it
+/// once no retained manifest names it.
+pub(crate) async fn delete_inputs(committed: &Table, inputs: &[String]) {
+    for file in inputs {
+        if let Err(e) = committed.file_io().delete(file).await {
+            tracing::warn!(file, error = %e, "cannot delete a compacted data file no snapshot reads any more");
+        }
+    }
 }
 
 /// Deletes files of an attempt nothing names; one that cannot be deleted stays an orphan.

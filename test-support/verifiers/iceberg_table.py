@@ -297,6 +297,9 @@ def metadata_files(table, id_column: str) -> dict:
                     inconsistent.add(path)
     return {
         "inconsistent_entries": sorted(inconsistent),
+        # Ratchet's data files on storage that no retained snapshot reads (listed as live by none of its manifests):
+        # compacted inputs whose readers all expired are deleted, so none should stay.
+        "unread_data_files": sorted(set(data_files_on_storage(location)) - live_files(table)),
         # The data files pyiceberg's scan of the current snapshot plans, by name (compaction bounds them).
         "planned_data_files": sorted(canonical(t.file.file_path) for t in table.scan().plan_files()) if current else [],
         "unreferenced_manifest_lists": sorted(lists - named),
@@ -304,6 +307,17 @@ def metadata_files(table, id_column: str) -> dict:
         "current_manifests": len(current.manifests(io)) if current else 0,
         "snapshot_rows": snapshot_rows,
         "metadata_json_files": len(jsons),
+    }
+
+
+def live_files(table) -> set:
+    """Every data and delete file some retained snapshot reads (listed as added or existing)."""
+    io = table.io
+    return {
+        canonical(entry.data_file.file_path)
+        for snapshot in table.metadata.snapshots
+        for manifest in snapshot.manifests(io)
+        for entry in manifest.fetch_manifest_entry(io, discard_deleted=True)
     }
 
 

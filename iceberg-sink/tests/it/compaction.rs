@@ -22,10 +22,21 @@ use ratchet_conformance::{conformance_batch as batch, conformance_positions, con
 
 const CHILD_DIR: &str = "RATCHET_ICEBERG_COMPACTION_CHILD";
 const CHILD_TABLE: &str = "RATCHET_ICEBERG_COMPACTION_TABLE";
+/// Set (to anything) when the child's sink expires snapshots in its commits.
+const CHILD_EXPIRES: &str = "RATCHET_ICEBERG_COMPACTION_EXPIRES";
 const ROWS: i64 = 50;
 
-fn config(lake: &Lake, table: &str, subtask: u32, min_input_files: usize) -> IcebergSinkConfig {
+/// Subtask `subtask` compacting at `min_input_files`, expiring snapshots inside its commits when `expire` (not
+/// beside Spark's own expiry, which fails on files the sink expired under it).
+fn config(
+    lake: &Lake,
+    table: &str,
+    subtask: u32,
+    min_input_files: usize,
+    expire: bool,
+) -> IcebergSinkConfig {
     IcebergSinkConfig {
+        expire_snapshots: expire,
         compact: Some(CompactPolicy {
             target_file_size: 1 << 20,
             min_input_files,
@@ -42,16 +53,8 @@ fn config(lake: &Lake, table: &str, subtask: u32, min_input_files: usize) -> Ice
 
 /// Runs `checkpoints` checkpoints of [`ROWS`] records with ids from `first` (positions count from 0), each
 /// committed before the next.
-async fn run(
-    lake: &Lake,
-    table: &str,
-    (subtask, min_input_files): (u32, usize),
-    state: &Path,
-    first: i64,
-    checkpoints: i64,
-) {
-    let config = config(lake, table, subtask, min_input_files);
-    let (mut job, sink, restored) = common::started(state, &config).await;
+async fn run(config: &IcebergSinkConfig, state: &Path, first: i64, checkpoints: i64) {
+    let (mut job, sink, restored) = common::started(state, config).await;
     let mut next = restored.positions.first().map_or(0, |p| p.next_offset);
     for _ in 0..checkpoints {
         job.write(sink, &batch(first + next..first + next + ROWS))
@@ -125,19 +128,18 @@ async fn small_files_compact_inside_the_commits_and_every_snapshot_reads_back() 
     let dir = tempfile::tempdir().unwrap();
     let lake = Lake::sqlite_local(dir.path(), "compact");
     let table = lake.table(&["events"]);
+    // Expiry keeps 3 snapshots and merges at 3 manifests: compacted inputs soon have no reader left.
+    IcebergSink::new(config(&lake, &table, 0, 4, true))
+        .await
+        .unwrap();
+    lake.set_retention(&table, 3).await;
+    lake.set_merge(&table, 3).await;
     let checkpoints = 12;
     for round in 0..3 {
         for subtask in 0..2u32 {
             let state = dir.path().join(format!("state-{subtask}"));
-            run(
-                &lake,
-                &table,
-                (subtask, 4),
-                &state,
-                i64::from(subtask) * 1_000_000,
-                checkpoints,
-            )
-            .await;
+            let config = config(&lake, &table, subtask, 4, true);
+            run(&config, &state, i64::from(subtask) * 1_000_000, checkpoints).await;
         }
         let seen = metadata_files(&lake, &table).await;
         let written = (round + 1) * checkpoints * ROWS;
@@ -162,6 +164,26 @@ async fn small_files_compact_inside_the_commits_and_every_snapshot_reads_back() 
         );
         assert!(compacting_snapshots(&seen) > 0, "{context}");
     }
+    // Inputs whose last reader another subtask's expiry removed are deleted by their own subtask's next recovery.
+    let mut sinks = Vec::new();
+    for subtask in 0..2 {
+        let mut sink = IcebergSink::new(config(&lake, &table, subtask, 4, true))
+            .await
+            .unwrap();
+        connector_api::TwoPhaseCommit::recover(&mut sink, None)
+            .await
+            .unwrap();
+        sinks.push(sink);
+    }
+    for sink in &sinks {
+        sink.delete_unreferenced_files().await.unwrap();
+    }
+    let seen = metadata_files(&lake, &table).await;
+    assert_eq!(
+        seen["unread_data_files"],
+        serde_json::json!([]),
+        "compacted files no snapshot reads stay on storage"
+    );
     let read = read(&lake, &table).await;
     assert!(read.unreferenced.is_empty(), "{:?}", read.unreferenced);
 }
@@ -175,22 +197,36 @@ async fn child() {
         return;
     };
     let lake = Lake::sqlite_local(Path::new(&dir), "child");
-    run(&lake, &table, (0, 2), &Path::new(&dir).join("state"), 0, 8).await;
+    let expire = std::env::var(CHILD_EXPIRES).is_ok();
+    let config = config(&lake, &table, 0, 2, expire);
+    run(&config, &Path::new(&dir).join("state"), 0, 8).await;
 }
 
-/// Runs [`child`] until it kills itself with SIGKILL at `step`.
-fn killed_at(dir: &Path, table: &str, step: &str) {
-    let status = Command::new(std::env::current_exe().unwrap())
+/// Runs [`child`] with the drill at `step`; whether it killed itself with SIGKILL there (otherwise it ended its
+/// 8 checkpoints without reaching the step, and must have succeeded).
+fn run_child(dir: &Path, table: &str, step: &str, expire: bool) -> bool {
+    let mut child = Command::new(std::env::current_exe().unwrap());
+    child
         .args(["--exact", "compaction::child", "--nocapture"])
         .env(CHILD_DIR, dir)
         .env(CHILD_TABLE, table)
-        .env(iceberg_sink::KILL_VARIABLE, step)
-        .status()
-        .unwrap();
-    assert_eq!(
-        status.signal(),
-        Some(9),
-        "{step}: the child should have killed itself at the step ({status})"
+        .env(iceberg_sink::KILL_VARIABLE, step);
+    if expire {
+        child.env(CHILD_EXPIRES, "1");
+    }
+    let status = child.status().unwrap();
+    assert!(
+        status.signal() == Some(9) || status.success(),
+        "{step}: the child failed ({status})"
+    );
+    status.signal() == Some(9)
+}
+
+/// Runs [`child`] (expiring snapshots) until it kills itself with SIGKILL at `step`.
+fn killed_at(dir: &Path, table: &str, step: &str) {
+    assert!(
+        run_child(dir, table, step, true),
+        "{step}: the child should have killed itself at the step"
     );
 }
 
@@ -201,11 +237,12 @@ async fn a_kill_9_at_each_step_of_a_compacting_commit_loses_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let lake = Lake::sqlite_local(dir.path(), "killed");
         let table = lake.table(&["events"]);
-        IcebergSink::new(config(&lake, &table, 0, 2)).await.unwrap();
+        let config = config(&lake, &table, 0, 2, true);
+        IcebergSink::new(config.clone()).await.unwrap();
         killed_at(dir.path(), &table, step);
 
         let state = dir.path().join("state");
-        run(&lake, &table, (0, 2), &state, 0, 4).await;
+        run(&config, &state, 0, 4).await;
         let seen = metadata_files(&lake, &table).await;
         let next = common::decided_offset(&state).await;
         let expected: Vec<i64> = (0..next).collect();
@@ -253,7 +290,9 @@ async fn a_compaction_whose_files_spark_rewrote_meanwhile_is_dropped_and_no_row_
     let lake = Lake::sqlite_local(dir.path(), "foreign");
     let table = lake.table(&["events"]);
     use connector_api::{CheckpointId, Committer, TwoPhaseCommit};
-    let mut sink = IcebergSink::new(config(&lake, &table, 0, 2)).await.unwrap();
+    let mut sink = IcebergSink::new(config(&lake, &table, 0, 2, false))
+        .await
+        .unwrap();
     sink.recover(None).await.unwrap();
     let committer = sink.committer();
     // Checkpoints commit small files until a pre-commit (compaction looks every 2) carries a compaction of them.
@@ -304,4 +343,58 @@ async fn a_compaction_whose_files_spark_rewrote_meanwhile_is_dropped_and_no_row_
         .map(|row| row["id"].as_i64().unwrap())
         .collect();
     assert_eq!(spark_ids, expected, "Spark");
+}
+
+/// Spark (4.1 with Iceberg 1.12's runtime) maintaining the table (rewrite_data_files in small groups,
+/// rewrite_manifests, expire_snapshots, orphan removal older than 20 s, in a loop) while the sink compacts inside
+/// its commits and is killed with SIGKILL after its replacing manifests are written and after a compacting commit
+/// landed, each followed by a restarted run: until Spark committed rewrites and expiries in between and both
+/// drills fired. Spark, pyiceberg and DuckDB then read every row once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spark_maintenance_beside_compacting_commits_and_kills_leaves_every_row_once() {
+    test_support::Services::get();
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::sqlite_local(dir.path(), "spark");
+    let table = lake.table(&["events"]);
+    let config = config(&lake, &table, 0, 2, false);
+    IcebergSink::new(config.clone()).await.unwrap();
+    let state = dir.path().join("state");
+    run(&config, &state, 0, 4).await;
+    let mut spark =
+        common::SparkMaintainer::start(&lake, &table, std::time::Duration::from_secs(20));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+    let mut kills = std::collections::BTreeMap::new();
+    let steps = ["after-replacing", "after-own-commit"];
+    while kills.len() < steps.len()
+        || spark.count("rewrite_data_files", "committed") < 2
+        || spark.count("expire_snapshots", "committed") < 2
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "too little happened: kills {kills:?}, Spark {:?}\n{}",
+            spark.progress(),
+            spark.last_exceptions()
+        );
+        for step in steps {
+            if run_child(dir.path(), &table, step, false) {
+                *kills.entry(step).or_insert(0) += 1;
+            }
+            run(&config, &state, 0, 2).await;
+        }
+    }
+    let done = spark.stop();
+    eprintln!("Spark's maintenance beside the compacting sink, kills {kills:?}: {done}");
+
+    let next = common::decided_offset(&state).await;
+    let expected: Vec<i64> = (0..next).collect();
+    let spark_ids: Vec<i64> = lake
+        .spark_rows(&table)
+        .await
+        .iter()
+        .map(|row| row["id"].as_i64().unwrap())
+        .collect();
+    assert_eq!(spark_ids, expected, "Spark");
+    let read = read(&lake, &table).await;
+    assert_eq!(read.ids, expected, "pyiceberg");
+    assert_eq!(read.duckdb_ids, expected, "DuckDB");
 }
