@@ -25,6 +25,9 @@ const CATALOG_TABLE: &str = "iceberg_tables";
 /// retryable when the catalog's database cannot be read.
 pub(crate) async fn check(config: &IcebergSinkConfig) -> Result<SinkCheck> {
     let keyed = KeyedRows::of_config(config)?;
+    if let Some(policy) = &config.compact {
+        policy.check(&config.sink, &config.upsert_key)?;
+    }
     config.layout.check_settings(
         &config.sink,
         config.create_table,
@@ -46,6 +49,9 @@ pub(crate) async fn check(config: &IcebergSinkConfig) -> Result<SinkCheck> {
                 false => Vec::new(),
             };
             crate::sink::check_columns(config, &table, &changed)?;
+            if let Some(policy) = &config.compact {
+                policy.check_table(&config.sink, &table)?;
+            }
             if let Some(keyed) = &keyed {
                 EqualityDeletes::of(&table, keyed.key()).map_err(|e| e.with_sink(&config.sink))?;
                 if config.upsert_deletes == UpsertDeletes::Equality {

@@ -590,7 +590,14 @@ impl TableTarget {
             if let (Some(replacing), Some(snapshot)) =
                 (replacement, planned_snapshot.as_deref_mut())
             {
-                match remove_data_files(&base, snapshot, manifests, &replacing.inputs).await? {
+                let replaced = remove_data_files(
+                    &base,
+                    snapshot,
+                    manifests,
+                    (&replacing.inputs, &replacing.manifests),
+                )
+                .await?;
+                match replaced {
                     Some(replaced) => {
                         *snapshot = replaced.snapshot;
                         manifests = replaced.manifests;
@@ -732,6 +739,8 @@ impl TableTarget {
 pub(crate) struct Replacement {
     pub(crate) inputs: Vec<String>,
     pub(crate) outputs: Vec<DataFile>,
+    /// Where the inputs were listed when picked ([`CompactedFiles::manifests`]).
+    pub(crate) manifests: Vec<String>,
 }
 
 /// The delete files of one commit: the checkpoint's, and the snapshot the key index showed when its position
@@ -933,6 +942,7 @@ impl IcebergCommitter {
         Ok(Some(Replacement {
             inputs: compaction.inputs.clone(),
             outputs: decode_files(table, &compaction.outputs)?,
+            manifests: compaction.manifests.clone(),
         }))
     }
 

@@ -26,13 +26,13 @@
 //! - A crash anywhere: the compaction rides in the checkpoint's committable; recovery commits it by the same rules
 //!   or drops it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use connector_api::{CheckpointId, Error, ErrorKind, Phase, Result, SinkId};
 use futures::TryStreamExt;
 use iceberg::arrow::ArrowReaderBuilder;
 use iceberg::scan::FileScanTask;
-use iceberg::spec::{DataContentType, DataFile, DataFileFormat, ManifestContentType, Struct};
+use iceberg::spec::{DataContentType, DataFile, DataFileFormat, ManifestContentType};
 use iceberg::table::Table;
 use serde::{Deserialize, Deserializer, Serialize};
 
@@ -111,6 +111,23 @@ impl CompactPolicy {
         Ok(())
     }
 
+    /// Checks that `table` can be compacted by sink `sink`.
+    ///
+    /// # Errors
+    /// [`Config`](ErrorKind::Config) naming the table for a format-version 3 table (Ratchet's own commit writes
+    /// version 1 and 2 manifest lists; version 3's carry row lineage, which it does not assign).
+    pub(crate) fn check_table(&self, sink: &SinkId, table: &Table) -> Result<()> {
+        match table.metadata().format_version() {
+            iceberg::spec::FormatVersion::V1 | iceberg::spec::FormatVersion::V2 => Ok(()),
+            version => Err(Error::config(format!(
+                "sink {sink}: compact: table {} is an Iceberg format-version {version} table; the sink compacts \
+                 version 1 and 2 tables (version 3 manifest lists carry row lineage, which it does not assign): \
+                 remove compact and compact the table with Spark",
+                table.identifier()
+            ))),
+        }
+    }
+
     /// Files at or above this size are not small.
     fn small_below(&self) -> u64 {
         self.target_file_size / 4 * 3
@@ -170,40 +187,108 @@ pub struct CompactedFiles {
     pub inputs: Vec<String>,
     /// The rewritten files (same partition, the table's default spec).
     pub outputs: Vec<PendingFile>,
+    /// The manifests that listed the inputs when they were picked: where the commit looks for them first (it
+    /// reads the others only when one is not there, a merge having rewritten its manifest since).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub manifests: Vec<String>,
+}
+
+/// A small data file this subtask wrote, and the manifest of the current snapshot that lists it.
+#[derive(Debug, Clone)]
+pub(crate) struct SmallFile {
+    pub(crate) file: DataFile,
+    pub(crate) manifest: String,
+}
+
+/// This subtask's small files per data manifest, read once per manifest (a manifest never changes once written):
+/// a look reads only the manifests committed since the last one.
+#[derive(Debug, Default)]
+pub(crate) struct SmallFileCache {
+    by_manifest: HashMap<String, Vec<DataFile>>,
+}
+
+impl SmallFileCache {
+    /// The live data files of `table`'s current snapshot that `key`'s subtask wrote and `policy` calls small, in
+    /// the default partition spec, each with its manifest.
+    ///
+    /// # Errors
+    /// A manifest list or manifest that cannot be read.
+    pub(crate) async fn small_files(
+        &mut self,
+        table: &Table,
+        key: &SubtaskKey,
+        policy: &CompactPolicy,
+    ) -> iceberg::Result<Vec<SmallFile>> {
+        let metadata = table.metadata();
+        let Some(snapshot) = metadata.current_snapshot() else {
+            return Ok(Vec::new());
+        };
+        let spec_id = metadata.default_partition_spec_id();
+        let list = table.manifest_list_reader(snapshot).load().await?;
+        let mut small = Vec::new();
+        let mut current = HashSet::new();
+        for manifest in list
+            .entries()
+            .iter()
+            .filter(|m| m.content == ManifestContentType::Data && m.partition_spec_id == spec_id)
+        {
+            let path = &manifest.manifest_path;
+            current.insert(path.clone());
+            if !self.by_manifest.contains_key(path) {
+                let loaded = manifest.load_manifest(table.file_io()).await?;
+                let files = loaded
+                    .entries()
+                    .iter()
+                    .filter(|entry| entry.is_alive())
+                    .map(|entry| entry.data_file())
+                    .filter(|file| {
+                        file.content_type() == DataContentType::Data
+                            && file.file_format() == DataFileFormat::Parquet
+                            && file.file_size_in_bytes() < policy.small_below()
+                            && key.file_stamp(file.file_path()).is_some()
+                    })
+                    .cloned()
+                    .collect();
+                self.by_manifest.insert(path.clone(), files);
+            }
+            small.extend(self.by_manifest[path].iter().map(|file| SmallFile {
+                file: file.clone(),
+                manifest: path.clone(),
+            }));
+        }
+        self.by_manifest.retain(|path, _| current.contains(path));
+        Ok(small)
+    }
 }
 
 /// The groups of `files` (small data files of one spec) to rewrite now by `policy`: per partition and size tier,
 /// the smallest files of a tier holding at least `min_input_files`, up to `target_file_size` of input per group
 /// and in all. Lower tiers first.
-pub(crate) fn groups(files: Vec<DataFile>, policy: &CompactPolicy) -> Vec<Vec<DataFile>> {
-    let mut tiers: BTreeMap<(u32, String), (Struct, Vec<DataFile>)> = BTreeMap::new();
-    for file in files {
-        let tier = policy.tier(file.file_size_in_bytes());
+pub(crate) fn groups(files: Vec<SmallFile>, policy: &CompactPolicy) -> Vec<Vec<SmallFile>> {
+    let mut tiers: BTreeMap<(u32, String), Vec<SmallFile>> = BTreeMap::new();
+    for small in files {
+        let tier = policy.tier(small.file.file_size_in_bytes());
         // Struct is not Ord: its debug form orders partitions deterministically.
-        let partition = format!("{:?}", file.partition());
-        tiers
-            .entry((tier, partition))
-            .or_insert_with(|| (file.partition().clone(), Vec::new()))
-            .1
-            .push(file);
+        let partition = format!("{:?}", small.file.partition());
+        tiers.entry((tier, partition)).or_default().push(small);
     }
     let mut budget = policy.target_file_size;
     let mut chosen = Vec::new();
-    for (_, (_, mut files)) in tiers {
+    for (_, mut files) in tiers {
         if files.len() < policy.min_input_files {
             continue;
         }
-        files.sort_by(|a, b| {
-            (a.file_size_in_bytes(), a.file_path()).cmp(&(b.file_size_in_bytes(), b.file_path()))
-        });
+        let order = |s: &SmallFile| (s.file.file_size_in_bytes(), s.file.file_path().to_string());
+        files.sort_by_key(order);
         let mut group = Vec::new();
         let mut size = 0;
-        for file in files {
-            if size + file.file_size_in_bytes() > budget {
+        for small in files {
+            let bytes = small.file.file_size_in_bytes();
+            if size + bytes > budget {
                 break;
             }
-            size += file.file_size_in_bytes();
-            group.push(file);
+            size += bytes;
+            group.push(small);
         }
         if group.len() < 2 {
             continue;
@@ -215,47 +300,6 @@ pub(crate) fn groups(files: Vec<DataFile>, policy: &CompactPolicy) -> Vec<Vec<Da
         }
     }
     chosen
-}
-
-/// The live data files of `table`'s current snapshot that `key`'s subtask wrote and `policy` calls small, in the
-/// default partition spec.
-///
-/// # Errors
-/// A manifest list or manifest that cannot be read.
-pub(crate) async fn small_files(
-    table: &Table,
-    key: &SubtaskKey,
-    policy: &CompactPolicy,
-) -> iceberg::Result<Vec<DataFile>> {
-    let metadata = table.metadata();
-    let Some(snapshot) = metadata.current_snapshot() else {
-        return Ok(Vec::new());
-    };
-    let spec_id = metadata.default_partition_spec_id();
-    let list = table.manifest_list_reader(snapshot).load().await?;
-    let mut small = Vec::new();
-    for manifest in list
-        .entries()
-        .iter()
-        .filter(|m| m.content == ManifestContentType::Data && m.partition_spec_id == spec_id)
-    {
-        let manifest = manifest.load_manifest(table.file_io()).await?;
-        small.extend(
-            manifest
-                .entries()
-                .iter()
-                .filter(|entry| entry.is_alive())
-                .map(|entry| entry.data_file())
-                .filter(|file| {
-                    file.content_type() == DataContentType::Data
-                        && file.file_format() == DataFileFormat::Parquet
-                        && file.file_size_in_bytes() < policy.small_below()
-                        && key.file_stamp(file.file_path()).is_some()
-                })
-                .cloned(),
-        );
-    }
-    Ok(small)
 }
 
 /// Rewrites `group` (live data files of one partition of `table`'s default spec) into files named
@@ -329,25 +373,29 @@ pub(crate) async fn rewrite(
 pub(crate) async fn compact(
     target: &TableTarget,
     key: &SubtaskKey,
-    policy: &CompactPolicy,
+    (policy, cache): (&CompactPolicy, &mut SmallFileCache),
     file_prefix: String,
 ) -> Option<CompactedFiles> {
     let work = async {
         let table = target.load(Phase::PreCommit).await?;
-        let small = small_files(&table, key, policy)
+        let small = cache
+            .small_files(&table, key, policy)
             .await
             .map_err(|e| iceberg_error(Phase::PreCommit, "cannot list the small files", e))?;
         let mut inputs = Vec::new();
+        let mut manifests = BTreeSet::new();
         let mut outputs = Vec::new();
         for (g, group) in groups(small, policy).into_iter().enumerate() {
+            let files: Vec<DataFile> = group.iter().map(|s| s.file.clone()).collect();
             let written = rewrite(
                 &table,
-                &group,
+                &files,
                 format!("{file_prefix}{g}"),
                 policy.target_file_size,
             )
             .await?;
-            inputs.extend(group.iter().map(|f| f.file_path().to_string()));
+            inputs.extend(files.iter().map(|f| f.file_path().to_string()));
+            manifests.extend(group.into_iter().map(|s| s.manifest));
             outputs.extend(written);
         }
         if inputs.is_empty() {
@@ -357,6 +405,7 @@ pub(crate) async fn compact(
         Ok::<_, Error>(Some(CompactedFiles {
             inputs,
             outputs: encode_files(&table, outputs)?,
+            manifests: manifests.into_iter().collect(),
         }))
     };
     match tokio::time::timeout(target.commit_timeout, work).await {
@@ -393,18 +442,22 @@ pub(crate) fn file_prefix(key: &SubtaskKey, epoch: u64, checkpoint: CheckpointId
 mod tests {
     use super::*;
 
-    fn file(name: &str, size: u64, partition: i32) -> DataFile {
-        iceberg::spec::DataFileBuilder::default()
+    fn file(name: &str, size: u64, partition: i32) -> SmallFile {
+        let file = iceberg::spec::DataFileBuilder::default()
             .content(DataContentType::Data)
             .file_path(format!("file:///t/data/{name}.parquet"))
             .file_format(DataFileFormat::Parquet)
-            .partition(Struct::from_iter([Some(iceberg::spec::Literal::int(
-                partition,
-            ))]))
+            .partition(iceberg::spec::Struct::from_iter([Some(
+                iceberg::spec::Literal::int(partition),
+            )]))
             .record_count(10)
             .file_size_in_bytes(size)
             .build()
-            .unwrap()
+            .unwrap();
+        SmallFile {
+            file,
+            manifest: "m.avro".into(),
+        }
     }
 
     fn policy(target: u64, min: usize) -> CompactPolicy {
@@ -414,13 +467,13 @@ mod tests {
         }
     }
 
-    fn names(groups: &[Vec<DataFile>]) -> Vec<Vec<String>> {
+    fn names(groups: &[Vec<SmallFile>]) -> Vec<Vec<String>> {
         groups
             .iter()
             .map(|g| {
                 g.iter()
-                    .map(|f| {
-                        let name = f.file_path().rsplit('/').next().unwrap();
+                    .map(|s| {
+                        let name = s.file.file_path().rsplit('/').next().unwrap();
                         name.trim_end_matches(".parquet").to_string()
                     })
                     .collect()
@@ -472,7 +525,7 @@ mod tests {
     #[test]
     fn a_tier_is_rewritten_once_it_holds_min_input_files_smallest_first() {
         let p = policy(1 << 20, 4);
-        let three: Vec<DataFile> = (0..3).map(|i| file(&format!("a{i}"), 1000, 1)).collect();
+        let three: Vec<SmallFile> = (0..3).map(|i| file(&format!("a{i}"), 1000, 1)).collect();
         assert!(groups(three.clone(), &p).is_empty());
         let mut four = three;
         four.push(file("a3", 900, 1));
@@ -483,7 +536,7 @@ mod tests {
     fn a_rewritten_file_waits_for_its_own_tier_instead_of_joining_every_rewrite() {
         // 4 KB files and one earlier output of 64 KB: the small ones are rewritten without the big one.
         let p = policy(1 << 20, 4);
-        let mut files: Vec<DataFile> = (0..4).map(|i| file(&format!("s{i}"), 4000, 1)).collect();
+        let mut files: Vec<SmallFile> = (0..4).map(|i| file(&format!("s{i}"), 4000, 1)).collect();
         files.push(file("big", 64_000, 1));
         assert_eq!(names(&groups(files, &p)), [["s0", "s1", "s2", "s3"]]);
     }

@@ -39,7 +39,9 @@ struct Removed {
 
 /// Marks `inputs` deleted in `planned` (a snapshot planned on `base`, not yet committed, whose list names
 /// `manifests`): `None` when one of them is not live in those manifests (nothing is left written), else the
-/// snapshot naming the new list. The list `planned` named is deleted (nothing else refers to it).
+/// snapshot naming the new list. The manifests in `hints` (those that listed the inputs when they were picked)
+/// are read first; the others only when an input is still missing. The list `planned` named is deleted (nothing
+/// else refers to it).
 ///
 /// # Errors
 /// A storage failure reading or writing a manifest or list (the attempt fails retryably, nothing committed).
@@ -47,7 +49,7 @@ pub(crate) async fn remove_data_files(
     base: &Table,
     planned: &Snapshot,
     manifests: Vec<ManifestFile>,
-    inputs: &[String],
+    (inputs, hints): (&[String], &[String]),
 ) -> Result<Option<RewrittenSnapshot>> {
     let file_io = base.file_io();
     let wanted: HashSet<String> = inputs.iter().map(|p| canonical(p)).collect();
@@ -58,7 +60,16 @@ pub(crate) async fn remove_data_files(
     let mut removed = Removed::default();
     let mut written = Vec::new();
     let mut replaced: HashMap<usize, ManifestFile> = HashMap::new();
-    for (i, manifest_file) in manifests.iter().enumerate() {
+    let hinted = |m: &ManifestFile| hints.contains(&m.manifest_path);
+    // The hinted manifests first, then (only while an input is missing) the rest.
+    let order = (0..manifests.len())
+        .filter(|&i| hinted(&manifests[i]))
+        .chain((0..manifests.len()).filter(|&i| !hinted(&manifests[i])));
+    for i in order {
+        let manifest_file = &manifests[i];
+        if found.len() == wanted.len() {
+            break;
+        }
         if manifest_file.content != ManifestContentType::Data
             || manifest_file.added_snapshot_id == planned.snapshot_id()
         {

@@ -57,6 +57,8 @@ pub struct IcebergSink {
     /// Checkpoints since compaction last looked for small files (`compact`): it looks every `min_input_files`
     /// checkpoints (a fresh instance at its first).
     pub(crate) compact_wait: usize,
+    /// This subtask's small files per manifest, for compaction's looks.
+    pub(crate) small_files: crate::compaction::SmallFileCache,
     /// The committable of the last pre-commit, until the next begin decides what it carries.
     pub(crate) pre_committed: Option<IcebergCommittable>,
     /// The checkpoint whose writers are open (begun, not yet pre-committed or aborted).
@@ -150,6 +152,9 @@ impl IcebergSink {
         // Refused now, with the table and the fields named, rather than at the first write or pre-commit.
         let table = committer.target.load(Phase::Setup).await?;
         check_columns(&config, &table, &[])?;
+        if let Some(policy) = &config.compact {
+            policy.check_table(&config.sink, &table)?;
+        }
         if let Some(keyed) = &keyed {
             EqualityDeletes::of(&table, keyed.key()).map_err(|e| e.with_sink(&config.sink))?;
             if config.upsert_deletes == UpsertDeletes::Equality {
@@ -173,6 +178,7 @@ impl IcebergSink {
             carried: Vec::new(),
             carried_checkpoints: 0,
             compact_wait,
+            small_files: Default::default(),
             pre_committed: None,
             open: None,
             keyed,
@@ -207,7 +213,7 @@ impl IcebergSink {
         crate::compaction::compact(
             &self.committer.target,
             &self.key,
-            &policy,
+            (&policy, &mut self.small_files),
             crate::compaction::file_prefix(&self.key, epoch, checkpoint),
         )
         .await

@@ -100,6 +100,26 @@ async fn topic(name: &str) -> String {
     topic
 }
 
+/// A job file of the four sink kinds ([`job_file`]) named after `label` on a fresh topic, with a local store under
+/// `state/`, in a directory that lives as long as the returned guard; and the job's name.
+async fn local_job(label: &str) -> (tempfile::TempDir, String, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let name = test_support::unique_name(label).replace('-', "_");
+    let topic = topic(&name).await;
+    let store = format!(
+        "[store]\nkind = \"local\"\npath = \"{}\"",
+        dir.path().join("state").display()
+    );
+    let config = job_file(
+        dir.path(),
+        &name,
+        &topic,
+        &store,
+        Services::get().kafka_bootstrap(),
+    );
+    (dir, name, config)
+}
+
 fn table_exists(table: &str) -> bool {
     Services::get()
         .psql(&format!("SELECT to_regclass('\"{table}\"') IS NOT NULL"))
@@ -109,18 +129,8 @@ fn table_exists(table: &str) -> bool {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn on_a_fresh_local_store_check_config_passes_writes_nothing_and_run_works() {
-    let dir = tempfile::tempdir().unwrap();
-    let name = test_support::unique_name("fresh_local").replace('-', "_");
-    let topic = topic(&name).await;
+    let (dir, name, config) = local_job("fresh_local").await;
     let state = dir.path().join("state");
-    let store = format!("[store]\nkind = \"local\"\npath = \"{}\"", state.display());
-    let config = job_file(
-        dir.path(),
-        &name,
-        &topic,
-        &store,
-        Services::get().kafka_bootstrap(),
-    );
     let out = ratchet("check-config", &config, &[]);
     let said = text(&out);
     assert!(out.status.success(), "{said}");
@@ -204,20 +214,7 @@ async fn a_kafka_sink_whose_broker_does_not_answer_fails_its_line() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_misspelt_sink_key_stops_run_at_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let name = test_support::unique_name("typo").replace('-', "_");
-    let topic = topic(&name).await;
-    let store = format!(
-        "[store]\nkind = \"local\"\npath = \"{}\"",
-        dir.path().join("state").display()
-    );
-    let config = job_file(
-        dir.path(),
-        &name,
-        &topic,
-        &store,
-        Services::get().kafka_bootstrap(),
-    );
+    let (_dir, _, config) = local_job("typo").await;
     let text_before = std::fs::read_to_string(&config).unwrap();
     std::fs::write(
         &config,
@@ -240,6 +237,30 @@ async fn a_misspelt_sink_key_stops_run_at_once() {
         "retried a config error: {said}"
     );
     assert!(started.elapsed() < Duration::from_secs(20), "{said}");
+}
+
+/// `compact` on an Iceberg entry: a policy that cannot work, or one on an upsert table, is refused by `check-config`
+/// naming the sink and the key, before anything runs.
+#[tokio::test(flavor = "multi_thread")]
+async fn check_config_refuses_a_compaction_it_cannot_do_naming_the_key() {
+    let (_dir, _, config) = local_job("compact").await;
+    let base = std::fs::read_to_string(&config).unwrap();
+    for (entry, expected) in [
+        (
+            "compact = { target_file_size = \"128MB\", min_input_files = 1 }",
+            "min_input_files = 1",
+        ),
+        ("compact = {}\nupsert_key = [\"id\"]", "append tables only"),
+    ] {
+        std::fs::write(&config, format!("{base}{entry}\n")).unwrap();
+        let out = ratchet("check-config", &config, &[]);
+        let said = text(&out);
+        assert!(!out.status.success(), "{entry}: {said}");
+        assert!(
+            said.contains("lake") && said.contains("compact") && said.contains(expected),
+            "{entry}: {said}"
+        );
+    }
 }
 
 #[test]
