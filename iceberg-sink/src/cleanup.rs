@@ -118,14 +118,32 @@ pub(crate) async fn referenced_by_fresh_snapshots(
             Err(e) if attempt < 2 => {
                 let fresh = target.load(Phase::Recover).await?;
                 if fresh.metadata_location() == table.metadata_location() {
-                    return Err(e);
+                    return Err(unreadable(table, e));
                 }
                 *table = fresh;
                 attempt += 1;
             }
-            Err(e) => return Err(e),
+            Err(e) => return Err(unreadable(table, e)),
         }
     }
+}
+
+/// A retained snapshot's manifest list or manifest that could not be read while establishing what the table
+/// references: nothing is deleted on such a partial view. Retryable: the usual cause is another writer's expiry
+/// deleting the files of the snapshots it expired while this read them (seen beside Spark's maintenance loop),
+/// which the next attempt, on fresh metadata, does not meet; a table that really lacks a file keeps failing here,
+/// naming it.
+fn unreadable(table: &Table, e: Error) -> Error {
+    Error::new(
+        ErrorKind::Retryable,
+        Phase::Recover,
+        format!(
+            "cannot establish which files table {} references (a manifest list or manifest of a retained snapshot \
+             could not be read; another writer may be expiring snapshots): nothing was deleted; retrying",
+            table.identifier()
+        ),
+    )
+    .with_source(e)
 }
 
 /// Every file path the retained snapshots reference, in [`canonical`] spelling: their manifest lists, the

@@ -35,9 +35,9 @@ use iceberg::table::Table;
 use iceberg::transaction::{ApplyTransactionAction, Transaction};
 use iceberg::{Catalog, TableIdent, TableUpdate};
 
+use crate::committable::CompactedFiles;
 use crate::committable::IcebergCommittable;
 use crate::committable::decode_files;
-use crate::compaction::CompactedFiles;
 use crate::config::CatalogConfig;
 use crate::error::iceberg_error;
 use crate::guarded::{Check, GuardedCatalog, Planned, Verdict};

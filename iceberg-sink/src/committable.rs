@@ -43,7 +43,21 @@ pub struct IcebergCommittable {
     /// A compaction riding on this checkpoint's snapshot (`compact`, [`CompactedFiles`]): its outputs replace its
     /// inputs in the same snapshot, or the commit drops it when an input is no longer live.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub compaction: Option<crate::compaction::CompactedFiles>,
+    pub compaction: Option<CompactedFiles>,
+}
+
+/// A compaction a checkpoint carries (`compact`): its commit replaces `inputs` by `outputs`, which hold exactly
+/// their rows, or drops it when an input is no longer live.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CompactedFiles {
+    /// The live data files rewritten, as the table's manifests name them.
+    pub inputs: Vec<String>,
+    /// The rewritten files (same partition, the table's default spec).
+    pub outputs: Vec<PendingFile>,
+    /// The manifests that listed the inputs when they were picked: where the commit looks for them first (it
+    /// reads the others only when one is not there, a merge having rewritten its manifest since).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub manifests: Vec<String>,
 }
 
 pub(crate) fn encode_files(table: &Table, files: Vec<DataFile>) -> Result<Vec<PendingFile>> {

@@ -335,8 +335,9 @@ pub struct IcebergSinkConfig {
     /// Subtask 0's recovery deletes the files under the table's `data/` and `metadata/` that nothing references
     /// and that were last modified longer ago than this ([`crate::sweep_orphans`]); `None`: no sweep.
     pub sweep_orphans_after: Option<Duration>,
-    /// Compaction inside the commits ([`crate::compaction`]): `None`, the default, compacts nothing.
-    pub compact: Option<crate::compaction::CompactPolicy>,
+    /// Compaction inside the commits ([`CompactPolicy`](crate::CompactPolicy)): `None`, the default, compacts
+    /// nothing.
+    pub compact: Option<crate::compact_policy::CompactPolicy>,
     /// The partition spec, sort order and properties of a table the sink creates (`create_table`).
     pub layout: crate::layout::TableLayout,
 }

@@ -99,7 +99,7 @@ pub struct IcebergSinkSettings {
     pub sweep_orphans_after: Option<Duration>,
     /// Compaction inside the commits.
     #[serde(default)]
-    pub compact: Option<crate::compaction::CompactPolicy>,
+    pub compact: Option<crate::compact_policy::CompactPolicy>,
     /// The partition terms of a created table.
     #[serde(default)]
     pub partition_by: Vec<String>,

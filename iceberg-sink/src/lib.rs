@@ -33,7 +33,8 @@
 //!
 //! # Not supported by iceberg-rust 0.10 (and not built here)
 //! Position-delete and deletion-vector writers (written here: `position_deletes.rs`; deletion vectors are planned),
-//! overwrite and compaction of data files; orphan-file cleanup of other writers' files; custom commit conditions
+//! overwrite and compaction of data files (compaction of append tables written here: `compaction.rs`,
+//! `replace.rs`); orphan-file cleanup of other writers' files; custom commit conditions
 //! (worked around by checking the load a commit is built on).
 //!
 //! # Memory
@@ -56,6 +57,7 @@ mod check;
 mod cleanup;
 mod commit;
 mod committable;
+mod compact_policy;
 mod compaction;
 mod config;
 mod equality_deletes;
@@ -89,10 +91,9 @@ mod writer;
 
 pub use cleanup::{delete_unreferenced_files, unreferenced_files};
 pub use commit::{CommitOutcome, IcebergCommitter, TableTarget};
-pub use committable::{IcebergCommittable, PendingFile};
-pub use compaction::{
-    CompactPolicy, CompactedFiles, DEFAULT_COMPACT_MIN_INPUT_FILES,
-    DEFAULT_COMPACT_TARGET_FILE_SIZE,
+pub use committable::{CompactedFiles, IcebergCommittable, PendingFile};
+pub use compact_policy::{
+    CompactPolicy, DEFAULT_COMPACT_MIN_INPUT_FILES, DEFAULT_COMPACT_TARGET_FILE_SIZE,
 };
 pub use config::{
     CatalogConfig, DEFAULT_COMMIT_TIMEOUT, DEFAULT_TARGET_FILE_SIZE, IcebergSinkConfig, S3Settings,
