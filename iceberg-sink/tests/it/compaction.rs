@@ -346,7 +346,7 @@ async fn a_compaction_whose_files_spark_rewrote_meanwhile_is_dropped_and_no_row_
 }
 
 /// Spark (4.1 with Iceberg 1.12's runtime) maintaining the table (rewrite_data_files in small groups,
-/// rewrite_manifests, expire_snapshots, orphan removal older than 20 s, in a loop) while the sink compacts inside
+/// rewrite_manifests, expire_snapshots, orphan removal older than 120 s, in a loop) while the sink compacts inside
 /// its commits and is killed with SIGKILL after its replacing manifests are written and after a compacting commit
 /// landed, each followed by a restarted run: until Spark committed rewrites and expiries in between and both
 /// drills fired. Spark, pyiceberg and DuckDB then read every row once.
@@ -361,7 +361,8 @@ async fn spark_maintenance_beside_compacting_commits_and_kills_leaves_every_row_
     let state = dir.path().join("state");
     run(&config, &state, 0, 4).await;
     let mut spark =
-        common::SparkMaintainer::start(&lake, &table, std::time::Duration::from_secs(20));
+        // A cut-off above the longest wait of a killed child's decided files (see the maintenance test).
+        common::SparkMaintainer::start(&lake, &table, std::time::Duration::from_secs(120));
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
     let mut kills = std::collections::BTreeMap::new();
     let steps = ["after-replacing", "after-own-commit"];
