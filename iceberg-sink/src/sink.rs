@@ -2,12 +2,13 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use arrow_array::{RecordBatch, UInt32Array};
 use async_trait::async_trait;
 use connector_api::{
     AppliedChanges, ChangeColumns, CheckpointId, Error, ErrorKind, Phase, RecoveryPlan, Result,
-    SchemaChange, SinkId, TwoPhaseCommit,
+    RetryPolicy, SchemaChange, SinkId, TwoPhaseCommit,
 };
 use iceberg::spec::{PartitionKey, PrimitiveType, Struct, Type};
 use iceberg::table::Table;
@@ -588,6 +589,47 @@ pub(crate) fn created_table(
     Ok((schema, layout))
 }
 
+/// How long creating the namespace is retried: a refusal that lasts (no permission, a catalog that is down) is
+/// reported within about 10 s.
+const NAMESPACE_RETRY: RetryPolicy = RetryPolicy {
+    max_attempts: 6,
+    initial_backoff: Duration::from_millis(100),
+    max_backoff: Duration::from_secs(2),
+    max_total_backoff: Duration::from_secs(10),
+};
+
+/// Creates `namespace` unless it exists. Another subtask may create it at the same moment: a failed creation is
+/// fine if the namespace exists afterwards. A catalog may also answer a look-up with an error while another
+/// creation is half done (SeaweedFS's catalog answers HTTP 500 "attribute not found: s3tables.metadata" until the
+/// other creation finishes): such a failure is transient, and the caller retries the whole call, bounded.
+async fn ensure_namespace(
+    catalog: &dyn iceberg::Catalog,
+    namespace: &NamespaceIdent,
+) -> Result<()> {
+    let transient = |message: &str, e: iceberg::Error| {
+        Error::new(
+            ErrorKind::Retryable,
+            Phase::Setup,
+            format!("{message} {namespace:?}"),
+        )
+        .with_source(e)
+    };
+    let exists = catalog
+        .namespace_exists(namespace)
+        .await
+        .map_err(|e| transient("cannot look up the namespace", e))?;
+    if exists {
+        return Ok(());
+    }
+    match catalog.create_namespace(namespace, HashMap::new()).await {
+        Ok(_) => Ok(()),
+        Err(e) => match catalog.namespace_exists(namespace).await {
+            Ok(true) => Ok(()),
+            _ => Err(transient("cannot create the namespace", e)),
+        },
+    }
+}
+
 /// Creates the namespace (if missing) and a table of `iceberg_schema` laid out as `layout` says.
 async fn create_table(
     catalog: &dyn iceberg::Catalog,
@@ -596,22 +638,11 @@ async fn create_table(
     layout: BoundLayout,
 ) -> Result<()> {
     let namespace: &NamespaceIdent = ident.namespace();
-    let exists = catalog
-        .namespace_exists(namespace)
-        .await
-        .map_err(|e| iceberg_error(Phase::Setup, "cannot look up the namespace", e))?;
-    if !exists {
-        // Another subtask may create it at the same moment: a failure is fine if it exists afterwards.
-        if let Err(e) = catalog.create_namespace(namespace, HashMap::new()).await
-            && !catalog.namespace_exists(namespace).await.unwrap_or(false)
-        {
-            return Err(iceberg_error(
-                Phase::Setup,
-                "cannot create the namespace",
-                e,
-            ));
-        }
-    }
+    NAMESPACE_RETRY
+        .run_idempotent("creating the namespace", || {
+            ensure_namespace(catalog, namespace)
+        })
+        .await?;
     // A streaming writer commits often: keep only the last 100 metadata versions on storage, and merge manifests
     // once 100 pile up (Iceberg's standard properties, which `TableTarget` honours on every commit; iceberg-rust
     // itself does neither).
