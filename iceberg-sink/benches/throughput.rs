@@ -290,7 +290,10 @@ async fn small_files(run: SmallFiles) -> Option<serde_json::Value> {
     let lake = lake();
     let config = IcebergSinkConfig {
         expire_snapshots: run.keep.is_some(),
-        compact: run.compact.then(iceberg_sink::CompactPolicy::default),
+        compact: match run.compact {
+            true => iceberg_sink::Compact::On(Default::default()),
+            false => iceberg_sink::Compact::Off,
+        },
         upsert_key: match run.upsert_keys {
             Some(_) => vec!["id".into()],
             None => Vec::new(),

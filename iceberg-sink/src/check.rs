@@ -25,7 +25,7 @@ const CATALOG_TABLE: &str = "iceberg_tables";
 /// retryable when the catalog's database cannot be read.
 pub(crate) async fn check(config: &IcebergSinkConfig) -> Result<SinkCheck> {
     let keyed = KeyedRows::of_config(config)?;
-    if let Some(policy) = &config.compact {
+    if let Some(policy) = config.compact.explicit() {
         policy.check(&config.sink, &config.upsert_key)?;
     }
     config.layout.check_settings(
@@ -35,12 +35,14 @@ pub(crate) async fn check(config: &IcebergSinkConfig) -> Result<SinkCheck> {
         config.upsert_deletes,
     )?;
     let ident = table_ident(config)?;
-    let (catalog, found) = match existing_table(config, &ident).await? {
+    let created = config.compact.resolve_created(&config.upsert_key);
+    let (catalog, found, compacts) = match existing_table(config, &ident).await? {
         Existing::NoCatalogTables => (
             "the SQL catalog has no tables yet (the first run creates them)",
             None,
+            created,
         ),
-        Existing::Missing => ("the catalog answers", None),
+        Existing::Missing => ("the catalog answers", None, created),
         Existing::Table(table) => {
             let changed = match config.evolution.changes_columns() {
                 true => {
@@ -49,7 +51,7 @@ pub(crate) async fn check(config: &IcebergSinkConfig) -> Result<SinkCheck> {
                 false => Vec::new(),
             };
             crate::sink::check_columns(config, &table, &changed)?;
-            if let Some(policy) = &config.compact {
+            if let Some(policy) = config.compact.explicit() {
                 policy.check_table(&config.sink, &table)?;
             }
             if let Some(keyed) = &keyed {
@@ -79,6 +81,7 @@ pub(crate) async fn check(config: &IcebergSinkConfig) -> Result<SinkCheck> {
                         ),
                     }
                 )),
+                config.compact.resolve(&table, &config.upsert_key),
             )
         }
     };
@@ -124,8 +127,15 @@ pub(crate) async fn check(config: &IcebergSinkConfig) -> Result<SinkCheck> {
         ),
         None => String::new(),
     };
+    let compaction = match compacts {
+        Some(policy) => format!(
+            "; compacts its small files inside the commits ({})",
+            policy.describe()
+        ),
+        None => "; no compaction".to_string(),
+    };
     Ok(SinkCheck {
-        summary: format!("settings valid; {catalog}; {table}{mode}"),
+        summary: format!("settings valid; {catalog}; {table}{mode}{compaction}"),
         transaction_timeout: None,
     })
 }

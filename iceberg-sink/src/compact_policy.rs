@@ -1,10 +1,109 @@
-//! The job file's `compact` policy of the Iceberg sink (`compact = { target_file_size = "128MB",
-//! min_input_files = 8 }`): its keys, their defaults, and the checks `check-config` and the sink's start run.
-//! What it drives: [`crate::compaction`].
+//! The job file's `compact` setting of the Iceberg sink (`compact = { target_file_size = "128MB",
+//! min_input_files = 8 }`, `compact = true`, `compact = false`, or nothing): its keys, their defaults, which
+//! tables compact when it is left out, and the checks `check-config` and the sink's start run. What it drives:
+//! [`crate::compaction`].
+
+use std::fmt;
 
 use connector_api::{Error, Result, SinkId};
+use iceberg::spec::FormatVersion;
 use iceberg::table::Table;
+use serde::de::{MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
+
+/// The table property the sink sets on a table it creates (`create_table`), naming the job: such a table
+/// compacts by default ([`Compact::Default`]).
+pub const CREATED_BY_PROPERTY: &str = "ratchet.created-by";
+
+/// The job file's `compact` setting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Compact {
+    /// Left out: an append table the sink created ([`CREATED_BY_PROPERTY`]) of format version 1 or 2 compacts with
+    /// the default [`CompactPolicy`]; any other table (created by someone else, before that property existed,
+    /// upserted, or of version 3) compacts nothing.
+    #[default]
+    Default,
+    /// `compact = false`: no compaction.
+    Off,
+    /// `compact = true` (the default policy) or `compact = { ... }`: compaction, refused where the sink cannot
+    /// compact ([`CompactPolicy::check`], [`CompactPolicy::check_table`]).
+    On(CompactPolicy),
+}
+
+impl Compact {
+    /// The policy the sink compacts `table` with (`None`: no compaction); `upsert_key` empty for an append table.
+    pub fn resolve(&self, table: &Table, upsert_key: &[String]) -> Option<CompactPolicy> {
+        let metadata = table.metadata();
+        self.resolve_for(
+            metadata.properties().contains_key(CREATED_BY_PROPERTY),
+            upsert_key,
+            metadata.format_version(),
+        )
+    }
+
+    /// The policy the sink will compact a table with that it creates on its first run.
+    pub(crate) fn resolve_created(&self, upsert_key: &[String]) -> Option<CompactPolicy> {
+        // iceberg-rust's `TableCreation` creates format-version 2 tables.
+        self.resolve_for(true, upsert_key, FormatVersion::V2)
+    }
+
+    fn resolve_for(
+        &self,
+        created_by_ratchet: bool,
+        upsert_key: &[String],
+        version: FormatVersion,
+    ) -> Option<CompactPolicy> {
+        match self {
+            Compact::Off => None,
+            Compact::On(policy) => Some(*policy),
+            Compact::Default => (created_by_ratchet
+                && upsert_key.is_empty()
+                && matches!(version, FormatVersion::V1 | FormatVersion::V2))
+            .then(CompactPolicy::default),
+        }
+    }
+
+    /// The policy the job file sets explicitly (`None` for [`Compact::Default`] and [`Compact::Off`]): what
+    /// `check-config` and the start check before the table is known.
+    pub fn explicit(&self) -> Option<&CompactPolicy> {
+        match self {
+            Compact::On(policy) => Some(policy),
+            Compact::Default | Compact::Off => None,
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Compact {
+    /// `true`, `false`, or the policy's table (whose own errors name its keys).
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
+        struct CompactVisitor;
+        impl<'de> Visitor<'de> for CompactVisitor {
+            type Value = Compact;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str(
+                    "true, false, or a table such as { target_file_size = \"128MB\", min_input_files = 8 }",
+                )
+            }
+
+            fn visit_bool<E: serde::de::Error>(self, on: bool) -> std::result::Result<Compact, E> {
+                Ok(match on {
+                    true => Compact::On(CompactPolicy::default()),
+                    false => Compact::Off,
+                })
+            }
+
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> std::result::Result<Compact, A::Error> {
+                CompactPolicy::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(Compact::On)
+            }
+        }
+        deserializer.deserialize_any(CompactVisitor)
+    }
+}
 
 /// The default `compact.target_file_size`: 128 MiB, Iceberg's `write.target-file-size-bytes`.
 pub const DEFAULT_COMPACT_TARGET_FILE_SIZE: u64 = 128 << 20;
@@ -90,6 +189,21 @@ impl CompactPolicy {
                 table.identifier()
             ))),
         }
+    }
+
+    /// The policy as the job file would write it, for `check-config`'s summary.
+    pub(crate) fn describe(&self) -> String {
+        let size = self.target_file_size;
+        let target = [(30, "GB"), (20, "MB"), (10, "KB")]
+            .iter()
+            .find(|(shift, _)| size.is_multiple_of(1 << shift))
+            .map_or(format!("{size}"), |(shift, unit)| {
+                format!("\"{}{unit}\"", size >> shift)
+            });
+        format!(
+            "target_file_size = {target}, min_input_files = {}",
+            self.min_input_files
+        )
     }
 
     /// Files at or above this size are not small.
@@ -194,6 +308,70 @@ mod tests {
             .to_string();
         assert!(err.contains("append tables only"), "{err}");
         policy(1 << 20, 2).check(&sink, &[]).unwrap();
+    }
+
+    #[derive(Debug, Deserialize)]
+    struct Entry {
+        #[serde(default)]
+        compact: Compact,
+    }
+
+    fn entry(text: &str) -> std::result::Result<Compact, String> {
+        toml::from_str::<Entry>(text)
+            .map(|e| e.compact)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn compact_is_a_flag_a_policy_or_left_out() {
+        assert_eq!(entry(""), Ok(Compact::Default));
+        assert_eq!(entry("compact = false"), Ok(Compact::Off));
+        assert_eq!(
+            entry("compact = true"),
+            Ok(Compact::On(CompactPolicy::default()))
+        );
+        assert_eq!(
+            entry("compact = { min_input_files = 3 }"),
+            Ok(Compact::On(policy(DEFAULT_COMPACT_TARGET_FILE_SIZE, 3)))
+        );
+        let err = entry("compact = { min_files = 3 }").unwrap_err();
+        assert!(err.contains("min_files"), "{err}");
+        let err = entry("compact = \"yes\"").unwrap_err();
+        assert!(err.contains("true, false, or a table"), "{err}");
+    }
+
+    #[test]
+    fn left_out_compact_compacts_only_append_tables_the_sink_created_below_version_3() {
+        let key = ["id".to_string()];
+        let default = Some(CompactPolicy::default());
+        let left_out = Compact::Default;
+        assert_eq!(left_out.resolve_for(true, &[], FormatVersion::V2), default);
+        assert_eq!(left_out.resolve_for(true, &[], FormatVersion::V1), default);
+        assert_eq!(left_out.resolve_for(false, &[], FormatVersion::V2), None);
+        assert_eq!(left_out.resolve_for(true, &key, FormatVersion::V2), None);
+        assert_eq!(left_out.resolve_for(true, &[], FormatVersion::V3), None);
+        assert_eq!(Compact::Off.resolve_for(true, &[], FormatVersion::V2), None);
+        let set = Compact::On(policy(4096, 3));
+        assert_eq!(
+            set.resolve_for(false, &[], FormatVersion::V2),
+            Some(policy(4096, 3))
+        );
+    }
+
+    #[test]
+    fn a_policy_describes_itself_as_the_job_file_writes_it() {
+        assert_eq!(
+            CompactPolicy::default().describe(),
+            "target_file_size = \"128MB\", min_input_files = 8"
+        );
+        assert_eq!(
+            policy(4096, 2).describe(),
+            "target_file_size = \"4KB\", min_input_files = 2"
+        );
+        assert_eq!(
+            policy(5000, 2).describe(),
+            "target_file_size = 5000, min_input_files = 2"
+        );
     }
 
     #[test]

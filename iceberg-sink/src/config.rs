@@ -335,9 +335,9 @@ pub struct IcebergSinkConfig {
     /// Subtask 0's recovery deletes the files under the table's `data/` and `metadata/` that nothing references
     /// and that were last modified longer ago than this ([`crate::sweep_orphans`]); `None`: no sweep.
     pub sweep_orphans_after: Option<Duration>,
-    /// Compaction inside the commits ([`CompactPolicy`](crate::CompactPolicy)): `None`, the default, compacts
-    /// nothing.
-    pub compact: Option<crate::compact_policy::CompactPolicy>,
+    /// Compaction inside the commits ([`Compact`](crate::Compact)): left at its default, an append table the
+    /// sink created compacts with the default [`CompactPolicy`](crate::CompactPolicy), any other table not at all.
+    pub compact: crate::compact_policy::Compact,
     /// The partition spec, sort order and properties of a table the sink creates (`create_table`).
     pub layout: crate::layout::TableLayout,
 }

@@ -49,7 +49,8 @@
 //! `with_snapshot_expiry`, `retire.rs`); the sink's ledger survives expiry through its table property. Tables
 //! that set `commit.manifest-merge.enabled` (every table the sink creates) have their manifests merged inside the
 //! commits (`manifest_merge.rs`). `compact` rewrites the small data files of append tables inside the checkpoints'
-//! own commits (`compaction.rs`, `replace.rs`); upsert tables are compacted by your usual Iceberg maintenance
+//! own commits (`compaction.rs`, `replace.rs`; on by default for the append tables the sink created:
+//! [`Compact`]); upsert tables are compacted by your usual Iceberg maintenance
 //! (Spark) for now (planned).
 #![deny(missing_docs)]
 
@@ -93,7 +94,8 @@ pub use cleanup::{delete_unreferenced_files, unreferenced_files};
 pub use commit::{CommitOutcome, IcebergCommitter, TableTarget};
 pub use committable::{CompactedFiles, IcebergCommittable, PendingFile};
 pub use compact_policy::{
-    CompactPolicy, DEFAULT_COMPACT_MIN_INPUT_FILES, DEFAULT_COMPACT_TARGET_FILE_SIZE,
+    CREATED_BY_PROPERTY, Compact, CompactPolicy, DEFAULT_COMPACT_MIN_INPUT_FILES,
+    DEFAULT_COMPACT_TARGET_FILE_SIZE,
 };
 pub use config::{
     CatalogConfig, DEFAULT_COMMIT_TIMEOUT, DEFAULT_TARGET_FILE_SIZE, IcebergSinkConfig, S3Settings,

@@ -216,7 +216,7 @@ impl IcebergSink {
             .map_err(context)?;
         }
         let table = self.committer.target.load(Phase::Recover).await?;
-        if self.config.compact.is_some() {
+        if self.compact.is_some() {
             let found = crate::replace::retained_replacements(&table, &self.key)
                 .await
                 .map_err(|e| {

@@ -55,6 +55,8 @@ pub struct IcebergSink {
     pub(crate) carried: Vec<PendingFile>,
     /// Checkpoints in `carried`.
     pub(crate) carried_checkpoints: u32,
+    /// The compaction policy of the table ([`crate::Compact::resolve`]; `None`: no compaction).
+    pub(crate) compact: Option<crate::CompactPolicy>,
     /// Checkpoints since compaction last looked for small files (`compact`): it looks every `min_input_files`
     /// checkpoints (a fresh instance at its first).
     pub(crate) compact_wait: usize,
@@ -95,7 +97,7 @@ impl IcebergSink {
             crate::orphan_sweep::check_bound(after, config.commit_timeout)
                 .map_err(|e| e.with_sink(&config.sink))?;
         }
-        if let Some(policy) = &config.compact {
+        if let Some(policy) = config.compact.explicit() {
             policy.check(&config.sink, &config.upsert_key)?;
         }
         let keyed = KeyedRows::of_config(&config)?;
@@ -126,7 +128,7 @@ impl IcebergSink {
                 .with_sink(&config.sink));
             }
             let (schema, layout) = created_table(&config)?;
-            create_table(catalog.as_ref(), &ident, schema, layout).await?;
+            create_table(catalog.as_ref(), &ident, (schema, layout), &config.job).await?;
         }
         let key = SubtaskKey {
             job: config.job.clone(),
@@ -153,9 +155,10 @@ impl IcebergSink {
         // Refused now, with the table and the fields named, rather than at the first write or pre-commit.
         let table = committer.target.load(Phase::Setup).await?;
         check_columns(&config, &table, &[])?;
-        if let Some(policy) = &config.compact {
+        if let Some(policy) = config.compact.explicit() {
             policy.check_table(&config.sink, &table)?;
         }
+        let compact = config.compact.resolve(&table, &config.upsert_key);
         if let Some(keyed) = &keyed {
             EqualityDeletes::of(&table, keyed.key()).map_err(|e| e.with_sink(&config.sink))?;
             if config.upsert_deletes == UpsertDeletes::Equality {
@@ -169,7 +172,7 @@ impl IcebergSink {
             }
             _ => None,
         };
-        let compact_wait = config.compact.map_or(0, |p| p.min_input_files);
+        let compact_wait = compact.map_or(0, |p| p.min_input_files);
         Ok(Self {
             config,
             key,
@@ -178,6 +181,7 @@ impl IcebergSink {
             writer: None,
             carried: Vec::new(),
             carried_checkpoints: 0,
+            compact,
             compact_wait,
             small_files: Default::default(),
             pre_committed: None,
@@ -205,7 +209,7 @@ impl IcebergSink {
     /// The compaction this checkpoint carries, when `compact` is set and it is time to look
     /// ([`crate::compaction::compact`]).
     async fn compact(&mut self, epoch: u64, checkpoint: CheckpointId) -> Option<CompactedFiles> {
-        let policy = self.config.compact?;
+        let policy = self.compact?;
         self.compact_wait += 1;
         if self.compact_wait < policy.min_input_files {
             return None;
@@ -630,12 +634,13 @@ async fn ensure_namespace(
     }
 }
 
-/// Creates the namespace (if missing) and a table of `iceberg_schema` laid out as `layout` says.
+/// Creates the namespace (if missing) and a table of `iceberg_schema` laid out as `layout` says, marked as created
+/// by `job` ([`crate::CREATED_BY_PROPERTY`]: it compacts by default).
 async fn create_table(
     catalog: &dyn iceberg::Catalog,
     ident: &TableIdent,
-    iceberg_schema: iceberg::spec::Schema,
-    layout: BoundLayout,
+    (iceberg_schema, layout): (iceberg::spec::Schema, BoundLayout),
+    job: &SinkId,
 ) -> Result<()> {
     let namespace: &NamespaceIdent = ident.namespace();
     NAMESPACE_RETRY
@@ -650,6 +655,7 @@ async fn create_table(
     let mut properties = HashMap::from([
         (DELETE_METADATA_AFTER_COMMIT.to_string(), "true".to_string()),
         (MANIFEST_MERGE_ENABLED.to_string(), "true".to_string()),
+        (crate::CREATED_BY_PROPERTY.to_string(), job.to_string()),
     ]);
     properties.extend(layout.properties);
     let creation = TableCreation::builder()

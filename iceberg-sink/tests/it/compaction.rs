@@ -7,7 +7,10 @@
 //!   (before the swap), and after the compacting commit landed: the restarted job lands every row once, and what
 //!   the killed process wrote and no snapshot took is deleted by the restart's cleanup;
 //! - a checkpoint carrying a compaction whose inputs Spark's rewrite_data_files replaced before the checkpoint's
-//!   commit: the commit drops the compaction (its files deleted), Spark and pyiceberg read every row once.
+//!   commit: the commit drops the compaction (its files deleted), Spark and pyiceberg read every row once;
+//! - a zombie whose compacting checkpoint stalled while a second instance took over and compacted the same files:
+//!   its commits are fenced, its files deleted by the next recovery;
+//! - Spark's maintenance loop beside compacting commits and kills.
 
 use crate::common;
 
@@ -16,15 +19,17 @@ use std::path::Path;
 use std::process::Command;
 
 use common::Lake;
+use common::appends::{
+    ROWS, assert_every_snapshot_reads_back, ids, java_ids, metadata_files, read, run, spark_ids,
+};
 use connector_api::SinkId;
-use iceberg_sink::{CompactPolicy, IcebergSink, IcebergSinkConfig};
-use ratchet_conformance::{conformance_batch as batch, conformance_positions, conformance_schema};
+use iceberg_sink::{Compact, CompactPolicy, IcebergSink, IcebergSinkConfig};
+use ratchet_conformance::{conformance_batch as batch, conformance_schema};
 
 const CHILD_DIR: &str = "RATCHET_ICEBERG_COMPACTION_CHILD";
 const CHILD_TABLE: &str = "RATCHET_ICEBERG_COMPACTION_TABLE";
 /// Set (to anything) when the child's sink expires snapshots in its commits.
 const CHILD_EXPIRES: &str = "RATCHET_ICEBERG_COMPACTION_EXPIRES";
-const ROWS: i64 = 50;
 
 /// Subtask `subtask` compacting at `min_input_files`, expiring snapshots inside its commits when `expire` (not
 /// beside Spark's own expiry, which fails on files the sink expired under it).
@@ -37,7 +42,7 @@ fn config(
 ) -> IcebergSinkConfig {
     IcebergSinkConfig {
         expire_snapshots: expire,
-        compact: Some(CompactPolicy {
+        compact: Compact::On(CompactPolicy {
             target_file_size: 1 << 20,
             min_input_files,
         }),
@@ -49,45 +54,6 @@ fn config(
             conformance_schema(),
         )
     }
-}
-
-/// Runs `checkpoints` checkpoints of [`ROWS`] records with ids from `first` (positions count from 0), each
-/// committed before the next.
-async fn run(config: &IcebergSinkConfig, state: &Path, first: i64, checkpoints: i64) {
-    let (mut job, sink, restored) = common::started(state, config).await;
-    let mut next = restored.positions.first().map_or(0, |p| p.next_offset);
-    for _ in 0..checkpoints {
-        job.write(sink, &batch(first + next..first + next + ROWS))
-            .await
-            .unwrap();
-        next += ROWS;
-        job.checkpoint(conformance_positions(next)).await.unwrap();
-        job.finish_commit().await.unwrap();
-    }
-    job.close().await.unwrap();
-}
-
-async fn metadata_files(lake: &Lake, table: &str) -> serde_json::Value {
-    let (lake, table) = (lake.clone(), table.to_string());
-    tokio::task::spawn_blocking(move || lake.metadata_files(&table))
-        .await
-        .unwrap()
-}
-
-async fn read(lake: &Lake, table: &str) -> common::Seen {
-    let (lake, table) = (lake.clone(), table.to_string());
-    tokio::task::spawn_blocking(move || lake.read(&table))
-        .await
-        .unwrap()
-}
-
-fn ids(value: &serde_json::Value) -> Vec<i64> {
-    value
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_i64().unwrap())
-        .collect()
 }
 
 /// The snapshots of `seen` (the verifier's) that Ratchet committed (its ledger keys in the summary) and whose
@@ -103,23 +69,6 @@ fn compacting_snapshots(seen: &serde_json::Value) -> usize {
                 && summary.contains_key(iceberg_sink::CHECKPOINT_PROPERTY)
         })
         .count()
-}
-
-/// Every retained snapshot of `seen` read back its summary's `total-records` in pyiceberg, and no data file
-/// changed its snapshot id or sequence numbers between manifests.
-fn assert_every_snapshot_reads_back(seen: &serde_json::Value, context: &str) {
-    assert_eq!(
-        seen["inconsistent_entries"],
-        serde_json::json!([]),
-        "{context}: files whose snapshot id or sequence numbers changed between manifests"
-    );
-    for state in seen["snapshot_rows"].as_array().unwrap() {
-        assert_eq!(
-            state["rows"], state["total_records"],
-            "{context}: pyiceberg at snapshot {}",
-            state["snapshot_id"]
-        );
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -264,23 +213,143 @@ async fn a_kill_9_at_each_step_of_a_compacting_commit_loses_nothing() {
             read.unreferenced
         );
         if step == "after-replacing" {
-            let java = lake.read_with(&table, "--java-rows");
-            let position = java["java_column_names"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .position(|c| c == "id")
-                .unwrap();
-            let mut java_ids: Vec<i64> = java["java_rows"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|row| row[position].as_i64().unwrap())
-                .collect();
-            java_ids.sort_unstable();
-            assert_eq!(java_ids, expected, "{step}: Iceberg's Java library");
+            assert_eq!(
+                java_ids(&lake, &table).await,
+                expected,
+                "{step}: Iceberg's Java library"
+            );
         }
     }
+}
+
+/// Commits checkpoints of [`ROWS`] records (ids from 0) through `sink`, recovered on a new table, until a
+/// pre-commit carries a compaction of the small files committed so far; returns that committable (not committed),
+/// its checkpoint and the next id.
+async fn commit_until_compacting(
+    sink: &mut IcebergSink,
+) -> (iceberg_sink::IcebergCommittable, u64, i64) {
+    use connector_api::{CheckpointId, Committer, TwoPhaseCommit};
+    let committer = sink.committer();
+    let mut next = 0;
+    for checkpoint in 1..=12 {
+        sink.begin(CheckpointId(checkpoint)).await.unwrap();
+        sink.write(&batch(next..next + ROWS)).await.unwrap();
+        next += ROWS;
+        let committable = sink.pre_commit(CheckpointId(checkpoint)).await.unwrap();
+        if committable.compaction.is_some() {
+            return (committable, checkpoint, next);
+        }
+        committer.commit(vec![committable]).await.unwrap();
+    }
+    panic!("no pre-commit compacted in 12 checkpoints");
+}
+
+/// Two instances of one subtask. The first pre-commits a checkpoint carrying a compaction of its small files and
+/// stalls before its commit (a zombie: paused, partitioned away); a second takes over from the previous
+/// checkpoint's record, replays the stalled checkpoint's records and goes on, compacting the same small files in
+/// its own first commit. The zombie resumes: its compacting commit is fenced (neither its rows nor its rewritten
+/// files become visible, no row is doubled or lost), and so is its next checkpoint. The next instance's recovery
+/// deletes the zombie's files no snapshot took; pyiceberg, DuckDB and Iceberg's Java library read every row once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zombies_compaction_after_a_take_over_is_fenced_and_every_row_stays_once() {
+    use connector_api::{CheckpointId, Committer, ErrorKind, TwoPhaseCommit};
+    test_support::Services::get();
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::sqlite_local(dir.path(), "zombie");
+    let table = lake.table(&["events"]);
+    let config = config(&lake, &table, 0, 2, false);
+    let mut zombie = IcebergSink::new(config.clone()).await.unwrap();
+    zombie.recover(None).await.unwrap();
+    let (stalled, stalled_at, stalled_next) = commit_until_compacting(&mut zombie).await;
+    let zombie_outputs: Vec<String> = stalled
+        .compaction
+        .as_ref()
+        .unwrap()
+        .outputs
+        .iter()
+        .map(|f| f.path.clone())
+        .collect();
+
+    let mut second = IcebergSink::new(config.clone()).await.unwrap();
+    second
+        .recover(Some((CheckpointId(stalled_at - 1), Vec::new())))
+        .await
+        .unwrap();
+    let mut next = stalled_next - ROWS;
+    let mut second_compacted = false;
+    for checkpoint in stalled_at..stalled_at + 2 {
+        second.begin(CheckpointId(checkpoint)).await.unwrap();
+        second.write(&batch(next..next + ROWS)).await.unwrap();
+        next += ROWS;
+        let committable = second.pre_commit(CheckpointId(checkpoint)).await.unwrap();
+        second_compacted |= committable.compaction.is_some();
+        second.committer().commit(vec![committable]).await.unwrap();
+    }
+    assert!(
+        second_compacted,
+        "the second instance should compact the same small files"
+    );
+
+    let refused = zombie.committer().commit(vec![stalled]).await.unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::Fenced, "{refused}");
+    // Its next checkpoint: refused at the latest by its commit.
+    let later = CheckpointId(stalled_at + 1);
+    let refused = match zombie.begin(later).await {
+        Err(e) => e,
+        Ok(()) => {
+            zombie
+                .write(&batch(stalled_next..stalled_next + ROWS))
+                .await
+                .unwrap();
+            match zombie.pre_commit(later).await {
+                Err(e) => e,
+                Ok(committable) => zombie
+                    .committer()
+                    .commit(vec![committable])
+                    .await
+                    .unwrap_err(),
+            }
+        }
+    };
+    assert_eq!(refused.kind(), ErrorKind::Fenced, "{refused}");
+
+    let expected: Vec<i64> = (0..next).collect();
+    let seen = metadata_files(&lake, &table).await;
+    assert_eq!(ids(&seen["ids"]), expected, "pyiceberg");
+    assert_eq!(ids(&seen["duckdb_ids"]), expected, "DuckDB");
+    assert_every_snapshot_reads_back(&seen, "after the zombie");
+    assert_eq!(
+        compacting_snapshots(&seen),
+        1,
+        "only the second instance's compaction: {:#}",
+        seen["snapshots"]
+    );
+    let live = seen["planned_data_files"].to_string();
+    for output in &zombie_outputs {
+        assert!(
+            !live.contains(output.as_str()),
+            "the zombie's {output} is live"
+        );
+    }
+    assert_eq!(
+        java_ids(&lake, &table).await,
+        expected,
+        "Iceberg's Java library"
+    );
+
+    // The next instance's recovery deletes what the zombie wrote and no snapshot took.
+    let mut third = IcebergSink::new(config).await.unwrap();
+    third
+        .recover(Some((CheckpointId(stalled_at + 1), Vec::new())))
+        .await
+        .unwrap();
+    let read = read(&lake, &table).await;
+    assert_eq!(read.ids, expected, "pyiceberg after the third recovery");
+    assert!(
+        read.unreferenced.is_empty(),
+        "the zombie's files stayed: {:?}",
+        read.unreferenced
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -289,30 +358,13 @@ async fn a_compaction_whose_files_spark_rewrote_meanwhile_is_dropped_and_no_row_
     let dir = tempfile::tempdir().unwrap();
     let lake = Lake::sqlite_local(dir.path(), "foreign");
     let table = lake.table(&["events"]);
-    use connector_api::{CheckpointId, Committer, TwoPhaseCommit};
+    use connector_api::{Committer, TwoPhaseCommit};
     let mut sink = IcebergSink::new(config(&lake, &table, 0, 2, false))
         .await
         .unwrap();
     sink.recover(None).await.unwrap();
     let committer = sink.committer();
-    // Checkpoints commit small files until a pre-commit (compaction looks every 2) carries a compaction of them.
-    let mut next = 0;
-    let mut checkpoint = 0;
-    let committable = loop {
-        checkpoint += 1;
-        assert!(
-            checkpoint <= 12,
-            "no pre-commit compacted in 12 checkpoints"
-        );
-        sink.begin(CheckpointId(checkpoint)).await.unwrap();
-        sink.write(&batch(next..next + ROWS)).await.unwrap();
-        next += ROWS;
-        let committable = sink.pre_commit(CheckpointId(checkpoint)).await.unwrap();
-        if committable.compaction.is_some() {
-            break committable;
-        }
-        committer.commit(vec![committable]).await.unwrap();
-    };
+    let (committable, _, next) = commit_until_compacting(&mut sink).await;
     let inputs = committable.compaction.as_ref().unwrap().inputs.len();
     assert!(inputs >= 2, "{committable:?}");
     // Spark rewrites every live file first; the checkpoint's commit then finds its inputs gone.
@@ -336,13 +388,7 @@ async fn a_compaction_whose_files_spark_rewrote_meanwhile_is_dropped_and_no_row_
         "the dropped compaction's files: {:?}",
         read.unreferenced
     );
-    let spark_ids: Vec<i64> = lake
-        .spark_rows(&table)
-        .await
-        .iter()
-        .map(|row| row["id"].as_i64().unwrap())
-        .collect();
-    assert_eq!(spark_ids, expected, "Spark");
+    assert_eq!(spark_ids(&lake, &table).await, expected, "Spark");
 }
 
 /// Spark (4.1 with Iceberg 1.12's runtime) maintaining the table (rewrite_data_files in small groups,
@@ -388,14 +434,69 @@ async fn spark_maintenance_beside_compacting_commits_and_kills_leaves_every_row_
 
     let next = common::decided_offset(&state).await;
     let expected: Vec<i64> = (0..next).collect();
-    let spark_ids: Vec<i64> = lake
-        .spark_rows(&table)
-        .await
-        .iter()
-        .map(|row| row["id"].as_i64().unwrap())
-        .collect();
-    assert_eq!(spark_ids, expected, "Spark");
+    assert_eq!(spark_ids(&lake, &table).await, expected, "Spark");
     let read = read(&lake, &table).await;
     assert_eq!(read.ids, expected, "pyiceberg");
     assert_eq!(read.duckdb_ids, expected, "DuckDB");
+}
+
+/// What a new user gets: `compact` left out of the entry. The table the sink created carries
+/// `ratchet.created-by` and compacts with the default policy (8 small files); a table someone else created (here
+/// iceberg-rust's own `create_table`) compacts nothing unless the entry says `compact`. Both read back every row
+/// once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn left_out_compact_compacts_only_the_tables_the_sink_created() {
+    test_support::Services::get();
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::sqlite_local(dir.path(), "defaults");
+    let (catalog, namespace) = lake.catalog_with_namespace().await;
+    let schema =
+        iceberg::arrow::arrow_schema_to_schema_auto_assign_ids(&conformance_schema()).unwrap();
+    catalog
+        .create_table(
+            &namespace,
+            iceberg::TableCreation::builder()
+                .name("foreign".into())
+                .schema(schema)
+                .build(),
+        )
+        .await
+        .unwrap();
+    for (name, created_by_sink) in [("created", true), ("foreign", false)] {
+        let table = lake.table(&[name]);
+        let config = lake.config(
+            "defaults",
+            &SinkId::new("lake").unwrap(),
+            0,
+            &table,
+            conformance_schema(),
+        );
+        assert_eq!(config.compact, Compact::Default);
+        // 10 checkpoints: the first pre-commit looks (nothing live yet), the ninth finds 8 small files.
+        run(&config, &dir.path().join(format!("state-{name}")), 0, 10).await;
+        let loaded = catalog
+            .load_table(&iceberg::TableIdent::from_strs(table.split('.')).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(
+            loaded
+                .metadata()
+                .properties()
+                .get(iceberg_sink::CREATED_BY_PROPERTY)
+                .map(String::as_str),
+            created_by_sink.then_some("defaults"),
+            "{name}"
+        );
+        let seen = metadata_files(&lake, &table).await;
+        let expected: Vec<i64> = (0..10 * ROWS).collect();
+        assert_eq!(ids(&seen["ids"]), expected, "{name}: pyiceberg");
+        assert_eq!(ids(&seen["duckdb_ids"]), expected, "{name}: DuckDB");
+        assert_every_snapshot_reads_back(&seen, name);
+        assert_eq!(
+            compacting_snapshots(&seen) > 0,
+            created_by_sink,
+            "{name}: {:#}",
+            seen["snapshots"]
+        );
+    }
 }

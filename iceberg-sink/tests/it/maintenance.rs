@@ -23,15 +23,17 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::Lake;
+use common::appends::{
+    ROWS, assert_every_snapshot_reads_back, ids, metadata_files, read, run, spark_ids,
+};
 use connector_api::{
     CheckpointStore, LocalCheckpointStore, SinkId, TwoPhaseCommit, committables_in,
 };
 use iceberg_sink::{IcebergSink, IcebergSinkConfig};
-use ratchet_conformance::{conformance_batch as batch, conformance_positions, conformance_schema};
+use ratchet_conformance::conformance_schema;
 
 const CHILD_DIR: &str = "RATCHET_ICEBERG_MAINTENANCE_CHILD";
 const CHILD_TABLE: &str = "RATCHET_ICEBERG_MAINTENANCE_TABLE";
-const ROWS: i64 = 50;
 
 fn config(lake: &Lake, table: &str, subtask: u32) -> IcebergSinkConfig {
     IcebergSinkConfig {
@@ -58,64 +60,6 @@ async fn create_merging(lake: &Lake, table: &str, keep: usize, min_count: usize)
     lake.set_merge(table, min_count).await;
 }
 
-/// Every retained snapshot of `seen` read back its summary's `total-records`, and every data file kept the
-/// snapshot that added it and its sequence numbers in every manifest naming it (merges rewrite entries).
-fn assert_every_snapshot_reads_back(seen: &serde_json::Value, context: &str) {
-    assert_eq!(
-        seen["inconsistent_entries"],
-        serde_json::json!([]),
-        "{context}: files whose snapshot id or sequence numbers changed between manifests"
-    );
-    let states = seen["snapshot_rows"].as_array().unwrap();
-    assert!(!states.is_empty(), "{context}: no snapshot");
-    for state in states {
-        assert_eq!(
-            state["rows"], state["total_records"],
-            "{context}: pyiceberg at snapshot {}",
-            state["snapshot_id"]
-        );
-    }
-}
-
-/// Runs `checkpoints` checkpoints of [`ROWS`] records with ids from `first` (positions count from 0), each
-/// committed before the next.
-async fn run(lake: &Lake, table: &str, subtask: u32, state: &Path, first: i64, checkpoints: i64) {
-    let (mut job, sink, restored) = common::started(state, &config(lake, table, subtask)).await;
-    let mut next = restored.positions.first().map_or(0, |p| p.next_offset);
-    for _ in 0..checkpoints {
-        job.write(sink, &batch(first + next..first + next + ROWS))
-            .await
-            .unwrap();
-        next += ROWS;
-        job.checkpoint(conformance_positions(next)).await.unwrap();
-        job.finish_commit().await.unwrap();
-    }
-    job.close().await.unwrap();
-}
-
-async fn metadata_files(lake: &Lake, table: &str) -> serde_json::Value {
-    let (lake, table) = (lake.clone(), table.to_string());
-    tokio::task::spawn_blocking(move || lake.metadata_files(&table))
-        .await
-        .unwrap()
-}
-
-async fn read(lake: &Lake, table: &str) -> common::Seen {
-    let (lake, table) = (lake.clone(), table.to_string());
-    tokio::task::spawn_blocking(move || lake.read(&table))
-        .await
-        .unwrap()
-}
-
-fn ids(value: &serde_json::Value) -> Vec<i64> {
-    value
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_i64().unwrap())
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snapshots_expire_inside_the_commits_and_the_ledger_survives_it() {
     test_support::Services::get();
@@ -125,9 +69,9 @@ async fn snapshots_expire_inside_the_commits_and_the_ledger_survives_it() {
     create_with_retention(&lake, &table, 3).await;
 
     let (zero, one) = (dir.path().join("state-0"), dir.path().join("state-1"));
-    run(&lake, &table, 0, &zero, 0, 6).await;
+    run(&config(&lake, &table, 0), &zero, 0, 6).await;
     // Subtask 1's commits expire every snapshot of subtask 0.
-    run(&lake, &table, 1, &one, 10_000, 6).await;
+    run(&config(&lake, &table, 1), &one, 10_000, 6).await;
 
     let seen = metadata_files(&lake, &table).await;
     let snapshots = seen["snapshots"].as_array().unwrap();
@@ -201,7 +145,7 @@ async fn manifests_merge_inside_the_commits_and_every_state_reads_back() {
     for round in 0..3i64 {
         for (subtask, state) in states.iter().enumerate() {
             let first = subtask as i64 * 100_000;
-            run(&lake, &table, subtask as u32, state, first, 3).await;
+            run(&config(&lake, &table, subtask as u32), state, first, 3).await;
             expected.extend(first + round * 3 * ROWS..first + (round + 1) * 3 * ROWS);
             expected.sort_unstable();
             let context = format!("round {round}, subtask {subtask}");
@@ -244,7 +188,13 @@ async fn child() {
         return;
     };
     let lake = Lake::sqlite_local(Path::new(&dir), "child");
-    run(&lake, &table, 0, &Path::new(&dir).join("state"), 0, 8).await;
+    run(
+        &config(&lake, &table, 0),
+        &Path::new(&dir).join("state"),
+        0,
+        8,
+    )
+    .await;
 }
 
 /// Runs [`child`] (subtask 0 of the SQLite lake in `dir`, its store in `dir/state`) until it kills itself with
@@ -286,7 +236,7 @@ async fn a_kill_9_at_each_step_of_an_expiring_or_merging_commit_loses_nothing() 
         let killed = metadata_files(&lake, &table).await;
 
         let state = dir.path().join("state");
-        run(&lake, &table, 0, &state, 0, 2).await;
+        run(&config(&lake, &table, 0), &state, 0, 2).await;
         let seen = metadata_files(&lake, &table).await;
         let next = common::decided_offset(&state).await;
         let expected: Vec<i64> = (0..next).collect();
@@ -348,7 +298,7 @@ async fn spark_maintenance_beside_appends_and_kills_leaves_every_row_once() {
     IcebergSink::new(config(&lake, &table, 0)).await.unwrap();
     lake.set_merge(&table, 3).await;
     let state = dir.path().join("state");
-    run(&lake, &table, 0, &state, 0, 2).await;
+    run(&config(&lake, &table, 0), &state, 0, 2).await;
     // The orphan cut-off must exceed the longest time a decided checkpoint's files wait unreferenced (docs/worker.md):
     // here a killed child's until the restarted run's recovery commits them, which took more than 20 s under CI's
     // load (a file the restart committed was gone).
@@ -367,7 +317,7 @@ async fn spark_maintenance_beside_appends_and_kills_leaves_every_row_once() {
         );
         for step in ["after-merging", "after-own-commit"] {
             killed_at(dir.path(), &table, step);
-            run(&lake, &table, 0, &state, 0, 2).await;
+            run(&config(&lake, &table, 0), &state, 0, 2).await;
         }
         rounds += 1;
     }
@@ -377,13 +327,7 @@ async fn spark_maintenance_beside_appends_and_kills_leaves_every_row_once() {
 
     let next = common::decided_offset(&state).await;
     let expected: Vec<i64> = (0..next).collect();
-    let spark_ids: Vec<i64> = lake
-        .spark_rows(&table)
-        .await
-        .iter()
-        .map(|row| row["id"].as_i64().unwrap())
-        .collect();
-    assert_eq!(spark_ids, expected, "Spark");
+    assert_eq!(spark_ids(&lake, &table).await, expected, "Spark");
     let read = read(&lake, &table).await;
     assert_eq!(read.ids, expected, "pyiceberg");
     assert_eq!(read.duckdb_ids, expected, "DuckDB");

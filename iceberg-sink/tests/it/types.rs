@@ -228,7 +228,7 @@ async fn real_types_stay_exact_through_compaction() {
     let table = lake.table(&["compacted"]);
     let batch = rich();
     let config = iceberg_sink::IcebergSinkConfig {
-        compact: Some(iceberg_sink::CompactPolicy {
+        compact: iceberg_sink::Compact::On(iceberg_sink::CompactPolicy {
             target_file_size: 1 << 20,
             min_input_files: 2,
         }),

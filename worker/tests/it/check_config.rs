@@ -135,6 +135,13 @@ async fn on_a_fresh_local_store_check_config_passes_writes_nothing_and_run_works
     let said = text(&out);
     assert!(out.status.success(), "{said}");
     assert_eq!(said.matches("\nok    sink ").count(), 4, "{said}");
+    // The Iceberg table the first run creates compacts by default, and check-config says so.
+    assert!(
+        said.contains(
+            "compacts its small files inside the commits (target_file_size = \"128MB\", min_input_files = 8)"
+        ),
+        "{said}"
+    );
     for created in [
         &state,
         &dir.path().join("out"),

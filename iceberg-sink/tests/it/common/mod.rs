@@ -1,6 +1,8 @@
 //! Shared setup of the Iceberg sink's tests: a catalog on a real server (SQLite file or PostgreSQL) with a local
 //! or S3 (SeaweedFS) warehouse, and the independent reader (pyiceberg and DuckDB, `iceberg_table.py`).
 
+pub mod appends;
+
 use std::path::Path;
 use std::time::Duration;
 
@@ -191,7 +193,7 @@ impl Lake {
             upsert_key: Vec::new(),
             upsert_deletes: Default::default(),
             sweep_orphans_after: None,
-            compact: None,
+            compact: Default::default(),
             layout: iceberg_sink::TableLayout::default(),
         }
     }
