@@ -26,7 +26,7 @@ pub enum Compact {
     /// `compact = false`: no compaction.
     Off,
     /// `compact = true` (the default policy) or `compact = { ... }`: compaction, refused where the sink cannot
-    /// compact ([`CompactPolicy::check`], [`CompactPolicy::check_table`]).
+    /// compact ([`CompactPolicy::check`]; a format-version 3 table at the start).
     On(CompactPolicy),
 }
 
