@@ -203,15 +203,7 @@ async fn real_types_reach_a_table_the_sink_creates_exactly() {
     let lake = Lake::sqlite_local(dir.path(), "types");
     let table = lake.table(&["rich"]);
     let batch = rich();
-    let config = lake.config(
-        "types",
-        &SinkId::new("lake").unwrap(),
-        0,
-        &table,
-        batch.schema(),
-    );
-    let mut sink = IcebergSink::new(config).await.unwrap();
-    sink.recover(None).await.unwrap();
+    let mut sink = recovered_rich_sink(&lake, &table, Default::default()).await;
     checkpoint(&mut sink, 1, std::slice::from_ref(&batch)).await;
     let rows = tokio::task::spawn_blocking(move || java_rows(&lake, &table))
         .await
@@ -227,30 +219,15 @@ async fn real_types_stay_exact_through_compaction() {
     let lake = Lake::sqlite_local(dir.path(), "types");
     let table = lake.table(&["compacted"]);
     let batch = rich();
-    let config = iceberg_sink::IcebergSinkConfig {
-        compact: iceberg_sink::Compact::On(iceberg_sink::CompactPolicy {
-            target_file_size: 1 << 20,
-            min_input_files: 2,
-        }),
-        ..lake.config(
-            "types",
-            &SinkId::new("lake").unwrap(),
-            0,
-            &table,
-            batch.schema(),
-        )
-    };
-    let mut sink = IcebergSink::new(config).await.unwrap();
-    sink.recover(None).await.unwrap();
+    let compact = iceberg_sink::Compact::On(iceberg_sink::CompactPolicy {
+        target_file_size: 1 << 20,
+        min_input_files: 2,
+    });
+    let mut sink = recovered_rich_sink(&lake, &table, compact).await;
     for n in 1..=5 {
         checkpoint(&mut sink, n, std::slice::from_ref(&batch)).await;
     }
-    let seen = {
-        let (lake, table) = (lake.clone(), table.clone());
-        tokio::task::spawn_blocking(move || lake.metadata_files(&table))
-            .await
-            .unwrap()
-    };
+    let seen = crate::common::appends::metadata_files(&lake, &table).await;
     let compacting = seen["snapshots"]
         .as_array()
         .unwrap()
@@ -266,6 +243,27 @@ async fn real_types_stay_exact_through_compaction() {
     for (one, two) in ones.iter().zip(&twos) {
         assert_rich(one, two);
     }
+}
+
+/// A recovered sink of job `types` writing [`rich`]'s schema into `table` (created), compacting as `compact` says.
+async fn recovered_rich_sink(
+    lake: &Lake,
+    table: &str,
+    compact: iceberg_sink::Compact,
+) -> IcebergSink {
+    let config = iceberg_sink::IcebergSinkConfig {
+        compact,
+        ..lake.config(
+            "types",
+            &SinkId::new("lake").unwrap(),
+            0,
+            table,
+            rich().schema(),
+        )
+    };
+    let mut sink = IcebergSink::new(config).await.unwrap();
+    sink.recover(None).await.unwrap();
+    sink
 }
 
 /// The rows of [`rich`] (ids 1 and 2) as Iceberg's Java library reads them.
