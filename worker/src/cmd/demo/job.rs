@@ -74,9 +74,8 @@ id = "lake"
 catalog = {{ kind = "sql", uri = "sqlite://{dir}/catalog.db?mode=rwc", warehouse = "file://{dir}/warehouse" }}
 table = "{iceberg_table}"
 create_table = true
-# Each subtask's small files (one per checkpoint) rewritten into larger ones inside its own commits: every 2
-# checkpoints for this short demo; a long-running job keeps the default (8, docs/worker.md).
-compact = {{ min_input_files = 2 }}
+# `compact` left out: a table the sink creates compacts its small files (one per checkpoint) inside its own
+# commits once 8 are live (docs/worker.md); this short demo makes fewer.
 
 [[sinks]]
 type = "jdbc"
