@@ -12,7 +12,7 @@ use sqlx::Connection;
 use crate::UpsertDeletes;
 use crate::config::{CatalogConfig, IcebergSinkConfig};
 use crate::equality_deletes::EqualityDeletes;
-use crate::error::iceberg_error;
+use crate::error::{iceberg_error, within};
 use crate::upsert::KeyedRows;
 
 /// The SQL catalog's table of tables (iceberg-rust's and pyiceberg's `SqlCatalog`).
@@ -46,7 +46,7 @@ pub(crate) async fn check(config: &IcebergSinkConfig) -> Result<SinkCheck> {
         Existing::Table(table) => {
             let changed = match config.evolution.changes_columns() {
                 true => {
-                    crate::evolve::changed_columns(&table, &*crate::sink::table_schema(config)?)
+                    crate::evolve::changed_columns(&table, &*crate::upsert::table_schema(config)?)
                 }
                 false => Vec::new(),
             };
@@ -88,7 +88,7 @@ pub(crate) async fn check(config: &IcebergSinkConfig) -> Result<SinkCheck> {
     let table = match (found, config.create_table) {
         (Some(found), _) => found,
         (None, true) => {
-            crate::sink::created_table(config)?;
+            crate::table_creation::created_table(config)?;
             let layout = &config.layout;
             let shaped = [
                 ("partitioned by", &layout.partition_by),
@@ -156,20 +156,13 @@ enum Existing {
 /// # Errors
 /// [`Retryable`](ErrorKind::Retryable) when the lookup took longer than `commit_timeout`; as [`check`] otherwise.
 async fn existing_table(config: &IcebergSinkConfig, ident: &TableIdent) -> Result<Existing> {
-    tokio::time::timeout(config.commit_timeout, look_up(config, ident))
-        .await
-        .unwrap_or_else(|_| {
-            Err(Error::new(
-                ErrorKind::Retryable,
-                Phase::Setup,
-                format!(
-                    "the catalog did not answer a lookup of table {ident} within commit_timeout ({:?}); check \
-                     that it is reachable, or raise commit_timeout",
-                    config.commit_timeout
-                ),
-            )
-            .with_sink(&config.sink))
-        })
+    within(
+        config.commit_timeout,
+        &format!("a lookup of table {ident}"),
+        look_up(config, ident),
+    )
+    .await
+    .map_err(|e| e.with_sink(&config.sink))
 }
 
 /// [`existing_table`], unbounded.
@@ -208,7 +201,7 @@ pub(crate) async fn lacking_columns(config: &IcebergSinkConfig) -> Result<Vec<St
         return Ok(Vec::new());
     };
     let current = table.metadata().current_schema();
-    Ok(crate::sink::table_schema(config)?
+    Ok(crate::upsert::table_schema(config)?
         .fields()
         .iter()
         .map(|f| f.name())

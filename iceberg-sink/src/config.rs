@@ -17,6 +17,7 @@ use iceberg_catalog_sql::{
 use iceberg_storage_opendal::OpenDalResolvingStorageFactory;
 use serde::Deserialize;
 
+use crate::error::setup_kind;
 use crate::metadata_swap::SqlMetadataSwap;
 use crate::own_commit::OwnCommit;
 use crate::rest_commit::RestCommit;
@@ -272,18 +273,12 @@ impl CatalogConfig {
     }
 }
 
-/// Opening a catalog failed. A setting iceberg refuses (`DataInvalid`, `FeatureUnsupported`) is a configuration
-/// error; anything else (the server unreachable or restarting, a connection reset, a time-out, a 5xx) may pass by
-/// itself: retryable, so the subtask is restarted (up to `max_restarts`) rather than the job stopped at once.
+/// Opening a catalog failed. A setting iceberg or the catalog refuses is a configuration error; anything else
+/// (the server unreachable or restarting, a connection reset, a time-out, a 5xx) may pass by itself: retryable,
+/// so the subtask is restarted (up to `max_restarts`) rather than the job stopped at once ([`setup_kind`]).
 fn setup_error(message: String, e: iceberg::Error) -> Error {
-    let kind = match e.kind() {
-        iceberg::ErrorKind::DataInvalid | iceberg::ErrorKind::FeatureUnsupported => {
-            ErrorKind::Config
-        }
-        _ => ErrorKind::Retryable,
-    };
     Error::new(
-        kind,
+        setup_kind(&e),
         Phase::Setup,
         format!("{message}: check the catalog's address, credentials and that it is running"),
     )

@@ -85,6 +85,7 @@ mod rewritten;
 mod row_delta;
 mod sink;
 mod swap_outcome;
+mod table_creation;
 mod types;
 mod unavailable;
 mod upsert;

@@ -2,17 +2,16 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use arrow_array::{RecordBatch, UInt32Array};
 use async_trait::async_trait;
 use connector_api::{
-    AppliedChanges, ChangeColumns, CheckpointId, Error, ErrorKind, Phase, RecoveryPlan, Result,
-    RetryPolicy, SchemaChange, SinkId, TwoPhaseCommit,
+    AppliedChanges, CheckpointId, Error, ErrorKind, Phase, RecoveryPlan, Result, SchemaChange,
+    SinkId, TwoPhaseCommit,
 };
-use iceberg::spec::{PartitionKey, PrimitiveType, Struct, Type};
+use iceberg::TableIdent;
+use iceberg::spec::{PartitionKey, Struct};
 use iceberg::table::Table;
-use iceberg::{NamespaceIdent, TableCreation, TableIdent};
 
 use crate::cleanup::delete_unreferenced_files;
 use crate::commit::IcebergCommitter;
@@ -24,17 +23,16 @@ use crate::config::IcebergSinkConfig;
 use crate::config::UpsertDeletes;
 use crate::equality_deletes::EqualityDeletes;
 use crate::error::iceberg_error;
+use crate::error::within;
 use crate::evolve::evolve_table;
 use crate::key_index::{IndexedFile, KeyIndex, Row, Shown};
 use crate::key_scan;
-use crate::layout::BoundLayout;
 use crate::ledger::SubtaskKey;
-use crate::manifest_merge::MANIFEST_MERGE_ENABLED;
 use crate::position_deletes::{DeletedRows, write_position_deletes};
-use crate::retire::DELETE_METADATA_AFTER_COMMIT;
+use crate::table_creation::ensure_table;
 use crate::types;
 use crate::unavailable::{PreviousRows, fill};
-use crate::upsert::KeyedRows;
+use crate::upsert::{KeyedRows, table_columns, table_schema};
 use crate::writer::{CheckpointWriter, key_columns};
 
 /// The Iceberg sink for one subtask.
@@ -84,11 +82,14 @@ impl std::fmt::Debug for IcebergSink {
 }
 
 impl IcebergSink {
-    /// Connects to the catalog and checks the table (creating it from the batches' schema when configured).
+    /// Connects to the catalog and checks the table (creating it from the batches' schema when configured). Each
+    /// catalog call is bounded by `commit_timeout`: a catalog that hangs at the start fails it, it does not hang it.
     ///
     /// # Errors
-    /// [`Config`](ErrorKind::Config) for a catalog that cannot be opened, a malformed table name, or a missing
-    /// table without `create_table`.
+    /// [`Config`](ErrorKind::Config) for a malformed table name, a missing table without `create_table`, or a
+    /// request the catalog refuses (a credential or name it rejects, an HTTP 4xx such as 403);
+    /// [`Retryable`](ErrorKind::Retryable) for a catalog that cannot be reached, fails with an HTTP 5xx, or does
+    /// not answer one call within `commit_timeout`.
     pub async fn new(config: IcebergSinkConfig) -> Result<Self> {
         if config.commit_every == 0 {
             return Err(Error::config("commit_every must be at least 1"));
@@ -107,29 +108,17 @@ impl IcebergSink {
             &config.upsert_key,
             config.upsert_deletes,
         )?;
-        let catalog = config
-            .catalog
-            .open(&config.catalog_name, &config.s3)
-            .await
-            .map_err(|e| e.with_sink(&config.sink))?;
+        let catalog = within(
+            config.commit_timeout,
+            "the opening of the catalog",
+            config.catalog.open(&config.catalog_name, &config.s3),
+        )
+        .await
+        .map_err(|e| e.with_sink(&config.sink))?;
         let ident = TableIdent::from_strs(config.table.split('.')).map_err(|_| {
             Error::config(format!("table {:?} is not `namespace.name`", config.table))
         })?;
-        let exists = catalog
-            .table_exists(&ident)
-            .await
-            .map_err(|e| iceberg_error(Phase::Setup, format!("cannot look up table {ident}"), e))?;
-        if !exists {
-            if !config.create_table {
-                return Err(Error::config(format!(
-                    "table {ident} does not exist in the catalog: create it, or set create_table = true to \
-                     create it from the input schema"
-                ))
-                .with_sink(&config.sink));
-            }
-            let (schema, layout) = created_table(&config)?;
-            create_table(catalog.as_ref(), &ident, (schema, layout), &config.job).await?;
-        }
+        ensure_table(catalog.as_ref(), &ident, &config).await?;
         let key = SubtaskKey {
             job: config.job.clone(),
             sink: config.sink.clone(),
@@ -549,149 +538,6 @@ pub(crate) fn check_columns(
     match refusals.is_empty() {
         true => Ok(()),
         false => Err(types::refused(&config.sink, &config.table, &refusals)),
-    }
-}
-
-/// The schema and layout a table `config`'s sink creates is created with: the batches' columns
-/// ([`types::table_schema`]), the upsert key as its identifier fields when every key column is a required
-/// primitive other than a float or double (what Iceberg allows as identifier fields), and the job file's partition
-/// spec, sort order and properties.
-///
-/// # Errors
-/// [`Config`](ErrorKind::Config) for a column without an exact Iceberg type, or a layout that does not fit the
-/// columns (naming the term).
-pub(crate) fn created_table(
-    config: &IcebergSinkConfig,
-) -> Result<(iceberg::spec::Schema, BoundLayout)> {
-    let schema = types::table_schema(table_schema(config)?.as_ref())
-        .map_err(|refusals| types::refused(&config.sink, &config.table, &refusals))?;
-    let key: Option<Vec<i32>> = config
-        .upsert_key
-        .iter()
-        .map(|name| {
-            schema
-                .field_by_name(name)
-                .filter(|f| {
-                    f.required
-                        && matches!(&*f.field_type, Type::Primitive(p)
-                            if !matches!(p, PrimitiveType::Float | PrimitiveType::Double))
-                })
-                .map(|f| f.id)
-        })
-        .collect();
-    let schema = match key.filter(|ids| !ids.is_empty()) {
-        Some(ids) => schema
-            .into_builder()
-            .with_identifier_field_ids(ids)
-            .build()
-            .map_err(|e| {
-                iceberg_error(Phase::Setup, "cannot set the key as identifier fields", e)
-            })?,
-        None => schema,
-    };
-    let layout = config.layout.bind(&config.sink, &schema)?;
-    Ok((schema, layout))
-}
-
-/// How long creating the namespace is retried: a refusal that lasts (no permission, a catalog that is down) is
-/// reported within about 10 s.
-const NAMESPACE_RETRY: RetryPolicy = RetryPolicy {
-    max_attempts: 6,
-    initial_backoff: Duration::from_millis(100),
-    max_backoff: Duration::from_secs(2),
-    max_total_backoff: Duration::from_secs(10),
-};
-
-/// Creates `namespace` unless it exists. Another subtask may create it at the same moment: a failed creation is
-/// fine if the namespace exists afterwards. A catalog may also answer a look-up with an error while another
-/// creation is half done (SeaweedFS's catalog answers HTTP 500 "attribute not found: s3tables.metadata" until the
-/// other creation finishes): such a failure is transient, and the caller retries the whole call, bounded.
-async fn ensure_namespace(
-    catalog: &dyn iceberg::Catalog,
-    namespace: &NamespaceIdent,
-) -> Result<()> {
-    let transient = |message: &str, e: iceberg::Error| {
-        Error::new(
-            ErrorKind::Retryable,
-            Phase::Setup,
-            format!("{message} {namespace:?}"),
-        )
-        .with_source(e)
-    };
-    let exists = catalog
-        .namespace_exists(namespace)
-        .await
-        .map_err(|e| transient("cannot look up the namespace", e))?;
-    if exists {
-        return Ok(());
-    }
-    match catalog.create_namespace(namespace, HashMap::new()).await {
-        Ok(_) => Ok(()),
-        Err(e) => match catalog.namespace_exists(namespace).await {
-            Ok(true) => Ok(()),
-            _ => Err(transient("cannot create the namespace", e)),
-        },
-    }
-}
-
-/// Creates the namespace (if missing) and a table of `iceberg_schema` laid out as `layout` says, marked as created
-/// by `job` ([`crate::CREATED_BY_PROPERTY`]: it compacts by default).
-async fn create_table(
-    catalog: &dyn iceberg::Catalog,
-    ident: &TableIdent,
-    (iceberg_schema, layout): (iceberg::spec::Schema, BoundLayout),
-    job: &SinkId,
-) -> Result<()> {
-    let namespace: &NamespaceIdent = ident.namespace();
-    NAMESPACE_RETRY
-        .run_idempotent("creating the namespace", || {
-            ensure_namespace(catalog, namespace)
-        })
-        .await?;
-    // A streaming writer commits often: keep only the last 100 metadata versions on storage, and merge manifests
-    // once 100 pile up (Iceberg's standard properties, which `TableTarget` honours on every commit; iceberg-rust
-    // itself does neither).
-    // The job file's properties are set over these.
-    let mut properties = HashMap::from([
-        (DELETE_METADATA_AFTER_COMMIT.to_string(), "true".to_string()),
-        (MANIFEST_MERGE_ENABLED.to_string(), "true".to_string()),
-        (crate::CREATED_BY_PROPERTY.to_string(), job.to_string()),
-    ]);
-    properties.extend(layout.properties);
-    let creation = TableCreation::builder()
-        .name(ident.name().to_string())
-        .schema(iceberg_schema)
-        .partition_spec(layout.partition_spec)
-        .sort_order(layout.sort_order)
-        .properties(properties)
-        .build();
-    if let Err(e) = catalog.create_table(namespace, creation).await
-        && !catalog.table_exists(ident).await.unwrap_or(false)
-    {
-        return Err(iceberg_error(
-            Phase::Setup,
-            format!("cannot create table {ident}"),
-            e,
-        ));
-    }
-    Ok(())
-}
-
-/// The table's columns for the input schema: in the upsert mode a change stream's rows without their change
-/// columns (the table holds the rows, not the changes); otherwise every column (a changelog keeps them).
-pub(crate) fn table_schema(config: &IcebergSinkConfig) -> Result<arrow_schema::SchemaRef> {
-    table_columns(&config.upsert_key, &config.schema).map_err(|e| e.with_sink(&config.sink))
-}
-
-/// [`table_schema`] of batches of `schema` with `upsert_key`.
-fn table_columns(
-    upsert_key: &[String],
-    schema: &arrow_schema::SchemaRef,
-) -> Result<arrow_schema::SchemaRef> {
-    if upsert_key.is_empty() {
-        Ok(schema.clone())
-    } else {
-        ChangeColumns::table_schema(schema)
     }
 }
 

@@ -150,3 +150,21 @@ impl KeyedRows {
         self.apply(&batches)
     }
 }
+
+/// The table's columns for the input schema: in the upsert mode a change stream's rows without their change
+/// columns (the table holds the rows, not the changes); otherwise every column (a changelog keeps them).
+pub(crate) fn table_schema(config: &IcebergSinkConfig) -> Result<arrow_schema::SchemaRef> {
+    table_columns(&config.upsert_key, &config.schema).map_err(|e| e.with_sink(&config.sink))
+}
+
+/// [`table_schema`] of batches of `schema` with `upsert_key`.
+pub(crate) fn table_columns(
+    upsert_key: &[String],
+    schema: &arrow_schema::SchemaRef,
+) -> Result<arrow_schema::SchemaRef> {
+    if upsert_key.is_empty() {
+        Ok(schema.clone())
+    } else {
+        ChangeColumns::table_schema(schema)
+    }
+}

@@ -4,6 +4,7 @@
 //! within the sink's `commit_timeout` (times the driver's retries) instead of hanging the job; once it answers
 //! again, a restarted job lands every record exactly once, as pyiceberg and DuckDB read it, and nothing of the
 //! sink is left unreferenced. Also: the catalog database ending the sessions of a running job between commits; and
+//! a catalog that does not answer when a job starts (the start fails within `commit_timeout`, it does not hang); and
 //! a catalog that stops answering right before a schema change (the new column's catalog commit is abandoned
 //! within the driver's bound; the restart on the new schema adds it when it opens).
 
@@ -12,7 +13,7 @@ use crate::common;
 use std::time::{Duration, Instant};
 
 use common::Lake;
-use connector_api::{Driver, DriverConfig, LocalCheckpointStore, RetryPolicy, SinkId};
+use connector_api::{Driver, DriverConfig, ErrorKind, LocalCheckpointStore, RetryPolicy, SinkId};
 use iceberg_sink::{CatalogConfig, IcebergSink, IcebergSinkConfig};
 use ratchet_conformance::{conformance_batch as batch, conformance_positions, conformance_schema};
 use test_support::Services;
@@ -152,6 +153,68 @@ async fn a_sql_catalog_that_stops_answering_bounds_the_commit_and_loses_nothing(
 async fn a_rest_catalog_that_stops_answering_bounds_the_commit_and_loses_nothing() {
     Services::get();
     catalog_hangs_mid_job(Lake::rest("hung")).await;
+}
+
+/// A catalog that does not answer when a job starts: the sink's start (opening the catalog, looking the table up)
+/// fails within `commit_timeout` as retryable, naming what it waited for, instead of hanging the start; once the
+/// catalog answers again, the next start creates the table and the job lands every row once.
+async fn catalog_hangs_at_start(lake: Lake, proxy_name: &str) {
+    let toxiproxy = Services::get().toxiproxy();
+    let proxy = toxiproxy
+        .proxy(proxy_name, &lake.catalog_server().unwrap())
+        .await;
+    let proxied = lake.through(proxy.address());
+    let table = lake.table(&["events"]);
+
+    proxy.blackhole().await;
+    let started = Instant::now();
+    let refused = IcebergSink::new(config(&proxied, &table))
+        .await
+        .map(drop)
+        .unwrap_err();
+    let took = started.elapsed();
+    eprintln!("hung at start: refused after {took:?}: {refused}");
+    assert_eq!(refused.kind(), ErrorKind::Retryable, "{refused}");
+    assert!(
+        refused.to_string().contains("did not answer"),
+        "the error names the call that hung: {refused}"
+    );
+    let bound = COMMIT_TIMEOUT + Duration::from_secs(3);
+    assert!(
+        took < bound,
+        "the hung start took {took:?}, more than {bound:?}"
+    );
+    proxy.heal().await;
+
+    let state = tempfile::tempdir().unwrap();
+    let (mut running, sink, restored) = job(&proxied, &table, state.path()).await;
+    assert_eq!(restored, 0, "nothing was decided before");
+    let next = committed_step(&mut running, sink, 0).await;
+    running.close().await.unwrap();
+    proxy.delete().await;
+    let seen = tokio::task::spawn_blocking(move || lake.read(&table))
+        .await
+        .unwrap();
+    let expected: Vec<i64> = (0..next).collect();
+    assert_eq!(seen.ids, expected, "pyiceberg");
+    assert_eq!(seen.duckdb_ids, expected, "DuckDB");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sql_catalog_that_does_not_answer_at_the_start_fails_it_within_commit_timeout() {
+    Services::get();
+    let dir = tempfile::tempdir().unwrap();
+    catalog_hangs_at_start(
+        Lake::postgres_local(dir.path(), "hungstart"),
+        "hung-start-sql",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rest_catalog_that_does_not_answer_at_the_start_fails_it_within_commit_timeout() {
+    Services::get();
+    catalog_hangs_at_start(Lake::rest("hungstart"), "hung-start-rest").await;
 }
 
 /// The catalog database ends the sessions of Ratchet's own commit between two commits (`pg_terminate_backend`, as
