@@ -11,6 +11,7 @@ mod avro;
 mod check_config;
 #[path = "../common/mod.rs"]
 mod common;
+mod compaction;
 mod dead_letter;
 mod demo;
 mod deployment;
