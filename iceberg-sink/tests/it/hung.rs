@@ -3,7 +3,8 @@
 //! REST catalog, each reached only through the proxy (the readers go around it). While it hangs, every commit ends
 //! within the sink's `commit_timeout` (times the driver's retries) instead of hanging the job; once it answers
 //! again, a restarted job lands every record exactly once, as pyiceberg and DuckDB read it, and nothing of the
-//! sink is left unreferenced. Also: the catalog database ending the sessions of a running job between commits; and
+//! sink is left unreferenced. The sink compacts (every second checkpoint with data): the hung checkpoint's
+//! compaction is skipped within `commit_timeout`, and the restarted job compacts. Also: the catalog database ending the sessions of a running job between commits; and
 //! a catalog that does not answer when a job starts (the start fails within `commit_timeout`, it does not hang); and
 //! a catalog that stops answering right before a schema change (the new column's catalog commit is abandoned
 //! within the driver's bound; the restart on the new schema adds it when it opens).
@@ -14,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::Lake;
 use connector_api::{Driver, DriverConfig, ErrorKind, LocalCheckpointStore, RetryPolicy, SinkId};
-use iceberg_sink::{CatalogConfig, IcebergSink, IcebergSinkConfig};
+use iceberg_sink::{CatalogConfig, Compact, CompactPolicy, IcebergSink, IcebergSinkConfig};
 use ratchet_conformance::{conformance_batch as batch, conformance_positions, conformance_schema};
 use test_support::Services;
 
@@ -24,6 +25,13 @@ const COMMIT_TIMEOUT: Duration = Duration::from_secs(2);
 fn config(lake: &Lake, table: &str) -> IcebergSinkConfig {
     IcebergSinkConfig {
         commit_timeout: COMMIT_TIMEOUT,
+        // Compaction looks at every second checkpoint with data: the checkpoint whose catalog hangs mid-job looks
+        // too (its table load is bounded by commit_timeout and the compaction skipped), and the restarted job's
+        // first checkpoint compacts the files committed before.
+        compact: Compact::On(CompactPolicy {
+            min_input_files: 2,
+            ..CompactPolicy::default()
+        }),
         ..lake.config(
             "hung",
             &SinkId::new("lake").unwrap(),
@@ -138,6 +146,15 @@ async fn catalog_hangs_mid_job(lake: Lake) {
     assert_eq!(
         common::checkpoints_in_two_snapshots(&seen.snapshots),
         Vec::<String>::new()
+    );
+    assert!(
+        seen.snapshots
+            .iter()
+            .any(|s| s["summary"]["deleted-data-files"]
+                .as_str()
+                .is_some_and(|n| n != "0")),
+        "the restarted job's first checkpoint compacts the files of the hung job: {:#?}",
+        seen.snapshots
     );
 }
 
