@@ -6,6 +6,14 @@
 //! vanish, nothing is closed: a server that stops answering), [`Proxy::latency`], [`Proxy::bandwidth`],
 //! [`Proxy::reset_connections`] (every open connection closed with a RST), then [`Proxy::heal`].
 //!
+//! Toxiproxy can deadlock while it adds or removes a toxic (Shopify/toxiproxy#558): it interrupts each connection's
+//! toxic, which waits to hand its data on, while that connection's writer, whose client stopped reading and then
+//! went away, waits for the lock the removal holds. The proxy's toxics never answer again, and new connections
+//! through it hang. A latency toxic on a busy Kafka link meets this often enough to fail a chaos run, so every
+//! change of toxics here is bounded ([`TOXIC_CHANGE_BOUND`]): when it does not answer in time the proxy is
+//! deleted and created again on the same address with the same upstream (deleting a proxy does not take that
+//! lock), which closes its open connections; the test goes on with a healed link.
+//!
 //! ```no_run
 //! # async fn demo() {
 //! let services = test_support::Services::get();
@@ -19,6 +27,11 @@
 //! ```
 
 use serde_json::{Value, json};
+use std::time::Duration;
+
+/// How long adding, listing or removing a proxy's toxics may take before the proxy is taken down and created again
+/// (see the module's documentation). A healthy Toxiproxy answers in milliseconds.
+pub const TOXIC_CHANGE_BOUND: Duration = Duration::from_secs(5);
 
 /// Toxiproxy's REST API.
 #[derive(Debug, Clone)]
@@ -33,6 +46,7 @@ pub struct Proxy {
     toxiproxy: Toxiproxy,
     name: String,
     address: String,
+    upstream: String,
 }
 
 impl Toxiproxy {
@@ -48,25 +62,51 @@ impl Toxiproxy {
         }
     }
 
-    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
+    /// One API call: its JSON answer, or `None` when Toxiproxy does not answer within `bound`. Any other failure
+    /// (refused, an error status) fails the test, naming the call.
+    async fn call_within(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+        bound: Duration,
+    ) -> Option<Value> {
         let url = format!("{}{path}", self.api);
-        let mut request = self.http.request(method.clone(), &url);
+        let mut request = self.http.request(method.clone(), &url).timeout(bound);
         if let Some(body) = &body {
             request = request.json(body);
         }
-        let response = request.send().await.unwrap_or_else(|e| {
-            panic!(
-                "Toxiproxy at {} does not answer ({e}): run scripts/services.sh up toxiproxy",
+        let sent = async {
+            let response = request.send().await?;
+            let status = response.status();
+            Ok::<_, reqwest::Error>((status, response.text().await?))
+        };
+        let (status, text) = match sent.await {
+            Ok(answer) => answer,
+            Err(e) if e.is_timeout() => return None,
+            Err(e) => panic!(
+                "Toxiproxy at {} does not answer {method} {path} ({e}): run scripts/services.sh up toxiproxy",
                 self.api
-            )
-        });
-        let status = response.status();
-        let text = response.text().await.unwrap_or_default();
+            ),
+        };
         assert!(
             status.is_success(),
             "Toxiproxy {method} {path} {body:?}: {status} {text}"
         );
-        serde_json::from_str(&text).unwrap_or(Value::Null)
+        Some(serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
+    /// One API call that must answer within the client's 10 s bound.
+    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
+        self.call_within(method.clone(), path, body, Duration::from_secs(10))
+            .await
+            .unwrap_or_else(|| {
+                panic!(
+                    "Toxiproxy at {} did not answer {method} {path} within 10 s: is it overloaded or wedged? \
+                     (scripts/services.sh down toxiproxy; scripts/services.sh up toxiproxy)",
+                    self.api
+                )
+            })
     }
 
     /// The proxy named `name` (one `scripts/services.sh` created, such as the Kafka broker's).
@@ -78,10 +118,15 @@ impl Toxiproxy {
             .as_str()
             .unwrap_or_else(|| panic!("Toxiproxy has {found} for {name}: no listen address"))
             .to_string();
+        let upstream = found["upstream"]
+            .as_str()
+            .unwrap_or_else(|| panic!("Toxiproxy has {found} for {name}: no upstream"))
+            .to_string();
         Proxy {
             toxiproxy: self.clone(),
             name: name.to_string(),
             address,
+            upstream,
         }
     }
 
@@ -104,6 +149,7 @@ impl Toxiproxy {
             toxiproxy: self.clone(),
             name,
             address,
+            upstream: upstream.to_string(),
         }
     }
 }
@@ -114,14 +160,55 @@ impl Proxy {
         &self.address
     }
 
+    /// Toxiproxy's name for the proxy.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Adds a toxic; if Toxiproxy wedges while adding it, the proxy is created again and the toxic added to it.
     async fn toxic(&self, name: &str, kind: &str, stream: &str, attributes: Value) {
+        let path = format!("/proxies/{}/toxics", self.name);
+        let toxic = json!({"name": name, "type": kind, "stream": stream, "toxicity": 1.0,
+                           "attributes": attributes});
+        let added = self
+            .toxiproxy
+            .call_within(
+                reqwest::Method::POST,
+                &path,
+                Some(toxic.clone()),
+                TOXIC_CHANGE_BOUND,
+            )
+            .await;
+        if added.is_none() {
+            self.recreate(&format!("adding the toxic {name}")).await;
+            self.toxiproxy
+                .call(reqwest::Method::POST, &path, Some(toxic))
+                .await;
+        }
+    }
+
+    /// Deletes the proxy and creates it again on the same address with the same upstream and no toxics: the way
+    /// out when Toxiproxy wedges on the proxy's toxics (see the module's documentation). Its connections close.
+    async fn recreate(&self, wedged_on: &str) {
+        eprintln!(
+            "Toxiproxy did not answer {wedged_on} on the proxy {} within {TOXIC_CHANGE_BOUND:?} \
+             (Shopify/toxiproxy#558): deleting the proxy and creating it again on {} (its connections close)",
+            self.name, self.address
+        );
+        self.toxiproxy
+            .call(
+                reqwest::Method::DELETE,
+                &format!("/proxies/{}", self.name),
+                None,
+            )
+            .await;
         self.toxiproxy
             .call(
                 reqwest::Method::POST,
-                &format!("/proxies/{}/toxics", self.name),
+                "/proxies",
                 Some(
-                    json!({"name": name, "type": kind, "stream": stream, "toxicity": 1.0,
-                            "attributes": attributes}),
+                    json!({"name": self.name, "listen": self.address, "upstream": self.upstream,
+                            "enabled": true}),
                 ),
             )
             .await;
@@ -188,25 +275,33 @@ impl Proxy {
         }
     }
 
-    /// Removes every toxic: the link works again (connections that stayed open resume).
+    /// Removes every toxic: the link works again (connections that stayed open resume). If Toxiproxy wedges
+    /// listing or removing them, the proxy is created again instead (its open connections close).
     pub async fn heal(&self) {
-        let toxics = self
+        let path = format!("/proxies/{}/toxics", self.name);
+        let listed = self
             .toxiproxy
-            .call(
-                reqwest::Method::GET,
-                &format!("/proxies/{}/toxics", self.name),
-                None,
-            )
+            .call_within(reqwest::Method::GET, &path, None, TOXIC_CHANGE_BOUND)
             .await;
+        let Some(toxics) = listed else {
+            return self.recreate("the list of toxics").await;
+        };
         for toxic in toxics.as_array().into_iter().flatten() {
             let name = toxic["name"].as_str().unwrap_or_default();
-            self.toxiproxy
-                .call(
+            let removed = self
+                .toxiproxy
+                .call_within(
                     reqwest::Method::DELETE,
-                    &format!("/proxies/{}/toxics/{name}", self.name),
+                    &format!("{path}/{name}"),
                     None,
+                    TOXIC_CHANGE_BOUND,
                 )
                 .await;
+            if removed.is_none() {
+                return self
+                    .recreate(&format!("the removal of the toxic {name}"))
+                    .await;
+            }
         }
     }
 
