@@ -12,6 +12,7 @@
 #![deny(missing_docs)]
 
 mod blocking;
+mod bounded;
 mod changes;
 pub mod checkpoint;
 mod delivery;
@@ -29,6 +30,7 @@ mod txn;
 pub mod types;
 
 pub use blocking::blocking;
+pub use bounded::bounded;
 pub use changes::{
     AppliedChanges, CHANGE_COLUMN, ChangeColumns, ChangeStep, OP_COLUMN, UNAVAILABLE_COLUMN,
     last_rows_by_key,

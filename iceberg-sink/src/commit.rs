@@ -218,19 +218,25 @@ impl TableTarget {
     /// # Errors
     /// Retryable when the catalog cannot be reached; fatal when the table does not exist.
     pub async fn load(&self, phase: Phase) -> Result<Table> {
-        match tokio::time::timeout(self.commit_timeout, self.catalog.load_table(&self.table)).await
-        {
-            Ok(loaded) => loaded
-                .map_err(|e| iceberg_error(phase, format!("cannot load table {}", self.table), e)),
-            Err(_) => Err(Error::new(
-                ErrorKind::Retryable,
-                phase,
-                format!(
-                    "loading table {} took longer than {:?}: check the catalog",
-                    self.table, self.commit_timeout
-                ),
-            )),
-        }
+        let loading = async {
+            self.catalog
+                .load_table(&self.table)
+                .await
+                .map_err(|e| iceberg_error(phase, format!("cannot load table {}", self.table), e))
+        };
+        let timed_out = || {
+            format!(
+                "loading table {} took longer than {:?}: check the catalog",
+                self.table, self.commit_timeout
+            )
+        };
+        connector_api::bounded(
+            self.commit_timeout,
+            (ErrorKind::Retryable, phase),
+            timed_out,
+            loading,
+        )
+        .await
     }
 
     /// Commits `files` as one snapshot recording `checkpoint` for `key` under `epoch`, unless the table already

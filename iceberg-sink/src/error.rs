@@ -55,16 +55,18 @@ pub(crate) async fn within<T>(
     what: &str,
     call: impl Future<Output = Result<T>>,
 ) -> Result<T> {
-    tokio::time::timeout(limit, call).await.unwrap_or_else(|_| {
-        Err(Error::new(
-            ErrorKind::Retryable,
-            Phase::Setup,
+    connector_api::bounded(
+        limit,
+        (ErrorKind::Retryable, Phase::Setup),
+        || {
             format!(
                 "the catalog did not answer {what} within commit_timeout ({limit:?}); check that it is \
                  reachable, or raise commit_timeout"
-            ),
-        ))
-    })
+            )
+        },
+        call,
+    )
+    .await
 }
 
 #[cfg(test)]

@@ -59,18 +59,14 @@ pub(crate) async fn within(
     read: impl std::future::Future<Output = Result<()>>,
 ) -> Result<()> {
     let bound = commit_timeout * TIMEOUT_FACTOR;
-    match tokio::time::timeout(bound, read).await {
-        Ok(done) => done,
-        Err(_) => Err(Error::new(
-            ErrorKind::Retryable,
-            phase,
-            format!(
-                "reading table {} into the upsert key index took longer than {bound:?} ({TIMEOUT_FACTOR} x \
-                 commit_timeout): check the storage, or raise commit_timeout for a table this large",
-                table.identifier()
-            ),
-        )),
-    }
+    let timed_out = || {
+        format!(
+            "reading table {} into the upsert key index took longer than {bound:?} ({TIMEOUT_FACTOR} x \
+             commit_timeout): check the storage, or raise commit_timeout for a table this large",
+            table.identifier()
+        )
+    };
+    connector_api::bounded(bound, (ErrorKind::Retryable, phase), timed_out, read).await
 }
 
 /// Brings `index` up to `table`'s current snapshot: a catch-up when it shows an ancestor and nothing since

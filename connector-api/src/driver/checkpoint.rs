@@ -202,11 +202,11 @@ pub(super) async fn within<T>(
     what: &str,
     call: impl Future<Output = Result<T>>,
 ) -> Result<T> {
-    tokio::time::timeout(limit, call).await.unwrap_or_else(|_| {
-        Err(Error::new(
-            kind,
-            phase,
-            format!("{what} did not finish within {limit:?}; abandoned"),
-        ))
-    })
+    crate::bounded(
+        limit,
+        (kind, phase),
+        || format!("{what} did not finish within {limit:?}; abandoned"),
+        call,
+    )
+    .await
 }
