@@ -177,15 +177,15 @@ impl CompactPolicy {
     /// Checks that `table` can be compacted by sink `sink`.
     ///
     /// # Errors
-    /// [`Config`](connector_api::ErrorKind::Config) naming the table for a format-version 3 table (Ratchet's own commit writes
-    /// version 1 and 2 manifest lists; version 3's carry row lineage, which it does not assign).
+    /// [`Config`](connector_api::ErrorKind::Config) naming the table for a format-version 3 table (a rewrite of a
+    /// v3 table must write each moved row's `_row_id` into the new files to keep its lineage: planned).
     pub(crate) fn check_table(&self, sink: &SinkId, table: &Table) -> Result<()> {
         match table.metadata().format_version() {
             iceberg::spec::FormatVersion::V1 | iceberg::spec::FormatVersion::V2 => Ok(()),
             version => Err(Error::config(format!(
                 "sink {sink}: compact: table {} is an Iceberg format-version {version} table; the sink compacts \
-                 version 1 and 2 tables (version 3 manifest lists carry row lineage, which it does not assign): \
-                 remove compact and compact the table with Spark",
+                 version 1 and 2 tables (a version 3 rewrite must write each moved row's _row_id into the new \
+                 files to keep its lineage: planned): remove compact and compact the table with Spark",
                 table.identifier()
             ))),
         }

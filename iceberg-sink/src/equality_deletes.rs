@@ -63,7 +63,8 @@ impl EqualityDeletes {
     ///
     /// # Errors
     /// [`Config`](ErrorKind::Config) naming the table and what to change when the table cannot take them: a
-    /// format-version 1 table (no delete files) or a version 3 one (row lineage is not assigned), a key column the
+    /// format-version 1 table (no delete files) or a version 3 one (its updates should be deletion vectors and keep
+    /// the updated rows' `_row_id`: planned), a key column the
     /// table does not have, or one that is not a primitive, non floating-point column (the spec's rule for
     /// equality fields).
     pub(crate) fn of(table: &Table, key: &[String]) -> Result<Self> {
@@ -87,9 +88,10 @@ impl EqualityDeletes {
             }
             version => {
                 return Err(refuse(format!(
-                    "is an Iceberg format-version {version} table; Ratchet's row deltas write version 2 tables \
-                     only (version 3 manifest lists carry row lineage, which it does not assign): write without \
-                     upsert_key (a changelog)"
+                    "is an Iceberg format-version {version} table; Ratchet upserts into version 2 tables only \
+                     (version 3 updates are deletion vectors that keep each updated row's _row_id: planned): \
+                     write it without upsert_key (appends and changelogs work on version 3), or upsert into a \
+                     version 2 table"
                 )));
             }
         }

@@ -83,6 +83,7 @@ mod rest_commit;
 mod retire;
 mod rewritten;
 mod row_delta;
+mod row_lineage;
 mod sink;
 mod swap_outcome;
 mod table_creation;

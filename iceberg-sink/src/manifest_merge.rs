@@ -11,7 +11,9 @@
 //! the new manifest is kept while it has fewer than `min-count-to-merge` manifests; every other bin is rewritten
 //! as one manifest of the new snapshot. Rewritten entries keep their snapshot id and sequence numbers (`EXISTING`,
 //! Iceberg spec "Manifests"); entries this snapshot adds stay `ADDED` and inherit its sequence number; entries an
-//! older snapshot deleted are dropped. The replaced manifests are not deleted here: older snapshots still name
+//! older snapshot deleted are dropped. In a format-version 3 table every carried entry that is not `ADDED` keeps
+//! the `first_row_id` it had (inherited ones written out, [`crate::row_lineage`]), so every row keeps its
+//! `_row_id` through a merge. The replaced manifests are not deleted here: older snapshots still name
 //! them; they are deleted once no retained snapshot does ([`crate::retire`]).
 //!
 //! # Crash safety
@@ -30,6 +32,7 @@ use iceberg::table::Table;
 use iceberg::{Error, ErrorKind, Result};
 
 use crate::rewritten::{RewrittenSnapshot, write_list};
+use crate::row_lineage::{RowIdInheritance, with_first_row_id};
 
 /// Iceberg's standard property that turns manifest merging on.
 pub const MANIFEST_MERGE_ENABLED: &str = "commit.manifest-merge.enabled";
@@ -54,8 +57,7 @@ impl MergePolicy {
     /// The table's policy, or `None` when it does not ask for merging.
     ///
     /// # Errors
-    /// `DataInvalid` naming the property when a value is not a number, and `FeatureUnsupported` for a format-v3
-    /// table that asks for merging (row lineage across merged manifests is not built: merge it with Spark).
+    /// `DataInvalid` naming the property when a value is not a number.
     pub(crate) fn of(metadata: &TableMetadata) -> Result<Option<Self>> {
         let properties = metadata.properties();
         let enabled = properties
@@ -63,9 +65,6 @@ impl MergePolicy {
             .is_some_and(|v| v.eq_ignore_ascii_case("true"));
         if !enabled {
             return Ok(None);
-        }
-        if metadata.format_version() > FormatVersion::V2 {
-            return Err(v3_refused());
         }
         let number = |key: &str, default: i64| -> Result<i64> {
             match properties.get(key) {
@@ -169,16 +168,6 @@ fn recency(metadata: &TableMetadata, planned: i64) -> impl Fn(&ManifestFile) -> 
     }
 }
 
-fn v3_refused() -> Error {
-    Error::new(
-        ErrorKind::FeatureUnsupported,
-        format!(
-            "the table sets {MANIFEST_MERGE_ENABLED} = true, but Ratchet merges manifests of format v1 and v2 tables \
-             only (v3 row lineage is not carried through merges): set it to false"
-        ),
-    )
-}
-
 /// Merges `manifests`, those `planned`'s list names (a snapshot planned on `base`, not yet committed), by `policy`: `None` when no
 /// bin is due (the planned snapshot stands as it is). Otherwise writes the merged manifests and a new manifest list
 /// and returns the snapshot naming it (same id, parent, sequence number, summary). The manifest list `planned`
@@ -268,8 +257,10 @@ async fn rewrite_bin(
     let mut rewriting = ManifestRewrite::open(base, planned, &manifests[bin[0]], path)?;
     for &i in bin {
         let manifest = manifests[i].load_manifest(base.file_io()).await?;
+        let mut lineage = RowIdInheritance::of(&manifests[i]);
         for entry in manifest.entries() {
-            rewriting.carry(entry, &manifests[i].manifest_path)?;
+            let first_row_id = lineage.first_row_id(&entry.data_file);
+            rewriting.carry(entry, first_row_id, &manifests[i].manifest_path)?;
         }
     }
     rewriting.writer.write_manifest_file().await
@@ -317,8 +308,10 @@ impl<'a> ManifestRewrite<'a> {
         );
         let writer = match (metadata.format_version(), &like.content) {
             (FormatVersion::V1, _) => builder.build_v1(),
-            (_, ManifestContentType::Data) => builder.build_v2_data(),
-            (_, ManifestContentType::Deletes) => builder.build_v2_deletes(),
+            (FormatVersion::V2, ManifestContentType::Data) => builder.build_v2_data(),
+            (FormatVersion::V2, ManifestContentType::Deletes) => builder.build_v2_deletes(),
+            (FormatVersion::V3, ManifestContentType::Data) => builder.build_v3_data(),
+            (FormatVersion::V3, ManifestContentType::Deletes) => builder.build_v3_deletes(),
         };
         let partition_type = spec.partition_type(metadata.current_schema())?;
         Ok(Self {
@@ -343,19 +336,37 @@ impl<'a> ManifestRewrite<'a> {
         )
     }
 
-    /// Carries `entry` (of manifest `from`) as it is: an entry `planned` added or deleted stays so, an earlier
-    /// deleted entry is dropped (its snapshot's manifests keep it), any other live entry becomes existing.
+    /// `entry`'s file as a rewritten manifest lists it when the entry is not `ADDED`: promoted, and carrying
+    /// `first_row_id` (what [`RowIdInheritance`] gave it in its manifest; `None` before format version 3).
+    fn lineaged(&self, entry: &ManifestEntry, first_row_id: Option<i64>) -> Result<DataFile> {
+        let metadata = self.base.metadata();
+        with_first_row_id(
+            self.promoted(entry)?,
+            first_row_id,
+            (self.spec.spec_id(), &self.partition_type),
+            metadata.current_schema(),
+        )
+    }
+
+    /// Carries `entry` (of manifest `from`; `first_row_id` is what it inherits there) as it is: an entry
+    /// `planned` added or deleted stays so, an earlier deleted entry is dropped (its snapshot's manifests keep
+    /// it), any other live entry becomes existing. Entries `planned` adds are not committed yet: in a v3 table
+    /// they inherit their row ids from the rewritten manifest; every other entry keeps its own.
     ///
     /// # Errors
     /// An entry lacking its snapshot id or sequence numbers.
-    pub(crate) fn carry(&mut self, entry: &ManifestEntry, from: &str) -> Result<()> {
+    pub(crate) fn carry(
+        &mut self,
+        entry: &ManifestEntry,
+        first_row_id: Option<i64>,
+        from: &str,
+    ) -> Result<()> {
         let ours = entry.snapshot_id == Some(self.planned.snapshot_id());
-        let data_file = self.promoted(entry)?;
         match entry.status {
-            ManifestStatus::Added if ours => self.writer.add_file(data_file, -1),
+            ManifestStatus::Added if ours => self.writer.add_file(self.promoted(entry)?, -1),
             // A deleted entry keeps the file's own data sequence number (spec "Manifests").
             ManifestStatus::Deleted if ours => self.writer.add_delete_file(
-                data_file,
+                self.lineaged(entry, first_row_id)?,
                 entry
                     .sequence_number
                     .unwrap_or(self.planned.sequence_number()),
@@ -373,7 +384,7 @@ impl<'a> ManifestRewrite<'a> {
                     )
                 };
                 self.writer.add_existing_file(
-                    data_file,
+                    self.lineaged(entry, first_row_id)?,
                     entry.snapshot_id.ok_or_else(|| missing("snapshot id"))?,
                     entry
                         .sequence_number
@@ -388,12 +399,17 @@ impl<'a> ManifestRewrite<'a> {
         }
     }
 
-    /// Writes `entry`'s live file as deleted by `planned` (a compaction replaced it), keeping its sequence numbers.
+    /// Writes `entry`'s live file as deleted by `planned` (a compaction replaced it), keeping its sequence numbers
+    /// and, in a v3 table, its `first_row_id` (inherited in its manifest, as for [`carry`](Self::carry)).
     ///
     /// # Errors
     /// An entry lacking its sequence number.
-    pub(crate) fn delete(&mut self, entry: &ManifestEntry) -> Result<()> {
-        let data_file = self.promoted(entry)?;
+    pub(crate) fn delete(
+        &mut self,
+        entry: &ManifestEntry,
+        first_row_id: Option<i64>,
+    ) -> Result<()> {
+        let data_file = self.lineaged(entry, first_row_id)?;
         let sequence = entry.sequence_number.ok_or_else(|| {
             Error::new(
                 ErrorKind::DataInvalid,

@@ -28,6 +28,7 @@ use crate::ledger::SubtaskKey;
 use crate::location::canonical;
 use crate::manifest_merge::ManifestRewrite;
 use crate::rewritten::{RewrittenSnapshot, write_list};
+use crate::row_lineage::RowIdInheritance;
 
 /// What the rewritten manifests removed.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -85,16 +86,18 @@ pub(crate) async fn remove_data_files(
         }
         let path = format!("{directory}/replaced-{name}-r{i}.avro");
         let mut rewriting = ManifestRewrite::open(base, planned, manifest_file, &path)?;
+        let mut lineage = RowIdInheritance::of(manifest_file);
         for entry in manifest.entries() {
             let path = canonical(entry.file_path());
+            let first_row_id = lineage.first_row_id(&entry.data_file);
             if entry.is_alive() && wanted.contains(&path) {
-                rewriting.delete(entry)?;
+                rewriting.delete(entry, first_row_id)?;
                 found.insert(path);
                 removed.files += 1;
                 removed.records += entry.record_count();
                 removed.bytes += entry.file_size_in_bytes();
             } else {
-                rewriting.carry(entry, &manifest_file.manifest_path)?;
+                rewriting.carry(entry, first_row_id, &manifest_file.manifest_path)?;
             }
         }
         replaced.insert(i, rewriting.writer.write_manifest_file().await?);

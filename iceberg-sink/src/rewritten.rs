@@ -40,9 +40,16 @@ pub(crate) async fn read_list(base: &Table, planned: &Snapshot) -> Result<Vec<Ma
 /// with `summary`: same id, parent, sequence number, time and schema. Manifests whose sequence numbers are not
 /// assigned yet (written for this snapshot) get the snapshot's.
 ///
+/// Row lineage (format version 3): iceberg planned `planned` with the row ids from its `first-row-id` (the table's
+/// `next-row-id`) on, and gave its new data manifest that `first_row_id`. Manifests that already have one keep it
+/// (the planned one too, when it was not merged); each data manifest written since (a merged or replacing
+/// manifest) gets a fresh range after the planned rows, as large as its live rows (spec, "First Row ID
+/// Assignment"), and the snapshot's `added-rows` grows to cover them, so the table's `next-row-id` moves past every
+/// id any manifest can hand out. The planned range of a merged new manifest goes unused.
+///
 /// # Errors
-/// A storage failure writing the list; [`FeatureUnsupported`](ErrorKind::FeatureUnsupported) for a format-version
-/// 3 table (its lists carry row lineage, which Ratchet does not assign).
+/// A storage failure writing the list; `DataInvalid` for a v3 `planned` without a row range (iceberg always gives
+/// one).
 pub(crate) async fn write_list(
     base: &Table,
     planned: &Snapshot,
@@ -51,6 +58,18 @@ pub(crate) async fn write_list(
     summary: Summary,
 ) -> Result<Snapshot> {
     let writer = base.file_io().new_output(path)?.writer().await?;
+    let planned_rows = match base.metadata().format_version() {
+        FormatVersion::V3 => Some(planned.row_range().ok_or_else(|| {
+            Error::new(
+                ErrorKind::DataInvalid,
+                format!(
+                    "snapshot {} of a format-version 3 table was planned without a first-row-id",
+                    planned.snapshot_id()
+                ),
+            )
+        })?),
+        FormatVersion::V1 | FormatVersion::V2 => None,
+    };
     let mut list = match base.metadata().format_version() {
         FormatVersion::V1 => {
             ManifestListWriter::v1(writer, planned.snapshot_id(), planned.parent_snapshot_id())
@@ -61,11 +80,21 @@ pub(crate) async fn write_list(
             planned.parent_snapshot_id(),
             planned.sequence_number(),
         ),
-        FormatVersion::V3 => return Err(v3_refused()),
+        FormatVersion::V3 => {
+            let (first, added) = planned_rows.unwrap_or_default();
+            ManifestListWriter::v3(
+                writer,
+                planned.snapshot_id(),
+                planned.parent_snapshot_id(),
+                planned.sequence_number(),
+                Some(first + added),
+            )
+        }
     };
     list.add_manifests(manifests.iter().cloned())?;
+    let next_row_id = list.next_row_id();
     list.close().await?;
-    Ok(Snapshot::builder()
+    let snapshot = Snapshot::builder()
         .with_snapshot_id(planned.snapshot_id())
         .with_parent_snapshot_id(planned.parent_snapshot_id())
         .with_sequence_number(planned.sequence_number())
@@ -73,16 +102,9 @@ pub(crate) async fn write_list(
         .with_manifest_list(path.to_string())
         .with_summary(summary)
         .schema_id_opt(planned.schema_id())
-        .with_encryption_key_id(planned.encryption_key_id().map(str::to_string))
-        .build())
-}
-
-/// The refusal of a format-version 3 table.
-pub(crate) fn v3_refused() -> Error {
-    Error::new(
-        ErrorKind::FeatureUnsupported,
-        "Ratchet's own commit (manifest merging, row deltas) writes format-version 1 and 2 tables; this table is \
-         version 3 (its manifest lists carry row lineage, which Ratchet does not assign): set \
-         commit.manifest-merge.enabled = false and write it without upsert_key",
-    )
+        .with_encryption_key_id(planned.encryption_key_id().map(str::to_string));
+    Ok(match (planned_rows, next_row_id) {
+        (Some((first, _)), Some(next)) => snapshot.with_row_range(first, next - first).build(),
+        _ => snapshot.build(),
+    })
 }

@@ -90,6 +90,25 @@ def read(db: str, warehouse: str, table: str, id_column: str) -> None:
     spark.stop()
 
 
+def lineage(db: str, warehouse: str, table: str) -> None:
+    """Row lineage of a format-version 3 table: per snapshot and now, each row's id, _row_id and
+    _last_updated_sequence_number; and how many manifests the current snapshot names."""
+    spark = session(db, warehouse)
+    name = f"{CATALOG}.{table}"
+
+    def rows(version: str) -> list:
+        frame = spark.sql(f"SELECT id, _row_id, _last_updated_sequence_number FROM {name}{version} ORDER BY id")
+        return [[row["id"], row["_row_id"], row["_last_updated_sequence_number"]] for row in frame.collect()]
+
+    snapshots = [row["snapshot_id"] for row in spark.sql(f"SELECT snapshot_id FROM {name}.snapshots").collect()]
+    json.dump({
+        "snapshots": {str(s): rows(f" VERSION AS OF {s}") for s in snapshots},
+        "current": rows(""),
+        "manifests": spark.sql(f"SELECT count(*) AS n FROM {name}.manifests").collect()[0]["n"],
+    }, sys.stdout)
+    spark.stop()
+
+
 def scan(db: str, warehouse: str, table: str) -> None:
     spark = session(db, warehouse)
     name = f"{CATALOG}.{table}"
@@ -165,22 +184,35 @@ def maintain(db: str, warehouse: str, table: str, stop_file: str, orphan_cutoff_
         os.replace(progress + ".tmp", progress)
         return summary
 
+    # Counted and reported after each procedure, not each round: a test that holds a pre-committed checkpoint
+    # until a rewrite lands must know when an orphan removal has just finished (its files must never meet one
+    # before they are referenced).
     def attempt(procedure: str, run):
+        nonlocal rewritten, orphans
         try:
             result = run()
         except Exception as e:  # noqa: BLE001 - a lost race is counted, anything else re-raised
             if not lost_race(procedure, e):
                 raise
             done[procedure]["lost"] += 1
-            return None
-        done[procedure]["committed"] += 1
-        return result
+            report()
+            return
+        if procedure == "rewrite_data_files" and result[0]["rewritten_data_files_count"] == 0:
+            # Every group lost (partial progress reports them as failed instead of raising).
+            done[procedure]["lost"] += 1
+        else:
+            done[procedure]["committed"] += 1
+        if procedure == "rewrite_data_files":
+            rewritten += result[0]["rewritten_data_files_count"]
+        if procedure == "remove_orphan_files":
+            orphans += result
+        report()
 
     def call(procedure: str, sql: str):
-        return attempt(procedure, lambda: spark.sql(sql).collect())
+        attempt(procedure, lambda: spark.sql(sql).collect())
 
     while not os.path.exists(stop_file):
-        result = call(
+        call(
             "rewrite_data_files",
             f"CALL {CATALOG}.system.rewrite_data_files(table => '{name}', "
             # Small groups committed one by one: a group holding a file the sink deleted from since the rewrite
@@ -188,12 +220,6 @@ def maintain(db: str, warehouse: str, table: str, stop_file: str, orphan_cutoff_
             "options => map('rewrite-all', 'true', 'min-input-files', '1', 'max-file-group-size-bytes', '20000', "
             "'partial-progress.enabled', 'true', 'partial-progress.max-commits', '20'))",
         )
-        if result:
-            rewritten += result[0]["rewritten_data_files_count"]
-            if result[0]["rewritten_data_files_count"] == 0:
-                # Every group lost (partial progress reports them as failed instead of raising).
-                done["rewrite_data_files"]["committed"] -= 1
-                done["rewrite_data_files"]["lost"] += 1
         call("rewrite_manifests", f"CALL {CATALOG}.system.rewrite_manifests(table => '{name}')")
         call(
             "expire_snapshots",
@@ -201,9 +227,7 @@ def maintain(db: str, warehouse: str, table: str, stop_file: str, orphan_cutoff_
             f"older_than => TIMESTAMP '{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(time.time() + 1))}', "
             "retain_last => 2)",
         )
-        removed = attempt("remove_orphan_files", lambda: remove_orphan_files(spark, name, float(orphan_cutoff_s)))
-        orphans += removed or 0
-        report()
+        attempt("remove_orphan_files", lambda: remove_orphan_files(spark, name, float(orphan_cutoff_s)))
     json.dump(report(), sys.stdout)
     spark.stop()
 
@@ -211,4 +235,4 @@ def maintain(db: str, warehouse: str, table: str, stop_file: str, orphan_cutoff_
 if __name__ == "__main__":
     command, *args = sys.argv[1:]
     os.environ.setdefault("TZ", "UTC")
-    {"read": read, "maintain": maintain, "scan": scan, "rewrite": rewrite}[command](*args)
+    {"read": read, "lineage": lineage, "maintain": maintain, "scan": scan, "rewrite": rewrite}[command](*args)

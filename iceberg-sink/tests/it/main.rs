@@ -9,6 +9,7 @@ mod conformance;
 mod evolution;
 mod hung;
 mod kill9;
+mod lineage;
 mod maintenance;
 mod races;
 mod tables;

@@ -261,6 +261,20 @@ impl Lake {
         [db, &self.warehouse]
     }
 
+    /// Row lineage as Spark with Iceberg's runtime reads it from a format-version 3 `table`: per snapshot (by id,
+    /// read with `VERSION AS OF`) and for the current one, each row's `[id, _row_id,
+    /// _last_updated_sequence_number]` sorted by id; and how many manifests the current snapshot names.
+    pub async fn spark_lineage(&self, table: &str) -> serde_json::Value {
+        let (lake, table) = (self.clone(), table.to_string());
+        tokio::task::spawn_blocking(move || {
+            let [db, warehouse] = lake.spark_catalog();
+            let script = test_support::repo_root().join("test-support/verifiers/spark_iceberg.py");
+            Services::get().python_script(&script, &["lineage", db, warehouse, &table])
+        })
+        .await
+        .unwrap()
+    }
+
     /// Every row Spark with Iceberg's runtime reads of `table`, sorted by `id`, each as its columns by name.
     pub async fn spark_rows(&self, table: &str) -> Vec<serde_json::Map<String, serde_json::Value>> {
         let (lake, table) = (self.clone(), table.to_string());
@@ -331,7 +345,7 @@ impl SparkMaintainer {
         SparkMaintainer { child, stop }
     }
 
-    /// What the loop did by its last finished round (as [`stop`](Self::stop) returns it), or `None` before one;
+    /// What the loop did by its last finished procedure (as [`stop`](Self::stop) returns it), or `None` before one;
     /// a loop that ended (it only ends on an error before [`stop`](Self::stop)) fails the test with its error.
     pub fn progress(&mut self) -> Option<serde_json::Value> {
         if self.child.try_wait().unwrap().is_some() {
@@ -341,8 +355,8 @@ impl SparkMaintainer {
         Some(serde_json::from_slice(&text).unwrap())
     }
 
-    /// How many runs of `procedure` the loop's last finished round reports with `outcome` (`committed` or
-    /// `lost`); 0 before the first round.
+    /// How many runs of `procedure` have finished with `outcome` (`committed` or `lost`), as the loop reports
+    /// after each procedure; 0 before the first.
     pub fn count(&mut self, procedure: &str, outcome: &str) -> u64 {
         self.progress()
             .map_or(0, |p| p["procedures"][procedure][outcome].as_u64().unwrap())
