@@ -136,12 +136,7 @@ async fn catalog_hangs_mid_job(lake: Lake) {
 
     let decided = common::decided_offset(state.path()).await;
     assert_eq!(decided, next);
-    let seen = tokio::task::spawn_blocking(move || lake.read(&table))
-        .await
-        .unwrap();
-    let expected: Vec<i64> = (0..next).collect();
-    assert_eq!(seen.ids, expected, "pyiceberg");
-    assert_eq!(seen.duckdb_ids, expected, "DuckDB");
+    let seen = every_id_once(lake, table, next).await;
     assert!(seen.unreferenced.is_empty(), "{:?}", seen.unreferenced);
     assert_eq!(
         common::checkpoints_in_two_snapshots(&seen.snapshots),
@@ -209,12 +204,18 @@ async fn catalog_hangs_at_start(lake: Lake, proxy_name: &str) {
     let next = committed_step(&mut running, sink, 0).await;
     running.close().await.unwrap();
     proxy.delete().await;
+    every_id_once(lake, table, next).await;
+}
+
+/// Reads `table` with pyiceberg and DuckDB, asserts that each holds the ids `0..next` once, and returns the read.
+async fn every_id_once(lake: Lake, table: String, next: i64) -> common::Seen {
     let seen = tokio::task::spawn_blocking(move || lake.read(&table))
         .await
         .unwrap();
     let expected: Vec<i64> = (0..next).collect();
     assert_eq!(seen.ids, expected, "pyiceberg");
     assert_eq!(seen.duckdb_ids, expected, "DuckDB");
+    seen
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

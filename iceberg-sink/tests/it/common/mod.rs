@@ -155,6 +155,14 @@ impl Lake {
         (catalog, namespace)
     }
 
+    /// The id of `table`'s (`namespace.name`) current snapshot, loaded from the catalog now.
+    pub async fn current_snapshot(&self, table: &str) -> Option<i64> {
+        let catalog = self.catalog.open("ratchet", &self.s3).await.unwrap();
+        let ident = iceberg::TableIdent::from_strs(table.split('.')).unwrap();
+        let loaded = catalog.load_table(&ident).await.unwrap();
+        loaded.metadata().current_snapshot_id()
+    }
+
     /// `namespace.name` for a table named after `parts`.
     pub fn table(&self, parts: &[&str]) -> String {
         let name: String = parts
