@@ -195,13 +195,7 @@ impl Proxy {
              (Shopify/toxiproxy#558): deleting the proxy and creating it again on {} (its connections close)",
             self.name, self.address
         );
-        self.toxiproxy
-            .call(
-                reqwest::Method::DELETE,
-                &format!("/proxies/{}", self.name),
-                None,
-            )
-            .await;
+        self.remove().await;
         self.toxiproxy
             .call(
                 reqwest::Method::POST,
@@ -307,6 +301,11 @@ impl Proxy {
 
     /// Removes the proxy (closing its connections).
     pub async fn delete(self) {
+        self.remove().await;
+    }
+
+    /// Toxiproxy's removal of the proxy: its listener and connections close.
+    async fn remove(&self) {
         self.toxiproxy
             .call(
                 reqwest::Method::DELETE,

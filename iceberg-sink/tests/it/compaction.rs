@@ -449,19 +449,9 @@ async fn left_out_compact_compacts_only_the_tables_the_sink_created() {
     test_support::Services::get();
     let dir = tempfile::tempdir().unwrap();
     let lake = Lake::sqlite_local(dir.path(), "defaults");
-    let (catalog, namespace) = lake.catalog_with_namespace().await;
-    let schema =
-        iceberg::arrow::arrow_schema_to_schema_auto_assign_ids(&conformance_schema()).unwrap();
-    catalog
-        .create_table(
-            &namespace,
-            iceberg::TableCreation::builder()
-                .name("foreign".into())
-                .schema(schema)
-                .build(),
-        )
-        .await
-        .unwrap();
+    let (catalog, _) = lake
+        .create_foreign_table("foreign", iceberg::spec::FormatVersion::V2, &[])
+        .await;
     for (name, created_by_sink) in [("created", true), ("foreign", false)] {
         let table = lake.table(&[name]);
         let config = lake.config(

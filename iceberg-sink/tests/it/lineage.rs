@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 use crate::common::Lake;
 use crate::common::appends::{ROWS, ids, java_ids, run};
 use connector_api::SinkId;
-use iceberg::TableCreation;
 use iceberg::spec::FormatVersion;
 use iceberg_sink::{MANIFEST_MERGE_ENABLED, MANIFEST_MIN_COUNT_TO_MERGE};
 use ratchet_conformance::conformance_schema;
@@ -36,25 +35,16 @@ async fn a_v3_tables_rows_keep_their_row_ids_through_the_sinks_manifest_merges()
     test_support::Services::get();
     let dir = tempfile::tempdir().unwrap();
     let lake = Lake::sqlite_local(dir.path(), "lineage");
-    let (catalog, namespace) = lake.catalog_with_namespace().await;
-    let schema =
-        iceberg::arrow::arrow_schema_to_schema_auto_assign_ids(&conformance_schema()).unwrap();
-    catalog
-        .create_table(
-            &namespace,
-            TableCreation::builder()
-                .name("v3".into())
-                .schema(schema)
-                .format_version(FormatVersion::V3)
-                .properties([
-                    (MANIFEST_MERGE_ENABLED.to_string(), "true".to_string()),
-                    (MANIFEST_MIN_COUNT_TO_MERGE.to_string(), "3".to_string()),
-                ])
-                .build(),
+    let (_, table) = lake
+        .create_foreign_table(
+            "v3",
+            FormatVersion::V3,
+            &[
+                (MANIFEST_MERGE_ENABLED, "true"),
+                (MANIFEST_MIN_COUNT_TO_MERGE, "3"),
+            ],
         )
-        .await
-        .unwrap();
-    let table = lake.table(&["v3"]);
+        .await;
     let config = lake.config(
         "lineage",
         &SinkId::new("lake").unwrap(),

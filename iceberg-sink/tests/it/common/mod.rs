@@ -155,6 +155,39 @@ impl Lake {
         (catalog, namespace)
     }
 
+    /// Creates `name` in the lake's namespace from the conformance schema with iceberg-rust's own `create_table`,
+    /// as another tool would (no `ratchet.*` property), of format `version` with `properties`; returns the
+    /// catalog it opened and the table's `namespace.name`.
+    pub async fn create_foreign_table(
+        &self,
+        name: &str,
+        version: iceberg::spec::FormatVersion,
+        properties: &[(&str, &str)],
+    ) -> (std::sync::Arc<dyn iceberg::Catalog>, String) {
+        let (catalog, namespace) = self.catalog_with_namespace().await;
+        let schema = iceberg::arrow::arrow_schema_to_schema_auto_assign_ids(
+            &ratchet_conformance::conformance_schema(),
+        )
+        .unwrap();
+        catalog
+            .create_table(
+                &namespace,
+                iceberg::TableCreation::builder()
+                    .name(name.into())
+                    .schema(schema)
+                    .format_version(version)
+                    .properties(
+                        properties
+                            .iter()
+                            .map(|(k, v)| (k.to_string(), v.to_string())),
+                    )
+                    .build(),
+            )
+            .await
+            .unwrap();
+        (catalog, self.table(&[name]))
+    }
+
     /// The id of `table`'s (`namespace.name`) current snapshot, loaded from the catalog now.
     pub async fn current_snapshot(&self, table: &str) -> Option<i64> {
         let catalog = self.catalog.open("ratchet", &self.s3).await.unwrap();
