@@ -17,9 +17,7 @@
 
 use crate::common;
 
-use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use common::Lake;
@@ -200,17 +198,13 @@ async fn child() {
 /// Runs [`child`] (subtask 0 of the SQLite lake in `dir`, its store in `dir/state`) until it kills itself with
 /// SIGKILL at `step`.
 fn killed_at(dir: &Path, table: &str, step: &str) {
-    let status = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "maintenance::child", "--nocapture"])
-        .env(CHILD_DIR, dir)
-        .env(CHILD_TABLE, table)
-        .env(iceberg_sink::KILL_VARIABLE, step)
-        .status()
-        .unwrap();
-    assert_eq!(
-        status.signal(),
-        Some(9),
-        "{step}: the child should have killed itself at the step ({status})"
+    common::killed_child(
+        "maintenance::child",
+        &[
+            (CHILD_DIR, &dir.display().to_string()),
+            (CHILD_TABLE, table),
+        ],
+        step,
     );
 }
 

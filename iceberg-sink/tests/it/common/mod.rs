@@ -564,6 +564,23 @@ pub struct Seen {
     pub unreferenced: Vec<String>,
 }
 
+/// Runs the test `test` of this binary (a child that reads its setup from `env`) with the drill at `step`, and
+/// asserts that it killed itself there with SIGKILL.
+pub fn killed_child(test: &str, env: &[(&str, &str)], step: &str) {
+    use std::os::unix::process::ExitStatusExt;
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture"])
+        .envs(env.iter().copied())
+        .env(iceberg_sink::KILL_VARIABLE, step)
+        .status()
+        .unwrap();
+    assert_eq!(
+        status.signal(),
+        Some(9),
+        "{step}: the child {test} should have killed itself at the step ({status})"
+    );
+}
+
 /// The next offset the last decided checkpoint in the local store under `state` records (its only partition).
 pub async fn decided_offset(state: &Path) -> i64 {
     use connector_api::CheckpointStore;
