@@ -186,6 +186,95 @@ async fn a_stop_during_a_rebalance_ends_promptly() {
     println!("stopped {took:?} after SIGTERM during a rebalance");
 }
 
+/// A stop while the group waits for a member that does not rejoin (a consumer of the job's group that stopped
+/// polling: its rebalance timeout is 120 s) ends each process promptly, instead of waiting that rebalance out: the
+/// newcomer (its JoinGroup held by the coordinator) and the old member (its subtasks revoked and stopped, its
+/// rejoin held). librdkafka 2.12 abandons a held JoinGroup when the consumer closes (both stop in well under a
+/// second here); whatever else holds a close is cut at `CLOSE_BOUND` (10 s, `membership/kafka_group.rs`).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stop_while_the_group_waits_for_a_silent_member_ends_within_the_close_bound() {
+    use rdkafka::ClientConfig;
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+
+    let mut job = Job::new("groupsilent", 3, 3, "6s").await;
+    job.edit_config(
+        "lease = \"6s\"",
+        "lease = \"6s\"\nmembership = \"kafka-group\"",
+    );
+    job.produce(300).await;
+    let mut a = job.spawn_worker(&["--member", "a"]);
+    job.wait_delivered(Duration::from_secs(120));
+
+    // The silent member: joins the group with the workers' protocol and assignor, then stops polling (its
+    // heartbeats go on, so the coordinator waits for its rejoin up to its rebalance timeout).
+    let silent: BaseConsumer = ClientConfig::new()
+        .set(
+            "bootstrap.servers",
+            test_support::Services::get().kafka_bootstrap(),
+        )
+        .set("group.id", format!("ratchet.{}.members", job.name))
+        .set("partition.assignment.strategy", "range")
+        .set("session.timeout.ms", "30000")
+        .set("max.poll.interval.ms", "120000")
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    silent
+        .subscribe(&[&format!("ratchet.{}.subtasks", job.name)])
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while silent.assignment().unwrap().count() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the silent member was assigned nothing:\n{}",
+            a.log_text()
+        );
+        silent.poll(Duration::from_millis(100));
+    }
+    a.wait_logged(
+        "assigned subtasks to this process",
+        2,
+        Duration::from_secs(60),
+    );
+
+    // A newcomer starts a rebalance the silent member never answers; `a` revokes, stops its subtasks and rejoins.
+    let mut b = job.spawn_worker(&["--member", "b"]);
+    b.wait_logged("joining the job's Kafka group", 1, Duration::from_secs(60));
+    a.wait_logged("revokes subtasks", 2, Duration::from_secs(60));
+    std::thread::sleep(Duration::from_secs(3));
+    let mut took = Vec::new();
+    for (name, worker) in [("b", &mut b), ("a", &mut a)] {
+        worker.signal(Signal::SIGTERM);
+        let stopping = Instant::now();
+        let deadline = stopping + Duration::from_secs(90);
+        while worker.exited().is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "{name}: no exit within 90 s:\n{}",
+                worker.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let stopped = stopping.elapsed();
+        assert!(
+            stopped < Duration::from_secs(25),
+            "{name}: the stop while the group waited for a silent member took {stopped:?}:\n{}",
+            worker.log_text()
+        );
+        worker.child = None;
+        took.push((name, stopped));
+    }
+    drop(silent);
+
+    // Whatever was in flight lands once: a last run in lease mode recovers every subtask.
+    job.produce(100).await;
+    job.edit_config("membership = \"kafka-group\"", "membership = \"leases\"");
+    job.spawn_worker(&["--exit-when-idle", "2s"])
+        .wait_exit(Duration::from_secs(120));
+    job.assert_exactly_once();
+    println!("stops while the group waited for a silent member: {took:?}");
+}
+
 /// The (empty) coordination topic deleted under running members: it is created again and the group assigns every
 /// subtask again, instead of stalling with none running; the records produced meanwhile land once.
 #[tokio::test(flavor = "multi_thread")]
