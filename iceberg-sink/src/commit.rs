@@ -883,6 +883,8 @@ impl IcebergCommitter {
                 (table, files)
             }
         };
+        self.check_files_exist(&table, key, epoch, committable)
+            .await?;
         let replacement = match &committable.compaction {
             Some(compaction) => self.replacement(&table, compaction).await?,
             None => None,
@@ -899,6 +901,107 @@ impl IcebergCommitter {
             .await
     }
 
+    /// Checks, before a checkpoint the ledger in `table` does not show yet is committed, that its files still exist.
+    /// No snapshot references them until that commit, so a foreign orphan removal whose cut-off is shorter than the
+    /// time between the pre-commit and the commit (a subtask down, a catalog that kept failing, a paused process:
+    /// Spark's `remove_orphan_files`, a bucket lifecycle rule) may have deleted them, and committing would make
+    /// every reader of the table fail on the missing file. A checkpoint the table already shows is not checked (its
+    /// files may since have been compacted and removed legitimately), nor one of an instance that was fenced: a
+    /// file found missing is checked against a fresh load first, since a newer instance's recovery deletes the
+    /// files of an older one's uncommitted checkpoint (the commit then reports the fence, or that the checkpoint is
+    /// in the table).
+    ///
+    /// # Errors
+    /// [`Fatal`](ErrorKind::Fatal), naming the missing file, its checkpoint and the likely cause (nothing is
+    /// committed: the table stays readable); [`Retryable`](ErrorKind::Retryable) when the storage or the catalog
+    /// does not answer within `commit_timeout`.
+    async fn check_files_exist(
+        &self,
+        table: &Table,
+        key: &SubtaskKey,
+        epoch: u64,
+        committable: &IcebergCommittable,
+    ) -> Result<()> {
+        let uncommitted = |table: &Table| {
+            let state = key.state(&table.metadata_ref());
+            state.epoch == epoch
+                && state
+                    .checkpoint
+                    .is_none_or(|last| last < committable.checkpoint)
+        };
+        if !uncommitted(table) {
+            return Ok(());
+        }
+        let Some(missing) = self.first_missing(table, committable).await? else {
+            return Ok(());
+        };
+        let fresh = self.target.load(Phase::Commit).await?;
+        if !uncommitted(&fresh) {
+            return Ok(());
+        }
+        Err(self.gone(committable, missing))
+    }
+
+    /// The first file of `committable` that does not exist, each asked within `commit_timeout`.
+    ///
+    /// # Errors
+    /// [`Retryable`](ErrorKind::Retryable) when the storage does not answer in time; its own errors, classified.
+    pub(crate) async fn first_missing<'c>(
+        &self,
+        table: &Table,
+        committable: &'c IcebergCommittable,
+    ) -> Result<Option<&'c str>> {
+        for file in &committable.files {
+            if !self.exists(table, &file.path).await? {
+                return Ok(Some(&file.path));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The fatal error of a decided checkpoint whose file `missing` is gone before its commit.
+    pub(crate) fn gone(&self, committable: &IcebergCommittable, missing: &str) -> Error {
+        Error::new(
+            ErrorKind::Fatal,
+            Phase::Commit,
+            format!(
+                "file {missing} of checkpoint {} (subtask {}, decided, not yet in table {}) is gone: something \
+                 deleted it while no snapshot referenced it, such as Spark's remove_orphan_files or a storage \
+                 lifecycle rule with a cut-off shorter than the time between this checkpoint's pre-commit and its \
+                 commit (a subtask down, a catalog that kept failing). Committing would make the table unreadable, \
+                 so nothing was committed. Restore the file (from the storage's versioning or a backup) and start \
+                 again; otherwise that checkpoint's records are missing from the table and must be replayed from \
+                 the source. Keep foreign orphan removal's cut-off longer than any subtask may stay down \
+                 (docs/worker.md)",
+                committable.checkpoint.0, committable.subtask, self.target.table
+            ),
+        )
+    }
+
+    /// Whether `path` exists, asked within `commit_timeout`.
+    ///
+    /// # Errors
+    /// [`Retryable`](ErrorKind::Retryable) when the storage does not answer in time; its own errors, classified.
+    async fn exists(&self, table: &Table, path: &str) -> Result<bool> {
+        let timed_out = || {
+            format!(
+                "checking that {path} exists got no answer within {:?}",
+                self.target.commit_timeout
+            )
+        };
+        connector_api::bounded(
+            self.target.commit_timeout,
+            (ErrorKind::Retryable, Phase::Commit),
+            timed_out,
+            async {
+                table.file_io().exists(path).await.map_err(|e| {
+                    iceberg_error(Phase::Commit, format!("cannot check that {path} exists"), e)
+                })
+            },
+        )
+        .await
+    }
+
     /// The compaction a committable carries, to commit with it; `None` (logged) when one of its outputs is gone
     /// (a foreign orphan removal with a short cut-off deleted it while nothing referenced it): its inputs still
     /// hold the rows, so the checkpoint is committed without it. Each existence check is bounded by
@@ -913,29 +1016,7 @@ impl IcebergCommitter {
         compaction: &CompactedFiles,
     ) -> Result<Option<Replacement>> {
         for output in &compaction.outputs {
-            let exists = tokio::time::timeout(
-                self.target.commit_timeout,
-                table.file_io().exists(&output.path),
-            )
-            .await
-            .map_err(|_| {
-                Error::new(
-                    ErrorKind::Retryable,
-                    Phase::Commit,
-                    format!(
-                        "checking that compacted file {} exists got no answer within {:?}",
-                        output.path, self.target.commit_timeout
-                    ),
-                )
-            })?
-            .map_err(|e| {
-                iceberg_error(
-                    Phase::Commit,
-                    format!("cannot check that {} exists", output.path),
-                    e,
-                )
-            })?;
-            if !exists {
+            if !self.exists(table, &output.path).await? {
                 tracing::warn!(
                     table = %self.target.table,
                     file = %output.path,

@@ -7,8 +7,8 @@ use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 
 use connector_api::{
-    CheckpointId, Error, ErrorKind, Fence, FenceOrder, OpenTransaction, Phase, RecoveryPlan,
-    Resolution, Result,
+    CheckpointId, Error, Fence, FenceOrder, OpenTransaction, Phase, RecoveryPlan, Resolution,
+    Result,
 };
 
 use crate::cleanup::{delete_unreferenced_files, unreferenced_files};
@@ -22,67 +22,6 @@ use crate::sink::IcebergSink;
 /// How many `commit_timeout`s the orphan sweep may take (it lists two directories and reads every retained
 /// manifest).
 const SWEEP_TIMEOUTS: u32 = 10;
-
-/// Checks, before recovery commits them, that the files of the restored checkpoints the table does not show yet
-/// still exist. No snapshot references them until that commit, so a foreign orphan removal whose cut-off is
-/// shorter than the time the subtask was down (Spark's `remove_orphan_files`, or a bucket lifecycle rule) may
-/// have deleted them; committing would make every reader of the table fail on a missing file. Each check is
-/// bounded by `timeout`.
-///
-/// # Errors
-/// [`Fatal`](connector_api::ErrorKind::Fatal), naming the missing file, its checkpoint and the likely cause (the
-/// commit is not made: the table stays readable); [`Retryable`](connector_api::ErrorKind::Retryable) when the
-/// storage does not answer within `timeout`.
-async fn restored_files_exist(
-    table: &iceberg::table::Table,
-    commit: &[IcebergCommittable],
-    timeout: std::time::Duration,
-) -> Result<()> {
-    for committable in commit {
-        for file in &committable.files {
-            let exists =
-                match tokio::time::timeout(timeout, table.file_io().exists(&file.path)).await {
-                    Ok(exists) => exists.map_err(|e| {
-                        crate::error::iceberg_error(
-                            Phase::Recover,
-                            format!("cannot check that {} exists", file.path),
-                            e,
-                        )
-                    })?,
-                    Err(_) => {
-                        return Err(Error::new(
-                            ErrorKind::Retryable,
-                            Phase::Recover,
-                            format!(
-                                "checking that {} exists got no answer within {timeout:?}",
-                                file.path
-                            ),
-                        ));
-                    }
-                };
-            if !exists {
-                return Err(Error::new(
-                    ErrorKind::Fatal,
-                    Phase::Recover,
-                    format!(
-                        "file {} of checkpoint {} (subtask {}, decided, not yet in table {}) is gone: something \
-                         deleted it while no snapshot referenced it, such as Spark's remove_orphan_files or a \
-                         storage lifecycle rule with a cut-off shorter than the time this subtask was down. \
-                         Committing would make the table unreadable, so nothing was committed. Restore the file \
-                         (from the storage's versioning or a backup) and start again; otherwise that checkpoint's \
-                         records are missing from the table and must be replayed from the source. Keep foreign \
-                         orphan removal's cut-off longer than any subtask may stay down (docs/worker.md)",
-                        file.path,
-                        committable.checkpoint.0,
-                        committable.subtask,
-                        table.identifier()
-                    ),
-                ));
-            }
-        }
-    }
-    Ok(())
-}
 
 impl IcebergSink {
     /// Found: the subtask's data files that no snapshot references, and those of every other subtask whose
@@ -164,8 +103,14 @@ impl IcebergSink {
         self.carried_checkpoints = 0;
         self.pre_committed = None;
         if !plan.commit.is_empty() {
+            // Before the epoch is raised: a restored checkpoint with a file gone leaves the table as it was. Each
+            // commit checks its files again (a deleter may still be at work).
             let table = self.committer.target.load(Phase::Recover).await?;
-            restored_files_exist(&table, &plan.commit, self.config.commit_timeout).await?;
+            for committable in &plan.commit {
+                if let Some(missing) = self.committer.first_missing(&table, committable).await? {
+                    return Err(context(self.committer.gone(committable, missing)));
+                }
+            }
         }
         for key in self.recovered_keys(&plan.commit) {
             connector_api::ensure_claim_held("raising the Iceberg ledger's epoch").await?;

@@ -195,3 +195,74 @@ async fn a_stale_instance_never_deletes_the_files_a_newer_instance_pre_committed
     assert_eq!(seen.ids, (0..30).collect::<Vec<_>>());
     assert_eq!(seen.duckdb_ids, seen.ids);
 }
+
+/// A decided checkpoint whose data file is deleted before its commit (as a foreign orphan removal with a cut-off
+/// shorter than a stalled commit would) is refused by name and the table stays as it was; a checkpoint the table
+/// already shows is committed again without the check (its files may have been compacted away since); and a
+/// zombie whose uncommitted files a newer instance's recovery deleted is told it was fenced, not that a file is
+/// gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_gone_before_its_commit_is_refused_naming_it_unless_committed_or_fenced() {
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::sqlite_local(dir.path(), "vanished");
+    let table = lake.table(&["orders"]);
+    commit_checkpoint(&lake, &table, 1, 0..20, &["eu"]).await;
+    let local = |path: &str| std::path::PathBuf::from(path.strip_prefix("file://").unwrap());
+
+    let mut sink = self::sink(&lake, &table).await;
+    sink.recover(None).await.unwrap();
+    sink.begin(CheckpointId(2)).await.unwrap();
+    sink.write(&rows(20..40, &["eu"])).await.unwrap();
+    let decided = sink.pre_commit(CheckpointId(2)).await.unwrap();
+    let gone = &decided.files[0].path;
+    std::fs::remove_file(local(gone)).unwrap();
+    let refused = sink
+        .committer()
+        .commit(vec![decided.clone()])
+        .await
+        .unwrap_err();
+    let said = connector_api::Report(&refused).to_string();
+    assert_eq!(refused.kind(), ErrorKind::Fatal, "{said}");
+    assert!(
+        said.contains(gone.rsplit('/').next().unwrap()) && said.contains("remove_orphan_files"),
+        "{said}"
+    );
+    assert_eq!(read(&lake, &table).await.ids, (0..20).collect::<Vec<_>>());
+
+    // Committed, then its file moved away: committing it again finds it in the table and checks nothing.
+    let mut sink = self::sink(&lake, &table).await;
+    sink.recover(None).await.unwrap();
+    sink.begin(CheckpointId(3)).await.unwrap();
+    sink.write(&rows(40..60, &["eu"])).await.unwrap();
+    let committed = sink.pre_commit(CheckpointId(3)).await.unwrap();
+    sink.committer()
+        .commit(vec![committed.clone()])
+        .await
+        .unwrap();
+    let moved = local(&committed.files[0].path);
+    let aside = moved.with_extension("aside");
+    std::fs::rename(&moved, &aside).unwrap();
+    sink.committer().commit(vec![committed]).await.unwrap();
+    std::fs::rename(&aside, &moved).unwrap();
+
+    // A zombie pre-commits; a newer instance recovers the subtask and deletes the zombie's unreferenced files.
+    sink.begin(CheckpointId(4)).await.unwrap();
+    sink.write(&rows(60..80, &["eu"])).await.unwrap();
+    let zombie = sink.pre_commit(CheckpointId(4)).await.unwrap();
+    self::sink(&lake, &table).await.recover(None).await.unwrap();
+    assert!(!local(&zombie.files[0].path).exists(), "recovery's cleanup");
+    let fenced = sink.committer().commit(vec![zombie]).await.unwrap_err();
+    assert_eq!(
+        fenced.kind(),
+        ErrorKind::Fenced,
+        "{}",
+        connector_api::Report(&fenced)
+    );
+    let seen = read(&lake, &table).await;
+    assert_eq!(
+        seen.ids,
+        (0..20).chain(40..60).collect::<Vec<_>>(),
+        "checkpoints 1 and 3 once"
+    );
+    assert_eq!(seen.duckdb_ids, seen.ids);
+}
