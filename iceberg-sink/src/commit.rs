@@ -39,6 +39,7 @@ use crate::committable::CompactedFiles;
 use crate::committable::IcebergCommittable;
 use crate::committable::decode_files;
 use crate::config::CatalogConfig;
+use crate::dv_commit::merge_with_table;
 use crate::error::iceberg_error;
 use crate::guarded::{Check, GuardedCatalog, Planned, Verdict};
 use crate::ledger::{SubtaskKey, SubtaskState};
@@ -584,14 +585,31 @@ impl TableTarget {
                 }
                 _ => Vec::new(),
             };
-            let chosen = choose_deletes(&base, key, deletes.files, deletes.based_on);
+            let mut chosen = choose_deletes(&base, key, deletes.files, deletes.based_on);
             if let (false, Some(snapshot)) =
                 (chosen.commit.is_empty(), planned_snapshot.as_deref_mut())
             {
-                let delta = add_delete_files(&base, snapshot, manifests, &chosen.commit).await?;
+                // A format-version 3 table's deletion vectors replace the base's for the same data files.
+                let vectors = merge_with_table(&base, snapshot, manifests, &chosen.commit).await?;
+                let delta = add_delete_files(
+                    &base,
+                    snapshot,
+                    vectors.manifests,
+                    (&vectors.deletes, &vectors.removed),
+                )
+                .await;
+                let delta = match delta {
+                    Ok(delta) => delta,
+                    Err(e) => {
+                        discard(&base, &vectors.written).await;
+                        return Err(e);
+                    }
+                };
                 *snapshot = delta.snapshot;
                 manifests = delta.manifests;
-                written = delta.written;
+                written = vectors.written;
+                written.extend(delta.written);
+                chosen.unused.extend(vectors.unused);
             }
             if let (Some(replacing), Some(snapshot)) =
                 (replacement, planned_snapshot.as_deref_mut())

@@ -63,8 +63,7 @@ impl EqualityDeletes {
     ///
     /// # Errors
     /// [`Config`](ErrorKind::Config) naming the table and what to change when the table cannot take them: a
-    /// format-version 1 table (no delete files) or a version 3 one (its updates should be deletion vectors and keep
-    /// the updated rows' `_row_id`: planned), a key column the
+    /// format-version 1 table (no delete files), a key column the
     /// table does not have, or one that is not a primitive, non floating-point column (the spec's rule for
     /// equality fields).
     pub(crate) fn of(table: &Table, key: &[String]) -> Result<Self> {
@@ -77,23 +76,12 @@ impl EqualityDeletes {
                 format!("upsert_key: table {name} {why}"),
             )
         };
-        match metadata.format_version() {
-            FormatVersion::V2 => {}
-            FormatVersion::V1 => {
-                return Err(refuse(
-                    "is an Iceberg format-version 1 table, which has no delete files: upgrade it to version 2 \
-                     (format-version = 2) or write without upsert_key (a changelog)"
-                        .into(),
-                ));
-            }
-            version => {
-                return Err(refuse(format!(
-                    "is an Iceberg format-version {version} table; Ratchet upserts into version 2 tables only \
-                     (version 3 updates are deletion vectors that keep each updated row's _row_id: planned): \
-                     write it without upsert_key (appends and changelogs work on version 3), or upsert into a \
-                     version 2 table"
-                )));
-            }
+        if metadata.format_version() == FormatVersion::V1 {
+            return Err(refuse(
+                "is an Iceberg format-version 1 table, which has no delete files: upgrade it to version 2 \
+                 (format-version = 2) or write without upsert_key (a changelog)"
+                    .into(),
+            ));
         }
         if key.is_empty() {
             return Err(refuse("was given no key column".into()));

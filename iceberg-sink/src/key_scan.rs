@@ -8,7 +8,7 @@
 //! wins; rows the snapshot's position-delete files delete are skipped. Equality deletes (a table written with
 //! `upsert_deletes = "equality"`, or by another engine) are not read: the row they delete is older than the key's
 //! live row, which wins by its sequence number, and a key they deleted for good points at a deleted row, which a
-//! later delete of it leaves deleted. Deletion vectors (format version 3) are refused (planned).
+//! later delete of it leaves deleted. Deletion vectors (format version 3) are read like position-delete files.
 //!
 //! # Catch-up
 //! The snapshots between the current one and the one the index shows are walked back through their parents.
@@ -73,8 +73,8 @@ pub(crate) async fn within(
 /// removed data files, else a rebuild (module docs). `own` is this subtask, whose snapshots are skipped.
 ///
 /// # Errors
-/// Retryable storage errors reading manifests and data files; [`Config`](ErrorKind::Config) for a table with
-/// deletion vectors.
+/// Retryable storage errors reading manifests, delete files and data files; [`Config`](ErrorKind::Config) for a
+/// position-delete file the index cannot read.
 pub(crate) async fn catch_up(
     index: &mut KeyIndex,
     table: &Table,
@@ -292,10 +292,12 @@ async fn entries_of(
     Ok(entries)
 }
 
-/// The positions the position-delete files among `entries` delete, per data file path (sorted).
+/// The positions the position-delete files and deletion vectors among `entries` delete, per data file path
+/// (sorted).
 ///
 /// # Errors
-/// [`Config`](ErrorKind::Config) for a deletion vector (format version 3: planned); storage errors.
+/// [`Config`](ErrorKind::Config) for a position-delete file in a format other than Parquet and Puffin; storage
+/// errors; a deletion vector that does not decode.
 async fn deleted_positions(
     table: &Table,
     entries: &[(i32, ManifestEntryRef)],
@@ -306,13 +308,28 @@ async fn deleted_positions(
         .iter()
         .filter(|(_, e)| e.content_type() == DataContentType::PositionDeletes)
     {
+        if crate::deletion_vectors::is_deletion_vector(entry.data_file())
+            && let Some(data_file) = entry.data_file().referenced_data_file()
+        {
+            let positions = crate::deletion_vectors::read(table, entry.data_file())
+                .await
+                .map_err(|e| {
+                    iceberg_error(
+                        phase,
+                        format!("cannot read deletion vector {}", entry.file_path()),
+                        e,
+                    )
+                })?;
+            deleted.entry(data_file).or_default().extend(positions);
+            continue;
+        }
         if entry.file_format() != DataFileFormat::Parquet {
             return Err(Error::new(
                 ErrorKind::Config,
                 phase,
                 format!(
-                    "table {} has a {:?} position-delete file ({}): deletion vectors are not read by the key index \
-                     (planned); set upsert_deletes = \"equality\"",
+                    "table {} has a {:?} position-delete file ({}), which the key index cannot read; set \
+                     upsert_deletes = \"equality\"",
                     table.identifier(),
                     entry.file_format(),
                     entry.file_path()

@@ -28,11 +28,13 @@
 //! engine that reads format-version 2 deletes (pyiceberg and DuckDB too); equality deletes need one that applies
 //! them (Spark, Trino, Flink, Iceberg's Java library; pyiceberg 0.12 refuses them, DuckDB 1.4.4 misreads them).
 //! Format-version 2 tables (partitioned by any column with position deletes: a delete is filed under the replaced
-//! row's partition; unpartitioned with equality deletes), `commit_every = 1`; the checkpoint's rows are held in
+//! row's partition; unpartitioned with equality deletes) and format-version 3 tables (deletion vectors in Puffin
+//! files instead of position-delete files, each merged with the data file's earlier vector at the commit:
+//! `deletion_vectors.rs`, `dv_commit.rs`), `commit_every = 1`; the checkpoint's rows are held in
 //! memory until its pre-commit, and the key index holds every key of the table.
 //!
 //! # Not supported by iceberg-rust 0.10 (and not built here)
-//! Position-delete and deletion-vector writers (written here: `position_deletes.rs`; deletion vectors are planned),
+//! Position-delete and deletion-vector writers (written here: `position_deletes.rs`, `deletion_vectors.rs`),
 //! overwrite and compaction of data files (compaction of append tables written here: `compaction.rs`,
 //! `replace.rs`); orphan-file cleanup of other writers' files; custom commit conditions
 //! (worked around by checking the load a commit is built on).
@@ -61,6 +63,8 @@ mod committable;
 mod compact_policy;
 mod compaction;
 mod config;
+mod deletion_vectors;
+mod dv_commit;
 mod equality_deletes;
 mod error;
 mod evolve;

@@ -1,4 +1,5 @@
-//! Position-delete files of the upsert mode (`upsert_deletes = "position"`, format-version 2 tables): Parquet
+//! Position-delete files of the upsert mode (`upsert_deletes = "position"`, format-version 2 tables; version 3
+//! tables get deletion vectors instead, [`crate::deletion_vectors`]): Parquet
 //! files of (`file_path`, `pos`) rows, the data file and position of every row a checkpoint's upserts and deletes
 //! replace ([`crate::key_index`]), sorted by path then position as the spec requires. Committed in the snapshot
 //! that adds the checkpoint's new rows (a row delta, [`crate::row_delta`]); a position delete applies to data
@@ -13,7 +14,9 @@ use std::sync::Arc;
 use arrow_array::{Int64Array, RecordBatch, StringArray};
 use connector_api::{Phase, Result};
 use iceberg::metadata_columns::{delete_file_path_field, delete_file_pos_field};
-use iceberg::spec::{DataContentType, DataFile, DataFileFormat, PartitionKey, Schema, Struct};
+use iceberg::spec::{
+    DataContentType, DataFile, DataFileFormat, FormatVersion, PartitionKey, Schema, Struct,
+};
 use iceberg::table::Table;
 use iceberg::writer::file_writer::ParquetWriterBuilder;
 use iceberg::writer::file_writer::location_generator::DefaultFileNameGenerator;
@@ -21,6 +24,7 @@ use iceberg::writer::file_writer::rolling_writer::RollingFileWriterBuilder;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 
+use crate::deletion_vectors::Target;
 use crate::error::iceberg_error;
 use crate::key_index::IndexedFile;
 use crate::location::EscapedLocations;
@@ -28,12 +32,16 @@ use crate::location::EscapedLocations;
 /// The suffix of a position-delete file's name: `<data file prefix>-<n>-posdel.parquet`.
 const FILE_SUFFIX: &str = "posdel";
 
+/// The suffix of a checkpoint's deletion vectors' Puffin file: `<data file prefix>-dv.puffin`.
+const VECTORS_SUFFIX: &str = "dv";
+
 /// The rows to delete: data file → positions (any order, no duplicates needed).
 pub(crate) type DeletedRows = HashMap<Arc<IndexedFile>, Vec<u64>>;
 
 /// Writes `deleted` as position-delete files named `<file_prefix>-<n>-posdel.parquet`, one per partition of the
-/// data files they name (under that partition's directory, filed under it), rolling past `target_file_size`;
-/// nothing when empty.
+/// data files they name (under that partition's directory, filed under it), rolling past `target_file_size`; on
+/// a format-version 3 table as deletion vectors instead, one per data file, in one Puffin file
+/// `<file_prefix>-dv.puffin` in the table's data directory; nothing when empty.
 ///
 /// # Errors
 /// [`Config`](connector_api::ErrorKind::Config) naming the data file when a row to delete lives in a file of a
@@ -48,6 +56,7 @@ pub(crate) async fn write_position_deletes(
     let metadata = table.metadata();
     let spec = metadata.default_partition_spec();
     let mut by_partition: HashMap<&Struct, BTreeMap<&str, Vec<u64>>> = HashMap::new();
+    let mut vectors = Vec::new();
     for (file, positions) in deleted.iter().filter(|(_, p)| !p.is_empty()) {
         if file.spec_id != spec.spec_id() {
             return Err(connector_api::Error::new(
@@ -64,10 +73,28 @@ pub(crate) async fn write_position_deletes(
                 ),
             ));
         }
+        if metadata.format_version() == FormatVersion::V3 {
+            let target = Target {
+                data_file: file.path.clone(),
+                spec_id: file.spec_id,
+                partition: file.partition.clone(),
+            };
+            vectors.push((target, positions.iter().copied().collect()));
+            continue;
+        }
         by_partition
             .entry(&file.partition)
             .or_default()
             .insert(&file.path, positions.clone());
+    }
+    if !vectors.is_empty() {
+        let path = format!(
+            "{}/{file_prefix}-{VECTORS_SUFFIX}.puffin",
+            crate::location::data_location(metadata)
+        );
+        return crate::deletion_vectors::write(table, &path, &vectors)
+            .await
+            .map_err(|e| iceberg_error(Phase::PreCommit, "cannot write deletion vectors", e));
     }
     let mut files = Vec::new();
     for (partition, rows) in by_partition {

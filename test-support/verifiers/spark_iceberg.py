@@ -147,6 +147,29 @@ def rewrite(db: str, warehouse: str, table: str) -> None:
     spark.stop()
 
 
+def delete(db: str, warehouse: str, table: str, where: str) -> None:
+    """A `DELETE FROM <table> WHERE <where>` (another writer: on a merge-on-read format-version 3 table Spark writes
+    a deletion vector); prints the delete files live after it."""
+    spark = session(db, warehouse)
+    name = f"{CATALOG}.{table}"
+    spark.sql(f"DELETE FROM {name} WHERE {where}")
+    json.dump({"delete_files": live_delete_files(spark, name)}, sys.stdout)
+    spark.stop()
+
+
+def delete_files(db: str, warehouse: str, table: str) -> None:
+    """The delete files of the current snapshot, as Spark's `delete_files` metadata table lists them."""
+    spark = session(db, warehouse)
+    json.dump({"delete_files": live_delete_files(spark, f"{CATALOG}.{table}")}, sys.stdout)
+    spark.stop()
+
+
+def live_delete_files(spark, name: str) -> list:
+    rows = spark.sql(f"SELECT content, file_path, file_format, referenced_data_file, record_count, content_offset "
+                     f"FROM {name}.delete_files").collect()
+    return [row.asDict() for row in rows]
+
+
 def lost_race(procedure: str, error: Exception) -> bool:
     text = str(error)
     return any(marker in text for marker in LOST_RACE[procedure])
@@ -235,4 +258,5 @@ def maintain(db: str, warehouse: str, table: str, stop_file: str, orphan_cutoff_
 if __name__ == "__main__":
     command, *args = sys.argv[1:]
     os.environ.setdefault("TZ", "UTC")
-    {"read": read, "lineage": lineage, "maintain": maintain, "scan": scan, "rewrite": rewrite}[command](*args)
+    {"read": read, "lineage": lineage, "maintain": maintain, "scan": scan, "rewrite": rewrite, "delete": delete,
+     "delete_files": delete_files}[command](*args)

@@ -15,3 +15,4 @@ mod races;
 mod tables;
 mod types;
 mod upsert;
+mod vectors;

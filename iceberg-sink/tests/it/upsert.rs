@@ -44,12 +44,12 @@ const CHILD_DIR: &str = "RATCHET_ICEBERG_UPSERT_CHILD";
 const CHILD_TABLE: &str = "RATCHET_ICEBERG_UPSERT_TABLE";
 const CHILD_DELETES: &str = "RATCHET_ICEBERG_UPSERT_DELETES";
 /// Changes per checkpoint.
-const CHANGES: i64 = 30;
+pub(crate) const CHANGES: i64 = 30;
 /// Keys per subtask: each key changes 2-3 times per checkpoint.
 const KEYS: i64 = 12;
 
 /// A Debezium-like change stream: the row (`id`, `v`) and the operation column marked as a change column.
-fn change_schema() -> SchemaRef {
+pub(crate) fn change_schema() -> SchemaRef {
     let op = Field::new(OP_COLUMN, DataType::Utf8, false).with_metadata(HashMap::from([(
         CHANGE_COLUMN.to_string(),
         "op".to_string(),
@@ -76,7 +76,7 @@ fn change(subtask: u32, n: i64) -> (i64, &'static str, String) {
 }
 
 /// The changes at `offsets` of `subtask`.
-fn changes(subtask: u32, offsets: std::ops::Range<i64>) -> RecordBatch {
+pub(crate) fn changes(subtask: u32, offsets: std::ops::Range<i64>) -> RecordBatch {
     let rows: Vec<_> = offsets.map(|n| change(subtask, n)).collect();
     RecordBatch::try_new(
         change_schema(),
@@ -92,7 +92,7 @@ fn changes(subtask: u32, offsets: std::ops::Range<i64>) -> RecordBatch {
 }
 
 /// The table a run of `subtask` up to offset `upto` must leave: each key's last change, unless a delete.
-fn expected(subtasks: &[(u32, i64)]) -> BTreeMap<i64, String> {
+pub(crate) fn expected(subtasks: &[(u32, i64)]) -> BTreeMap<i64, String> {
     let mut state = BTreeMap::new();
     for &(subtask, upto) in subtasks {
         for n in 0..upto {
@@ -120,7 +120,7 @@ fn partitioned(config: IcebergSinkConfig, partition_by: &[&str]) -> IcebergSinkC
 
 /// The upsert sink of `subtask`, rolling to a new data file before every batch (a 1-byte target), so a
 /// checkpoint's rows span several files and each row's position counts from its own file's start.
-fn config(lake: &Lake, table: &str, subtask: u32) -> IcebergSinkConfig {
+pub(crate) fn config(lake: &Lake, table: &str, subtask: u32) -> IcebergSinkConfig {
     IcebergSinkConfig {
         upsert_key: vec!["id".into()],
         target_file_size: 1,
@@ -136,7 +136,7 @@ fn config(lake: &Lake, table: &str, subtask: u32) -> IcebergSinkConfig {
 
 /// Runs `checkpoints` checkpoints of [`CHANGES`] changes of `subtask` from the store in `state`, each committed
 /// before the next; returns the next offset.
-async fn run(
+pub(crate) async fn run(
     lake: &Lake,
     table: &str,
     (subtask, deletes): (u32, UpsertDeletes),
@@ -152,7 +152,7 @@ async fn run(
 }
 
 /// [`run`] with the sink of `config`.
-async fn run_config(
+pub(crate) async fn run_config(
     config: IcebergSinkConfig,
     subtask: u32,
     state: &Path,
@@ -208,7 +208,7 @@ async fn read(
 /// Every reader sees exactly `expected` in `table`: pyiceberg (the verifier's merge-on-read of the manifests while
 /// equality deletes are live), Iceberg's Java library, and DuckDB when no equality delete is live (it misreads
 /// them). Returns the verifier's answer.
-async fn readers_see(
+pub(crate) async fn readers_see(
     lake: &Lake,
     table: &str,
     expected: &BTreeMap<i64, String>,
@@ -404,7 +404,7 @@ async fn child() {
 
 /// Runs [`child`] (subtask 0 of the SQLite lake in `dir`, its store in `dir/state`) until it kills itself with
 /// SIGKILL at `step`.
-fn killed_at(dir: &Path, table: &str, step: &str, deletes: UpsertDeletes) {
+pub(crate) fn killed_at(dir: &Path, table: &str, step: &str, deletes: UpsertDeletes) {
     let status = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "upsert::child", "--nocapture"])
         .env(CHILD_DIR, dir)

@@ -164,11 +164,25 @@ impl Lake {
         version: iceberg::spec::FormatVersion,
         properties: &[(&str, &str)],
     ) -> (std::sync::Arc<dyn iceberg::Catalog>, String) {
-        let (catalog, namespace) = self.catalog_with_namespace().await;
-        let schema = iceberg::arrow::arrow_schema_to_schema_auto_assign_ids(
+        self.create_foreign_table_of(
+            name,
+            version,
+            properties,
             &ratchet_conformance::conformance_schema(),
         )
-        .unwrap();
+        .await
+    }
+
+    /// [`create_foreign_table`](Self::create_foreign_table) with the columns of `schema`.
+    pub async fn create_foreign_table_of(
+        &self,
+        name: &str,
+        version: iceberg::spec::FormatVersion,
+        properties: &[(&str, &str)],
+        schema: &arrow_schema::Schema,
+    ) -> (std::sync::Arc<dyn iceberg::Catalog>, String) {
+        let (catalog, namespace) = self.catalog_with_namespace().await;
+        let schema = iceberg::arrow::arrow_schema_to_schema_auto_assign_ids(schema).unwrap();
         catalog
             .create_table(
                 &namespace,
@@ -343,6 +357,33 @@ impl Lake {
 }
 
 impl Lake {
+    /// Spark's `DELETE FROM table WHERE where_` (another writer; a deletion vector on a merge-on-read
+    /// format-version 3 table); returns the live delete files after it ([`spark_delete_files`](Self::spark_delete_files)).
+    pub async fn spark_delete(&self, table: &str, where_: &str) -> Vec<serde_json::Value> {
+        self.spark_delete_command(table, &["delete", where_]).await
+    }
+
+    /// The live delete files of `table` as Spark's `delete_files` metadata table lists them (`content`,
+    /// `file_path`, `file_format`, `referenced_data_file`, `record_count`, `content_offset`).
+    pub async fn spark_delete_files(&self, table: &str) -> Vec<serde_json::Value> {
+        self.spark_delete_command(table, &["delete_files"]).await
+    }
+
+    async fn spark_delete_command(&self, table: &str, command: &[&str]) -> Vec<serde_json::Value> {
+        let (lake, table) = (self.clone(), table.to_string());
+        let command: Vec<String> = command.iter().map(|s| s.to_string()).collect();
+        let seen = tokio::task::spawn_blocking(move || {
+            let [db, warehouse] = lake.spark_catalog();
+            let script = test_support::repo_root().join("test-support/verifiers/spark_iceberg.py");
+            let mut args = vec![command[0].as_str(), db, warehouse, &table];
+            args.extend(command[1..].iter().map(String::as_str));
+            Services::get().python_script(&script, &args)
+        })
+        .await
+        .unwrap();
+        seen["delete_files"].as_array().unwrap().clone()
+    }
+
     /// Spark's rewrite_data_files of every data file of `table`, once (`spark_iceberg.py rewrite`); returns how
     /// many files it rewrote.
     pub async fn spark_rewrite(&self, table: &str) -> u64 {

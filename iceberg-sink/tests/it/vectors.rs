@@ -1,0 +1,217 @@
+//! The upsert mode on format-version 3 tables: deletion vectors (Puffin `deletion-vector-v1` blobs) instead of
+//! position-delete files, at most one live vector per data file. Read back by Spark with Iceberg's runtime (1.12),
+//! Iceberg's Java library (IcebergGenerics), pyiceberg and DuckDB:
+//!
+//! - small checkpoints (5 changes over 12 keys) delete rows of one data file in several checkpoints: each new
+//!   vector holds the file's earlier positions and supersedes the earlier vector in the same snapshot;
+//! - Spark's own `DELETE` (a deletion vector of Spark's, merge-on-read) on a data file the sink deletes from next:
+//!   the sink's vector merges Spark's, whose deleted row stays deleted;
+//! - a real `kill -9` after a merging row delta was written (nothing committed) and after it landed (its own
+//!   Puffin file, merged away, not yet deleted): the restarted job ends with each key's last state, no checkpoint
+//!   in two snapshots, no file of the sink unreferenced.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use arrow_schema::{DataType, Field, Schema};
+use iceberg::spec::FormatVersion;
+use iceberg_sink::{IcebergSinkConfig, UpsertDeletes};
+use ratchet_conformance::conformance_positions;
+
+use crate::common::{self, Lake};
+use crate::upsert::{CHANGES, changes, config, expected, killed_at, readers_see, run};
+
+/// Changes per checkpoint of the small runs: fewer than the 12 keys, so a data file's rows are replaced over
+/// several checkpoints.
+const SMALL: i64 = 5;
+
+/// The upsert table as a format-version 3 table another writer created (the sink creates version 2 tables), with
+/// Spark's deletes merge-on-read (so Spark writes deletion vectors too).
+async fn version_3_table(lake: &Lake) -> String {
+    let schema = Schema::new(vec![
+        Field::new("id", DataType::Int64, true),
+        Field::new("v", DataType::Utf8, true),
+    ]);
+    let (_, table) = lake
+        .create_foreign_table_of(
+            "upserted",
+            FormatVersion::V3,
+            &[
+                ("write.delete.mode", "merge-on-read"),
+                ("write.update.mode", "merge-on-read"),
+                ("write.merge.mode", "merge-on-read"),
+            ],
+            &schema,
+        )
+        .await;
+    table
+}
+
+/// Runs `checkpoints` checkpoints of [`SMALL`] changes of subtask 0 (one batch each, one data file each: the
+/// config's 1-byte target) from the store in `state`, each committed before the next; returns the next offset.
+async fn run_small(lake: &Lake, table: &str, state: &Path, checkpoints: i64) -> i64 {
+    let config = IcebergSinkConfig {
+        upsert_deletes: UpsertDeletes::Position,
+        ..config(lake, table, 0)
+    };
+    let (mut job, sink, restored) = common::started(state, &config).await;
+    let mut next = restored.positions.first().map_or(0, |p| p.next_offset);
+    for _ in 0..checkpoints {
+        job.write(sink, &changes(0, next..next + SMALL))
+            .await
+            .unwrap();
+        next += SMALL;
+        job.checkpoint(conformance_positions(next)).await.unwrap();
+        job.finish_commit().await.unwrap();
+    }
+    job.close().await.unwrap();
+    next
+}
+
+/// Every reader sees exactly `expected` in `table` (pyiceberg, DuckDB, Iceberg's Java library: [`readers_see`];
+/// and Spark), its deletes are deletion vectors only, one per data file, no checkpoint is in two snapshots and no
+/// file of the sink is unreferenced. Returns the live delete files as Spark lists them.
+async fn assert_vectors(
+    lake: &Lake,
+    table: &str,
+    expected: &BTreeMap<i64, String>,
+    context: &str,
+) -> Vec<serde_json::Value> {
+    let seen = readers_see(lake, table, expected, context).await;
+    let spark: BTreeMap<i64, String> = lake
+        .spark_rows(table)
+        .await
+        .into_iter()
+        .map(|row| {
+            (
+                row["id"].as_i64().unwrap(),
+                row["v"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(&spark, expected, "{context}: Spark (Iceberg 1.12)");
+    let summaries: Vec<&serde_json::Value> = seen["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| &s["summary"])
+        .collect();
+    let added = |s: &serde_json::Value, key: &str| s[key].as_str().is_some_and(|n| n != "0");
+    assert!(
+        summaries.iter().any(|s| added(s, "added-dvs")),
+        "{context}: no snapshot added a deletion vector: {summaries:?}"
+    );
+    assert!(
+        summaries
+            .iter()
+            .all(|s| !added(s, "added-position-delete-files")
+                && !added(s, "added-equality-delete-files")),
+        "{context}: a position-delete or equality-delete file in a format-version 3 table: {summaries:?}"
+    );
+    assert_eq!(
+        common::checkpoints_in_two_snapshots(seen["snapshots"].as_array().unwrap()),
+        Vec::<String>::new(),
+        "{context}: checkpoints in two snapshots"
+    );
+    assert_eq!(
+        seen["unreferenced"],
+        serde_json::json!([]),
+        "{context}: files of the sink no snapshot references"
+    );
+    let deletes = lake.spark_delete_files(table).await;
+    let mut referenced = BTreeSet::new();
+    for file in &deletes {
+        assert_eq!(file["file_format"], "PUFFIN", "{context}: {file}");
+        let data_file = file["referenced_data_file"].as_str().unwrap().to_string();
+        assert!(
+            referenced.insert(data_file.clone()),
+            "{context}: two live deletion vectors for {data_file}: {deletes:?}"
+        );
+    }
+    deletes
+}
+
+/// The name of a delete file's path.
+fn name(file: &serde_json::Value) -> &str {
+    file["file_path"]
+        .as_str()
+        .unwrap()
+        .rsplit('/')
+        .next()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deletion_vectors_merge_per_data_file_across_checkpoints_and_with_sparks_own() {
+    test_support::Services::get();
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::sqlite_local(dir.path(), "vectors");
+    let table = version_3_table(&lake).await;
+    let state = dir.path().join("state");
+
+    // Keys 0-4, 5-9, 10,11,0-2, 3-7, ...: the rows of the first checkpoint's file go in the third and fourth.
+    let next = run_small(&lake, &table, &state, 6).await;
+    let deletes = assert_vectors(&lake, &table, &expected(&[(0, next)]), "own checkpoints").await;
+    assert!(
+        deletes.iter().any(|f| name(f).contains("-dv-s")),
+        "no vector was merged with an earlier one: {deletes:?}"
+    );
+
+    // Spark deletes a key (a vector of its own on the key's data file); the next checkpoints replace keys there.
+    let mut now = expected(&[(0, next)]);
+    let victim = *now.keys().next().unwrap();
+    let after = lake.spark_delete(&table, &format!("id = {victim}")).await;
+    let sparks: Vec<&serde_json::Value> = after
+        .iter()
+        .filter(|f| !name(f).starts_with("ratchet."))
+        .collect();
+    assert_eq!(
+        sparks.len(),
+        1,
+        "Spark's delete wrote one vector: {after:?}"
+    );
+    now.remove(&victim);
+    assert_eq!(
+        lake.spark_rows(&table).await.len(),
+        now.len(),
+        "Spark's delete"
+    );
+    let next = run_small(&lake, &table, &state, 4).await;
+    let deletes = assert_vectors(
+        &lake,
+        &table,
+        &expected(&[(0, next)]),
+        "after Spark's delete",
+    )
+    .await;
+    assert!(
+        deletes.iter().all(|f| name(f).starts_with("ratchet.")),
+        "Spark's vector was not merged into the sink's: {deletes:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_9_at_each_step_of_a_merging_row_delta_loses_nothing_and_doubles_nothing() {
+    test_support::Services::get();
+    for step in ["after-row-delta", "after-own-commit"] {
+        let dir = tempfile::tempdir().unwrap();
+        let lake = Lake::sqlite_local(dir.path(), "killed");
+        let table = version_3_table(&lake).await;
+        let state = dir.path().join("state");
+        // Rows spread over files that already have vectors: the child's first checkpoint (every key) merges.
+        let before = run_small(&lake, &table, &state, 4).await;
+        killed_at(dir.path(), &table, step, UpsertDeletes::Position);
+        let next = run(&lake, &table, (0, UpsertDeletes::Position), &state, 2).await;
+        let decided = common::decided_offset(&state).await;
+        assert_eq!(next, decided, "{step}: the last checkpoint is decided");
+        assert!(
+            next > before + 2 * CHANGES,
+            "{step}: the killed run's first checkpoint counts"
+        );
+        let deletes = assert_vectors(&lake, &table, &expected(&[(0, next)]), step).await;
+        assert!(
+            deletes.iter().any(|f| name(f).contains("-dv-s")),
+            "{step}: no vector was merged: {deletes:?}"
+        );
+    }
+}
