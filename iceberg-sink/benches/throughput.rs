@@ -24,11 +24,13 @@
 //! sink's compaction (`compact`, default policy); the data-files column then says how many are live.
 //!
 //! At 1 s it also runs the sink in the upsert mode (`upsert_key = ["id"]`: each checkpoint a row delta of data
-//! files and deletes of the rows they replace; ids distinct within a checkpoint, cycling through 8.4M, so later
-//! checkpoints' deletes replace earlier rows), once by position deletes (the key index) and once by equality
-//! deletes. (The key index's memory and rebuild time: `benches/key_index.rs`.)
+//! files and deletes of the rows they replace; a checkpoint ends at 1 s or 1M rows, ids distinct within a
+//! checkpoint and cycling through 2M, so each checkpoint from the third replaces the rows of the one two before), once by position deletes (the key index), once by equality
+//! deletes, and once into a format-version 3 table by deletion vectors (the key index; each commit merges a data
+//! file's new vector with its earlier one). (The key index's memory and rebuild time: `benches/key_index.rs`.)
 //!
 //! Run: `scripts/services.sh up venv && cargo bench -p iceberg-sink --bench throughput` (see docs/benchmarks.md).
+//! `RATCHET_BENCH_UPSERTS_ONLY=1` runs the 1 s modes only (upserts, then the append and limit), without pyiceberg.
 //! `RATCHET_BENCH_SECONDS` sets the length of each run (default 30: three 10 s checkpoints), `RATCHET_BENCH_RUNS`
 //! the runs per mode (default 3).
 #![allow(clippy::disallowed_methods)] // tests, benches and examples read the services' endpoints and their modes from the environment
@@ -103,9 +105,13 @@ impl Measured {
     }
 }
 
-/// Distinct ids of the upsert run: more than a 1 s checkpoint holds here (so it writes every row it reads, as the
-/// append does), few enough that later checkpoints upsert ids of earlier ones (so their deletes replace rows).
-const UPSERT_KEYS: i64 = 8 * DISTINCT_BATCHES * BATCH_ROWS;
+/// The most rows an upsert checkpoint takes (`RATCHET_BENCH_UPSERT_CHECKPOINT_ROWS`, default 1M): its writes only
+/// queue batches (the rows are applied at pre-commit), so 1 s of writes would queue tens of millions of rows and
+/// tens of GB, far past what a checkpoint applies in a second; a checkpoint ends at 1 s or at this many rows.
+/// The ids of an upsert run cycle through twice this many: distinct within a checkpoint (so it writes every row
+/// it reads, as the append does), and from the third checkpoint on each one replaces the rows of the checkpoint
+/// two before (so its deletes find rows in the files of earlier checkpoints).
+const UPSERT_CHECKPOINT_ROWS: u64 = 1_000_000;
 
 /// `batch` with the ids `first..` (the payloads stay).
 fn with_ids(batch: &RecordBatch, first: i64) -> RecordBatch {
@@ -115,26 +121,47 @@ fn with_ids(batch: &RecordBatch, first: i64) -> RecordBatch {
     RecordBatch::try_new(batch.schema(), columns).unwrap()
 }
 
+/// Which table an upsert run writes and how it deletes.
+#[derive(Debug, Clone, Copy)]
+enum Upsert {
+    /// A format-version 2 table, position deletes or equality deletes.
+    Version2(UpsertDeletes),
+    /// A format-version 3 table: deletion vectors (`upsert_deletes = "position"`).
+    Vectors,
+}
+
+impl Upsert {
+    fn deletes(self) -> UpsertDeletes {
+        match self {
+            Self::Version2(deletes) => deletes,
+            Self::Vectors => UpsertDeletes::Position,
+        }
+    }
+}
+
 /// The sink, exactly once, checkpointing every `interval`; with `upsert`, by key `id` (row deltas deleting the
-/// way it says), the ids cycling through [`UPSERT_KEYS`].
-async fn run_sink(
-    interval: Duration,
-    seconds: Duration,
-    upsert: Option<UpsertDeletes>,
-) -> Measured {
+/// way it says), at most [`UPSERT_CHECKPOINT_ROWS`] rows per checkpoint, the ids cycling through twice that.
+async fn run_sink(interval: Duration, seconds: Duration, upsert: Option<Upsert>) -> Measured {
     let lake = lake();
+    if let Some(Upsert::Vectors) = upsert {
+        lake::create_version_3_table(&lake).await;
+    }
     let config = IcebergSinkConfig {
         upsert_key: match upsert {
             Some(_) => vec!["id".into()],
             None => Vec::new(),
         },
-        upsert_deletes: upsert.unwrap_or_default(),
+        upsert_deletes: upsert.map(Upsert::deletes).unwrap_or_default(),
         ..config(&lake)
     };
     let mut sink = IcebergSink::new(config).await.unwrap();
     sink.recover(None).await.unwrap();
     let committer = sink.committer();
     let batches = distinct_batches();
+    let upsert_rows = env_u64(
+        "RATCHET_BENCH_UPSERT_CHECKPOINT_ROWS",
+        UPSERT_CHECKPOINT_ROWS,
+    ) as i64;
     let mut rows = 0;
     let mut commits_ms = Vec::new();
     let mut pending: Option<tokio::task::JoinHandle<f64>> = None;
@@ -143,10 +170,11 @@ async fn run_sink(
     while start.elapsed() < seconds {
         sink.begin(CheckpointId(checkpoint)).await.unwrap();
         let opened = Instant::now();
-        while opened.elapsed() < interval {
+        let first = rows;
+        while opened.elapsed() < interval && (upsert.is_none() || rows - first < upsert_rows) {
             let batch = &batches[((rows / BATCH_ROWS) % DISTINCT_BATCHES) as usize];
             if upsert.is_some() {
-                sink.write(&with_ids(batch, rows % UPSERT_KEYS))
+                sink.write(&with_ids(batch, rows % (2 * upsert_rows)))
                     .await
                     .unwrap();
             } else {
@@ -506,26 +534,36 @@ async fn main() {
     }
     let seconds = Duration::from_secs(env_u64("RATCHET_BENCH_SECONDS", 30));
     let runs = env_u64("RATCHET_BENCH_RUNS", 3);
+    // The upsert modes hold gigabytes per checkpoint here: one process running every mode can run out of memory
+    // on this 24 GiB machine (seen once), so they can be measured alone, at 1 s, before the append they compare to.
+    let upserts_only = std::env::var("RATCHET_BENCH_UPSERTS_ONLY").is_ok();
+    let intervals: &[u64] = if upserts_only { &[1] } else { &[1, 10] };
     println!("| mode | interval | rows/s | commit p50 ms | commit p99 ms |\n|---|---|---|---|---|");
     let mut rates = std::collections::HashMap::new();
     let mut upserts = Vec::new();
-    for interval in [Duration::from_secs(1), Duration::from_secs(10)] {
+    for interval in intervals.iter().map(|s| Duration::from_secs(*s)) {
         let mut limit = Vec::new();
         let mut sink = Vec::new();
         let mut by_position = Vec::new();
         let mut by_equality = Vec::new();
+        let mut by_vectors = Vec::new();
         for _ in 0..runs {
-            limit.push(run_limit(interval, seconds).await);
-            sink.push(run_sink(interval, seconds, None).await);
             // The upsert mode holds a checkpoint's rows until its pre-commit: at 1 s only (10 s is ~1 GB here).
             if interval.as_secs() == 1 {
-                by_position.push(run_sink(interval, seconds, Some(UpsertDeletes::Position)).await);
-                by_equality.push(run_sink(interval, seconds, Some(UpsertDeletes::Equality)).await);
+                let upsert = |deletes| Some(Upsert::Version2(deletes));
+                by_vectors.push(run_sink(interval, seconds, Some(Upsert::Vectors)).await);
+                by_equality
+                    .push(run_sink(interval, seconds, upsert(UpsertDeletes::Equality)).await);
+                by_position
+                    .push(run_sink(interval, seconds, upsert(UpsertDeletes::Position)).await);
             }
+            limit.push(run_limit(interval, seconds).await);
+            sink.push(run_sink(interval, seconds, None).await);
         }
         let (limit, sink) = (median(limit), median(sink));
         let by_position = (!by_position.is_empty()).then(|| median(by_position));
         let by_equality = (!by_equality.is_empty()).then(|| median(by_equality));
+        let by_vectors = (!by_vectors.is_empty()).then(|| median(by_vectors));
         for (name, m) in [
             ("limit (files, no commit)", Some(&limit)),
             ("sink, exactly-once", Some(&sink)),
@@ -537,6 +575,10 @@ async fn main() {
                 "sink, exactly-once, upsert by id, equality deletes",
                 by_equality.as_ref(),
             ),
+            (
+                "sink, exactly-once, upsert by id, deletion vectors (format-version 3)",
+                by_vectors.as_ref(),
+            ),
         ] {
             let Some(m) = m else { continue };
             println!(
@@ -547,15 +589,20 @@ async fn main() {
                 m.quantile(0.99)
             );
         }
-        if let (Some(position), Some(equality)) = (&by_position, &by_equality) {
+        if let (Some(position), Some(equality), Some(vectors)) =
+            (&by_position, &by_equality, &by_vectors)
+        {
             upserts.push((
                 interval.as_secs(),
-                position.rate() / sink.rate(),
-                equality.rate() / sink.rate(),
-                position.rate() / equality.rate(),
+                [position, equality, vectors].map(|m| m.rate() / sink.rate()),
+                vectors.rate() / equality.rate(),
             ));
         }
         rates.insert(interval.as_secs(), (limit.rate(), sink.rate()));
+    }
+    if upserts_only {
+        report_upserts(upserts);
+        return;
     }
     let peer = median((0..runs).map(|_| run_peer(seconds)).collect());
     println!(
@@ -575,12 +622,18 @@ async fn main() {
             sink / peer.rate()
         );
     }
-    for (interval, position, equality, between) in upserts {
+    report_upserts(upserts);
+}
+
+/// The upsert modes' ratios: per interval, (position, equality, vectors) / append and vectors / equality.
+fn report_upserts(upserts: Vec<(u64, [f64; 3], f64)>) {
+    for (interval, [position, equality, vectors], between) in upserts {
         println!(
             "at {interval} s: upsert by position deletes / append = {:.0}%, by equality deletes / append = {:.0}%, \
-             position / equality = {:.0}%",
+             by deletion vectors / append = {:.0}%, deletion vectors / equality deletes = {:.0}%",
             100.0 * position,
             100.0 * equality,
+            100.0 * vectors,
             100.0 * between
         );
     }

@@ -97,6 +97,11 @@ pub(crate) async fn check(config: &IcebergSinkConfig) -> Result<SinkCheck> {
             .iter()
             .filter(|(_, terms)| !terms.is_empty())
             .map(|(how, terms)| format!(" {how} {}", terms.join(", ")))
+            .chain(
+                layout
+                    .format_version
+                    .map(|version| format!(" as format version {version}")),
+            )
             .collect::<Vec<_>>()
             .join(",");
             format!("table {ident} does not exist yet: the first run creates it{shaped}")

@@ -39,7 +39,7 @@ use crate::committable::CompactedFiles;
 use crate::committable::IcebergCommittable;
 use crate::committable::decode_files;
 use crate::config::CatalogConfig;
-use crate::dv_commit::merge_with_table;
+use crate::dv_commit::{DeleteManifestCache, merge_with_table};
 use crate::error::iceberg_error;
 use crate::guarded::{Check, GuardedCatalog, Planned, Verdict};
 use crate::ledger::{SubtaskKey, SubtaskState};
@@ -85,6 +85,8 @@ pub struct TableTarget {
     /// The inputs of the compactions this target committed, with the sequence number of the snapshot that
     /// replaced them, until expiry leaves no snapshot before it ([`crate::replace::due_inputs`]).
     replaced: Arc<Mutex<Vec<Replaced>>>,
+    /// The delete manifests the last deletion-vector merge read ([`crate::dv_commit`]).
+    delete_manifests: Arc<DeleteManifestCache>,
 }
 
 impl TableTarget {
@@ -101,6 +103,7 @@ impl TableTarget {
             lists: Arc::default(),
             seed: Arc::default(),
             replaced: Arc::default(),
+            delete_manifests: Arc::default(),
         }
     }
 
@@ -586,11 +589,18 @@ impl TableTarget {
                 _ => Vec::new(),
             };
             let mut chosen = choose_deletes(&base, key, deletes.files, deletes.based_on);
+            let mut retired = Vec::new();
             if let (false, Some(snapshot)) =
                 (chosen.commit.is_empty(), planned_snapshot.as_deref_mut())
             {
                 // A format-version 3 table's deletion vectors replace the base's for the same data files.
-                let vectors = merge_with_table(&base, snapshot, manifests, &chosen.commit).await?;
+                let vectors = merge_with_table(
+                    &base,
+                    snapshot,
+                    (manifests, &self.delete_manifests),
+                    &chosen.commit,
+                )
+                .await?;
                 let delta = add_delete_files(
                     &base,
                     snapshot,
@@ -610,6 +620,7 @@ impl TableTarget {
                 written = vectors.written;
                 written.extend(delta.written);
                 chosen.unused.extend(vectors.unused);
+                retired = vectors.retired;
             }
             if let (Some(replacing), Some(snapshot)) =
                 (replacement, planned_snapshot.as_deref_mut())
@@ -682,6 +693,15 @@ impl TableTarget {
                     // Nothing names the delete files this commit did not choose: they are the checkpoint's
                     // alternative, never committed (one left behind is deleted by recovery's cleanup).
                     discard(&base, &chosen.unused).await;
+                    if let (false, Some(snapshot)) =
+                        (retired.is_empty(), table.metadata().current_snapshot())
+                    {
+                        // Superseded vectors' files: deleted once every snapshot naming them is expired.
+                        self.replaced.lock().expect("replaced lock").push(Replaced {
+                            sequence: snapshot.sequence_number(),
+                            inputs: retired,
+                        });
+                    }
                     match (replacement, &dropped) {
                         (None, Some(outputs)) => discard(&base, outputs).await,
                         (Some(replaced), _) => {

@@ -2,7 +2,9 @@
 //! one live vector per data file, so before a checkpoint's vectors join its snapshot ([`crate::row_delta`]) they
 //! are merged with the vectors the base holds for the same data files: [`merge_with_table`] finds those in the
 //! base's delete manifests, marks them `DELETED` by the new snapshot in rewritten manifests (the others carried as
-//! `EXISTING`), and writes the union of each pair as a new vector. Whoever wrote the base's vector (this subtask's
+//! `EXISTING`), and writes the union of each pair as a new vector. A table upgraded from format version 2 may
+//! still hold position-delete files naming those data files: a reader ignores them for a data file that has a
+//! vector, so their positions for it go into the union too (the files stay: they may name other data files). Whoever wrote the base's vector (this subtask's
 //! previous checkpoint, another subtask after a rescale, Spark's `DELETE` or `MERGE`), its deletes stay deleted:
 //! a union of deleted positions never brings a row back.
 //!
@@ -14,11 +16,22 @@
 //! `<checkpoint's Puffin file>-s<planned snapshot id>.puffin` (the checkpoint's file stamp, so recovery's cleanup
 //! deletes one a failed attempt left). A kill before the swap leaves orphans no metadata names; after it, the
 //! checkpoint's own Puffin file, when every vector in it was merged, is named by nothing and goes with cleanup.
+//!
+//! # Superseded files
+//! A superseded vector's Puffin file that no live entry names any more is read only by the snapshots before the
+//! superseding one: the committer deletes it once the sink's expiry has retired all of them (as a compaction's
+//! inputs). One that a restart forgot stays until the orphan sweep (`sweep_orphans_after`) or another engine's
+//! expiry deletes it.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 
+use connector_api::Phase;
 use iceberg::Result;
-use iceberg::spec::{DataFile, ManifestContentType, ManifestFile, Snapshot};
+use iceberg::io::FileIO;
+use iceberg::spec::{
+    DataContentType, DataFile, Manifest, ManifestContentType, ManifestFile, Snapshot,
+};
 use iceberg::table::Table;
 use roaring::RoaringTreemap;
 
@@ -42,6 +55,10 @@ pub(crate) struct MergedVectors {
     /// The checkpoint's own Puffin files no added entry names (every vector in them was merged): deleted once the
     /// commit landed.
     pub(crate) unused: Vec<String>,
+    /// The Puffin files of superseded vectors that no live entry names once this snapshot lands: only the
+    /// snapshots before it read them, so they are deleted once those are expired (as a compaction's inputs are,
+    /// [`crate::replace::due_inputs`]).
+    pub(crate) retired: Vec<String>,
 }
 
 /// Merges the deletion vectors among `deletes` with the live vectors of `planned`'s manifests (module docs).
@@ -54,7 +71,7 @@ pub(crate) struct MergedVectors {
 pub(crate) async fn merge_with_table(
     base: &Table,
     planned: &Snapshot,
-    manifests: Vec<ManifestFile>,
+    (manifests, cache): (Vec<ManifestFile>, &DeleteManifestCache),
     deletes: &[DataFile],
 ) -> Result<MergedVectors> {
     let ours: HashMap<String, usize> = deletes
@@ -71,7 +88,16 @@ pub(crate) async fn merge_with_table(
         });
     }
     let mut merged = MergedVectors::default();
-    match supersede(base, planned, manifests, &ours, deletes, &mut merged).await {
+    match supersede(
+        base,
+        planned,
+        (manifests, cache),
+        &ours,
+        deletes,
+        &mut merged,
+    )
+    .await
+    {
         Ok(()) => Ok(merged),
         Err(e) => {
             discard(base, &merged.written).await;
@@ -84,7 +110,7 @@ pub(crate) async fn merge_with_table(
 async fn supersede(
     base: &Table,
     planned: &Snapshot,
-    manifests: Vec<ManifestFile>,
+    (manifests, cache): (Vec<ManifestFile>, &DeleteManifestCache),
     ours: &HashMap<String, usize>,
     deletes: &[DataFile],
     merged: &mut MergedVectors,
@@ -95,19 +121,46 @@ async fn supersede(
     let (directory, name) = stem.rsplit_once('/').unwrap_or(("", stem));
     let mut superseded: HashMap<usize, Vec<DataFile>> = HashMap::new();
     let mut rewritten: HashMap<usize, ManifestFile> = HashMap::new();
+    // The files live entries name after this snapshot (every delete manifest is read: entries of one Puffin
+    // file may sit in several manifests once another writer rewrote them).
+    let mut still_live: HashSet<String> = HashSet::new();
+    // Position-delete files (a table upgraded from version 2) that may name one of the checkpoint's data files:
+    // a reader ignores them for a data file with a vector, so their positions must go into it.
+    let mut legacy_files = Vec::new();
     for (i, manifest_file) in manifests.iter().enumerate() {
         if manifest_file.content != ManifestContentType::Deletes
             || manifest_file.added_snapshot_id == planned.snapshot_id()
         {
             continue;
         }
-        let manifest = manifest_file.load_manifest(file_io).await?;
+        let manifest = cache.load(file_io, manifest_file).await?;
         let ours_of = |file: &DataFile| {
             is_deletion_vector(file)
                 .then(|| file.referenced_data_file())
                 .flatten()
                 .and_then(|data_file| ours.get(&canonical(&data_file)).copied())
         };
+        still_live.extend(
+            manifest
+                .entries()
+                .iter()
+                .filter(|e| e.is_alive() && ours_of(e.data_file()).is_none())
+                .map(|e| canonical(e.file_path())),
+        );
+        legacy_files.extend(
+            manifest
+                .entries()
+                .iter()
+                .filter(|e| {
+                    e.is_alive()
+                        && e.content_type() == DataContentType::PositionDeletes
+                        && !is_deletion_vector(e.data_file())
+                        && e.data_file()
+                            .referenced_data_file()
+                            .is_none_or(|data_file| ours.contains_key(&canonical(&data_file)))
+                })
+                .map(|e| (manifest_file.partition_spec_id, e.clone())),
+        );
         if !manifest
             .entries()
             .iter()
@@ -132,24 +185,48 @@ async fn supersede(
         }
         rewritten.insert(i, rewriting.writer.write_manifest_file().await?);
     }
+    cache.keep_only(manifests.iter().map(|m| m.manifest_path.as_str()));
     merged.manifests = manifests
         .into_iter()
         .enumerate()
         .map(|(i, m)| rewritten.remove(&i).unwrap_or(m))
         .collect();
-    if superseded.is_empty() {
+    let mut legacy: HashMap<usize, Vec<u64>> = HashMap::new();
+    if !legacy_files.is_empty() {
+        let named = crate::key_scan::deleted_positions(base, &legacy_files, Phase::Commit)
+            .await
+            .map_err(|e| {
+                iceberg::Error::new(
+                    iceberg::ErrorKind::Unexpected,
+                    format!(
+                        "cannot read the position-delete files of table {} to merge them into deletion vectors",
+                        base.identifier()
+                    ),
+                )
+                .with_source(e)
+            })?;
+        for (data_file, positions) in named {
+            if let Some(&own) = ours.get(&canonical(&data_file)) {
+                legacy.entry(own).or_default().extend(positions);
+            }
+        }
+    }
+    let merging: HashSet<usize> = superseded.keys().chain(legacy.keys()).copied().collect();
+    if merging.is_empty() {
         merged.deletes = deletes.to_vec();
         return Ok(());
     }
     let spec_id = base.metadata().default_partition_spec_id();
-    let mut vectors = Vec::with_capacity(superseded.len());
+    let mut vectors = Vec::with_capacity(merging.len());
     let mut own_files = Vec::new();
-    for (&own, before) in &superseded {
+    for &own in &merging {
         let file = &deletes[own];
         let mut positions: RoaringTreemap = deletion_vectors::read(base, file).await?;
+        let before = superseded.get(&own).map_or(&[][..], Vec::as_slice);
         for earlier in before {
             positions |= deletion_vectors::read(base, earlier).await?;
         }
+        positions.extend(legacy.remove(&own).unwrap_or_default());
         let target = Target {
             data_file: file.referenced_data_file().unwrap_or_default(),
             spec_id,
@@ -167,7 +244,7 @@ async fn supersede(
     );
     merged.written.push(path.clone());
     let written = deletion_vectors::write(base, &path, &vectors).await?;
-    let merged_away: HashSet<usize> = superseded.keys().copied().collect();
+    let merged_away = merging;
     merged.deletes = deletes
         .iter()
         .enumerate()
@@ -183,7 +260,48 @@ async fn supersede(
     unused.sort();
     unused.dedup();
     merged.unused = unused;
+    still_live.extend(still_named.iter().map(|path| canonical(path)));
+    let mut retired: Vec<String> = merged
+        .removed
+        .iter()
+        .map(|f| f.file_path().to_string())
+        .filter(|path| !still_live.contains(&canonical(path)))
+        .collect();
+    retired.sort();
+    retired.dedup();
+    merged.retired = retired;
     Ok(())
+}
+
+/// The delete manifests earlier merges read, by path (a manifest never changes once written): each commit reads
+/// only the delete manifests written since the last one, not every one of the table's. Holds what the last
+/// merge's base named (every live vector of the table, as manifest entries).
+#[derive(Debug, Default)]
+pub(crate) struct DeleteManifestCache {
+    manifests: Mutex<HashMap<String, Arc<Manifest>>>,
+}
+
+impl DeleteManifestCache {
+    /// `file`'s manifest, read unless an earlier merge read it.
+    async fn load(&self, file_io: &FileIO, file: &ManifestFile) -> Result<Arc<Manifest>> {
+        if let Some(known) = self.lock().get(&file.manifest_path) {
+            return Ok(known.clone());
+        }
+        let manifest = Arc::new(file.load_manifest(file_io).await?);
+        self.lock()
+            .insert(file.manifest_path.clone(), manifest.clone());
+        Ok(manifest)
+    }
+
+    /// Forgets every manifest but `paths` (those of the base just merged with).
+    fn keep_only<'a>(&self, paths: impl Iterator<Item = &'a str>) {
+        let keep: HashSet<&str> = paths.collect();
+        self.lock().retain(|path, _| keep.contains(path.as_str()));
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Manifest>>> {
+        self.manifests.lock().expect("delete manifest cache lock")
+    }
 }
 
 /// Deletes the files of an abandoned merge (one already gone, or one that cannot be deleted now, stays an orphan

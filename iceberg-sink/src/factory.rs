@@ -28,13 +28,14 @@ use crate::config::{
 /// | `commit_every` | commit one snapshot every this many checkpoints (fewer, larger snapshots; data becomes visible up to K checkpoints later: the worker keeps checkpointing while files wait, records or not; after a clean stop, at the next start; exactly-once only) | 1 |
 /// | `commit_timeout` | the longest one catalog call may take before its outcome counts as unknown (then the next attempt checks the table's history first) | 60s |
 /// | `cleanup_on_recover` | delete this subtask's data files no snapshot references when recovering | true |
-/// | `upsert_key` | apply the rows by these key columns (`["id"]`): per checkpoint the last change of each key is written as one row, and the row it replaces deleted, in one snapshot (a row delta, merge-on-read); a change stream's `d` rows delete their key, and the table holds the rows without the change columns. Needs a format-version 2 table (partitioned by any column with position deletes, unpartitioned with equality deletes), `commit_every = 1`, and each key in one Kafka partition (the default partitioner and Debezium key by the key; a key in two partitions reaches two subtasks, whose deletes would race) | none: rows appended, a change stream as a changelog |
-/// | `upsert_deletes` | how `upsert_key` deletes a key's previous row: `"position"` (position-delete files found by a key index each subtask keeps in memory, rebuilt from the table at recovery; read by every engine that reads v2 deletes, pyiceberg and DuckDB included) or `"equality"` (equality-delete files of the keys; no index, but pyiceberg 0.12 refuses them and DuckDB 1.4.4 misreads them) | `"position"` |
+/// | `upsert_key` | apply the rows by these key columns (`["id"]`): per checkpoint the last change of each key is written as one row, and the row it replaces deleted, in one snapshot (a row delta, merge-on-read); a change stream's `d` rows delete their key, and the table holds the rows without the change columns. Needs a format-version 2 or 3 table (partitioned by any column with position deletes, unpartitioned with equality deletes; a version 3 table's position deletes are deletion vectors), `commit_every = 1`, and each key in one Kafka partition (the default partitioner and Debezium key by the key; a key in two partitions reaches two subtasks, whose deletes would race) | none: rows appended, a change stream as a changelog |
+/// | `upsert_deletes` | how `upsert_key` deletes a key's previous row: `"position"` (position-delete files found by a key index each subtask keeps in memory, rebuilt from the table at recovery; read by every engine that reads v2 deletes, pyiceberg and DuckDB included; deletion vectors in a format-version 3 table) or `"equality"` (equality-delete files of the keys; no index, but pyiceberg 0.12 refuses them and DuckDB 1.4.4 misreads them) | `"position"` |
 /// | `sweep_orphans_after` | subtask 0's recovery deletes the files under the table's `data/` and `metadata/` that nothing in the table references (left by killed writers, Ratchet's or another engine's) and that were last modified longer ago than this (`"1d"`); at least 3 × `commit_timeout`, and longer than any other writer's commit; never this sink's own data files (each subtask's recovery deletes those) | none: no sweep |
 /// | `compact` | rewrite small data files this subtask wrote into larger ones inside the checkpoints' own commits: `{ target_file_size = "128MB", min_input_files = 8 }` (either key may be left out: those are the defaults). Small: under ¾ of the target; a partition's files of one size tier (within a factor `min_input_files`) are rewritten once `min_input_files` of them are live, at most `target_file_size` of input per checkpoint; the checkpoint's snapshot adds its rows and replaces the rewritten files (operation `overwrite`). A file a foreign writer removed meanwhile drops that compaction, never a row. `true`: the default policy; `false`: off. Not with `upsert_key` (planned) | on with the default policy for an append table the sink created (table property `ratchet.created-by`, format version 1 or 2), off for every other table |
-/// | `partition_by` | the partition spec of a table the sink creates, in Spark's terms: `["day(created)", "bucket(16, id)", "region"]` (`identity`, `year`, `month`, `day`, `hour`, `bucket(N, c)`, `truncate(W, c)`; fields named as Spark names them: `created_day`, `id_bucket`); needs `create_table`; not with `upsert_key` (planned) | unpartitioned |
+/// | `partition_by` | the partition spec of a table the sink creates, in Spark's terms: `["day(created)", "bucket(16, id)", "region"]` (`identity`, `year`, `month`, `day`, `hour`, `bucket(N, c)`, `truncate(W, c)`; fields named as Spark names them: `created_day`, `id_bucket`); needs `create_table`; with `upsert_key`, by any column (`upsert_deletes = "position"`) | unpartitioned |
 /// | `sort_by` | the sort order recorded on a table the sink creates, for the engines that rewrite it: `["id", "created desc nulls last"]` (the sink writes rows in arrival order); needs `create_table` | unsorted |
 /// | `properties` | table properties of a table the sink creates (`{ "write.parquet.compression-codec" = "zstd" }`), set over the sink's defaults; not `ratchet.*`; needs `create_table` | the sink's defaults (below) |
+/// | `format_version` | the Iceberg format version of a table the sink creates: `2` or `3` (row lineage; upserts write deletion vectors; not compacted by the sink); needs `create_table` | 2 |
 /// | `expire_snapshots` | expire snapshots inside every commit by the table's `history.expire.max-snapshot-age-ms` (default 5 days) and `history.expire.min-snapshots-to-keep` (default 1), as Iceberg's expire-snapshots procedure does, and delete the expired snapshots' manifest lists; skipped while the table sets `gc.enabled = false` | false |
 ///
 /// Manifest merging is a table property, not a sink key: a table that sets `commit.manifest-merge.enabled = true`
@@ -109,6 +110,9 @@ pub struct IcebergSinkSettings {
     /// The properties of a created table.
     #[serde(default)]
     pub properties: std::collections::BTreeMap<String, String>,
+    /// The Iceberg format version of a created table (2 or 3).
+    #[serde(default)]
+    pub format_version: Option<u8>,
 }
 
 /// The catalog calls opening a sink makes at most, each within `commit_timeout` (namespace lookup and creation,
@@ -243,6 +247,7 @@ fn config(settings: IcebergSinkSettings, context: SinkContext) -> Result<Iceberg
             partition_by: settings.partition_by,
             sort_by: settings.sort_by,
             properties: settings.properties,
+            format_version: settings.format_version,
         },
     })
 }

@@ -298,7 +298,7 @@ async fn entries_of(
 /// # Errors
 /// [`Config`](ErrorKind::Config) for a position-delete file in a format other than Parquet and Puffin; storage
 /// errors; a deletion vector that does not decode.
-async fn deleted_positions(
+pub(crate) async fn deleted_positions(
     table: &Table,
     entries: &[(i32, ManifestEntryRef)],
     phase: Phase,

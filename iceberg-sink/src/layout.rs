@@ -16,8 +16,8 @@ use std::sync::Arc;
 
 use connector_api::{Error, ErrorKind, Phase, Result, SinkId};
 use iceberg::spec::{
-    NullOrder, PartitionSpec, Schema, SortDirection, SortField, SortOrder, TableProperties,
-    Transform, UnboundPartitionSpec,
+    FormatVersion, NullOrder, PartitionSpec, Schema, SortDirection, SortField, SortOrder,
+    TableProperties, Transform, UnboundPartitionSpec,
 };
 
 use crate::ledger::JOB_PROPERTY;
@@ -31,6 +31,9 @@ pub struct TableLayout {
     pub sort_by: Vec<String>,
     /// Table properties, set over the sink's own defaults for created tables.
     pub properties: BTreeMap<String, String>,
+    /// The Iceberg format version of a created table: 2 or 3 (`None`: 2). Version 3 upserts write deletion
+    /// vectors (`deletion_vectors.rs`) and its rows carry row lineage.
+    pub format_version: Option<u8>,
 }
 
 /// A layout checked against a schema: what the table is created with.
@@ -40,6 +43,7 @@ pub(crate) struct BoundLayout {
     pub(crate) sort_order: SortOrder,
     /// The job file's properties only (the sink's defaults are added where the table is created).
     pub(crate) properties: HashMap<String, String>,
+    pub(crate) format_version: FormatVersion,
 }
 
 impl TableLayout {
@@ -66,9 +70,9 @@ impl TableLayout {
         };
         if !create_table && !self.is_default() {
             return refuse(
-                "partition_by, sort_by and properties shape a table the sink creates, and create_table is \
-                 false: set create_table = true, or change the existing table's layout with its own engine \
-                 (Spark's ALTER TABLE)",
+                "partition_by, sort_by, properties and format_version shape a table the sink creates, and \
+                 create_table is false: set create_table = true, or change the existing table's layout with its \
+                 own engine (Spark's ALTER TABLE)",
             );
         }
         if !upsert_key.is_empty()
@@ -89,9 +93,24 @@ impl TableLayout {
     ///
     /// # Errors
     /// [`Config`](ErrorKind::Config) naming the sink, the key and the term: a column the schema lacks, a transform
-    /// its type does not take (`day` of a string), a malformed term, the same partition field twice, or a property
-    /// the sink keeps for itself (`ratchet.*`).
+    /// its type does not take (`day` of a string), a malformed term, the same partition field twice, a property
+    /// the sink keeps for itself (`ratchet.*`), or a format version other than 2 and 3.
     pub(crate) fn bind(&self, sink: &SinkId, schema: &Schema) -> Result<BoundLayout> {
+        let format_version = match self.format_version {
+            None | Some(2) => FormatVersion::V2,
+            Some(3) => FormatVersion::V3,
+            Some(other) => {
+                return Err(Error::new(
+                    ErrorKind::Config,
+                    Phase::Setup,
+                    format!(
+                        "format_version = {other}: the sink creates Iceberg format-version 2 tables (the default) \
+                         or 3 (deletion vectors for upserts, row lineage); version 1 has no delete files"
+                    ),
+                )
+                .with_sink(sink));
+            }
+        };
         let refuse = |key: &str, term: &str, why: String| {
             Error::new(
                 ErrorKind::Config,
@@ -156,7 +175,8 @@ impl TableLayout {
                 Phase::Setup,
                 format!(
                     "properties key {key:?} is reserved by Iceberg (it describes the table's metadata, and no \
-                     catalog stores it as a property); leave it out (tables the sink creates are format version 2)"
+                     catalog stores it as a property); leave it out (the format version of a table the sink \
+                     creates is `format_version`: 2, the default, or 3)"
                 ),
             )
             .with_sink(sink));
@@ -178,6 +198,7 @@ impl TableLayout {
             .with_sink(sink));
         }
         Ok(BoundLayout {
+            format_version,
             partition_spec: spec,
             sort_order,
             properties: self
@@ -349,6 +370,7 @@ mod tests {
                 "truncate(4, Region) asc nulls last".into(),
             ],
             properties: BTreeMap::from([("write.parquet.compression-codec".into(), "zstd".into())]),
+            format_version: None,
         };
         let bound = layout.bind(&sink(), &schema()).unwrap();
         let fields: Vec<(i32, &str, Transform)> = bound
@@ -488,5 +510,35 @@ mod tests {
             err.contains("format-version") && err.contains("reserved"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_created_table_is_format_version_2_or_3_as_the_job_file_says() {
+        let version = |format_version| {
+            TableLayout {
+                format_version,
+                ..TableLayout::default()
+            }
+            .bind(&sink(), &schema())
+            .map(|bound| bound.format_version)
+        };
+        assert_eq!(version(None).unwrap(), FormatVersion::V2);
+        assert_eq!(version(Some(2)).unwrap(), FormatVersion::V2);
+        assert_eq!(version(Some(3)).unwrap(), FormatVersion::V3);
+        for refused in [1, 4] {
+            let err = version(Some(refused)).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("format_version = {refused}")),
+                "{err}"
+            );
+        }
+        let err = TableLayout {
+            format_version: Some(3),
+            ..TableLayout::default()
+        }
+        .check_settings(&sink(), false, &[], crate::UpsertDeletes::Position)
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("create_table = true"), "{err}");
     }
 }

@@ -193,6 +193,7 @@ async fn create_table(
         .partition_spec(layout.partition_spec)
         .sort_order(layout.sort_order)
         .properties(properties)
+        .format_version(layout.format_version)
         .build();
     let created = within(limit, &format!("the creation of table {ident}"), async {
         catalog

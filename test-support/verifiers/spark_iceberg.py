@@ -157,6 +157,14 @@ def delete(db: str, warehouse: str, table: str, where: str) -> None:
     spark.stop()
 
 
+def upgrade(db: str, warehouse: str, table: str, version: str) -> None:
+    """Upgrades the table to Iceberg format version `version` (`ALTER TABLE .. SET TBLPROPERTIES`)."""
+    spark = session(db, warehouse)
+    spark.sql(f"ALTER TABLE {CATALOG}.{table} SET TBLPROPERTIES ('format-version' = '{version}')")
+    json.dump({"delete_files": live_delete_files(spark, f"{CATALOG}.{table}")}, sys.stdout)
+    spark.stop()
+
+
 def delete_files(db: str, warehouse: str, table: str) -> None:
     """The delete files of the current snapshot, as Spark's `delete_files` metadata table lists them."""
     spark = session(db, warehouse)
@@ -259,4 +267,4 @@ if __name__ == "__main__":
     command, *args = sys.argv[1:]
     os.environ.setdefault("TZ", "UTC")
     {"read": read, "lineage": lineage, "maintain": maintain, "scan": scan, "rewrite": rewrite, "delete": delete,
-     "delete_files": delete_files}[command](*args)
+     "delete_files": delete_files, "upgrade": upgrade}[command](*args)

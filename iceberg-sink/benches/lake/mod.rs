@@ -55,3 +55,33 @@ pub fn config(lake: &Lake) -> IcebergSinkConfig {
         layout: iceberg_sink::TableLayout::default(),
     }
 }
+
+/// Creates the benchmarks' table `bench.events` (the conformance columns, unpartitioned) as a format-version 3
+/// table, as another engine would (the sink creates version 2 tables); the sink then writes it as it finds it.
+pub async fn create_version_3_table(lake: &Lake) {
+    let catalog = config(lake)
+        .catalog
+        .open("ratchet", &S3Settings::default())
+        .await
+        .unwrap();
+    let namespace = iceberg::NamespaceIdent::new("bench".into());
+    if !catalog.namespace_exists(&namespace).await.unwrap() {
+        catalog
+            .create_namespace(&namespace, Default::default())
+            .await
+            .unwrap();
+    }
+    let schema =
+        iceberg::arrow::arrow_schema_to_schema_auto_assign_ids(&conformance_schema()).unwrap();
+    catalog
+        .create_table(
+            &namespace,
+            iceberg::TableCreation::builder()
+                .name("events".into())
+                .schema(schema)
+                .format_version(iceberg::spec::FormatVersion::V3)
+                .build(),
+        )
+        .await
+        .unwrap();
+}

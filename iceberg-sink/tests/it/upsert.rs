@@ -221,7 +221,9 @@ pub(crate) async fn readers_see(
         true => "merge-on-read of the manifests",
     };
     assert_eq!(&state, expected, "{context}: {first_reader}");
-    if !equality {
+    // DuckDB 1.4.4 crashes on a table holding position-delete files beside deletion vectors (the verifier says so
+    // instead of running it: docs/services.md).
+    if !equality && seen["duckdb_skipped"].is_null() {
         assert_eq!(
             seen["duckdb_ids"],
             serde_json::json!(expected.keys().collect::<Vec<_>>()),
@@ -508,12 +510,20 @@ async fn pre_commit(
     checkpoint: u64,
     next: &mut i64,
 ) -> iceberg_sink::IcebergCommittable {
+    pre_commit_changes(sink, checkpoint, next, CHANGES).await
+}
+
+/// [`pre_commit`] of `count` changes.
+pub(crate) async fn pre_commit_changes(
+    sink: &mut IcebergSink,
+    checkpoint: u64,
+    next: &mut i64,
+    count: i64,
+) -> iceberg_sink::IcebergCommittable {
     use connector_api::{CheckpointId, TwoPhaseCommit};
     sink.begin(CheckpointId(checkpoint)).await.unwrap();
-    sink.write(&changes(0, *next..*next + CHANGES))
-        .await
-        .unwrap();
-    *next += CHANGES;
+    sink.write(&changes(0, *next..*next + count)).await.unwrap();
+    *next += count;
     sink.pre_commit(CheckpointId(checkpoint)).await.unwrap()
 }
 
@@ -716,11 +726,19 @@ async fn the_orphan_sweep_deletes_only_old_files_nothing_references() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_zombie_whose_index_missed_the_take_over_is_fenced_and_every_key_stays_once() {
-    use connector_api::{CheckpointId, Committer, TwoPhaseCommit};
     test_support::Services::get();
     let dir = tempfile::tempdir().unwrap();
     let lake = Lake::sqlite_local(dir.path(), "zombie");
     let table = lake.table(&["upserted"]);
+    a_zombie_is_fenced(&lake, &table).await;
+}
+
+/// A first instance of subtask 0 commits two checkpoints into `table` and pre-commits a third; a second instance
+/// takes over from the second checkpoint's record and commits two; the first one's commit and its next checkpoint
+/// are refused as fenced, and every reader sees each key's last state once.
+pub(crate) async fn a_zombie_is_fenced(lake: &Lake, table: &str) {
+    use connector_api::{CheckpointId, Committer, TwoPhaseCommit};
+    let (lake, table) = (lake.clone(), table.to_string());
     let mut zombie = IcebergSink::new(config(&lake, &table, 0)).await.unwrap();
     zombie.recover(None).await.unwrap();
     let mut next = 0;

@@ -202,6 +202,18 @@ impl Lake {
         (catalog, self.table(&[name]))
     }
 
+    /// The format version of `table` (`namespace.name`), loaded from the catalog now.
+    pub async fn format_version(&self, table: &str) -> iceberg::spec::FormatVersion {
+        let catalog = self.catalog.open("ratchet", &self.s3).await.unwrap();
+        let ident = iceberg::TableIdent::from_strs(table.split('.')).unwrap();
+        catalog
+            .load_table(&ident)
+            .await
+            .unwrap()
+            .metadata()
+            .format_version()
+    }
+
     /// The id of `table`'s (`namespace.name`) current snapshot, loaded from the catalog now.
     pub async fn current_snapshot(&self, table: &str) -> Option<i64> {
         let catalog = self.catalog.open("ratchet", &self.s3).await.unwrap();
@@ -361,6 +373,12 @@ impl Lake {
     /// format-version 3 table); returns the live delete files after it ([`spark_delete_files`](Self::spark_delete_files)).
     pub async fn spark_delete(&self, table: &str, where_: &str) -> Vec<serde_json::Value> {
         self.spark_delete_command(table, &["delete", where_]).await
+    }
+
+    /// Spark's upgrade of `table` to format version 3 (`ALTER TABLE .. SET TBLPROPERTIES`); returns the live delete
+    /// files after it.
+    pub async fn spark_upgrade_to_version_3(&self, table: &str) -> Vec<serde_json::Value> {
+        self.spark_delete_command(table, &["upgrade", "3"]).await
     }
 
     /// The live delete files of `table` as Spark's `delete_files` metadata table lists them (`content`,
