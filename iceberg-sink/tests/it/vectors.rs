@@ -148,6 +148,45 @@ async fn spark_state(lake: &Lake, table: &str) -> BTreeMap<i64, String> {
         .collect()
 }
 
+/// The sink's Puffin files in `table`'s data directory (a local warehouse) that no retained snapshot reads and
+/// none of them superseded: a superseded vector's file is deleted once expiry retired every snapshot before the
+/// superseding one, so only the files a retained snapshot superseded may stay unread.
+async fn puffins_kept_past_their_last_reader(lake: &Lake, table: &str) -> Vec<String> {
+    let catalog = lake.catalog.open("ratchet", &lake.s3).await.unwrap();
+    let ident = iceberg::TableIdent::from_strs(table.split('.')).unwrap();
+    let loaded = catalog.load_table(&ident).await.unwrap();
+    let retained: BTreeSet<i64> = loaded
+        .metadata()
+        .snapshots()
+        .map(|s| s.snapshot_id())
+        .collect();
+    let mut named = BTreeSet::new();
+    for snapshot in loaded.metadata().snapshots() {
+        let list = loaded.manifest_list_reader(snapshot).load().await.unwrap();
+        for manifest in list.entries() {
+            let manifest = manifest.load_manifest(loaded.file_io()).await.unwrap();
+            named.extend(
+                manifest
+                    .entries()
+                    .iter()
+                    .filter(|e| {
+                        e.is_alive() || e.snapshot_id().is_some_and(|id| retained.contains(&id))
+                    })
+                    .map(|e| e.file_path().rsplit('/').next().unwrap().to_string()),
+            );
+        }
+    }
+    let data = format!("{}/data", loaded.metadata().location());
+    let mut unread: Vec<String> = std::fs::read_dir(data.strip_prefix("file://").unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|name| name.starts_with("ratchet.") && name.ends_with(".puffin"))
+        .filter(|name| !named.contains(name))
+        .collect();
+    unread.sort();
+    unread
+}
+
 /// The name of a delete file's path.
 fn name(file: &serde_json::Value) -> &str {
     file["file_path"]
@@ -204,6 +243,12 @@ async fn deletion_vectors_merge_per_data_file_across_checkpoints_and_with_sparks
         "after Spark's delete",
     )
     .await;
+    // Superseded before the two retained snapshots: deleted (without the retirement, each one stays).
+    assert_eq!(
+        puffins_kept_past_their_last_reader(&lake, &table).await,
+        Vec::<String>::new(),
+        "superseded vectors' files that no retained snapshot reads or superseded"
+    );
     assert!(
         deletes.iter().all(|f| name(f).starts_with("ratchet.")),
         "Spark's vector was not merged into the sink's: {deletes:?}"
