@@ -60,8 +60,8 @@ async fn a_job_file_entry_writes_through_the_registry() {
     assert_eq!(last["summary"]["ratchet.subtask"], "0");
 }
 
-/// A table the sink creates takes its partition spec, sort order and properties from the job file entry, and an
-/// upsert table its key as identifier fields; pyiceberg reads them back, with each data file in its partition and
+/// A table the sink creates takes its partition spec, sort order, properties and format version from the job file
+/// entry, and an upsert table its key as identifier fields; pyiceberg reads them back, with each data file in its partition and
 /// every row (DuckDB too). check-config says what the first run creates, and refuses a term that does not fit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_created_table_is_laid_out_as_the_job_file_says() {
@@ -113,13 +113,36 @@ async fn a_created_table_is_laid_out_as_the_job_file_says() {
         "keyed",
         &keyed_table,
         r#"upsert_key = ["id"]
-           sort_by = ["id"]"#,
+           sort_by = ["id"]
+           format_version = 3"#,
+    );
+    let check = registry()
+        .check(&keyed, None, SubtaskId(0), event_schema())
+        .await
+        .unwrap();
+    assert!(
+        check
+            .summary
+            .contains("the first run creates it sorted by id, as format version 3"),
+        "{}",
+        check.summary
     );
     let sink = registry()
         .build(&keyed, None, SubtaskId(0), event_schema())
         .await
         .unwrap();
     run_one_checkpoint_of(sink, &events(0..30)).await;
+    assert_eq!(
+        lake.format_version(&keyed_table).await,
+        iceberg::spec::FormatVersion::V3
+    );
+    let version_1 = entry("old", &lake.table(&["old"]), "format_version = 1");
+    let err = registry()
+        .check(&version_1, None, SubtaskId(0), event_schema())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("format_version = 1"), "{err}");
 
     // A term the columns do not take is refused by check-config, naming it.
     let wrong = entry(
