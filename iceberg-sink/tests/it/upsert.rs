@@ -158,17 +158,28 @@ pub(crate) async fn run_config(
     state: &Path,
     checkpoints: i64,
 ) -> i64 {
+    // Three batches: a checkpoint's applied rows come per batch, each into a file of its own (`config`).
+    run_checkpoints(config, (subtask, state), checkpoints, (CHANGES, 3)).await
+}
+
+/// Runs `checkpoints` checkpoints of `changes` changes of `subtask` written as `batches` batches, from the store in
+/// `state`, each committed before the next; returns the next offset.
+pub(crate) async fn run_checkpoints(
+    config: IcebergSinkConfig,
+    (subtask, state): (u32, &Path),
+    checkpoints: i64,
+    (changes_each, batches): (i64, i64),
+) -> i64 {
     let (mut job, sink, restored) = common::started(state, &config).await;
     let mut next = restored.positions.first().map_or(0, |p| p.next_offset);
     for _ in 0..checkpoints {
-        // Three batches: a checkpoint's applied rows come per batch, each into a file of its own (`config`).
-        for third in 0..3 {
-            let from = next + third * CHANGES / 3;
-            job.write(sink, &changes(subtask, from..from + CHANGES / 3))
+        for batch in 0..batches {
+            let from = next + batch * changes_each / batches;
+            job.write(sink, &changes(subtask, from..from + changes_each / batches))
                 .await
                 .unwrap();
         }
-        next += CHANGES;
+        next += changes_each;
         job.checkpoint(conformance_positions(next)).await.unwrap();
         job.finish_commit().await.unwrap();
     }

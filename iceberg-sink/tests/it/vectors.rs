@@ -22,11 +22,10 @@ use std::path::Path;
 use arrow_schema::{DataType, Field, Schema};
 use iceberg::spec::FormatVersion;
 use iceberg_sink::{IcebergSink, IcebergSinkConfig, TableLayout, UpsertDeletes};
-use ratchet_conformance::conformance_positions;
 
 use crate::common::{self, Lake};
 use crate::upsert::{
-    CHANGES, changes, config, expected, killed_at, pre_commit_changes, readers_see, run,
+    CHANGES, config, expected, killed_at, pre_commit_changes, readers_see, run, run_checkpoints,
 };
 
 /// Changes per checkpoint of the small runs: fewer than the 12 keys, so a data file's rows are replaced over
@@ -64,18 +63,7 @@ async fn run_small(lake: &Lake, table: &str, state: &Path, checkpoints: i64) -> 
         expire_snapshots: true,
         ..config(lake, table, 0)
     };
-    let (mut job, sink, restored) = common::started(state, &config).await;
-    let mut next = restored.positions.first().map_or(0, |p| p.next_offset);
-    for _ in 0..checkpoints {
-        job.write(sink, &changes(0, next..next + SMALL))
-            .await
-            .unwrap();
-        next += SMALL;
-        job.checkpoint(conformance_positions(next)).await.unwrap();
-        job.finish_commit().await.unwrap();
-    }
-    job.close().await.unwrap();
-    next
+    run_checkpoints(config, (0, state), checkpoints, (SMALL, 1)).await
 }
 
 /// Every reader sees exactly `expected` in `table` (pyiceberg, DuckDB, Iceberg's Java library: [`readers_see`];

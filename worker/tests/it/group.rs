@@ -41,6 +41,30 @@ fn wait_spread(job: &Job, members: usize) -> BTreeMap<String, Vec<i64>> {
     }
 }
 
+/// Sends `worker` SIGTERM and waits for it to exit: within `bound`, or the test fails showing its log (waiting up
+/// to 90 s to show how long it took). Returns how long the stop took.
+fn sigterm_ends_within(worker: &mut Worker, name: &str, bound: Duration) -> Duration {
+    worker.signal(Signal::SIGTERM);
+    let stopping = Instant::now();
+    let deadline = stopping + Duration::from_secs(90);
+    while worker.exited().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "{name}: no exit within 90 s:\n{}",
+            worker.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let took = stopping.elapsed();
+    assert!(
+        took < bound,
+        "{name}: the stop took {took:?}:\n{}",
+        worker.log_text()
+    );
+    worker.child = None;
+    took
+}
+
 /// The subtasks a worker's log says it claimed.
 fn claimed(worker: &Worker) -> BTreeSet<i64> {
     worker
@@ -159,24 +183,7 @@ async fn a_stop_during_a_rebalance_ends_promptly() {
     wait_spread(&job, 2);
     let mut c = job.spawn_worker(&["--member", "c"]);
     a.wait_logged("revokes subtasks", 1, Duration::from_secs(60));
-    a.signal(Signal::SIGTERM);
-    let stopping = Instant::now();
-    let deadline = stopping + Duration::from_secs(60);
-    while a.exited().is_none() {
-        assert!(
-            Instant::now() < deadline,
-            "no exit within 60 s:\n{}",
-            a.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let took = stopping.elapsed();
-    assert!(
-        took < Duration::from_secs(15),
-        "the stop during a rebalance took {took:?}:\n{}",
-        a.log_text()
-    );
-    a.child = None;
+    let took = sigterm_ends_within(&mut a, "a, during a rebalance", Duration::from_secs(15));
     job.produce(200).await;
     job.wait_delivered(Duration::from_secs(120));
     for worker in [&mut b, &mut c] {
@@ -244,25 +251,8 @@ async fn a_stop_while_the_group_waits_for_a_silent_member_ends_within_the_close_
     std::thread::sleep(Duration::from_secs(3));
     let mut took = Vec::new();
     for (name, worker) in [("b", &mut b), ("a", &mut a)] {
-        worker.signal(Signal::SIGTERM);
-        let stopping = Instant::now();
-        let deadline = stopping + Duration::from_secs(90);
-        while worker.exited().is_none() {
-            assert!(
-                Instant::now() < deadline,
-                "{name}: no exit within 90 s:\n{}",
-                worker.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let stopped = stopping.elapsed();
-        assert!(
-            stopped < Duration::from_secs(25),
-            "{name}: the stop while the group waited for a silent member took {stopped:?}:\n{}",
-            worker.log_text()
-        );
-        worker.child = None;
-        took.push((name, stopped));
+        let bound = Duration::from_secs(25);
+        took.push((name, sigterm_ends_within(worker, name, bound)));
     }
     drop(silent);
 
