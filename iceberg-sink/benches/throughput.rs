@@ -19,7 +19,8 @@
 //! `RATCHET_BENCH_UPSERT_HOUR=1` it simulates an hour of upserts at 1 s (3 600 commits of 1 000 rows whose ids
 //! cycle through 100 000 keys, position deletes, expiry and merging), then has Spark 4.1.4 time a full scan of
 //! the table, compact it (rewrite_data_files, rewrite_position_delete_files) and time the scan again
-//! (`test-support/verifiers/spark_iceberg.py scan`). With `RATCHET_BENCH_COMPACT=1` it runs the hour at 1 s and
+//! (`test-support/verifiers/spark_iceberg.py scan`); then the same hour with the sink's compaction (`compact`,
+//! default policy), whose table Spark scans as the sink left it. With `RATCHET_BENCH_COMPACT=1` it runs the hour at 1 s and
 //! `RATCHET_BENCH_COMPACT_COMMITS` (default 86 400: the day) commits of 10 rows with expiry, merging and the
 //! sink's compaction (`compact`, default policy); the data-files column then says how many are live.
 //!
@@ -494,26 +495,41 @@ async fn main() {
             .await;
         }
         if upsert_hour {
-            let spark = small_files(SmallFiles {
+            let upserts = |compact| SmallFiles {
                 upsert_keys: Some(100_000),
+                compact,
                 ..hour(
-                    "1 h at 1 s, upserts by id over 100 000 keys (position deletes), expiry (keep 100) + merging (at 100)",
+                    match compact {
+                        false => {
+                            "1 h at 1 s, upserts by id over 100 000 keys (position deletes), expiry (keep 100) + merging (at 100)"
+                        }
+                        true => {
+                            "1 h at 1 s, upserts by id over 100 000 keys (position deletes), expiry (keep 100) + merging (at 100) + compaction (128 MiB, 8 files)"
+                        }
+                    },
                     1,
                     Some(100),
                     true,
                 )
-            })
-            .await
-            .unwrap();
+            };
+            let spark = small_files(upserts(false)).await.unwrap();
+            let compacted = small_files(upserts(true)).await.unwrap();
             let (before, after) = (&spark["before"], &spark["after"]);
             println!(
                 "\n| Spark 4.1.4 full scan of the upsert table | rows | data files | position-delete files | scan s |\n|---|---|---|---|---|"
             );
             for (label, m) in [
-                ("after the hour, as the sink left it", before),
+                (
+                    "after the hour, as the sink left it (no compaction)",
+                    before,
+                ),
                 (
                     "after Spark's rewrite_data_files + rewrite_position_delete_files",
                     after,
+                ),
+                (
+                    "after the hour with the sink's compaction (`compact`, default policy)",
+                    &compacted["before"],
                 ),
             ] {
                 println!(

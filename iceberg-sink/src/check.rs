@@ -26,7 +26,7 @@ const CATALOG_TABLE: &str = "iceberg_tables";
 pub(crate) async fn check(config: &IcebergSinkConfig) -> Result<SinkCheck> {
     let keyed = KeyedRows::of_config(config)?;
     if let Some(policy) = config.compact.explicit() {
-        policy.check(&config.sink, &config.upsert_key)?;
+        policy.check(&config.sink, &config.upsert_key, config.upsert_deletes)?;
     }
     config.layout.check_settings(
         &config.sink,
@@ -35,8 +35,21 @@ pub(crate) async fn check(config: &IcebergSinkConfig) -> Result<SinkCheck> {
         config.upsert_deletes,
     )?;
     let ident = table_ident(config)?;
-    let created = config.compact.resolve_created(&config.upsert_key);
-    let (catalog, found, compacts) = match existing_table(config, &ident).await? {
+    // A layout that does not bind is refused below, where the table would be created.
+    let version = match config.layout.format_version {
+        Some(3) => iceberg::spec::FormatVersion::V3,
+        _ => iceberg::spec::FormatVersion::V2,
+    };
+    let created = config
+        .compact
+        .resolve_created(config.upsert_mode(), version);
+    let existing = existing_table(config, &ident).await?;
+    if let (Some(policy), Existing::NoCatalogTables | Existing::Missing) =
+        (config.compact.explicit(), &existing)
+    {
+        policy.check_version(&config.sink, &config.table, version)?;
+    }
+    let (catalog, found, compacts) = match existing {
         Existing::NoCatalogTables => (
             "the SQL catalog has no tables yet (the first run creates them)",
             None,
@@ -81,7 +94,7 @@ pub(crate) async fn check(config: &IcebergSinkConfig) -> Result<SinkCheck> {
                         ),
                     }
                 )),
-                config.compact.resolve(&table, &config.upsert_key),
+                config.compact.resolve(&table, config.upsert_mode()),
             )
         }
     };

@@ -45,7 +45,7 @@ use crate::guarded::{Check, GuardedCatalog, Planned, Verdict};
 use crate::ledger::{SubtaskKey, SubtaskState};
 use crate::manifest_merge::{MergePolicy, merge_manifests};
 use crate::own_commit::OwnCommit;
-use crate::replace::{Replaced, remove_data_files};
+use crate::replace::{Removal, Replaced, remove_data_files};
 use crate::retire::{ManifestListCache, delete_retired_files, drill};
 use crate::rewritten::read_list;
 use crate::row_delta::add_delete_files;
@@ -625,13 +625,24 @@ impl TableTarget {
             if let (Some(replacing), Some(snapshot)) =
                 (replacement, planned_snapshot.as_deref_mut())
             {
-                let replaced = remove_data_files(
-                    &base,
-                    snapshot,
-                    manifests,
-                    (&replacing.inputs, &replacing.manifests),
-                )
-                .await?;
+                let conflict = match replacing.read_at {
+                    Some(read_at) => {
+                        conflicting_deletes(&base, read_at, &replacing.inputs, &chosen.commit)
+                            .await?
+                    }
+                    None => None,
+                };
+                let replaced = match conflict {
+                    Some(_) => None,
+                    None => {
+                        let removal = Removal {
+                            data: &replacing.inputs,
+                            deletes: &replacing.deletes,
+                            hints: &replacing.manifests,
+                        };
+                        remove_data_files(&base, snapshot, manifests, removal).await?
+                    }
+                };
                 match replaced {
                     Some(replaced) => {
                         *snapshot = replaced.snapshot;
@@ -639,12 +650,16 @@ impl TableTarget {
                         written.extend(replaced.written);
                     }
                     None => {
+                        let why = conflict.unwrap_or_else(|| {
+                            "a file the checkpoint's compaction rewrote or removes is no longer live (another \
+                             writer rewrote or removed it)"
+                                .to_string()
+                        });
                         tracing::info!(
                             table = %self.table,
                             subtask = %key.subtask,
                             inputs = replacing.inputs.len(),
-                            "a file the checkpoint's compaction rewrote is no longer live (another writer \
-                             rewrote or removed it): the checkpoint is committed without the compaction"
+                            "{why}: the checkpoint is committed without the compaction"
                         );
                         discard(&base, &written).await;
                         replacement = None;
@@ -690,6 +705,9 @@ impl TableTarget {
                     if !written.is_empty() {
                         drill("after-own-commit");
                     }
+                    if replacement.is_some() {
+                        drill("after-compacted-commit");
+                    }
                     // Nothing names the delete files this commit did not choose: they are the checkpoint's
                     // alternative, never committed (one left behind is deleted by recovery's cleanup).
                     discard(&base, &chosen.unused).await;
@@ -706,9 +724,11 @@ impl TableTarget {
                         (None, Some(outputs)) => discard(&base, outputs).await,
                         (Some(replaced), _) => {
                             if let Some(snapshot) = table.metadata().current_snapshot() {
+                                let mut inputs = replaced.inputs.clone();
+                                inputs.extend(replaced.deletes.iter().cloned());
                                 self.replaced.lock().expect("replaced lock").push(Replaced {
                                     sequence: snapshot.sequence_number(),
-                                    inputs: replaced.inputs.clone(),
+                                    inputs,
                                 });
                             }
                         }
@@ -785,6 +805,10 @@ pub(crate) struct Replacement {
     pub(crate) outputs: Vec<DataFile>,
     /// Where the inputs were listed when picked ([`CompactedFiles::manifests`]).
     pub(crate) manifests: Vec<String>,
+    /// An upsert table's: the snapshot the inputs were read at ([`CompactedFiles::read_at`]).
+    pub(crate) read_at: Option<i64>,
+    /// An upsert table's: the position-delete files removed with the inputs ([`CompactedFiles::deletes`]).
+    pub(crate) deletes: Vec<String>,
 }
 
 /// The delete files of one commit: the checkpoint's, and the snapshot the key index showed when its position
@@ -837,6 +861,39 @@ fn choose_deletes(
         commit: commit.into_iter().cloned().collect(),
         unused: unused.iter().map(|f| f.file_path().to_string()).collect(),
     }
+}
+
+/// Why an upsert table's compaction that read its inputs at `read_at` must not ride on a commit on `base` that
+/// commits `deletes`: the commit deletes the checkpoint's keys by equality (they reach rows of lower sequence
+/// numbers only, not the outputs of the same snapshot), or a delete file added since may reach an input
+/// ([`crate::rewrite_conflicts`]).
+///
+/// # Errors
+/// A manifest or delete file that cannot be read (the attempt fails retryably).
+async fn conflicting_deletes(
+    base: &Table,
+    read_at: i64,
+    inputs: &[String],
+    deletes: &[DataFile],
+) -> iceberg::Result<Option<String>> {
+    if deletes
+        .iter()
+        .any(|f| f.content_type() == DataContentType::EqualityDeletes)
+    {
+        return Ok(Some(
+            "the checkpoint deletes its keys by equality (rows moved since its pre-commit)"
+                .to_string(),
+        ));
+    }
+    crate::rewrite_conflicts::added_since(base, read_at, inputs)
+        .await
+        .map_err(|e| {
+            iceberg::Error::new(
+                iceberg::ErrorKind::Unexpected,
+                "cannot check the compaction against the delete files added since it read the table",
+            )
+            .with_source(e)
+        })
 }
 
 /// Deletes the files an attempt of Ratchet's own commit wrote for a snapshot that will not be committed (merged
@@ -1068,6 +1125,8 @@ impl IcebergCommitter {
             inputs: compaction.inputs.clone(),
             outputs: decode_files(table, &compaction.outputs)?,
             manifests: compaction.manifests.clone(),
+            read_at: compaction.read_at,
+            deletes: compaction.deletes.clone(),
         }))
     }
 

@@ -58,6 +58,14 @@ pub struct CompactedFiles {
     /// reads the others only when one is not there, a merge having rewritten its manifest since).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub manifests: Vec<String>,
+    /// An upsert table's compaction: the snapshot whose deletes the outputs apply. The commit drops the
+    /// compaction when a delete that may reach an input was added since (`None`: an append table's, no deletes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_at: Option<i64>,
+    /// An upsert table's compaction: position-delete files that name no data file live after it (only its inputs
+    /// and files already removed), removed by the same snapshot.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deletes: Vec<String>,
 }
 
 pub(crate) fn encode_files(table: &Table, files: Vec<DataFile>) -> Result<Vec<PendingFile>> {

@@ -11,6 +11,8 @@ use iceberg::table::Table;
 use serde::de::{MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 
+use crate::upsert_deletes::UpsertDeletes;
+
 /// The table property the sink sets on a table it creates (`create_table`), naming the job: such a table
 /// compacts by default ([`Compact::Default`]).
 pub const CREATED_BY_PROPERTY: &str = "ratchet.created-by";
@@ -18,9 +20,9 @@ pub const CREATED_BY_PROPERTY: &str = "ratchet.created-by";
 /// The job file's `compact` setting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Compact {
-    /// Left out: an append table the sink created ([`CREATED_BY_PROPERTY`]) of format version 1 or 2 compacts with
-    /// the default [`CompactPolicy`]; any other table (created by someone else, before that property existed,
-    /// upserted, or of version 3) compacts nothing.
+    /// Left out: a table the sink created ([`CREATED_BY_PROPERTY`]) of format version 1 or 2, appended or upserted
+    /// by position deletes, compacts with the default [`CompactPolicy`]; any other table (created by someone else,
+    /// before that property existed, upserted by equality deletes, or of version 3) compacts nothing.
     #[default]
     Default,
     /// `compact = false`: no compaction.
@@ -31,33 +33,37 @@ pub enum Compact {
 }
 
 impl Compact {
-    /// The policy the sink compacts `table` with (`None`: no compaction); `upsert_key` empty for an append table.
-    pub fn resolve(&self, table: &Table, upsert_key: &[String]) -> Option<CompactPolicy> {
+    /// The policy the sink compacts `table` with (`None`: no compaction); `upsert` the upsert mode's deletes
+    /// (`None`: an append table).
+    pub fn resolve(&self, table: &Table, upsert: Option<UpsertDeletes>) -> Option<CompactPolicy> {
         let metadata = table.metadata();
         self.resolve_for(
             metadata.properties().contains_key(CREATED_BY_PROPERTY),
-            upsert_key,
+            upsert,
             metadata.format_version(),
         )
     }
 
-    /// The policy the sink will compact a table with that it creates on its first run.
-    pub(crate) fn resolve_created(&self, upsert_key: &[String]) -> Option<CompactPolicy> {
-        // iceberg-rust's `TableCreation` creates format-version 2 tables.
-        self.resolve_for(true, upsert_key, FormatVersion::V2)
+    /// The policy the sink will compact a table of `version` with that it creates on its first run.
+    pub(crate) fn resolve_created(
+        &self,
+        upsert: Option<UpsertDeletes>,
+        version: FormatVersion,
+    ) -> Option<CompactPolicy> {
+        self.resolve_for(true, upsert, version)
     }
 
     fn resolve_for(
         &self,
         created_by_ratchet: bool,
-        upsert_key: &[String],
+        upsert: Option<UpsertDeletes>,
         version: FormatVersion,
     ) -> Option<CompactPolicy> {
         match self {
             Compact::Off => None,
             Compact::On(policy) => Some(*policy),
             Compact::Default => (created_by_ratchet
-                && upsert_key.is_empty()
+                && upsert != Some(UpsertDeletes::Equality)
                 && matches!(version, FormatVersion::V1 | FormatVersion::V2))
             .then(CompactPolicy::default),
         }
@@ -142,19 +148,26 @@ fn default_min_input_files() -> usize {
 }
 
 impl CompactPolicy {
-    /// Checks the policy of sink `sink`, whose rows are upserted by `upsert_key` (empty: appended).
+    /// Checks the policy of sink `sink`, whose rows are upserted by `upsert_key` (empty: appended) with `deletes`.
     ///
     /// # Errors
     /// [`Config`](connector_api::ErrorKind::Config) naming the key: `min_input_files` below 2, `target_file_size` below 1 KiB,
-    /// or an upsert key (a rewrite of an upsert table must carry its deletes and the key index along: planned).
-    pub fn check(&self, sink: &SinkId, upsert_key: &[String]) -> Result<()> {
+    /// or an upsert table written with `upsert_deletes = "equality"` (the rewrite applies position deletes only,
+    /// and the key index that tracks moved rows exists only in the position mode).
+    pub fn check(
+        &self,
+        sink: &SinkId,
+        upsert_key: &[String],
+        deletes: UpsertDeletes,
+    ) -> Result<()> {
         let refuse = |why: String| Err(Error::config(format!("sink {sink}: compact: {why}")));
-        if !upsert_key.is_empty() {
+        if !upsert_key.is_empty() && deletes == UpsertDeletes::Equality {
             return refuse(
-                "the sink compacts append tables only; an upsert table's rewrite must carry its position deletes \
-                 and the key index along, which it does not do yet (planned). Remove `compact` and compact the \
-                 table with Spark's rewrite_data_files beside the sink (docs/worker.md, \"Maintaining a table \
-                 with Spark\")"
+                "the sink compacts upsert tables written with upsert_deletes = \"position\" (the default) only: \
+                 a rewrite must apply the table's deletes and move the key index's rows, and with equality \
+                 deletes there is no key index. Remove `compact` or `upsert_deletes`, or compact the table with \
+                 Spark's rewrite_data_files beside the sink (docs/worker.md, \"Maintaining a table with \
+                 Spark\")"
                     .to_string(),
             );
         }
@@ -180,13 +193,30 @@ impl CompactPolicy {
     /// [`Config`](connector_api::ErrorKind::Config) naming the table for a format-version 3 table (a rewrite of a
     /// v3 table must write each moved row's `_row_id` into the new files to keep its lineage: planned).
     pub(crate) fn check_table(&self, sink: &SinkId, table: &Table) -> Result<()> {
-        match table.metadata().format_version() {
-            iceberg::spec::FormatVersion::V1 | iceberg::spec::FormatVersion::V2 => Ok(()),
+        self.check_version(
+            sink,
+            &table.identifier().to_string(),
+            table.metadata().format_version(),
+        )
+    }
+
+    /// [`check_table`](Self::check_table) of table `name` of format `version` (one the sink is to create).
+    ///
+    /// # Errors
+    /// As [`check_table`](Self::check_table).
+    pub(crate) fn check_version(
+        &self,
+        sink: &SinkId,
+        name: &str,
+        version: FormatVersion,
+    ) -> Result<()> {
+        match version {
+            FormatVersion::V1 | FormatVersion::V2 => Ok(()),
             version => Err(Error::config(format!(
-                "sink {sink}: compact: table {} is an Iceberg format-version {version} table; the sink compacts \
+                "sink {sink}: compact: table {name} is an Iceberg format-version {} table; the sink compacts \
                  version 1 and 2 tables (a version 3 rewrite must write each moved row's _row_id into the new \
                  files to keep its lineage: planned): remove compact and compact the table with Spark",
-                table.identifier()
+                version as u8
             ))),
         }
     }
@@ -290,25 +320,32 @@ mod tests {
     }
 
     #[test]
-    fn a_policy_below_two_files_or_a_kilobyte_or_with_an_upsert_key_is_refused_naming_the_key() {
+    fn a_policy_below_two_files_or_a_kilobyte_or_on_equality_upserts_is_refused_naming_the_key() {
         let sink = SinkId::new("lake").unwrap();
         let err = policy(1 << 20, 1)
-            .check(&sink, &[])
+            .check(&sink, &[], POSITION)
             .unwrap_err()
             .to_string();
         assert!(
             err.contains("min_input_files = 1") && err.contains("lake"),
             "{err}"
         );
-        let err = policy(100, 4).check(&sink, &[]).unwrap_err().to_string();
-        assert!(err.contains("target_file_size = 100"), "{err}");
-        let err = policy(1 << 20, 2)
-            .check(&sink, &["id".to_string()])
+        let err = policy(100, 4)
+            .check(&sink, &[], POSITION)
             .unwrap_err()
             .to_string();
-        assert!(err.contains("append tables only"), "{err}");
-        policy(1 << 20, 2).check(&sink, &[]).unwrap();
+        assert!(err.contains("target_file_size = 100"), "{err}");
+        let key = ["id".to_string()];
+        let err = policy(1 << 20, 2)
+            .check(&sink, &key, UpsertDeletes::Equality)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("upsert_deletes = \"position\""), "{err}");
+        policy(1 << 20, 2).check(&sink, &key, POSITION).unwrap();
+        policy(1 << 20, 2).check(&sink, &[], POSITION).unwrap();
     }
+
+    const POSITION: UpsertDeletes = UpsertDeletes::Position;
 
     #[derive(Debug, Deserialize)]
     struct Entry {
@@ -341,19 +378,38 @@ mod tests {
     }
 
     #[test]
-    fn left_out_compact_compacts_only_append_tables_the_sink_created_below_version_3() {
-        let key = ["id".to_string()];
+    fn left_out_compact_compacts_only_tables_the_sink_created_below_version_3_without_equality_deletes()
+     {
+        let (position, equality) = (Some(UpsertDeletes::Position), Some(UpsertDeletes::Equality));
         let default = Some(CompactPolicy::default());
         let left_out = Compact::Default;
-        assert_eq!(left_out.resolve_for(true, &[], FormatVersion::V2), default);
-        assert_eq!(left_out.resolve_for(true, &[], FormatVersion::V1), default);
-        assert_eq!(left_out.resolve_for(false, &[], FormatVersion::V2), None);
-        assert_eq!(left_out.resolve_for(true, &key, FormatVersion::V2), None);
-        assert_eq!(left_out.resolve_for(true, &[], FormatVersion::V3), None);
-        assert_eq!(Compact::Off.resolve_for(true, &[], FormatVersion::V2), None);
+        assert_eq!(left_out.resolve_for(true, None, FormatVersion::V2), default);
+        assert_eq!(left_out.resolve_for(true, None, FormatVersion::V1), default);
+        assert_eq!(
+            left_out.resolve_for(true, position, FormatVersion::V2),
+            default
+        );
+        assert_eq!(left_out.resolve_for(false, None, FormatVersion::V2), None);
+        assert_eq!(
+            left_out.resolve_for(false, position, FormatVersion::V2),
+            None
+        );
+        assert_eq!(
+            left_out.resolve_for(true, equality, FormatVersion::V2),
+            None
+        );
+        assert_eq!(left_out.resolve_for(true, None, FormatVersion::V3), None);
+        assert_eq!(
+            left_out.resolve_for(true, position, FormatVersion::V3),
+            None
+        );
+        assert_eq!(
+            Compact::Off.resolve_for(true, None, FormatVersion::V2),
+            None
+        );
         let set = Compact::On(policy(4096, 3));
         assert_eq!(
-            set.resolve_for(false, &[], FormatVersion::V2),
+            set.resolve_for(false, None, FormatVersion::V2),
             Some(policy(4096, 3))
         );
     }

@@ -40,20 +40,31 @@ use crate::committable::{CompactedFiles, encode_files};
 use crate::compact_policy::CompactPolicy;
 use crate::error::iceberg_error;
 use crate::ledger::SubtaskKey;
+use crate::location::canonical;
 use crate::writer::CheckpointWriter;
 
-/// A small data file this subtask wrote, and the manifest of the current snapshot that lists it.
+/// A small data file this subtask wrote, the manifest of the current snapshot that lists it, and its data
+/// sequence number.
 #[derive(Debug, Clone)]
 pub(crate) struct SmallFile {
     pub(crate) file: DataFile,
     pub(crate) manifest: String,
+    pub(crate) sequence: i64,
+}
+
+/// What one data manifest lists: this subtask's small files of the default spec (with their data sequence
+/// numbers) and every live data file's path.
+#[derive(Debug, Default)]
+struct ManifestFiles {
+    small: Vec<(DataFile, i64)>,
+    live: Vec<String>,
 }
 
 /// This subtask's small files per data manifest, read once per manifest (a manifest never changes once written):
 /// a look reads only the manifests committed since the last one.
 #[derive(Debug, Default)]
 pub(crate) struct SmallFileCache {
-    by_manifest: HashMap<String, Vec<DataFile>>,
+    by_manifest: HashMap<String, ManifestFiles>,
 }
 
 impl SmallFileCache {
@@ -79,34 +90,57 @@ impl SmallFileCache {
         for manifest in list
             .entries()
             .iter()
-            .filter(|m| m.content == ManifestContentType::Data && m.partition_spec_id == spec_id)
+            .filter(|m| m.content == ManifestContentType::Data)
         {
             let path = &manifest.manifest_path;
             current.insert(path.clone());
             if !self.by_manifest.contains_key(path) {
                 let loaded = manifest.load_manifest(table.file_io()).await?;
-                let files = loaded
-                    .entries()
-                    .iter()
-                    .filter(|entry| entry.is_alive())
-                    .map(|entry| entry.data_file())
-                    .filter(|file| {
-                        file.content_type() == DataContentType::Data
-                            && file.file_format() == DataFileFormat::Parquet
-                            && file.file_size_in_bytes() < policy.small_below()
-                            && key.file_stamp(file.file_path()).is_some()
-                    })
-                    .cloned()
-                    .collect();
+                let live = loaded.entries().iter().filter(|entry| entry.is_alive());
+                let files = ManifestFiles {
+                    small: live
+                        .clone()
+                        .filter(|entry| {
+                            let file = entry.data_file();
+                            manifest.partition_spec_id == spec_id
+                                && file.content_type() == DataContentType::Data
+                                && file.file_format() == DataFileFormat::Parquet
+                                && file.file_size_in_bytes() < policy.small_below()
+                                && key.file_stamp(file.file_path()).is_some()
+                        })
+                        .map(|entry| {
+                            (
+                                entry.data_file().clone(),
+                                entry.sequence_number().unwrap_or(0),
+                            )
+                        })
+                        .collect(),
+                    live: live.map(|entry| canonical(entry.file_path())).collect(),
+                };
                 self.by_manifest.insert(path.clone(), files);
             }
-            small.extend(self.by_manifest[path].iter().map(|file| SmallFile {
-                file: file.clone(),
-                manifest: path.clone(),
-            }));
+            small.extend(
+                self.by_manifest[path]
+                    .small
+                    .iter()
+                    .map(|(file, sequence)| SmallFile {
+                        file: file.clone(),
+                        manifest: path.clone(),
+                        sequence: *sequence,
+                    }),
+            );
         }
         self.by_manifest.retain(|path, _| current.contains(path));
         Ok(small)
+    }
+
+    /// Every live data file's path (canonical) in the manifests the last [`small_files`](Self::small_files)
+    /// read.
+    pub(crate) fn live_paths(&self) -> HashSet<&str> {
+        self.by_manifest
+            .values()
+            .flat_map(|m| m.live.iter().map(String::as_str))
+            .collect()
     }
 }
 
@@ -163,30 +197,11 @@ pub(crate) async fn rewrite(
     file_prefix: String,
     target_file_size: u64,
 ) -> Result<Vec<DataFile>> {
-    let schema = table.metadata().current_schema().clone();
-    let field_ids: Vec<i32> = schema.as_struct().fields().iter().map(|f| f.id).collect();
     let tasks: Vec<iceberg::Result<FileScanTask>> = group
         .iter()
-        .map(|file| {
-            Ok(FileScanTask::builder()
-                .with_file_size_in_bytes(file.file_size_in_bytes())
-                .with_start(0)
-                .with_length(file.file_size_in_bytes())
-                .with_record_count(Some(file.record_count()))
-                .with_data_file_path(file.file_path().to_string())
-                .with_data_file_format(DataFileFormat::Parquet)
-                .with_schema(schema.clone())
-                .with_project_field_ids(field_ids.clone())
-                .with_case_sensitive(true)
-                .build())
-        })
+        .map(|file| Ok(scan_task(table, file)))
         .collect();
-    let reader =
-        ArrowReaderBuilder::new(table.file_io().clone(), iceberg::Runtime::current()).build();
-    let mut batches = reader
-        .read(Box::pin(futures::stream::iter(tasks)))
-        .map_err(|e| iceberg_error(Phase::PreCommit, "cannot read the files to compact", e))?
-        .stream();
+    let mut batches = read(table, tasks)?;
     let size = usize::try_from(target_file_size).unwrap_or(usize::MAX);
     let mut writer = CheckpointWriter::open(table, file_prefix, size).await?;
     while let Some(batch) = batches
@@ -213,6 +228,41 @@ pub(crate) async fn rewrite(
         ));
     }
     Ok(written)
+}
+
+/// A task reading every row of `file` (a Parquet data file of `table`) in file order, in the table's current
+/// schema (columns added since the file was written read as nulls, widened ones widened, as every Iceberg
+/// reader reads them), without applying any delete.
+pub(crate) fn scan_task(table: &Table, file: &DataFile) -> FileScanTask {
+    let schema = table.metadata().current_schema().clone();
+    let field_ids: Vec<i32> = schema.as_struct().fields().iter().map(|f| f.id).collect();
+    FileScanTask::builder()
+        .with_file_size_in_bytes(file.file_size_in_bytes())
+        .with_start(0)
+        .with_length(file.file_size_in_bytes())
+        .with_record_count(Some(file.record_count()))
+        .with_data_file_path(file.file_path().to_string())
+        .with_data_file_format(DataFileFormat::Parquet)
+        .with_schema(schema)
+        .with_project_field_ids(field_ids)
+        .with_case_sensitive(true)
+        .build()
+}
+
+/// The rows of `tasks`, read by iceberg's Arrow reader.
+///
+/// # Errors
+/// A file that cannot be opened.
+pub(crate) fn read(
+    table: &Table,
+    tasks: Vec<iceberg::Result<FileScanTask>>,
+) -> Result<iceberg::scan::ArrowRecordBatchStream> {
+    let reader =
+        ArrowReaderBuilder::new(table.file_io().clone(), iceberg::Runtime::current()).build();
+    Ok(reader
+        .read(Box::pin(futures::stream::iter(tasks)))
+        .map_err(|e| iceberg_error(Phase::PreCommit, "cannot read the files to compact", e))?
+        .stream())
 }
 
 /// Looks for small files of `key`'s subtask in the table as committed now and rewrites the groups due
@@ -255,8 +305,21 @@ pub(crate) async fn compact(
             inputs,
             outputs: encode_files(&table, outputs)?,
             manifests: manifests.into_iter().collect(),
+            read_at: None,
+            deletes: Vec::new(),
         }))
     };
+    within_or_skip(target, key, work).await
+}
+
+/// Runs `work` (a compaction's pre-commit) within the target's `commit_timeout`; `None` when it finds nothing to
+/// do, fails or outlasts the bound (logged as a warning: the checkpoint goes on without compaction; what was
+/// written carries the checkpoint's stamp, and recovery's cleanup deletes it).
+pub(crate) async fn within_or_skip<T>(
+    target: &TableTarget,
+    key: &SubtaskKey,
+    work: impl std::future::Future<Output = Result<Option<T>>>,
+) -> Option<T> {
     match tokio::time::timeout(target.commit_timeout, work).await {
         Ok(Ok(compacted)) => compacted,
         Ok(Err(e)) => {
@@ -306,6 +369,7 @@ mod tests {
         SmallFile {
             file,
             manifest: "m.avro".into(),
+            sequence: 1,
         }
     }
 

@@ -21,25 +21,17 @@
 //! A key costs its encoded bytes (a `bigint` key: 9 bytes; a text key: its length + 2 per 32 bytes), a 16-byte
 //! location and the hash map's slot and control byte; `docs/benchmarks.md` has the measured bytes per million keys.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
 use arrow_row::{RowConverter, Rows, SortField};
 use connector_api::{CheckpointId, Error, Phase, Result};
-use iceberg::spec::Struct;
 use iceberg::table::Table;
 
+use crate::compaction_moves::Moves;
 use crate::error::iceberg_error;
-
-/// A data file the index points into: its path, and the partition spec and partition its rows belong to (what a
-/// position-delete file of its rows is filed under).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub(crate) struct IndexedFile {
-    pub(crate) path: String,
-    pub(crate) spec_id: i32,
-    pub(crate) partition: Struct,
-}
+pub(crate) use crate::indexed_file::{IndexedFile, Row};
 
 /// Where one key's current row lives: an index into [`KeyIndex`]'s files and the row's position there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,9 +39,6 @@ pub(crate) struct Location {
     file: u32,
     pos: u64,
 }
-
-/// A row: its data file and its position there.
-pub(crate) type Row = (Arc<IndexedFile>, u64);
 
 /// One key's change by a checkpoint: the encoded key, its row before and after (paths, not indices: a rebuild
 /// renumbers the files).
@@ -82,6 +71,12 @@ pub(crate) struct KeyIndex {
     pending: Vec<(CheckpointId, Vec<Change>)>,
     /// The changes of the pre-committed checkpoint, undone if it aborts.
     staged: Option<(CheckpointId, Vec<Change>)>,
+    /// The compactions of decided checkpoints the table does not show yet, oldest first: their moves apply once
+    /// it does ([`apply_compaction`](Self::apply_compaction)), and are forgotten once it shows the checkpoint
+    /// committed without them.
+    compactions: Vec<(CheckpointId, Moves)>,
+    /// The compaction of the pre-committed checkpoint, forgotten if it aborts.
+    staged_compaction: Option<(CheckpointId, Moves)>,
 }
 
 impl std::fmt::Debug for KeyIndex {
@@ -123,6 +118,8 @@ impl KeyIndex {
             shown: Shown::Stale,
             pending: Vec::new(),
             staged: None,
+            compactions: Vec::new(),
+            staged_compaction: None,
         })
     }
 
@@ -168,7 +165,13 @@ impl KeyIndex {
                 chunk(c.capacity() * change) + c.iter().map(|c| chunk(c.key.len())).sum::<usize>()
             })
             .sum();
-        table + keys + files + changes
+        let moves: usize = self
+            .compactions
+            .iter()
+            .chain(self.staged_compaction.iter())
+            .map(|(_, m)| m.heap_bytes(chunk))
+            .sum();
+        table + keys + files + changes + moves
     }
 
     /// The keys of `batch`'s rows (any batch holding the key columns by name, in any type that converts exactly
@@ -238,10 +241,14 @@ impl KeyIndex {
         if let Some(decided) = self.staged.take() {
             self.pending.push(decided);
         }
+        if let Some(decided) = self.staged_compaction.take() {
+            self.compactions.push(decided);
+        }
     }
 
     /// The pre-committed checkpoint aborted: its changes are undone, newest first.
     pub(crate) fn undo(&mut self) {
+        self.staged_compaction = None;
         let Some((_, changes)) = self.staged.take() else {
             return;
         };
@@ -302,6 +309,27 @@ impl KeyIndex {
             Some((checkpoint, changes)) => Some((checkpoint, recode(changes)?)),
             None => None,
         };
+        let rekey = |moves: &mut Moves| -> Result<()> {
+            let keys = moves
+                .keys()
+                .map(|key| Change {
+                    key: key.into(),
+                    before: None,
+                    after: None,
+                })
+                .collect();
+            moves.rekey(recode(keys)?.into_iter().map(|c| c.key).collect());
+            Ok(())
+        };
+        for (_, moves) in self
+            .compactions
+            .iter_mut()
+            .chain(self.staged_compaction.iter_mut())
+        {
+            rekey(moves)?;
+        }
+        retyped.compactions = std::mem::take(&mut self.compactions);
+        retyped.staged_compaction = self.staged_compaction.take();
         retyped.pending = pending;
         retyped.staged = staged;
         *self = retyped;
@@ -340,8 +368,74 @@ impl KeyIndex {
         if let Some(committed) = committed {
             self.pending
                 .retain(|(checkpoint, _)| *checkpoint > committed);
+            // Shown committed: applied by the catch-up, read by a rebuild, or dropped at the commit.
+            self.compactions
+                .retain(|(checkpoint, _)| *checkpoint > committed);
         }
         self.shown = Shown::At(snapshot);
+    }
+
+    /// Records the compaction the pre-committed `checkpoint` carries ([`crate::upsert_compaction`]): its moves
+    /// apply once the table shows it.
+    pub(crate) fn stage_compaction(&mut self, checkpoint: CheckpointId, moves: Moves) {
+        self.staged_compaction = Some((checkpoint, moves));
+    }
+
+    /// Whether the index holds the moves of `checkpoint`'s compaction (the table does not show it yet).
+    pub(crate) fn knows_compaction(&self, checkpoint: CheckpointId) -> bool {
+        self.compactions
+            .iter()
+            .chain(self.staged_compaction.iter())
+            .any(|(c, _)| *c == checkpoint)
+    }
+
+    /// The table shows `checkpoint`'s compaction: every key still at a row it copied points at the copy (a key a
+    /// later checkpoint or another writer moved on keeps its row).
+    pub(crate) fn apply_compaction(&mut self, checkpoint: CheckpointId) {
+        let Some(i) = self.compactions.iter().position(|(c, _)| *c == checkpoint) else {
+            return;
+        };
+        let (_, moves) = self.compactions.remove(i);
+        for (key, input, from, output, to) in moves.rows() {
+            let Some(&file) = self.by_path.get(input) else {
+                continue;
+            };
+            if self.rows.get(key) == Some(&Location { file, pos: from }) {
+                let location = self.location(output, to);
+                if let Some(slot) = self.rows.get_mut(key) {
+                    *slot = location;
+                }
+            }
+        }
+    }
+
+    /// The copy of `row` a compaction the table does not show yet made, if any: a position delete of `row` must
+    /// delete it too ([`crate::compaction_moves`]).
+    pub(crate) fn copy_of(&self, (file, pos): &Row) -> Option<Row> {
+        self.compactions
+            .iter()
+            .chain(self.staged_compaction.iter())
+            .find_map(|(_, moves)| moves.copy_of(&file.path, *pos))
+    }
+
+    /// The data files a compaction must not take now: those a decided or staged checkpoint the table may not show
+    /// deletes rows from (the rewrite would keep the row its delete names), and those a compaction the table does
+    /// not show yet rewrites or writes.
+    pub(crate) fn busy_files(&self) -> HashSet<String> {
+        let mut busy = HashSet::new();
+        for (_, changes) in self.pending.iter().chain(self.staged.iter()) {
+            busy.extend(
+                changes
+                    .iter()
+                    .filter_map(|c| c.before.as_ref())
+                    .map(|(file, _)| file.path.clone()),
+            );
+        }
+        for (_, moves) in self.compactions.iter().chain(self.staged_compaction.iter()) {
+            busy.extend(moves.inputs().iter().cloned());
+            busy.extend(moves.outputs().map(str::to_string));
+        }
+        busy
     }
 
     /// The number of decided checkpoints whose changes the table may not show yet.
@@ -412,6 +506,7 @@ fn key_schema(table: &Table, key: &[String]) -> Result<arrow_schema::SchemaRef> 
 mod tests {
     use arrow_array::{ArrayRef, Int32Array, Int64Array, StringArray};
     use arrow_schema::{DataType, Field, Schema};
+    use iceberg::spec::Struct;
 
     use super::*;
 
@@ -433,6 +528,8 @@ mod tests {
             shown: Shown::Stale,
             pending: Vec::new(),
             staged: None,
+            compactions: Vec::new(),
+            staged_compaction: None,
         }
     }
 
@@ -555,5 +652,89 @@ mod tests {
         assert_eq!(index.pending_checkpoints(), 0);
         index.undo();
         assert_eq!(index.locate(two.as_ref()), None);
+    }
+
+    #[test]
+    fn a_compaction_moves_only_keys_still_at_its_rows_and_only_once_the_table_shows_it() {
+        let mut index = index(vec![Field::new("id", DataType::Int64, false)]);
+        let keys = index
+            .keys(
+                "t",
+                &batch(vec![("id", Arc::new(Int64Array::from(vec![1, 2, 3])))]),
+            )
+            .unwrap();
+        let (one, two, three) = (keys.row(0), keys.row(1), keys.row(2));
+        index.clear();
+        for (i, key) in [one, two, three].iter().enumerate() {
+            index.insert(key.as_ref(), &file("a.parquet"), i as u64);
+        }
+        index.finish_rebuild(Some(1), Some(CheckpointId(1)));
+        // Checkpoint 2 compacts a.parquet (all three rows copied to out.parquet).
+        let mut moves = Moves::default();
+        let a = moves.input("a.parquet");
+        for (i, key) in [one, two, three].iter().enumerate() {
+            moves.record(
+                key.as_ref(),
+                (a, i as u64),
+                (&file("out.parquet"), i as u64),
+            );
+        }
+        index.stage_compaction(CheckpointId(2), moves);
+        assert!(index.busy_files().contains("a.parquet"));
+        assert!(index.busy_files().contains("out.parquet"));
+        index.settle();
+        // Checkpoint 3, pre-committed before the table shows 2, replaces key 2: its row and the copy go.
+        let replaced = index.stage(
+            CheckpointId(3),
+            two.as_ref(),
+            Some((&file("c3.parquet"), 0)),
+        );
+        assert_eq!(replaced, Some((file("a.parquet"), 1)));
+        assert_eq!(
+            index.copy_of(&replaced.unwrap()),
+            Some((file("out.parquet"), 1))
+        );
+        // The table shows checkpoint 2 with its compaction: keys 1 and 3 move, key 2 stays at checkpoint 3's row.
+        index.apply_compaction(CheckpointId(2));
+        index.caught_up(Some(2), Some(CheckpointId(2)));
+        assert_eq!(index.locate(one.as_ref()), Some(("out.parquet", 0)));
+        assert_eq!(index.locate(two.as_ref()), Some(("c3.parquet", 0)));
+        assert_eq!(index.locate(three.as_ref()), Some(("out.parquet", 2)));
+        assert!(!index.knows_compaction(CheckpointId(2)));
+        assert!(index.copy_of(&(file("a.parquet"), 0)).is_none());
+    }
+
+    #[test]
+    fn a_dropped_or_aborted_compaction_is_forgotten_and_moves_nothing() {
+        let mut index = index(vec![Field::new("id", DataType::Int64, false)]);
+        let keys = index
+            .keys(
+                "t",
+                &batch(vec![("id", Arc::new(Int64Array::from(vec![1])))]),
+            )
+            .unwrap();
+        let one = keys.row(0);
+        index.clear();
+        index.insert(one.as_ref(), &file("a.parquet"), 0);
+        index.finish_rebuild(Some(1), Some(CheckpointId(1)));
+        let compaction = || {
+            let mut moves = Moves::default();
+            let a = moves.input("a.parquet");
+            moves.record(one.as_ref(), (a, 0), (&file("out.parquet"), 0));
+            moves
+        };
+        // Aborted: gone with the staged checkpoint.
+        index.stage_compaction(CheckpointId(2), compaction());
+        index.undo();
+        assert!(!index.knows_compaction(CheckpointId(2)));
+        // Decided, then committed without the compaction (dropped at the commit): the table shows checkpoint 3
+        // and no compaction step ever applies it.
+        index.stage_compaction(CheckpointId(3), compaction());
+        index.settle();
+        assert!(index.knows_compaction(CheckpointId(3)));
+        index.caught_up(Some(2), Some(CheckpointId(3)));
+        assert!(!index.knows_compaction(CheckpointId(3)));
+        assert_eq!(index.locate(one.as_ref()), Some(("a.parquet", 0)));
+        assert!(index.busy_files().is_empty());
     }
 }

@@ -12,10 +12,12 @@
 //!
 //! # Catch-up
 //! The snapshots between the current one and the one the index shows are walked back through their parents.
-//! This subtask's own snapshots are skipped (their changes are in the index since their pre-commit). Each other
+//! This subtask's own snapshots are skipped (their changes are in the index since their pre-commit), except one
+//! that carries this subtask's compaction: its moves apply then ([`KeyIndex::apply_compaction`]). Each other
 //! one adds its new data files' keys (minus the rows its own position deletes remove, as a Flink upsert writes
-//! them). A snapshot that removed data files (a rewrite, an overwrite) or a history that no longer reaches the
-//! shown snapshot (expired, rolled back) makes it a rebuild.
+//! them). A snapshot that removed data files (a rewrite, an overwrite; an own compaction whose moves the index
+//! does not hold) or a history that no longer reaches the shown snapshot (expired, rolled back) makes it a
+//! rebuild.
 //!
 //! Every read is bounded by the caller (the sink's `commit_timeout` per rebuild or catch-up).
 
@@ -23,12 +25,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow_array::{Array, Int64Array, RecordBatch, StringArray};
-use connector_api::{Error, ErrorKind, Phase, Result};
+use connector_api::{CheckpointId, Error, ErrorKind, Phase, Result};
 use futures::{StreamExt, TryStreamExt};
 use iceberg::arrow::ArrowFileReader;
 use iceberg::io::FileMetadata;
 use iceberg::spec::{
-    DataContentType, DataFileFormat, ManifestEntryRef, ManifestStatus, Operation, Snapshot,
+    DataContentType, DataFileFormat, ManifestContentType, ManifestEntryRef, ManifestStatus,
+    Operation, Snapshot,
 };
 use iceberg::table::Table;
 use parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
@@ -91,13 +94,20 @@ pub(crate) async fn catch_up(
         index.caught_up(current, committed);
         return Ok(());
     }
-    let foreign = match history_since(&metadata, own, shown) {
-        History::Added(foreign) => foreign,
+    let steps = match history_since(&metadata, own, shown, Some(&|c| index.knows_compaction(c))) {
+        History::Added(steps) => steps,
         History::RemovedDataFiles(_) | History::Unreached => {
             return rebuild(index, table, own, phase).await;
         }
     };
-    for snapshot in foreign.iter().rev() {
+    for step in steps.iter().rev() {
+        let snapshot = match step {
+            Step::Foreign(snapshot) => snapshot,
+            Step::Compacted(checkpoint) => {
+                index.apply_compaction(*checkpoint);
+                continue;
+            }
+        };
         let entries = entries_of(table, snapshot, Entries::AddedBySnapshot, phase).await?;
         let deleted = deleted_positions(table, &entries, phase).await?;
         let data = entries
@@ -107,7 +117,7 @@ pub(crate) async fn catch_up(
             .collect();
         insert_files(index, table, data, &deleted, phase).await?;
     }
-    tracing::debug!(table = %table.identifier(), snapshots = foreign.len(), keys = index.len(), "key index caught up");
+    tracing::debug!(table = %table.identifier(), snapshots = steps.len(), keys = index.len(), "key index caught up");
     index.caught_up(current, committed);
     Ok(())
 }
@@ -155,53 +165,79 @@ pub(crate) async fn rebuild(
     Ok(())
 }
 
+/// A snapshot the catch-up applies.
+enum Step {
+    /// Another writer's snapshot that added data files and no more.
+    Foreign(iceberg::spec::SnapshotRef),
+    /// This subtask's snapshot that committed the compaction of this checkpoint.
+    Compacted(CheckpointId),
+}
+
 /// What the snapshots in a table's history since a snapshot did, as far as the key index is concerned.
 enum History {
-    /// Other writers' snapshots, newest first, none of which removed a data file.
-    Added(Vec<iceberg::spec::SnapshotRef>),
+    /// Other writers' snapshots, none of which removed a data file, and this subtask's compactions whose moves the
+    /// index holds, newest first.
+    Added(Vec<Step>),
     /// Another writer's snapshot (this id) removed data files.
     RemovedDataFiles(i64),
     /// The history no longer reaches the snapshot (expired, or the table was rolled back).
     Unreached,
 }
 
-/// The snapshots of `metadata`'s current history after `since` (`None`: all of it) that `own` did not commit.
+/// The snapshots of `metadata`'s current history after `since` (`None`: all of it) that `own` did not commit,
+/// and, when `known` is given, `own`'s snapshots that removed data files (its compactions): a step when `known`
+/// says the index holds that checkpoint's moves, else [`History::RemovedDataFiles`].
 fn history_since(
     metadata: &iceberg::spec::TableMetadata,
     own: &SubtaskKey,
     since: Option<i64>,
+    known: Option<&dyn Fn(CheckpointId) -> bool>,
 ) -> History {
-    let mut foreign = Vec::new();
+    let mut steps = Vec::new();
     let mut cursor = metadata.current_snapshot();
     while let Some(snapshot) = cursor {
         if Some(snapshot.snapshot_id()) == since {
-            return History::Added(foreign);
+            return History::Added(steps);
         }
-        if !own.owns(&snapshot.summary().additional_properties) {
+        let summary = &snapshot.summary().additional_properties;
+        if !own.owns(summary) {
             if removes_data_files(snapshot) {
                 return History::RemovedDataFiles(snapshot.snapshot_id());
             }
-            foreign.push(snapshot.clone());
+            steps.push(Step::Foreign(snapshot.clone()));
+        } else if let Some(known) = known
+            && removes_data_files(snapshot)
+        {
+            let checkpoint = summary
+                .get(crate::ledger::CHECKPOINT_PROPERTY)
+                .and_then(|c| c.parse().ok())
+                .map(CheckpointId);
+            match checkpoint {
+                Some(checkpoint) if known(checkpoint) => steps.push(Step::Compacted(checkpoint)),
+                _ => return History::RemovedDataFiles(snapshot.snapshot_id()),
+            }
         }
         cursor = snapshot
             .parent_snapshot_id()
             .and_then(|parent| metadata.snapshot_by_id(parent));
     }
     match since {
-        None => History::Added(foreign),
+        None => History::Added(steps),
         Some(_) => History::Unreached,
     }
 }
 
 /// Why rows located on snapshot `based_on` may no longer be where the key index found them in `base`: another
 /// writer's snapshot since removed data files, or the history no longer reaches `based_on`. `None` when every row
-/// is still where it was (commit-time check of the position deletes, `commit.rs`).
+/// is still where it was (commit-time check of the position deletes, `commit.rs`). This subtask's own
+/// compactions are not such a move: a checkpoint located before one landed also deleted each row's copy
+/// ([`crate::compaction_moves`]).
 pub(crate) fn moved_rows_since(
     base: &Table,
     own: &SubtaskKey,
     based_on: Option<i64>,
 ) -> Option<String> {
-    match history_since(base.metadata(), own, based_on) {
+    match history_since(base.metadata(), own, based_on, None) {
         History::Added(_) => None,
         History::RemovedDataFiles(snapshot) => Some(format!(
             "snapshot {snapshot} of table {} removed data files after the position deletes were written",
@@ -238,15 +274,19 @@ fn indexed((spec_id, entry): &(i32, ManifestEntryRef)) -> (Arc<IndexedFile>, u64
 
 /// Which manifest entries of a snapshot [`entries_of`] reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Entries {
+pub(crate) enum Entries {
     /// Every live entry (a rebuild).
     Live,
     /// The entries the snapshot itself added, from the manifests it wrote (a catch-up).
     AddedBySnapshot,
+    /// Every live delete file (a compaction's read).
+    LiveDeletes,
+    /// The delete files the snapshot itself added (a compaction's check at its commit).
+    DeletesAddedBySnapshot,
 }
 
 /// The manifest entries of `snapshot` that `which` says, each with its manifest's partition spec.
-async fn entries_of(
+pub(crate) async fn entries_of(
     table: &Table,
     snapshot: &iceberg::spec::SnapshotRef,
     which: Entries,
@@ -266,11 +306,14 @@ async fn entries_of(
         .await
         .map_err(read_error)?;
     let mut entries = Vec::new();
-    for manifest in list
-        .entries()
-        .iter()
-        .filter(|m| which == Entries::Live || m.added_snapshot_id == id)
-    {
+    for manifest in list.entries().iter().filter(|m| match which {
+        Entries::Live => true,
+        Entries::AddedBySnapshot => m.added_snapshot_id == id,
+        Entries::LiveDeletes => m.content == ManifestContentType::Deletes,
+        Entries::DeletesAddedBySnapshot => {
+            m.content == ManifestContentType::Deletes && m.added_snapshot_id == id
+        }
+    }) {
         let manifest = manifest
             .load_manifest(table.file_io())
             .await
@@ -281,8 +324,8 @@ async fn entries_of(
                 .entries()
                 .iter()
                 .filter(|e| match which {
-                    Entries::Live => e.is_alive(),
-                    Entries::AddedBySnapshot => {
+                    Entries::Live | Entries::LiveDeletes => e.is_alive(),
+                    Entries::AddedBySnapshot | Entries::DeletesAddedBySnapshot => {
                         e.status() == ManifestStatus::Added && e.snapshot_id() == Some(id)
                     }
                 })
@@ -308,80 +351,96 @@ pub(crate) async fn deleted_positions(
         .iter()
         .filter(|(_, e)| e.content_type() == DataContentType::PositionDeletes)
     {
-        if crate::deletion_vectors::is_deletion_vector(entry.data_file())
-            && let Some(data_file) = entry.data_file().referenced_data_file()
-        {
-            let positions = crate::deletion_vectors::read(table, entry.data_file())
-                .await
-                .map_err(|e| {
-                    iceberg_error(
-                        phase,
-                        format!("cannot read deletion vector {}", entry.file_path()),
-                        e,
-                    )
-                })?;
-            deleted.entry(data_file).or_default().extend(positions);
-            continue;
-        }
-        if entry.file_format() != DataFileFormat::Parquet {
-            return Err(Error::new(
-                ErrorKind::Config,
-                phase,
-                format!(
-                    "table {} has a {:?} position-delete file ({}), which the key index cannot read; set \
-                     upsert_deletes = \"equality\"",
-                    table.identifier(),
-                    entry.file_format(),
-                    entry.file_path()
-                ),
-            ));
-        }
-        let path_id = iceberg::metadata_columns::RESERVED_FIELD_ID_DELETE_FILE_PATH;
-        let pos_id = iceberg::metadata_columns::RESERVED_FIELD_ID_DELETE_FILE_POS;
-        let batches = read_columns(
-            table,
-            entry.file_path(),
-            entry.file_size_in_bytes(),
-            &[path_id, pos_id],
-            &["file_path", "pos"],
-            phase,
-        )
-        .await?;
-        for batch in batches {
-            let paths =
-                arrow_cast::cast(batch.column(0), &arrow_schema::DataType::Utf8).map_err(|e| {
-                    Error::bug(phase, "cannot read a position-delete file's paths").with_source(e)
-                })?;
-            let paths = paths
-                .as_any()
-                .downcast_ref::<StringArray>()
-                .expect("cast to Utf8");
-            let positions = batch
-                .column(1)
-                .as_any()
-                .downcast_ref::<Int64Array>()
-                .ok_or_else(|| {
-                    Error::new(
-                        ErrorKind::Fatal,
-                        phase,
-                        format!(
-                            "position-delete file {} has a `pos` column that is not a long",
-                            entry.file_path()
-                        ),
-                    )
-                })?;
-            for (path, pos) in paths.iter().zip(positions.iter()) {
-                if let (Some(path), Some(pos)) = (path, pos) {
-                    deleted
-                        .entry(path.to_string())
-                        .or_default()
-                        .push(pos as u64);
-                }
-            }
+        for (path, positions) in positions_of(table, entry.data_file(), phase).await? {
+            deleted.entry(path).or_default().extend(positions);
         }
     }
     for positions in deleted.values_mut() {
         positions.sort_unstable();
+    }
+    Ok(deleted)
+}
+
+/// The positions one position-delete file or deletion vector deletes, per data file path (unsorted).
+///
+/// # Errors
+/// As [`deleted_positions`].
+pub(crate) async fn positions_of(
+    table: &Table,
+    file: &iceberg::spec::DataFile,
+    phase: Phase,
+) -> Result<HashMap<String, Vec<u64>>> {
+    let mut deleted: HashMap<String, Vec<u64>> = HashMap::new();
+    if crate::deletion_vectors::is_deletion_vector(file)
+        && let Some(data_file) = file.referenced_data_file()
+    {
+        let positions = crate::deletion_vectors::read(table, file)
+            .await
+            .map_err(|e| {
+                iceberg_error(
+                    phase,
+                    format!("cannot read deletion vector {}", file.file_path()),
+                    e,
+                )
+            })?;
+        deleted.entry(data_file).or_default().extend(positions);
+        return Ok(deleted);
+    }
+    if file.file_format() != DataFileFormat::Parquet {
+        return Err(Error::new(
+            ErrorKind::Config,
+            phase,
+            format!(
+                "table {} has a {:?} position-delete file ({}), which the key index cannot read; set \
+                 upsert_deletes = \"equality\"",
+                table.identifier(),
+                file.file_format(),
+                file.file_path()
+            ),
+        ));
+    }
+    let path_id = iceberg::metadata_columns::RESERVED_FIELD_ID_DELETE_FILE_PATH;
+    let pos_id = iceberg::metadata_columns::RESERVED_FIELD_ID_DELETE_FILE_POS;
+    let batches = read_columns(
+        table,
+        file.file_path(),
+        file.file_size_in_bytes(),
+        &[path_id, pos_id],
+        &["file_path", "pos"],
+        phase,
+    )
+    .await?;
+    for batch in batches {
+        let paths =
+            arrow_cast::cast(batch.column(0), &arrow_schema::DataType::Utf8).map_err(|e| {
+                Error::bug(phase, "cannot read a position-delete file's paths").with_source(e)
+            })?;
+        let paths = paths
+            .as_any()
+            .downcast_ref::<StringArray>()
+            .expect("cast to Utf8");
+        let positions = batch
+            .column(1)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Fatal,
+                    phase,
+                    format!(
+                        "position-delete file {} has a `pos` column that is not a long",
+                        file.file_path()
+                    ),
+                )
+            })?;
+        for (path, pos) in paths.iter().zip(positions.iter()) {
+            if let (Some(path), Some(pos)) = (path, pos) {
+                deleted
+                    .entry(path.to_string())
+                    .or_default()
+                    .push(pos as u64);
+            }
+        }
     }
     Ok(deleted)
 }

@@ -30,7 +30,7 @@ use crate::manifest_merge::ManifestRewrite;
 use crate::rewritten::{RewrittenSnapshot, write_list};
 use crate::row_lineage::RowIdInheritance;
 
-/// What the rewritten manifests removed.
+/// What the rewritten manifests removed, of one kind of file.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 struct Removed {
     files: u64,
@@ -38,11 +38,20 @@ struct Removed {
     bytes: u64,
 }
 
-/// Marks `inputs` deleted in `planned` (a snapshot planned on `base`, not yet committed, whose list names
-/// `manifests`): `None` when one of them is not live in those manifests (nothing is left written), else the
+/// The files one compaction removes: data files and (an upsert table's) position-delete files, and where the
+/// data files were listed when picked.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Removal<'a> {
+    pub(crate) data: &'a [String],
+    pub(crate) deletes: &'a [String],
+    pub(crate) hints: &'a [String],
+}
+
+/// Marks `removal`'s files deleted in `planned` (a snapshot planned on `base`, not yet committed, whose list
+/// names `manifests`): `None` when one of them is not live in those manifests (nothing is left written), else the
 /// snapshot naming the new list. The manifests in `hints` (those that listed the inputs when they were picked)
-/// are read first; the others only when an input is still missing. The list `planned` named is deleted (nothing
-/// else refers to it).
+/// are read first; the others only when a file is still missing (delete manifests only when delete files are
+/// removed). The list `planned` named is deleted (nothing else refers to it).
 ///
 /// # Errors
 /// A storage failure reading or writing a manifest or list (the attempt fails retryably, nothing committed).
@@ -50,15 +59,22 @@ pub(crate) async fn remove_data_files(
     base: &Table,
     planned: &Snapshot,
     manifests: Vec<ManifestFile>,
-    (inputs, hints): (&[String], &[String]),
+    removal: Removal<'_>,
 ) -> Result<Option<RewrittenSnapshot>> {
     let file_io = base.file_io();
-    let wanted: HashSet<String> = inputs.iter().map(|p| canonical(p)).collect();
+    let hints = removal.hints;
+    let wanted: HashSet<String> = removal
+        .data
+        .iter()
+        .chain(removal.deletes)
+        .map(|p| canonical(p))
+        .collect();
     let list_path = planned.manifest_list();
     let stem = list_path.strip_suffix(".avro").unwrap_or(list_path);
     let (directory, name) = stem.rsplit_once('/').unwrap_or(("", stem));
     let mut found = HashSet::new();
     let mut removed = Removed::default();
+    let mut removed_deletes = Removed::default();
     let mut written = Vec::new();
     let mut replaced: HashMap<usize, ManifestFile> = HashMap::new();
     let hinted = |m: &ManifestFile| hints.contains(&m.manifest_path);
@@ -71,9 +87,11 @@ pub(crate) async fn remove_data_files(
         if found.len() == wanted.len() {
             break;
         }
-        if manifest_file.content != ManifestContentType::Data
-            || manifest_file.added_snapshot_id == planned.snapshot_id()
-        {
+        let skipped = match manifest_file.content {
+            ManifestContentType::Data => false,
+            ManifestContentType::Deletes => removal.deletes.is_empty(),
+        };
+        if skipped || manifest_file.added_snapshot_id == planned.snapshot_id() {
             continue;
         }
         let manifest = manifest_file.load_manifest(file_io).await?;
@@ -93,6 +111,10 @@ pub(crate) async fn remove_data_files(
             if entry.is_alive() && wanted.contains(&path) {
                 rewriting.delete(entry, first_row_id)?;
                 found.insert(path);
+                let removed = match manifest_file.content {
+                    ManifestContentType::Data => &mut removed,
+                    ManifestContentType::Deletes => &mut removed_deletes,
+                };
                 removed.files += 1;
                 removed.records += entry.record_count();
                 removed.bytes += entry.file_size_in_bytes();
@@ -118,7 +140,7 @@ pub(crate) async fn remove_data_files(
         planned,
         &manifests,
         &new_list,
-        replace_summary(planned.summary(), removed),
+        replace_summary(planned.summary(), removed, removed_deletes),
     )
     .await
     {
@@ -166,11 +188,12 @@ pub(crate) async fn retained_replacements(
         let id = snapshot.snapshot_id();
         let list = table.manifest_list_reader(snapshot).load().await?;
         let mut inputs = Vec::new();
-        for manifest in list.entries().iter().filter(|m| {
-            m.content == ManifestContentType::Data
-                && m.added_snapshot_id == id
-                && m.deleted_files_count != Some(0)
-        }) {
+        // Data manifests name the replaced inputs, delete manifests an upsert compaction's removed delete files.
+        for manifest in list
+            .entries()
+            .iter()
+            .filter(|m| m.added_snapshot_id == id && m.deleted_files_count != Some(0))
+        {
             let manifest = manifest.load_manifest(table.file_io()).await?;
             inputs.extend(
                 manifest
@@ -230,8 +253,9 @@ async fn discard(base: &Table, written: &[String]) {
     }
 }
 
-/// `planned`'s summary (an append's) with the replaced files counted out, operation `overwrite`.
-fn replace_summary(planned: &Summary, removed: Removed) -> Summary {
+/// `planned`'s summary (an append's or a row delta's) with the replaced data files and removed position-delete
+/// files counted out, operation `overwrite`.
+fn replace_summary(planned: &Summary, removed: Removed, deletes: Removed) -> Summary {
     let mut properties = planned.additional_properties.clone();
     let count = |properties: &HashMap<String, String>, key: &str| -> u64 {
         properties
@@ -242,15 +266,23 @@ fn replace_summary(planned: &Summary, removed: Removed) -> Summary {
     for (key, value) in [
         ("deleted-data-files", removed.files),
         ("deleted-records", removed.records),
-        ("removed-files-size", removed.bytes),
+        ("removed-files-size", removed.bytes + deletes.bytes),
+        ("removed-delete-files", deletes.files),
+        ("removed-position-delete-files", deletes.files),
+        ("removed-position-deletes", deletes.records),
     ] {
+        if value == 0 && !properties.contains_key(key) {
+            continue;
+        }
         let value = count(&properties, key) + value;
         properties.insert(key.to_string(), value.to_string());
     }
     for (key, value) in [
         ("total-data-files", removed.files),
         ("total-records", removed.records),
-        ("total-files-size", removed.bytes),
+        ("total-files-size", removed.bytes + deletes.bytes),
+        ("total-delete-files", deletes.files),
+        ("total-position-deletes", deletes.records),
     ] {
         if let Some(total) = properties.get(key).and_then(|v| v.parse::<u64>().ok()) {
             properties.insert(key.to_string(), total.saturating_sub(value).to_string());
@@ -286,6 +318,7 @@ mod tests {
                 records: 40,
                 bytes: 4000,
             },
+            Removed::default(),
         );
         assert_eq!(summary.operation, Operation::Overwrite);
         let property = |key: &str| summary.additional_properties[key].as_str();

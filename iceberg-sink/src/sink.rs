@@ -99,7 +99,7 @@ impl IcebergSink {
                 .map_err(|e| e.with_sink(&config.sink))?;
         }
         if let Some(policy) = config.compact.explicit() {
-            policy.check(&config.sink, &config.upsert_key)?;
+            policy.check(&config.sink, &config.upsert_key, config.upsert_deletes)?;
         }
         let keyed = KeyedRows::of_config(&config)?;
         config.layout.check_settings(
@@ -147,7 +147,7 @@ impl IcebergSink {
         if let Some(policy) = config.compact.explicit() {
             policy.check_table(&config.sink, &table)?;
         }
-        let compact = config.compact.resolve(&table, &config.upsert_key);
+        let compact = config.compact.resolve(&table, config.upsert_mode());
         if let Some(keyed) = &keyed {
             EqualityDeletes::of(&table, keyed.key()).map_err(|e| e.with_sink(&config.sink))?;
             if config.upsert_deletes == UpsertDeletes::Equality {
@@ -196,7 +196,8 @@ impl IcebergSink {
     }
 
     /// The compaction this checkpoint carries, when `compact` is set and it is time to look
-    /// ([`crate::compaction::compact`]).
+    /// ([`crate::compaction::compact`]; an upsert table's, whose moves the key index keeps:
+    /// [`crate::upsert_compaction::compact`]).
     async fn compact(&mut self, epoch: u64, checkpoint: CheckpointId) -> Option<CompactedFiles> {
         let policy = self.compact?;
         self.compact_wait += 1;
@@ -204,13 +205,26 @@ impl IcebergSink {
             return None;
         }
         self.compact_wait = 0;
-        crate::compaction::compact(
+        let file_prefix = crate::compaction::file_prefix(&self.key, epoch, checkpoint);
+        let Some(index) = &mut self.index else {
+            return crate::compaction::compact(
+                &self.committer.target,
+                &self.key,
+                (&policy, &mut self.small_files),
+                file_prefix,
+            )
+            .await;
+        };
+        let compacted = crate::upsert_compaction::compact(
             &self.committer.target,
             &self.key,
             (&policy, &mut self.small_files),
-            crate::compaction::file_prefix(&self.key, epoch, checkpoint),
+            index,
+            file_prefix,
         )
-        .await
+        .await?;
+        index.stage_compaction(checkpoint, compacted.moves);
+        Some(compacted.files)
     }
 
     fn table(&self, phase: Phase) -> Result<&Table> {
@@ -585,9 +599,16 @@ impl Written<'_> {
         let mut replaced = DeletedRows::new();
         // Per partition of a replaced row: the keys whose row it was (for the equality deletes).
         let mut replaced_keys: HashMap<Struct, Vec<RecordBatch>> = HashMap::new();
-        let mut replace = |keys: &RecordBatch, rows: Vec<Option<Row>>| -> Result<()> {
+        // A replaced row's copy by a compaction the table does not show yet is deleted too
+        // (crate::compaction_moves): whether that compaction lands or is dropped, the row is deleted.
+        let mut replace = |keys: &RecordBatch,
+                           rows: Vec<(Option<Row>, Option<Row>)>|
+         -> Result<()> {
             let mut by_partition: HashMap<&Struct, Vec<u32>> = HashMap::new();
-            for (i, row) in rows.iter().enumerate() {
+            for (i, (row, copy)) in rows.iter().enumerate() {
+                if let Some((file, pos)) = copy {
+                    replaced.entry(file.clone()).or_default().push(*pos);
+                }
                 if let Some((file, pos)) = row {
                     replaced.entry(file.clone()).or_default().push(*pos);
                     by_partition
@@ -622,11 +643,13 @@ impl Written<'_> {
                         .iter()
                         .enumerate()
                         .map(|(i, key)| {
-                            index.stage(
+                            let row = index.stage(
                                 checkpoint,
                                 key.as_ref(),
                                 Some((&file, located.start + i as u64)),
-                            )
+                            );
+                            let copy = row.as_ref().and_then(|row| index.copy_of(row));
+                            (row, copy)
                         })
                         .collect();
                     replace(&keys, rows)?;
@@ -637,7 +660,11 @@ impl Written<'_> {
                 let encoded = index.encode(&keys)?;
                 let rows = encoded
                     .iter()
-                    .map(|key| index.stage(checkpoint, key.as_ref(), None))
+                    .map(|key| {
+                        let row = index.stage(checkpoint, key.as_ref(), None);
+                        let copy = row.as_ref().and_then(|row| index.copy_of(row));
+                        (row, copy)
+                    })
                     .collect();
                 replace(&keys, rows)?;
             }

@@ -15,4 +15,5 @@ mod races;
 mod tables;
 mod types;
 mod upsert;
+mod upsert_compaction;
 mod vectors;

@@ -346,6 +346,13 @@ async fn applies_changes_by_key(
             let state = states[subtask as usize].path();
             upto[subtask as usize] = run(&lake, &table, (subtask, deletes), state, 4).await;
         }
+        // Each run's first checkpoint compacts (`compact`, on for the tables the sink creates); a compaction's
+        // inputs stay on storage until the subtask's own expiry retires the snapshots before it, or its next
+        // recovery finds that the other subtask's expiry did: a recovery of each (no checkpoint) deletes them.
+        for subtask in 0..2u32 {
+            let state = states[subtask as usize].path();
+            run(&lake, &table, (subtask, deletes), state, 0).await;
+        }
         let expected = expected(&[(0, upto[0]), (1, upto[1])]);
         assert!(expected.len() > KEYS as usize, "both subtasks' keys");
         let context = format!("round {round} ({deletes:?})");

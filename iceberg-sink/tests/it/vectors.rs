@@ -123,7 +123,7 @@ async fn assert_vectors(
 }
 
 /// What Spark (Iceberg 1.12's runtime) reads of `table`: `id` -> `v`.
-async fn spark_state(lake: &Lake, table: &str) -> BTreeMap<i64, String> {
+pub(crate) async fn spark_state(lake: &Lake, table: &str) -> BTreeMap<i64, String> {
     lake.spark_rows(table)
         .await
         .into_iter()

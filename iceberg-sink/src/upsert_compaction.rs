@@ -1,0 +1,312 @@
+//! Compaction of an upsert table inside the sink's commits (`upsert_deletes = "position"`, format version 1 or
+//! 2): at a pre-commit, this subtask's small data files are rewritten without their deleted rows, and the
+//! checkpoint's snapshot replaces them by the outputs ([`crate::replace`]), as for an append table
+//! ([`crate::compaction`], whose file choice and grouping it shares). What an upsert table needs on top, each a
+//! way to lose or resurrect a row if skipped:
+//!
+//! 1. **The deletes are applied.** The inputs are read at the current snapshot (`read_at`) minus every row its
+//!    position-delete files name; an input an equality delete of a higher sequence number may reach is not
+//!    taken (the rewrite would not apply it). A file all of whose rows are deleted is removed with no output.
+//! 2. **No file a pending checkpoint deletes from.** The rows the checkpoint being pre-committed (or a decided one
+//!    the table does not show yet) deletes are not deleted at `read_at`: their files are left out
+//!    ([`KeyIndex::busy_files`]), as are the files an earlier compaction not yet shown rewrites.
+//! 3. **Validated at the commit.** A delete file added since `read_at` that may reach an input (another subtask
+//!    after a rescale, Spark's `DELETE`, an equality delete) drops the compaction, as does a history that no
+//!    longer reaches `read_at` or a commit that falls back to equality deletes ([`crate::rewrite_conflicts`]).
+//! 4. **The key index follows.** Each copied row's key and places are recorded ([`Moves`]); the index points the
+//!    keys at the copies once the table shows the compaction, and until then a later checkpoint's position
+//!    delete of a copied row also deletes its copy, so either end of the commit is right.
+//! 5. **Dangling deletes go with their files.** A position-delete file that names only inputs and files no longer
+//!    live is removed by the same snapshot, so delete files do not pile up as data files are rewritten.
+//!
+//! # Failure cases
+//! As an append table's compaction: a rewrite that fails or outlasts `commit_timeout` is skipped with a warning,
+//! an input or removed delete file no longer live at the commit drops the compaction, a crash leaves it to
+//! recovery in the checkpoint's committable.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+
+use arrow_array::UInt32Array;
+use connector_api::{Error, ErrorKind, Phase, Result};
+use futures::TryStreamExt;
+use iceberg::spec::{DataContentType, DataFile, FormatVersion};
+use iceberg::table::Table;
+
+use crate::commit::TableTarget;
+use crate::committable::{CompactedFiles, encode_files};
+use crate::compact_policy::CompactPolicy;
+use crate::compaction::{SmallFile, SmallFileCache, groups, read, scan_task, within_or_skip};
+use crate::compaction_moves::Moves;
+use crate::error::iceberg_error;
+use crate::key_index::{IndexedFile, KeyIndex};
+use crate::key_scan::{Entries, entries_of, positions_of};
+use crate::ledger::SubtaskKey;
+use crate::location::canonical;
+use crate::rewrite_conflicts::may_name;
+use crate::writer::{CheckpointWriter, key_columns};
+
+/// A compaction of an upsert table: what the checkpoint's committable carries, and where the rows went.
+#[derive(Debug)]
+pub(crate) struct UpsertCompaction {
+    pub(crate) files: CompactedFiles,
+    pub(crate) moves: Moves,
+}
+
+/// Looks for this subtask's small files in the table as committed now, leaving out `index`'s busy files, and
+/// rewrites the groups due without their deleted rows into files named `<file_prefix><g>-<n>.parquet`, within
+/// `commit_timeout` (`None` when nothing is due, and when anything fails: logged as a warning).
+pub(crate) async fn compact(
+    target: &TableTarget,
+    key: &SubtaskKey,
+    (policy, cache): (&CompactPolicy, &mut SmallFileCache),
+    index: &KeyIndex,
+    file_prefix: String,
+) -> Option<UpsertCompaction> {
+    let work = async {
+        let table = target.load(Phase::PreCommit).await?;
+        let Some(snapshot) = table.metadata().current_snapshot() else {
+            return Ok(None);
+        };
+        if table.metadata().format_version() == FormatVersion::V3 {
+            // A version 3 rewrite must carry each row's _row_id (planned); the start refuses `compact` there, a
+            // table upgraded since is left alone.
+            return Ok(None);
+        }
+        let small = cache
+            .small_files(&table, key, policy)
+            .await
+            .map_err(|e| iceberg_error(Phase::PreCommit, "cannot list the small files", e))?;
+        let deletes = entries_of(&table, snapshot, Entries::LiveDeletes, Phase::PreCommit).await?;
+        let newest_equality = deletes
+            .iter()
+            .filter(|(_, e)| e.content_type() == DataContentType::EqualityDeletes)
+            .filter_map(|(_, e)| e.sequence_number())
+            .max();
+        let busy: HashSet<String> = index.busy_files().iter().map(|p| canonical(p)).collect();
+        let candidates: Vec<SmallFile> = small
+            .into_iter()
+            .filter(|s| {
+                !busy.contains(&canonical(s.file.file_path()))
+                    && newest_equality.is_none_or(|equality| s.sequence >= equality)
+            })
+            .collect();
+        if candidates.is_empty() {
+            return Ok(None);
+        }
+        let paths: BTreeSet<String> = candidates
+            .iter()
+            .map(|s| canonical(s.file.file_path()))
+            .collect();
+        // The positions deleted in the candidates, and the data files each delete file naming one names.
+        let mut deleted: HashMap<String, Vec<u64>> = HashMap::new();
+        let mut naming = Vec::new();
+        for (_, entry) in deletes.iter().filter(|(_, e)| {
+            e.content_type() == DataContentType::PositionDeletes && may_name(e.data_file(), &paths)
+        }) {
+            let named = positions_of(&table, entry.data_file(), Phase::PreCommit).await?;
+            let mut names = Vec::with_capacity(named.len());
+            for (path, positions) in named {
+                let path = canonical(&path);
+                if paths.contains(&path) {
+                    deleted.entry(path.clone()).or_default().extend(positions);
+                }
+                names.push(path);
+            }
+            naming.push((entry.file_path().to_string(), names));
+        }
+        for positions in deleted.values_mut() {
+            positions.sort_unstable();
+            positions.dedup();
+        }
+        // The groups the policy picks; besides them, a file whose every row is deleted is removed whatever its
+        // tier (nothing to rewrite).
+        let deleted_rows = |s: &SmallFile| {
+            deleted
+                .get(&canonical(s.file.file_path()))
+                .map_or(0, Vec::len) as u64
+        };
+        let dead_files: Vec<SmallFile> = candidates
+            .iter()
+            .filter(|s| deleted_rows(s) >= s.file.record_count())
+            .cloned()
+            .collect();
+        let chosen = groups(candidates, policy);
+        let grouped: HashSet<&str> = chosen
+            .iter()
+            .flatten()
+            .map(|s| s.file.file_path())
+            .collect();
+        let dead: Vec<SmallFile> = dead_files
+            .into_iter()
+            .filter(|s| !grouped.contains(s.file.file_path()))
+            .collect();
+        if chosen.is_empty() && dead.is_empty() {
+            return Ok(None);
+        }
+        let inputs: BTreeSet<String> = chosen
+            .iter()
+            .flatten()
+            .chain(&dead)
+            .map(|s| canonical(s.file.file_path()))
+            .collect();
+        // Delete files that name only inputs and files no longer live (nor about to be: a pending compaction's
+        // outputs count as live) go with the inputs.
+        let live = cache.live_paths();
+        let dangling: Vec<String> = naming
+            .into_iter()
+            .filter(|(_, names)| {
+                names
+                    .iter()
+                    .all(|p| inputs.contains(p) || !(live.contains(p.as_str()) || busy.contains(p)))
+            })
+            .map(|(path, _)| path)
+            .collect();
+        let mut moves = Moves::default();
+        let mut outputs = Vec::new();
+        let mut manifests: BTreeSet<String> = dead.iter().map(|s| s.manifest.clone()).collect();
+        for small in &dead {
+            moves.input(small.file.file_path());
+        }
+        for (g, group) in chosen.into_iter().enumerate() {
+            outputs.extend(
+                rewrite_live(
+                    &table,
+                    index,
+                    &group,
+                    &deleted,
+                    (format!("{file_prefix}{g}"), policy.target_file_size),
+                    &mut moves,
+                )
+                .await?,
+            );
+            manifests.extend(group.into_iter().map(|s| s.manifest));
+        }
+        crate::retire::drill("after-compacting");
+        tracing::debug!(
+            table = %target.table,
+            subtask = %key.subtask,
+            inputs = moves.inputs().len(),
+            rows = moves.len(),
+            dangling_deletes = dangling.len(),
+            "compacted an upsert table's small files"
+        );
+        Ok::<_, Error>(Some(UpsertCompaction {
+            files: CompactedFiles {
+                inputs: moves.inputs().to_vec(),
+                outputs: encode_files(&table, outputs)?,
+                manifests: manifests.into_iter().collect(),
+                read_at: Some(snapshot.snapshot_id()),
+                deletes: dangling,
+            },
+            moves,
+        }))
+    };
+    within_or_skip(target, key, work).await
+}
+
+/// Rewrites `group` (live data files of one partition of the default spec) without the rows `deleted` names
+/// (sorted positions per canonical path) into files named `<prefix>-<n>.parquet` of about `target_file_size`,
+/// recording every copied row in `moves`. Returns the files written.
+///
+/// # Errors
+/// A file that cannot be read or written, or a row count that does not add up (the caller drops the compaction).
+async fn rewrite_live(
+    table: &Table,
+    index: &KeyIndex,
+    group: &[SmallFile],
+    deleted: &HashMap<String, Vec<u64>>,
+    (file_prefix, target_file_size): (String, u64),
+    moves: &mut Moves,
+) -> Result<Vec<DataFile>> {
+    let name = table.identifier().to_string();
+    let spec_id = table.metadata().default_partition_spec_id();
+    let size = usize::try_from(target_file_size).unwrap_or(usize::MAX);
+    let mut writer = CheckpointWriter::open(table, file_prefix, size).await?;
+    let mut outputs: HashMap<String, Arc<IndexedFile>> = HashMap::new();
+    let mut expected = 0u64;
+    let read_error = |e| iceberg_error(Phase::PreCommit, "cannot read a file to compact", e);
+    for small in group {
+        let path = small.file.file_path();
+        let input = moves.input(path);
+        let gone = deleted
+            .get(&canonical(path))
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        let rows = small.file.record_count();
+        if gone.len() as u64 >= rows {
+            continue;
+        }
+        expected += rows - gone.len() as u64;
+        let mut batches = read(table, vec![Ok(scan_task(table, &small.file))])?;
+        let mut pos = 0u64;
+        while let Some(batch) = batches.try_next().await.map_err(read_error)? {
+            let n = batch.num_rows() as u64;
+            let kept: Vec<u64> = (pos..pos + n)
+                .filter(|p| gone.binary_search(p).is_err())
+                .collect();
+            let batch = match kept.len() as u64 == n {
+                true => batch,
+                false => {
+                    let take = UInt32Array::from_iter_values(kept.iter().map(|p| (p - pos) as u32));
+                    arrow_select::take::take_record_batch(&batch, &take).map_err(|e| {
+                        Error::bug(Phase::PreCommit, "cannot drop the deleted rows").with_source(e)
+                    })?
+                }
+            };
+            pos += n;
+            let mut from = kept.into_iter();
+            if batch.num_rows() == 0 {
+                continue;
+            }
+            for located in writer.write_located(&batch).await? {
+                let file = outputs
+                    .entry(located.file.clone())
+                    .or_insert_with(|| {
+                        Arc::new(IndexedFile {
+                            path: located.file.clone(),
+                            spec_id,
+                            partition: located.partition.clone(),
+                        })
+                    })
+                    .clone();
+                let keys = index.encode(&key_columns(&name, index.key_schema(), &located.rows)?)?;
+                for (i, key) in keys.iter().enumerate() {
+                    let from = from.next().ok_or_else(|| {
+                        Error::bug(
+                            Phase::PreCommit,
+                            "a compaction wrote more rows than it read",
+                        )
+                    })?;
+                    moves.record(
+                        key.as_ref(),
+                        (input, from),
+                        (&file, located.start + i as u64),
+                    );
+                }
+            }
+        }
+        if pos != rows {
+            return Err(Error::new(
+                ErrorKind::Bug,
+                Phase::PreCommit,
+                format!(
+                    "data file {path} lists {rows} rows but {pos} were read; the compaction is dropped"
+                ),
+            ));
+        }
+    }
+    let written = writer.close().await?;
+    let out: u64 = written.iter().map(DataFile::record_count).sum();
+    if out != expected {
+        return Err(Error::new(
+            ErrorKind::Bug,
+            Phase::PreCommit,
+            format!(
+                "compacting {} files with {expected} live rows wrote {out} rows; the compaction is dropped",
+                group.len()
+            ),
+        ));
+    }
+    Ok(written)
+}

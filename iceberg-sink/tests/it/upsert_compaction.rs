@@ -1,0 +1,438 @@
+//! Compaction of upsert tables inside the sink's commits (`compact` with `upsert_deletes = "position"`): small
+//! data files rewritten without their deleted rows, files whose rows are all deleted removed, position-delete
+//! files that name nothing live any more removed with them, the key index following the moved rows. Read back by
+//! pyiceberg, DuckDB, Iceberg's Java library and Spark with Iceberg's runtime (1.12):
+//!
+//! - long runs of small checkpoints (rows of a file replaced over several checkpoints) and of checkpoints that
+//!   replace every key (whole files dead), across restarts: each key's last state, fewer live files than
+//!   checkpoints, delete files removed;
+//! - a real `kill -9` after the rewrite (before the checkpoint is decided), after the compacting snapshot was
+//!   written (before the swap) and after it landed: the restarted job ends with each key's last state, no
+//!   checkpoint in two snapshots, no file of the sink unreferenced;
+//! - Spark deleting rows of the files a pre-committed compaction rewrote, before its commit: the commit drops the
+//!   compaction (its outputs would bring the rows back), and later compactions apply Spark's deletes.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use iceberg::spec::{DataContentType, FormatVersion};
+use iceberg_sink::{Compact, CompactPolicy, IcebergSink, IcebergSinkConfig, UpsertDeletes};
+
+use crate::common::{self, Lake};
+use crate::upsert::{CHANGES, config, expected, pre_commit_changes, readers_see, run_checkpoints};
+use crate::vectors::spark_state;
+
+/// Changes per checkpoint of the small runs: fewer than the 12 keys, so a data file's rows are replaced over
+/// several checkpoints and compactions rewrite files with live rows.
+const SMALL: i64 = 5;
+
+const CHILD_DIR: &str = "RATCHET_ICEBERG_UPSERT_COMPACTION_CHILD";
+const CHILD_TABLE: &str = "RATCHET_ICEBERG_UPSERT_COMPACTION_TABLE";
+
+/// The upsert sink of subtask 0 on `table` (a data file per batch), compacting when `min_input_files` small files
+/// of a tier are live, expiring snapshots by the table's retention.
+fn compacting(lake: &Lake, table: &str, min_input_files: usize) -> IcebergSinkConfig {
+    IcebergSinkConfig {
+        upsert_deletes: UpsertDeletes::Position,
+        expire_snapshots: true,
+        compact: Compact::On(CompactPolicy {
+            target_file_size: 1 << 20,
+            min_input_files,
+        }),
+        ..config(lake, table, 0)
+    }
+}
+
+/// The live data files and delete files of `table`'s current snapshot, counted from its manifests.
+async fn live_files(lake: &Lake, table: &str) -> (usize, usize) {
+    let catalog = lake.catalog.open("ratchet", &lake.s3).await.unwrap();
+    let ident = iceberg::TableIdent::from_strs(table.split('.')).unwrap();
+    let loaded = catalog.load_table(&ident).await.unwrap();
+    let snapshot = loaded.metadata().current_snapshot().unwrap();
+    let list = loaded.manifest_list_reader(snapshot).load().await.unwrap();
+    let (mut data, mut deletes) = (0, 0);
+    for manifest in list.entries() {
+        let manifest = manifest.load_manifest(loaded.file_io()).await.unwrap();
+        for entry in manifest.entries().iter().filter(|e| e.is_alive()) {
+            match entry.content_type() {
+                DataContentType::Data => data += 1,
+                _ => deletes += 1,
+            }
+        }
+    }
+    (data, deletes)
+}
+
+/// The summaries of the sink's snapshots of `seen` (the verifier's) that replaced data files.
+fn compacting_summaries(seen: &serde_json::Value) -> Vec<&serde_json::Value> {
+    seen["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| &s["summary"])
+        .filter(|s| {
+            s.get(iceberg_sink::CHECKPOINT_PROPERTY).is_some()
+                && s["deleted-data-files"].as_str().is_some_and(|n| n != "0")
+        })
+        .collect()
+}
+
+/// Every reader sees exactly `expected` (pyiceberg, DuckDB, Iceberg's Java library; Spark when `spark`), no
+/// snapshot holds equality deletes, no checkpoint is in two snapshots and no file of the sink is unreferenced.
+/// Returns the verifier's answer.
+async fn assert_reads(
+    lake: &Lake,
+    table: &str,
+    expected: &BTreeMap<i64, String>,
+    spark: bool,
+    context: &str,
+) -> serde_json::Value {
+    let seen = readers_see(lake, table, expected, context).await;
+    if spark {
+        assert_eq!(
+            &spark_state(lake, table).await,
+            expected,
+            "{context}: Spark (Iceberg 1.12)"
+        );
+    }
+    let snapshots = seen["snapshots"].as_array().unwrap();
+    assert!(
+        snapshots
+            .iter()
+            .all(|s| s["summary"]["added-equality-delete-files"]
+                .as_str()
+                .is_none_or(|n| n == "0")),
+        "{context}: equality deletes: {snapshots:?}"
+    );
+    assert_eq!(
+        common::checkpoints_in_two_snapshots(snapshots),
+        Vec::<String>::new(),
+        "{context}: checkpoints in two snapshots"
+    );
+    assert_eq!(
+        seen["unreferenced"],
+        serde_json::json!([]),
+        "{context}: files of the sink no snapshot references"
+    );
+    seen
+}
+
+/// Fifteen small checkpoints (rows of a file replaced over several of them), then, after a restart (the key index
+/// rebuilt), fifteen that replace every key (whole files dead): compactions rewrite the files with live rows,
+/// remove the dead ones and the delete files naming only them, and every reader sees each key's last state.
+/// Without compaction the table would hold a data file and a delete file per checkpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upsert_tables_small_files_compact_inside_the_commits_and_each_keys_last_state_reads_back()
+ {
+    test_support::Services::get();
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::sqlite_local(dir.path(), "compacted");
+    let table = lake.table(&["upserted"]);
+    let state = dir.path().join("state");
+    let config = compacting(&lake, &table, 3);
+    let next = run_checkpoints(config.clone(), (0, &state), 15, (SMALL, 1)).await;
+    let seen = assert_reads(
+        &lake,
+        &table,
+        &expected(&[(0, next)]),
+        true,
+        "small checkpoints",
+    )
+    .await;
+    let compactions = compacting_summaries(&seen);
+    assert!(
+        compactions
+            .iter()
+            .any(|s| s["added-data-files"].as_str().is_some_and(|n| n != "0")
+                && s["deleted-records"].as_str().is_some_and(|n| n != "0")),
+        "no compaction rewrote live rows: {compactions:?}"
+    );
+    assert!(
+        compactions
+            .iter()
+            .any(|s| s["removed-position-delete-files"]
+                .as_str()
+                .is_some_and(|n| n != "0")),
+        "no compaction removed a delete file: {compactions:?}"
+    );
+    let (data, deletes) = live_files(&lake, &table).await;
+    assert!(
+        data < 8 && deletes < 8,
+        "after 15 checkpoints of a data file each (half of them at most may stay): {data} data files, {deletes} delete files live"
+    );
+
+    // Every key replaced in every checkpoint, three batches (data files) each.
+    let before = next;
+    let next = run_checkpoints(config, (0, &state), 15, (CHANGES, 3)).await;
+    assert_eq!(next, before + 15 * CHANGES);
+    assert_reads(
+        &lake,
+        &table,
+        &expected(&[(0, next)]),
+        true,
+        "whole files replaced",
+    )
+    .await;
+    let (data, deletes) = live_files(&lake, &table).await;
+    assert!(
+        data < 15 && deletes < 15,
+        "after 15 more checkpoints of three data files each: {data} data files, {deletes} delete files live"
+    );
+}
+
+/// The child of the kill test: runs 8 small checkpoints (compacting at 2 files) of the table in `CHILD_TABLE`
+/// from the store under `CHILD_DIR`; the drill in its environment kills it at its step. Returns at once in a
+/// normal test run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child() {
+    let (Ok(dir), Ok(table)) = (std::env::var(CHILD_DIR), std::env::var(CHILD_TABLE)) else {
+        return;
+    };
+    let lake = Lake::sqlite_local(Path::new(&dir), "child");
+    let state = Path::new(&dir).join("state");
+    run_checkpoints(compacting(&lake, &table, 2), (0, &state), 8, (SMALL, 1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_9_at_each_step_of_a_compacting_upsert_commit_loses_nothing_and_doubles_nothing() {
+    test_support::Services::get();
+    let steps = [
+        "after-compacting",
+        "after-replacing",
+        "after-compacted-commit",
+    ];
+    for (i, step) in steps.into_iter().enumerate() {
+        let dir = tempfile::tempdir().unwrap();
+        let lake = Lake::sqlite_local(dir.path(), "killed");
+        let table = lake.table(&["upserted"]);
+        IcebergSink::new(compacting(&lake, &table, 2))
+            .await
+            .unwrap();
+        let path = dir.path().to_str().unwrap();
+        common::killed_child(
+            "upsert_compaction::child",
+            &[(CHILD_DIR, path), (CHILD_TABLE, &table)],
+            step,
+        );
+        let state = dir.path().join("state");
+        let next = run_checkpoints(compacting(&lake, &table, 2), (0, &state), 4, (SMALL, 1)).await;
+        assert_eq!(next, common::decided_offset(&state).await, "{step}");
+        // Spark once (it takes a while to start); the other readers after every step.
+        let spark = i + 1 == steps.len();
+        let seen = assert_reads(&lake, &table, &expected(&[(0, next)]), spark, step).await;
+        assert!(
+            !compacting_summaries(&seen).is_empty(),
+            "{step}: no compaction landed"
+        );
+    }
+}
+
+/// Commits checkpoints of [`SMALL`] changes through `sink` (recovered) until a pre-commit carries a compaction that
+/// copies live rows; returns that committable (not committed), the number of rows it copies, its checkpoint and the
+/// next offset.
+async fn pre_commit_until_compacting(
+    sink: &mut IcebergSink,
+) -> (iceberg_sink::IcebergCommittable, u64, u64, i64) {
+    use connector_api::{Committer, TwoPhaseCommit};
+    let mut next = 0;
+    for checkpoint in 1..12 {
+        let committable = pre_commit_changes(sink, checkpoint, &mut next, SMALL).await;
+        let rows = committable.compaction.as_ref().map_or(0, |c| {
+            c.outputs
+                .iter()
+                .map(|f| {
+                    let file: serde_json::Value = serde_json::from_str(&f.data_file).unwrap();
+                    file["record_count"].as_u64().unwrap()
+                })
+                .sum::<u64>()
+        });
+        if rows > 0 {
+            return (committable, rows, checkpoint, next);
+        }
+        // No compaction, or one of dead files only: it lands; look again.
+        sink.committer().commit(vec![committable]).await.unwrap();
+    }
+    panic!("no pre-commit compacted files with live rows in 11 checkpoints");
+}
+
+/// The driver pre-commits a checkpoint before the previous one's commit has landed. Here the previous one carries a
+/// compaction: the next checkpoint finds its keys' rows in the compaction's inputs (the index moves them only once
+/// the table shows the compaction) and deletes both those rows and their copies, so once both commits land no
+/// key shows twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_pre_committed_before_a_compaction_lands_deletes_the_copied_rows_too() {
+    use connector_api::{Committer, TwoPhaseCommit};
+    test_support::Services::get();
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::sqlite_local(dir.path(), "pipelined");
+    let table = lake.table(&["upserted"]);
+    let mut sink = IcebergSink::new(compacting(&lake, &table, 2))
+        .await
+        .unwrap();
+    sink.recover(None).await.unwrap();
+    let (compacting, _, checkpoint, mut next) = pre_commit_until_compacting(&mut sink).await;
+    // The next checkpoint changes the five keys the compacting one did not: rows the compaction copies.
+    let following = pre_commit_changes(&mut sink, checkpoint + 1, &mut next, SMALL).await;
+    sink.committer().commit(vec![compacting]).await.unwrap();
+    sink.committer().commit(vec![following]).await.unwrap();
+    let seen = assert_reads(&lake, &table, &expected(&[(0, next)]), false, "pipelined").await;
+    assert!(
+        !compacting_summaries(&seen).is_empty(),
+        "the compaction landed"
+    );
+    // The index follows the copies: more checkpoints (and compactions) keep each key once.
+    for checkpoint in checkpoint + 2..checkpoint + 8 {
+        let committable = pre_commit_changes(&mut sink, checkpoint, &mut next, SMALL).await;
+        sink.committer().commit(vec![committable]).await.unwrap();
+    }
+    assert_reads(
+        &lake,
+        &table,
+        &expected(&[(0, next)]),
+        true,
+        "after the pipelined compaction",
+    )
+    .await;
+}
+
+/// Spark deletes (merge-on-read: position-delete files) every row of the files a pre-committed compaction
+/// rewrote, before the compaction's commit: the commit drops the compaction (its outputs would bring those rows
+/// back) and commits the checkpoint's own changes. The sink goes on compacting; the later compactions apply
+/// Spark's deletes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_another_writer_adds_to_a_compactions_inputs_before_its_commit_drops_it() {
+    use connector_api::{Committer, TwoPhaseCommit};
+    test_support::Services::get();
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::sqlite_local(dir.path(), "raced");
+    let schema = arrow_schema::Schema::new(vec![
+        arrow_schema::Field::new("id", arrow_schema::DataType::Int64, true),
+        arrow_schema::Field::new("v", arrow_schema::DataType::Utf8, true),
+    ]);
+    let (_, table) = lake
+        .create_foreign_table_of(
+            "upserted",
+            FormatVersion::V2,
+            &[("write.delete.mode", "merge-on-read")],
+            &schema,
+        )
+        .await;
+    let mut sink = IcebergSink::new(compacting(&lake, &table, 2))
+        .await
+        .unwrap();
+    sink.recover(None).await.unwrap();
+    let (decided, rewritten_rows, mut checkpoint, mut next) =
+        pre_commit_until_compacting(&mut sink).await;
+    // The compaction's outputs hold live rows of keys the pending checkpoint does not change (it would delete
+    // from their files, which a compaction leaves alone): Spark deletes every such key.
+    let changed: Vec<i64> = (next - SMALL..next).map(|n| n % 12).collect();
+    let deleted: Vec<i64> = (0..12).filter(|k| !changed.contains(k)).collect();
+    let list = deleted
+        .iter()
+        .map(i64::to_string)
+        .collect::<Vec<_>>()
+        .join(", ");
+    let sparks = lake.spark_delete(&table, &format!("id IN ({list})")).await;
+    assert!(
+        sparks.iter().any(|f| f["content"] == 1),
+        "Spark wrote position deletes: {sparks:?}"
+    );
+    sink.committer().commit(vec![decided]).await.unwrap();
+    let mut now = expected(&[(0, next)]);
+    for key in &deleted {
+        now.remove(key);
+    }
+    let seen = assert_reads(&lake, &table, &now, false, "Spark's delete in between").await;
+    assert!(
+        compacting_summaries(&seen).is_empty(),
+        "the compaction of {rewritten_rows} rows Spark deleted from landed"
+    );
+    // The sink goes on (its index did not follow the dropped compaction); later compactions take Spark's deletes.
+    for _ in 0..6 {
+        checkpoint += 1;
+        let committable = pre_commit_changes(&mut sink, checkpoint, &mut next, SMALL).await;
+        sink.committer().commit(vec![committable]).await.unwrap();
+    }
+    let mut now = expected(&[(0, next)]);
+    let changed_since: Vec<i64> = (next - 6 * SMALL..next).map(|n| n % 12).collect();
+    for key in deleted.iter().filter(|k| !changed_since.contains(k)) {
+        now.remove(key);
+    }
+    let seen = assert_reads(&lake, &table, &now, true, "compacting after Spark's delete").await;
+    assert!(
+        !compacting_summaries(&seen).is_empty(),
+        "no compaction after Spark's delete"
+    );
+}
+
+/// Spark's maintenance (rewrite_data_files, rewrite_manifests, expire_snapshots, remove_orphan_files with a short
+/// cut-off) in a loop beside a compacting upsert sink killed at its compaction's steps: Spark's rewrites and the
+/// sink's compactions race for the same files, and whichever loses drops its work. Every reader, Spark included,
+/// then sees each key's last state once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spark_maintenance_beside_compacting_upserts_and_kills_leaves_each_key_once() {
+    use std::time::{Duration, Instant};
+    test_support::Services::get();
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::sqlite_local(dir.path(), "maintained");
+    let table = lake.table(&["upserted"]);
+    let state = dir.path().join("state");
+    let config = compacting(&lake, &table, 2);
+    run_checkpoints(config.clone(), (0, &state), 4, (SMALL, 1)).await;
+    let mut spark = common::SparkMaintainer::start(&lake, &table, Duration::from_secs(20));
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let path = dir.path().to_str().unwrap();
+    let mut rounds = 0;
+    while rounds < 2
+        || spark.count("rewrite_data_files", "committed")
+            + spark.count("rewrite_data_files", "lost")
+            < 2
+        || spark.count("expire_snapshots", "committed") < 2
+    {
+        assert!(
+            Instant::now() < deadline,
+            "Spark committed too little beside {rounds} rounds of the sink: {:?}\n{}",
+            spark.progress(),
+            spark.last_exceptions()
+        );
+        for step in ["after-compacting", "after-compacted-commit"] {
+            common::killed_child(
+                "upsert_compaction::child",
+                &[(CHILD_DIR, path), (CHILD_TABLE, &table)],
+                step,
+            );
+            run_checkpoints(config.clone(), (0, &state), 4, (SMALL, 1)).await;
+        }
+        rounds += 1;
+    }
+    // Beside commits every few hundred milliseconds Spark's rewrites mostly lose (its validation sees the sink's
+    // new deletes): one lands while the sink is down, and the sink goes on over it (the key index rebuilt after a
+    // foreign rewrite, compactions beside Spark's files).
+    let waited = Instant::now();
+    while spark.count("rewrite_data_files", "committed") == 0 {
+        assert!(
+            waited.elapsed() < Duration::from_secs(180),
+            "no rewrite of Spark's landed in 180 s while the sink was down: {:?}\n{}",
+            spark.progress(),
+            spark.last_exceptions()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    run_checkpoints(config.clone(), (0, &state), 6, (SMALL, 1)).await;
+    let done = spark.stop();
+    eprintln!("Spark's maintenance beside {rounds} rounds of a compacting upsert sink: {done}");
+    assert!(done["rewritten_data_files"].as_u64().unwrap() > 0, "{done}");
+    let next = common::decided_offset(&state).await;
+    let seen = assert_reads(
+        &lake,
+        &table,
+        &expected(&[(0, next)]),
+        true,
+        "after Spark's maintenance",
+    )
+    .await;
+    assert!(
+        !compacting_summaries(&seen).is_empty(),
+        "no compaction of the sink's landed"
+    );
+}
