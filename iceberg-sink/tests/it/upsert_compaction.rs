@@ -10,7 +10,10 @@
 //!   written (before the swap) and after it landed: the restarted job ends with each key's last state, no
 //!   checkpoint in two snapshots, no file of the sink unreferenced;
 //! - Spark deleting rows of the files a pre-committed compaction rewrote, before its commit: the commit drops the
-//!   compaction (its outputs would bring the rows back), and later compactions apply Spark's deletes.
+//!   compaction (its outputs would bring the rows back), and later compactions apply Spark's deletes;
+//! - a checkpoint pre-committed before the previous one's compaction landed (its deletes reach the copies too);
+//! - Spark's maintenance procedures in a loop beside kills;
+//! - a zombie's compacting commit after a take-over, fenced.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -434,5 +437,58 @@ async fn spark_maintenance_beside_compacting_upserts_and_kills_leaves_each_key_o
     assert!(
         !compacting_summaries(&seen).is_empty(),
         "no compaction of the sink's landed"
+    );
+}
+
+/// Two instances of one subtask. The first pre-commits a checkpoint carrying a compaction and stalls before its
+/// commit (a zombie: paused, partitioned away); a second takes over from the previous checkpoint's record, replays
+/// the stalled checkpoint's changes and goes on, compacting the same small files. The zombie resumes: its
+/// compacting commit is fenced. After the next instance's recovery (which deletes what the zombie wrote), every
+/// reader sees each key's last state once and no file of the sink is left unreferenced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zombies_upsert_compaction_after_a_take_over_is_fenced_and_each_key_stays_once() {
+    use connector_api::{CheckpointId, Committer, ErrorKind, TwoPhaseCommit};
+    test_support::Services::get();
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::sqlite_local(dir.path(), "zombie");
+    let table = lake.table(&["upserted"]);
+    let config = compacting(&lake, &table, 2);
+    let mut zombie = IcebergSink::new(config.clone()).await.unwrap();
+    zombie.recover(None).await.unwrap();
+    let (stalled, _, stalled_at, stalled_next) = pre_commit_until_compacting(&mut zombie).await;
+
+    let mut second = IcebergSink::new(config.clone()).await.unwrap();
+    second
+        .recover(Some((CheckpointId(stalled_at - 1), Vec::new())))
+        .await
+        .unwrap();
+    let mut next = stalled_next - SMALL;
+    let mut second_compacted = false;
+    for checkpoint in stalled_at..stalled_at + 4 {
+        let committable = pre_commit_changes(&mut second, checkpoint, &mut next, SMALL).await;
+        second_compacted |= committable.compaction.is_some();
+        second.committer().commit(vec![committable]).await.unwrap();
+    }
+    assert!(second_compacted, "the second instance should compact too");
+
+    let refused = zombie.committer().commit(vec![stalled]).await.unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::Fenced, "{refused}");
+
+    let mut third = IcebergSink::new(config).await.unwrap();
+    third
+        .recover(Some((CheckpointId(stalled_at + 3), Vec::new())))
+        .await
+        .unwrap();
+    let seen = assert_reads(
+        &lake,
+        &table,
+        &expected(&[(0, next)]),
+        false,
+        "after the zombie",
+    )
+    .await;
+    assert!(
+        !compacting_summaries(&seen).is_empty(),
+        "the second instance's compaction landed"
     );
 }
