@@ -147,7 +147,7 @@ pub(crate) async fn check(config: &IcebergSinkConfig) -> Result<SinkCheck> {
     };
     let compaction = match compacts {
         Some(policy) => format!(
-            "; compacts its small files inside the commits ({})",
+            "; compacts its small files and files with many deleted rows inside the commits ({})",
             policy.describe()
         ),
         None => "; no compaction".to_string(),

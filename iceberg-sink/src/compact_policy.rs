@@ -18,7 +18,7 @@ use crate::upsert_deletes::UpsertDeletes;
 pub const CREATED_BY_PROPERTY: &str = "ratchet.created-by";
 
 /// The job file's `compact` setting.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub enum Compact {
     /// Left out: a table the sink created ([`CREATED_BY_PROPERTY`]) of format version 1 or 2, appended or upserted
     /// by position deletes, compacts with the default [`CompactPolicy`]; any other table (created by someone else,
@@ -116,9 +116,11 @@ pub const DEFAULT_COMPACT_TARGET_FILE_SIZE: u64 = 128 << 20;
 /// The default `compact.min_input_files`: Iceberg's `rewrite_data_files` default `min-input-files` is 5; 8 keeps
 /// the write amplification of 1 s checkpoints lower.
 pub const DEFAULT_COMPACT_MIN_INPUT_FILES: usize = 8;
+/// The default `compact.delete_ratio_threshold`: Iceberg's `rewrite_data_files` default `delete-ratio-threshold`.
+pub const DEFAULT_COMPACT_DELETE_RATIO_THRESHOLD: f64 = 0.3;
 
 /// The job file's `compact` policy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CompactPolicy {
     /// The size a rewritten file aims at, in bytes or with a unit (`"128MB"`: powers of 1024, as Spark reads
@@ -128,6 +130,10 @@ pub struct CompactPolicy {
     /// How many small files of one partition and size tier a rewrite waits for (at least 2).
     #[serde(default = "default_min_input_files")]
     pub min_input_files: usize,
+    /// The share of a file's rows deleted (0 to 1) from which a file of any size is rewritten without them
+    /// (Iceberg's `delete-ratio-threshold`): one such file per look, besides the small files' groups.
+    #[serde(default = "default_delete_ratio_threshold")]
+    pub delete_ratio_threshold: f64,
 }
 
 impl Default for CompactPolicy {
@@ -135,6 +141,7 @@ impl Default for CompactPolicy {
         Self {
             target_file_size: DEFAULT_COMPACT_TARGET_FILE_SIZE,
             min_input_files: DEFAULT_COMPACT_MIN_INPUT_FILES,
+            delete_ratio_threshold: DEFAULT_COMPACT_DELETE_RATIO_THRESHOLD,
         }
     }
 }
@@ -147,12 +154,16 @@ fn default_min_input_files() -> usize {
     DEFAULT_COMPACT_MIN_INPUT_FILES
 }
 
+fn default_delete_ratio_threshold() -> f64 {
+    DEFAULT_COMPACT_DELETE_RATIO_THRESHOLD
+}
+
 impl CompactPolicy {
     /// Checks the policy of sink `sink`, whose rows are upserted by `upsert_key` (empty: appended) with `deletes`.
     ///
     /// # Errors
     /// [`Config`](connector_api::ErrorKind::Config) naming the key: `min_input_files` below 2, `target_file_size` below 1 KiB,
-    /// or an upsert table written with `upsert_deletes = "equality"` (the rewrite applies position deletes only,
+    /// `delete_ratio_threshold` outside (0, 1], or an upsert table written with `upsert_deletes = "equality"` (the rewrite applies position deletes only,
     /// and the key index that tracks moved rows exists only in the position mode).
     pub fn check(
         &self,
@@ -182,6 +193,14 @@ impl CompactPolicy {
                 "target_file_size = {} bytes is smaller than a Parquet file's own overhead: use at least \"1KB\" \
                  (the default is \"128MB\")",
                 self.target_file_size
+            ));
+        }
+        let ratio = self.delete_ratio_threshold;
+        if !(ratio > 0.0 && ratio <= 1.0) {
+            return refuse(format!(
+                "delete_ratio_threshold = {ratio} is not a share of a file's rows: use a number above 0 and at \
+                 most 1 (the default is {DEFAULT_COMPACT_DELETE_RATIO_THRESHOLD}: a file with 30% of its rows \
+                 deleted is rewritten)"
             ));
         }
         Ok(())
@@ -231,14 +250,19 @@ impl CompactPolicy {
                 format!("\"{}{unit}\"", size >> shift)
             });
         format!(
-            "target_file_size = {target}, min_input_files = {}",
-            self.min_input_files
+            "target_file_size = {target}, min_input_files = {}, delete_ratio_threshold = {}",
+            self.min_input_files, self.delete_ratio_threshold
         )
     }
 
     /// Files at or above this size are not small.
     pub(crate) fn small_below(&self) -> u64 {
         self.target_file_size / 4 * 3
+    }
+
+    /// Whether a file of `rows` rows of which `deleted` are deleted is due for a rewrite without them.
+    pub(crate) fn deletes_due(&self, rows: u64, deleted: u64) -> bool {
+        rows > 0 && deleted as f64 >= self.delete_ratio_threshold * rows as f64
     }
 
     /// The size tier of a file of `size` bytes: sizes within a factor `min_input_files` share one.
@@ -296,6 +320,7 @@ mod tests {
         CompactPolicy {
             target_file_size: target,
             min_input_files: min,
+            ..CompactPolicy::default()
         }
     }
 
@@ -335,6 +360,16 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("target_file_size = 100"), "{err}");
+        for ratio in [0.0, 1.5, f64::NAN] {
+            let err = CompactPolicy {
+                delete_ratio_threshold: ratio,
+                ..policy(1 << 20, 2)
+            }
+            .check(&sink, &[], POSITION)
+            .unwrap_err()
+            .to_string();
+            assert!(err.contains("delete_ratio_threshold"), "{err}");
+        }
         let key = ["id".to_string()];
         let err = policy(1 << 20, 2)
             .check(&sink, &key, UpsertDeletes::Equality)
@@ -418,20 +453,31 @@ mod tests {
     fn a_policy_describes_itself_as_the_job_file_writes_it() {
         assert_eq!(
             CompactPolicy::default().describe(),
-            "target_file_size = \"128MB\", min_input_files = 8"
+            "target_file_size = \"128MB\", min_input_files = 8, delete_ratio_threshold = 0.3"
         );
         assert_eq!(
             policy(4096, 2).describe(),
-            "target_file_size = \"4KB\", min_input_files = 2"
+            "target_file_size = \"4KB\", min_input_files = 2, delete_ratio_threshold = 0.3"
         );
         assert_eq!(
             policy(5000, 2).describe(),
-            "target_file_size = 5000, min_input_files = 2"
+            "target_file_size = 5000, min_input_files = 2, delete_ratio_threshold = 0.3"
         );
     }
 
     #[test]
     fn files_at_or_above_three_quarters_of_the_target_are_not_small() {
         assert_eq!(policy(4000, 2).small_below(), 3000);
+    }
+
+    #[test]
+    fn a_file_is_due_for_its_deletes_from_the_threshold_on() {
+        let policy = policy(4096, 2);
+        assert!(!policy.deletes_due(10, 2));
+        assert!(policy.deletes_due(10, 3));
+        assert!(policy.deletes_due(10, 10));
+        assert!(!policy.deletes_due(0, 0));
+        let parsed: CompactPolicy = toml::from_str("delete_ratio_threshold = 0.5").unwrap();
+        assert!(!parsed.deletes_due(10, 4) && parsed.deletes_due(10, 5));
     }
 }

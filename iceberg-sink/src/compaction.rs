@@ -1,7 +1,8 @@
 //! Compaction inside the sink's commits (the job file's `compact = { target_file_size = "128MB",
 //! min_input_files = 8 }`): at a pre-commit, small data files this subtask wrote are rewritten into one larger file
 //! per group, and the checkpoint's snapshot both adds the checkpoint's files and replaces the group's files by the
-//! rewritten one ([`crate::replace`]), through the same guarded commit as every checkpoint.
+//! rewritten one ([`crate::replace`]), through the same guarded commit as every checkpoint. This module chooses
+//! the files and reads them; [`crate::live_compaction`] rewrites them without their deleted rows.
 //!
 //! # Which files
 //! Live data files of the current snapshot, in the table's default partition spec, named by this subtask
@@ -11,7 +12,9 @@
 //! holding at least `min_input_files` files is rewritten, smallest first, up to `target_file_size` of input. So a
 //! byte is rewritten about once per tier (a handful of times up to the target), never once per checkpoint, and a
 //! partition holds at most about `min_input_files` files per tier. One pre-commit rewrites at most
-//! `target_file_size` of input; a backlog is worked off over the following checkpoints.
+//! `target_file_size` of input; a backlog is worked off over the following checkpoints. Besides, one file of this
+//! subtask of any size whose deleted rows reach `delete_ratio_threshold` is rewritten per look
+//! ([`crate::live_compaction`]).
 //!
 //! # Failure cases
 //! - The rewrite fails or outlasts `commit_timeout` (storage down, a file gone): logged as a warning, the
@@ -26,66 +29,70 @@
 //! - A crash anywhere: the compaction rides in the checkpoint's committable; recovery commits it by the same rules
 //!   or drops it.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
-use connector_api::{CheckpointId, Error, ErrorKind, Phase, Result};
-use futures::TryStreamExt;
+use connector_api::{CheckpointId, Phase, Result};
 use iceberg::arrow::ArrowReaderBuilder;
 use iceberg::scan::FileScanTask;
 use iceberg::spec::{DataContentType, DataFile, DataFileFormat, ManifestContentType};
 use iceberg::table::Table;
 
 use crate::commit::TableTarget;
-use crate::committable::{CompactedFiles, encode_files};
 use crate::compact_policy::CompactPolicy;
 use crate::error::iceberg_error;
 use crate::ledger::SubtaskKey;
 use crate::location::canonical;
-use crate::writer::CheckpointWriter;
 
-/// A small data file this subtask wrote, the manifest of the current snapshot that lists it, and its data
-/// sequence number.
+/// A live data file this subtask wrote (in the default spec, Parquet), the manifest of the current snapshot that
+/// lists it, and its data sequence number.
 #[derive(Debug, Clone)]
-pub(crate) struct SmallFile {
+pub(crate) struct OwnFile {
     pub(crate) file: DataFile,
     pub(crate) manifest: String,
     pub(crate) sequence: i64,
 }
 
-/// What one data manifest lists: this subtask's small files of the default spec (with their data sequence
-/// numbers) and every live data file's path.
+/// What one data manifest lists: this subtask's files of the default spec (with their data sequence numbers) and
+/// every live data file's path.
 #[derive(Debug, Default)]
 struct ManifestFiles {
-    small: Vec<(DataFile, i64)>,
+    own: Vec<(DataFile, i64)>,
     live: Vec<String>,
 }
 
-/// This subtask's small files per data manifest, read once per manifest (a manifest never changes once written):
-/// a look reads only the manifests committed since the last one.
+/// This subtask's live files, split by [`CompactPolicy::small_below`].
 #[derive(Debug, Default)]
-pub(crate) struct SmallFileCache {
+pub(crate) struct OwnFiles {
+    pub(crate) small: Vec<OwnFile>,
+    pub(crate) large: Vec<OwnFile>,
+}
+
+/// This subtask's files per data manifest, read once per manifest (a manifest never changes once written): a look
+/// reads only the manifests committed since the last one.
+#[derive(Debug, Default)]
+pub(crate) struct OwnFileCache {
     by_manifest: HashMap<String, ManifestFiles>,
 }
 
-impl SmallFileCache {
-    /// The live data files of `table`'s current snapshot that `key`'s subtask wrote and `policy` calls small, in
-    /// the default partition spec, each with its manifest.
+impl OwnFileCache {
+    /// The live data files of `table`'s current snapshot that `key`'s subtask wrote, in the default partition spec,
+    /// each with its manifest, split into those `policy` calls small and the others.
     ///
     /// # Errors
     /// A manifest list or manifest that cannot be read.
-    pub(crate) async fn small_files(
+    pub(crate) async fn own_files(
         &mut self,
         table: &Table,
         key: &SubtaskKey,
         policy: &CompactPolicy,
-    ) -> iceberg::Result<Vec<SmallFile>> {
+    ) -> iceberg::Result<OwnFiles> {
         let metadata = table.metadata();
+        let mut own = OwnFiles::default();
         let Some(snapshot) = metadata.current_snapshot() else {
-            return Ok(Vec::new());
+            return Ok(own);
         };
         let spec_id = metadata.default_partition_spec_id();
         let list = table.manifest_list_reader(snapshot).load().await?;
-        let mut small = Vec::new();
         let mut current = HashSet::new();
         for manifest in list
             .entries()
@@ -98,14 +105,13 @@ impl SmallFileCache {
                 let loaded = manifest.load_manifest(table.file_io()).await?;
                 let live = loaded.entries().iter().filter(|entry| entry.is_alive());
                 let files = ManifestFiles {
-                    small: live
+                    own: live
                         .clone()
                         .filter(|entry| {
                             let file = entry.data_file();
                             manifest.partition_spec_id == spec_id
                                 && file.content_type() == DataContentType::Data
                                 && file.file_format() == DataFileFormat::Parquet
-                                && file.file_size_in_bytes() < policy.small_below()
                                 && key.file_stamp(file.file_path()).is_some()
                         })
                         .map(|entry| {
@@ -119,23 +125,23 @@ impl SmallFileCache {
                 };
                 self.by_manifest.insert(path.clone(), files);
             }
-            small.extend(
-                self.by_manifest[path]
-                    .small
-                    .iter()
-                    .map(|(file, sequence)| SmallFile {
-                        file: file.clone(),
-                        manifest: path.clone(),
-                        sequence: *sequence,
-                    }),
-            );
+            for (file, sequence) in &self.by_manifest[path].own {
+                let listed = OwnFile {
+                    file: file.clone(),
+                    manifest: path.clone(),
+                    sequence: *sequence,
+                };
+                match file.file_size_in_bytes() < policy.small_below() {
+                    true => own.small.push(listed),
+                    false => own.large.push(listed),
+                }
+            }
         }
         self.by_manifest.retain(|path, _| current.contains(path));
-        Ok(small)
+        Ok(own)
     }
 
-    /// Every live data file's path (canonical) in the manifests the last [`small_files`](Self::small_files)
-    /// read.
+    /// Every live data file's path (canonical) in the manifests the last [`own_files`](Self::own_files) read.
     pub(crate) fn live_paths(&self) -> HashSet<&str> {
         self.by_manifest
             .values()
@@ -147,8 +153,8 @@ impl SmallFileCache {
 /// The groups of `files` (small data files of one spec) to rewrite now by `policy`: per partition and size tier,
 /// the smallest files of a tier holding at least `min_input_files`, up to `target_file_size` of input per group
 /// and in all. Lower tiers first.
-pub(crate) fn groups(files: Vec<SmallFile>, policy: &CompactPolicy) -> Vec<Vec<SmallFile>> {
-    let mut tiers: BTreeMap<(u32, String), Vec<SmallFile>> = BTreeMap::new();
+pub(crate) fn groups(files: Vec<OwnFile>, policy: &CompactPolicy) -> Vec<Vec<OwnFile>> {
+    let mut tiers: BTreeMap<(u32, String), Vec<OwnFile>> = BTreeMap::new();
     for small in files {
         let tier = policy.tier(small.file.file_size_in_bytes());
         // Struct is not Ord: its debug form orders partitions deterministically.
@@ -161,7 +167,7 @@ pub(crate) fn groups(files: Vec<SmallFile>, policy: &CompactPolicy) -> Vec<Vec<S
         if files.len() < policy.min_input_files {
             continue;
         }
-        let order = |s: &SmallFile| (s.file.file_size_in_bytes(), s.file.file_path().to_string());
+        let order = |s: &OwnFile| (s.file.file_size_in_bytes(), s.file.file_path().to_string());
         files.sort_by_key(order);
         let mut group = Vec::new();
         let mut size = 0;
@@ -183,51 +189,6 @@ pub(crate) fn groups(files: Vec<SmallFile>, policy: &CompactPolicy) -> Vec<Vec<S
         }
     }
     chosen
-}
-
-/// Rewrites `group` (live data files of one partition of `table`'s default spec) into files named
-/// `<file_prefix>-<n>.parquet`, read in the table's current schema (columns added since a file was written read
-/// as nulls, widened ones widened, as every Iceberg reader reads them). Returns the files written.
-///
-/// # Errors
-/// A file that cannot be read or written (the caller drops the compaction).
-pub(crate) async fn rewrite(
-    table: &Table,
-    group: &[DataFile],
-    file_prefix: String,
-    target_file_size: u64,
-) -> Result<Vec<DataFile>> {
-    let tasks: Vec<iceberg::Result<FileScanTask>> = group
-        .iter()
-        .map(|file| Ok(scan_task(table, file)))
-        .collect();
-    let mut batches = read(table, tasks)?;
-    let size = usize::try_from(target_file_size).unwrap_or(usize::MAX);
-    let mut writer = CheckpointWriter::open(table, file_prefix, size).await?;
-    while let Some(batch) = batches
-        .try_next()
-        .await
-        .map_err(|e| iceberg_error(Phase::PreCommit, "cannot read a file to compact", e))?
-    {
-        writer.write(&batch).await?;
-    }
-    let written = writer.close().await?;
-    let (rows_in, rows_out) = (
-        group.iter().map(DataFile::record_count).sum::<u64>(),
-        written.iter().map(DataFile::record_count).sum::<u64>(),
-    );
-    if rows_in != rows_out {
-        return Err(Error::new(
-            ErrorKind::Bug,
-            Phase::PreCommit,
-            format!(
-                "compacting {} files of {} rows wrote {rows_out} rows; the compaction is dropped",
-                group.len(),
-                rows_in
-            ),
-        ));
-    }
-    Ok(written)
 }
 
 /// A task reading every row of `file` (a Parquet data file of `table`) in file order, in the table's current
@@ -263,53 +224,6 @@ pub(crate) fn read(
         .read(Box::pin(futures::stream::iter(tasks)))
         .map_err(|e| iceberg_error(Phase::PreCommit, "cannot read the files to compact", e))?
         .stream())
-}
-
-/// Looks for small files of `key`'s subtask in the table as committed now and rewrites the groups due
-/// ([`groups`]) into files named `<file_prefix><g>-<n>.parquet`, within the target's `commit_timeout`. `None` when
-/// nothing is due, and when anything fails (logged as a warning: the checkpoint goes on without compaction; what
-/// was written carries the checkpoint's stamp, and recovery's cleanup deletes it).
-pub(crate) async fn compact(
-    target: &TableTarget,
-    key: &SubtaskKey,
-    (policy, cache): (&CompactPolicy, &mut SmallFileCache),
-    file_prefix: String,
-) -> Option<CompactedFiles> {
-    let work = async {
-        let table = target.load(Phase::PreCommit).await?;
-        let small = cache
-            .small_files(&table, key, policy)
-            .await
-            .map_err(|e| iceberg_error(Phase::PreCommit, "cannot list the small files", e))?;
-        let mut inputs = Vec::new();
-        let mut manifests = BTreeSet::new();
-        let mut outputs = Vec::new();
-        for (g, group) in groups(small, policy).into_iter().enumerate() {
-            let files: Vec<DataFile> = group.iter().map(|s| s.file.clone()).collect();
-            let written = rewrite(
-                &table,
-                &files,
-                format!("{file_prefix}{g}"),
-                policy.target_file_size,
-            )
-            .await?;
-            inputs.extend(files.iter().map(|f| f.file_path().to_string()));
-            manifests.extend(group.into_iter().map(|s| s.manifest));
-            outputs.extend(written);
-        }
-        if inputs.is_empty() {
-            return Ok(None);
-        }
-        crate::retire::drill("after-compacting");
-        Ok::<_, Error>(Some(CompactedFiles {
-            inputs,
-            outputs: encode_files(&table, outputs)?,
-            manifests: manifests.into_iter().collect(),
-            read_at: None,
-            deletes: Vec::new(),
-        }))
-    };
-    within_or_skip(target, key, work).await
 }
 
 /// Runs `work` (a compaction's pre-commit) within the target's `commit_timeout`; `None` when it finds nothing to
@@ -354,7 +268,7 @@ pub(crate) fn file_prefix(key: &SubtaskKey, epoch: u64, checkpoint: CheckpointId
 mod tests {
     use super::*;
 
-    fn file(name: &str, size: u64, partition: i32) -> SmallFile {
+    fn file(name: &str, size: u64, partition: i32) -> OwnFile {
         let file = iceberg::spec::DataFileBuilder::default()
             .content(DataContentType::Data)
             .file_path(format!("file:///t/data/{name}.parquet"))
@@ -366,7 +280,7 @@ mod tests {
             .file_size_in_bytes(size)
             .build()
             .unwrap();
-        SmallFile {
+        OwnFile {
             file,
             manifest: "m.avro".into(),
             sequence: 1,
@@ -377,10 +291,11 @@ mod tests {
         CompactPolicy {
             target_file_size: target,
             min_input_files: min,
+            ..CompactPolicy::default()
         }
     }
 
-    fn names(groups: &[Vec<SmallFile>]) -> Vec<Vec<String>> {
+    fn names(groups: &[Vec<OwnFile>]) -> Vec<Vec<String>> {
         groups
             .iter()
             .map(|g| {
@@ -397,7 +312,7 @@ mod tests {
     #[test]
     fn a_tier_is_rewritten_once_it_holds_min_input_files_smallest_first() {
         let p = policy(1 << 20, 4);
-        let three: Vec<SmallFile> = (0..3).map(|i| file(&format!("a{i}"), 1000, 1)).collect();
+        let three: Vec<OwnFile> = (0..3).map(|i| file(&format!("a{i}"), 1000, 1)).collect();
         assert!(groups(three.clone(), &p).is_empty());
         let mut four = three;
         four.push(file("a3", 900, 1));
@@ -408,7 +323,7 @@ mod tests {
     fn a_rewritten_file_waits_for_its_own_tier_instead_of_joining_every_rewrite() {
         // 4 KB files and one earlier output of 64 KB: the small ones are rewritten without the big one.
         let p = policy(1 << 20, 4);
-        let mut files: Vec<SmallFile> = (0..4).map(|i| file(&format!("s{i}"), 4000, 1)).collect();
+        let mut files: Vec<OwnFile> = (0..4).map(|i| file(&format!("s{i}"), 4000, 1)).collect();
         files.push(file("big", 64_000, 1));
         assert_eq!(names(&groups(files, &p)), [["s0", "s1", "s2", "s3"]]);
     }

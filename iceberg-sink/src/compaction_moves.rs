@@ -1,4 +1,4 @@
-//! Where a compaction of an upsert table moved each key's row ([`crate::upsert_compaction`]): recorded while the
+//! Where a compaction of an upsert table moved each key's row ([`crate::live_compaction`]): recorded while the
 //! inputs are rewritten at a pre-commit, kept by the key index ([`crate::key_index::KeyIndex::stage_compaction`])
 //! until the table shows the checkpoint that carries the compaction.
 //!

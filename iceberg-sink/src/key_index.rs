@@ -375,7 +375,7 @@ impl KeyIndex {
         self.shown = Shown::At(snapshot);
     }
 
-    /// Records the compaction the pre-committed `checkpoint` carries ([`crate::upsert_compaction`]): its moves
+    /// Records the compaction the pre-committed `checkpoint` carries ([`crate::live_compaction`]): its moves
     /// apply once the table shows it.
     pub(crate) fn stage_compaction(&mut self, checkpoint: CheckpointId, moves: Moves) {
         self.staged_compaction = Some((checkpoint, moves));
@@ -436,6 +436,21 @@ impl KeyIndex {
             busy.extend(moves.outputs().map(str::to_string));
         }
         busy
+    }
+
+    /// How many keys point at each data file (canonical path): the file's rows the index still holds live, for a
+    /// compaction's choice of files with many deleted rows. One pass over every key.
+    pub(crate) fn rows_per_file(&self) -> HashMap<String, u64> {
+        let mut counts = vec![0u64; self.files.len()];
+        for location in self.rows.values() {
+            counts[location.file as usize] += 1;
+        }
+        self.files
+            .iter()
+            .zip(counts)
+            .filter(|(_, n)| *n > 0)
+            .map(|(file, n)| (crate::location::canonical(&file.path), n))
+            .collect()
     }
 
     /// The number of decided checkpoints whose changes the table may not show yet.

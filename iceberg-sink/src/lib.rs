@@ -76,6 +76,7 @@ mod key_index;
 mod key_scan;
 mod layout;
 mod ledger;
+mod live_compaction;
 mod location;
 mod manifest_merge;
 mod metadata_swap;
@@ -97,7 +98,6 @@ mod table_creation;
 mod types;
 mod unavailable;
 mod upsert;
-mod upsert_compaction;
 mod upsert_deletes;
 mod writer;
 

@@ -1,4 +1,4 @@
-//! Which delete files can reach the files an upsert table's compaction rewrites ([`crate::upsert_compaction`]),
+//! Which delete files can reach the files an upsert table's compaction rewrites ([`crate::live_compaction`]),
 //! at its pre-commit (the deletes to apply while rewriting) and at its commit (a delete added since the rewrite
 //! read the table, which the outputs would not carry: the compaction is dropped, as Iceberg's `RewriteFiles`
 //! validation drops a rewrite).

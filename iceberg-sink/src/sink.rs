@@ -58,8 +58,8 @@ pub struct IcebergSink {
     /// Checkpoints since compaction last looked for small files (`compact`): it looks every `min_input_files`
     /// checkpoints (a fresh instance at its first).
     pub(crate) compact_wait: usize,
-    /// This subtask's small files per manifest, for compaction's looks.
-    pub(crate) small_files: crate::compaction::SmallFileCache,
+    /// This subtask's files per manifest, for compaction's looks.
+    pub(crate) own_files: crate::compaction::OwnFileCache,
     /// The committable of the last pre-commit, until the next begin decides what it carries.
     pub(crate) pre_committed: Option<IcebergCommittable>,
     /// The checkpoint whose writers are open (begun, not yet pre-committed or aborted).
@@ -172,7 +172,7 @@ impl IcebergSink {
             carried_checkpoints: 0,
             compact,
             compact_wait,
-            small_files: Default::default(),
+            own_files: Default::default(),
             pre_committed: None,
             open: None,
             keyed,
@@ -196,8 +196,7 @@ impl IcebergSink {
     }
 
     /// The compaction this checkpoint carries, when `compact` is set and it is time to look
-    /// ([`crate::compaction::compact`]; an upsert table's, whose moves the key index keeps:
-    /// [`crate::upsert_compaction::compact`]).
+    /// ([`crate::live_compaction::compact`]; an upsert table's moves are staged in the key index).
     async fn compact(&mut self, epoch: u64, checkpoint: CheckpointId) -> Option<CompactedFiles> {
         let policy = self.compact?;
         self.compact_wait += 1;
@@ -206,24 +205,17 @@ impl IcebergSink {
         }
         self.compact_wait = 0;
         let file_prefix = crate::compaction::file_prefix(&self.key, epoch, checkpoint);
-        let Some(index) = &mut self.index else {
-            return crate::compaction::compact(
-                &self.committer.target,
-                &self.key,
-                (&policy, &mut self.small_files),
-                file_prefix,
-            )
-            .await;
-        };
-        let compacted = crate::upsert_compaction::compact(
+        let compacted = crate::live_compaction::compact(
             &self.committer.target,
             &self.key,
-            (&policy, &mut self.small_files),
-            index,
+            (&policy, &mut self.own_files),
+            self.index.as_ref(),
             file_prefix,
         )
         .await?;
-        index.stage_compaction(checkpoint, compacted.moves);
+        if let Some(index) = &mut self.index {
+            index.stage_compaction(checkpoint, compacted.moves);
+        }
         Some(compacted.files)
     }
 

@@ -10,10 +10,13 @@
 //!   commit: the commit drops the compaction (its files deleted), Spark and pyiceberg read every row once;
 //! - a zombie whose compacting checkpoint stalled while a second instance took over and compacted the same files:
 //!   its commits are fenced, its files deleted by the next recovery;
-//! - Spark's maintenance loop beside compacting commits and kills.
+//! - Spark's maintenance loop beside compacting commits and kills;
+//! - Spark's merge-on-read `DELETE`s of the sink's files: applied by the compactions that read them, dropping the
+//!   compaction whose inputs they reach after it read them, and making a large file with many deleted rows due.
 
 use crate::common;
 
+use std::collections::BTreeSet;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::Command;
@@ -45,6 +48,7 @@ fn config(
         compact: Compact::On(CompactPolicy {
             target_file_size: 1 << 20,
             min_input_files,
+            ..Default::default()
         }),
         ..lake.config(
             "compacted",
@@ -438,6 +442,205 @@ async fn spark_maintenance_beside_compacting_commits_and_kills_leaves_every_row_
     let read = read(&lake, &table).await;
     assert_eq!(read.ids, expected, "pyiceberg");
     assert_eq!(read.duckdb_ids, expected, "DuckDB");
+}
+
+/// Commits checkpoints `from..` of [`ROWS`] records (ids from `next`) until a pre-commit carries a compaction;
+/// returns it (not committed) and its checkpoint.
+async fn commit_until_compacting_from(
+    sink: &mut IcebergSink,
+    from: u64,
+    next: &mut i64,
+) -> (iceberg_sink::IcebergCommittable, u64) {
+    use connector_api::{CheckpointId, Committer, TwoPhaseCommit};
+    let committer = sink.committer();
+    for checkpoint in from..from + 12 {
+        sink.begin(CheckpointId(checkpoint)).await.unwrap();
+        sink.write(&batch(*next..*next + ROWS)).await.unwrap();
+        *next += ROWS;
+        let committable = sink.pre_commit(CheckpointId(checkpoint)).await.unwrap();
+        if committable.compaction.is_some() {
+            return (committable, checkpoint);
+        }
+        committer.commit(vec![committable]).await.unwrap();
+    }
+    panic!("no pre-commit compacted in 12 checkpoints from {from}");
+}
+
+/// The position-delete files a compacting snapshot of `seen` (the verifier's) removed, summed.
+fn removed_delete_files(seen: &serde_json::Value) -> u64 {
+    seen["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["summary"]["removed-position-delete-files"].as_str())
+        .map(|n| n.parse::<u64>().unwrap())
+        .sum()
+}
+
+/// Spark's merge-on-read `DELETE` of `ids` from `table`, added to `gone`.
+async fn spark_deletes(lake: &Lake, table: &str, gone: &mut BTreeSet<i64>, ids: Vec<i64>) {
+    gone.extend(ids.iter().copied());
+    let list = ids
+        .iter()
+        .map(i64::to_string)
+        .collect::<Vec<_>>()
+        .join(", ");
+    let files = lake.spark_delete(table, &format!("id IN ({list})")).await;
+    assert!(
+        files.iter().any(|f| f["content"] == 1),
+        "Spark wrote no position deletes: {files:?}"
+    );
+}
+
+/// Spark deletes rows of an append table merge-on-read (position-delete files naming the sink's small files), as
+/// any other writer may: (1) before a compaction reads its inputs: the compaction applies the deletes (copying the
+/// inputs whole would bring the rows back); (2) after a compaction read its inputs, before its commit: the commit
+/// drops it. Spark and pyiceberg read exactly the rows not deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spark_merge_on_read_deletes_stay_deleted_through_an_append_tables_compactions() {
+    use connector_api::{Committer, TwoPhaseCommit};
+    test_support::Services::get();
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::sqlite_local(dir.path(), "deleted");
+    let table = lake.table(&["events"]);
+    let mut sink = IcebergSink::new(config(&lake, &table, 0, 2, false))
+        .await
+        .unwrap();
+    lake.set_properties(&table, &[("write.delete.mode", "merge-on-read".into())])
+        .await;
+    sink.recover(None).await.unwrap();
+    let committer = sink.committer();
+    let mut next = 0;
+    let mut gone = BTreeSet::new();
+    let expected = |next: i64, gone: &BTreeSet<i64>| -> Vec<i64> {
+        (0..next).filter(|id| !gone.contains(id)).collect()
+    };
+
+    // (1) Spark deletes three rows of the last checkpoint's file before the compaction that reads it.
+    let (first, checkpoint) = commit_until_compacting_from(&mut sink, 1, &mut next).await;
+    committer.commit(vec![first]).await.unwrap();
+    let written = next - ROWS;
+    spark_deletes(
+        &lake,
+        &table,
+        &mut gone,
+        vec![written + 1, written + 2, written + 3],
+    )
+    .await;
+    let (applying, checkpoint) =
+        commit_until_compacting_from(&mut sink, checkpoint + 1, &mut next).await;
+    committer.commit(vec![applying]).await.unwrap();
+    let seen = metadata_files(&lake, &table).await;
+    assert_eq!(ids(&seen["ids"]), expected(next, &gone), "(1) pyiceberg");
+    let compactions = compacting_snapshots(&seen);
+    assert_eq!(
+        compactions, 2,
+        "(1) both compactions landed: {:#}",
+        seen["snapshots"]
+    );
+    assert!(
+        removed_delete_files(&seen) > 0,
+        "(1) Spark's delete file naming only a compacted file stayed: {:#}",
+        seen["snapshots"]
+    );
+
+    // (2) A compaction reads its inputs; Spark deletes a row of each committed checkpoint's file before its commit.
+    let (raced, _) = commit_until_compacting_from(&mut sink, checkpoint + 1, &mut next).await;
+    let each_file: Vec<i64> = (0..next / ROWS - 1).map(|c| c * ROWS + 7).collect();
+    spark_deletes(&lake, &table, &mut gone, each_file).await;
+    committer.commit(vec![raced]).await.unwrap();
+    let seen = metadata_files(&lake, &table).await;
+    assert_eq!(ids(&seen["ids"]), expected(next, &gone), "(2) pyiceberg");
+    assert_eq!(
+        compacting_snapshots(&seen),
+        compactions,
+        "(2) the compaction Spark's delete raced landed: {:#}",
+        seen["snapshots"]
+    );
+    assert_eq!(
+        spark_ids(&lake, &table).await,
+        expected(next, &gone),
+        "Spark"
+    );
+}
+
+/// A file at or above the small size (every file, at a 1 KiB target) of which Spark deleted 40% of the rows
+/// merge-on-read is rewritten without them by a later look, and Spark's delete file, naming only it, is removed
+/// with it; pyiceberg and DuckDB read exactly the rows not deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_append_tables_file_with_many_rows_spark_deleted_is_rewritten_without_them() {
+    use connector_api::{Committer, TwoPhaseCommit};
+    test_support::Services::get();
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::sqlite_local(dir.path(), "heavy");
+    let table = lake.table(&["events"]);
+    let config = IcebergSinkConfig {
+        compact: Compact::On(CompactPolicy {
+            target_file_size: 1024,
+            min_input_files: 2,
+            ..Default::default()
+        }),
+        ..config(&lake, &table, 0, 2, false)
+    };
+    let mut sink = IcebergSink::new(config).await.unwrap();
+    lake.set_properties(&table, &[("write.delete.mode", "merge-on-read".into())])
+        .await;
+    sink.recover(None).await.unwrap();
+    let committer = sink.committer();
+    let mut next = 0;
+    let mut checkpoint = 0;
+    let mut commit_one = async |next: &mut i64, checkpoint: &mut u64| {
+        *checkpoint += 1;
+        sink.begin(connector_api::CheckpointId(*checkpoint))
+            .await
+            .unwrap();
+        sink.write(&batch(*next..*next + ROWS)).await.unwrap();
+        *next += ROWS;
+        let committable = sink
+            .pre_commit(connector_api::CheckpointId(*checkpoint))
+            .await
+            .unwrap();
+        let compacted = committable.compaction.is_some();
+        committer.commit(vec![committable]).await.unwrap();
+        compacted
+    };
+    for _ in 0..2 {
+        assert!(
+            !commit_one(&mut next, &mut checkpoint).await,
+            "no file has deletes yet"
+        );
+    }
+    let mut gone = BTreeSet::new();
+    spark_deletes(
+        &lake,
+        &table,
+        &mut gone,
+        (0..ROWS).filter(|id| id % 5 < 2).collect(),
+    )
+    .await;
+    let first_file = |seen: &serde_json::Value| {
+        seen["planned_data_files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f.as_str().unwrap().contains(".e1.c1-"))
+    };
+    for _ in 0..4 {
+        commit_one(&mut next, &mut checkpoint).await;
+        let seen = metadata_files(&lake, &table).await;
+        let expected: Vec<i64> = (0..next).filter(|id| !gone.contains(id)).collect();
+        assert_eq!(ids(&seen["ids"]), expected, "pyiceberg");
+        assert_eq!(ids(&seen["duckdb_ids"]), expected, "DuckDB");
+        if !first_file(&seen) {
+            assert!(
+                removed_delete_files(&seen) > 0,
+                "Spark's delete file stayed: {:#}",
+                seen["snapshots"]
+            );
+            return;
+        }
+    }
+    panic!("the file with 40% of its rows deleted was not rewritten in 4 checkpoints");
 }
 
 /// What a new user gets: `compact` left out of the entry. The table the sink created carries

@@ -222,6 +222,7 @@ async fn real_types_stay_exact_through_compaction() {
     let compact = iceberg_sink::Compact::On(iceberg_sink::CompactPolicy {
         target_file_size: 1 << 20,
         min_input_files: 2,
+        ..Default::default()
     });
     let mut sink = recovered_rich_sink(&lake, &table, compact).await;
     for n in 1..=5 {
@@ -258,6 +259,7 @@ async fn real_types_stay_exact_through_an_upsert_tables_compaction() {
     let compact = iceberg_sink::Compact::On(iceberg_sink::CompactPolicy {
         target_file_size: 1 << 20,
         min_input_files: 2,
+        ..Default::default()
     });
     let mut sink = rich_sink(&lake, &table, compact, &["id"]).await;
     checkpoint(&mut sink, 1, std::slice::from_ref(&batch)).await;

@@ -63,7 +63,7 @@ pub(crate) fn change_schema() -> SchemaRef {
 
 /// The change at offset `n` of `subtask`: key `subtask * 1000 + n % KEYS`; every fifth change a delete, the
 /// others an insert (first change of the key, or after its delete) or an update; the value names the offset.
-fn change(subtask: u32, n: i64) -> (i64, &'static str, String) {
+pub(crate) fn change(subtask: u32, n: i64) -> (i64, &'static str, String) {
     let key = i64::from(subtask) * 1000 + n % KEYS;
     let op = if n % 5 == 4 {
         "d"

@@ -13,7 +13,8 @@
 //!   compaction (its outputs would bring the rows back), and later compactions apply Spark's deletes;
 //! - a checkpoint pre-committed before the previous one's compaction landed (its deletes reach the copies too);
 //! - Spark's maintenance procedures in a loop beside kills;
-//! - a zombie's compacting commit after a take-over, fenced.
+//! - a zombie's compacting commit after a take-over, fenced;
+//! - files of any size with many replaced rows rewritten without them (`delete_ratio_threshold`).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -41,6 +42,7 @@ fn compacting(lake: &Lake, table: &str, min_input_files: usize) -> IcebergSinkCo
         compact: Compact::On(CompactPolicy {
             target_file_size: 1 << 20,
             min_input_files,
+            ..Default::default()
         }),
         ..config(lake, table, 0)
     }
@@ -180,6 +182,77 @@ async fn an_upsert_tables_small_files_compact_inside_the_commits_and_each_keys_l
     assert!(
         data < 15 && deletes < 15,
         "after 15 more checkpoints of three data files each: {data} data files, {deletes} delete files live"
+    );
+}
+
+/// With a 1 KiB target every file the sink writes is at or above the small size, so the only rewrites are of files
+/// at least 30% of whose rows were replaced (`delete_ratio_threshold`'s default), one per look, and the removal of
+/// files whose rows all were. The first checkpoint writes 10 keys (two of its 12 changes are deletes) into one file;
+/// the later ones change only keys 0-4, so that file keeps 6 live rows of 10 (40% replaced) that no later checkpoint
+/// deletes from: a look rewrites it into a file of those 6 rows. Each key's last state reads back, in Spark too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upsert_tables_files_with_many_replaced_rows_are_rewritten_whatever_their_size() {
+    use connector_api::{CheckpointId, Committer, TwoPhaseCommit};
+    test_support::Services::get();
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::sqlite_local(dir.path(), "heavy");
+    let table = lake.table(&["upserted"]);
+    let config = IcebergSinkConfig {
+        compact: Compact::On(CompactPolicy {
+            target_file_size: 1024,
+            min_input_files: 2,
+            ..Default::default()
+        }),
+        ..compacting(&lake, &table, 2)
+    };
+    let mut sink = IcebergSink::new(config).await.unwrap();
+    sink.recover(None).await.unwrap();
+    let committer = sink.committer();
+    let offsets: Vec<std::ops::Range<i64>> = std::iter::once(0..12)
+        .chain((1..8).map(|c| 12 * c..12 * c + 5))
+        .collect();
+    let mut expected = BTreeMap::new();
+    for (checkpoint, range) in (1..).zip(&offsets) {
+        sink.begin(CheckpointId(checkpoint)).await.unwrap();
+        sink.write(&crate::upsert::changes(0, range.clone()))
+            .await
+            .unwrap();
+        let committable = sink.pre_commit(CheckpointId(checkpoint)).await.unwrap();
+        committer.commit(vec![committable]).await.unwrap();
+        for n in range.clone() {
+            let (key, op, value) = crate::upsert::change(0, n);
+            match op {
+                "d" => expected.remove(&key),
+                _ => expected.insert(key, value),
+            };
+        }
+    }
+    let seen = assert_reads(
+        &lake,
+        &table,
+        &expected,
+        true,
+        "a file with many replaced rows",
+    )
+    .await;
+    // A compacting snapshot adds the checkpoint's one file; more is a rewritten file's output, here the first
+    // checkpoint's file without its replaced rows.
+    let compactions = compacting_summaries(&seen);
+    assert!(
+        compactions.iter().any(|s| s["added-data-files"]
+            .as_str()
+            .is_some_and(|n| n.parse::<u32>().unwrap() >= 2)
+            && s["deleted-records"]
+                .as_str()
+                .is_some_and(|n| n.parse::<u32>().unwrap() >= 10)),
+        "the file with 4 of 10 rows replaced was not rewritten: {compactions:?}"
+    );
+    let (data, _) = live_files(&lake, &table).await;
+    // Without compaction all 8 would stay live (a file whose rows are all deleted stays until a rewrite).
+    assert!(
+        data * 2 <= offsets.len(),
+        "{} checkpoints of a data file each: {data} data files live",
+        offsets.len()
     );
 }
 

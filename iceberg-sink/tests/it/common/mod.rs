@@ -583,7 +583,7 @@ impl Lake {
     }
 
     /// Sets table properties of `table` with iceberg-rust's own transaction.
-    async fn set_properties(&self, table: &str, properties: &[(&str, String)]) {
+    pub async fn set_properties(&self, table: &str, properties: &[(&str, String)]) {
         use iceberg::transaction::{ApplyTransactionAction, Transaction};
         let catalog = self.catalog.open("ratchet", &self.s3).await.unwrap();
         let ident = iceberg::TableIdent::from_strs(table.split('.')).unwrap();

@@ -1,28 +1,36 @@
-//! Compaction of an upsert table inside the sink's commits (`upsert_deletes = "position"`, format version 1 or
-//! 2): at a pre-commit, this subtask's small data files are rewritten without their deleted rows, and the
-//! checkpoint's snapshot replaces them by the outputs ([`crate::replace`]), as for an append table
-//! ([`crate::compaction`], whose file choice and grouping it shares). What an upsert table needs on top, each a
-//! way to lose or resurrect a row if skipped:
+//! A compaction's look and rewrite inside the sink's commits, for append and upsert tables alike: at a
+//! pre-commit, this subtask's small data files ([`crate::compaction`]'s choice and grouping) and one of its files
+//! of any size whose deleted rows reach `delete_ratio_threshold` are rewritten without their deleted rows, and the
+//! checkpoint's snapshot replaces them by the outputs ([`crate::replace`]). Each rule below is a way to lose or
+//! resurrect a row if skipped:
 //!
 //! 1. **The deletes are applied.** The inputs are read at the current snapshot (`read_at`) minus every row its
-//!    position-delete files name; an input an equality delete of a higher sequence number may reach is not
-//!    taken (the rewrite would not apply it). A file all of whose rows are deleted is removed with no output.
-//! 2. **No file a pending checkpoint deletes from.** The rows the checkpoint being pre-committed (or a decided one
-//!    the table does not show yet) deletes are not deleted at `read_at`: their files are left out
+//!    position-delete files name (the sink's own on an upsert table, another writer's on any table: Spark's
+//!    merge-on-read `DELETE` on an append table); an input an equality delete of a higher sequence number may
+//!    reach is not taken (the rewrite would not apply it). A file all of whose rows are deleted is removed with no
+//!    output.
+//! 2. **No file a pending checkpoint deletes from** (upsert tables). The rows the checkpoint being pre-committed (or
+//!    a decided one the table does not show yet) deletes are not deleted at `read_at`: their files are left out
 //!    ([`KeyIndex::busy_files`]), as are the files an earlier compaction not yet shown rewrites.
 //! 3. **Validated at the commit.** A delete file added since `read_at` that may reach an input (another subtask
 //!    after a rescale, Spark's `DELETE`, an equality delete) drops the compaction, as does a history that no
 //!    longer reaches `read_at` or a commit that falls back to equality deletes ([`crate::rewrite_conflicts`]).
-//! 4. **The key index follows.** Each copied row's key and places are recorded ([`Moves`]); the index points the
-//!    keys at the copies once the table shows the compaction, and until then a later checkpoint's position
-//!    delete of a copied row also deletes its copy, so either end of the commit is right.
+//! 4. **The key index follows** (upsert tables). Each copied row's key and places are recorded ([`Moves`]); the
+//!    index points the keys at the copies once the table shows the compaction, and until then a later
+//!    checkpoint's position delete of a copied row also deletes its copy, so either end of the commit is right.
 //! 5. **Dangling deletes go with their files.** A position-delete file that names only inputs and files no longer
 //!    live is removed by the same snapshot, so delete files do not pile up as data files are rewritten.
 //!
+//! # Files with many deleted rows
+//! A file at or above the small size is rewritten when at least `delete_ratio_threshold` of its rows are deleted
+//! (the heaviest such file, one per look). Which large files to check is decided without reading every delete
+//! file: on an upsert table by the key index (a file's rows that no key points at any more), on an append table by
+//! the position-delete files whose bounds may name it; the share is then counted from the delete files themselves.
+//!
 //! # Failure cases
-//! As an append table's compaction: a rewrite that fails or outlasts `commit_timeout` is skipped with a warning,
-//! an input or removed delete file no longer live at the commit drops the compaction, a crash leaves it to
-//! recovery in the checkpoint's committable.
+//! A rewrite that fails or outlasts `commit_timeout` is skipped with a warning ([`within_or_skip`]), an input or
+//! removed delete file no longer live at the commit drops the compaction, a crash leaves it to recovery in the
+//! checkpoint's committable.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -36,7 +44,7 @@ use iceberg::table::Table;
 use crate::commit::TableTarget;
 use crate::committable::{CompactedFiles, encode_files};
 use crate::compact_policy::CompactPolicy;
-use crate::compaction::{SmallFile, SmallFileCache, groups, read, scan_task, within_or_skip};
+use crate::compaction::{OwnFile, OwnFileCache, groups, read, scan_task, within_or_skip};
 use crate::compaction_moves::Moves;
 use crate::error::iceberg_error;
 use crate::key_index::{IndexedFile, KeyIndex};
@@ -46,23 +54,24 @@ use crate::location::canonical;
 use crate::rewrite_conflicts::may_name;
 use crate::writer::{CheckpointWriter, key_columns};
 
-/// A compaction of an upsert table: what the checkpoint's committable carries, and where the rows went.
+/// A compaction: what the checkpoint's committable carries, and (an upsert table's) where the rows went.
 #[derive(Debug)]
-pub(crate) struct UpsertCompaction {
+pub(crate) struct Compaction {
     pub(crate) files: CompactedFiles,
     pub(crate) moves: Moves,
 }
 
-/// Looks for this subtask's small files in the table as committed now, leaving out `index`'s busy files, and
-/// rewrites the groups due without their deleted rows into files named `<file_prefix><g>-<n>.parquet`, within
-/// `commit_timeout` (`None` when nothing is due, and when anything fails: logged as a warning).
+/// Looks for this subtask's small files and files with many deleted rows in the table as committed now, leaving
+/// out `index`'s busy files (an upsert table's key index; `None` for an append table), and rewrites those due
+/// without their deleted rows into files named `<file_prefix><g>-<n>.parquet`, within `commit_timeout` (`None`
+/// when nothing is due, and when anything fails: logged as a warning).
 pub(crate) async fn compact(
     target: &TableTarget,
     key: &SubtaskKey,
-    (policy, cache): (&CompactPolicy, &mut SmallFileCache),
-    index: &KeyIndex,
+    (policy, cache): (&CompactPolicy, &mut OwnFileCache),
+    index: Option<&KeyIndex>,
     file_prefix: String,
-) -> Option<UpsertCompaction> {
+) -> Option<Compaction> {
     let work = async {
         let table = target.load(Phase::PreCommit).await?;
         let Some(snapshot) = table.metadata().current_snapshot() else {
@@ -73,38 +82,48 @@ pub(crate) async fn compact(
             // table upgraded since is left alone.
             return Ok(None);
         }
-        let small = cache
-            .small_files(&table, key, policy)
+        let own = cache
+            .own_files(&table, key, policy)
             .await
-            .map_err(|e| iceberg_error(Phase::PreCommit, "cannot list the small files", e))?;
+            .map_err(|e| iceberg_error(Phase::PreCommit, "cannot list this subtask's files", e))?;
         let deletes = entries_of(&table, snapshot, Entries::LiveDeletes, Phase::PreCommit).await?;
         let newest_equality = deletes
             .iter()
             .filter(|(_, e)| e.content_type() == DataContentType::EqualityDeletes)
             .filter_map(|(_, e)| e.sequence_number())
             .max();
-        let busy: HashSet<String> = index.busy_files().iter().map(|p| canonical(p)).collect();
-        let candidates: Vec<SmallFile> = small
-            .into_iter()
-            .filter(|s| {
-                !busy.contains(&canonical(s.file.file_path()))
-                    && newest_equality.is_none_or(|equality| s.sequence >= equality)
-            })
+        let busy: HashSet<String> = index
+            .map(|i| i.busy_files().iter().map(|p| canonical(p)).collect())
+            .unwrap_or_default();
+        let takeable = |s: &OwnFile| {
+            !busy.contains(&canonical(s.file.file_path()))
+                && newest_equality.is_none_or(|equality| s.sequence >= equality)
+        };
+        let candidates: Vec<OwnFile> = own.small.into_iter().filter(takeable).collect();
+        let position_deletes: Vec<&DataFile> = deletes
+            .iter()
+            .map(|(_, e)| e.data_file())
+            .filter(|f| f.content_type() == DataContentType::PositionDeletes)
             .collect();
-        if candidates.is_empty() {
+        let heavy = maybe_heavy(
+            own.large.into_iter().filter(takeable).collect(),
+            index,
+            policy,
+            &position_deletes,
+        );
+        if candidates.is_empty() && heavy.is_empty() {
             return Ok(None);
         }
         let paths: BTreeSet<String> = candidates
             .iter()
+            .chain(&heavy)
             .map(|s| canonical(s.file.file_path()))
             .collect();
-        // The positions deleted in the candidates, and the data files each delete file naming one names.
+        // The positions deleted in the files looked at, and the data files each delete file naming one names.
         let mut deleted: HashMap<String, Vec<u64>> = HashMap::new();
         let mut naming = Vec::new();
-        for (_, entry) in deletes.iter().filter(|(_, e)| {
-            e.content_type() == DataContentType::PositionDeletes && may_name(e.data_file(), &paths)
-        }) {
-            let named = positions_of(&table, entry.data_file(), Phase::PreCommit).await?;
+        for file in position_deletes.iter().filter(|f| may_name(f, &paths)) {
+            let named = positions_of(&table, file, Phase::PreCommit).await?;
             let mut names = Vec::with_capacity(named.len());
             for (path, positions) in named {
                 let path = canonical(&path);
@@ -113,34 +132,43 @@ pub(crate) async fn compact(
                 }
                 names.push(path);
             }
-            naming.push((entry.file_path().to_string(), names));
+            naming.push((file.file_path().to_string(), names));
         }
         for positions in deleted.values_mut() {
             positions.sort_unstable();
             positions.dedup();
         }
-        // The groups the policy picks; besides them, a file whose every row is deleted is removed whatever its
-        // tier (nothing to rewrite).
-        let deleted_rows = |s: &SmallFile| {
+        let deleted_rows = |s: &OwnFile| {
             deleted
                 .get(&canonical(s.file.file_path()))
                 .map_or(0, Vec::len) as u64
         };
-        let dead_files: Vec<SmallFile> = candidates
+        // A file whose every row is deleted is removed whatever its size or tier (nothing to rewrite).
+        let dead_files: Vec<OwnFile> = candidates
             .iter()
+            .chain(&heavy)
             .filter(|s| deleted_rows(s) >= s.file.record_count())
             .cloned()
             .collect();
-        let chosen = groups(candidates, policy);
-        let grouped: HashSet<&str> = chosen
+        let share = |s: &OwnFile| deleted_rows(s) as f64 / s.file.record_count().max(1) as f64;
+        let heaviest = heavy
+            .into_iter()
+            .filter(|s| {
+                let (rows, gone) = (s.file.record_count(), deleted_rows(s));
+                gone < rows && policy.deletes_due(rows, gone)
+            })
+            .max_by(|a, b| share(a).total_cmp(&share(b)));
+        let mut chosen = groups(candidates, policy);
+        let grouped: HashSet<String> = chosen
             .iter()
             .flatten()
-            .map(|s| s.file.file_path())
+            .map(|s| s.file.file_path().to_string())
             .collect();
-        let dead: Vec<SmallFile> = dead_files
+        let dead: Vec<OwnFile> = dead_files
             .into_iter()
             .filter(|s| !grouped.contains(s.file.file_path()))
             .collect();
+        chosen.extend(heaviest.map(|s| vec![s]));
         if chosen.is_empty() && dead.is_empty() {
             return Ok(None);
         }
@@ -165,8 +193,8 @@ pub(crate) async fn compact(
         let mut moves = Moves::default();
         let mut outputs = Vec::new();
         let mut manifests: BTreeSet<String> = dead.iter().map(|s| s.manifest.clone()).collect();
-        for small in &dead {
-            moves.input(small.file.file_path());
+        for file in &dead {
+            moves.input(file.file.file_path());
         }
         for (g, group) in chosen.into_iter().enumerate() {
             outputs.extend(
@@ -189,9 +217,9 @@ pub(crate) async fn compact(
             inputs = moves.inputs().len(),
             rows = moves.len(),
             dangling_deletes = dangling.len(),
-            "compacted an upsert table's small files"
+            "compacted this subtask's files"
         );
-        Ok::<_, Error>(Some(UpsertCompaction {
+        Ok::<_, Error>(Some(Compaction {
             files: CompactedFiles {
                 inputs: moves.inputs().to_vec(),
                 outputs: encode_files(&table, outputs)?,
@@ -205,16 +233,51 @@ pub(crate) async fn compact(
     within_or_skip(target, key, work).await
 }
 
+/// The files of `large` that may have `policy.delete_ratio_threshold` of their rows deleted: by the rows of each
+/// that `index`'s keys still point at (an upsert table), or, without an index, those some position-delete file of
+/// `position_deletes` may name. The caller counts the deleted rows from the delete files.
+fn maybe_heavy(
+    large: Vec<OwnFile>,
+    index: Option<&KeyIndex>,
+    policy: &CompactPolicy,
+    position_deletes: &[&DataFile],
+) -> Vec<OwnFile> {
+    if large.is_empty() {
+        return large;
+    }
+    match index {
+        Some(index) => {
+            let live = index.rows_per_file();
+            large
+                .into_iter()
+                .filter(|s| {
+                    let rows = s.file.record_count();
+                    let indexed = live.get(&canonical(s.file.file_path())).copied();
+                    policy.deletes_due(rows, rows - indexed.unwrap_or(0).min(rows))
+                })
+                .collect()
+        }
+        None => large
+            .into_iter()
+            .filter(|s| {
+                let path = BTreeSet::from([canonical(s.file.file_path())]);
+                position_deletes.iter().any(|d| may_name(d, &path))
+            })
+            .collect(),
+    }
+}
+
 /// Rewrites `group` (live data files of one partition of the default spec) without the rows `deleted` names
 /// (sorted positions per canonical path) into files named `<prefix>-<n>.parquet` of about `target_file_size`,
-/// recording every copied row in `moves`. Returns the files written.
+/// recording every input in `moves` and, with `index` (an upsert table's), every copied row. Returns the files
+/// written.
 ///
 /// # Errors
 /// A file that cannot be read or written, or a row count that does not add up (the caller drops the compaction).
 async fn rewrite_live(
     table: &Table,
-    index: &KeyIndex,
-    group: &[SmallFile],
+    index: Option<&KeyIndex>,
+    group: &[OwnFile],
     deleted: &HashMap<String, Vec<u64>>,
     (file_prefix, target_file_size): (String, u64),
     moves: &mut Moves,
@@ -259,6 +322,10 @@ async fn rewrite_live(
             if batch.num_rows() == 0 {
                 continue;
             }
+            let Some(index) = index else {
+                writer.write(&batch).await?;
+                continue;
+            };
             for located in writer.write_located(&batch).await? {
                 let file = outputs
                     .entry(located.file.clone())
