@@ -313,6 +313,13 @@ struct SmallFiles {
     compact: bool,
 }
 
+/// The `q` quantile (0 to 1) of `values`, nearest rank.
+fn percentile(values: &[f64], q: f64) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+}
+
 /// Runs `run`, prints its row of the table; for an upsert run, returns what Spark measured of the table
 /// (`spark_iceberg.py scan`: scan time before and after Spark's own compaction).
 async fn small_files(run: SmallFiles) -> Option<serde_json::Value> {
@@ -367,6 +374,16 @@ async fn small_files(run: SmallFiles) -> Option<serde_json::Value> {
         let t0 = Instant::now();
         committer.commit(vec![committable]).await.unwrap();
         commits_ms.push(t0.elapsed().as_secs_f64() * 1000.0);
+        if checkpoint % 3600 == 0 && run.commits > 3600 {
+            let hour = &commits_ms[commits_ms.len() - 3600..];
+            eprintln!(
+                "[bench] {}: {checkpoint} commits, this simulated hour's commit p50 {:.0} ms, p99 {:.0} ms, {:.0} s so far",
+                run.label,
+                percentile(hour, 0.5),
+                percentile(hour, 0.99),
+                started.elapsed().as_secs_f64()
+            );
+        }
     }
     let simulated = started.elapsed();
     let snapshots = catalog
@@ -377,14 +394,9 @@ async fn small_files(run: SmallFiles) -> Option<serde_json::Value> {
         .snapshots()
         .count();
     let window = commits_ms.len().min(100);
-    let p99 = |commits: &[f64]| {
-        let mut sorted = commits.to_vec();
-        sorted.sort_by(f64::total_cmp);
-        sorted[((sorted.len() - 1) as f64 * 0.99).round() as usize]
-    };
     let (first, last) = (
-        p99(&commits_ms[..window]),
-        p99(&commits_ms[commits_ms.len() - window..]),
+        percentile(&commits_ms[..window], 0.99),
+        percentile(&commits_ms[commits_ms.len() - window..], 0.99),
     );
     let table_dir = std::path::Path::new(lake.warehouse.strip_prefix("file://").unwrap())
         .join("bench")
@@ -429,8 +441,9 @@ async fn main() {
     let small = std::env::var("RATCHET_BENCH_SMALL_FILES").is_ok();
     let day = std::env::var("RATCHET_BENCH_DAY").is_ok();
     let upsert_hour = std::env::var("RATCHET_BENCH_UPSERT_HOUR").is_ok();
+    let upsert_day = std::env::var("RATCHET_BENCH_UPSERT_DAY").is_ok();
     let compacting = std::env::var("RATCHET_BENCH_COMPACT").is_ok();
-    if small || day || upsert_hour || compacting {
+    if small || day || upsert_hour || upsert_day || compacting {
         println!(
             "| run | snapshots | data files | data MB | metadata files | metadata MB | newest metadata.json KB | manifests in the current snapshot | commit p99, first / last 100 commits, ms | pyiceberg scan plan, s | simulated in s | rows/s |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
         );
@@ -493,6 +506,31 @@ async fn main() {
                 compact: true,
             })
             .await;
+        }
+        if upsert_day {
+            let commits = env_u64("RATCHET_BENCH_UPSERT_DAY_COMMITS", 86_400);
+            let spark = small_files(SmallFiles {
+                label: format!(
+                    "{commits} commits at 1 s (10 upserts per commit, ids over 100 000 keys, position deletes), \
+                     expiry (keep 100) + merging (at 100) + compaction (128 MiB, 8 files)"
+                ),
+                commits,
+                rows_per_commit: 10,
+                keep: Some(100),
+                merge: true,
+                upsert_keys: Some(100_000),
+                compact: true,
+            })
+            .await
+            .unwrap();
+            let m = &spark["before"];
+            println!(
+                "\n| Spark 4.1.4 full scan of the upsert table after {commits} commits | rows | data files | position-delete files | scan s |\n|---|---|---|---|---|\n| as the sink left it | {} | {} | {} | {:.2} |",
+                m["rows"],
+                m["data_files"],
+                m["position_delete_files"],
+                m["scan_seconds"].as_f64().unwrap()
+            );
         }
         if upsert_hour {
             let upserts = |compact| SmallFiles {

@@ -14,7 +14,8 @@
 //! - a checkpoint pre-committed before the previous one's compaction landed (its deletes reach the copies too);
 //! - Spark's maintenance procedures in a loop beside kills;
 //! - a zombie's compacting commit after a take-over, fenced;
-//! - files of any size with many replaced rows rewritten without them (`delete_ratio_threshold`).
+//! - files of any size with many replaced rows rewritten without them (`delete_ratio_threshold`);
+//! - a catalog that stops answering (Toxiproxy's blackhole) at a compacting commit.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -563,5 +564,78 @@ async fn a_zombies_upsert_compaction_after_a_take_over_is_fenced_and_each_key_st
     assert!(
         !compacting_summaries(&seen).is_empty(),
         "the second instance's compaction landed"
+    );
+}
+
+/// A catalog (PostgreSQL, reached only through Toxiproxy) that stops answering right after a pre-commit that
+/// carries a compaction of an upsert table: the commit fails within `commit_timeout` (its table load and catalog
+/// swap are each bounded) instead of hanging. Once the catalog answers again, a restarted instance recovers the
+/// decided checkpoint (committing it and its compaction once, or the checkpoint alone if the compaction no longer
+/// fits) and goes on compacting; every reader sees each key's last state once and nothing of the sink is left
+/// unreferenced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_catalog_that_stops_answering_at_a_compacting_upsert_commit_bounds_it_and_each_key_stays_once()
+ {
+    use connector_api::{CheckpointId, Committer, TwoPhaseCommit};
+    let toxiproxy = test_support::Services::get().toxiproxy();
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::postgres_local(dir.path(), "hungcompact");
+    let proxy = toxiproxy
+        .proxy("hung-upsert-compaction", &lake.catalog_server().unwrap())
+        .await;
+    let proxied = lake.through(proxy.address());
+    let table = lake.table(&["upserted"]);
+    let commit_timeout = std::time::Duration::from_secs(2);
+    let config = IcebergSinkConfig {
+        commit_timeout,
+        ..compacting(&proxied, &table, 2)
+    };
+    let mut sink = IcebergSink::new(config.clone()).await.unwrap();
+    sink.recover(None).await.unwrap();
+    let (decided, _, checkpoint, mut next) = pre_commit_until_compacting(&mut sink).await;
+
+    proxy.blackhole().await;
+    let started = std::time::Instant::now();
+    let hung = sink.committer().commit(vec![decided.clone()]).await;
+    let took = started.elapsed();
+    assert!(
+        hung.is_err(),
+        "a commit through a blackholed catalog cannot succeed"
+    );
+    // One attempt: a bounded table load, then a bounded swap.
+    let bound = commit_timeout * 2 + std::time::Duration::from_secs(3);
+    assert!(
+        took < bound,
+        "the hung commit took {took:?}, more than {bound:?}"
+    );
+    drop(sink);
+    proxy.heal().await;
+
+    let mut restarted = IcebergSink::new(config).await.unwrap();
+    restarted
+        .recover(Some((CheckpointId(checkpoint), vec![decided])))
+        .await
+        .unwrap();
+    for checkpoint in checkpoint + 1..checkpoint + 5 {
+        let committable = pre_commit_changes(&mut restarted, checkpoint, &mut next, SMALL).await;
+        restarted
+            .committer()
+            .commit(vec![committable])
+            .await
+            .unwrap();
+    }
+    drop(restarted);
+    proxy.delete().await;
+    let seen = assert_reads(
+        &lake,
+        &table,
+        &expected(&[(0, next)]),
+        false,
+        "after the hung compacting commit",
+    )
+    .await;
+    assert!(
+        !compacting_summaries(&seen).is_empty(),
+        "no compaction landed after the hang"
     );
 }

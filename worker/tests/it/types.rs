@@ -3,7 +3,7 @@
 //! (decimals of 38 digits, timestamps before 1970 and in year 9999, unicode), produced once by confluent-kafka's
 //! AvroSerializer through the schema registry and once as JSON, run by `ratchet run` on the defaults a new user
 //! starts with (the local checkpoint store, tables and topics the sinks create) into every sink: Parquet files,
-//! Iceberg, PostgreSQL, MariaDB, Kafka JSON values and Kafka Avro values. Each is read back by its independent
+//! Iceberg (appended, and upserted by `id` into a format-version 3 table: deletion vectors), PostgreSQL, MariaDB, Kafka JSON values and Kafka Avro values. Each is read back by its independent
 //! reader (pyarrow, Apache Iceberg's Java library, psycopg, pymysql, read_committed confluent-kafka consumers, the
 //! last with the AvroDeserializer) and compared value by value (`test-support/verifiers/type_matrix.py`). The
 //! fields some sink cannot hold exactly (nanosecond timestamps, a 60-digit decimal) are refused by `check-config`,
@@ -95,6 +95,15 @@ id = "lake"
 catalog = {{ kind = "sql", uri = "sqlite://{catalog}?mode=rwc", warehouse = "file://{warehouse}" }}
 table = "matrix.{name}"
 create_table = true
+
+[[sinks]]
+type = "iceberg"
+id = "lake3"
+catalog = {{ kind = "sql", uri = "sqlite://{catalog}?mode=rwc", warehouse = "file://{warehouse}" }}
+table = "matrix.{name}_v3"
+create_table = true
+format_version = 3
+upsert_key = ["id"]
 
 [[sinks]]
 type = "jdbc"
@@ -199,6 +208,11 @@ async fn run_matrix(form: &str) {
         "iceberg",
         &matrix.check("iceberg", &[&catalog, &warehouse, &table]),
     );
+    let upserted = format!("matrix.{name}_v3");
+    assert_exact(
+        "iceberg format-version 3, upserts by id (deletion vectors)",
+        &matrix.check("iceberg", &[&catalog, &warehouse, &upserted]),
+    );
     assert_exact(
         "postgresql",
         &matrix.check("pg", &[services.pg_url(), name]),
@@ -257,6 +271,7 @@ async fn check_config_refuses_each_field_exactly_where_a_sink_cannot_hold_it() {
     for (sink, kind) in [
         ("files", "parquet"),
         ("lake", "iceberg"),
+        ("lake3", "iceberg"),
         ("pg", "pg"),
         ("mariadb", "mysql"),
         ("json", "kafka-json"),
