@@ -35,20 +35,8 @@ pub(crate) async fn check(config: &IcebergSinkConfig) -> Result<SinkCheck> {
         config.upsert_deletes,
     )?;
     let ident = table_ident(config)?;
-    // A layout that does not bind is refused below, where the table would be created.
-    let version = match config.layout.format_version {
-        Some(3) => iceberg::spec::FormatVersion::V3,
-        _ => iceberg::spec::FormatVersion::V2,
-    };
-    let created = config
-        .compact
-        .resolve_created(config.upsert_mode(), version);
+    let created = config.compact.resolve_created(config.upsert_mode());
     let existing = existing_table(config, &ident).await?;
-    if let (Some(policy), Existing::NoCatalogTables | Existing::Missing) =
-        (config.compact.explicit(), &existing)
-    {
-        policy.check_version(&config.sink, &config.table, version)?;
-    }
     let (catalog, found, compacts) = match existing {
         Existing::NoCatalogTables => (
             "the SQL catalog has no tables yet (the first run creates them)",
@@ -64,9 +52,6 @@ pub(crate) async fn check(config: &IcebergSinkConfig) -> Result<SinkCheck> {
                 false => Vec::new(),
             };
             crate::sink::check_columns(config, &table, &changed)?;
-            if let Some(policy) = config.compact.explicit() {
-                policy.check_table(&config.sink, &table)?;
-            }
             if let Some(keyed) = &keyed {
                 EqualityDeletes::of(&table, keyed.key()).map_err(|e| e.with_sink(&config.sink))?;
                 if config.upsert_deletes == UpsertDeletes::Equality {

@@ -6,7 +6,6 @@
 use std::fmt;
 
 use connector_api::{Error, Result, SinkId};
-use iceberg::spec::FormatVersion;
 use iceberg::table::Table;
 use serde::de::{MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
@@ -20,15 +19,15 @@ pub const CREATED_BY_PROPERTY: &str = "ratchet.created-by";
 /// The job file's `compact` setting.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub enum Compact {
-    /// Left out: a table the sink created ([`CREATED_BY_PROPERTY`]) of format version 1 or 2, appended or upserted
-    /// by position deletes, compacts with the default [`CompactPolicy`]; any other table (created by someone else,
-    /// before that property existed, upserted by equality deletes, or of version 3) compacts nothing.
+    /// Left out: a table the sink created ([`CREATED_BY_PROPERTY`]), appended or upserted by position deletes or
+    /// deletion vectors, compacts with the default [`CompactPolicy`]; any other table (created by someone else,
+    /// before that property existed, or upserted by equality deletes) compacts nothing.
     #[default]
     Default,
     /// `compact = false`: no compaction.
     Off,
     /// `compact = true` (the default policy) or `compact = { ... }`: compaction, refused where the sink cannot
-    /// compact ([`CompactPolicy::check`]; a format-version 3 table at the start).
+    /// compact ([`CompactPolicy::check`]).
     On(CompactPolicy),
 }
 
@@ -36,36 +35,30 @@ impl Compact {
     /// The policy the sink compacts `table` with (`None`: no compaction); `upsert` the upsert mode's deletes
     /// (`None`: an append table).
     pub fn resolve(&self, table: &Table, upsert: Option<UpsertDeletes>) -> Option<CompactPolicy> {
-        let metadata = table.metadata();
         self.resolve_for(
-            metadata.properties().contains_key(CREATED_BY_PROPERTY),
+            table
+                .metadata()
+                .properties()
+                .contains_key(CREATED_BY_PROPERTY),
             upsert,
-            metadata.format_version(),
         )
     }
 
-    /// The policy the sink will compact a table of `version` with that it creates on its first run.
-    pub(crate) fn resolve_created(
-        &self,
-        upsert: Option<UpsertDeletes>,
-        version: FormatVersion,
-    ) -> Option<CompactPolicy> {
-        self.resolve_for(true, upsert, version)
+    /// The policy the sink will compact a table with that it creates on its first run.
+    pub(crate) fn resolve_created(&self, upsert: Option<UpsertDeletes>) -> Option<CompactPolicy> {
+        self.resolve_for(true, upsert)
     }
 
     fn resolve_for(
         &self,
         created_by_ratchet: bool,
         upsert: Option<UpsertDeletes>,
-        version: FormatVersion,
     ) -> Option<CompactPolicy> {
         match self {
             Compact::Off => None,
             Compact::On(policy) => Some(*policy),
-            Compact::Default => (created_by_ratchet
-                && upsert != Some(UpsertDeletes::Equality)
-                && matches!(version, FormatVersion::V1 | FormatVersion::V2))
-            .then(CompactPolicy::default),
+            Compact::Default => (created_by_ratchet && upsert != Some(UpsertDeletes::Equality))
+                .then(CompactPolicy::default),
         }
     }
 
@@ -204,40 +197,6 @@ impl CompactPolicy {
             ));
         }
         Ok(())
-    }
-
-    /// Checks that `table` can be compacted by sink `sink`.
-    ///
-    /// # Errors
-    /// [`Config`](connector_api::ErrorKind::Config) naming the table for a format-version 3 table (a rewrite of a
-    /// v3 table must write each moved row's `_row_id` into the new files to keep its lineage: planned).
-    pub(crate) fn check_table(&self, sink: &SinkId, table: &Table) -> Result<()> {
-        self.check_version(
-            sink,
-            &table.identifier().to_string(),
-            table.metadata().format_version(),
-        )
-    }
-
-    /// [`check_table`](Self::check_table) of table `name` of format `version` (one the sink is to create).
-    ///
-    /// # Errors
-    /// As [`check_table`](Self::check_table).
-    pub(crate) fn check_version(
-        &self,
-        sink: &SinkId,
-        name: &str,
-        version: FormatVersion,
-    ) -> Result<()> {
-        match version {
-            FormatVersion::V1 | FormatVersion::V2 => Ok(()),
-            version => Err(Error::config(format!(
-                "sink {sink}: compact: table {name} is an Iceberg format-version {} table; the sink compacts \
-                 version 1 and 2 tables (a version 3 rewrite must write each moved row's _row_id into the new \
-                 files to keep its lineage: planned): remove compact and compact the table with Spark",
-                version as u8
-            ))),
-        }
     }
 
     /// The policy as the job file would write it, for `check-config`'s summary.
@@ -413,40 +372,18 @@ mod tests {
     }
 
     #[test]
-    fn left_out_compact_compacts_only_tables_the_sink_created_below_version_3_without_equality_deletes()
-     {
+    fn left_out_compact_compacts_only_tables_the_sink_created_without_equality_deletes() {
         let (position, equality) = (Some(UpsertDeletes::Position), Some(UpsertDeletes::Equality));
         let default = Some(CompactPolicy::default());
         let left_out = Compact::Default;
-        assert_eq!(left_out.resolve_for(true, None, FormatVersion::V2), default);
-        assert_eq!(left_out.resolve_for(true, None, FormatVersion::V1), default);
-        assert_eq!(
-            left_out.resolve_for(true, position, FormatVersion::V2),
-            default
-        );
-        assert_eq!(left_out.resolve_for(false, None, FormatVersion::V2), None);
-        assert_eq!(
-            left_out.resolve_for(false, position, FormatVersion::V2),
-            None
-        );
-        assert_eq!(
-            left_out.resolve_for(true, equality, FormatVersion::V2),
-            None
-        );
-        assert_eq!(left_out.resolve_for(true, None, FormatVersion::V3), None);
-        assert_eq!(
-            left_out.resolve_for(true, position, FormatVersion::V3),
-            None
-        );
-        assert_eq!(
-            Compact::Off.resolve_for(true, None, FormatVersion::V2),
-            None
-        );
+        assert_eq!(left_out.resolve_for(true, None), default);
+        assert_eq!(left_out.resolve_for(true, position), default);
+        assert_eq!(left_out.resolve_for(false, None), None);
+        assert_eq!(left_out.resolve_for(false, position), None);
+        assert_eq!(left_out.resolve_for(true, equality), None);
+        assert_eq!(Compact::Off.resolve_for(true, None), None);
         let set = Compact::On(policy(4096, 3));
-        assert_eq!(
-            set.resolve_for(false, None, FormatVersion::V2),
-            Some(policy(4096, 3))
-        );
+        assert_eq!(set.resolve_for(false, None), Some(policy(4096, 3)));
     }
 
     #[test]

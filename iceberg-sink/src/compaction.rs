@@ -42,21 +42,24 @@ use crate::compact_policy::CompactPolicy;
 use crate::error::iceberg_error;
 use crate::ledger::SubtaskKey;
 use crate::location::canonical;
+use crate::row_lineage::RowIdInheritance;
 
 /// A live data file this subtask wrote (in the default spec, Parquet), the manifest of the current snapshot that
-/// lists it, and its data sequence number.
+/// lists it, its data sequence number and (format version 3) its `first_row_id`, inherited or its own.
 #[derive(Debug, Clone)]
 pub(crate) struct OwnFile {
     pub(crate) file: DataFile,
     pub(crate) manifest: String,
     pub(crate) sequence: i64,
+    pub(crate) first_row_id: Option<i64>,
 }
 
 /// What one data manifest lists: this subtask's files of the default spec (with their data sequence numbers) and
 /// every live data file's path.
 #[derive(Debug, Default)]
 struct ManifestFiles {
-    own: Vec<(DataFile, i64)>,
+    /// This subtask's files: the file, its data sequence number and its `first_row_id`.
+    own: Vec<(DataFile, i64, Option<i64>)>,
     live: Vec<String>,
 }
 
@@ -103,33 +106,33 @@ impl OwnFileCache {
             current.insert(path.clone());
             if !self.by_manifest.contains_key(path) {
                 let loaded = manifest.load_manifest(table.file_io()).await?;
-                let live = loaded.entries().iter().filter(|entry| entry.is_alive());
-                let files = ManifestFiles {
-                    own: live
-                        .clone()
-                        .filter(|entry| {
-                            let file = entry.data_file();
-                            manifest.partition_spec_id == spec_id
-                                && file.content_type() == DataContentType::Data
-                                && file.file_format() == DataFileFormat::Parquet
-                                && key.file_stamp(file.file_path()).is_some()
-                        })
-                        .map(|entry| {
-                            (
-                                entry.data_file().clone(),
-                                entry.sequence_number().unwrap_or(0),
-                            )
-                        })
-                        .collect(),
-                    live: live.map(|entry| canonical(entry.file_path())).collect(),
-                };
+                // Every entry, deleted ones too, takes its share of the inherited row ids.
+                let mut row_ids = RowIdInheritance::of(manifest);
+                let mut files = ManifestFiles::default();
+                for entry in loaded.entries() {
+                    let file = entry.data_file();
+                    let first_row_id = row_ids.first_row_id(file);
+                    if !entry.is_alive() {
+                        continue;
+                    }
+                    files.live.push(canonical(file.file_path()));
+                    if manifest.partition_spec_id == spec_id
+                        && file.content_type() == DataContentType::Data
+                        && file.file_format() == DataFileFormat::Parquet
+                        && key.file_stamp(file.file_path()).is_some()
+                    {
+                        let sequence = entry.sequence_number().unwrap_or(0);
+                        files.own.push((file.clone(), sequence, first_row_id));
+                    }
+                }
                 self.by_manifest.insert(path.clone(), files);
             }
-            for (file, sequence) in &self.by_manifest[path].own {
+            for (file, sequence, first_row_id) in &self.by_manifest[path].own {
                 let listed = OwnFile {
                     file: file.clone(),
                     manifest: path.clone(),
                     sequence: *sequence,
+                    first_row_id: *first_row_id,
                 };
                 match file.file_size_in_bytes() < policy.small_below() {
                     true => own.small.push(listed),
@@ -284,6 +287,7 @@ mod tests {
             file,
             manifest: "m.avro".into(),
             sequence: 1,
+            first_row_id: None,
         }
     }
 

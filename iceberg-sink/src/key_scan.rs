@@ -524,7 +524,7 @@ fn field_id(field: &arrow_schema::Field) -> Option<i32> {
 
 /// The top-level columns of Parquet file `path` with field ids `ids` (by `names` in a file without field ids), in
 /// that order, every row in file order.
-async fn read_columns(
+pub(crate) async fn read_columns(
     table: &Table,
     path: &str,
     size: u64,

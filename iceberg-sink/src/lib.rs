@@ -62,6 +62,7 @@ mod commit;
 mod committable;
 mod compact_policy;
 mod compaction;
+mod compaction_lineage;
 mod compaction_moves;
 mod config;
 mod deletion_vectors;

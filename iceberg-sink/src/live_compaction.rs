@@ -32,7 +32,7 @@
 //! removed delete file no longer live at the commit drops the compaction, a crash leaves it to recovery in the
 //! checkpoint's committable.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use arrow_array::UInt32Array;
@@ -45,6 +45,7 @@ use crate::commit::TableTarget;
 use crate::committable::{CompactedFiles, encode_files};
 use crate::compact_policy::CompactPolicy;
 use crate::compaction::{OwnFile, OwnFileCache, groups, read, scan_task, within_or_skip};
+use crate::compaction_lineage::InputLineage;
 use crate::compaction_moves::Moves;
 use crate::error::iceberg_error;
 use crate::key_index::{IndexedFile, KeyIndex};
@@ -77,11 +78,7 @@ pub(crate) async fn compact(
         let Some(snapshot) = table.metadata().current_snapshot() else {
             return Ok(None);
         };
-        if table.metadata().format_version() == FormatVersion::V3 {
-            // A version 3 rewrite must carry each row's _row_id (planned); the start refuses `compact` there, a
-            // table upgraded since is left alone.
-            return Ok(None);
-        }
+        let lineage = table.metadata().format_version() == FormatVersion::V3;
         let own = cache
             .own_files(&table, key, policy)
             .await
@@ -95,9 +92,12 @@ pub(crate) async fn compact(
         let busy: HashSet<String> = index
             .map(|i| i.busy_files().iter().map(|p| canonical(p)).collect())
             .unwrap_or_default();
+        // On a version 3 table a file without a first_row_id (added before the upgrade) is left alone: its rows'
+        // lineage is not known.
         let takeable = |s: &OwnFile| {
             !busy.contains(&canonical(s.file.file_path()))
                 && newest_equality.is_none_or(|equality| s.sequence >= equality)
+                && (!lineage || s.first_row_id.is_some())
         };
         let candidates: Vec<OwnFile> = own.small.into_iter().filter(takeable).collect();
         let position_deletes: Vec<&DataFile> = deletes
@@ -119,20 +119,28 @@ pub(crate) async fn compact(
             .chain(&heavy)
             .map(|s| canonical(s.file.file_path()))
             .collect();
-        // The positions deleted in the files looked at, and the data files each delete file naming one names.
+        // The positions deleted in the files looked at, and the data files each delete file naming one names. A
+        // Puffin file holds the deletion vectors of several data files, one entry each: every entry of such a file
+        // counts (it is removed whole or not at all), read or not.
         let mut deleted: HashMap<String, Vec<u64>> = HashMap::new();
-        let mut naming = Vec::new();
-        for file in position_deletes.iter().filter(|f| may_name(f, &paths)) {
-            let named = positions_of(&table, file, Phase::PreCommit).await?;
-            let mut names = Vec::with_capacity(named.len());
-            for (path, positions) in named {
+        let mut naming: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for file in &position_deletes {
+            let names = naming.entry(file.file_path().to_string()).or_default();
+            if !may_name(file, &paths) {
+                if crate::deletion_vectors::is_deletion_vector(file) {
+                    names.extend(file.referenced_data_file().map(|p| canonical(&p)));
+                } else {
+                    names.push(String::new());
+                }
+                continue;
+            }
+            for (path, positions) in positions_of(&table, file, Phase::PreCommit).await? {
                 let path = canonical(&path);
                 if paths.contains(&path) {
                     deleted.entry(path.clone()).or_default().extend(positions);
                 }
                 names.push(path);
             }
-            naming.push((file.file_path().to_string(), names));
         }
         for positions in deleted.values_mut() {
             positions.sort_unstable();
@@ -179,14 +187,15 @@ pub(crate) async fn compact(
             .map(|s| canonical(s.file.file_path()))
             .collect();
         // Delete files that name only inputs and files no longer live (nor about to be: a pending compaction's
-        // outputs count as live) go with the inputs.
+        // outputs count as live) go with the inputs; one not read (an empty name) stays.
         let live = cache.live_paths();
         let dangling: Vec<String> = naming
             .into_iter()
             .filter(|(_, names)| {
-                names
-                    .iter()
-                    .all(|p| inputs.contains(p) || !(live.contains(p.as_str()) || busy.contains(p)))
+                names.iter().all(|p| {
+                    !p.is_empty()
+                        && (inputs.contains(p) || !(live.contains(p.as_str()) || busy.contains(p)))
+                })
             })
             .map(|(path, _)| path)
             .collect();
@@ -199,7 +208,7 @@ pub(crate) async fn compact(
         for (g, group) in chosen.into_iter().enumerate() {
             outputs.extend(
                 rewrite_live(
-                    &table,
+                    (&table, lineage),
                     index,
                     &group,
                     &deleted,
@@ -269,13 +278,14 @@ fn maybe_heavy(
 
 /// Rewrites `group` (live data files of one partition of the default spec) without the rows `deleted` names
 /// (sorted positions per canonical path) into files named `<prefix>-<n>.parquet` of about `target_file_size`,
-/// recording every input in `moves` and, with `index` (an upsert table's), every copied row. Returns the files
-/// written.
+/// recording every input in `moves` and, with `index` (an upsert table's), every copied row; with `lineage` (a
+/// format-version 3 table) each row keeps its `_row_id` and `_last_updated_sequence_number`
+/// ([`InputLineage`]). Returns the files written.
 ///
 /// # Errors
 /// A file that cannot be read or written, or a row count that does not add up (the caller drops the compaction).
 async fn rewrite_live(
-    table: &Table,
+    (table, lineage): (&Table, bool),
     index: Option<&KeyIndex>,
     group: &[OwnFile],
     deleted: &HashMap<String, Vec<u64>>,
@@ -285,7 +295,10 @@ async fn rewrite_live(
     let name = table.identifier().to_string();
     let spec_id = table.metadata().default_partition_spec_id();
     let size = usize::try_from(target_file_size).unwrap_or(usize::MAX);
-    let mut writer = CheckpointWriter::open(table, file_prefix, size).await?;
+    let mut writer = match lineage {
+        true => CheckpointWriter::open_keeping_lineage(table, file_prefix, size).await?,
+        false => CheckpointWriter::open(table, file_prefix, size).await?,
+    };
     let mut outputs: HashMap<String, Arc<IndexedFile>> = HashMap::new();
     let mut expected = 0u64;
     let read_error = |e| iceberg_error(Phase::PreCommit, "cannot read a file to compact", e);
@@ -301,6 +314,10 @@ async fn rewrite_live(
             continue;
         }
         expected += rows - gone.len() as u64;
+        let input_lineage = match lineage {
+            true => Some(InputLineage::read(table, small).await?),
+            false => None,
+        };
         let mut batches = read(table, vec![Ok(scan_task(table, &small.file))])?;
         let mut pos = 0u64;
         while let Some(batch) = batches.try_next().await.map_err(read_error)? {
@@ -318,6 +335,10 @@ async fn rewrite_live(
                 }
             };
             pos += n;
+            let batch = match &input_lineage {
+                Some(lineage) => lineage.append(&batch, &kept)?,
+                None => batch,
+            };
             let mut from = kept.into_iter();
             if batch.num_rows() == 0 {
                 continue;

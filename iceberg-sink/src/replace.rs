@@ -30,10 +30,12 @@ use crate::manifest_merge::ManifestRewrite;
 use crate::rewritten::{RewrittenSnapshot, write_list};
 use crate::row_lineage::RowIdInheritance;
 
-/// What the rewritten manifests removed, of one kind of file.
+/// What the rewritten manifests removed, of one kind of file: files, or deletion vectors (a vector's bytes are
+/// its blob's, as Iceberg counts them).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 struct Removed {
     files: u64,
+    vectors: u64,
     records: u64,
     bytes: u64,
 }
@@ -91,14 +93,21 @@ pub(crate) async fn remove_data_files(
             ManifestContentType::Data => false,
             ManifestContentType::Deletes => removal.deletes.is_empty(),
         };
-        if skipped || manifest_file.added_snapshot_id == planned.snapshot_id() {
+        // A data manifest `planned` added lists only its own new files. A delete manifest it added may also carry
+        // earlier entries (a deletion-vector commit rewrites the delete manifests whose vectors it supersedes):
+        // searched, its own new entries never removed.
+        let own = manifest_file.added_snapshot_id == planned.snapshot_id();
+        if skipped || (own && manifest_file.content == ManifestContentType::Data) {
             continue;
         }
+        let removable = |e: &iceberg::spec::ManifestEntry| {
+            e.is_alive()
+                && !(e.status() == ManifestStatus::Added
+                    && e.snapshot_id() == Some(planned.snapshot_id()))
+                && wanted.contains(&canonical(e.file_path()))
+        };
         let manifest = manifest_file.load_manifest(file_io).await?;
-        let hits = manifest
-            .entries()
-            .iter()
-            .any(|e| e.is_alive() && wanted.contains(&canonical(e.file_path())));
+        let hits = manifest.entries().iter().any(|e| removable(e));
         if !hits {
             continue;
         }
@@ -108,16 +117,25 @@ pub(crate) async fn remove_data_files(
         for entry in manifest.entries() {
             let path = canonical(entry.file_path());
             let first_row_id = lineage.first_row_id(&entry.data_file);
-            if entry.is_alive() && wanted.contains(&path) {
+            if removable(entry) {
                 rewriting.delete(entry, first_row_id)?;
                 found.insert(path);
                 let removed = match manifest_file.content {
                     ManifestContentType::Data => &mut removed,
                     ManifestContentType::Deletes => &mut removed_deletes,
                 };
-                removed.files += 1;
+                let file = &entry.data_file;
+                match crate::deletion_vectors::is_deletion_vector(file) {
+                    true => {
+                        removed.vectors += 1;
+                        removed.bytes += file.content_size_in_bytes().unwrap_or(0) as u64;
+                    }
+                    false => {
+                        removed.files += 1;
+                        removed.bytes += file.file_size_in_bytes();
+                    }
+                }
                 removed.records += entry.record_count();
-                removed.bytes += entry.file_size_in_bytes();
             } else {
                 rewriting.carry(entry, first_row_id, &manifest_file.manifest_path)?;
             }
@@ -267,8 +285,9 @@ fn replace_summary(planned: &Summary, removed: Removed, deletes: Removed) -> Sum
         ("deleted-data-files", removed.files),
         ("deleted-records", removed.records),
         ("removed-files-size", removed.bytes + deletes.bytes),
-        ("removed-delete-files", deletes.files),
+        ("removed-delete-files", deletes.files + deletes.vectors),
         ("removed-position-delete-files", deletes.files),
+        ("removed-dvs", deletes.vectors),
         ("removed-position-deletes", deletes.records),
     ] {
         if value == 0 && !properties.contains_key(key) {
@@ -281,7 +300,7 @@ fn replace_summary(planned: &Summary, removed: Removed, deletes: Removed) -> Sum
         ("total-data-files", removed.files),
         ("total-records", removed.records),
         ("total-files-size", removed.bytes + deletes.bytes),
-        ("total-delete-files", deletes.files),
+        ("total-delete-files", deletes.files + deletes.vectors),
         ("total-position-deletes", deletes.records),
     ] {
         if let Some(total) = properties.get(key).and_then(|v| v.parse::<u64>().ok()) {
@@ -317,6 +336,7 @@ mod tests {
                 files: 4,
                 records: 40,
                 bytes: 4000,
+                ..Removed::default()
             },
             Removed::default(),
         );
@@ -330,5 +350,32 @@ mod tests {
         assert_eq!(property("total-files-size"), "5000");
         assert_eq!(property("added-data-files"), "2");
         assert_eq!(property("ratchet.checkpoint"), "7");
+        assert!(!summary.additional_properties.contains_key("removed-dvs"));
+    }
+
+    #[test]
+    fn removed_deletion_vectors_are_counted_apart_from_position_delete_files() {
+        let planned = Summary {
+            operation: Operation::Overwrite,
+            additional_properties: HashMap::from([
+                ("added-dvs".to_string(), "1".to_string()),
+                ("total-delete-files".to_string(), "9".to_string()),
+                ("total-position-deletes".to_string(), "90".to_string()),
+            ]),
+        };
+        let deletes = Removed {
+            files: 1,
+            vectors: 3,
+            records: 30,
+            bytes: 300,
+        };
+        let summary = replace_summary(&planned, Removed::default(), deletes);
+        let property = |key: &str| summary.additional_properties[key].as_str();
+        assert_eq!(property("removed-dvs"), "3");
+        assert_eq!(property("removed-position-delete-files"), "1");
+        assert_eq!(property("removed-delete-files"), "4");
+        assert_eq!(property("removed-position-deletes"), "30");
+        assert_eq!(property("total-delete-files"), "5");
+        assert_eq!(property("total-position-deletes"), "60");
     }
 }

@@ -144,9 +144,6 @@ impl IcebergSink {
         // Refused now, with the table and the fields named, rather than at the first write or pre-commit.
         let table = committer.target.load(Phase::Setup).await?;
         check_columns(&config, &table, &[])?;
-        if let Some(policy) = config.compact.explicit() {
-            policy.check_table(&config.sink, &table)?;
-        }
         let compact = config.compact.resolve(&table, config.upsert_mode());
         if let Some(keyed) = &keyed {
             EqualityDeletes::of(&table, keyed.key()).map_err(|e| e.with_sink(&config.sink))?;

@@ -52,24 +52,62 @@ impl CheckpointWriter {
     ///
     /// `file_prefix` must be unique per subtask and checkpoint attempt so two attempts never write the same path.
     pub async fn open(table: &Table, file_prefix: String, target_file_size: usize) -> Result<Self> {
+        let schema = table.metadata().current_schema().clone();
+        Self::open_with(table, schema, file_prefix, target_file_size).await
+    }
+
+    /// [`open`](Self::open) for a compaction of a format-version 3 table: the files also hold each row's
+    /// `_row_id` and `_last_updated_sequence_number` (the spec's row lineage, which a moved row must keep: its
+    /// batches carry both columns, by those names).
+    pub(crate) async fn open_keeping_lineage(
+        table: &Table,
+        file_prefix: String,
+        target_file_size: usize,
+    ) -> Result<Self> {
+        let current = table.metadata().current_schema();
+        let mut fields: Vec<_> = current.as_struct().fields().to_vec();
+        fields.push(iceberg::metadata_columns::row_id_field().clone());
+        fields.push(iceberg::metadata_columns::last_updated_sequence_number_field().clone());
+        let schema = iceberg::spec::Schema::builder()
+            .with_schema_id(current.schema_id())
+            .with_identifier_field_ids(current.identifier_field_ids())
+            .with_fields(fields)
+            .build()
+            .map_err(|e| {
+                iceberg_error(
+                    Phase::PreCommit,
+                    "cannot add the row lineage columns to the schema",
+                    e,
+                )
+            })?;
+        Self::open_with(table, Arc::new(schema), file_prefix, target_file_size).await
+    }
+
+    /// [`open`](Self::open) writing files of `schema` (the table's current one, or it with metadata columns).
+    async fn open_with(
+        table: &Table,
+        schema: iceberg::spec::SchemaRef,
+        file_prefix: String,
+        target_file_size: usize,
+    ) -> Result<Self> {
         let metadata = table.metadata();
         let name = table.identifier().to_string();
-        let table_schema = Arc::new(
-            iceberg::arrow::schema_to_arrow_schema(metadata.current_schema()).map_err(|e| {
+        let table_schema = Arc::new(iceberg::arrow::schema_to_arrow_schema(&schema).map_err(
+            |e| {
                 iceberg_error(
                     Phase::Begin,
                     format!("cannot convert the schema of {name} to Arrow"),
                     e,
                 )
-            })?,
-        );
+            },
+        )?);
         let props = WriterProperties::builder()
             .set_compression(Compression::ZSTD(ZstdLevel::default()))
             .build();
         let locations = EscapedLocations::new(metadata);
         let names = DefaultFileNameGenerator::new(file_prefix, None, DataFileFormat::Parquet);
         let builder = DataFileWriterBuilder::new(RollingFileWriterBuilder::new(
-            ParquetWriterBuilder::new(props, metadata.current_schema().clone()),
+            ParquetWriterBuilder::new(props, schema.clone()),
             target_file_size,
             table.file_io().clone(),
             locations,
@@ -79,17 +117,14 @@ impl CheckpointWriter {
         let splitter = match spec.is_unpartitioned() {
             true => None,
             false => Some(
-                RecordBatchPartitionSplitter::try_new_with_computed_values(
-                    metadata.current_schema().clone(),
-                    spec.clone(),
-                )
-                .map_err(|e| {
-                    iceberg_error(
-                        Phase::Begin,
-                        format!("cannot follow the partition spec of {name}"),
-                        e,
-                    )
-                })?,
+                RecordBatchPartitionSplitter::try_new_with_computed_values(schema, spec.clone())
+                    .map_err(|e| {
+                        iceberg_error(
+                            Phase::Begin,
+                            format!("cannot follow the partition spec of {name}"),
+                            e,
+                        )
+                    })?,
             ),
         };
         let mut writer = Self {

@@ -42,7 +42,7 @@ fn config(lake: &Lake, table: &str) -> IcebergSinkConfig {
 }
 
 /// Spark's `[id, _row_id, _last_updated_sequence_number]` rows by id.
-fn by_id(rows: &serde_json::Value) -> BTreeMap<i64, (i64, i64)> {
+pub(crate) fn by_id(rows: &serde_json::Value) -> BTreeMap<i64, (i64, i64)> {
     rows.as_array()
         .unwrap()
         .iter()
@@ -59,9 +59,14 @@ fn by_id(rows: &serde_json::Value) -> BTreeMap<i64, (i64, i64)> {
 
 /// Asserts what the readers see of `table` after `checkpoints` checkpoints whose ids are `expected`: Spark (Iceberg
 /// 1.12) reads every id once, each `_row_id` once, and in every retained snapshot each row with the `_row_id` and
-/// `_last_updated_sequence_number` it has now; the sink's commits merged manifests; Iceberg's Java library and
-/// pyiceberg read every id once.
-async fn assert_lineage_kept(lake: &Lake, table: &str, expected: &[i64], context: &str) {
+/// `_last_updated_sequence_number` it has now; the sink's commits merged manifests (the current snapshot names at
+/// most `max_manifests`); Iceberg's Java library and pyiceberg read every id once.
+async fn assert_lineage_kept(
+    lake: &Lake,
+    table: &str,
+    (expected, max_manifests): (&[i64], u64),
+    context: &str,
+) {
     let lineage = lake.spark_lineage(table).await;
     let current = by_id(&lineage["current"]);
     assert_eq!(
@@ -77,8 +82,8 @@ async fn assert_lineage_kept(lake: &Lake, table: &str, expected: &[i64], context
     );
     let manifests = lineage["manifests"].as_u64().unwrap();
     assert!(
-        manifests <= 2,
-        "{context}: merging at 3 leaves at most 2 manifests, the current snapshot names {manifests}"
+        manifests <= max_manifests,
+        "{context}: the current snapshot names {manifests} manifests, more than {max_manifests}"
     );
     for (snapshot, rows) in lineage["snapshots"].as_object().unwrap() {
         for (id, then) in by_id(rows) {
@@ -116,7 +121,45 @@ async fn a_v3_tables_rows_keep_their_row_ids_through_the_sinks_manifest_merges()
     )
     .await;
     let expected: Vec<i64> = (0..checkpoints * ROWS).collect();
-    assert_lineage_kept(&lake, &table, &expected, "8 checkpoints").await;
+    // Merging at 3 leaves at most 2 manifests.
+    assert_lineage_kept(&lake, &table, (&expected, 2), "8 checkpoints").await;
+}
+
+/// The sink compacts the small files of a v3 table inside its commits (`compact`, every second checkpoint): the
+/// rewritten files carry each moved row's `_row_id` and `_last_updated_sequence_number`, so every row keeps, in every
+/// retained snapshot, the lineage it had when it was added. Without them written, a compaction hands the rows it
+/// moves new ids (this test fails then).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_v3_tables_rows_keep_their_row_ids_through_the_sinks_compactions() {
+    use iceberg_sink::{Compact, CompactPolicy};
+    test_support::Services::get();
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::sqlite_local(dir.path(), "lineage");
+    let table = merging_v3_table(&lake).await;
+    let config = IcebergSinkConfig {
+        compact: Compact::On(CompactPolicy {
+            target_file_size: 1 << 20,
+            min_input_files: 2,
+            ..Default::default()
+        }),
+        ..config(&lake, &table)
+    };
+    let checkpoints = 8;
+    run(&config, &dir.path().join("state"), 0, checkpoints).await;
+    let expected: Vec<i64> = (0..checkpoints * ROWS).collect();
+    let seen = metadata_files(&lake, &table).await;
+    let compacting = seen["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| {
+            s["summary"]["deleted-data-files"]
+                .as_str()
+                .is_some_and(|n| n != "0")
+        })
+        .count();
+    assert!(compacting > 0, "no compaction: {:#}", seen["snapshots"]);
+    assert_lineage_kept(&lake, &table, (&expected, 3), "8 compacting checkpoints").await;
 }
 
 /// The child of the kill test: runs 8 checkpoints of the table in `CHILD_TABLE` from the store under `CHILD_DIR`;
@@ -153,7 +196,7 @@ async fn a_kill_9_at_each_step_of_a_merging_commit_keeps_every_row_id_of_a_v3_ta
         run(&config(&lake, &table), &state, 0, 4).await;
         let next = common::decided_offset(&state).await;
         let expected: Vec<i64> = (0..next).collect();
-        assert_lineage_kept(&lake, &table, &expected, step).await;
+        assert_lineage_kept(&lake, &table, (&expected, 2), step).await;
         let seen = metadata_files(&lake, &table).await;
         assert_eq!(
             common::checkpoints_in_two_snapshots(seen["snapshots"].as_array().unwrap()),

@@ -33,6 +33,8 @@ const SMALL: i64 = 5;
 
 const CHILD_DIR: &str = "RATCHET_ICEBERG_UPSERT_COMPACTION_CHILD";
 const CHILD_TABLE: &str = "RATCHET_ICEBERG_UPSERT_COMPACTION_TABLE";
+/// Set (to anything) when the child's table is one of format version 3 (deletion vectors).
+const CHILD_V3: &str = "RATCHET_ICEBERG_UPSERT_COMPACTION_V3";
 
 /// The upsert sink of subtask 0 on `table` (a data file per batch), compacting when `min_input_files` small files
 /// of a tier are live, expiring snapshots by the table's retention.
@@ -257,9 +259,21 @@ async fn an_upsert_tables_files_with_many_replaced_rows_are_rewritten_whatever_t
     );
 }
 
+/// [`compacting`] on a table the sink creates as format version 3 (deletion vectors) when `v3`.
+fn compacting_as(lake: &Lake, table: &str, v3: bool) -> IcebergSinkConfig {
+    let config = compacting(lake, table, 2);
+    IcebergSinkConfig {
+        layout: iceberg_sink::TableLayout {
+            format_version: v3.then_some(3),
+            ..config.layout.clone()
+        },
+        ..config
+    }
+}
+
 /// The child of the kill test: runs 8 small checkpoints (compacting at 2 files) of the table in `CHILD_TABLE`
-/// from the store under `CHILD_DIR`; the drill in its environment kills it at its step. Returns at once in a
-/// normal test run.
+/// (format version 3 with `CHILD_V3`) from the store under `CHILD_DIR`; the drill in its environment kills it at
+/// its step. Returns at once in a normal test run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn child() {
     let (Ok(dir), Ok(table)) = (std::env::var(CHILD_DIR), std::env::var(CHILD_TABLE)) else {
@@ -267,32 +281,40 @@ async fn child() {
     };
     let lake = Lake::sqlite_local(Path::new(&dir), "child");
     let state = Path::new(&dir).join("state");
-    run_checkpoints(compacting(&lake, &table, 2), (0, &state), 8, (SMALL, 1)).await;
+    let config = compacting_as(&lake, &table, std::env::var(CHILD_V3).is_ok());
+    run_checkpoints(config, (0, &state), 8, (SMALL, 1)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kill_9_at_each_step_of_a_compacting_upsert_commit_loses_nothing_and_doubles_nothing() {
     test_support::Services::get();
+    // Each step on a version 2 table (position deletes); the step between the replacing manifests and the swap
+    // also on a version 3 table (deletion vectors: the rewrite carries row lineage, the delete manifests a
+    // vector commit rewrote hold the vectors removed with the inputs).
     let steps = [
-        "after-compacting",
-        "after-replacing",
-        "after-compacted-commit",
+        ("after-compacting", false),
+        ("after-replacing", false),
+        ("after-compacted-commit", false),
+        ("after-replacing", true),
     ];
-    for (i, step) in steps.into_iter().enumerate() {
+    for (i, (step, v3)) in steps.into_iter().enumerate() {
         let dir = tempfile::tempdir().unwrap();
         let lake = Lake::sqlite_local(dir.path(), "killed");
         let table = lake.table(&["upserted"]);
-        IcebergSink::new(compacting(&lake, &table, 2))
+        IcebergSink::new(compacting_as(&lake, &table, v3))
             .await
             .unwrap();
         let path = dir.path().to_str().unwrap();
-        common::killed_child(
-            "upsert_compaction::child",
-            &[(CHILD_DIR, path), (CHILD_TABLE, &table)],
-            step,
-        );
+        let mut env = vec![(CHILD_DIR, path), (CHILD_TABLE, table.as_str())];
+        if v3 {
+            env.push((CHILD_V3, "1"));
+        }
+        common::killed_child("upsert_compaction::child", &env, step);
         let state = dir.path().join("state");
-        let next = run_checkpoints(compacting(&lake, &table, 2), (0, &state), 4, (SMALL, 1)).await;
+        let config = compacting_as(&lake, &table, v3);
+        let next = run_checkpoints(config, (0, &state), 4, (SMALL, 1)).await;
+        let step = format!("{step}{}", if v3 { " (format version 3)" } else { "" });
+        let step = step.as_str();
         assert_eq!(next, common::decided_offset(&state).await, "{step}");
         // Spark once (it takes a while to start); the other readers after every step.
         let spark = i + 1 == steps.len();
@@ -495,9 +517,11 @@ async fn spark_maintenance_beside_compacting_upserts_and_kills_leaves_each_key_o
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    run_checkpoints(config.clone(), (0, &state), 6, (SMALL, 1)).await;
     let done = spark.stop();
     eprintln!("Spark's maintenance beside {rounds} rounds of a compacting upsert sink: {done}");
+    // After Spark's last procedure (a rewrite of Spark's committed meanwhile drops a compaction of the sink's, and
+    // its expiry may retire the compacting snapshots): the sink's compactions land over Spark's files.
+    run_checkpoints(config.clone(), (0, &state), 6, (SMALL, 1)).await;
     assert!(done["rewritten_data_files"].as_u64().unwrap() > 0, "{done}");
     let next = common::decided_offset(&state).await;
     let seen = assert_reads(
@@ -637,5 +661,72 @@ async fn a_catalog_that_stops_answering_at_a_compacting_upsert_commit_bounds_it_
     assert!(
         !compacting_summaries(&seen).is_empty(),
         "no compaction landed after the hang"
+    );
+}
+
+/// A format-version 3 table the sink creates (`format_version = 3`: deletion vectors) compacts like a version 2 one,
+/// and a row a compaction moves keeps its `_row_id` and `_last_updated_sequence_number` (the rewrite writes both
+/// into the new file): between a compacting snapshot and its parent, only the keys its checkpoint changed show new
+/// lineage in Spark (Iceberg 1.12), however many rows the compaction moved. Every reader sees each key's last
+/// state, each `_row_id` once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_3_upsert_tables_compactions_keep_each_moved_rows_lineage() {
+    use iceberg_sink::TableLayout;
+    test_support::Services::get();
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::sqlite_local(dir.path(), "lineage");
+    let table = lake.table(&["upserted"]);
+    let config = IcebergSinkConfig {
+        // Every snapshot kept: the lineage of each compacting snapshot's parent is compared.
+        expire_snapshots: false,
+        layout: TableLayout {
+            format_version: Some(3),
+            ..TableLayout::default()
+        },
+        ..compacting(&lake, &table, 2)
+    };
+    let state = dir.path().join("state");
+    let next = run_checkpoints(config, (0, &state), 16, (SMALL, 1)).await;
+    assert_eq!(lake.format_version(&table).await, FormatVersion::V3);
+    let seen = assert_reads(&lake, &table, &expected(&[(0, next)]), true, "version 3").await;
+    let lineage = lake.spark_lineage(&table).await;
+    let current = crate::lineage::by_id(&lineage["current"]);
+    let row_ids: std::collections::BTreeSet<i64> = current.values().map(|(id, _)| *id).collect();
+    assert_eq!(
+        row_ids.len(),
+        current.len(),
+        "every _row_id once: {current:?}"
+    );
+    let mut moved_live_rows = false;
+    for snapshot in seen["snapshots"].as_array().unwrap() {
+        let summary = &snapshot["summary"];
+        let compacting = summary.get(iceberg_sink::CHECKPOINT_PROPERTY).is_some()
+            && summary["deleted-data-files"]
+                .as_str()
+                .is_some_and(|n| n != "0");
+        let Some(parent) = snapshot["parent_id"].as_i64().filter(|_| compacting) else {
+            continue;
+        };
+        let of = |id: i64| crate::lineage::by_id(&lineage["snapshots"][id.to_string()]);
+        let (before, after) = (of(parent), of(snapshot["snapshot_id"].as_i64().unwrap()));
+        let renewed: Vec<_> = after
+            .iter()
+            .filter(|(id, row)| before.get(id) != Some(row))
+            .collect();
+        assert!(
+            renewed.len() <= SMALL as usize,
+            "compacting snapshot {}: {} keys have new lineage, its checkpoint changed at most {SMALL}: \
+             {renewed:?}\nbefore: {before:?}",
+            snapshot["snapshot_id"],
+            renewed.len()
+        );
+        moved_live_rows |= summary["added-data-files"]
+            .as_str()
+            .is_some_and(|n| n.parse::<u32>().unwrap() >= 2);
+    }
+    assert!(
+        moved_live_rows,
+        "no compaction moved live rows: {:#}",
+        seen["snapshots"]
     );
 }

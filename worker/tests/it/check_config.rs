@@ -247,9 +247,8 @@ async fn a_misspelt_sink_key_stops_run_at_once() {
     assert!(started.elapsed() < Duration::from_secs(20), "{said}");
 }
 
-/// `compact` on an Iceberg entry: a policy that cannot work, one on an upsert table deleting by equality, or one on
-/// a format-version 3 table the sink would create, is refused by `check-config` naming the sink and the key, before
-/// anything runs.
+/// `compact` on an Iceberg entry: a policy that cannot work or one on an upsert table deleting by equality is
+/// refused by `check-config` naming the sink and the key, before anything runs.
 #[tokio::test(flavor = "multi_thread")]
 async fn check_config_refuses_a_compaction_it_cannot_do_naming_the_key() {
     let (_dir, _, config) = local_job("compact").await;
@@ -263,7 +262,10 @@ async fn check_config_refuses_a_compaction_it_cannot_do_naming_the_key() {
             "compact = {}\nupsert_key = [\"id\"]\nupsert_deletes = \"equality\"",
             "upsert_deletes = \"position\"",
         ),
-        ("compact = {}\nformat_version = 3", "format-version 3"),
+        (
+            "compact = { delete_ratio_threshold = 1.5 }",
+            "delete_ratio_threshold = 1.5",
+        ),
     ] {
         std::fs::write(&config, format!("{base}{entry}\n")).unwrap();
         let out = ratchet("check-config", &config, &[]);

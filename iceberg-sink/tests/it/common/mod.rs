@@ -582,6 +582,21 @@ impl Lake {
         .await;
     }
 
+    /// Removes the property that marks `table` as created by the sink (`ratchet.created-by`): with `compact` left
+    /// out, the sink then does not compact it.
+    pub async fn forget_creator(&self, table: &str) {
+        use iceberg::transaction::{ApplyTransactionAction, Transaction};
+        let catalog = self.catalog.open("ratchet", &self.s3).await.unwrap();
+        let ident = iceberg::TableIdent::from_strs(table.split('.')).unwrap();
+        let loaded = catalog.load_table(&ident).await.unwrap();
+        let tx = Transaction::new(&loaded);
+        let update = tx
+            .update_table_properties()
+            .remove(iceberg_sink::CREATED_BY_PROPERTY.to_string());
+        let tx = update.apply(tx).unwrap();
+        tx.commit(catalog.as_ref()).await.unwrap();
+    }
+
     /// Sets table properties of `table` with iceberg-rust's own transaction.
     pub async fn set_properties(&self, table: &str, properties: &[(&str, String)]) {
         use iceberg::transaction::{ApplyTransactionAction, Transaction};
