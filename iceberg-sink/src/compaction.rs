@@ -34,7 +34,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use connector_api::{CheckpointId, Phase, Result};
 use iceberg::arrow::ArrowReaderBuilder;
 use iceberg::scan::FileScanTask;
-use iceberg::spec::{DataContentType, DataFile, DataFileFormat, ManifestContentType};
+use iceberg::spec::{
+    DataContentType, DataFile, DataFileFormat, ManifestContentType, ManifestEntryRef,
+};
 use iceberg::table::Table;
 
 use crate::commit::TableTarget;
@@ -63,23 +65,25 @@ struct ManifestFiles {
     live: Vec<String>,
 }
 
-/// This subtask's live files, split by [`CompactPolicy::small_below`].
+/// This subtask's live files, split by [`CompactPolicy::small_below`], and every live delete file of the table.
 #[derive(Debug, Default)]
 pub(crate) struct OwnFiles {
     pub(crate) small: Vec<OwnFile>,
     pub(crate) large: Vec<OwnFile>,
+    pub(crate) deletes: Vec<ManifestEntryRef>,
 }
 
-/// This subtask's files per data manifest, read once per manifest (a manifest never changes once written): a look
-/// reads only the manifests committed since the last one.
+/// This subtask's files per data manifest and the live delete files per delete manifest, each manifest read once
+/// (a manifest never changes once written): a look reads only the manifests committed since the last one.
 #[derive(Debug, Default)]
 pub(crate) struct OwnFileCache {
     by_manifest: HashMap<String, ManifestFiles>,
+    deletes_by_manifest: HashMap<String, Vec<ManifestEntryRef>>,
 }
 
 impl OwnFileCache {
     /// The live data files of `table`'s current snapshot that `key`'s subtask wrote, in the default partition spec,
-    /// each with its manifest, split into those `policy` calls small and the others.
+    /// each with its manifest, split into those `policy` calls small and the others; and every live delete file.
     ///
     /// # Errors
     /// A manifest list or manifest that cannot be read.
@@ -97,13 +101,20 @@ impl OwnFileCache {
         let spec_id = metadata.default_partition_spec_id();
         let list = table.manifest_list_reader(snapshot).load().await?;
         let mut current = HashSet::new();
-        for manifest in list
-            .entries()
-            .iter()
-            .filter(|m| m.content == ManifestContentType::Data)
-        {
+        for manifest in list.entries() {
             let path = &manifest.manifest_path;
             current.insert(path.clone());
+            if manifest.content == ManifestContentType::Deletes {
+                if !self.deletes_by_manifest.contains_key(path) {
+                    let loaded = manifest.load_manifest(table.file_io()).await?;
+                    let live = loaded.entries().iter().filter(|e| e.is_alive()).cloned();
+                    self.deletes_by_manifest
+                        .insert(path.clone(), live.collect());
+                }
+                own.deletes
+                    .extend(self.deletes_by_manifest[path].iter().cloned());
+                continue;
+            }
             if !self.by_manifest.contains_key(path) {
                 let loaded = manifest.load_manifest(table.file_io()).await?;
                 // Every entry, deleted ones too, takes its share of the inherited row ids.
@@ -141,6 +152,8 @@ impl OwnFileCache {
             }
         }
         self.by_manifest.retain(|path, _| current.contains(path));
+        self.deletes_by_manifest
+            .retain(|path, _| current.contains(path));
         Ok(own)
     }
 

@@ -279,8 +279,6 @@ pub(crate) enum Entries {
     Live,
     /// The entries the snapshot itself added, from the manifests it wrote (a catch-up).
     AddedBySnapshot,
-    /// Every live delete file (a compaction's read).
-    LiveDeletes,
     /// The delete files the snapshot itself added (a compaction's check at its commit).
     DeletesAddedBySnapshot,
 }
@@ -309,7 +307,6 @@ pub(crate) async fn entries_of(
     for manifest in list.entries().iter().filter(|m| match which {
         Entries::Live => true,
         Entries::AddedBySnapshot => m.added_snapshot_id == id,
-        Entries::LiveDeletes => m.content == ManifestContentType::Deletes,
         Entries::DeletesAddedBySnapshot => {
             m.content == ManifestContentType::Deletes && m.added_snapshot_id == id
         }
@@ -324,7 +321,7 @@ pub(crate) async fn entries_of(
                 .entries()
                 .iter()
                 .filter(|e| match which {
-                    Entries::Live | Entries::LiveDeletes => e.is_alive(),
+                    Entries::Live => e.is_alive(),
                     Entries::AddedBySnapshot | Entries::DeletesAddedBySnapshot => {
                         e.status() == ManifestStatus::Added && e.snapshot_id() == Some(id)
                     }

@@ -49,7 +49,7 @@ use crate::compaction_lineage::InputLineage;
 use crate::compaction_moves::Moves;
 use crate::error::iceberg_error;
 use crate::key_index::{IndexedFile, KeyIndex};
-use crate::key_scan::{Entries, entries_of, positions_of};
+use crate::key_scan::positions_of;
 use crate::ledger::SubtaskKey;
 use crate::location::canonical;
 use crate::rewrite_conflicts::may_name;
@@ -83,11 +83,11 @@ pub(crate) async fn compact(
             .own_files(&table, key, policy)
             .await
             .map_err(|e| iceberg_error(Phase::PreCommit, "cannot list this subtask's files", e))?;
-        let deletes = entries_of(&table, snapshot, Entries::LiveDeletes, Phase::PreCommit).await?;
-        let newest_equality = deletes
+        let newest_equality = own
+            .deletes
             .iter()
-            .filter(|(_, e)| e.content_type() == DataContentType::EqualityDeletes)
-            .filter_map(|(_, e)| e.sequence_number())
+            .filter(|e| e.content_type() == DataContentType::EqualityDeletes)
+            .filter_map(|e| e.sequence_number())
             .max();
         let busy: HashSet<String> = index
             .map(|i| i.busy_files().iter().map(|p| canonical(p)).collect())
@@ -100,9 +100,10 @@ pub(crate) async fn compact(
                 && (!lineage || s.first_row_id.is_some())
         };
         let candidates: Vec<OwnFile> = own.small.into_iter().filter(takeable).collect();
-        let position_deletes: Vec<&DataFile> = deletes
+        let position_deletes: Vec<&DataFile> = own
+            .deletes
             .iter()
-            .map(|(_, e)| e.data_file())
+            .map(|e| e.data_file())
             .filter(|f| f.content_type() == DataContentType::PositionDeletes)
             .collect();
         let heavy = maybe_heavy(
