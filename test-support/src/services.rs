@@ -69,6 +69,9 @@ pub struct Services {
     vars: BTreeMap<String, String>,
     /// Long-lived verifier interpreters (`test-support/verifiers/serve.py`) not in use right now.
     verifiers: Mutex<Vec<Verifier>>,
+    /// The same for Spark ([`Services::spark`]): each keeps a Spark session (a JVM of about a gigabyte), so they
+    /// are kept apart from the others and only as many start as Spark reads run at once.
+    sparks: Mutex<Vec<Verifier>>,
 }
 
 /// One `serve.py` process: requests on its stdin, responses on its stdout, a JSON object per line.
@@ -80,13 +83,16 @@ struct Verifier {
 }
 
 impl Verifier {
-    fn spawn(python: &std::path::Path, vars: &BTreeMap<String, String>) -> Self {
+    /// Starts a `serve.py`; its stderr (what the scripts' libraries log, not their failures: those come back in
+    /// the responses) goes to `stderr`.
+    fn spawn(python: &std::path::Path, vars: &BTreeMap<String, String>, stderr: Stdio) -> Self {
         let server = repo_root().join("test-support/verifiers/serve.py");
         let mut child = Command::new(python)
             .arg(&server)
             .envs(vars)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
+            .stderr(stderr)
             .spawn()
             .unwrap_or_else(|e| panic!("cannot run {}: {e}", server.display()));
         let requests = child.stdin.take().expect("piped stdin");
@@ -159,6 +165,7 @@ impl Services {
         Services {
             vars,
             verifiers: Mutex::default(),
+            sparks: Mutex::default(),
         }
     }
 
@@ -330,22 +337,47 @@ impl Services {
     /// The scripts run in long-lived interpreters (`test-support/verifiers/serve.py`, one per concurrent caller),
     /// exactly as a one-shot run would execute them, without paying Python's start-up and imports every time.
     pub fn verify(&self, script: &str, args: &[&str]) -> serde_json::Value {
-        self.pooled("verifiers", script, args)
+        self.pooled(&self.verifiers, Stdio::inherit, "verifiers", script, args)
+    }
+
+    /// Runs `test-support/verifiers/spark_iceberg.py` with `args` (Apache Spark with Iceberg's runtime: a read, a
+    /// foreign write or compaction) as [`verify`](Self::verify) runs a verifier, in interpreters kept for Spark:
+    /// each keeps its Spark session between runs, so the JVM starts once per concurrent caller, not per call. Spark's
+    /// own log is discarded (its start-up warnings would fill the test output); a failure's Python and Java
+    /// traceback comes back in the panic.
+    pub fn spark(&self, args: &[&str]) -> serde_json::Value {
+        self.pooled(
+            &self.sparks,
+            Stdio::null,
+            "verifiers",
+            "spark_iceberg.py",
+            args,
+        )
     }
 
     /// Runs the producer peer `test-support/producers/<script>` with `args` (as [`verify`](Self::verify) runs a
     /// verifier) and returns what it printed (JSON): records written by the real client libraries of the
     /// ecosystem (confluent-kafka's schema registry serializers), not by Ratchet code.
     pub fn produce(&self, script: &str, args: &[&str]) -> serde_json::Value {
-        self.pooled("producers", script, args)
+        self.pooled(&self.verifiers, Stdio::inherit, "producers", script, args)
     }
 
-    fn pooled(&self, dir: &str, script: &str, args: &[&str]) -> serde_json::Value {
+    /// Runs `test-support/<dir>/<script>` in an idle interpreter of `pool` (a new one, its stderr `stderr()`, when
+    /// none is idle).
+    fn pooled(
+        &self,
+        pool: &Mutex<Vec<Verifier>>,
+        stderr: fn() -> Stdio,
+        dir: &str,
+        script: &str,
+        args: &[&str],
+    ) -> serde_json::Value {
         let path = repo_root().join("test-support").join(dir).join(script);
-        let idle = self.verifiers.lock().expect("verifier pool").pop();
-        let mut verifier = idle.unwrap_or_else(|| Verifier::spawn(&self.python(), &self.vars));
+        let idle = pool.lock().expect("verifier pool").pop();
+        let mut verifier =
+            idle.unwrap_or_else(|| Verifier::spawn(&self.python(), &self.vars, stderr()));
         let (ok, stdout, stderr) = verifier.run(&path, args);
-        self.verifiers.lock().expect("verifier pool").push(verifier);
+        pool.lock().expect("verifier pool").push(verifier);
         assert!(ok, "{script} {args:?} failed:\n{stderr}");
         serde_json::from_str(&stdout)
             .unwrap_or_else(|e| panic!("{script} printed no JSON ({e}):\n{stdout}"))

@@ -7,7 +7,8 @@ Request: {"path": "<verifier script>", "args": [...]}. The script runs as if sta
 (`runpy.run_path(path, run_name="__main__")` with `sys.argv` set): its module-level code and `main` are the same
 code a one-shot run executes; only the imported libraries stay loaded. Response: {"ok": bool, "stdout": what it
 printed, "stderr": why it failed (SystemExit's message or the traceback)}. A script's `os._exit(0)` ends the run,
-not the server. The server ends when stdin closes.
+not the server. The server ends when stdin closes. `sys._ratchet_serve` is set: a script may keep a costly resource
+for its next run in this interpreter (spark_iceberg.py keeps its Spark session).
 """
 
 import contextlib
@@ -53,6 +54,7 @@ def run(path: str, args: list) -> dict:
 
 
 def main() -> None:
+    sys._ratchet_serve = True
     for line in sys.stdin:
         if not line.strip():
             continue

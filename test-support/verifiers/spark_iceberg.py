@@ -7,7 +7,8 @@ Iceberg tables with, run here as an independent reader and as a foreign maintain
     spark_iceberg.py rewrite  <catalog.db> <warehouse> <namespace.table>
 
 The catalog is the SQLite database the sink commits to, opened with Iceberg's JdbcCatalog (catalog name
-`ratchet`, as the tests name it); the warehouse is a local directory.
+`ratchet`, as the tests name it); the warehouse is a local directory. Run inside serve.py (as the tests run `read`, `lineage`, `rewrite`, `delete`, `upgrade` and
+`delete_files`) the Spark session outlives the run: one JVM per interpreter, not one per read.
 
 `read` prints {"column_names": [...], "rows": [[...], ...]} (sorted by the id column), read merge-on-read: every
 position, equality and deletion-vector delete applied by Spark's own scan.
@@ -56,14 +57,20 @@ LOST_RACE = {
 }
 
 
-def session(db: str, warehouse: str):
+def session():
+    """The Spark session. Inside serve.py (the tests' long-lived verifier interpreters, which set
+    `sys._ratchet_serve`) one session is kept per interpreter (`sys._ratchet_spark`), so a test binary starts Spark's
+    JVM (about 15 s here) once per concurrent caller instead of at every read; otherwise a fresh one, which the
+    command stops (`finish`)."""
     from pyspark.sql import SparkSession
 
+    kept = getattr(sys, "_ratchet_spark", None)
+    if kept is not None:
+        return kept
     jars = sorted(glob.glob(os.path.join(os.environ["RATCHET_SPARK_JARS"], "*.jar")))
     if not jars:
         sys.exit(f"no jars in {os.environ['RATCHET_SPARK_JARS']}: run scripts/services.sh up")
-    prefix = f"spark.sql.catalog.{CATALOG}"
-    return (
+    spark = (
         SparkSession.builder.master("local[1]")
         .appName("ratchet-spark-iceberg")
         .config("spark.jars", ",".join(jars))
@@ -72,29 +79,54 @@ def session(db: str, warehouse: str):
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.memory", "1g")
         .config("spark.sql.extensions", "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions")
-        .config(prefix, "org.apache.iceberg.spark.SparkCatalog")
-        .config(f"{prefix}.type", "jdbc")
-        .config(f"{prefix}.uri", f"jdbc:sqlite:{db}")
-        .config(f"{prefix}.warehouse", warehouse)
-        # The sink's SQL catalog has no view support column: the catalog schema Iceberg calls V0.
-        .config(f"{prefix}.jdbc.schema-version", "V0")
         .getOrCreate()
     )
+    if getattr(sys, "_ratchet_serve", False):
+        spark.sparkContext.setLogLevel("ERROR")
+        sys._ratchet_spark = spark
+    return spark
+
+
+def opened(db: str, warehouse: str, table: str):
+    """A session with the catalog `ratchet` (Iceberg's JdbcCatalog: the name is also the `catalog_name` its rows
+    carry, so it cannot change) over the SQLite database `db` and `warehouse`, and `table`'s name in it. Inside
+    serve.py it is a new session (`newSession`: its own SQL settings and catalogs, the kept JVM and SparkContext)
+    per run, since one session caches a catalog per name; the catalog's table cache is off as well."""
+    spark = session()
+    if getattr(sys, "_ratchet_spark", None) is spark:
+        spark = spark.newSession()
+    prefix = f"spark.sql.catalog.{CATALOG}"
+    for key, value in (
+        ("", "org.apache.iceberg.spark.SparkCatalog"),
+        (".type", "jdbc"),
+        (".uri", f"jdbc:sqlite:{db}"),
+        (".warehouse", warehouse),
+        # The sink's SQL catalog has no view support column: the catalog schema Iceberg calls V0.
+        (".jdbc.schema-version", "V0"),
+        (".cache-enabled", "false"),
+    ):
+        spark.conf.set(prefix + key, value)
+    return spark, f"{CATALOG}.{table}"
+
+
+def finish(spark) -> None:
+    """Stops Spark after a one-shot run; a kept session (serve.py) stays for the next run."""
+    if getattr(sys, "_ratchet_spark", None) is None:
+        spark.stop()
 
 
 def read(db: str, warehouse: str, table: str, id_column: str) -> None:
-    spark = session(db, warehouse)
-    frame = spark.table(f"{CATALOG}.{table}").orderBy(id_column)
+    spark, name = opened(db, warehouse, table)
+    frame = spark.table(name).orderBy(id_column)
     rows = [[value for value in row] for row in frame.collect()]
     json.dump({"column_names": frame.columns, "rows": rows}, sys.stdout, default=str)
-    spark.stop()
+    finish(spark)
 
 
 def lineage(db: str, warehouse: str, table: str) -> None:
     """Row lineage of a format-version 3 table: per snapshot and now, each row's id, _row_id and
     _last_updated_sequence_number; and how many manifests the current snapshot names."""
-    spark = session(db, warehouse)
-    name = f"{CATALOG}.{table}"
+    spark, name = opened(db, warehouse, table)
 
     def rows(version: str) -> list:
         frame = spark.sql(f"SELECT id, _row_id, _last_updated_sequence_number FROM {name}{version} ORDER BY id")
@@ -106,12 +138,11 @@ def lineage(db: str, warehouse: str, table: str) -> None:
         "current": rows(""),
         "manifests": spark.sql(f"SELECT count(*) AS n FROM {name}.manifests").collect()[0]["n"],
     }, sys.stdout)
-    spark.stop()
+    finish(spark)
 
 
 def scan(db: str, warehouse: str, table: str) -> None:
-    spark = session(db, warehouse)
-    name = f"{CATALOG}.{table}"
+    spark, name = opened(db, warehouse, table)
 
     def measured() -> dict:
         files = {row["content"]: row["n"] for row in
@@ -132,44 +163,42 @@ def scan(db: str, warehouse: str, table: str) -> None:
               "options => map('rewrite-all', 'true'))")
     compaction = time.perf_counter() - started
     json.dump({"before": before, "compaction_seconds": compaction, "after": measured()}, sys.stdout)
-    spark.stop()
+    finish(spark)
 
 
 def rewrite(db: str, warehouse: str, table: str) -> None:
     """One rewrite_data_files of every data file (a foreign compaction), committed; prints how many it rewrote."""
-    spark = session(db, warehouse)
-    name = f"{CATALOG}.{table}"
+    spark, name = opened(db, warehouse, table)
     result = spark.sql(
         f"CALL {CATALOG}.system.rewrite_data_files(table => '{name}', "
         "options => map('rewrite-all', 'true', 'min-input-files', '1'))"
     ).collect()
     json.dump({"rewritten_data_files": result[0]["rewritten_data_files_count"]}, sys.stdout)
-    spark.stop()
+    finish(spark)
 
 
 def delete(db: str, warehouse: str, table: str, where: str) -> None:
     """A `DELETE FROM <table> WHERE <where>` (another writer: on a merge-on-read format-version 3 table Spark writes
     a deletion vector); prints the delete files live after it."""
-    spark = session(db, warehouse)
-    name = f"{CATALOG}.{table}"
+    spark, name = opened(db, warehouse, table)
     spark.sql(f"DELETE FROM {name} WHERE {where}")
     json.dump({"delete_files": live_delete_files(spark, name)}, sys.stdout)
-    spark.stop()
+    finish(spark)
 
 
 def upgrade(db: str, warehouse: str, table: str, version: str) -> None:
     """Upgrades the table to Iceberg format version `version` (`ALTER TABLE .. SET TBLPROPERTIES`)."""
-    spark = session(db, warehouse)
-    spark.sql(f"ALTER TABLE {CATALOG}.{table} SET TBLPROPERTIES ('format-version' = '{version}')")
-    json.dump({"delete_files": live_delete_files(spark, f"{CATALOG}.{table}")}, sys.stdout)
-    spark.stop()
+    spark, name = opened(db, warehouse, table)
+    spark.sql(f"ALTER TABLE {name} SET TBLPROPERTIES ('format-version' = '{version}')")
+    json.dump({"delete_files": live_delete_files(spark, name)}, sys.stdout)
+    finish(spark)
 
 
 def delete_files(db: str, warehouse: str, table: str) -> None:
     """The delete files of the current snapshot, as Spark's `delete_files` metadata table lists them."""
-    spark = session(db, warehouse)
-    json.dump({"delete_files": live_delete_files(spark, f"{CATALOG}.{table}")}, sys.stdout)
-    spark.stop()
+    spark, name = opened(db, warehouse, table)
+    json.dump({"delete_files": live_delete_files(spark, name)}, sys.stdout)
+    finish(spark)
 
 
 def live_delete_files(spark, name: str) -> list:
@@ -200,8 +229,7 @@ def remove_orphan_files(spark, table: str, cutoff_s: float) -> int:
 
 
 def maintain(db: str, warehouse: str, table: str, stop_file: str, orphan_cutoff_s: str) -> None:
-    spark = session(db, warehouse)
-    name = f"{CATALOG}.{table}"
+    spark, name = opened(db, warehouse, table)
     done = {p: {"committed": 0, "lost": 0} for p in
             ("rewrite_data_files", "rewrite_manifests", "expire_snapshots", "remove_orphan_files")}
     rewritten = 0
@@ -260,7 +288,7 @@ def maintain(db: str, warehouse: str, table: str, stop_file: str, orphan_cutoff_
         )
         attempt("remove_orphan_files", lambda: remove_orphan_files(spark, name, float(orphan_cutoff_s)))
     json.dump(report(), sys.stdout)
-    spark.stop()
+    finish(spark)
 
 
 if __name__ == "__main__":

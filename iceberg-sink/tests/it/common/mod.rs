@@ -335,8 +335,7 @@ impl Lake {
         let (lake, table) = (self.clone(), table.to_string());
         tokio::task::spawn_blocking(move || {
             let [db, warehouse] = lake.spark_catalog();
-            let script = test_support::repo_root().join("test-support/verifiers/spark_iceberg.py");
-            Services::get().python_script(&script, &["lineage", db, warehouse, &table])
+            Services::get().spark(&["lineage", db, warehouse, &table])
         })
         .await
         .unwrap()
@@ -347,8 +346,7 @@ impl Lake {
         let (lake, table) = (self.clone(), table.to_string());
         let seen = tokio::task::spawn_blocking(move || {
             let [db, warehouse] = lake.spark_catalog();
-            let script = test_support::repo_root().join("test-support/verifiers/spark_iceberg.py");
-            Services::get().python_script(&script, &["read", db, warehouse, &table, "id"])
+            Services::get().spark(&["read", db, warehouse, &table, "id"])
         })
         .await
         .unwrap();
@@ -392,10 +390,9 @@ impl Lake {
         let command: Vec<String> = command.iter().map(|s| s.to_string()).collect();
         let seen = tokio::task::spawn_blocking(move || {
             let [db, warehouse] = lake.spark_catalog();
-            let script = test_support::repo_root().join("test-support/verifiers/spark_iceberg.py");
             let mut args = vec![command[0].as_str(), db, warehouse, &table];
             args.extend(command[1..].iter().map(String::as_str));
-            Services::get().python_script(&script, &args)
+            Services::get().spark(&args)
         })
         .await
         .unwrap();
@@ -408,8 +405,7 @@ impl Lake {
         let (lake, table) = (self.clone(), table.to_string());
         let done = tokio::task::spawn_blocking(move || {
             let [db, warehouse] = lake.spark_catalog();
-            let script = test_support::repo_root().join("test-support/verifiers/spark_iceberg.py");
-            Services::get().python_script(&script, &["rewrite", db, warehouse, &table])
+            Services::get().spark(&["rewrite", db, warehouse, &table])
         })
         .await
         .unwrap();
