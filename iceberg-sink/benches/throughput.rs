@@ -313,6 +313,66 @@ struct SmallFiles {
     compact: bool,
 }
 
+/// What the current snapshot of a table names, by content: its manifests and their live (added or existing)
+/// files, from the manifest list alone (one read).
+struct Census {
+    data_manifests: usize,
+    delete_manifests: usize,
+    data_files: u64,
+    delete_files: u64,
+}
+
+impl Census {
+    async fn of(table: &iceberg::table::Table) -> Self {
+        let mut census = Census {
+            data_manifests: 0,
+            delete_manifests: 0,
+            data_files: 0,
+            delete_files: 0,
+        };
+        let Some(snapshot) = table.metadata().current_snapshot() else {
+            return census;
+        };
+        let bytes = table
+            .file_io()
+            .new_input(snapshot.manifest_list())
+            .unwrap()
+            .read()
+            .await
+            .unwrap();
+        let list = iceberg::spec::ManifestList::parse_with_version(
+            &bytes,
+            table.metadata().format_version(),
+        )
+        .unwrap();
+        for manifest in list.entries() {
+            let live = u64::from(manifest.added_files_count.unwrap_or(0))
+                + u64::from(manifest.existing_files_count.unwrap_or(0));
+            match manifest.content {
+                iceberg::spec::ManifestContentType::Data => {
+                    census.data_manifests += 1;
+                    census.data_files += live;
+                }
+                iceberg::spec::ManifestContentType::Deletes => {
+                    census.delete_manifests += 1;
+                    census.delete_files += live;
+                }
+            }
+        }
+        census
+    }
+}
+
+impl std::fmt::Display for Census {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "manifests {} data + {} delete, live files {} data + {} delete",
+            self.data_manifests, self.delete_manifests, self.data_files, self.delete_files
+        )
+    }
+}
+
 /// The `q` quantile (0 to 1) of `values`, nearest rank.
 fn percentile(values: &[f64], q: f64) -> f64 {
     let mut sorted = values.to_vec();
@@ -376,8 +436,9 @@ async fn small_files(run: SmallFiles) -> Option<serde_json::Value> {
         commits_ms.push(t0.elapsed().as_secs_f64() * 1000.0);
         if checkpoint % 3600 == 0 && run.commits > 3600 {
             let hour = &commits_ms[commits_ms.len() - 3600..];
+            let census = Census::of(&catalog.load_table(&ident).await.unwrap()).await;
             eprintln!(
-                "[bench] {}: {checkpoint} commits, this simulated hour's commit p50 {:.0} ms, p99 {:.0} ms, {:.0} s so far",
+                "[bench] {}: {checkpoint} commits, this simulated hour's commit p50 {:.0} ms, p99 {:.0} ms, {:.0} s so far; {census}",
                 run.label,
                 percentile(hour, 0.5),
                 percentile(hour, 0.99),

@@ -111,6 +111,11 @@ pub const DEFAULT_COMPACT_TARGET_FILE_SIZE: u64 = 128 << 20;
 pub const DEFAULT_COMPACT_MIN_INPUT_FILES: usize = 8;
 /// The default `compact.delete_ratio_threshold`: Iceberg's `rewrite_data_files` default `delete-ratio-threshold`.
 pub const DEFAULT_COMPACT_DELETE_RATIO_THRESHOLD: f64 = 0.3;
+/// The default `compact.delete_file_threshold`. Iceberg's `rewrite_data_files` leaves it unbounded; a sink's
+/// position-delete upserts add one delete file per checkpoint naming the files whose keys they replace, and every
+/// reader opens each for the data file it names (an hour of them at 1 s made Spark's scan 227x slower), so the
+/// sink bounds it.
+pub const DEFAULT_COMPACT_DELETE_FILE_THRESHOLD: usize = 16;
 
 /// The job file's `compact` policy.
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
@@ -127,6 +132,10 @@ pub struct CompactPolicy {
     /// (Iceberg's `delete-ratio-threshold`): one such file per look, besides the small files' groups.
     #[serde(default = "default_delete_ratio_threshold")]
     pub delete_ratio_threshold: f64,
+    /// How many delete files may name a data file before it is rewritten without its deleted rows, whatever their
+    /// share (Iceberg's `delete-file-threshold`; at least 1): one such file per look, as above.
+    #[serde(default = "default_delete_file_threshold")]
+    pub delete_file_threshold: usize,
 }
 
 impl Default for CompactPolicy {
@@ -135,6 +144,7 @@ impl Default for CompactPolicy {
             target_file_size: DEFAULT_COMPACT_TARGET_FILE_SIZE,
             min_input_files: DEFAULT_COMPACT_MIN_INPUT_FILES,
             delete_ratio_threshold: DEFAULT_COMPACT_DELETE_RATIO_THRESHOLD,
+            delete_file_threshold: DEFAULT_COMPACT_DELETE_FILE_THRESHOLD,
         }
     }
 }
@@ -151,12 +161,16 @@ fn default_delete_ratio_threshold() -> f64 {
     DEFAULT_COMPACT_DELETE_RATIO_THRESHOLD
 }
 
+fn default_delete_file_threshold() -> usize {
+    DEFAULT_COMPACT_DELETE_FILE_THRESHOLD
+}
+
 impl CompactPolicy {
     /// Checks the policy of sink `sink`, whose rows are upserted by `upsert_key` (empty: appended) with `deletes`.
     ///
     /// # Errors
     /// [`Config`](connector_api::ErrorKind::Config) naming the key: `min_input_files` below 2, `target_file_size` below 1 KiB,
-    /// `delete_ratio_threshold` outside (0, 1], or an upsert table written with `upsert_deletes = "equality"` (the rewrite applies position deletes only,
+    /// `delete_ratio_threshold` outside (0, 1], `delete_file_threshold` 0, or an upsert table written with `upsert_deletes = "equality"` (the rewrite applies position deletes only,
     /// and the key index that tracks moved rows exists only in the position mode).
     pub fn check(
         &self,
@@ -196,6 +210,13 @@ impl CompactPolicy {
                  deleted is rewritten)"
             ));
         }
+        if self.delete_file_threshold == 0 {
+            return refuse(format!(
+                "delete_file_threshold = 0 would rewrite every file at every look: use 1 or more (the default is \
+                 {DEFAULT_COMPACT_DELETE_FILE_THRESHOLD}: a file that {DEFAULT_COMPACT_DELETE_FILE_THRESHOLD} \
+                 delete files name is rewritten)"
+            ));
+        }
         Ok(())
     }
 
@@ -209,8 +230,9 @@ impl CompactPolicy {
                 format!("\"{}{unit}\"", size >> shift)
             });
         format!(
-            "target_file_size = {target}, min_input_files = {}, delete_ratio_threshold = {}",
-            self.min_input_files, self.delete_ratio_threshold
+            "target_file_size = {target}, min_input_files = {}, delete_ratio_threshold = {}, \
+             delete_file_threshold = {}",
+            self.min_input_files, self.delete_ratio_threshold, self.delete_file_threshold
         )
     }
 
@@ -219,9 +241,13 @@ impl CompactPolicy {
         self.target_file_size / 4 * 3
     }
 
-    /// Whether a file of `rows` rows of which `deleted` are deleted is due for a rewrite without them.
-    pub(crate) fn deletes_due(&self, rows: u64, deleted: u64) -> bool {
-        rows > 0 && deleted as f64 >= self.delete_ratio_threshold * rows as f64
+    /// Whether a file of `rows` rows of which `deleted` are deleted, by `delete_files` delete files, is due for a
+    /// rewrite without them.
+    pub(crate) fn deletes_due(&self, rows: u64, deleted: u64, delete_files: usize) -> bool {
+        rows > 0
+            && deleted > 0
+            && (deleted as f64 >= self.delete_ratio_threshold * rows as f64
+                || delete_files >= self.delete_file_threshold)
     }
 
     /// The size tier of a file of `size` bytes: sizes within a factor `min_input_files` share one.
@@ -329,6 +355,14 @@ mod tests {
             .to_string();
             assert!(err.contains("delete_ratio_threshold"), "{err}");
         }
+        let err = CompactPolicy {
+            delete_file_threshold: 0,
+            ..policy(1 << 20, 2)
+        }
+        .check(&sink, &[], POSITION)
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("delete_file_threshold = 0"), "{err}");
         let key = ["id".to_string()];
         let err = policy(1 << 20, 2)
             .check(&sink, &key, UpsertDeletes::Equality)
@@ -390,15 +424,15 @@ mod tests {
     fn a_policy_describes_itself_as_the_job_file_writes_it() {
         assert_eq!(
             CompactPolicy::default().describe(),
-            "target_file_size = \"128MB\", min_input_files = 8, delete_ratio_threshold = 0.3"
+            "target_file_size = \"128MB\", min_input_files = 8, delete_ratio_threshold = 0.3, delete_file_threshold = 16"
         );
         assert_eq!(
             policy(4096, 2).describe(),
-            "target_file_size = \"4KB\", min_input_files = 2, delete_ratio_threshold = 0.3"
+            "target_file_size = \"4KB\", min_input_files = 2, delete_ratio_threshold = 0.3, delete_file_threshold = 16"
         );
         assert_eq!(
             policy(5000, 2).describe(),
-            "target_file_size = 5000, min_input_files = 2, delete_ratio_threshold = 0.3"
+            "target_file_size = 5000, min_input_files = 2, delete_ratio_threshold = 0.3, delete_file_threshold = 16"
         );
     }
 
@@ -408,13 +442,18 @@ mod tests {
     }
 
     #[test]
-    fn a_file_is_due_for_its_deletes_from_the_threshold_on() {
+    fn a_file_is_due_for_its_deletes_from_either_threshold_on() {
         let policy = policy(4096, 2);
-        assert!(!policy.deletes_due(10, 2));
-        assert!(policy.deletes_due(10, 3));
-        assert!(policy.deletes_due(10, 10));
-        assert!(!policy.deletes_due(0, 0));
-        let parsed: CompactPolicy = toml::from_str("delete_ratio_threshold = 0.5").unwrap();
-        assert!(!parsed.deletes_due(10, 4) && parsed.deletes_due(10, 5));
+        assert!(!policy.deletes_due(10, 2, 1));
+        assert!(policy.deletes_due(10, 3, 1));
+        assert!(policy.deletes_due(10, 10, 1));
+        assert!(!policy.deletes_due(0, 0, 0));
+        // Many delete files, few rows deleted: due from the file threshold on.
+        assert!(!policy.deletes_due(1000, 15, 15));
+        assert!(policy.deletes_due(1000, 16, 16));
+        let parsed: CompactPolicy =
+            toml::from_str("delete_ratio_threshold = 0.5\ndelete_file_threshold = 3").unwrap();
+        assert!(!parsed.deletes_due(10, 4, 2) && parsed.deletes_due(10, 5, 1));
+        assert!(parsed.deletes_due(100, 3, 3));
     }
 }

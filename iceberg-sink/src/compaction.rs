@@ -13,8 +13,8 @@
 //! byte is rewritten about once per tier (a handful of times up to the target), never once per checkpoint, and a
 //! partition holds at most about `min_input_files` files per tier. One pre-commit rewrites at most
 //! `target_file_size` of input; a backlog is worked off over the following checkpoints. Besides, one file of this
-//! subtask of any size whose deleted rows reach `delete_ratio_threshold` is rewritten per look
-//! ([`crate::live_compaction`]).
+//! subtask of any size whose deleted rows reach `delete_ratio_threshold`, or that `delete_file_threshold` delete
+//! files name, is rewritten per look ([`crate::live_compaction`]).
 //!
 //! # Failure cases
 //! - The rewrite fails or outlasts `commit_timeout` (storage down, a file gone): logged as a warning, the

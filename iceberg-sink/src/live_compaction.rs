@@ -1,6 +1,6 @@
 //! A compaction's look and rewrite inside the sink's commits, for append and upsert tables alike: at a
 //! pre-commit, this subtask's small data files ([`crate::compaction`]'s choice and grouping) and one of its files
-//! of any size whose deleted rows reach `delete_ratio_threshold` are rewritten without their deleted rows, and the
+//! of any size whose deletes are due (`delete_ratio_threshold`, `delete_file_threshold`) are rewritten without their deleted rows, and the
 //! checkpoint's snapshot replaces them by the outputs ([`crate::replace`]). Each rule below is a way to lose or
 //! resurrect a row if skipped:
 //!
@@ -21,11 +21,14 @@
 //! 5. **Dangling deletes go with their files.** A position-delete file that names only inputs and files no longer
 //!    live is removed by the same snapshot, so delete files do not pile up as data files are rewritten.
 //!
-//! # Files with many deleted rows
-//! A file at or above the small size is rewritten when at least `delete_ratio_threshold` of its rows are deleted
-//! (the heaviest such file, one per look). Which large files to check is decided without reading every delete
-//! file: on an upsert table by the key index (a file's rows that no key points at any more), on an append table by
-//! the position-delete files whose bounds may name it; the share is then counted from the delete files themselves.
+//! # Files with many deletes
+//! A file of any size outside this look's groups is rewritten when at least `delete_ratio_threshold` of its rows
+//! are deleted or at least `delete_file_threshold` delete files name it (the largest deleted share among those,
+//! one per look). Without the second rule a small file's deletes would pile up until its size tier fills: an
+//! upsert table at 1 s checkpoints gains a position-delete file per checkpoint, and every reader opens each. Which
+//! files to check is decided without reading every delete file: on an upsert table by the key index (a file's rows
+//! that no key points at any more), on an append table by the position-delete files whose bounds may name it; the
+//! share and the count are then taken from the delete files themselves.
 //!
 //! # Failure cases
 //! A rewrite that fails or outlasts `commit_timeout` is skipped with a warning ([`within_or_skip`]), an input or
@@ -99,31 +102,35 @@ pub(crate) async fn compact(
                 && newest_equality.is_none_or(|equality| s.sequence >= equality)
                 && (!lineage || s.first_row_id.is_some())
         };
-        let candidates: Vec<OwnFile> = own.small.into_iter().filter(takeable).collect();
+        let candidates: Vec<OwnFile> = own.small.iter().filter(|s| takeable(s)).cloned().collect();
         let position_deletes: Vec<&DataFile> = own
             .deletes
             .iter()
             .map(|e| e.data_file())
             .filter(|f| f.content_type() == DataContentType::PositionDeletes)
             .collect();
-        let heavy = maybe_heavy(
-            own.large.into_iter().filter(takeable).collect(),
+        let with_deletes = maybe_deleted_from(
+            own.small
+                .into_iter()
+                .chain(own.large)
+                .filter(takeable)
+                .collect(),
             index,
-            policy,
             &position_deletes,
         );
-        if candidates.is_empty() && heavy.is_empty() {
+        if candidates.is_empty() && with_deletes.is_empty() {
             return Ok(None);
         }
         let paths: BTreeSet<String> = candidates
             .iter()
-            .chain(&heavy)
+            .chain(&with_deletes)
             .map(|s| canonical(s.file.file_path()))
             .collect();
         // The positions deleted in the files looked at, and the data files each delete file naming one names. A
         // Puffin file holds the deletion vectors of several data files, one entry each: every entry of such a file
         // counts (it is removed whole or not at all), read or not.
         let mut deleted: HashMap<String, Vec<u64>> = HashMap::new();
+        let mut delete_files: HashMap<String, usize> = HashMap::new();
         let mut naming: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for file in &position_deletes {
             let names = naming.entry(file.file_path().to_string()).or_default();
@@ -135,10 +142,14 @@ pub(crate) async fn compact(
                 }
                 continue;
             }
+            let mut named = BTreeSet::new();
             for (path, positions) in positions_of(&table, file, Phase::PreCommit).await? {
                 let path = canonical(&path);
                 if paths.contains(&path) {
                     deleted.entry(path.clone()).or_default().extend(positions);
+                    if named.insert(path.clone()) {
+                        *delete_files.entry(path.clone()).or_default() += 1;
+                    }
                 }
                 names.push(path);
             }
@@ -152,31 +163,36 @@ pub(crate) async fn compact(
                 .get(&canonical(s.file.file_path()))
                 .map_or(0, Vec::len) as u64
         };
-        // A file whose every row is deleted is removed whatever its size or tier (nothing to rewrite).
-        let dead_files: Vec<OwnFile> = candidates
-            .iter()
-            .chain(&heavy)
-            .filter(|s| deleted_rows(s) >= s.file.record_count())
-            .cloned()
-            .collect();
-        let share = |s: &OwnFile| deleted_rows(s) as f64 / s.file.record_count().max(1) as f64;
-        let heaviest = heavy
-            .into_iter()
-            .filter(|s| {
-                let (rows, gone) = (s.file.record_count(), deleted_rows(s));
-                gone < rows && policy.deletes_due(rows, gone)
-            })
-            .max_by(|a, b| share(a).total_cmp(&share(b)));
+        let delete_files_of = |s: &OwnFile| {
+            delete_files
+                .get(&canonical(s.file.file_path()))
+                .copied()
+                .unwrap_or(0)
+        };
         let mut chosen = groups(candidates, policy);
         let grouped: HashSet<String> = chosen
             .iter()
             .flatten()
             .map(|s| s.file.file_path().to_string())
             .collect();
-        let dead: Vec<OwnFile> = dead_files
+        let ungrouped = with_deletes
             .into_iter()
-            .filter(|s| !grouped.contains(s.file.file_path()))
-            .collect();
+            .filter(|s| !grouped.contains(s.file.file_path()));
+        // A file whose every row is deleted is removed whatever its size or tier (nothing to rewrite); of the
+        // others, the one with the largest deleted share among those due is rewritten.
+        let (dead, deleted_from): (Vec<OwnFile>, Vec<OwnFile>) =
+            ungrouped.partition(|s| deleted_rows(s) >= s.file.record_count());
+        let share = |s: &OwnFile| deleted_rows(s) as f64 / s.file.record_count().max(1) as f64;
+        let heaviest = deleted_from
+            .into_iter()
+            .filter(|s| {
+                policy.deletes_due(s.file.record_count(), deleted_rows(s), delete_files_of(s))
+            })
+            .max_by(|a, b| {
+                share(a)
+                    .total_cmp(&share(b))
+                    .then(delete_files_of(a).cmp(&delete_files_of(b)))
+            });
         chosen.extend(heaviest.map(|s| vec![s]));
         if chosen.is_empty() && dead.is_empty() {
             return Ok(None);
@@ -243,31 +259,29 @@ pub(crate) async fn compact(
     within_or_skip(target, key, work).await
 }
 
-/// The files of `large` that may have `policy.delete_ratio_threshold` of their rows deleted: by the rows of each
-/// that `index`'s keys still point at (an upsert table), or, without an index, those some position-delete file of
-/// `position_deletes` may name. The caller counts the deleted rows from the delete files.
-fn maybe_heavy(
-    large: Vec<OwnFile>,
+/// The files of `files` some of whose rows may be deleted: those with fewer rows than `index`'s keys point at (an
+/// upsert table), or, without an index, those some position-delete file of `position_deletes` may name. The
+/// caller counts the deleted rows and the delete files naming each from the delete files themselves.
+fn maybe_deleted_from(
+    files: Vec<OwnFile>,
     index: Option<&KeyIndex>,
-    policy: &CompactPolicy,
     position_deletes: &[&DataFile],
 ) -> Vec<OwnFile> {
-    if large.is_empty() {
-        return large;
+    if files.is_empty() || position_deletes.is_empty() {
+        return Vec::new();
     }
     match index {
         Some(index) => {
             let live = index.rows_per_file();
-            large
+            files
                 .into_iter()
                 .filter(|s| {
-                    let rows = s.file.record_count();
                     let indexed = live.get(&canonical(s.file.file_path())).copied();
-                    policy.deletes_due(rows, rows - indexed.unwrap_or(0).min(rows))
+                    indexed.unwrap_or(0) < s.file.record_count()
                 })
                 .collect()
         }
-        None => large
+        None => files
             .into_iter()
             .filter(|s| {
                 let path = BTreeSet::from([canonical(s.file.file_path())]);

@@ -259,6 +259,72 @@ async fn an_upsert_tables_files_with_many_replaced_rows_are_rewritten_whatever_t
     );
 }
 
+/// A small file that `delete_file_threshold` delete files name is rewritten without its replaced rows, before
+/// its size tier fills and whatever their share: the pile-up a simulated day of 1 s upserts showed (position-delete
+/// files naming the older, compacted files grew by one per checkpoint, 800 after three hours). The first checkpoint
+/// writes 10 keys into one file; the next two each replace one of its rows (a delete file naming it each); with
+/// the threshold at 2, the look at the fifth checkpoint (one every 4) rewrites that file and removes the two delete
+/// files. Neither other rule could: the ratio threshold is 1 and four files fill no tier of 4.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_file_that_many_delete_files_name_is_rewritten_before_its_tier_fills() {
+    use connector_api::{CheckpointId, Committer, TwoPhaseCommit};
+    test_support::Services::get();
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::sqlite_local(dir.path(), "named");
+    let table = lake.table(&["upserted"]);
+    let config = IcebergSinkConfig {
+        compact: Compact::On(CompactPolicy {
+            min_input_files: 4,
+            delete_ratio_threshold: 1.0,
+            delete_file_threshold: 2,
+            ..Default::default()
+        }),
+        ..compacting(&lake, &table, 4)
+    };
+    let mut sink = IcebergSink::new(config).await.unwrap();
+    sink.recover(None).await.unwrap();
+    let committer = sink.committer();
+    // Keys 0 and 1 replaced one per checkpoint, then both again (their rows are no longer in the first file, which
+    // the look may therefore rewrite: not a file the checkpoint deletes from), then key 2 (its row moved by the
+    // rewrite).
+    let offsets = [0..12, 12..13, 13..14, 36..37, 37..38, 26..27];
+    let mut expected = BTreeMap::new();
+    for (checkpoint, range) in (1..).zip(&offsets) {
+        sink.begin(CheckpointId(checkpoint)).await.unwrap();
+        sink.write(&crate::upsert::changes(0, range.clone()))
+            .await
+            .unwrap();
+        let committable = sink.pre_commit(CheckpointId(checkpoint)).await.unwrap();
+        committer.commit(vec![committable]).await.unwrap();
+        for n in range.clone() {
+            let (key, op, value) = crate::upsert::change(0, n);
+            match op {
+                "d" => expected.remove(&key),
+                _ => expected.insert(key, value),
+            };
+        }
+    }
+    let seen = assert_reads(
+        &lake,
+        &table,
+        &expected,
+        false,
+        "a small file two delete files name",
+    )
+    .await;
+    let compactions = compacting_summaries(&seen);
+    let count =
+        |s: &serde_json::Value, key: &str| s[key].as_str().map_or(0, |n| n.parse::<u32>().unwrap());
+    assert!(
+        // Only that file has 10 rows (the others 1, and a file whose row was replaced goes with it).
+        compactions
+            .iter()
+            .any(|s| count(s, "removed-position-delete-files") >= 2
+                && count(s, "deleted-records") >= 10),
+        "the first checkpoint's file (10 rows, two delete files naming it) was not rewritten: {compactions:?}"
+    );
+}
+
 /// [`compacting`] on a table the sink creates as format version 3 (deletion vectors) when `v3`.
 fn compacting_as(lake: &Lake, table: &str, v3: bool) -> IcebergSinkConfig {
     let config = compacting(lake, table, 2);

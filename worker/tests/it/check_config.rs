@@ -139,7 +139,8 @@ async fn on_a_fresh_local_store_check_config_passes_writes_nothing_and_run_works
     assert!(
         said.contains(
             "compacts its small files and files with many deleted rows inside the commits \
-             (target_file_size = \"128MB\", min_input_files = 8, delete_ratio_threshold = 0.3)"
+             (target_file_size = \"128MB\", min_input_files = 8, delete_ratio_threshold = 0.3, \
+             delete_file_threshold = 16)"
         ),
         "{said}"
     );
