@@ -422,8 +422,17 @@ impl KeyIndex {
     /// deletes rows from (the rewrite would keep the row its delete names), and those a compaction the table does
     /// not show yet rewrites or writes.
     pub(crate) fn busy_files(&self) -> HashSet<String> {
+        let mut busy = self.busy_besides_staged();
+        busy.extend(self.staged_deletes().into_keys());
+        busy
+    }
+
+    /// [`busy_files`](Self::busy_files) but those only the staged checkpoint deletes from: what a compaction may
+    /// take when it also drops the rows that checkpoint deletes ([`staged_deletes`](Self::staged_deletes)), so
+    /// that the checkpoint's position-delete file, committed by the same snapshot, names only removed rows.
+    pub(crate) fn busy_besides_staged(&self) -> HashSet<String> {
         let mut busy = HashSet::new();
-        for (_, changes) in self.pending.iter().chain(self.staged.iter()) {
+        for (_, changes) in &self.pending {
             busy.extend(
                 changes
                     .iter()
@@ -436,6 +445,25 @@ impl KeyIndex {
             busy.extend(moves.outputs().map(str::to_string));
         }
         busy
+    }
+
+    /// The rows the staged checkpoint deletes (each replaced or deleted key's row before it), as sorted positions
+    /// per data file path.
+    pub(crate) fn staged_deletes(&self) -> HashMap<String, Vec<u64>> {
+        let mut deletes: HashMap<String, Vec<u64>> = HashMap::new();
+        if let Some((_, changes)) = &self.staged {
+            for (file, position) in changes.iter().filter_map(|c| c.before.as_ref()) {
+                deletes
+                    .entry(file.path.clone())
+                    .or_default()
+                    .push(*position);
+            }
+        }
+        for positions in deletes.values_mut() {
+            positions.sort_unstable();
+            positions.dedup();
+        }
+        deletes
     }
 
     /// How many keys point at each data file (canonical path): the file's rows the index still holds live, for a
@@ -717,6 +745,44 @@ mod tests {
         assert_eq!(index.locate(three.as_ref()), Some(("out.parquet", 2)));
         assert!(!index.knows_compaction(CheckpointId(2)));
         assert!(index.copy_of(&(file("a.parquet"), 0)).is_none());
+    }
+
+    #[test]
+    fn the_staged_checkpoints_deletes_are_told_apart_from_the_decided_ones() {
+        let mut index = index(vec![Field::new("id", DataType::Int64, false)]);
+        let keys = index
+            .keys(
+                "t",
+                &batch(vec![("id", Arc::new(Int64Array::from(vec![1, 2, 3])))]),
+            )
+            .unwrap();
+        let (one, two, three) = (keys.row(0), keys.row(1), keys.row(2));
+        index.clear();
+        index.insert(one.as_ref(), &file("a.parquet"), 0);
+        index.insert(two.as_ref(), &file("b.parquet"), 0);
+        index.insert(three.as_ref(), &file("b.parquet"), 1);
+        index.finish_rebuild(Some(1), Some(CheckpointId(1)));
+        // Checkpoint 2 (decided, not shown) replaces key 1; checkpoint 3 (staged) deletes keys 3 and 2.
+        index.stage(
+            CheckpointId(2),
+            one.as_ref(),
+            Some((&file("c2.parquet"), 0)),
+        );
+        index.settle();
+        index.stage(CheckpointId(3), three.as_ref(), None);
+        index.stage(CheckpointId(3), two.as_ref(), None);
+        assert_eq!(
+            index.staged_deletes(),
+            HashMap::from([("b.parquet".to_string(), vec![0, 1])])
+        );
+        assert_eq!(
+            index.busy_besides_staged(),
+            HashSet::from(["a.parquet".to_string()])
+        );
+        assert_eq!(
+            index.busy_files(),
+            HashSet::from(["a.parquet".to_string(), "b.parquet".to_string()])
+        );
     }
 
     #[test]

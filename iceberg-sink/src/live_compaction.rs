@@ -9,9 +9,13 @@
 //!    merge-on-read `DELETE` on an append table); an input an equality delete of a higher sequence number may
 //!    reach is not taken (the rewrite would not apply it). A file all of whose rows are deleted is removed with no
 //!    output.
-//! 2. **No file a pending checkpoint deletes from** (upsert tables). The rows the checkpoint being pre-committed (or
-//!    a decided one the table does not show yet) deletes are not deleted at `read_at`: their files are left out
-//!    ([`KeyIndex::busy_files`]), as are the files an earlier compaction not yet shown rewrites.
+//! 2. **No file a pending checkpoint deletes from** (upsert tables). The rows a decided checkpoint the table does
+//!    not show yet deletes are not deleted at `read_at`: their files are left out
+//!    ([`KeyIndex::busy_besides_staged`]), as are the files an earlier compaction not yet shown rewrites. The rows
+//!    the checkpoint being pre-committed deletes are dropped from the outputs as well
+//!    ([`KeyIndex::staged_deletes`]), since its delete file lands in the same snapshot; on a table of deletion
+//!    vectors its files are left out instead ([`KeyIndex::busy_files`]), since the commit merges its vectors with
+//!    the files' own.
 //! 3. **Validated at the commit.** A delete file added since `read_at` that may reach an input (another subtask
 //!    after a rescale, Spark's `DELETE`, an equality delete) drops the compaction, as does a history that no
 //!    longer reaches `read_at` or a commit that falls back to equality deletes ([`crate::rewrite_conflicts`]).
@@ -92,9 +96,18 @@ pub(crate) async fn compact(
             .filter(|e| e.content_type() == DataContentType::EqualityDeletes)
             .filter_map(|e| e.sequence_number())
             .max();
-        let busy: HashSet<String> = index
-            .map(|i| i.busy_files().iter().map(|p| canonical(p)).collect())
-            .unwrap_or_default();
+        // The rows the checkpoint being pre-committed deletes. On a table of position-delete files a file only that
+        // checkpoint deletes from may be taken: the rewrite drops those rows too, so the checkpoint's delete file,
+        // committed by the same snapshot, deletes nothing the outputs hold. Otherwise a file every checkpoint
+        // deletes from (keys replaced in the order they were written) would never be rewritten while its delete
+        // files pile up. Not with deletion vectors: the commit merges the checkpoint's vector of a file with the
+        // file's own, which this snapshot would remove.
+        let (busy, staged) = match index {
+            Some(index) if !lineage => (index.busy_besides_staged(), index.staged_deletes()),
+            Some(index) => (index.busy_files(), HashMap::new()),
+            None => (HashSet::new(), HashMap::new()),
+        };
+        let busy: HashSet<String> = busy.iter().map(|p| canonical(p)).collect();
         // On a version 3 table a file without a first_row_id (added before the upgrade) is left alone: its rows'
         // lineage is not known.
         let takeable = |s: &OwnFile| {
@@ -152,6 +165,12 @@ pub(crate) async fn compact(
                     }
                 }
                 names.push(path);
+            }
+        }
+        for (path, positions) in staged {
+            let path = canonical(&path);
+            if paths.contains(&path) {
+                deleted.entry(path).or_default().extend(positions);
             }
         }
         for positions in deleted.values_mut() {

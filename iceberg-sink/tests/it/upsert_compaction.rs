@@ -14,7 +14,8 @@
 //! - a checkpoint pre-committed before the previous one's compaction landed (its deletes reach the copies too);
 //! - Spark's maintenance procedures in a loop beside kills;
 //! - a zombie's compacting commit after a take-over, fenced;
-//! - files of any size with many replaced rows rewritten without them (`delete_ratio_threshold`);
+//! - files of any size with many replaced rows rewritten without them (`delete_ratio_threshold`), or that many
+//!   delete files name (`delete_file_threshold`), also a file every checkpoint deletes from;
 //! - a catalog that stops answering (Toxiproxy's blackhole) at a compacting commit.
 
 use std::collections::BTreeMap;
@@ -322,6 +323,81 @@ async fn a_small_file_that_many_delete_files_name_is_rewritten_before_its_tier_f
             .any(|s| count(s, "removed-position-delete-files") >= 2
                 && count(s, "deleted-records") >= 10),
         "the first checkpoint's file (10 rows, two delete files naming it) was not rewritten: {compactions:?}"
+    );
+}
+
+/// Keys replaced in the order they were written, two per checkpoint: every checkpoint deletes from the first
+/// checkpoint's file, so no look finds it free of the checkpoint being pre-committed. The look takes it anyway
+/// and drops the rows that checkpoint deletes as well (its delete file, committed by the same snapshot, then names
+/// only removed rows). Before, the file was never rewritten while the replacements went on, and its delete files
+/// piled up by one per checkpoint (a simulated day: 800 after three hours, on one compacted file). Each key's last
+/// state reads back in every reader, Spark's too, and the table holds a bounded number of delete files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_every_checkpoint_deletes_from_is_still_rewritten_and_its_delete_files_go() {
+    use arrow_array::{Int64Array, RecordBatch, StringArray};
+    use connector_api::{CheckpointId, Committer, TwoPhaseCommit};
+    use std::sync::Arc;
+    test_support::Services::get();
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::sqlite_local(dir.path(), "sequential");
+    let table = lake.table(&["upserted"]);
+    let config = IcebergSinkConfig {
+        compact: Compact::On(CompactPolicy {
+            min_input_files: 4,
+            delete_file_threshold: 4,
+            ..Default::default()
+        }),
+        ..compacting(&lake, &table, 4)
+    };
+    let mut sink = IcebergSink::new(config).await.unwrap();
+    sink.recover(None).await.unwrap();
+    let committer = sink.committer();
+    let upserts = |ids: std::ops::Range<i64>, checkpoint: u64| {
+        let ids: Vec<i64> = ids.collect();
+        let values: Vec<String> = ids.iter().map(|id| format!("{id}@{checkpoint}")).collect();
+        let batch = RecordBatch::try_new(
+            crate::upsert::change_schema(),
+            vec![
+                Arc::new(Int64Array::from(ids.clone())),
+                Arc::new(StringArray::from(values.clone())),
+                Arc::new(StringArray::from(vec!["u"; ids.len()])),
+            ],
+        )
+        .unwrap();
+        (batch, ids.into_iter().zip(values))
+    };
+    let mut expected = BTreeMap::new();
+    let checkpoints: Vec<std::ops::Range<i64>> = std::iter::once(0..100)
+        .chain((0..32).map(|c| 2 * c..2 * c + 2))
+        .collect();
+    for (checkpoint, ids) in (1..).zip(checkpoints) {
+        let (batch, rows) = upserts(ids, checkpoint);
+        sink.begin(CheckpointId(checkpoint)).await.unwrap();
+        sink.write(&batch).await.unwrap();
+        let committable = sink.pre_commit(CheckpointId(checkpoint)).await.unwrap();
+        committer.commit(vec![committable]).await.unwrap();
+        expected.extend(rows);
+    }
+    let seen = assert_reads(
+        &lake,
+        &table,
+        &expected,
+        true,
+        "keys replaced in the order they were written",
+    )
+    .await;
+    let compactions = compacting_summaries(&seen);
+    assert!(
+        compactions.iter().any(|s| s["deleted-records"]
+            .as_str()
+            .is_some_and(|n| n.parse::<u32>().unwrap() >= 100)),
+        "the first checkpoint's file (100 rows, deleted from by every checkpoint) was never rewritten: \
+         {compactions:?}"
+    );
+    let (_, deletes) = live_files(&lake, &table).await;
+    assert!(
+        deletes <= 8,
+        "32 checkpoints deleting from one file: {deletes} delete files live"
     );
 }
 
