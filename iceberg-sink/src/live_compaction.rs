@@ -145,14 +145,24 @@ pub(crate) async fn compact(
         let mut deleted: HashMap<String, Vec<u64>> = HashMap::new();
         let mut delete_files: HashMap<String, usize> = HashMap::new();
         let mut naming: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        // The data files a delete file may still name: the live ones, and those about to be (a pending
+        // compaction's outputs).
+        let live: BTreeSet<String> = cache
+            .live_paths()
+            .into_iter()
+            .map(str::to_string)
+            .chain(busy.iter().cloned())
+            .collect();
         for file in &position_deletes {
             let names = naming.entry(file.file_path().to_string()).or_default();
             if !may_name(file, &paths) {
                 if crate::deletion_vectors::is_deletion_vector(file) {
                     names.extend(file.referenced_data_file().map(|p| canonical(&p)));
-                } else {
+                } else if may_name(file, &live) {
                     names.push(String::new());
                 }
+                // Otherwise its bounds hold no live file: every file it named is gone (rewritten by a compaction
+                // that committed it, or removed by another writer), it deletes nothing, and it goes unread.
                 continue;
             }
             let mut named = BTreeSet::new();
@@ -222,16 +232,14 @@ pub(crate) async fn compact(
             .chain(&dead)
             .map(|s| canonical(s.file.file_path()))
             .collect();
-        // Delete files that name only inputs and files no longer live (nor about to be: a pending compaction's
-        // outputs count as live) go with the inputs; one not read (an empty name) stays.
-        let live = cache.live_paths();
+        // Delete files that name only inputs and files no longer live (nor about to be) go with the inputs; one
+        // not read that may name a live file (an empty name) stays.
         let dangling: Vec<String> = naming
             .into_iter()
             .filter(|(_, names)| {
-                names.iter().all(|p| {
-                    !p.is_empty()
-                        && (inputs.contains(p) || !(live.contains(p.as_str()) || busy.contains(p)))
-                })
+                names
+                    .iter()
+                    .all(|p| !p.is_empty() && (inputs.contains(p) || !live.contains(p)))
             })
             .map(|(path, _)| path)
             .collect();
