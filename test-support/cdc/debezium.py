@@ -61,22 +61,36 @@ class Failure(Exception):
 # --- Kafka Connect REST --------------------------------------------------------------------------------------------
 
 
+# How long a call is retried while the Connect worker answers that its group is rebalancing.
+REBALANCE_RETRY_SECONDS = 60
+
+
 def rest(method: str, url: str, body: dict | None = None, ok_missing: bool = False):
-    """One REST call; returns the decoded JSON answer (None for an empty one, or for 404 when ok_missing)."""
+    """One REST call; returns the decoded JSON answer (None for an empty one, or for 404 when ok_missing).
+
+    Kafka Connect refuses a request while its worker group rebalances, which every connector created or deleted
+    starts (HTTP 409 "rebalance in progress", or 500 "a rebalance is expected"): the request was not carried out,
+    so it is sent again, for up to REBALANCE_RETRY_SECONDS (tests create and delete connectors at the same time)."""
     data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json",
-                                                                           "Accept": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as reply:
-            text = reply.read()
-    except urllib.error.HTTPError as e:
-        if e.code == 404 and ok_missing:
-            return None
-        detail = e.read().decode(errors="replace")
-        raise Failure(f"{method} {url}: HTTP {e.code}: {detail}") from None
-    except urllib.error.URLError as e:
-        raise Failure(f"{method} {url}: {e.reason} (is the connect service up? scripts/services.sh up connect)"
-                      ) from None
+    deadline = time.monotonic() + REBALANCE_RETRY_SECONDS
+    while True:
+        request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json",
+                                                                               "Accept": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as reply:
+                text = reply.read()
+            break
+        except urllib.error.HTTPError as e:
+            if e.code == 404 and ok_missing:
+                return None
+            detail = e.read().decode(errors="replace")
+            if e.code in (409, 500) and "rebalance" in detail.lower() and time.monotonic() < deadline:
+                time.sleep(0.5)
+                continue
+            raise Failure(f"{method} {url}: HTTP {e.code}: {detail}") from None
+        except urllib.error.URLError as e:
+            raise Failure(f"{method} {url}: {e.reason} (is the connect service up? scripts/services.sh up connect)"
+                          ) from None
     return json.loads(text) if text.strip() else None
 
 
