@@ -203,6 +203,9 @@ async fn a_job_never_reads_what_it_writes() {
         &format!("transactional_id_prefix = \"{name}-${{topic_safe}}\""),
     );
     let mut worker = job.spawn_worker(&[]);
+    // Past its start (where a matching written topic is refused, as above) before the topics appear: under load
+    // a start after the creation met the copy topic there and stopped.
+    worker.wait_logged("subtask claimed and recovered", 1, Duration::from_secs(60));
     create_topic(&late_copy, 2).await;
     create_topic(&late, 2).await;
     job.produce_into(&late, 500).await;
