@@ -8,7 +8,8 @@
 //!   checkpoints, delete files removed;
 //! - a real `kill -9` after the rewrite (before the checkpoint is decided), after the compacting snapshot was
 //!   written (before the swap) and after it landed: the restarted job ends with each key's last state, no
-//!   checkpoint in two snapshots, no file of the sink unreferenced;
+//!   checkpoint in two snapshots, no file of the sink unreferenced; the same three kills in a compaction that
+//!   rewrites the file the checkpoint being pre-committed deletes from (its deleted rows dropped from the outputs);
 //! - Spark deleting rows of the files a pre-committed compaction rewrote, before its commit: the commit drops the
 //!   compaction (its outputs would bring the rows back), and later compactions apply Spark's deletes;
 //! - a checkpoint pre-committed before the previous one's compaction landed (its deletes reach the copies too);
@@ -50,6 +51,53 @@ fn compacting(lake: &Lake, table: &str, min_input_files: usize) -> IcebergSinkCo
         }),
         ..config(lake, table, 0)
     }
+}
+
+/// Checkpoint `checkpoint` of `batch` through `sink` (recovered), committed at once: begin, write, pre-commit and
+/// the committer's commit, each unwrapped (a failing step fails the test there).
+async fn commit_batch(sink: &mut IcebergSink, checkpoint: u64, batch: &arrow_array::RecordBatch) {
+    use connector_api::{CheckpointId, Committer, TwoPhaseCommit};
+    sink.begin(CheckpointId(checkpoint)).await.unwrap();
+    sink.write(batch).await.unwrap();
+    let committable = sink.pre_commit(CheckpointId(checkpoint)).await.unwrap();
+    sink.committer().commit(vec![committable]).await.unwrap();
+}
+
+/// Upserts (operation `u`) of the rows (`id`, `v`) of `rows`, in the change schema of the upsert tests.
+fn upsert_batch(rows: &[(i64, String)]) -> arrow_array::RecordBatch {
+    use arrow_array::{Int64Array, StringArray};
+    use std::sync::Arc;
+    arrow_array::RecordBatch::try_new(
+        crate::upsert::change_schema(),
+        vec![
+            Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0))),
+            Arc::new(StringArray::from_iter_values(
+                rows.iter().map(|r| r.1.as_str()),
+            )),
+            Arc::new(StringArray::from(vec!["u"; rows.len()])),
+        ],
+    )
+    .unwrap()
+}
+
+/// Subtask 0's changes at each range of `offsets` (`crate::upsert::changes`), a checkpoint each from 1, committed
+/// through [`commit_batch`]; returns each key's last state after them.
+async fn commit_changes(
+    sink: &mut IcebergSink,
+    offsets: &[std::ops::Range<i64>],
+) -> BTreeMap<i64, String> {
+    let mut expected = BTreeMap::new();
+    for (checkpoint, range) in (1..).zip(offsets) {
+        commit_batch(sink, checkpoint, &crate::upsert::changes(0, range.clone())).await;
+        for n in range.clone() {
+            let (key, op, value) = crate::upsert::change(0, n);
+            match op {
+                "d" => expected.remove(&key),
+                _ => expected.insert(key, value),
+            };
+        }
+    }
+    expected
 }
 
 /// The live data files and delete files of `table`'s current snapshot, counted from its manifests.
@@ -196,7 +244,7 @@ async fn an_upsert_tables_small_files_compact_inside_the_commits_and_each_keys_l
 /// deletes from: a look rewrites it into a file of those 6 rows. Each key's last state reads back, in Spark too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upsert_tables_files_with_many_replaced_rows_are_rewritten_whatever_their_size() {
-    use connector_api::{CheckpointId, Committer, TwoPhaseCommit};
+    use connector_api::TwoPhaseCommit;
     test_support::Services::get();
     let dir = tempfile::tempdir().unwrap();
     let lake = Lake::sqlite_local(dir.path(), "heavy");
@@ -211,26 +259,10 @@ async fn an_upsert_tables_files_with_many_replaced_rows_are_rewritten_whatever_t
     };
     let mut sink = IcebergSink::new(config).await.unwrap();
     sink.recover(None).await.unwrap();
-    let committer = sink.committer();
     let offsets: Vec<std::ops::Range<i64>> = std::iter::once(0..12)
         .chain((1..8).map(|c| 12 * c..12 * c + 5))
         .collect();
-    let mut expected = BTreeMap::new();
-    for (checkpoint, range) in (1..).zip(&offsets) {
-        sink.begin(CheckpointId(checkpoint)).await.unwrap();
-        sink.write(&crate::upsert::changes(0, range.clone()))
-            .await
-            .unwrap();
-        let committable = sink.pre_commit(CheckpointId(checkpoint)).await.unwrap();
-        committer.commit(vec![committable]).await.unwrap();
-        for n in range.clone() {
-            let (key, op, value) = crate::upsert::change(0, n);
-            match op {
-                "d" => expected.remove(&key),
-                _ => expected.insert(key, value),
-            };
-        }
-    }
+    let expected = commit_changes(&mut sink, &offsets).await;
     let seen = assert_reads(
         &lake,
         &table,
@@ -268,7 +300,7 @@ async fn an_upsert_tables_files_with_many_replaced_rows_are_rewritten_whatever_t
 /// files. Neither other rule could: the ratio threshold is 1 and four files fill no tier of 4.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_small_file_that_many_delete_files_name_is_rewritten_before_its_tier_fills() {
-    use connector_api::{CheckpointId, Committer, TwoPhaseCommit};
+    use connector_api::TwoPhaseCommit;
     test_support::Services::get();
     let dir = tempfile::tempdir().unwrap();
     let lake = Lake::sqlite_local(dir.path(), "named");
@@ -284,27 +316,11 @@ async fn a_small_file_that_many_delete_files_name_is_rewritten_before_its_tier_f
     };
     let mut sink = IcebergSink::new(config).await.unwrap();
     sink.recover(None).await.unwrap();
-    let committer = sink.committer();
     // Keys 0 and 1 replaced one per checkpoint, then both again (their rows are no longer in the first file, which
     // the look may therefore rewrite: not a file the checkpoint deletes from), then key 2 (its row moved by the
     // rewrite).
     let offsets = [0..12, 12..13, 13..14, 36..37, 37..38, 26..27];
-    let mut expected = BTreeMap::new();
-    for (checkpoint, range) in (1..).zip(&offsets) {
-        sink.begin(CheckpointId(checkpoint)).await.unwrap();
-        sink.write(&crate::upsert::changes(0, range.clone()))
-            .await
-            .unwrap();
-        let committable = sink.pre_commit(CheckpointId(checkpoint)).await.unwrap();
-        committer.commit(vec![committable]).await.unwrap();
-        for n in range.clone() {
-            let (key, op, value) = crate::upsert::change(0, n);
-            match op {
-                "d" => expected.remove(&key),
-                _ => expected.insert(key, value),
-            };
-        }
-    }
+    let expected = commit_changes(&mut sink, &offsets).await;
     let seen = assert_reads(
         &lake,
         &table,
@@ -335,9 +351,7 @@ async fn a_small_file_that_many_delete_files_name_is_rewritten_before_its_tier_f
 /// born naming only removed rows go too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_file_every_checkpoint_deletes_from_is_still_rewritten_and_its_delete_files_go() {
-    use arrow_array::{Int64Array, RecordBatch, StringArray};
-    use connector_api::{CheckpointId, Committer, TwoPhaseCommit};
-    use std::sync::Arc;
+    use connector_api::TwoPhaseCommit;
     test_support::Services::get();
     let dir = tempfile::tempdir().unwrap();
     let lake = Lake::sqlite_local(dir.path(), "sequential");
@@ -352,31 +366,13 @@ async fn a_file_every_checkpoint_deletes_from_is_still_rewritten_and_its_delete_
     };
     let mut sink = IcebergSink::new(config).await.unwrap();
     sink.recover(None).await.unwrap();
-    let committer = sink.committer();
-    let upserts = |ids: std::ops::Range<i64>, checkpoint: u64| {
-        let ids: Vec<i64> = ids.collect();
-        let values: Vec<String> = ids.iter().map(|id| format!("{id}@{checkpoint}")).collect();
-        let batch = RecordBatch::try_new(
-            crate::upsert::change_schema(),
-            vec![
-                Arc::new(Int64Array::from(ids.clone())),
-                Arc::new(StringArray::from(values.clone())),
-                Arc::new(StringArray::from(vec!["u"; ids.len()])),
-            ],
-        )
-        .unwrap();
-        (batch, ids.into_iter().zip(values))
-    };
     let mut expected = BTreeMap::new();
     let checkpoints: Vec<std::ops::Range<i64>> = std::iter::once(0..100)
         .chain((0..48).map(|c| 2 * c..2 * c + 2))
         .collect();
     for (checkpoint, ids) in (1..).zip(checkpoints) {
-        let (batch, rows) = upserts(ids, checkpoint);
-        sink.begin(CheckpointId(checkpoint)).await.unwrap();
-        sink.write(&batch).await.unwrap();
-        let committable = sink.pre_commit(CheckpointId(checkpoint)).await.unwrap();
-        committer.commit(vec![committable]).await.unwrap();
+        let rows: Vec<(i64, String)> = ids.map(|id| (id, format!("{id}@{checkpoint}"))).collect();
+        commit_batch(&mut sink, checkpoint, &upsert_batch(&rows)).await;
         expected.extend(rows);
     }
     let seen = assert_reads(
@@ -404,6 +400,125 @@ async fn a_file_every_checkpoint_deletes_from_is_still_rewritten_and_its_delete_
     );
 }
 
+/// Keys of the sequential stream: its first checkpoint writes them all.
+const SEQUENTIAL_KEYS: i64 = 40;
+
+/// The upsert at offset `n` of the sequential stream: key `n % 40`, the value naming the offset. Offsets 0..40
+/// (the first checkpoint) write keys 0..40; each later checkpoint replaces the next two keys in the order they were
+/// written, so until key 39 is replaced every checkpoint deletes from the rows of the first one.
+fn sequential_upsert(n: i64) -> (i64, String) {
+    (n % SEQUENTIAL_KEYS, n.to_string())
+}
+
+/// Each key's last state after the sequential stream's offsets `0..upto`.
+fn sequential_expected(upto: i64) -> BTreeMap<i64, String> {
+    (0..upto).map(sequential_upsert).collect()
+}
+
+/// [`compacting`] at 4 files, rewriting a file once 2 delete files name it (`delete_file_threshold`): the first
+/// look that finds the first checkpoint's file deleted from (the fifth checkpoint's) rewrites it.
+fn sequential_config(lake: &Lake, table: &str) -> IcebergSinkConfig {
+    IcebergSinkConfig {
+        compact: Compact::On(CompactPolicy {
+            target_file_size: 1 << 20,
+            min_input_files: 4,
+            delete_file_threshold: 2,
+            ..Default::default()
+        }),
+        ..compacting(lake, table, 4)
+    }
+}
+
+/// Runs `checkpoints` checkpoints of the sequential stream ([`sequential_upsert`]) with the sink of `config` from
+/// the store in `state`, each committed before the next (the first at offset 0 of all the keys, each later one of
+/// two); returns the next offset.
+async fn run_sequential(config: IcebergSinkConfig, state: &Path, checkpoints: usize) -> i64 {
+    let (mut job, sink, restored) = common::started(state, &config).await;
+    let mut next = restored.positions.first().map_or(0, |p| p.next_offset);
+    for _ in 0..checkpoints {
+        let upto = SEQUENTIAL_KEYS.max(next + 2);
+        let rows: Vec<(i64, String)> = (next..upto).map(sequential_upsert).collect();
+        job.write(sink, &upsert_batch(&rows)).await.unwrap();
+        next = upto;
+        job.checkpoint(ratchet_conformance::conformance_positions(next))
+            .await
+            .unwrap();
+        job.finish_commit().await.unwrap();
+    }
+    job.close().await.unwrap();
+    next
+}
+
+/// The lake, table and checkpoint store of a kill test's child (from `CHILD_DIR` and `CHILD_TABLE`), or `None`
+/// in a normal test run (the variables unset).
+fn child_setup() -> Option<(Lake, String, std::path::PathBuf)> {
+    let (Ok(dir), Ok(table)) = (std::env::var(CHILD_DIR), std::env::var(CHILD_TABLE)) else {
+        return None;
+    };
+    let dir = Path::new(&dir);
+    Some((Lake::sqlite_local(dir, "child"), table, dir.join("state")))
+}
+
+/// The child of the sequential kill test: 12 checkpoints of the sequential stream (compacting at 4 files) of the
+/// table in `CHILD_TABLE` from the store under `CHILD_DIR`; the drill in its environment kills it at its step.
+/// Returns at once in a normal test run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sequential_child() {
+    let Some((lake, table, state)) = child_setup() else {
+        return;
+    };
+    run_sequential(sequential_config(&lake, &table), &state, 12).await;
+}
+
+/// A real `kill -9` at each step of a compaction that rewrites a file the checkpoint being pre-committed deletes
+/// from: that checkpoint's deleted rows are dropped from the outputs and its delete file, committed in the same
+/// snapshot, names only removed rows. In the sequential stream every checkpoint deletes from the first one's file
+/// (40 rows, then its rewrites), so the first compaction of the run (the look at the fifth checkpoint, 2 delete files naming that file:
+/// [`sequential_config`]) is such a rewrite, where the child dies: after the rewrite (before the checkpoint is decided),
+/// after the compacting snapshot was written (before the swap), and after it landed. The restarted job ends with
+/// each key's last state in every reader (Spark after the last step), the file rewritten, no checkpoint in two
+/// snapshots, no file of the sink unreferenced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_9_at_each_step_of_rewriting_the_file_the_checkpoint_deletes_from_keeps_each_key_once()
+ {
+    test_support::Services::get();
+    let steps = [
+        "after-compacting",
+        "after-replacing",
+        "after-compacted-commit",
+    ];
+    for (i, step) in steps.into_iter().enumerate() {
+        let dir = tempfile::tempdir().unwrap();
+        let lake = Lake::sqlite_local(dir.path(), "killed");
+        let table = lake.table(&["sequential"]);
+        IcebergSink::new(sequential_config(&lake, &table))
+            .await
+            .unwrap();
+        let path = dir.path().to_str().unwrap();
+        common::killed_child(
+            "upsert_compaction::sequential_child",
+            &[(CHILD_DIR, path), (CHILD_TABLE, table.as_str())],
+            step,
+        );
+        let state = dir.path().join("state");
+        let next = run_sequential(sequential_config(&lake, &table), &state, 8).await;
+        assert_eq!(next, common::decided_offset(&state).await, "{step}");
+        assert!(
+            next < 2 * SEQUENTIAL_KEYS,
+            "{step}: the run went past the first file's keys ({next})"
+        );
+        let spark = i + 1 == steps.len();
+        let seen = assert_reads(&lake, &table, &sequential_expected(next), spark, step).await;
+        let compactions = compacting_summaries(&seen);
+        assert!(
+            compactions.iter().any(|s| s["deleted-records"]
+                .as_str()
+                .is_some_and(|n| n.parse::<i64>().unwrap() >= SEQUENTIAL_KEYS - 4)),
+            "{step}: the first checkpoint's file was never rewritten: {compactions:?}"
+        );
+    }
+}
+
 /// [`compacting`] on a table the sink creates as format version 3 (deletion vectors) when `v3`.
 fn compacting_as(lake: &Lake, table: &str, v3: bool) -> IcebergSinkConfig {
     let config = compacting(lake, table, 2);
@@ -421,11 +536,9 @@ fn compacting_as(lake: &Lake, table: &str, v3: bool) -> IcebergSinkConfig {
 /// its step. Returns at once in a normal test run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn child() {
-    let (Ok(dir), Ok(table)) = (std::env::var(CHILD_DIR), std::env::var(CHILD_TABLE)) else {
+    let Some((lake, table, state)) = child_setup() else {
         return;
     };
-    let lake = Lake::sqlite_local(Path::new(&dir), "child");
-    let state = Path::new(&dir).join("state");
     let config = compacting_as(&lake, &table, std::env::var(CHILD_V3).is_ok());
     run_checkpoints(config, (0, &state), 8, (SMALL, 1)).await;
 }
@@ -433,14 +546,15 @@ async fn child() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kill_9_at_each_step_of_a_compacting_upsert_commit_loses_nothing_and_doubles_nothing() {
     test_support::Services::get();
-    // Each step on a version 2 table (position deletes); the step between the replacing manifests and the swap
-    // also on a version 3 table (deletion vectors: the rewrite carries row lineage, the delete manifests a
-    // vector commit rewrote hold the vectors removed with the inputs).
+    // Each step on a version 2 table (position deletes) and on a version 3 table (deletion vectors: the rewrite
+    // carries row lineage, the delete manifests a vector commit rewrote hold the vectors removed with the inputs).
     let steps = [
         ("after-compacting", false),
         ("after-replacing", false),
         ("after-compacted-commit", false),
+        ("after-compacting", true),
         ("after-replacing", true),
+        ("after-compacted-commit", true),
     ];
     for (i, (step, v3)) in steps.into_iter().enumerate() {
         let dir = tempfile::tempdir().unwrap();
