@@ -24,6 +24,7 @@
 //! catalog's commit endpoint ([`crate::rest_commit`]). The guard, the requirements and the ledger are the same on
 //! both paths. Any other table is committed by iceberg's `Transaction::commit`.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -43,6 +44,7 @@ use crate::dv_commit::{DeleteManifestCache, merge_with_table};
 use crate::error::iceberg_error;
 use crate::guarded::{Check, GuardedCatalog, Planned, Verdict};
 use crate::ledger::{SubtaskKey, SubtaskState};
+use crate::location::canonical;
 use crate::manifest_merge::{MergePolicy, merge_manifests};
 use crate::own_commit::OwnCommit;
 use crate::replace::{Removal, Replaced, remove_data_files};
@@ -589,6 +591,28 @@ impl TableTarget {
                 _ => Vec::new(),
             };
             let mut chosen = choose_deletes(&base, key, deletes.files, deletes.based_on);
+            // A compaction riding on this commit is checked before anything is written for it.
+            if let Some(replacing) = replacement {
+                let conflict = match replacing.read_at {
+                    Some(read_at) => {
+                        conflicting_deletes(&base, read_at, &replacing.inputs, &chosen.commit)
+                            .await?
+                    }
+                    None => None,
+                };
+                if let Some(why) = conflict {
+                    tracing::info!(
+                        table = %self.table,
+                        subtask = %key.subtask,
+                        inputs = replacing.inputs.len(),
+                        "{why}: the checkpoint is committed without the compaction"
+                    );
+                    replacement = None;
+                    seed = base;
+                    continue;
+                }
+                chosen.leave_out_vectors_of(&replacing.inputs);
+            }
             let mut retired = Vec::new();
             if let (false, Some(snapshot)) =
                 (chosen.commit.is_empty(), planned_snapshot.as_deref_mut())
@@ -625,41 +649,25 @@ impl TableTarget {
             if let (Some(replacing), Some(snapshot)) =
                 (replacement, planned_snapshot.as_deref_mut())
             {
-                let conflict = match replacing.read_at {
-                    Some(read_at) => {
-                        conflicting_deletes(&base, read_at, &replacing.inputs, &chosen.commit)
-                            .await?
-                    }
-                    None => None,
+                let removal = Removal {
+                    data: &replacing.inputs,
+                    deletes: &replacing.deletes,
+                    hints: &replacing.manifests,
                 };
-                let replaced = match conflict {
-                    Some(_) => None,
-                    None => {
-                        let removal = Removal {
-                            data: &replacing.inputs,
-                            deletes: &replacing.deletes,
-                            hints: &replacing.manifests,
-                        };
-                        remove_data_files(&base, snapshot, manifests, removal).await?
-                    }
-                };
-                match replaced {
+                match remove_data_files(&base, snapshot, manifests, removal).await? {
                     Some(replaced) => {
                         *snapshot = replaced.snapshot;
                         manifests = replaced.manifests;
                         written.extend(replaced.written);
                     }
                     None => {
-                        let why = conflict.unwrap_or_else(|| {
-                            "a file the checkpoint's compaction rewrote or removes is no longer live (another \
-                             writer rewrote or removed it)"
-                                .to_string()
-                        });
+                        // The next attempt commits the checkpoint's deletion vectors of the inputs again.
                         tracing::info!(
                             table = %self.table,
                             subtask = %key.subtask,
                             inputs = replacing.inputs.len(),
-                            "{why}: the checkpoint is committed without the compaction"
+                            "a file the checkpoint's compaction rewrote or removes is no longer live (another \
+                             writer rewrote or removed it): the checkpoint is committed without the compaction"
                         );
                         discard(&base, &written).await;
                         replacement = None;
@@ -825,6 +833,32 @@ struct ChosenDeletes {
     commit: Vec<DataFile>,
     /// Paths of the delete files it leaves out.
     unused: Vec<String>,
+}
+
+impl ChosenDeletes {
+    /// Leaves out the deletion vectors that name one of `inputs`: data files the same snapshot removes with a
+    /// compaction, which took them although this checkpoint deletes from them and dropped those rows from its
+    /// outputs ([`crate::live_compaction`]). Committed, such a vector would be merged with the file's own vector
+    /// that the snapshot removes, and name a file no longer live. A Puffin file none of whose vectors is committed
+    /// any more joins `unused` (deleted once the commit landed). Position-delete files stay: the rows they name
+    /// are gone with their file, and a later compaction removes them unread.
+    fn leave_out_vectors_of(&mut self, inputs: &[String]) {
+        let inputs: HashSet<String> = inputs.iter().map(|p| canonical(p)).collect();
+        let (left_out, kept): (Vec<DataFile>, Vec<DataFile>) =
+            std::mem::take(&mut self.commit).into_iter().partition(|f| {
+                crate::deletion_vectors::is_deletion_vector(f)
+                    && f.referenced_data_file()
+                        .is_some_and(|data| inputs.contains(&canonical(&data)))
+            });
+        for file in left_out {
+            let path = file.file_path();
+            if !kept.iter().any(|k| k.file_path() == path) && !self.unused.iter().any(|u| u == path)
+            {
+                self.unused.push(path.to_string());
+            }
+        }
+        self.commit = kept;
+    }
 }
 
 /// The upsert mode writes a checkpoint's deletes twice when positions are asked for: position-delete files (the
@@ -1162,5 +1196,54 @@ impl Committer for IcebergCommitter {
             || state
                 .checkpoint
                 .is_some_and(|last| last >= committable.checkpoint))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A deletion vector in the Puffin file `puffin` of data file `data`.
+    fn vector(puffin: &str, data: &str) -> DataFile {
+        iceberg::spec::DataFileBuilder::default()
+            .content(DataContentType::PositionDeletes)
+            .file_path(format!("file:///t/data/{puffin}"))
+            .file_format(iceberg::spec::DataFileFormat::Puffin)
+            .partition(iceberg::spec::Struct::empty())
+            .record_count(1)
+            .file_size_in_bytes(100)
+            .referenced_data_file(Some(format!("file:///t/data/{data}")))
+            .content_offset(Some(4))
+            .content_size_in_bytes(Some(40))
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn the_vectors_of_a_compactions_inputs_are_left_out_and_a_puffin_file_left_empty_goes() {
+        let mut chosen = ChosenDeletes {
+            commit: vec![
+                vector("p.puffin", "a.parquet"),
+                vector("p.puffin", "b.parquet"),
+                vector("q.puffin", "c.parquet"),
+            ],
+            unused: vec!["file:///t/data/e.parquet".to_string()],
+        };
+        // An operator's doubled slash in the table's location spells the same path another way.
+        chosen.leave_out_vectors_of(&[
+            "file:///t//data/a.parquet".to_string(),
+            "file:///t/data/c.parquet".to_string(),
+        ]);
+        let committed: Vec<_> = chosen
+            .commit
+            .iter()
+            .map(|f| f.referenced_data_file().unwrap())
+            .collect();
+        assert_eq!(committed, ["file:///t/data/b.parquet"]);
+        // p.puffin still holds b's vector; q.puffin holds nothing committed.
+        assert_eq!(
+            chosen.unused,
+            ["file:///t/data/e.parquet", "file:///t/data/q.puffin"]
+        );
     }
 }

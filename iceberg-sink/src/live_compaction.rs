@@ -13,9 +13,9 @@
 //!    not show yet deletes are not deleted at `read_at`: their files are left out
 //!    ([`KeyIndex::busy_besides_staged`]), as are the files an earlier compaction not yet shown rewrites. The rows
 //!    the checkpoint being pre-committed deletes are dropped from the outputs as well
-//!    ([`KeyIndex::staged_deletes`]), since its delete file lands in the same snapshot; on a table of deletion
-//!    vectors its files are left out instead ([`KeyIndex::busy_files`]), since the commit merges its vectors with
-//!    the files' own.
+//!    ([`KeyIndex::staged_deletes`]), since its delete file lands in the same snapshot (on a table of deletion
+//!    vectors the commit leaves out its vectors of the files the snapshot removes instead of merging them with
+//!    the files' own: `commit.rs`, `ChosenDeletes::without_vectors_of`).
 //! 3. **Validated at the commit.** A delete file added since `read_at` that may reach an input (another subtask
 //!    after a rescale, Spark's `DELETE`, an equality delete) drops the compaction, as does a history that no
 //!    longer reaches `read_at` or a commit that falls back to equality deletes ([`crate::rewrite_conflicts`]).
@@ -96,15 +96,13 @@ pub(crate) async fn compact(
             .filter(|e| e.content_type() == DataContentType::EqualityDeletes)
             .filter_map(|e| e.sequence_number())
             .max();
-        // The rows the checkpoint being pre-committed deletes. On a table of position-delete files a file only that
-        // checkpoint deletes from may be taken: the rewrite drops those rows too, so the checkpoint's delete file,
-        // committed by the same snapshot, deletes nothing the outputs hold. Otherwise a file every checkpoint
-        // deletes from (keys replaced in the order they were written) would never be rewritten while its delete
-        // files pile up. Not with deletion vectors: the commit merges the checkpoint's vector of a file with the
-        // file's own, which this snapshot would remove.
+        // The rows the checkpoint being pre-committed deletes. A file only that checkpoint deletes from may be
+        // taken: the rewrite drops those rows too, so the checkpoint's delete file, committed by the same snapshot,
+        // deletes nothing the outputs hold (its deletion vector of the file is left out by the commit). Otherwise a
+        // file every checkpoint deletes from (keys replaced in the order they were written) would never be
+        // rewritten while its delete files pile up.
         let (busy, staged) = match index {
-            Some(index) if !lineage => (index.busy_besides_staged(), index.staged_deletes()),
-            Some(index) => (index.busy_files(), HashMap::new()),
+            Some(index) => (index.busy_besides_staged(), index.staged_deletes()),
             None => (HashSet::new(), HashMap::new()),
         };
         let busy: HashSet<String> = busy.iter().map(|p| canonical(p)).collect();

@@ -100,24 +100,51 @@ async fn commit_changes(
     expected
 }
 
-/// The live data files and delete files of `table`'s current snapshot, counted from its manifests.
-async fn live_files(lake: &Lake, table: &str) -> (usize, usize) {
+/// The live entries (data and delete files) of `table`'s current snapshot, read from its manifests.
+async fn live_entries(lake: &Lake, table: &str) -> Vec<iceberg::spec::DataFile> {
     let catalog = lake.catalog.open("ratchet", &lake.s3).await.unwrap();
     let ident = iceberg::TableIdent::from_strs(table.split('.')).unwrap();
     let loaded = catalog.load_table(&ident).await.unwrap();
     let snapshot = loaded.metadata().current_snapshot().unwrap();
     let list = loaded.manifest_list_reader(snapshot).load().await.unwrap();
-    let (mut data, mut deletes) = (0, 0);
+    let mut live = Vec::new();
     for manifest in list.entries() {
         let manifest = manifest.load_manifest(loaded.file_io()).await.unwrap();
-        for entry in manifest.entries().iter().filter(|e| e.is_alive()) {
-            match entry.content_type() {
-                DataContentType::Data => data += 1,
-                _ => deletes += 1,
-            }
-        }
+        live.extend(
+            manifest
+                .entries()
+                .iter()
+                .filter(|e| e.is_alive())
+                .map(|e| e.data_file().clone()),
+        );
     }
-    (data, deletes)
+    live
+}
+
+/// The live data files and delete files of `table`'s current snapshot, counted from its manifests.
+async fn live_files(lake: &Lake, table: &str) -> (usize, usize) {
+    let live = live_entries(lake, table).await;
+    let data = live
+        .iter()
+        .filter(|f| f.content_type() == DataContentType::Data)
+        .count();
+    (data, live.len() - data)
+}
+
+/// The data files the live deletion vectors of `table`'s current snapshot name that the snapshot does not hold
+/// live (a vector committed for a file the same or an earlier snapshot removed).
+async fn vectors_of_removed_files(lake: &Lake, table: &str) -> Vec<String> {
+    let live = live_entries(lake, table).await;
+    let (data, deletes): (Vec<_>, Vec<_>) = live
+        .iter()
+        .partition(|f| f.content_type() == DataContentType::Data);
+    let data: std::collections::BTreeSet<&str> = data.iter().map(|f| f.file_path()).collect();
+    deletes
+        .iter()
+        .filter(|f| f.file_format() == iceberg::spec::DataFileFormat::Puffin)
+        .filter_map(|f| f.referenced_data_file())
+        .filter(|path| !data.contains(path.as_str()))
+        .collect()
 }
 
 /// The summaries of the sink's snapshots of `seen` (the verifier's) that replaced data files.
@@ -417,8 +444,9 @@ fn sequential_expected(upto: i64) -> BTreeMap<i64, String> {
 
 /// [`compacting`] at 4 files, rewriting a file once 2 delete files name it (`delete_file_threshold`): the first
 /// look that finds the first checkpoint's file deleted from (the fifth checkpoint's) rewrites it.
-fn sequential_config(lake: &Lake, table: &str) -> IcebergSinkConfig {
-    IcebergSinkConfig {
+/// On a table of format version 3 (deletion vectors) when `v3`.
+fn sequential_config(lake: &Lake, table: &str, v3: bool) -> IcebergSinkConfig {
+    let config = IcebergSinkConfig {
         compact: Compact::On(CompactPolicy {
             target_file_size: 1 << 20,
             min_input_files: 4,
@@ -426,7 +454,8 @@ fn sequential_config(lake: &Lake, table: &str) -> IcebergSinkConfig {
             ..Default::default()
         }),
         ..compacting(lake, table, 4)
-    }
+    };
+    with_version(config, v3)
 }
 
 /// Runs `checkpoints` checkpoints of the sequential stream ([`sequential_upsert`]) with the sink of `config` from
@@ -459,20 +488,38 @@ fn child_setup() -> Option<(Lake, String, std::path::PathBuf)> {
     Some((Lake::sqlite_local(dir, "child"), table, dir.join("state")))
 }
 
+/// Runs the kill test's child `child` on the store under `dir` and its `table` (format version 3 when `v3`) with
+/// the drill at `step`, and asserts that it died there ([`common::killed_child`]).
+fn kill_child_at(child: &str, (dir, table, v3): (&Path, &str, bool), step: &str) {
+    let path = dir.to_str().unwrap();
+    let mut env = vec![(CHILD_DIR, path), (CHILD_TABLE, table)];
+    if v3 {
+        env.push((CHILD_V3, "1"));
+    }
+    common::killed_child(child, &env, step);
+}
+
+/// `step` named with the table's format version when it is 3, for assertion messages.
+fn with_version_label(step: &str, v3: bool) -> String {
+    format!("{step}{}", if v3 { " (format version 3)" } else { "" })
+}
+
 /// The child of the sequential kill test: 12 checkpoints of the sequential stream (compacting at 4 files) of the
-/// table in `CHILD_TABLE` from the store under `CHILD_DIR`; the drill in its environment kills it at its step.
-/// Returns at once in a normal test run.
+/// table in `CHILD_TABLE` (format version 3 with `CHILD_V3`) from the store under `CHILD_DIR`; the drill in its
+/// environment kills it at its step. Returns at once in a normal test run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sequential_child() {
     let Some((lake, table, state)) = child_setup() else {
         return;
     };
-    run_sequential(sequential_config(&lake, &table), &state, 12).await;
+    let v3 = std::env::var(CHILD_V3).is_ok();
+    run_sequential(sequential_config(&lake, &table, v3), &state, 12).await;
 }
 
 /// A real `kill -9` at each step of a compaction that rewrites a file the checkpoint being pre-committed deletes
 /// from: that checkpoint's deleted rows are dropped from the outputs and its delete file, committed in the same
-/// snapshot, names only removed rows. In the sequential stream every checkpoint deletes from the first one's file
+/// snapshot, names only removed rows (format version 2), or its deletion vectors of the removed files are left out
+/// (version 3: none may name a file no longer live). In the sequential stream every checkpoint deletes from the first one's file
 /// (40 rows, then its rewrites), so the first compaction of the run (the look at the fifth checkpoint, 2 delete files naming that file:
 /// [`sequential_config`]) is such a rewrite, where the child dies: after the rewrite (before the checkpoint is decided),
 /// after the compacting snapshot was written (before the swap), and after it landed. The restarted job ends with
@@ -487,27 +534,32 @@ async fn a_kill_9_at_each_step_of_rewriting_the_file_the_checkpoint_deletes_from
         "after-replacing",
         "after-compacted-commit",
     ];
-    for (i, step) in steps.into_iter().enumerate() {
+    let runs = [false, true]
+        .into_iter()
+        .flat_map(|v3| steps.into_iter().map(move |step| (step, v3)));
+    for (step, v3) in runs {
         let dir = tempfile::tempdir().unwrap();
         let lake = Lake::sqlite_local(dir.path(), "killed");
         let table = lake.table(&["sequential"]);
-        IcebergSink::new(sequential_config(&lake, &table))
+        IcebergSink::new(sequential_config(&lake, &table, v3))
             .await
             .unwrap();
-        let path = dir.path().to_str().unwrap();
-        common::killed_child(
+        kill_child_at(
             "upsert_compaction::sequential_child",
-            &[(CHILD_DIR, path), (CHILD_TABLE, table.as_str())],
+            (dir.path(), &table, v3),
             step,
         );
         let state = dir.path().join("state");
-        let next = run_sequential(sequential_config(&lake, &table), &state, 8).await;
+        let next = run_sequential(sequential_config(&lake, &table, v3), &state, 8).await;
+        let step = with_version_label(step, v3);
+        let step = step.as_str();
         assert_eq!(next, common::decided_offset(&state).await, "{step}");
         assert!(
             next < 2 * SEQUENTIAL_KEYS,
             "{step}: the run went past the first file's keys ({next})"
         );
-        let spark = i + 1 == steps.len();
+        // Spark at the last step of each format version.
+        let spark = step.starts_with("after-compacted-commit");
         let seen = assert_reads(&lake, &table, &sequential_expected(next), spark, step).await;
         let compactions = compacting_summaries(&seen);
         assert!(
@@ -516,12 +568,16 @@ async fn a_kill_9_at_each_step_of_rewriting_the_file_the_checkpoint_deletes_from
                 .is_some_and(|n| n.parse::<i64>().unwrap() >= SEQUENTIAL_KEYS - 4)),
             "{step}: the first checkpoint's file was never rewritten: {compactions:?}"
         );
+        assert_eq!(
+            vectors_of_removed_files(&lake, &table).await,
+            Vec::<String>::new(),
+            "{step}: deletion vectors naming data files no longer live"
+        );
     }
 }
 
-/// [`compacting`] on a table the sink creates as format version 3 (deletion vectors) when `v3`.
-fn compacting_as(lake: &Lake, table: &str, v3: bool) -> IcebergSinkConfig {
-    let config = compacting(lake, table, 2);
+/// `config` creating its table as format version 3 (deletion vectors) when `v3`.
+fn with_version(config: IcebergSinkConfig, v3: bool) -> IcebergSinkConfig {
     IcebergSinkConfig {
         layout: iceberg_sink::TableLayout {
             format_version: v3.then_some(3),
@@ -529,6 +585,11 @@ fn compacting_as(lake: &Lake, table: &str, v3: bool) -> IcebergSinkConfig {
         },
         ..config
     }
+}
+
+/// [`compacting`] at 2 files, on a table the sink creates as format version 3 (deletion vectors) when `v3`.
+fn compacting_as(lake: &Lake, table: &str, v3: bool) -> IcebergSinkConfig {
+    with_version(compacting(lake, table, 2), v3)
 }
 
 /// The child of the kill test: runs 8 small checkpoints (compacting at 2 files) of the table in `CHILD_TABLE`
@@ -563,16 +624,11 @@ async fn a_kill_9_at_each_step_of_a_compacting_upsert_commit_loses_nothing_and_d
         IcebergSink::new(compacting_as(&lake, &table, v3))
             .await
             .unwrap();
-        let path = dir.path().to_str().unwrap();
-        let mut env = vec![(CHILD_DIR, path), (CHILD_TABLE, table.as_str())];
-        if v3 {
-            env.push((CHILD_V3, "1"));
-        }
-        common::killed_child("upsert_compaction::child", &env, step);
+        kill_child_at("upsert_compaction::child", (dir.path(), &table, v3), step);
         let state = dir.path().join("state");
         let config = compacting_as(&lake, &table, v3);
         let next = run_checkpoints(config, (0, &state), 4, (SMALL, 1)).await;
-        let step = format!("{step}{}", if v3 { " (format version 3)" } else { "" });
+        let step = with_version_label(step, v3);
         let step = step.as_str();
         assert_eq!(next, common::decided_offset(&state).await, "{step}");
         // Spark once (it takes a while to start); the other readers after every step.
